@@ -1,0 +1,219 @@
+//! Board definitions and the window arithmetic of DESIGN.md section 2, as pure functions.
+//!
+//! Time is always a parameter (epoch milliseconds); nothing here reads the clock.
+
+use std::fmt;
+
+/// Largest magnitude an amount or a total may have: 2^53 - 1, exact in a double.
+pub const MAX_TOTAL: i64 = (1 << 53) - 1;
+
+/// How a board keeps its ranking current.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Apply updates slices and the ranking; the roll job subtracts expired slices.
+    Incremental,
+    /// Apply updates only slices; a job re-sums the live slices into the ranking.
+    Resummarize,
+}
+
+impl Mode {
+    /// The config spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Incremental => "incremental",
+            Mode::Resummarize => "resummarize",
+        }
+    }
+}
+
+/// How equal totals are ordered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TieBreak {
+    /// The member whose latest contribution is older ranks first.
+    Earliest,
+    /// The member whose latest contribution is newer ranks first.
+    Latest,
+    /// No time is kept; equal totals fall back to member name order.
+    None,
+}
+
+impl TieBreak {
+    /// The config spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TieBreak::Earliest => "earliest",
+            TieBreak::Latest => "latest",
+            TieBreak::None => "none",
+        }
+    }
+}
+
+/// How long an idempotency key is remembered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dedup {
+    /// For as long as the event's slice is live: exact.
+    Window,
+    /// For this many milliseconds after the event's slice ends (never past its liveness).
+    AfterSlice(i64),
+}
+
+/// One validated leaderboard definition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Board {
+    /// Board name, `[a-z0-9_-]{1,64}`.
+    pub name: String,
+    /// Event field holding the ranked member.
+    pub member: String,
+    /// Event field whose value selects the instance, for scoped boards.
+    pub scope: Option<String>,
+    /// Event field holding the amount.
+    pub amount: String,
+    /// Decimal places accepted in the amount; totals are in units of 10^-scale.
+    pub scale: u32,
+    /// Window width in milliseconds, a whole multiple of `slice_ms`.
+    pub window_ms: i64,
+    /// Slice width in milliseconds.
+    pub slice_ms: i64,
+    /// Incremental or resummarize.
+    pub mode: Mode,
+    /// Order of equal totals.
+    pub tie_break: TieBreak,
+    /// Whether negative amounts (refunds) are accepted.
+    pub allow_negative: bool,
+    /// How long idempotency keys are remembered.
+    pub dedup: Dedup,
+}
+
+impl Board {
+    /// Number of slices in the window (`N`).
+    pub fn slices_in_window(&self) -> i64 {
+        self.window_ms / self.slice_ms
+    }
+
+    /// The slice an event time falls into: `floor(ts / slice_ms)`.
+    pub fn slice_of(&self, ts: i64) -> i64 {
+        ts.div_euclid(self.slice_ms)
+    }
+
+    /// The last dead slice at `now` given the stored watermark: slices at or below it are
+    /// outside the window.
+    pub fn horizon(&self, now: i64, expired_through: Option<i64>) -> i64 {
+        let by_clock = self.slice_of(now) - self.slices_in_window();
+        expired_through.map_or(by_clock, |w| w.max(by_clock))
+    }
+
+    /// Whether an event at `ts` is late at `now`.
+    pub fn is_late(&self, ts: i64, now: i64, expired_through: Option<i64>) -> bool {
+        self.slice_of(ts) <= self.horizon(now, expired_through)
+    }
+
+    /// Start (inclusive) and end (exclusive) of the live range in epoch ms.
+    pub fn live_range(&self, now: i64, expired_through: Option<i64>) -> (i64, i64) {
+        let from = (self.horizon(now, expired_through) + 1) * self.slice_ms;
+        (from, from + self.window_ms)
+    }
+
+    /// Time (epoch ms) from which an idempotency key of slice `n` may be forgotten.
+    pub fn forget_at(&self, n: i64) -> i64 {
+        let leaves_window = (n + self.slices_in_window()) * self.slice_ms;
+        match self.dedup {
+            Dedup::Window => leaves_window,
+            Dedup::AfterSlice(ms) => ((n + 1) * self.slice_ms + ms).min(leaves_window),
+        }
+    }
+
+    /// Whether this board ranks one instance per scope value.
+    pub fn is_scoped(&self) -> bool {
+        self.scope.is_some()
+    }
+}
+
+impl fmt::Display for Board {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.name)
+    }
+}
+
+/// Parses a duration of the form `500ms`, `30s`, `5m`, `6h`, `7d` into milliseconds.
+pub fn parse_duration_ms(text: &str) -> Option<i64> {
+    let split = text.find(|c: char| !c.is_ascii_digit())?;
+    let (digits, unit) = text.split_at(split);
+    if digits.is_empty() {
+        return None;
+    }
+    let value: i64 = digits.parse().ok()?;
+    let factor = match unit {
+        "ms" => 1,
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => return None,
+    };
+    value.checked_mul(factor)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn board(window: i64, slice: i64) -> Board {
+        Board {
+            name: "b".into(),
+            member: "m".into(),
+            scope: None,
+            amount: "amount".into(),
+            scale: 0,
+            window_ms: window,
+            slice_ms: slice,
+            mode: Mode::Incremental,
+            tie_break: TieBreak::Earliest,
+            allow_negative: false,
+            dedup: Dedup::Window,
+        }
+    }
+
+    #[test]
+    fn durations_parse_exactly() {
+        assert_eq!(parse_duration_ms("500ms"), Some(500));
+        assert_eq!(parse_duration_ms("30s"), Some(30_000));
+        assert_eq!(parse_duration_ms("5m"), Some(300_000));
+        assert_eq!(parse_duration_ms("6h"), Some(21_600_000));
+        assert_eq!(parse_duration_ms("7d"), Some(604_800_000));
+        for bad in ["", "5", "h", "5 h", "1.5h", "-1h", "5w", "99999999999999999999d"] {
+            assert_eq!(parse_duration_ms(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn slices_are_aligned_to_the_epoch() {
+        let b = board(4_000, 1_000);
+        assert_eq!(b.slice_of(0), 0);
+        assert_eq!(b.slice_of(999), 0);
+        assert_eq!(b.slice_of(1_000), 1);
+        assert_eq!(b.slices_in_window(), 4);
+    }
+
+    #[test]
+    fn liveness_follows_the_definition() {
+        let b = board(4_000, 1_000);
+        let now = 10_500; // slice 10: live slices are 7..=10
+        assert!(b.is_late(6_999, now, None));
+        assert!(!b.is_late(7_000, now, None));
+        assert_eq!(b.live_range(now, None), (7_000, 11_000));
+        // A watermark ahead of the clock wins; one behind it does not.
+        assert!(b.is_late(7_000, now, Some(7)));
+        assert!(!b.is_late(7_000, now, Some(2)));
+        assert_eq!(b.live_range(now, Some(8)), (9_000, 13_000));
+    }
+
+    #[test]
+    fn dedup_memory_never_outlives_liveness() {
+        let mut b = board(4_000, 1_000);
+        assert_eq!(b.forget_at(7), 11_000);
+        b.dedup = Dedup::AfterSlice(500);
+        assert_eq!(b.forget_at(7), 8_500);
+        b.dedup = Dedup::AfterSlice(1_000_000);
+        assert_eq!(b.forget_at(7), 11_000);
+    }
+}

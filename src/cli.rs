@@ -1,0 +1,301 @@
+//! The command-line interface: argument definitions and the subcommands.
+//!
+//! Exit codes: 0 success, 1 failure (invalid events, drift, Redis errors), 2 usage error,
+//! 3 member not on the board, 64 invalid configuration.
+
+use std::io::{BufRead, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use chrono::{DateTime, SecondsFormat, Utc};
+use clap::{Parser, Subcommand};
+use fred::prelude::*;
+
+use crate::board::Board;
+use crate::config::Settings;
+use crate::event::{check_name, fields_from_json, validate, Field};
+use crate::query::{format_total, Entry, Page};
+use crate::store::{Reconnect, Store};
+
+/// Exit status: the member is not on the board.
+pub const EXIT_NOT_FOUND: u8 = 3;
+/// Exit status: usage error.
+pub const EXIT_USAGE: u8 = 2;
+/// Exit status: invalid configuration.
+pub const EXIT_CONFIG: u8 = 64;
+
+/// Exact rolling-window leaderboards in Redis.
+#[derive(Debug, Parser)]
+#[command(name = "rollboard", version, about)]
+pub struct Cli {
+    /// Config file (default: $ROLLBOARD_CONFIG, else config/rollboard.toml).
+    #[arg(long, global = true, value_name = "PATH")]
+    pub config: Option<PathBuf>,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the daemon: stream consumer, scheduled jobs, HTTP API and metrics.
+    Run,
+    /// Show the top of a board.
+    Top {
+        /// Board name.
+        board: String,
+        /// Scope value (required for scoped boards).
+        #[arg(long)]
+        scope: Option<String>,
+        /// Entries to show (1 to 1000).
+        #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=1000))]
+        limit: u64,
+        /// Entries to skip.
+        #[arg(long, default_value_t = 0)]
+        offset: u64,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show the rank of one member (exit 3 when it is not on the board).
+    Rank {
+        /// Board name.
+        board: String,
+        /// Member.
+        member: String,
+        /// Scope value (required for scoped boards).
+        #[arg(long)]
+        scope: Option<String>,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show the entries around one member (exit 3 when it is not on the board).
+    Around {
+        /// Board name.
+        board: String,
+        /// Member.
+        member: String,
+        /// Scope value (required for scoped boards).
+        #[arg(long)]
+        scope: Option<String>,
+        /// Entries on each side (0 to 100).
+        #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(0..=100))]
+        radius: u64,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Append JSON-lines events (FILE, or standard input) to the stream; all or nothing.
+    Send {
+        /// File of JSON objects, one per line.
+        file: Option<PathBuf>,
+    },
+}
+
+/// Parses a time given as RFC 3339 or epoch milliseconds.
+pub fn parse_time(text: &str) -> Result<i64, String> {
+    if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
+        return text.parse().map_err(|_| format!("{text:?} is out of range"));
+    }
+    DateTime::parse_from_rfc3339(text)
+        .map(|t| t.timestamp_millis())
+        .map_err(|_| format!("{text:?} is neither RFC 3339 nor epoch milliseconds"))
+}
+
+/// Wall-clock time in epoch ms.
+pub fn now_ms() -> i64 {
+    Utc::now().timestamp_millis()
+}
+
+fn show_time(ms: i64) -> String {
+    DateTime::<Utc>::from_timestamp_millis(ms)
+        .map(|t| t.to_rfc3339_opts(SecondsFormat::Millis, true))
+        .unwrap_or_else(|| ms.to_string())
+}
+
+/// A usage problem: message for standard error and exit status 2.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Usage(pub String);
+
+/// Looks up a board and checks the scope argument against it.
+pub fn resolve_board<'a>(settings: &'a Settings, name: &str, scope: Option<&str>) -> Result<&'a Board, Usage> {
+    let board = settings
+        .board(name)
+        .ok_or_else(|| Usage(format!("unknown board {name:?}")))?;
+    match (&board.scope, scope) {
+        (Some(field), None) => Err(Usage(format!("board {name} is scoped by `{field}`: give --scope"))),
+        (None, Some(_)) => Err(Usage(format!("board {name} is not scoped: drop --scope"))),
+        (_, Some(s)) => check_name(s.as_bytes())
+            .map(|_| board)
+            .map_err(|why| Usage(format!("scope {why}"))),
+        _ => Ok(board),
+    }
+}
+
+fn check_member(member: &str) -> Result<(), Usage> {
+    check_name(member.as_bytes()).map(|_| ()).map_err(|why| Usage(format!("member {why}")))
+}
+
+/// Runs one subcommand other than `run`; returns the exit status.
+pub async fn execute(settings: Settings, command: Command) -> ExitCode {
+    match dispatch(&settings, command).await {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => match e.downcast_ref::<Usage>() {
+            Some(usage) => {
+                eprintln!("error: {usage}");
+                ExitCode::from(EXIT_USAGE)
+            }
+            None => {
+                eprintln!("error: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
+    }
+}
+
+async fn connect(settings: &Settings) -> anyhow::Result<Store> {
+    Store::connect(&settings.redis.url, &settings.redis.key_prefix, 1, Reconnect::Never)
+        .await
+        .with_context(|| format!("cannot connect to {}", settings.redis.url))
+}
+
+async fn dispatch(settings: &Settings, command: Command) -> anyhow::Result<u8> {
+    match command {
+        Command::Run => unreachable!("`run` is handled by the daemon"),
+        Command::Top { board, scope, limit, offset, json } => {
+            let board = resolve_board(settings, &board, scope.as_deref())?;
+            let page = connect(settings).await?.top(board, scope.as_deref(), offset, limit, now_ms()).await?;
+            print_page(&page, json)?;
+            Ok(0)
+        }
+        Command::Rank { board, member, scope, json } => {
+            let board = resolve_board(settings, &board, scope.as_deref())?;
+            check_member(&member)?;
+            let rank = connect(settings).await?.rank(board, scope.as_deref(), &member, now_ms()).await?;
+            let found = rank.rank.is_some();
+            if json {
+                println!("{}", serde_json::to_string(&rank)?);
+            } else if let (Some(r), Some(c), Some(t)) = (rank.rank, rank.competition_rank, rank.total) {
+                println!("{} rank {r} (competition rank {c}) of {} on {}: total {}{}", rank.member, rank.count, rank.board,
+                    format_total(t, rank.scale), rank.last_ts.map(|ts| format!(", last {}", show_time(ts))).unwrap_or_default());
+            } else {
+                println!("{} is not on {} ({} ranked)", rank.member, rank.board, rank.count);
+            }
+            Ok(if found { 0 } else { EXIT_NOT_FOUND })
+        }
+        Command::Around { board, member, scope, radius, json } => {
+            let board = resolve_board(settings, &board, scope.as_deref())?;
+            check_member(&member)?;
+            match connect(settings).await?.around(board, scope.as_deref(), &member, radius, now_ms()).await? {
+                Some(page) => {
+                    print_page(&page, json)?;
+                    Ok(0)
+                }
+                None => {
+                    if json {
+                        println!("{}", serde_json::json!({"board": board.name, "scope": scope, "member": member, "rank": null}));
+                    } else {
+                        println!("{member} is not on {}", board.name);
+                    }
+                    Ok(EXIT_NOT_FOUND)
+                }
+            }
+        }
+        Command::Send { file } => send(settings, file).await,
+    }
+}
+
+fn print_page(page: &Page, json: bool) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    if json {
+        writeln!(out, "{}", serde_json::to_string(page)?)?;
+        return Ok(());
+    }
+    let scope = page.scope.as_deref().map(|s| format!(" [{s}]")).unwrap_or_default();
+    writeln!(out, "{}{scope}: {} ranked, window {} .. {}", page.board, page.count, show_time(page.window_from), show_time(page.window_to))?;
+    let width = page.entries.iter().map(|e| e.member.chars().count()).max().unwrap_or(6).max(6);
+    writeln!(out, "{:>6} {:>6}  {:<width$}  {:>20}  LAST", "RANK", "COMP", "MEMBER", "TOTAL")?;
+    for Entry { rank, competition_rank, member, total, last_ts } in &page.entries {
+        let last = last_ts.map(show_time).unwrap_or_else(|| "-".into());
+        writeln!(out, "{rank:>6} {competition_rank:>6}  {member:<width$}  {:>20}  {last}", format_total(*total, page.scale))?;
+    }
+    Ok(())
+}
+
+/// Parses and validates JSON-lines text; returns the events or every invalid line.
+pub fn parse_lines(text: impl BufRead, boards: &[Board]) -> anyhow::Result<Result<Vec<Vec<Field>>, Vec<String>>> {
+    let mut events = Vec::new();
+    let mut errors = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.context("cannot read input")?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let parsed = serde_json::from_str::<serde_json::Value>(&line)
+            .map_err(|e| format!("not JSON: {e}"))
+            .and_then(|v| fields_from_json(&v))
+            .and_then(|fields| validate(&fields, boards).map(|_| fields).map_err(|r| r.to_string()));
+        match parsed {
+            Ok(fields) => events.push(fields),
+            Err(why) => errors.push(format!("line {}: {why}", i + 1)),
+        }
+    }
+    Ok(if errors.is_empty() { Ok(events) } else { Err(errors) })
+}
+
+/// Appends validated events to the stream, in transactions of up to 1000 entries.
+pub async fn append(client: &Client, stream: &str, events: &[Vec<Field>]) -> Result<(), fred::error::Error> {
+    for chunk in events.chunks(1000) {
+        let tx = client.multi();
+        for fields in chunk {
+            let pairs: Vec<(&[u8], &[u8])> = fields.iter().map(|(k, v)| (k.as_slice(), v.as_slice())).collect();
+            let _: () = tx.xadd(stream, false, None, "*", pairs).await?;
+        }
+        let _: Value = tx.exec(true).await?;
+    }
+    Ok(())
+}
+
+async fn send(settings: &Settings, file: Option<PathBuf>) -> anyhow::Result<u8> {
+    let parsed = match &file {
+        Some(path) => {
+            let f = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+            parse_lines(std::io::BufReader::new(f), &settings.boards)?
+        }
+        None => parse_lines(std::io::stdin().lock(), &settings.boards)?,
+    };
+    let events = match parsed {
+        Ok(events) => events,
+        Err(errors) => {
+            for e in &errors {
+                eprintln!("{e}");
+            }
+            eprintln!("{} invalid line(s); nothing was appended", errors.len());
+            return Ok(1);
+        }
+    };
+    let store = connect(settings).await?;
+    append(store.client(), &settings.ingest.stream, &events)
+        .await
+        .with_context(|| format!("cannot append to {}", settings.ingest.stream))?;
+    println!("appended {} event(s) to {}", events.len(), settings.ingest.stream);
+    Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_parse_both_ways() {
+        assert_eq!(parse_time("1763700000123"), Ok(1_763_700_000_123));
+        assert_eq!(parse_time("2025-11-21T04:40:00.123Z"), Ok(1_763_700_000_123));
+        assert_eq!(parse_time("2025-11-21T05:40:00.123+01:00"), Ok(1_763_700_000_123));
+        assert!(parse_time("yesterday").is_err());
+        assert!(parse_time("-5").is_err());
+    }
+}

@@ -1,0 +1,561 @@
+//! Settings: raw serde structs read by the `config` crate (file, then `ROLLBOARD__*`
+//! environment overrides), validated into [`Settings`] with real types.
+//!
+//! Every refusal names the key and the value, so an operator can fix the file without
+//! reading code.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::board::{parse_duration_ms, Board, Dedup, Mode, TieBreak};
+
+/// Default location of the config file.
+pub const DEFAULT_PATH: &str = "config/rollboard.toml";
+
+/// Why settings could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file or an environment override could not be read or does not fit the schema.
+    #[error("cannot read configuration: {0}")]
+    Read(String),
+    /// A key holds a value that is not acceptable.
+    #[error("invalid configuration: `{key}` = {value:?}: {reason}")]
+    Invalid {
+        /// Dotted path of the key, e.g. `boards[1].window`.
+        key: String,
+        /// The value as given.
+        value: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+}
+
+fn invalid(key: impl Into<String>, value: impl Into<String>, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key: key.into(),
+        value: value.into(),
+        reason: reason.into(),
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct RawSettings {
+    redis: RawRedis,
+    ingest: RawIngest,
+    schedule: RawSchedule,
+    http: RawHttp,
+    log: RawLog,
+    boards: Vec<RawBoard>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct RawRedis {
+    url: String,
+    key_prefix: String,
+}
+
+impl Default for RawRedis {
+    fn default() -> Self {
+        RawRedis {
+            url: "redis://127.0.0.1:6379".into(),
+            key_prefix: "rb".into(),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct RawIngest {
+    stream: String,
+    group: String,
+    consumer: String,
+    batch_size: i64,
+    block: String,
+    claim_idle: String,
+    dead_letter_stream: String,
+    dedup_window: String,
+    max_future: String,
+}
+
+impl Default for RawIngest {
+    fn default() -> Self {
+        RawIngest {
+            stream: "rb:events".into(),
+            group: "rollboard".into(),
+            consumer: String::new(),
+            batch_size: 500,
+            block: "1s".into(),
+            claim_idle: "30s".into(),
+            dead_letter_stream: "rb:events:dead".into(),
+            dedup_window: "window".into(),
+            max_future: "5m".into(),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct RawSchedule {
+    roll: String,
+    resummarize: String,
+    chunk: i64,
+}
+
+impl Default for RawSchedule {
+    fn default() -> Self {
+        RawSchedule {
+            roll: "0 * * * * *".into(),
+            resummarize: "0 * * * * *".into(),
+            chunk: 1000,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct RawHttp {
+    listen: String,
+}
+
+impl Default for RawHttp {
+    fn default() -> Self {
+        RawHttp {
+            listen: "127.0.0.1:9464".into(),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct RawLog {
+    format: String,
+    level: String,
+}
+
+impl Default for RawLog {
+    fn default() -> Self {
+        RawLog {
+            format: "text".into(),
+            level: "info".into(),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawBoard {
+    name: String,
+    member: String,
+    #[serde(default)]
+    scope: Option<String>,
+    #[serde(default = "default_amount")]
+    amount: String,
+    #[serde(default)]
+    scale: i64,
+    window: String,
+    slice: String,
+    #[serde(default = "default_mode")]
+    mode: String,
+    #[serde(default = "default_tie_break")]
+    tie_break: String,
+    #[serde(default)]
+    allow_negative: bool,
+}
+
+fn default_amount() -> String {
+    "amount".into()
+}
+fn default_mode() -> String {
+    "incremental".into()
+}
+fn default_tie_break() -> String {
+    "earliest".into()
+}
+
+/// Validated settings of the whole process.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Redis connection.
+    pub redis: RedisSettings,
+    /// Stream consumer.
+    pub ingest: IngestSettings,
+    /// Roll and resummarize jobs.
+    pub schedule: ScheduleSettings,
+    /// HTTP listener.
+    pub http: HttpSettings,
+    /// Logging.
+    pub log: LogSettings,
+    /// The boards, in file order.
+    pub boards: Vec<Board>,
+}
+
+/// Redis connection settings.
+#[derive(Debug, Clone)]
+pub struct RedisSettings {
+    /// `redis://`, `rediss://` or `redis-cluster://` URL.
+    pub url: String,
+    /// Prefix of every key rollboard writes.
+    pub key_prefix: String,
+}
+
+/// Stream consumer settings.
+#[derive(Debug, Clone)]
+pub struct IngestSettings {
+    /// Stream the events arrive on.
+    pub stream: String,
+    /// Consumer group name.
+    pub group: String,
+    /// Consumer name within the group (the host name when configured empty).
+    pub consumer: String,
+    /// Most entries read per batch.
+    pub batch_size: usize,
+    /// XREADGROUP block timeout.
+    pub block: Duration,
+    /// Idle time after which another consumer's pending entries are claimed.
+    pub claim_idle: Duration,
+    /// Stream malformed events are moved to.
+    pub dead_letter_stream: String,
+    /// How far ahead of the clock an event time may be, in ms.
+    pub max_future_ms: i64,
+}
+
+/// Scheduler settings.
+#[derive(Debug, Clone)]
+pub struct ScheduleSettings {
+    /// 6-field cron of the roll job (incremental boards).
+    pub roll: String,
+    /// 6-field cron of the resummarize job.
+    pub resummarize: String,
+    /// Fields per expiry script call.
+    pub chunk: usize,
+}
+
+/// HTTP settings.
+#[derive(Debug, Clone)]
+pub struct HttpSettings {
+    /// Listen address.
+    pub listen: SocketAddr,
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Logging settings.
+#[derive(Debug, Clone)]
+pub struct LogSettings {
+    /// Text or JSON.
+    pub format: LogFormat,
+    /// A tracing filter directive, e.g. `info` or `rollboard=debug`.
+    pub level: String,
+}
+
+impl Settings {
+    /// Reads the file at `path` (required), applies `ROLLBOARD__SECTION__KEY` environment
+    /// overrides and validates the result.
+    pub fn load(path: &Path) -> Result<Settings, ConfigError> {
+        let raw: RawSettings = ::config::Config::builder()
+            .add_source(::config::File::from(path.to_path_buf()).format(::config::FileFormat::Toml))
+            .add_source(env_source())
+            .build()
+            .and_then(|c| c.try_deserialize())
+            .map_err(|e| ConfigError::Read(format!("{}: {e}", path.display())))?;
+        raw.validate()
+    }
+
+    /// Parses settings from TOML text (environment overrides included).
+    pub fn from_toml(text: &str) -> Result<Settings, ConfigError> {
+        let raw: RawSettings = ::config::Config::builder()
+            .add_source(::config::File::from_str(text, ::config::FileFormat::Toml))
+            .add_source(env_source())
+            .build()
+            .and_then(|c| c.try_deserialize())
+            .map_err(|e| ConfigError::Read(e.to_string()))?;
+        raw.validate()
+    }
+
+    /// The board called `name`.
+    pub fn board(&self, name: &str) -> Option<&Board> {
+        self.boards.iter().find(|b| b.name == name)
+    }
+}
+
+/// Resolves the config path: `--config` wins over `ROLLBOARD_CONFIG`, then the default.
+pub fn resolve_path(flag: Option<PathBuf>) -> PathBuf {
+    flag.or_else(|| std::env::var_os("ROLLBOARD_CONFIG").map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_PATH))
+}
+
+fn env_source() -> ::config::Environment {
+    // `prefix_separator("__")` keeps ROLLBOARD_CONFIG (the file path) out of the settings.
+    ::config::Environment::with_prefix("ROLLBOARD")
+        .prefix_separator("__")
+        .separator("__")
+        .try_parsing(true)
+}
+
+fn duration(key: &str, text: &str) -> Result<i64, ConfigError> {
+    parse_duration_ms(text)
+        .ok_or_else(|| invalid(key, text, "not a duration such as 500ms, 30s, 5m, 6h or 7d"))
+}
+
+fn positive_duration(key: &str, text: &str) -> Result<i64, ConfigError> {
+    match duration(key, text)? {
+        0 => Err(invalid(key, text, "must be longer than zero")),
+        ms => Ok(ms),
+    }
+}
+
+fn non_empty(key: &str, text: &str) -> Result<String, ConfigError> {
+    if text.is_empty() {
+        Err(invalid(key, text, "must not be empty"))
+    } else {
+        Ok(text.to_string())
+    }
+}
+
+fn check_cron(key: &str, expr: &str) -> Result<String, ConfigError> {
+    if expr.split_whitespace().count() != 6 {
+        return Err(invalid(key, expr, "expected a 6-field cron expression, seconds first"));
+    }
+    tokio_cron_scheduler::Job::new_async(expr, |_, _| Box::pin(async {}))
+        .map(|_| expr.to_string())
+        .map_err(|e| invalid(key, expr, format!("not a valid cron expression: {e}")))
+}
+
+impl RawSettings {
+    fn validate(self) -> Result<Settings, ConfigError> {
+        let url = self.redis.url;
+        if !["redis://", "rediss://", "redis-cluster://", "rediss-cluster://"]
+            .iter()
+            .any(|scheme| url.starts_with(scheme))
+        {
+            return Err(invalid("redis.url", &url, "expected a redis://, rediss:// or redis-cluster:// URL"));
+        }
+        fred::prelude::Config::from_url(&url).map_err(|e| invalid("redis.url", &url, e.details().to_string()))?;
+        let key_prefix = non_empty("redis.key_prefix", &self.redis.key_prefix)?;
+        if key_prefix.contains(['{', '}']) {
+            return Err(invalid("redis.key_prefix", &key_prefix, "must not contain { or } (they delimit hash tags)"));
+        }
+
+        let ingest = self.ingest;
+        let dedup = match ingest.dedup_window.as_str() {
+            "window" => Dedup::Window,
+            other => Dedup::AfterSlice(duration("ingest.dedup_window", other)?),
+        };
+        if !(1..=10_000).contains(&ingest.batch_size) {
+            return Err(invalid("ingest.batch_size", ingest.batch_size.to_string(), "must be between 1 and 10000"));
+        }
+        let consumer = if ingest.consumer.is_empty() {
+            hostname::get()
+                .ok()
+                .and_then(|h| h.into_string().ok())
+                .filter(|h| !h.is_empty())
+                .unwrap_or_else(|| "rollboard".into())
+        } else {
+            ingest.consumer
+        };
+        let ingest_settings = IngestSettings {
+            stream: non_empty("ingest.stream", &ingest.stream)?,
+            group: non_empty("ingest.group", &ingest.group)?,
+            consumer,
+            batch_size: ingest.batch_size as usize,
+            block: Duration::from_millis(positive_duration("ingest.block", &ingest.block)? as u64),
+            claim_idle: Duration::from_millis(positive_duration("ingest.claim_idle", &ingest.claim_idle)? as u64),
+            dead_letter_stream: non_empty("ingest.dead_letter_stream", &ingest.dead_letter_stream)?,
+            max_future_ms: duration("ingest.max_future", &ingest.max_future)?,
+        };
+        if ingest_settings.dead_letter_stream == ingest_settings.stream {
+            return Err(invalid(
+                "ingest.dead_letter_stream",
+                &ingest_settings.dead_letter_stream,
+                "must differ from ingest.stream",
+            ));
+        }
+
+        if !(1..=5_000).contains(&self.schedule.chunk) {
+            return Err(invalid("schedule.chunk", self.schedule.chunk.to_string(), "must be between 1 and 5000"));
+        }
+        let schedule = ScheduleSettings {
+            roll: check_cron("schedule.roll", &self.schedule.roll)?,
+            resummarize: check_cron("schedule.resummarize", &self.schedule.resummarize)?,
+            chunk: self.schedule.chunk as usize,
+        };
+
+        let listen = self
+            .http
+            .listen
+            .parse()
+            .map_err(|e| invalid("http.listen", &self.http.listen, format!("not a socket address: {e}")))?;
+
+        let format = match self.log.format.as_str() {
+            "text" => LogFormat::Text,
+            "json" => LogFormat::Json,
+            other => return Err(invalid("log.format", other, "expected text or json")),
+        };
+        if tracing_subscriber::EnvFilter::try_new(&self.log.level).is_err() {
+            return Err(invalid("log.level", &self.log.level, "not a log level or filter directive"));
+        }
+
+        let mut names = HashSet::new();
+        let mut boards = Vec::with_capacity(self.boards.len());
+        for (i, raw) in self.boards.into_iter().enumerate() {
+            let board = raw.validate(i, dedup)?;
+            if !names.insert(board.name.clone()) {
+                return Err(invalid(format!("boards[{i}].name"), &board.name, "duplicate board name"));
+            }
+            boards.push(board);
+        }
+
+        Ok(Settings {
+            redis: RedisSettings { url, key_prefix },
+            ingest: ingest_settings,
+            schedule,
+            http: HttpSettings { listen },
+            log: LogSettings {
+                format,
+                level: self.log.level,
+            },
+            boards,
+        })
+    }
+}
+
+impl RawBoard {
+    fn validate(self, i: usize, dedup: Dedup) -> Result<Board, ConfigError> {
+        let key = |k: &str| format!("boards[{i}].{k}");
+        let name_ok = (1..=64).contains(&self.name.len())
+            && self
+                .name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
+        if !name_ok {
+            return Err(invalid(key("name"), &self.name, "must match [a-z0-9_-]{1,64}"));
+        }
+        let member = non_empty(&key("member"), &self.member)?;
+        let amount = non_empty(&key("amount"), &self.amount)?;
+        let scope = match self.scope {
+            Some(s) => Some(non_empty(&key("scope"), &s)?),
+            None => None,
+        };
+        if scope.as_deref() == Some(member.as_str()) || member == amount || scope.as_deref() == Some(amount.as_str()) {
+            return Err(invalid(key("member"), &member, "member, scope and amount must be different fields"));
+        }
+        if !(0..=15).contains(&self.scale) {
+            return Err(invalid(key("scale"), self.scale.to_string(), "must be between 0 and 15"));
+        }
+        let window_ms = positive_duration(&key("window"), &self.window)?;
+        let slice_ms = positive_duration(&key("slice"), &self.slice)?;
+        if window_ms % slice_ms != 0 {
+            return Err(invalid(
+                key("window"),
+                &self.window,
+                format!("must be a whole multiple of the slice ({})", self.slice),
+            ));
+        }
+        let mode = match self.mode.as_str() {
+            "incremental" => Mode::Incremental,
+            "resummarize" => Mode::Resummarize,
+            other => return Err(invalid(key("mode"), other, "expected incremental or resummarize")),
+        };
+        let tie_break = match self.tie_break.as_str() {
+            "earliest" => TieBreak::Earliest,
+            "latest" => TieBreak::Latest,
+            "none" => TieBreak::None,
+            other => return Err(invalid(key("tie_break"), other, "expected earliest, latest or none")),
+        };
+        Ok(Board {
+            name: self.name,
+            member,
+            scope,
+            amount,
+            scale: self.scale as u32,
+            window_ms,
+            slice_ms,
+            mode,
+            tie_break,
+            allow_negative: self.allow_negative,
+            dedup,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BOARD: &str = "[[boards]]\nname = \"r\"\nmember = \"room\"\nwindow = \"7d\"\nslice = \"6h\"\n";
+
+    fn refusal(text: &str) -> String {
+        match Settings::from_toml(text) {
+            Ok(_) => panic!("accepted: {text}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn defaults_fill_everything() {
+        let s = Settings::from_toml(BOARD).expect("valid");
+        assert_eq!(s.redis.url, "redis://127.0.0.1:6379");
+        assert_eq!(s.redis.key_prefix, "rb");
+        assert_eq!(s.ingest.stream, "rb:events");
+        assert_eq!(s.ingest.batch_size, 500);
+        assert_eq!(s.ingest.block, Duration::from_secs(1));
+        assert_eq!(s.ingest.claim_idle, Duration::from_secs(30));
+        assert_eq!(s.ingest.max_future_ms, 300_000);
+        assert_eq!(s.schedule.chunk, 1000);
+        assert_eq!(s.http.listen.to_string(), "127.0.0.1:9464");
+        let b = &s.boards[0];
+        assert_eq!(b.amount, "amount");
+        assert_eq!(b.scale, 0);
+        assert_eq!(b.mode, Mode::Incremental);
+        assert_eq!(b.tie_break, TieBreak::Earliest);
+        assert!(!b.allow_negative);
+        assert_eq!(b.slices_in_window(), 28);
+        assert_eq!(b.dedup, Dedup::Window);
+    }
+
+    #[test]
+    fn the_shipped_config_is_valid() {
+        let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/config/rollboard.toml"))
+            .expect("config/rollboard.toml");
+        let s = Settings::from_toml(&text).expect("valid");
+        assert_eq!(s.boards.len(), 3);
+        assert!(s.board("fans_7d").expect("fans_7d").is_scoped());
+    }
+
+    #[test]
+    fn refusals_name_key_and_value() {
+        let e = refusal(&format!("{BOARD}bogus = 1\n"));
+        assert!(e.contains("bogus"), "{e}");
+        let e = refusal(&BOARD.replace("7d", "7h5m"));
+        assert!(e.contains("boards[0].window") && e.contains("7h5m"), "{e}");
+        let e = refusal(&BOARD.replace("\"7d\"", "\"25h\""));
+        assert!(e.contains("boards[0].window") && e.contains("whole multiple"), "{e}");
+        let e = refusal(&BOARD.replace("\"r\"", "\"Rooms!\""));
+        assert!(e.contains("boards[0].name") && e.contains("Rooms!"), "{e}");
+        let e = refusal(&format!("{BOARD}{BOARD}"));
+        assert!(e.contains("boards[1].name") && e.contains("duplicate"), "{e}");
+        let e = refusal(&format!("[redis]\nurl = \"http://x\"\n{BOARD}"));
+        assert!(e.contains("redis.url") && e.contains("http://x"), "{e}");
+        let e = refusal(&format!("[ingest]\nblock = \"soon\"\n{BOARD}"));
+        assert!(e.contains("ingest.block") && e.contains("soon"), "{e}");
+        let e = refusal(&format!("[schedule]\nroll = \"* * * * *\"\n{BOARD}"));
+        assert!(e.contains("schedule.roll"), "{e}");
+        let e = refusal(&format!("{BOARD}mode = \"fast\"\n"));
+        assert!(e.contains("boards[0].mode") && e.contains("fast"), "{e}");
+        let e = refusal(&format!("[redis]\nunknown_key = 1\n{BOARD}"));
+        assert!(e.contains("unknown_key"), "{e}");
+    }
+}

@@ -1,0 +1,135 @@
+//! The Redis key schema. Every key of one board instance shares one hash tag, so every
+//! script touches one cluster slot.
+//!
+//! Instance keys look like `rb:{rooms_7d}:result` or `rb:{fans_7d:room42}:slice:490000`.
+//! Board names never contain `:`, and no key suffix contains `}`, so two instances can
+//! never produce the same key.
+
+/// Key builder for one configured prefix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Keys {
+    prefix: String,
+}
+
+impl Keys {
+    /// A schema under `prefix` (e.g. `rb`).
+    pub fn new(prefix: impl Into<String>) -> Self {
+        Keys {
+            prefix: prefix.into(),
+        }
+    }
+
+    /// The keys of one board instance (`scope` is `None` for an unscoped board).
+    pub fn instance(&self, board: &str, scope: Option<&str>) -> InstanceKeys {
+        let base = match scope {
+            Some(scope) => format!("{}:{{{}:{}}}", self.prefix, board, scope),
+            None => format!("{}:{{{}}}", self.prefix, board),
+        };
+        InstanceKeys { base }
+    }
+
+    /// Registry of the scope values of a scoped board (ZSet: scope -> newest slice seen).
+    pub fn scopes(&self, board: &str) -> String {
+        format!("{}:board:{}:scopes", self.prefix, board)
+    }
+}
+
+/// The keys of one board instance, all under one hash tag.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InstanceKeys {
+    base: String,
+}
+
+impl InstanceKeys {
+    fn key(&self, suffix: &str) -> String {
+        format!("{}:{}", self.base, suffix)
+    }
+
+    /// ZSet: ZSet member (tie-break prefix + member) -> exact total.
+    pub fn result(&self) -> String {
+        self.key("result")
+    }
+
+    /// Hash: member -> its current ZSet member string.
+    pub fn members(&self) -> String {
+        self.key("members")
+    }
+
+    /// Hash: member -> the ZSet member string as in the last resummarized result.
+    pub fn ranked(&self) -> String {
+        self.key("ranked")
+    }
+
+    /// ZSet: registry of the slice numbers that exist.
+    pub fn slices(&self) -> String {
+        self.key("slices")
+    }
+
+    /// Hash: `expired_through`, `layout`, `last_roll`, `gen`.
+    pub fn meta(&self) -> String {
+        self.key("meta")
+    }
+
+    /// ZSet: idempotency key -> epoch ms from which it may be forgotten.
+    pub fn seen(&self) -> String {
+        self.key("seen")
+    }
+
+    /// Hash: member -> number of live slices holding it (`allow_negative` boards).
+    pub fn refs(&self) -> String {
+        self.key("refs")
+    }
+
+    /// Hash: member -> exact live total (resummarize boards, for the overflow check).
+    pub fn totals(&self) -> String {
+        self.key("totals")
+    }
+
+    /// Hash: member -> integer amount in slice `n` (process bucket).
+    pub fn slice(&self, n: i64) -> String {
+        format!("{}:slice:{}", self.base, n)
+    }
+
+    /// Scratch key of one resummarize or rebuild run, renamed over `result` at the end.
+    pub fn scratch(&self, token: &str, what: &str) -> String {
+        format!("{}:tmp:{}:{}", self.base, token, what)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unscoped_keys_are_pinned() {
+        let k = Keys::new("rb").instance("rooms_7d", None);
+        assert_eq!(k.result(), "rb:{rooms_7d}:result");
+        assert_eq!(k.members(), "rb:{rooms_7d}:members");
+        assert_eq!(k.ranked(), "rb:{rooms_7d}:ranked");
+        assert_eq!(k.slices(), "rb:{rooms_7d}:slices");
+        assert_eq!(k.meta(), "rb:{rooms_7d}:meta");
+        assert_eq!(k.seen(), "rb:{rooms_7d}:seen");
+        assert_eq!(k.refs(), "rb:{rooms_7d}:refs");
+        assert_eq!(k.totals(), "rb:{rooms_7d}:totals");
+        assert_eq!(k.slice(490_000), "rb:{rooms_7d}:slice:490000");
+        assert_eq!(k.scratch("ab12", "result"), "rb:{rooms_7d}:tmp:ab12:result");
+    }
+
+    #[test]
+    fn scoped_keys_are_pinned() {
+        let keys = Keys::new("lb");
+        let k = keys.instance("fans_7d", Some("room42"));
+        assert_eq!(k.result(), "lb:{fans_7d:room42}:result");
+        assert_eq!(k.slice(7), "lb:{fans_7d:room42}:slice:7");
+        assert_eq!(keys.scopes("fans_7d"), "lb:board:fans_7d:scopes");
+    }
+
+    #[test]
+    fn distinct_scopes_never_share_a_key() {
+        let keys = Keys::new("rb");
+        let a = keys.instance("f", Some("a"));
+        let b = keys.instance("f", Some("a}:slice:5"));
+        assert_ne!(a.slice(5), b.result());
+        assert_ne!(a.result(), keys.instance("f", None).result());
+    }
+}

@@ -1,0 +1,45 @@
+-- query.lua: read one consistent snapshot of an instance's ranking.
+--
+-- KEYS[1] meta    Hash  expired_through
+-- KEYS[2] result  ZSet  zmember -> exact total
+-- KEYS[3] lookup  Hash  member -> zmember as in result (members, or ranked for resummarize)
+--
+-- ARGV[1] 'top' | 'rank' | 'around'
+-- top:    ARGV[2] offset, ARGV[3] limit
+-- rank:   ARGV[2] member
+-- around: ARGV[2] member, ARGV[3] radius
+--
+-- Only totals above 0 are ranked; they sort before every other entry of the ZSet, so
+-- index positions below `count` are exactly the ranked members.
+-- Returns { expired_through | false, count, 0-based rank of the member | -1,
+--           competition rank of the first row | 0, 0-based index of the first row,
+--           { zmember, score, zmember, score, ... } }.
+local meta, result, lookup = KEYS[1], KEYS[2], KEYS[3]
+local expired = redis.call('HGET', meta, 'expired_through')
+local count = redis.call('ZCOUNT', result, '(0', '+inf')
+local op = ARGV[1]
+local rank = -1
+local start, stop
+if op == 'top' then
+  start = tonumber(ARGV[2])
+  stop = start + tonumber(ARGV[3]) - 1
+else
+  local z = redis.call('HGET', lookup, ARGV[2])
+  local score = z and redis.call('ZSCORE', result, z)
+  if not score or tonumber(score) <= 0 then
+    return { expired, count, -1, 0, 0, {} }
+  end
+  rank = redis.call('ZREVRANK', result, z)
+  if op == 'rank' then
+    start, stop = rank, rank
+  else
+    local radius = tonumber(ARGV[3])
+    start = math.max(0, rank - radius)
+    stop = rank + radius
+  end
+end
+if stop >= count then stop = count - 1 end
+if start > stop then return { expired, count, rank, 0, start, {} } end
+local rows = redis.call('ZREVRANGE', result, start, stop, 'WITHSCORES')
+local first = redis.call('ZCOUNT', result, '(' .. rows[2], '+inf') + 1
+return { expired, count, rank, first, start, rows }

@@ -1,0 +1,547 @@
+//! The only module that speaks Redis: typed operations over fred, one Lua script per
+//! atomic operation (`src/lua/*.lua`).
+//!
+//! Commands go through a small connection pool; concurrent calls on one connection are
+//! pipelined by fred, so applying many instances at once costs one round trip.
+
+use std::time::Duration;
+
+use fred::prelude::*;
+use fred::types::scripts::Script;
+use fred::types::{ClusterHash, CustomCommand};
+use futures_util::future::try_join_all;
+
+use crate::board::{Board, Mode, TieBreak};
+use crate::keys::{InstanceKeys, Keys};
+use crate::query::{decode_member, encode_member, Entry, MemberRank, Page};
+
+/// A failed Redis operation.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The client or server reported an error.
+    #[error("redis: {0}")]
+    Redis(#[from] fred::error::Error),
+    /// The server answered in a shape the scripts never produce.
+    #[error("unexpected reply from redis: {0}")]
+    Reply(String),
+}
+
+impl StoreError {
+    /// A small fixed label for metrics: `connection`, `timeout`, `script` or `other`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            StoreError::Redis(e) => match e.kind() {
+                ErrorKind::IO | ErrorKind::Canceled | ErrorKind::Tls | ErrorKind::Auth => "connection",
+                ErrorKind::Timeout => "timeout",
+                _ if e.details().contains("script") || e.details().starts_with("NOSCRIPT") => "script",
+                _ => "other",
+            },
+            StoreError::Reply(_) => "other",
+        }
+    }
+}
+
+fn reply(what: impl Into<String>) -> StoreError {
+    StoreError::Reply(what.into())
+}
+
+/// What became of one event at one board instance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    /// Counted.
+    Applied,
+    /// Its idempotency key was already applied.
+    Duplicate,
+    /// Its slice has left the instance's window.
+    Late,
+    /// It would take a total past 2^53 - 1.
+    Overflow,
+}
+
+/// One event as applied to one instance.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApplyEvent {
+    /// Idempotency key.
+    pub id: String,
+    /// Event time, epoch ms.
+    pub ts: i64,
+    /// The ranked member.
+    pub member: String,
+    /// Amount in minor units.
+    pub amount: i64,
+}
+
+/// Result of expiring one chunk of a slice.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Expired {
+    /// Slice fields subtracted and deleted by this call.
+    pub fields: u64,
+    /// Members that left the instance (no live events remain).
+    pub members_removed: u64,
+}
+
+struct Scripts {
+    apply: Script,
+    watermark: Script,
+    expire: Script,
+    drop_slice: Script,
+    trim_seen: Script,
+    query: Script,
+}
+
+impl Scripts {
+    fn new() -> Self {
+        Scripts {
+            apply: Script::from_lua(include_str!("lua/apply.lua")),
+            watermark: Script::from_lua(include_str!("lua/watermark.lua")),
+            expire: Script::from_lua(include_str!("lua/expire.lua")),
+            drop_slice: Script::from_lua(include_str!("lua/drop_slice.lua")),
+            trim_seen: Script::from_lua(include_str!("lua/trim_seen.lua")),
+            query: Script::from_lua(include_str!("lua/query.lua")),
+        }
+    }
+
+    fn all(&self) -> [&Script; 6] {
+        [
+            &self.apply,
+            &self.watermark,
+            &self.expire,
+            &self.drop_slice,
+            &self.trim_seen,
+            &self.query,
+        ]
+    }
+}
+
+/// How the connection behaves when Redis goes away.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reconnect {
+    /// Fail at once (command-line tools).
+    Never,
+    /// Reconnect forever with exponential backoff (the daemon).
+    Forever,
+}
+
+/// Typed access to rollboard's Redis data.
+pub struct Store {
+    pool: Pool,
+    keys: Keys,
+    scripts: Scripts,
+}
+
+fn mode_flag(board: &Board) -> &'static str {
+    match board.mode {
+        Mode::Incremental => "i",
+        Mode::Resummarize => "r",
+    }
+}
+
+fn tie_flag(board: &Board) -> &'static str {
+    match board.tie_break {
+        TieBreak::Earliest => "e",
+        TieBreak::Latest => "l",
+        TieBreak::None => "n",
+    }
+}
+
+fn negative_flag(board: &Board) -> &'static str {
+    if board.allow_negative {
+        "1"
+    } else {
+        "0"
+    }
+}
+
+fn as_i64(v: &Value) -> Option<i64> {
+    match v {
+        Value::Integer(i) => Some(*i),
+        Value::String(s) => s.parse().ok(),
+        Value::Bytes(b) => std::str::from_utf8(b).ok()?.parse().ok(),
+        Value::Double(d) if d.fract() == 0.0 => Some(*d as i64),
+        _ => None,
+    }
+}
+
+fn as_string(v: Value) -> Option<String> {
+    match v {
+        Value::String(s) => Some(s.to_string()),
+        Value::Bytes(b) => String::from_utf8(b.to_vec()).ok(),
+        Value::Integer(i) => Some(i.to_string()),
+        _ => None,
+    }
+}
+
+fn as_array(v: Value) -> Option<Vec<Value>> {
+    match v {
+        Value::Array(a) => Some(a),
+        Value::Null => Some(Vec::new()),
+        _ => None,
+    }
+}
+
+/// Parses a ZSet score written by rollboard: an integer below 2^53 in magnitude.
+fn score(v: &Value) -> Option<i64> {
+    as_i64(v).or_else(|| {
+        let text = match v {
+            Value::String(s) => s.to_string(),
+            Value::Bytes(b) => String::from_utf8_lossy(b).into_owned(),
+            _ => return None,
+        };
+        let d: f64 = text.parse().ok()?;
+        (d.fract() == 0.0 && d.abs() <= crate::board::MAX_TOTAL as f64).then_some(d as i64)
+    })
+}
+
+impl Store {
+    /// Connects a pool of `size` connections to `url` (redis://, rediss://, redis-cluster://).
+    pub async fn connect(url: &str, prefix: &str, size: usize, reconnect: Reconnect) -> Result<Store, StoreError> {
+        let config = Config::from_url(url)?;
+        let mut builder = Builder::from_config(config);
+        builder
+            .with_connection_config(|c| {
+                c.connection_timeout = Duration::from_secs(5);
+                c.internal_command_timeout = Duration::from_secs(10);
+                c.max_command_attempts = 3;
+            })
+            .with_performance_config(|p| {
+                p.default_command_timeout = Duration::from_secs(30);
+            });
+        if reconnect == Reconnect::Forever {
+            builder.set_policy(ReconnectPolicy::new_exponential(0, 100, 10_000, 2));
+        }
+        let pool = builder.build_pool(size.max(1))?;
+        pool.init().await?;
+        Ok(Store {
+            pool,
+            keys: Keys::new(prefix),
+            scripts: Scripts::new(),
+        })
+    }
+
+    /// The key schema.
+    pub fn keys(&self) -> &Keys {
+        &self.keys
+    }
+
+    /// One client of the pool, for plain commands.
+    pub fn client(&self) -> &Client {
+        self.pool.next()
+    }
+
+    /// The pool, for callers that need every connection (e.g. to watch reconnects).
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    /// Loads every script into the server's cache (`SCRIPT LOAD`); on a cluster, on every node.
+    pub async fn load_scripts(&self) -> Result<(), StoreError> {
+        for script in self.scripts.all() {
+            script.load(self.client()).await?;
+        }
+        Ok(())
+    }
+
+    /// Answers `PING`.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        let _: String = self.client().ping(None).await?;
+        Ok(())
+    }
+
+    /// The keys of one instance.
+    pub fn instance(&self, board: &Board, scope: Option<&str>) -> InstanceKeys {
+        self.keys.instance(&board.name, scope)
+    }
+
+    async fn eval(&self, script: &Script, keys: Vec<String>, args: Vec<Value>) -> Result<Value, StoreError> {
+        Ok(script.evalsha_with_reload(self.client(), keys, args).await?)
+    }
+
+    /// Records scope values of a scoped board in its registry (score: newest slice seen).
+    /// Runs before the apply so that no instance holding data is ever unregistered.
+    pub async fn register_scopes(&self, board: &Board, scopes: &[(String, i64)]) -> Result<(), StoreError> {
+        if scopes.is_empty() {
+            return Ok(());
+        }
+        let args: Vec<Value> = ["GT".into()]
+            .into_iter()
+            .chain(scopes.iter().flat_map(|(scope, n)| [Value::from(*n), Value::from(scope.as_str())]))
+            .collect();
+        let key = self.keys.scopes(&board.name);
+        let _: Value = self
+            .client()
+            .custom(CustomCommand::new_static("ZADD", ClusterHash::FirstKey, false), [vec![Value::from(key)], args].concat())
+            .await?;
+        Ok(())
+    }
+
+    /// Every registered scope of a scoped board.
+    pub async fn scopes(&self, board: &Board) -> Result<Vec<String>, StoreError> {
+        let key = self.keys.scopes(&board.name);
+        let mut out = Vec::new();
+        let mut cursor = "0".to_string();
+        loop {
+            let (next, page) = self.scan("ZSCAN", &key, &cursor, 1000).await?;
+            out.extend(page.into_iter().map(|(scope, _)| scope));
+            if next == "0" {
+                break;
+            }
+            cursor = next;
+        }
+        out.sort();
+        out.dedup();
+        Ok(out)
+    }
+
+    /// Removes a scope from the registry if its newest slice is at or below `watermark`
+    /// (race-free: an apply registers its slice first, with a higher score).
+    pub async fn unregister_scope(&self, board: &Board, scope: &str, watermark: i64) -> Result<bool, StoreError> {
+        let key = self.keys.scopes(&board.name);
+        let removed: i64 = self
+            .client()
+            .eval(
+                "local s = redis.call('ZSCORE', KEYS[1], ARGV[1]) \
+                 if s and tonumber(s) <= tonumber(ARGV[2]) then return redis.call('ZREM', KEYS[1], ARGV[1]) end \
+                 return 0",
+                vec![key],
+                vec![Value::from(scope), Value::from(watermark)],
+            )
+            .await?;
+        Ok(removed == 1)
+    }
+
+    /// Applies `events` to one instance in one atomic script call; one outcome per event.
+    pub async fn apply(&self, board: &Board, scope: Option<&str>, events: &[ApplyEvent], now: i64) -> Result<Vec<Outcome>, StoreError> {
+        if events.is_empty() {
+            return Ok(Vec::new());
+        }
+        if let Some(scope) = scope {
+            let newest = events.iter().map(|e| board.slice_of(e.ts)).max().unwrap_or_default();
+            self.register_scopes(board, &[(scope.to_string(), newest)]).await?;
+        }
+        let k = self.instance(board, scope);
+        let mut keys = vec![k.meta(), k.result(), k.members(), k.slices(), k.seen(), k.refs(), k.totals()];
+        let mut slice_index: Vec<i64> = Vec::new();
+        let mut args: Vec<Value> = Vec::with_capacity(7 + events.len() * 8);
+        args.extend([
+            Value::from(now),
+            Value::from(board.slices_in_window()),
+            Value::from(board.slice_ms),
+            Value::from(mode_flag(board)),
+            Value::from(tie_flag(board)),
+            Value::from(negative_flag(board)),
+            Value::from(events.len() as i64),
+        ]);
+        for e in events {
+            let n = board.slice_of(e.ts);
+            let index = match slice_index.iter().position(|&s| s == n) {
+                Some(i) => i,
+                None => {
+                    slice_index.push(n);
+                    keys.push(k.slice(n));
+                    slice_index.len() - 1
+                }
+            };
+            args.extend([
+                Value::from(e.id.as_str()),
+                Value::from(n),
+                Value::from(index as i64 + 1),
+                Value::from(e.ts),
+                Value::from(e.member.as_str()),
+                Value::from(encode_member(board.tie_break, &e.member, e.ts)),
+                Value::from(e.amount),
+                Value::from(board.forget_at(n)),
+            ]);
+        }
+        let out = as_array(self.eval(&self.scripts.apply, keys, args).await?).ok_or_else(|| reply("apply: not an array"))?;
+        out.iter()
+            .map(|v| match as_i64(v) {
+                Some(0) => Ok(Outcome::Applied),
+                Some(1) => Ok(Outcome::Duplicate),
+                Some(2) => Ok(Outcome::Late),
+                Some(3) => Ok(Outcome::Overflow),
+                _ => Err(reply(format!("apply: unknown status {v:?}"))),
+            })
+            .collect()
+    }
+
+    /// Applies several instance batches concurrently (pipelined); results in input order.
+    pub async fn apply_many(&self, batches: &[(&Board, Option<&str>, Vec<ApplyEvent>)], now: i64) -> Result<Vec<Vec<Outcome>>, StoreError> {
+        try_join_all(batches.iter().map(|(board, scope, events)| self.apply(board, *scope, events, now))).await
+    }
+
+    /// Raises the instance's watermark to at least `target`; returns the watermark and the
+    /// registered slices at or below it (the ones to expire), oldest first.
+    pub async fn raise_watermark(&self, board: &Board, scope: Option<&str>, target: i64, now: i64) -> Result<(i64, Vec<i64>), StoreError> {
+        let k = self.instance(board, scope);
+        let out = as_array(self.eval(&self.scripts.watermark, vec![k.meta(), k.slices()], vec![target.into(), now.into()]).await?)
+            .ok_or_else(|| reply("watermark: not an array"))?;
+        let mut it = out.into_iter();
+        let w = it.next().as_ref().and_then(as_i64).ok_or_else(|| reply("watermark: no watermark"))?;
+        let slices = it
+            .next()
+            .and_then(as_array)
+            .unwrap_or_default()
+            .iter()
+            .map(|v| as_i64(v).ok_or_else(|| reply("watermark: slice is not a number")))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok((w, slices))
+    }
+
+    /// One page of `HSCAN`/`ZSCAN`/`SSCAN`: the next cursor and the (field, value) pairs.
+    pub async fn scan(&self, command: &'static str, key: &str, cursor: &str, count: usize) -> Result<(String, Vec<(String, String)>), StoreError> {
+        let v: Value = self
+            .client()
+            .custom(
+                CustomCommand::new_static(command, ClusterHash::FirstKey, false),
+                vec![Value::from(key), Value::from(cursor), "COUNT".into(), Value::from(count as i64)],
+            )
+            .await?;
+        let mut parts = as_array(v).ok_or_else(|| reply("scan: not an array"))?.into_iter();
+        let next = parts.next().and_then(as_string).ok_or_else(|| reply("scan: no cursor"))?;
+        let items = parts.next().and_then(as_array).unwrap_or_default();
+        let mut pairs = Vec::with_capacity(items.len() / 2);
+        let mut it = items.into_iter();
+        while let (Some(f), Some(v)) = (it.next(), it.next()) {
+            let f = as_string(f).ok_or_else(|| reply("scan: field is not text"))?;
+            let v = as_string(v).ok_or_else(|| reply("scan: value is not text"))?;
+            pairs.push((f, v));
+        }
+        Ok((next, pairs))
+    }
+
+    /// Subtracts and deletes the given fields of dead slice `n`, exactly once.
+    pub async fn expire_chunk(&self, board: &Board, scope: Option<&str>, n: i64, fields: &[String]) -> Result<Expired, StoreError> {
+        let k = self.instance(board, scope);
+        let keys = vec![k.meta(), k.result(), k.members(), k.refs(), k.totals(), k.slice(n)];
+        let args: Vec<Value> = [Value::from(mode_flag(board)), Value::from(negative_flag(board))]
+            .into_iter()
+            .chain(fields.iter().map(|f| Value::from(f.as_str())))
+            .collect();
+        let out = as_array(self.eval(&self.scripts.expire, keys, args).await?).ok_or_else(|| reply("expire: not an array"))?;
+        let field = |i: usize| out.get(i).and_then(as_i64).map(|v| v as u64).ok_or_else(|| reply("expire: missing count"));
+        Ok(Expired {
+            fields: field(0)?,
+            members_removed: field(1)?,
+        })
+    }
+
+    /// Unregisters slice `n` if it is empty; false when fields remain.
+    pub async fn drop_slice(&self, board: &Board, scope: Option<&str>, n: i64) -> Result<bool, StoreError> {
+        let k = self.instance(board, scope);
+        let v = self.eval(&self.scripts.drop_slice, vec![k.slices(), k.slice(n)], vec![n.into()]).await?;
+        Ok(as_i64(&v) == Some(1))
+    }
+
+    /// Forgets up to `chunk` idempotency keys due at `now`; returns how many.
+    pub async fn trim_seen(&self, board: &Board, scope: Option<&str>, now: i64, chunk: usize) -> Result<u64, StoreError> {
+        let k = self.instance(board, scope);
+        let v = self.eval(&self.scripts.trim_seen, vec![k.seen()], vec![now.into(), (chunk as i64).into()]).await?;
+        as_i64(&v).map(|n| n as u64).ok_or_else(|| reply("trim_seen: not a number"))
+    }
+
+    fn lookup_key(&self, board: &Board, k: &InstanceKeys) -> String {
+        match board.mode {
+            Mode::Incremental => k.members(),
+            Mode::Resummarize => k.ranked(),
+        }
+    }
+
+    async fn query(&self, board: &Board, scope: Option<&str>, args: Vec<Value>, now: i64) -> Result<Snapshot, StoreError> {
+        let k = self.instance(board, scope);
+        let keys = vec![k.meta(), k.result(), self.lookup_key(board, &k)];
+        let out = as_array(self.eval(&self.scripts.query, keys, args).await?).ok_or_else(|| reply("query: not an array"))?;
+        let mut it = out.into_iter();
+        let expired = it.next().as_ref().and_then(as_i64);
+        let mut num = || it.next().as_ref().and_then(as_i64).ok_or_else(|| reply("query: missing number"));
+        let count = num()?.max(0) as u64;
+        let rank = num()?;
+        let first_competition = num()?.max(0) as u64;
+        let start = num()?.max(0) as u64;
+        let rows = it.next().and_then(as_array).unwrap_or_default();
+        let (window_from, window_to) = board.live_range(now, expired);
+        let mut entries = Vec::with_capacity(rows.len() / 2);
+        let mut rows = rows.into_iter();
+        while let (Some(z), Some(s)) = (rows.next(), rows.next()) {
+            let total = score(&s).ok_or_else(|| reply(format!("query: score {s:?} is not an exact integer")))?;
+            let z = as_string(z).ok_or_else(|| reply("query: member is not text"))?;
+            let (member, last_ts) = decode_member(board.tie_break, &z);
+            let rank = start + entries.len() as u64 + 1;
+            let competition_rank = match entries.last() {
+                None => first_competition,
+                Some(Entry { total: prev, competition_rank, .. }) if *prev == total => *competition_rank,
+                Some(_) => rank,
+            };
+            entries.push(Entry {
+                rank,
+                competition_rank,
+                member,
+                total,
+                last_ts,
+            });
+        }
+        Ok(Snapshot {
+            count,
+            rank: (rank >= 0).then_some(rank as u64 + 1),
+            window_from,
+            window_to,
+            entries,
+        })
+    }
+
+    fn page(board: &Board, scope: Option<&str>, snap: Snapshot) -> Page {
+        Page {
+            board: board.name.clone(),
+            scope: scope.map(str::to_string),
+            scale: board.scale,
+            count: snap.count,
+            window_from: snap.window_from,
+            window_to: snap.window_to,
+            entries: snap.entries,
+        }
+    }
+
+    /// The ranking from position `offset` (0-based), at most `limit` entries.
+    pub async fn top(&self, board: &Board, scope: Option<&str>, offset: u64, limit: u64, now: i64) -> Result<Page, StoreError> {
+        let snap = self
+            .query(board, scope, vec!["top".into(), (offset.min(i64::MAX as u64) as i64).into(), (limit as i64).into()], now)
+            .await?;
+        Ok(Self::page(board, scope, snap))
+    }
+
+    /// The position of `member`; its rank fields are null when it is not on the board.
+    pub async fn rank(&self, board: &Board, scope: Option<&str>, member: &str, now: i64) -> Result<MemberRank, StoreError> {
+        let snap = self.query(board, scope, vec!["rank".into(), member.into()], now).await?;
+        let entry = snap.entries.into_iter().next().filter(|_| snap.rank.is_some());
+        Ok(MemberRank {
+            board: board.name.clone(),
+            scope: scope.map(str::to_string),
+            scale: board.scale,
+            count: snap.count,
+            window_from: snap.window_from,
+            window_to: snap.window_to,
+            member: member.to_string(),
+            rank: entry.as_ref().map(|e| e.rank),
+            competition_rank: entry.as_ref().map(|e| e.competition_rank),
+            total: entry.as_ref().map(|e| e.total),
+            last_ts: entry.and_then(|e| e.last_ts),
+        })
+    }
+
+    /// The entries from `rank - radius` to `rank + radius` around `member`; `None` when
+    /// the member is not on the board.
+    pub async fn around(&self, board: &Board, scope: Option<&str>, member: &str, radius: u64, now: i64) -> Result<Option<Page>, StoreError> {
+        let snap = self.query(board, scope, vec!["around".into(), member.into(), (radius as i64).into()], now).await?;
+        if snap.rank.is_none() {
+            return Ok(None);
+        }
+        Ok(Some(Self::page(board, scope, snap)))
+    }
+}
+
+struct Snapshot {
+    count: u64,
+    rank: Option<u64>,
+    window_from: i64,
+    window_to: i64,
+    entries: Vec<Entry>,
+}
