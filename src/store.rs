@@ -481,7 +481,7 @@ impl Store {
         }
         Ok(Snapshot {
             count,
-            rank: (rank >= 0).then_some(rank as u64 + 1),
+            rank: u64::try_from(rank).ok().map(|r| r + 1),
             window_from,
             window_to,
             entries,
