@@ -180,7 +180,16 @@ mod tests {
         assert_eq!(parse_duration_ms("5m"), Some(300_000));
         assert_eq!(parse_duration_ms("6h"), Some(21_600_000));
         assert_eq!(parse_duration_ms("7d"), Some(604_800_000));
-        for bad in ["", "5", "h", "5 h", "1.5h", "-1h", "5w", "99999999999999999999d"] {
+        for bad in [
+            "",
+            "5",
+            "h",
+            "5 h",
+            "1.5h",
+            "-1h",
+            "5w",
+            "99999999999999999999d",
+        ] {
             assert_eq!(parse_duration_ms(bad), None, "{bad}");
         }
     }

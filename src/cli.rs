@@ -16,7 +16,9 @@ use crate::board::Board;
 use crate::config::Settings;
 use crate::event::{check_name, fields_from_json, validate, Field};
 use crate::query::{format_total, Entry, Page};
+use crate::roll::{self, Job};
 use crate::store::{Reconnect, Store};
+use tokio_util::sync::CancellationToken;
 
 /// Exit status: the member is not on the board.
 pub const EXIT_NOT_FOUND: u8 = 3;
@@ -93,12 +95,43 @@ pub enum Command {
         /// File of JSON objects, one per line.
         file: Option<PathBuf>,
     },
+    /// Run the roll and resummarize jobs once, as of TIME (default: now).
+    Roll {
+        /// Only this board.
+        #[arg(long)]
+        board: Option<String>,
+        /// RFC 3339 or epoch milliseconds.
+        #[arg(long, value_parser = parse_time)]
+        at: Option<i64>,
+    },
+    /// Recompute a board's rankings from its live slices (every scope unless --scope).
+    Rebuild {
+        /// Board name.
+        board: String,
+        /// Only this scope.
+        #[arg(long)]
+        scope: Option<String>,
+    },
+    /// Check stored rankings against their slices; exit 1 on drift.
+    Verify {
+        /// Only this board.
+        #[arg(long)]
+        board: Option<String>,
+        /// Also fail when a resummarize ranking lags its slices.
+        #[arg(long)]
+        strict: bool,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// Parses a time given as RFC 3339 or epoch milliseconds.
 pub fn parse_time(text: &str) -> Result<i64, String> {
     if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
-        return text.parse().map_err(|_| format!("{text:?} is out of range"));
+        return text
+            .parse()
+            .map_err(|_| format!("{text:?} is out of range"));
     }
     DateTime::parse_from_rfc3339(text)
         .map(|t| t.timestamp_millis())
@@ -122,12 +155,18 @@ fn show_time(ms: i64) -> String {
 pub struct Usage(pub String);
 
 /// Looks up a board and checks the scope argument against it.
-pub fn resolve_board<'a>(settings: &'a Settings, name: &str, scope: Option<&str>) -> Result<&'a Board, Usage> {
+pub fn resolve_board<'a>(
+    settings: &'a Settings,
+    name: &str,
+    scope: Option<&str>,
+) -> Result<&'a Board, Usage> {
     let board = settings
         .board(name)
         .ok_or_else(|| Usage(format!("unknown board {name:?}")))?;
     match (&board.scope, scope) {
-        (Some(field), None) => Err(Usage(format!("board {name} is scoped by `{field}`: give --scope"))),
+        (Some(field), None) => Err(Usage(format!(
+            "board {name} is scoped by `{field}`: give --scope"
+        ))),
         (None, Some(_)) => Err(Usage(format!("board {name} is not scoped: drop --scope"))),
         (_, Some(s)) => check_name(s.as_bytes())
             .map(|_| board)
@@ -137,7 +176,9 @@ pub fn resolve_board<'a>(settings: &'a Settings, name: &str, scope: Option<&str>
 }
 
 fn check_member(member: &str) -> Result<(), Usage> {
-    check_name(member.as_bytes()).map(|_| ()).map_err(|why| Usage(format!("member {why}")))
+    check_name(member.as_bytes())
+        .map(|_| ())
+        .map_err(|why| Usage(format!("member {why}")))
 }
 
 /// Runs one subcommand other than `run`; returns the exit status.
@@ -158,46 +199,94 @@ pub async fn execute(settings: Settings, command: Command) -> ExitCode {
 }
 
 async fn connect(settings: &Settings) -> anyhow::Result<Store> {
-    Store::connect(&settings.redis.url, &settings.redis.key_prefix, 1, Reconnect::Never)
-        .await
-        .with_context(|| format!("cannot connect to {}", settings.redis.url))
+    Store::connect(
+        &settings.redis.url,
+        &settings.redis.key_prefix,
+        1,
+        Reconnect::Never,
+    )
+    .await
+    .with_context(|| format!("cannot connect to {}", settings.redis.url))
 }
 
 async fn dispatch(settings: &Settings, command: Command) -> anyhow::Result<u8> {
     match command {
         Command::Run => unreachable!("`run` is handled by the daemon"),
-        Command::Top { board, scope, limit, offset, json } => {
+        Command::Top {
+            board,
+            scope,
+            limit,
+            offset,
+            json,
+        } => {
             let board = resolve_board(settings, &board, scope.as_deref())?;
-            let page = connect(settings).await?.top(board, scope.as_deref(), offset, limit, now_ms()).await?;
+            let page = connect(settings)
+                .await?
+                .top(board, scope.as_deref(), offset, limit, now_ms())
+                .await?;
             print_page(&page, json)?;
             Ok(0)
         }
-        Command::Rank { board, member, scope, json } => {
+        Command::Rank {
+            board,
+            member,
+            scope,
+            json,
+        } => {
             let board = resolve_board(settings, &board, scope.as_deref())?;
             check_member(&member)?;
-            let rank = connect(settings).await?.rank(board, scope.as_deref(), &member, now_ms()).await?;
+            let rank = connect(settings)
+                .await?
+                .rank(board, scope.as_deref(), &member, now_ms())
+                .await?;
             let found = rank.rank.is_some();
             if json {
                 println!("{}", serde_json::to_string(&rank)?);
-            } else if let (Some(r), Some(c), Some(t)) = (rank.rank, rank.competition_rank, rank.total) {
-                println!("{} rank {r} (competition rank {c}) of {} on {}: total {}{}", rank.member, rank.count, rank.board,
-                    format_total(t, rank.scale), rank.last_ts.map(|ts| format!(", last {}", show_time(ts))).unwrap_or_default());
+            } else if let (Some(r), Some(c), Some(t)) =
+                (rank.rank, rank.competition_rank, rank.total)
+            {
+                println!(
+                    "{} rank {r} (competition rank {c}) of {} on {}: total {}{}",
+                    rank.member,
+                    rank.count,
+                    rank.board,
+                    format_total(t, rank.scale),
+                    rank.last_ts
+                        .map(|ts| format!(", last {}", show_time(ts)))
+                        .unwrap_or_default()
+                );
             } else {
-                println!("{} is not on {} ({} ranked)", rank.member, rank.board, rank.count);
+                println!(
+                    "{} is not on {} ({} ranked)",
+                    rank.member, rank.board, rank.count
+                );
             }
             Ok(if found { 0 } else { EXIT_NOT_FOUND })
         }
-        Command::Around { board, member, scope, radius, json } => {
+        Command::Around {
+            board,
+            member,
+            scope,
+            radius,
+            json,
+        } => {
             let board = resolve_board(settings, &board, scope.as_deref())?;
             check_member(&member)?;
-            match connect(settings).await?.around(board, scope.as_deref(), &member, radius, now_ms()).await? {
+            match connect(settings)
+                .await?
+                .around(board, scope.as_deref(), &member, radius, now_ms())
+                .await?
+            {
                 Some(page) => {
                     print_page(&page, json)?;
                     Ok(0)
                 }
                 None => {
                     if json {
-                        println!("{}", serde_json::json!({"board": board.name, "scope": scope, "member": member, "rank": null}));
+                        println!(
+                            "{}",
+                            serde_json::json!({"board": board.name, "scope": scope, "member": member, "rank": null})
+                        );
                     } else {
                         println!("{member} is not on {}", board.name);
                     }
@@ -206,6 +295,111 @@ async fn dispatch(settings: &Settings, command: Command) -> anyhow::Result<u8> {
             }
         }
         Command::Send { file } => send(settings, file).await,
+        Command::Roll { board, at } => {
+            if let Some(name) = &board {
+                settings
+                    .board(name)
+                    .ok_or_else(|| Usage(format!("unknown board {name:?}")))?;
+            }
+            let store = connect(settings).await?;
+            let now = at.unwrap_or_else(now_ms);
+            let reports = roll::run_once(
+                &store,
+                &settings.boards,
+                Job::All,
+                board.as_deref(),
+                now,
+                settings.schedule.chunk,
+                &CancellationToken::new(),
+            )
+            .await?;
+            for r in reports {
+                println!(
+                    "{} ({}): {} instance(s), {} slice(s) expired, {} member(s) removed, {} id(s) forgotten",
+                    r.board, r.mode, r.instances, r.slices_expired, r.members_removed, r.ids_forgotten
+                );
+            }
+            Ok(0)
+        }
+        Command::Rebuild { board, scope } => {
+            let b = settings
+                .board(&board)
+                .ok_or_else(|| Usage(format!("unknown board {board:?}")))?;
+            if scope.is_some() {
+                resolve_board(settings, &board, scope.as_deref())?;
+            }
+            let store = connect(settings).await?;
+            let scopes = match scope {
+                Some(s) => vec![Some(s)],
+                None => roll::instances(&store, b).await?,
+            };
+            for scope in scopes {
+                let members =
+                    roll::rebuild(&store, b, scope.as_deref(), settings.schedule.chunk).await?;
+                let label = scope.map(|s| format!(" [{s}]")).unwrap_or_default();
+                println!("{}{label}: rebuilt, {members} member(s)", b.name);
+            }
+            Ok(0)
+        }
+        Command::Verify {
+            board,
+            strict,
+            json,
+        } => {
+            if let Some(name) = &board {
+                settings
+                    .board(name)
+                    .ok_or_else(|| Usage(format!("unknown board {name:?}")))?;
+            }
+            let store = connect(settings).await?;
+            let mut failed = false;
+            for b in settings
+                .boards
+                .iter()
+                .filter(|b| board.as_ref().is_none_or(|n| *n == b.name))
+            {
+                for scope in roll::instances(&store, b).await? {
+                    let v =
+                        roll::verify(&store, b, scope.as_deref(), settings.schedule.chunk).await?;
+                    failed |= v.fails(strict);
+                    if json {
+                        println!("{}", serde_json::to_string(&v)?);
+                        continue;
+                    }
+                    let label = v
+                        .scope
+                        .as_deref()
+                        .map(|s| format!(" [{s}]"))
+                        .unwrap_or_default();
+                    let verdict = match (v.differences.is_empty(), v.fails(strict)) {
+                        (true, _) => "ok".to_string(),
+                        (false, true) => format!("DRIFT in {} member(s)", v.differences.len()),
+                        (false, false) => format!(
+                            "behind its slices by {} member(s), {} unit(s)",
+                            v.differences.len(),
+                            v.amount_behind
+                        ),
+                    };
+                    println!(
+                        "{}{label} ({}): {} member(s), {verdict}",
+                        v.board, v.mode, v.members
+                    );
+                    for d in &v.differences {
+                        let show = |t: Option<i64>| {
+                            t.map(|t| format_total(t, b.scale))
+                                .unwrap_or_else(|| "-".into())
+                        };
+                        println!(
+                            "  {}: slices {} stored {}",
+                            d.member,
+                            show(d.expected),
+                            show(d.stored)
+                        );
+                    }
+                }
+            }
+            Ok(u8::from(failed))
+        }
     }
 }
 
@@ -215,19 +409,54 @@ fn print_page(page: &Page, json: bool) -> anyhow::Result<()> {
         writeln!(out, "{}", serde_json::to_string(page)?)?;
         return Ok(());
     }
-    let scope = page.scope.as_deref().map(|s| format!(" [{s}]")).unwrap_or_default();
-    writeln!(out, "{}{scope}: {} ranked, window {} .. {}", page.board, page.count, show_time(page.window_from), show_time(page.window_to))?;
-    let width = page.entries.iter().map(|e| e.member.chars().count()).max().unwrap_or(6).max(6);
-    writeln!(out, "{:>6} {:>6}  {:<width$}  {:>20}  LAST", "RANK", "COMP", "MEMBER", "TOTAL")?;
-    for Entry { rank, competition_rank, member, total, last_ts } in &page.entries {
+    let scope = page
+        .scope
+        .as_deref()
+        .map(|s| format!(" [{s}]"))
+        .unwrap_or_default();
+    writeln!(
+        out,
+        "{}{scope}: {} ranked, window {} .. {}",
+        page.board,
+        page.count,
+        show_time(page.window_from),
+        show_time(page.window_to)
+    )?;
+    let width = page
+        .entries
+        .iter()
+        .map(|e| e.member.chars().count())
+        .max()
+        .unwrap_or(6)
+        .max(6);
+    writeln!(
+        out,
+        "{:>6} {:>6}  {:<width$}  {:>20}  LAST",
+        "RANK", "COMP", "MEMBER", "TOTAL"
+    )?;
+    for Entry {
+        rank,
+        competition_rank,
+        member,
+        total,
+        last_ts,
+    } in &page.entries
+    {
         let last = last_ts.map(show_time).unwrap_or_else(|| "-".into());
-        writeln!(out, "{rank:>6} {competition_rank:>6}  {member:<width$}  {:>20}  {last}", format_total(*total, page.scale))?;
+        writeln!(
+            out,
+            "{rank:>6} {competition_rank:>6}  {member:<width$}  {:>20}  {last}",
+            format_total(*total, page.scale)
+        )?;
     }
     Ok(())
 }
 
 /// Parses and validates JSON-lines text; returns the events or every invalid line.
-pub fn parse_lines(text: impl BufRead, boards: &[Board]) -> anyhow::Result<Result<Vec<Vec<Field>>, Vec<String>>> {
+pub fn parse_lines(
+    text: impl BufRead,
+    boards: &[Board],
+) -> anyhow::Result<Result<Vec<Vec<Field>>, Vec<String>>> {
     let mut events = Vec::new();
     let mut errors = Vec::new();
     for (i, line) in text.lines().enumerate() {
@@ -238,21 +467,36 @@ pub fn parse_lines(text: impl BufRead, boards: &[Board]) -> anyhow::Result<Resul
         let parsed = serde_json::from_str::<serde_json::Value>(&line)
             .map_err(|e| format!("not JSON: {e}"))
             .and_then(|v| fields_from_json(&v))
-            .and_then(|fields| validate(&fields, boards).map(|_| fields).map_err(|r| r.to_string()));
+            .and_then(|fields| {
+                validate(&fields, boards)
+                    .map(|_| fields)
+                    .map_err(|r| r.to_string())
+            });
         match parsed {
             Ok(fields) => events.push(fields),
             Err(why) => errors.push(format!("line {}: {why}", i + 1)),
         }
     }
-    Ok(if errors.is_empty() { Ok(events) } else { Err(errors) })
+    Ok(if errors.is_empty() {
+        Ok(events)
+    } else {
+        Err(errors)
+    })
 }
 
 /// Appends validated events to the stream, in transactions of up to 1000 entries.
-pub async fn append(client: &Client, stream: &str, events: &[Vec<Field>]) -> Result<(), fred::error::Error> {
+pub async fn append(
+    client: &Client,
+    stream: &str,
+    events: &[Vec<Field>],
+) -> Result<(), fred::error::Error> {
     for chunk in events.chunks(1000) {
         let tx = client.multi();
         for fields in chunk {
-            let pairs: Vec<(&[u8], &[u8])> = fields.iter().map(|(k, v)| (k.as_slice(), v.as_slice())).collect();
+            let pairs: Vec<(&[u8], &[u8])> = fields
+                .iter()
+                .map(|(k, v)| (k.as_slice(), v.as_slice()))
+                .collect();
             let _: () = tx.xadd(stream, false, None, "*", pairs).await?;
         }
         let _: Value = tx.exec(true).await?;
@@ -263,7 +507,8 @@ pub async fn append(client: &Client, stream: &str, events: &[Vec<Field>]) -> Res
 async fn send(settings: &Settings, file: Option<PathBuf>) -> anyhow::Result<u8> {
     let parsed = match &file {
         Some(path) => {
-            let f = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+            let f = std::fs::File::open(path)
+                .with_context(|| format!("cannot open {}", path.display()))?;
             parse_lines(std::io::BufReader::new(f), &settings.boards)?
         }
         None => parse_lines(std::io::stdin().lock(), &settings.boards)?,
@@ -282,7 +527,11 @@ async fn send(settings: &Settings, file: Option<PathBuf>) -> anyhow::Result<u8> 
     append(store.client(), &settings.ingest.stream, &events)
         .await
         .with_context(|| format!("cannot append to {}", settings.ingest.stream))?;
-    println!("appended {} event(s) to {}", events.len(), settings.ingest.stream);
+    println!(
+        "appended {} event(s) to {}",
+        events.len(),
+        settings.ingest.stream
+    );
     Ok(0)
 }
 
@@ -293,8 +542,14 @@ mod tests {
     #[test]
     fn times_parse_both_ways() {
         assert_eq!(parse_time("1763700000123"), Ok(1_763_700_000_123));
-        assert_eq!(parse_time("2025-11-21T04:40:00.123Z"), Ok(1_763_700_000_123));
-        assert_eq!(parse_time("2025-11-21T05:40:00.123+01:00"), Ok(1_763_700_000_123));
+        assert_eq!(
+            parse_time("2025-11-21T04:40:00.123Z"),
+            Ok(1_763_700_000_123)
+        );
+        assert_eq!(
+            parse_time("2025-11-21T05:40:00.123+01:00"),
+            Ok(1_763_700_000_123)
+        );
         assert!(parse_time("yesterday").is_err());
         assert!(parse_time("-5").is_err());
     }

@@ -34,7 +34,11 @@ pub enum ConfigError {
     },
 }
 
-fn invalid(key: impl Into<String>, value: impl Into<String>, reason: impl Into<String>) -> ConfigError {
+fn invalid(
+    key: impl Into<String>,
+    value: impl Into<String>,
+    reason: impl Into<String>,
+) -> ConfigError {
     ConfigError::Invalid {
         key: key.into(),
         value: value.into(),
@@ -327,7 +331,11 @@ fn non_empty(key: &str, text: &str) -> Result<String, ConfigError> {
 
 fn check_cron(key: &str, expr: &str) -> Result<String, ConfigError> {
     if expr.split_whitespace().count() != 6 {
-        return Err(invalid(key, expr, "expected a 6-field cron expression, seconds first"));
+        return Err(invalid(
+            key,
+            expr,
+            "expected a 6-field cron expression, seconds first",
+        ));
     }
     tokio_cron_scheduler::Job::new_async(expr, |_, _| Box::pin(async {}))
         .map(|_| expr.to_string())
@@ -337,16 +345,30 @@ fn check_cron(key: &str, expr: &str) -> Result<String, ConfigError> {
 impl RawSettings {
     fn validate(self) -> Result<Settings, ConfigError> {
         let url = self.redis.url;
-        if !["redis://", "rediss://", "redis-cluster://", "rediss-cluster://"]
-            .iter()
-            .any(|scheme| url.starts_with(scheme))
+        if ![
+            "redis://",
+            "rediss://",
+            "redis-cluster://",
+            "rediss-cluster://",
+        ]
+        .iter()
+        .any(|scheme| url.starts_with(scheme))
         {
-            return Err(invalid("redis.url", &url, "expected a redis://, rediss:// or redis-cluster:// URL"));
+            return Err(invalid(
+                "redis.url",
+                &url,
+                "expected a redis://, rediss:// or redis-cluster:// URL",
+            ));
         }
-        fred::prelude::Config::from_url(&url).map_err(|e| invalid("redis.url", &url, e.details().to_string()))?;
+        fred::prelude::Config::from_url(&url)
+            .map_err(|e| invalid("redis.url", &url, e.details().to_string()))?;
         let key_prefix = non_empty("redis.key_prefix", &self.redis.key_prefix)?;
         if key_prefix.contains(['{', '}']) {
-            return Err(invalid("redis.key_prefix", &key_prefix, "must not contain { or } (they delimit hash tags)"));
+            return Err(invalid(
+                "redis.key_prefix",
+                &key_prefix,
+                "must not contain { or } (they delimit hash tags)",
+            ));
         }
 
         let ingest = self.ingest;
@@ -355,7 +377,11 @@ impl RawSettings {
             other => Dedup::AfterSlice(duration("ingest.dedup_window", other)?),
         };
         if !(1..=10_000).contains(&ingest.batch_size) {
-            return Err(invalid("ingest.batch_size", ingest.batch_size.to_string(), "must be between 1 and 10000"));
+            return Err(invalid(
+                "ingest.batch_size",
+                ingest.batch_size.to_string(),
+                "must be between 1 and 10000",
+            ));
         }
         let consumer = if ingest.consumer.is_empty() {
             hostname::get()
@@ -372,7 +398,10 @@ impl RawSettings {
             consumer,
             batch_size: ingest.batch_size as usize,
             block: Duration::from_millis(positive_duration("ingest.block", &ingest.block)? as u64),
-            claim_idle: Duration::from_millis(positive_duration("ingest.claim_idle", &ingest.claim_idle)? as u64),
+            claim_idle: Duration::from_millis(positive_duration(
+                "ingest.claim_idle",
+                &ingest.claim_idle,
+            )? as u64),
             dead_letter_stream: non_empty("ingest.dead_letter_stream", &ingest.dead_letter_stream)?,
             max_future_ms: duration("ingest.max_future", &ingest.max_future)?,
         };
@@ -385,7 +414,11 @@ impl RawSettings {
         }
 
         if !(1..=5_000).contains(&self.schedule.chunk) {
-            return Err(invalid("schedule.chunk", self.schedule.chunk.to_string(), "must be between 1 and 5000"));
+            return Err(invalid(
+                "schedule.chunk",
+                self.schedule.chunk.to_string(),
+                "must be between 1 and 5000",
+            ));
         }
         let schedule = ScheduleSettings {
             roll: check_cron("schedule.roll", &self.schedule.roll)?,
@@ -393,11 +426,13 @@ impl RawSettings {
             chunk: self.schedule.chunk as usize,
         };
 
-        let listen = self
-            .http
-            .listen
-            .parse()
-            .map_err(|e| invalid("http.listen", &self.http.listen, format!("not a socket address: {e}")))?;
+        let listen = self.http.listen.parse().map_err(|e| {
+            invalid(
+                "http.listen",
+                &self.http.listen,
+                format!("not a socket address: {e}"),
+            )
+        })?;
 
         let format = match self.log.format.as_str() {
             "text" => LogFormat::Text,
@@ -405,7 +440,11 @@ impl RawSettings {
             other => return Err(invalid("log.format", other, "expected text or json")),
         };
         if tracing_subscriber::EnvFilter::try_new(&self.log.level).is_err() {
-            return Err(invalid("log.level", &self.log.level, "not a log level or filter directive"));
+            return Err(invalid(
+                "log.level",
+                &self.log.level,
+                "not a log level or filter directive",
+            ));
         }
 
         let mut names = HashSet::new();
@@ -413,7 +452,11 @@ impl RawSettings {
         for (i, raw) in self.boards.into_iter().enumerate() {
             let board = raw.validate(i, dedup)?;
             if !names.insert(board.name.clone()) {
-                return Err(invalid(format!("boards[{i}].name"), &board.name, "duplicate board name"));
+                return Err(invalid(
+                    format!("boards[{i}].name"),
+                    &board.name,
+                    "duplicate board name",
+                ));
             }
             boards.push(board);
         }
@@ -441,7 +484,11 @@ impl RawBoard {
                 .bytes()
                 .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
         if !name_ok {
-            return Err(invalid(key("name"), &self.name, "must match [a-z0-9_-]{1,64}"));
+            return Err(invalid(
+                key("name"),
+                &self.name,
+                "must match [a-z0-9_-]{1,64}",
+            ));
         }
         let member = non_empty(&key("member"), &self.member)?;
         let amount = non_empty(&key("amount"), &self.amount)?;
@@ -449,11 +496,22 @@ impl RawBoard {
             Some(s) => Some(non_empty(&key("scope"), &s)?),
             None => None,
         };
-        if scope.as_deref() == Some(member.as_str()) || member == amount || scope.as_deref() == Some(amount.as_str()) {
-            return Err(invalid(key("member"), &member, "member, scope and amount must be different fields"));
+        if scope.as_deref() == Some(member.as_str())
+            || member == amount
+            || scope.as_deref() == Some(amount.as_str())
+        {
+            return Err(invalid(
+                key("member"),
+                &member,
+                "member, scope and amount must be different fields",
+            ));
         }
         if !(0..=15).contains(&self.scale) {
-            return Err(invalid(key("scale"), self.scale.to_string(), "must be between 0 and 15"));
+            return Err(invalid(
+                key("scale"),
+                self.scale.to_string(),
+                "must be between 0 and 15",
+            ));
         }
         let window_ms = positive_duration(&key("window"), &self.window)?;
         let slice_ms = positive_duration(&key("slice"), &self.slice)?;
@@ -467,13 +525,25 @@ impl RawBoard {
         let mode = match self.mode.as_str() {
             "incremental" => Mode::Incremental,
             "resummarize" => Mode::Resummarize,
-            other => return Err(invalid(key("mode"), other, "expected incremental or resummarize")),
+            other => {
+                return Err(invalid(
+                    key("mode"),
+                    other,
+                    "expected incremental or resummarize",
+                ))
+            }
         };
         let tie_break = match self.tie_break.as_str() {
             "earliest" => TieBreak::Earliest,
             "latest" => TieBreak::Latest,
             "none" => TieBreak::None,
-            other => return Err(invalid(key("tie_break"), other, "expected earliest, latest or none")),
+            other => {
+                return Err(invalid(
+                    key("tie_break"),
+                    other,
+                    "expected earliest, latest or none",
+                ))
+            }
         };
         Ok(Board {
             name: self.name,
@@ -495,7 +565,8 @@ impl RawBoard {
 mod tests {
     use super::*;
 
-    const BOARD: &str = "[[boards]]\nname = \"r\"\nmember = \"room\"\nwindow = \"7d\"\nslice = \"6h\"\n";
+    const BOARD: &str =
+        "[[boards]]\nname = \"r\"\nmember = \"room\"\nwindow = \"7d\"\nslice = \"6h\"\n";
 
     fn refusal(text: &str) -> String {
         match Settings::from_toml(text) {
@@ -528,8 +599,11 @@ mod tests {
 
     #[test]
     fn the_shipped_config_is_valid() {
-        let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/config/rollboard.toml"))
-            .expect("config/rollboard.toml");
+        let text = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/config/rollboard.toml"
+        ))
+        .expect("config/rollboard.toml");
         let s = Settings::from_toml(&text).expect("valid");
         assert_eq!(s.boards.len(), 3);
         assert!(s.board("fans_7d").expect("fans_7d").is_scoped());
@@ -542,11 +616,17 @@ mod tests {
         let e = refusal(&BOARD.replace("7d", "7h5m"));
         assert!(e.contains("boards[0].window") && e.contains("7h5m"), "{e}");
         let e = refusal(&BOARD.replace("\"7d\"", "\"25h\""));
-        assert!(e.contains("boards[0].window") && e.contains("whole multiple"), "{e}");
+        assert!(
+            e.contains("boards[0].window") && e.contains("whole multiple"),
+            "{e}"
+        );
         let e = refusal(&BOARD.replace("\"r\"", "\"Rooms!\""));
         assert!(e.contains("boards[0].name") && e.contains("Rooms!"), "{e}");
         let e = refusal(&format!("{BOARD}{BOARD}"));
-        assert!(e.contains("boards[1].name") && e.contains("duplicate"), "{e}");
+        assert!(
+            e.contains("boards[1].name") && e.contains("duplicate"),
+            "{e}"
+        );
         let e = refusal(&format!("[redis]\nurl = \"http://x\"\n{BOARD}"));
         assert!(e.contains("redis.url") && e.contains("http://x"), "{e}");
         let e = refusal(&format!("[ingest]\nblock = \"soon\"\n{BOARD}"));

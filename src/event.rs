@@ -145,7 +145,10 @@ pub fn check_name(value: &[u8]) -> Result<&str, String> {
         return Err("is empty".into());
     }
     if text.len() > MAX_NAME_BYTES {
-        return Err(format!("is {} bytes long, the limit is {MAX_NAME_BYTES}", text.len()));
+        return Err(format!(
+            "is {} bytes long, the limit is {MAX_NAME_BYTES}",
+            text.len()
+        ));
     }
     if text.chars().any(char::is_control) {
         return Err("contains a control character".into());
@@ -185,13 +188,18 @@ pub fn parse_amount(value: &[u8], scale: u32, allow_negative: bool) -> Result<i6
             .ok_or_else(too_large)?;
     }
     for _ in frac.len()..scale as usize {
-        units = units.checked_mul(10).filter(|u| *u <= MAX_TOTAL).ok_or_else(too_large)?;
+        units = units
+            .checked_mul(10)
+            .filter(|u| *u <= MAX_TOTAL)
+            .ok_or_else(too_large)?;
     }
     if units == 0 {
         return Err(format!("{shown:?} is zero"));
     }
     if negative && !allow_negative {
-        return Err(format!("{shown:?} is negative and the board does not allow negative amounts"));
+        return Err(format!(
+            "{shown:?} is negative and the board does not allow negative amounts"
+        ));
     }
     Ok(if negative { -units } else { units })
 }
@@ -200,7 +208,9 @@ pub fn parse_amount(value: &[u8], scale: u32, allow_negative: bool) -> Result<i6
 pub fn parse_ts(value: &[u8]) -> Result<i64, String> {
     let shown = String::from_utf8_lossy(value);
     if value.is_empty() || !value.iter().all(u8::is_ascii_digit) {
-        return Err(format!("{shown:?} is not epoch milliseconds (decimal digits only)"));
+        return Err(format!(
+            "{shown:?} is not epoch milliseconds (decimal digits only)"
+        ));
     }
     let mut ts: i64 = 0;
     for &d in value {
@@ -221,11 +231,16 @@ pub fn validate(fields: &[Field], boards: &[Board]) -> Result<Validated, Rejecti
         .filter(|(_, b)| {
             field(fields, &b.member).is_some()
                 && field(fields, &b.amount).is_some()
-                && b.scope.as_deref().is_none_or(|s| field(fields, s).is_some())
+                && b.scope
+                    .as_deref()
+                    .is_none_or(|s| field(fields, s).is_some())
         })
         .collect();
     if matched.is_empty() {
-        return Err(Rejection::new(Reason::NoBoard, "the event matches no board (member, amount or scope field missing)"));
+        return Err(Rejection::new(
+            Reason::NoBoard,
+            "the event matches no board (member, amount or scope field missing)",
+        ));
     }
     let name_of = |name: &str, reason: Reason| -> Result<String, Rejection> {
         let value = field(fields, name).unwrap_or_default();
@@ -247,11 +262,15 @@ pub fn validate(fields: &[Field], boards: &[Board]) -> Result<Validated, Rejecti
     let id = match field(fields, "id") {
         None => None,
         Some(raw) => {
-            let text = std::str::from_utf8(raw).map_err(|_| Rejection::new(Reason::Id, "field `id` is not valid UTF-8"))?;
+            let text = std::str::from_utf8(raw)
+                .map_err(|_| Rejection::new(Reason::Id, "field `id` is not valid UTF-8"))?;
             if text.is_empty() || text.len() > MAX_ID_BYTES {
                 return Err(Rejection::new(
                     Reason::Id,
-                    format!("field `id` is {} bytes long, it must be 1 to {MAX_ID_BYTES}", text.len()),
+                    format!(
+                        "field `id` is {} bytes long, it must be 1 to {MAX_ID_BYTES}",
+                        text.len()
+                    ),
                 ));
             }
             Some(text.to_string())
@@ -260,13 +279,20 @@ pub fn validate(fields: &[Field], boards: &[Board]) -> Result<Validated, Rejecti
     let mut amounts = Vec::with_capacity(matched.len());
     for (_, b) in &matched {
         let raw = field(fields, &b.amount).unwrap_or_default();
-        let amount = parse_amount(raw, b.scale, b.allow_negative)
-            .map_err(|why| Rejection::new(Reason::Amount, format!("field `{}` for board {}: {why}", b.amount, b.name)))?;
+        let amount = parse_amount(raw, b.scale, b.allow_negative).map_err(|why| {
+            Rejection::new(
+                Reason::Amount,
+                format!("field `{}` for board {}: {why}", b.amount, b.name),
+            )
+        })?;
         amounts.push(amount);
     }
     let ts = match field(fields, "ts") {
         None => None,
-        Some(raw) => Some(parse_ts(raw).map_err(|why| Rejection::new(Reason::Ts, format!("field `ts`: {why}")))?),
+        Some(raw) => Some(
+            parse_ts(raw)
+                .map_err(|why| Rejection::new(Reason::Ts, format!("field `ts`: {why}")))?,
+        ),
     };
     let updates = matched
         .iter()
@@ -285,7 +311,11 @@ pub fn validate(fields: &[Field], boards: &[Board]) -> Result<Validated, Rejecti
 
 /// The millisecond time of a stream entry ID (`<ms>-<seq>`).
 pub fn entry_time(entry_id: &str) -> Option<i64> {
-    entry_id.split_once('-').map_or(entry_id, |(ms, _)| ms).parse().ok()
+    entry_id
+        .split_once('-')
+        .map_or(entry_id, |(ms, _)| ms)
+        .parse()
+        .ok()
 }
 
 impl Validated {
@@ -293,13 +323,20 @@ impl Validated {
     pub fn resolve(self, entry_id: &str, now: i64, max_future_ms: i64) -> Result<Event, Rejection> {
         let ts = match self.ts {
             Some(ts) => ts,
-            None => entry_time(entry_id)
-                .ok_or_else(|| Rejection::new(Reason::Ts, format!("no `ts` field and the entry ID {entry_id:?} holds no time")))?,
+            None => entry_time(entry_id).ok_or_else(|| {
+                Rejection::new(
+                    Reason::Ts,
+                    format!("no `ts` field and the entry ID {entry_id:?} holds no time"),
+                )
+            })?,
         };
         if ts > now.saturating_add(max_future_ms) {
             return Err(Rejection::new(
                 Reason::Future,
-                format!("ts {ts} is {} ms ahead of the clock, the limit is {max_future_ms} ms", ts - now),
+                format!(
+                    "ts {ts} is {} ms ahead of the clock, the limit is {max_future_ms} ms",
+                    ts - now
+                ),
             ));
         }
         Ok(Event {
@@ -311,7 +348,13 @@ impl Validated {
 }
 
 /// Validates and resolves one stream entry in one step.
-pub fn parse(fields: &[Field], entry_id: &str, boards: &[Board], now: i64, max_future_ms: i64) -> Result<Event, Rejection> {
+pub fn parse(
+    fields: &[Field],
+    entry_id: &str,
+    boards: &[Board],
+    now: i64,
+    max_future_ms: i64,
+) -> Result<Event, Rejection> {
     validate(fields, boards)?.resolve(entry_id, now, max_future_ms)
 }
 
@@ -323,7 +366,9 @@ pub fn fields_from_json(value: &serde_json::Value) -> Result<Vec<Field>, String>
         .iter()
         .map(|(name, v)| match v {
             serde_json::Value::String(s) => Ok((name.as_bytes().to_vec(), s.as_bytes().to_vec())),
-            serde_json::Value::Number(n) => Ok((name.as_bytes().to_vec(), n.to_string().into_bytes())),
+            serde_json::Value::Number(n) => {
+                Ok((name.as_bytes().to_vec(), n.to_string().into_bytes()))
+            }
             other => Err(format!(
                 "field `{name}` is {}, only strings and numbers are accepted",
                 match other {
@@ -342,7 +387,14 @@ mod tests {
     use super::*;
     use crate::board::{Dedup, Mode, TieBreak};
 
-    fn board(name: &str, member: &str, scope: Option<&str>, amount: &str, scale: u32, neg: bool) -> Board {
+    fn board(
+        name: &str,
+        member: &str,
+        scope: Option<&str>,
+        amount: &str,
+        scale: u32,
+        neg: bool,
+    ) -> Board {
         Board {
             name: name.into(),
             member: member.into(),
@@ -367,7 +419,10 @@ mod tests {
     }
 
     fn ev(pairs: &[(&str, &str)]) -> Vec<Field> {
-        pairs.iter().map(|(k, v)| (k.as_bytes().to_vec(), v.as_bytes().to_vec())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (k.as_bytes().to_vec(), v.as_bytes().to_vec()))
+            .collect()
     }
 
     fn reason(pairs: &[(&str, &str)]) -> Reason {
@@ -385,17 +440,34 @@ mod tests {
         assert_eq!(parse_amount(b"12.05", 2, false), Ok(1205));
         assert_eq!(parse_amount(b"-3.1", 2, true), Ok(-310));
         assert_eq!(parse_amount(b"9007199254740991", 0, false), Ok(MAX_TOTAL));
-        assert_eq!(parse_amount(b"00000000000000000000000000001", 0, false), Ok(1));
-        for bad in ["", "+5", "12.", ".5", "1e3", " 5", "5 ", "0x10", "--1", "1.2.3", "٣"] {
+        assert_eq!(
+            parse_amount(b"00000000000000000000000000001", 0, false),
+            Ok(1)
+        );
+        for bad in [
+            "", "+5", "12.", ".5", "1e3", " 5", "5 ", "0x10", "--1", "1.2.3", "٣",
+        ] {
             assert!(parse_amount(bad.as_bytes(), 2, true).is_err(), "{bad:?}");
         }
         assert!(parse_amount(b"0", 0, false).unwrap_err().contains("zero"));
-        assert!(parse_amount(b"-0.00", 2, true).unwrap_err().contains("zero"));
-        assert!(parse_amount(b"1.5", 0, false).unwrap_err().contains("fraction"));
-        assert!(parse_amount(b"1.123", 2, false).unwrap_err().contains("fraction"));
-        assert!(parse_amount(b"-1", 0, false).unwrap_err().contains("negative"));
-        assert!(parse_amount(b"9007199254740992", 0, false).unwrap_err().contains("2^53"));
-        assert!(parse_amount(b"90071992547409.92", 2, false).unwrap_err().contains("2^53"));
+        assert!(parse_amount(b"-0.00", 2, true)
+            .unwrap_err()
+            .contains("zero"));
+        assert!(parse_amount(b"1.5", 0, false)
+            .unwrap_err()
+            .contains("fraction"));
+        assert!(parse_amount(b"1.123", 2, false)
+            .unwrap_err()
+            .contains("fraction"));
+        assert!(parse_amount(b"-1", 0, false)
+            .unwrap_err()
+            .contains("negative"));
+        assert!(parse_amount(b"9007199254740992", 0, false)
+            .unwrap_err()
+            .contains("2^53"));
+        assert!(parse_amount(b"90071992547409.92", 2, false)
+            .unwrap_err()
+            .contains("2^53"));
     }
 
     #[test]
@@ -420,51 +492,124 @@ mod tests {
 
     #[test]
     fn one_event_updates_every_board_it_matches() {
-        let e = parse(&ev(&[("room", "r1"), ("user", "u1"), ("amount", "5")]), "1000-0", &boards(), 10_000, 0).unwrap();
+        let e = parse(
+            &ev(&[("room", "r1"), ("user", "u1"), ("amount", "5")]),
+            "1000-0",
+            &boards(),
+            10_000,
+            0,
+        )
+        .unwrap();
         assert_eq!(e.id, "1000-0");
         assert_eq!(e.ts, 1000);
         assert_eq!(e.updates.len(), 2);
         assert_eq!(e.updates[1].scope.as_deref(), Some("r1"));
         assert_eq!(e.updates[1].member, "u1");
-        let e = parse(&ev(&[("user", "u1"), ("value", "1.5"), ("id", "k"), ("ts", "900")]), "1000-0", &boards(), 10_000, 0).unwrap();
+        let e = parse(
+            &ev(&[("user", "u1"), ("value", "1.5"), ("id", "k"), ("ts", "900")]),
+            "1000-0",
+            &boards(),
+            10_000,
+            0,
+        )
+        .unwrap();
         assert_eq!((e.id.as_str(), e.ts), ("k", 900));
-        assert_eq!(e.updates, vec![Update { board: 2, scope: None, member: "u1".into(), amount: 150 }]);
+        assert_eq!(
+            e.updates,
+            vec![Update {
+                board: 2,
+                scope: None,
+                member: "u1".into(),
+                amount: 150
+            }]
+        );
     }
 
     #[test]
     fn every_reason_is_reachable() {
         assert_eq!(reason(&[("user", "u"), ("amount", "5")]), Reason::NoBoard);
         assert_eq!(reason(&[("room", ""), ("amount", "5")]), Reason::Member);
-        assert_eq!(reason(&[("room", "r"), ("user", "a\tb"), ("amount", "5")]), Reason::Member);
-        assert_eq!(reason(&[("room", &"r".repeat(257)), ("user", "u"), ("amount", "5")]), Reason::Member);
-        assert_eq!(reason(&[("room", "r"), ("amount", "5"), ("id", "")]), Reason::Id);
-        assert_eq!(reason(&[("room", "r"), ("amount", "5"), ("id", &"i".repeat(129))]), Reason::Id);
+        assert_eq!(
+            reason(&[("room", "r"), ("user", "a\tb"), ("amount", "5")]),
+            Reason::Member
+        );
+        assert_eq!(
+            reason(&[("room", &"r".repeat(257)), ("user", "u"), ("amount", "5")]),
+            Reason::Member
+        );
+        assert_eq!(
+            reason(&[("room", "r"), ("amount", "5"), ("id", "")]),
+            Reason::Id
+        );
+        assert_eq!(
+            reason(&[("room", "r"), ("amount", "5"), ("id", &"i".repeat(129))]),
+            Reason::Id
+        );
         assert_eq!(reason(&[("room", "r"), ("amount", "5.5")]), Reason::Amount);
-        assert_eq!(reason(&[("room", "r"), ("amount", "5"), ("ts", "soon")]), Reason::Ts);
-        assert_eq!(reason(&[("room", "r"), ("amount", "5"), ("ts", "310001")]), Reason::Future);
-        assert!(parse(&ev(&[("room", "r"), ("amount", "5"), ("ts", "310000")]), "1-0", &boards(), 10_000, 300_000).is_ok());
+        assert_eq!(
+            reason(&[("room", "r"), ("amount", "5"), ("ts", "soon")]),
+            Reason::Ts
+        );
+        assert_eq!(
+            reason(&[("room", "r"), ("amount", "5"), ("ts", "310001")]),
+            Reason::Future
+        );
+        assert!(parse(
+            &ev(&[("room", "r"), ("amount", "5"), ("ts", "310000")]),
+            "1-0",
+            &boards(),
+            10_000,
+            300_000
+        )
+        .is_ok());
     }
 
     #[test]
     fn the_first_reason_wins() {
         // member beats scope, id, amount and ts.
-        assert_eq!(reason(&[("room", "r"), ("user", ""), ("amount", "x"), ("id", ""), ("ts", "x")]), Reason::Member);
+        assert_eq!(
+            reason(&[
+                ("room", "r"),
+                ("user", ""),
+                ("amount", "x"),
+                ("id", ""),
+                ("ts", "x")
+            ]),
+            Reason::Member
+        );
         // scope (room is also the rooms board's member, so make it valid there and invalid as scope: impossible)
         // id beats amount and ts.
-        assert_eq!(reason(&[("room", "r"), ("amount", "x"), ("id", ""), ("ts", "x")]), Reason::Id);
+        assert_eq!(
+            reason(&[("room", "r"), ("amount", "x"), ("id", ""), ("ts", "x")]),
+            Reason::Id
+        );
         // amount beats ts and future.
-        assert_eq!(reason(&[("room", "r"), ("amount", "0"), ("ts", "x")]), Reason::Amount);
+        assert_eq!(
+            reason(&[("room", "r"), ("amount", "0"), ("ts", "x")]),
+            Reason::Amount
+        );
         // ts beats future (future needs a valid ts).
-        assert_eq!(reason(&[("room", "r"), ("amount", "1"), ("ts", "-5")]), Reason::Ts);
+        assert_eq!(
+            reason(&[("room", "r"), ("amount", "1"), ("ts", "-5")]),
+            Reason::Ts
+        );
     }
 
     #[test]
     fn json_numbers_are_taken_as_written() {
-        let v: serde_json::Value = serde_json::from_str(r#"{"room":42,"amount":12.50,"ts":1763700000123}"#).unwrap();
+        let v: serde_json::Value =
+            serde_json::from_str(r#"{"room":42,"amount":12.50,"ts":1763700000123}"#).unwrap();
         let f = fields_from_json(&v).unwrap();
         assert!(f.contains(&(b"amount".to_vec(), b"12.50".to_vec())));
         assert!(f.contains(&(b"room".to_vec(), b"42".to_vec())));
-        for bad in [r#"{"a":true}"#, r#"{"a":null}"#, r#"{"a":[1]}"#, r#"{"a":{}}"#, "[1]", "3"] {
+        for bad in [
+            r#"{"a":true}"#,
+            r#"{"a":null}"#,
+            r#"{"a":[1]}"#,
+            r#"{"a":{}}"#,
+            "[1]",
+            "3",
+        ] {
             let v: serde_json::Value = serde_json::from_str(bad).unwrap();
             assert!(fields_from_json(&v).is_err(), "{bad}");
         }
@@ -473,9 +618,23 @@ mod tests {
     #[test]
     fn a_scope_is_checked_like_a_member() {
         let bs = vec![board("fans", "user", Some("channel"), "amount", 0, false)];
-        let r = parse(&ev(&[("user", "u"), ("channel", ""), ("amount", "1")]), "1-0", &bs, 10, 0).unwrap_err();
+        let r = parse(
+            &ev(&[("user", "u"), ("channel", ""), ("amount", "1")]),
+            "1-0",
+            &bs,
+            10,
+            0,
+        )
+        .unwrap_err();
         assert_eq!(r.reason, Reason::Scope);
-        let r = parse(&ev(&[("user", ""), ("channel", ""), ("amount", "1")]), "1-0", &bs, 10, 0).unwrap_err();
+        let r = parse(
+            &ev(&[("user", ""), ("channel", ""), ("amount", "1")]),
+            "1-0",
+            &bs,
+            10,
+            0,
+        )
+        .unwrap_err();
         assert_eq!(r.reason, Reason::Member);
     }
 }

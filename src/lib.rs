@@ -13,10 +13,6 @@
 //! * [`store`]: the only module that speaks Redis (apply, expire, query), over `lua/*.lua`.
 //! * [`query`]: read-side types (entries, pages, ranks) and their decoding.
 //! * [`roll`]: the expiry and resummarize jobs, rebuild and verify.
-//! * [`ingest`]: the Redis Stream consumer: read, group, apply, ack, reclaim, dead-letter.
-//! * [`metrics`]: the Prometheus registry and one method per notable happening.
-//! * [`http`]: the axum router: query API, event intake, metrics and health.
-//! * [`daemon`]: `rollboard run`: wires consumer, scheduler and HTTP under one shutdown token.
 //! * [`cli`]: the command-line subcommands.
 #![forbid(unsafe_code)]
 
@@ -26,4 +22,5 @@ pub mod config;
 pub mod event;
 pub mod keys;
 pub mod query;
+pub mod roll;
 pub mod store;

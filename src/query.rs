@@ -25,10 +25,16 @@ pub fn decode_member(tie: TieBreak, zmember: &str) -> (String, Option<i64>) {
     if tie == TieBreak::None {
         return (zmember.to_string(), None);
     }
-    let prefix = zmember.get(..PREFIX_DIGITS).and_then(|p| p.parse::<i64>().ok());
+    let prefix = zmember
+        .get(..PREFIX_DIGITS)
+        .and_then(|p| p.parse::<i64>().ok());
     match (prefix, zmember.get(PREFIX_DIGITS + 1..)) {
         (Some(p), Some(member)) => {
-            let ts = if tie == TieBreak::Earliest { MAX_TOTAL - p } else { p };
+            let ts = if tie == TieBreak::Earliest {
+                MAX_TOTAL - p
+            } else {
+                p
+            };
             (member.to_string(), Some(ts))
         }
         // Not written by rollboard: show it as it is rather than fail the whole page.
@@ -121,8 +127,14 @@ mod tests {
             assert_eq!(m, "room:42");
             assert_eq!(ts, (tie != TieBreak::None).then_some(1_763_700_000_123));
         }
-        assert_eq!(encode_member(TieBreak::Earliest, "a", 0), "9007199254740991:a");
-        assert_eq!(encode_member(TieBreak::Latest, "a", 5), "0000000000000005:a");
+        assert_eq!(
+            encode_member(TieBreak::Earliest, "a", 0),
+            "9007199254740991:a"
+        );
+        assert_eq!(
+            encode_member(TieBreak::Latest, "a", 5),
+            "0000000000000005:a"
+        );
     }
 
     #[test]

@@ -31,9 +31,13 @@ impl StoreError {
     pub fn kind(&self) -> &'static str {
         match self {
             StoreError::Redis(e) => match e.kind() {
-                ErrorKind::IO | ErrorKind::Canceled | ErrorKind::Tls | ErrorKind::Auth => "connection",
+                ErrorKind::IO | ErrorKind::Canceled | ErrorKind::Tls | ErrorKind::Auth => {
+                    "connection"
+                }
                 ErrorKind::Timeout => "timeout",
-                _ if e.details().contains("script") || e.details().starts_with("NOSCRIPT") => "script",
+                _ if e.details().contains("script") || e.details().starts_with("NOSCRIPT") => {
+                    "script"
+                }
                 _ => "other",
             },
             StoreError::Reply(_) => "other",
@@ -87,6 +91,9 @@ struct Scripts {
     drop_slice: Script,
     trim_seen: Script,
     query: Script,
+    stage: Script,
+    swap: Script,
+    cleanup: Script,
 }
 
 impl Scripts {
@@ -98,11 +105,17 @@ impl Scripts {
             drop_slice: Script::from_lua(include_str!("lua/drop_slice.lua")),
             trim_seen: Script::from_lua(include_str!("lua/trim_seen.lua")),
             query: Script::from_lua(include_str!("lua/query.lua")),
+            stage: Script::from_lua(include_str!("lua/stage.lua")),
+            swap: Script::from_lua(include_str!("lua/swap.lua")),
+            cleanup: Script::from_lua(include_str!("lua/cleanup.lua")),
         }
     }
 
-    fn all(&self) -> [&Script; 6] {
+    fn all(&self) -> [&Script; 9] {
         [
+            &self.stage,
+            &self.swap,
+            &self.cleanup,
             &self.apply,
             &self.watermark,
             &self.expire,
@@ -194,7 +207,12 @@ fn score(v: &Value) -> Option<i64> {
 
 impl Store {
     /// Connects a pool of `size` connections to `url` (redis://, rediss://, redis-cluster://).
-    pub async fn connect(url: &str, prefix: &str, size: usize, reconnect: Reconnect) -> Result<Store, StoreError> {
+    pub async fn connect(
+        url: &str,
+        prefix: &str,
+        size: usize,
+        reconnect: Reconnect,
+    ) -> Result<Store, StoreError> {
         let config = Config::from_url(url)?;
         let mut builder = Builder::from_config(config);
         builder
@@ -252,24 +270,42 @@ impl Store {
         self.keys.instance(&board.name, scope)
     }
 
-    async fn eval(&self, script: &Script, keys: Vec<String>, args: Vec<Value>) -> Result<Value, StoreError> {
-        Ok(script.evalsha_with_reload(self.client(), keys, args).await?)
+    async fn eval(
+        &self,
+        script: &Script,
+        keys: Vec<String>,
+        args: Vec<Value>,
+    ) -> Result<Value, StoreError> {
+        Ok(script
+            .evalsha_with_reload(self.client(), keys, args)
+            .await?)
     }
 
     /// Records scope values of a scoped board in its registry (score: newest slice seen).
     /// Runs before the apply so that no instance holding data is ever unregistered.
-    pub async fn register_scopes(&self, board: &Board, scopes: &[(String, i64)]) -> Result<(), StoreError> {
+    pub async fn register_scopes(
+        &self,
+        board: &Board,
+        scopes: &[(String, i64)],
+    ) -> Result<(), StoreError> {
         if scopes.is_empty() {
             return Ok(());
         }
         let args: Vec<Value> = ["GT".into()]
             .into_iter()
-            .chain(scopes.iter().flat_map(|(scope, n)| [Value::from(*n), Value::from(scope.as_str())]))
+            .chain(
+                scopes
+                    .iter()
+                    .flat_map(|(scope, n)| [Value::from(*n), Value::from(scope.as_str())]),
+            )
             .collect();
         let key = self.keys.scopes(&board.name);
         let _: Value = self
             .client()
-            .custom(CustomCommand::new_static("ZADD", ClusterHash::FirstKey, false), [vec![Value::from(key)], args].concat())
+            .custom(
+                CustomCommand::new_static("ZADD", ClusterHash::FirstKey, false),
+                [vec![Value::from(key)], args].concat(),
+            )
             .await?;
         Ok(())
     }
@@ -294,7 +330,12 @@ impl Store {
 
     /// Removes a scope from the registry if its newest slice is at or below `watermark`
     /// (race-free: an apply registers its slice first, with a higher score).
-    pub async fn unregister_scope(&self, board: &Board, scope: &str, watermark: i64) -> Result<bool, StoreError> {
+    pub async fn unregister_scope(
+        &self,
+        board: &Board,
+        scope: &str,
+        watermark: i64,
+    ) -> Result<bool, StoreError> {
         let key = self.keys.scopes(&board.name);
         let removed: i64 = self
             .client()
@@ -310,16 +351,35 @@ impl Store {
     }
 
     /// Applies `events` to one instance in one atomic script call; one outcome per event.
-    pub async fn apply(&self, board: &Board, scope: Option<&str>, events: &[ApplyEvent], now: i64) -> Result<Vec<Outcome>, StoreError> {
+    pub async fn apply(
+        &self,
+        board: &Board,
+        scope: Option<&str>,
+        events: &[ApplyEvent],
+        now: i64,
+    ) -> Result<Vec<Outcome>, StoreError> {
         if events.is_empty() {
             return Ok(Vec::new());
         }
         if let Some(scope) = scope {
-            let newest = events.iter().map(|e| board.slice_of(e.ts)).max().unwrap_or_default();
-            self.register_scopes(board, &[(scope.to_string(), newest)]).await?;
+            let newest = events
+                .iter()
+                .map(|e| board.slice_of(e.ts))
+                .max()
+                .unwrap_or_default();
+            self.register_scopes(board, &[(scope.to_string(), newest)])
+                .await?;
         }
         let k = self.instance(board, scope);
-        let mut keys = vec![k.meta(), k.result(), k.members(), k.slices(), k.seen(), k.refs(), k.totals()];
+        let mut keys = vec![
+            k.meta(),
+            k.result(),
+            k.members(),
+            k.slices(),
+            k.seen(),
+            k.refs(),
+            k.totals(),
+        ];
         let mut slice_index: Vec<i64> = Vec::new();
         let mut args: Vec<Value> = Vec::with_capacity(7 + events.len() * 8);
         args.extend([
@@ -352,7 +412,8 @@ impl Store {
                 Value::from(board.forget_at(n)),
             ]);
         }
-        let out = as_array(self.eval(&self.scripts.apply, keys, args).await?).ok_or_else(|| reply("apply: not an array"))?;
+        let out = as_array(self.eval(&self.scripts.apply, keys, args).await?)
+            .ok_or_else(|| reply("apply: not an array"))?;
         out.iter()
             .map(|v| match as_i64(v) {
                 Some(0) => Ok(Outcome::Applied),
@@ -365,18 +426,44 @@ impl Store {
     }
 
     /// Applies several instance batches concurrently (pipelined); results in input order.
-    pub async fn apply_many(&self, batches: &[(&Board, Option<&str>, Vec<ApplyEvent>)], now: i64) -> Result<Vec<Vec<Outcome>>, StoreError> {
-        try_join_all(batches.iter().map(|(board, scope, events)| self.apply(board, *scope, events, now))).await
+    pub async fn apply_many(
+        &self,
+        batches: &[(&Board, Option<&str>, Vec<ApplyEvent>)],
+        now: i64,
+    ) -> Result<Vec<Vec<Outcome>>, StoreError> {
+        try_join_all(
+            batches
+                .iter()
+                .map(|(board, scope, events)| self.apply(board, *scope, events, now)),
+        )
+        .await
     }
 
     /// Raises the instance's watermark to at least `target`; returns the watermark and the
     /// registered slices at or below it (the ones to expire), oldest first.
-    pub async fn raise_watermark(&self, board: &Board, scope: Option<&str>, target: i64, now: i64) -> Result<(i64, Vec<i64>), StoreError> {
+    pub async fn raise_watermark(
+        &self,
+        board: &Board,
+        scope: Option<&str>,
+        target: i64,
+        now: i64,
+    ) -> Result<(i64, Vec<i64>), StoreError> {
         let k = self.instance(board, scope);
-        let out = as_array(self.eval(&self.scripts.watermark, vec![k.meta(), k.slices()], vec![target.into(), now.into()]).await?)
-            .ok_or_else(|| reply("watermark: not an array"))?;
+        let out = as_array(
+            self.eval(
+                &self.scripts.watermark,
+                vec![k.meta(), k.slices()],
+                vec![target.into(), now.into()],
+            )
+            .await?,
+        )
+        .ok_or_else(|| reply("watermark: not an array"))?;
         let mut it = out.into_iter();
-        let w = it.next().as_ref().and_then(as_i64).ok_or_else(|| reply("watermark: no watermark"))?;
+        let w = it
+            .next()
+            .as_ref()
+            .and_then(as_i64)
+            .ok_or_else(|| reply("watermark: no watermark"))?;
         let slices = it
             .next()
             .and_then(as_array)
@@ -388,16 +475,32 @@ impl Store {
     }
 
     /// One page of `HSCAN`/`ZSCAN`/`SSCAN`: the next cursor and the (field, value) pairs.
-    pub async fn scan(&self, command: &'static str, key: &str, cursor: &str, count: usize) -> Result<(String, Vec<(String, String)>), StoreError> {
+    pub async fn scan(
+        &self,
+        command: &'static str,
+        key: &str,
+        cursor: &str,
+        count: usize,
+    ) -> Result<(String, Vec<(String, String)>), StoreError> {
         let v: Value = self
             .client()
             .custom(
                 CustomCommand::new_static(command, ClusterHash::FirstKey, false),
-                vec![Value::from(key), Value::from(cursor), "COUNT".into(), Value::from(count as i64)],
+                vec![
+                    Value::from(key),
+                    Value::from(cursor),
+                    "COUNT".into(),
+                    Value::from(count as i64),
+                ],
             )
             .await?;
-        let mut parts = as_array(v).ok_or_else(|| reply("scan: not an array"))?.into_iter();
-        let next = parts.next().and_then(as_string).ok_or_else(|| reply("scan: no cursor"))?;
+        let mut parts = as_array(v)
+            .ok_or_else(|| reply("scan: not an array"))?
+            .into_iter();
+        let next = parts
+            .next()
+            .and_then(as_string)
+            .ok_or_else(|| reply("scan: no cursor"))?;
         let items = parts.next().and_then(as_array).unwrap_or_default();
         let mut pairs = Vec::with_capacity(items.len() / 2);
         let mut it = items.into_iter();
@@ -410,15 +513,37 @@ impl Store {
     }
 
     /// Subtracts and deletes the given fields of dead slice `n`, exactly once.
-    pub async fn expire_chunk(&self, board: &Board, scope: Option<&str>, n: i64, fields: &[String]) -> Result<Expired, StoreError> {
+    pub async fn expire_chunk(
+        &self,
+        board: &Board,
+        scope: Option<&str>,
+        n: i64,
+        fields: &[String],
+    ) -> Result<Expired, StoreError> {
         let k = self.instance(board, scope);
-        let keys = vec![k.meta(), k.result(), k.members(), k.refs(), k.totals(), k.slice(n)];
-        let args: Vec<Value> = [Value::from(mode_flag(board)), Value::from(negative_flag(board))]
-            .into_iter()
-            .chain(fields.iter().map(|f| Value::from(f.as_str())))
-            .collect();
-        let out = as_array(self.eval(&self.scripts.expire, keys, args).await?).ok_or_else(|| reply("expire: not an array"))?;
-        let field = |i: usize| out.get(i).and_then(as_i64).map(|v| v as u64).ok_or_else(|| reply("expire: missing count"));
+        let keys = vec![
+            k.meta(),
+            k.result(),
+            k.members(),
+            k.refs(),
+            k.totals(),
+            k.slice(n),
+        ];
+        let args: Vec<Value> = [
+            Value::from(mode_flag(board)),
+            Value::from(negative_flag(board)),
+        ]
+        .into_iter()
+        .chain(fields.iter().map(|f| Value::from(f.as_str())))
+        .collect();
+        let out = as_array(self.eval(&self.scripts.expire, keys, args).await?)
+            .ok_or_else(|| reply("expire: not an array"))?;
+        let field = |i: usize| {
+            out.get(i)
+                .and_then(as_i64)
+                .map(|v| v as u64)
+                .ok_or_else(|| reply("expire: missing count"))
+        };
         Ok(Expired {
             fields: field(0)?,
             members_removed: field(1)?,
@@ -426,17 +551,42 @@ impl Store {
     }
 
     /// Unregisters slice `n` if it is empty; false when fields remain.
-    pub async fn drop_slice(&self, board: &Board, scope: Option<&str>, n: i64) -> Result<bool, StoreError> {
+    pub async fn drop_slice(
+        &self,
+        board: &Board,
+        scope: Option<&str>,
+        n: i64,
+    ) -> Result<bool, StoreError> {
         let k = self.instance(board, scope);
-        let v = self.eval(&self.scripts.drop_slice, vec![k.slices(), k.slice(n)], vec![n.into()]).await?;
+        let v = self
+            .eval(
+                &self.scripts.drop_slice,
+                vec![k.slices(), k.slice(n)],
+                vec![n.into()],
+            )
+            .await?;
         Ok(as_i64(&v) == Some(1))
     }
 
     /// Forgets up to `chunk` idempotency keys due at `now`; returns how many.
-    pub async fn trim_seen(&self, board: &Board, scope: Option<&str>, now: i64, chunk: usize) -> Result<u64, StoreError> {
+    pub async fn trim_seen(
+        &self,
+        board: &Board,
+        scope: Option<&str>,
+        now: i64,
+        chunk: usize,
+    ) -> Result<u64, StoreError> {
         let k = self.instance(board, scope);
-        let v = self.eval(&self.scripts.trim_seen, vec![k.seen()], vec![now.into(), (chunk as i64).into()]).await?;
-        as_i64(&v).map(|n| n as u64).ok_or_else(|| reply("trim_seen: not a number"))
+        let v = self
+            .eval(
+                &self.scripts.trim_seen,
+                vec![k.seen()],
+                vec![now.into(), (chunk as i64).into()],
+            )
+            .await?;
+        as_i64(&v)
+            .map(|n| n as u64)
+            .ok_or_else(|| reply("trim_seen: not a number"))
     }
 
     fn lookup_key(&self, board: &Board, k: &InstanceKeys) -> String {
@@ -446,13 +596,25 @@ impl Store {
         }
     }
 
-    async fn query(&self, board: &Board, scope: Option<&str>, args: Vec<Value>, now: i64) -> Result<Snapshot, StoreError> {
+    async fn query(
+        &self,
+        board: &Board,
+        scope: Option<&str>,
+        args: Vec<Value>,
+        now: i64,
+    ) -> Result<Snapshot, StoreError> {
         let k = self.instance(board, scope);
         let keys = vec![k.meta(), k.result(), self.lookup_key(board, &k)];
-        let out = as_array(self.eval(&self.scripts.query, keys, args).await?).ok_or_else(|| reply("query: not an array"))?;
+        let out = as_array(self.eval(&self.scripts.query, keys, args).await?)
+            .ok_or_else(|| reply("query: not an array"))?;
         let mut it = out.into_iter();
         let expired = it.next().as_ref().and_then(as_i64);
-        let mut num = || it.next().as_ref().and_then(as_i64).ok_or_else(|| reply("query: missing number"));
+        let mut num = || {
+            it.next()
+                .as_ref()
+                .and_then(as_i64)
+                .ok_or_else(|| reply("query: missing number"))
+        };
         let count = num()?.max(0) as u64;
         let rank = num()?;
         let first_competition = num()?.max(0) as u64;
@@ -462,13 +624,18 @@ impl Store {
         let mut entries = Vec::with_capacity(rows.len() / 2);
         let mut rows = rows.into_iter();
         while let (Some(z), Some(s)) = (rows.next(), rows.next()) {
-            let total = score(&s).ok_or_else(|| reply(format!("query: score {s:?} is not an exact integer")))?;
+            let total = score(&s)
+                .ok_or_else(|| reply(format!("query: score {s:?} is not an exact integer")))?;
             let z = as_string(z).ok_or_else(|| reply("query: member is not text"))?;
             let (member, last_ts) = decode_member(board.tie_break, &z);
             let rank = start + entries.len() as u64 + 1;
             let competition_rank = match entries.last() {
                 None => first_competition,
-                Some(Entry { total: prev, competition_rank, .. }) if *prev == total => *competition_rank,
+                Some(Entry {
+                    total: prev,
+                    competition_rank,
+                    ..
+                }) if *prev == total => *competition_rank,
                 Some(_) => rank,
             };
             entries.push(Entry {
@@ -501,17 +668,45 @@ impl Store {
     }
 
     /// The ranking from position `offset` (0-based), at most `limit` entries.
-    pub async fn top(&self, board: &Board, scope: Option<&str>, offset: u64, limit: u64, now: i64) -> Result<Page, StoreError> {
+    pub async fn top(
+        &self,
+        board: &Board,
+        scope: Option<&str>,
+        offset: u64,
+        limit: u64,
+        now: i64,
+    ) -> Result<Page, StoreError> {
         let snap = self
-            .query(board, scope, vec!["top".into(), (offset.min(i64::MAX as u64) as i64).into(), (limit as i64).into()], now)
+            .query(
+                board,
+                scope,
+                vec![
+                    "top".into(),
+                    (offset.min(i64::MAX as u64) as i64).into(),
+                    (limit as i64).into(),
+                ],
+                now,
+            )
             .await?;
         Ok(Self::page(board, scope, snap))
     }
 
     /// The position of `member`; its rank fields are null when it is not on the board.
-    pub async fn rank(&self, board: &Board, scope: Option<&str>, member: &str, now: i64) -> Result<MemberRank, StoreError> {
-        let snap = self.query(board, scope, vec!["rank".into(), member.into()], now).await?;
-        let entry = snap.entries.into_iter().next().filter(|_| snap.rank.is_some());
+    pub async fn rank(
+        &self,
+        board: &Board,
+        scope: Option<&str>,
+        member: &str,
+        now: i64,
+    ) -> Result<MemberRank, StoreError> {
+        let snap = self
+            .query(board, scope, vec!["rank".into(), member.into()], now)
+            .await?;
+        let entry = snap
+            .entries
+            .into_iter()
+            .next()
+            .filter(|_| snap.rank.is_some());
         Ok(MemberRank {
             board: board.name.clone(),
             scope: scope.map(str::to_string),
@@ -529,12 +724,242 @@ impl Store {
 
     /// The entries from `rank - radius` to `rank + radius` around `member`; `None` when
     /// the member is not on the board.
-    pub async fn around(&self, board: &Board, scope: Option<&str>, member: &str, radius: u64, now: i64) -> Result<Option<Page>, StoreError> {
-        let snap = self.query(board, scope, vec!["around".into(), member.into(), (radius as i64).into()], now).await?;
+    pub async fn around(
+        &self,
+        board: &Board,
+        scope: Option<&str>,
+        member: &str,
+        radius: u64,
+        now: i64,
+    ) -> Result<Option<Page>, StoreError> {
+        let snap = self
+            .query(
+                board,
+                scope,
+                vec!["around".into(), member.into(), (radius as i64).into()],
+                now,
+            )
+            .await?;
         if snap.rank.is_none() {
             return Ok(None);
         }
         Ok(Some(Self::page(board, scope, snap)))
+    }
+}
+
+/// One member of a recomputed instance, as written by [`Store::stage`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Staged {
+    /// The member.
+    pub member: String,
+    /// Its exact total over the live slices.
+    pub total: i64,
+    /// How many live slices hold it.
+    pub slices: i64,
+}
+
+/// Which scratch structures [`Store::stage`] writes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StageTargets {
+    /// The ranking ZSet.
+    pub result: bool,
+    /// The resummarize lookup Hash (member -> zmember as ranked).
+    pub ranked: bool,
+    /// The live-slice counts.
+    pub refs: bool,
+    /// The live totals.
+    pub totals: bool,
+    /// Write `result`/`ranked` only for totals above 0.
+    pub positive_only: bool,
+}
+
+impl StageTargets {
+    fn flags(self) -> String {
+        [
+            (self.result, 'r'),
+            (self.ranked, 'n'),
+            (self.refs, 'f'),
+            (self.totals, 't'),
+            (self.positive_only, 'p'),
+        ]
+        .iter()
+        .filter(|(on, _)| *on)
+        .map(|(_, c)| *c)
+        .collect()
+    }
+
+    /// The (scratch, live) key pairs these targets replace.
+    fn pairs(self, k: &InstanceKeys, token: &str) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        if self.result {
+            out.push((k.scratch(token, "result"), k.result()));
+        }
+        if self.ranked {
+            out.push((k.scratch(token, "ranked"), k.ranked()));
+        }
+        if self.refs {
+            out.push((k.scratch(token, "refs"), k.refs()));
+        }
+        if self.totals {
+            out.push((k.scratch(token, "totals"), k.totals()));
+        }
+        out
+    }
+}
+
+/// How long scratch keys of a recomputation live if their run dies, in ms.
+const SCRATCH_TTL_MS: i64 = 15 * 60 * 1000;
+
+impl Store {
+    /// The registered slices above `watermark` (the live ones), oldest first.
+    pub async fn live_slices(
+        &self,
+        board: &Board,
+        scope: Option<&str>,
+        watermark: i64,
+    ) -> Result<Vec<i64>, StoreError> {
+        let k = self.instance(board, scope);
+        let v: Vec<String> = self
+            .client()
+            .zrangebyscore(k.slices(), format!("({watermark}"), "+inf", false, None)
+            .await?;
+        v.iter()
+            .map(|s| {
+                s.parse()
+                    .map_err(|_| reply(format!("slice registry holds {s:?}")))
+            })
+            .collect()
+    }
+
+    /// The instance's `expired_through` and `gen` (change counter).
+    pub async fn meta(
+        &self,
+        board: &Board,
+        scope: Option<&str>,
+    ) -> Result<(Option<i64>, String), StoreError> {
+        let k = self.instance(board, scope);
+        let (w, gen): (Option<String>, Option<String>) = self
+            .client()
+            .hmget(k.meta(), vec!["expired_through", "gen"])
+            .await?;
+        Ok((
+            w.and_then(|w| w.parse().ok()),
+            gen.unwrap_or_else(|| "0".into()),
+        ))
+    }
+
+    /// Writes one chunk of a recomputed instance into the scratch keys of run `token`;
+    /// returns how many members were skipped because they have left the instance.
+    pub async fn stage(
+        &self,
+        board: &Board,
+        scope: Option<&str>,
+        token: &str,
+        targets: StageTargets,
+        rows: &[Staged],
+    ) -> Result<u64, StoreError> {
+        let k = self.instance(board, scope);
+        let keys = vec![
+            k.members(),
+            k.scratch(token, "result"),
+            k.scratch(token, "ranked"),
+            k.scratch(token, "refs"),
+            k.scratch(token, "totals"),
+        ];
+        let mut args: Vec<Value> = vec![targets.flags().into(), SCRATCH_TTL_MS.into()];
+        for r in rows {
+            args.extend([
+                Value::from(r.member.as_str()),
+                Value::from(r.total),
+                Value::from(r.slices),
+            ]);
+        }
+        let v = self.eval(&self.scripts.stage, keys, args).await?;
+        as_i64(&v)
+            .map(|n| n as u64)
+            .ok_or_else(|| reply("stage: not a number"))
+    }
+
+    /// Renames the scratch keys of run `token` over the live ones, atomically; when
+    /// `expected_gen` is given, only if no apply or expiry happened since it was read.
+    pub async fn swap(
+        &self,
+        board: &Board,
+        scope: Option<&str>,
+        token: &str,
+        targets: StageTargets,
+        expected_gen: Option<&str>,
+    ) -> Result<bool, StoreError> {
+        let k = self.instance(board, scope);
+        let mut keys = vec![k.meta()];
+        for (scratch, live) in targets.pairs(&k, token) {
+            keys.push(scratch);
+            keys.push(live);
+        }
+        let v = self
+            .eval(
+                &self.scripts.swap,
+                keys,
+                vec![expected_gen.unwrap_or("").into()],
+            )
+            .await?;
+        Ok(as_i64(&v) == Some(1))
+    }
+
+    /// Deletes the scratch keys of an abandoned run.
+    pub async fn discard(
+        &self,
+        board: &Board,
+        scope: Option<&str>,
+        token: &str,
+    ) -> Result<(), StoreError> {
+        let k = self.instance(board, scope);
+        let keys: Vec<String> = ["result", "ranked", "refs", "totals"]
+            .iter()
+            .map(|w| k.scratch(token, w))
+            .collect();
+        let _: i64 = self.client().del(keys).await?;
+        Ok(())
+    }
+
+    /// Deletes an instance that holds no slice; true when it was deleted.
+    pub async fn cleanup(&self, board: &Board, scope: Option<&str>) -> Result<bool, StoreError> {
+        let k = self.instance(board, scope);
+        let keys = vec![
+            k.slices(),
+            k.meta(),
+            k.seen(),
+            k.result(),
+            k.members(),
+            k.ranked(),
+            k.refs(),
+            k.totals(),
+        ];
+        let v = self.eval(&self.scripts.cleanup, keys, Vec::new()).await?;
+        Ok(as_i64(&v) == Some(1))
+    }
+
+    /// Every (member, total) pair of the stored ranking ZSet, decoded.
+    pub async fn result_entries(
+        &self,
+        board: &Board,
+        scope: Option<&str>,
+    ) -> Result<Vec<(String, i64)>, StoreError> {
+        let k = self.instance(board, scope);
+        let mut out = Vec::new();
+        let mut cursor = "0".to_string();
+        loop {
+            let (next, page) = self.scan("ZSCAN", &k.result(), &cursor, 1000).await?;
+            for (z, s) in page {
+                let total = score(&Value::from(s.as_str()))
+                    .ok_or_else(|| reply(format!("score {s:?} is not an exact integer")))?;
+                out.push((decode_member(board.tie_break, &z).0, total));
+            }
+            if next == "0" {
+                return Ok(out);
+            }
+            cursor = next;
+        }
     }
 }
 

@@ -24,7 +24,10 @@ fn ev(id: &str, ts: i64, member: &str, amount: i64) -> ApplyEvent {
 }
 
 fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime")
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
 }
 
 #[tokio::test]
@@ -33,7 +36,16 @@ async fn totals_are_exact_and_readable_with_plain_zrevrange() {
     let store = redis.store("rb").await;
     let b = board("rooms", HOUR, 168);
     let out = store
-        .apply(&b, None, &[ev("1", NOW, "room42", 1500), ev("2", NOW + 1, "room7", MAX_TOTAL - 1), ev("3", NOW + 2, "room7", 1)], NOW)
+        .apply(
+            &b,
+            None,
+            &[
+                ev("1", NOW, "room42", 1500),
+                ev("2", NOW + 1, "room7", MAX_TOTAL - 1),
+                ev("3", NOW + 2, "room7", 1),
+            ],
+            NOW,
+        )
         .await
         .unwrap();
     assert_eq!(out, vec![Outcome::Applied; 3]);
@@ -47,11 +59,26 @@ async fn totals_are_exact_and_readable_with_plain_zrevrange() {
     let r = store.rank(&b, None, "room7", NOW).await.unwrap();
     assert_eq!(r.total, Some(MAX_TOTAL));
     // One more unit would pass 2^53 - 1: refused, nothing changes, the id is not remembered.
-    let out = store.apply(&b, None, &[ev("4", NOW + 3, "room7", 1)], NOW).await.unwrap();
+    let out = store
+        .apply(&b, None, &[ev("4", NOW + 3, "room7", 1)], NOW)
+        .await
+        .unwrap();
     assert_eq!(out, vec![Outcome::Overflow]);
-    assert_eq!(store.rank(&b, None, "room7", NOW).await.unwrap().total, Some(MAX_TOTAL));
+    assert_eq!(
+        store.rank(&b, None, "room7", NOW).await.unwrap().total,
+        Some(MAX_TOTAL)
+    );
     assert_eq!(redis.cli(&["ZSCORE", "rb:{rooms}:seen", "4"]).trim(), "");
-    assert_eq!(redis.cli(&["HGET", &format!("rb:{{rooms}}:slice:{}", NOW / HOUR), "room42"]).trim(), "1500");
+    assert_eq!(
+        redis
+            .cli(&[
+                "HGET",
+                &format!("rb:{{rooms}}:slice:{}", NOW / HOUR),
+                "room42"
+            ])
+            .trim(),
+        "1500"
+    );
 }
 
 #[tokio::test]
@@ -59,15 +86,28 @@ async fn a_redelivered_batch_changes_nothing() {
     let redis = RedisServer::start();
     let store = redis.store("rb").await;
     let b = board("rooms", HOUR, 24);
-    let batch = [ev("a", NOW, "x", 5), ev("b", NOW, "y", 7), ev("a", NOW, "x", 5)];
+    let batch = [
+        ev("a", NOW, "x", 5),
+        ev("b", NOW, "y", 7),
+        ev("a", NOW, "x", 5),
+    ];
     let first = store.apply(&b, None, &batch, NOW).await.unwrap();
-    assert_eq!(first, vec![Outcome::Applied, Outcome::Applied, Outcome::Duplicate]);
+    assert_eq!(
+        first,
+        vec![Outcome::Applied, Outcome::Applied, Outcome::Duplicate]
+    );
     let before = redis.cli(&["ZREVRANGE", "rb:{rooms}:result", "0", "-1", "WITHSCORES"]);
     let again = store.apply(&b, None, &batch, NOW).await.unwrap();
     assert_eq!(again, vec![Outcome::Duplicate; 3]);
-    assert_eq!(redis.cli(&["ZREVRANGE", "rb:{rooms}:result", "0", "-1", "WITHSCORES"]), before);
+    assert_eq!(
+        redis.cli(&["ZREVRANGE", "rb:{rooms}:result", "0", "-1", "WITHSCORES"]),
+        before
+    );
     // Same key, other fields (even another slice): still a duplicate, the first one wins.
-    let other = store.apply(&b, None, &[ev("b", NOW - 2 * HOUR, "z", 100)], NOW).await.unwrap();
+    let other = store
+        .apply(&b, None, &[ev("b", NOW - 2 * HOUR, "z", 100)], NOW)
+        .await
+        .unwrap();
     assert_eq!(other, vec![Outcome::Duplicate]);
     assert_eq!(store.rank(&b, None, "z", NOW).await.unwrap().rank, None);
 }
@@ -79,11 +119,22 @@ async fn late_events_are_rejected_before_duplicates() {
     let b = board("rooms", HOUR, 4);
     // Live slices at NOW: slice_of(NOW) - 3 ..= slice_of(NOW).
     let edge = (b.slice_of(NOW) - 3) * HOUR;
-    let out = store.apply(&b, None, &[ev("1", edge, "x", 1), ev("2", edge - 1, "x", 1)], NOW).await.unwrap();
+    let out = store
+        .apply(
+            &b,
+            None,
+            &[ev("1", edge, "x", 1), ev("2", edge - 1, "x", 1)],
+            NOW,
+        )
+        .await
+        .unwrap();
     assert_eq!(out, vec![Outcome::Applied, Outcome::Late]);
     // A copy of an applied event that is now late is late, not a duplicate.
     let later = NOW + HOUR;
-    let out = store.apply(&b, None, &[ev("1", edge, "x", 1)], later).await.unwrap();
+    let out = store
+        .apply(&b, None, &[ev("1", edge, "x", 1)], later)
+        .await
+        .unwrap();
     assert_eq!(out, vec![Outcome::Late]);
 }
 
@@ -129,16 +180,33 @@ async fn a_later_tip_moves_the_tie_break_time() {
     let redis = RedisServer::start();
     let store = redis.store("rb").await;
     let b = board("rooms", HOUR, 24);
-    store.apply(&b, None, &[ev("1", NOW - 9_000, "a", 5), ev("2", NOW - 5_000, "b", 10)], NOW).await.unwrap();
+    store
+        .apply(
+            &b,
+            None,
+            &[ev("1", NOW - 9_000, "a", 5), ev("2", NOW - 5_000, "b", 10)],
+            NOW,
+        )
+        .await
+        .unwrap();
     // a reaches 10 later than b did: b keeps first place.
-    store.apply(&b, None, &[ev("3", NOW - 1_000, "a", 5)], NOW).await.unwrap();
+    store
+        .apply(&b, None, &[ev("3", NOW - 1_000, "a", 5)], NOW)
+        .await
+        .unwrap();
     let page = store.top(&b, None, 0, 10, NOW).await.unwrap();
     assert_eq!(page.entries[0].member, "b");
     assert_eq!(page.entries[1].member, "a");
     assert_eq!(page.entries[1].last_ts, Some(NOW - 1_000));
     // An older event does not move the time back.
-    store.apply(&b, None, &[ev("4", NOW - 20_000, "a", 1)], NOW).await.unwrap();
-    assert_eq!(store.rank(&b, None, "a", NOW).await.unwrap().last_ts, Some(NOW - 1_000));
+    store
+        .apply(&b, None, &[ev("4", NOW - 20_000, "a", 1)], NOW)
+        .await
+        .unwrap();
+    assert_eq!(
+        store.rank(&b, None, "a", NOW).await.unwrap().last_ts,
+        Some(NOW - 1_000)
+    );
 }
 
 #[tokio::test]
@@ -146,7 +214,9 @@ async fn pages_and_neighbourhoods() {
     let redis = RedisServer::start();
     let store = redis.store("rb").await;
     let b = board("rooms", HOUR, 24);
-    let events: Vec<ApplyEvent> = (1..=25).map(|i| ev(&i.to_string(), NOW - i, &format!("m{i:02}"), i)).collect();
+    let events: Vec<ApplyEvent> = (1..=25)
+        .map(|i| ev(&i.to_string(), NOW - i, &format!("m{i:02}"), i))
+        .collect();
     store.apply(&b, None, &events, NOW).await.unwrap();
     let page = store.top(&b, None, 10, 10, NOW).await.unwrap();
     assert_eq!(page.count, 25);
@@ -159,13 +229,31 @@ async fn pages_and_neighbourhoods() {
     let past = store.top(&b, None, 25, 10, NOW).await.unwrap();
     assert!(past.entries.is_empty());
     assert_eq!(past.count, 25);
-    let around = store.around(&b, None, "m02", 3, NOW).await.unwrap().expect("on the board");
+    let around = store
+        .around(&b, None, "m02", 3, NOW)
+        .await
+        .unwrap()
+        .expect("on the board");
     let ranks: Vec<u64> = around.entries.iter().map(|e| e.rank).collect();
     assert_eq!(ranks, [21, 22, 23, 24, 25], "clipped at the end");
-    let around = store.around(&b, None, "m25", 2, NOW).await.unwrap().expect("on the board");
-    assert_eq!(around.entries.iter().map(|e| e.rank).collect::<Vec<_>>(), [1, 2, 3]);
-    assert!(store.around(&b, None, "nobody", 2, NOW).await.unwrap().is_none());
-    assert_eq!(store.rank(&b, None, "nobody", NOW).await.unwrap().rank, None);
+    let around = store
+        .around(&b, None, "m25", 2, NOW)
+        .await
+        .unwrap()
+        .expect("on the board");
+    assert_eq!(
+        around.entries.iter().map(|e| e.rank).collect::<Vec<_>>(),
+        [1, 2, 3]
+    );
+    assert!(store
+        .around(&b, None, "nobody", 2, NOW)
+        .await
+        .unwrap()
+        .is_none());
+    assert_eq!(
+        store.rank(&b, None, "nobody", NOW).await.unwrap().rank,
+        None
+    );
     let (from, to) = (page.window_from, page.window_to);
     assert_eq!(from, (b.slice_of(NOW) - 23) * HOUR);
     assert_eq!(to - from, 24 * HOUR);
@@ -178,15 +266,33 @@ async fn refunds_take_a_member_off_and_back_on_with_its_exact_total() {
     let mut b = board("tips", HOUR, 24);
     b.allow_negative = true;
     b.scale = 2;
-    store.apply(&b, None, &[ev("1", NOW - 10, "u", 500), ev("2", NOW - 9, "v", 100)], NOW).await.unwrap();
-    store.apply(&b, None, &[ev("3", NOW - 8, "u", -700)], NOW).await.unwrap();
+    store
+        .apply(
+            &b,
+            None,
+            &[ev("1", NOW - 10, "u", 500), ev("2", NOW - 9, "v", 100)],
+            NOW,
+        )
+        .await
+        .unwrap();
+    store
+        .apply(&b, None, &[ev("3", NOW - 8, "u", -700)], NOW)
+        .await
+        .unwrap();
     let page = store.top(&b, None, 0, 10, NOW).await.unwrap();
     assert_eq!(page.count, 1);
     assert_eq!(page.entries[0].member, "v");
     assert_eq!(store.rank(&b, None, "u", NOW).await.unwrap().rank, None);
-    store.apply(&b, None, &[ev("4", NOW - 7, "u", 250)], NOW).await.unwrap();
+    store
+        .apply(&b, None, &[ev("4", NOW - 7, "u", 250)], NOW)
+        .await
+        .unwrap();
     let r = store.rank(&b, None, "u", NOW).await.unwrap();
-    assert_eq!((r.rank, r.total, r.last_ts), (Some(2), Some(50), Some(NOW - 7)), "v (1.00) stays ahead of u (0.50)");
+    assert_eq!(
+        (r.rank, r.total, r.last_ts),
+        (Some(2), Some(50), Some(NOW - 7)),
+        "v (1.00) stays ahead of u (0.50)"
+    );
 }
 
 #[tokio::test]
@@ -195,14 +301,49 @@ async fn scoped_instances_are_independent_and_registered() {
     let store = redis.store("lb").await;
     let mut b = board("fans", HOUR, 24);
     b.scope = Some("room".into());
-    store.apply(&b, Some("r1"), &[ev("1", NOW, "alice", 5)], NOW).await.unwrap();
-    store.apply(&b, Some("r2"), &[ev("1", NOW, "alice", 7)], NOW).await.unwrap();
-    assert_eq!(store.rank(&b, Some("r1"), "alice", NOW).await.unwrap().total, Some(5));
-    assert_eq!(store.rank(&b, Some("r2"), "alice", NOW).await.unwrap().total, Some(7));
-    assert_eq!(store.top(&b, Some("r3"), 0, 10, NOW).await.unwrap().count, 0);
+    store
+        .apply(&b, Some("r1"), &[ev("1", NOW, "alice", 5)], NOW)
+        .await
+        .unwrap();
+    store
+        .apply(&b, Some("r2"), &[ev("1", NOW, "alice", 7)], NOW)
+        .await
+        .unwrap();
+    assert_eq!(
+        store
+            .rank(&b, Some("r1"), "alice", NOW)
+            .await
+            .unwrap()
+            .total,
+        Some(5)
+    );
+    assert_eq!(
+        store
+            .rank(&b, Some("r2"), "alice", NOW)
+            .await
+            .unwrap()
+            .total,
+        Some(7)
+    );
+    assert_eq!(
+        store.top(&b, Some("r3"), 0, 10, NOW).await.unwrap().count,
+        0
+    );
     assert_eq!(store.scopes(&b).await.unwrap(), ["r1", "r2"]);
-    assert_eq!(redis.cli(&["ZSCORE", "lb:board:fans:scopes", "r1"]).trim(), (NOW / HOUR).to_string());
-    assert_eq!(redis.cli(&["HGET", &format!("lb:{{fans:r2}}:slice:{}", NOW / HOUR), "alice"]).trim(), "7");
+    assert_eq!(
+        redis.cli(&["ZSCORE", "lb:board:fans:scopes", "r1"]).trim(),
+        (NOW / HOUR).to_string()
+    );
+    assert_eq!(
+        redis
+            .cli(&[
+                "HGET",
+                &format!("lb:{{fans:r2}}:slice:{}", NOW / HOUR),
+                "alice"
+            ])
+            .trim(),
+        "7"
+    );
 }
 
 #[tokio::test]
@@ -212,12 +353,25 @@ async fn dedup_window_duration_forgets_after_the_slice_ends() {
     let mut b = board("rooms", HOUR, 24);
     b.dedup = rollboard::board::Dedup::AfterSlice(60_000);
     let ts = b.slice_of(NOW) * HOUR; // start of the current slice
-    store.apply(&b, None, &[ev("k", ts, "x", 1)], NOW).await.unwrap();
+    store
+        .apply(&b, None, &[ev("k", ts, "x", 1)], NOW)
+        .await
+        .unwrap();
     let slice_end = ts + HOUR;
-    let out = store.apply(&b, None, &[ev("k", ts, "x", 1)], slice_end + 59_999).await.unwrap();
+    let out = store
+        .apply(&b, None, &[ev("k", ts, "x", 1)], slice_end + 59_999)
+        .await
+        .unwrap();
     assert_eq!(out, vec![Outcome::Duplicate]);
-    let out = store.apply(&b, None, &[ev("k", ts, "x", 1)], slice_end + 60_000).await.unwrap();
-    assert_eq!(out, vec![Outcome::Applied], "remembered for exactly 1 minute after its slice");
+    let out = store
+        .apply(&b, None, &[ev("k", ts, "x", 1)], slice_end + 60_000)
+        .await
+        .unwrap();
+    assert_eq!(
+        out,
+        vec![Outcome::Applied],
+        "remembered for exactly 1 minute after its slice"
+    );
 }
 
 #[tokio::test]
@@ -231,7 +385,12 @@ async fn concurrent_overlapping_batches_end_in_the_model_state() {
     let events: Vec<ApplyEvent> = (0..400)
         .map(|i| {
             let amount = if i % 7 == 0 { -3 } else { 1 + (i % 5) };
-            ev(&format!("e{i}"), NOW - (i * 37_000) % (20 * HOUR), &format!("m{}", i % 13), amount)
+            ev(
+                &format!("e{i}"),
+                NOW - (i * 37_000) % (20 * HOUR),
+                &format!("m{}", i % 13),
+                amount,
+            )
         })
         .collect();
     let mut tasks = Vec::new();
@@ -281,7 +440,12 @@ fn boards_for_model() -> Vec<Board> {
 fn case() -> impl Strategy<Value = Case> {
     let amount = prop_oneof![8 => 1i64..6, 2 => -4i64..0, 1 => Just(MAX_TOTAL / 2 + 1)];
     let event = (0u32..40, -7_000i64..600, 0usize..6, amount);
-    let batch = (0usize..3, 0usize..3, prop::collection::vec(event, 1..12), 0i64..1_500);
+    let batch = (
+        0usize..3,
+        0usize..3,
+        prop::collection::vec(event, 1..12),
+        0i64..1_500,
+    );
     prop::collection::vec(batch, 1..10).prop_map(|raw| {
         let boards = boards_for_model();
         let mut now = 1_000_000;
@@ -293,8 +457,17 @@ fn case() -> impl Strategy<Value = Case> {
                 let events = events
                     .into_iter()
                     .map(|(id, offset, member, amount)| {
-                        let amount = if amount < 0 && !board.allow_negative { -amount } else { amount };
-                        ev(&format!("id{id}"), (now + offset).max(0), ["a", "b", "c", "d", "e", "ab"][member], amount)
+                        let amount = if amount < 0 && !board.allow_negative {
+                            -amount
+                        } else {
+                            amount
+                        };
+                        ev(
+                            &format!("id{id}"),
+                            (now + offset).max(0),
+                            ["a", "b", "c", "d", "e", "ab"][member],
+                            amount,
+                        )
                     })
                     .collect();
                 let scope = board.scope.as_ref().map(|_| format!("r{scope}"));
@@ -311,7 +484,10 @@ async fn run_case(store: &Store, case: &Case) {
         let board = &case.boards[*b];
         let inst = model.entry((*b, scope.clone())).or_default();
         let expected: Vec<Outcome> = events.iter().map(|e| inst.apply(board, e, *now)).collect();
-        let got = store.apply(board, scope.as_deref(), events, *now).await.expect("apply");
+        let got = store
+            .apply(board, scope.as_deref(), events, *now)
+            .await
+            .expect("apply");
         assert_eq!(got, expected, "outcomes of {events:?} at {now}");
     }
     let now = case.batches.last().map_or(0, |b| b.3);
@@ -325,7 +501,10 @@ fn the_store_behaves_like_the_model() {
     let rt = rt();
     let redis = RedisServer::start();
     let store = rt.block_on(redis.store("rb"));
-    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig { cases: 96, ..ProptestConfig::default() });
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: 96,
+        ..ProptestConfig::default()
+    });
     runner
         .run(&case(), |case| {
             rt.block_on(async {

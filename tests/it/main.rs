@@ -2,4 +2,5 @@
 
 mod engine;
 mod model;
+mod roll;
 mod util;

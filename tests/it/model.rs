@@ -21,6 +21,9 @@ pub struct Instance {
     expired_through: Option<i64>,
     events: Vec<Applied>,
     seen: HashMap<String, i64>,
+    // Derived from `events` (kept only so that large tests stay linear).
+    member_totals: HashMap<String, i64>,
+    slice_totals: HashMap<(String, i64), i64>,
 }
 
 /// An expected ranked row: member, total, last_ts.
@@ -41,8 +44,12 @@ impl Instance {
         if self.seen.get(&e.id).is_some_and(|&forget| forget > now) {
             return Outcome::Duplicate;
         }
-        let total: i64 = self.stored().filter(|a| a.member == e.member).map(|a| a.amount).sum();
-        let in_slice: i64 = self.stored().filter(|a| a.member == e.member && a.slice == n).map(|a| a.amount).sum();
+        let total = self.member_totals.get(&e.member).copied().unwrap_or(0);
+        let in_slice = self
+            .slice_totals
+            .get(&(e.member.clone(), n))
+            .copied()
+            .unwrap_or(0);
         if (total + e.amount).abs() > MAX_TOTAL || (in_slice + e.amount).abs() > MAX_TOTAL {
             return Outcome::Overflow;
         }
@@ -53,6 +60,8 @@ impl Instance {
             amount: e.amount,
         });
         self.seen.insert(e.id.clone(), board.forget_at(n));
+        *self.member_totals.entry(e.member.clone()).or_default() += e.amount;
+        *self.slice_totals.entry((e.member.clone(), n)).or_default() += e.amount;
         Outcome::Applied
     }
 
@@ -62,6 +71,15 @@ impl Instance {
         let w = self.expired_through.map_or(target, |w| w.max(target));
         self.expired_through = Some(w);
         self.events.retain(|e| e.slice > w);
+        self.member_totals.clear();
+        self.slice_totals.clear();
+        for e in &self.events {
+            *self.member_totals.entry(e.member.clone()).or_default() += e.amount;
+            *self
+                .slice_totals
+                .entry((e.member.clone(), e.slice))
+                .or_default() += e.amount;
+        }
     }
 
     /// Exact totals of every member with events above the watermark.
@@ -94,11 +112,6 @@ impl Instance {
         });
         rows
     }
-
-    /// The watermark.
-    pub fn expired_through(&self) -> Option<i64> {
-        self.expired_through
-    }
 }
 
 /// Competition ranks of an ordered list of totals ("1, 2, 2, 4").
@@ -117,28 +130,75 @@ pub fn competition_ranks(totals: &[i64]) -> Vec<u64> {
 
 /// Asserts that the stored ranking of one instance equals the model: every entry's rank,
 /// competition rank, total and last_ts, the count, and `rank` of every member.
-pub async fn assert_matches(store: &rollboard::store::Store, board: &Board, scope: Option<&str>, model: &Instance, now: i64) {
+pub async fn assert_matches(
+    store: &rollboard::store::Store,
+    board: &Board,
+    scope: Option<&str>,
+    model: &Instance,
+    now: i64,
+) {
     let expected = model.ranking(board);
-    let page = store.top(board, scope, 0, 1000, now).await.expect("top");
-    let got: Vec<Row> = page.entries.iter().map(|e| (e.member.clone(), e.total, e.last_ts)).collect();
-    assert_eq!(got, expected, "ranking of {}{scope:?}", board.name);
-    assert_eq!(page.count, expected.len() as u64, "count of {}{scope:?}", board.name);
-    let ranks: Vec<u64> = page.entries.iter().map(|e| e.rank).collect();
+    let mut entries = Vec::new();
+    let mut count;
+    loop {
+        let page = store
+            .top(board, scope, entries.len() as u64, 1000, now)
+            .await
+            .expect("top");
+        count = page.count;
+        if page.entries.is_empty() {
+            break;
+        }
+        entries.extend(page.entries);
+    }
+    let got: Vec<Row> = entries
+        .iter()
+        .map(|e| (e.member.clone(), e.total, e.last_ts))
+        .collect();
+    if let Some(i) = (0..got.len().max(expected.len())).find(|&i| got.get(i) != expected.get(i)) {
+        panic!(
+            "ranking of {}{scope:?} differs first at position {i}: stored {:?}, model {:?} ({} stored, {} expected)",
+            board.name,
+            got.get(i),
+            expected.get(i),
+            got.len(),
+            expected.len()
+        );
+    }
+    assert_eq!(
+        count,
+        expected.len() as u64,
+        "count of {}{scope:?}",
+        board.name
+    );
+    let ranks: Vec<u64> = entries.iter().map(|e| e.rank).collect();
     assert_eq!(ranks, (1..=expected.len() as u64).collect::<Vec<_>>());
     let totals: Vec<i64> = expected.iter().map(|r| r.1).collect();
-    let competition: Vec<u64> = page.entries.iter().map(|e| e.competition_rank).collect();
-    assert_eq!(competition, competition_ranks(&totals), "competition ranks of {}{scope:?}", board.name);
+    let competition: Vec<u64> = entries.iter().map(|e| e.competition_rank).collect();
+    assert_eq!(
+        competition,
+        competition_ranks(&totals),
+        "competition ranks of {}{scope:?}",
+        board.name
+    );
     for (i, (member, total, last_ts)) in expected.iter().enumerate() {
         let r = store.rank(board, scope, member, now).await.expect("rank");
         assert_eq!(r.rank, Some(i as u64 + 1), "rank of {member}");
         assert_eq!(r.total, Some(*total), "total of {member}");
         assert_eq!(r.last_ts, *last_ts, "last_ts of {member}");
-        assert_eq!(r.competition_rank, Some(competition[i]), "competition rank of {member}");
+        assert_eq!(
+            r.competition_rank,
+            Some(competition[i]),
+            "competition rank of {member}"
+        );
     }
     for (member, (total, _)) in model.totals() {
         if total <= 0 {
             let r = store.rank(board, scope, &member, now).await.expect("rank");
-            assert_eq!(r.rank, None, "{member} with total {total} must not be ranked");
+            assert_eq!(
+                r.rank, None,
+                "{member} with total {total} must not be ranked"
+            );
         }
     }
 }

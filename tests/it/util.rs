@@ -30,14 +30,27 @@ impl RedisServer {
             let dir = tempfile::tempdir().expect("temp dir");
             let port = free_port();
             let child = Command::new("redis-server")
-                .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+                .args([
+                    "--port",
+                    &port.to_string(),
+                    "--bind",
+                    "127.0.0.1",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                ])
                 .arg("--dir")
                 .arg(dir.path())
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .spawn()
                 .expect("redis-server is installed (apt-get install redis-server)");
-            let mut server = RedisServer { child, port, _dir: dir };
+            let mut server = RedisServer {
+                child,
+                port,
+                _dir: dir,
+            };
             if server.wait_ready(Duration::from_secs(5)) {
                 return server;
             }
@@ -54,7 +67,10 @@ impl RedisServer {
             if let Ok(Some(_)) = self.child.try_wait() {
                 return false;
             }
-            if let Ok(out) = Command::new("redis-cli").args(["-p", &self.port.to_string(), "PING"]).output() {
+            if let Ok(out) = Command::new("redis-cli")
+                .args(["-p", &self.port.to_string(), "PING"])
+                .output()
+            {
                 if String::from_utf8_lossy(&out.stdout).trim() == "PONG" {
                     return true;
                 }
@@ -81,7 +97,9 @@ impl RedisServer {
 
     /// A store connected to this server under `prefix`.
     pub async fn store(&self, prefix: &str) -> Store {
-        Store::connect(&self.url(), prefix, 2, Reconnect::Never).await.expect("connect")
+        Store::connect(&self.url(), prefix, 2, Reconnect::Never)
+            .await
+            .expect("connect")
     }
 
     /// Kills the server (as a crash would).

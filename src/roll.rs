@@ -1,0 +1,462 @@
+//! Keeping the window rolling (DESIGN.md section 4): incremental expiry, resummarize,
+//! rebuild and verify. Every function takes `now` as a parameter.
+//!
+//! Expiry is exactly-once by construction: the watermark is raised before a slice is
+//! touched (so no event can land in it), the worker only *lists* field names with HSCAN,
+//! and each chunk script reads, subtracts and deletes those fields atomically, skipping
+//! any that a concurrent or crashed roller already handled.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+
+use crate::board::{Board, Mode, MAX_TOTAL};
+use crate::store::{StageTargets, Staged, Store, StoreError};
+
+/// Most times a gen-checked recomputation is retried while ingest keeps changing it.
+const MAX_ATTEMPTS: usize = 8;
+
+/// Why a job stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum RollError {
+    /// Redis failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// Shutdown was requested between two chunks.
+    #[error("cancelled")]
+    Cancelled,
+    /// The slices of a member add up to more than 2^53 - 1.
+    #[error("board {board}: the live total of {member:?} is beyond 2^53-1")]
+    Range {
+        /// Board name.
+        board: String,
+        /// The member.
+        member: String,
+    },
+    /// Ingest changed the instance during every attempt of a recomputation.
+    #[error("board {0}: the instance kept changing; try again with less ingest")]
+    Busy(String),
+}
+
+/// What one job did for one board.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Report {
+    /// Board name.
+    pub board: String,
+    /// `incremental` or `resummarize`.
+    pub mode: &'static str,
+    /// Instances visited.
+    pub instances: u64,
+    /// Slices expired and unregistered.
+    pub slices_expired: u64,
+    /// Slice fields subtracted and deleted.
+    pub fields_expired: u64,
+    /// Members that left an instance.
+    pub members_removed: u64,
+    /// Idempotency keys forgotten.
+    pub ids_forgotten: u64,
+    /// Scopes dropped from the registry because their instance emptied.
+    pub scopes_removed: u64,
+}
+
+/// Which boards a job covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Job {
+    /// Incremental boards (the roll job).
+    Roll,
+    /// Resummarize boards (the resummarize job).
+    Resummarize,
+    /// Both (`rollboard roll`).
+    All,
+}
+
+impl Job {
+    fn covers(self, board: &Board) -> bool {
+        match self {
+            Job::Roll => board.mode == Mode::Incremental,
+            Job::Resummarize => board.mode == Mode::Resummarize,
+            Job::All => true,
+        }
+    }
+}
+
+/// The instances of a board: its scopes, or the one unscoped instance.
+pub async fn instances(store: &Store, board: &Board) -> Result<Vec<Option<String>>, StoreError> {
+    if board.is_scoped() {
+        Ok(store.scopes(board).await?.into_iter().map(Some).collect())
+    } else {
+        Ok(vec![None])
+    }
+}
+
+/// Runs `job` once at `now` for every covered board (or only `only`).
+pub async fn run_once(
+    store: &Store,
+    boards: &[Board],
+    job: Job,
+    only: Option<&str>,
+    now: i64,
+    chunk: usize,
+    cancel: &CancellationToken,
+) -> Result<Vec<Report>, RollError> {
+    let mut reports = Vec::new();
+    for board in boards
+        .iter()
+        .filter(|b| job.covers(b) && only.is_none_or(|o| o == b.name))
+    {
+        reports.push(roll_board(store, board, now, chunk, cancel).await?);
+    }
+    Ok(reports)
+}
+
+/// Rolls every instance of one board at `now`.
+pub async fn roll_board(
+    store: &Store,
+    board: &Board,
+    now: i64,
+    chunk: usize,
+    cancel: &CancellationToken,
+) -> Result<Report, RollError> {
+    let mut report = Report {
+        board: board.name.clone(),
+        mode: board.mode.as_str(),
+        ..Report::default()
+    };
+    for scope in instances(store, board).await? {
+        roll_instance(
+            store,
+            board,
+            scope.as_deref(),
+            now,
+            chunk,
+            cancel,
+            &mut report,
+        )
+        .await?;
+    }
+    Ok(report)
+}
+
+/// Rolls one instance: raise the watermark, expire every dead slice in chunks (oldest
+/// first, catching up on any missed run), forget due idempotency keys, and for
+/// resummarize boards rebuild the ranking from the live slices.
+pub async fn roll_instance(
+    store: &Store,
+    board: &Board,
+    scope: Option<&str>,
+    now: i64,
+    chunk: usize,
+    cancel: &CancellationToken,
+    report: &mut Report,
+) -> Result<(), RollError> {
+    report.instances += 1;
+    let target = board.slice_of(now) - board.slices_in_window();
+    let (watermark, dead) = store.raise_watermark(board, scope, target, now).await?;
+    for n in dead {
+        expire_slice(store, board, scope, n, chunk, cancel, report).await?;
+    }
+    loop {
+        let forgotten = store.trim_seen(board, scope, now, chunk).await?;
+        report.ids_forgotten += forgotten;
+        if forgotten < chunk as u64 {
+            break;
+        }
+        if cancel.is_cancelled() {
+            return Err(RollError::Cancelled);
+        }
+    }
+    if board.mode == Mode::Resummarize {
+        resummarize(store, board, scope, watermark, chunk).await?;
+    }
+    if let Some(scope) = scope {
+        if store.cleanup(board, Some(scope)).await?
+            && store.unregister_scope(board, scope, watermark).await?
+        {
+            report.scopes_removed += 1;
+        }
+    }
+    Ok(())
+}
+
+async fn expire_slice(
+    store: &Store,
+    board: &Board,
+    scope: Option<&str>,
+    n: i64,
+    chunk: usize,
+    cancel: &CancellationToken,
+    report: &mut Report,
+) -> Result<(), RollError> {
+    let key = store.instance(board, scope).slice(n);
+    // One full HSCAN pass returns every field present for its whole duration, and no field
+    // can be added (the watermark is above n), so a pass normally empties the slice; the
+    // outer loop only repeats when a concurrent roller raced us on the same fields.
+    loop {
+        let mut cursor = "0".to_string();
+        loop {
+            if cancel.is_cancelled() {
+                return Err(RollError::Cancelled);
+            }
+            let (next, page) = store.scan("HSCAN", &key, &cursor, chunk).await?;
+            if !page.is_empty() {
+                let fields: Vec<String> = page.into_iter().map(|(f, _)| f).collect();
+                let done = store.expire_chunk(board, scope, n, &fields).await?;
+                report.fields_expired += done.fields;
+                report.members_removed += done.members_removed;
+            }
+            if next == "0" {
+                break;
+            }
+            cursor = next;
+        }
+        if store.drop_slice(board, scope, n).await? {
+            report.slices_expired += 1;
+            return Ok(());
+        }
+    }
+}
+
+/// Per member: exact total and number of slices holding it.
+type Sums = BTreeMap<String, (i128, i64)>;
+
+/// Sums the live slices of an instance in the worker, paging with HSCAN.
+async fn sum_live(
+    store: &Store,
+    board: &Board,
+    scope: Option<&str>,
+    watermark: Option<i64>,
+    chunk: usize,
+) -> Result<Sums, StoreError> {
+    let k = store.instance(board, scope);
+    let mut sums = Sums::new();
+    for n in store
+        .live_slices(board, scope, watermark.unwrap_or(i64::MIN))
+        .await?
+    {
+        let key = k.slice(n);
+        let mut cursor = "0".to_string();
+        loop {
+            let (next, page) = store.scan("HSCAN", &key, &cursor, chunk).await?;
+            for (member, value) in page {
+                let amount: i64 = value.parse().map_err(|_| {
+                    StoreError::Reply(format!("{key} holds {value:?} for {member:?}"))
+                })?;
+                let slot = sums.entry(member).or_insert((0, 0));
+                slot.0 += i128::from(amount);
+                slot.1 += 1;
+            }
+            if next == "0" {
+                break;
+            }
+            cursor = next;
+        }
+    }
+    Ok(sums)
+}
+
+fn staged(board: &Board, sums: Sums) -> Result<Vec<Staged>, RollError> {
+    sums.into_iter()
+        .map(|(member, (total, slices))| {
+            if total.abs() > i128::from(MAX_TOTAL) {
+                return Err(RollError::Range {
+                    board: board.name.clone(),
+                    member,
+                });
+            }
+            Ok(Staged {
+                member,
+                total: total as i64,
+                slices,
+            })
+        })
+        .collect()
+}
+
+fn token() -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    format!(
+        "{:x}{:x}{:x}",
+        nanos,
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Writes `rows` into scratch keys and swaps them in; false when `gen` moved meanwhile.
+async fn replace(
+    store: &Store,
+    board: &Board,
+    scope: Option<&str>,
+    targets: StageTargets,
+    rows: &[Staged],
+    chunk: usize,
+    expected_gen: Option<&str>,
+) -> Result<bool, StoreError> {
+    let token = token();
+    let outcome = async {
+        for part in rows.chunks(chunk.max(1)) {
+            store.stage(board, scope, &token, targets, part).await?;
+        }
+        store
+            .swap(board, scope, &token, targets, expected_gen)
+            .await
+    }
+    .await;
+    if !matches!(outcome, Ok(true)) {
+        store.discard(board, scope, &token).await?;
+    }
+    outcome
+}
+
+/// Re-sums the live slices into a new ranking and renames it over the result: readers
+/// see the old or the new ranking, never a half.
+pub async fn resummarize(
+    store: &Store,
+    board: &Board,
+    scope: Option<&str>,
+    watermark: i64,
+    chunk: usize,
+) -> Result<(), RollError> {
+    let rows = staged(
+        board,
+        sum_live(store, board, scope, Some(watermark), chunk).await?,
+    )?;
+    let targets = StageTargets {
+        result: true,
+        ranked: true,
+        positive_only: true,
+        ..StageTargets::default()
+    };
+    replace(store, board, scope, targets, &rows, chunk, None).await?;
+    Ok(())
+}
+
+/// Recomputes an instance's derived state (ranking, live totals, slice counts) from its
+/// slices above the watermark and the tie-break times in `members`. Retries while ingest
+/// changes the instance underneath; returns the number of members written.
+pub async fn rebuild(
+    store: &Store,
+    board: &Board,
+    scope: Option<&str>,
+    chunk: usize,
+) -> Result<u64, RollError> {
+    let targets = match board.mode {
+        Mode::Incremental => StageTargets {
+            result: true,
+            refs: board.allow_negative,
+            ..StageTargets::default()
+        },
+        Mode::Resummarize => StageTargets {
+            result: true,
+            ranked: true,
+            refs: board.allow_negative,
+            totals: true,
+            positive_only: true,
+        },
+    };
+    for _ in 0..MAX_ATTEMPTS {
+        let (watermark, gen) = store.meta(board, scope).await?;
+        let rows = staged(
+            board,
+            sum_live(store, board, scope, watermark, chunk).await?,
+        )?;
+        if replace(store, board, scope, targets, &rows, chunk, Some(&gen)).await? {
+            return Ok(rows.len() as u64);
+        }
+    }
+    Err(RollError::Busy(board.name.clone()))
+}
+
+/// One member whose stored total differs from its slices.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Drift {
+    /// The member.
+    pub member: String,
+    /// Total over the live slices (null: in no live slice).
+    pub expected: Option<i64>,
+    /// Total in the stored ranking (null: not stored).
+    pub stored: Option<i64>,
+}
+
+/// The outcome of verifying one instance.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Verified {
+    /// Board name.
+    pub board: String,
+    /// Scope value.
+    pub scope: Option<String>,
+    /// `incremental` or `resummarize`.
+    pub mode: &'static str,
+    /// Members compared.
+    pub members: u64,
+    /// Every difference (incremental: drift; resummarize: how far behind the result is).
+    pub differences: Vec<Drift>,
+    /// Sum of the absolute differences, in minor units.
+    pub amount_behind: i128,
+}
+
+impl Verified {
+    /// Whether this instance fails verification (`strict` also fails lagging resummarize).
+    pub fn fails(&self, strict: bool) -> bool {
+        !self.differences.is_empty() && (strict || self.mode == Mode::Incremental.as_str())
+    }
+}
+
+/// Compares an instance's stored ranking with the sum of its slices above the watermark.
+pub async fn verify(
+    store: &Store,
+    board: &Board,
+    scope: Option<&str>,
+    chunk: usize,
+) -> Result<Verified, RollError> {
+    for _ in 0..MAX_ATTEMPTS {
+        let (watermark, gen) = store.meta(board, scope).await?;
+        let sums = staged(
+            board,
+            sum_live(store, board, scope, watermark, chunk).await?,
+        )?;
+        let stored: BTreeMap<String, i64> = store
+            .result_entries(board, scope)
+            .await?
+            .into_iter()
+            .collect();
+        if store.meta(board, scope).await?.1 != gen && board.mode == Mode::Incremental {
+            continue;
+        }
+        let mut expected: BTreeMap<String, i64> =
+            sums.into_iter().map(|s| (s.member, s.total)).collect();
+        if board.mode == Mode::Resummarize {
+            expected.retain(|_, t| *t > 0);
+        }
+        let mut differences = Vec::new();
+        let mut amount_behind: i128 = 0;
+        let names: std::collections::BTreeSet<&String> =
+            expected.keys().chain(stored.keys()).collect();
+        for member in &names {
+            let (e, s) = (expected.get(*member).copied(), stored.get(*member).copied());
+            if e != s {
+                amount_behind += (i128::from(e.unwrap_or(0)) - i128::from(s.unwrap_or(0))).abs();
+                differences.push(Drift {
+                    member: (*member).clone(),
+                    expected: e,
+                    stored: s,
+                });
+            }
+        }
+        return Ok(Verified {
+            board: board.name.clone(),
+            scope: scope.map(str::to_string),
+            mode: board.mode.as_str(),
+            members: names.len() as u64,
+            differences,
+            amount_behind,
+        });
+    }
+    Err(RollError::Busy(board.name.clone()))
+}
