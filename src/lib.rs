@@ -13,14 +13,24 @@
 //! * [`store`]: the only module that speaks Redis (apply, expire, query), over `lua/*.lua`.
 //! * [`query`]: read-side types (entries, pages, ranks) and their decoding.
 //! * [`roll`]: the expiry and resummarize jobs, rebuild and verify.
+//! * [`ingest`]: the Redis Stream consumer: read, group, apply, ack, reclaim, dead-letter.
+//! * [`metrics`]: the Prometheus registry and one method per notable happening.
+//! * [`http`]: the axum router: query API, event intake, metrics and health.
+//! * [`daemon`]: `rollboard run`: wires consumer, scheduler and HTTP under one shutdown token.
+//! * [`shutdown`]: signal handling (graceful first signal, forced second).
 //! * [`cli`]: the command-line subcommands.
 #![forbid(unsafe_code)]
 
 pub mod board;
 pub mod cli;
 pub mod config;
+pub mod daemon;
 pub mod event;
+pub mod http;
+pub mod ingest;
 pub mod keys;
+pub mod metrics;
 pub mod query;
 pub mod roll;
+pub mod shutdown;
 pub mod store;

@@ -1,10 +1,25 @@
-//! The `rollboard` binary: arguments -> settings -> subcommand -> exit status.
+//! The `rollboard` binary: arguments -> tracing -> settings -> subcommand -> exit status.
 
 use std::process::ExitCode;
 
 use clap::Parser;
 use rollboard::cli::{execute, Cli, Command, EXIT_CONFIG};
-use rollboard::config::{resolve_path, Settings};
+use rollboard::config::{resolve_path, LogFormat, Settings};
+use tokio_util::sync::CancellationToken;
+use tracing_subscriber::EnvFilter;
+
+fn init_tracing(settings: &Settings) {
+    // RUST_LOG, when set, wins over the configured level.
+    // The scheduler crate narrates its own lifecycle at info; keep it to warnings.
+    let filter = EnvFilter::try_from_default_env()
+        .or_else(|_| EnvFilter::try_new(format!("tokio_cron_scheduler=warn,{}", settings.log.level)))
+        .unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match settings.log.format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
+    }
+}
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -16,10 +31,7 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_CONFIG);
         }
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the runtime: {e}");
@@ -28,7 +40,18 @@ fn main() -> ExitCode {
     };
     runtime.block_on(async move {
         match cli.command {
-            Command::Run => ExitCode::FAILURE,
+            Command::Run => {
+                init_tracing(&settings);
+                let cancel = CancellationToken::new();
+                tokio::spawn(rollboard::shutdown::watch(cancel.clone()));
+                match rollboard::daemon::run(settings, cancel).await {
+                    Ok(()) => ExitCode::SUCCESS,
+                    Err(e) => {
+                        tracing::error!(error = format!("{e:#}"), "rollboard failed");
+                        ExitCode::FAILURE
+                    }
+                }
+            }
             command => execute(settings, command).await,
         }
     })

@@ -206,14 +206,10 @@ fn score(v: &Value) -> Option<i64> {
 }
 
 impl Store {
-    /// Connects a pool of `size` connections to `url` (redis://, rediss://, redis-cluster://).
-    pub async fn connect(
-        url: &str,
-        prefix: &str,
-        size: usize,
-        reconnect: Reconnect,
-    ) -> Result<Store, StoreError> {
-        let config = Config::from_url(url)?;
+    fn builder(url: &str, reconnect: Reconnect) -> Result<Builder, StoreError> {
+        let mut config = Config::from_url(url)?;
+        // The daemon starts without Redis and catches up when it appears; tools fail fast.
+        config.fail_fast = reconnect == Reconnect::Never;
         let mut builder = Builder::from_config(config);
         builder
             .with_connection_config(|c| {
@@ -227,13 +223,53 @@ impl Store {
         if reconnect == Reconnect::Forever {
             builder.set_policy(ReconnectPolicy::new_exponential(0, 100, 10_000, 2));
         }
-        let pool = builder.build_pool(size.max(1))?;
-        pool.init().await?;
+        Ok(builder)
+    }
+
+    /// Connects a pool of `size` connections to `url` (redis://, rediss://, redis-cluster://).
+    /// With [`Reconnect::Never`] this waits for the connection and fails if there is none;
+    /// with [`Reconnect::Forever`] it returns at once and commands wait for the connection.
+    pub async fn connect(url: &str, prefix: &str, size: usize, reconnect: Reconnect) -> Result<Store, StoreError> {
+        let pool = Self::builder(url, reconnect)?.build_pool(size.max(1))?;
+        match reconnect {
+            Reconnect::Never => {
+                pool.init().await?;
+            }
+            Reconnect::Forever => {
+                // The connection tasks run on their own; dropping the handles detaches them.
+                let _ = pool.connect_pool();
+            }
+        }
         Ok(Store {
             pool,
             keys: Keys::new(prefix),
             scripts: Scripts::new(),
         })
+    }
+
+    /// A single extra connection, e.g. for a blocking XREADGROUP that must not stall the
+    /// commands queued behind it on a shared connection.
+    pub async fn dedicated(url: &str, reconnect: Reconnect) -> Result<Client, StoreError> {
+        let client = Self::builder(url, reconnect)?.build()?;
+        match reconnect {
+            Reconnect::Never => {
+                client.init().await?;
+            }
+            Reconnect::Forever => {
+                let _ = client.connect();
+            }
+        }
+        Ok(client)
+    }
+
+    /// Whether every script is in the server's cache; loads the missing ones.
+    pub async fn ensure_scripts(&self) -> Result<(), StoreError> {
+        let hashes: Vec<String> = self.scripts.all().iter().map(|s| s.sha1().to_string()).collect();
+        let present: Vec<bool> = self.client().script_exists(hashes).await?;
+        if present.iter().all(|p| *p) {
+            return Ok(());
+        }
+        self.load_scripts().await
     }
 
     /// The key schema.

@@ -1,0 +1,206 @@
+//! `rollboard run`: the stream consumer, the scheduled roll and resummarize jobs, the HTTP
+//! server and a consumer-group poller, all under one cancellation token and task tracker.
+//!
+//! Start-up order: metrics, Redis connections (in the background: the daemon serves
+//! `/healthz` and answers 503 on `/readyz` until Redis is there), consumer, scheduler,
+//! HTTP. Shutdown: stop reading, let the batch and the expiry chunk in flight finish, stop
+//! the scheduler, drain under a grace timeout.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use fred::prelude::*;
+use tokio_cron_scheduler::{Job as CronJob, JobScheduler};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{debug, info, warn, Instrument};
+
+use crate::cli::now_ms;
+use crate::config::Settings;
+use crate::http::{router, AppState};
+use crate::ingest::{group_info, Ingest};
+use crate::metrics::Metrics;
+use crate::roll::{self, Job, RollError};
+use crate::store::{Reconnect, Store};
+
+/// How long in-flight work may take to finish after a shutdown signal.
+pub const GRACE: Duration = Duration::from_secs(30);
+/// Connections in the command pool.
+const POOL_SIZE: usize = 4;
+
+/// The scheduled jobs, each guarded so that one run at a time happens in this process.
+struct Jobs {
+    store: Arc<Store>,
+    settings: Arc<Settings>,
+    metrics: Arc<Metrics>,
+    cancel: CancellationToken,
+    rolling: AtomicBool,
+    resummarizing: AtomicBool,
+}
+
+impl Jobs {
+    async fn run(&self, job: Job) {
+        let flag = match job {
+            Job::Resummarize => &self.resummarizing,
+            _ => &self.rolling,
+        };
+        if self.cancel.is_cancelled() {
+            return;
+        }
+        if flag.swap(true, Ordering::SeqCst) {
+            debug!(?job, "previous run still going; skipped");
+            return;
+        }
+        for board in self.settings.boards.iter().filter(|b| match job {
+            Job::Roll => b.mode == crate::board::Mode::Incremental,
+            Job::Resummarize => b.mode == crate::board::Mode::Resummarize,
+            Job::All => true,
+        }) {
+            let started = Instant::now();
+            let now = now_ms();
+            match roll::roll_board(&self.store, board, now, self.settings.schedule.chunk, &self.cancel).await {
+                Ok(report) => {
+                    self.metrics.rolled(&report, started.elapsed().as_secs_f64(), now);
+                    if report.slices_expired > 0 || report.members_removed > 0 {
+                        info!(board = %report.board, mode = report.mode, slices = report.slices_expired,
+                              members_removed = report.members_removed, "window rolled");
+                    }
+                }
+                Err(RollError::Cancelled) => break,
+                Err(RollError::Store(e)) => {
+                    self.metrics.redis_error(&e);
+                    warn!(board = %board.name, error = %e, "roll failed; the next run catches up");
+                }
+                Err(e) => warn!(board = %board.name, error = %e, "roll failed; the next run catches up"),
+            }
+        }
+        flag.store(false, Ordering::SeqCst);
+    }
+}
+
+async fn schedule(jobs: Arc<Jobs>, tracker: TaskTracker) -> anyhow::Result<JobScheduler> {
+    let scheduler = JobScheduler::new().await.context("cannot create the scheduler")?;
+    for (cron, job) in [(&jobs.settings.schedule.roll, Job::Roll), (&jobs.settings.schedule.resummarize, Job::Resummarize)] {
+        let (jobs, tracker) = (jobs.clone(), tracker.clone());
+        let cron_job = CronJob::new_async(cron.as_str(), move |_, _| {
+            let (jobs, tracker) = (jobs.clone(), tracker.clone());
+            Box::pin(async move {
+                let span = tracing::info_span!("job", ?job);
+                let _ = tracker.spawn(async move { jobs.run(job).await }.instrument(span)).await;
+            })
+        })
+        .with_context(|| format!("invalid cron expression {cron:?}"))?;
+        scheduler.add(cron_job).await.context("cannot add a job")?;
+    }
+    scheduler.start().await.context("cannot start the scheduler")?;
+    Ok(scheduler)
+}
+
+fn count_reconnects(client: &Client, metrics: Arc<Metrics>) {
+    let first = Arc::new(AtomicBool::new(true));
+    // The first event of each client is its initial connection, not a reconnect.
+    let _ = client.on_reconnect(move |server| {
+        let (first, metrics) = (first.clone(), metrics.clone());
+        async move {
+            if !first.swap(false, Ordering::SeqCst) {
+                metrics.reconnected();
+                info!(server = %server, "reconnected to redis");
+            }
+            Ok(())
+        }
+    });
+}
+
+/// Runs the daemon until `cancel` fires, then drains.
+pub async fn run(settings: Settings, cancel: CancellationToken) -> anyhow::Result<()> {
+    info!(version = env!("CARGO_PKG_VERSION"), boards = settings.boards.len(), "rollboard starting");
+    let settings = Arc::new(settings);
+    let metrics = Arc::new(Metrics::new(&settings.boards));
+    let url = settings.redis.url.as_str();
+    let store = Arc::new(
+        Store::connect(url, &settings.redis.key_prefix, POOL_SIZE, Reconnect::Forever)
+            .await
+            .with_context(|| format!("invalid redis url {url}"))?,
+    );
+    let reader = Store::dedicated(url, Reconnect::Forever).await.context("cannot create the stream reader")?;
+    for client in store.pool().clients() {
+        count_reconnects(client, metrics.clone());
+    }
+    count_reconnects(&reader, metrics.clone());
+
+    let tracker = TaskTracker::new();
+    let ingest = Ingest::new(store.clone(), reader, settings.ingest.clone(), Arc::new(settings.boards.clone()), metrics.clone());
+    let group_ready = ingest.group_ready();
+    tracker.spawn(ingest.run(cancel.clone()).instrument(tracing::info_span!("consumer")));
+
+    let jobs = Arc::new(Jobs {
+        store: store.clone(),
+        settings: settings.clone(),
+        metrics: metrics.clone(),
+        cancel: cancel.clone(),
+        rolling: AtomicBool::new(false),
+        resummarizing: AtomicBool::new(false),
+    });
+    let mut scheduler = schedule(jobs.clone(), tracker.clone()).await?;
+    for job in [Job::Roll, Job::Resummarize] {
+        let jobs = jobs.clone();
+        tracker.spawn(async move { jobs.run(job).await }.instrument(tracing::info_span!("startup_job", ?job)));
+    }
+
+    {
+        let (store, metrics, cancel) = (store.clone(), metrics.clone(), cancel.clone());
+        let ingest = settings.ingest.clone();
+        tracker.spawn(
+            async move {
+                loop {
+                    match group_info(store.client(), &ingest.stream, &ingest.group).await {
+                        Ok(Some((pending, lag))) => metrics.consumer(pending, lag),
+                        Ok(None) => {}
+                        Err(e) => metrics.redis_error(&e),
+                    }
+                    tokio::select! {
+                        _ = cancel.cancelled() => break,
+                        _ = tokio::time::sleep(Duration::from_secs(5)) => {}
+                    }
+                }
+            }
+            .instrument(tracing::info_span!("group_poller")),
+        );
+    }
+
+    let listener = tokio::net::TcpListener::bind(settings.http.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", settings.http.listen))?;
+    info!(listen = %settings.http.listen, "http listening");
+    let app = router(Arc::new(AppState {
+        store: store.clone(),
+        settings: settings.clone(),
+        metrics: metrics.clone(),
+        group_ready,
+    }));
+    let http_cancel = cancel.clone();
+    tracker.spawn(
+        async move {
+            if let Err(e) = axum::serve(listener, app)
+                .with_graceful_shutdown(async move { http_cancel.cancelled().await })
+                .await
+            {
+                warn!(error = %e, "http server stopped");
+            }
+        }
+        .instrument(tracing::info_span!("http")),
+    );
+
+    cancel.cancelled().await;
+    if let Err(e) = scheduler.shutdown().await {
+        warn!(error = %e, "scheduler did not stop cleanly");
+    }
+    tracker.close();
+    if tokio::time::timeout(GRACE, tracker.wait()).await.is_err() {
+        warn!(grace_s = GRACE.as_secs(), "work still running after the grace period; exiting anyway");
+    }
+    info!("rollboard stopped");
+    Ok(())
+}

@@ -1,0 +1,479 @@
+//! The Redis Stream consumer: read a batch with XREADGROUP, validate, group by board
+//! instance, apply (one script call per instance, pipelined), dead-letter what is
+//! malformed, and XACK only after all of that succeeded.
+//!
+//! Delivery is at-least-once and application exactly-once: a batch that fails anywhere is
+//! not acked, stays in this consumer's pending list and is processed again (the apply
+//! script skips what it already counted). On start the consumer first re-processes its
+//! own pending entries; entries left pending by dead consumers are taken over with
+//! XAUTOCLAIM after `claim_idle`.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fred::prelude::*;
+use fred::types::{ClusterHash, CustomCommand};
+use futures_util::future::try_join_all;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::board::Board;
+use crate::cli::now_ms;
+use crate::config::IngestSettings;
+use crate::event::{parse, Field, Reason, Rejection};
+use crate::metrics::{Metrics, Skip};
+use crate::store::{ApplyEvent, Outcome, Store, StoreError};
+
+/// Dead-letter field names that original fields must not overwrite.
+const RESERVED: [&str; 3] = ["reason", "detail", "source_id"];
+
+/// One stream entry; `fields` is `None` for an entry deleted while it was pending.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// Stream entry ID.
+    pub id: String,
+    /// The entry's fields.
+    pub fields: Option<Vec<Field>>,
+}
+
+/// An event on its way to the dead-letter stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLetter {
+    /// The original fields.
+    pub fields: Vec<Field>,
+    /// The original stream entry ID.
+    pub source_id: String,
+    /// Why it was refused.
+    pub rejection: Rejection,
+}
+
+impl DeadLetter {
+    /// The dead-letter entry: original fields flat (renamed `orig.<name>` where they collide
+    /// with `reason`, `detail` or `source_id`), then those three.
+    pub fn entry(&self) -> Vec<(Vec<u8>, Vec<u8>)> {
+        let mut out: Vec<(Vec<u8>, Vec<u8>)> = self
+            .fields
+            .iter()
+            .map(|(k, v)| {
+                let name = if RESERVED.iter().any(|r| r.as_bytes() == k.as_slice()) {
+                    [b"orig.".as_slice(), k].concat()
+                } else {
+                    k.clone()
+                };
+                (name, v.clone())
+            })
+            .collect();
+        out.push((b"reason".to_vec(), self.rejection.reason.as_str().as_bytes().to_vec()));
+        out.push((b"detail".to_vec(), self.rejection.detail.as_bytes().to_vec()));
+        out.push((b"source_id".to_vec(), self.source_id.as_bytes().to_vec()));
+        out
+    }
+}
+
+fn text(v: Value) -> Option<String> {
+    match v {
+        Value::String(s) => Some(s.to_string()),
+        Value::Bytes(b) => String::from_utf8(b.to_vec()).ok(),
+        _ => None,
+    }
+}
+
+fn bytes(v: Value) -> Vec<u8> {
+    match v {
+        Value::String(s) => s.as_bytes().to_vec(),
+        Value::Bytes(b) => b.to_vec(),
+        Value::Integer(i) => i.to_string().into_bytes(),
+        Value::Double(d) => d.to_string().into_bytes(),
+        _ => Vec::new(),
+    }
+}
+
+fn array(v: Value) -> Vec<Value> {
+    match v {
+        Value::Array(a) => a,
+        _ => Vec::new(),
+    }
+}
+
+/// Parses a list of `[id, [field, value, ...] | nil]` entries.
+pub fn parse_entries(v: Value) -> Vec<Entry> {
+    array(v)
+        .into_iter()
+        .filter_map(|e| {
+            let mut parts = array(e).into_iter();
+            let id = text(parts.next()?)?;
+            let fields = match parts.next() {
+                Some(Value::Array(flat)) => {
+                    let mut it = flat.into_iter();
+                    let mut fields = Vec::new();
+                    while let (Some(k), Some(v)) = (it.next(), it.next()) {
+                        fields.push((bytes(k), bytes(v)));
+                    }
+                    Some(fields)
+                }
+                _ => None,
+            };
+            Some(Entry { id, fields })
+        })
+        .collect()
+}
+
+/// Parses an XREADGROUP reply for one stream (nil on timeout).
+fn parse_read(v: Value) -> Vec<Entry> {
+    array(v)
+        .into_iter()
+        .flat_map(|stream| {
+            let mut parts = array(stream).into_iter();
+            let _name = parts.next();
+            parts.next().map(parse_entries).unwrap_or_default()
+        })
+        .collect()
+}
+
+/// The stream consumer of one process.
+pub struct Ingest {
+    store: Arc<Store>,
+    reader: Client,
+    settings: IngestSettings,
+    boards: Arc<Vec<Board>>,
+    metrics: Arc<Metrics>,
+    group_ready: Arc<AtomicBool>,
+}
+
+/// Creates the consumer group at ID 0 with MKSTREAM unless it exists (an existing group is
+/// used as it is).
+pub async fn ensure_group(client: &Client, stream: &str, group: &str) -> Result<(), StoreError> {
+    let created: Result<Value, _> = client
+        .custom(
+            CustomCommand::new_static("XGROUP", ClusterHash::Custom(fred::util::redis_keyslot(stream.as_bytes())), false),
+            vec!["CREATE", stream, group, "0", "MKSTREAM"],
+        )
+        .await;
+    match created {
+        Ok(_) => {
+            info!(stream, group, "consumer group created");
+            Ok(())
+        }
+        Err(e) if e.details().contains("BUSYGROUP") => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+impl Ingest {
+    /// A consumer reading with its own connection `reader` (XREADGROUP blocks it).
+    pub fn new(store: Arc<Store>, reader: Client, settings: IngestSettings, boards: Arc<Vec<Board>>, metrics: Arc<Metrics>) -> Self {
+        Ingest {
+            store,
+            reader,
+            settings,
+            boards,
+            metrics,
+            group_ready: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// A flag that is true once the consumer group is known to exist.
+    pub fn group_ready(&self) -> Arc<AtomicBool> {
+        self.group_ready.clone()
+    }
+
+    /// Consumes until `cancel` fires. Cancellation is only observed while waiting for new
+    /// entries, so a batch in flight is always applied and acked first.
+    pub async fn run(self, cancel: CancellationToken) {
+        let mut backlog = true;
+        let mut backoff = Duration::from_millis(100);
+        let mut last_claim: Option<Instant> = None;
+        while !cancel.is_cancelled() {
+            match self.step(&mut backlog, &mut last_claim, &cancel).await {
+                Ok(()) => backoff = Duration::from_millis(100),
+                Err(e) => {
+                    self.metrics.redis_error(&e);
+                    if e.to_string().contains("NOGROUP") {
+                        self.group_ready.store(false, Ordering::SeqCst);
+                    }
+                    warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "consumer step failed; nothing unapplied was acked");
+                    // Whatever was read stays pending for us: re-read it before new entries.
+                    backlog = true;
+                    tokio::select! {
+                        _ = cancel.cancelled() => break,
+                        _ = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+        info!("consumer stopped");
+    }
+
+    async fn step(&self, backlog: &mut bool, last_claim: &mut Option<Instant>, cancel: &CancellationToken) -> Result<(), StoreError> {
+        if !self.group_ready.load(Ordering::SeqCst) {
+            ensure_group(self.store.client(), &self.settings.stream, &self.settings.group).await?;
+            self.group_ready.store(true, Ordering::SeqCst);
+        }
+        if *backlog {
+            let entries = self.read("0", None).await?;
+            if entries.is_empty() {
+                *backlog = false;
+            } else {
+                debug!(entries = entries.len(), "re-processing own pending entries");
+                self.process(entries).await?;
+            }
+            return Ok(());
+        }
+        let claim_every = (self.settings.claim_idle / 2).max(Duration::from_millis(100));
+        if last_claim.is_none_or(|t| t.elapsed() >= claim_every) {
+            self.claim().await?;
+            *last_claim = Some(Instant::now());
+        }
+        let block = self.settings.block.as_millis() as u64;
+        // Cancel-safe: a read dropped mid-flight leaves any delivered entries pending for
+        // this consumer, and they are re-processed at the next start.
+        let entries = tokio::select! {
+            _ = cancel.cancelled() => return Ok(()),
+            read = self.read(">", Some(block)) => read?,
+        };
+        if !entries.is_empty() {
+            self.process(entries).await?;
+        }
+        Ok(())
+    }
+
+    async fn read(&self, id: &str, block: Option<u64>) -> Result<Vec<Entry>, StoreError> {
+        let v: Value = self
+            .reader
+            .xreadgroup(
+                self.settings.group.as_str(),
+                self.settings.consumer.as_str(),
+                Some(self.settings.batch_size as u64),
+                block,
+                false,
+                self.settings.stream.as_str(),
+                id,
+            )
+            .await?;
+        Ok(parse_read(v))
+    }
+
+    /// Takes over entries idle for `claim_idle` in other consumers' pending lists.
+    async fn claim(&self) -> Result<(), StoreError> {
+        let mut start = "0-0".to_string();
+        // Bounded: at most a few batches per claim round, the rest at the next round.
+        for _ in 0..10 {
+            let v: Value = self
+                .store
+                .client()
+                .custom(
+                    CustomCommand::new_static("XAUTOCLAIM", ClusterHash::FirstKey, false),
+                    vec![
+                        Value::from(self.settings.stream.as_str()),
+                        self.settings.group.as_str().into(),
+                        self.settings.consumer.as_str().into(),
+                        (self.settings.claim_idle.as_millis() as i64).into(),
+                        start.as_str().into(),
+                        "COUNT".into(),
+                        (self.settings.batch_size as i64).into(),
+                    ],
+                )
+                .await?;
+            let mut parts = array(v).into_iter();
+            let next = parts.next().and_then(text).unwrap_or_else(|| "0-0".into());
+            let entries = parts.next().map(parse_entries).unwrap_or_default();
+            if !entries.is_empty() {
+                info!(entries = entries.len(), "claimed entries left pending by another consumer");
+                self.process(entries).await?;
+            }
+            if next == "0-0" {
+                break;
+            }
+            start = next;
+        }
+        Ok(())
+    }
+
+    /// Applies one batch, dead-letters what is malformed, then acks every entry.
+    pub async fn process(&self, entries: Vec<Entry>) -> Result<(), StoreError> {
+        let started = Instant::now();
+        let outcome = process_batch(&self.store, &self.boards, &self.settings, &self.metrics, &entries, now_ms()).await;
+        if outcome.is_ok() {
+            self.metrics.batch(entries.len(), started.elapsed().as_secs_f64());
+        }
+        outcome
+    }
+}
+
+/// The whole of one batch, independent of how it was read: validate, apply, dead-letter,
+/// ack. Returns after the XACK; on error nothing is acked.
+pub async fn process_batch(
+    store: &Store,
+    boards: &[Board],
+    settings: &IngestSettings,
+    metrics: &Metrics,
+    entries: &[Entry],
+    now: i64,
+) -> Result<(), StoreError> {
+    let mut dead: Vec<DeadLetter> = Vec::new();
+    let mut events = Vec::new();
+    for entry in entries {
+        let Some(fields) = &entry.fields else {
+            warn!(id = %entry.id, "pending entry was deleted from the stream; acking it");
+            continue;
+        };
+        match parse(fields, &entry.id, boards, now, settings.max_future_ms) {
+            Ok(event) => events.push((entry, event)),
+            Err(rejection) => dead.push(DeadLetter {
+                fields: fields.clone(),
+                source_id: entry.id.clone(),
+                rejection,
+            }),
+        }
+    }
+
+    // One batch per board instance, events in stream order; remember where each went.
+    let mut groups: BTreeMap<(usize, Option<String>), Vec<(usize, ApplyEvent)>> = BTreeMap::new();
+    for (k, (_, event)) in events.iter().enumerate() {
+        for u in &event.updates {
+            groups.entry((u.board, u.scope.clone())).or_default().push((
+                k,
+                ApplyEvent {
+                    id: event.id.clone(),
+                    ts: event.ts,
+                    member: u.member.clone(),
+                    amount: u.amount,
+                },
+            ));
+        }
+    }
+    let batches: Vec<(&Board, Option<&str>, Vec<ApplyEvent>)> = groups
+        .iter()
+        .map(|((b, scope), evs)| (&boards[*b], scope.as_deref(), evs.iter().map(|(_, e)| e.clone()).collect()))
+        .collect();
+    let outcomes = store.apply_many(&batches, now).await?;
+
+    let mut late = vec![0usize; events.len()];
+    let mut late_boards: Vec<Vec<&str>> = vec![Vec::new(); events.len()];
+    let mut tally: BTreeMap<&str, [u64; 3]> = BTreeMap::new();
+    for (((b, scope), evs), results) in groups.iter().zip(&outcomes) {
+        let board = &boards[*b];
+        let counts = tally.entry(board.name.as_str()).or_default();
+        for ((k, _), outcome) in evs.iter().zip(results) {
+            match outcome {
+                Outcome::Applied => counts[0] += 1,
+                Outcome::Duplicate => counts[1] += 1,
+                Outcome::Late => {
+                    counts[2] += 1;
+                    late[*k] += 1;
+                    late_boards[*k].push(board.name.as_str());
+                }
+                Outcome::Overflow => {
+                    let (entry, _) = events[*k];
+                    let within = scope.as_deref().map(|s| format!(" (scope {s:?})")).unwrap_or_default();
+                    dead.push(DeadLetter {
+                        fields: entry.fields.clone().unwrap_or_default(),
+                        source_id: entry.id.clone(),
+                        rejection: Rejection::new(
+                            Reason::Overflow,
+                            format!("board {}{within}: the total would pass 2^53-1; applied to the other boards only", board.name),
+                        ),
+                    });
+                }
+            }
+        }
+    }
+    for (name, [applied, duplicate, late]) in &tally {
+        metrics.applied(name, *applied);
+        metrics.skipped(name, Skip::Duplicate, *duplicate);
+        metrics.skipped(name, Skip::Late, *late);
+    }
+    for (k, (entry, event)) in events.iter().enumerate() {
+        if late[k] > 0 && late[k] == event.updates.len() {
+            dead.push(DeadLetter {
+                fields: entry.fields.clone().unwrap_or_default(),
+                source_id: entry.id.clone(),
+                rejection: Rejection::new(
+                    Reason::Late,
+                    format!("ts {} is outside the window of every board it matches ({})", event.ts, late_boards[k].join(", ")),
+                ),
+            });
+        }
+    }
+
+    if !dead.is_empty() {
+        let client = store.client();
+        try_join_all(dead.iter().map(|d| async move {
+            let entry = d.entry();
+            let pairs: Vec<(&[u8], &[u8])> = entry.iter().map(|(k, v)| (k.as_slice(), v.as_slice())).collect();
+            let _: Value = client.xadd(settings.dead_letter_stream.as_str(), false, None, "*", pairs).await?;
+            Ok::<(), fred::error::Error>(())
+        }))
+        .await?;
+        for d in &dead {
+            warn!(source_id = %d.source_id, reason = %d.rejection.reason, detail = %d.rejection.detail, "event dead-lettered");
+            metrics.dead_lettered(d.rejection.reason);
+        }
+    }
+    if !entries.is_empty() {
+        let ids: Vec<&str> = entries.iter().map(|e| e.id.as_str()).collect();
+        let _: i64 = store
+            .client()
+            .xack(settings.stream.as_str(), settings.group.as_str(), ids)
+            .await?;
+    }
+    Ok(())
+}
+
+/// The group's pending count and lag from XINFO GROUPS (lag is absent before Redis 7).
+pub async fn group_info(client: &Client, stream: &str, group: &str) -> Result<Option<(i64, Option<i64>)>, StoreError> {
+    let v: Value = client.xinfo_groups(stream).await?;
+    for g in array(v) {
+        let mut it = array(g).into_iter();
+        let mut name = None;
+        let (mut pending, mut lag) = (0, None);
+        while let (Some(k), Some(v)) = (it.next(), it.next()) {
+            match text(k).as_deref() {
+                Some("name") => name = text(v),
+                Some("pending") => pending = v.as_i64().unwrap_or(0),
+                Some("lag") => lag = v.as_i64(),
+                _ => {}
+            }
+        }
+        if name.as_deref() == Some(group) {
+            return Ok(Some((pending, lag)));
+        }
+    }
+    Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dead_letters_keep_fields_flat_and_rename_collisions() {
+        let d = DeadLetter {
+            fields: vec![(b"room".to_vec(), b"r1".to_vec()), (b"reason".to_vec(), b"gift".to_vec())],
+            source_id: "1-0".into(),
+            rejection: Rejection::new(Reason::Amount, "bad"),
+        };
+        let names: Vec<String> = d.entry().iter().map(|(k, _)| String::from_utf8_lossy(k).into_owned()).collect();
+        assert_eq!(names, ["room", "orig.reason", "reason", "detail", "source_id"]);
+        assert_eq!(d.entry()[2].1, b"amount");
+    }
+
+    #[test]
+    fn stream_replies_parse() {
+        let v = Value::Array(vec![Value::Array(vec![
+            Value::from("s"),
+            Value::Array(vec![
+                Value::Array(vec![Value::from("1-0"), Value::Array(vec![Value::from("a"), Value::from("1")])]),
+                Value::Array(vec![Value::from("2-0"), Value::Null]),
+            ]),
+        ])]);
+        let entries = parse_read(v);
+        assert_eq!(entries.len(), 2);
+        assert_eq!(entries[0].fields, Some(vec![(b"a".to_vec(), b"1".to_vec())]));
+        assert_eq!(entries[1].fields, None);
+        assert!(parse_read(Value::Null).is_empty());
+    }
+}

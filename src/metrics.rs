@@ -1,0 +1,247 @@
+//! Prometheus metrics. One [`Metrics`] value owns the registry; each notable happening is
+//! one method that counts it (and logs where an operator would want a line). Labels come
+//! from small fixed sets (board names from the config, reasons, kinds): never member names
+//! or raw error text.
+
+use prometheus::{
+    Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+    TextEncoder,
+};
+
+use crate::board::Board;
+use crate::event::Reason;
+use crate::roll::Report;
+use crate::store::StoreError;
+
+/// Every `kind` label of `rollboard_redis_errors_total`.
+pub const ERROR_KINDS: [&str; 4] = ["connection", "timeout", "script", "other"];
+
+/// The process's metrics.
+pub struct Metrics {
+    registry: Registry,
+    applied: IntCounterVec,
+    skipped: IntCounterVec,
+    dead_lettered: IntCounterVec,
+    batch_events: Histogram,
+    apply_duration: Histogram,
+    roll_duration: HistogramVec,
+    slices_expired: IntCounterVec,
+    members_removed: IntCounterVec,
+    last_roll: GaugeVec,
+    pending: IntGauge,
+    lag: IntGauge,
+    redis_errors: IntCounterVec,
+    reconnects: IntCounter,
+    up: Gauge,
+}
+
+/// Why an event was skipped at one board.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Skip {
+    /// Its idempotency key was already applied.
+    Duplicate,
+    /// Its slice has left the board's window.
+    Late,
+}
+
+impl Skip {
+    fn as_str(self) -> &'static str {
+        match self {
+            Skip::Duplicate => "duplicate",
+            Skip::Late => "late",
+        }
+    }
+}
+
+fn register<T: prometheus::core::Collector + Clone + 'static>(registry: &Registry, metric: T) -> T {
+    // Names are fixed and distinct, so registration cannot collide.
+    registry
+        .register(Box::new(metric.clone()))
+        .expect("metric names are unique");
+    metric
+}
+
+impl Metrics {
+    /// Registers every family with help text and a zero for every known label value, so a
+    /// scrape right after start-up shows the whole contract.
+    pub fn new(boards: &[Board]) -> Metrics {
+        let registry = Registry::new();
+        let counter = |name: &str, help: &str, labels: &[&str]| {
+            register(&registry, IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric"))
+        };
+        let applied = counter("rollboard_events_applied_total", "Events applied, per board.", &["board"]);
+        let skipped = counter(
+            "rollboard_events_skipped_total",
+            "Events not applied to a board because they were duplicates or late.",
+            &["board", "reason"],
+        );
+        let dead_lettered = counter(
+            "rollboard_events_dead_lettered_total",
+            "Events moved to the dead-letter stream, per reason.",
+            &["reason"],
+        );
+        let slices_expired = counter("rollboard_slices_expired_total", "Slices expired by the roll jobs.", &["board"]);
+        let members_removed = counter(
+            "rollboard_members_removed_total",
+            "Members that left a board instance because none of their events is live.",
+            &["board"],
+        );
+        let redis_errors = counter("rollboard_redis_errors_total", "Failed Redis operations, per kind.", &["kind"]);
+        let batch_events = register(
+            &registry,
+            Histogram::with_opts(
+                HistogramOpts::new("rollboard_batch_events", "Entries per batch read from the stream.")
+                    .buckets(vec![1.0, 5.0, 10.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0]),
+            )
+            .expect("valid metric"),
+        );
+        let apply_duration = register(
+            &registry,
+            Histogram::with_opts(HistogramOpts::new(
+                "rollboard_apply_duration_seconds",
+                "Time to apply one batch: validation, scripts, dead letters and ack.",
+            ))
+            .expect("valid metric"),
+        );
+        let roll_duration = register(
+            &registry,
+            HistogramVec::new(
+                HistogramOpts::new("rollboard_roll_duration_seconds", "Time of one roll or resummarize run of a board.")
+                    .buckets(vec![0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 60.0, 300.0]),
+                &["board", "mode"],
+            )
+            .expect("valid metric"),
+        );
+        let last_roll = register(
+            &registry,
+            GaugeVec::new(
+                Opts::new("rollboard_last_roll_timestamp_seconds", "Unix time of the last completed roll of a board."),
+                &["board"],
+            )
+            .expect("valid metric"),
+        );
+        let pending = register(
+            &registry,
+            IntGauge::new("rollboard_consumer_pending", "Entries delivered to the consumer group but not acknowledged (XINFO GROUPS).")
+                .expect("valid metric"),
+        );
+        let lag = register(
+            &registry,
+            IntGauge::new("rollboard_consumer_lag", "Entries in the stream not yet delivered to the consumer group (XINFO GROUPS).")
+                .expect("valid metric"),
+        );
+        let reconnects = register(
+            &registry,
+            IntCounter::new("rollboard_redis_reconnects_total", "Reconnections to Redis after a lost connection.").expect("valid metric"),
+        );
+        let up = register(
+            &registry,
+            Gauge::new("rollboard_redis_up", "1 when the last readiness check reached Redis, else 0.").expect("valid metric"),
+        );
+        for b in boards {
+            applied.with_label_values(&[&b.name]);
+            for skip in [Skip::Duplicate, Skip::Late] {
+                skipped.with_label_values(&[b.name.as_str(), skip.as_str()]);
+            }
+            slices_expired.with_label_values(&[&b.name]);
+            members_removed.with_label_values(&[&b.name]);
+            roll_duration.with_label_values(&[b.name.as_str(), b.mode.as_str()]);
+            last_roll.with_label_values(&[&b.name]);
+        }
+        for reason in Reason::ALL {
+            dead_lettered.with_label_values(&[reason.as_str()]);
+        }
+        for kind in ERROR_KINDS {
+            redis_errors.with_label_values(&[kind]);
+        }
+        Metrics {
+            registry,
+            applied,
+            skipped,
+            dead_lettered,
+            batch_events,
+            apply_duration,
+            roll_duration,
+            slices_expired,
+            members_removed,
+            last_roll,
+            pending,
+            lag,
+            redis_errors,
+            reconnects,
+            up,
+        }
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut out = Vec::new();
+        // Encoding into a Vec cannot fail for well-formed metric families.
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
+        String::from_utf8(out).unwrap_or_default()
+    }
+
+    /// A batch of `entries` stream entries was processed in `seconds`.
+    pub fn batch(&self, entries: usize, seconds: f64) {
+        self.batch_events.observe(entries as f64);
+        self.apply_duration.observe(seconds);
+    }
+
+    /// `n` events were applied to `board`.
+    pub fn applied(&self, board: &str, n: u64) {
+        if n > 0 {
+            self.applied.with_label_values(&[board]).inc_by(n);
+        }
+    }
+
+    /// `n` events were skipped at `board`.
+    pub fn skipped(&self, board: &str, why: Skip, n: u64) {
+        if n > 0 {
+            self.skipped.with_label_values(&[board, why.as_str()]).inc_by(n);
+        }
+    }
+
+    /// One event was moved to the dead-letter stream.
+    pub fn dead_lettered(&self, reason: Reason) {
+        self.dead_lettered.with_label_values(&[reason.as_str()]).inc();
+    }
+
+    /// A roll or resummarize run of one board finished.
+    pub fn rolled(&self, report: &Report, seconds: f64, now_ms: i64) {
+        self.roll_duration
+            .with_label_values(&[report.board.as_str(), report.mode])
+            .observe(seconds);
+        self.slices_expired
+            .with_label_values(&[&report.board])
+            .inc_by(report.slices_expired);
+        self.members_removed
+            .with_label_values(&[&report.board])
+            .inc_by(report.members_removed);
+        self.last_roll
+            .with_label_values(&[&report.board])
+            .set(now_ms as f64 / 1000.0);
+    }
+
+    /// A Redis operation failed.
+    pub fn redis_error(&self, error: &StoreError) {
+        self.redis_errors.with_label_values(&[error.kind()]).inc();
+    }
+
+    /// A connection to Redis was re-established.
+    pub fn reconnected(&self) {
+        self.reconnects.inc();
+    }
+
+    /// The consumer group's pending count and lag, from XINFO GROUPS.
+    pub fn consumer(&self, pending: i64, lag: Option<i64>) {
+        self.pending.set(pending);
+        if let Some(lag) = lag {
+            self.lag.set(lag);
+        }
+    }
+
+    /// Whether the last readiness check reached Redis.
+    pub fn redis_up(&self, up: bool) {
+        self.up.set(if up { 1.0 } else { 0.0 });
+    }
+}
