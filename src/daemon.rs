@@ -60,9 +60,18 @@ impl Jobs {
         }) {
             let started = Instant::now();
             let now = now_ms();
-            match roll::roll_board(&self.store, board, now, self.settings.schedule.chunk, &self.cancel).await {
+            match roll::roll_board(
+                &self.store,
+                board,
+                now,
+                self.settings.schedule.chunk,
+                &self.cancel,
+            )
+            .await
+            {
                 Ok(report) => {
-                    self.metrics.rolled(&report, started.elapsed().as_secs_f64(), now);
+                    self.metrics
+                        .rolled(&report, started.elapsed().as_secs_f64(), now);
                     if report.slices_expired > 0 || report.members_removed > 0 {
                         info!(board = %report.board, mode = report.mode, slices = report.slices_expired,
                               members_removed = report.members_removed, "window rolled");
@@ -73,7 +82,9 @@ impl Jobs {
                     self.metrics.redis_error(&e);
                     warn!(board = %board.name, error = %e, "roll failed; the next run catches up");
                 }
-                Err(e) => warn!(board = %board.name, error = %e, "roll failed; the next run catches up"),
+                Err(e) => {
+                    warn!(board = %board.name, error = %e, "roll failed; the next run catches up")
+                }
             }
         }
         flag.store(false, Ordering::SeqCst);
@@ -81,27 +92,37 @@ impl Jobs {
 }
 
 async fn schedule(jobs: Arc<Jobs>, tracker: TaskTracker) -> anyhow::Result<JobScheduler> {
-    let scheduler = JobScheduler::new().await.context("cannot create the scheduler")?;
-    for (cron, job) in [(&jobs.settings.schedule.roll, Job::Roll), (&jobs.settings.schedule.resummarize, Job::Resummarize)] {
+    let scheduler = JobScheduler::new()
+        .await
+        .context("cannot create the scheduler")?;
+    for (cron, job) in [
+        (&jobs.settings.schedule.roll, Job::Roll),
+        (&jobs.settings.schedule.resummarize, Job::Resummarize),
+    ] {
         let (jobs, tracker) = (jobs.clone(), tracker.clone());
         let cron_job = CronJob::new_async(cron.as_str(), move |_, _| {
             let (jobs, tracker) = (jobs.clone(), tracker.clone());
             Box::pin(async move {
                 let span = tracing::info_span!("job", ?job);
-                let _ = tracker.spawn(async move { jobs.run(job).await }.instrument(span)).await;
+                let _ = tracker
+                    .spawn(async move { jobs.run(job).await }.instrument(span))
+                    .await;
             })
         })
         .with_context(|| format!("invalid cron expression {cron:?}"))?;
         scheduler.add(cron_job).await.context("cannot add a job")?;
     }
-    scheduler.start().await.context("cannot start the scheduler")?;
+    scheduler
+        .start()
+        .await
+        .context("cannot start the scheduler")?;
     Ok(scheduler)
 }
 
 fn count_reconnects(client: &Client, metrics: Arc<Metrics>) {
     let first = Arc::new(AtomicBool::new(true));
     // The first event of each client is its initial connection, not a reconnect.
-    let _ = client.on_reconnect(move |server| {
+    let listener = client.on_reconnect(move |server| {
         let (first, metrics) = (first.clone(), metrics.clone());
         async move {
             if !first.swap(false, Ordering::SeqCst) {
@@ -111,29 +132,52 @@ fn count_reconnects(client: &Client, metrics: Arc<Metrics>) {
             Ok(())
         }
     });
+    // The listener runs for the life of the client; its handle is not needed.
+    drop(listener);
 }
 
 /// Runs the daemon until `cancel` fires, then drains.
 pub async fn run(settings: Settings, cancel: CancellationToken) -> anyhow::Result<()> {
-    info!(version = env!("CARGO_PKG_VERSION"), boards = settings.boards.len(), "rollboard starting");
+    info!(
+        version = env!("CARGO_PKG_VERSION"),
+        boards = settings.boards.len(),
+        "rollboard starting"
+    );
     let settings = Arc::new(settings);
     let metrics = Arc::new(Metrics::new(&settings.boards));
     let url = settings.redis.url.as_str();
     let store = Arc::new(
-        Store::connect(url, &settings.redis.key_prefix, POOL_SIZE, Reconnect::Forever)
-            .await
-            .with_context(|| format!("invalid redis url {url}"))?,
+        Store::connect(
+            url,
+            &settings.redis.key_prefix,
+            POOL_SIZE,
+            Reconnect::Forever,
+        )
+        .await
+        .with_context(|| format!("invalid redis url {url}"))?,
     );
-    let reader = Store::dedicated(url, Reconnect::Forever).await.context("cannot create the stream reader")?;
+    let reader = Store::dedicated(url, Reconnect::Forever)
+        .await
+        .context("cannot create the stream reader")?;
     for client in store.pool().clients() {
         count_reconnects(client, metrics.clone());
     }
     count_reconnects(&reader, metrics.clone());
 
     let tracker = TaskTracker::new();
-    let ingest = Ingest::new(store.clone(), reader, settings.ingest.clone(), Arc::new(settings.boards.clone()), metrics.clone());
+    let ingest = Ingest::new(
+        store.clone(),
+        reader,
+        settings.ingest.clone(),
+        Arc::new(settings.boards.clone()),
+        metrics.clone(),
+    );
     let group_ready = ingest.group_ready();
-    tracker.spawn(ingest.run(cancel.clone()).instrument(tracing::info_span!("consumer")));
+    tracker.spawn(
+        ingest
+            .run(cancel.clone())
+            .instrument(tracing::info_span!("consumer")),
+    );
 
     let jobs = Arc::new(Jobs {
         store: store.clone(),
@@ -146,7 +190,9 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> anyhow::Resul
     let mut scheduler = schedule(jobs.clone(), tracker.clone()).await?;
     for job in [Job::Roll, Job::Resummarize] {
         let jobs = jobs.clone();
-        tracker.spawn(async move { jobs.run(job).await }.instrument(tracing::info_span!("startup_job", ?job)));
+        tracker.spawn(
+            async move { jobs.run(job).await }.instrument(tracing::info_span!("startup_job", ?job)),
+        );
     }
 
     {
@@ -199,7 +245,10 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> anyhow::Resul
     }
     tracker.close();
     if tokio::time::timeout(GRACE, tracker.wait()).await.is_err() {
-        warn!(grace_s = GRACE.as_secs(), "work still running after the grace period; exiting anyway");
+        warn!(
+            grace_s = GRACE.as_secs(),
+            "work still running after the grace period; exiting anyway"
+        );
     }
     info!("rollboard stopped");
     Ok(())

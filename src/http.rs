@@ -59,10 +59,16 @@ pub enum ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         match self {
-            ApiError::BadRequest(m) => (StatusCode::BAD_REQUEST, Json(json!({ "error": m }))).into_response(),
-            ApiError::NotFound(m) => (StatusCode::NOT_FOUND, Json(json!({ "error": m }))).into_response(),
+            ApiError::BadRequest(m) => {
+                (StatusCode::BAD_REQUEST, Json(json!({ "error": m }))).into_response()
+            }
+            ApiError::NotFound(m) => {
+                (StatusCode::NOT_FOUND, Json(json!({ "error": m }))).into_response()
+            }
             ApiError::Invalid(body) => (StatusCode::BAD_REQUEST, Json(body)).into_response(),
-            ApiError::Unavailable(m) => (StatusCode::SERVICE_UNAVAILABLE, Json(json!({ "error": m }))).into_response(),
+            ApiError::Unavailable(m) => {
+                (StatusCode::SERVICE_UNAVAILABLE, Json(json!({ "error": m }))).into_response()
+            }
         }
     }
 }
@@ -78,14 +84,20 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/boards/{board}/members/{member}/around", get(around))
         .route("/v1/events", post(events))
         .route("/metrics", get(metrics))
-        .route("/healthz", get(|| async { Json(json!({ "status": "ok" })) }))
+        .route(
+            "/healthz",
+            get(|| async { Json(json!({ "status": "ok" })) }),
+        )
         .route("/readyz", get(readyz))
         .fallback(|| async { ApiError::NotFound("no such route".into()) })
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
 }
 
-async fn redis<T>(state: &AppState, call: impl std::future::Future<Output = Result<T, StoreError>>) -> ApiResult<T> {
+async fn redis<T>(
+    state: &AppState,
+    call: impl std::future::Future<Output = Result<T, StoreError>>,
+) -> ApiResult<T> {
     match tokio::time::timeout(REDIS_TIMEOUT, call).await {
         Ok(Ok(v)) => Ok(v),
         Ok(Err(e)) => {
@@ -106,8 +118,14 @@ fn board<'a>(state: &'a AppState, name: &str) -> ApiResult<&'a Board> {
 fn scope_of<'a>(board: &Board, params: &'a HashMap<String, String>) -> ApiResult<Option<&'a str>> {
     let scope = params.get("scope").map(String::as_str);
     match (&board.scope, scope) {
-        (Some(field), None) => Err(ApiError::BadRequest(format!("board {} is scoped by `{field}`: give ?scope=", board.name))),
-        (None, Some(_)) => Err(ApiError::BadRequest(format!("board {} is not scoped: drop ?scope=", board.name))),
+        (Some(field), None) => Err(ApiError::BadRequest(format!(
+            "board {} is scoped by `{field}`: give ?scope=",
+            board.name
+        ))),
+        (None, Some(_)) => Err(ApiError::BadRequest(format!(
+            "board {} is not scoped: drop ?scope=",
+            board.name
+        ))),
         (_, Some(s)) => check_name(s.as_bytes())
             .map(Some)
             .map_err(|why| ApiError::BadRequest(format!("scope {why}"))),
@@ -115,14 +133,25 @@ fn scope_of<'a>(board: &Board, params: &'a HashMap<String, String>) -> ApiResult
     }
 }
 
-fn number(params: &HashMap<String, String>, name: &str, default: u64, range: std::ops::RangeInclusive<u64>) -> ApiResult<u64> {
+fn number(
+    params: &HashMap<String, String>,
+    name: &str,
+    default: u64,
+    range: std::ops::RangeInclusive<u64>,
+) -> ApiResult<u64> {
     let Some(text) = params.get(name) else {
         return Ok(default);
     };
     text.parse::<u64>()
         .ok()
         .filter(|n| range.contains(n))
-        .ok_or_else(|| ApiError::BadRequest(format!("{name} must be an integer from {} to {}, got {text:?}", range.start(), range.end())))
+        .ok_or_else(|| {
+            ApiError::BadRequest(format!(
+                "{name} must be an integer from {} to {}, got {text:?}",
+                range.start(),
+                range.end()
+            ))
+        })
 }
 
 fn member_of(member: &str) -> ApiResult<&str> {
@@ -146,7 +175,11 @@ async fn boards(State(state): State<Arc<AppState>>) -> Json<Value> {
     Json(json!({ "boards": list }))
 }
 
-async fn top(State(state): State<Arc<AppState>>, Path(name): Path<String>, Query(params): Query<HashMap<String, String>>) -> ApiResult<Response> {
+async fn top(
+    State(state): State<Arc<AppState>>,
+    Path(name): Path<String>,
+    Query(params): Query<HashMap<String, String>>,
+) -> ApiResult<Response> {
     let b = board(&state, &name)?;
     let scope = scope_of(b, &params)?;
     let limit = number(&params, "limit", 10, 1..=1000)?;
@@ -164,7 +197,11 @@ async fn rank(
     let scope = scope_of(b, &params)?;
     let member = member_of(&member)?;
     let rank = redis(&state, state.store.rank(b, scope, member, now_ms())).await?;
-    let status = if rank.rank.is_some() { StatusCode::OK } else { StatusCode::NOT_FOUND };
+    let status = if rank.rank.is_some() {
+        StatusCode::OK
+    } else {
+        StatusCode::NOT_FOUND
+    };
     Ok((status, Json(rank)).into_response())
 }
 
@@ -177,21 +214,37 @@ async fn around(
     let scope = scope_of(b, &params)?;
     let member = member_of(&member)?;
     let radius = number(&params, "radius", 5, 0..=100)?;
-    match redis(&state, state.store.around(b, scope, member, radius, now_ms())).await? {
+    match redis(
+        &state,
+        state.store.around(b, scope, member, radius, now_ms()),
+    )
+    .await?
+    {
         Some(page) => Ok(Json(page).into_response()),
-        None => Err(ApiError::NotFound(format!("{member:?} is not on board {}", b.name))),
+        None => Err(ApiError::NotFound(format!(
+            "{member:?} is not on board {}",
+            b.name
+        ))),
     }
 }
 
 async fn events(State(state): State<Arc<AppState>>, body: Bytes) -> ApiResult<Response> {
-    let value: Value = serde_json::from_slice(&body).map_err(|e| ApiError::BadRequest(format!("body is not JSON: {e}")))?;
+    let value: Value = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::BadRequest(format!("body is not JSON: {e}")))?;
     let items = match value {
         Value::Array(items) => items,
         object @ Value::Object(_) => vec![object],
-        _ => return Err(ApiError::BadRequest("body must be one JSON object or an array of them".into())),
+        _ => {
+            return Err(ApiError::BadRequest(
+                "body must be one JSON object or an array of them".into(),
+            ))
+        }
     };
     if items.len() > MAX_EVENTS {
-        return Err(ApiError::BadRequest(format!("at most {MAX_EVENTS} events per request, got {}", items.len())));
+        return Err(ApiError::BadRequest(format!(
+            "at most {MAX_EVENTS} events per request, got {}",
+            items.len()
+        )));
     }
     let mut accepted = Vec::with_capacity(items.len());
     let mut invalid = Vec::new();
@@ -200,7 +253,9 @@ async fn events(State(state): State<Arc<AppState>>, body: Bytes) -> ApiResult<Re
             .map_err(|detail| json!({ "index": index, "reason": "fields", "detail": detail }))
             .and_then(|fields| match validate(&fields, &state.settings.boards) {
                 Ok(_) => Ok(fields),
-                Err(r) => Err(json!({ "index": index, "reason": r.reason.as_str(), "detail": r.detail })),
+                Err(r) => {
+                    Err(json!({ "index": index, "reason": r.reason.as_str(), "detail": r.detail }))
+                }
             });
         match checked {
             Ok(fields) => accepted.push(fields),
@@ -214,19 +269,37 @@ async fn events(State(state): State<Arc<AppState>>, body: Bytes) -> ApiResult<Re
         })));
     }
     let stream = state.settings.ingest.stream.as_str();
-    redis(&state, async { append(state.store.client(), stream, &accepted).await.map_err(StoreError::from) }).await?;
-    Ok((StatusCode::ACCEPTED, Json(json!({ "appended": accepted.len() }))).into_response())
+    redis(&state, async {
+        append(state.store.client(), stream, &accepted)
+            .await
+            .map_err(StoreError::from)
+    })
+    .await?;
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({ "appended": accepted.len() })),
+    )
+        .into_response())
 }
 
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], state.metrics.render()).into_response()
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        state.metrics.render(),
+    )
+        .into_response()
 }
 
 async fn readyz(State(state): State<Arc<AppState>>) -> Response {
     let check = async {
         state.store.ping().await?;
         let ingest = &state.settings.ingest;
-        let group = group_info(state.store.client(), &ingest.stream, &ingest.group).await?.is_some();
+        let group = group_info(state.store.client(), &ingest.stream, &ingest.group)
+            .await?
+            .is_some();
         state.store.ensure_scripts().await?;
         Ok::<bool, StoreError>(group)
     };
@@ -236,6 +309,14 @@ async fn readyz(State(state): State<Arc<AppState>>) -> Response {
     };
     state.metrics.redis_up(redis_ok);
     let ready = redis_ok && group;
-    let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
-    (status, Json(json!({ "ready": ready, "redis": redis_ok, "group": group }))).into_response()
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (
+        status,
+        Json(json!({ "ready": ready, "redis": redis_ok, "group": group })),
+    )
+        .into_response()
 }

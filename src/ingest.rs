@@ -29,6 +29,9 @@ use crate::store::{ApplyEvent, Outcome, Store, StoreError};
 /// Dead-letter field names that original fields must not overwrite.
 const RESERVED: [&str; 3] = ["reason", "detail", "source_id"];
 
+/// A board instance: board index and scope value.
+type Instance = (usize, Option<String>);
+
 /// One stream entry; `fields` is `None` for an entry deleted while it was pending.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
@@ -65,8 +68,14 @@ impl DeadLetter {
                 (name, v.clone())
             })
             .collect();
-        out.push((b"reason".to_vec(), self.rejection.reason.as_str().as_bytes().to_vec()));
-        out.push((b"detail".to_vec(), self.rejection.detail.as_bytes().to_vec()));
+        out.push((
+            b"reason".to_vec(),
+            self.rejection.reason.as_str().as_bytes().to_vec(),
+        ));
+        out.push((
+            b"detail".to_vec(),
+            self.rejection.detail.as_bytes().to_vec(),
+        ));
         out.push((b"source_id".to_vec(), self.source_id.as_bytes().to_vec()));
         out
     }
@@ -147,7 +156,11 @@ pub struct Ingest {
 pub async fn ensure_group(client: &Client, stream: &str, group: &str) -> Result<(), StoreError> {
     let created: Result<Value, _> = client
         .custom(
-            CustomCommand::new_static("XGROUP", ClusterHash::Custom(fred::util::redis_keyslot(stream.as_bytes())), false),
+            CustomCommand::new_static(
+                "XGROUP",
+                ClusterHash::Custom(fred::util::redis_keyslot(stream.as_bytes())),
+                false,
+            ),
             vec!["CREATE", stream, group, "0", "MKSTREAM"],
         )
         .await;
@@ -163,7 +176,13 @@ pub async fn ensure_group(client: &Client, stream: &str, group: &str) -> Result<
 
 impl Ingest {
     /// A consumer reading with its own connection `reader` (XREADGROUP blocks it).
-    pub fn new(store: Arc<Store>, reader: Client, settings: IngestSettings, boards: Arc<Vec<Board>>, metrics: Arc<Metrics>) -> Self {
+    pub fn new(
+        store: Arc<Store>,
+        reader: Client,
+        settings: IngestSettings,
+        boards: Arc<Vec<Board>>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
         Ingest {
             store,
             reader,
@@ -207,9 +226,19 @@ impl Ingest {
         info!("consumer stopped");
     }
 
-    async fn step(&self, backlog: &mut bool, last_claim: &mut Option<Instant>, cancel: &CancellationToken) -> Result<(), StoreError> {
+    async fn step(
+        &self,
+        backlog: &mut bool,
+        last_claim: &mut Option<Instant>,
+        cancel: &CancellationToken,
+    ) -> Result<(), StoreError> {
         if !self.group_ready.load(Ordering::SeqCst) {
-            ensure_group(self.store.client(), &self.settings.stream, &self.settings.group).await?;
+            ensure_group(
+                self.store.client(),
+                &self.settings.stream,
+                &self.settings.group,
+            )
+            .await?;
             self.group_ready.store(true, Ordering::SeqCst);
         }
         if *backlog {
@@ -281,7 +310,10 @@ impl Ingest {
             let next = parts.next().and_then(text).unwrap_or_else(|| "0-0".into());
             let entries = parts.next().map(parse_entries).unwrap_or_default();
             if !entries.is_empty() {
-                info!(entries = entries.len(), "claimed entries left pending by another consumer");
+                info!(
+                    entries = entries.len(),
+                    "claimed entries left pending by another consumer"
+                );
                 self.process(entries).await?;
             }
             if next == "0-0" {
@@ -295,9 +327,18 @@ impl Ingest {
     /// Applies one batch, dead-letters what is malformed, then acks every entry.
     pub async fn process(&self, entries: Vec<Entry>) -> Result<(), StoreError> {
         let started = Instant::now();
-        let outcome = process_batch(&self.store, &self.boards, &self.settings, &self.metrics, &entries, now_ms()).await;
+        let outcome = process_batch(
+            &self.store,
+            &self.boards,
+            &self.settings,
+            &self.metrics,
+            &entries,
+            now_ms(),
+        )
+        .await;
         if outcome.is_ok() {
-            self.metrics.batch(entries.len(), started.elapsed().as_secs_f64());
+            self.metrics
+                .batch(entries.len(), started.elapsed().as_secs_f64());
         }
         outcome
     }
@@ -313,26 +354,30 @@ pub async fn process_batch(
     entries: &[Entry],
     now: i64,
 ) -> Result<(), StoreError> {
-    let mut dead: Vec<DeadLetter> = Vec::new();
+    // (position in the batch, dead letter): written in stream order.
+    let mut dead: Vec<(usize, DeadLetter)> = Vec::new();
     let mut events = Vec::new();
-    for entry in entries {
+    for (position, entry) in entries.iter().enumerate() {
         let Some(fields) = &entry.fields else {
             warn!(id = %entry.id, "pending entry was deleted from the stream; acking it");
             continue;
         };
         match parse(fields, &entry.id, boards, now, settings.max_future_ms) {
-            Ok(event) => events.push((entry, event)),
-            Err(rejection) => dead.push(DeadLetter {
-                fields: fields.clone(),
-                source_id: entry.id.clone(),
-                rejection,
-            }),
+            Ok(event) => events.push((position, entry, event)),
+            Err(rejection) => dead.push((
+                position,
+                DeadLetter {
+                    fields: fields.clone(),
+                    source_id: entry.id.clone(),
+                    rejection,
+                },
+            )),
         }
     }
 
     // One batch per board instance, events in stream order; remember where each went.
-    let mut groups: BTreeMap<(usize, Option<String>), Vec<(usize, ApplyEvent)>> = BTreeMap::new();
-    for (k, (_, event)) in events.iter().enumerate() {
+    let mut groups: BTreeMap<Instance, Vec<(usize, ApplyEvent)>> = BTreeMap::new();
+    for (k, (_, _, event)) in events.iter().enumerate() {
         for u in &event.updates {
             groups.entry((u.board, u.scope.clone())).or_default().push((
                 k,
@@ -347,7 +392,13 @@ pub async fn process_batch(
     }
     let batches: Vec<(&Board, Option<&str>, Vec<ApplyEvent>)> = groups
         .iter()
-        .map(|((b, scope), evs)| (&boards[*b], scope.as_deref(), evs.iter().map(|(_, e)| e.clone()).collect()))
+        .map(|((b, scope), evs)| {
+            (
+                &boards[*b],
+                scope.as_deref(),
+                evs.iter().map(|(_, e)| e.clone()).collect(),
+            )
+        })
         .collect();
     let outcomes = store.apply_many(&batches, now).await?;
 
@@ -367,16 +418,22 @@ pub async fn process_batch(
                     late_boards[*k].push(board.name.as_str());
                 }
                 Outcome::Overflow => {
-                    let (entry, _) = events[*k];
-                    let within = scope.as_deref().map(|s| format!(" (scope {s:?})")).unwrap_or_default();
-                    dead.push(DeadLetter {
-                        fields: entry.fields.clone().unwrap_or_default(),
-                        source_id: entry.id.clone(),
-                        rejection: Rejection::new(
-                            Reason::Overflow,
-                            format!("board {}{within}: the total would pass 2^53-1; applied to the other boards only", board.name),
-                        ),
-                    });
+                    let (position, entry, _) = events[*k];
+                    let within = scope
+                        .as_deref()
+                        .map(|s| format!(" (scope {s:?})"))
+                        .unwrap_or_default();
+                    dead.push((
+                        position,
+                        DeadLetter {
+                            fields: entry.fields.clone().unwrap_or_default(),
+                            source_id: entry.id.clone(),
+                            rejection: Rejection::new(
+                                Reason::Overflow,
+                                format!("board {}{within}: the total would pass 2^53-1; applied to the other boards only", board.name),
+                            ),
+                        },
+                    ));
                 }
             }
         }
@@ -386,25 +443,45 @@ pub async fn process_batch(
         metrics.skipped(name, Skip::Duplicate, *duplicate);
         metrics.skipped(name, Skip::Late, *late);
     }
-    for (k, (entry, event)) in events.iter().enumerate() {
+    for (k, (position, entry, event)) in events.iter().enumerate() {
         if late[k] > 0 && late[k] == event.updates.len() {
-            dead.push(DeadLetter {
-                fields: entry.fields.clone().unwrap_or_default(),
-                source_id: entry.id.clone(),
-                rejection: Rejection::new(
-                    Reason::Late,
-                    format!("ts {} is outside the window of every board it matches ({})", event.ts, late_boards[k].join(", ")),
-                ),
-            });
+            dead.push((
+                *position,
+                DeadLetter {
+                    fields: entry.fields.clone().unwrap_or_default(),
+                    source_id: entry.id.clone(),
+                    rejection: Rejection::new(
+                        Reason::Late,
+                        format!(
+                            "ts {} is outside the window of every board it matches ({})",
+                            event.ts,
+                            late_boards[k].join(", ")
+                        ),
+                    ),
+                },
+            ));
         }
     }
+    dead.sort_by_key(|(position, _)| *position);
+    let dead: Vec<DeadLetter> = dead.into_iter().map(|(_, d)| d).collect();
 
     if !dead.is_empty() {
         let client = store.client();
         try_join_all(dead.iter().map(|d| async move {
             let entry = d.entry();
-            let pairs: Vec<(&[u8], &[u8])> = entry.iter().map(|(k, v)| (k.as_slice(), v.as_slice())).collect();
-            let _: Value = client.xadd(settings.dead_letter_stream.as_str(), false, None, "*", pairs).await?;
+            let pairs: Vec<(&[u8], &[u8])> = entry
+                .iter()
+                .map(|(k, v)| (k.as_slice(), v.as_slice()))
+                .collect();
+            let _: Value = client
+                .xadd(
+                    settings.dead_letter_stream.as_str(),
+                    false,
+                    None,
+                    "*",
+                    pairs,
+                )
+                .await?;
             Ok::<(), fred::error::Error>(())
         }))
         .await?;
@@ -424,7 +501,11 @@ pub async fn process_batch(
 }
 
 /// The group's pending count and lag from XINFO GROUPS (lag is absent before Redis 7).
-pub async fn group_info(client: &Client, stream: &str, group: &str) -> Result<Option<(i64, Option<i64>)>, StoreError> {
+pub async fn group_info(
+    client: &Client,
+    stream: &str,
+    group: &str,
+) -> Result<Option<(i64, Option<i64>)>, StoreError> {
     let v: Value = client.xinfo_groups(stream).await?;
     for g in array(v) {
         let mut it = array(g).into_iter();
@@ -452,12 +533,22 @@ mod tests {
     #[test]
     fn dead_letters_keep_fields_flat_and_rename_collisions() {
         let d = DeadLetter {
-            fields: vec![(b"room".to_vec(), b"r1".to_vec()), (b"reason".to_vec(), b"gift".to_vec())],
+            fields: vec![
+                (b"room".to_vec(), b"r1".to_vec()),
+                (b"reason".to_vec(), b"gift".to_vec()),
+            ],
             source_id: "1-0".into(),
             rejection: Rejection::new(Reason::Amount, "bad"),
         };
-        let names: Vec<String> = d.entry().iter().map(|(k, _)| String::from_utf8_lossy(k).into_owned()).collect();
-        assert_eq!(names, ["room", "orig.reason", "reason", "detail", "source_id"]);
+        let names: Vec<String> = d
+            .entry()
+            .iter()
+            .map(|(k, _)| String::from_utf8_lossy(k).into_owned())
+            .collect();
+        assert_eq!(
+            names,
+            ["room", "orig.reason", "reason", "detail", "source_id"]
+        );
         assert_eq!(d.entry()[2].1, b"amount");
     }
 
@@ -466,13 +557,19 @@ mod tests {
         let v = Value::Array(vec![Value::Array(vec![
             Value::from("s"),
             Value::Array(vec![
-                Value::Array(vec![Value::from("1-0"), Value::Array(vec![Value::from("a"), Value::from("1")])]),
+                Value::Array(vec![
+                    Value::from("1-0"),
+                    Value::Array(vec![Value::from("a"), Value::from("1")]),
+                ]),
                 Value::Array(vec![Value::from("2-0"), Value::Null]),
             ]),
         ])]);
         let entries = parse_read(v);
         assert_eq!(entries.len(), 2);
-        assert_eq!(entries[0].fields, Some(vec![(b"a".to_vec(), b"1".to_vec())]));
+        assert_eq!(
+            entries[0].fields,
+            Some(vec![(b"a".to_vec(), b"1".to_vec())])
+        );
         assert_eq!(entries[1].fields, None);
         assert!(parse_read(Value::Null).is_empty());
     }

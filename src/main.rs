@@ -12,9 +12,13 @@ fn init_tracing(settings: &Settings) {
     // RUST_LOG, when set, wins over the configured level.
     // The scheduler crate narrates its own lifecycle at info; keep it to warnings.
     let filter = EnvFilter::try_from_default_env()
-        .or_else(|_| EnvFilter::try_new(format!("tokio_cron_scheduler=warn,{}", settings.log.level)))
+        .or_else(|_| {
+            EnvFilter::try_new(format!("tokio_cron_scheduler=warn,{}", settings.log.level))
+        })
         .unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     match settings.log.format {
         LogFormat::Json => builder.json().init(),
         LogFormat::Text => builder.init(),
@@ -31,7 +35,10 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_CONFIG);
         }
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the runtime: {e}");

@@ -4,8 +4,8 @@
 //! or raw error text.
 
 use prometheus::{
-    Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
-    TextEncoder,
+    Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
+    IntGauge, Opts, Registry, TextEncoder,
 };
 
 use crate::board::Board;
@@ -67,9 +67,16 @@ impl Metrics {
     pub fn new(boards: &[Board]) -> Metrics {
         let registry = Registry::new();
         let counter = |name: &str, help: &str, labels: &[&str]| {
-            register(&registry, IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric"))
+            register(
+                &registry,
+                IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric"),
+            )
         };
-        let applied = counter("rollboard_events_applied_total", "Events applied, per board.", &["board"]);
+        let applied = counter(
+            "rollboard_events_applied_total",
+            "Events applied, per board.",
+            &["board"],
+        );
         let skipped = counter(
             "rollboard_events_skipped_total",
             "Events not applied to a board because they were duplicates or late.",
@@ -80,18 +87,31 @@ impl Metrics {
             "Events moved to the dead-letter stream, per reason.",
             &["reason"],
         );
-        let slices_expired = counter("rollboard_slices_expired_total", "Slices expired by the roll jobs.", &["board"]);
+        let slices_expired = counter(
+            "rollboard_slices_expired_total",
+            "Slices expired by the roll jobs.",
+            &["board"],
+        );
         let members_removed = counter(
             "rollboard_members_removed_total",
             "Members that left a board instance because none of their events is live.",
             &["board"],
         );
-        let redis_errors = counter("rollboard_redis_errors_total", "Failed Redis operations, per kind.", &["kind"]);
+        let redis_errors = counter(
+            "rollboard_redis_errors_total",
+            "Failed Redis operations, per kind.",
+            &["kind"],
+        );
         let batch_events = register(
             &registry,
             Histogram::with_opts(
-                HistogramOpts::new("rollboard_batch_events", "Entries per batch read from the stream.")
-                    .buckets(vec![1.0, 5.0, 10.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0]),
+                HistogramOpts::new(
+                    "rollboard_batch_events",
+                    "Entries per batch read from the stream.",
+                )
+                .buckets(vec![
+                    1.0, 5.0, 10.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0,
+                ]),
             )
             .expect("valid metric"),
         );
@@ -106,8 +126,13 @@ impl Metrics {
         let roll_duration = register(
             &registry,
             HistogramVec::new(
-                HistogramOpts::new("rollboard_roll_duration_seconds", "Time of one roll or resummarize run of a board.")
-                    .buckets(vec![0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 60.0, 300.0]),
+                HistogramOpts::new(
+                    "rollboard_roll_duration_seconds",
+                    "Time of one roll or resummarize run of a board.",
+                )
+                .buckets(vec![
+                    0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 60.0, 300.0,
+                ]),
                 &["board", "mode"],
             )
             .expect("valid metric"),
@@ -115,28 +140,45 @@ impl Metrics {
         let last_roll = register(
             &registry,
             GaugeVec::new(
-                Opts::new("rollboard_last_roll_timestamp_seconds", "Unix time of the last completed roll of a board."),
+                Opts::new(
+                    "rollboard_last_roll_timestamp_seconds",
+                    "Unix time of the last completed roll of a board.",
+                ),
                 &["board"],
             )
             .expect("valid metric"),
         );
         let pending = register(
             &registry,
-            IntGauge::new("rollboard_consumer_pending", "Entries delivered to the consumer group but not acknowledged (XINFO GROUPS).")
-                .expect("valid metric"),
+            IntGauge::new(
+                "rollboard_consumer_pending",
+                "Entries delivered to the consumer group but not acknowledged (XINFO GROUPS).",
+            )
+            .expect("valid metric"),
         );
         let lag = register(
             &registry,
-            IntGauge::new("rollboard_consumer_lag", "Entries in the stream not yet delivered to the consumer group (XINFO GROUPS).")
-                .expect("valid metric"),
+            IntGauge::new(
+                "rollboard_consumer_lag",
+                "Entries in the stream not yet delivered to the consumer group (XINFO GROUPS).",
+            )
+            .expect("valid metric"),
         );
         let reconnects = register(
             &registry,
-            IntCounter::new("rollboard_redis_reconnects_total", "Reconnections to Redis after a lost connection.").expect("valid metric"),
+            IntCounter::new(
+                "rollboard_redis_reconnects_total",
+                "Reconnections to Redis after a lost connection.",
+            )
+            .expect("valid metric"),
         );
         let up = register(
             &registry,
-            Gauge::new("rollboard_redis_up", "1 when the last readiness check reached Redis, else 0.").expect("valid metric"),
+            Gauge::new(
+                "rollboard_redis_up",
+                "1 when the last readiness check reached Redis, else 0.",
+            )
+            .expect("valid metric"),
         );
         for b in boards {
             applied.with_label_values(&[&b.name]);
@@ -197,13 +239,17 @@ impl Metrics {
     /// `n` events were skipped at `board`.
     pub fn skipped(&self, board: &str, why: Skip, n: u64) {
         if n > 0 {
-            self.skipped.with_label_values(&[board, why.as_str()]).inc_by(n);
+            self.skipped
+                .with_label_values(&[board, why.as_str()])
+                .inc_by(n);
         }
     }
 
     /// One event was moved to the dead-letter stream.
     pub fn dead_lettered(&self, reason: Reason) {
-        self.dead_lettered.with_label_values(&[reason.as_str()]).inc();
+        self.dead_lettered
+            .with_label_values(&[reason.as_str()])
+            .inc();
     }
 
     /// A roll or resummarize run of one board finished.

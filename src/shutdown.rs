@@ -10,7 +10,10 @@ pub const EXIT_FORCED: i32 = 130;
 
 /// Waits for signals and drives `cancel`; spawn it once at start-up.
 pub async fn watch(cancel: CancellationToken) {
-    let (mut term, mut int) = match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+    let (mut term, mut int) = match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
         (Ok(term), Ok(int)) => (term, int),
         (Err(e), _) | (_, Err(e)) => {
             error!(error = %e, "cannot install signal handlers");

@@ -229,7 +229,12 @@ impl Store {
     /// Connects a pool of `size` connections to `url` (redis://, rediss://, redis-cluster://).
     /// With [`Reconnect::Never`] this waits for the connection and fails if there is none;
     /// with [`Reconnect::Forever`] it returns at once and commands wait for the connection.
-    pub async fn connect(url: &str, prefix: &str, size: usize, reconnect: Reconnect) -> Result<Store, StoreError> {
+    pub async fn connect(
+        url: &str,
+        prefix: &str,
+        size: usize,
+        reconnect: Reconnect,
+    ) -> Result<Store, StoreError> {
         let pool = Self::builder(url, reconnect)?.build_pool(size.max(1))?;
         match reconnect {
             Reconnect::Never => {
@@ -237,7 +242,7 @@ impl Store {
             }
             Reconnect::Forever => {
                 // The connection tasks run on their own; dropping the handles detaches them.
-                let _ = pool.connect_pool();
+                drop(pool.connect_pool());
             }
         }
         Ok(Store {
@@ -256,7 +261,7 @@ impl Store {
                 client.init().await?;
             }
             Reconnect::Forever => {
-                let _ = client.connect();
+                drop(client.connect());
             }
         }
         Ok(client)
@@ -264,7 +269,12 @@ impl Store {
 
     /// Whether every script is in the server's cache; loads the missing ones.
     pub async fn ensure_scripts(&self) -> Result<(), StoreError> {
-        let hashes: Vec<String> = self.scripts.all().iter().map(|s| s.sha1().to_string()).collect();
+        let hashes: Vec<String> = self
+            .scripts
+            .all()
+            .iter()
+            .map(|s| s.sha1().to_string())
+            .collect();
         let present: Vec<bool> = self.client().script_exists(hashes).await?;
         if present.iter().all(|p| *p) {
             return Ok(());

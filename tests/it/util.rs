@@ -16,36 +16,61 @@ pub struct RedisServer {
     _dir: tempfile::TempDir,
 }
 
-fn free_port() -> u16 {
+/// A loopback port that was free a moment ago.
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("a free loopback port")
 }
 
+fn spawn_redis(port: u16, dir: &std::path::Path, persistent: bool) -> Child {
+    let aof = if persistent { "yes" } else { "no" };
+    Command::new("redis-server")
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+        ])
+        .args(["--appendonly", aof, "--appendfsync", "always"])
+        .arg("--dir")
+        .arg(dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("redis-server is installed (apt-get install redis-server)")
+}
+
 impl RedisServer {
     /// Starts a fresh server without persistence; panics when none can be started.
     pub fn start() -> RedisServer {
+        Self::start_with(false)
+    }
+
+    /// Starts a fresh server that writes an fsync-always append-only file, so that
+    /// [`RedisServer::restart`] keeps the data.
+    pub fn start_persistent() -> RedisServer {
+        Self::start_with(true)
+    }
+
+    /// Starts the killed server again on the same port and directory.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.child = spawn_redis(self.port, self._dir.path(), true);
+        assert!(
+            self.wait_ready(Duration::from_secs(10)),
+            "redis-server did not come back"
+        );
+    }
+
+    fn start_with(persistent: bool) -> RedisServer {
         for _ in 0..20 {
             let dir = tempfile::tempdir().expect("temp dir");
             let port = free_port();
-            let child = Command::new("redis-server")
-                .args([
-                    "--port",
-                    &port.to_string(),
-                    "--bind",
-                    "127.0.0.1",
-                    "--save",
-                    "",
-                    "--appendonly",
-                    "no",
-                ])
-                .arg("--dir")
-                .arg(dir.path())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("redis-server is installed (apt-get install redis-server)");
+            let child = spawn_redis(port, dir.path(), persistent);
             let mut server = RedisServer {
                 child,
                 port,
@@ -147,5 +172,143 @@ where
             return false;
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// The board definitions the daemon tests run with (as in config/rollboard.toml, with
+/// quick jobs and short timeouts).
+pub const BOARDS: &str = r#"
+[[boards]]
+name = "rooms_7d"
+member = "room"
+window = "7d"
+slice = "6h"
+
+[[boards]]
+name = "fans_7d"
+member = "user"
+scope = "room"
+window = "7d"
+slice = "1h"
+mode = "resummarize"
+
+[[boards]]
+name = "tips_24h"
+member = "user"
+amount = "value"
+scale = 2
+window = "24h"
+slice = "1h"
+tie_break = "latest"
+allow_negative = true
+"#;
+
+/// A config file for a daemon talking to `redis` and listening on `http_port`.
+pub fn write_config(
+    dir: &std::path::Path,
+    redis: &RedisServer,
+    http_port: u16,
+    consumer: &str,
+    extra: &str,
+) -> std::path::PathBuf {
+    let path = dir.join(format!("rollboard-{consumer}.toml"));
+    let text = format!(
+        "[redis]\nurl = \"{}\"\n[ingest]\nconsumer = \"{consumer}\"\nblock = \"100ms\"\nclaim_idle = \"1s\"\nbatch_size = 200\n\
+         [schedule]\nroll = \"*/2 * * * * *\"\nresummarize = \"* * * * * *\"\n[http]\nlisten = \"127.0.0.1:{http_port}\"\n{extra}\n{BOARDS}",
+        redis.url()
+    );
+    std::fs::write(&path, text).expect("write config");
+    path
+}
+
+/// A `rollboard run` child process.
+pub struct Daemon {
+    child: tokio::process::Child,
+    /// Base URL of its HTTP server.
+    pub base: String,
+    /// Where its logs go.
+    pub log: std::path::PathBuf,
+}
+
+impl Daemon {
+    /// Starts `rollboard run` with `config` and waits until `/healthz` answers.
+    pub async fn start(config: &std::path::Path, http_port: u16) -> Daemon {
+        let log = config.with_extension("log");
+        let file = std::fs::File::create(&log).expect("log file");
+        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_rollboard"))
+            .args(["--config", config.to_str().expect("utf-8 path"), "run"])
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(file)
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn rollboard run");
+        let daemon = Daemon {
+            child,
+            base: format!("http://127.0.0.1:{http_port}"),
+            log,
+        };
+        let url = format!("{}/healthz", daemon.base);
+        let up = wait_for(Duration::from_secs(20), || {
+            let url = url.clone();
+            async move {
+                reqwest::get(&url)
+                    .await
+                    .is_ok_and(|r| r.status().is_success())
+            }
+        })
+        .await;
+        assert!(up, "daemon did not come up; log:\n{}", daemon.logs());
+        daemon
+    }
+
+    /// Its log output so far.
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGKILL, as a crash.
+    pub async fn kill(mut self) {
+        self.child.kill().await.expect("kill");
+    }
+
+    /// SIGTERM, then the exit status.
+    pub async fn terminate(mut self) -> std::process::ExitStatus {
+        let pid = self.child.id().expect("running");
+        let status = Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .expect("kill -TERM");
+        assert!(status.success());
+        tokio::time::timeout(Duration::from_secs(40), self.child.wait())
+            .await
+            .expect("daemon exits within the grace period")
+            .expect("wait")
+    }
+
+    /// GET a path, returning status and body.
+    pub async fn get(&self, path: &str) -> (u16, String) {
+        match reqwest::get(format!("{}{path}", self.base)).await {
+            Ok(r) => (r.status().as_u16(), r.text().await.unwrap_or_default()),
+            Err(_) => (0, String::new()),
+        }
+    }
+
+    /// Reads one counter or gauge sample from `/metrics` (sum over samples matching labels).
+    pub async fn metric(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        let (_, body) = self.get("/metrics").await;
+        let scrape = prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_string())))
+            .expect("prometheus text");
+        scrape
+            .samples
+            .iter()
+            .filter(|s| s.metric == name && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+            .map(|s| match s.value {
+                prometheus_parse::Value::Counter(v)
+                | prometheus_parse::Value::Gauge(v)
+                | prometheus_parse::Value::Untyped(v) => v,
+                _ => 0.0,
+            })
+            .sum()
     }
 }

@@ -1,0 +1,694 @@
+//! The daemon as a platform team runs it: `rollboard run` as a child process against a
+//! real redis-server, fed through the stream, `send` and HTTP, killed, restarted, drained.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use fred::prelude::*;
+use rollboard::board::Board;
+use rollboard::config::Settings;
+use rollboard::event::parse;
+use rollboard::ingest::group_info;
+use rollboard::store::{ApplyEvent, Store};
+
+use crate::model::{assert_matches, Instance};
+use crate::util::{free_port, wait_for, write_config, Daemon, RedisServer, BOARDS};
+
+type Fields = Vec<(String, String)>;
+
+fn now_ms() -> i64 {
+    rollboard::cli::now_ms()
+}
+
+/// A tip to a room; matches rooms_7d and fans_7d.
+fn tip(i: usize, now: i64) -> Fields {
+    vec![
+        ("room".into(), format!("r{}", i % 7)),
+        ("user".into(), format!("u{}", i % 23)),
+        ("amount".into(), (1 + i % 9).to_string()),
+        ("id".into(), format!("t{i}")),
+        (
+            "ts".into(),
+            (now - (i as i64 * 997) % 3_000_000).to_string(),
+        ),
+    ]
+}
+
+/// A payment with cents, refunds included; matches tips_24h only.
+fn payment(i: usize, now: i64) -> Fields {
+    let cents = if i % 6 == 0 {
+        -(i as i64 % 500) - 1
+    } else {
+        100 + i as i64 % 900
+    };
+    let value = format!(
+        "{}{}.{:02}",
+        if cents < 0 { "-" } else { "" },
+        cents.abs() / 100,
+        cents.abs() % 100
+    );
+    vec![
+        ("user".into(), format!("u{}", i % 13)),
+        ("value".into(), value),
+        ("id".into(), format!("p{i}")),
+        (
+            "ts".into(),
+            (now - (i as i64 * 1_013) % 3_000_000).to_string(),
+        ),
+    ]
+}
+
+fn boards() -> Vec<Board> {
+    Settings::from_toml(BOARDS).expect("test boards").boards
+}
+
+/// What every instance must hold after `events` were applied, in order, at `now`.
+fn models(
+    events: &[Fields],
+    boards: &[Board],
+    now: i64,
+) -> HashMap<(usize, Option<String>), Instance> {
+    let mut out: HashMap<(usize, Option<String>), Instance> = HashMap::new();
+    for (k, fields) in events.iter().enumerate() {
+        let raw: Vec<(Vec<u8>, Vec<u8>)> = fields
+            .iter()
+            .map(|(a, b)| (a.clone().into_bytes(), b.clone().into_bytes()))
+            .collect();
+        let event = parse(&raw, &format!("{k}-0"), boards, now, 300_000).expect("valid test event");
+        for u in event.updates {
+            let e = ApplyEvent {
+                id: event.id.clone(),
+                ts: event.ts,
+                member: u.member,
+                amount: u.amount,
+            };
+            out.entry((u.board, u.scope))
+                .or_default()
+                .apply(&boards[u.board], &e, now);
+        }
+    }
+    out
+}
+
+async fn xadd_all(client: &Client, stream: &str, events: &[Fields]) {
+    for chunk in events.chunks(500) {
+        futures_util::future::try_join_all(
+            chunk
+                .iter()
+                .map(|f| client.xadd::<String, _, _, _, _>(stream, false, None, "*", f.clone())),
+        )
+        .await
+        .expect("xadd");
+    }
+}
+
+/// Waits until the group has delivered and acknowledged everything in the stream.
+async fn drained(store: &Store) -> bool {
+    wait_for(Duration::from_secs(60), || async {
+        matches!(
+            group_info(store.client(), "rb:events", "rollboard").await,
+            Ok(Some((0, Some(0))))
+        )
+    })
+    .await
+}
+
+async fn assert_state(
+    store: &Store,
+    boards: &[Board],
+    models: &HashMap<(usize, Option<String>), Instance>,
+    now: i64,
+) {
+    for ((b, scope), model) in models {
+        let board = &boards[*b];
+        if board.mode == rollboard::board::Mode::Resummarize {
+            // The resummarize job runs every second in these tests: wait for its next run.
+            let expected = model.ranking(board);
+            let caught_up = wait_for(Duration::from_secs(10), || async {
+                let page = store
+                    .top(board, scope.as_deref(), 0, 1000, now)
+                    .await
+                    .expect("top");
+                page.entries
+                    .iter()
+                    .map(|e| (e.member.clone(), e.total, e.last_ts))
+                    .collect::<Vec<_>>()
+                    == expected
+            })
+            .await;
+            assert!(
+                caught_up,
+                "resummarize board {}{scope:?} never caught up",
+                board.name
+            );
+        }
+        assert_matches(store, board, scope.as_deref(), model, now).await;
+    }
+}
+
+async fn setup(
+    consumer: &str,
+) -> (
+    RedisServer,
+    Store,
+    tempfile::TempDir,
+    std::path::PathBuf,
+    u16,
+) {
+    let redis = RedisServer::start();
+    let store = redis.store("rb").await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let port = free_port();
+    let config = write_config(dir.path(), &redis, port, consumer, "");
+    (redis, store, dir, config, port)
+}
+
+#[tokio::test]
+async fn events_from_the_stream_send_and_http_end_in_the_model_state() {
+    let (_redis, store, dir, config, port) = setup("a").await;
+    let daemon = Daemon::start(&config, port).await;
+    let now = now_ms();
+    let mut events: Vec<Fields> = (0..600)
+        .map(|i| tip(i, now))
+        .chain((0..200).map(|i| payment(i, now)))
+        .collect();
+    xadd_all(store.client(), "rb:events", &events[..400]).await;
+    // Through `rollboard send`, from a JSON-lines file (numbers taken as written).
+    let lines: Vec<String> = events[400..700]
+        .iter()
+        .map(|f| {
+            serde_json::to_string(&f.iter().cloned().collect::<HashMap<String, String>>())
+                .expect("json")
+        })
+        .collect();
+    let file = dir.path().join("events.jsonl");
+    std::fs::write(&file, lines.join("\n")).expect("write events");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rollboard"))
+        .args([
+            "--config",
+            config.to_str().expect("path"),
+            "send",
+            file.to_str().expect("path"),
+        ])
+        .output()
+        .expect("send");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Through HTTP, as one array.
+    let body: Vec<HashMap<String, String>> = events[700..]
+        .iter()
+        .map(|f| f.iter().cloned().collect())
+        .collect();
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/events", daemon.base))
+        .json(&body)
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(r.status().as_u16(), 202);
+    // Redelivering the same events changes nothing.
+    xadd_all(store.client(), "rb:events", &events[..50]).await;
+    events.truncate(800);
+    assert!(
+        drained(&store).await,
+        "stream never drained; log:\n{}",
+        daemon.logs()
+    );
+    let boards = boards();
+    assert_state(
+        &store,
+        &boards,
+        &models(&events, &boards, now_ms()),
+        now_ms(),
+    )
+    .await;
+    assert_eq!(
+        daemon
+            .metric("rollboard_events_applied_total", &[("board", "rooms_7d")])
+            .await,
+        600.0
+    );
+    assert_eq!(
+        daemon
+            .metric("rollboard_events_applied_total", &[("board", "tips_24h")])
+            .await,
+        200.0
+    );
+    assert_eq!(
+        daemon
+            .metric(
+                "rollboard_events_skipped_total",
+                &[("board", "rooms_7d"), ("reason", "duplicate")]
+            )
+            .await,
+        50.0
+    );
+    assert!(daemon.terminate().await.success());
+}
+
+#[tokio::test]
+async fn a_killed_daemon_restarted_loses_nothing_and_counts_nothing_twice() {
+    let (_redis, store, _dir, config, port) = setup("a").await;
+    let now = now_ms();
+    let events: Vec<Fields> = (0..8000)
+        .map(|i| {
+            if i % 4 == 0 {
+                payment(i, now)
+            } else {
+                tip(i, now)
+            }
+        })
+        .collect();
+    xadd_all(store.client(), "rb:events", &events).await;
+    let daemon = Daemon::start(&config, port).await;
+    let started = wait_for(Duration::from_secs(30), || async {
+        store
+            .client()
+            .zcard::<i64, _>("rb:{rooms_7d}:result")
+            .await
+            .unwrap_or(0)
+            > 0
+    })
+    .await;
+    assert!(started);
+    daemon.kill().await;
+    let pending = group_info(store.client(), "rb:events", "rollboard")
+        .await
+        .expect("xinfo")
+        .expect("group");
+    assert!(
+        pending.1.unwrap_or(0) > 0 || pending.0 > 0,
+        "killed too late: nothing left to redeliver"
+    );
+    let daemon = Daemon::start(&config, port).await;
+    assert!(
+        drained(&store).await,
+        "never drained; log:\n{}",
+        daemon.logs()
+    );
+    let boards = boards();
+    assert_state(
+        &store,
+        &boards,
+        &models(&events, &boards, now_ms()),
+        now_ms(),
+    )
+    .await;
+    assert!(daemon.terminate().await.success());
+}
+
+#[tokio::test]
+async fn two_daemons_share_a_group_and_take_over_a_dead_ones_entries() {
+    let (redis, store, dir, config_a, port_a) = setup("a").await;
+    let port_b = free_port();
+    let config_b = write_config(dir.path(), &redis, port_b, "b", "");
+    let now = now_ms();
+    let events: Vec<Fields> = (0..6000).map(|i| tip(i, now)).collect();
+    let a = Daemon::start(&config_a, port_a).await;
+    let b = Daemon::start(&config_b, port_b).await;
+    xadd_all(store.client(), "rb:events", &events[..3000]).await;
+    assert!(drained(&store).await);
+    assert!(
+        a.metric("rollboard_events_applied_total", &[("board", "rooms_7d")])
+            .await
+            > 0.0,
+        "a took part"
+    );
+    assert!(
+        b.metric("rollboard_events_applied_total", &[("board", "rooms_7d")])
+            .await
+            > 0.0,
+        "b took part"
+    );
+    // Kill b while it holds entries; a claims them after claim_idle (1s).
+    assert!(b.terminate().await.success());
+    let _: Value = store
+        .client()
+        .xreadgroup("rollboard", "b", Some(100), None, false, "rb:events", ">")
+        .await
+        .expect("b reads without acking");
+    xadd_all(store.client(), "rb:events", &events[3000..]).await;
+    let _: Value = store
+        .client()
+        .xreadgroup("rollboard", "b", Some(100), None, false, "rb:events", ">")
+        .await
+        .expect("b reads without acking");
+    assert!(
+        drained(&store).await,
+        "a never claimed b's entries; log:\n{}",
+        a.logs()
+    );
+    let boards = boards();
+    assert_state(
+        &store,
+        &boards,
+        &models(&events, &boards, now_ms()),
+        now_ms(),
+    )
+    .await;
+    assert!(a.terminate().await.success());
+}
+
+#[tokio::test]
+async fn sigterm_under_load_exits_0_and_loses_nothing() {
+    let (_redis, store, _dir, config, port) = setup("a").await;
+    let now = now_ms();
+    let events: Vec<Fields> = (0..6000).map(|i| tip(i, now)).collect();
+    let daemon = Daemon::start(&config, port).await;
+    let producer = {
+        let client = store.client().clone();
+        let events = events.clone();
+        tokio::spawn(async move { xadd_all(&client, "rb:events", &events).await })
+    };
+    let busy = wait_for(Duration::from_secs(30), || async {
+        store
+            .client()
+            .zcard::<i64, _>("rb:{rooms_7d}:result")
+            .await
+            .unwrap_or(0)
+            > 0
+    })
+    .await;
+    assert!(busy);
+    let status = daemon.terminate().await;
+    assert!(status.success(), "exit status {status:?}");
+    producer.await.expect("producer");
+    // Whatever the stopped daemon did not take, a new one does; nothing is lost or doubled.
+    let daemon = Daemon::start(&config, port).await;
+    assert!(drained(&store).await);
+    let boards = boards();
+    assert_state(
+        &store,
+        &boards,
+        &models(&events, &boards, now_ms()),
+        now_ms(),
+    )
+    .await;
+    assert!(daemon.terminate().await.success());
+}
+
+#[tokio::test]
+async fn a_redis_restart_turns_readyz_503_then_200_and_loses_nothing() {
+    let mut redis = RedisServer::start_persistent();
+    let store_url = redis.url();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let port = free_port();
+    let config = write_config(dir.path(), &redis, port, "a", "");
+    let daemon = Daemon::start(&config, port).await;
+    let ready = |want: u16| {
+        let daemon = &daemon;
+        async move {
+            wait_for(Duration::from_secs(30), || async {
+                daemon.get("/readyz").await.0 == want
+            })
+            .await
+        }
+    };
+    assert!(ready(200).await, "never ready; log:\n{}", daemon.logs());
+    let now = now_ms();
+    let events: Vec<Fields> = (0..1000).map(|i| tip(i, now)).collect();
+    {
+        let store = Store::connect(&store_url, "rb", 1, rollboard::store::Reconnect::Never)
+            .await
+            .expect("connect");
+        xadd_all(store.client(), "rb:events", &events[..500]).await;
+        assert!(drained(&store).await);
+    }
+    redis.kill();
+    assert!(ready(503).await, "readyz stayed up without redis");
+    assert_eq!(
+        daemon.get("/healthz").await.0,
+        200,
+        "the process itself is alive"
+    );
+    redis.restart();
+    assert!(
+        ready(200).await,
+        "never ready again; log:\n{}",
+        daemon.logs()
+    );
+    let store = Store::connect(&store_url, "rb", 1, rollboard::store::Reconnect::Never)
+        .await
+        .expect("connect");
+    xadd_all(store.client(), "rb:events", &events[500..]).await;
+    assert!(drained(&store).await);
+    let boards = boards();
+    assert_state(
+        &store,
+        &boards,
+        &models(&events, &boards, now_ms()),
+        now_ms(),
+    )
+    .await;
+    assert!(daemon.metric("rollboard_redis_reconnects_total", &[]).await >= 1.0);
+    assert!(daemon.terminate().await.success());
+}
+
+#[tokio::test]
+async fn every_malformed_kind_is_dead_lettered_with_its_reason() {
+    let (redis, store, dir, _, port) = setup("a").await;
+    // A board whose scope field is no other board's member, so that `scope` is reachable.
+    let extra = "[[boards]]\nname = \"channel_fans\"\nmember = \"fan\"\nscope = \"channel\"\namount = \"coins\"\nwindow = \"1d\"\nslice = \"1h\"\n";
+    let config = write_config(dir.path(), &redis, port, "a", extra);
+    let daemon = Daemon::start(&config, port).await;
+    let now = now_ms();
+    let ts = now.to_string();
+    let f = |pairs: &[(&str, &str)]| -> Fields {
+        pairs
+            .iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect()
+    };
+    let long = "x".repeat(300);
+    let old = (now - 40 * 86_400_000).to_string();
+    let future = (now + 3_600_000).to_string();
+    let cases: Vec<(&str, Fields)> = vec![
+        ("no_board", f(&[("room", "r1"), ("user", "u")])),
+        (
+            "member",
+            f(&[("room", "r1"), ("user", &long), ("amount", "1")]),
+        ),
+        (
+            "scope",
+            f(&[("fan", "f1"), ("channel", "bad\u{7}"), ("coins", "1")]),
+        ),
+        ("id", f(&[("room", "r1"), ("amount", "1"), ("id", "")])),
+        (
+            "amount",
+            f(&[("room", "r1"), ("amount", "1e3"), ("reason", "tip")]),
+        ),
+        (
+            "ts",
+            f(&[("room", "r1"), ("amount", "1"), ("ts", "yesterday")]),
+        ),
+        (
+            "future",
+            f(&[("room", "r1"), ("amount", "1"), ("ts", &future)]),
+        ),
+        ("late", f(&[("room", "r1"), ("amount", "1"), ("ts", &old)])),
+        (
+            "overflow",
+            f(&[
+                ("room", "big"),
+                ("amount", "9007199254740991"),
+                ("ts", &ts),
+                ("id", "o1"),
+            ]),
+        ),
+        (
+            "overflow",
+            f(&[("room", "big"), ("amount", "1"), ("ts", &ts), ("id", "o2")]),
+        ),
+    ];
+    let fields: Vec<Fields> = cases.iter().map(|(_, f)| f.clone()).collect();
+    xadd_all(store.client(), "rb:events", &fields).await;
+    assert!(drained(&store).await);
+    let entries: Vec<(String, HashMap<String, String>)> = store
+        .client()
+        .xrange("rb:events:dead", "-", "+", None)
+        .await
+        .expect("xrange");
+    let reasons: Vec<&str> = entries.iter().map(|(_, e)| e["reason"].as_str()).collect();
+    // The first overflow event fits (it is exactly the limit); the second does not.
+    let mut expected: Vec<&str> = cases.iter().map(|(r, _)| *r).collect();
+    expected.remove(
+        expected
+            .iter()
+            .position(|r| *r == "overflow")
+            .expect("overflow case"),
+    );
+    assert_eq!(reasons, expected);
+    for (_, e) in &entries {
+        assert!(!e["detail"].is_empty());
+        assert!(e["source_id"].contains('-'));
+    }
+    let amount = &entries[4].1;
+    assert_eq!(
+        (amount["orig.reason"].as_str(), amount["amount"].as_str()),
+        ("tip", "1e3"),
+        "original fields kept flat"
+    );
+    assert!(
+        entries[8].1["detail"].contains("rooms_7d"),
+        "overflow names the board"
+    );
+    assert_eq!(
+        store
+            .rank(&boards()[0], None, "big", now)
+            .await
+            .expect("rank")
+            .total,
+        Some(9_007_199_254_740_991)
+    );
+    assert_eq!(
+        daemon
+            .metric(
+                "rollboard_events_dead_lettered_total",
+                &[("reason", "late")]
+            )
+            .await,
+        1.0
+    );
+    assert_eq!(
+        daemon
+            .metric("rollboard_events_dead_lettered_total", &[])
+            .await,
+        9.0
+    );
+    assert_eq!(
+        daemon
+            .metric(
+                "rollboard_events_skipped_total",
+                &[("board", "rooms_7d"), ("reason", "late")]
+            )
+            .await,
+        1.0
+    );
+}
+
+#[tokio::test]
+async fn http_client_mistakes_are_400_or_404_with_a_json_error() {
+    let (_redis, store, _dir, config, port) = setup("a").await;
+    let daemon = Daemon::start(&config, port).await;
+    for (path, status) in [
+        ("/v1/boards/nope/top", 404),
+        ("/v1/boards/rooms_7d/top?limit=0", 400),
+        ("/v1/boards/rooms_7d/top?limit=1001", 400),
+        ("/v1/boards/rooms_7d/top?limit=ten", 400),
+        ("/v1/boards/rooms_7d/top?offset=-1", 400),
+        ("/v1/boards/rooms_7d/top?scope=r1", 400),
+        ("/v1/boards/fans_7d/top", 400),
+        ("/v1/boards/rooms_7d/members/nobody", 404),
+        ("/v1/boards/rooms_7d/members/nobody/around", 404),
+        ("/v1/boards/rooms_7d/members/a%0Ab", 400),
+        (
+            &format!("/v1/boards/rooms_7d/members/{}", "m".repeat(257)),
+            400,
+        ),
+        ("/v1/boards/rooms_7d/members/x/around?radius=101", 400),
+        ("/v1/nothing", 404),
+    ] {
+        let (got, body) = daemon.get(path).await;
+        assert_eq!(got, status, "{path}: {body}");
+        let json: serde_json::Value =
+            serde_json::from_str(&body).unwrap_or_else(|_| panic!("{path}: not JSON: {body}"));
+        assert!(
+            json.get("error").is_some() || json.get("rank").is_some(),
+            "{path}: {body}"
+        );
+    }
+    let (ok, body) = daemon.get("/v1/boards/fans_7d/top?scope=unknown").await;
+    assert_eq!(ok, 200, "an unknown scope is an empty board: {body}");
+    let client = reqwest::Client::new();
+    let post = |body: &'static str| {
+        client
+            .post(format!("{}/v1/events", daemon.base))
+            .body(body)
+            .send()
+    };
+    for (body, status) in [
+        ("not json", 400),
+        ("42", 400),
+        (
+            r#"[{"room":"r1","amount":1},{"room":"r1","amount":0}]"#,
+            400,
+        ),
+        (r#"{"room":"r1","amount":[1]}"#, 400),
+        (r#"{"nothing":"here"}"#, 400),
+        ("[]", 202),
+        (r#"{"room":"r1","amount":12}"#, 202),
+    ] {
+        let r = post(body).await.expect("post");
+        assert_eq!(r.status().as_u16(), status, "{body}");
+    }
+    let len: i64 = store.client().xlen("rb:events").await.expect("xlen");
+    assert_eq!(len, 1, "only the one valid request appended");
+    let r = post(r#"[{"room":"r1","amount":1},{"room":"r1","amount":1.5},{"x":1}]"#)
+        .await
+        .expect("post");
+    let body: serde_json::Value = r.json().await.expect("json");
+    let invalid = body["invalid"].as_array().expect("invalid list");
+    assert_eq!(
+        invalid
+            .iter()
+            .map(|i| i["index"].as_u64().unwrap_or(99))
+            .collect::<Vec<_>>(),
+        [1, 2]
+    );
+    assert_eq!(invalid[1]["reason"], "no_board");
+}
+
+#[tokio::test]
+async fn metrics_parse_and_count_what_was_applied() {
+    let (_redis, store, _dir, config, port) = setup("a").await;
+    let daemon = Daemon::start(&config, port).await;
+    let (status, body) = daemon.get("/metrics").await;
+    assert_eq!(status, 200);
+    for family in [
+        "rollboard_events_applied_total",
+        "rollboard_events_skipped_total",
+        "rollboard_events_dead_lettered_total",
+        "rollboard_batch_events",
+        "rollboard_apply_duration_seconds",
+        "rollboard_roll_duration_seconds",
+        "rollboard_slices_expired_total",
+        "rollboard_members_removed_total",
+        "rollboard_last_roll_timestamp_seconds",
+        "rollboard_consumer_pending",
+        "rollboard_consumer_lag",
+        "rollboard_redis_errors_total",
+        "rollboard_redis_reconnects_total",
+    ] {
+        assert!(
+            body.contains(&format!("# HELP {family} ")),
+            "{family} registered with help text"
+        );
+    }
+    let now = now_ms();
+    let events: Vec<Fields> = (0..300).map(|i| tip(i, now)).collect();
+    xadd_all(store.client(), "rb:events", &events).await;
+    assert!(drained(&store).await);
+    for (board, applied) in [("rooms_7d", 300.0), ("fans_7d", 300.0), ("tips_24h", 0.0)] {
+        assert_eq!(
+            daemon
+                .metric("rollboard_events_applied_total", &[("board", board)])
+                .await,
+            applied,
+            "{board}"
+        );
+    }
+    let rolled = wait_for(Duration::from_secs(10), || async {
+        daemon
+            .metric(
+                "rollboard_last_roll_timestamp_seconds",
+                &[("board", "rooms_7d")],
+            )
+            .await
+            > 0.0
+    })
+    .await;
+    assert!(rolled, "the roll job ran");
+}
