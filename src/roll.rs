@@ -9,6 +9,7 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use futures_util::{StreamExt, TryStreamExt};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
@@ -17,6 +18,8 @@ use crate::store::{StageTargets, Staged, Store, StoreError};
 
 /// Most times a gen-checked recomputation is retried while ingest keeps changing it.
 const MAX_ATTEMPTS: usize = 8;
+/// Instances of one scoped board rolled concurrently.
+const INSTANCES_AT_ONCE: usize = 8;
 
 /// Why a job stopped.
 #[derive(Debug, thiserror::Error)]
@@ -111,7 +114,7 @@ pub async fn run_once(
     Ok(reports)
 }
 
-/// Rolls every instance of one board at `now`.
+/// Rolls every instance of one board at `now`, a few instances at a time.
 pub async fn roll_board(
     store: &Store,
     board: &Board,
@@ -119,22 +122,36 @@ pub async fn roll_board(
     chunk: usize,
     cancel: &CancellationToken,
 ) -> Result<Report, RollError> {
+    let parts: Vec<Report> = futures_util::stream::iter(instances(store, board).await?)
+        .map(|scope| async move {
+            let mut part = Report::default();
+            roll_instance(
+                store,
+                board,
+                scope.as_deref(),
+                now,
+                chunk,
+                cancel,
+                &mut part,
+            )
+            .await?;
+            Ok::<Report, RollError>(part)
+        })
+        .buffer_unordered(INSTANCES_AT_ONCE)
+        .try_collect()
+        .await?;
     let mut report = Report {
         board: board.name.clone(),
         mode: board.mode.as_str(),
         ..Report::default()
     };
-    for scope in instances(store, board).await? {
-        roll_instance(
-            store,
-            board,
-            scope.as_deref(),
-            now,
-            chunk,
-            cancel,
-            &mut report,
-        )
-        .await?;
+    for part in &parts {
+        report.instances += part.instances;
+        report.slices_expired += part.slices_expired;
+        report.fields_expired += part.fields_expired;
+        report.members_removed += part.members_removed;
+        report.ids_forgotten += part.ids_forgotten;
+        report.scopes_removed += part.scopes_removed;
     }
     Ok(report)
 }
