@@ -146,6 +146,19 @@ async fn assert_state(
     }
 }
 
+/// Waits until the group has taken everything, then checks every instance against the
+/// model of `events`.
+async fn assert_drained_into_model(store: &Store, events: &[Fields], daemon: &Daemon) {
+    assert!(
+        drained(store).await,
+        "stream never drained; log:\n{}",
+        daemon.logs()
+    );
+    let boards = boards();
+    let now = now_ms();
+    assert_state(store, &boards, &models(events, &boards, now), now).await;
+}
+
 async fn setup(
     consumer: &str,
 ) -> (
@@ -212,19 +225,7 @@ async fn events_from_the_stream_send_and_http_end_in_the_model_state() {
     // Redelivering the same events changes nothing.
     xadd_all(store.client(), "rb:events", &events[..50]).await;
     events.truncate(800);
-    assert!(
-        drained(&store).await,
-        "stream never drained; log:\n{}",
-        daemon.logs()
-    );
-    let boards = boards();
-    assert_state(
-        &store,
-        &boards,
-        &models(&events, &boards, now_ms()),
-        now_ms(),
-    )
-    .await;
+    assert_drained_into_model(&store, &events, &daemon).await;
     assert_eq!(
         daemon
             .metric("rollboard_events_applied_total", &[("board", "rooms_7d")])
@@ -284,19 +285,7 @@ async fn a_killed_daemon_restarted_loses_nothing_and_counts_nothing_twice() {
         "killed too late: nothing left to redeliver"
     );
     let daemon = Daemon::start(&config, port).await;
-    assert!(
-        drained(&store).await,
-        "never drained; log:\n{}",
-        daemon.logs()
-    );
-    let boards = boards();
-    assert_state(
-        &store,
-        &boards,
-        &models(&events, &boards, now_ms()),
-        now_ms(),
-    )
-    .await;
+    assert_drained_into_model(&store, &events, &daemon).await;
     assert!(daemon.terminate().await.success());
 }
 
@@ -336,19 +325,7 @@ async fn two_daemons_share_a_group_and_take_over_a_dead_ones_entries() {
         .xreadgroup("rollboard", "b", Some(100), None, false, "rb:events", ">")
         .await
         .expect("b reads without acking");
-    assert!(
-        drained(&store).await,
-        "a never claimed b's entries; log:\n{}",
-        a.logs()
-    );
-    let boards = boards();
-    assert_state(
-        &store,
-        &boards,
-        &models(&events, &boards, now_ms()),
-        now_ms(),
-    )
-    .await;
+    assert_drained_into_model(&store, &events, &a).await;
     assert!(a.terminate().await.success());
 }
 
@@ -378,15 +355,7 @@ async fn sigterm_under_load_exits_0_and_loses_nothing() {
     producer.await.expect("producer");
     // Whatever the stopped daemon did not take, a new one does; nothing is lost or doubled.
     let daemon = Daemon::start(&config, port).await;
-    assert!(drained(&store).await);
-    let boards = boards();
-    assert_state(
-        &store,
-        &boards,
-        &models(&events, &boards, now_ms()),
-        now_ms(),
-    )
-    .await;
+    assert_drained_into_model(&store, &events, &daemon).await;
     assert!(daemon.terminate().await.success());
 }
 
@@ -434,15 +403,7 @@ async fn a_redis_restart_turns_readyz_503_then_200_and_loses_nothing() {
         .await
         .expect("connect");
     xadd_all(store.client(), "rb:events", &events[500..]).await;
-    assert!(drained(&store).await);
-    let boards = boards();
-    assert_state(
-        &store,
-        &boards,
-        &models(&events, &boards, now_ms()),
-        now_ms(),
-    )
-    .await;
+    assert_drained_into_model(&store, &events, &daemon).await;
     assert!(daemon.metric("rollboard_redis_reconnects_total", &[]).await >= 1.0);
     assert!(daemon.terminate().await.success());
 }
