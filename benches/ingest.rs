@@ -124,6 +124,17 @@ async fn connect(redis: &RedisServer, size: usize) -> Result<Store> {
         .map_err(|e| e.to_string())
 }
 
+/// Mean Redis-side time of one EVALSHA call so far, in µs (INFO commandstats).
+fn evalsha_usec(redis: &RedisServer) -> f64 {
+    redis
+        .cli(&["INFO", "commandstats"])
+        .lines()
+        .find(|l| l.starts_with("cmdstat_evalsha:"))
+        .and_then(|l| l.split(',').find_map(|kv| kv.strip_prefix("usec_per_call=")))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(f64::NAN)
+}
+
 fn rate(events: usize, elapsed: Duration) -> f64 {
     events as f64 / elapsed.as_secs_f64()
 }
@@ -205,6 +216,7 @@ async fn bench_script(redis: &RedisServer) -> Result<f64> {
     }
     let r = rate(EVENTS, started.elapsed());
     println!("apply script, batches of {BATCH}, one connection: {EVENTS} events, {r:.0} events/s");
+    println!("redis time inside EVALSHA: {:.2} µs per event", evalsha_usec(redis) / BATCH as f64);
     Ok(r)
 }
 

@@ -1,30 +1,42 @@
 //! Benchmarks of DESIGN.md section 7 (memory and expiry) against a private `redis-server`.
 //!
-//! Run with `cargo bench --bench rollboard -- [memory] [expiry] [--chunk N[,N...]] [--members N]`
-//! (no scenario: both).
+//! ```text
+//! cargo bench --bench rollboard -- [memory] [expiry] [--chunk N[,N...]] [--members N] [--slowlog-us N]
+//! ```
+//!
+//! Without a scenario both run.
 //!
 //! * `memory`: applies 100 000 distinct members (one event each, batches of 500) to an
 //!   incremental, earliest-tie-break board (slice 1h, window 7d) and reports Redis bytes per
 //!   ranked member from the `used_memory` delta of `INFO memory`, broken down by key with
 //!   `MEMORY USAGE <key> SAMPLES 0`, plus bytes per remembered idempotency key. Baseline: a
 //!   plain ZSet of the same names and scores written with `ZADD`.
-//! * `expiry`: fills one slice with 1 000 000 members (slice 1h, window 2h), rolls it away
-//!   with `roll::run_once` and reads every command's Redis execution time from the slow log
-//!   (threshold 0): count, longest call, p50/p99 and total of the `EVALSHA` calls, Redis time
-//!   per expired member, and the wall-clock roll time; once per chunk size (default 1000, 100
-//!   and 5000; `--chunk` replaces the list). Baseline: the least work a chunked expiry can do,
-//!   on a plain Hash and a plain ZSet of the same members (HSCAN, then one script per chunk
-//!   doing `HGET`, `ZINCRBY`, `ZREM` at 0 and `HDEL`).
+//! * `expiry`: fills one slice with 1 000 000 members (slice 1h, window 2h), then for each
+//!   chunk size (default 1000, 100 and 5000; `--chunk` replaces the list) copies that filled
+//!   instance with `COPY` and rolls the copy away with `roll::run_once`. It reports the
+//!   wall-clock roll time; the exact count and Redis time of the `EVALSHA` and `HSCAN` calls
+//!   from `INFO commandstats`; and from the slow log the longest call, p50 and p99 per script.
+//!   Baseline, at the first chunk size only: the least work a chunked expiry can do, on a
+//!   plain Hash and a plain ZSet of the same members (HSCAN, then one script per page doing
+//!   `HGET`, `ZINCRBY`, `ZREM` at 0 and `HDEL`), measured the same way. The other chunk sizes
+//!   are compared with the first one. The default run takes about 3 minutes on 2 cores.
+//!
+//! Redis 7 also writes the commands run *inside* a script to the slow log, so a threshold of
+//! 0 logs about five entries per expired member: it overflows any sane `slowlog-max-len` at
+//! 1M members and the logging slows the scripts down. The slow log therefore runs at
+//! `--slowlog-us` (default 10 µs), which keeps almost all of those out while still catching
+//! every chunk script; the output says how many `EVALSHA` calls it caught.
 //!
 //! `--members N` replaces the member count of the scenarios that run. Nothing about timing
 //! is asserted: results are plain text lines, with ratios against the baseline of the same
-//! run. The only exit-status failures are errors and wrong data (a roll that leaves members).
+//! run. The exit status is 1 on errors and on wrong data (a roll that leaves members behind).
 //!
 //! The server listens on 127.0.0.1 only, on a free port, without persistence, with its
 //! working directory in a temporary directory; it is killed when the program ends, also on
 //! error or panic.
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, ExitCode, Stdio};
@@ -35,7 +47,7 @@ use fred::prelude::*;
 use fred::types::scripts::Script;
 use fred::types::{ClusterHash, CustomCommand};
 use rollboard::board::{Board, Dedup, Mode, TieBreak};
-use rollboard::roll;
+use rollboard::roll::{self, Report};
 use rollboard::store::{ApplyEvent, Outcome, Reconnect, Store};
 use tokio_util::sync::CancellationToken;
 
@@ -48,11 +60,15 @@ const MEMORY_BATCH: usize = 500;
 const EXPIRY_MEMBERS: usize = 1_000_000;
 const EXPIRY_BATCH: usize = 1_000;
 const DEFAULT_CHUNKS: [usize; 3] = [1_000, 100, 5_000];
+const DEFAULT_SLOWLOG_US: u64 = 10;
+const SLOWLOG_MAX_LEN: usize = 1_000_000;
 const PLAIN_ZSET: &str = "plain:zset";
-const BASE_RESULT: &str = "base:{x}:result";
+/// The filled instance every expiry round starts from, and the instance it rolls.
+const FILLED_BOARD: &str = "exp_filled";
+const ROLLED_BOARD: &str = "exp_2h";
+/// The baseline's slice Hash and ranking ZSet.
 const BASE_SLICE: &str = "base:{x}:slice";
-const SLOWLOG_NOTE: &str = "slow log at threshold 0 records every command, which costs some \
-     time per command; durations are Redis execution time only, in µs";
+const BASE_RESULT: &str = "base:{x}:result";
 
 /// The baseline expiry: the least a chunked expiry must do per field of the dead slice.
 const BASELINE_EXPIRE: &str = r#"
@@ -70,7 +86,7 @@ if #done > 0 then redis.call('HDEL', KEYS[2], unpack(done)) end
 return #done
 "#;
 
-/// rollboard's scripts by SHA1, to tell the slow-log entries apart.
+/// rollboard's scripts, to name the slow-log entries by SHA1.
 const SCRIPTS: [(&str, &str); 9] = [
     ("apply", include_str!("../src/lua/apply.lua")),
     ("watermark", include_str!("../src/lua/watermark.lua")),
@@ -82,6 +98,9 @@ const SCRIPTS: [(&str, &str); 9] = [
     ("swap", include_str!("../src/lua/swap.lua")),
     ("cleanup", include_str!("../src/lua/cleanup.lua")),
 ];
+
+const USAGE: &str = "usage: cargo bench --bench rollboard -- [memory] [expiry] \
+                     [--chunk N[,N...]] [--members N] [--slowlog-us N]";
 
 fn main() -> ExitCode {
     let options = match Options::parse(std::env::args().skip(1)) {
@@ -104,9 +123,6 @@ fn main() -> ExitCode {
     }
 }
 
-const USAGE: &str =
-    "usage: cargo bench --bench rollboard -- [memory] [expiry] [--chunk N[,N...]] [--members N]";
-
 /// Command-line options.
 #[derive(Debug)]
 struct Options {
@@ -114,33 +130,32 @@ struct Options {
     expiry: bool,
     chunks: Vec<usize>,
     members: Option<usize>,
+    slowlog_us: u64,
 }
 
 impl Options {
-    fn parse(args: impl Iterator<Item = String>) -> Result<Options> {
+    fn parse(mut args: impl Iterator<Item = String>) -> Result<Options> {
         let mut options = Options {
             memory: false,
             expiry: false,
             chunks: Vec::new(),
             members: None,
+            slowlog_us: DEFAULT_SLOWLOG_US,
         };
-        let mut args = args.peekable();
         while let Some(arg) = args.next() {
+            let mut value = || args.next().with_context(|| format!("{arg} needs a value"));
             match arg.as_str() {
                 // cargo passes `--bench` to every harness-less bench.
                 "--bench" => {}
                 "memory" => options.memory = true,
                 "expiry" => options.expiry = true,
                 "--chunk" => {
-                    let list = args.next().context("--chunk needs a value")?;
-                    for n in list.split(',') {
-                        options.chunks.push(positive(n, "--chunk")?);
+                    for n in value()?.split(',') {
+                        options.chunks.push(number(n, "--chunk", 1)? as usize);
                     }
                 }
-                "--members" => {
-                    let n = args.next().context("--members needs a value")?;
-                    options.members = Some(positive(&n, "--members")?);
-                }
+                "--members" => options.members = Some(number(&value()?, "--members", 1)? as usize),
+                "--slowlog-us" => options.slowlog_us = number(&value()?, "--slowlog-us", 0)?,
                 other => bail!("unknown argument {other:?}"),
             }
         }
@@ -155,14 +170,14 @@ impl Options {
     }
 }
 
-fn positive(text: &str, what: &str) -> Result<usize> {
-    match text.parse::<usize>() {
-        Ok(n) if n > 0 => Ok(n),
-        _ => bail!("{what} takes a positive integer, not {text:?}"),
+fn number(text: &str, what: &str, min: u64) -> Result<u64> {
+    match text.parse::<u64>() {
+        Ok(n) if n >= min => Ok(n),
+        _ => bail!("{what} takes an integer of at least {min}, not {text:?}"),
     }
 }
 
-/// Runs the selected scenarios; false when a correctness check failed.
+/// Runs the selected scenarios on a fresh server; false when a correctness check failed.
 fn run(options: &Options) -> Result<bool> {
     let server = RedisServer::start()?;
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -173,20 +188,16 @@ fn run(options: &Options) -> Result<bool> {
         let store = Store::connect(&server.url(), "rb", 2, Reconnect::Never)
             .await
             .context("connect to the bench redis-server")?;
-        println!(
-            "redis-server {} on 127.0.0.1:{}",
-            server.version(),
-            server.port
-        );
+        println!("{} on 127.0.0.1:{}", server.version(), server.port);
+        // The slow log stays off except while a roll is measured.
+        slowlog_stop(store.client()).await?;
         let mut ok = true;
         if options.memory {
             ok &= memory(&store, options.members.unwrap_or(MEMORY_MEMBERS)).await?;
         }
         if options.expiry {
             let members = options.members.unwrap_or(EXPIRY_MEMBERS);
-            for &chunk in &options.chunks {
-                ok &= expiry(&store, members, chunk).await?;
-            }
+            ok &= expiry(&store, members, &options.chunks, options.slowlog_us).await?;
         }
         anyhow::Ok(ok)
     })?;
@@ -293,7 +304,7 @@ fn ping(port: u16) -> bool {
 /// Sends one command that fred has no typed method for.
 async fn command(client: &Client, name: &'static str, args: Vec<Value>) -> Result<Value> {
     let hash = match name {
-        "ZADD" | "HSET" | "ZCARD" | "HLEN" | "EXISTS" => ClusterHash::FirstKey,
+        "ZADD" | "HSET" | "ZCARD" | "HLEN" | "EXISTS" | "COPY" => ClusterHash::FirstKey,
         _ => ClusterHash::Random,
     };
     client
@@ -313,10 +324,16 @@ async fn integer(client: &Client, name: &'static str, args: &[&str]) -> Result<i
         .with_context(|| format!("{name} {args:?} answered {v:?}"))
 }
 
+/// The lines of one `INFO` section.
+async fn info(client: &Client, section: &str) -> Result<String> {
+    let v = admin(client, "INFO", &[section]).await?;
+    Ok(v.as_str_lossy().unwrap_or_default().into_owned())
+}
+
 async fn used_memory(client: &Client) -> Result<i64> {
-    let info = admin(client, "INFO", &["memory"]).await?;
-    let text = info.as_str_lossy().unwrap_or_default().into_owned();
-    text.lines()
+    info(client, "memory")
+        .await?
+        .lines()
         .find_map(|l| l.strip_prefix("used_memory:"))
         .and_then(|v| v.trim().parse().ok())
         .context("INFO memory has no used_memory")
@@ -325,6 +342,29 @@ async fn used_memory(client: &Client) -> Result<i64> {
 async fn memory_usage(client: &Client, key: &str) -> Result<i64> {
     let v = admin(client, "MEMORY", &["USAGE", key, "SAMPLES", "0"]).await?;
     Ok(v.as_i64().unwrap_or(0))
+}
+
+/// Per command (lower case): calls and total µs, from `INFO commandstats`.
+async fn commandstats(client: &Client) -> Result<BTreeMap<String, (u64, u64)>> {
+    let text = info(client, "commandstats").await?;
+    let mut out = BTreeMap::new();
+    for line in text.lines() {
+        let Some((name, fields)) = line
+            .strip_prefix("cmdstat_")
+            .and_then(|l| l.split_once(':'))
+        else {
+            continue;
+        };
+        let field = |key: &str| {
+            fields
+                .split(',')
+                .find_map(|f| f.strip_prefix(key)?.strip_prefix('='))
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        out.insert(name.to_string(), (field("calls"), field("usec")));
+    }
+    Ok(out)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -364,6 +404,16 @@ fn event(i: usize) -> ApplyEvent {
     }
 }
 
+fn describe_names() -> String {
+    format!(
+        "member names like {:?} ({} B), idempotency keys like {:?} ({} B)",
+        member_name(0),
+        member_name(0).len(),
+        event(0).id,
+        event(0).id.len()
+    )
+}
+
 /// Applies events `0..members` in batches, all inside the slice at [`T0`]; returns the time.
 async fn apply_all(store: &Store, board: &Board, members: usize, batch: usize) -> Result<Duration> {
     let now = T0 + HOUR - 1;
@@ -372,13 +422,13 @@ async fn apply_all(store: &Store, board: &Board, members: usize, batch: usize) -
         let events: Vec<ApplyEvent> = (from..(from + batch).min(members)).map(event).collect();
         let outcomes = store.apply(board, None, &events, now).await?;
         if let Some(o) = outcomes.iter().find(|o| **o != Outcome::Applied) {
-            bail!("event of batch at {from} was not applied: {o:?}");
+            bail!("an event of the batch at {from} was not applied: {o:?}");
         }
     }
     Ok(start.elapsed())
 }
 
-/// Writes `pairs(from, to)` for `0..members` with `name key pair...` in batches.
+/// Sends `name key pair(i)...` for `i` in `0..members`, `batch` pairs per command.
 async fn write_plain(
     client: &Client,
     name: &'static str,
@@ -403,6 +453,27 @@ fn field_amount(i: usize) -> [Value; 2] {
     [member_name(i).into(), amount_of(i).into()]
 }
 
+fn per_second(n: usize, took: Duration) -> f64 {
+    n as f64 / took.as_secs_f64()
+}
+
+/// `a / b` as `1.23x`, or `n/a` when there is nothing to compare with.
+fn ratio(a: f64, b: f64) -> String {
+    if b > 0.0 {
+        format!("{:.2}x", a / b)
+    } else {
+        "n/a".into()
+    }
+}
+
+fn verdict(ok: bool) -> &'static str {
+    if ok {
+        "ok"
+    } else {
+        "MISMATCH"
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // Scenario: memory
 
@@ -414,24 +485,31 @@ async fn memory(store: &Store, members: usize) -> Result<bool> {
         "== memory: {members} members, one event each, batches of {MEMORY_BATCH}; \
          board slice 1h window 7d, incremental, tie-break earliest"
     );
-    println!(
-        "   member names like {:?} ({} B), idempotency keys like {:?} ({} B)",
-        member_name(0),
-        member_name(0).len(),
-        event(0).id,
-        event(0).id.len()
-    );
+    println!("   {}", describe_names());
     admin(client, "FLUSHALL", &["SYNC"]).await?;
     store.load_scripts().await?;
     let before = used_memory(client).await?;
     let took = apply_all(store, &b, members, MEMORY_BATCH).await?;
     let after = used_memory(client).await?;
+    let delta = after - before;
     println!(
         "apply: {:.2} s, {:.0} events/s",
         took.as_secs_f64(),
-        members as f64 / took.as_secs_f64()
+        per_second(members, took)
     );
     let k = store.instance(&b, None);
+    let ranked = integer(client, "ZCARD", &[&k.result()]).await?;
+    let ok = ranked == members as i64;
+    println!(
+        "check: ZCARD result = {ranked} (expected {members}) {}",
+        verdict(ok)
+    );
+    let per = |bytes: i64| bytes as f64 / members as f64;
+    println!(
+        "used_memory: before {before} B, after {after} B, delta {delta} B = {:.1} B per ranked member",
+        per(delta)
+    );
+    println!("MEMORY USAGE <key> SAMPLES 0:");
     let keys = [
         ("result ZSet", k.result()),
         ("members Hash", k.members()),
@@ -440,59 +518,44 @@ async fn memory(store: &Store, members: usize) -> Result<bool> {
         ("meta Hash", k.meta()),
         ("slices ZSet", k.slices()),
     ];
-    let ranked = integer(client, "ZCARD", &[&k.result()]).await?;
-    let seen = integer(client, "ZCARD", &[&k.seen()]).await?;
-    let ok = ranked == members as i64;
-    println!(
-        "check: ZCARD result = {ranked} (expected {members}) {}",
-        verdict(ok)
-    );
-    let per = |bytes: i64| bytes as f64 / members as f64;
-    println!(
-        "used_memory: before {before} B, after {after} B, delta {} B = {:.1} B per ranked member",
-        after - before,
-        per(after - before)
-    );
-    println!("MEMORY USAGE <key> SAMPLES 0:");
-    let mut sum = 0;
-    let mut seen_bytes = 0;
+    let mut sizes = BTreeMap::new();
     for (label, key) in &keys {
         let bytes = memory_usage(client, key).await?;
         println!("  {label:<13} {bytes:>11} B  {:>7.1} B/member", per(bytes));
-        sum += bytes;
-        if key == &k.seen() {
-            seen_bytes = bytes;
-        }
+        sizes.insert(*label, bytes);
     }
+    let sum: i64 = sizes.values().sum();
+    let seen_bytes = sizes["seen ZSet"];
     println!("  {:<13} {sum:>11} B  {:>7.1} B/member", "sum", per(sum));
+    let ranking = sum - seen_bytes;
     println!(
-        "  {:<13} {:>11} B  {:>7.1} B/member",
+        "  {:<13} {ranking:>11} B  {:>7.1} B/member",
         "sum w/o seen",
-        sum - seen_bytes,
-        per(sum - seen_bytes)
+        per(ranking)
     );
+    let seen = integer(client, "ZCARD", &[&k.seen()]).await?;
     println!(
         "idempotency: {seen} keys remembered, {:.1} B per key (seen ZSet MEMORY USAGE / ZCARD)",
         seen_bytes as f64 / seen.max(1) as f64
     );
     let (plain_delta, plain_usage) = plain_zset(client, members).await?;
     println!(
-        "baseline plain ZSet ({members} ZADDs of the same names and scores, no tie-break): \
+        "baseline plain ZSet (ZADD of the same names and scores, no tie-break prefix): \
          MEMORY USAGE {plain_usage} B = {:.1} B/member; used_memory delta {plain_delta} B = {:.1} B/member",
         per(plain_usage),
         per(plain_delta)
     );
     println!(
-        "ratio rollboard / plain ZSet: {:.2}x by used_memory delta, {:.2}x by MEMORY USAGE; \
-         without the seen ZSet {:.2}x by MEMORY USAGE",
-        ratio(after - before, plain_delta),
-        ratio(sum, plain_usage),
-        ratio(sum - seen_bytes, plain_usage)
+        "ratio rollboard / plain ZSet: {} by used_memory delta, {} by MEMORY USAGE; \
+         {} by MEMORY USAGE without the seen ZSet",
+        ratio(delta as f64, plain_delta as f64),
+        ratio(sum as f64, plain_usage as f64),
+        ratio(ranking as f64, plain_usage as f64)
     );
     Ok(ok)
 }
 
-/// Writes the baseline ZSet; returns its used_memory delta and MEMORY USAGE.
+/// Writes the baseline ZSet; returns its used_memory delta and its MEMORY USAGE.
 async fn plain_zset(client: &Client, members: usize) -> Result<(i64, i64)> {
     let before = used_memory(client).await?;
     write_plain(
@@ -508,117 +571,213 @@ async fn plain_zset(client: &Client, members: usize) -> Result<(i64, i64)> {
     Ok((after - before, memory_usage(client, PLAIN_ZSET).await?))
 }
 
-fn ratio(a: i64, b: i64) -> f64 {
-    a as f64 / b as f64
-}
-
-fn verdict(ok: bool) -> &'static str {
-    if ok {
-        "ok"
-    } else {
-        "MISMATCH"
-    }
-}
-
 // ---------------------------------------------------------------------------------------
 // Scenario: expiry
 
-async fn expiry(store: &Store, members: usize, chunk: usize) -> Result<bool> {
+/// What one expiry round measures for rollboard or for the baseline.
+struct Measured {
+    wall: Duration,
+    /// `INFO commandstats` deltas: command -> (calls, µs).
+    calls: BTreeMap<String, (u64, u64)>,
+    log: Vec<SlowEntry>,
+    log_full: bool,
+}
+
+impl Measured {
+    fn calls(&self, command: &str) -> (u64, u64) {
+        self.calls.get(command).copied().unwrap_or_default()
+    }
+}
+
+async fn expiry(store: &Store, members: usize, chunks: &[usize], slowlog_us: u64) -> Result<bool> {
     let client = store.client();
-    let b = board("exp_2h", 2, 2 * HOUR);
+    let filled = board(FILLED_BOARD, 2, 2 * HOUR);
     println!();
     println!(
-        "== expiry: {members} members in one slice (board slice 1h window 2h, incremental, \
-         tie-break earliest), chunk {chunk}"
+        "== expiry: {members} members in one slice; board slice 1h window 2h, incremental, \
+         tie-break earliest; chunks {chunks:?} (baseline at chunk {})",
+        chunks[0]
+    );
+    println!("   {}", describe_names());
+    println!(
+        "   Redis time and call counts: INFO commandstats (exact, no logging cost). \
+         Longest call, p50, p99: slow log at slowlog-log-slower-than {slowlog_us} µs; Redis 7 \
+         also logs the commands run inside scripts, so threshold 0 would log ~5 entries per \
+         member (overflowing the log) and slow the scripts; logging still costs a little \
+         per logged command"
     );
     admin(client, "FLUSHALL", &["SYNC"]).await?;
     store.load_scripts().await?;
-    let base_script = Script::from_lua(BASELINE_EXPIRE);
-    base_script.load(client).await?;
-    let took = apply_all(store, &b, members, EXPIRY_BATCH).await?;
+    let took = apply_all(store, &filled, members, EXPIRY_BATCH).await?;
     println!(
-        "fill: {members} events in batches of {EXPIRY_BATCH}: {:.1} s, {:.0} events/s",
+        "fill: {members} events in batches of {EXPIRY_BATCH} with Store::apply: {:.1} s, \
+         {:.0} events/s (each round rolls a COPY of this instance)",
         took.as_secs_f64(),
-        members as f64 / took.as_secs_f64()
+        per_second(members, took)
     );
-    write_plain(client, "HSET", BASE_SLICE, members, 1_000, field_amount).await?;
-    write_plain(client, "ZADD", BASE_RESULT, members, 1_000, score_member).await?;
-
-    // The first roll time at which the slice at T0 is out of the window.
-    let now = T0 + b.window_ms;
-    slowlog_start(client).await?;
-    let start = Instant::now();
-    let reports = roll::run_once(
-        store,
-        std::slice::from_ref(&b),
-        roll::Job::All,
-        None,
-        now,
-        chunk,
-        &CancellationToken::new(),
-    )
-    .await?;
-    let wall = start.elapsed();
-    let log = slowlog_take(client).await?;
-    for r in &reports {
-        println!(
-            "roll: wall clock {:.2} s; slices_expired {}, fields_expired {}, members_removed {}, \
-             ids_forgotten {}",
-            wall.as_secs_f64(),
-            r.slices_expired,
-            r.fields_expired,
-            r.members_removed,
-            r.ids_forgotten
-        );
+    let mut ok = true;
+    let mut first: Option<(usize, Figures)> = None;
+    for &chunk in chunks {
+        let (round_ok, rolled) = roll_round(store, members, chunk, slowlog_us).await?;
+        ok &= round_ok;
+        match &first {
+            None => {
+                ok &= baseline_round(store, members, chunk, slowlog_us, &rolled).await?;
+                first = Some((chunk, rolled));
+            }
+            Some((reference, figures)) => {
+                print_ratios(
+                    &format!("chunk {chunk} / chunk {reference}"),
+                    &rolled,
+                    figures,
+                );
+            }
+        }
     }
-    let ok = check_empty(store, &b).await?;
-    println!("slow log: {SLOWLOG_NOTE}");
-    let scripts = script_names();
-    let evalsha = report_roll(&log, &scripts, members);
-
-    slowlog_start(client).await?;
-    let start = Instant::now();
-    baseline_expire(store, &base_script, chunk).await?;
-    let base_wall = start.elapsed();
-    let base_log = slowlog_take(client).await?;
-    let base_ok = check_baseline_empty(client).await?;
-    let base_sha = base_script.sha1().to_ascii_lowercase();
-    let base = Stats::of(
-        base_log
-            .iter()
-            .filter(|e| e.sha.as_deref() == Some(base_sha.as_str()))
-            .map(|e| e.micros),
-    );
-    let hscan = Stats::of(
-        base_log
-            .iter()
-            .filter(|e| e.command == "HSCAN")
-            .map(|e| e.micros),
-    );
-    println!(
-        "baseline: plain Hash -> plain ZSet, HSCAN COUNT {chunk} + one script per chunk \
-         (HGET, ZINCRBY, ZREM at 0, HDEL); wall clock {:.2} s",
-        base_wall.as_secs_f64()
-    );
-    println!("  {}", base.line("EVALSHA", members));
-    println!("  {}", hscan.line("HSCAN", members));
-    let expire = &evalsha.expire;
-    println!(
-        "ratio rollboard expire.lua / baseline script: {:.2}x Redis time per member, \
-         {:.2}x longest call, {:.2}x p99; roll wall clock / baseline wall clock {:.2}x",
-        ratio(expire.total as i64, base.total as i64),
-        ratio(expire.max as i64, base.max as i64),
-        ratio(expire.p99 as i64, base.p99 as i64),
-        wall.as_secs_f64() / base_wall.as_secs_f64()
-    );
-    println!(
-        "ratio rollboard EVALSHA all / baseline script: {:.2}x Redis time per member",
-        ratio(evalsha.all.total as i64, base.total as i64)
-    );
-    Ok(ok && base_ok)
+    Ok(ok)
 }
 
-async fn check_empty(store: &Store, b: &Board) -> Result<bool> {
+/// The figures two expiry runs are compared by.
+struct Figures {
+    wall: Duration,
+    /// Redis time of every EVALSHA call (commandstats), µs.
+    evalsha_us: u64,
+    /// Slow-log figures of the chunk script (expire.lua or the baseline script).
+    script: Stats,
+}
+
+fn print_ratios(what: &str, a: &Figures, b: &Figures) {
+    println!(
+        "ratio {what}: EVALSHA Redis time per member {} (all scripts), {} (chunk script only); \
+         longest chunk-script call {}, p99 {}; wall clock {}",
+        ratio(a.evalsha_us as f64, b.evalsha_us as f64),
+        ratio(a.script.total as f64, b.script.total as f64),
+        ratio(a.script.max as f64, b.script.max as f64),
+        ratio(a.script.p99 as f64, b.script.p99 as f64),
+        ratio(a.wall.as_secs_f64(), b.wall.as_secs_f64())
+    );
+}
+
+/// Copies the filled instance, rolls the copy at `chunk`, checks and reports.
+async fn roll_round(
+    store: &Store,
+    members: usize,
+    chunk: usize,
+    slowlog_us: u64,
+) -> Result<(bool, Figures)> {
+    let filled = board(FILLED_BOARD, 2, 2 * HOUR);
+    let b = board(ROLLED_BOARD, 2, 2 * HOUR);
+    println!();
+    println!("-- expiry, chunk {chunk}");
+    copy_instance(store, &filled, &b).await?;
+    // The first roll time at which the slice at T0 has left the window.
+    let now = T0 + b.window_ms;
+    let cancel = CancellationToken::new();
+    let boards = std::slice::from_ref(&b);
+    let job = roll::run_once(store, boards, roll::Job::All, None, now, chunk, &cancel);
+    let (reports, rolled) = measure(store.client(), slowlog_us, async { Ok(job.await?) }).await?;
+    for r in &reports {
+        print_report(r, rolled.wall);
+    }
+    let ok = check_rolled(store, &b).await?;
+    let script = report_rollboard(&rolled, members, slowlog_us);
+    let figures = Figures {
+        wall: rolled.wall,
+        evalsha_us: rolled.calls("evalsha").1,
+        script,
+    };
+    Ok((ok, figures))
+}
+
+/// Fills the baseline's Hash and ZSet, expires them at `chunk`, reports and compares.
+async fn baseline_round(
+    store: &Store,
+    members: usize,
+    chunk: usize,
+    slowlog_us: u64,
+    rolled: &Figures,
+) -> Result<bool> {
+    let client = store.client();
+    let script = Script::from_lua(BASELINE_EXPIRE);
+    script.load(client).await?;
+    write_plain(client, "HSET", BASE_SLICE, members, 1_000, field_amount).await?;
+    write_plain(client, "ZADD", BASE_RESULT, members, 1_000, score_member).await?;
+    let work = baseline_expire(store, &script, chunk);
+    let (_, base) = measure(client, slowlog_us, work).await?;
+    let ok = check_baseline(client).await?;
+    let sha = script.sha1().to_ascii_lowercase();
+    let figures = Figures {
+        wall: base.wall,
+        evalsha_us: base.calls("evalsha").1,
+        script: report_baseline(&base, &sha, members),
+    };
+    print_ratios("rollboard / baseline", rolled, &figures);
+    Ok(ok)
+}
+
+/// Runs `work` with fresh command statistics and slow log; returns its output and figures.
+async fn measure<T>(
+    client: &Client,
+    slowlog_us: u64,
+    work: impl Future<Output = Result<T>>,
+) -> Result<(T, Measured)> {
+    slowlog_start(client, slowlog_us).await?;
+    admin(client, "CONFIG", &["RESETSTAT"]).await?;
+    let start = Instant::now();
+    let out = work.await?;
+    let wall = start.elapsed();
+    let calls = commandstats(client).await?;
+    let log = slowlog_take(client).await?;
+    let log_full = log.len() >= SLOWLOG_MAX_LEN;
+    Ok((
+        out,
+        Measured {
+            wall,
+            calls,
+            log: log.into_iter().filter(|e| !e.is_admin()).collect(),
+            log_full,
+        },
+    ))
+}
+
+/// Copies every key of the `from` instance onto the `to` instance.
+async fn copy_instance(store: &Store, from: &Board, to: &Board) -> Result<()> {
+    let (a, b) = (store.instance(from, None), store.instance(to, None));
+    let n = from.slice_of(T0);
+    let pairs = [
+        (a.meta(), b.meta()),
+        (a.result(), b.result()),
+        (a.members(), b.members()),
+        (a.slices(), b.slices()),
+        (a.seen(), b.seen()),
+        (a.slice(n), b.slice(n)),
+    ];
+    for (src, dst) in &pairs {
+        copy(store.client(), src, dst).await?;
+    }
+    Ok(())
+}
+
+async fn copy(client: &Client, src: &str, dst: &str) -> Result<()> {
+    if integer(client, "COPY", &[src, dst, "REPLACE"]).await? != 1 {
+        bail!("COPY {src} {dst}: no such key");
+    }
+    Ok(())
+}
+
+fn print_report(r: &Report, wall: Duration) {
+    println!(
+        "roll: wall clock {:.2} s; slices_expired {}, fields_expired {}, members_removed {}, \
+         ids_forgotten {}",
+        wall.as_secs_f64(),
+        r.slices_expired,
+        r.fields_expired,
+        r.members_removed,
+        r.ids_forgotten
+    );
+}
+
+async fn check_rolled(store: &Store, b: &Board) -> Result<bool> {
     let client = store.client();
     let k = store.instance(b, None);
     let result = integer(client, "ZCARD", &[&k.result()]).await?;
@@ -634,7 +793,7 @@ async fn check_empty(store: &Store, b: &Board) -> Result<bool> {
     Ok(ok)
 }
 
-async fn check_baseline_empty(client: &Client) -> Result<bool> {
+async fn check_baseline(client: &Client) -> Result<bool> {
     let result = integer(client, "ZCARD", &[BASE_RESULT]).await?;
     let slice = integer(client, "EXISTS", &[BASE_SLICE]).await?;
     let ok = result == 0 && slice == 0;
@@ -667,51 +826,91 @@ async fn baseline_expire(store: &Store, script: &Script, chunk: usize) -> Result
     Ok(())
 }
 
-/// The EVALSHA figures of one roll.
-struct RollStats {
-    all: Stats,
-    expire: Stats,
-}
-
-/// Prints the slow-log figures of the roll, by command and by script.
-fn report_roll(log: &[SlowEntry], scripts: &BTreeMap<String, &str>, members: usize) -> RollStats {
-    let name_of = |e: &SlowEntry| {
-        e.sha
-            .as_deref()
-            .and_then(|s| scripts.get(s).copied())
-            .unwrap_or("unknown")
-    };
-    let evalsha: Vec<&SlowEntry> = log.iter().filter(|e| e.command == "EVALSHA").collect();
-    let all = Stats::of(evalsha.iter().map(|e| e.micros));
-    println!("  {}", all.line("EVALSHA (all)", members));
+/// Prints rollboard's figures of one round; returns the slow-log figures of expire.lua.
+fn report_rollboard(m: &Measured, members: usize, slowlog_us: u64) -> Stats {
+    println!("  INFO commandstats:");
+    print_calls(m, "evalsha", members);
+    print_calls(m, "hscan", members);
+    println!("  slow log (threshold {slowlog_us} µs):");
+    let names = script_names();
     let mut by_script: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
-    for e in &evalsha {
-        by_script.entry(name_of(e)).or_default().push(e.micros);
+    for e in m.log.iter().filter(|e| e.command == "EVALSHA") {
+        let name = e.sha.as_deref().and_then(|s| names.get(s).copied());
+        by_script
+            .entry(name.unwrap_or("unknown"))
+            .or_default()
+            .push(e.micros);
     }
+    let all = Stats::of(by_script.values().flatten().copied());
+    println!("    {}", all.line("EVALSHA (all)", members));
     for (name, micros) in &by_script {
-        let label = format!("  {name}.lua");
-        println!(
-            "  {}",
-            Stats::of(micros.iter().copied()).line(&label, members)
-        );
+        let stats = Stats::of(micros.iter().copied());
+        println!("    {}", stats.line(&format!("  {name}.lua"), members));
     }
-    let mut others: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
-    for e in log.iter().filter(|e| e.command != "EVALSHA") {
-        others.entry(e.command.as_str()).or_default().push(e.micros);
-    }
-    for (command, micros) in &others {
-        println!(
-            "  {}",
-            Stats::of(micros.iter().copied()).line(command, members)
-        );
-    }
-    let total = Stats::of(log.iter().map(|e| e.micros));
-    println!("  {}", total.line("all commands", members));
-    let expire = by_script
+    print_logged(m, "HSCAN", members);
+    print_capture(m, all.count);
+    by_script
         .get("expire")
         .map(|m| Stats::of(m.iter().copied()))
-        .unwrap_or_default();
-    RollStats { all, expire }
+        .unwrap_or_default()
+}
+
+/// Prints the baseline's figures of one round; returns the slow-log figures of its script.
+fn report_baseline(m: &Measured, sha: &str, members: usize) -> Stats {
+    println!(
+        "baseline: plain Hash -> plain ZSet, HSCAN + one script per page (HGET, ZINCRBY, \
+         ZREM at 0, HDEL); wall clock {:.2} s",
+        m.wall.as_secs_f64()
+    );
+    println!("  INFO commandstats:");
+    print_calls(m, "evalsha", members);
+    print_calls(m, "hscan", members);
+    println!("  slow log:");
+    let script = Stats::of(
+        m.log
+            .iter()
+            .filter(|e| e.sha.as_deref() == Some(sha))
+            .map(|e| e.micros),
+    );
+    println!("    {}", script.line("EVALSHA", members));
+    print_logged(m, "HSCAN", members);
+    print_capture(m, script.count);
+    script
+}
+
+fn print_calls(m: &Measured, command: &str, members: usize) {
+    let (calls, micros) = m.calls(command);
+    println!(
+        "    {:<17} calls {calls:>7}  total {:>9.1} ms  mean {:>7.1} µs  per member {:.3} µs",
+        command.to_ascii_uppercase(),
+        micros as f64 / 1_000.0,
+        micros as f64 / calls.max(1) as f64,
+        micros as f64 / members as f64
+    );
+}
+
+fn print_logged(m: &Measured, command: &str, members: usize) {
+    let stats = Stats::of(
+        m.log
+            .iter()
+            .filter(|e| e.command == command)
+            .map(|e| e.micros),
+    );
+    println!("    {}", stats.line(command, members));
+}
+
+/// Says how many of the EVALSHA calls the slow log caught, and whether it overflowed.
+fn print_capture(m: &Measured, logged: usize) {
+    let (calls, _) = m.calls("evalsha");
+    let nested = m.log.iter().filter(|e| e.is_nested()).count();
+    println!(
+        "    slow log caught {logged} of {calls} EVALSHA calls and {nested} commands run inside scripts{}",
+        if m.log_full {
+            "; it is FULL, so the oldest entries are lost"
+        } else {
+            ""
+        }
+    );
 }
 
 fn script_names() -> BTreeMap<String, &'static str> {
@@ -724,38 +923,55 @@ fn script_names() -> BTreeMap<String, &'static str> {
 // ---------------------------------------------------------------------------------------
 // Slow log
 
-/// One slow-log entry: the command (upper case), the script SHA of an EVALSHA, the time.
+/// One slow-log entry: the command (upper case), the script SHA of an EVALSHA, the time,
+/// and the client address (`?:0` for commands run inside a script).
 struct SlowEntry {
     command: String,
     sha: Option<String>,
     micros: u64,
+    client: String,
 }
 
-/// Logs every command from now on, into an emptied slow log.
-async fn slowlog_start(client: &Client) -> Result<()> {
-    admin(client, "CONFIG", &["SET", "slowlog-max-len", "1000000"]).await?;
-    admin(client, "CONFIG", &["SET", "slowlog-log-slower-than", "0"]).await?;
+impl SlowEntry {
+    fn is_admin(&self) -> bool {
+        matches!(self.command.as_str(), "SLOWLOG" | "CONFIG" | "INFO")
+    }
+
+    fn is_nested(&self) -> bool {
+        !self.client.starts_with("127.0.0.1:")
+    }
+}
+
+/// Logs every command that takes at least `micros` from now on, into an emptied slow log.
+async fn slowlog_start(client: &Client, micros: u64) -> Result<()> {
+    let max_len = SLOWLOG_MAX_LEN.to_string();
+    admin(client, "CONFIG", &["SET", "slowlog-max-len", &max_len]).await?;
+    let threshold = micros.to_string();
+    admin(
+        client,
+        "CONFIG",
+        &["SET", "slowlog-log-slower-than", &threshold],
+    )
+    .await?;
     admin(client, "SLOWLOG", &["RESET"]).await?;
     Ok(())
 }
 
-/// Stops logging and returns the entries logged since [`slowlog_start`], oldest first,
-/// without the slow-log and config commands themselves.
-async fn slowlog_take(client: &Client) -> Result<Vec<SlowEntry>> {
-    let raw = admin(client, "SLOWLOG", &["GET", "-1"]).await?;
+/// Turns the slow log off and empties it.
+async fn slowlog_stop(client: &Client) -> Result<()> {
     admin(client, "CONFIG", &["SET", "slowlog-log-slower-than", "-1"]).await?;
     admin(client, "SLOWLOG", &["RESET"]).await?;
-    let mut entries = Vec::new();
-    for entry in raw.into_array().into_iter().rev() {
-        let e = slow_entry(entry)?;
-        if e.command != "SLOWLOG" && e.command != "CONFIG" {
-            entries.push(e);
-        }
-    }
-    Ok(entries)
+    Ok(())
 }
 
-/// Decodes `[id, timestamp, duration µs, [argv...], client, name]`.
+/// Reads the whole slow log (oldest first), then turns it off and empties it.
+async fn slowlog_take(client: &Client) -> Result<Vec<SlowEntry>> {
+    let raw = admin(client, "SLOWLOG", &["GET", "-1"]).await?;
+    slowlog_stop(client).await?;
+    raw.into_array().into_iter().rev().map(slow_entry).collect()
+}
+
+/// Decodes `[id, timestamp, duration µs, [argv...], client address, client name]`.
 fn slow_entry(entry: Value) -> Result<SlowEntry> {
     let mut fields = entry.into_array().into_iter();
     let micros = fields
@@ -763,6 +979,10 @@ fn slow_entry(entry: Value) -> Result<SlowEntry> {
         .and_then(|d| d.as_u64())
         .context("slow-log entry without a duration")?;
     let argv = fields.next().map(Value::into_array).unwrap_or_default();
+    let client = fields
+        .next()
+        .and_then(|c| c.as_string())
+        .unwrap_or_default();
     let text = |i: usize| argv.get(i).and_then(Value::as_string);
     let command = text(0).unwrap_or_default().to_ascii_uppercase();
     let sha = (command == "EVALSHA")
@@ -772,6 +992,7 @@ fn slow_entry(entry: Value) -> Result<SlowEntry> {
         command,
         sha,
         micros,
+        client,
     })
 }
 
@@ -801,11 +1022,11 @@ impl Stats {
         }
     }
 
-    /// One line: `label count max p50 p99 total per-member`.
+    /// One line: label, count, longest, p50, p99, total and total per member.
     fn line(&self, label: &str, members: usize) -> String {
         format!(
             "{label:<17} count {:>7}  max {:>7} µs  p50 {:>6} µs  p99 {:>7} µs  \
-             total {:>9.1} ms  per expired member {:.3} µs",
+             total {:>9.1} ms  per member {:.3} µs",
             self.count,
             self.max,
             self.p50,
