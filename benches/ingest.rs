@@ -130,7 +130,10 @@ fn evalsha_usec(redis: &RedisServer) -> f64 {
         .cli(&["INFO", "commandstats"])
         .lines()
         .find(|l| l.starts_with("cmdstat_evalsha:"))
-        .and_then(|l| l.split(',').find_map(|kv| kv.strip_prefix("usec_per_call=")))
+        .and_then(|l| {
+            l.split(',')
+                .find_map(|kv| kv.strip_prefix("usec_per_call="))
+        })
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(f64::NAN)
 }
@@ -216,7 +219,10 @@ async fn bench_script(redis: &RedisServer) -> Result<f64> {
     }
     let r = rate(EVENTS, started.elapsed());
     println!("apply script, batches of {BATCH}, one connection: {EVENTS} events, {r:.0} events/s");
-    println!("redis time inside EVALSHA: {:.2} µs per event", evalsha_usec(redis) / BATCH as f64);
+    println!(
+        "redis time inside EVALSHA: {:.2} µs per event",
+        evalsha_usec(redis) / BATCH as f64
+    );
     Ok(r)
 }
 
