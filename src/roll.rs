@@ -218,8 +218,7 @@ async fn expire_slice(
             }
             let (next, page) = store.scan("HSCAN", &key, &cursor, chunk).await?;
             if !page.is_empty() {
-                let fields: Vec<String> = page.into_iter().map(|(f, _)| f).collect();
-                let done = store.expire_chunk(board, scope, n, &fields).await?;
+                let done = store.expire_chunk(board, scope, n, &page).await?;
                 report.fields_expired += done.fields;
                 report.members_removed += done.members_removed;
             }

@@ -558,13 +558,14 @@ impl Store {
         Ok((next, pairs))
     }
 
-    /// Subtracts and deletes the given fields of dead slice `n`, exactly once.
+    /// Subtracts and deletes the given (member, amount) fields of dead slice `n`, exactly
+    /// once: the amounts are as HSCAN found them (a dead slice no longer changes).
     pub async fn expire_chunk(
         &self,
         board: &Board,
         scope: Option<&str>,
         n: i64,
-        fields: &[String],
+        fields: &[(String, String)],
     ) -> Result<Expired, StoreError> {
         let k = self.instance(board, scope);
         let keys = vec![
@@ -580,7 +581,11 @@ impl Store {
             Value::from(negative_flag(board)),
         ]
         .into_iter()
-        .chain(fields.iter().map(|f| Value::from(f.as_str())))
+        .chain(
+            fields
+                .iter()
+                .flat_map(|(m, v)| [Value::from(m.as_str()), Value::from(v.as_str())]),
+        )
         .collect();
         let out = as_array(self.eval(&self.scripts.expire, keys, args).await?)
             .ok_or_else(|| reply("expire: not an array"))?;
