@@ -202,16 +202,26 @@ async fn run(chosen: &[&str]) -> Result<()> {
     println!("\n== summary (events/s)");
     for (spread, naive, script, e2e) in summary {
         println!("-- {spread:?} over {} rooms", spread.rooms());
-        for (name, value) in [("naive client", naive), ("apply script direct", script), ("end to end", e2e)] {
+        for (name, value) in [
+            ("naive client", naive),
+            ("apply script direct", script),
+            ("end to end", e2e),
+        ] {
             if let Some(v) = value {
                 println!("{name:<22} {v:>12.0}");
             }
         }
         if let (Some(e), Some(n)) = (e2e, naive) {
-            println!("end to end / naive            = {:.1}x (target >= 10x)", e / n);
+            println!(
+                "end to end / naive            = {:.1}x (target >= 10x)",
+                e / n
+            );
         }
         if let (Some(e), Some(s)) = (e2e, script) {
-            println!("end to end / script direct    = {:.2} (target >= 0.5, i.e. within 2x)", e / s);
+            println!(
+                "end to end / script direct    = {:.2} (target >= 0.5, i.e. within 2x)",
+                e / s
+            );
         }
     }
     Ok(())
@@ -270,11 +280,9 @@ async fn fill_stream(
 ) -> Result<()> {
     let indexes: Vec<usize> = (from..to).collect();
     for chunk in indexes.chunks(1000) {
-        futures_util::future::try_join_all(
-            chunk.iter().map(|i| {
-                client.xadd::<String, _, _, _, _>(stream, false, None, "*", fields(spread, *i, now))
-            }),
-        )
+        futures_util::future::try_join_all(chunk.iter().map(|i| {
+            client.xadd::<String, _, _, _, _>(stream, false, None, "*", fields(spread, *i, now))
+        }))
         .await
         .map_err(|e| e.to_string())?;
     }
@@ -304,7 +312,15 @@ async fn bench_e2e(redis: &RedisServer, spread: Spread) -> Result<f64> {
     let settings = settings(redis)?;
     let store = Arc::new(connect(redis, 4).await?);
     let now = now_ms();
-    fill_stream(store.client(), &settings.ingest.stream, spread, 0, EVENTS, now).await?;
+    fill_stream(
+        store.client(),
+        &settings.ingest.stream,
+        spread,
+        0,
+        EVENTS,
+        now,
+    )
+    .await?;
     let reader = Store::dedicated(&redis.url(), Reconnect::Never)
         .await
         .map_err(|e| e.to_string())?;
@@ -464,7 +480,9 @@ async fn bench_query(redis: &RedisServer, spread: Spread) -> Result<()> {
     let now = now_ms();
     // A board of MEMBERS rooms to query.
     let board = settings.boards[0].clone();
-    let events: Vec<ApplyEvent> = (0..MEMBERS * 2).map(|i| apply_event(spread, i, now)).collect();
+    let events: Vec<ApplyEvent> = (0..MEMBERS * 2)
+        .map(|i| apply_event(spread, i, now))
+        .collect();
     for batch in events.chunks(BATCH) {
         store
             .apply(&board, None, batch, now)

@@ -37,9 +37,7 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, ExitCode, Stdio};
+use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -49,6 +47,7 @@ use fred::types::{ClusterHash, CustomCommand};
 use rollboard::board::{Board, Dedup, Mode, TieBreak};
 use rollboard::roll::{self, Report};
 use rollboard::store::{ApplyEvent, Outcome, Reconnect, Store};
+use support::{invoked_by_cargo_bench, RedisServer};
 use tokio_util::sync::CancellationToken;
 
 const HOUR: i64 = 3_600_000;
@@ -102,7 +101,13 @@ const SCRIPTS: [(&str, &str); 9] = [
 const USAGE: &str = "usage: cargo bench --bench rollboard -- [memory] [expiry] \
                      [--chunk N[,N...]] [--members N] [--slowlog-us N]";
 
+mod support;
+
 fn main() -> ExitCode {
+    if !invoked_by_cargo_bench() {
+        println!("rollboard bench: skipped (run it with `cargo bench --bench rollboard`)");
+        return ExitCode::SUCCESS;
+    }
     let options = match Options::parse(std::env::args().skip(1)) {
         Ok(options) => options,
         Err(e) => {
@@ -179,7 +184,7 @@ fn number(text: &str, what: &str, min: u64) -> Result<u64> {
 
 /// Runs the selected scenarios on a fresh server; false when a correctness check failed.
 fn run(options: &Options) -> Result<bool> {
-    let server = RedisServer::start()?;
+    let server = RedisServer::start().map_err(anyhow::Error::msg)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -188,7 +193,7 @@ fn run(options: &Options) -> Result<bool> {
         let store = Store::connect(&server.url(), "rb", 2, Reconnect::Never)
             .await
             .context("connect to the bench redis-server")?;
-        println!("{} on 127.0.0.1:{}", server.version(), server.port);
+        println!("{} on 127.0.0.1:{}", redis_version(), server.port);
         // The slow log stays off except while a roll is measured.
         slowlog_stop(store.client()).await?;
         let mut ok = true;
@@ -205,97 +210,13 @@ fn run(options: &Options) -> Result<bool> {
     Ok(ok)
 }
 
-// ---------------------------------------------------------------------------------------
-// The private redis-server
-
-/// A `redis-server` child on a free loopback port; killed on drop.
-struct RedisServer {
-    child: Child,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl RedisServer {
-    fn start() -> Result<RedisServer> {
-        for _ in 0..20 {
-            let dir = tempfile::tempdir().context("temp dir")?;
-            let port = free_port()?;
-            let child = Command::new("redis-server")
-                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-                .args(["--save", "", "--appendonly", "no"])
-                .arg("--dir")
-                .arg(dir.path())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .context("start redis-server (is it installed?)")?;
-            let mut server = RedisServer {
-                child,
-                port,
-                _dir: dir,
-            };
-            if server.wait_ready(Duration::from_secs(5)) {
-                return Ok(server);
-            }
-            // The port was taken between probing and binding: try another one.
-            server.kill();
-        }
-        bail!("could not start redis-server")
-    }
-
-    fn wait_ready(&mut self, limit: Duration) -> bool {
-        let deadline = Instant::now() + limit;
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return false;
-            }
-            if ping(self.port) {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        false
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    fn version(&self) -> String {
-        Command::new("redis-server")
-            .arg("--version")
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-            .unwrap_or_default()
-    }
-
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for RedisServer {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-fn free_port() -> Result<u16> {
-    let listener = TcpListener::bind("127.0.0.1:0").context("probe a free port")?;
-    Ok(listener.local_addr()?.port())
-}
-
-/// Whether a server on the loopback `port` answers `PING`.
-fn ping(port: u16) -> bool {
-    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
-        return false;
-    };
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
-    let mut reply = [0u8; 7];
-    stream.write_all(b"PING\r\n").is_ok()
-        && stream.read_exact(&mut reply).is_ok()
-        && &reply == b"+PONG\r\n"
+/// The version line of the redis-server binary.
+fn redis_version() -> String {
+    Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
 }
 
 // ---------------------------------------------------------------------------------------

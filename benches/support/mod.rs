@@ -1,6 +1,9 @@
 //! What the benchmark programs share: a redis-server child on a free loopback port in a
 //! temp dir (killed on drop), and percentile helpers.
 
+// Each bench program compiles this module on its own and uses a part of it.
+#![allow(dead_code)]
+
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
