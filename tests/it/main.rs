@@ -1,5 +1,6 @@
 //! Integration tests against a real redis-server (started per test by [`util::RedisServer`]).
 
+mod cli;
 mod daemon;
 mod engine;
 mod model;
