@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -52,6 +53,8 @@ pub enum ApiError {
     NotFound(String),
     /// 400 with a structured body (invalid events).
     Invalid(Value),
+    /// 413: the request body is over the limit.
+    TooLarge(String),
     /// 503: Redis failed or timed out.
     Unavailable(String),
 }
@@ -66,6 +69,9 @@ impl IntoResponse for ApiError {
                 (StatusCode::NOT_FOUND, Json(json!({ "error": m }))).into_response()
             }
             ApiError::Invalid(body) => (StatusCode::BAD_REQUEST, Json(body)).into_response(),
+            ApiError::TooLarge(m) => {
+                (StatusCode::PAYLOAD_TOO_LARGE, Json(json!({ "error": m }))).into_response()
+            }
             ApiError::Unavailable(m) => {
                 (StatusCode::SERVICE_UNAVAILABLE, Json(json!({ "error": m }))).into_response()
             }
@@ -228,7 +234,16 @@ async fn around(
     }
 }
 
-async fn events(State(state): State<Arc<AppState>>, body: Bytes) -> ApiResult<Response> {
+async fn events(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<Response> {
+    let body = body.map_err(|e| match e.status() {
+        StatusCode::PAYLOAD_TOO_LARGE => {
+            ApiError::TooLarge(format!("the body is larger than {MAX_BODY_BYTES} bytes"))
+        }
+        _ => ApiError::BadRequest(format!("cannot read the body: {e}")),
+    })?;
     let value: Value = serde_json::from_slice(&body)
         .map_err(|e| ApiError::BadRequest(format!("body is not JSON: {e}")))?;
     let items = match value {

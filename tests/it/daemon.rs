@@ -530,6 +530,32 @@ async fn every_malformed_kind_is_dead_lettered_with_its_reason() {
     );
 }
 
+/// POSTs a body over the 4 MiB limit on a raw connection (the server answers before it has
+/// read everything, which an ordinary client reports as a broken request); returns the status.
+async fn oversized_post(base: &str) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = base.trim_start_matches("http://").to_string();
+    let stream = tokio::net::TcpStream::connect(&addr)
+        .await
+        .expect("connect");
+    let (mut read, mut write) = stream.into_split();
+    let body = format!(
+        "[{}]",
+        vec![r#"{"room":"r1","amount":1}"#; 200_000].join(",")
+    );
+    let head = format!("POST /v1/events HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n", body.len());
+    let writer = tokio::spawn(async move {
+        let _ = write.write_all(head.as_bytes()).await;
+        let _ = write.write_all(body.as_bytes()).await;
+    });
+    let mut reply = vec![0u8; 12];
+    read.read_exact(&mut reply).await.expect("status line");
+    writer.abort();
+    String::from_utf8_lossy(&reply[9..12])
+        .parse()
+        .expect("status code")
+}
+
 #[tokio::test]
 async fn http_client_mistakes_are_400_or_404_with_a_json_error() {
     let (_redis, store, _dir, config, port) = setup("a").await;
@@ -585,6 +611,7 @@ async fn http_client_mistakes_are_400_or_404_with_a_json_error() {
         let r = post(body).await.expect("post");
         assert_eq!(r.status().as_u16(), status, "{body}");
     }
+    assert_eq!(oversized_post(&daemon.base).await, 413);
     let len: i64 = store.client().xlen("rb:events").await.expect("xlen");
     assert_eq!(len, 1, "only the one valid request appended");
     let r = post(r#"[{"room":"r1","amount":1},{"room":"r1","amount":1.5},{"x":1}]"#)
