@@ -159,18 +159,16 @@ async fn connect(redis: &RedisServer, size: usize) -> Result<Store> {
         .map_err(|e| e.to_string())
 }
 
-/// Mean Redis-side time of one EVALSHA call so far, in µs (INFO commandstats).
-fn evalsha_usec(redis: &RedisServer) -> f64 {
+/// Total Redis-side time spent in `command` so far, in µs (INFO commandstats).
+fn command_usec(redis: &RedisServer, command: &str) -> f64 {
+    let prefix = format!("cmdstat_{command}:");
     redis
         .cli(&["INFO", "commandstats"])
         .lines()
-        .find(|l| l.starts_with("cmdstat_evalsha:"))
-        .and_then(|l| {
-            l.split(',')
-                .find_map(|kv| kv.strip_prefix("usec_per_call="))
-        })
+        .find(|l| l.starts_with(&prefix))
+        .and_then(|l| l.split(',').find_map(|kv| kv.strip_prefix("usec=")))
         .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(f64::NAN)
+        .unwrap_or(0.0)
 }
 
 fn rate(events: usize, elapsed: Duration) -> f64 {
@@ -265,7 +263,7 @@ async fn bench_script(redis: &RedisServer, spread: Spread) -> Result<f64> {
     println!("apply script, batches of {BATCH}, one connection: {EVENTS} events, {r:.0} events/s");
     println!(
         "redis time inside EVALSHA: {:.2} µs per event",
-        evalsha_usec(redis) / BATCH as f64
+        command_usec(redis, "evalsha") / EVENTS as f64
     );
     Ok(r)
 }
@@ -348,6 +346,14 @@ async fn bench_e2e(redis: &RedisServer, spread: Spread) -> Result<f64> {
     println!(
         "end to end, one consumer, batch {BATCH}: {EVENTS} events in {:.2}s, {r:.0} events/s",
         elapsed.as_secs_f64()
+    );
+    let per_event = |command: &str| command_usec(redis, command) / EVENTS as f64;
+    println!(
+        "redis time per event: EVALSHA {:.2} µs, XREADGROUP {:.2} µs, XACK {:.2} µs; wall {:.2} µs",
+        per_event("evalsha"),
+        per_event("xreadgroup"),
+        per_event("xack"),
+        elapsed.as_secs_f64() * 1e6 / EVENTS as f64
     );
     let count: i64 = store
         .client()
