@@ -237,8 +237,9 @@ async fn expire_slice(
 /// Per member: exact total and number of slices holding it.
 type Sums = BTreeMap<String, (i128, i64)>;
 
-/// Sums the live slices of an instance in the worker, paging with HSCAN.
-async fn sum_live(
+/// Sums the registered slices above `above` (all of them for `None`) in the worker,
+/// paging with HSCAN.
+async fn sum_slices(
     store: &Store,
     board: &Board,
     scope: Option<&str>,
@@ -304,23 +305,41 @@ fn token() -> String {
     )
 }
 
-/// Writes `rows` into scratch keys and swaps them in; false when `gen` moved meanwhile.
+/// What a swap must check before it replaces the live keys.
+#[derive(Debug, Clone, Copy, Default)]
+struct SwapCheck<'a> {
+    /// The instance's `gen` when the sums were read: refuse if anything changed since.
+    gen: Option<&'a str>,
+    /// The watermark the live sums were taken above: refuse if a newer one was swapped in.
+    watermark: Option<i64>,
+}
+
+/// Writes each part's rows into the scratch keys of one run and swaps them all in at
+/// once; false when the swap was refused (see [`SwapCheck`]).
 async fn replace(
     store: &Store,
     board: &Board,
     scope: Option<&str>,
-    targets: StageTargets,
-    rows: &[Staged],
+    parts: &[(StageTargets, &[Staged])],
     chunk: usize,
-    expected_gen: Option<&str>,
+    check: SwapCheck<'_>,
 ) -> Result<bool, StoreError> {
     let token = token();
+    let mut all = StageTargets::default();
     let outcome = async {
-        for part in rows.chunks(chunk.max(1)) {
-            store.stage(board, scope, &token, targets, part).await?;
+        for (targets, rows) in parts {
+            all.result |= targets.result;
+            all.ranked |= targets.ranked;
+            all.refs |= targets.refs;
+            all.totals |= targets.totals;
+            // At least one call per part, so that the run's marker exists even when empty.
+            store.stage(board, scope, &token, *targets, &[]).await?;
+            for part in rows.chunks(chunk.max(1)) {
+                store.stage(board, scope, &token, *targets, part).await?;
+            }
         }
         store
-            .swap(board, scope, &token, targets, expected_gen)
+            .swap(board, scope, &token, all, check.gen, check.watermark)
             .await
     }
     .await;
@@ -341,7 +360,7 @@ pub async fn resummarize(
 ) -> Result<(), RollError> {
     let rows = staged(
         board,
-        sum_live(store, board, scope, Some(watermark), chunk).await?,
+        sum_slices(store, board, scope, Some(watermark), chunk).await?,
     )?;
     let targets = StageTargets {
         result: true,
@@ -349,41 +368,68 @@ pub async fn resummarize(
         positive_only: true,
         ..StageTargets::default()
     };
-    replace(store, board, scope, targets, &rows, chunk, None).await?;
+    let check = SwapCheck {
+        watermark: Some(watermark),
+        ..SwapCheck::default()
+    };
+    replace(store, board, scope, &[(targets, &rows)], chunk, check).await?;
     Ok(())
 }
 
-/// Recomputes an instance's derived state (ranking, live totals, slice counts) from its
-/// slices above the watermark and the tie-break times in `members`. Retries while ingest
-/// changes the instance underneath; returns the number of members written.
+/// Recomputes an instance's derived state from its slices and the tie-break times in
+/// `members`: on incremental boards the ranking holds every slice field not yet expired
+/// (a roll cancelled between chunks leaves a dead slice partly subtracted, and the next
+/// roll finishes it), so it is the sum of every registered slice; on resummarize boards the
+/// ranking is the sum of the live slices and the `totals` bookkeeping that of every slice.
+/// Retries while ingest changes the instance underneath; returns the members ranked.
 pub async fn rebuild(
     store: &Store,
     board: &Board,
     scope: Option<&str>,
     chunk: usize,
 ) -> Result<u64, RollError> {
-    let targets = match board.mode {
-        Mode::Incremental => StageTargets {
-            result: true,
-            refs: board.allow_negative,
-            ..StageTargets::default()
-        },
-        Mode::Resummarize => StageTargets {
-            result: true,
-            ranked: true,
-            refs: board.allow_negative,
-            totals: true,
-            positive_only: true,
-        },
-    };
     for _ in 0..MAX_ATTEMPTS {
         let (watermark, gen) = store.meta(board, scope).await?;
-        let rows = staged(
-            board,
-            sum_live(store, board, scope, watermark, chunk).await?,
-        )?;
-        if replace(store, board, scope, targets, &rows, chunk, Some(&gen)).await? {
-            return Ok(rows.len() as u64);
+        let every = staged(board, sum_slices(store, board, scope, None, chunk).await?)?;
+        let swapped = match board.mode {
+            Mode::Incremental => {
+                let targets = StageTargets {
+                    result: true,
+                    refs: board.allow_negative,
+                    ..StageTargets::default()
+                };
+                let check = SwapCheck {
+                    gen: Some(&gen),
+                    watermark: None,
+                };
+                replace(store, board, scope, &[(targets, &every)], chunk, check).await?
+            }
+            Mode::Resummarize => {
+                let live = staged(
+                    board,
+                    sum_slices(store, board, scope, watermark, chunk).await?,
+                )?;
+                let bookkeeping = StageTargets {
+                    refs: board.allow_negative,
+                    totals: true,
+                    ..StageTargets::default()
+                };
+                let ranking = StageTargets {
+                    result: true,
+                    ranked: true,
+                    positive_only: true,
+                    ..StageTargets::default()
+                };
+                let check = SwapCheck {
+                    gen: Some(&gen),
+                    watermark,
+                };
+                let parts = [(bookkeeping, every.as_slice()), (ranking, live.as_slice())];
+                replace(store, board, scope, &parts, chunk, check).await?
+            }
+        };
+        if swapped {
+            return Ok(every.len() as u64);
         }
     }
     Err(RollError::Busy(board.name.clone()))
@@ -424,7 +470,9 @@ impl Verified {
     }
 }
 
-/// Compares an instance's stored ranking with the sum of its slices above the watermark.
+/// Compares an instance's stored ranking with its slices: on incremental boards with the
+/// sum of every registered slice (fields of dead slices count until their chunk is
+/// expired), on resummarize boards with the sum of the live slices.
 pub async fn verify(
     store: &Store,
     board: &Board,
@@ -433,10 +481,11 @@ pub async fn verify(
 ) -> Result<Verified, RollError> {
     for _ in 0..MAX_ATTEMPTS {
         let (watermark, gen) = store.meta(board, scope).await?;
-        let sums = staged(
-            board,
-            sum_live(store, board, scope, watermark, chunk).await?,
-        )?;
+        let above = match board.mode {
+            Mode::Incremental => None,
+            Mode::Resummarize => watermark,
+        };
+        let sums = staged(board, sum_slices(store, board, scope, above, chunk).await?)?;
         let stored: BTreeMap<String, i64> = store
             .result_entries(board, scope)
             .await?

@@ -916,6 +916,7 @@ impl Store {
             k.scratch(token, "ranked"),
             k.scratch(token, "refs"),
             k.scratch(token, "totals"),
+            k.scratch(token, "marker"),
         ];
         let mut args: Vec<Value> = vec![targets.flags().into(), SCRATCH_TTL_MS.into()];
         for r in rows {
@@ -931,8 +932,10 @@ impl Store {
             .ok_or_else(|| reply("stage: not a number"))
     }
 
-    /// Renames the scratch keys of run `token` over the live ones, atomically; when
-    /// `expected_gen` is given, only if no apply or expiry happened since it was read.
+    /// Renames the scratch keys of run `token` over the live ones, atomically. Refused
+    /// (false) when the run already swapped, when `expected_gen` is given and an apply or
+    /// expiry happened since it was read, or when `watermark` is given and a sum above a
+    /// higher watermark was already swapped in.
     pub async fn swap(
         &self,
         board: &Board,
@@ -940,20 +943,19 @@ impl Store {
         token: &str,
         targets: StageTargets,
         expected_gen: Option<&str>,
+        watermark: Option<i64>,
     ) -> Result<bool, StoreError> {
         let k = self.instance(board, scope);
-        let mut keys = vec![k.meta()];
+        let mut keys = vec![k.meta(), k.scratch(token, "marker")];
         for (scratch, live) in targets.pairs(&k, token) {
             keys.push(scratch);
             keys.push(live);
         }
-        let v = self
-            .eval(
-                &self.scripts.swap,
-                keys,
-                vec![expected_gen.unwrap_or("").into()],
-            )
-            .await?;
+        let args = vec![
+            Value::from(expected_gen.unwrap_or("")),
+            watermark.map_or(Value::from(""), Value::from),
+        ];
+        let v = self.eval(&self.scripts.swap, keys, args).await?;
         Ok(as_i64(&v) == Some(1))
     }
 
@@ -965,7 +967,7 @@ impl Store {
         token: &str,
     ) -> Result<(), StoreError> {
         let k = self.instance(board, scope);
-        let keys: Vec<String> = ["result", "ranked", "refs", "totals"]
+        let keys: Vec<String> = ["result", "ranked", "refs", "totals", "marker"]
             .iter()
             .map(|w| k.scratch(token, w))
             .collect();
@@ -973,12 +975,12 @@ impl Store {
         Ok(())
     }
 
-    /// Deletes an instance that holds no slice; true when it was deleted.
+    /// Deletes the derived keys of an instance that holds no slice and no idempotency key
+    /// (its `meta` stays, so its watermark keeps judging late events); true when done.
     pub async fn cleanup(&self, board: &Board, scope: Option<&str>) -> Result<bool, StoreError> {
         let k = self.instance(board, scope);
         let keys = vec![
             k.slices(),
-            k.meta(),
             k.seen(),
             k.result(),
             k.members(),

@@ -1,11 +1,15 @@
--- cleanup.lua: delete what is left of an instance that holds no slice any more.
+-- cleanup.lua: delete what is left of an instance that holds no slice and no
+-- idempotency key any more.
 --
 -- KEYS[1] slices  ZSet  registry of slice numbers (must be empty)
--- KEYS[2..]       the instance's other keys (meta, seen, result, members, ranked, refs, totals)
+-- KEYS[2] seen    ZSet  idempotency keys (must be empty: the roll trims them when due)
+-- KEYS[3..]       the instance's derived keys (result, members, ranked, refs, totals)
 --
+-- `meta` is kept: its watermark keeps judging late events for the instance, so a copy of
+-- an old event sent after the cleanup is still late, never counted again.
 -- Runs atomically with respect to apply: an event applied before this call left a
--- registered slice, so nothing is deleted; one applied after it starts a fresh instance.
--- Returns 1 when the instance was deleted, 0 when it still holds slices.
-if redis.call('ZCARD', KEYS[1]) > 0 then return 0 end
-for i = 2, #KEYS do redis.call('DEL', KEYS[i]) end
+-- registered slice, so nothing is deleted; one applied after it starts afresh.
+-- Returns 1 when the instance was cleaned up, 0 when it still holds data.
+if redis.call('ZCARD', KEYS[1]) > 0 or redis.call('ZCARD', KEYS[2]) > 0 then return 0 end
+for i = 3, #KEYS do redis.call('DEL', KEYS[i]) end
 return 1

@@ -5,6 +5,7 @@
 -- KEYS[3] ranked   Hash  scratch lookup:         member -> zmember (flag 'n')
 -- KEYS[4] refs     Hash  scratch slice counts:   member -> count   (flag 'f')
 -- KEYS[5] totals   Hash  scratch live totals:    member -> total   (flag 't')
+-- KEYS[6] marker   String  this run's marker, checked and removed by swap.lua
 --
 -- ARGV[1] flags: any of 'r', 'n', 'f', 't'; 'p' writes result/ranked only for totals > 0
 -- ARGV[2] time to live of the scratch keys (ms), so a crashed run leaves nothing behind
@@ -32,4 +33,5 @@ end
 for k = 2, 5 do
   if redis.call('EXISTS', KEYS[k]) == 1 then redis.call('PEXPIRE', KEYS[k], ARGV[2]) end
 end
+redis.call('SET', KEYS[6], '1', 'PX', ARGV[2])
 return skipped

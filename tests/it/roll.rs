@@ -440,7 +440,11 @@ async fn an_emptied_scope_leaves_the_registry_and_redis() {
     let reports = roll_all(&store, std::slice::from_ref(&b), T0 + 3 * HOUR, 10).await;
     assert_eq!(reports[0].scopes_removed, 1);
     assert_eq!(store.scopes(&b).await.unwrap(), ["new"]);
-    assert_eq!(redis.cli(&["KEYS", "rb:{fans:old}*"]).trim(), "");
+    assert_eq!(
+        redis.cli(&["KEYS", "rb:{fans:old}*"]).trim(),
+        "rb:{fans:old}:meta",
+        "only the watermark stays"
+    );
     assert_eq!(
         store
             .top(&b, Some("new"), 0, 10, T0 + 3 * HOUR)
@@ -449,6 +453,99 @@ async fn an_emptied_scope_leaves_the_registry_and_redis() {
             .count,
         1
     );
+    // A copy of the old event, even judged at an old clock, is late: time never goes back.
+    let out = store
+        .apply(&b, Some("old"), &[ev("1", T0, "u", 1)], T0)
+        .await
+        .unwrap();
+    assert_eq!(out, vec![Outcome::Late]);
+}
+
+#[tokio::test]
+async fn verify_and_rebuild_see_a_slice_that_a_cancelled_roll_left_behind() {
+    let redis = RedisServer::start();
+    let store = redis.store("rb").await;
+    let b = board("rooms", HOUR, 2);
+    let events = [
+        ev("1", T0, "alice", 10),
+        ev("2", T0 + HOUR, "alice", 5),
+        ev("3", T0 + HOUR, "bob", 3),
+    ];
+    store.apply(&b, None, &events, T0 + HOUR).await.unwrap();
+    let mut model = Instance::default();
+    for e in &events {
+        model.apply(&b, e, T0 + HOUR);
+    }
+    // A roll that raised the watermark and was stopped before its first chunk.
+    let (w, dead) = store
+        .raise_watermark(&b, None, b.slice_of(T0), T0 + 2 * HOUR)
+        .await
+        .unwrap();
+    assert_eq!((w, dead.len()), (b.slice_of(T0), 1));
+    assert_verified(&store, &b, None).await;
+    roll::rebuild(&store, &b, None, 10).await.unwrap();
+    assert_eq!(
+        store
+            .rank(&b, None, "alice", T0 + HOUR)
+            .await
+            .unwrap()
+            .total,
+        Some(15),
+        "nothing subtracted yet"
+    );
+    // The next roll finishes the slice: exactly the model.
+    roll_all(&store, std::slice::from_ref(&b), T0 + 2 * HOUR, 10).await;
+    model.roll(&b, T0 + 2 * HOUR);
+    assert_matches(&store, &b, None, &model, T0 + 2 * HOUR).await;
+    assert_verified(&store, &b, None).await;
+}
+
+#[tokio::test]
+async fn a_swap_that_runs_twice_changes_nothing_the_second_time() {
+    use rollboard::store::{StageTargets, Staged};
+    let redis = RedisServer::start();
+    let store = redis.store("rb").await;
+    let mut b = board("res", HOUR, 3);
+    b.mode = Mode::Resummarize;
+    store
+        .apply(&b, None, &[ev("1", T0, "a", 5)], T0)
+        .await
+        .unwrap();
+    let targets = StageTargets {
+        result: true,
+        ranked: true,
+        positive_only: true,
+        ..StageTargets::default()
+    };
+    let rows = [Staged {
+        member: "a".into(),
+        total: 5,
+        slices: 1,
+    }];
+    store.stage(&b, None, "t1", targets, &rows).await.unwrap();
+    assert!(store
+        .swap(&b, None, "t1", targets, None, Some(5))
+        .await
+        .unwrap());
+    assert!(
+        !store
+            .swap(&b, None, "t1", targets, None, Some(5))
+            .await
+            .unwrap(),
+        "resent swap refused"
+    );
+    assert_eq!(
+        store.rank(&b, None, "a", T0).await.unwrap().total,
+        Some(5),
+        "ranking intact"
+    );
+    // A sum above an older watermark never replaces a newer one.
+    store.stage(&b, None, "t2", targets, &[]).await.unwrap();
+    assert!(!store
+        .swap(&b, None, "t2", targets, None, Some(4))
+        .await
+        .unwrap());
+    assert_eq!(store.rank(&b, None, "a", T0).await.unwrap().total, Some(5));
 }
 
 #[tokio::test]
