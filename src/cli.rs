@@ -128,14 +128,18 @@ pub enum Command {
 
 /// Parses a time given as RFC 3339 or epoch milliseconds.
 pub fn parse_time(text: &str) -> Result<i64, String> {
-    if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
-        return text
-            .parse()
-            .map_err(|_| format!("{text:?} is out of range"));
+    let ms = if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
+        text.parse::<i64>()
+            .map_err(|_| format!("{text:?} is out of range"))?
+    } else {
+        DateTime::parse_from_rfc3339(text)
+            .map(|t| t.timestamp_millis())
+            .map_err(|_| format!("{text:?} is neither RFC 3339 nor epoch milliseconds"))?
+    };
+    if !(0..=crate::board::MAX_TOTAL).contains(&ms) {
+        return Err(format!("{text:?} is outside 1970 .. 2^53-1 ms"));
     }
-    DateTime::parse_from_rfc3339(text)
-        .map(|t| t.timestamp_millis())
-        .map_err(|_| format!("{text:?} is neither RFC 3339 nor epoch milliseconds"))
+    Ok(ms)
 }
 
 /// Wall-clock time in epoch ms.
@@ -484,23 +488,25 @@ pub fn parse_lines(
     })
 }
 
-/// Appends validated events to the stream, in transactions of up to 1000 entries.
+/// Appends validated events to the stream in one MULTI/EXEC: all of them or, when Redis
+/// refuses any (e.g. out of memory, detected while queueing), none.
 pub async fn append(
     client: &Client,
     stream: &str,
     events: &[Vec<Field>],
 ) -> Result<(), fred::error::Error> {
-    for chunk in events.chunks(1000) {
-        let tx = client.multi();
-        for fields in chunk {
-            let pairs: Vec<(&[u8], &[u8])> = fields
-                .iter()
-                .map(|(k, v)| (k.as_slice(), v.as_slice()))
-                .collect();
-            let _: () = tx.xadd(stream, false, None, "*", pairs).await?;
-        }
-        let _: Value = tx.exec(true).await?;
+    if events.is_empty() {
+        return Ok(());
     }
+    let tx = client.multi();
+    for fields in events {
+        let pairs: Vec<(&[u8], &[u8])> = fields
+            .iter()
+            .map(|(k, v)| (k.as_slice(), v.as_slice()))
+            .collect();
+        let _: () = tx.xadd(stream, false, None, "*", pairs).await?;
+    }
+    let _: Value = tx.exec(true).await?;
     Ok(())
 }
 
@@ -552,5 +558,7 @@ mod tests {
         );
         assert!(parse_time("yesterday").is_err());
         assert!(parse_time("-5").is_err());
+        assert!(parse_time("9223372036854775807").is_err());
+        assert!(parse_time("1969-12-31T23:59:59Z").is_err());
     }
 }

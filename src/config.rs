@@ -303,10 +303,13 @@ pub fn resolve_path(flag: Option<PathBuf>) -> PathBuf {
 
 fn env_source() -> ::config::Environment {
     // `prefix_separator("__")` keeps ROLLBOARD_CONFIG (the file path) out of the settings.
+    // Values stay strings (a consumer named "007" stays "007"); numeric and boolean keys
+    // are converted when the settings are deserialized.
+    // Values stay strings (a consumer named "007" stays "007"); numeric and boolean keys
+    // are converted when the settings are deserialized.
     ::config::Environment::with_prefix("ROLLBOARD")
         .prefix_separator("__")
         .separator("__")
-        .try_parsing(true)
 }
 
 fn duration(key: &str, text: &str) -> Result<i64, ConfigError> {
@@ -607,6 +610,14 @@ mod tests {
         let s = Settings::from_toml(&text).expect("valid");
         assert_eq!(s.boards.len(), 3);
         assert!(s.board("fans_7d").expect("fans_7d").is_scoped());
+    }
+
+    #[test]
+    fn environment_overrides_keep_strings_as_written() {
+        std::env::set_var("ROLLBOARD__INGEST__CONSUMER", "007");
+        let s = Settings::from_toml(BOARD);
+        std::env::remove_var("ROLLBOARD__INGEST__CONSUMER");
+        assert_eq!(s.expect("valid").ingest.consumer, "007");
     }
 
     #[test]

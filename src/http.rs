@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
+use axum::extract::rejection::{BytesRejection, PathRejection};
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -160,6 +160,13 @@ fn number(
         })
 }
 
+/// The path parameters, or a JSON 400 when they cannot be decoded (e.g. invalid UTF-8).
+fn path<T>(extracted: Result<Path<T>, PathRejection>) -> ApiResult<T> {
+    extracted
+        .map(|Path(value)| value)
+        .map_err(|e| ApiError::BadRequest(format!("invalid path: {}", e.body_text())))
+}
+
 fn member_of(member: &str) -> ApiResult<&str> {
     check_name(member.as_bytes()).map_err(|why| ApiError::BadRequest(format!("member {why}")))
 }
@@ -183,9 +190,10 @@ async fn boards(State(state): State<Arc<AppState>>) -> Json<Value> {
 
 async fn top(
     State(state): State<Arc<AppState>>,
-    Path(name): Path<String>,
+    name: Result<Path<String>, PathRejection>,
     Query(params): Query<HashMap<String, String>>,
 ) -> ApiResult<Response> {
+    let name = path(name)?;
     let b = board(&state, &name)?;
     let scope = scope_of(b, &params)?;
     let limit = number(&params, "limit", 10, 1..=1000)?;
@@ -196,9 +204,10 @@ async fn top(
 
 async fn rank(
     State(state): State<Arc<AppState>>,
-    Path((name, member)): Path<(String, String)>,
+    names: Result<Path<(String, String)>, PathRejection>,
     Query(params): Query<HashMap<String, String>>,
 ) -> ApiResult<Response> {
+    let (name, member) = path(names)?;
     let b = board(&state, &name)?;
     let scope = scope_of(b, &params)?;
     let member = member_of(&member)?;
@@ -213,9 +222,10 @@ async fn rank(
 
 async fn around(
     State(state): State<Arc<AppState>>,
-    Path((name, member)): Path<(String, String)>,
+    names: Result<Path<(String, String)>, PathRejection>,
     Query(params): Query<HashMap<String, String>>,
 ) -> ApiResult<Response> {
+    let (name, member) = path(names)?;
     let b = board(&state, &name)?;
     let scope = scope_of(b, &params)?;
     let member = member_of(&member)?;
@@ -284,12 +294,15 @@ async fn events(
         })));
     }
     let stream = state.settings.ingest.stream.as_str();
-    redis(&state, async {
-        append(state.store.client(), stream, &accepted)
-            .await
-            .map_err(StoreError::from)
-    })
-    .await?;
+    // No timeout here: the append is one transaction, and cutting it short would leave the
+    // client unsure whether it happened.
+    append(state.store.client(), stream, &accepted)
+        .await
+        .map_err(|e| {
+            let e = StoreError::from(e);
+            state.metrics.redis_error(&e);
+            ApiError::Unavailable(format!("redis: {e}"))
+        })?;
     Ok((
         StatusCode::ACCEPTED,
         Json(json!({ "appended": accepted.len() })),

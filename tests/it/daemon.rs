@@ -577,6 +577,8 @@ async fn http_client_mistakes_are_400_or_404_with_a_json_error() {
         ),
         ("/v1/boards/rooms_7d/members/x/around?radius=101", 400),
         ("/v1/nothing", 404),
+        ("/v1/boards/rooms_7d/members/%FF", 400),
+        ("/v1/boards/%FF/top", 400),
     ] {
         let (got, body) = daemon.get(path).await;
         assert_eq!(got, status, "{path}: {body}");
