@@ -317,13 +317,21 @@ async fn dispatch(settings: &Settings, command: Command) -> anyhow::Result<u8> {
                 &CancellationToken::new(),
             )
             .await?;
+            let mut failed = false;
             for r in reports {
                 println!(
                     "{} ({}): {} instance(s), {} slice(s) expired, {} member(s) removed, {} id(s) forgotten",
                     r.board, r.mode, r.instances, r.slices_expired, r.members_removed, r.ids_forgotten
                 );
+                if let Some(error) = &r.first_error {
+                    eprintln!(
+                        "{}: {} instance(s) failed, first: {error}",
+                        r.board, r.instances_failed
+                    );
+                    failed = true;
+                }
             }
-            Ok(0)
+            Ok(u8::from(failed))
         }
         Command::Rebuild { board, scope } => {
             let b = settings

@@ -70,6 +70,10 @@ impl Jobs {
             .await
             {
                 Ok(report) => {
+                    if report.instances_failed > 0 {
+                        warn!(board = %report.board, failed = report.instances_failed,
+                              "some instances were not rolled; the next run catches up");
+                    }
                     self.metrics
                         .rolled(&report, started.elapsed().as_secs_f64(), now);
                     if report.slices_expired > 0 || report.members_removed > 0 {

@@ -9,9 +9,10 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use futures_util::{StreamExt, TryStreamExt};
+use futures_util::StreamExt;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
+use tracing::warn;
 
 use crate::board::{Board, Mode, MAX_TOTAL};
 use crate::store::{StageTargets, Staged, Store, StoreError};
@@ -62,6 +63,10 @@ pub struct Report {
     pub ids_forgotten: u64,
     /// Scopes dropped from the registry because their instance emptied.
     pub scopes_removed: u64,
+    /// Instances whose roll failed (retried at the next run).
+    pub instances_failed: u64,
+    /// The first failure, for the operator.
+    pub first_error: Option<String>,
 }
 
 /// Which boards a job covers.
@@ -114,7 +119,9 @@ pub async fn run_once(
     Ok(reports)
 }
 
-/// Rolls every instance of one board at `now`, a few instances at a time.
+/// Rolls every instance of one board at `now`, a few instances at a time. An instance
+/// that fails is logged and counted in [`Report::instances_failed`] without stopping the
+/// others; only cancellation stops the whole board.
 pub async fn roll_board(
     store: &Store,
     board: &Board,
@@ -122,36 +129,47 @@ pub async fn roll_board(
     chunk: usize,
     cancel: &CancellationToken,
 ) -> Result<Report, RollError> {
-    let parts: Vec<Report> = futures_util::stream::iter(instances(store, board).await?)
-        .map(|scope| async move {
-            let mut part = Report::default();
-            roll_instance(
-                store,
-                board,
-                scope.as_deref(),
-                now,
-                chunk,
-                cancel,
-                &mut part,
-            )
-            .await?;
-            Ok::<Report, RollError>(part)
-        })
-        .buffer_unordered(INSTANCES_AT_ONCE)
-        .try_collect()
-        .await?;
+    let outcomes: Vec<(Option<String>, Result<Report, RollError>)> =
+        futures_util::stream::iter(instances(store, board).await?)
+            .map(|scope| async move {
+                let mut part = Report::default();
+                let outcome = roll_instance(
+                    store,
+                    board,
+                    scope.as_deref(),
+                    now,
+                    chunk,
+                    cancel,
+                    &mut part,
+                )
+                .await;
+                (scope, outcome.map(|()| part))
+            })
+            .buffer_unordered(INSTANCES_AT_ONCE)
+            .collect()
+            .await;
     let mut report = Report {
         board: board.name.clone(),
         mode: board.mode.as_str(),
         ..Report::default()
     };
-    for part in &parts {
-        report.instances += part.instances;
-        report.slices_expired += part.slices_expired;
-        report.fields_expired += part.fields_expired;
-        report.members_removed += part.members_removed;
-        report.ids_forgotten += part.ids_forgotten;
-        report.scopes_removed += part.scopes_removed;
+    for (scope, outcome) in outcomes {
+        match outcome {
+            Ok(part) => {
+                report.instances += part.instances;
+                report.slices_expired += part.slices_expired;
+                report.fields_expired += part.fields_expired;
+                report.members_removed += part.members_removed;
+                report.ids_forgotten += part.ids_forgotten;
+                report.scopes_removed += part.scopes_removed;
+            }
+            Err(RollError::Cancelled) => return Err(RollError::Cancelled),
+            Err(e) => {
+                warn!(board = %board.name, scope = ?scope, error = %e, "instance not rolled; the next run retries it");
+                report.instances_failed += 1;
+                report.first_error.get_or_insert_with(|| e.to_string());
+            }
+        }
     }
     Ok(report)
 }
