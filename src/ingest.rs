@@ -204,10 +204,15 @@ impl Ingest {
         let mut backlog = true;
         let mut backoff = Duration::from_millis(100);
         let mut last_claim: Option<Instant> = None;
+        let mut ahead: Option<Vec<Entry>> = None;
         while !cancel.is_cancelled() {
-            match self.step(&mut backlog, &mut last_claim, &cancel).await {
+            match self
+                .step(&mut backlog, &mut last_claim, &mut ahead, &cancel)
+                .await
+            {
                 Ok(()) => backoff = Duration::from_millis(100),
                 Err(e) => {
+                    ahead = None;
                     self.metrics.redis_error(&e);
                     if e.to_string().contains("NOGROUP") {
                         self.group_ready.store(false, Ordering::SeqCst);
@@ -223,6 +228,12 @@ impl Ingest {
                 }
             }
         }
+        // A batch read ahead just before the signal is finished too, not left to redelivery.
+        if let Some(entries) = ahead {
+            if let Err(e) = self.process(entries).await {
+                warn!(error = %e, "last batch not applied; it stays pending and is redelivered");
+            }
+        }
         info!("consumer stopped");
     }
 
@@ -230,6 +241,7 @@ impl Ingest {
         &self,
         backlog: &mut bool,
         last_claim: &mut Option<Instant>,
+        ahead: &mut Option<Vec<Entry>>,
         cancel: &CancellationToken,
     ) -> Result<(), StoreError> {
         if !self.group_ready.load(Ordering::SeqCst) {
@@ -259,12 +271,27 @@ impl Ingest {
         let block = self.settings.block.as_millis() as u64;
         // Cancel-safe: a read dropped mid-flight leaves any delivered entries pending for
         // this consumer, and they are re-processed at the next start.
-        let entries = tokio::select! {
-            _ = cancel.cancelled() => return Ok(()),
-            read = self.read(">", Some(block)) => read?,
+        let read_new = || async {
+            tokio::select! {
+                _ = cancel.cancelled() => Ok(Vec::new()),
+                read = self.read(">", Some(block)) => read,
+            }
         };
-        if !entries.is_empty() {
-            self.process(entries).await?;
+        let entries = match ahead.take() {
+            Some(entries) => entries,
+            None => read_new().await?,
+        };
+        if entries.is_empty() {
+            return Ok(());
+        }
+        // Read the next batch while this one is applied, so that Redis never waits for this
+        // side to fetch and decode it. If anything fails, both batches stay pending for
+        // this consumer and are re-read as backlog.
+        let (processed, next) = tokio::join!(self.process(entries), read_new());
+        processed?;
+        let next = next?;
+        if !next.is_empty() {
+            *ahead = Some(next);
         }
         Ok(())
     }
