@@ -10,7 +10,8 @@
 //! * [`board`]: board definitions and the pure window/slice arithmetic.
 //! * [`keys`]: the Redis key schema, hash-tagged per board instance.
 //! * [`event`]: parsing and validating one event; every rejection reason is a variant.
-//! * [`store`]: the only module that speaks Redis (apply, expire, query), over `lua/*.lua`.
+//! * [`store`]: every Redis operation on leaderboard data (apply, expire, query), over
+//!   `lua/*.lua`; stream commands live with the consumer ([`ingest`]) and intake ([`cli::append`]).
 //! * [`query`]: read-side types (entries, pages, ranks) and their decoding.
 //! * [`roll`]: the expiry and resummarize jobs, rebuild and verify.
 //! * [`ingest`]: the Redis Stream consumer: read, group, apply, ack, reclaim, dead-letter.

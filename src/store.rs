@@ -1,5 +1,6 @@
-//! The only module that speaks Redis: typed operations over fred, one Lua script per
-//! atomic operation (`src/lua/*.lua`).
+//! Every Redis operation on leaderboard data: typed operations over fred, one Lua script
+//! per atomic operation (`src/lua/*.lua`). Stream commands (read, ack, append) live with
+//! the consumer and the intake.
 //!
 //! Commands go through a small connection pool; concurrent calls on one connection are
 //! pipelined by fred, so applying many instances at once costs one round trip.
