@@ -9,19 +9,10 @@ use rollboard::board::{Board, Mode, TieBreak, MAX_TOTAL};
 use rollboard::store::{ApplyEvent, Outcome, Store};
 
 use crate::model::{assert_matches, Instance};
-use crate::util::{board, RedisServer};
+use crate::util::{board, ev, RedisServer};
 
 const HOUR: i64 = 3_600_000;
 const NOW: i64 = 1_763_700_000_000;
-
-fn ev(id: &str, ts: i64, member: &str, amount: i64) -> ApplyEvent {
-    ApplyEvent {
-        id: id.into(),
-        ts,
-        member: member.into(),
-        amount,
-    }
-}
 
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()

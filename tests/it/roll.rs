@@ -12,20 +12,11 @@ use rollboard::store::{ApplyEvent, Outcome, Store};
 use tokio_util::sync::CancellationToken;
 
 use crate::model::{assert_matches, Instance};
-use crate::util::{board, wait_for, RedisServer};
+use crate::util::{board, ev, wait_for, RedisServer};
 
 const HOUR: i64 = 3_600_000;
 const DAY: i64 = 24 * HOUR;
 const T0: i64 = 1_763_700_000_000;
-
-fn ev(id: &str, ts: i64, member: &str, amount: i64) -> ApplyEvent {
-    ApplyEvent {
-        id: id.into(),
-        ts,
-        member: member.into(),
-        amount,
-    }
-}
 
 async fn roll_all(store: &Store, boards: &[Board], now: i64, chunk: usize) -> Vec<Report> {
     roll::run_once(

@@ -6,7 +6,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use rollboard::board::{Board, Dedup, Mode, TieBreak};
-use rollboard::store::{Reconnect, Store};
+use rollboard::store::{ApplyEvent, Reconnect, Store};
 
 /// A redis-server child process listening on 127.0.0.1.
 pub struct RedisServer {
@@ -137,6 +137,16 @@ impl RedisServer {
 impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+/// An event for `Store::apply`.
+pub fn ev(id: &str, ts: i64, member: &str, amount: i64) -> ApplyEvent {
+    ApplyEvent {
+        id: id.into(),
+        ts,
+        member: member.into(),
+        amount,
     }
 }
 
