@@ -375,16 +375,8 @@ async fn bench_ceiling(redis: &RedisServer) -> Result<()> {
     let n = board.slice_of(now);
     let k = store.instance(&board, None);
     let mut args: Vec<String> = vec!["EVALSHA".into(), sha, "8".into()];
-    args.extend([
-        k.meta(),
-        k.result(),
-        k.members(),
-        k.slices(),
-        k.seen(),
-        k.refs(),
-        k.totals(),
-        k.slice(n),
-    ]);
+    args.extend(k.apply_keys());
+    args.push(k.slice(n));
     args.extend([
         now.to_string(),
         board.slices_in_window().to_string(),

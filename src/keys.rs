@@ -85,6 +85,19 @@ impl InstanceKeys {
         self.key("totals")
     }
 
+    /// The fixed KEYS of `apply.lua`, in its order (the batch's slice keys follow them).
+    pub fn apply_keys(&self) -> Vec<String> {
+        vec![
+            self.meta(),
+            self.result(),
+            self.members(),
+            self.slices(),
+            self.seen(),
+            self.refs(),
+            self.totals(),
+        ]
+    }
+
     /// Hash: member -> integer amount in slice `n` (process bucket).
     pub fn slice(&self, n: i64) -> String {
         format!("{}:slice:{}", self.base, n)
@@ -113,6 +126,18 @@ mod tests {
         assert_eq!(k.totals(), "rb:{rooms_7d}:totals");
         assert_eq!(k.slice(490_000), "rb:{rooms_7d}:slice:490000");
         assert_eq!(k.scratch("ab12", "result"), "rb:{rooms_7d}:tmp:ab12:result");
+        assert_eq!(
+            k.apply_keys(),
+            [
+                k.meta(),
+                k.result(),
+                k.members(),
+                k.slices(),
+                k.seen(),
+                k.refs(),
+                k.totals()
+            ]
+        );
     }
 
     #[test]

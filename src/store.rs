@@ -418,15 +418,7 @@ impl Store {
                 .await?;
         }
         let k = self.instance(board, scope);
-        let mut keys = vec![
-            k.meta(),
-            k.result(),
-            k.members(),
-            k.slices(),
-            k.seen(),
-            k.refs(),
-            k.totals(),
-        ];
+        let mut keys = k.apply_keys();
         let mut slice_index: Vec<i64> = Vec::new();
         let mut args: Vec<Value> = Vec::with_capacity(7 + events.len() * 8);
         args.extend([
