@@ -122,6 +122,29 @@ impl Board {
         }
     }
 
+    /// The settings that shape this board's keys and scores, as (name, value) pairs in a
+    /// fixed order: a board whose stored settings differ must be rebuilt or renamed.
+    pub fn shaping_settings(&self) -> [(&'static str, String); 6] {
+        [
+            ("mode", self.mode.as_str().to_string()),
+            ("tie_break", self.tie_break.as_str().to_string()),
+            ("allow_negative", self.allow_negative.to_string()),
+            ("scale", self.scale.to_string()),
+            ("window", format!("{}ms", self.window_ms)),
+            ("slice", format!("{}ms", self.slice_ms)),
+        ]
+    }
+
+    /// [`Board::shaping_settings`] as one string, stored in every instance's `meta` and
+    /// checked by every script that writes the instance.
+    pub fn fingerprint(&self) -> String {
+        self.shaping_settings()
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
     /// Whether this board ranks one instance per scope value.
     pub fn is_scoped(&self) -> bool {
         self.scope.is_some()

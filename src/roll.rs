@@ -236,7 +236,8 @@ async fn expire_slice(
             }
             let (next, page) = store.scan("HSCAN", &key, &cursor, chunk).await?;
             if !page.is_empty() {
-                let done = store.expire_chunk(board, scope, n, &page).await?;
+                let names: Vec<String> = page.into_iter().map(|(member, _)| member).collect();
+                let done = store.expire_chunk(board, scope, n, &names).await?;
                 report.fields_expired += done.fields;
                 report.members_removed += done.members_removed;
             }

@@ -36,7 +36,10 @@ impl StoreError {
                     "connection"
                 }
                 ErrorKind::Timeout => "timeout",
-                _ if e.details().contains("script") || e.details().starts_with("NOSCRIPT") => {
+                _ if e.details().contains("script")
+                    || e.details().starts_with("NOSCRIPT")
+                    || e.details().starts_with("ROLLBOARD") =>
+                {
                     "script"
                 }
                 _ => "other",
@@ -46,7 +49,7 @@ impl StoreError {
     }
 }
 
-fn reply(what: impl Into<String>) -> StoreError {
+fn reply_err(what: impl Into<String>) -> StoreError {
     StoreError::Reply(what.into())
 }
 
@@ -204,6 +207,69 @@ fn score(v: &Value) -> Option<i64> {
         let d: f64 = text.parse().ok()?;
         (d.fract() == 0.0 && d.abs() <= crate::board::MAX_TOTAL as f64).then_some(d as i64)
     })
+}
+
+/// Most events in one apply script call: keeps each call's Redis time around a
+/// millisecond (DESIGN.md section 7: no call may hold Redis for more than about 2 ms).
+pub const APPLY_CHUNK: usize = 256;
+
+/// The KEYS and ARGV of one `apply.lua` call (layout documented in the script).
+pub fn apply_call(
+    board: &Board,
+    k: &InstanceKeys,
+    fingerprint: &str,
+    events: &[ApplyEvent],
+    now: i64,
+) -> (Vec<String>, Vec<Value>) {
+    let mut slices: Vec<i64> = Vec::new();
+    let mut members: Vec<&str> = Vec::new();
+    let mut member_index: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    let mut rows: Vec<(usize, usize)> = Vec::with_capacity(events.len());
+    for e in events {
+        let n = board.slice_of(e.ts);
+        let s = match slices.iter().position(|&x| x == n) {
+            Some(i) => i,
+            None => {
+                slices.push(n);
+                slices.len() - 1
+            }
+        };
+        let m = *member_index.entry(e.member.as_str()).or_insert_with(|| {
+            members.push(e.member.as_str());
+            members.len() - 1
+        });
+        rows.push((s, m));
+    }
+    let mut keys = k.apply_keys();
+    keys.extend(slices.iter().map(|&n| k.slice(n)));
+    let mut args: Vec<Value> =
+        Vec::with_capacity(10 + 2 * slices.len() + members.len() + 5 * events.len());
+    args.extend([
+        Value::from(now),
+        Value::from(board.slices_in_window()),
+        Value::from(board.slice_ms),
+        Value::from(mode_flag(board)),
+        Value::from(tie_flag(board)),
+        Value::from(negative_flag(board)),
+        Value::from(fingerprint),
+        Value::from(slices.len() as i64),
+        Value::from(members.len() as i64),
+        Value::from(events.len() as i64),
+    ]);
+    for &n in &slices {
+        args.extend([Value::from(n), Value::from(board.forget_at(n))]);
+    }
+    args.extend(members.iter().map(|&m| Value::from(m)));
+    for (e, (s, m)) in events.iter().zip(rows) {
+        args.extend([
+            Value::from(e.id.as_str()),
+            Value::from(s as i64 + 1),
+            Value::from(m as i64 + 1),
+            Value::from(e.ts),
+            Value::from(e.amount),
+        ]);
+    }
+    (keys, args)
 }
 
 impl Store {
@@ -397,7 +463,12 @@ impl Store {
         Ok(removed == 1)
     }
 
-    /// Applies `events` to one instance in one atomic script call; one outcome per event.
+    /// Applies `events` to one instance, in stream order, as a sequence of bounded atomic
+    /// script calls of at most [`APPLY_CHUNK`] events each; one outcome per event.
+    ///
+    /// Each call remembers the ids it applied, so a crash between two calls (or a retry of
+    /// the whole batch) neither loses nor double-counts anything: the calls already made
+    /// answer `Duplicate` for their events the next time.
     pub async fn apply(
         &self,
         board: &Board,
@@ -418,50 +489,33 @@ impl Store {
                 .await?;
         }
         let k = self.instance(board, scope);
-        let mut keys = k.apply_keys();
-        let mut slice_index: Vec<i64> = Vec::new();
-        let mut args: Vec<Value> = Vec::with_capacity(7 + events.len() * 8);
-        args.extend([
-            Value::from(now),
-            Value::from(board.slices_in_window()),
-            Value::from(board.slice_ms),
-            Value::from(mode_flag(board)),
-            Value::from(tie_flag(board)),
-            Value::from(negative_flag(board)),
-            Value::from(events.len() as i64),
-        ]);
-        for e in events {
-            let n = board.slice_of(e.ts);
-            let index = match slice_index.iter().position(|&s| s == n) {
-                Some(i) => i,
-                None => {
-                    slice_index.push(n);
-                    keys.push(k.slice(n));
-                    slice_index.len() - 1
-                }
-            };
-            args.extend([
-                Value::from(e.id.as_str()),
-                Value::from(n),
-                Value::from(index as i64 + 1),
-                Value::from(e.ts),
-                Value::from(e.member.as_str()),
-                Value::from(encode_member(board.tie_break, &e.member, e.ts)),
-                Value::from(e.amount),
-                Value::from(board.forget_at(n)),
-            ]);
+        let fingerprint = board.fingerprint();
+        // One connection for every call of the instance, awaited in turn: the calls must
+        // run in stream order (the first of two events with one id wins).
+        let client = self.client();
+        let mut out = Vec::with_capacity(events.len());
+        for chunk in events.chunks(APPLY_CHUNK) {
+            let (keys, args) = apply_call(board, &k, &fingerprint, chunk, now);
+            let reply = self
+                .scripts
+                .apply
+                .evalsha_with_reload(client, keys, args)
+                .await?;
+            let statuses = as_array(reply).ok_or_else(|| reply_err("apply: not an array"))?;
+            if statuses.len() != chunk.len() {
+                return Err(reply_err("apply: one status per event expected"));
+            }
+            for v in &statuses {
+                out.push(match as_i64(v) {
+                    Some(0) => Outcome::Applied,
+                    Some(1) => Outcome::Duplicate,
+                    Some(2) => Outcome::Late,
+                    Some(3) => Outcome::Overflow,
+                    _ => return Err(reply_err(format!("apply: unknown status {v:?}"))),
+                });
+            }
         }
-        let out = as_array(self.eval(&self.scripts.apply, keys, args).await?)
-            .ok_or_else(|| reply("apply: not an array"))?;
-        out.iter()
-            .map(|v| match as_i64(v) {
-                Some(0) => Ok(Outcome::Applied),
-                Some(1) => Ok(Outcome::Duplicate),
-                Some(2) => Ok(Outcome::Late),
-                Some(3) => Ok(Outcome::Overflow),
-                _ => Err(reply(format!("apply: unknown status {v:?}"))),
-            })
-            .collect()
+        Ok(out)
     }
 
     /// Applies several instance batches concurrently (pipelined); results in input order.
@@ -492,23 +546,23 @@ impl Store {
             self.eval(
                 &self.scripts.watermark,
                 vec![k.meta(), k.slices()],
-                vec![target.into(), now.into()],
+                vec![target.into(), now.into(), board.fingerprint().into()],
             )
             .await?,
         )
-        .ok_or_else(|| reply("watermark: not an array"))?;
+        .ok_or_else(|| reply_err("watermark: not an array"))?;
         let mut it = out.into_iter();
         let w = it
             .next()
             .as_ref()
             .and_then(as_i64)
-            .ok_or_else(|| reply("watermark: no watermark"))?;
+            .ok_or_else(|| reply_err("watermark: no watermark"))?;
         let slices = it
             .next()
             .and_then(as_array)
             .unwrap_or_default()
             .iter()
-            .map(|v| as_i64(v).ok_or_else(|| reply("watermark: slice is not a number")))
+            .map(|v| as_i64(v).ok_or_else(|| reply_err("watermark: slice is not a number")))
             .collect::<Result<Vec<_>, _>>()?;
         Ok((w, slices))
     }
@@ -534,31 +588,32 @@ impl Store {
             )
             .await?;
         let mut parts = as_array(v)
-            .ok_or_else(|| reply("scan: not an array"))?
+            .ok_or_else(|| reply_err("scan: not an array"))?
             .into_iter();
         let next = parts
             .next()
             .and_then(as_string)
-            .ok_or_else(|| reply("scan: no cursor"))?;
+            .ok_or_else(|| reply_err("scan: no cursor"))?;
         let items = parts.next().and_then(as_array).unwrap_or_default();
         let mut pairs = Vec::with_capacity(items.len() / 2);
         let mut it = items.into_iter();
         while let (Some(f), Some(v)) = (it.next(), it.next()) {
-            let f = as_string(f).ok_or_else(|| reply("scan: field is not text"))?;
-            let v = as_string(v).ok_or_else(|| reply("scan: value is not text"))?;
+            let f = as_string(f).ok_or_else(|| reply_err("scan: field is not text"))?;
+            let v = as_string(v).ok_or_else(|| reply_err("scan: value is not text"))?;
             pairs.push((f, v));
         }
         Ok((next, pairs))
     }
 
-    /// Subtracts and deletes the given (member, amount) fields of dead slice `n`, exactly
-    /// once: the amounts are as HSCAN found them (a dead slice no longer changes).
+    /// Subtracts and deletes the given fields of dead slice `n`, exactly once: a field
+    /// that a concurrent or crashed roller already expired is no longer in the slice and
+    /// is skipped. The amounts are read by the script itself (a dead slice never changes).
     pub async fn expire_chunk(
         &self,
         board: &Board,
         scope: Option<&str>,
         n: i64,
-        fields: &[(String, String)],
+        members: &[String],
     ) -> Result<Expired, StoreError> {
         let k = self.instance(board, scope);
         let keys = vec![
@@ -572,21 +627,18 @@ impl Store {
         let args: Vec<Value> = [
             Value::from(mode_flag(board)),
             Value::from(negative_flag(board)),
+            Value::from(board.fingerprint()),
         ]
         .into_iter()
-        .chain(
-            fields
-                .iter()
-                .flat_map(|(m, v)| [Value::from(m.as_str()), Value::from(v.as_str())]),
-        )
+        .chain(members.iter().map(|m| Value::from(m.as_str())))
         .collect();
         let out = as_array(self.eval(&self.scripts.expire, keys, args).await?)
-            .ok_or_else(|| reply("expire: not an array"))?;
+            .ok_or_else(|| reply_err("expire: not an array"))?;
         let field = |i: usize| {
             out.get(i)
                 .and_then(as_i64)
                 .map(|v| v as u64)
-                .ok_or_else(|| reply("expire: missing count"))
+                .ok_or_else(|| reply_err("expire: missing count"))
         };
         Ok(Expired {
             fields: field(0)?,
@@ -630,7 +682,7 @@ impl Store {
             .await?;
         as_i64(&v)
             .map(|n| n as u64)
-            .ok_or_else(|| reply("trim_seen: not a number"))
+            .ok_or_else(|| reply_err("trim_seen: not a number"))
     }
 
     fn lookup_key(&self, board: &Board, k: &InstanceKeys) -> String {
@@ -650,14 +702,14 @@ impl Store {
         let k = self.instance(board, scope);
         let keys = vec![k.meta(), k.result(), self.lookup_key(board, &k)];
         let out = as_array(self.eval(&self.scripts.query, keys, args).await?)
-            .ok_or_else(|| reply("query: not an array"))?;
+            .ok_or_else(|| reply_err("query: not an array"))?;
         let mut it = out.into_iter();
         let expired = it.next().as_ref().and_then(as_i64);
         let mut num = || {
             it.next()
                 .as_ref()
                 .and_then(as_i64)
-                .ok_or_else(|| reply("query: missing number"))
+                .ok_or_else(|| reply_err("query: missing number"))
         };
         let count = num()?.max(0) as u64;
         let rank = num()?;
@@ -669,8 +721,8 @@ impl Store {
         let mut rows = rows.into_iter();
         while let (Some(z), Some(s)) = (rows.next(), rows.next()) {
             let total = score(&s)
-                .ok_or_else(|| reply(format!("query: score {s:?} is not an exact integer")))?;
-            let z = as_string(z).ok_or_else(|| reply("query: member is not text"))?;
+                .ok_or_else(|| reply_err(format!("query: score {s:?} is not an exact integer")))?;
+            let z = as_string(z).ok_or_else(|| reply_err("query: member is not text"))?;
             let (member, last_ts) = decode_member(board.tie_break, &z);
             let rank = start + entries.len() as u64 + 1;
             let competition_rank = match entries.last() {
@@ -870,7 +922,7 @@ impl Store {
         v.iter()
             .map(|s| {
                 s.parse()
-                    .map_err(|_| reply(format!("slice registry holds {s:?}")))
+                    .map_err(|_| reply_err(format!("slice registry holds {s:?}")))
             })
             .collect()
     }
@@ -922,7 +974,7 @@ impl Store {
         let v = self.eval(&self.scripts.stage, keys, args).await?;
         as_i64(&v)
             .map(|n| n as u64)
-            .ok_or_else(|| reply("stage: not a number"))
+            .ok_or_else(|| reply_err("stage: not a number"))
     }
 
     /// Renames the scratch keys of run `token` over the live ones, atomically. Refused
@@ -998,7 +1050,7 @@ impl Store {
             let (next, page) = self.scan("ZSCAN", &k.result(), &cursor, 1000).await?;
             for (z, s) in page {
                 let total = score(&Value::from(s.as_str()))
-                    .ok_or_else(|| reply(format!("score {s:?} is not an exact integer")))?;
+                    .ok_or_else(|| reply_err(format!("score {s:?} is not an exact integer")))?;
                 out.push((decode_member(board.tie_break, &z).0, total));
             }
             if next == "0" {

@@ -1,6 +1,7 @@
+#!lua
 -- expire.lua: expire one chunk of a dead slice of one instance, exactly once.
 --
--- KEYS[1] meta     Hash  gen (bumped when anything changes)
+-- KEYS[1] meta     Hash  settings, gen (bumped when anything changes)
 -- KEYS[2] result   ZSet  zmember -> exact total (incremental boards)
 -- KEYS[3] members  Hash  member -> zmember
 -- KEYS[4] refs     Hash  member -> live slices holding it (allow_negative boards)
@@ -8,50 +9,158 @@
 -- KEYS[6] slice    Hash  the dead slice: member -> amount
 --
 -- ARGV[1] 'i' incremental | 'r' resummarize   ARGV[2] '1' if negatives are allowed
--- ARGV[3..] pairs: member, amount, as found in the slice by the caller's HSCAN
+-- ARGV[3] settings fingerprint of the caller's board definition
+-- ARGV[4..] member names, as listed by the caller's HSCAN of the slice
 --
 -- A dead slice is frozen: the watermark was raised before the caller scanned it, so the
--- apply script rejects every event for it and the amounts cannot change. The HDEL of a
--- field is the claim: it answers 1 to exactly one caller, which then subtracts the
--- amount, so a member already handled by a concurrent or crashed roller is skipped.
--- Scores stay integers below 2^53, so ZINCRBY on them is exact.
+-- apply script rejects every event for it and the amounts cannot change. A field still in
+-- the slice is the claim: the amount is read here, subtracted and the field deleted in
+-- this one call, so a member already handled by a concurrent or crashed roller is gone
+-- from the slice and skipped.
+--
+-- Like apply.lua, the script reads and checks everything first (types, stored settings,
+-- every value) and writes only after that, so a call that fails has written nothing.
+-- Scores stay integers below 2^53, so they are exact in Lua's doubles.
 -- Returns { fields expired, members that left the instance }.
+local LIMIT = 9007199254740991
+local BATCH = 1000
 local meta, result, members, refs, totals, slice = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local incremental = ARGV[1] == 'i'
 local negative = ARGV[2] == '1'
 
-local function negate(amount)
-  if string.sub(amount, 1, 1) == '-' then return string.sub(amount, 2) end
-  return '-' .. amount
+local function fail(what)
+  return redis.error_reply('ROLLBOARD ' .. what .. ' (nothing was written)')
 end
 
-local expired, removed = 0, 0
-for i = 3, #ARGV, 2 do
-  local m, minus = ARGV[i], negate(ARGV[i + 1])
-  if redis.call('HDEL', slice, m) == 1 then
-    expired = expired + 1
-    local gone = false
-    if negative then gone = redis.call('HINCRBY', refs, m, -1) <= 0 end
-    if incremental then
-      local z = redis.call('HGET', members, m)
-      if z then
-        local total = tonumber(redis.call('ZINCRBY', result, minus, z))
-        if not negative then gone = total <= 0 end
-        if gone then redis.call('ZREM', result, z) end
-      else
-        gone = true
-      end
-    else
-      local total = redis.call('HINCRBY', totals, m, minus)
-      if not negative then gone = total <= 0 end
-      if gone then redis.call('HDEL', totals, m) end
+local function variadic(cmd, key, list)
+  local out = {}
+  for i = 1, #list, BATCH do
+    local args = { cmd, key }
+    for j = i, math.min(i + BATCH - 1, #list) do args[#args + 1] = list[j] end
+    local reply = redis.call(unpack(args))
+    if type(reply) == 'table' then
+      for _, v in ipairs(reply) do out[#out + 1] = v end
     end
-    if gone then
-      redis.call('HDEL', members, m)
-      if negative then redis.call('HDEL', refs, m) end
-      removed = removed + 1
+  end
+  return out
+end
+
+local function integer(v)
+  local n = tonumber(v)
+  if n == nil or n ~= math.floor(n) or math.abs(n) > LIMIT then return nil end
+  return n
+end
+
+-- Phase 1: read and check.
+local stored = redis.call('HGET', meta, 'settings')
+if stored and stored ~= ARGV[3] then
+  return fail('settings: the board was created with ' .. stored .. ', this process has ' .. ARGV[3])
+end
+local names, unique = {}, {}
+for i = 4, #ARGV do
+  if not unique[ARGV[i]] then
+    unique[ARGV[i]] = true
+    names[#names + 1] = ARGV[i]
+  end
+end
+local amounts = variadic('HMGET', slice, names)
+local claimed, amount = {}, {}
+for i, m in ipairs(names) do
+  if amounts[i] then
+    local a = integer(amounts[i])
+    if not a then return fail('corrupt: ' .. slice .. ' holds ' .. amounts[i] .. ' for ' .. m) end
+    claimed[#claimed + 1] = m
+    amount[#claimed] = a
+  end
+end
+if #claimed == 0 then return { 0, 0 } end
+
+local zs = variadic('HMGET', members, claimed)
+local total = {}
+if incremental then
+  local scored, at = {}, {}
+  for i = 1, #claimed do
+    total[i] = 0
+    if zs[i] then
+      scored[#scored + 1] = zs[i]
+      at[#at + 1] = i
+    end
+  end
+  local scores = variadic('ZMSCORE', result, scored)
+  for k, i in ipairs(at) do
+    if scores[k] then
+      total[i] = integer(scores[k])
+      if not total[i] then return fail('corrupt: ' .. result .. ' score of ' .. claimed[i]) end
+    end
+  end
+else
+  local ts = variadic('HMGET', totals, claimed)
+  for i = 1, #claimed do
+    total[i] = 0
+    if ts[i] then
+      total[i] = integer(ts[i])
+      if not total[i] then return fail('corrupt: ' .. totals .. ' holds ' .. ts[i] .. ' for ' .. claimed[i]) end
     end
   end
 end
-if expired > 0 then redis.call('HINCRBY', meta, 'gen', 1) end
-return { expired, removed }
+local count = {}
+if negative then
+  local rs = variadic('HMGET', refs, claimed)
+  for i = 1, #claimed do
+    count[i] = 0
+    if rs[i] then
+      count[i] = integer(rs[i])
+      if not count[i] then return fail('corrupt: ' .. refs .. ' holds ' .. rs[i] .. ' for ' .. claimed[i]) end
+    end
+  end
+end
+
+-- Work out each member's new state.
+local gone_names, gone_z = {}, {}
+local scores_out, totals_out, refs_out = {}, {}, {}
+for i, m in ipairs(claimed) do
+  local left = total[i] - amount[i]
+  local gone
+  if negative then
+    gone = count[i] - 1 <= 0
+  elseif incremental and not zs[i] then
+    gone = true
+  else
+    gone = left <= 0
+  end
+  if gone then
+    gone_names[#gone_names + 1] = m
+    if zs[i] then gone_z[#gone_z + 1] = zs[i] end
+  else
+    if incremental then
+      if zs[i] then
+        scores_out[#scores_out + 1] = string.format('%d', left)
+        scores_out[#scores_out + 1] = zs[i]
+      end
+    else
+      totals_out[#totals_out + 1] = m
+      totals_out[#totals_out + 1] = string.format('%d', left)
+    end
+    if negative then
+      refs_out[#refs_out + 1] = m
+      refs_out[#refs_out + 1] = string.format('%d', count[i] - 1)
+    end
+  end
+end
+
+-- Phase 2: write.
+variadic('HDEL', slice, claimed)
+if incremental then
+  variadic('ZADD', result, scores_out)
+  variadic('ZREM', result, gone_z)
+else
+  variadic('HSET', totals, totals_out)
+  variadic('HDEL', totals, gone_names)
+end
+if negative then
+  variadic('HSET', refs, refs_out)
+  variadic('HDEL', refs, gone_names)
+end
+variadic('HDEL', members, gone_names)
+redis.call('HINCRBY', meta, 'gen', 1)
+return { #claimed, #gone_names }

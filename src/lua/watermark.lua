@@ -1,25 +1,32 @@
+#!lua
 -- watermark.lua: raise an instance's expiry watermark and list the slices to expire.
 --
--- KEYS[1] meta    Hash  expired_through, last_roll, layout
+-- KEYS[1] meta    Hash  expired_through, last_roll, layout, settings
 -- KEYS[2] slices  ZSet  registry of slice numbers
 --
 -- ARGV[1] target watermark (slice number: slice_of(now) - N)
 -- ARGV[2] now (epoch ms) of the roll
+-- ARGV[3] settings fingerprint of the caller's board definition
 --
 -- The watermark never goes back: a roll at an earlier time changes nothing. Raising it
 -- before expiring means the apply script rejects events for those slices as late, so no
--- event lands in a slice being expired.
+-- event lands in a slice being expired. Everything is read and checked before the first
+-- write, so a call that fails has written nothing.
 -- Returns { watermark, slice numbers at or below it that still exist, oldest first }.
-local cur = tonumber(redis.call('HGET', KEYS[1], 'expired_through'))
-local w = tonumber(ARGV[1])
-if cur and cur >= w then
-  w = cur
-else
-  redis.call('HSET', KEYS[1], 'expired_through', ARGV[1])
+local stored = redis.call('HMGET', KEYS[1], 'expired_through', 'last_roll', 'settings')
+if stored[3] and stored[3] ~= ARGV[3] then
+  return redis.error_reply('ROLLBOARD settings: the board was created with ' .. stored[3] ..
+    ', this process has ' .. ARGV[3] .. ' (nothing was written)')
 end
-local last = tonumber(redis.call('HGET', KEYS[1], 'last_roll'))
+local cur = tonumber(stored[1])
+local w = tonumber(ARGV[1])
+if cur and cur >= w then w = cur end
+local dead = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', w)
+if not cur or cur < w then redis.call('HSET', KEYS[1], 'expired_through', string.format('%d', w)) end
+local last = tonumber(stored[2])
 if not last or last < tonumber(ARGV[2]) then
   redis.call('HSET', KEYS[1], 'last_roll', ARGV[2])
 end
 redis.call('HSETNX', KEYS[1], 'layout', '1')
-return { w, redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', w) }
+if not stored[3] then redis.call('HSET', KEYS[1], 'settings', ARGV[3]) end
+return { w, dead }
