@@ -17,7 +17,7 @@ use crate::config::Settings;
 use crate::event::{check_name, fields_from_json, validate, Field};
 use crate::query::{format_total, Entry, Page};
 use crate::roll::{self, Job};
-use crate::store::{Reconnect, Store};
+use crate::store::{Conflicts, Reconnect, Store};
 use tokio_util::sync::CancellationToken;
 
 /// Exit status: the member is not on the board.
@@ -194,6 +194,10 @@ pub async fn execute(settings: Settings, command: Command) -> ExitCode {
                 eprintln!("error: {usage}");
                 ExitCode::from(EXIT_USAGE)
             }
+            None if e.downcast_ref::<Conflicts>().is_some() => {
+                eprintln!("error: {e:#}");
+                ExitCode::from(EXIT_CONFIG)
+            }
             None => {
                 eprintln!("error: {e:#}");
                 ExitCode::FAILURE
@@ -202,15 +206,22 @@ pub async fn execute(settings: Settings, command: Command) -> ExitCode {
     }
 }
 
+/// Connects, and refuses to go on when a board's settings differ from those its data in
+/// Redis was built with.
 async fn connect(settings: &Settings) -> anyhow::Result<Store> {
-    Store::connect(
+    let store = Store::connect(
         &settings.redis.url,
         &settings.redis.key_prefix,
         1,
         Reconnect::Never,
     )
     .await
-    .with_context(|| format!("cannot connect to {}", settings.redis.url))
+    .with_context(|| format!("cannot connect to {}", settings.redis.url))?;
+    let conflicts = store.check_settings(&settings.boards).await?;
+    if !conflicts.is_empty() {
+        return Err(Conflicts(conflicts).into());
+    }
+    Ok(store)
 }
 
 async fn dispatch(settings: &Settings, command: Command) -> anyhow::Result<u8> {
@@ -346,10 +357,18 @@ async fn dispatch(settings: &Settings, command: Command) -> anyhow::Result<u8> {
                 None => roll::instances(&store, b).await?,
             };
             for scope in scopes {
-                let members =
+                let rebuilt =
                     roll::rebuild(&store, b, scope.as_deref(), settings.schedule.chunk).await?;
                 let label = scope.map(|s| format!(" [{s}]")).unwrap_or_default();
-                println!("{}{label}: rebuilt, {members} member(s)", b.name);
+                println!("{}{label}: rebuilt, {} member(s)", b.name, rebuilt.members);
+                if !rebuilt.estimated.is_empty() {
+                    println!(
+                        "{}{label}: the tie-break time of {} member(s) was lost and is now the end of their newest slice: {}",
+                        b.name,
+                        rebuilt.estimated.len(),
+                        rebuilt.estimated.join(", ")
+                    );
+                }
             }
             Ok(0)
         }

@@ -23,7 +23,7 @@ use crate::http::{router, AppState};
 use crate::ingest::{group_info, Ingest};
 use crate::metrics::Metrics;
 use crate::roll::{self, Job, RollError};
-use crate::store::{Reconnect, Store};
+use crate::store::{Conflicts, Reconnect, Store};
 
 /// How long in-flight work may take to finish after a shutdown signal.
 pub const GRACE: Duration = Duration::from_secs(30);
@@ -140,6 +140,35 @@ fn count_reconnects(client: &Client, metrics: Arc<Metrics>) {
     drop(listener);
 }
 
+/// Waits until Redis answers the board settings check. `Ok(false)`: shutdown came first;
+/// an error: a board's settings conflict with its data (the daemon must not start).
+async fn settings_gate(
+    store: &Store,
+    boards: &[crate::board::Board],
+    metrics: &Metrics,
+    cancel: &CancellationToken,
+) -> anyhow::Result<bool> {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        match store.check_settings(boards).await {
+            Ok(conflicts) if conflicts.is_empty() => return Ok(true),
+            Ok(conflicts) => {
+                cancel.cancel();
+                return Err(Conflicts(conflicts).into());
+            }
+            Err(e) => {
+                metrics.redis_error(&e);
+                warn!(error = %e, "cannot check the board settings in redis yet; retrying");
+            }
+        }
+        tokio::select! {
+            _ = cancel.cancelled() => return Ok(false),
+            _ = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
 /// Runs the daemon until `cancel` fires, then drains.
 pub async fn run(settings: Settings, cancel: CancellationToken) -> anyhow::Result<()> {
     info!(
@@ -177,6 +206,35 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> anyhow::Resul
         metrics.clone(),
     );
     let group_ready = ingest.group_ready();
+    let listener = tokio::net::TcpListener::bind(settings.http.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", settings.http.listen))?;
+    info!(listen = %settings.http.listen, "http listening");
+    let app = router(Arc::new(AppState {
+        store: store.clone(),
+        settings: settings.clone(),
+        metrics: metrics.clone(),
+        group_ready,
+    }));
+    let http_cancel = cancel.clone();
+    tracker.spawn(
+        async move {
+            if let Err(e) = axum::serve(listener, app)
+                .with_graceful_shutdown(async move { http_cancel.cancelled().await })
+                .await
+            {
+                warn!(error = %e, "http server stopped");
+            }
+        }
+        .instrument(tracing::info_span!("http")),
+    );
+
+    // Nothing touches board data before the stored settings are known to agree.
+    if !settings_gate(&store, &settings.boards, &metrics, &cancel).await? {
+        tracker.close();
+        tracker.wait().await;
+        return Ok(());
+    }
     tracker.spawn(
         ingest
             .run(cancel.clone())
@@ -219,29 +277,6 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> anyhow::Resul
             .instrument(tracing::info_span!("group_poller")),
         );
     }
-
-    let listener = tokio::net::TcpListener::bind(settings.http.listen)
-        .await
-        .with_context(|| format!("cannot listen on {}", settings.http.listen))?;
-    info!(listen = %settings.http.listen, "http listening");
-    let app = router(Arc::new(AppState {
-        store: store.clone(),
-        settings: settings.clone(),
-        metrics: metrics.clone(),
-        group_ready,
-    }));
-    let http_cancel = cancel.clone();
-    tracker.spawn(
-        async move {
-            if let Err(e) = axum::serve(listener, app)
-                .with_graceful_shutdown(async move { http_cancel.cancelled().await })
-                .await
-            {
-                warn!(error = %e, "http server stopped");
-            }
-        }
-        .instrument(tracing::info_span!("http")),
-    );
 
     cancel.cancelled().await;
     if let Err(e) = scheduler.shutdown().await {

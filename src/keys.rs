@@ -32,6 +32,11 @@ impl Keys {
     pub fn scopes(&self, board: &str) -> String {
         format!("{}:board:{}:scopes", self.prefix, board)
     }
+
+    /// The settings a board was created with (Hash: setting -> value), checked at start.
+    pub fn settings(&self, board: &str) -> String {
+        format!("{}:board:{}:settings", self.prefix, board)
+    }
 }
 
 /// The keys of one board instance, all under one hash tag.
@@ -147,6 +152,7 @@ mod tests {
         assert_eq!(k.result(), "lb:{fans_7d:room42}:result");
         assert_eq!(k.slice(7), "lb:{fans_7d:room42}:slice:7");
         assert_eq!(keys.scopes("fans_7d"), "lb:board:fans_7d:scopes");
+        assert_eq!(keys.settings("fans_7d"), "lb:board:fans_7d:settings");
     }
 
     #[test]

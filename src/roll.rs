@@ -253,8 +253,8 @@ async fn expire_slice(
     }
 }
 
-/// Per member: exact total and number of slices holding it.
-type Sums = BTreeMap<String, (i128, i64)>;
+/// Per member: exact total, number of slices holding it, newest slice holding it.
+type Sums = BTreeMap<String, (i128, i64, i64)>;
 
 /// Sums the registered slices above `above` (all of them for `None`) in the worker,
 /// paging with HSCAN.
@@ -279,9 +279,10 @@ async fn sum_slices(
                 let amount: i64 = value.parse().map_err(|_| {
                     StoreError::Reply(format!("{key} holds {value:?} for {member:?}"))
                 })?;
-                let slot = sums.entry(member).or_insert((0, 0));
+                let slot = sums.entry(member).or_insert((0, 0, n));
                 slot.0 += i128::from(amount);
                 slot.1 += 1;
+                slot.2 = slot.2.max(n);
             }
             if next == "0" {
                 break;
@@ -292,9 +293,11 @@ async fn sum_slices(
     Ok(sums)
 }
 
-fn staged(board: &Board, sums: Sums) -> Result<Vec<Staged>, RollError> {
+/// The rows to stage. With `repair`, a member that `members` has lost is given the last
+/// millisecond of its newest slice as its tie-break time (the exact time is not kept).
+fn staged(board: &Board, sums: Sums, repair: bool) -> Result<Vec<Staged>, RollError> {
     sums.into_iter()
-        .map(|(member, (total, slices))| {
+        .map(|(member, (total, slices, newest))| {
             if total.abs() > i128::from(MAX_TOTAL) {
                 return Err(RollError::Range {
                     board: board.name.clone(),
@@ -305,6 +308,7 @@ fn staged(board: &Board, sums: Sums) -> Result<Vec<Staged>, RollError> {
                 member,
                 total: total as i64,
                 slices,
+                fallback_ts: repair.then(|| (newest + 1) * board.slice_ms - 1),
             })
         })
         .collect()
@@ -334,7 +338,8 @@ struct SwapCheck<'a> {
 }
 
 /// Writes each part's rows into the scratch keys of one run and swaps them all in at
-/// once; false when the swap was refused (see [`SwapCheck`]).
+/// once; false when the swap was refused (see [`SwapCheck`]). Also returns the members
+/// whose lost `members` entry was restored (see [`Staged::fallback_ts`]).
 async fn replace(
     store: &Store,
     board: &Board,
@@ -342,9 +347,10 @@ async fn replace(
     parts: &[(StageTargets, &[Staged])],
     chunk: usize,
     check: SwapCheck<'_>,
-) -> Result<bool, StoreError> {
+) -> Result<(bool, Vec<String>), StoreError> {
     let token = token();
     let mut all = StageTargets::default();
+    let mut repaired = Vec::new();
     let outcome = async {
         for (targets, rows) in parts {
             all.result |= targets.result;
@@ -354,7 +360,7 @@ async fn replace(
             // At least one call per part, so that the run's marker exists even when empty.
             store.stage(board, scope, &token, *targets, &[]).await?;
             for part in rows.chunks(chunk.max(1)) {
-                store.stage(board, scope, &token, *targets, part).await?;
+                repaired.extend(store.stage(board, scope, &token, *targets, part).await?.1);
             }
         }
         store
@@ -365,7 +371,9 @@ async fn replace(
     if !matches!(outcome, Ok(true)) {
         store.discard(board, scope, &token).await?;
     }
-    outcome
+    repaired.sort();
+    repaired.dedup();
+    Ok((outcome?, repaired))
 }
 
 /// Re-sums the live slices into a new ranking and renames it over the result: readers
@@ -380,6 +388,7 @@ pub async fn resummarize(
     let rows = staged(
         board,
         sum_slices(store, board, scope, Some(watermark), chunk).await?,
+        false,
     )?;
     let targets = StageTargets {
         result: true,
@@ -400,17 +409,26 @@ pub async fn resummarize(
 /// (a roll cancelled between chunks leaves a dead slice partly subtracted, and the next
 /// roll finishes it), so it is the sum of every registered slice; on resummarize boards the
 /// ranking is the sum of the live slices and the `totals` bookkeeping that of every slice.
-/// Retries while ingest changes the instance underneath; returns the members ranked.
+/// Retries while ingest changes the instance underneath.
+///
+/// A member that holds slice data but has lost its `members` entry (the source of its
+/// tie-break time) is restored with the last millisecond of its newest slice as that
+/// time, and listed in [`Rebuilt::estimated`]: its total is exact, its place among equal
+/// totals may not be.
 pub async fn rebuild(
     store: &Store,
     board: &Board,
     scope: Option<&str>,
     chunk: usize,
-) -> Result<u64, RollError> {
+) -> Result<Rebuilt, RollError> {
     for _ in 0..MAX_ATTEMPTS {
         let (watermark, gen) = store.meta(board, scope).await?;
-        let every = staged(board, sum_slices(store, board, scope, None, chunk).await?)?;
-        let swapped = match board.mode {
+        let every = staged(
+            board,
+            sum_slices(store, board, scope, None, chunk).await?,
+            true,
+        )?;
+        let (swapped, estimated) = match board.mode {
             Mode::Incremental => {
                 let targets = StageTargets {
                     result: true,
@@ -427,6 +445,7 @@ pub async fn rebuild(
                 let live = staged(
                     board,
                     sum_slices(store, board, scope, watermark, chunk).await?,
+                    true,
                 )?;
                 let bookkeeping = StageTargets {
                     refs: board.allow_negative,
@@ -448,10 +467,22 @@ pub async fn rebuild(
             }
         };
         if swapped {
-            return Ok(every.len() as u64);
+            return Ok(Rebuilt {
+                members: every.len() as u64,
+                estimated,
+            });
         }
     }
     Err(RollError::Busy(board.name.clone()))
+}
+
+/// What a rebuild of one instance did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Rebuilt {
+    /// Members with slice data (all now ranked by their exact totals).
+    pub members: u64,
+    /// Members whose tie-break time was lost and is now estimated (see [`rebuild`]).
+    pub estimated: Vec<String>,
 }
 
 /// One member whose stored total differs from its slices.
@@ -504,7 +535,11 @@ pub async fn verify(
             Mode::Incremental => None,
             Mode::Resummarize => watermark,
         };
-        let sums = staged(board, sum_slices(store, board, scope, above, chunk).await?)?;
+        let sums = staged(
+            board,
+            sum_slices(store, board, scope, above, chunk).await?,
+            false,
+        )?;
         let stored: BTreeMap<String, i64> = store
             .result_entries(board, scope)
             .await?

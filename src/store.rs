@@ -53,6 +53,38 @@ fn reply_err(what: impl Into<String>) -> StoreError {
     StoreError::Reply(what.into())
 }
 
+/// A setting of a board whose value in Redis differs from the configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Conflict {
+    /// Board name.
+    pub board: String,
+    /// The setting (`mode`, `tie_break`, `allow_negative`, `scale`, `window`, `slice`).
+    pub setting: &'static str,
+    /// Its value when the board's data was created.
+    pub stored: String,
+    /// Its value in this process's configuration.
+    pub configured: String,
+    /// The key holding the stored settings.
+    pub key: String,
+}
+
+impl std::fmt::Display for Conflict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "board {}: {} is {} in the configuration but the board's data in Redis was built with {} = {} ({}); \
+             put the setting back, or give the board a new name (it starts empty; delete the old keys when done)",
+            self.board, self.setting, self.configured, self.setting, self.stored, self.key
+        )
+    }
+}
+
+/// Every setting that differs between the configuration and Redis: a process with any
+/// refuses to start (exit 64).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"))]
+pub struct Conflicts(pub Vec<Conflict>);
+
 /// What became of one event at one board instance.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Outcome {
@@ -370,6 +402,44 @@ impl Store {
             script.load(self.client()).await?;
         }
         Ok(())
+    }
+
+    /// Records each board's shaping settings in Redis the first time the board is seen,
+    /// and lists every setting whose stored value differs from `boards` (empty: all agree).
+    /// Data written under other settings would be misread (scores, tie-break prefixes,
+    /// slice numbers), so a process with conflicts must not start.
+    pub async fn check_settings(&self, boards: &[Board]) -> Result<Vec<Conflict>, StoreError> {
+        let mut conflicts = Vec::new();
+        for board in boards {
+            let key = self.keys.settings(&board.name);
+            let wanted = board.shaping_settings();
+            let args: Vec<Value> = wanted
+                .iter()
+                .flat_map(|(k, v)| [Value::from(*k), Value::from(v.as_str())])
+                .collect();
+            let stored: std::collections::HashMap<String, String> = self
+                .client()
+                .eval(
+                    "if redis.call('EXISTS', KEYS[1]) == 0 then redis.call('HSET', KEYS[1], unpack(ARGV)) end \
+                     return redis.call('HGETALL', KEYS[1])",
+                    vec![key.clone()],
+                    args,
+                )
+                .await?;
+            for (setting, configured) in wanted {
+                match stored.get(setting) {
+                    Some(v) if *v != configured => conflicts.push(Conflict {
+                        board: board.name.clone(),
+                        setting,
+                        stored: v.clone(),
+                        configured,
+                        key: key.clone(),
+                    }),
+                    _ => {}
+                }
+            }
+        }
+        Ok(conflicts)
     }
 
     /// Answers `PING`.
@@ -852,6 +922,9 @@ pub struct Staged {
     pub total: i64,
     /// How many live slices hold it.
     pub slices: i64,
+    /// The tie-break time to record when `members` has lost the member (a repair by
+    /// rebuild); `None` skips such a member (it left the instance while being summed).
+    pub fallback_ts: Option<i64>,
 }
 
 /// Which scratch structures [`Store::stage`] writes.
@@ -945,7 +1018,8 @@ impl Store {
     }
 
     /// Writes one chunk of a recomputed instance into the scratch keys of run `token`;
-    /// returns how many members were skipped because they have left the instance.
+    /// returns how many members were skipped because they have left the instance, and
+    /// the members given their fallback tie-break time (see [`Staged::fallback_ts`]).
     pub async fn stage(
         &self,
         board: &Board,
@@ -953,7 +1027,7 @@ impl Store {
         token: &str,
         targets: StageTargets,
         rows: &[Staged],
-    ) -> Result<u64, StoreError> {
+    ) -> Result<(u64, Vec<String>), StoreError> {
         let k = self.instance(board, scope);
         let keys = vec![
             k.members(),
@@ -969,12 +1043,27 @@ impl Store {
                 Value::from(r.member.as_str()),
                 Value::from(r.total),
                 Value::from(r.slices),
+                r.fallback_ts.map_or(Value::from(""), |ts| {
+                    Value::from(encode_member(board.tie_break, &r.member, ts))
+                }),
             ]);
         }
-        let v = self.eval(&self.scripts.stage, keys, args).await?;
-        as_i64(&v)
-            .map(|n| n as u64)
-            .ok_or_else(|| reply_err("stage: not a number"))
+        let out = as_array(self.eval(&self.scripts.stage, keys, args).await?)
+            .ok_or_else(|| reply_err("stage: not an array"))?;
+        let mut it = out.into_iter();
+        let skipped = it
+            .next()
+            .as_ref()
+            .and_then(as_i64)
+            .ok_or_else(|| reply_err("stage: no count"))?;
+        let repaired = it
+            .next()
+            .and_then(as_array)
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(as_string)
+            .collect();
+        Ok((skipped.max(0) as u64, repaired))
     }
 
     /// Renames the scratch keys of run `token` over the live ones, atomically. Refused

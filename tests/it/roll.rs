@@ -19,7 +19,7 @@ const DAY: i64 = 24 * HOUR;
 const T0: i64 = 1_763_700_000_000;
 
 async fn roll_all(store: &Store, boards: &[Board], now: i64, chunk: usize) -> Vec<Report> {
-    roll::run_once(
+    let reports = roll::run_once(
         store,
         boards,
         Job::All,
@@ -29,7 +29,11 @@ async fn roll_all(store: &Store, boards: &[Board], now: i64, chunk: usize) -> Ve
         &CancellationToken::new(),
     )
     .await
-    .expect("roll")
+    .expect("roll");
+    for r in &reports {
+        assert_eq!(r.instances_failed, 0, "{}: {:?}", r.board, r.first_error);
+    }
+    reports
 }
 
 async fn assert_verified(store: &Store, board: &Board, scope: Option<&str>) {
@@ -512,6 +516,7 @@ async fn a_swap_that_runs_twice_changes_nothing_the_second_time() {
         member: "a".into(),
         total: 5,
         slices: 1,
+        fallback_ts: None,
     }];
     store.stage(&b, None, "t1", targets, &rows).await.unwrap();
     assert!(store
