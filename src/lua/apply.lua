@@ -23,9 +23,9 @@
 --
 -- Redis does not roll back a script that fails half-way, so this one is in two phases.
 -- Phase 1 only reads: the stored settings, the watermark, every idempotency key of the
--- chunk (one ZMSCORE), every member's state (HMGET, ZMSCORE) and every slice field it
--- touches (one HMGET per slice). Each read also proves its key has the right type, and
--- every stored value is parsed and checked; whatever is wrong raises an error before
+-- chunk (one ZMSCORE), every member's state (HMGET, ZMSCORE), every slice field it
+-- touches (one HMGET per slice) and the slice registry (one ZMSCORE). Each read also
+-- proves its key has the right type, and every stored value is parsed and checked; whatever is wrong raises an error before
 -- anything was written. The events are then judged one by one, in order, against that
 -- state in Lua. Phase 2 writes the outcome with a handful of variadic commands whose
 -- keys and values are known to be valid, so a call either writes all of it or nothing.
@@ -181,6 +181,14 @@ for s, f in pairs(fields) do
   end
 end
 
+-- The slice registry, read so that its type is checked before the first write too.
+local touched_slices = {}
+for s in pairs(fields) do touched_slices[#touched_slices + 1] = s end
+table.sort(touched_slices)
+local numbers = {}
+for k, s in ipairs(touched_slices) do numbers[k] = string.format('%d', slice_no[s]) end
+local listed = variadic('ZMSCORE', slices, numbers)
+
 local function time_of(z)
   local prefix = tonumber(string.sub(z, 1, 16))
   if tie == 'e' then return LIMIT - prefix end
@@ -231,7 +239,8 @@ if #added_ids == 0 then return status end
 if not stored[2] then redis.call('HSET', meta, 'settings', settings) end
 variadic('ZADD', seen, added_ids)
 local registered = {}
-for s, f in pairs(fields) do
+for k, s in ipairs(touched_slices) do
+  local f = fields[s]
   local pairs_out = {}
   for _, m in ipairs(f.order) do
     local field = f[m]
@@ -242,8 +251,10 @@ for s, f in pairs(fields) do
   end
   if #pairs_out > 0 then
     variadic('HSET', slice_key[s], pairs_out)
-    registered[#registered + 1] = slice_no[s]
-    registered[#registered + 1] = string.format('%d', slice_no[s])
+    if not listed[k] then
+      registered[#registered + 1] = numbers[k]
+      registered[#registered + 1] = numbers[k]
+    end
   end
 end
 variadic('ZADD', slices, registered)

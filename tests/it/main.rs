@@ -3,6 +3,7 @@
 mod cli;
 mod daemon;
 mod engine;
+mod holes;
 mod model;
 mod roll;
 mod util;
