@@ -25,8 +25,8 @@
 -- Phase 1 only reads: the stored settings, the watermark, every idempotency key of the
 -- chunk (one ZMSCORE), every member's state (HMGET, ZMSCORE), every slice field it
 -- touches (one HMGET per slice) and the slice registry (one ZMSCORE). Each read also
--- proves its key has the right type, and every stored value is parsed and checked; whatever is wrong raises an error before
--- anything was written. The events are then judged one by one, in order, against that
+-- proves its key has the right type, and every stored value is parsed and checked;
+-- whatever is wrong raises an error before anything was written. The events are then judged one by one, in order, against that
 -- state in Lua. Phase 2 writes the outcome with a handful of variadic commands whose
 -- keys and values are known to be valid, so a call either writes all of it or nothing.
 -- The `#!lua` line makes Redis refuse the whole call up front when it is out of memory,
