@@ -26,11 +26,11 @@
 -- chunk (one ZMSCORE), every member's state (HMGET, ZMSCORE), every slice field it
 -- touches (one HMGET per slice) and the slice registry (one ZMSCORE). Each read also
 -- proves its key has the right type, and every stored value is parsed and checked;
--- whatever is wrong raises an error before anything was written. The events are then judged one by one, in order, against that
--- state in Lua. Phase 2 writes the outcome with a handful of variadic commands whose
--- keys and values are known to be valid, so a call either writes all of it or nothing.
--- The `#!lua` line makes Redis refuse the whole call up front when it is out of memory,
--- instead of failing at the first write.
+-- whatever is wrong raises an error before anything was written. The events are then
+-- judged one by one, in order, against that state in Lua. Phase 2 writes the outcome
+-- with a handful of variadic commands whose keys and values are known to be valid, so
+-- a call either writes all of it or nothing. The `#!lua` line makes Redis refuse the
+-- whole call up front when it is out of memory, instead of failing at the first write.
 -- Numbers stay below 2^53 in magnitude, so Lua's doubles hold them exactly.
 local LIMIT = 9007199254740991
 local BATCH = 1000 -- values per variadic command (well under Lua's unpack limit)
