@@ -35,11 +35,15 @@ pub enum Reason {
     Late,
     /// Applying the event would take a total past 2^53 - 1.
     Overflow,
+    /// A board instance's apply kept failing (a key of the wrong type, corrupt data, a
+    /// script error) through every retry; the event went to its other boards.
+    ApplyFailed,
 }
 
 impl Reason {
-    /// Every reason, in precedence order.
-    pub const ALL: [Reason; 9] = [
+    /// Every reason, in precedence order (`apply_failed` is not a judgement of the event:
+    /// it comes last).
+    pub const ALL: [Reason; 10] = [
         Reason::NoBoard,
         Reason::Member,
         Reason::Scope,
@@ -49,6 +53,7 @@ impl Reason {
         Reason::Future,
         Reason::Late,
         Reason::Overflow,
+        Reason::ApplyFailed,
     ];
 
     /// The label used in dead-letter entries and metrics.
@@ -63,6 +68,7 @@ impl Reason {
             Reason::Future => "future",
             Reason::Late => "late",
             Reason::Overflow => "overflow",
+            Reason::ApplyFailed => "apply_failed",
         }
     }
 }

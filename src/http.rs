@@ -342,9 +342,18 @@ async fn readyz(State(state): State<Arc<AppState>>) -> Response {
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
+    // A board whose applies keep failing is reported, not made a reason to take the pod
+    // out of service: the other boards, the queries and the intake still work.
+    let failing = state.metrics.failing_boards();
     (
         status,
-        Json(json!({ "ready": ready, "redis": redis_ok, "group": group })),
+        Json(json!({
+            "ready": ready,
+            "redis": redis_ok,
+            "group": group,
+            "degraded": !failing.is_empty(),
+            "failing_boards": failing,
+        })),
     )
         .into_response()
 }

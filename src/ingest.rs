@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use fred::prelude::*;
 use fred::types::{ClusterHash, CustomCommand};
-use futures_util::future::try_join_all;
+use futures_util::future::{join_all, try_join_all};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
@@ -427,13 +427,46 @@ pub async fn process_batch(
             )
         })
         .collect();
-    let outcomes = store.apply_many(&batches, now).await?;
+    let outcomes = apply_with_retries(store, metrics, &batches, now).await?;
 
     let mut late = vec![0usize; events.len()];
     let mut late_boards: Vec<Vec<&str>> = vec![Vec::new(); events.len()];
     let mut tally: BTreeMap<&str, [u64; 3]> = BTreeMap::new();
     for (((b, scope), evs), results) in groups.iter().zip(&outcomes) {
         let board = &boards[*b];
+        let within = scope
+            .as_deref()
+            .map(|s| format!(" (scope {s:?})"))
+            .unwrap_or_default();
+        let results = match results {
+            Ok(results) => results,
+            Err(failure) => {
+                let how = if metrics.is_failing(&board.name, scope.as_deref()) {
+                    "again"
+                } else {
+                    "through every retry"
+                };
+                metrics.apply_gave_up(&board.name, scope.as_deref(), evs.len());
+                for (k, _) in evs {
+                    let (position, entry, _) = events[*k];
+                    dead.push((
+                        position,
+                        DeadLetter {
+                            fields: entry.fields.clone().unwrap_or_default(),
+                            source_id: entry.id.clone(),
+                            rejection: Rejection::new(
+                                Reason::ApplyFailed,
+                                format!(
+                                    "board {}{within}: apply failed {how}: {failure}; applied to the other boards only",
+                                    board.name,
+                                ),
+                            ),
+                        },
+                    ));
+                }
+                continue;
+            }
+        };
         let counts = tally.entry(board.name.as_str()).or_default();
         for ((k, _), outcome) in evs.iter().zip(results) {
             match outcome {
@@ -446,10 +479,6 @@ pub async fn process_batch(
                 }
                 Outcome::Overflow => {
                     let (position, entry, _) = events[*k];
-                    let within = scope
-                        .as_deref()
-                        .map(|s| format!(" (scope {s:?})"))
-                        .unwrap_or_default();
                     dead.push((
                         position,
                         DeadLetter {
@@ -525,6 +554,70 @@ pub async fn process_batch(
             .await?;
     }
     Ok(())
+}
+
+/// Attempts an instance's apply gets when it fails for a reason other than an outage,
+/// before its events are dead-lettered (`apply_failed`). An instance that already failed
+/// this way gets one attempt per batch until it succeeds again, so a broken board holds
+/// the other boards' events back for at most one retry sequence.
+pub const APPLY_ATTEMPTS: u32 = 5;
+/// Wait before the first retry; doubled for each next one (0.1 + 0.2 + 0.4 + 0.8 s).
+const RETRY_DELAY: Duration = Duration::from_millis(100);
+
+/// Applies every instance's share of a batch, concurrently. An outage (Redis unreachable,
+/// out of memory, failing over) fails the whole batch, which is then retried unacked.
+/// Any other failure is retried per instance (see [`APPLY_ATTEMPTS`]) and then returned
+/// in that instance's place, for its events to be dead-lettered.
+async fn apply_with_retries(
+    store: &Store,
+    metrics: &Metrics,
+    batches: &[(&Board, Option<&str>, Vec<ApplyEvent>)],
+    now: i64,
+) -> Result<Vec<Result<Vec<Outcome>, StoreError>>, StoreError> {
+    let mut results: Vec<Option<Result<Vec<Outcome>, StoreError>>> =
+        batches.iter().map(|_| None).collect();
+    let mut todo: Vec<usize> = (0..batches.len()).collect();
+    let mut delay = RETRY_DELAY;
+    for attempt in 1..=APPLY_ATTEMPTS {
+        let outs = join_all(todo.iter().map(|&i| {
+            let (board, scope, events) = &batches[i];
+            store.apply(board, *scope, events, now)
+        }))
+        .await;
+        let mut again = Vec::new();
+        for (i, out) in todo.iter().copied().zip(outs) {
+            let (board, scope, _) = &batches[i];
+            match out {
+                Ok(outcomes) => {
+                    metrics.apply_ok(&board.name, *scope);
+                    results[i] = Some(Ok(outcomes));
+                }
+                Err(e) if e.is_outage() => return Err(e),
+                Err(e) => {
+                    metrics.apply_failed(&board.name, *scope, &e);
+                    if attempt == APPLY_ATTEMPTS || metrics.is_failing(&board.name, *scope) {
+                        results[i] = Some(Err(e));
+                    } else {
+                        again.push(i);
+                    }
+                }
+            }
+        }
+        if again.is_empty() {
+            break;
+        }
+        tokio::time::sleep(delay).await;
+        delay *= 2;
+        todo = again;
+    }
+    Ok(results
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|| Err(reply_missing())))
+        .collect())
+}
+
+fn reply_missing() -> StoreError {
+    StoreError::Reply("apply: no attempt was made".into())
 }
 
 /// The group's pending count and lag from XINFO GROUPS (lag is absent before Redis 7).

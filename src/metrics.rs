@@ -3,10 +3,15 @@
 //! from small fixed sets (board names from the config, reasons, kinds): never member names
 //! or raw error text.
 
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
 use prometheus::{
     Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
-    IntGauge, Opts, Registry, TextEncoder,
+    IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
+use tracing::warn;
 
 use crate::board::Board;
 use crate::event::Reason;
@@ -33,7 +38,17 @@ pub struct Metrics {
     redis_errors: IntCounterVec,
     reconnects: IntCounter,
     up: Gauge,
+    apply_failures: IntCounterVec,
+    board_failing: IntGaugeVec,
+    /// Board instances whose apply failed through every retry, and when that last happened.
+    failing: Mutex<HashMap<(String, Option<String>), Instant>>,
+    /// The configured board names (the `board` label values).
+    boards: Vec<String>,
 }
+
+/// How long a board stays reported as failing after its last failed apply when no apply
+/// of it succeeds in between.
+pub const FAILING_HOLD: Duration = Duration::from_secs(600);
 
 /// Why an event was skipped at one board.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -180,7 +195,27 @@ impl Metrics {
             )
             .expect("valid metric"),
         );
+        let apply_failures = counter(
+            "rollboard_apply_failures_total",
+            "Applies of a board instance's share of a batch that failed for a reason other \
+             than an outage (a key of the wrong type, corrupt data, a script error), per board.",
+            &["board"],
+        );
+        let board_failing = register(
+            &registry,
+            IntGaugeVec::new(
+                Opts::new(
+                    "rollboard_board_apply_failing",
+                    "Board instances whose events are being dead-lettered (apply_failed) because \
+                     their apply failed through every retry.",
+                ),
+                &["board"],
+            )
+            .expect("valid metric"),
+        );
         for b in boards {
+            apply_failures.with_label_values(&[&b.name]);
+            board_failing.with_label_values(&[&b.name]);
             applied.with_label_values(&[&b.name]);
             for skip in [Skip::Duplicate, Skip::Late] {
                 skipped.with_label_values(&[b.name.as_str(), skip.as_str()]);
@@ -212,6 +247,10 @@ impl Metrics {
             redis_errors,
             reconnects,
             up,
+            apply_failures,
+            board_failing,
+            failing: Mutex::new(HashMap::new()),
+            boards: boards.iter().map(|b| b.name.clone()).collect(),
         }
     }
 
@@ -289,5 +328,77 @@ impl Metrics {
     /// Whether the last readiness check reached Redis.
     pub fn redis_up(&self, up: bool) {
         self.up.set(if up { 1.0 } else { 0.0 });
+    }
+
+    /// One apply attempt of a board instance failed (not an outage).
+    pub fn apply_failed(&self, board: &str, scope: Option<&str>, error: &StoreError) {
+        self.redis_error(error);
+        self.apply_failures.with_label_values(&[board]).inc();
+        warn!(board, scope, error = %error, "apply of a board instance failed");
+    }
+
+    /// A board instance's apply failed through every retry: its events are dead-lettered
+    /// until one succeeds again.
+    pub fn apply_gave_up(&self, board: &str, scope: Option<&str>, events: usize) {
+        warn!(
+            board,
+            scope,
+            events,
+            "apply kept failing; the instance's events go to the dead-letter stream (apply_failed)"
+        );
+        if let Ok(mut failing) = self.failing.lock() {
+            failing.insert(
+                (board.to_string(), scope.map(str::to_string)),
+                Instant::now(),
+            );
+        }
+        self.refresh_failing();
+    }
+
+    /// An apply of a board instance succeeded.
+    pub fn apply_ok(&self, board: &str, scope: Option<&str>) {
+        let removed = self.failing.lock().is_ok_and(|mut failing| {
+            failing
+                .remove(&(board.to_string(), scope.map(str::to_string)))
+                .is_some()
+        });
+        if removed {
+            tracing::info!(board, scope, "apply of a board instance recovered");
+            self.refresh_failing();
+        }
+    }
+
+    /// Whether a board instance is currently failing (its events get one attempt, not the
+    /// full retry, so that it cannot hold every batch back).
+    pub fn is_failing(&self, board: &str, scope: Option<&str>) -> bool {
+        self.failing.lock().is_ok_and(|failing| {
+            failing
+                .get(&(board.to_string(), scope.map(str::to_string)))
+                .is_some_and(|t| t.elapsed() < FAILING_HOLD)
+        })
+    }
+
+    /// The boards with a failing instance, sorted, for `/readyz`.
+    pub fn failing_boards(&self) -> Vec<String> {
+        self.refresh_failing()
+    }
+
+    /// Drops failures older than [`FAILING_HOLD`], sets the gauges and lists the boards.
+    fn refresh_failing(&self) -> Vec<String> {
+        let Ok(mut failing) = self.failing.lock() else {
+            return Vec::new();
+        };
+        failing.retain(|_, t| t.elapsed() < FAILING_HOLD);
+        let mut per_board: HashMap<&str, i64> = HashMap::new();
+        for (board, _) in failing.keys() {
+            *per_board.entry(board.as_str()).or_default() += 1;
+        }
+        for board in &self.boards {
+            let n = per_board.get(board.as_str()).copied().unwrap_or(0);
+            self.board_failing.with_label_values(&[board]).set(n);
+        }
+        let mut boards: Vec<String> = per_board.keys().map(|b| b.to_string()).collect();
+        boards.sort();
+        boards
     }
 }

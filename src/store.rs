@@ -10,7 +10,6 @@ use std::time::Duration;
 use fred::prelude::*;
 use fred::types::scripts::Script;
 use fred::types::{ClusterHash, CustomCommand};
-use futures_util::future::try_join_all;
 
 use crate::board::{Board, Mode, TieBreak};
 use crate::keys::{InstanceKeys, Keys};
@@ -45,6 +44,34 @@ impl StoreError {
                 _ => "other",
             },
             StoreError::Reply(_) => "other",
+        }
+    }
+}
+
+impl StoreError {
+    /// Whether the error is about Redis as a whole (unreachable, timed out, out of memory,
+    /// loading, failing over) rather than about the data one call touched: such a batch
+    /// is retried as a whole, never dead-lettered.
+    pub fn is_outage(&self) -> bool {
+        match self {
+            StoreError::Redis(e) => {
+                matches!(self.kind(), "connection" | "timeout")
+                    || [
+                        "OOM",
+                        "LOADING",
+                        "BUSY",
+                        "MASTERDOWN",
+                        "CLUSTERDOWN",
+                        "TRYAGAIN",
+                        "READONLY",
+                        "NOREPLICAS",
+                        "MOVED",
+                        "ASK",
+                    ]
+                    .iter()
+                    .any(|p| e.details().starts_with(p))
+            }
+            StoreError::Reply(_) => false,
         }
     }
 }
@@ -586,20 +613,6 @@ impl Store {
             }
         }
         Ok(out)
-    }
-
-    /// Applies several instance batches concurrently (pipelined); results in input order.
-    pub async fn apply_many(
-        &self,
-        batches: &[(&Board, Option<&str>, Vec<ApplyEvent>)],
-        now: i64,
-    ) -> Result<Vec<Vec<Outcome>>, StoreError> {
-        try_join_all(
-            batches
-                .iter()
-                .map(|(board, scope, events)| self.apply(board, *scope, events, now)),
-        )
-        .await
     }
 
     /// Raises the instance's watermark to at least `target`; returns the watermark and the
