@@ -359,6 +359,46 @@ async fn sigterm_under_load_exits_0_and_loses_nothing() {
     assert!(daemon.terminate().await.success());
 }
 
+/// Entries pending for the daemon's consumer that its loop never read (here delivered under
+/// its name by someone else, as a reply lost on the wire would leave them) are applied and
+/// acked before a clean exit, not left for the next start or another replica's claim.
+#[tokio::test]
+async fn sigterm_drains_own_pending_entries_the_loop_never_saw() {
+    let (_redis, store, _dir, config, port) = setup("a").await;
+    let now = now_ms();
+    let events: Vec<Fields> = (0..300).map(|i| tip(i, now)).collect();
+    let daemon = Daemon::start(&config, port).await;
+    xadd_all(store.client(), "rb:events", &events[..100]).await;
+    assert!(drained(&store).await, "log:\n{}", daemon.logs());
+    // Append and deliver to "a" in one transaction: the daemon's own read never sees them,
+    // and they are idle for far less than claim_idle (1s) when the SIGTERM comes.
+    let tx = store.client().multi();
+    for fields in &events[100..] {
+        let _: () = tx
+            .xadd("rb:events", false, None, "*", fields.clone())
+            .await
+            .expect("queue xadd");
+    }
+    let _: () = tx
+        .xreadgroup("rollboard", "a", Some(1000), None, false, "rb:events", ">")
+        .await
+        .expect("queue xreadgroup");
+    let _: Value = tx.exec(true).await.expect("exec");
+    let pending = group_info(store.client(), "rb:events", "rollboard")
+        .await
+        .expect("xinfo groups");
+    assert_eq!(pending, Some((200, Some(0))));
+    let status = daemon.terminate().await;
+    assert!(status.success(), "exit status {status:?}");
+    let pending = group_info(store.client(), "rb:events", "rollboard")
+        .await
+        .expect("xinfo groups");
+    assert_eq!(pending, Some((0, Some(0))), "nothing left pending at exit");
+    let daemon = Daemon::start(&config, port).await;
+    assert_drained_into_model(&store, &events, &daemon).await;
+    assert!(daemon.terminate().await.success());
+}
+
 #[tokio::test]
 async fn a_redis_restart_turns_readyz_503_then_200_and_loses_nothing() {
     let mut redis = RedisServer::start_persistent();
