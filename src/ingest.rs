@@ -7,6 +7,12 @@
 //! script skips what it already counted). On start the consumer first re-processes its
 //! own pending entries; entries left pending by dead consumers are taken over with
 //! XAUTOCLAIM after `claim_idle`.
+//!
+//! Shutdown leaves nothing of this consumer's pending: a read that was sent is always
+//! awaited (Redis may already have delivered its entries) and its batch applied and acked,
+//! and before exiting the consumer drains its own pending list. That matters because a
+//! consumer name that never comes back (a replaced pod) would otherwise leave its last
+//! batch to wait for another replica's `claim_idle`.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -31,6 +37,12 @@ const RESERVED: [&str; 3] = ["reason", "detail", "source_id"];
 
 /// A board instance: board index and scope value.
 type Instance = (usize, Option<String>);
+
+/// Rounds of the drain before exiting; each reads up to one batch of this consumer's own
+/// pending entries (normally there are none left).
+const DRAIN_ROUNDS: usize = 8;
+/// How long the drain before exiting may take in all, well inside the daemon's grace period.
+const DRAIN_BUDGET: Duration = Duration::from_secs(10);
 
 /// One stream entry; `fields` is `None` for an entry deleted while it was pending.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -149,6 +161,8 @@ pub struct Ingest {
     boards: Arc<Vec<Board>>,
     metrics: Arc<Metrics>,
     group_ready: Arc<AtomicBool>,
+    /// Set when the reader (re)connects: read own pending entries before new ones.
+    reader_reconnected: Arc<AtomicBool>,
 }
 
 /// Creates the consumer group at ID 0 with MKSTREAM unless it exists (an existing group is
@@ -190,6 +204,7 @@ impl Ingest {
             boards,
             metrics,
             group_ready: Arc::new(AtomicBool::new(false)),
+            reader_reconnected: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -198,9 +213,13 @@ impl Ingest {
         self.group_ready.clone()
     }
 
-    /// Consumes until `cancel` fires. Cancellation is only observed while waiting for new
-    /// entries, so a batch in flight is always applied and acked first.
+    /// Consumes until `cancel` fires, then drains. Cancellation is observed between steps
+    /// (and during the back-off after an error), never by dropping a read: a read that was
+    /// sent ends by itself within `ingest.block`, and what it returned is applied and acked
+    /// before the loop ends. Then this consumer's own pending list is drained, so that a
+    /// clean exit leaves nothing of ours pending.
     pub async fn run(self, cancel: CancellationToken) {
+        let reconnects = self.watch_reconnects();
         let mut backlog = true;
         let mut backoff = Duration::from_millis(100);
         let mut last_claim: Option<Instant> = None;
@@ -220,6 +239,8 @@ impl Ingest {
                     warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "consumer step failed; nothing unapplied was acked");
                     // Whatever was read stays pending for us: re-read it before new entries.
                     backlog = true;
+                    // Cancel-safe: nothing is in flight during the back-off, and both
+                    // futures can be dropped at any point.
                     tokio::select! {
                         _ = cancel.cancelled() => break,
                         _ = tokio::time::sleep(backoff) => {}
@@ -231,10 +252,79 @@ impl Ingest {
         // A batch read ahead just before the signal is finished too, not left to redelivery.
         if let Some(entries) = ahead {
             if let Err(e) = self.process(entries).await {
+                self.metrics.redis_error(&e);
                 warn!(error = %e, "last batch not applied; it stays pending and is redelivered");
             }
         }
+        self.drain().await;
+        reconnects.abort();
         info!("consumer stopped");
+    }
+
+    /// Flags every (re)connection of the reader: a reply lost with the old connection may
+    /// have carried entries that are now pending for this consumer, so the next step reads
+    /// its own pending list first.
+    fn watch_reconnects(&self) -> tokio::task::JoinHandle<Result<(), fred::error::Error>> {
+        let flag = self.reader_reconnected.clone();
+        self.reader.on_reconnect(move |server| {
+            let flag = flag.clone();
+            async move {
+                debug!(server = %server, "stream reader connected; own pending entries first");
+                flag.store(true, Ordering::SeqCst);
+                Ok(())
+            }
+        })
+    }
+
+    /// Applies and acks this consumer's own pending entries before exiting: a batch whose
+    /// apply failed, or whose reply was lost, would otherwise wait for the next start or for
+    /// another replica's `claim_idle`. Bounded in rounds and time, and tried only while the
+    /// reader is connected: with Redis gone there is nothing to drain into.
+    async fn drain(&self) {
+        if !self.reader.is_connected() {
+            warn!("redis unreachable at shutdown; own pending entries wait for the next start or a claim");
+            return;
+        }
+        let deadline = tokio::time::Instant::now() + DRAIN_BUDGET;
+        for _ in 0..DRAIN_ROUNDS {
+            let round = async {
+                let entries = self.read("0", None).await?;
+                let count = entries.len();
+                if count > 0 {
+                    self.process(entries).await?;
+                }
+                Ok::<usize, StoreError>(count)
+            };
+            // Dropping `round` at the deadline is safe: reading id 0 delivers nothing new,
+            // and a batch cut short is not acked, so it stays pending and its redelivery
+            // changes nothing that was already applied.
+            match tokio::time::timeout_at(deadline, round).await {
+                Ok(Ok(0)) => {
+                    debug!("nothing of this consumer left pending");
+                    return;
+                }
+                Ok(Ok(count)) => info!(
+                    entries = count,
+                    "own pending entries applied before exiting"
+                ),
+                Ok(Err(e)) => {
+                    self.metrics.redis_error(&e);
+                    warn!(error = %e, "own pending entries not drained; they wait for the next start or a claim");
+                    return;
+                }
+                Err(_) => {
+                    warn!(
+                        budget_ms = DRAIN_BUDGET.as_millis() as u64,
+                        "drain ran out of time; the rest waits for the next start or a claim"
+                    );
+                    return;
+                }
+            }
+        }
+        warn!(
+            rounds = DRAIN_ROUNDS,
+            "own pending entries left after the drain; they wait for the next start or a claim"
+        );
     }
 
     async fn step(
@@ -253,6 +343,9 @@ impl Ingest {
             .await?;
             self.group_ready.store(true, Ordering::SeqCst);
         }
+        if self.reader_reconnected.swap(false, Ordering::SeqCst) {
+            *backlog = true;
+        }
         if *backlog {
             let entries = self.read("0", None).await?;
             if entries.is_empty() {
@@ -269,13 +362,17 @@ impl Ingest {
             *last_claim = Some(Instant::now());
         }
         let block = self.settings.block.as_millis() as u64;
-        // Cancel-safe: a read dropped mid-flight leaves any delivered entries pending for
-        // this consumer, and they are re-processed at the next start.
+        // Deliberately not raced against `cancel`: `XREADGROUP >` is not cancel-safe. Once it
+        // is sent, Redis may deliver entries into this consumer's pending list at any moment;
+        // dropping the future loses the reply, not the delivery, and a consumer that then
+        // exits leaves a whole batch pending. So after the signal no new read is started,
+        // and a read in flight is awaited: it returns within `block`, and its entries are
+        // applied and acked before the loop sees the cancellation.
         let read_new = || async {
-            tokio::select! {
-                _ = cancel.cancelled() => Ok(Vec::new()),
-                read = self.read(">", Some(block)) => read,
+            if cancel.is_cancelled() {
+                return Ok(Vec::new());
             }
+            self.read(">", Some(block)).await
         };
         let entries = match ahead.take() {
             Some(entries) => entries,

@@ -378,10 +378,18 @@ impl Store {
         })
     }
 
-    /// A single extra connection, e.g. for a blocking XREADGROUP that must not stall the
-    /// commands queued behind it on a shared connection.
+    /// A single extra connection for the stream reader: its blocking XREADGROUP must not
+    /// stall the commands queued behind it on a shared connection.
+    ///
+    /// Commands on it are sent once and never resent: `XREADGROUP >` is not idempotent. If
+    /// the connection drops after Redis delivered a batch, a resend would deliver the next
+    /// batch and leave the first one in the pending list, unseen, until `claim_idle`. With
+    /// one attempt the lost reply is an error instead, and the consumer re-reads its own
+    /// pending entries.
     pub async fn dedicated(url: &str, reconnect: Reconnect) -> Result<Client, StoreError> {
-        let client = Self::builder(url, reconnect)?.build()?;
+        let mut builder = Self::builder(url, reconnect)?;
+        builder.with_connection_config(|c| c.max_command_attempts = 1);
+        let client = builder.build()?;
         match reconnect {
             Reconnect::Never => {
                 client.init().await?;
