@@ -3,6 +3,8 @@
 mod cli;
 mod daemon;
 mod engine;
+mod intake;
 mod model;
+mod proxy;
 mod roll;
 mod util;
