@@ -14,7 +14,7 @@ use fred::prelude::*;
 
 use crate::board::Board;
 use crate::config::Settings;
-use crate::event::{check_name, fields_from_json, validate, Field};
+use crate::event::{check_name, fields_from_json, fresh_id, validate, Field};
 use crate::query::{format_total, Entry, Page};
 use crate::roll::{self, Job};
 use crate::store::{Conflicts, Reconnect, Store};
@@ -517,6 +517,11 @@ pub fn parse_lines(
 
 /// Appends validated events to the stream in one MULTI/EXEC: all of them or, when Redis
 /// refuses any (e.g. out of memory, detected while queueing), none.
+///
+/// An event without an `id` field is appended with a fresh one ([`fresh_id`]), given before
+/// the transaction is built: the client retries the whole transaction when the connection
+/// drops before EXEC's reply arrives, and the retry then appends the same ids again, which
+/// the consumer skips as duplicates instead of counting the money twice.
 pub async fn append(
     client: &Client,
     stream: &str,
@@ -527,9 +532,11 @@ pub async fn append(
     }
     let tx = client.multi();
     for fields in events {
+        let id = fresh_id(fields);
         let pairs: Vec<(&[u8], &[u8])> = fields
             .iter()
             .map(|(k, v)| (k.as_slice(), v.as_slice()))
+            .chain(id.as_deref().map(|id| (b"id".as_slice(), id.as_bytes())))
             .collect();
         let _: () = tx.xadd(stream, false, None, "*", pairs).await?;
     }

@@ -364,6 +364,18 @@ pub fn parse(
     validate(fields, boards)?.resolve(entry_id, now, max_future_ms)
 }
 
+/// A fresh idempotency key for an event without an `id` field (`None` when it has one): a
+/// UUIDv7, i.e. 48 bits of millisecond time and 74 random bits, so keys practically never
+/// repeat, and they sort roughly by when they were given.
+///
+/// Intake gives it before appending, so that every attempt of one append (a client library
+/// retries it after a lost reply) carries the same key and a repeat is a duplicate.
+pub fn fresh_id(fields: &[Field]) -> Option<String> {
+    field(fields, "id")
+        .is_none()
+        .then(|| uuid::Uuid::now_v7().to_string())
+}
+
 /// Converts one JSON object into event fields: strings as they are, numbers exactly as
 /// written; booleans, nulls, arrays and objects are refused.
 pub fn fields_from_json(value: &serde_json::Value) -> Result<Vec<Field>, String> {
@@ -642,5 +654,17 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(r.reason, Reason::Member);
+    }
+
+    #[test]
+    fn only_events_without_an_id_get_a_fresh_valid_one() {
+        assert_eq!(fresh_id(&ev(&[("room", "r"), ("id", "mine")])), None);
+        let a = fresh_id(&ev(&[("room", "r")])).unwrap();
+        let b = fresh_id(&ev(&[("room", "r")])).unwrap();
+        assert_ne!(a, b);
+        assert_eq!(uuid::Uuid::parse_str(&a).unwrap().get_version_num(), 7);
+        let with_id = ev(&[("room", "r"), ("amount", "1"), ("id", &a)]);
+        let v = validate(&with_id, &boards()).unwrap();
+        assert_eq!(v.id.as_deref(), Some(a.as_str()));
     }
 }

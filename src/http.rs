@@ -110,7 +110,15 @@ async fn redis<T>(
             state.metrics.redis_error(&e);
             Err(ApiError::Unavailable(format!("redis: {e}")))
         }
-        Err(_) => Err(ApiError::Unavailable("redis did not answer in time".into())),
+        Err(_) => {
+            state
+                .metrics
+                .redis_error(&StoreError::Redis(fred::error::Error::new(
+                    fred::error::ErrorKind::Timeout,
+                    "no answer within the request timeout",
+                )));
+            Err(ApiError::Unavailable("redis did not answer in time".into()))
+        }
     }
 }
 
@@ -294,15 +302,18 @@ async fn events(
         })));
     }
     let stream = state.settings.ingest.stream.as_str();
-    // No timeout here: the append is one transaction, and cutting it short would leave the
-    // client unsure whether it happened.
-    append(state.store.client(), stream, &accepted)
-        .await
-        .map_err(|e| {
-            let e = StoreError::from(e);
-            state.metrics.redis_error(&e);
-            ApiError::Unavailable(format!("redis: {e}"))
-        })?;
+    // Bounded like every other Redis call here, so an unreachable Redis answers 503 instead
+    // of holding the client for the Redis client's own 30 s command timeout. A 503 after EXEC
+    // reached the server may still have appended the events (and the queued transaction may
+    // still go out once Redis is back): that is safe because `append` gave every event an `id`
+    // first, so a repeat of this append is a duplicate. A producer that retries the POST
+    // itself is exactly-once only when it sends its own `id`.
+    redis(&state, async {
+        append(state.store.client(), stream, &accepted)
+            .await
+            .map_err(StoreError::from)
+    })
+    .await?;
     Ok((
         StatusCode::ACCEPTED,
         Json(json!({ "appended": accepted.len() })),

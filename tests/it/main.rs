@@ -4,6 +4,8 @@ mod cli;
 mod daemon;
 mod engine;
 mod holes;
+mod intake;
 mod model;
+mod proxy;
 mod roll;
 mod util;

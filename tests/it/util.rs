@@ -221,11 +221,21 @@ pub fn write_config(
     consumer: &str,
     extra: &str,
 ) -> std::path::PathBuf {
+    write_config_url(dir, &redis.url(), http_port, consumer, extra)
+}
+
+/// As [`write_config`], for a daemon reaching Redis at `url` (e.g. through a [`crate::proxy::Proxy`]).
+pub fn write_config_url(
+    dir: &std::path::Path,
+    url: &str,
+    http_port: u16,
+    consumer: &str,
+    extra: &str,
+) -> std::path::PathBuf {
     let path = dir.join(format!("rollboard-{consumer}.toml"));
     let text = format!(
-        "[redis]\nurl = \"{}\"\n[ingest]\nconsumer = \"{consumer}\"\nblock = \"100ms\"\nclaim_idle = \"1s\"\nbatch_size = 200\n\
-         [schedule]\nroll = \"*/2 * * * * *\"\nresummarize = \"* * * * * *\"\n[http]\nlisten = \"127.0.0.1:{http_port}\"\n{extra}\n{BOARDS}",
-        redis.url()
+        "[redis]\nurl = \"{url}\"\n[ingest]\nconsumer = \"{consumer}\"\nblock = \"100ms\"\nclaim_idle = \"1s\"\nbatch_size = 200\n\
+         [schedule]\nroll = \"*/2 * * * * *\"\nresummarize = \"* * * * * *\"\n[http]\nlisten = \"127.0.0.1:{http_port}\"\n{extra}\n{BOARDS}"
     );
     std::fs::write(&path, text).expect("write config");
     path

@@ -1,0 +1,230 @@
+//! A fault-injecting TCP proxy between the process under test and a real redis-server.
+//!
+//! [`Proxy::start`] listens on a free 127.0.0.1 port and forwards every accepted connection
+//! to the upstream port; point the daemon's (or a store's) Redis URL at [`Proxy::url`] and
+//! the test decides what the network does:
+//!
+//! * [`Proxy::cut_after`]: the next `times` client connections that send `pattern` (raw bytes,
+//!   e.g. `b"EXEC"`) have the chunk holding it forwarded to the server, then lose their
+//!   client side before any byte of the server's reply goes back: the server executed the
+//!   command, the client never hears of it. [`Proxy::cuts`] counts the cuts made.
+//! * [`Proxy::blackhole`]: while on, connections are accepted but nothing is forwarded in
+//!   either direction (bytes wait in the kernel buffers; new connections are not connected
+//!   upstream), like a network partition; turning it off resumes forwarding.
+//! * [`Proxy::close_all`]: drops every open connection at once, as a restarted server would.
+//!
+//! Each connection is one task that forwards both directions in a `select!` loop, so a cut
+//! can never race a reply through. The server side of a cut connection is half-closed and
+//! drained to its end rather than reset, so the server always executes what it was sent.
+//! I/O errors end the connection they happened on and nothing else; dropping the proxy
+//! stops every task.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+/// An armed cut: the pattern to look for and how many connections are still to be cut.
+struct Cut {
+    pattern: Vec<u8>,
+    remaining: usize,
+}
+
+/// What the test controls, shared with every connection task.
+struct Shared {
+    /// `true` while blackholed.
+    blackhole: watch::Sender<bool>,
+    /// Replaced by [`Proxy::close_all`]; a connection ends when the token it started with fires.
+    close: Mutex<CancellationToken>,
+    /// The armed cut, if any.
+    cut: Mutex<Option<Cut>>,
+    /// Cuts made so far.
+    cuts: AtomicUsize,
+    upstream: u16,
+}
+
+impl Shared {
+    /// Whether `window` (the bytes just read from a client, with the tail of the previous
+    /// read in front) holds the armed pattern; if so, uses up one cut.
+    fn take_cut(&self, window: &[u8]) -> bool {
+        let mut armed = self.cut.lock().expect("cut lock");
+        let hit = armed.as_mut().is_some_and(|c| {
+            c.remaining > 0 && window.windows(c.pattern.len()).any(|w| w == c.pattern)
+        });
+        if hit {
+            if let Some(c) = armed.as_mut() {
+                c.remaining -= 1;
+                if c.remaining == 0 {
+                    *armed = None;
+                }
+            }
+            self.cuts.fetch_add(1, Ordering::SeqCst);
+        }
+        hit
+    }
+
+    fn pattern_len(&self) -> usize {
+        self.cut
+            .lock()
+            .expect("cut lock")
+            .as_ref()
+            .map_or(0, |c| c.pattern.len())
+    }
+}
+
+/// A running proxy; dropping it stops the listener and every connection.
+pub struct Proxy {
+    /// The loopback port it listens on.
+    pub port: u16,
+    shared: Arc<Shared>,
+    stop: CancellationToken,
+}
+
+impl Proxy {
+    /// Starts a proxy on a free loopback port forwarding to `127.0.0.1:upstream`.
+    pub async fn start(upstream: u16) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind the proxy on a free loopback port");
+        let port = listener.local_addr().expect("proxy address").port();
+        let shared = Arc::new(Shared {
+            blackhole: watch::Sender::new(false),
+            close: Mutex::new(CancellationToken::new()),
+            cut: Mutex::new(None),
+            cuts: AtomicUsize::new(0),
+            upstream,
+        });
+        let stop = CancellationToken::new();
+        tokio::spawn(accept_loop(listener, shared.clone(), stop.clone()));
+        Proxy { port, shared, stop }
+    }
+
+    /// The Redis URL that goes through the proxy.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Arms a cut for the next `times` client connections that send `pattern` (replacing any
+    /// cut still armed): the chunk holding it reaches the server, the reply never reaches the
+    /// client, whose connection is dropped.
+    pub fn cut_after(&self, pattern: &[u8], times: usize) {
+        assert!(!pattern.is_empty(), "an empty pattern would cut everything");
+        *self.shared.cut.lock().expect("cut lock") = (times > 0).then(|| Cut {
+            pattern: pattern.to_vec(),
+            remaining: times,
+        });
+    }
+
+    /// How many connections were cut so far.
+    pub fn cuts(&self) -> usize {
+        self.shared.cuts.load(Ordering::SeqCst)
+    }
+
+    /// Stops (`true`) or resumes (`false`) forwarding, for open and new connections.
+    pub fn blackhole(&self, on: bool) {
+        self.shared.blackhole.send_replace(on);
+    }
+
+    /// Drops every open connection; later connections are served as usual.
+    pub fn close_all(&self) {
+        let old = std::mem::replace(
+            &mut *self.shared.close.lock().expect("close lock"),
+            CancellationToken::new(),
+        );
+        old.cancel();
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, stop: CancellationToken) {
+    loop {
+        let client = tokio::select! {
+            _ = stop.cancelled() => return,
+            accepted = listener.accept() => match accepted {
+                Ok((client, _)) => client,
+                // E.g. out of file descriptors: the client sees a refused connection.
+                Err(_) => continue,
+            },
+        };
+        let closed = shared.close.lock().expect("close lock").clone();
+        let shared = shared.clone();
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = stop.cancelled() => {}
+                _ = closed.cancelled() => {}
+                _ = serve(client, &shared) => {}
+            }
+        });
+    }
+}
+
+/// Waits until the blackhole is off (at once when it is).
+async fn open(blackhole: &mut watch::Receiver<bool>) {
+    // An error means the proxy is gone; the connection ends with it anyway.
+    let _ = blackhole.wait_for(|on| !*on).await;
+}
+
+/// Waits until the blackhole is on (at once when it is); cancel safe.
+async fn shut(blackhole: &mut watch::Receiver<bool>) {
+    let _ = blackhole.wait_for(|on| *on).await;
+}
+
+/// Forwards one connection until either side closes, an I/O error, or a cut.
+async fn serve(mut client: TcpStream, shared: &Shared) {
+    let mut blackhole = shared.blackhole.subscribe();
+    open(&mut blackhole).await;
+    let Ok(mut server) = TcpStream::connect(("127.0.0.1", shared.upstream)).await else {
+        return;
+    };
+    let mut up = vec![0u8; 16 * 1024];
+    let mut down = vec![0u8; 16 * 1024];
+    // The last bytes sent upstream, so that a pattern split over two reads is still seen.
+    let mut tail: Vec<u8> = Vec::new();
+    loop {
+        open(&mut blackhole).await;
+        tokio::select! {
+            // Turned on while waiting for bytes: go back and wait for it to be turned off.
+            _ = shut(&mut blackhole) => {}
+            read = client.read(&mut up) => {
+                let n = match read {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => n,
+                };
+                tail.extend_from_slice(&up[..n]);
+                let cut = shared.take_cut(&tail);
+                if server.write_all(&up[..n]).await.is_err() {
+                    return;
+                }
+                if cut {
+                    drop(client);
+                    // Half-close and read to the end instead of resetting the connection:
+                    // the server then runs every command it received.
+                    let _ = server.shutdown().await;
+                    while matches!(server.read(&mut down).await, Ok(n) if n > 0) {}
+                    return;
+                }
+                let keep = shared.pattern_len().saturating_sub(1);
+                let drop_front = tail.len().saturating_sub(keep);
+                tail.drain(..drop_front);
+            }
+            read = server.read(&mut down) => {
+                let n = match read {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => n,
+                };
+                if client.write_all(&down[..n]).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
