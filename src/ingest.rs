@@ -14,7 +14,7 @@
 //! consumer name that never comes back (a replaced pod) would otherwise leave its last
 //! batch to wait for another replica's `claim_idle`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -358,7 +358,11 @@ impl Ingest {
         }
         let claim_every = (self.settings.claim_idle / 2).max(Duration::from_millis(100));
         if last_claim.is_none_or(|t| t.elapsed() >= claim_every) {
-            self.claim().await?;
+            // The batch read ahead is ours and about to be processed: a claim must not
+            // process it a second time (it may have been idle past claim_idle while the
+            // previous batch was applied, or retried).
+            let held: HashSet<&str> = ahead.iter().flatten().map(|e| e.id.as_str()).collect();
+            self.claim(&held).await?;
             *last_claim = Some(Instant::now());
         }
         let block = self.settings.block.as_millis() as u64;
@@ -409,8 +413,10 @@ impl Ingest {
         Ok(parse_read(v))
     }
 
-    /// Takes over entries idle for `claim_idle` in other consumers' pending lists.
-    async fn claim(&self) -> Result<(), StoreError> {
+    /// Takes over entries idle for `claim_idle` in other consumers' pending lists (and
+    /// our own, e.g. left by a lost reply), except those in `held`, which this consumer
+    /// is about to process anyway.
+    async fn claim(&self, held: &HashSet<&str>) -> Result<(), StoreError> {
         let mut start = "0-0".to_string();
         // Bounded: at most a few batches per claim round, the rest at the next round.
         for _ in 0..10 {
@@ -432,7 +438,8 @@ impl Ingest {
                 .await?;
             let mut parts = array(v).into_iter();
             let next = parts.next().and_then(text).unwrap_or_else(|| "0-0".into());
-            let entries = parts.next().map(parse_entries).unwrap_or_default();
+            let mut entries = parts.next().map(parse_entries).unwrap_or_default();
+            entries.retain(|e| !held.contains(e.id.as_str()));
             if !entries.is_empty() {
                 info!(
                     entries = entries.len(),

@@ -842,3 +842,101 @@ async fn metrics_parse_and_count_what_was_applied() {
     .await;
     assert!(rolled, "the roll job ran");
 }
+
+#[tokio::test]
+async fn a_board_whose_apply_keeps_failing_is_reported_and_holds_no_other_board() {
+    let (_redis, store, _dir, config, port) = setup("a").await;
+    let now = now_ms();
+    let c = store.client();
+    // rooms_7d's members hash is of the wrong type: every apply of that board fails.
+    let _: () = c
+        .set("rb:{rooms_7d}:members", "broken", None, None, false)
+        .await
+        .expect("set");
+    let daemon = Daemon::start(&config, port).await;
+    let tips: Vec<Fields> = (0..300).map(|i| tip(i, now)).collect();
+    let payments: Vec<Fields> = (0..100).map(|i| payment(i, now)).collect();
+    xadd_all(c, "rb:events", &tips).await;
+    xadd_all(c, "rb:events", &payments).await;
+    assert!(drained(&store).await, "the other boards were held back");
+
+    // The other boards hold exactly their events.
+    let boards = boards();
+    let everything: Vec<Fields> = tips.iter().chain(&payments).cloned().collect();
+    let mut expected = models(&everything, &boards, now);
+    expected.retain(|(b, _), _| boards[*b].name != "rooms_7d");
+    assert_state(&store, &boards, &expected, now).await;
+    assert_eq!(
+        c.exists::<i64, _>("rb:{rooms_7d}:result")
+            .await
+            .expect("exists"),
+        0
+    );
+
+    // Every tip is in the dead-letter stream once, for rooms_7d only, as apply_failed.
+    let dead: Vec<(String, HashMap<String, String>)> = c
+        .xrange("rb:events:dead", "-", "+", None)
+        .await
+        .expect("xrange");
+    // Once each: a batch read ahead while the previous one was retried is not claimed
+    // and processed a second time.
+    assert_eq!(dead.len(), tips.len());
+    for (_, fields) in &dead {
+        assert_eq!(fields["reason"], "apply_failed");
+        assert!(fields["detail"].contains("board rooms_7d"), "{fields:?}");
+    }
+    assert_eq!(
+        daemon
+            .metric(
+                "rollboard_events_dead_lettered_total",
+                &[("reason", "apply_failed")]
+            )
+            .await,
+        tips.len() as f64
+    );
+    assert_eq!(
+        daemon
+            .metric("rollboard_board_apply_failing", &[("board", "rooms_7d")])
+            .await,
+        1.0
+    );
+    assert_eq!(
+        daemon
+            .metric("rollboard_board_apply_failing", &[("board", "fans_7d")])
+            .await,
+        0.0
+    );
+    let (status, body) = daemon.get("/readyz").await;
+    assert_eq!(status, 200, "{body}");
+    let ready: serde_json::Value = serde_json::from_str(&body).expect("json");
+    assert_eq!(ready["failing_boards"], serde_json::json!(["rooms_7d"]));
+    assert!(daemon.logs().contains("rooms_7d"));
+
+    // Repaired and replayed (original fields, same ids): rooms_7d gets every tip once,
+    // the boards that already counted them skip them as duplicates.
+    let _: i64 = c.del("rb:{rooms_7d}:members").await.expect("del");
+    let replay: Vec<Fields> = dead
+        .iter()
+        .map(|(_, fields)| {
+            let mut f: Fields = fields
+                .iter()
+                .filter(|(k, _)| !["reason", "detail", "source_id"].contains(&k.as_str()))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            f.sort();
+            f
+        })
+        .collect();
+    xadd_all(c, "rb:events", &replay).await;
+    assert!(drained(&store).await);
+    assert_state(&store, &boards, &models(&everything, &boards, now), now).await;
+    let recovered = wait_for(Duration::from_secs(10), || async {
+        daemon
+            .metric("rollboard_board_apply_failing", &[("board", "rooms_7d")])
+            .await
+            == 0.0
+    })
+    .await;
+    assert!(recovered, "rooms_7d still reported failing");
+    assert!(daemon.terminate().await.success());
+}
