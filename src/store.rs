@@ -5,6 +5,7 @@
 //! Commands go through a small connection pool; concurrent calls on one connection are
 //! pipelined by fred, so applying many instances at once costs one round trip.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use fred::prelude::*;
@@ -46,6 +47,14 @@ impl StoreError {
             StoreError::Reply(_) => "other",
         }
     }
+}
+
+/// The (setting, value) pairs of a fingerprint written by [`Board::fingerprint`].
+fn parse_fingerprint(text: &str) -> HashMap<String, String> {
+    text.split(',')
+        .filter_map(|pair| pair.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
 }
 
 impl StoreError {
@@ -448,33 +457,70 @@ impl Store {
         for board in boards {
             let key = self.keys.settings(&board.name);
             let wanted = board.shaping_settings();
-            let args: Vec<Value> = wanted
-                .iter()
-                .flat_map(|(k, v)| [Value::from(*k), Value::from(v.as_str())])
-                .collect();
-            let stored: std::collections::HashMap<String, String> = self
-                .client()
-                .eval(
-                    "if redis.call('EXISTS', KEYS[1]) == 0 then redis.call('HSET', KEYS[1], unpack(ARGV)) end \
-                     return redis.call('HGETALL', KEYS[1])",
-                    vec![key.clone()],
-                    args,
-                )
-                .await?;
-            for (setting, configured) in wanted {
-                match stored.get(setting) {
-                    Some(v) if *v != configured => conflicts.push(Conflict {
+            let mut stored: HashMap<String, String> = self.client().hgetall(&key).await?;
+            let mut source = key.clone();
+            if stored.is_empty() {
+                // First start with this check (or the key was lost): the instances' own
+                // fingerprints tell what the data was built with.
+                if let Some((meta, fingerprint)) = self.instance_fingerprint(board).await? {
+                    stored = parse_fingerprint(&fingerprint);
+                    source = meta;
+                }
+            }
+            let before = conflicts.len();
+            for (setting, configured) in &wanted {
+                match stored.get(*setting) {
+                    Some(v) if v != configured => conflicts.push(Conflict {
                         board: board.name.clone(),
                         setting,
                         stored: v.clone(),
-                        configured,
-                        key: key.clone(),
+                        configured: configured.clone(),
+                        key: source.clone(),
                     }),
                     _ => {}
                 }
             }
+            if conflicts.len() == before {
+                let args: Vec<Value> = wanted
+                    .iter()
+                    .flat_map(|(k, v)| [Value::from(*k), Value::from(v.as_str())])
+                    .collect();
+                let _: Value = self
+                    .client()
+                    .eval(
+                        "if redis.call('EXISTS', KEYS[1]) == 0 then redis.call('HSET', KEYS[1], unpack(ARGV)) end return 1",
+                        vec![key],
+                        args,
+                    )
+                    .await?;
+            }
         }
         Ok(conflicts)
+    }
+
+    /// The settings fingerprint stored in the `meta` of one of the board's instances (the
+    /// unscoped one, or the first few registered scopes), with the key it was read from.
+    async fn instance_fingerprint(
+        &self,
+        board: &Board,
+    ) -> Result<Option<(String, String)>, StoreError> {
+        let scopes: Vec<Option<String>> = if board.is_scoped() {
+            let some: Vec<String> = self
+                .client()
+                .zrange(self.keys.scopes(&board.name), 0, 15, None, false, None, false)
+                .await?;
+            some.into_iter().map(Some).collect()
+        } else {
+            vec![None]
+        };
+        for scope in scopes {
+            let meta = self.instance(board, scope.as_deref()).meta();
+            let fingerprint: Option<String> = self.client().hget(&meta, "settings").await?;
+            if let Some(f) = fingerprint {
+                return Ok(Some((meta, f)));
+            }
+        }
+        Ok(None)
     }
 
     /// Answers `PING`.

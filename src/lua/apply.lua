@@ -70,7 +70,10 @@ local function integer(v)
 end
 
 -- Phase 1: read and check.
-local stored = redis.call('HMGET', meta, 'expired_through', 'settings')
+local stored = redis.call('HMGET', meta, 'expired_through', 'settings', 'gen')
+if stored[3] and not integer(stored[3]) then
+  return fail('corrupt: ' .. meta .. ' gen is not an integer')
+end
 if stored[2] and stored[2] ~= settings then
   return fail('settings: the board was created with ' .. stored[2] .. ', this process has ' .. settings)
 end
@@ -126,6 +129,8 @@ for i = 1, M do
   end
 end
 if incremental then
+  -- Read even when no member is known yet: phase 2 writes `result` in any case.
+  if #scored == 0 then redis.call('ZCARD', result) end
   local scores = variadic('ZMSCORE', result, scored)
   for k, i in ipairs(scored_at) do
     if scores[k] then

@@ -52,9 +52,12 @@ local function integer(v)
 end
 
 -- Phase 1: read and check.
-local stored = redis.call('HGET', meta, 'settings')
-if stored and stored ~= ARGV[3] then
-  return fail('settings: the board was created with ' .. stored .. ', this process has ' .. ARGV[3])
+local stored = redis.call('HMGET', meta, 'settings', 'gen')
+if stored[1] and stored[1] ~= ARGV[3] then
+  return fail('settings: the board was created with ' .. stored[1] .. ', this process has ' .. ARGV[3])
+end
+if stored[2] and not integer(stored[2]) then
+  return fail('corrupt: ' .. meta .. ' gen is not an integer')
 end
 local names, unique = {}, {}
 for i = 4, #ARGV do
@@ -86,6 +89,8 @@ if incremental then
       at[#at + 1] = i
     end
   end
+  -- Read even when no member has an entry: phase 2 may write `result` in any case.
+  if #scored == 0 then redis.call('ZCARD', result) end
   local scores = variadic('ZMSCORE', result, scored)
   for k, i in ipairs(at) do
     if scores[k] then

@@ -316,6 +316,22 @@ async fn a_board_whose_settings_changed_is_refused_before_anything_is_written() 
     .remove(0);
     assert_eq!(err.instances_failed, 1, "the roll refuses too");
     assert_eq!(snapshot(&store, &none).await, before);
+    // No board-level record yet: the instance's own fingerprint is checked, and nothing
+    // is recorded for a conflicting configuration.
+    let conflicts = store
+        .check_settings(std::slice::from_ref(&earliest))
+        .await
+        .expect("check");
+    assert_eq!(conflicts.len(), 1);
+    assert_eq!(conflicts[0].key, "rb:{tips}:meta");
+    assert_eq!(
+        store
+            .client()
+            .exists::<i64, _>("rb:board:tips:settings")
+            .await
+            .expect("exists"),
+        0
+    );
     assert_eq!(
         store.check_settings(&[none.clone()]).await.expect("check"),
         []
