@@ -1,5 +1,6 @@
 //! Integration tests against a real redis-server (started per test by [`util::RedisServer`]).
 
+mod attack;
 mod cli;
 mod daemon;
 mod engine;

@@ -1,0 +1,769 @@
+//! Attacks on the two-phase apply and expiry scripts, the board-settings gate and the
+//! consumer's per-instance retries: each test tries one way of losing or double-counting
+//! money and checks the exact state against the in-memory model.
+
+use std::collections::{BTreeMap, HashMap};
+use std::process::Command;
+use std::time::Duration;
+
+use fred::prelude::*;
+use fred::types::{ClusterHash, CustomCommand};
+use rollboard::board::{Board, Mode, TieBreak, MAX_TOTAL};
+use rollboard::roll::{self, Job};
+use rollboard::store::{ApplyEvent, Outcome, Store, APPLY_CHUNK};
+use tokio_util::sync::CancellationToken;
+
+use crate::model::{assert_matches, Instance};
+use crate::util::{board, ev, free_port, wait_for, write_config, Daemon, RedisServer};
+
+const SLICE: i64 = 1_000;
+/// Slices per window of the boards below: wide enough for events in many slices.
+const N: i64 = 40;
+const NOW: i64 = 1_000_000;
+
+/// The four shapes of board a script can run for.
+fn variants() -> Vec<Board> {
+    let inc = board("inc", SLICE, N);
+    let mut inc_neg = board("incneg", SLICE, N);
+    inc_neg.allow_negative = true;
+    inc_neg.tie_break = TieBreak::Latest;
+    let mut res = board("res", SLICE, N);
+    res.mode = Mode::Resummarize;
+    let mut res_neg = board("resneg", SLICE, N);
+    res_neg.mode = Mode::Resummarize;
+    res_neg.allow_negative = true;
+    res_neg.tie_break = TieBreak::None;
+    vec![inc, inc_neg, res, res_neg]
+}
+
+/// Every key under the board's hash tag with its DUMP.
+async fn snapshot(store: &Store, board: &Board) -> BTreeMap<String, Vec<u8>> {
+    let pattern = format!("rb:{{{}}}:*", board.name);
+    let keys: Vec<String> = store
+        .client()
+        .custom(
+            CustomCommand::new_static("KEYS", ClusterHash::Random, false),
+            vec![pattern],
+        )
+        .await
+        .expect("keys");
+    let mut out = BTreeMap::new();
+    for key in keys {
+        let dump: Value = store
+            .client()
+            .custom(
+                CustomCommand::new_static("DUMP", ClusterHash::FirstKey, false),
+                vec![key.clone()],
+            )
+            .await
+            .expect("dump");
+        let bytes = match dump {
+            Value::Bytes(b) => b.to_vec(),
+            Value::String(s) => s.as_bytes().to_vec(),
+            other => format!("{other:?}").into_bytes(),
+        };
+        out.insert(key, bytes);
+    }
+    out
+}
+
+async fn roll_at(store: &Store, board: &Board, now: i64, chunk: usize) {
+    let reports = roll::run_once(
+        store,
+        std::slice::from_ref(board),
+        Job::All,
+        None,
+        now,
+        chunk,
+        &CancellationToken::new(),
+    )
+    .await
+    .expect("roll");
+    assert_eq!(
+        reports[0].instances_failed, 0,
+        "{}: {:?}",
+        board.name, reports[0].first_error
+    );
+}
+
+async fn assert_verified(store: &Store, board: &Board) {
+    let v = roll::verify(store, board, None, 100).await.expect("verify");
+    assert!(
+        v.differences.is_empty(),
+        "verify {}: {:?}",
+        board.name,
+        v.differences
+    );
+}
+
+/// Compares with the model; resummarize boards are rolled (at `now`) first.
+async fn assert_model(store: &Store, board: &Board, model: &mut Instance, now: i64, chunk: usize) {
+    if board.mode == Mode::Resummarize {
+        roll_at(store, board, now, chunk).await;
+        model.roll(board, now);
+    }
+    assert_matches(store, board, None, model, now).await;
+    assert_verified(store, board).await;
+}
+
+// BREAK (found by this test): apply.lua type-checks `result` only through
+// `ZMSCORE result <zmembers>`, which it runs only when some member of the chunk already
+// has a `members` entry. A chunk of members new to the instance therefore never reads
+// `result`; phase 2 writes `meta`, `seen`, the slice, the slice registry and `members`,
+// then `ZADD result` fails with WRONGTYPE: a failed call that wrote almost everything.
+// Worse, the retry answers `Duplicate` for every event (their ids are in `seen` now) and
+// succeeds, so the consumer acks them without a dead letter, and the ranking never
+// counts them (verify shows the drift; only a rebuild brings them back).
+// Fix: in phase 1 always read `result` on incremental boards (e.g. `ZCARD`/`TYPE` check,
+// or `ZMSCORE` with at least one member), and likewise make sure every key phase 2
+// writes (`meta`'s `gen`, checked as an integer, too) was read first.
+#[tokio::test]
+async fn a_failed_apply_of_new_members_writes_nothing() {
+    let redis = RedisServer::start();
+    let store = redis.store("rb").await;
+    let mut wrote = Vec::new();
+    for b in variants() {
+        let k = store.instance(&b, None);
+        // Keys every call writes, broken one at a time, on an instance whose chunk holds
+        // only members it has never seen.
+        let mut breakers: Vec<(&str, String)> = vec![("meta.gen", k.meta())];
+        if b.mode == Mode::Incremental {
+            breakers.push(("result", k.result()));
+        }
+        for (what, key) in breakers {
+            let _: () = store.client().flushall(false).await.expect("flush");
+            let mut model = Instance::default();
+            let first = [ev("old", NOW - 5, "zed", 3)];
+            for e in &first {
+                model.apply(&b, e, NOW);
+            }
+            store.apply(&b, None, &first, NOW).await.expect("apply");
+            if what == "meta.gen" {
+                let _: () = store
+                    .client()
+                    .hset(&key, ("gen", "not-a-number"))
+                    .await
+                    .expect("hset");
+            } else {
+                let _: () = store
+                    .client()
+                    .rename(&key, format!("{key}:saved"))
+                    .await
+                    .expect("rename");
+                let _: () = store
+                    .client()
+                    .set(&key, "not-a-zset", None, None, false)
+                    .await
+                    .expect("set");
+            }
+            let before = snapshot(&store, &b).await;
+            let events = [
+                ev("n1", NOW - 10, "new-a", 5),
+                ev("n2", NOW - SLICE, "new-b", 7),
+            ];
+            let failed = store.apply(&b, None, &events, NOW).await;
+            assert!(failed.is_err(), "{} with {what} broken: {failed:?}", b.name);
+            let after = snapshot(&store, &b).await;
+            let changed: std::collections::BTreeSet<&String> = after
+                .keys()
+                .chain(before.keys())
+                .filter(|key| after.get(*key) != before.get(*key))
+                .collect();
+            if !changed.is_empty() {
+                wrote.push(format!("{} with {what} broken: {changed:?}", b.name));
+            }
+            // Put the key right; the same events then count, once.
+            if what == "meta.gen" {
+                let _: () = store.client().hset(&key, ("gen", "7")).await.expect("hset");
+            } else {
+                let _: i64 = store.client().del(&key).await.expect("del");
+                let _: () = store
+                    .client()
+                    .rename(format!("{key}:saved"), &key)
+                    .await
+                    .expect("rename");
+            }
+            let expected: Vec<Outcome> = events.iter().map(|e| model.apply(&b, e, NOW)).collect();
+            let got = store.apply(&b, None, &events, NOW).await.expect("apply");
+            if got != expected {
+                // Listed for the report; a resummarize ranking also lags until its next roll.
+                let v = roll::verify(&store, &b, None, 100).await.expect("verify");
+                wrote.push(format!(
+                    "{} after {what} was restored: the retry answered {got:?}, not {expected:?}; verify: {:?}",
+                    b.name, v.differences
+                ));
+                continue;
+            }
+            assert_model(&store, &b, &mut model, NOW, 100).await;
+        }
+    }
+    assert!(
+        wrote.is_empty(),
+        "failed calls wrote:\n{}",
+        wrote.join("\n")
+    );
+}
+
+/// Awkward member names: a separator, a fake tie-break prefix, unicode, 256 bytes.
+fn names() -> Vec<String> {
+    vec![
+        "room:42:vip".into(),
+        "0000000000000001:fake".into(),
+        "ünïcødé 🎉".into(),
+        "é".repeat(128),
+        "z".repeat(256),
+        "a".into(),
+        "b".into(),
+        "big".into(),
+    ]
+}
+
+/// Seven hundred events for one instance (three apply calls) over every live slice, with:
+/// ids reused across the 256-event boundary with other fields, an id of the first call
+/// reused in the third, late copies of live ids, totals driven to exactly 2^53 - 1 and
+/// past it across calls, and (on boards that take them) refunds to exactly 0 in one slice
+/// and across slices.
+fn long_instance(board: &Board) -> Vec<ApplyEvent> {
+    let names = names();
+    let mut rng: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = |below: u64| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng % below
+    };
+    let live_ts = |slice_back: u64, jitter: u64| NOW - slice_back as i64 * SLICE - jitter as i64;
+    let mut events: Vec<ApplyEvent> = (0..700)
+        .map(|i| {
+            let member = &names[next(7) as usize];
+            let mut amount = 1 + next(50) as i64;
+            if board.allow_negative && next(3) == 0 {
+                amount = -amount;
+            }
+            ev(
+                &format!("e{i}"),
+                live_ts(next(N as u64 - 1), next(SLICE as u64)),
+                member,
+                amount,
+            )
+        })
+        .collect();
+    let chunk = APPLY_CHUNK;
+    // Across the first boundary: event chunk+j repeats the id of event chunk-1-j with other
+    // fields; the first applied wins.
+    for j in 0..8 {
+        let id = events[chunk - 1 - j].id.clone();
+        events[chunk + j] = ev(&id, live_ts(j as u64, 3), "a", 1000 + j as i64);
+    }
+    // An id of the first call in the third, and a late copy of a live id (late wins).
+    events[2 * chunk + 5] = ev("e3", NOW, "b", 999);
+    events[2 * chunk + 6] = ev("e4", NOW - (N + 2) * SLICE, "b", 1);
+    events[2 * chunk + 7] = ev("late-only", NOW - (N + 1) * SLICE, "b", 1);
+    // "big": to the limit and past it across calls; an overflowing event is not
+    // remembered, so its id counts when it comes back with an amount that fits.
+    events[100] = ev("big1", live_ts(3, 0), "big", MAX_TOTAL - 10);
+    events[chunk + 100] = ev("big2", live_ts(2, 0), "big", 4);
+    events[chunk + 101] = ev("big3", live_ts(1, 0), "big", 7);
+    events[2 * chunk + 1] = ev("big3", live_ts(1, 1), "big", 6);
+    events[2 * chunk + 2] = ev("big4", live_ts(1, 2), "big", 1);
+    if board.allow_negative {
+        // Down by the whole limit to 0, then a slice that would pass -(2^53 - 1).
+        events[2 * chunk + 3] = ev("big5", live_ts(0, 5), "big", -MAX_TOTAL);
+        events[2 * chunk + 4] = ev("big6", live_ts(0, 6), "big", -MAX_TOTAL);
+        events[2 * chunk + 8] = ev("big7", live_ts(0, 7), "big", -1);
+        // Refunds to exactly 0: in one slice, and across slices.
+        events[10] = ev("zero1", live_ts(5, 1), "zero-one-slice", 17);
+        events[chunk + 10] = ev("zero2", live_ts(5, 2), "zero-one-slice", -17);
+        events[11] = ev("zero3", live_ts(9, 1), "zero-across", 23);
+        events[chunk + 11] = ev("zero4", live_ts(4, 1), "zero-across", -20);
+        events[2 * chunk + 11] = ev("zero5", live_ts(2, 1), "zero-across", -3);
+    }
+    events
+}
+
+#[tokio::test]
+async fn long_instances_across_apply_calls_equal_the_model_through_every_roll() {
+    let redis = RedisServer::start();
+    let store = redis.store("rb").await;
+    for b in variants() {
+        for chunk in [1usize, 2, 1000] {
+            let _: () = store.client().flushall(false).await.expect("flush");
+            let events = long_instance(&b);
+            assert!(events.len() > 2 * APPLY_CHUNK);
+            let mut model = Instance::default();
+            let expected: Vec<Outcome> = events.iter().map(|e| model.apply(&b, e, NOW)).collect();
+            let got = store.apply(&b, None, &events, NOW).await.expect("apply");
+            if let Some(i) = (0..events.len()).find(|&i| got[i] != expected[i]) {
+                panic!(
+                    "{}: event {i} {:?}: stored {:?}, model {:?}",
+                    b.name, events[i], got[i], expected[i]
+                );
+            }
+            let count = |o: Outcome| expected.iter().filter(|x| **x == o).count();
+            assert!(count(Outcome::Overflow) >= 2, "{}: overflow tried", b.name);
+            assert!(
+                count(Outcome::Duplicate) >= 9,
+                "{}: duplicates tried",
+                b.name
+            );
+            assert_eq!(count(Outcome::Late), 2, "{}", b.name);
+            assert_model(&store, &b, &mut model, NOW, chunk).await;
+            // Redelivered as a whole: what was applied is a duplicate now, and an event
+            // that overflowed is judged again against the new totals.
+            let expected: Vec<Outcome> = events.iter().map(|e| model.apply(&b, e, NOW)).collect();
+            let again = store.apply(&b, None, &events, NOW).await.expect("apply");
+            assert_eq!(again, expected, "{}: redelivered", b.name);
+            assert_model(&store, &b, &mut model, NOW, chunk).await;
+            // Roll through the whole window, a few slices at a time.
+            let mut now = NOW;
+            while now <= NOW + (N + 1) * SLICE {
+                now += 7 * SLICE;
+                roll_at(&store, &b, now, chunk).await;
+                model.roll(&b, now);
+                assert_matches(&store, &b, None, &model, now).await;
+                assert_verified(&store, &b).await;
+            }
+            let k = store.instance(&b, None);
+            for key in [k.result(), k.members(), k.refs(), k.totals(), k.slices()] {
+                let left: i64 = store.client().exists(&key).await.expect("exists");
+                assert_eq!(left, 0, "{} (chunk {chunk}) left {key} behind", b.name);
+            }
+        }
+    }
+}
+
+type Fields = Vec<(String, String)>;
+
+fn fields(pairs: &[(&str, String)]) -> Fields {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.clone()))
+        .collect()
+}
+
+async fn xadd_all(client: &Client, stream: &str, events: &[Fields]) {
+    for f in events {
+        let _: String = client
+            .xadd(stream, false, None, "*", f.clone())
+            .await
+            .expect("xadd");
+    }
+}
+
+/// Waits until the group has delivered and acknowledged everything in the stream.
+async fn drained(store: &Store) -> bool {
+    wait_for(Duration::from_secs(30), || async {
+        matches!(
+            rollboard::ingest::group_info(store.client(), "rb:events", "rollboard").await,
+            Ok(Some((0, Some(0))))
+        )
+    })
+    .await
+}
+
+type Entries = Vec<(String, HashMap<String, String>)>;
+
+async fn dead_letters(store: &Store) -> Entries {
+    store
+        .client()
+        .xrange("rb:events:dead", "-", "+", None)
+        .await
+        .expect("xrange")
+}
+
+/// A dead letter as the operator re-appends it: original fields, `id` = the original id
+/// (or the source entry ID, the idempotency key of an event that had none).
+fn reappended(entry: &HashMap<String, String>) -> Fields {
+    let mut out: Fields = entry
+        .iter()
+        .filter(|(k, _)| !["reason", "detail", "source_id"].contains(&k.as_str()))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    if !entry.contains_key("id") {
+        out.push(("id".into(), entry["source_id"].clone()));
+    }
+    out.sort();
+    out
+}
+
+/// The model of every instance after `events` (stream entries: id, fields), applied in
+/// order at `now`.
+fn models(
+    events: &[(String, Fields)],
+    boards: &[Board],
+    now: i64,
+) -> HashMap<(usize, Option<String>), Instance> {
+    let mut out: HashMap<(usize, Option<String>), Instance> = HashMap::new();
+    for (source, f) in events {
+        let raw: Vec<(Vec<u8>, Vec<u8>)> = f
+            .iter()
+            .map(|(a, b)| (a.clone().into_bytes(), b.clone().into_bytes()))
+            .collect();
+        let event = rollboard::event::parse(&raw, source, boards, now, 300_000).expect("valid");
+        for u in event.updates {
+            let e = ApplyEvent {
+                id: event.id.clone(),
+                ts: event.ts,
+                member: u.member,
+                amount: u.amount,
+            };
+            out.entry((u.board, u.scope))
+                .or_default()
+                .apply(&boards[u.board], &e, now);
+        }
+    }
+    out
+}
+
+/// The stream's entries in order.
+async fn stream(store: &Store) -> Vec<(String, Fields)> {
+    let entries: Entries = store
+        .client()
+        .xrange("rb:events", "-", "+", None)
+        .await
+        .expect("xrange");
+    entries
+        .into_iter()
+        .map(|(id, f)| (id, f.into_iter().collect()))
+        .collect()
+}
+
+/// Checks every instance of the stream's model; resummarize instances once the job ran.
+async fn assert_stream_model(store: &Store, boards: &[Board], daemon: &Daemon) {
+    let now = rollboard::cli::now_ms();
+    let models = models(&stream(store).await, boards, now);
+    for ((b, scope), model) in &models {
+        let board = &boards[*b];
+        if board.mode == Mode::Resummarize {
+            let expected = model.ranking(board);
+            let caught_up = wait_for(Duration::from_secs(10), || async {
+                let page = store
+                    .top(board, scope.as_deref(), 0, 1000, now)
+                    .await
+                    .expect("top");
+                page.entries
+                    .iter()
+                    .map(|e| (e.member.clone(), e.total, e.last_ts))
+                    .collect::<Vec<_>>()
+                    == expected
+            })
+            .await;
+            assert!(
+                caught_up,
+                "{}{scope:?} never caught up; log:\n{}",
+                board.name,
+                daemon.logs()
+            );
+        }
+        assert_matches(store, board, scope.as_deref(), model, now).await;
+    }
+}
+
+fn test_boards() -> Vec<Board> {
+    rollboard::config::Settings::from_toml(crate::util::BOARDS)
+        .expect("test boards")
+        .boards
+}
+
+/// Tips to rooms r1 and r2 (rooms_7d, and fans_7d scoped by room); every third without
+/// an `id`.
+fn tips(from: usize, to: usize, now: i64) -> Vec<Fields> {
+    (from..to)
+        .map(|i| {
+            let mut f = fields(&[
+                ("room", format!("r{}", 1 + i % 2)),
+                ("user", format!("u{}", i % 5)),
+                ("amount", (1 + i % 9).to_string()),
+                ("ts", (now - i as i64 * 1_000).to_string()),
+            ]);
+            if i % 3 != 0 {
+                f.push(("id".into(), format!("t{i}")));
+            }
+            f
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_broken_scoped_instance_is_dead_lettered_and_its_replay_counts_once() {
+    let redis = RedisServer::start();
+    let store = redis.store("rb").await;
+    let dir = tempfile::tempdir().expect("dir");
+    let port = free_port();
+    let config = write_config(dir.path(), &redis, port, "a", "");
+    let daemon = Daemon::start(&config, port).await;
+    let boards = test_boards();
+    let now = rollboard::cli::now_ms();
+    // r1's instance holds data first (an empty instance is cleaned up by the next roll,
+    // which would delete the broken key and repair it by accident).
+    xadd_all(store.client(), "rb:events", &tips(0, 10, now)).await;
+    assert!(drained(&store).await, "log:\n{}", daemon.logs());
+    // Then fans_7d of room r1 gets a String where its `members` Hash belongs.
+    let broken = store.instance(&boards[1], Some("r1")).members();
+    let _: () = store
+        .client()
+        .rename(&broken, format!("{broken}:saved"))
+        .await
+        .expect("rename");
+    let _: () = store
+        .client()
+        .set(&broken, "oops", None, None, false)
+        .await
+        .expect("set");
+    let first = tips(10, 50, now);
+    xadd_all(store.client(), "rb:events", &first).await;
+    assert!(drained(&store).await, "log:\n{}", daemon.logs());
+    let dead = dead_letters(&store).await;
+    let r1: Vec<&Fields> = first.iter().filter(|f| f[0].1 == "r1").collect();
+    let sources: std::collections::BTreeSet<&str> =
+        dead.iter().map(|(_, d)| d["source_id"].as_str()).collect();
+    assert_eq!(
+        sources.len(),
+        r1.len(),
+        "every r1 tip dead-lettered: {dead:?}"
+    );
+    for (_, d) in &dead {
+        assert_eq!(d["reason"], "apply_failed", "{d:?}");
+        assert_eq!(d["room"], "r1");
+        assert!(d["detail"].contains("fans_7d"), "{d:?}");
+    }
+    let (status, body) = daemon.get("/readyz").await;
+    assert_eq!(status, 200, "the other boards still work: {body}");
+    let ready: serde_json::Value = serde_json::from_str(&body).expect("json");
+    assert_eq!(ready["failing_boards"], serde_json::json!(["fans_7d"]));
+    assert_eq!(
+        daemon
+            .metric("rollboard_board_apply_failing", &[("board", "fans_7d")])
+            .await,
+        1.0
+    );
+    // rooms_7d counted every tip, r1's included; fans_7d of r2 every r2 tip.
+    let rooms = &boards[0];
+    let mut rooms_model = Instance::default();
+    let mut fans_r2 = Instance::default();
+    for (source, f) in stream(&store).await {
+        let raw: Vec<(Vec<u8>, Vec<u8>)> = f
+            .iter()
+            .map(|(a, b)| (a.clone().into_bytes(), b.clone().into_bytes()))
+            .collect();
+        let e = rollboard::event::parse(&raw, &source, &boards, now, 300_000).expect("valid");
+        for u in e.updates {
+            let a = ApplyEvent {
+                id: e.id.clone(),
+                ts: e.ts,
+                member: u.member,
+                amount: u.amount,
+            };
+            match (u.board, u.scope.as_deref()) {
+                (0, None) => {
+                    rooms_model.apply(rooms, &a, now);
+                }
+                (1, Some("r2")) => {
+                    fans_r2.apply(&boards[1], &a, now);
+                }
+                _ => {}
+            }
+        }
+    }
+    assert_matches(&store, rooms, None, &rooms_model, now).await;
+    let fans = &boards[1];
+    let expected = fans_r2.ranking(fans);
+    assert!(
+        wait_for(Duration::from_secs(10), || async {
+            let page = store
+                .top(fans, Some("r2"), 0, 1000, now)
+                .await
+                .expect("top");
+            page.entries
+                .iter()
+                .map(|e| (e.member.clone(), e.total, e.last_ts))
+                .collect::<Vec<_>>()
+                == expected
+        })
+        .await,
+        "fans_7d r2 never caught up"
+    );
+    // Repair and replay: r1's fans count once, rooms_7d does not count them again.
+    let _: i64 = store.client().del(&broken).await.expect("del");
+    let _: () = store
+        .client()
+        .rename(format!("{broken}:saved"), &broken)
+        .await
+        .expect("rename");
+    let replay: Vec<Fields> = dead.iter().map(|(_, d)| reappended(d)).collect();
+    xadd_all(store.client(), "rb:events", &replay).await;
+    assert!(drained(&store).await, "log:\n{}", daemon.logs());
+    assert_eq!(
+        dead_letters(&store).await.len(),
+        dead.len(),
+        "no new dead letter"
+    );
+    assert_stream_model(&store, &boards, &daemon).await;
+    let v = roll::verify(&store, rooms, None, 100)
+        .await
+        .expect("verify");
+    assert!(v.differences.is_empty(), "{:?}", v.differences);
+    assert_eq!(daemon.terminate().await.code(), Some(0));
+    // BREAK (found by this test, intermittent: only when the xadds straddle two reads):
+    // some events are dead-lettered twice. The consumer reads
+    // the next batch while applying this one; when this one takes longer than
+    // `claim_idle` (here the retries of the broken instance: 0.1 + 0.2 + 0.4 + 0.8 s
+    // against 1 s), the next step's XAUTOCLAIM takes the read-ahead entries back from
+    // this very consumer and processes them, and then the step processes the same
+    // read-ahead batch again. Applies are idempotent, but dead letters are appended twice
+    // and the metrics count twice. Fix: skip (or de-duplicate) the claimed entries that
+    // are in `ahead`, or run the claim only when nothing is read ahead, or XAUTOCLAIM
+    // only from other consumers (XPENDING with IDLE and a consumer filter, then XCLAIM).
+    assert_eq!(
+        sources.len(),
+        dead.len(),
+        "one dead letter per event: {} dead letters for {} events",
+        dead.len(),
+        sources.len()
+    );
+}
+
+// BREAK (found by this test; same cause as `a_failed_apply_of_new_members_writes_nothing`):
+// tips_24h's `result` is a String before its first event. The first apply attempt writes
+// `seen`, the slices and `members`, then fails on `ZADD result`; the retries fail in phase 1
+// (now that `members` knows the payments) and the events are dead-lettered `apply_failed`,
+// as documented. But the failed attempt left their ids in `seen`: once the key is put
+// right, the replayed dead letters are all duplicates, so the money sits in the slices and
+// never reaches the ranking (verify reports the drift; only `rebuild` repairs it).
+#[tokio::test]
+async fn a_board_whose_result_key_is_broken_dead_letters_its_events() {
+    let redis = RedisServer::start();
+    let store = redis.store("rb").await;
+    let dir = tempfile::tempdir().expect("dir");
+    let port = free_port();
+    let config = write_config(dir.path(), &redis, port, "a", "");
+    let daemon = Daemon::start(&config, port).await;
+    let boards = test_boards();
+    let tips_24h = &boards[2];
+    let now = rollboard::cli::now_ms();
+    let broken = store.instance(tips_24h, None).result();
+    let _: () = store
+        .client()
+        .set(&broken, "oops", None, None, false)
+        .await
+        .expect("set");
+    let payments: Vec<Fields> = (0..10)
+        .map(|i| {
+            fields(&[
+                ("user", format!("p{i}")),
+                ("value", format!("{}.25", 1 + i)),
+                ("id", format!("pay{i}")),
+                ("ts", (now - i as i64 * 1_000).to_string()),
+            ])
+        })
+        .collect();
+    xadd_all(store.client(), "rb:events", &payments).await;
+    assert!(drained(&store).await, "log:\n{}", daemon.logs());
+    let dead = dead_letters(&store).await;
+    let reasons: Vec<&str> = dead.iter().map(|(_, d)| d["reason"].as_str()).collect();
+    let seen: i64 = store
+        .client()
+        .zcard(store.instance(tips_24h, None).seen())
+        .await
+        .expect("zcard");
+    assert_eq!(
+        reasons,
+        vec!["apply_failed"; payments.len()],
+        "every payment is dead-lettered while tips_24h cannot apply ({seen} ids were \
+         remembered as applied, {} counted as duplicates)",
+        daemon
+            .metric(
+                "rollboard_events_skipped_total",
+                &[("board", "tips_24h"), ("reason", "duplicate")]
+            )
+            .await
+    );
+    // Put the key right and replay the dead letters: each payment must count once.
+    let _: i64 = store.client().del(&broken).await.expect("del");
+    let replay: Vec<Fields> = dead.iter().map(|(_, d)| reappended(d)).collect();
+    xadd_all(store.client(), "rb:events", &replay).await;
+    assert!(drained(&store).await, "log:\n{}", daemon.logs());
+    let v = roll::verify(&store, tips_24h, None, 100)
+        .await
+        .expect("verify");
+    assert!(
+        v.differences.is_empty(),
+        "replayed payments are in the slices but not in the ranking: {:?}",
+        v.differences
+    );
+    assert_stream_model(&store, &boards, &daemon).await;
+    assert_eq!(daemon.terminate().await.code(), Some(0));
+}
+
+#[tokio::test]
+async fn every_shaping_edit_is_refused_and_others_are_accepted() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().expect("dir");
+    let port = free_port();
+    let config = write_config(dir.path(), &redis, port, "a", "");
+    let run = |config: &std::path::Path, args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_rollboard"))
+            .arg("--config")
+            .arg(config)
+            .args(args)
+            .env_remove("ROLLBOARD_CONFIG")
+            .output()
+            .expect("run rollboard")
+    };
+    let out = run(&config, &["verify"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let original = std::fs::read_to_string(&config).expect("read");
+    let edit = |name: &str, from: &str, to: &str| {
+        assert!(original.contains(from), "{from}");
+        let path = dir.path().join(format!("{name}.toml"));
+        std::fs::write(&path, original.replacen(from, to, 1)).expect("write");
+        path
+    };
+    // (setting, edit): each shapes keys or scores of tips_24h or rooms_7d.
+    let refused = [
+        ("scale", edit("scale", "scale = 2", "scale = 3")),
+        ("slice", edit("slice", "slice = \"6h\"", "slice = \"3h\"")),
+        (
+            "window",
+            edit("window", "window = \"24h\"", "window = \"48h\""),
+        ),
+        (
+            "mode",
+            edit(
+                "mode",
+                "tie_break = \"latest\"",
+                "tie_break = \"latest\"\nmode = \"resummarize\"",
+            ),
+        ),
+        (
+            "allow_negative",
+            edit("neg", "allow_negative = true", "allow_negative = false"),
+        ),
+    ];
+    for (setting, path) in &refused {
+        for args in [&["verify"][..], &["run"]] {
+            let out = run(path, args);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(64), "{setting} {args:?}: {err}");
+            assert!(
+                err.contains(&format!(": {setting} is ")),
+                "{setting}: {err}"
+            );
+        }
+    }
+    // The same window written another way, and a new board: nothing to refuse.
+    let accepted = [
+        edit("same", "window = \"7d\"", "window = \"168h\""),
+        edit(
+            "added",
+            "[[boards]]",
+            "[[boards]]\nname = \"new_board\"\nmember = \"player\"\nwindow = \"1h\"\nslice = \"1m\"\n\n[[boards]]",
+        ),
+    ];
+    for path in &accepted {
+        let out = run(path, &["verify"]);
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+    }
+    let out = run(&config, &["verify"]);
+    assert_eq!(out.status.code(), Some(0), "the original config still runs");
+}
