@@ -507,7 +507,15 @@ impl Store {
         let scopes: Vec<Option<String>> = if board.is_scoped() {
             let some: Vec<String> = self
                 .client()
-                .zrange(self.keys.scopes(&board.name), 0, 15, None, false, None, false)
+                .zrange(
+                    self.keys.scopes(&board.name),
+                    0,
+                    15,
+                    None,
+                    false,
+                    None,
+                    false,
+                )
                 .await?;
             some.into_iter().map(Some).collect()
         } else {

@@ -106,17 +106,12 @@ async fn assert_model(store: &Store, board: &Board, model: &mut Instance, now: i
     assert_verified(store, board).await;
 }
 
-// BREAK (found by this test): apply.lua type-checks `result` only through
-// `ZMSCORE result <zmembers>`, which it runs only when some member of the chunk already
-// has a `members` entry. A chunk of members new to the instance therefore never reads
-// `result`; phase 2 writes `meta`, `seen`, the slice, the slice registry and `members`,
-// then `ZADD result` fails with WRONGTYPE: a failed call that wrote almost everything.
-// Worse, the retry answers `Duplicate` for every event (their ids are in `seen` now) and
-// succeeds, so the consumer acks them without a dead letter, and the ranking never
-// counts them (verify shows the drift; only a rebuild brings them back).
-// Fix: in phase 1 always read `result` on incremental boards (e.g. `ZCARD`/`TYPE` check,
-// or `ZMSCORE` with at least one member), and likewise make sure every key phase 2
-// writes (`meta`'s `gen`, checked as an integer, too) was read first.
+// Guards a break this test found: apply.lua used to type-check `result` only through
+// `ZMSCORE result <zmembers>`, run only when some member of the chunk already had a
+// `members` entry (and never read `meta.gen`). A chunk of members new to the instance
+// then wrote `meta`, `seen`, the slice, the registry and `members` before `ZADD result`
+// failed with WRONGTYPE, and the retry answered `Duplicate` for every event: money in the
+// slices that the ranking never counted. Phase 1 now reads every key phase 2 writes.
 #[tokio::test]
 async fn a_failed_apply_of_new_members_writes_nothing() {
     let redis = RedisServer::start();
@@ -604,16 +599,12 @@ async fn a_broken_scoped_instance_is_dead_lettered_and_its_replay_counts_once() 
         .expect("verify");
     assert!(v.differences.is_empty(), "{:?}", v.differences);
     assert_eq!(daemon.terminate().await.code(), Some(0));
-    // BREAK (found by this test, intermittent: only when the xadds straddle two reads):
-    // some events are dead-lettered twice. The consumer reads
-    // the next batch while applying this one; when this one takes longer than
-    // `claim_idle` (here the retries of the broken instance: 0.1 + 0.2 + 0.4 + 0.8 s
-    // against 1 s), the next step's XAUTOCLAIM takes the read-ahead entries back from
-    // this very consumer and processes them, and then the step processes the same
-    // read-ahead batch again. Applies are idempotent, but dead letters are appended twice
-    // and the metrics count twice. Fix: skip (or de-duplicate) the claimed entries that
-    // are in `ahead`, or run the claim only when nothing is read ahead, or XAUTOCLAIM
-    // only from other consumers (XPENDING with IDLE and a consumer filter, then XCLAIM).
+    // Guards a break this test found (intermittently): the consumer reads the next batch
+    // while applying this one; when this one took longer than `claim_idle` (here the
+    // retries of the broken instance, 0.1 + 0.2 + 0.4 + 0.8 s against 1 s), the next
+    // step's XAUTOCLAIM took the read-ahead entries back from this very consumer and
+    // processed them, then the step processed them again: dead letters written twice.
+    // The claim now skips the entries held read ahead.
     assert_eq!(
         sources.len(),
         dead.len(),
@@ -623,13 +614,10 @@ async fn a_broken_scoped_instance_is_dead_lettered_and_its_replay_counts_once() 
     );
 }
 
-// BREAK (found by this test; same cause as `a_failed_apply_of_new_members_writes_nothing`):
-// tips_24h's `result` is a String before its first event. The first apply attempt writes
-// `seen`, the slices and `members`, then fails on `ZADD result`; the retries fail in phase 1
-// (now that `members` knows the payments) and the events are dead-lettered `apply_failed`,
-// as documented. But the failed attempt left their ids in `seen`: once the key is put
-// right, the replayed dead letters are all duplicates, so the money sits in the slices and
-// never reaches the ranking (verify reports the drift; only `rebuild` repairs it).
+// Guards the same break as `a_failed_apply_of_new_members_writes_nothing`, seen through
+// the daemon: tips_24h's `result` is a String before its first event. The first apply
+// attempt used to write `seen`, the slices and `members` before failing, so the replayed
+// dead letters were all duplicates and their money never reached the ranking.
 #[tokio::test]
 async fn a_board_whose_result_key_is_broken_dead_letters_its_events() {
     let redis = RedisServer::start();
