@@ -940,3 +940,60 @@ async fn a_board_whose_apply_keeps_failing_is_reported_and_holds_no_other_board(
     assert!(recovered, "rooms_7d still reported failing");
     assert!(daemon.terminate().await.success());
 }
+
+#[tokio::test]
+async fn connections_cut_after_scripts_and_acks_reach_redis_lose_nothing_and_double_nothing() {
+    let redis = RedisServer::start();
+    let proxy = crate::proxy::Proxy::start(redis.port).await;
+    let store = redis.store("rb").await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let port = free_port();
+    let config = crate::util::write_config_url(dir.path(), &proxy.url(), port, "a", "");
+    let now = now_ms();
+    let events: Vec<Fields> = (0..4000)
+        .map(|i| {
+            if i % 4 == 3 {
+                payment(i, now)
+            } else {
+                tip(i, now)
+            }
+        })
+        .collect();
+    xadd_all(store.client(), "rb:events", &events).await;
+    let daemon = Daemon::start(&config, port).await;
+    // Cut a connection right after an apply script, an XACK or an expiry chunk reached
+    // Redis (its reply lost), over and over while the backlog drains.
+    let patterns: [&[u8]; 3] = [b"EVALSHA", b"XACK", b"XREADGROUP"];
+    let mut armed = 0;
+    let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+    while armed < 24 {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        proxy.cut_after(patterns[(seed % 3) as usize], 1);
+        armed += 1;
+        let fired = wait_for(Duration::from_secs(5), || async { proxy.cuts() >= armed }).await;
+        if !fired {
+            break;
+        }
+    }
+    assert!(proxy.cuts() >= 5, "only {} cuts happened", proxy.cuts());
+    assert_drained_into_model(&store, &events, &daemon).await;
+    for board in boards() {
+        for scope in rollboard::roll::instances(&store, &board)
+            .await
+            .expect("instances")
+        {
+            let v = rollboard::roll::verify(&store, &board, scope.as_deref(), 100)
+                .await
+                .expect("verify");
+            assert!(
+                v.differences.is_empty(),
+                "{}: {:?}",
+                board.name,
+                v.differences
+            );
+        }
+    }
+    assert!(daemon.terminate().await.success());
+}
