@@ -4,6 +4,7 @@ mod cli;
 mod daemon;
 mod engine;
 mod holes;
+mod http_edges;
 mod intake;
 mod model;
 mod proxy;
