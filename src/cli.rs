@@ -3,8 +3,8 @@
 //! Exit codes: 0 success, 1 failure (invalid events, drift, Redis errors), 2 usage error,
 //! 3 member not on the board, 64 invalid configuration.
 
-use std::io::{BufRead, Write};
-use std::path::PathBuf;
+use std::io::{BufRead, Read, Seek, Write};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context;
@@ -26,6 +26,14 @@ pub const EXIT_NOT_FOUND: u8 = 3;
 pub const EXIT_USAGE: u8 = 2;
 /// Exit status: invalid configuration.
 pub const EXIT_CONFIG: u8 = 64;
+/// Longest line `send` accepts, in bytes (without its line break).
+pub const MAX_LINE_BYTES: usize = 1 << 20;
+/// Most events `send` appends in one MULTI/EXEC.
+const SEND_BATCH_EVENTS: usize = 1_000;
+/// Most line bytes `send` holds for one MULTI/EXEC.
+const SEND_BATCH_BYTES: usize = 4 << 20;
+/// Invalid lines `send` lists; further ones are only counted, so memory stays bounded.
+const MAX_LISTED_ERRORS: usize = 100;
 
 /// Exact rolling-window leaderboards in Redis.
 #[derive(Debug, Parser)]
@@ -483,40 +491,174 @@ fn print_page(page: &Page, json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Parses and validates JSON-lines text; returns the events or every invalid line.
-pub fn parse_lines(
-    text: impl BufRead,
-    boards: &[Board],
-) -> anyhow::Result<Result<Vec<Vec<Field>>, Vec<String>>> {
-    let mut events = Vec::new();
-    let mut errors = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        let line = line.context("cannot read input")?;
-        if line.trim().is_empty() {
-            continue;
-        }
-        let parsed = serde_json::from_str::<serde_json::Value>(&line)
-            .map_err(|e| format!("not JSON: {e}"))
-            .and_then(|v| fields_from_json(&v))
-            .and_then(|fields| {
-                validate(&fields, boards)
-                    .map(|_| fields)
-                    .map_err(|r| r.to_string())
-            });
-        match parsed {
-            Ok(fields) => events.push(fields),
-            Err(why) => errors.push(format!("line {}: {why}", i + 1)),
-        }
-    }
-    Ok(if errors.is_empty() {
-        Ok(events)
+/// Parses one event's JSON text: like `serde_json::from_str`, except that an object with a
+/// repeated key is refused (instead of the last value silently winning).
+pub fn event_value(text: &str) -> Result<serde_json::Value, String> {
+    let parsed = if text.trim_start().starts_with('{') {
+        serde_json::from_str::<StrictObject>(text).map(|o| o.0)
     } else {
-        Err(errors)
+        serde_json::from_str(text)
+    };
+    parsed.map_err(|e| {
+        if e.is_data() {
+            e.to_string()
+        } else {
+            format!("not JSON: {e}")
+        }
     })
 }
 
+/// A JSON object whose keys are all different.
+struct StrictObject(serde_json::Value);
+
+impl<'de> serde::Deserialize<'de> for StrictObject {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = StrictObject;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<StrictObject, A::Error> {
+                let mut object = serde_json::Map::new();
+                while let Some(key) = map.next_key::<String>()? {
+                    if object.contains_key(&key) {
+                        let shown: String = key.chars().take(64).collect();
+                        return Err(serde::de::Error::custom(format_args!(
+                            "field {shown:?} appears more than once"
+                        )));
+                    }
+                    let value = map.next_value::<serde_json::Value>()?;
+                    object.insert(key, value);
+                }
+                Ok(StrictObject(serde_json::Value::Object(object)))
+            }
+        }
+        d.deserialize_map(Visit)
+    }
+}
+
+/// One line of `send` input.
+enum Line {
+    /// The input ended.
+    End,
+    /// A line (its line break removed) of at most [`MAX_LINE_BYTES`].
+    Text,
+    /// A line longer than [`MAX_LINE_BYTES`]; reading stops there.
+    TooLong,
+}
+
+/// Reads the next line into `buf`, never holding more than [`MAX_LINE_BYTES`] + 1 bytes.
+fn next_line(input: &mut impl BufRead, buf: &mut Vec<u8>) -> std::io::Result<Line> {
+    buf.clear();
+    let read = input
+        .by_ref()
+        .take(MAX_LINE_BYTES as u64 + 1)
+        .read_until(b'\n', buf)?;
+    if read == 0 {
+        return Ok(Line::End);
+    }
+    if buf.last() == Some(&b'\n') {
+        buf.pop();
+        if buf.last() == Some(&b'\r') {
+            buf.pop();
+        }
+    }
+    Ok(if buf.len() > MAX_LINE_BYTES {
+        Line::TooLong
+    } else {
+        Line::Text
+    })
+}
+
+/// Parses and validates one line (`number` counts from 1); `Ok(None)` for a blank line.
+fn parse_line(bytes: &[u8], number: u64, boards: &[Board]) -> Result<Option<Vec<Field>>, String> {
+    let bytes = match number {
+        1 => bytes.strip_prefix(b"\xef\xbb\xbf").unwrap_or(bytes),
+        _ => bytes,
+    };
+    let text = std::str::from_utf8(bytes).map_err(|e| {
+        format!(
+            "line {number}: not UTF-8 (invalid byte at column {})",
+            e.valid_up_to() + 1
+        )
+    })?;
+    if text.trim().is_empty() {
+        return Ok(None);
+    }
+    event_value(text)
+        .and_then(|v| fields_from_json(&v))
+        .and_then(|fields| {
+            validate(&fields, boards)
+                .map(|_| Some(fields))
+                .map_err(|r| r.to_string())
+        })
+        .map_err(|why| format!("line {number}: {why}"))
+}
+
+/// What the first pass of `send` found.
+struct Checked {
+    /// Valid events.
+    events: u64,
+    /// The first [`MAX_LISTED_ERRORS`] invalid lines.
+    errors: Vec<String>,
+    /// Invalid lines in all.
+    invalid: u64,
+}
+
+/// Validates JSON-lines input (a UTF-8 BOM at its start is skipped) without holding more
+/// than one line, copying it to `spool` when given. Reading stops at a line over
+/// [`MAX_LINE_BYTES`].
+fn check_lines(
+    mut input: impl BufRead,
+    boards: &[Board],
+    mut spool: Option<&mut dyn Write>,
+) -> anyhow::Result<Checked> {
+    let mut checked = Checked {
+        events: 0,
+        errors: Vec::new(),
+        invalid: 0,
+    };
+    let mut buf = Vec::new();
+    let mut number = 0u64;
+    loop {
+        number += 1;
+        let result = match next_line(&mut input, &mut buf).context("cannot read the input")? {
+            Line::End => break,
+            Line::TooLong => Err(format!(
+                "line {number}: longer than {MAX_LINE_BYTES} bytes; the rest of the input was not read"
+            )),
+            Line::Text => {
+                if let Some(spool) = spool.as_mut() {
+                    spool.write_all(&buf).context("cannot spool the input")?;
+                    spool.write_all(b"\n").context("cannot spool the input")?;
+                }
+                parse_line(&buf, number, boards)
+            }
+        };
+        match result {
+            Ok(Some(_)) => checked.events += 1,
+            Ok(None) => {}
+            Err(why) => {
+                checked.invalid += 1;
+                if checked.errors.len() < MAX_LISTED_ERRORS {
+                    checked.errors.push(why);
+                }
+                if buf.len() > MAX_LINE_BYTES {
+                    break;
+                }
+            }
+        }
+    }
+    Ok(checked)
+}
+
 /// Appends validated events to the stream in one MULTI/EXEC: all of them or, when Redis
-/// refuses any (e.g. out of memory, detected while queueing), none.
+/// refuses any (e.g. out of memory, detected while queueing), none. Callers bound the
+/// number of events (a request, a `send` batch).
 ///
 /// An event without an `id` field is appended with a fresh one ([`fresh_id`]), given before
 /// the transaction is built: the client retries the whole transaction when the connection
@@ -544,35 +686,119 @@ pub async fn append(
     Ok(())
 }
 
+/// `send`: validates the whole input first (nothing is appended when a line is invalid),
+/// then appends it in transactions of at most [`SEND_BATCH_EVENTS`] events, so memory is
+/// bounded by a batch, not by the input. Standard input, a pipe or a device is spooled to
+/// a temporary file during the first pass; a regular file is read twice.
 async fn send(settings: &Settings, file: Option<PathBuf>) -> anyhow::Result<u8> {
-    let parsed = match &file {
-        Some(path) => {
-            let f = std::fs::File::open(path)
-                .with_context(|| format!("cannot open {}", path.display()))?;
-            parse_lines(std::io::BufReader::new(f), &settings.boards)?
-        }
-        None => parse_lines(std::io::stdin().lock(), &settings.boards)?,
+    let regular = file
+        .as_deref()
+        .and_then(|p| std::fs::metadata(p).ok())
+        .is_some_and(|m| m.is_file());
+    let open = |path: &Path| {
+        std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))
     };
-    let events = match parsed {
-        Ok(events) => events,
-        Err(errors) => {
-            for e in &errors {
-                eprintln!("{e}");
-            }
-            eprintln!("{} invalid line(s); nothing was appended", errors.len());
-            return Ok(1);
+    let mut spool = if regular {
+        None
+    } else {
+        Some(std::io::BufWriter::new(tempfile::tempfile().context(
+            "cannot create a temporary file to spool the input",
+        )?))
+    };
+    let spool_writer = spool.as_mut().map(|w| w as &mut dyn Write);
+    let checked = match &file {
+        Some(path) => check_lines(
+            std::io::BufReader::new(open(path)?),
+            &settings.boards,
+            spool_writer,
+        )?,
+        None => check_lines(std::io::stdin().lock(), &settings.boards, spool_writer)?,
+    };
+    if checked.invalid > 0 {
+        for e in &checked.errors {
+            eprintln!("{e}");
         }
+        if checked.invalid > checked.errors.len() as u64 {
+            eprintln!(
+                "... and {} more",
+                checked.invalid - checked.errors.len() as u64
+            );
+        }
+        eprintln!("{} invalid line(s); nothing was appended", checked.invalid);
+        return Ok(1);
+    }
+    let second: Box<dyn BufRead> = match (spool, &file) {
+        (Some(spool), _) => {
+            let mut spooled = spool
+                .into_inner()
+                .map_err(|e| e.into_error())
+                .context("cannot spool the input")?;
+            spooled.rewind().context("cannot read the spooled input")?;
+            Box::new(std::io::BufReader::new(spooled))
+        }
+        (None, Some(path)) => Box::new(std::io::BufReader::new(open(path)?)),
+        (None, None) => anyhow::bail!("standard input is always spooled"),
     };
     let store = connect(settings).await?;
-    append(store.client(), &settings.ingest.stream, &events)
-        .await
-        .with_context(|| format!("cannot append to {}", settings.ingest.stream))?;
-    println!(
-        "appended {} event(s) to {}",
-        events.len(),
-        settings.ingest.stream
-    );
+    let stream = settings.ingest.stream.as_str();
+    let mut appended = 0u64;
+    let outcome = append_lines(second, settings, store.client(), &mut appended).await;
+    if let Err(e) = outcome {
+        eprintln!(
+            "{appended} of {} event(s) were appended before the failure",
+            checked.events
+        );
+        return Err(e);
+    }
+    println!("appended {appended} event(s) to {stream}");
     Ok(0)
+}
+
+/// The second pass of `send`: appends the checked input batch by batch, counting the
+/// events appended so far in `appended`.
+async fn append_lines(
+    mut input: Box<dyn BufRead>,
+    settings: &Settings,
+    client: &Client,
+    appended: &mut u64,
+) -> anyhow::Result<()> {
+    let stream = settings.ingest.stream.as_str();
+    let mut batch = Vec::new();
+    let mut bytes = 0;
+    let mut buf = Vec::new();
+    let mut number = 0u64;
+    loop {
+        number += 1;
+        let more = match next_line(&mut input, &mut buf).context("cannot read the input")? {
+            Line::End => false,
+            Line::TooLong => anyhow::bail!("line {number}: the input changed since it was checked"),
+            Line::Text => {
+                match parse_line(&buf, number, &settings.boards) {
+                    Ok(Some(fields)) => {
+                        bytes += buf.len();
+                        batch.push(fields);
+                    }
+                    Ok(None) => {}
+                    Err(why) => anyhow::bail!("{why} (the input changed since it was checked)"),
+                }
+                true
+            }
+        };
+        if batch.len() >= SEND_BATCH_EVENTS
+            || bytes >= SEND_BATCH_BYTES
+            || (!more && !batch.is_empty())
+        {
+            append(client, stream, &batch)
+                .await
+                .with_context(|| format!("cannot append to {stream}"))?;
+            *appended += batch.len() as u64;
+            batch.clear();
+            bytes = 0;
+        }
+        if !more {
+            return Ok(());
+        }
+    }
 }
 
 #[cfg(test)]

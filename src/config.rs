@@ -125,12 +125,20 @@ impl Default for RawSchedule {
 #[serde(deny_unknown_fields, default)]
 struct RawHttp {
     listen: String,
+    header_timeout: String,
+    request_timeout: String,
+    max_connections: i64,
+    max_concurrent_intake: i64,
 }
 
 impl Default for RawHttp {
     fn default() -> Self {
         RawHttp {
             listen: "127.0.0.1:9464".into(),
+            header_timeout: "10s".into(),
+            request_timeout: "30s".into(),
+            max_connections: 1024,
+            max_concurrent_intake: 4,
         }
     }
 }
@@ -245,6 +253,15 @@ pub struct ScheduleSettings {
 pub struct HttpSettings {
     /// Listen address.
     pub listen: SocketAddr,
+    /// How long a client may take to send a request's head (line and headers); also how
+    /// long an idle connection is kept.
+    pub header_timeout: Duration,
+    /// How long one request may take from its head to the answer, body upload included.
+    pub request_timeout: Duration,
+    /// Most connections served at once; further ones wait in the listen backlog.
+    pub max_connections: usize,
+    /// Most `POST /v1/events` requests handled at once; further ones answer 503.
+    pub max_concurrent_intake: usize,
 }
 
 /// Log output format.
@@ -269,13 +286,12 @@ impl Settings {
     /// Reads the file at `path` (required), applies `ROLLBOARD__SECTION__KEY` environment
     /// overrides and validates the result.
     pub fn load(path: &Path) -> Result<Settings, ConfigError> {
-        let raw: RawSettings = ::config::Config::builder()
-            .add_source(::config::File::from(path.to_path_buf()).format(::config::FileFormat::Toml))
-            .add_source(env_source())
-            .build()
-            .and_then(|c| c.try_deserialize())
-            .map_err(|e| ConfigError::Read(format!("{}: {e}", path.display())))?;
-        raw.validate()
+        let text = read_text(path)
+            .map_err(|why| ConfigError::Read(format!("{}: {why}", path.display())))?;
+        Self::from_toml(&text).map_err(|e| match e {
+            ConfigError::Read(why) => ConfigError::Read(format!("{}: {why}", path.display())),
+            invalid => invalid,
+        })
     }
 
     /// Parses settings from TOML text (environment overrides included).
@@ -285,7 +301,7 @@ impl Settings {
             .add_source(env_source())
             .build()
             .and_then(|c| c.try_deserialize())
-            .map_err(|e| ConfigError::Read(e.to_string()))?;
+            .map_err(|e| ConfigError::Read(read_error(text, &e.to_string())))?;
         raw.validate()
     }
 
@@ -301,10 +317,78 @@ pub fn resolve_path(flag: Option<PathBuf>) -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(DEFAULT_PATH))
 }
 
+/// Largest config file read: far above any real one, and it keeps `--config /dev/zero` from
+/// filling the memory.
+const MAX_FILE_BYTES: u64 = 1 << 20;
+
+/// The file as text, refused when it is not UTF-8 (a binary file is never echoed).
+fn read_text(path: &Path) -> Result<String, String> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).map_err(|e| e.to_string())?;
+    let mut bytes = Vec::new();
+    file.take(MAX_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| e.to_string())?;
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Err(format!("larger than {MAX_FILE_BYTES} bytes"));
+    }
+    String::from_utf8(bytes).map_err(|e| {
+        let line = 1 + e.as_bytes()[..e.utf8_error().valid_up_to()]
+            .iter()
+            .filter(|&&b| b == b'\n')
+            .count();
+        format!("not a UTF-8 text file (line {line})")
+    })
+}
+
+/// A reading error of the `config` crate in one line: the TOML parser's excerpt of the
+/// file (which may be a whole binary line) is replaced by the start of the line, escaped.
+fn read_error(text: &str, message: &str) -> String {
+    let is_excerpt = |l: &str| {
+        let l = l.trim_start_matches(|c: char| c.is_ascii_digit() || c == ' ');
+        l.starts_with('|')
+    };
+    let mut parts: Vec<String> = message
+        .lines()
+        .filter(|l| !l.trim().is_empty() && !is_excerpt(l))
+        .map(|l| l.trim().to_string())
+        .collect();
+    let line_no = parts.first().and_then(|first| {
+        let rest = first.strip_prefix("TOML parse error at line ")?;
+        rest.split(',').next()?.parse::<usize>().ok()
+    });
+    let shown = |line: &str| {
+        let shown: String = line.chars().take(60).collect();
+        let more = if shown.len() < line.len() { "..." } else { "" };
+        format!("{shown:?}{more}")
+    };
+    if let Some(line) = line_no.and_then(|n| text.lines().nth(n.checked_sub(1)?)) {
+        parts.insert(1, shown(line));
+    } else if message.contains("too large to fit") {
+        // The `config` crate reports an integer beyond 64 bits without its place: find it.
+        let beyond = text.lines().enumerate().find(|(_, line)| {
+            line.split_once('=').is_some_and(|(_, value)| {
+                let value = value.trim().replace('_', "");
+                let digits = value.trim_start_matches(['-', '+']);
+                !digits.is_empty()
+                    && digits.bytes().all(|b| b.is_ascii_digit())
+                    && value.parse::<i64>().is_err()
+            })
+        });
+        if let Some((i, line)) = beyond {
+            let key = line.split_once('=').map_or("", |(k, _)| k.trim());
+            return format!(
+                "line {} ({}): `{key}` is an integer beyond 64 bits",
+                i + 1,
+                shown(line)
+            );
+        }
+    }
+    parts.join(": ")
+}
+
 fn env_source() -> ::config::Environment {
     // `prefix_separator("__")` keeps ROLLBOARD_CONFIG (the file path) out of the settings.
-    // Values stay strings (a consumer named "007" stays "007"); numeric and boolean keys
-    // are converted when the settings are deserialized.
     // Values stay strings (a consumer named "007" stays "007"); numeric and boolean keys
     // are converted when the settings are deserialized.
     ::config::Environment::with_prefix("ROLLBOARD")
@@ -312,9 +396,43 @@ fn env_source() -> ::config::Environment {
         .separator("__")
 }
 
+/// Longest duration any key accepts: 100 years keeps every time computed from it (such as
+/// `now - window`) far inside the ±2^53 ms that scores and replies carry exactly.
+const MAX_DURATION_MS: i64 = 36_500 * 86_400_000;
+
 fn duration(key: &str, text: &str) -> Result<i64, ConfigError> {
-    parse_duration_ms(text)
-        .ok_or_else(|| invalid(key, text, "not a duration such as 500ms, 30s, 5m, 6h or 7d"))
+    match parse_duration_ms(text) {
+        Some(ms) if ms <= MAX_DURATION_MS => Ok(ms),
+        Some(_) => Err(invalid(key, text, "must be at most 36500d")),
+        None => Err(invalid(
+            key,
+            text,
+            "not a duration such as 500ms, 30s, 5m, 6h or 7d",
+        )),
+    }
+}
+
+fn seconds_at_least_one(key: &str, text: &str) -> Result<Duration, ConfigError> {
+    match duration(key, text)? {
+        ms if ms < 1_000 => Err(invalid(key, text, "must be at least 1s")),
+        ms => Ok(Duration::from_millis(ms as u64)),
+    }
+}
+
+fn count(
+    key: &str,
+    value: i64,
+    range: std::ops::RangeInclusive<i64>,
+) -> Result<usize, ConfigError> {
+    if range.contains(&value) {
+        Ok(value as usize)
+    } else {
+        Err(invalid(
+            key,
+            value.to_string(),
+            format!("must be between {} and {}", range.start(), range.end()),
+        ))
+    }
 }
 
 fn positive_duration(key: &str, text: &str) -> Result<i64, ConfigError> {
@@ -436,6 +554,24 @@ impl RawSettings {
                 format!("not a socket address: {e}"),
             )
         })?;
+        let http = HttpSettings {
+            listen,
+            header_timeout: seconds_at_least_one("http.header_timeout", &self.http.header_timeout)?,
+            request_timeout: seconds_at_least_one(
+                "http.request_timeout",
+                &self.http.request_timeout,
+            )?,
+            max_connections: count(
+                "http.max_connections",
+                self.http.max_connections,
+                1..=65_536,
+            )?,
+            max_concurrent_intake: count(
+                "http.max_concurrent_intake",
+                self.http.max_concurrent_intake,
+                1..=1_024,
+            )?,
+        };
 
         let format = match self.log.format.as_str() {
             "text" => LogFormat::Text,
@@ -468,7 +604,7 @@ impl RawSettings {
             redis: RedisSettings { url, key_prefix },
             ingest: ingest_settings,
             schedule,
-            http: HttpSettings { listen },
+            http,
             log: LogSettings {
                 format,
                 level: self.log.level,
@@ -648,5 +784,57 @@ mod tests {
         assert!(e.contains("boards[0].mode") && e.contains("fast"), "{e}");
         let e = refusal(&format!("[redis]\nunknown_key = 1\n{BOARD}"));
         assert!(e.contains("unknown_key"), "{e}");
+    }
+
+    #[test]
+    fn absurd_sizes_are_refused_naming_the_key() {
+        let e = refusal(&BOARD.replace("\"7d\"", "\"10000000000d\""));
+        assert!(
+            e.contains("boards[0].window") && e.contains("36500d"),
+            "{e}"
+        );
+        let e = refusal(&format!("[ingest]\nbatch_size = 10001\n{BOARD}"));
+        assert!(e.contains("ingest.batch_size"), "{e}");
+        let e = refusal(&format!(
+            "[ingest]\nbatch_size = 99999999999999999999\n{BOARD}"
+        ));
+        assert!(e.contains("line 2") && e.contains("batch_size"), "{e}");
+        let e = refusal(&format!("[http]\nheader_timeout = \"10ms\"\n{BOARD}"));
+        assert!(
+            e.contains("http.header_timeout") && e.contains("10ms"),
+            "{e}"
+        );
+        let e = refusal(&format!("[http]\nmax_connections = 0\n{BOARD}"));
+        assert!(e.contains("http.max_connections"), "{e}");
+        let e = refusal(&format!("[http]\nmax_concurrent_intake = -1\n{BOARD}"));
+        assert!(e.contains("http.max_concurrent_intake"), "{e}");
+        let e = refusal(&format!("[http]\nrequest_timeout = \"soon\"\n{BOARD}"));
+        assert!(e.contains("http.request_timeout"), "{e}");
+    }
+
+    #[test]
+    fn http_limits_have_defaults() {
+        let s = Settings::from_toml(BOARD).expect("valid");
+        assert_eq!(s.http.header_timeout, Duration::from_secs(10));
+        assert_eq!(s.http.request_timeout, Duration::from_secs(30));
+        assert_eq!(s.http.max_connections, 1024);
+        assert_eq!(s.http.max_concurrent_intake, 4);
+    }
+
+    #[test]
+    fn a_binary_file_is_named_not_shown() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("binary.toml");
+        std::fs::write(&path, [0x00u8, 0xff, 0xfe, 0x41, 0x0a, 0x80]).expect("write");
+        let e = Settings::load(&path).expect_err("refused").to_string();
+        assert_eq!(e.matches("binary.toml").count(), 1, "{e}");
+        assert!(e.contains("not a UTF-8 text file"), "{e}");
+        std::fs::write(&path, format!("\u{1}{}\n", "x".repeat(500))).expect("write");
+        let e = Settings::load(&path).expect_err("refused").to_string();
+        assert_eq!(e.matches("binary.toml").count(), 1, "{e}");
+        assert!(
+            e.len() < 300 && !e.contains('\n') && e.contains("line 1"),
+            "{e}"
+        );
     }
 }

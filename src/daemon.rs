@@ -216,17 +216,10 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> anyhow::Resul
         metrics: metrics.clone(),
         group_ready,
     }));
-    let http_cancel = cancel.clone();
+    let (http_cancel, http_limits) = (cancel.clone(), settings.http.clone());
     tracker.spawn(
-        async move {
-            if let Err(e) = axum::serve(listener, app)
-                .with_graceful_shutdown(async move { http_cancel.cancelled().await })
-                .await
-            {
-                warn!(error = %e, "http server stopped");
-            }
-        }
-        .instrument(tracing::info_span!("http")),
+        async move { crate::http::serve(listener, app, &http_limits, http_cancel).await }
+            .instrument(tracing::info_span!("http")),
     );
 
     // Nothing touches board data before the stored settings are known to agree.

@@ -1,25 +1,39 @@
-//! The HTTP interface (axum): query API, event intake, `/metrics`, `/healthz`, `/readyz`.
+//! The HTTP interface (axum on hyper's HTTP/1 server): query API, event intake, `/metrics`,
+//! `/healthz`, `/readyz`, and the connection loop that bounds what a client can hold.
 //!
-//! Client mistakes answer 400 or 404 with a JSON `{"error": ...}` body; Redis trouble
-//! answers 503. Nothing a client sends can produce a 500.
+//! Every error answer is a JSON `{"error": ...}` that never echoes unbounded input: client
+//! mistakes answer 400, 404, 405, 408, 413 or 415; a Redis outage answers 503 and so does
+//! an intake over `http.max_concurrent_intake`; a Redis error that is not an outage (e.g.
+//! WRONGTYPE: a key holding data rollboard did not write) answers 500. Nothing a client
+//! sends can produce a 500.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::Bytes;
+use axum::body::{Body, Bytes};
+use axum::error_handling::HandleErrorLayer;
 use axum::extract::rejection::{BytesRejection, PathRejection};
-use axum::extract::{DefaultBodyLimit, Path, Query, State};
-use axum::http::{header, StatusCode};
+use axum::extract::{DefaultBodyLimit, Path, RawQuery, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
 use serde_json::{json, Value};
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tower::ServiceBuilder;
+use tower_http::timeout::TimeoutLayer;
+use tracing::{debug, warn};
 
 use crate::board::Board;
-use crate::cli::{append, now_ms};
-use crate::config::Settings;
+use crate::cli::{append, event_value, now_ms};
+use crate::config::{HttpSettings, Settings};
 use crate::event::{check_name, fields_from_json, validate};
 use crate::ingest::group_info;
 use crate::metrics::Metrics;
@@ -31,6 +45,9 @@ pub const MAX_BODY_BYTES: usize = 4 << 20;
 pub const MAX_EVENTS: usize = 10_000;
 /// How long a request waits for Redis before answering 503.
 const REDIS_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a request in progress at shutdown may still take to answer before its
+/// connection is closed (idle and half-received connections are closed at once).
+pub const SHUTDOWN_DRAIN: Duration = Duration::from_secs(2);
 
 /// What the handlers share.
 pub struct AppState {
@@ -55,7 +72,12 @@ pub enum ApiError {
     Invalid(Value),
     /// 413: the request body is over the limit.
     TooLarge(String),
-    /// 503: Redis failed or timed out.
+    /// 415: the body is not declared as JSON.
+    UnsupportedMediaType(String),
+    /// 500: Redis refused an operation for a reason other than an outage (the data in
+    /// Redis is not what rollboard wrote, a script found an inconsistency).
+    Internal(String),
+    /// 503: Redis failed or timed out, or the intake is at its concurrency limit.
     Unavailable(String),
 }
 
@@ -72,6 +94,16 @@ impl IntoResponse for ApiError {
             ApiError::TooLarge(m) => {
                 (StatusCode::PAYLOAD_TOO_LARGE, Json(json!({ "error": m }))).into_response()
             }
+            ApiError::UnsupportedMediaType(m) => (
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                Json(json!({ "error": m })),
+            )
+                .into_response(),
+            ApiError::Internal(m) => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                Json(json!({ "error": m })),
+            )
+                .into_response(),
             ApiError::Unavailable(m) => {
                 (StatusCode::SERVICE_UNAVAILABLE, Json(json!({ "error": m }))).into_response()
             }
@@ -81,14 +113,32 @@ impl IntoResponse for ApiError {
 
 type ApiResult<T> = Result<T, ApiError>;
 
-/// The router with every route.
+/// The router with every route, limited by `limits`: a request (body upload included) that
+/// takes longer than `request_timeout` answers 408, and intake requests beyond
+/// `max_concurrent_intake` answer 503 at once.
 pub fn router(state: Arc<AppState>) -> Router {
+    let limits = state.settings.http.clone();
+    let intake = post(events).layer(
+        ServiceBuilder::new()
+            .layer(HandleErrorLayer::new(|_: tower::BoxError| async {
+                let mut response = ApiError::Unavailable(
+                    "too many intake requests at once (http.max_concurrent_intake); retry".into(),
+                )
+                .into_response();
+                response
+                    .headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                response
+            }))
+            .load_shed()
+            .concurrency_limit(limits.max_concurrent_intake),
+    );
     Router::new()
         .route("/v1/boards", get(boards))
         .route("/v1/boards/{board}/top", get(top))
         .route("/v1/boards/{board}/members/{member}", get(rank))
         .route("/v1/boards/{board}/members/{member}/around", get(around))
-        .route("/v1/events", post(events))
+        .route("/v1/events", intake)
         .route("/metrics", get(metrics))
         .route(
             "/healthz",
@@ -98,6 +148,109 @@ pub fn router(state: Arc<AppState>) -> Router {
         .fallback(|| async { ApiError::NotFound("no such route".into()) })
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
+        .layer(TimeoutLayer::with_status_code(
+            StatusCode::REQUEST_TIMEOUT,
+            limits.request_timeout,
+        ))
+        .layer(axum::middleware::map_response(json_errors))
+}
+
+/// Gives every error answer that is not JSON yet (axum's 405, the timeout's 408, a
+/// rejection's plain text) a JSON `{"error": ...}` body naming only its status.
+async fn json_errors(response: Response) -> Response {
+    let status = response.status();
+    let is_json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return response;
+    }
+    let message = match status {
+        StatusCode::METHOD_NOT_ALLOWED => "method not allowed".to_string(),
+        StatusCode::REQUEST_TIMEOUT => {
+            "the request was not received and answered within http.request_timeout".to_string()
+        }
+        other => other
+            .canonical_reason()
+            .unwrap_or("error")
+            .to_ascii_lowercase(),
+    };
+    let (mut parts, _) = response.into_parts();
+    parts.headers.remove(header::CONTENT_LENGTH);
+    parts.headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    Response::from_parts(parts, Body::from(json!({ "error": message }).to_string()))
+}
+
+/// Serves `app` on `listener` until `cancel` fires.
+///
+/// HTTP/1.1 only: a client must send a request's head within `header_timeout` (an idle
+/// connection is closed after as long), at most `max_connections` are served at once (more
+/// wait in the listen backlog, holding no memory here). At shutdown, idle and
+/// half-received connections are closed at once; a request being handled gets
+/// [`SHUTDOWN_DRAIN`] to answer.
+pub async fn serve(
+    listener: TcpListener,
+    app: Router,
+    limits: &HttpSettings,
+    cancel: CancellationToken,
+) {
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let connections = TaskTracker::new();
+    loop {
+        // Cancel safety: both waits only take a permit or a connection when they complete.
+        let permit = tokio::select! {
+            _ = cancel.cancelled() => break,
+            permit = slots.clone().acquire_owned() => match permit {
+                Ok(permit) => permit,
+                Err(_) => break,
+            },
+        };
+        let stream = tokio::select! {
+            _ = cancel.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of file descriptors and the like: wait instead of spinning.
+                    warn!(error = %e, "cannot accept a connection");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = stream.set_nodelay(true);
+        let (app, cancel) = (app.clone(), cancel.clone());
+        let header_timeout = limits.header_timeout;
+        connections.spawn(async move {
+            let _permit = permit;
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder
+                .timer(TokioTimer::new())
+                .header_read_timeout(header_timeout);
+            let conn =
+                builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app));
+            tokio::pin!(conn);
+            tokio::select! {
+                result = conn.as_mut() => {
+                    if let Err(e) = result {
+                        debug!(error = %e, "connection ended");
+                    }
+                }
+                _ = cancel.cancelled() => {
+                    // Closes the connection at once unless a request head has been received.
+                    conn.as_mut().graceful_shutdown();
+                    if tokio::time::timeout(SHUTDOWN_DRAIN, conn).await.is_err() {
+                        debug!("connection closed mid-request at shutdown");
+                    }
+                }
+            }
+        });
+    }
+    connections.close();
+    connections.wait().await;
 }
 
 async fn redis<T>(
@@ -108,7 +261,18 @@ async fn redis<T>(
         Ok(Ok(v)) => Ok(v),
         Ok(Err(e)) => {
             state.metrics.redis_error(&e);
-            Err(ApiError::Unavailable(format!("redis: {e}")))
+            let detail = match &e {
+                StoreError::Redis(e) => e.details().to_string(),
+                StoreError::Reply(what) => format!("unexpected reply: {what}"),
+            };
+            Err(if e.is_outage() {
+                ApiError::Unavailable(format!("redis is unavailable: {detail}"))
+            } else {
+                ApiError::Internal(format!(
+                    "redis refused the operation; the data in redis is not what rollboard \
+                     expects (not an outage): {detail}"
+                ))
+            })
         }
         Err(_) => {
             state
@@ -127,6 +291,35 @@ fn board<'a>(state: &'a AppState, name: &str) -> ApiResult<&'a Board> {
         .settings
         .board(name)
         .ok_or_else(|| ApiError::NotFound(format!("unknown board {name:?}")))
+}
+
+/// The query parameters, percent-decoded; a value that is not UTF-8 once decoded is a 400,
+/// never silently replaced.
+fn params(query: Option<String>) -> ApiResult<HashMap<String, String>> {
+    let mut params = HashMap::new();
+    for pair in query.as_deref().unwrap_or("").split('&') {
+        if pair.is_empty() {
+            continue;
+        }
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let decode = |text: &str| {
+            let spaced = text.replace('+', " ");
+            percent_encoding::percent_decode_str(&spaced)
+                .decode_utf8()
+                .map(|v| v.into_owned())
+        };
+        let name = decode(name).map_err(|_| {
+            ApiError::BadRequest("a query parameter name is not UTF-8 once decoded".into())
+        })?;
+        let value = decode(value).map_err(|_| {
+            let shown: String = name.chars().take(32).collect();
+            ApiError::BadRequest(format!(
+                "query parameter {shown:?} is not UTF-8 once decoded"
+            ))
+        })?;
+        params.insert(name, value);
+    }
+    Ok(params)
 }
 
 fn scope_of<'a>(board: &Board, params: &'a HashMap<String, String>) -> ApiResult<Option<&'a str>> {
@@ -156,23 +349,28 @@ fn number(
     let Some(text) = params.get(name) else {
         return Ok(default);
     };
+    // The value is not echoed: it can be arbitrarily long.
     text.parse::<u64>()
         .ok()
         .filter(|n| range.contains(n))
         .ok_or_else(|| {
+            let to = match *range.end() {
+                u64::MAX => String::new(),
+                end => format!(" to {end}"),
+            };
             ApiError::BadRequest(format!(
-                "{name} must be an integer from {} to {}, got {text:?}",
+                "{name} must be an integer from {}{to}",
                 range.start(),
-                range.end()
             ))
         })
 }
 
 /// The path parameters, or a JSON 400 when they cannot be decoded (e.g. invalid UTF-8).
 fn path<T>(extracted: Result<Path<T>, PathRejection>) -> ApiResult<T> {
-    extracted
-        .map(|Path(value)| value)
-        .map_err(|e| ApiError::BadRequest(format!("invalid path: {}", e.body_text())))
+    // The rejection's own text quotes the segment, which can be long: not echoed.
+    extracted.map(|Path(value)| value).map_err(|_| {
+        ApiError::BadRequest("invalid path: a segment is not UTF-8 once percent-decoded".into())
+    })
 }
 
 fn member_of(member: &str) -> ApiResult<&str> {
@@ -199,9 +397,10 @@ async fn boards(State(state): State<Arc<AppState>>) -> Json<Value> {
 async fn top(
     State(state): State<Arc<AppState>>,
     name: Result<Path<String>, PathRejection>,
-    Query(params): Query<HashMap<String, String>>,
+    RawQuery(query): RawQuery,
 ) -> ApiResult<Response> {
     let name = path(name)?;
+    let params = params(query)?;
     let b = board(&state, &name)?;
     let scope = scope_of(b, &params)?;
     let limit = number(&params, "limit", 10, 1..=1000)?;
@@ -213,27 +412,30 @@ async fn top(
 async fn rank(
     State(state): State<Arc<AppState>>,
     names: Result<Path<(String, String)>, PathRejection>,
-    Query(params): Query<HashMap<String, String>>,
+    RawQuery(query): RawQuery,
 ) -> ApiResult<Response> {
     let (name, member) = path(names)?;
+    let params = params(query)?;
     let b = board(&state, &name)?;
     let scope = scope_of(b, &params)?;
     let member = member_of(&member)?;
     let rank = redis(&state, state.store.rank(b, scope, member, now_ms())).await?;
-    let status = if rank.rank.is_some() {
-        StatusCode::OK
-    } else {
-        StatusCode::NOT_FOUND
-    };
-    Ok((status, Json(rank)).into_response())
+    if rank.rank.is_none() {
+        return Err(ApiError::NotFound(format!(
+            "{member:?} is not on board {}",
+            b.name
+        )));
+    }
+    Ok(Json(rank).into_response())
 }
 
 async fn around(
     State(state): State<Arc<AppState>>,
     names: Result<Path<(String, String)>, PathRejection>,
-    Query(params): Query<HashMap<String, String>>,
+    RawQuery(query): RawQuery,
 ) -> ApiResult<Response> {
     let (name, member) = path(names)?;
+    let params = params(query)?;
     let b = board(&state, &name)?;
     let scope = scope_of(b, &params)?;
     let member = member_of(&member)?;
@@ -252,37 +454,73 @@ async fn around(
     }
 }
 
+/// Whether the request declares a JSON body (`application/json` or `application/*+json`).
+fn is_json(headers: &HeaderMap) -> bool {
+    let Some(value) = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+    else {
+        return false;
+    };
+    let essence = value
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    essence == "application/json"
+        || (essence.starts_with("application/") && essence.ends_with("+json"))
+}
+
 async fn events(
     State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Response> {
+    if !is_json(&headers) {
+        return Err(ApiError::UnsupportedMediaType(
+            "the body must be sent with Content-Type: application/json".into(),
+        ));
+    }
     let body = body.map_err(|e| match e.status() {
         StatusCode::PAYLOAD_TOO_LARGE => {
             ApiError::TooLarge(format!("the body is larger than {MAX_BODY_BYTES} bytes"))
         }
-        _ => ApiError::BadRequest(format!("cannot read the body: {e}")),
+        _ => ApiError::BadRequest("cannot read the body".into()),
     })?;
-    let value: Value = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::BadRequest(format!("body is not JSON: {e}")))?;
-    let items = match value {
-        Value::Array(items) => items,
-        object @ Value::Object(_) => vec![object],
-        _ => {
-            return Err(ApiError::BadRequest(
-                "body must be one JSON object or an array of them".into(),
-            ))
+    let text =
+        std::str::from_utf8(&body).map_err(|_| ApiError::BadRequest("body is not UTF-8".into()))?;
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    let not_json = |e: serde_json::Error| ApiError::BadRequest(format!("body is not JSON: {e}"));
+    // Each element is parsed on its own, so a repeated key is reported with its index.
+    let items: Vec<Result<Value, String>> = if text.trim_start().starts_with('[') {
+        let raw: Vec<&serde_json::value::RawValue> =
+            serde_json::from_str(text).map_err(not_json)?;
+        if raw.len() > MAX_EVENTS {
+            return Err(ApiError::BadRequest(format!(
+                "at most {MAX_EVENTS} events per request, got {}",
+                raw.len()
+            )));
+        }
+        raw.iter().map(|r| event_value(r.get())).collect()
+    } else {
+        // Syntax first, so a body that is not JSON at all is told apart from a bad event.
+        serde_json::from_str::<serde::de::IgnoredAny>(text).map_err(not_json)?;
+        match event_value(text) {
+            Ok(object @ Value::Object(_)) => vec![Ok(object)],
+            Ok(_) => {
+                return Err(ApiError::BadRequest(
+                    "body must be one JSON object or an array of them".into(),
+                ))
+            }
+            Err(e) => vec![Err(e)],
         }
     };
-    if items.len() > MAX_EVENTS {
-        return Err(ApiError::BadRequest(format!(
-            "at most {MAX_EVENTS} events per request, got {}",
-            items.len()
-        )));
-    }
     let mut accepted = Vec::with_capacity(items.len());
     let mut invalid = Vec::new();
-    for (index, item) in items.iter().enumerate() {
-        let checked = fields_from_json(item)
+    for (index, item) in items.into_iter().enumerate() {
+        let checked = item
+            .and_then(|item| fields_from_json(&item))
             .map_err(|detail| json!({ "index": index, "reason": "fields", "detail": detail }))
             .and_then(|fields| match validate(&fields, &state.settings.boards) {
                 Ok(_) => Ok(fields),

@@ -19,12 +19,19 @@ use crate::query::{decode_member, encode_member, Entry, MemberRank, Page};
 /// A failed Redis operation.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    /// The client or server reported an error.
+    /// The client or server reported an error. Not marked as the error's source: the
+    /// message already includes it, and `{:#}` would print it twice.
     #[error("redis: {0}")]
-    Redis(#[from] fred::error::Error),
+    Redis(fred::error::Error),
     /// The server answered in a shape the scripts never produce.
     #[error("unexpected reply from redis: {0}")]
     Reply(String),
+}
+
+impl From<fred::error::Error> for StoreError {
+    fn from(e: fred::error::Error) -> Self {
+        StoreError::Redis(e)
+    }
 }
 
 impl StoreError {

@@ -755,6 +755,7 @@ async fn http_client_mistakes_are_400_or_404_with_a_json_error() {
     let post = |body: &'static str| {
         client
             .post(format!("{}/v1/events", daemon.base))
+            .header("content-type", "application/json")
             .body(body)
             .send()
     };

@@ -5,6 +5,7 @@ mod cli;
 mod daemon;
 mod engine;
 mod holes;
+mod http_edges;
 mod intake;
 mod model;
 mod proxy;
