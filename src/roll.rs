@@ -67,6 +67,9 @@ pub struct Report {
     pub instances_failed: u64,
     /// The first failure, for the operator.
     pub first_error: Option<String>,
+    /// The board's watermark after the run: for a scoped board its own (the floor of every
+    /// instance's), for an unscoped one that of its instance.
+    pub expired_through: Option<i64>,
 }
 
 /// Which boards a job covers.
@@ -122,6 +125,10 @@ pub async fn run_once(
 /// Rolls every instance of one board at `now`, a few instances at a time. An instance
 /// that fails is logged and counted in [`Report::instances_failed`] without stopping the
 /// others; only cancellation stops the whole board.
+///
+/// The board's own watermark is raised first, to `slice_of(now) - N` or more: it holds
+/// for instances that are not in the scope registry (any more), and every instance
+/// rolled here is brought up to it.
 pub async fn roll_board(
     store: &Store,
     board: &Board,
@@ -129,6 +136,9 @@ pub async fn roll_board(
     chunk: usize,
     cancel: &CancellationToken,
 ) -> Result<Report, RollError> {
+    let target = store
+        .raise_floor(board, board.slice_of(now) - board.slices_in_window(), now)
+        .await?;
     let outcomes: Vec<(Option<String>, Result<Report, RollError>)> =
         futures_util::stream::iter(instances(store, board).await?)
             .map(|scope| async move {
@@ -138,6 +148,7 @@ pub async fn roll_board(
                     board,
                     scope.as_deref(),
                     now,
+                    target,
                     chunk,
                     cancel,
                     &mut part,
@@ -151,6 +162,7 @@ pub async fn roll_board(
     let mut report = Report {
         board: board.name.clone(),
         mode: board.mode.as_str(),
+        expired_through: Some(target),
         ..Report::default()
     };
     for (scope, outcome) in outcomes {
@@ -162,6 +174,9 @@ pub async fn roll_board(
                 report.members_removed += part.members_removed;
                 report.ids_forgotten += part.ids_forgotten;
                 report.scopes_removed += part.scopes_removed;
+                if !board.is_scoped() {
+                    report.expired_through = report.expired_through.max(part.expired_through);
+                }
             }
             Err(RollError::Cancelled) => return Err(RollError::Cancelled),
             Err(e) => {
@@ -174,21 +189,24 @@ pub async fn roll_board(
     Ok(report)
 }
 
-/// Rolls one instance: raise the watermark, expire every dead slice in chunks (oldest
+/// Rolls one instance: raise the watermark to at least `target` (the board's watermark
+/// after [`Store::raise_floor`] at `now`), expire every dead slice in chunks (oldest
 /// first, catching up on any missed run), forget due idempotency keys, and for
 /// resummarize boards rebuild the ranking from the live slices.
+#[allow(clippy::too_many_arguments)]
 pub async fn roll_instance(
     store: &Store,
     board: &Board,
     scope: Option<&str>,
     now: i64,
+    target: i64,
     chunk: usize,
     cancel: &CancellationToken,
     report: &mut Report,
 ) -> Result<(), RollError> {
     report.instances += 1;
-    let target = board.slice_of(now) - board.slices_in_window();
     let (watermark, dead) = store.raise_watermark(board, scope, target, now).await?;
+    report.expired_through = Some(watermark);
     for n in dead {
         expire_slice(store, board, scope, n, chunk, cancel, report).await?;
     }
