@@ -67,9 +67,22 @@ pub struct Report {
     pub instances_failed: u64,
     /// The first failure, for the operator.
     pub first_error: Option<String>,
+    /// Failed instances per Redis error kind (`connection`, `timeout`, `script`, `other`).
+    pub redis_errors: BTreeMap<&'static str, u64>,
     /// The board's watermark after the run: for a scoped board its own (the floor of every
     /// instance's), for an unscoped one that of its instance.
     pub expired_through: Option<i64>,
+    /// Start of the live range after the run (epoch ms), as `window_from` in queries.
+    pub window_from: Option<i64>,
+    /// End (exclusive) of the live range after the run (epoch ms), as `window_to`.
+    pub window_to: Option<i64>,
+}
+
+impl Report {
+    /// Whether every instance was rolled.
+    pub fn complete(&self) -> bool {
+        self.instances_failed == 0
+    }
 }
 
 /// Which boards a job covers.
@@ -183,8 +196,15 @@ pub async fn roll_board(
                 warn!(board = %board.name, scope = ?scope, error = %e, "instance not rolled; the next run retries it");
                 report.instances_failed += 1;
                 report.first_error.get_or_insert_with(|| e.to_string());
+                if let RollError::Store(e) = &e {
+                    *report.redis_errors.entry(e.kind()).or_default() += 1;
+                }
             }
         }
+    }
+    if let Some(w) = report.expired_through {
+        let (from, to) = board.live_range(now, Some(w));
+        (report.window_from, report.window_to) = (Some(from), Some(to));
     }
     Ok(report)
 }

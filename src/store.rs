@@ -489,6 +489,21 @@ impl Store {
         Ok(conflicts)
     }
 
+    /// Whether a pooled connection is up (all of them are down while Redis is unreachable).
+    /// Commands sent meanwhile wait for the reconnection, up to the command timeout, so a
+    /// job that must not hang checks first.
+    pub fn is_connected(&self) -> bool {
+        self.pool.clients().iter().any(|c| c.is_connected())
+    }
+
+    /// The error a job reports when it did not start because Redis is unreachable.
+    pub fn not_connected() -> StoreError {
+        StoreError::Redis(fred::error::Error::new(
+            ErrorKind::IO,
+            "not connected to redis",
+        ))
+    }
+
     /// Answers `PING`.
     pub async fn ping(&self) -> Result<(), StoreError> {
         let _: String = self.client().ping(None).await?;
