@@ -102,6 +102,14 @@ impl Board {
         expired_through.map_or(by_clock, |w| w.max(by_clock))
     }
 
+    /// The earliest time at which the clock alone puts the horizon at `expired_through`:
+    /// judging events at this time or later is judging them against that watermark.
+    pub fn horizon_time(&self, expired_through: i64) -> i64 {
+        expired_through
+            .saturating_add(self.slices_in_window())
+            .saturating_mul(self.slice_ms)
+    }
+
     /// Whether an event at `ts` is late at `now`.
     pub fn is_late(&self, ts: i64, now: i64, expired_through: Option<i64>) -> bool {
         self.slice_of(ts) <= self.horizon(now, expired_through)
@@ -237,6 +245,10 @@ mod tests {
         assert!(b.is_late(7_000, now, Some(7)));
         assert!(!b.is_late(7_000, now, Some(2)));
         assert_eq!(b.live_range(now, Some(8)), (9_000, 13_000));
+        // The clock reaches a watermark at the start of the slice N after it.
+        assert_eq!(b.horizon_time(8), 12_000);
+        assert_eq!(b.horizon(b.horizon_time(8), None), 8);
+        assert_eq!(b.horizon(b.horizon_time(8) - 1, None), 7);
     }
 
     #[test]

@@ -108,9 +108,13 @@ pub enum Command {
         /// Only this board.
         #[arg(long)]
         board: Option<String>,
-        /// RFC 3339 or epoch milliseconds.
+        /// RFC 3339 or epoch milliseconds; at most `ingest.max_future` ahead of the clock
+        /// unless --force is given.
         #[arg(long, value_parser = parse_time)]
         at: Option<i64>,
+        /// Accept an --at further ahead than `ingest.max_future` (it cannot be undone).
+        #[arg(long, requires = "at")]
+        force: bool,
     },
     /// Recompute a board's rankings from its live slices (every scope unless --scope).
     Rebuild {
@@ -318,14 +322,18 @@ async fn dispatch(settings: &Settings, command: Command) -> anyhow::Result<u8> {
             }
         }
         Command::Send { file } => send(settings, file).await,
-        Command::Roll { board, at } => {
+        Command::Roll { board, at, force } => {
             if let Some(name) = &board {
                 settings
                     .board(name)
                     .ok_or_else(|| Usage(format!("unknown board {name:?}")))?;
             }
+            let clock = now_ms();
+            if let Some(at) = at.filter(|_| !force) {
+                check_roll_time(at, clock, settings.ingest.max_future_ms)?;
+            }
             let store = connect(settings).await?;
-            let now = at.unwrap_or_else(now_ms);
+            let now = at.unwrap_or(clock);
             let reports = roll::run_once(
                 &store,
                 &settings.boards,
@@ -440,6 +448,22 @@ async fn dispatch(settings: &Settings, command: Command) -> anyhow::Result<u8> {
             Ok(u8::from(failed))
         }
     }
+}
+
+/// Refuses a roll time further ahead of the clock than `max_future_ms`: a roll expires
+/// every slice that is dead at that time and raises the watermark for good, so a typo in
+/// the year would empty the boards and refuse every event until the clock caught up.
+pub fn check_roll_time(at: i64, clock: i64, max_future_ms: i64) -> Result<(), Usage> {
+    if at <= clock.saturating_add(max_future_ms) {
+        return Ok(());
+    }
+    Err(Usage(format!(
+        "--at {} is {} s ahead of the clock, beyond ingest.max_future ({} s); a roll cannot \
+         be undone (it expires every slice dead at that time): check the time, or give --force",
+        show_time(at),
+        (at - clock) / 1000,
+        max_future_ms / 1000
+    )))
 }
 
 fn print_page(page: &Page, json: bool) -> anyhow::Result<()> {
@@ -820,5 +844,14 @@ mod tests {
         assert!(parse_time("-5").is_err());
         assert!(parse_time("9223372036854775807").is_err());
         assert!(parse_time("1969-12-31T23:59:59Z").is_err());
+    }
+
+    #[test]
+    fn roll_times_past_max_future_are_refused() {
+        let clock = 1_763_700_000_000;
+        assert!(check_roll_time(clock - 86_400_000, clock, 300_000).is_ok());
+        assert!(check_roll_time(clock + 300_000, clock, 300_000).is_ok());
+        let refused = check_roll_time(clock + 300_001, clock, 300_000).map_err(|u| u.0);
+        assert!(refused.is_err_and(|m| m.contains("max_future") && m.contains("--force")));
     }
 }

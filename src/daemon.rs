@@ -58,6 +58,15 @@ impl Jobs {
             Job::Resummarize => b.mode == crate::board::Mode::Resummarize,
             Job::All => true,
         }) {
+            // Without a connection every command would wait for the reconnection: count the
+            // run as failed now rather than hold the job (and every later run) silently.
+            if !self.store.is_connected() {
+                let e = Store::not_connected();
+                self.metrics
+                    .roll_failed(&board.name, board.mode.as_str(), Some(&e));
+                warn!(board = %board.name, error = %e, "roll failed; the next run catches up");
+                continue;
+            }
             let started = Instant::now();
             let now = now_ms();
             match roll::roll_board(
@@ -70,8 +79,9 @@ impl Jobs {
             .await
             {
                 Ok(report) => {
-                    if report.instances_failed > 0 {
+                    if !report.complete() {
                         warn!(board = %report.board, failed = report.instances_failed,
+                              error = report.first_error.as_deref().unwrap_or_default(),
                               "some instances were not rolled; the next run catches up");
                     }
                     self.metrics
@@ -83,10 +93,13 @@ impl Jobs {
                 }
                 Err(RollError::Cancelled) => break,
                 Err(RollError::Store(e)) => {
-                    self.metrics.redis_error(&e);
+                    self.metrics
+                        .roll_failed(&board.name, board.mode.as_str(), Some(&e));
                     warn!(board = %board.name, error = %e, "roll failed; the next run catches up");
                 }
                 Err(e) => {
+                    self.metrics
+                        .roll_failed(&board.name, board.mode.as_str(), None);
                     warn!(board = %board.name, error = %e, "roll failed; the next run catches up")
                 }
             }

@@ -33,6 +33,13 @@ impl Keys {
         format!("{}:board:{}:scopes", self.prefix, board)
     }
 
+    /// The board's own watermark (Hash: `expired_through`, `last_roll`), raised by every
+    /// roll of the board before its instances. It holds for every instance, including
+    /// those no roll visits any more (scopes that emptied and left the registry).
+    pub fn window(&self, board: &str) -> String {
+        format!("{}:board:{}:window", self.prefix, board)
+    }
+
     /// The settings a board was created with (Hash: setting -> value), checked at start.
     pub fn settings(&self, board: &str) -> String {
         format!("{}:board:{}:settings", self.prefix, board)
@@ -153,6 +160,7 @@ mod tests {
         assert_eq!(k.slice(7), "lb:{fans_7d:room42}:slice:7");
         assert_eq!(keys.scopes("fans_7d"), "lb:board:fans_7d:scopes");
         assert_eq!(keys.settings("fans_7d"), "lb:board:fans_7d:settings");
+        assert_eq!(keys.window("fans_7d"), "lb:board:fans_7d:window");
     }
 
     #[test]

@@ -40,6 +40,9 @@ pub struct Metrics {
     up: Gauge,
     apply_failures: IntCounterVec,
     board_failing: IntGaugeVec,
+    roll_failures: IntCounterVec,
+    window_start: GaugeVec,
+    window_end: GaugeVec,
     /// Board instances whose apply failed through every retry, and when that last happened.
     failing: Mutex<HashMap<(String, Option<String>), Instant>>,
     /// The configured board names (the `board` label values).
@@ -213,7 +216,33 @@ impl Metrics {
             )
             .expect("valid metric"),
         );
+        let roll_failures = counter(
+            "rollboard_roll_failures_total",
+            "Roll or resummarize runs of a board that did not roll every instance (the next \
+             run catches up).",
+            &["board", "mode"],
+        );
+        let window_gauge = |name: &str, help: &str| {
+            register(
+                &registry,
+                GaugeVec::new(Opts::new(name, help), &["board"]).expect("valid metric"),
+            )
+        };
+        let window_start = window_gauge(
+            "rollboard_window_start_timestamp_seconds",
+            "Start of the oldest live slice of a board as of its last complete roll \
+             (window_from in queries), Unix time.",
+        );
+        let window_end = window_gauge(
+            "rollboard_window_end_timestamp_seconds",
+            "End of the live range of a board as of its last complete roll (window_to in \
+             queries), Unix time: once the clock passes it, a slice that left the window is \
+             still counted until the next roll.",
+        );
         for b in boards {
+            roll_failures.with_label_values(&[b.name.as_str(), b.mode.as_str()]);
+            window_start.with_label_values(&[&b.name]);
+            window_end.with_label_values(&[&b.name]);
             apply_failures.with_label_values(&[&b.name]);
             board_failing.with_label_values(&[&b.name]);
             applied.with_label_values(&[&b.name]);
@@ -249,6 +278,9 @@ impl Metrics {
             up,
             apply_failures,
             board_failing,
+            roll_failures,
+            window_start,
+            window_end,
             failing: Mutex::new(HashMap::new()),
             boards: boards.iter().map(|b| b.name.clone()).collect(),
         }
@@ -291,7 +323,9 @@ impl Metrics {
             .inc();
     }
 
-    /// A roll or resummarize run of one board finished.
+    /// A roll or resummarize run of one board finished. What it expired counts either way;
+    /// the last-roll time and the window move only when every instance was rolled, else
+    /// the run counts as failed (with one Redis error per instance that failed on one).
     pub fn rolled(&self, report: &Report, seconds: f64, now_ms: i64) {
         self.roll_duration
             .with_label_values(&[report.board.as_str(), report.mode])
@@ -302,9 +336,33 @@ impl Metrics {
         self.members_removed
             .with_label_values(&[&report.board])
             .inc_by(report.members_removed);
+        if !report.complete() {
+            for (kind, n) in &report.redis_errors {
+                self.redis_errors.with_label_values(&[kind]).inc_by(*n);
+            }
+            self.roll_failed(&report.board, report.mode, None);
+            return;
+        }
         self.last_roll
             .with_label_values(&[&report.board])
             .set(now_ms as f64 / 1000.0);
+        if let (Some(from), Some(to)) = (report.window_from, report.window_to) {
+            self.window_start
+                .with_label_values(&[&report.board])
+                .set(from as f64 / 1000.0);
+            self.window_end
+                .with_label_values(&[&report.board])
+                .set(to as f64 / 1000.0);
+        }
+    }
+
+    /// A roll or resummarize run of one board did not roll every instance; `error` is the
+    /// Redis error that stopped the whole run, if one did.
+    pub fn roll_failed(&self, board: &str, mode: &str, error: Option<&StoreError>) {
+        if let Some(error) = error {
+            self.redis_error(error);
+        }
+        self.roll_failures.with_label_values(&[board, mode]).inc();
     }
 
     /// A Redis operation failed.

@@ -67,6 +67,22 @@ pub struct Report {
     pub instances_failed: u64,
     /// The first failure, for the operator.
     pub first_error: Option<String>,
+    /// Failed instances per Redis error kind (`connection`, `timeout`, `script`, `other`).
+    pub redis_errors: BTreeMap<&'static str, u64>,
+    /// The board's watermark after the run: for a scoped board its own (the floor of every
+    /// instance's), for an unscoped one that of its instance.
+    pub expired_through: Option<i64>,
+    /// Start of the live range after the run (epoch ms), as `window_from` in queries.
+    pub window_from: Option<i64>,
+    /// End (exclusive) of the live range after the run (epoch ms), as `window_to`.
+    pub window_to: Option<i64>,
+}
+
+impl Report {
+    /// Whether every instance was rolled.
+    pub fn complete(&self) -> bool {
+        self.instances_failed == 0
+    }
 }
 
 /// Which boards a job covers.
@@ -122,6 +138,10 @@ pub async fn run_once(
 /// Rolls every instance of one board at `now`, a few instances at a time. An instance
 /// that fails is logged and counted in [`Report::instances_failed`] without stopping the
 /// others; only cancellation stops the whole board.
+///
+/// The board's own watermark is raised first, to `slice_of(now) - N` or more: it holds
+/// for instances that are not in the scope registry (any more), and every instance
+/// rolled here is brought up to it.
 pub async fn roll_board(
     store: &Store,
     board: &Board,
@@ -129,6 +149,9 @@ pub async fn roll_board(
     chunk: usize,
     cancel: &CancellationToken,
 ) -> Result<Report, RollError> {
+    let target = store
+        .raise_floor(board, board.slice_of(now) - board.slices_in_window(), now)
+        .await?;
     let outcomes: Vec<(Option<String>, Result<Report, RollError>)> =
         futures_util::stream::iter(instances(store, board).await?)
             .map(|scope| async move {
@@ -138,6 +161,7 @@ pub async fn roll_board(
                     board,
                     scope.as_deref(),
                     now,
+                    target,
                     chunk,
                     cancel,
                     &mut part,
@@ -151,6 +175,7 @@ pub async fn roll_board(
     let mut report = Report {
         board: board.name.clone(),
         mode: board.mode.as_str(),
+        expired_through: Some(target),
         ..Report::default()
     };
     for (scope, outcome) in outcomes {
@@ -162,33 +187,46 @@ pub async fn roll_board(
                 report.members_removed += part.members_removed;
                 report.ids_forgotten += part.ids_forgotten;
                 report.scopes_removed += part.scopes_removed;
+                if !board.is_scoped() {
+                    report.expired_through = report.expired_through.max(part.expired_through);
+                }
             }
             Err(RollError::Cancelled) => return Err(RollError::Cancelled),
             Err(e) => {
                 warn!(board = %board.name, scope = ?scope, error = %e, "instance not rolled; the next run retries it");
                 report.instances_failed += 1;
                 report.first_error.get_or_insert_with(|| e.to_string());
+                if let RollError::Store(e) = &e {
+                    *report.redis_errors.entry(e.kind()).or_default() += 1;
+                }
             }
         }
+    }
+    if let Some(w) = report.expired_through {
+        let (from, to) = board.live_range(now, Some(w));
+        (report.window_from, report.window_to) = (Some(from), Some(to));
     }
     Ok(report)
 }
 
-/// Rolls one instance: raise the watermark, expire every dead slice in chunks (oldest
+/// Rolls one instance: raise the watermark to at least `target` (the board's watermark
+/// after [`Store::raise_floor`] at `now`), expire every dead slice in chunks (oldest
 /// first, catching up on any missed run), forget due idempotency keys, and for
 /// resummarize boards rebuild the ranking from the live slices.
+#[allow(clippy::too_many_arguments)]
 pub async fn roll_instance(
     store: &Store,
     board: &Board,
     scope: Option<&str>,
     now: i64,
+    target: i64,
     chunk: usize,
     cancel: &CancellationToken,
     report: &mut Report,
 ) -> Result<(), RollError> {
     report.instances += 1;
-    let target = board.slice_of(now) - board.slices_in_window();
     let (watermark, dead) = store.raise_watermark(board, scope, target, now).await?;
+    report.expired_through = Some(watermark);
     for n in dead {
         expire_slice(store, board, scope, n, chunk, cancel, report).await?;
     }

@@ -96,6 +96,15 @@ fn reply_err(what: impl Into<String>) -> StoreError {
     StoreError::Reply(what.into())
 }
 
+/// Reads a board's watermark as stored by `floor.lua`.
+fn parse_floor(v: Option<String>) -> Result<Option<i64>, StoreError> {
+    v.map(|w| {
+        w.parse()
+            .map_err(|_| reply_err(format!("board watermark {w:?} is not a number")))
+    })
+    .transpose()
+}
+
 /// A setting of a board whose value in Redis differs from the configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Conflict {
@@ -173,6 +182,7 @@ struct Scripts {
     stage: Script,
     swap: Script,
     cleanup: Script,
+    floor: Script,
 }
 
 impl Scripts {
@@ -187,11 +197,13 @@ impl Scripts {
             stage: Script::from_lua(include_str!("lua/stage.lua")),
             swap: Script::from_lua(include_str!("lua/swap.lua")),
             cleanup: Script::from_lua(include_str!("lua/cleanup.lua")),
+            floor: Script::from_lua(include_str!("lua/floor.lua")),
         }
     }
 
-    fn all(&self) -> [&Script; 9] {
+    fn all(&self) -> [&Script; 10] {
         [
+            &self.floor,
             &self.stage,
             &self.swap,
             &self.cleanup,
@@ -538,6 +550,21 @@ impl Store {
         Ok(None)
     }
 
+    /// Whether a pooled connection is up (all of them are down while Redis is unreachable).
+    /// Commands sent meanwhile wait for the reconnection, up to the command timeout, so a
+    /// job that must not hang checks first.
+    pub fn is_connected(&self) -> bool {
+        self.pool.clients().iter().any(|c| c.is_connected())
+    }
+
+    /// The error a job reports when it did not start because Redis is unreachable.
+    pub fn not_connected() -> StoreError {
+        StoreError::Redis(fred::error::Error::new(
+            ErrorKind::IO,
+            "not connected to redis",
+        ))
+    }
+
     /// Answers `PING`.
     pub async fn ping(&self) -> Result<(), StoreError> {
         let _: String = self.client().ping(None).await?;
@@ -645,20 +672,42 @@ impl Store {
         if events.is_empty() {
             return Ok(Vec::new());
         }
+        // One connection for every call of the instance, awaited in turn: the calls must
+        // run in stream order (the first of two events with one id wins).
+        let client = self.client();
+        let mut now = now;
         if let Some(scope) = scope {
             let newest = events
                 .iter()
                 .map(|e| board.slice_of(e.ts))
                 .max()
                 .unwrap_or_default();
-            self.register_scopes(board, &[(scope.to_string(), newest)])
+            // The instance may be one that no roll visits (its scope left the registry), so
+            // it is judged against the board's watermark too, read after the registration:
+            // a roll that raised it before that read is seen here; one that raised it after
+            // lists the scope and rolls the instance itself.
+            let pipeline = client.pipeline();
+            let _: () = pipeline
+                .custom(
+                    CustomCommand::new_static("ZADD", ClusterHash::FirstKey, false),
+                    vec![
+                        Value::from(self.keys.scopes(&board.name)),
+                        "GT".into(),
+                        Value::from(newest),
+                        Value::from(scope),
+                    ],
+                )
                 .await?;
+            let _: () = pipeline
+                .hget(self.keys.window(&board.name), "expired_through")
+                .await?;
+            let (_, floor): (Value, Option<String>) = pipeline.all().await?;
+            if let Some(floor) = parse_floor(floor)? {
+                now = now.max(board.horizon_time(floor));
+            }
         }
         let k = self.instance(board, scope);
         let fingerprint = board.fingerprint();
-        // One connection for every call of the instance, awaited in turn: the calls must
-        // run in stream order (the first of two events with one id wins).
-        let client = self.client();
         let mut out = Vec::with_capacity(events.len());
         for chunk in events.chunks(APPLY_CHUNK) {
             let (keys, args) = apply_call(board, &k, &fingerprint, chunk, now);
@@ -682,6 +731,33 @@ impl Store {
             }
         }
         Ok(out)
+    }
+
+    /// Raises the board's own watermark (see [`Keys::window`]) to at least `target`; returns
+    /// it. Every roll does this before it touches an instance.
+    pub async fn raise_floor(
+        &self,
+        board: &Board,
+        target: i64,
+        now: i64,
+    ) -> Result<i64, StoreError> {
+        let v = self
+            .eval(
+                &self.scripts.floor,
+                vec![self.keys.window(&board.name)],
+                vec![target.into(), now.into()],
+            )
+            .await?;
+        as_i64(&v).ok_or_else(|| reply_err("floor: not a number"))
+    }
+
+    /// The board's own watermark, if a roll ever set it.
+    pub async fn floor(&self, board: &Board) -> Result<Option<i64>, StoreError> {
+        let v: Option<String> = self
+            .client()
+            .hget(self.keys.window(&board.name), "expired_through")
+            .await?;
+        parse_floor(v)
     }
 
     /// Raises the instance's watermark to at least `target`; returns the watermark and the
@@ -853,10 +929,21 @@ impl Store {
     ) -> Result<Snapshot, StoreError> {
         let k = self.instance(board, scope);
         let keys = vec![k.meta(), k.result(), self.lookup_key(board, &k)];
-        let out = as_array(self.eval(&self.scripts.query, keys, args).await?)
-            .ok_or_else(|| reply_err("query: not an array"))?;
+        let client = self.client();
+        let snapshot = self.scripts.query.evalsha_with_reload(client, keys, args);
+        // A scoped instance follows the board's watermark too (see [`Store::raise_floor`]);
+        // both reads go out together on one connection, so this costs no extra round trip.
+        let (out, floor) = if scope.is_some() {
+            let floor = client
+                .hget::<Option<String>, _, _>(self.keys.window(&board.name), "expired_through");
+            let (out, floor) = tokio::try_join!(snapshot, floor)?;
+            (out, parse_floor(floor)?)
+        } else {
+            (snapshot.await?, None)
+        };
+        let out = as_array(out).ok_or_else(|| reply_err("query: not an array"))?;
         let mut it = out.into_iter();
-        let expired = it.next().as_ref().and_then(as_i64);
+        let expired = it.next().as_ref().and_then(as_i64).max(floor);
         let mut num = || {
             it.next()
                 .as_ref()

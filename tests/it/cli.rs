@@ -210,7 +210,7 @@ async fn queries_answer_with_the_documented_shapes_and_statuses() {
     }
     let out = rollboard(
         Some(&config),
-        &["roll", "--at", "2030-01-01T00:00:00Z"],
+        &["roll", "--at", "2030-01-01T00:00:00Z", "--force"],
         &[],
     );
     assert!(out.status.success(), "{}", stderr(&out));
@@ -259,5 +259,52 @@ async fn send_appends_all_or_nothing_and_lists_every_bad_line() {
     assert_eq!(
         entries[1].1["value"], "12.50",
         "numbers are taken exactly as written"
+    );
+}
+
+#[tokio::test]
+async fn a_roll_too_far_ahead_is_refused_unless_forced() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().expect("dir");
+    let config = write_config(dir.path(), &redis, 1, "a", "");
+    let now = rollboard::cli::now_ms();
+    // ingest.max_future is 5m by default: a century, or a day, ahead is a typo.
+    for at in [
+        (now + 100 * 365 * 86_400_000).to_string(),
+        (now + 86_400_000).to_string(),
+    ] {
+        let out = rollboard(Some(&config), &["roll", "--at", &at], &[]);
+        assert_eq!(out.status.code(), Some(2), "{at}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("max_future") && stderr(&out).contains("--force"),
+            "{}",
+            stderr(&out)
+        );
+    }
+    assert_eq!(
+        redis.cli(&["EXISTS", "rb:{rooms_7d}:meta"]).trim(),
+        "0",
+        "a refused roll touched nothing"
+    );
+    let out = rollboard(
+        Some(&config),
+        &["roll", "--at", &(now + 60_000).to_string()],
+        &[],
+    );
+    assert!(out.status.success(), "within max_future: {}", stderr(&out));
+    let at = now + 86_400_000;
+    let out = rollboard(
+        Some(&config),
+        &["roll", "--at", &at.to_string(), "--force"],
+        &[],
+    );
+    assert!(out.status.success(), "forced: {}", stderr(&out));
+    let out = rollboard(Some(&config), &["top", "rooms_7d", "--json"], &[]);
+    let page: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("json");
+    let six_hours = 6 * 3_600_000;
+    assert_eq!(
+        page["window_from"].as_i64(),
+        Some((at / six_hours + 1) * six_hours - 7 * 86_400_000),
+        "the forced roll moved the window"
     );
 }

@@ -812,6 +812,9 @@ async fn metrics_parse_and_count_what_was_applied() {
         "rollboard_consumer_lag",
         "rollboard_redis_errors_total",
         "rollboard_redis_reconnects_total",
+        "rollboard_roll_failures_total",
+        "rollboard_window_start_timestamp_seconds",
+        "rollboard_window_end_timestamp_seconds",
     ] {
         assert!(
             body.contains(&format!("# HELP {family} ")),
@@ -996,5 +999,96 @@ async fn connections_cut_after_scripts_and_acks_reach_redis_lose_nothing_and_dou
             );
         }
     }
+    assert!(daemon.terminate().await.success());
+}
+
+#[tokio::test]
+async fn a_roll_without_redis_is_counted_as_failed_and_not_as_done() {
+    let mut redis = RedisServer::start_persistent();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let port = free_port();
+    let config = write_config(dir.path(), &redis, port, "a", "");
+    let text = std::fs::read_to_string(&config).expect("config");
+    std::fs::write(
+        &config,
+        text.replace("roll = \"*/2 * * * * *\"", "roll = \"* * * * * *\""),
+    )
+    .expect("per-second rolls");
+    let daemon = Daemon::start(&config, port).await;
+    let board = [("board", "rooms_7d")];
+    let failures = [("board", "rooms_7d"), ("mode", "incremental")];
+    let gauge = |name: &'static str| {
+        let daemon = &daemon;
+        async move { daemon.metric(name, &board).await }
+    };
+    let rolled = wait_for(Duration::from_secs(20), || async {
+        gauge("rollboard_last_roll_timestamp_seconds").await > 0.0
+    })
+    .await;
+    assert!(rolled, "never rolled; log:\n{}", daemon.logs());
+    // The window gauges tell where the window is: the live range of a query right now.
+    let now = now_ms() as f64 / 1000.0;
+    let (start, end) = (
+        gauge("rollboard_window_start_timestamp_seconds").await,
+        gauge("rollboard_window_end_timestamp_seconds").await,
+    );
+    assert_eq!(end - start, 7.0 * 86_400.0);
+    assert!(end > now && end <= now + 6.0 * 3_600.0, "{end} vs {now}");
+    assert_eq!(
+        daemon
+            .metric("rollboard_roll_failures_total", &failures)
+            .await,
+        0.0
+    );
+
+    redis.kill();
+    let failed = wait_for(Duration::from_secs(30), || async {
+        daemon
+            .metric("rollboard_roll_failures_total", &failures)
+            .await
+            >= 1.0
+    })
+    .await;
+    assert!(failed, "no failed roll counted; log:\n{}", daemon.logs());
+    let last = gauge("rollboard_last_roll_timestamp_seconds").await;
+    let seen = daemon
+        .metric("rollboard_roll_failures_total", &failures)
+        .await;
+    let more = wait_for(Duration::from_secs(30), || async {
+        daemon
+            .metric("rollboard_roll_failures_total", &failures)
+            .await
+            >= seen + 2.0
+    })
+    .await;
+    assert!(more, "every failed run counts; log:\n{}", daemon.logs());
+    assert!(daemon.metric("rollboard_redis_errors_total", &[]).await >= 3.0);
+    assert!(
+        daemon
+            .metric("rollboard_redis_errors_total", &[("kind", "connection")])
+            .await
+            + daemon
+                .metric("rollboard_redis_errors_total", &[("kind", "timeout")])
+                .await
+            >= 3.0,
+        "an outage is a connection or timeout error"
+    );
+    assert_eq!(
+        gauge("rollboard_last_roll_timestamp_seconds").await,
+        last,
+        "a failed roll is not a roll"
+    );
+    assert_eq!(
+        gauge("rollboard_window_end_timestamp_seconds").await,
+        end,
+        "the window did not move"
+    );
+
+    redis.restart();
+    let back = wait_for(Duration::from_secs(30), || async {
+        gauge("rollboard_last_roll_timestamp_seconds").await > last
+    })
+    .await;
+    assert!(back, "rolls resumed; log:\n{}", daemon.logs());
     assert!(daemon.terminate().await.success());
 }

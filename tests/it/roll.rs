@@ -708,3 +708,59 @@ fn rolls_interleaved_with_events_behave_like_the_model() {
         })
         .expect("model equivalence");
 }
+
+#[tokio::test]
+async fn a_roll_ahead_of_the_clock_moves_every_instance_even_cleaned_up_ones() {
+    let redis = RedisServer::start();
+    let store = redis.store("rb").await;
+    for mode in [Mode::Incremental, Mode::Resummarize] {
+        let mut b = board(&format!("fans_{}", mode.as_str()), HOUR, 3);
+        b.scope = Some("room".into());
+        b.mode = mode;
+        let s0 = b.slice_of(T0);
+        let clock = (s0 + 3) * HOUR;
+        // `gone` holds one old event and is cleaned up by the roll at the clock; `kept` keeps
+        // a live one and stays registered.
+        store
+            .apply(&b, Some("gone"), &[ev("1", s0 * HOUR, "u", 1)], s0 * HOUR)
+            .await
+            .unwrap();
+        store
+            .apply(&b, Some("kept"), &[ev("2", clock, "u", 1)], clock)
+            .await
+            .unwrap();
+        roll_all(&store, std::slice::from_ref(&b), clock, 10).await;
+        assert_eq!(store.scopes(&b).await.unwrap(), ["kept"], "{b}");
+
+        // A roll ahead of the clock: every slice up to s0 + 7 is dead from now on.
+        let ahead = (s0 + 10) * HOUR;
+        let window = ((s0 + 8) * HOUR, (s0 + 11) * HOUR);
+        roll_all(&store, std::slice::from_ref(&b), ahead, 10).await;
+        for scope in ["kept", "gone", "never_seen"] {
+            let page = store.top(&b, Some(scope), 0, 10, clock).await.unwrap();
+            assert_eq!(
+                (page.window_from, page.window_to),
+                window,
+                "{b} [{scope}]: the window of the roll at {ahead}"
+            );
+            let late = ev(&format!("late-{scope}"), (s0 + 7) * HOUR, "v", 1);
+            assert_eq!(
+                store.apply(&b, Some(scope), &[late], clock).await.unwrap(),
+                [Outcome::Late],
+                "{b} [{scope}]: a slice the roll at {ahead} expired"
+            );
+            let live = ev(&format!("live-{scope}"), (s0 + 8) * HOUR, "v", 1);
+            assert_eq!(
+                store.apply(&b, Some(scope), &[live], clock).await.unwrap(),
+                [Outcome::Applied],
+                "{b} [{scope}]: the first live slice"
+            );
+        }
+        // Time never goes back: a roll at the clock again changes nothing.
+        roll_all(&store, std::slice::from_ref(&b), clock, 10).await;
+        for scope in ["kept", "gone"] {
+            let page = store.top(&b, Some(scope), 0, 10, clock).await.unwrap();
+            assert_eq!((page.window_from, page.window_to), window, "{b} [{scope}]");
+        }
+    }
+}

@@ -1,0 +1,21 @@
+-- floor.lua: raise a board's own watermark, the floor of every instance's watermark.
+--
+-- KEYS[1] window  Hash  expired_through (watermark slice), last_roll (epoch ms)
+--
+-- ARGV[1] target watermark (slice number: slice_of(now) - N)
+-- ARGV[2] now (epoch ms) of the roll
+--
+-- Runs before a roll touches any instance. The watermark never goes back: a roll at an
+-- earlier time changes nothing. Queries and applies of a scoped board's instances take
+-- max(instance watermark, this one), so an instance that no roll visits any more (its
+-- scope emptied and left the registry) still follows every roll.
+-- Returns the board's watermark after the call.
+local stored = redis.call('HMGET', KEYS[1], 'expired_through', 'last_roll')
+local cur, w = tonumber(stored[1]), tonumber(ARGV[1])
+if stored[1] and not cur then
+  return redis.error_reply('ROLLBOARD corrupt: ' .. KEYS[1] .. ' expired_through is not a number (nothing was written)')
+end
+if cur and cur >= w then w = cur else redis.call('HSET', KEYS[1], 'expired_through', string.format('%d', w)) end
+local last = tonumber(stored[2])
+if not last or last < tonumber(ARGV[2]) then redis.call('HSET', KEYS[1], 'last_roll', ARGV[2]) end
+return w
