@@ -212,7 +212,7 @@ async fn a_slow_loris_is_cut_off_and_connections_are_capped() {
 #[tokio::test]
 async fn slow_uploads_time_out_intake_is_capped_and_shutdown_is_prompt() {
     let (_redis, _dir, daemon) =
-        daemon_with("request_timeout = \"6s\"\nmax_concurrent_intake = 1\n").await;
+        daemon_with("request_timeout = \"10s\"\nmax_concurrent_intake = 1\n").await;
     let half_sent = |extra: &'static str| {
         let addr = addr(&daemon);
         async move {
@@ -228,29 +228,31 @@ async fn slow_uploads_time_out_intake_is_capped_and_shutdown_is_prompt() {
     // A body that never completes answers 408 (as JSON) after the request timeout.
     let mut slow = half_sent("[{\"room\":").await;
     // Meanwhile it holds the only intake slot: another post is shed at once.
-    let shed = wait_for(Duration::from_secs(5), || async {
+    let last = std::sync::Mutex::new(String::new());
+    let shed = wait_for(Duration::from_secs(8), || async {
         let r = reqwest::Client::new()
             .post(format!("{}/v1/events", daemon.base))
             .json(&serde_json::json!({"room": "r1", "amount": 1}))
             .send()
             .await
             .expect("post");
-        r.status().as_u16() == 503
-            && r.text()
-                .await
-                .unwrap_or_default()
-                .contains("max_concurrent_intake")
+        let status = r.status().as_u16();
+        let body = r.text().await.unwrap_or_default();
+        let shed = status == 503 && body.contains("max_concurrent_intake");
+        *last.lock().expect("lock") = format!("{status} {body}");
+        shed
     })
     .await;
     assert!(
         shed,
-        "a second intake was not shed while the first held the slot"
+        "a second intake was not shed while the first held the slot; last answer: {}",
+        last.lock().expect("lock")
     );
     let mut answer = Vec::new();
-    let read = tokio::time::timeout(Duration::from_secs(10), slow.read_to_end(&mut answer)).await;
+    let read = tokio::time::timeout(Duration::from_secs(15), slow.read_to_end(&mut answer)).await;
     assert!(
         read.is_ok(),
-        "no answer within 10 s to a body that never came"
+        "no answer within 15 s to a body that never came"
     );
     let answer = String::from_utf8_lossy(&answer);
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
