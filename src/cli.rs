@@ -575,12 +575,14 @@ enum Line {
     TooLong,
 }
 
-/// Reads the next line into `buf`, never holding more than [`MAX_LINE_BYTES`] + 1 bytes.
+/// Reads the next line into `buf`, never holding more than [`MAX_LINE_BYTES`] + 2 bytes.
 fn next_line(input: &mut impl BufRead, buf: &mut Vec<u8>) -> std::io::Result<Line> {
     buf.clear();
+    // Room for the longest line and its CR LF: a line of exactly the limit is accepted
+    // whatever its line break.
     let read = input
         .by_ref()
-        .take(MAX_LINE_BYTES as u64 + 1)
+        .take(MAX_LINE_BYTES as u64 + 2)
         .read_until(b'\n', buf)?;
     if read == 0 {
         return Ok(Line::End);

@@ -144,6 +144,18 @@ fn field<'a>(fields: &'a [Field], name: &str) -> Option<&'a [u8]> {
         .map(|(_, v)| v.as_slice())
 }
 
+/// Most characters of a client's value quoted in a rejection: the value itself can be as
+/// long as the request body.
+const SHOWN_CHARS: usize = 64;
+
+/// `value` for a rejection message: Debug-quoted, cut at [`SHOWN_CHARS`] characters.
+pub fn shown(value: &[u8]) -> String {
+    let text = String::from_utf8_lossy(value);
+    let cut: String = text.chars().take(SHOWN_CHARS).collect();
+    let more = if cut.len() < text.len() { "..." } else { "" };
+    format!("{cut:?}{more}")
+}
+
 /// Checks a member or scope value: 1 to 256 bytes of UTF-8 without control characters.
 pub fn check_name(value: &[u8]) -> Result<&str, String> {
     let text = std::str::from_utf8(value).map_err(|_| "is not valid UTF-8".to_string())?;
@@ -164,7 +176,7 @@ pub fn check_name(value: &[u8]) -> Result<&str, String> {
 
 /// Parses an amount with at most `scale` fraction digits into minor units.
 pub fn parse_amount(value: &[u8], scale: u32, allow_negative: bool) -> Result<i64, String> {
-    let shown = String::from_utf8_lossy(value);
+    let shown = shown(value);
     let (negative, body) = match value.split_first() {
         Some((b'-', rest)) => (true, rest),
         _ => (false, value),
@@ -175,16 +187,16 @@ pub fn parse_amount(value: &[u8], scale: u32, allow_negative: bool) -> Result<i6
     };
     let digits = |s: &[u8]| !s.is_empty() && s.iter().all(u8::is_ascii_digit);
     if !digits(int_part) || frac_part.is_some_and(|f| !digits(f)) {
-        return Err(format!("{shown:?} is not a decimal number"));
+        return Err(format!("{shown} is not a decimal number"));
     }
     let frac = frac_part.unwrap_or_default();
     if frac.len() > scale as usize {
         return Err(format!(
-            "{shown:?} has {} fraction digits, the board accepts {scale}",
+            "{shown} has {} fraction digits, the board accepts {scale}",
             frac.len()
         ));
     }
-    let too_large = || format!("{shown:?} is above the limit of 2^53-1 minor units");
+    let too_large = || format!("{shown} is above the limit of 2^53-1 minor units");
     let mut units: i64 = 0;
     for &d in int_part.iter().chain(frac) {
         units = units
@@ -200,11 +212,11 @@ pub fn parse_amount(value: &[u8], scale: u32, allow_negative: bool) -> Result<i6
             .ok_or_else(too_large)?;
     }
     if units == 0 {
-        return Err(format!("{shown:?} is zero"));
+        return Err(format!("{shown} is zero"));
     }
     if negative && !allow_negative {
         return Err(format!(
-            "{shown:?} is negative and the board does not allow negative amounts"
+            "{shown} is negative and the board does not allow negative amounts"
         ));
     }
     Ok(if negative { -units } else { units })
@@ -212,10 +224,10 @@ pub fn parse_amount(value: &[u8], scale: u32, allow_negative: bool) -> Result<i6
 
 /// Parses an event time: decimal digits of epoch milliseconds, at most 2^53 - 1.
 pub fn parse_ts(value: &[u8]) -> Result<i64, String> {
-    let shown = String::from_utf8_lossy(value);
+    let shown = shown(value);
     if value.is_empty() || !value.iter().all(u8::is_ascii_digit) {
         return Err(format!(
-            "{shown:?} is not epoch milliseconds (decimal digits only)"
+            "{shown} is not epoch milliseconds (decimal digits only)"
         ));
     }
     let mut ts: i64 = 0;
@@ -224,7 +236,7 @@ pub fn parse_ts(value: &[u8]) -> Result<i64, String> {
             .checked_mul(10)
             .and_then(|t| t.checked_add(i64::from(d - b'0')))
             .filter(|t| *t <= MAX_TOTAL)
-            .ok_or_else(|| format!("{shown:?} is beyond the supported time range"))?;
+            .ok_or_else(|| format!("{shown} is beyond the supported time range"))?;
     }
     Ok(ts)
 }
@@ -388,7 +400,8 @@ pub fn fields_from_json(value: &serde_json::Value) -> Result<Vec<Field>, String>
                 Ok((name.as_bytes().to_vec(), n.to_string().into_bytes()))
             }
             other => Err(format!(
-                "field `{name}` is {}, only strings and numbers are accepted",
+                "field {} is {}, only strings and numbers are accepted",
+                shown(name.as_bytes()),
                 match other {
                     serde_json::Value::Null => "null",
                     serde_json::Value::Bool(_) => "a boolean",

@@ -287,10 +287,12 @@ async fn redis<T>(
 }
 
 fn board<'a>(state: &'a AppState, name: &str) -> ApiResult<&'a Board> {
-    state
-        .settings
-        .board(name)
-        .ok_or_else(|| ApiError::NotFound(format!("unknown board {name:?}")))
+    state.settings.board(name).ok_or_else(|| {
+        ApiError::NotFound(format!(
+            "unknown board {}",
+            crate::event::shown(name.as_bytes())
+        ))
+    })
 }
 
 /// The query parameters, percent-decoded; a value that is not UTF-8 once decoded is a 400,

@@ -1,6 +1,7 @@
 //! Integration tests against a real redis-server (started per test by [`util::RedisServer`]).
 
 mod attack;
+mod attack9;
 mod cli;
 mod daemon;
 mod engine;
