@@ -148,7 +148,7 @@ fn field<'a>(fields: &'a [Field], name: &str) -> Option<&'a [u8]> {
 /// long as the request body.
 const SHOWN_CHARS: usize = 64;
 
-/// `value` for a rejection message: Debug-quoted, cut at [`SHOWN_CHARS`] characters.
+/// `value` for a rejection message: Debug-quoted, cut at 64 characters.
 pub fn shown(value: &[u8]) -> String {
     let text = String::from_utf8_lossy(value);
     let cut: String = text.chars().take(SHOWN_CHARS).collect();
