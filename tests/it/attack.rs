@@ -256,9 +256,9 @@ fn long_instance(board: &Board) -> Vec<ApplyEvent> {
     events[2 * chunk + 7] = ev("late-only", NOW - (N + 1) * SLICE, "b", 1);
     // "big": to the limit and past it across calls; an overflowing event is not
     // remembered, so its id counts when it comes back with an amount that fits.
-    events[100] = ev("big1", live_ts(3, 0), "big", MAX_TOTAL - 10);
-    events[chunk + 100] = ev("big2", live_ts(2, 0), "big", 4);
-    events[chunk + 101] = ev("big3", live_ts(1, 0), "big", 7);
+    events[chunk / 2] = ev("big1", live_ts(3, 0), "big", MAX_TOTAL - 10);
+    events[chunk + chunk / 2 + 4] = ev("big2", live_ts(2, 0), "big", 4);
+    events[chunk + chunk / 2 + 5] = ev("big3", live_ts(1, 0), "big", 7);
     events[2 * chunk + 1] = ev("big3", live_ts(1, 1), "big", 6);
     events[2 * chunk + 2] = ev("big4", live_ts(1, 2), "big", 1);
     if board.allow_negative {
