@@ -16,12 +16,26 @@ pub struct RedisServer {
     _dir: tempfile::TempDir,
 }
 
-/// A loopback port that was free a moment ago.
+/// A loopback port that was free a moment ago, handed out once per test process.
+///
+/// Ports come from 20000–32767, below Linux's ephemeral range (32768–60999): a port picked
+/// there cannot be taken by the outgoing connections the tests open meanwhile (which
+/// `bind(0)` would risk, letting one test's daemon answer another test's requests), and a
+/// process-wide counter never hands the same port to two tests. The bind check skips ports
+/// that other processes hold.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    const FIRST: u32 = 20_000;
+    const SPAN: u32 = 12_768;
+    let start = std::process::id().wrapping_mul(7919) % SPAN;
+    for _ in 0..SPAN {
+        let port = (FIRST + (start + NEXT.fetch_add(1, Ordering::Relaxed)) % SPAN) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free loopback port in 20000-32767")
 }
 
 fn spawn_redis(port: u16, dir: &std::path::Path, persistent: bool) -> Child {
