@@ -200,7 +200,8 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> anyhow::Resul
             Reconnect::Forever,
         )
         .await
-        .with_context(|| format!("invalid redis url {url}"))?,
+        .with_context(|| format!("invalid redis url {url}"))?
+        .with_metrics(metrics.clone()),
     );
     let reader = Store::dedicated(url, Reconnect::Forever)
         .await

@@ -15,7 +15,7 @@ use std::time::Duration;
 use axum::body::{Body, Bytes};
 use axum::error_handling::HandleErrorLayer;
 use axum::extract::rejection::{BytesRejection, PathRejection};
-use axum::extract::{DefaultBodyLimit, Path, RawQuery, State};
+use axum::extract::{DefaultBodyLimit, MatchedPath, Path, RawQuery, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -145,6 +145,10 @@ pub fn router(state: Arc<AppState>) -> Router {
             get(|| async { Json(json!({ "status": "ok" })) }),
         )
         .route("/readyz", get(readyz))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.metrics.clone(),
+            timed,
+        ))
         .fallback(|| async { ApiError::NotFound("no such route".into()) })
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
@@ -153,6 +157,25 @@ pub fn router(state: Arc<AppState>) -> Router {
             limits.request_timeout,
         ))
         .layer(axum::middleware::map_response(json_errors))
+}
+
+/// Observes how long a matched route took to answer, labelled by its template (the
+/// fallback, unknown paths, is not timed, so a scan cannot grow the label set).
+async fn timed(
+    State(metrics): State<Arc<Metrics>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|p| p.as_str().to_string());
+    let started = std::time::Instant::now();
+    let response = next.run(request).await;
+    if let Some(route) = route {
+        metrics.http_request(&route, started.elapsed().as_secs_f64());
+    }
+    response
 }
 
 /// Gives every error answer that is not JSON yet (axum's 405, the timeout's 408, a

@@ -16,10 +16,23 @@ use tracing::warn;
 use crate::board::Board;
 use crate::event::Reason;
 use crate::roll::Report;
-use crate::store::StoreError;
+use crate::store::{StoreError, SCRIPT_NAMES};
 
 /// Every `kind` label of `rollboard_redis_errors_total`.
 pub const ERROR_KINDS: [&str; 4] = ["connection", "timeout", "script", "other"];
+
+/// The route templates of the HTTP API (the `route` label values of
+/// `rollboard_http_request_duration_seconds`): never raw paths.
+pub const HTTP_ROUTES: [&str; 8] = [
+    "/v1/boards",
+    "/v1/boards/{board}/top",
+    "/v1/boards/{board}/members/{member}",
+    "/v1/boards/{board}/members/{member}/around",
+    "/v1/events",
+    "/metrics",
+    "/healthz",
+    "/readyz",
+];
 
 /// The process's metrics.
 pub struct Metrics {
@@ -43,6 +56,8 @@ pub struct Metrics {
     roll_failures: IntCounterVec,
     window_start: GaugeVec,
     window_end: GaugeVec,
+    script_duration: HistogramVec,
+    http_duration: HistogramVec,
     /// Board instances whose apply failed through every retry, and when that last happened.
     failing: Mutex<HashMap<(String, Option<String>), Instant>>,
     /// The configured board names (the `board` label values).
@@ -239,6 +254,42 @@ impl Metrics {
              queries), Unix time: once the clock passes it, a slice that left the window is \
              still counted until the next roll.",
         );
+        let script_duration = register(
+            &registry,
+            HistogramVec::new(
+                HistogramOpts::new(
+                    "rollboard_script_duration_seconds",
+                    "Time of one Lua script call as seen by the daemon (round trip included), \
+                     per script.",
+                )
+                .buckets(vec![
+                    0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0,
+                ]),
+                &["script"],
+            )
+            .expect("valid metric"),
+        );
+        let http_duration = register(
+            &registry,
+            HistogramVec::new(
+                HistogramOpts::new(
+                    "rollboard_http_request_duration_seconds",
+                    "Time to answer one HTTP request, per route template.",
+                )
+                .buckets(vec![
+                    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                    10.0, 30.0,
+                ]),
+                &["route"],
+            )
+            .expect("valid metric"),
+        );
+        for script in SCRIPT_NAMES {
+            script_duration.with_label_values(&[script]);
+        }
+        for route in HTTP_ROUTES {
+            http_duration.with_label_values(&[route]);
+        }
         for b in boards {
             roll_failures.with_label_values(&[b.name.as_str(), b.mode.as_str()]);
             window_start.with_label_values(&[&b.name]);
@@ -281,6 +332,8 @@ impl Metrics {
             roll_failures,
             window_start,
             window_end,
+            script_duration,
+            http_duration,
             failing: Mutex::new(HashMap::new()),
             boards: boards.iter().map(|b| b.name.clone()).collect(),
         }
@@ -298,6 +351,21 @@ impl Metrics {
     pub fn batch(&self, entries: usize, seconds: f64) {
         self.batch_events.observe(entries as f64);
         self.apply_duration.observe(seconds);
+    }
+
+    /// One call of the Lua script `script` (one of [`SCRIPT_NAMES`]) took `seconds`.
+    pub fn script_call(&self, script: &str, seconds: f64) {
+        self.script_duration
+            .with_label_values(&[script])
+            .observe(seconds);
+    }
+
+    /// One request to the route template `route` (one of [`HTTP_ROUTES`]) was answered
+    /// in `seconds`.
+    pub fn http_request(&self, route: &str, seconds: f64) {
+        self.http_duration
+            .with_label_values(&[route])
+            .observe(seconds);
     }
 
     /// `n` events were applied to `board`.

@@ -6,7 +6,9 @@
 //! pipelined by fred, so applying many instances at once costs one round trip.
 
 use std::collections::HashMap;
-use std::time::Duration;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use fred::prelude::*;
 use fred::types::scripts::Script;
@@ -14,6 +16,7 @@ use fred::types::{ClusterHash, CustomCommand};
 
 use crate::board::{Board, Mode, TieBreak};
 use crate::keys::{InstanceKeys, Keys};
+use crate::metrics::Metrics;
 use crate::query::{decode_member, encode_member, Entry, MemberRank, Page};
 
 /// A failed Redis operation.
@@ -201,6 +204,26 @@ impl Scripts {
         }
     }
 
+    /// The `script` label of `script` (one of [`SCRIPT_NAMES`]).
+    fn name(&self, script: &Script) -> &'static str {
+        let named = [
+            (&self.apply, "apply"),
+            (&self.watermark, "watermark"),
+            (&self.expire, "expire"),
+            (&self.drop_slice, "drop_slice"),
+            (&self.trim_seen, "trim_seen"),
+            (&self.query, "query"),
+            (&self.stage, "stage"),
+            (&self.swap, "swap"),
+            (&self.cleanup, "cleanup"),
+            (&self.floor, "floor"),
+        ];
+        named
+            .iter()
+            .find(|(s, _)| std::ptr::eq(*s, script))
+            .map_or("other", |(_, name)| name)
+    }
+
     fn all(&self) -> [&Script; 10] {
         [
             &self.floor,
@@ -217,6 +240,20 @@ impl Scripts {
     }
 }
 
+/// The `script` label values of `rollboard_script_duration_seconds`: one per Lua script.
+pub const SCRIPT_NAMES: [&str; 10] = [
+    "apply",
+    "watermark",
+    "expire",
+    "drop_slice",
+    "trim_seen",
+    "query",
+    "stage",
+    "swap",
+    "cleanup",
+    "floor",
+];
+
 /// How the connection behaves when Redis goes away.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reconnect {
@@ -231,6 +268,8 @@ pub struct Store {
     pool: Pool,
     keys: Keys,
     scripts: Scripts,
+    /// Where script call durations are observed (the daemon's metrics), if anywhere.
+    metrics: Option<Arc<Metrics>>,
 }
 
 fn mode_flag(board: &Board) -> &'static str {
@@ -405,7 +444,24 @@ impl Store {
             pool,
             keys: Keys::new(prefix),
             scripts: Scripts::new(),
+            metrics: None,
         })
+    }
+
+    /// Observes the duration of every script call in `metrics`.
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Store {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    /// Runs one call of `script`, timing it when metrics are attached.
+    async fn timed<T>(&self, script: &Script, call: impl Future<Output = T>) -> T {
+        let started = Instant::now();
+        let out = call.await;
+        if let Some(metrics) = &self.metrics {
+            metrics.script_call(self.scripts.name(script), started.elapsed().as_secs_f64());
+        }
+        out
     }
 
     /// A single extra connection for the stream reader: its blocking XREADGROUP must not
@@ -584,9 +640,8 @@ impl Store {
         keys: Vec<String>,
         args: Vec<Value>,
     ) -> Result<Value, StoreError> {
-        Ok(script
-            .evalsha_with_reload(self.client(), keys, args)
-            .await?)
+        let call = script.evalsha_with_reload(self.client(), keys, args);
+        Ok(self.timed(script, call).await?)
     }
 
     /// Records scope values of a scoped board in its registry (score: newest slice seen).
@@ -713,11 +768,8 @@ impl Store {
         let mut out = Vec::with_capacity(events.len());
         for chunk in events.chunks(APPLY_CHUNK) {
             let (keys, args) = apply_call(board, &k, &fingerprint, chunk, now);
-            let reply = self
-                .scripts
-                .apply
-                .evalsha_with_reload(client, keys, args)
-                .await?;
+            let call = self.scripts.apply.evalsha_with_reload(client, keys, args);
+            let reply = self.timed(&self.scripts.apply, call).await?;
             let statuses = as_array(reply).ok_or_else(|| reply_err("apply: not an array"))?;
             if statuses.len() != chunk.len() {
                 return Err(reply_err("apply: one status per event expected"));
@@ -932,7 +984,10 @@ impl Store {
         let k = self.instance(board, scope);
         let keys = vec![k.meta(), k.result(), self.lookup_key(board, &k)];
         let client = self.client();
-        let snapshot = self.scripts.query.evalsha_with_reload(client, keys, args);
+        let snapshot = self.timed(
+            &self.scripts.query,
+            self.scripts.query.evalsha_with_reload(client, keys, args),
+        );
         // A scoped instance follows the board's watermark too (see [`Store::raise_floor`]);
         // both reads go out together on one connection, so this costs no extra round trip.
         let (out, floor) = if scope.is_some() {

@@ -815,6 +815,8 @@ async fn metrics_parse_and_count_what_was_applied() {
         "rollboard_roll_failures_total",
         "rollboard_window_start_timestamp_seconds",
         "rollboard_window_end_timestamp_seconds",
+        "rollboard_script_duration_seconds",
+        "rollboard_http_request_duration_seconds",
     ] {
         assert!(
             body.contains(&format!("# HELP {family} ")),

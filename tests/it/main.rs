@@ -9,6 +9,7 @@ mod holes;
 mod http_edges;
 mod intake;
 mod model;
+mod prometheus;
 mod proxy;
 mod roll;
 mod util;
