@@ -2,69 +2,26 @@
 //! consumer's per-instance retries: each test tries one way of losing or double-counting
 //! money and checks the exact state against the in-memory model.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::process::Command;
 use std::time::Duration;
 
 use fred::prelude::*;
-use fred::types::{ClusterHash, CustomCommand};
-use rollboard::board::{Board, Mode, TieBreak, MAX_TOTAL};
+use rollboard::board::{Board, Mode, MAX_TOTAL};
 use rollboard::roll::{self, Job};
 use rollboard::store::{ApplyEvent, Outcome, Store, APPLY_CHUNK};
 use tokio_util::sync::CancellationToken;
 
 use crate::model::{assert_matches, Instance};
-use crate::util::{board, ev, free_port, wait_for, write_config, Daemon, RedisServer};
+use crate::util::{ev, free_port, snapshot, wait_for, write_config, Daemon, RedisServer};
 
 const SLICE: i64 = 1_000;
 /// Slices per window of the boards below: wide enough for events in many slices.
 const N: i64 = 40;
 const NOW: i64 = 1_000_000;
 
-/// The four shapes of board a script can run for.
 fn variants() -> Vec<Board> {
-    let inc = board("inc", SLICE, N);
-    let mut inc_neg = board("incneg", SLICE, N);
-    inc_neg.allow_negative = true;
-    inc_neg.tie_break = TieBreak::Latest;
-    let mut res = board("res", SLICE, N);
-    res.mode = Mode::Resummarize;
-    let mut res_neg = board("resneg", SLICE, N);
-    res_neg.mode = Mode::Resummarize;
-    res_neg.allow_negative = true;
-    res_neg.tie_break = TieBreak::None;
-    vec![inc, inc_neg, res, res_neg]
-}
-
-/// Every key under the board's hash tag with its DUMP.
-async fn snapshot(store: &Store, board: &Board) -> BTreeMap<String, Vec<u8>> {
-    let pattern = format!("rb:{{{}}}:*", board.name);
-    let keys: Vec<String> = store
-        .client()
-        .custom(
-            CustomCommand::new_static("KEYS", ClusterHash::Random, false),
-            vec![pattern],
-        )
-        .await
-        .expect("keys");
-    let mut out = BTreeMap::new();
-    for key in keys {
-        let dump: Value = store
-            .client()
-            .custom(
-                CustomCommand::new_static("DUMP", ClusterHash::FirstKey, false),
-                vec![key.clone()],
-            )
-            .await
-            .expect("dump");
-        let bytes = match dump {
-            Value::Bytes(b) => b.to_vec(),
-            Value::String(s) => s.as_bytes().to_vec(),
-            other => format!("{other:?}").into_bytes(),
-        };
-        out.insert(key, bytes);
-    }
-    out
+    crate::util::variants(SLICE, N)
 }
 
 async fn roll_at(store: &Store, board: &Board, now: i64, chunk: usize) {

@@ -2,11 +2,9 @@
 //! runs, refunds that cancel their tips exactly, and drift that rebuild must repair. Each
 //! test runs over many random batches and every key a script touches.
 
-use std::collections::BTreeMap;
 use std::process::Command;
 
 use fred::prelude::*;
-use fred::types::{ClusterHash, CustomCommand};
 use proptest::prelude::*;
 use rollboard::board::{Board, Mode, TieBreak};
 use rollboard::roll::{self, Job};
@@ -14,7 +12,7 @@ use rollboard::store::{ApplyEvent, Outcome, Store};
 use tokio_util::sync::CancellationToken;
 
 use crate::model::{assert_matches, Instance};
-use crate::util::{board, ev, write_config, RedisServer};
+use crate::util::{board, ev, snapshot, write_config, RedisServer};
 
 const SLICE: i64 = 1_000;
 const NOW: i64 = 1_000_000;
@@ -32,19 +30,8 @@ impl Lcg {
     }
 }
 
-/// The four shapes of board a script can run for.
 fn variants() -> Vec<Board> {
-    let inc = board("inc", SLICE, 4);
-    let mut inc_neg = board("incneg", SLICE, 4);
-    inc_neg.allow_negative = true;
-    inc_neg.tie_break = TieBreak::Latest;
-    let mut res = board("res", SLICE, 4);
-    res.mode = Mode::Resummarize;
-    let mut res_neg = board("resneg", SLICE, 4);
-    res_neg.mode = Mode::Resummarize;
-    res_neg.allow_negative = true;
-    res_neg.tie_break = TieBreak::None;
-    vec![inc, inc_neg, res, res_neg]
+    crate::util::variants(SLICE, 4)
 }
 
 /// A random batch: ids partly reused from earlier batches, members a..f, two live slices,
@@ -66,37 +53,6 @@ fn batch(rng: &mut Lcg, board: &Board, tag: &str, len: usize) -> Vec<ApplyEvent>
             ev(&id, ts, member, amount)
         })
         .collect()
-}
-
-/// Every key under the test's hash tag with its DUMP, to prove a call wrote nothing.
-async fn snapshot(store: &Store, board: &Board) -> BTreeMap<String, Vec<u8>> {
-    let pattern = format!("rb:{{{}}}:*", board.name);
-    let keys: Vec<String> = store
-        .client()
-        .custom(
-            CustomCommand::new_static("KEYS", ClusterHash::Random, false),
-            vec![pattern],
-        )
-        .await
-        .expect("keys");
-    let mut out = BTreeMap::new();
-    for key in keys {
-        let dump: Value = store
-            .client()
-            .custom(
-                CustomCommand::new_static("DUMP", ClusterHash::FirstKey, false),
-                vec![key.clone()],
-            )
-            .await
-            .expect("dump");
-        let bytes = match dump {
-            Value::Bytes(b) => b.to_vec(),
-            Value::String(s) => s.as_bytes().to_vec(),
-            other => format!("{other:?}").into_bytes(),
-        };
-        out.insert(key, bytes);
-    }
-    out
 }
 
 /// Puts a String where `key` is (keeping what was there under `key:saved`).

@@ -181,6 +181,56 @@ pub fn board(name: &str, slice: i64, n: i64) -> Board {
     }
 }
 
+/// The four shapes of board a script can run for (incremental or resummarize, with or
+/// without refunds, each tie-break), `slice` ms wide, `n` slices per window.
+pub fn variants(slice: i64, n: i64) -> Vec<Board> {
+    let inc = board("inc", slice, n);
+    let mut inc_neg = board("incneg", slice, n);
+    inc_neg.allow_negative = true;
+    inc_neg.tie_break = TieBreak::Latest;
+    let mut res = board("res", slice, n);
+    res.mode = Mode::Resummarize;
+    let mut res_neg = board("resneg", slice, n);
+    res_neg.mode = Mode::Resummarize;
+    res_neg.allow_negative = true;
+    res_neg.tie_break = TieBreak::None;
+    vec![inc, inc_neg, res, res_neg]
+}
+
+/// Every key under an unscoped board's hash tag with its DUMP, to prove a call wrote
+/// nothing.
+pub async fn snapshot(store: &Store, board: &Board) -> std::collections::BTreeMap<String, Vec<u8>> {
+    use fred::prelude::*;
+    use fred::types::{ClusterHash, CustomCommand};
+    let pattern = format!("rb:{{{}}}:*", board.name);
+    let keys: Vec<String> = store
+        .client()
+        .custom(
+            CustomCommand::new_static("KEYS", ClusterHash::Random, false),
+            vec![pattern],
+        )
+        .await
+        .expect("keys");
+    let mut out = std::collections::BTreeMap::new();
+    for key in keys {
+        let dump: Value = store
+            .client()
+            .custom(
+                CustomCommand::new_static("DUMP", ClusterHash::FirstKey, false),
+                vec![key.clone()],
+            )
+            .await
+            .expect("dump");
+        let bytes = match dump {
+            Value::Bytes(b) => b.to_vec(),
+            Value::String(s) => s.as_bytes().to_vec(),
+            other => format!("{other:?}").into_bytes(),
+        };
+        out.insert(key, bytes);
+    }
+    out
+}
+
 /// Polls `check` until it returns true or `limit` passes.
 pub async fn wait_for<F, Fut>(limit: Duration, mut check: F) -> bool
 where
