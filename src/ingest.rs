@@ -532,6 +532,18 @@ pub async fn process_batch(
         })
         .collect();
     let outcomes = apply_with_retries(store, metrics, &batches, now).await?;
+    // The dead letter of valid event `k` (its position in the batch first, for ordering).
+    let letter = |k: usize, reason: Reason, detail: String| {
+        let (position, entry, _) = events[k];
+        (
+            position,
+            DeadLetter {
+                fields: entry.fields.clone().unwrap_or_default(),
+                source_id: entry.id.clone(),
+                rejection: Rejection::new(reason, detail),
+            },
+        )
+    };
 
     let mut late = vec![0usize; events.len()];
     let mut late_boards: Vec<Vec<&str>> = vec![Vec::new(); events.len()];
@@ -552,20 +564,13 @@ pub async fn process_batch(
                 };
                 metrics.apply_gave_up(&board.name, scope.as_deref(), evs.len());
                 for (k, _) in evs {
-                    let (position, entry, _) = events[*k];
-                    dead.push((
-                        position,
-                        DeadLetter {
-                            fields: entry.fields.clone().unwrap_or_default(),
-                            source_id: entry.id.clone(),
-                            rejection: Rejection::new(
-                                Reason::ApplyFailed,
-                                format!(
-                                    "board {}{within}: apply failed {how}: {failure}; applied to the other boards only",
-                                    board.name,
-                                ),
-                            ),
-                        },
+                    dead.push(letter(
+                        *k,
+                        Reason::ApplyFailed,
+                        format!(
+                            "board {}{within}: apply failed {how}: {failure}; applied to the other boards only",
+                            board.name,
+                        ),
                     ));
                 }
                 continue;
@@ -581,20 +586,14 @@ pub async fn process_batch(
                     late[*k] += 1;
                     late_boards[*k].push(board.name.as_str());
                 }
-                Outcome::Overflow => {
-                    let (position, entry, _) = events[*k];
-                    dead.push((
-                        position,
-                        DeadLetter {
-                            fields: entry.fields.clone().unwrap_or_default(),
-                            source_id: entry.id.clone(),
-                            rejection: Rejection::new(
-                                Reason::Overflow,
-                                format!("board {}{within}: the total would pass 2^53-1; applied to the other boards only", board.name),
-                            ),
-                        },
-                    ));
-                }
+                Outcome::Overflow => dead.push(letter(
+                    *k,
+                    Reason::Overflow,
+                    format!(
+                        "board {}{within}: the total would pass 2^53-1; applied to the other boards only",
+                        board.name
+                    ),
+                )),
             }
         }
     }
@@ -603,22 +602,16 @@ pub async fn process_batch(
         metrics.skipped(name, Skip::Duplicate, *duplicate);
         metrics.skipped(name, Skip::Late, *late);
     }
-    for (k, (position, entry, event)) in events.iter().enumerate() {
+    for (k, (_, _, event)) in events.iter().enumerate() {
         if late[k] > 0 && late[k] == event.updates.len() {
-            dead.push((
-                *position,
-                DeadLetter {
-                    fields: entry.fields.clone().unwrap_or_default(),
-                    source_id: entry.id.clone(),
-                    rejection: Rejection::new(
-                        Reason::Late,
-                        format!(
-                            "ts {} is outside the window of every board it matches ({})",
-                            event.ts,
-                            late_boards[k].join(", ")
-                        ),
-                    ),
-                },
+            dead.push(letter(
+                k,
+                Reason::Late,
+                format!(
+                    "ts {} is outside the window of every board it matches ({})",
+                    event.ts,
+                    late_boards[k].join(", ")
+                ),
             ));
         }
     }
