@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fred::prelude::*;
+use fred::types::config::Options;
 use fred::types::{ClusterHash, CustomCommand};
 use futures_util::future::{join_all, try_join_all};
 use tokio_util::sync::CancellationToken;
@@ -152,6 +153,11 @@ fn parse_read(v: Value) -> Vec<Entry> {
         })
         .collect()
 }
+
+/// How long a read waits for the stream reader to (re)connect before the step fails.
+const READER_CONNECT_WAIT: Duration = Duration::from_secs(5);
+/// How long past its block timeout a read waits for its reply before it counts as lost.
+const READ_REPLY_GRACE: Duration = Duration::from_secs(5);
 
 /// The stream consumer of one process.
 pub struct Ingest {
@@ -398,8 +404,29 @@ impl Ingest {
     }
 
     async fn read(&self, id: &str, block: Option<u64>) -> Result<Vec<Entry>, StoreError> {
+        // The reader sends each command once: a read queued while it is still connecting
+        // can be lost with that one attempt and never answered. So wait for the connection
+        // first (nothing is sent yet, so giving up is safe), and bound the wait for the
+        // reply: a lost one surfaces as an error, after which the loop re-reads this
+        // consumer's own pending entries.
+        if !self.reader.is_connected() {
+            tokio::select! {
+                connected = self.reader.wait_for_connect() => connected?,
+                _ = tokio::time::sleep(READER_CONNECT_WAIT) => {
+                    return Err(StoreError::Redis(fred::error::Error::new(
+                        fred::error::ErrorKind::IO,
+                        "the stream reader is not connected to redis",
+                    )));
+                }
+            }
+        }
+        let options = Options {
+            timeout: Some(Duration::from_millis(block.unwrap_or(0)) + READ_REPLY_GRACE),
+            ..Options::default()
+        };
         let v: Value = self
             .reader
+            .with_options(&options)
             .xreadgroup(
                 self.settings.group.as_str(),
                 self.settings.consumer.as_str(),
