@@ -341,6 +341,21 @@ fn score(v: &Value) -> Option<i64> {
 /// ingest`), so 64 events stay near 1.5 ms.
 pub const APPLY_CHUNK: usize = 64;
 
+/// Most fields of a dead slice that one `expire.lua` call expires. DESIGN.md section 7: no
+/// call may hold Redis for more than about 2 ms; an expired field costs up to ~15 µs of
+/// Redis time on the reference machine when its member leaves a 1M-member ranking (`cargo
+/// bench --bench rollboard -- expiry`), so the roll job splits each HSCAN page of
+/// `schedule.chunk` fields into calls of at most this many.
+pub const EXPIRE_CALL_FIELDS: usize = 100;
+
+/// Most rows that one `stage.lua` call writes into the scratch keys of a recomputation
+/// (same bound and measurement as [`EXPIRE_CALL_FIELDS`], `-- resummarize`).
+pub const STAGE_CALL_ROWS: usize = 200;
+
+/// Most idempotency keys that one `trim_seen.lua` call forgets (same bound; `ZREM` from a
+/// 1M-member `seen` ZSet).
+pub const TRIM_CALL_IDS: usize = 500;
+
 /// The KEYS and ARGV of one `apply.lua` call (layout documented in the script).
 pub fn apply_call(
     board: &Board,
@@ -887,9 +902,10 @@ impl Store {
         Ok((next, pairs))
     }
 
-    /// Subtracts and deletes the given fields of dead slice `n`, exactly once: a field
-    /// that a concurrent or crashed roller already expired is no longer in the slice and
-    /// is skipped. The amounts are read by the script itself (a dead slice never changes).
+    /// Subtracts and deletes the given fields of dead slice `n` in one script call,
+    /// exactly once: a field that a concurrent or crashed roller already expired is no
+    /// longer in the slice and is skipped. The amounts are read by the script itself (a
+    /// dead slice never changes). Callers pass at most [`EXPIRE_CALL_FIELDS`] names.
     pub async fn expire_chunk(
         &self,
         board: &Board,
@@ -946,7 +962,8 @@ impl Store {
         Ok(as_i64(&v) == Some(1))
     }
 
-    /// Forgets up to `chunk` idempotency keys due at `now`; returns how many.
+    /// Forgets up to `chunk` idempotency keys due at `now` (callers keep `chunk` at or
+    /// below [`TRIM_CALL_IDS`]); returns how many.
     pub async fn trim_seen(
         &self,
         board: &Board,
@@ -1246,6 +1263,7 @@ impl Store {
     /// Writes one chunk of a recomputed instance into the scratch keys of run `token`;
     /// returns how many members were skipped because they have left the instance, and
     /// the members given their fallback tie-break time (see [`Staged::fallback_ts`]).
+    /// Callers pass at most [`STAGE_CALL_ROWS`] rows.
     pub async fn stage(
         &self,
         board: &Board,
@@ -1292,7 +1310,8 @@ impl Store {
         Ok((skipped.max(0) as u64, repaired))
     }
 
-    /// Renames the scratch keys of run `token` over the live ones, atomically. Refused
+    /// Renames the scratch keys of run `token` over the live ones, atomically, and then
+    /// frees the replaced values with `UNLINK` (never inside the script call). Refused
     /// (false) when the run already swapped, when `expected_gen` is given and an apply or
     /// expiry happened since it was read, or when `watermark` is given and a sum above a
     /// higher watermark was already swapped in.
@@ -1307,16 +1326,26 @@ impl Store {
     ) -> Result<bool, StoreError> {
         let k = self.instance(board, scope);
         let mut keys = vec![k.meta(), k.scratch(token, "marker")];
+        let mut trash = Vec::new();
         for (scratch, live) in targets.pairs(&k, token) {
-            keys.push(scratch);
-            keys.push(live);
+            let old = format!("{scratch}:old");
+            keys.extend([scratch, live, old.clone()]);
+            trash.push(old);
         }
         let args = vec![
             Value::from(expected_gen.unwrap_or("")),
             watermark.map_or(Value::from(""), Value::from),
+            Value::from(SCRATCH_TTL_MS),
         ];
         let v = self.eval(&self.scripts.swap, keys, args).await?;
-        Ok(as_i64(&v) == Some(1))
+        let swapped = as_i64(&v) == Some(1);
+        if swapped {
+            // The replaced values were renamed away inside the script; UNLINK frees them
+            // in Redis's background thread instead of inside a call (their TTL covers a
+            // crash before this point).
+            let _: i64 = self.client().unlink(trash).await?;
+        }
+        Ok(swapped)
     }
 
     /// Deletes the scratch keys of an abandoned run.
@@ -1331,7 +1360,8 @@ impl Store {
             .iter()
             .map(|w| k.scratch(token, w))
             .collect();
-        let _: i64 = self.client().del(keys).await?;
+        // UNLINK: a scratch copy of a large ranking is freed in the background.
+        let _: i64 = self.client().unlink(keys).await?;
         Ok(())
     }
 
