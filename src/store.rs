@@ -337,24 +337,26 @@ fn score(v: &Value) -> Option<i64> {
 
 /// Most events in one apply script call. DESIGN.md section 7: no call may hold Redis for
 /// more than about 2 ms; the apply script costs up to ~23 µs of Redis time per event on
-/// the reference machine when every event moves a distinct member (`cargo bench --bench
-/// ingest`), so 64 events stay near 1.5 ms.
-pub const APPLY_CHUNK: usize = 64;
+/// the reference machine when every event moves a distinct member of a large ranking, and
+/// calls of 64 such events ran 1.5 ms at the median but 4–7 ms in the tail (`cargo bench
+/// --bench rollboard -- expiry`, its fill), so a call holds at most 32.
+pub const APPLY_CHUNK: usize = 32;
 
 /// Most fields of a dead slice that one `expire.lua` call expires. DESIGN.md section 7: no
 /// call may hold Redis for more than about 2 ms; an expired field costs up to ~15 µs of
-/// Redis time on the reference machine when its member leaves a 1M-member ranking (`cargo
-/// bench --bench rollboard -- expiry`), so the roll job splits each HSCAN page of
-/// `schedule.chunk` fields into calls of at most this many.
-pub const EXPIRE_CALL_FIELDS: usize = 100;
+/// Redis time on the reference machine when its member leaves a 1M-member ranking, with a
+/// tail of several times that (`cargo bench --bench rollboard -- expiry`), so the roll job
+/// splits each HSCAN page of `schedule.chunk` fields into calls of at most this many.
+pub const EXPIRE_CALL_FIELDS: usize = 64;
 
 /// Most rows that one `stage.lua` call writes into the scratch keys of a recomputation
-/// (same bound and measurement as [`EXPIRE_CALL_FIELDS`], `-- resummarize`).
+/// (same bound and measurement as [`EXPIRE_CALL_FIELDS`]; a row costs a few µs, its
+/// writes being variadic).
 pub const STAGE_CALL_ROWS: usize = 200;
 
 /// Most idempotency keys that one `trim_seen.lua` call forgets (same bound; `ZREM` from a
 /// 1M-member `seen` ZSet).
-pub const TRIM_CALL_IDS: usize = 500;
+pub const TRIM_CALL_IDS: usize = 256;
 
 /// The KEYS and ARGV of one `apply.lua` call (layout documented in the script).
 pub fn apply_call(
