@@ -343,16 +343,17 @@ fn score(v: &Value) -> Option<i64> {
 pub const APPLY_CHUNK: usize = 32;
 
 /// Most fields of a dead slice that one `expire.lua` call expires. DESIGN.md section 7: no
-/// call may hold Redis for more than about 2 ms; an expired field costs up to ~15 µs of
-/// Redis time on the reference machine when its member leaves a 1M-member ranking, with a
-/// tail of several times that (`cargo bench --bench rollboard -- expiry`), so the roll job
-/// splits each HSCAN page of `schedule.chunk` fields into calls of at most this many.
-pub const EXPIRE_CALL_FIELDS: usize = 64;
+/// call may hold Redis for more than about 2 ms; an expired field costs ~16 µs of Redis
+/// time on the reference machine when its member leaves a 1M-member ranking, and calls of
+/// 64 fields ran 1.0 ms at the median but 5 ms at p99 on the shared 2-core machine (`cargo
+/// bench --bench rollboard -- expiry`). The roll job splits each HSCAN page of
+/// `schedule.chunk` fields into calls of at most this many.
+pub const EXPIRE_CALL_FIELDS: usize = 32;
 
 /// Most rows that one `stage.lua` call writes into the scratch keys of a recomputation
-/// (same bound and measurement as [`EXPIRE_CALL_FIELDS`]; a row costs a few µs, its
-/// writes being variadic).
-pub const STAGE_CALL_ROWS: usize = 200;
+/// (same bound and measurement as [`EXPIRE_CALL_FIELDS`]: ~11 µs of Redis time per row on
+/// the reference machine while the scratch ranking grows to 1M members).
+pub const STAGE_CALL_ROWS: usize = 64;
 
 /// Most idempotency keys that one `trim_seen.lua` call forgets (same bound; `ZREM` from a
 /// 1M-member `seen` ZSet).
