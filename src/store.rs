@@ -1344,9 +1344,10 @@ impl Store {
         let swapped = as_i64(&v) == Some(1);
         if swapped {
             // The replaced values were renamed away inside the script; UNLINK frees them
-            // in Redis's background thread instead of inside a call (their TTL covers a
-            // crash before this point).
-            let _: i64 = self.client().unlink(trash).await?;
+            // in Redis's background thread instead of inside a call. Best effort: the swap
+            // has happened whatever this answers, and their TTL frees them otherwise.
+            let freed: Result<i64, _> = self.client().unlink(trash).await;
+            drop(freed);
         }
         Ok(swapped)
     }
