@@ -19,7 +19,17 @@
 //!   Baseline, at the first chunk size only: the least work a chunked expiry can do, on a
 //!   plain Hash and a plain ZSet of the same members (HSCAN, then one script per page doing
 //!   `HGET`, `ZINCRBY`, `ZREM` at 0 and `HDEL`), measured the same way. The other chunk sizes
-//!   are compared with the first one. The default run takes about 3 minutes on 2 cores.
+//!   are compared with the first one.
+//!
+//!   The same scenario also proves the call bound of DESIGN.md section 7 with the slow log:
+//!   the fill is measured (every `apply.lua` call, at most `APPLY_CHUNK` events) against a
+//!   tenth of the events applied unsplit (one call per 1000-event batch); at the first chunk
+//!   size a board in resummarize mode holding a COPY of the slice is resummarized twice (the
+//!   second run replaces a ranking of every member: `stage.lua` calls, `swap.lua`, then
+//!   `UNLINK` of the old value) against an unbounded baseline (one script call per page of
+//!   rows, then `RENAME` over the old ranking inside a script). It closes with one line per
+//!   kind of work: the calls above 2 ms, rollboard's and the baseline's, and their ratios.
+//!   The default run takes about 5 minutes on 2 cores.
 //!
 //! Redis 7 also writes the commands run *inside* a script to the slow log, so a threshold of
 //! 0 logs about five entries per expired member: it overflows any sane `slowlog-max-len` at
@@ -46,7 +56,10 @@ use fred::types::scripts::Script;
 use fred::types::{ClusterHash, CustomCommand};
 use rollboard::board::{Board, Dedup, Mode, TieBreak};
 use rollboard::roll::{self, Report};
-use rollboard::store::{ApplyEvent, Outcome, Reconnect, Store};
+use rollboard::store::{
+    apply_call, ApplyEvent, Outcome, Reconnect, Store, APPLY_CHUNK, EXPIRE_CALL_FIELDS,
+    STAGE_CALL_ROWS, TRIM_CALL_IDS,
+};
 use support::{invoked_by_cargo_bench, RedisServer};
 use tokio_util::sync::CancellationToken;
 
@@ -86,7 +99,7 @@ return #done
 "#;
 
 /// rollboard's scripts, to name the slow-log entries by SHA1.
-const SCRIPTS: [(&str, &str); 9] = [
+const SCRIPTS: [(&str, &str); 10] = [
     ("apply", include_str!("../src/lua/apply.lua")),
     ("watermark", include_str!("../src/lua/watermark.lua")),
     ("expire", include_str!("../src/lua/expire.lua")),
@@ -96,7 +109,24 @@ const SCRIPTS: [(&str, &str); 9] = [
     ("stage", include_str!("../src/lua/stage.lua")),
     ("swap", include_str!("../src/lua/swap.lua")),
     ("cleanup", include_str!("../src/lua/cleanup.lua")),
+    ("floor", include_str!("../src/lua/floor.lua")),
 ];
+
+/// DESIGN.md section 7: no call rollboard makes may hold Redis longer than this (µs).
+const BOUND_US: u64 = 2_000;
+/// The resummarize board that rolls a COPY of the filled slice.
+const RESUMMARIZED_BOARD: &str = "res_2h";
+/// The resummarize baseline's scratch and ranking ZSets.
+const BASE_TMP: &str = "base:{r}:tmp";
+const BASE_RANKING: &str = "base:{r}:result";
+
+/// The resummarize baseline, unbounded: one call writes a whole page of rows into the
+/// scratch ZSet; a second one RENAMEs it over the live ranking (freeing the old one there).
+const BASELINE_STAGE: &str = r#"
+for i = 1, #ARGV, 2 do redis.call('ZADD', KEYS[1], ARGV[i], ARGV[i + 1]) end
+return #ARGV / 2
+"#;
+const BASELINE_SWAP: &str = "return redis.call('RENAME', KEYS[1], KEYS[2])";
 
 const USAGE: &str = "usage: cargo bench --bench rollboard -- [memory] [expiry] \
                      [--chunk N[,N...]] [--members N] [--slowlog-us N]";
@@ -529,13 +559,23 @@ async fn expiry(store: &Store, members: usize, chunks: &[usize], slowlog_us: u64
     );
     admin(client, "FLUSHALL", &["SYNC"]).await?;
     store.load_scripts().await?;
-    let took = apply_all(store, &filled, members, EXPIRY_BATCH).await?;
+    let fill = async { apply_all(store, &filled, members, EXPIRY_BATCH).await };
+    let (took, filled_log) = measure(client, slowlog_us, fill).await?;
     println!(
-        "fill: {members} events in batches of {EXPIRY_BATCH} with Store::apply: {:.1} s, \
-         {:.0} events/s (each round rolls a COPY of this instance)",
+        "fill: {members} events in batches of {EXPIRY_BATCH} with Store::apply (calls of at \
+         most {APPLY_CHUNK} events): {:.1} s, {:.0} events/s (each round rolls a COPY of this \
+         instance)",
         took.as_secs_f64(),
         per_second(members, took)
     );
+    let apply = by_script(&filled_log).remove("apply").unwrap_or_default();
+    println!("    {}", apply.line("apply.lua", members));
+    let apply_base = apply_unsplit(store, members.div_ceil(10), slowlog_us).await?;
+    let mut bounds = vec![(
+        format!("apply (calls of {APPLY_CHUNK} events vs one call per 1000-event batch)"),
+        apply,
+        apply_base,
+    )];
     let mut ok = true;
     let mut first: Option<(usize, Figures)> = None;
     for &chunk in chunks {
@@ -543,7 +583,26 @@ async fn expiry(store: &Store, members: usize, chunks: &[usize], slowlog_us: u64
         ok &= round_ok;
         match &first {
             None => {
-                ok &= baseline_round(store, members, chunk, slowlog_us, &rolled).await?;
+                let (base_ok, base) =
+                    baseline_round(store, members, chunk, slowlog_us, &rolled).await?;
+                ok &= base_ok;
+                bounds.push((
+                    format!(
+                        "expiry, chunk {chunk} (every rollboard script vs one call per HSCAN page)"
+                    ),
+                    rolled.all,
+                    base,
+                ));
+                let (res_ok, res, res_base) =
+                    resummarize_round(store, members, chunk, slowlog_us).await?;
+                ok &= res_ok;
+                bounds.push((
+                    format!(
+                        "resummarize, chunk {chunk} (stage + swap vs unbounded stage + RENAME)"
+                    ),
+                    res,
+                    res_base,
+                ));
                 first = Some((chunk, rolled));
             }
             Some((reference, figures)) => {
@@ -555,7 +614,196 @@ async fn expiry(store: &Store, members: usize, chunks: &[usize], slowlog_us: u64
             }
         }
     }
+    println!();
+    println!(
+        "== bound: script calls above 2 ms of Redis time (SLOWLOG), rollboard at the default \
+         config ({EXPIRE_CALL_FIELDS} fields per expire.lua call, {STAGE_CALL_ROWS} rows per \
+         stage.lua call, {TRIM_CALL_IDS} ids per trim_seen.lua call) / baseline, same run"
+    );
+    for (what, ours, base) in &bounds {
+        println!(
+            "  {what}: {} of {} calls above 2 ms, longest {} µs; baseline {} of {}, longest \
+             {} µs; ratio of calls above 2 ms {}, of the longest call {}",
+            ours.above,
+            ours.count,
+            ours.max,
+            base.above,
+            base.count,
+            base.max,
+            ratio(ours.above as f64, base.above as f64),
+            ratio(ours.max as f64, base.max as f64)
+        );
+    }
     Ok(ok)
+}
+
+/// The apply baseline: `apply.lua` called once per 1000-event batch (no split) on a fresh
+/// instance with `members` events; returns the slow-log figures of those calls.
+async fn apply_unsplit(store: &Store, members: usize, slowlog_us: u64) -> Result<Stats> {
+    let client = store.client();
+    let b = board("apply_unsplit", 2, 2 * HOUR);
+    let k = store.instance(&b, None);
+    let script = Script::from_lua(include_str!("../src/lua/apply.lua"));
+    script.load(client).await?;
+    let fingerprint = b.fingerprint();
+    let now = T0 + HOUR - 1;
+    let work = async {
+        for from in (0..members).step_by(EXPIRY_BATCH) {
+            let events: Vec<ApplyEvent> = (from..(from + EXPIRY_BATCH).min(members))
+                .map(event)
+                .collect();
+            let (keys, args) = apply_call(&b, &k, &fingerprint, &events, now);
+            let _: Value = script.evalsha(client, keys, args).await?;
+        }
+        anyhow::Ok(())
+    };
+    let (_, m) = measure(client, slowlog_us, work).await?;
+    let stats = by_script(&m).remove("apply").unwrap_or_default();
+    println!(
+        "apply baseline: {members} events on a fresh instance, one apply.lua call per \
+         {EXPIRY_BATCH}-event batch (no split); wall clock {:.2} s",
+        m.wall.as_secs_f64()
+    );
+    println!("    {}", stats.line("apply.lua", members));
+    Ok(stats)
+}
+
+/// Slow-log figures of rollboard's EVALSHA calls, per script name.
+fn by_script(m: &Measured) -> BTreeMap<&'static str, Stats> {
+    let names = script_names();
+    let mut micros: BTreeMap<&'static str, Vec<u64>> = BTreeMap::new();
+    for e in m.log.iter().filter(|e| e.command == "EVALSHA") {
+        let name = e.sha.as_deref().and_then(|s| names.get(s).copied());
+        micros
+            .entry(name.unwrap_or("unknown"))
+            .or_default()
+            .push(e.micros);
+    }
+    micros
+        .into_iter()
+        .map(|(name, v)| (name, Stats::of(v.into_iter())))
+        .collect()
+}
+
+/// Resummarizes a COPY of the filled slice on a resummarize board twice (the second run
+/// replaces a ranking of every member), then the unbounded baseline on plain keys; returns
+/// whether the ranking is complete and the slow-log figures of the second run's scripts and
+/// of the baseline's.
+async fn resummarize_round(
+    store: &Store,
+    members: usize,
+    chunk: usize,
+    slowlog_us: u64,
+) -> Result<(bool, Stats, Stats)> {
+    let client = store.client();
+    let filled = board(FILLED_BOARD, 2, 2 * HOUR);
+    let mut b = board(RESUMMARIZED_BOARD, 2, 2 * HOUR);
+    b.mode = Mode::Resummarize;
+    println!();
+    println!(
+        "-- resummarize, chunk {chunk}: a board in resummarize mode holding a COPY of the slice"
+    );
+    let (a, k) = (store.instance(&filled, None), store.instance(&b, None));
+    let n = filled.slice_of(T0);
+    for (src, dst) in [
+        (a.members(), k.members()),
+        (a.slices(), k.slices()),
+        (a.slice(n), k.slice(n)),
+    ] {
+        copy(client, &src, &dst).await?;
+    }
+    let cancel = CancellationToken::new();
+    let boards = std::slice::from_ref(&b);
+    let mut last = None;
+    for (run, now) in [
+        ("first run (no ranking yet)", T0 + HOUR - 2),
+        ("second run (replaces it)", T0 + HOUR - 1),
+    ] {
+        let job = roll::run_once(
+            store,
+            boards,
+            roll::Job::Resummarize,
+            None,
+            now,
+            chunk,
+            &cancel,
+        );
+        let (_, m) = measure(client, slowlog_us, async { Ok(job.await?) }).await?;
+        println!("{run}: wall clock {:.2} s", m.wall.as_secs_f64());
+        print_calls(&m, "evalsha", members);
+        print_calls(&m, "hscan", members);
+        print_calls(&m, "unlink", members);
+        for (name, stats) in by_script(&m) {
+            println!("    {}", stats.line(&format!("  {name}.lua"), members));
+        }
+        print_logged(&m, "UNLINK", members);
+        last = Some(m);
+    }
+    let m = last.context("no run")?;
+    let ours = Stats::of(
+        m.log
+            .iter()
+            .filter(|e| e.command == "EVALSHA" && !e.is_nested())
+            .map(|e| e.micros),
+    );
+    let ranked = integer(client, "ZCARD", &[&k.result()]).await?;
+    let scratch = admin(
+        client,
+        "KEYS",
+        &[&format!("{}:tmp:*", k.result().trim_end_matches(":result"))],
+    )
+    .await?
+    .into_array()
+    .len();
+    let ok = ranked == members as i64 && scratch == 0;
+    println!(
+        "check: ZCARD result = {ranked} (expected {members}), scratch keys left {scratch} {}",
+        verdict(ok)
+    );
+
+    let stage = Script::from_lua(BASELINE_STAGE);
+    let swap = Script::from_lua(BASELINE_SWAP);
+    stage.load(client).await?;
+    swap.load(client).await?;
+    write_plain(client, "ZADD", BASE_RANKING, members, 1_000, score_member).await?;
+    let work = async {
+        for from in (0..members).step_by(chunk) {
+            let rows: Vec<Value> = (from..(from + chunk).min(members))
+                .flat_map(score_member)
+                .collect();
+            let _: i64 = stage.evalsha(client, vec![BASE_TMP], rows).await?;
+        }
+        let _: Value = swap
+            .evalsha(client, vec![BASE_TMP, BASE_RANKING], Vec::<Value>::new())
+            .await?;
+        anyhow::Ok(())
+    };
+    let (_, base) = measure(client, slowlog_us, work).await?;
+    let shas = [
+        stage.sha1().to_ascii_lowercase(),
+        swap.sha1().to_ascii_lowercase(),
+    ];
+    let baseline = Stats::of(
+        base.log
+            .iter()
+            .filter(|e| e.sha.as_ref().is_some_and(|s| shas.contains(s)))
+            .map(|e| e.micros),
+    );
+    let renamed = Stats::of(
+        base.log
+            .iter()
+            .filter(|e| e.sha.as_deref() == Some(shas[1].as_str()))
+            .map(|e| e.micros),
+    );
+    println!(
+        "baseline: plain ZSet, one script call per page of {chunk} rows (ZADD each), then \
+         RENAME over a {members}-member ranking; wall clock {:.2} s",
+        base.wall.as_secs_f64()
+    );
+    println!("    {}", baseline.line("EVALSHA (all)", members));
+    println!("    {}", renamed.line("  RENAME call", members));
+    let _: i64 = client.unlink(vec![BASE_RANKING, BASE_TMP]).await?;
+    Ok((ok, ours, baseline))
 }
 
 /// The figures two expiry runs are compared by.
@@ -565,6 +813,8 @@ struct Figures {
     evalsha_us: u64,
     /// Slow-log figures of the chunk script (expire.lua or the baseline script).
     script: Stats,
+    /// Slow-log figures of every script call of the round.
+    all: Stats,
 }
 
 fn print_ratios(what: &str, a: &Figures, b: &Figures) {
@@ -602,10 +852,18 @@ async fn roll_round(
     }
     let ok = check_rolled(store, &b).await?;
     let script = report_rollboard(&rolled, members, slowlog_us);
+    let all = Stats::of(
+        rolled
+            .log
+            .iter()
+            .filter(|e| e.command == "EVALSHA" && !e.is_nested())
+            .map(|e| e.micros),
+    );
     let figures = Figures {
         wall: rolled.wall,
         evalsha_us: rolled.calls("evalsha").1,
         script,
+        all,
     };
     Ok((ok, figures))
 }
@@ -617,7 +875,7 @@ async fn baseline_round(
     chunk: usize,
     slowlog_us: u64,
     rolled: &Figures,
-) -> Result<bool> {
+) -> Result<(bool, Stats)> {
     let client = store.client();
     let script = Script::from_lua(BASELINE_EXPIRE);
     script.load(client).await?;
@@ -631,9 +889,10 @@ async fn baseline_round(
         wall: base.wall,
         evalsha_us: base.calls("evalsha").1,
         script: report_baseline(&base, &sha, members),
+        all: Stats::default(),
     };
     print_ratios("rollboard / baseline", rolled, &figures);
-    Ok(ok)
+    Ok((ok, figures.script))
 }
 
 /// Runs `work` with fresh command statistics and slow log; returns its output and figures.
@@ -921,6 +1180,8 @@ fn slow_entry(entry: Value) -> Result<SlowEntry> {
 #[derive(Debug, Default, Clone, Copy)]
 struct Stats {
     count: usize,
+    /// Calls longer than [`BOUND_US`].
+    above: usize,
     max: u64,
     p50: u64,
     p99: u64,
@@ -936,6 +1197,7 @@ impl Stats {
         v.sort_unstable();
         Stats {
             count: v.len(),
+            above: v.iter().filter(|&&us| us > BOUND_US).count(),
             max: v[v.len() - 1],
             p50: percentile(&v, 0.50),
             p99: percentile(&v, 0.99),
@@ -943,12 +1205,14 @@ impl Stats {
         }
     }
 
-    /// One line: label, count, longest, p50, p99, total and total per member.
+    /// One line: label, count, calls above 2 ms, longest, p50, p99, total and total per
+    /// member.
     fn line(&self, label: &str, members: usize) -> String {
         format!(
-            "{label:<17} count {:>7}  max {:>7} µs  p50 {:>6} µs  p99 {:>7} µs  \
+            "{label:<17} count {:>7}  > 2 ms {:>5}  max {:>7} µs  p50 {:>6} µs  p99 {:>7} µs  \
              total {:>9.1} ms  per member {:.3} µs",
             self.count,
+            self.above,
             self.max,
             self.p50,
             self.p99,

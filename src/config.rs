@@ -244,7 +244,8 @@ pub struct ScheduleSettings {
     pub roll: String,
     /// 6-field cron of the resummarize job.
     pub resummarize: String,
-    /// Fields per expiry script call.
+    /// Fields listed per HSCAN page by the roll and resummarize jobs (script calls are split
+    /// into smaller, fixed budgets: see `store::EXPIRE_CALL_FIELDS`).
     pub chunk: usize,
 }
 

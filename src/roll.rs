@@ -15,12 +15,17 @@ use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
 use crate::board::{Board, Mode, MAX_TOTAL};
-use crate::store::{StageTargets, Staged, Store, StoreError};
+use crate::store::{
+    StageTargets, Staged, Store, StoreError, EXPIRE_CALL_FIELDS, STAGE_CALL_ROWS, TRIM_CALL_IDS,
+};
 
 /// Most times a gen-checked recomputation is retried while ingest keeps changing it.
 const MAX_ATTEMPTS: usize = 8;
 /// Instances of one scoped board rolled concurrently.
 const INSTANCES_AT_ONCE: usize = 8;
+/// Expiry calls of one instance in flight at once: Redis runs the next while the worker
+/// reads a reply, yet other clients' commands still get in between two bounded calls.
+const EXPIRE_CALLS_IN_FLIGHT: usize = 2;
 
 /// Why a job stopped.
 #[derive(Debug, thiserror::Error)]
@@ -230,10 +235,11 @@ pub async fn roll_instance(
     for n in dead {
         expire_slice(store, board, scope, n, chunk, cancel, report).await?;
     }
+    let per_call = chunk.clamp(1, TRIM_CALL_IDS);
     loop {
-        let forgotten = store.trim_seen(board, scope, now, chunk).await?;
+        let forgotten = store.trim_seen(board, scope, now, per_call).await?;
         report.ids_forgotten += forgotten;
-        if forgotten < chunk as u64 {
+        if forgotten < per_call as u64 {
             break;
         }
         if cancel.is_cancelled() {
@@ -273,12 +279,18 @@ async fn expire_slice(
                 return Err(RollError::Cancelled);
             }
             let (next, page) = store.scan("HSCAN", &key, &cursor, chunk).await?;
-            if !page.is_empty() {
-                let names: Vec<String> = page.into_iter().map(|(member, _)| member).collect();
-                let done = store.expire_chunk(board, scope, n, &names).await?;
-                report.fields_expired += done.fields;
-                report.members_removed += done.members_removed;
-            }
+            let names: Vec<String> = page.into_iter().map(|(member, _)| member).collect();
+            expire_fields(
+                store,
+                board,
+                scope,
+                n,
+                &names,
+                EXPIRE_CALL_FIELDS,
+                cancel,
+                report,
+            )
+            .await?;
             if next == "0" {
                 break;
             }
@@ -289,6 +301,42 @@ async fn expire_slice(
             return Ok(());
         }
     }
+}
+
+/// Expires the fields `names` of dead slice `n` in script calls of at most `per_call`
+/// fields each, a few in flight at once. Each call claims its fields atomically, so the
+/// order of the calls does not matter and a stop between two of them (cancellation, a
+/// crash, a failed call) leaves every field either expired once or still in the slice for
+/// the next roll.
+#[allow(clippy::too_many_arguments)]
+pub async fn expire_fields(
+    store: &Store,
+    board: &Board,
+    scope: Option<&str>,
+    n: i64,
+    names: &[String],
+    per_call: usize,
+    cancel: &CancellationToken,
+    report: &mut Report,
+) -> Result<(), RollError> {
+    // Collected first: a lazily mapped stream of borrowing futures is not provably `Send`
+    // to the spawned job that awaits it.
+    let calls: Vec<_> = names
+        .chunks(per_call.max(1))
+        .map(|part| async move {
+            if cancel.is_cancelled() {
+                return Err(RollError::Cancelled);
+            }
+            Ok(store.expire_chunk(board, scope, n, part).await?)
+        })
+        .collect();
+    let mut calls = futures_util::stream::iter(calls).buffered(EXPIRE_CALLS_IN_FLIGHT);
+    while let Some(done) = calls.next().await {
+        let done = done?;
+        report.fields_expired += done.fields;
+        report.members_removed += done.members_removed;
+    }
+    Ok(())
 }
 
 /// Per member: exact total, number of slices holding it, newest slice holding it.
@@ -397,7 +445,7 @@ async fn replace(
             all.totals |= targets.totals;
             // At least one call per part, so that the run's marker exists even when empty.
             store.stage(board, scope, &token, *targets, &[]).await?;
-            for part in rows.chunks(chunk.max(1)) {
+            for part in rows.chunks(chunk.clamp(1, STAGE_CALL_ROWS)) {
                 repaired.extend(store.stage(board, scope, &token, *targets, part).await?.1);
             }
         }

@@ -337,9 +337,27 @@ fn score(v: &Value) -> Option<i64> {
 
 /// Most events in one apply script call. DESIGN.md section 7: no call may hold Redis for
 /// more than about 2 ms; the apply script costs up to ~23 µs of Redis time per event on
-/// the reference machine when every event moves a distinct member (`cargo bench --bench
-/// ingest`), so 64 events stay near 1.5 ms.
-pub const APPLY_CHUNK: usize = 64;
+/// the reference machine when every event moves a distinct member of a large ranking, and
+/// calls of 64 such events ran 1.5 ms at the median but 4–7 ms in the tail (`cargo bench
+/// --bench rollboard -- expiry`, its fill), so a call holds at most 32.
+pub const APPLY_CHUNK: usize = 32;
+
+/// Most fields of a dead slice that one `expire.lua` call expires. DESIGN.md section 7: no
+/// call may hold Redis for more than about 2 ms; an expired field costs ~16 µs of Redis
+/// time on the reference machine when its member leaves a 1M-member ranking, and calls of
+/// 64 fields ran 1.0 ms at the median but 5 ms at p99 on the shared 2-core machine (`cargo
+/// bench --bench rollboard -- expiry`). The roll job splits each HSCAN page of
+/// `schedule.chunk` fields into calls of at most this many.
+pub const EXPIRE_CALL_FIELDS: usize = 32;
+
+/// Most rows that one `stage.lua` call writes into the scratch keys of a recomputation
+/// (same bound and measurement as [`EXPIRE_CALL_FIELDS`]: ~11 µs of Redis time per row on
+/// the reference machine while the scratch ranking grows to 1M members).
+pub const STAGE_CALL_ROWS: usize = 64;
+
+/// Most idempotency keys that one `trim_seen.lua` call forgets (same bound; `ZREM` from a
+/// 1M-member `seen` ZSet).
+pub const TRIM_CALL_IDS: usize = 256;
 
 /// The KEYS and ARGV of one `apply.lua` call (layout documented in the script).
 pub fn apply_call(
@@ -887,9 +905,10 @@ impl Store {
         Ok((next, pairs))
     }
 
-    /// Subtracts and deletes the given fields of dead slice `n`, exactly once: a field
-    /// that a concurrent or crashed roller already expired is no longer in the slice and
-    /// is skipped. The amounts are read by the script itself (a dead slice never changes).
+    /// Subtracts and deletes the given fields of dead slice `n` in one script call,
+    /// exactly once: a field that a concurrent or crashed roller already expired is no
+    /// longer in the slice and is skipped. The amounts are read by the script itself (a
+    /// dead slice never changes). Callers pass at most [`EXPIRE_CALL_FIELDS`] names.
     pub async fn expire_chunk(
         &self,
         board: &Board,
@@ -946,7 +965,8 @@ impl Store {
         Ok(as_i64(&v) == Some(1))
     }
 
-    /// Forgets up to `chunk` idempotency keys due at `now`; returns how many.
+    /// Forgets up to `chunk` idempotency keys due at `now` (callers keep `chunk` at or
+    /// below [`TRIM_CALL_IDS`]); returns how many.
     pub async fn trim_seen(
         &self,
         board: &Board,
@@ -1246,6 +1266,7 @@ impl Store {
     /// Writes one chunk of a recomputed instance into the scratch keys of run `token`;
     /// returns how many members were skipped because they have left the instance, and
     /// the members given their fallback tie-break time (see [`Staged::fallback_ts`]).
+    /// Callers pass at most [`STAGE_CALL_ROWS`] rows.
     pub async fn stage(
         &self,
         board: &Board,
@@ -1292,7 +1313,8 @@ impl Store {
         Ok((skipped.max(0) as u64, repaired))
     }
 
-    /// Renames the scratch keys of run `token` over the live ones, atomically. Refused
+    /// Renames the scratch keys of run `token` over the live ones, atomically, and then
+    /// frees the replaced values with `UNLINK` (never inside the script call). Refused
     /// (false) when the run already swapped, when `expected_gen` is given and an apply or
     /// expiry happened since it was read, or when `watermark` is given and a sum above a
     /// higher watermark was already swapped in.
@@ -1307,16 +1329,27 @@ impl Store {
     ) -> Result<bool, StoreError> {
         let k = self.instance(board, scope);
         let mut keys = vec![k.meta(), k.scratch(token, "marker")];
+        let mut trash = Vec::new();
         for (scratch, live) in targets.pairs(&k, token) {
-            keys.push(scratch);
-            keys.push(live);
+            let old = format!("{scratch}:old");
+            keys.extend([scratch, live, old.clone()]);
+            trash.push(old);
         }
         let args = vec![
             Value::from(expected_gen.unwrap_or("")),
             watermark.map_or(Value::from(""), Value::from),
+            Value::from(SCRATCH_TTL_MS),
         ];
         let v = self.eval(&self.scripts.swap, keys, args).await?;
-        Ok(as_i64(&v) == Some(1))
+        let swapped = as_i64(&v) == Some(1);
+        if swapped {
+            // The replaced values were renamed away inside the script; UNLINK frees them
+            // in Redis's background thread instead of inside a call. Best effort: the swap
+            // has happened whatever this answers, and their TTL frees them otherwise.
+            let freed: Result<i64, _> = self.client().unlink(trash).await;
+            drop(freed);
+        }
+        Ok(swapped)
     }
 
     /// Deletes the scratch keys of an abandoned run.
@@ -1331,7 +1364,8 @@ impl Store {
             .iter()
             .map(|w| k.scratch(token, w))
             .collect();
-        let _: i64 = self.client().del(keys).await?;
+        // UNLINK: a scratch copy of a large ranking is freed in the background.
+        let _: i64 = self.client().unlink(keys).await?;
         Ok(())
     }
 

@@ -23,28 +23,43 @@
 local flags = ARGV[1]
 local function has(f) return string.find(flags, f, 1, true) ~= nil end
 local positive_only = has('p')
-local rows = {}
+local rows, names = {}, {}
 for i = 3, #ARGV, 4 do
   rows[#rows + 1] = { m = ARGV[i], total = ARGV[i + 1], refs = ARGV[i + 2], fallback = ARGV[i + 3] }
+  names[#names + 1] = ARGV[i]
 end
-for _, r in ipairs(rows) do r.z = redis.call('HGET', KEYS[1], r.m) end
+-- One read and one write per key (not per row): the call's cost is a few µs per row.
+local zs = #names > 0 and redis.call('HMGET', KEYS[1], unpack(names)) or {}
 local skipped, repaired = 0, {}
-for _, r in ipairs(rows) do
+local fixed, ranking, ranked, refs, totals = {}, {}, {}, {}, {}
+for i, r in ipairs(rows) do
+  r.z = zs[i] or nil
   if not r.z and r.fallback ~= '' then
     r.z = r.fallback
-    redis.call('HSET', KEYS[1], r.m, r.z)
+    fixed[#fixed + 1] = r.m
+    fixed[#fixed + 1] = r.z
     repaired[#repaired + 1] = r.m
   end
   if not r.z then
     skipped = skipped + 1
   else
-    local ranked = not positive_only or tonumber(r.total) > 0
-    if has('r') and ranked then redis.call('ZADD', KEYS[2], r.total, r.z) end
-    if has('n') and ranked then redis.call('HSET', KEYS[3], r.m, r.z) end
-    if has('f') then redis.call('HSET', KEYS[4], r.m, r.refs) end
-    if has('t') then redis.call('HSET', KEYS[5], r.m, r.total) end
+    if not positive_only or tonumber(r.total) > 0 then
+      ranking[#ranking + 1] = r.total
+      ranking[#ranking + 1] = r.z
+      ranked[#ranked + 1] = r.m
+      ranked[#ranked + 1] = r.z
+    end
+    refs[#refs + 1] = r.m
+    refs[#refs + 1] = r.refs
+    totals[#totals + 1] = r.m
+    totals[#totals + 1] = r.total
   end
 end
+if #fixed > 0 then redis.call('HSET', KEYS[1], unpack(fixed)) end
+if has('r') and #ranking > 0 then redis.call('ZADD', KEYS[2], unpack(ranking)) end
+if has('n') and #ranked > 0 then redis.call('HSET', KEYS[3], unpack(ranked)) end
+if has('f') and #refs > 0 then redis.call('HSET', KEYS[4], unpack(refs)) end
+if has('t') and #totals > 0 then redis.call('HSET', KEYS[5], unpack(totals)) end
 for k = 2, 5 do
   if redis.call('EXISTS', KEYS[k]) == 1 then redis.call('PEXPIRE', KEYS[k], ARGV[2]) end
 end

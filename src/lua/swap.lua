@@ -3,15 +3,22 @@
 --
 -- KEYS[1] meta    Hash    gen (bumped by every apply and expiry chunk), summed_through
 -- KEYS[2] marker  String  written by stage.lua for this run; gone once the run swapped
--- KEYS[3..] pairs: scratch key, live key
+-- KEYS[3..] triples: scratch key, live key, trash key (where the live value is moved)
 --
 -- ARGV[1] the `gen` read before the recomputation started, or '' not to check it
 -- ARGV[2] the watermark the recomputation summed above, or '' not to check it
+-- ARGV[3] time to live of the trash keys (ms), should the caller die before freeing them
 --
 -- Refuses (returns 0) when the marker is gone (this run already swapped, e.g. a command
 -- resent after a reconnect, or its scratch keys expired), when `gen` moved, or when
 -- another run already swapped in a sum above a higher watermark (time never goes back).
--- A scratch key that does not exist means "empty": the live key is deleted.
+-- A scratch key that does not exist means "empty": the live key goes away.
+--
+-- No value is freed here: a RENAME over an existing key, like DEL, frees the old value
+-- synchronously (Redis 7.0 with the default `lazyfree-lazy-server-del no`), which takes
+-- tens of milliseconds for a 1M-member ranking. The live value is renamed to its trash
+-- key instead (O(1)) and the caller UNLINKs the trash keys after this call, so they are
+-- freed in Redis's background thread.
 -- Returns 1 when swapped.
 if redis.call('EXISTS', KEYS[2]) == 0 then return 0 end
 if ARGV[1] ~= '' and (redis.call('HGET', KEYS[1], 'gen') or '0') ~= ARGV[1] then
@@ -22,12 +29,14 @@ if ARGV[2] ~= '' then
   if summed and summed > tonumber(ARGV[2]) then return 0 end
   redis.call('HSET', KEYS[1], 'summed_through', ARGV[2])
 end
-for i = 3, #KEYS, 2 do
+for i = 3, #KEYS, 3 do
+  if redis.call('EXISTS', KEYS[i + 1]) == 1 then
+    redis.call('RENAME', KEYS[i + 1], KEYS[i + 2])
+    redis.call('PEXPIRE', KEYS[i + 2], ARGV[3])
+  end
   if redis.call('EXISTS', KEYS[i]) == 1 then
     redis.call('RENAME', KEYS[i], KEYS[i + 1])
     redis.call('PERSIST', KEYS[i + 1])
-  else
-    redis.call('DEL', KEYS[i + 1])
   end
 end
 redis.call('DEL', KEYS[2])

@@ -2,6 +2,7 @@
 
 mod attack;
 mod attack9;
+mod bounded;
 mod cli;
 mod daemon;
 mod engine;
