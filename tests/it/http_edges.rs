@@ -9,7 +9,7 @@ use fred::prelude::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::util::{free_port, wait_for, write_config, Daemon, RedisServer};
+use crate::util::{free_port, write_config, Daemon, RedisServer};
 
 fn rollboard() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_rollboard"));
