@@ -23,7 +23,7 @@ use crate::http::{router, AppState};
 use crate::ingest::{group_info, Ingest};
 use crate::metrics::Metrics;
 use crate::roll::{self, Job, RollError};
-use crate::store::{Conflicts, Denied, Reconnect, Store};
+use crate::store::{Conflicts, Denied, Reconnect, Refused, Store};
 
 /// How long in-flight work may take to finish after a shutdown signal.
 pub const GRACE: Duration = Duration::from_secs(30);
@@ -165,7 +165,30 @@ async fn settings_gate(
     let boards = &settings.boards;
     let mut backoff = Duration::from_millis(100);
     let mut permitted = false;
+    // Connection errors never reach a queued command (it waits for the reconnection), so
+    // they are watched here: credentials or a certificate that Redis or rustls refuse stop
+    // the start, anything else is retried.
+    let mut errors = store.client().error_rx();
     loop {
+        if !permitted && !store.is_connected() {
+            tokio::select! {
+                _ = cancel.cancelled() => return Ok(false),
+                error = errors.recv() => {
+                    if let Ok((error, _)) = error {
+                        if let Some(refused) = Refused::from_error(&error) {
+                            cancel.cancel();
+                            return Err(refused.into());
+                        }
+                        let e = crate::store::StoreError::Redis(error);
+                        metrics.redis_error(&e);
+                        warn!(error = %e, "cannot connect to redis yet; retrying");
+                    }
+                }
+                _ = tokio::time::sleep(backoff) => {}
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+            continue;
+        }
         if !permitted {
             let ingest = &settings.ingest;
             match store

@@ -55,7 +55,8 @@ fn main() -> ExitCode {
                     Ok(()) => ExitCode::SUCCESS,
                     Err(e)
                         if e.downcast_ref::<rollboard::store::Conflicts>().is_some()
-                            || e.downcast_ref::<rollboard::store::Denied>().is_some() =>
+                            || e.downcast_ref::<rollboard::store::Denied>().is_some()
+                            || e.downcast_ref::<rollboard::store::Refused>().is_some() =>
                     {
                         tracing::error!(error = format!("{e:#}"), "rollboard refused to start");
                         eprintln!("error: {e:#}");

@@ -600,13 +600,47 @@ pub fn script_commands() -> Vec<String> {
 }
 
 /// Commands the Redis user of rollboard may not run, found at start-up by
-/// [`Store::check_permissions`]: one entry per command and key, e.g. `XACK rb:events`.
+/// [`Store::check_permissions`], e.g. `XACK on key rb:events`, `HDEL` or `key other:{b}:meta`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
     "the redis user lacks permissions rollboard needs (grant them as in deploy/redis/users.acl): {}",
     .0.join(", ")
 )]
 pub struct Denied(pub Vec<String>);
+
+/// Redis or TLS refused this client at start-up (wrong credentials, a certificate that
+/// does not verify): a setting to fix, not an outage to wait out.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("redis refused the connection: {0}")]
+pub struct Refused(pub String);
+
+impl Refused {
+    /// The refusal a connection error stands for, if it is one rather than an outage: an
+    /// authentication error, or a TLS certificate that did not verify on either side
+    /// (rustls reports those through the handshake's I/O error).
+    pub fn from_error(e: &fred::error::Error) -> Option<Refused> {
+        let details = e.details();
+        if e.kind() == &ErrorKind::Auth {
+            return Some(Refused(format!(
+                "the credentials of redis.url were not accepted: {details}"
+            )));
+        }
+        let tls = e.kind() == &ErrorKind::Tls
+            || [
+                "InvalidCertificate",
+                "AlertReceived",
+                "invalid peer certificate",
+            ]
+            .iter()
+            .any(|m| details.contains(m));
+        tls.then(|| {
+            Refused(format!(
+                "the TLS handshake failed (see redis.tls_ca_file, redis.tls_cert_file, \
+                 redis.tls_key_file): {details}"
+            ))
+        })
+    }
+}
 
 impl Denied {
     /// A `NOPERM` error as a denial (the probe itself was refused: EVAL is not allowed).

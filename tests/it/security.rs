@@ -261,31 +261,45 @@ async fn the_shipped_acl_user_runs_the_daemon_and_the_cli_end_to_end() {
     assert!(status.success());
 }
 
+/// `rollboard run` with `config`, which must exit by itself (not retry) within 20 s.
+async fn run_until_exit(config: &Path) -> Output {
+    let log = config.with_extension("run.log");
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_rollboard"))
+        .arg("--config")
+        .arg(config)
+        .arg("run")
+        .env_remove("ROLLBOARD_CONFIG")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log file"))
+        .kill_on_drop(true)
+        .spawn()
+        .expect("run rollboard");
+    let status = tokio::time::timeout(Duration::from_secs(20), child.wait()).await;
+    let stderr = std::fs::read(&log).unwrap_or_default();
+    match status {
+        Ok(status) => Output {
+            status: status.expect("wait"),
+            stdout: Vec::new(),
+            stderr,
+        },
+        Err(_) => panic!(
+            "the daemon kept retrying instead of exiting:\n{}",
+            String::from_utf8_lossy(&stderr)
+        ),
+    }
+}
+
 #[tokio::test]
 async fn a_missing_command_or_key_permission_stops_the_daemon_naming_it() {
     let dir = tempfile::tempdir().expect("dir");
     let redis = acl_server(dir.path(), &["+xack"]);
     let http_port = free_port();
     let config = write_config_url(dir.path(), &acl_url(&redis), http_port, "noack", "");
-    let started = Instant::now();
-    let out = tokio::time::timeout(
-        Duration::from_secs(20),
-        tokio::process::Command::new(env!("CARGO_BIN_EXE_rollboard"))
-            .arg("--config")
-            .arg(&config)
-            .arg("run")
-            .env_remove("ROLLBOARD_CONFIG")
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .expect("the daemon exits instead of retrying")
-    .expect("run rollboard");
+    let out = run_until_exit(&config).await;
     let shown = text(&out);
     assert_eq!(out.status.code(), Some(64), "{shown}");
     assert!(shown.contains("XACK on key rb:events"), "{shown}");
     assert!(!shown.contains(PASSWORD), "{shown}");
-    assert!(started.elapsed() < Duration::from_secs(20));
 
     // A tool run says the same and exits 64 too.
     let out = rollboard(&config, &["top", "rooms_7d"]);
@@ -433,10 +447,10 @@ fn rediss_verifies_the_server_certificate_against_the_configured_ca() {
         &format!("tls_ca_file = \"{}\"", other.ca.display()),
     );
     let out = rollboard(&config, &["top", "rooms_7d"]);
-    assert!(!out.status.success(), "{}", text(&out));
-    let shown = text(&out).to_lowercase();
+    assert_eq!(out.status.code(), Some(64), "{}", text(&out));
+    let shown = text(&out);
     assert!(
-        shown.contains("certificate") && shown.contains("unknownissuer"),
+        shown.contains("TLS handshake failed") && shown.contains("UnknownIssuer"),
         "{shown}"
     );
 
@@ -449,6 +463,36 @@ fn rediss_verifies_the_server_certificate_against_the_configured_ca() {
     );
     let out = rollboard(&config, &["top", "rooms_7d"]);
     assert!(!out.status.success(), "{}", text(&out));
+}
+
+#[tokio::test]
+async fn wrong_credentials_or_an_untrusted_certificate_stop_the_daemon() {
+    let dir = tempfile::tempdir().expect("dir");
+    let redis = acl_server(dir.path(), &[]);
+    let url = format!("redis://rollboard:not-{PASSWORD}@127.0.0.1:{}", redis.port);
+    let config = write_config_url(dir.path(), &url, free_port(), "wrongpass", "");
+    let out = run_until_exit(&config).await;
+    assert_eq!(out.status.code(), Some(64), "{}", text(&out));
+    assert!(text(&out).contains("WRONGPASS"), "{}", text(&out));
+    assert!(!text(&out).contains(PASSWORD), "{}", text(&out));
+
+    let good = pki(dir.path(), "server");
+    let other = pki(dir.path(), "untrusted");
+    let tls = tls_server(&good, false);
+    let url = format!("rediss://127.0.0.1:{}", tls.port);
+    let config = tls_config(
+        dir.path(),
+        "untrusted",
+        &url,
+        &format!(
+            "tls_ca_file = \"{}\"\n[http]\nlisten = \"127.0.0.1:{}\"",
+            other.ca.display(),
+            free_port()
+        ),
+    );
+    let out = run_until_exit(&config).await;
+    assert_eq!(out.status.code(), Some(64), "{}", text(&out));
+    assert!(text(&out).contains("UnknownIssuer"), "{}", text(&out));
 }
 
 #[test]
@@ -476,7 +520,8 @@ fn mutual_tls_presents_the_configured_client_certificate() {
 
     let without = tls_config(dir.path(), "without", &url, &ca);
     let out = rollboard(&without, &["top", "rooms_7d"]);
-    assert!(!out.status.success(), "{}", text(&out));
+    assert_eq!(out.status.code(), Some(64), "{}", text(&out));
+    assert!(text(&out).contains("CertificateRequired"), "{}", text(&out));
 }
 
 #[test]
