@@ -699,3 +699,63 @@ async fn bearer_tokens_guard_the_intake_and_the_queries() {
     assert!(!logs.contains(producer) && !logs.contains(reader), "{logs}");
     daemon.terminate().await;
 }
+
+#[tokio::test]
+async fn the_operator_token_from_the_environment_guards_metrics() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().expect("dir");
+    let http_port = free_port();
+    let config = write_config_url(dir.path(), &redis.url(), http_port, "operator", "");
+    let token = "operator-token-from-env-5e1";
+    let log = dir.path().join("operator.log");
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_rollboard"))
+        .arg("--config")
+        .arg(&config)
+        .arg("run")
+        .env_remove("ROLLBOARD_CONFIG")
+        .env("ROLLBOARD_METRICS_TOKEN", token)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log file"))
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn rollboard run");
+    let base = format!("http://127.0.0.1:{http_port}");
+    let client = reqwest::Client::new();
+    let up = wait_for(Duration::from_secs(20), || async {
+        client
+            .get(format!("{base}/readyz"))
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success())
+    })
+    .await;
+    assert!(up, "{}", std::fs::read_to_string(&log).unwrap_or_default());
+
+    let metrics = format!("{base}/metrics");
+    let response = client.get(&metrics).send().await.expect("get");
+    assert_eq!(response.status().as_u16(), 401);
+    assert!(response.headers().contains_key("www-authenticate"));
+    let response = client
+        .get(&metrics)
+        .bearer_auth(token)
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(response.status().as_u16(), 200);
+    assert!(response
+        .text()
+        .await
+        .expect("body")
+        .contains("rollboard_events_applied_total"));
+    // Only /metrics is the operator's: the other roles have no token here.
+    let top = client
+        .get(format!("{base}/v1/boards/rooms_7d/top"))
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(top.status().as_u16(), 200);
+
+    child.kill().await.expect("kill");
+    let logs = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(!logs.contains(token), "{logs}");
+}
