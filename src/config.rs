@@ -267,6 +267,25 @@ pub fn redact_url(url: &str) -> String {
     format!("{scheme}://{user}{host}{tail}")
 }
 
+/// `line` with the password of every URL in it replaced by `***` (a line of the file quoted
+/// in a syntax error may hold `redis.url`).
+fn redact_line(line: &str) -> String {
+    let Some(at) = line.find("://") else {
+        return line.to_string();
+    };
+    let scheme_start = line[..at]
+        .rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '+' || c == '.'))
+        .map_or(0, |i| i + 1);
+    let rest = &line[at + 3..];
+    let end = at + 3 + rest.find(['"', '\'', ' ', '\t']).unwrap_or(rest.len());
+    format!(
+        "{}{}{}",
+        &line[..scheme_start],
+        redact_url(&line[scheme_start..end]),
+        redact_line(&line[end..])
+    )
+}
+
 /// Files that configure TLS to Redis: the CA that signed the server's certificate and,
 /// for mutual TLS, the client's certificate chain and key (PEM).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -459,6 +478,8 @@ fn read_error(text: &str, message: &str) -> String {
         rest.split(',').next()?.parse::<usize>().ok()
     });
     let shown = |line: &str| {
+        let line = redact_line(line);
+        let line = line.as_str();
         let shown: String = line.chars().take(60).collect();
         let more = if shown.len() < line.len() { "..." } else { "" };
         format!("{shown:?}{more}")
@@ -1026,6 +1047,16 @@ mod tests {
         assert!(!format!("{s:?}").contains("hunter2"));
         let e = refusal(&format!("[redis]\nurl = \"http://u:hunter2@x\"\n{BOARD}"));
         assert!(!e.contains("hunter2") && e.contains("redis.url"), "{e}");
+    }
+
+    #[test]
+    fn a_syntax_error_on_the_url_line_does_not_show_the_password() {
+        let e = refusal(&format!("[redis]\nurl = \"redis://u:hunter2@h:1\n{BOARD}"));
+        assert!(!e.contains("hunter2") && e.contains("u:***@h:1"), "{e}");
+        assert_eq!(
+            redact_line("a = \"redis://u:p@h\" b = 'rediss://:q@g/0'"),
+            "a = \"redis://u:***@h\" b = 'rediss://:***@g/0'"
+        );
     }
 
     #[test]
