@@ -17,7 +17,7 @@ use crate::config::Settings;
 use crate::event::{check_name, fields_from_json, fresh_id, validate, Field};
 use crate::query::{format_total, Entry, Page};
 use crate::roll::{self, Job};
-use crate::store::{Conflicts, Reconnect, Store};
+use crate::store::{Conflicts, Denied, Reconnect, Refused, Store, StoreError};
 use tokio_util::sync::CancellationToken;
 
 /// Exit status: the member is not on the board.
@@ -206,7 +206,10 @@ pub async fn execute(settings: Settings, command: Command) -> ExitCode {
                 eprintln!("error: {usage}");
                 ExitCode::from(EXIT_USAGE)
             }
-            None if e.downcast_ref::<Conflicts>().is_some() => {
+            None if e.downcast_ref::<Conflicts>().is_some()
+                || e.downcast_ref::<Denied>().is_some()
+                || e.downcast_ref::<Refused>().is_some() =>
+            {
                 eprintln!("error: {e:#}");
                 ExitCode::from(EXIT_CONFIG)
             }
@@ -218,17 +221,34 @@ pub async fn execute(settings: Settings, command: Command) -> ExitCode {
     }
 }
 
-/// Connects, and refuses to go on when a board's settings differ from those its data in
-/// Redis was built with.
+/// Connects, and refuses to go on when the Redis user lacks a permission or a board's
+/// settings differ from those its data in Redis was built with.
 async fn connect(settings: &Settings) -> anyhow::Result<Store> {
-    let store = Store::connect(
-        &settings.redis.url,
-        &settings.redis.key_prefix,
-        1,
-        Reconnect::Never,
-    )
-    .await
-    .with_context(|| format!("cannot connect to {}", settings.redis.url))?;
+    let url = settings.redis.redacted_url();
+    let store = match Store::connect_with(&settings.redis, 1, Reconnect::Never).await {
+        Ok(store) => store,
+        Err(e) => {
+            // Wrong credentials or certificates are settings to fix (exit 64), not an outage.
+            let refused = match &e {
+                StoreError::Redis(e) => Refused::from_error(e),
+                StoreError::Reply(_) => None,
+            };
+            let error = match refused {
+                Some(refused) => anyhow::Error::new(refused),
+                None => anyhow::Error::new(e),
+            };
+            return Err(error.context(format!("cannot connect to {url}")));
+        }
+    };
+    let ingest = &settings.ingest;
+    match store
+        .check_permissions(&settings.boards, &ingest.stream, &ingest.dead_letter_stream)
+        .await
+    {
+        Ok(denied) if denied.is_empty() => {}
+        Ok(denied) => return Err(Denied(denied).into()),
+        Err(e) => return Err(Denied::from_error(&e).map_or_else(|| e.into(), Into::into)),
+    }
     let conflicts = store.check_settings(&settings.boards).await?;
     if !conflicts.is_empty() {
         return Err(Conflicts(conflicts).into());

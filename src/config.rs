@@ -62,6 +62,9 @@ struct RawSettings {
 struct RawRedis {
     url: String,
     key_prefix: String,
+    tls_ca_file: String,
+    tls_cert_file: String,
+    tls_key_file: String,
 }
 
 impl Default for RawRedis {
@@ -69,6 +72,9 @@ impl Default for RawRedis {
         RawRedis {
             url: "redis://127.0.0.1:6379".into(),
             key_prefix: "rb".into(),
+            tls_ca_file: String::new(),
+            tls_cert_file: String::new(),
+            tls_key_file: String::new(),
         }
     }
 }
@@ -129,6 +135,9 @@ struct RawHttp {
     request_timeout: String,
     max_connections: i64,
     max_concurrent_intake: i64,
+    intake_token_file: String,
+    query_token_file: String,
+    metrics_token_file: String,
 }
 
 impl Default for RawHttp {
@@ -139,6 +148,9 @@ impl Default for RawHttp {
             request_timeout: "30s".into(),
             max_connections: 1024,
             max_concurrent_intake: 4,
+            intake_token_file: String::new(),
+            query_token_file: String::new(),
+            metrics_token_file: String::new(),
         }
     }
 }
@@ -208,12 +220,118 @@ pub struct Settings {
 }
 
 /// Redis connection settings.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct RedisSettings {
-    /// `redis://`, `rediss://` or `redis-cluster://` URL.
+    /// `redis://`, `rediss://` or `redis-cluster://` URL (it may hold a password: print
+    /// [`RedisSettings::redacted_url`] instead).
     pub url: String,
     /// Prefix of every key rollboard writes.
     pub key_prefix: String,
+    /// TLS settings beyond the system's root certificates (`rediss://` only).
+    pub tls: Option<TlsFiles>,
+}
+
+impl RedisSettings {
+    /// The URL with its password (if any) replaced by `***`, for logs and errors.
+    pub fn redacted_url(&self) -> String {
+        redact_url(&self.url)
+    }
+}
+
+impl std::fmt::Debug for RedisSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisSettings")
+            .field("url", &self.redacted_url())
+            .field("key_prefix", &self.key_prefix)
+            .field("tls", &self.tls)
+            .finish()
+    }
+}
+
+/// `url` with the password of its user-info part replaced by `***` (a URL without one is
+/// returned as it is).
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    let Some(at) = authority.rfind('@') else {
+        return url.to_string();
+    };
+    let (user_info, host) = authority.split_at(at);
+    let user = match user_info.split_once(':') {
+        Some((user, _)) => format!("{user}:***"),
+        None => "***".to_string(),
+    };
+    format!("{scheme}://{user}{host}{tail}")
+}
+
+/// `line` with the password of every URL in it replaced by `***` (a line of the file quoted
+/// in a syntax error may hold `redis.url`).
+fn redact_line(line: &str) -> String {
+    let Some(at) = line.find("://") else {
+        return line.to_string();
+    };
+    let scheme_start = line[..at]
+        .rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '+' || c == '.'))
+        .map_or(0, |i| i + 1);
+    let rest = &line[at + 3..];
+    let end = at + 3 + rest.find(['"', '\'', ' ', '\t']).unwrap_or(rest.len());
+    format!(
+        "{}{}{}",
+        &line[..scheme_start],
+        redact_url(&line[scheme_start..end]),
+        redact_line(&line[end..])
+    )
+}
+
+/// Files that configure TLS to Redis: the CA that signed the server's certificate and,
+/// for mutual TLS, the client's certificate chain and key (PEM).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// CA certificates to trust instead of the system's (`redis.tls_ca_file`).
+    pub ca_file: Option<PathBuf>,
+    /// Client certificate chain (`redis.tls_cert_file`).
+    pub cert_file: Option<PathBuf>,
+    /// Client private key (`redis.tls_key_file`).
+    pub key_file: Option<PathBuf>,
+}
+
+/// A bearer token an HTTP client must present. Its `Debug` never shows it.
+#[derive(Clone)]
+pub struct Token(String);
+
+impl Token {
+    /// Wraps a token (whitespace around it is not part of it).
+    pub fn new(text: &str) -> Option<Token> {
+        let text = text.trim();
+        (!text.is_empty()).then(|| Token(text.to_string()))
+    }
+
+    /// Whether `presented` is this token, compared in constant time (only the length,
+    /// which is not secret, can show in the time taken).
+    pub fn matches(&self, presented: &[u8]) -> bool {
+        use subtle::ConstantTimeEq;
+        self.0.as_bytes().ct_eq(presented).into()
+    }
+}
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Token(***)")
+    }
+}
+
+/// The bearer tokens of the HTTP roles; a role without one is open.
+#[derive(Debug, Clone, Default)]
+pub struct HttpTokens {
+    /// Producer: `POST /v1/events` (`http.intake_token_file`, `ROLLBOARD_INTAKE_TOKEN`).
+    pub intake: Option<Token>,
+    /// Reader: `GET /v1/boards...` (`http.query_token_file`, `ROLLBOARD_QUERY_TOKEN`).
+    pub query: Option<Token>,
+    /// Operator: `GET /metrics` (`http.metrics_token_file`, `ROLLBOARD_METRICS_TOKEN`).
+    pub metrics: Option<Token>,
 }
 
 /// Stream consumer settings.
@@ -263,6 +381,8 @@ pub struct HttpSettings {
     pub max_connections: usize,
     /// Most `POST /v1/events` requests handled at once; further ones answer 503.
     pub max_concurrent_intake: usize,
+    /// Bearer tokens per role.
+    pub tokens: HttpTokens,
 }
 
 /// Log output format.
@@ -359,6 +479,8 @@ fn read_error(text: &str, message: &str) -> String {
         rest.split(',').next()?.parse::<usize>().ok()
     });
     let shown = |line: &str| {
+        let line = redact_line(line);
+        let line = line.as_str();
         let shown: String = line.chars().take(60).collect();
         let more = if shown.len() < line.len() { "..." } else { "" };
         format!("{shown:?}{more}")
@@ -464,9 +586,74 @@ fn check_cron(key: &str, expr: &str) -> Result<String, ConfigError> {
         .map_err(|e| invalid(key, expr, format!("not a valid cron expression: {e}")))
 }
 
+/// The TLS files of `[redis]`, each checked by loading it (a refusal names the key).
+fn tls_files(raw: &RawRedis, url: &str) -> Result<Option<TlsFiles>, ConfigError> {
+    let path = |text: &str| (!text.is_empty()).then(|| PathBuf::from(text));
+    let files = TlsFiles {
+        ca_file: path(&raw.tls_ca_file),
+        cert_file: path(&raw.tls_cert_file),
+        key_file: path(&raw.tls_key_file),
+    };
+    let given = [
+        ("redis.tls_ca_file", &raw.tls_ca_file),
+        ("redis.tls_cert_file", &raw.tls_cert_file),
+        ("redis.tls_key_file", &raw.tls_key_file),
+    ];
+    let Some((first, value)) = given.iter().find(|(_, v)| !v.is_empty()) else {
+        return Ok(None);
+    };
+    if !url.starts_with("rediss") {
+        return Err(invalid(
+            *first,
+            value.as_str(),
+            "TLS files need a rediss:// (or rediss-cluster://) redis.url",
+        ));
+    }
+    match (&files.cert_file, &files.key_file) {
+        (Some(_), None) => {
+            return Err(invalid(
+                "redis.tls_key_file",
+                "",
+                "must be set with redis.tls_cert_file (the client certificate's key)",
+            ))
+        }
+        (None, Some(_)) => {
+            return Err(invalid(
+                "redis.tls_cert_file",
+                "",
+                "must be set with redis.tls_key_file (the key's certificate)",
+            ))
+        }
+        _ => {}
+    }
+    crate::store::tls_client_config(&files)
+        .map_err(|e| invalid(e.key, e.path.display().to_string(), e.reason))?;
+    Ok(Some(files))
+}
+
+/// A role's token: the environment variable `env` wins over the file named by `key`.
+fn token(key: &str, file: &str, env: &str) -> Result<Option<Token>, ConfigError> {
+    if let Some(value) = std::env::var_os(env) {
+        let text = value
+            .into_string()
+            .map_err(|_| invalid(key, env, format!("{env} is not UTF-8")))?;
+        return Token::new(&text)
+            .map(Some)
+            .ok_or_else(|| invalid(key, env, format!("{env} is set but empty")));
+    }
+    if file.is_empty() {
+        return Ok(None);
+    }
+    let text = read_text(Path::new(file))
+        .map_err(|why| invalid(key, file, format!("cannot read the token: {why}")))?;
+    Token::new(&text)
+        .map(Some)
+        .ok_or_else(|| invalid(key, file, "the token file is empty"))
+}
+
 impl RawSettings {
     fn validate(self) -> Result<Settings, ConfigError> {
-        let url = self.redis.url;
+        let url = self.redis.url.clone();
         if ![
             "redis://",
             "rediss://",
@@ -478,12 +665,13 @@ impl RawSettings {
         {
             return Err(invalid(
                 "redis.url",
-                &url,
+                redact_url(&url),
                 "expected a redis://, rediss:// or redis-cluster:// URL",
             ));
         }
         fred::prelude::Config::from_url(&url)
-            .map_err(|e| invalid("redis.url", &url, e.details().to_string()))?;
+            .map_err(|e| invalid("redis.url", redact_url(&url), e.details().to_string()))?;
+        let tls = tls_files(&self.redis, &url)?;
         let key_prefix = non_empty("redis.key_prefix", &self.redis.key_prefix)?;
         if key_prefix.contains(['{', '}']) {
             return Err(invalid(
@@ -572,6 +760,23 @@ impl RawSettings {
                 self.http.max_concurrent_intake,
                 1..=1_024,
             )?,
+            tokens: HttpTokens {
+                intake: token(
+                    "http.intake_token_file",
+                    &self.http.intake_token_file,
+                    "ROLLBOARD_INTAKE_TOKEN",
+                )?,
+                query: token(
+                    "http.query_token_file",
+                    &self.http.query_token_file,
+                    "ROLLBOARD_QUERY_TOKEN",
+                )?,
+                metrics: token(
+                    "http.metrics_token_file",
+                    &self.http.metrics_token_file,
+                    "ROLLBOARD_METRICS_TOKEN",
+                )?,
+            },
         };
 
         let format = match self.log.format.as_str() {
@@ -602,7 +807,11 @@ impl RawSettings {
         }
 
         Ok(Settings {
-            redis: RedisSettings { url, key_prefix },
+            redis: RedisSettings {
+                url,
+                key_prefix,
+                tls,
+            },
             ingest: ingest_settings,
             schedule,
             http,
@@ -820,6 +1029,77 @@ mod tests {
         assert_eq!(s.http.request_timeout, Duration::from_secs(30));
         assert_eq!(s.http.max_connections, 1024);
         assert_eq!(s.http.max_concurrent_intake, 4);
+    }
+
+    #[test]
+    fn passwords_are_redacted_from_urls() {
+        assert_eq!(
+            redact_url("redis://rollboard:pw@127.0.0.1:6379/0"),
+            "redis://rollboard:***@127.0.0.1:6379/0"
+        );
+        assert_eq!(redact_url("rediss://:p@ss@h:1"), "rediss://:***@h:1");
+        assert_eq!(redact_url("redis://pw@h"), "redis://***@h");
+        assert_eq!(redact_url("redis://h:1?x=a@b"), "redis://h:1?x=a@b");
+        let s = Settings::from_toml(&format!(
+            "[redis]\nurl = \"redis://u:hunter2@127.0.0.1:6379\"\n{BOARDS}",
+            BOARDS = BOARD
+        ))
+        .expect("valid");
+        assert!(!format!("{s:?}").contains("hunter2"));
+        let e = refusal(&format!("[redis]\nurl = \"http://u:hunter2@x\"\n{BOARD}"));
+        assert!(!e.contains("hunter2") && e.contains("redis.url"), "{e}");
+    }
+
+    #[test]
+    fn a_syntax_error_on_the_url_line_does_not_show_the_password() {
+        let e = refusal(&format!("[redis]\nurl = \"redis://u:hunter2@h:1\n{BOARD}"));
+        assert!(!e.contains("hunter2") && e.contains("u:***@h:1"), "{e}");
+        assert_eq!(
+            redact_line("a = \"redis://u:p@h\" b = 'rediss://:q@g/0'"),
+            "a = \"redis://u:***@h\" b = 'rediss://:***@g/0'"
+        );
+    }
+
+    #[test]
+    fn tokens_come_from_files_or_the_environment_and_never_show() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let file = dir.path().join("reader.token");
+        std::fs::write(&file, "  t0ken-from-file\n").expect("write");
+        let text = format!("[http]\nquery_token_file = \"{}\"\n{BOARD}", file.display());
+        std::env::set_var("ROLLBOARD_METRICS_TOKEN", "t0ken-from-env");
+        let s = Settings::from_toml(&text);
+        std::env::remove_var("ROLLBOARD_METRICS_TOKEN");
+        let s = s.expect("valid");
+        let tokens = &s.http.tokens;
+        assert!(tokens
+            .query
+            .as_ref()
+            .expect("reader")
+            .matches(b"t0ken-from-file"));
+        assert!(!tokens
+            .query
+            .as_ref()
+            .expect("reader")
+            .matches(b"t0ken-from-fil"));
+        assert!(tokens
+            .metrics
+            .as_ref()
+            .expect("operator")
+            .matches(b"t0ken-from-env"));
+        assert!(tokens.intake.is_none());
+        let shown = format!("{s:?}");
+        assert!(!shown.contains("t0ken"), "{shown}");
+
+        std::fs::write(&file, "\n").expect("write");
+        let e = refusal(&text);
+        assert!(
+            e.contains("http.query_token_file") && e.contains("empty"),
+            "{e}"
+        );
+        let e = refusal(&format!(
+            "[http]\nintake_token_file = \"/nonexistent/token\"\n{BOARD}"
+        ));
+        assert!(e.contains("http.intake_token_file"), "{e}");
     }
 
     #[test]

@@ -23,7 +23,7 @@ use crate::http::{router, AppState};
 use crate::ingest::{group_info, Ingest};
 use crate::metrics::Metrics;
 use crate::roll::{self, Job, RollError};
-use crate::store::{Conflicts, Reconnect, Store};
+use crate::store::{Conflicts, Denied, Reconnect, Refused, Store};
 
 /// How long in-flight work may take to finish after a shutdown signal.
 pub const GRACE: Duration = Duration::from_secs(30);
@@ -153,23 +153,76 @@ fn count_reconnects(client: &Client, metrics: Arc<Metrics>) {
     drop(listener);
 }
 
-/// Waits until Redis answers the board settings check. `Ok(false)`: shutdown came first;
-/// an error: a board's settings conflict with its data (the daemon must not start).
+/// Waits until Redis answers the permission probe and the board settings check.
+/// `Ok(false)`: shutdown came first; an error: the Redis user lacks a permission, or a
+/// board's settings conflict with its data (the daemon must not start either way).
 async fn settings_gate(
     store: &Store,
-    boards: &[crate::board::Board],
+    settings: &Settings,
     metrics: &Metrics,
     cancel: &CancellationToken,
 ) -> anyhow::Result<bool> {
+    let boards = &settings.boards;
     let mut backoff = Duration::from_millis(100);
+    let mut permitted = false;
+    // Connection errors never reach a queued command (it waits for the reconnection), so
+    // they are watched here: credentials or a certificate that Redis or rustls refuse stop
+    // the start, anything else is retried.
+    let mut errors = store.client().error_rx();
     loop {
-        match store.check_settings(boards).await {
-            Ok(conflicts) if conflicts.is_empty() => return Ok(true),
-            Ok(conflicts) => {
+        if !permitted && !store.is_connected() {
+            tokio::select! {
+                _ = cancel.cancelled() => return Ok(false),
+                error = errors.recv() => {
+                    if let Ok((error, _)) = error {
+                        if let Some(refused) = Refused::from_error(&error) {
+                            cancel.cancel();
+                            return Err(refused.into());
+                        }
+                        let e = crate::store::StoreError::Redis(error);
+                        metrics.redis_error(&e);
+                        warn!(error = %e, "cannot connect to redis yet; retrying");
+                    }
+                }
+                _ = tokio::time::sleep(backoff) => {}
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+            continue;
+        }
+        if !permitted {
+            let ingest = &settings.ingest;
+            match store
+                .check_permissions(boards, &ingest.stream, &ingest.dead_letter_stream)
+                .await
+            {
+                Ok(denied) if denied.is_empty() => permitted = true,
+                Ok(denied) => {
+                    cancel.cancel();
+                    return Err(Denied(denied).into());
+                }
+                Err(e) => {
+                    if let Some(denied) = Denied::from_error(&e) {
+                        cancel.cancel();
+                        return Err(denied.into());
+                    }
+                    metrics.redis_error(&e);
+                    warn!(error = %e, "cannot check the redis permissions yet; retrying");
+                }
+            }
+        }
+        let checked = if permitted {
+            Some(store.check_settings(boards).await)
+        } else {
+            None
+        };
+        match checked {
+            None => {}
+            Some(Ok(conflicts)) if conflicts.is_empty() => return Ok(true),
+            Some(Ok(conflicts)) => {
                 cancel.cancel();
                 return Err(Conflicts(conflicts).into());
             }
-            Err(e) => {
+            Some(Err(e)) => {
                 metrics.redis_error(&e);
                 warn!(error = %e, "cannot check the board settings in redis yet; retrying");
             }
@@ -191,19 +244,14 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> anyhow::Resul
     );
     let settings = Arc::new(settings);
     let metrics = Arc::new(Metrics::new(&settings.boards));
-    let url = settings.redis.url.as_str();
+    let url = settings.redis.redacted_url();
     let store = Arc::new(
-        Store::connect(
-            url,
-            &settings.redis.key_prefix,
-            POOL_SIZE,
-            Reconnect::Forever,
-        )
-        .await
-        .with_context(|| format!("invalid redis url {url}"))?
-        .with_metrics(metrics.clone()),
+        Store::connect_with(&settings.redis, POOL_SIZE, Reconnect::Forever)
+            .await
+            .with_context(|| format!("invalid redis url {url}"))?
+            .with_metrics(metrics.clone()),
     );
-    let reader = Store::dedicated(url, Reconnect::Forever)
+    let reader = Store::dedicated_with(&settings.redis, Reconnect::Forever)
         .await
         .context("cannot create the stream reader")?;
     for client in store.pool().clients() {
@@ -237,7 +285,7 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> anyhow::Resul
     );
 
     // Nothing touches board data before the stored settings are known to agree.
-    if !settings_gate(&store, &settings.boards, &metrics, &cancel).await? {
+    if !settings_gate(&store, &settings, &metrics, &cancel).await? {
         tracker.close();
         tracker.wait().await;
         return Ok(());

@@ -1,8 +1,12 @@
 //! The HTTP interface (axum on hyper's HTTP/1 server): query API, event intake, `/metrics`,
 //! `/healthz`, `/readyz`, and the connection loop that bounds what a client can hold.
 //!
+//! Each role can require a bearer token (`http.*_token_file`): the producer for
+//! `POST /v1/events`, the reader for the query routes, the operator for `/metrics`;
+//! `/healthz` and `/readyz` stay open for probes. A missing or wrong token answers 401.
+//!
 //! Every error answer is a JSON `{"error": ...}` that never echoes unbounded input: client
-//! mistakes answer 400, 404, 405, 408, 413 or 415; a Redis outage answers 503 and so does
+//! mistakes answer 400, 401, 404, 405, 408, 413 or 415; a Redis outage answers 503 and so does
 //! an intake over `http.max_concurrent_intake`; a Redis error that is not an outage (e.g.
 //! WRONGTYPE: a key holding data rollboard did not write) answers 500. Nothing a client
 //! sends can produce a 500.
@@ -33,7 +37,7 @@ use tracing::{debug, warn};
 
 use crate::board::Board;
 use crate::cli::{append, event_value, now_ms};
-use crate::config::{HttpSettings, Settings};
+use crate::config::{HttpSettings, Settings, Token};
 use crate::event::{check_name, fields_from_json, validate};
 use crate::ingest::group_info;
 use crate::metrics::Metrics;
@@ -133,13 +137,33 @@ pub fn router(state: Arc<AppState>) -> Router {
             .load_shed()
             .concurrency_limit(limits.max_concurrent_intake),
     );
+    let tokens = &limits.tokens;
+    let reader = || axum::middleware::from_fn_with_state(tokens.query.clone(), bearer);
+    // Outermost: a request without the token is refused before it takes an intake slot
+    // or its body is read.
+    let intake = intake.layer(axum::middleware::from_fn_with_state(
+        tokens.intake.clone(),
+        bearer,
+    ));
     Router::new()
-        .route("/v1/boards", get(boards))
-        .route("/v1/boards/{board}/top", get(top))
-        .route("/v1/boards/{board}/members/{member}", get(rank))
-        .route("/v1/boards/{board}/members/{member}/around", get(around))
+        .route("/v1/boards", get(boards).layer(reader()))
+        .route("/v1/boards/{board}/top", get(top).layer(reader()))
+        .route(
+            "/v1/boards/{board}/members/{member}",
+            get(rank).layer(reader()),
+        )
+        .route(
+            "/v1/boards/{board}/members/{member}/around",
+            get(around).layer(reader()),
+        )
         .route("/v1/events", intake)
-        .route("/metrics", get(metrics))
+        .route(
+            "/metrics",
+            get(metrics).layer(axum::middleware::from_fn_with_state(
+                tokens.metrics.clone(),
+                bearer,
+            )),
+        )
         .route(
             "/healthz",
             get(|| async { Json(json!({ "status": "ok" })) }),
@@ -157,6 +181,44 @@ pub fn router(state: Arc<AppState>) -> Router {
             limits.request_timeout,
         ))
         .layer(axum::middleware::map_response(json_errors))
+}
+
+/// Lets a request through when its route's role has no token, or when it carries
+/// `Authorization: Bearer <token>` with that token (compared in constant time); answers
+/// 401 with `WWW-Authenticate: Bearer` otherwise. The token is never logged.
+async fn bearer(
+    State(token): State<Option<Token>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let Some(token) = token else {
+        return next.run(request).await;
+    };
+    let presented = request.headers().get(header::AUTHORIZATION).and_then(|v| {
+        let v = v.as_bytes();
+        let scheme = v.get(..7)?;
+        scheme
+            .eq_ignore_ascii_case(b"bearer ")
+            .then(|| v[7..].trim_ascii())
+    });
+    let (message, challenge) = match presented {
+        Some(presented) if token.matches(presented) => return next.run(request).await,
+        Some(_) => (
+            "invalid bearer token",
+            r#"Bearer realm="rollboard", error="invalid_token""#,
+        ),
+        None => (
+            "this route needs an Authorization: Bearer token",
+            r#"Bearer realm="rollboard""#,
+        ),
+    };
+    let mut response =
+        (StatusCode::UNAUTHORIZED, Json(json!({ "error": message }))).into_response();
+    response.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        HeaderValue::from_static(challenge),
+    );
+    response
 }
 
 /// Observes how long a matched route took to answer, labelled by its template (the

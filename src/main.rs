@@ -53,7 +53,11 @@ fn main() -> ExitCode {
                 tokio::spawn(rollboard::shutdown::watch(cancel.clone()));
                 match rollboard::daemon::run(settings, cancel).await {
                     Ok(()) => ExitCode::SUCCESS,
-                    Err(e) if e.downcast_ref::<rollboard::store::Conflicts>().is_some() => {
+                    Err(e)
+                        if e.downcast_ref::<rollboard::store::Conflicts>().is_some()
+                            || e.downcast_ref::<rollboard::store::Denied>().is_some()
+                            || e.downcast_ref::<rollboard::store::Refused>().is_some() =>
+                    {
                         tracing::error!(error = format!("{e:#}"), "rollboard refused to start");
                         eprintln!("error: {e:#}");
                         ExitCode::from(EXIT_CONFIG)

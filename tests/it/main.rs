@@ -13,4 +13,5 @@ mod model;
 mod prometheus;
 mod proxy;
 mod roll;
+mod security;
 mod util;
