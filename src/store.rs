@@ -993,6 +993,7 @@ impl Store {
                 words(&["ZSCAN", &k.result(), "0"]),
                 words(&["ZRANGEBYSCORE", &k.slices(), "0", "1"]),
                 words(&["DEL", &meta]),
+                words(&["UNLINK", &meta]),
             ]);
         }
         let mut args: Vec<Value> = Vec::new();
