@@ -13,7 +13,10 @@ use rollboard::store::{ApplyEvent, Outcome, Store, APPLY_CHUNK};
 use tokio_util::sync::CancellationToken;
 
 use crate::model::{assert_matches, Instance};
-use crate::util::{ev, free_port, snapshot, wait_for, write_config, Daemon, RedisServer};
+use crate::util::{
+    assert_state, drained, ev, free_port, models, snapshot, test_boards, wait_for, write_config,
+    xadd_all, Daemon, Fields, RedisServer,
+};
 
 const SLICE: i64 = 1_000;
 /// Slices per window of the boards below: wide enough for events in many slices.
@@ -284,33 +287,11 @@ async fn long_instances_across_apply_calls_equal_the_model_through_every_roll() 
     }
 }
 
-type Fields = Vec<(String, String)>;
-
 fn fields(pairs: &[(&str, String)]) -> Fields {
     pairs
         .iter()
         .map(|(k, v)| (k.to_string(), v.clone()))
         .collect()
-}
-
-async fn xadd_all(client: &Client, stream: &str, events: &[Fields]) {
-    for f in events {
-        let _: String = client
-            .xadd(stream, false, None, "*", f.clone())
-            .await
-            .expect("xadd");
-    }
-}
-
-/// Waits until the group has delivered and acknowledged everything in the stream.
-async fn drained(store: &Store) -> bool {
-    wait_for(Duration::from_secs(30), || async {
-        matches!(
-            rollboard::ingest::group_info(store.client(), "rb:events", "rollboard").await,
-            Ok(Some((0, Some(0))))
-        )
-    })
-    .await
 }
 
 type Entries = Vec<(String, HashMap<String, String>)>;
@@ -338,35 +319,6 @@ fn reappended(entry: &HashMap<String, String>) -> Fields {
     out
 }
 
-/// The model of every instance after `events` (stream entries: id, fields), applied in
-/// order at `now`.
-fn models(
-    events: &[(String, Fields)],
-    boards: &[Board],
-    now: i64,
-) -> HashMap<(usize, Option<String>), Instance> {
-    let mut out: HashMap<(usize, Option<String>), Instance> = HashMap::new();
-    for (source, f) in events {
-        let raw: Vec<(Vec<u8>, Vec<u8>)> = f
-            .iter()
-            .map(|(a, b)| (a.clone().into_bytes(), b.clone().into_bytes()))
-            .collect();
-        let event = rollboard::event::parse(&raw, source, boards, now, 300_000).expect("valid");
-        for u in event.updates {
-            let e = ApplyEvent {
-                id: event.id.clone(),
-                ts: event.ts,
-                member: u.member,
-                amount: u.amount,
-            };
-            out.entry((u.board, u.scope))
-                .or_default()
-                .apply(&boards[u.board], &e, now);
-        }
-    }
-    out
-}
-
 /// The stream's entries in order.
 async fn stream(store: &Store) -> Vec<(String, Fields)> {
     let entries: Entries = store
@@ -381,40 +333,15 @@ async fn stream(store: &Store) -> Vec<(String, Fields)> {
 }
 
 /// Checks every instance of the stream's model; resummarize instances once the job ran.
-async fn assert_stream_model(store: &Store, boards: &[Board], daemon: &Daemon) {
+async fn assert_stream_model(store: &Store, boards: &[Board]) {
     let now = rollboard::cli::now_ms();
-    let models = models(&stream(store).await, boards, now);
-    for ((b, scope), model) in &models {
-        let board = &boards[*b];
-        if board.mode == Mode::Resummarize {
-            let expected = model.ranking(board);
-            let caught_up = wait_for(Duration::from_secs(10), || async {
-                let page = store
-                    .top(board, scope.as_deref(), 0, 1000, now)
-                    .await
-                    .expect("top");
-                page.entries
-                    .iter()
-                    .map(|e| (e.member.clone(), e.total, e.last_ts))
-                    .collect::<Vec<_>>()
-                    == expected
-            })
-            .await;
-            assert!(
-                caught_up,
-                "{}{scope:?} never caught up; log:\n{}",
-                board.name,
-                daemon.logs()
-            );
-        }
-        assert_matches(store, board, scope.as_deref(), model, now).await;
-    }
-}
-
-fn test_boards() -> Vec<Board> {
-    rollboard::config::Settings::from_toml(crate::util::BOARDS)
-        .expect("test boards")
-        .boards
+    assert_state(
+        store,
+        boards,
+        &models(&stream(store).await, boards, now),
+        now,
+    )
+    .await;
 }
 
 /// Tips to rooms r1 and r2 (rooms_7d, and fans_7d scoped by room); every third without
@@ -550,7 +477,7 @@ async fn a_broken_scoped_instance_is_dead_lettered_and_its_replay_counts_once() 
         dead.len(),
         "no new dead letter"
     );
-    assert_stream_model(&store, &boards, &daemon).await;
+    assert_stream_model(&store, &boards).await;
     let v = roll::verify(&store, rooms, None, 100)
         .await
         .expect("verify");
@@ -636,7 +563,7 @@ async fn a_board_whose_result_key_is_broken_dead_letters_its_events() {
         "replayed payments are in the slices but not in the ranking: {:?}",
         v.differences
     );
-    assert_stream_model(&store, &boards, &daemon).await;
+    assert_stream_model(&store, &boards).await;
     assert_eq!(daemon.terminate().await.code(), Some(0));
 }
 

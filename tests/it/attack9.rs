@@ -7,14 +7,13 @@ use std::time::{Duration, Instant};
 
 use fred::prelude::*;
 use rollboard::board::Mode;
-use rollboard::ingest::group_info;
 use rollboard::roll;
-use rollboard::store::{Outcome, Store};
+use rollboard::store::Outcome;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
-use crate::util::{board, ev, free_port, wait_for, write_config, Daemon, RedisServer};
+use crate::util::{board, drained, ev, free_port, wait_for, write_config, Daemon, RedisServer};
 
 const HOUR: i64 = 3_600_000;
 const DAY: i64 = 24 * HOUR;
@@ -87,16 +86,6 @@ async fn raw(daemon: &Daemon, request: &[u8], limit: Duration) -> String {
     let mut out = Vec::new();
     let _ = tokio::time::timeout(limit, conn.read_to_end(&mut out)).await;
     text(&out)
-}
-
-async fn drained(store: &Store) -> bool {
-    wait_for(Duration::from_secs(20), || async {
-        matches!(
-            group_info(store.client(), "rb:events", "rollboard").await,
-            Ok(Some((0, Some(0))))
-        )
-    })
-    .await
 }
 
 /// A roll ahead of the clock on a board that has no scope yet: a scope first seen after

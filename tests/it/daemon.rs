@@ -6,15 +6,14 @@ use std::time::Duration;
 
 use fred::prelude::*;
 use rollboard::board::Board;
-use rollboard::config::Settings;
-use rollboard::event::parse;
 use rollboard::ingest::group_info;
-use rollboard::store::{ApplyEvent, Store};
+use rollboard::store::Store;
 
-use crate::model::{assert_matches, Instance};
-use crate::util::{free_port, wait_for, write_config, Daemon, RedisServer, BOARDS};
-
-type Fields = Vec<(String, String)>;
+use crate::model::Instance;
+use crate::util::{
+    assert_state, drained, free_port, test_boards, wait_for, write_config, xadd_all, Daemon,
+    Fields, RedisServer,
+};
 
 fn now_ms() -> i64 {
     rollboard::cli::now_ms()
@@ -58,103 +57,30 @@ fn payment(i: usize, now: i64) -> Fields {
     ]
 }
 
-fn boards() -> Vec<Board> {
-    Settings::from_toml(BOARDS).expect("test boards").boards
-}
-
-/// What every instance must hold after `events` were applied, in order, at `now`.
+/// Waits until the group has taken everything, then checks every instance against the
+/// model of `events`.
+/// The model of `events` as the stream holds them (entry IDs stand in for the ids of
+/// events without one; every test event has its own `id`).
 fn models(
     events: &[Fields],
     boards: &[Board],
     now: i64,
 ) -> HashMap<(usize, Option<String>), Instance> {
-    let mut out: HashMap<(usize, Option<String>), Instance> = HashMap::new();
-    for (k, fields) in events.iter().enumerate() {
-        let raw: Vec<(Vec<u8>, Vec<u8>)> = fields
-            .iter()
-            .map(|(a, b)| (a.clone().into_bytes(), b.clone().into_bytes()))
-            .collect();
-        let event = parse(&raw, &format!("{k}-0"), boards, now, 300_000).expect("valid test event");
-        for u in event.updates {
-            let e = ApplyEvent {
-                id: event.id.clone(),
-                ts: event.ts,
-                member: u.member,
-                amount: u.amount,
-            };
-            out.entry((u.board, u.scope))
-                .or_default()
-                .apply(&boards[u.board], &e, now);
-        }
-    }
-    out
+    let entries: Vec<(String, Fields)> = events
+        .iter()
+        .enumerate()
+        .map(|(k, f)| (format!("{k}-0"), f.clone()))
+        .collect();
+    crate::util::models(&entries, boards, now)
 }
 
-async fn xadd_all(client: &Client, stream: &str, events: &[Fields]) {
-    for chunk in events.chunks(500) {
-        futures_util::future::try_join_all(
-            chunk
-                .iter()
-                .map(|f| client.xadd::<String, _, _, _, _>(stream, false, None, "*", f.clone())),
-        )
-        .await
-        .expect("xadd");
-    }
-}
-
-/// Waits until the group has delivered and acknowledged everything in the stream.
-async fn drained(store: &Store) -> bool {
-    wait_for(Duration::from_secs(60), || async {
-        matches!(
-            group_info(store.client(), "rb:events", "rollboard").await,
-            Ok(Some((0, Some(0))))
-        )
-    })
-    .await
-}
-
-async fn assert_state(
-    store: &Store,
-    boards: &[Board],
-    models: &HashMap<(usize, Option<String>), Instance>,
-    now: i64,
-) {
-    for ((b, scope), model) in models {
-        let board = &boards[*b];
-        if board.mode == rollboard::board::Mode::Resummarize {
-            // The resummarize job runs every second in these tests: wait for its next run.
-            let expected = model.ranking(board);
-            let caught_up = wait_for(Duration::from_secs(10), || async {
-                let page = store
-                    .top(board, scope.as_deref(), 0, 1000, now)
-                    .await
-                    .expect("top");
-                page.entries
-                    .iter()
-                    .map(|e| (e.member.clone(), e.total, e.last_ts))
-                    .collect::<Vec<_>>()
-                    == expected
-            })
-            .await;
-            assert!(
-                caught_up,
-                "resummarize board {}{scope:?} never caught up",
-                board.name
-            );
-        }
-        assert_matches(store, board, scope.as_deref(), model, now).await;
-    }
-}
-
-/// Waits until the group has taken everything, then checks every instance against the
-/// model of `events`.
 async fn assert_drained_into_model(store: &Store, events: &[Fields], daemon: &Daemon) {
     assert!(
         drained(store).await,
         "stream never drained; log:\n{}",
         daemon.logs()
     );
-    let boards = boards();
+    let boards = test_boards();
     let now = now_ms();
     assert_state(store, &boards, &models(events, &boards, now), now).await;
 }
@@ -658,7 +584,7 @@ async fn every_malformed_kind_is_dead_lettered_with_its_reason() {
     );
     assert_eq!(
         store
-            .rank(&boards()[0], None, "big", now)
+            .rank(&test_boards()[0], None, "big", now)
             .await
             .expect("rank")
             .total,
@@ -867,7 +793,7 @@ async fn a_board_whose_apply_keeps_failing_is_reported_and_holds_no_other_board(
     assert!(drained(&store).await, "the other boards were held back");
 
     // The other boards hold exactly their events.
-    let boards = boards();
+    let boards = test_boards();
     let everything: Vec<Fields> = tips.iter().chain(&payments).cloned().collect();
     let mut expected = models(&everything, &boards, now);
     expected.retain(|(b, _), _| boards[*b].name != "rooms_7d");
@@ -985,7 +911,7 @@ async fn connections_cut_after_scripts_and_acks_reach_redis_lose_nothing_and_dou
     }
     assert!(proxy.cuts() >= 5, "only {} cuts happened", proxy.cuts());
     assert_drained_into_model(&store, &events, &daemon).await;
-    for board in boards() {
+    for board in test_boards() {
         for scope in rollboard::roll::instances(&store, &board)
             .await
             .expect("instances")

@@ -8,27 +8,15 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fred::prelude::*;
 use rollboard::config::Settings;
-use rollboard::ingest::group_info;
 use rollboard::store::Store;
 use serde_json::json;
 
 use crate::proxy::Proxy;
 use crate::util::{
-    free_port, wait_for, write_config, write_config_url, Daemon, RedisServer, BOARDS,
+    drained, free_port, wait_for, write_config, write_config_url, Daemon, RedisServer, BOARDS,
 };
 
 type Entries = Vec<(String, HashMap<String, String>)>;
-
-/// Waits until the group has delivered and acknowledged everything in the stream.
-async fn drained(store: &Store) -> bool {
-    wait_for(Duration::from_secs(60), || async {
-        matches!(
-            group_info(store.client(), "rb:events", "rollboard").await,
-            Ok(Some((0, Some(0))))
-        )
-    })
-    .await
-}
 
 /// A daemon whose Redis URL points at a proxy in front of a fresh redis-server.
 async fn daemon_behind_proxy() -> (RedisServer, Proxy, Store, tempfile::TempDir, Daemon) {

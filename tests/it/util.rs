@@ -396,3 +396,103 @@ impl Daemon {
             .sum()
     }
 }
+
+/// The fields of one stream entry, in order.
+pub type Fields = Vec<(String, String)>;
+
+/// The boards of [`BOARDS`], validated.
+pub fn test_boards() -> Vec<Board> {
+    rollboard::config::Settings::from_toml(BOARDS)
+        .expect("test boards")
+        .boards
+}
+
+/// XADDs `events` to `stream`, pipelined 500 at a time.
+pub async fn xadd_all(client: &fred::prelude::Client, stream: &str, events: &[Fields]) {
+    use fred::prelude::*;
+    for chunk in events.chunks(500) {
+        futures_util::future::try_join_all(
+            chunk
+                .iter()
+                .map(|f| client.xadd::<String, _, _, _, _>(stream, false, None, "*", f.clone())),
+        )
+        .await
+        .expect("xadd");
+    }
+}
+
+/// Waits until the group has delivered and acknowledged everything in `rb:events`.
+pub async fn drained(store: &Store) -> bool {
+    wait_for(Duration::from_secs(60), || async {
+        matches!(
+            rollboard::ingest::group_info(store.client(), "rb:events", "rollboard").await,
+            Ok(Some((0, Some(0))))
+        )
+    })
+    .await
+}
+
+/// Every instance's model after `events` (stream entry ID, fields), applied in order at
+/// `now`.
+pub fn models(
+    events: &[(String, Fields)],
+    boards: &[Board],
+    now: i64,
+) -> std::collections::HashMap<(usize, Option<String>), crate::model::Instance> {
+    let mut out: std::collections::HashMap<(usize, Option<String>), crate::model::Instance> =
+        std::collections::HashMap::new();
+    for (source, fields) in events {
+        let raw: Vec<(Vec<u8>, Vec<u8>)> = fields
+            .iter()
+            .map(|(a, b)| (a.clone().into_bytes(), b.clone().into_bytes()))
+            .collect();
+        let event =
+            rollboard::event::parse(&raw, source, boards, now, 300_000).expect("valid test event");
+        for u in event.updates {
+            let e = ApplyEvent {
+                id: event.id.clone(),
+                ts: event.ts,
+                member: u.member,
+                amount: u.amount,
+            };
+            out.entry((u.board, u.scope))
+                .or_default()
+                .apply(&boards[u.board], &e, now);
+        }
+    }
+    out
+}
+
+/// Checks every instance against its model; resummarize instances once the job (every
+/// second in the test config) has run since their last event.
+pub async fn assert_state(
+    store: &Store,
+    boards: &[Board],
+    models: &std::collections::HashMap<(usize, Option<String>), crate::model::Instance>,
+    now: i64,
+) {
+    for ((b, scope), model) in models {
+        let board = &boards[*b];
+        if board.mode == Mode::Resummarize {
+            let expected = model.ranking(board);
+            let caught_up = wait_for(Duration::from_secs(10), || async {
+                let page = store
+                    .top(board, scope.as_deref(), 0, 1000, now)
+                    .await
+                    .expect("top");
+                page.entries
+                    .iter()
+                    .map(|e| (e.member.clone(), e.total, e.last_ts))
+                    .collect::<Vec<_>>()
+                    == expected
+            })
+            .await;
+            assert!(
+                caught_up,
+                "resummarize board {}{scope:?} never caught up",
+                board.name
+            );
+        }
+        crate::model::assert_matches(store, board, scope.as_deref(), model, now).await;
+    }
+}
