@@ -1,23 +1,38 @@
-//! Ingest throughput and query latency (DESIGN.md section 7), all against one redis-server
-//! started here, each figure with its baseline from the same run.
+//! Ingest throughput, query latency and freshness (DESIGN.md section 7), each scenario
+//! against its own redis-server started here, each figure with its baseline from the same
+//! run. The summary table of every section-7 figure is `cargo bench --bench rollboard --
+//! table`, which runs these scenarios too.
 //!
 //! ```sh
 //! cargo bench --bench ingest                 # every scenario
-//! cargo bench --bench ingest -- naive script e2e ceiling query
+//! cargo bench --bench ingest -- naive script e2e ceiling query freshness [--quick]
 //! ```
 //!
-//! * `naive`: one client sending HINCRBY then ZINCRBY per event, one event at a time.
-//! * `script`: the apply script called directly with batches of 500 (no consumer around it).
+//! Three workloads: `Skewed` (a power law over 10 000 rooms) and `Uniform` (100 000 rooms)
+//! on one unscoped board, and `Shipped`, the shape of config/rollboard.toml: every event
+//! reaches an unscoped incremental `rooms_7d` board and its room's instance of the scoped
+//! resummarize `fans_7d` board, power-law skewed over rooms and over the fans of a room.
+//! Every event carries an id.
+//!
+//! * `naive`: one client sending HINCRBY then ZINCRBY per event and per board, awaited one at
+//!   a time.
+//! * `script`: the apply script called directly with batches of 500 (no consumer around it;
+//!   one-board workloads).
 //! * `e2e`: events pre-filled into the stream, drained by one consumer (XREADGROUP,
-//!   validation, apply, XACK) until the group has nothing pending.
+//!   validation, apply, XACK) until the group has nothing pending; Redis time per event is
+//!   the INFO commandstats delta of every command the consumer sent.
 //! * `ceiling`: the same apply script driven by redis-benchmark (Redis-side ceiling).
 //! * `query`: top-10 and rank latency over HTTP, idle and while ingest runs.
+//! * `freshness`: the shipped shape at half the end-to-end rate measured first: a paced
+//!   producer XADDs events and, every 20 ms, a probe event on a dedicated room that tops the
+//!   `rooms_7d` board; a watcher polls `top` over HTTP and takes the time each probe shows.
+//!   Baseline: the same probes with no other traffic.
 
-mod support;
+pub(crate) mod support;
 
 use std::process::ExitCode;
 use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fred::prelude::*;
@@ -30,11 +45,38 @@ use rollboard::store::{apply_call, ApplyEvent, Reconnect, Store, APPLY_CHUNK};
 use support::{invoked_by_cargo_bench, percentile, RedisServer};
 use tokio_util::sync::CancellationToken;
 
-const EVENTS: usize = 200_000;
-const NAIVE_EVENTS: usize = 20_000;
+/// Uniform workload's rooms.
 const MEMBERS: usize = 100_000;
 const BATCH: usize = 500;
-const QUERIES: usize = 2_000;
+
+/// How much work each scenario does.
+#[derive(Debug, Clone, Copy)]
+pub struct Sizes {
+    /// Events of the script and end-to-end runs.
+    pub events: usize,
+    /// Events of the naive client.
+    pub naive_events: usize,
+    /// Requests of each query round.
+    pub queries: usize,
+    /// Length of the loaded freshness run.
+    pub freshness: Duration,
+}
+
+/// The sizes of the figures in the README.
+pub const FULL: Sizes = Sizes {
+    events: 200_000,
+    naive_events: 20_000,
+    queries: 2_000,
+    freshness: Duration::from_secs(10),
+};
+
+/// A smoke run.
+pub const QUICK: Sizes = Sizes {
+    events: 30_000,
+    naive_events: 4_000,
+    queries: 500,
+    freshness: Duration::from_secs(3),
+};
 
 const CONFIG: &str = r#"
 [ingest]
@@ -47,18 +89,46 @@ window = "7d"
 slice = "1h"
 "#;
 
+/// The two boards of config/rollboard.toml that tips feed by room and by fan.
+const SHIPPED_CONFIG: &str = r#"
+[ingest]
+batch_size = 500
+block = "1s"
+[[boards]]
+name = "rooms_7d"
+member = "room"
+amount = "amount"
+scale = 0
+window = "7d"
+slice = "6h"
+mode = "incremental"
+tie_break = "earliest"
+allow_negative = false
+[[boards]]
+name = "fans_7d"
+member = "user"
+scope = "room"
+window = "7d"
+slice = "1h"
+mode = "resummarize"
+"#;
+
 type Result<T> = std::result::Result<T, String>;
 
+#[allow(dead_code)] // `cargo bench --bench rollboard -- table` compiles this file as a module
 fn main() -> ExitCode {
     if !invoked_by_cargo_bench() {
         println!("ingest bench: skipped (run it with `cargo bench --bench ingest`)");
         return ExitCode::SUCCESS;
     }
-    let wanted: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with("--"))
-        .collect();
-    let all = ["naive", "script", "e2e", "ceiling", "query"];
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let sizes = if args.iter().any(|a| a == "--quick") {
+        QUICK
+    } else {
+        FULL
+    };
+    let wanted: Vec<&String> = args.iter().filter(|a| !a.starts_with("--")).collect();
+    let all = ["naive", "script", "e2e", "ceiling", "query", "freshness"];
     let chosen: Vec<&str> = if wanted.is_empty() {
         all.to_vec()
     } else {
@@ -77,8 +147,8 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(&chosen)) {
-        Ok(()) => ExitCode::SUCCESS,
+    match runtime.block_on(run(&chosen, sizes)) {
+        Ok(_) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::FAILURE
@@ -86,8 +156,12 @@ fn main() -> ExitCode {
     }
 }
 
-fn settings(redis: &RedisServer) -> Result<Settings> {
-    let text = format!("[redis]\nurl = \"{}\"\n{CONFIG}", redis.url());
+fn settings(redis: &RedisServer, spread: Spread) -> Result<Settings> {
+    let boards = match spread {
+        Spread::Shipped => SHIPPED_CONFIG,
+        _ => CONFIG,
+    };
+    let text = format!("[redis]\nurl = \"{}\"\n{boards}", redis.url());
     Settings::from_toml(&text).map_err(|e| e.to_string())
 }
 
@@ -95,38 +169,69 @@ fn now_ms() -> i64 {
     rollboard::cli::now_ms()
 }
 
-/// How tips spread over rooms.
+/// How tips spread over rooms (and fans).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Spread {
+pub enum Spread {
     /// A power law over SKEWED_ROOMS rooms, as live tipping is: a few rooms take most tips.
     Skewed,
     /// Every one of MEMBERS rooms equally likely: nearly every event touches a new member.
     Uniform,
+    /// The shipped config's shape: rooms as `Skewed`, and within a room a power law over
+    /// FANS_PER_ROOM fans; two boards per event.
+    Shipped,
 }
 
-/// Rooms of the skewed workload.
+/// Rooms of the skewed workloads.
 const SKEWED_ROOMS: usize = 10_000;
+/// Fans a room of the shipped shape draws from.
+const FANS_PER_ROOM: usize = 2_000;
+/// The dedicated room of the freshness probes.
+const PROBE_ROOM: &str = "probe";
+/// The first probe's amount: more than any room collects, so the probe room tops the board.
+const PROBE_BASE: i64 = 1_000_000_000_000;
+
+/// A fixed pseudo-random number in [0, 1) for event `i` (splitmix64 finaliser).
+fn unit(i: usize, salt: u64) -> f64 {
+    let mut x = (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ salt;
+    x ^= x >> 29;
+    x = x.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x ^= x >> 32;
+    (x >> 11) as f64 / (1u64 << 53) as f64
+}
 
 impl Spread {
     fn room(self, i: usize) -> usize {
         match self {
             Spread::Uniform => (i * 7919) % MEMBERS,
-            Spread::Skewed => {
-                // A fixed pseudo-random u in [0, 1) per event; u^4 piles the mass on low ids.
-                let mut x = (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x5851_F42D_4C95_7F2D;
-                x ^= x >> 29;
-                x = x.wrapping_mul(0xBF58_476D_1CE4_E5B9);
-                x ^= x >> 32;
-                let u = (x >> 11) as f64 / (1u64 << 53) as f64;
-                (u.powi(4) * SKEWED_ROOMS as f64) as usize
+            // u^4 piles the mass on low ids.
+            Spread::Skewed | Spread::Shipped => {
+                (unit(i, 0x5851_F42D_4C95_7F2D).powi(4) * SKEWED_ROOMS as f64) as usize
             }
         }
     }
 
-    fn rooms(self) -> usize {
+    /// The fan of event `i` (shipped shape): a power law within the room, fan names shared
+    /// across rooms.
+    fn user(self, i: usize) -> String {
+        let k = (unit(i, 0x2545_F491_4F6C_DD1D).powi(3) * FANS_PER_ROOM as f64) as usize;
+        format!("fan{}", (self.room(i) * 7 + k) % 1_000_000)
+    }
+
+    pub fn rooms(self) -> usize {
         match self {
             Spread::Uniform => MEMBERS,
-            Spread::Skewed => SKEWED_ROOMS,
+            Spread::Skewed | Spread::Shipped => SKEWED_ROOMS,
+        }
+    }
+
+    pub fn describe(self) -> String {
+        match self {
+            Spread::Uniform => format!("uniform over {MEMBERS} rooms, one board"),
+            Spread::Skewed => format!("power law over {SKEWED_ROOMS} rooms, one board"),
+            Spread::Shipped => format!(
+                "shipped shape: rooms_7d + fans_7d scoped by room, power law over \
+                 {SKEWED_ROOMS} rooms and {FANS_PER_ROOM} fans per room"
+            ),
         }
     }
 }
@@ -144,11 +249,27 @@ fn apply_event(spread: Spread, i: usize, now: i64) -> ApplyEvent {
 /// The same event as stream fields.
 fn fields(spread: Spread, i: usize, now: i64) -> Vec<(String, String)> {
     let e = apply_event(spread, i, now);
-    vec![
+    let mut f = vec![
         ("room".into(), e.member),
         ("amount".into(), e.amount.to_string()),
         ("id".into(), e.id),
         ("ts".into(), e.ts.to_string()),
+    ];
+    if spread == Spread::Shipped {
+        f.push(("user".into(), spread.user(i)));
+    }
+    f
+}
+
+/// Probe `k` of the freshness run: the first one makes the probe room the leader.
+fn probe_fields(k: usize) -> Vec<(String, String)> {
+    let amount = if k == 0 { PROBE_BASE } else { 1 };
+    vec![
+        ("room".into(), PROBE_ROOM.into()),
+        ("user".into(), "prober".into()),
+        ("amount".into(), amount.to_string()),
+        ("id".into(), format!("probe{k}")),
+        ("ts".into(), now_ms().to_string()),
     ]
 }
 
@@ -170,87 +291,243 @@ fn command_usec(redis: &RedisServer, command: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// Total Redis-side time of every command since the last `CONFIG RESETSTAT`, in µs (INFO
+/// commandstats), leaving out what the bench itself sends to watch (INFO, CONFIG, XINFO,
+/// PING, SLOWLOG).
+fn workload_usec(redis: &RedisServer) -> f64 {
+    redis
+        .cli(&["INFO", "commandstats"])
+        .lines()
+        .filter_map(|l| l.strip_prefix("cmdstat_"))
+        .filter(|l| {
+            !["info:", "config|", "xinfo|", "ping:", "slowlog|"]
+                .iter()
+                .any(|p| l.starts_with(p))
+        })
+        .filter_map(|l| l.split(',').find_map(|kv| kv.strip_prefix("usec=")))
+        .filter_map(|v| v.trim().parse::<f64>().ok())
+        .sum()
+}
+
+fn reset_stats(redis: &RedisServer) {
+    redis.cli(&["CONFIG", "RESETSTAT"]);
+}
+
 fn rate(events: usize, elapsed: Duration) -> f64 {
     events as f64 / elapsed.as_secs_f64()
 }
 
-async fn run(chosen: &[&str]) -> Result<()> {
-    let mut summary = Vec::new();
-    for spread in [Spread::Skewed, Spread::Uniform] {
-        let (mut naive, mut script, mut e2e) = (None, None, None);
+/// Throughput and Redis time per event of one run.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Throughput {
+    /// Events per second.
+    pub rate: f64,
+    /// Redis time of every command, per event (µs).
+    pub redis_us: f64,
+}
+
+/// The figures of one workload.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct WorkloadFigures {
+    pub naive: Option<Throughput>,
+    pub script: Option<f64>,
+    pub e2e: Option<Throughput>,
+}
+
+/// Query latencies: top-10 p50, p99, rank p50, p99.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct QueryFigures {
+    pub idle: [Duration; 4],
+    pub busy: [Duration; 4],
+    /// Events offered per second while the busy round ran.
+    pub offered: f64,
+}
+
+/// XADD-to-visible latencies of the probes.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FreshnessFigures {
+    pub probes: usize,
+    pub p50: Duration,
+    pub p99: Duration,
+    pub max: Duration,
+    /// Events appended per second (0 for the idle baseline).
+    pub offered: f64,
+}
+
+/// Everything [`run`] measured.
+#[derive(Debug, Default)]
+pub struct Figures {
+    pub workloads: Vec<(Spread, WorkloadFigures)>,
+    pub query: Option<QueryFigures>,
+    /// Loaded run, idle baseline.
+    pub freshness: Option<(FreshnessFigures, FreshnessFigures)>,
+}
+
+/// Runs the `chosen` scenarios, each on a fresh redis-server, and prints a summary.
+pub async fn run(chosen: &[&str], sizes: Sizes) -> Result<Figures> {
+    let mut figures = Figures::default();
+    for spread in [Spread::Shipped, Spread::Skewed, Spread::Uniform] {
+        let mut w = WorkloadFigures::default();
         for scenario in chosen {
+            let applies = match *scenario {
+                "naive" | "e2e" => true,
+                "script" => spread != Spread::Shipped,
+                "ceiling" => spread == Spread::Uniform,
+                "query" => spread == Spread::Skewed,
+                _ => false,
+            };
+            if !applies {
+                continue;
+            }
             let redis = RedisServer::start()?;
             println!(
-                "\n== {scenario}, {spread:?} over {} rooms (redis-server on 127.0.0.1:{})",
-                spread.rooms(),
+                "\n== {scenario}, {} (redis-server on 127.0.0.1:{})",
+                spread.describe(),
                 redis.port
             );
             match *scenario {
-                "naive" => naive = Some(bench_naive(&redis, spread).await?),
-                "script" => script = Some(bench_script(&redis, spread).await?),
-                "e2e" => e2e = Some(bench_e2e(&redis, spread).await?),
-                "ceiling" if spread == Spread::Uniform => bench_ceiling(&redis).await?,
-                "query" if spread == Spread::Skewed => bench_query(&redis, spread).await?,
+                "naive" => w.naive = Some(bench_naive(&redis, spread, sizes).await?),
+                "script" => w.script = Some(bench_script(&redis, spread, sizes).await?),
+                "e2e" => w.e2e = Some(bench_e2e(&redis, spread, sizes).await?),
+                "ceiling" => bench_ceiling(&redis).await?,
+                "query" => figures.query = Some(bench_query(&redis, spread, sizes).await?),
                 _ => {}
             }
         }
-        summary.push((spread, naive, script, e2e));
+        figures.workloads.push((spread, w));
     }
-    println!("\n== summary (events/s)");
-    for (spread, naive, script, e2e) in summary {
-        println!("-- {spread:?} over {} rooms", spread.rooms());
-        for (name, value) in [
-            ("naive client", naive),
-            ("apply script direct", script),
-            ("end to end", e2e),
-        ] {
-            if let Some(v) = value {
-                println!("{name:<22} {v:>12.0}");
+    if chosen.contains(&"freshness") {
+        let shipped = figures
+            .workloads
+            .iter()
+            .find(|(s, _)| *s == Spread::Shipped)
+            .and_then(|(_, w)| w.e2e);
+        let max = match shipped {
+            Some(t) => t.rate,
+            None => {
+                let redis = RedisServer::start()?;
+                println!(
+                    "\n== e2e for the freshness rate, {}",
+                    Spread::Shipped.describe()
+                );
+                bench_e2e(&redis, Spread::Shipped, sizes).await?.rate
             }
-        }
-        if let (Some(e), Some(n)) = (e2e, naive) {
-            println!(
-                "end to end / naive            = {:.1}x (target >= 10x)",
-                e / n
-            );
-        }
-        if let (Some(e), Some(s)) = (e2e, script) {
-            println!(
-                "end to end / script direct    = {:.2} (target >= 0.5, i.e. within 2x)",
-                e / s
-            );
-        }
+        };
+        let redis = RedisServer::start()?;
+        println!(
+            "\n== freshness, {} at half of {max:.0} events/s (redis-server on 127.0.0.1:{})",
+            Spread::Shipped.describe(),
+            redis.port
+        );
+        figures.freshness = Some(bench_freshness(&redis, max / 2.0, sizes).await?);
     }
-    Ok(())
+    print_summary(&figures);
+    Ok(figures)
 }
 
-async fn bench_naive(redis: &RedisServer, spread: Spread) -> Result<f64> {
+fn print_summary(figures: &Figures) {
+    println!("\n== summary (events/s; Redis µs per event from INFO commandstats)");
+    for (spread, w) in &figures.workloads {
+        if w.naive.is_none() && w.script.is_none() && w.e2e.is_none() {
+            continue;
+        }
+        println!("-- {}", spread.describe());
+        if let Some(n) = w.naive {
+            println!(
+                "naive client           {:>12.0}   {:>6.2} µs/event",
+                n.rate, n.redis_us
+            );
+        }
+        if let Some(s) = w.script {
+            println!("apply script direct    {s:>12.0}");
+        }
+        if let Some(e) = w.e2e {
+            println!(
+                "end to end             {:>12.0}   {:>6.2} µs/event",
+                e.rate, e.redis_us
+            );
+        }
+        if let (Some(e), Some(n)) = (w.e2e, w.naive) {
+            println!(
+                "end to end / naive            = {:.1}x (target >= {}x)",
+                e.rate / n.rate,
+                if *spread == Spread::Uniform { 8 } else { 10 }
+            );
+        }
+        if let (Some(e), Some(s)) = (w.e2e, w.script) {
+            println!(
+                "end to end / script direct    = {:.2} (within 2x: >= 0.5)",
+                e.rate / s
+            );
+        }
+    }
+    if let Some((busy, idle)) = figures.freshness {
+        for (label, f) in [("idle", idle), ("loaded", busy)] {
+            println!(
+                "freshness {label:<7} ({} probes, {:.0} events/s): p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+                f.probes,
+                f.offered,
+                ms(f.p50),
+                ms(f.p99),
+                ms(f.max)
+            );
+        }
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// One event at a time, each command awaited: per board, HINCRBY into the slice Hash and
+/// ZINCRBY into the ranking (the fans board's keys per room).
+async fn bench_naive(redis: &RedisServer, spread: Spread, sizes: Sizes) -> Result<Throughput> {
     let store = connect(redis, 1).await?;
     let client = store.client();
     let now = now_ms();
+    let events = sizes.naive_events;
+    reset_stats(redis);
     let started = Instant::now();
-    for i in 0..NAIVE_EVENTS {
+    for i in 0..events {
         let e = apply_event(spread, i, now);
-        let slice = format!("naive:slice:{}", e.ts / 3_600_000);
-        let _: i64 = client
-            .hincrby(&slice, &e.member, e.amount)
-            .await
-            .map_err(|e| e.to_string())?;
-        let _: f64 = client
-            .zincrby("naive:result", e.amount as f64, &e.member)
-            .await
-            .map_err(|e| e.to_string())?;
+        let mut writes = vec![(
+            format!("naive:rooms:slice:{}", e.ts / 3_600_000),
+            "naive:rooms:result".to_string(),
+            e.member.clone(),
+        )];
+        if spread == Spread::Shipped {
+            writes.push((
+                format!("naive:fans:{}:slice:{}", e.member, e.ts / 3_600_000),
+                format!("naive:fans:{}:result", e.member),
+                spread.user(i),
+            ));
+        }
+        for (slice, result, member) in writes {
+            let _: i64 = client
+                .hincrby(&slice, &member, e.amount)
+                .await
+                .map_err(|e| e.to_string())?;
+            let _: f64 = client
+                .zincrby(&result, e.amount as f64, &member)
+                .await
+                .map_err(|e| e.to_string())?;
+        }
     }
-    let r = rate(NAIVE_EVENTS, started.elapsed());
-    println!("naive HINCRBY+ZINCRBY, one event at a time: {NAIVE_EVENTS} events, {r:.0} events/s");
-    Ok(r)
+    let r = rate(events, started.elapsed());
+    let redis_us = workload_usec(redis) / events as f64;
+    println!(
+        "naive HINCRBY+ZINCRBY per board, one event at a time: {events} events, {r:.0} events/s, \
+         Redis {redis_us:.2} µs per event"
+    );
+    Ok(Throughput { rate: r, redis_us })
 }
 
-async fn bench_script(redis: &RedisServer, spread: Spread) -> Result<f64> {
+async fn bench_script(redis: &RedisServer, spread: Spread, sizes: Sizes) -> Result<f64> {
     let store = connect(redis, 1).await?;
-    let board = settings(redis)?.boards.remove(0);
+    let board = settings(redis, spread)?.boards.remove(0);
     let now = now_ms();
-    let events: Vec<ApplyEvent> = (0..EVENTS).map(|i| apply_event(spread, i, now)).collect();
+    let n = sizes.events;
+    let events: Vec<ApplyEvent> = (0..n).map(|i| apply_event(spread, i, now)).collect();
     let started = Instant::now();
     for batch in events.chunks(BATCH) {
         store
@@ -258,15 +535,16 @@ async fn bench_script(redis: &RedisServer, spread: Spread) -> Result<f64> {
             .await
             .map_err(|e| e.to_string())?;
     }
-    let r = rate(EVENTS, started.elapsed());
-    println!("apply script, batches of {BATCH}, one connection: {EVENTS} events, {r:.0} events/s");
+    let r = rate(n, started.elapsed());
+    println!("apply script, batches of {BATCH}, one connection: {n} events, {r:.0} events/s");
     println!(
         "redis time inside EVALSHA: {:.2} µs per event",
-        command_usec(redis, "evalsha") / EVENTS as f64
+        command_usec(redis, "evalsha") / n as f64
     );
     Ok(r)
 }
 
+/// XADDs events `from..to` (in flights of 1000).
 async fn fill_stream(
     client: &Client,
     stream: &str,
@@ -305,23 +583,17 @@ fn start_consumer(
     ready
 }
 
-async fn bench_e2e(redis: &RedisServer, spread: Spread) -> Result<f64> {
-    let settings = settings(redis)?;
+async fn bench_e2e(redis: &RedisServer, spread: Spread, sizes: Sizes) -> Result<Throughput> {
+    let settings = settings(redis, spread)?;
     let store = Arc::new(connect(redis, 4).await?);
     let now = now_ms();
-    fill_stream(
-        store.client(),
-        &settings.ingest.stream,
-        spread,
-        0,
-        EVENTS,
-        now,
-    )
-    .await?;
+    let n = sizes.events;
+    fill_stream(store.client(), &settings.ingest.stream, spread, 0, n, now).await?;
     let reader = Store::dedicated(&redis.url(), Reconnect::Never)
         .await
         .map_err(|e| e.to_string())?;
     let cancel = CancellationToken::new();
+    reset_stats(redis);
     let started = Instant::now();
     start_consumer(store.clone(), reader, &settings, &cancel);
     loop {
@@ -340,31 +612,34 @@ async fn bench_e2e(redis: &RedisServer, spread: Spread) -> Result<f64> {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let elapsed = started.elapsed();
+    let redis_us = workload_usec(redis) / n as f64;
     cancel.cancel();
-    let r = rate(EVENTS, elapsed);
+    let r = rate(n, elapsed);
     println!(
-        "end to end, one consumer, batch {BATCH}: {EVENTS} events in {:.2}s, {r:.0} events/s",
+        "end to end, one consumer, batch {BATCH}: {n} events in {:.2}s, {r:.0} events/s",
         elapsed.as_secs_f64()
     );
-    let per_event = |command: &str| command_usec(redis, command) / EVENTS as f64;
+    let per_event = |command: &str| command_usec(redis, command) / n as f64;
     println!(
-        "redis time per event: EVALSHA {:.2} µs, XREADGROUP {:.2} µs, XACK {:.2} µs; wall {:.2} µs",
+        "redis time per event: all commands {redis_us:.2} µs (EVALSHA {:.2}, XREADGROUP {:.2}, \
+         XACK {:.2}); wall {:.2} µs",
         per_event("evalsha"),
         per_event("xreadgroup"),
         per_event("xack"),
-        elapsed.as_secs_f64() * 1e6 / EVENTS as f64
+        elapsed.as_secs_f64() * 1e6 / n as f64
     );
+    let first = &settings.boards[0].name;
     let count: i64 = store
         .client()
-        .zcard("rb:{rooms}:result")
+        .zcard(format!("rb:{{{first}}}:result"))
         .await
         .map_err(|e| e.to_string())?;
-    println!("check: {count} ranked rooms");
-    Ok(r)
+    println!("check: {count} ranked rooms on {first}");
+    Ok(Throughput { rate: r, redis_us })
 }
 
 async fn bench_ceiling(redis: &RedisServer) -> Result<()> {
-    let board: Board = settings(redis)?.boards.remove(0);
+    let board: Board = settings(redis, Spread::Uniform)?.boards.remove(0);
     let store = connect(redis, 1).await?;
     store.load_scripts().await.map_err(|e| e.to_string())?;
     let sha = fred::types::scripts::Script::from_lua(include_str!("../src/lua/apply.lua"))
@@ -390,7 +665,7 @@ async fn bench_ceiling(redis: &RedisServer) -> Result<()> {
     let mut args: Vec<String> = vec!["EVALSHA".into(), sha, keys.len().to_string()];
     args.extend(keys);
     args.extend(values.iter().map(|v| v.as_string().unwrap_or_default()));
-    let requests = EVENTS / APPLY_CHUNK;
+    let requests = FULL.events / APPLY_CHUNK;
     for clients in [1, 4] {
         let out = std::process::Command::new("redis-benchmark")
             .args([
@@ -423,9 +698,10 @@ async fn bench_ceiling(redis: &RedisServer) -> Result<()> {
 async fn query_latencies(
     base: &str,
     http: &reqwest::Client,
+    queries: usize,
 ) -> Result<(Vec<Duration>, Vec<Duration>)> {
-    let (mut top, mut rank) = (Vec::with_capacity(QUERIES), Vec::with_capacity(QUERIES));
-    for i in 0..QUERIES {
+    let (mut top, mut rank) = (Vec::with_capacity(queries), Vec::with_capacity(queries));
+    for i in 0..queries {
         let t = Instant::now();
         let r = http
             .get(format!("{base}/v1/boards/rooms/top?limit=10"))
@@ -456,16 +732,35 @@ fn show(label: &str, top: &mut [Duration], rank: &mut [Duration]) -> [Duration; 
     ];
     println!(
         "{label:<28} top-10 p50 {:>7.3} ms p99 {:>7.3} ms | rank p50 {:>7.3} ms p99 {:>7.3} ms",
-        figures[0].as_secs_f64() * 1e3,
-        figures[1].as_secs_f64() * 1e3,
-        figures[2].as_secs_f64() * 1e3,
-        figures[3].as_secs_f64() * 1e3
+        ms(figures[0]),
+        ms(figures[1]),
+        ms(figures[2]),
+        ms(figures[3])
     );
     figures
 }
 
-async fn bench_query(redis: &RedisServer, spread: Spread) -> Result<()> {
-    let settings = Arc::new(settings(redis)?);
+/// Serves the HTTP API of `store` on a free loopback port; its base URL.
+async fn serve(store: Arc<Store>, settings: Arc<Settings>) -> Result<String> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(|e| e.to_string())?;
+    let base = format!(
+        "http://{}",
+        listener.local_addr().map_err(|e| e.to_string())?
+    );
+    let app = router(Arc::new(AppState {
+        store,
+        settings: settings.clone(),
+        metrics: Arc::new(Metrics::new(&settings.boards)),
+        group_ready: Arc::new(AtomicBool::new(true)),
+    }));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    Ok(base)
+}
+
+async fn bench_query(redis: &RedisServer, spread: Spread, sizes: Sizes) -> Result<QueryFigures> {
+    let settings = Arc::new(settings(redis, spread)?);
     let store = Arc::new(connect(redis, 4).await?);
     let now = now_ms();
     // A board of MEMBERS rooms to query.
@@ -479,23 +774,10 @@ async fn bench_query(redis: &RedisServer, spread: Spread) -> Result<()> {
             .await
             .map_err(|e| e.to_string())?;
     }
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .map_err(|e| e.to_string())?;
-    let base = format!(
-        "http://{}",
-        listener.local_addr().map_err(|e| e.to_string())?
-    );
-    let app = router(Arc::new(AppState {
-        store: store.clone(),
-        settings: settings.clone(),
-        metrics: Arc::new(Metrics::new(&settings.boards)),
-        group_ready: Arc::new(AtomicBool::new(true)),
-    }));
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    let base = serve(store.clone(), settings.clone()).await?;
     let http = reqwest::Client::new();
-    query_latencies(&base, &http).await?; // warm-up
-    let (mut top, mut rank) = query_latencies(&base, &http).await?;
+    query_latencies(&base, &http, sizes.queries).await?; // warm-up
+    let (mut top, mut rank) = query_latencies(&base, &http, sizes.queries).await?;
     let idle = show("idle", &mut top, &mut rank);
 
     // Ingest at full speed: a producer appending and one consumer draining.
@@ -526,7 +808,7 @@ async fn bench_query(redis: &RedisServer, spread: Spread) -> Result<()> {
     };
     tokio::time::sleep(Duration::from_millis(500)).await;
     let started = Instant::now();
-    let (mut top, mut rank) = query_latencies(&base, &http).await?;
+    let (mut top, mut rank) = query_latencies(&base, &http, sizes.queries).await?;
     let elapsed = started.elapsed();
     let busy = show("while ingesting", &mut top, &mut rank);
     cancel.cancel();
@@ -536,9 +818,9 @@ async fn bench_query(redis: &RedisServer, spread: Spread) -> Result<()> {
         .await
         .map(|p| p.count)
         .unwrap_or(0);
+    let offered = produced as f64 / (elapsed.as_secs_f64() + 0.5);
     println!(
-        "ingest during the queries: {produced} events appended (~{:.0}/s), ranked rooms now {applied}",
-        produced as f64 / (elapsed.as_secs_f64() + 0.5)
+        "ingest during the queries: {produced} events appended (~{offered:.0}/s), ranked rooms now {applied}"
     );
     println!(
         "ratio under ingest / idle: top-10 p50 {:.2}x p99 {:.2}x, rank p50 {:.2}x p99 {:.2}x",
@@ -547,5 +829,187 @@ async fn bench_query(redis: &RedisServer, spread: Spread) -> Result<()> {
         busy[2].as_secs_f64() / idle[2].as_secs_f64(),
         busy[3].as_secs_f64() / idle[3].as_secs_f64()
     );
+    Ok(QueryFigures {
+        idle,
+        busy,
+        offered,
+    })
+}
+
+/// Probes sent (with their XADD start) and seen (with the time `top` first showed them).
+#[derive(Default)]
+struct Probes {
+    sent: Vec<Instant>,
+    seen: Vec<Instant>,
+}
+
+/// How often a probe is sent.
+const PROBE_EVERY: Duration = Duration::from_millis(20);
+
+/// Freshness of the shipped shape at `rate` events/s, then with probes only; returns both.
+async fn bench_freshness(
+    redis: &RedisServer,
+    rate: f64,
+    sizes: Sizes,
+) -> Result<(FreshnessFigures, FreshnessFigures)> {
+    let spread = Spread::Shipped;
+    let settings = Arc::new(settings(redis, spread)?);
+    let store = Arc::new(connect(redis, 4).await?);
+    let reader = Store::dedicated(&redis.url(), Reconnect::Never)
+        .await
+        .map_err(|e| e.to_string())?;
+    let cancel = CancellationToken::new();
+    start_consumer(store.clone(), reader, &settings, &cancel);
+    let base = serve(store.clone(), settings.clone()).await?;
+    let probes = Arc::new(Mutex::new(Probes::default()));
+    let watcher = {
+        let (probes, cancel) = (probes.clone(), cancel.clone());
+        let url = format!("{base}/v1/boards/{}/top?limit=1", settings.boards[0].name);
+        tokio::spawn(watch(url, probes, cancel))
+    };
+    // The first probe puts the probe room on top; the measured ones start once it shows.
+    let stream = settings.ingest.stream.clone();
+    let client = store.client().clone();
+    send_probe(&client, &stream, &probes).await?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while lock(&probes).seen.is_empty() {
+        if Instant::now() > deadline {
+            return Err("the first probe did not show in `top` within 30 s".into());
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let idle = paced(&client, &stream, &probes, 0.0, sizes.freshness / 4).await?;
+    let busy = paced(&client, &stream, &probes, rate, sizes.freshness).await?;
+    cancel.cancel();
+    let _ = watcher.await;
+    Ok((busy, idle))
+}
+
+fn lock(probes: &Mutex<Probes>) -> std::sync::MutexGuard<'_, Probes> {
+    probes.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+async fn send_probe(client: &Client, stream: &str, probes: &Mutex<Probes>) -> Result<()> {
+    let k = {
+        let mut p = lock(probes);
+        p.sent.push(Instant::now());
+        p.sent.len() - 1
+    };
+    let _: String = client
+        .xadd(stream, false, None, "*", probe_fields(k))
+        .await
+        .map_err(|e| e.to_string())?;
     Ok(())
+}
+
+/// Polls `top` (limit 1) over HTTP; the probe room's total says how many probes it holds.
+async fn watch(url: String, probes: Arc<Mutex<Probes>>, cancel: CancellationToken) {
+    let http = reqwest::Client::new();
+    while !cancel.is_cancelled() {
+        let page: Option<serde_json::Value> = match http.get(&url).send().await {
+            Ok(r) => r.json().await.ok(),
+            Err(_) => None,
+        };
+        let now = Instant::now();
+        let entry = page
+            .as_ref()
+            .and_then(|p| p.get("entries")?.get(0).cloned());
+        let total = entry
+            .as_ref()
+            .filter(|e| e.get("member").and_then(|m| m.as_str()) == Some(PROBE_ROOM))
+            .and_then(|e| e.get("total"))
+            .and_then(|t| t.to_string().parse::<i64>().ok());
+        if let Some(total) = total {
+            let held = (total - PROBE_BASE + 1).max(0) as usize;
+            let mut p = lock(&probes);
+            while p.seen.len() < held.min(p.sent.len()) {
+                p.seen.push(now);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// For `length`, XADDs `rate` events/s on a 1 ms schedule plus a probe every
+/// [`PROBE_EVERY`]; waits for the last probe to show and returns the probes' latencies.
+async fn paced(
+    client: &Client,
+    stream: &str,
+    probes: &Arc<Mutex<Probes>>,
+    rate: f64,
+    length: Duration,
+) -> Result<FreshnessFigures> {
+    let first = lock(probes).sent.len();
+    let now = now_ms();
+    let started = Instant::now();
+    let mut tick = tokio::time::interval(Duration::from_millis(1));
+    let (mut sent, mut next_probe) = (0usize, Duration::ZERO);
+    // Event numbers far from those of the other runs, so that ids never repeat.
+    let offset = 100_000_000;
+    while started.elapsed() < length {
+        tick.tick().await;
+        let due = (started.elapsed().as_secs_f64() * rate) as usize;
+        if due > sent {
+            let batch = futures_util::future::try_join_all((sent..due).map(|i| {
+                client.xadd::<String, _, _, _, _>(
+                    stream,
+                    false,
+                    None,
+                    "*",
+                    fields(Spread::Shipped, offset + i, now),
+                )
+            }));
+            let probe = async {
+                if started.elapsed() >= next_probe {
+                    next_probe += PROBE_EVERY;
+                    send_probe(client, stream, probes).await
+                } else {
+                    Ok(())
+                }
+            };
+            let (b, p) = tokio::join!(batch, probe);
+            b.map_err(|e| e.to_string())?;
+            p?;
+            sent = due;
+        } else if started.elapsed() >= next_probe {
+            next_probe += PROBE_EVERY;
+            send_probe(client, stream, probes).await?;
+        }
+    }
+    let offered = sent as f64 / started.elapsed().as_secs_f64();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        {
+            let p = lock(probes);
+            if p.seen.len() >= p.sent.len() {
+                break;
+            }
+        }
+        if Instant::now() > deadline {
+            return Err("probes did not show in `top` within 60 s".into());
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let p = lock(probes);
+    let mut latencies: Vec<Duration> = (first..p.sent.len())
+        .map(|k| p.seen[k].saturating_duration_since(p.sent[k]))
+        .collect();
+    let figures = FreshnessFigures {
+        probes: latencies.len(),
+        p50: percentile(&mut latencies, 50.0),
+        p99: percentile(&mut latencies, 99.0),
+        max: latencies.last().copied().unwrap_or_default(),
+        offered,
+    };
+    println!(
+        "{} {:.0} events/s offered, {} probes: XADD to visible in top p50 {:.1} ms, p99 {:.1} ms, \
+         max {:.1} ms",
+        if rate > 0.0 { "loaded:" } else { "idle:  " },
+        figures.offered,
+        figures.probes,
+        ms(figures.p50),
+        ms(figures.p99),
+        ms(figures.max)
+    );
+    Ok(figures)
 }

@@ -70,11 +70,15 @@ const T0: i64 = 1_763_700_000_000 / HOUR * HOUR;
 const MEMORY_MEMBERS: usize = 100_000;
 const MEMORY_BATCH: usize = 500;
 const EXPIRY_MEMBERS: usize = 1_000_000;
+/// `--quick` sizes.
+const QUICK_MEMORY_MEMBERS: usize = 20_000;
+const QUICK_EXPIRY_MEMBERS: usize = 100_000;
 const EXPIRY_BATCH: usize = 1_000;
 const DEFAULT_CHUNKS: [usize; 3] = [1_000, 100, 5_000];
 const DEFAULT_SLOWLOG_US: u64 = 10;
 const SLOWLOG_MAX_LEN: usize = 1_000_000;
 const PLAIN_ZSET: &str = "plain:zset";
+const PLAIN_IDS: &str = "plain:ids";
 /// The filled instance every expiry round starts from, and the instance it rolls.
 const FILLED_BOARD: &str = "exp_filled";
 const ROLLED_BOARD: &str = "exp_2h";
@@ -128,10 +132,14 @@ return #ARGV / 2
 "#;
 const BASELINE_SWAP: &str = "return redis.call('RENAME', KEYS[1], KEYS[2])";
 
-const USAGE: &str = "usage: cargo bench --bench rollboard -- [memory] [expiry] \
-                     [--chunk N[,N...]] [--members N] [--slowlog-us N]";
+const USAGE: &str = "usage: cargo bench --bench rollboard -- [table] [memory] [expiry] \
+                     [--quick] [--chunk N[,N...]] [--members N] [--slowlog-us N]";
 
-mod support;
+// The table runs the ingest bench's scenarios too; the shared helpers come with it.
+#[allow(dead_code)]
+#[path = "ingest.rs"]
+mod ingest;
+use ingest::support;
 
 fn main() -> ExitCode {
     if !invoked_by_cargo_bench() {
@@ -161,6 +169,8 @@ fn main() -> ExitCode {
 /// Command-line options.
 #[derive(Debug)]
 struct Options {
+    table: bool,
+    quick: bool,
     memory: bool,
     expiry: bool,
     chunks: Vec<usize>,
@@ -171,6 +181,8 @@ struct Options {
 impl Options {
     fn parse(mut args: impl Iterator<Item = String>) -> Result<Options> {
         let mut options = Options {
+            table: false,
+            quick: false,
             memory: false,
             expiry: false,
             chunks: Vec::new(),
@@ -182,6 +194,8 @@ impl Options {
             match arg.as_str() {
                 // cargo passes `--bench` to every harness-less bench.
                 "--bench" => {}
+                "table" => options.table = true,
+                "--quick" => options.quick = true,
                 "memory" => options.memory = true,
                 "expiry" => options.expiry = true,
                 "--chunk" => {
@@ -192,6 +206,14 @@ impl Options {
                 "--members" => options.members = Some(number(&value()?, "--members", 1)? as usize),
                 "--slowlog-us" => options.slowlog_us = number(&value()?, "--slowlog-us", 0)?,
                 other => bail!("unknown argument {other:?}"),
+            }
+        }
+        if options.table {
+            // Every figure, at the default chunk (schedule.chunk = 1000).
+            options.memory = true;
+            options.expiry = true;
+            if options.chunks.is_empty() {
+                options.chunks = vec![DEFAULT_CHUNKS[0]];
             }
         }
         if !options.memory && !options.expiry {
@@ -214,30 +236,305 @@ fn number(text: &str, what: &str, min: u64) -> Result<u64> {
 
 /// Runs the selected scenarios on a fresh server; false when a correctness check failed.
 fn run(options: &Options) -> Result<bool> {
-    let server = RedisServer::start().map_err(anyhow::Error::msg)?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("tokio runtime")?;
-    let ok = runtime.block_on(async {
-        let store = Store::connect(&server.url(), "rb", 2, Reconnect::Never)
-            .await
-            .context("connect to the bench redis-server")?;
-        println!("{} on 127.0.0.1:{}", redis_version(), server.port);
-        // The slow log stays off except while a roll is measured.
-        slowlog_stop(store.client()).await?;
-        let mut ok = true;
-        if options.memory {
-            ok &= memory(&store, options.members.unwrap_or(MEMORY_MEMBERS)).await?;
+    let runtime = if options.table {
+        // The table's ingest scenarios run a consumer, an HTTP server and clients at once.
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    }
+    .context("tokio runtime")?;
+    runtime.block_on(async {
+        let started = Instant::now();
+        if options.table {
+            println!(
+                "== table{}: every figure of DESIGN.md section 7; load average at start {}",
+                if options.quick { " (quick)" } else { "" },
+                load_average()
+            );
         }
-        if options.expiry {
-            let members = options.members.unwrap_or(EXPIRY_MEMBERS);
-            ok &= expiry(&store, members, &options.chunks, options.slowlog_us).await?;
+        let (mut ok, memory_figures, expiry_figures) = rollboard_scenarios(options).await?;
+        if options.table {
+            let sizes = if options.quick {
+                ingest::QUICK
+            } else {
+                ingest::FULL
+            };
+            let scenarios = ["naive", "e2e", "query", "freshness"];
+            let figures = ingest::run(&scenarios, sizes)
+                .await
+                .map_err(anyhow::Error::msg)?;
+            ok &= print_table(
+                options,
+                memory_figures.unwrap_or_default(),
+                &expiry_figures.unwrap_or_default(),
+                &figures,
+            );
+            println!(
+                "run time {:.0} s; load average at the end {}",
+                started.elapsed().as_secs_f64(),
+                load_average()
+            );
         }
         anyhow::Ok(ok)
-    })?;
-    drop(server);
-    Ok(ok)
+    })
+}
+
+/// Memory and expiry on one server (stopped before the table's ingest scenarios start).
+async fn rollboard_scenarios(
+    options: &Options,
+) -> Result<(bool, Option<MemoryFigures>, Option<ExpiryFigures>)> {
+    let server = RedisServer::start().map_err(anyhow::Error::msg)?;
+    let store = Store::connect(&server.url(), "rb", 2, Reconnect::Never)
+        .await
+        .context("connect to the bench redis-server")?;
+    println!("{} on 127.0.0.1:{}", redis_version(), server.port);
+    // The slow log stays off except while a roll is measured.
+    slowlog_stop(store.client()).await?;
+    let mut ok = true;
+    let (mut memory_figures, mut expiry_figures) = (None, None);
+    if options.memory {
+        let default = if options.quick {
+            QUICK_MEMORY_MEMBERS
+        } else {
+            MEMORY_MEMBERS
+        };
+        let (o, f) = memory(&store, options.members.unwrap_or(default)).await?;
+        ok &= o;
+        memory_figures = Some(f);
+    }
+    if options.expiry {
+        let default = if options.quick {
+            QUICK_EXPIRY_MEMBERS
+        } else {
+            EXPIRY_MEMBERS
+        };
+        let members = options.members.unwrap_or(default);
+        let (o, f) = expiry(&store, members, &options.chunks, options.slowlog_us).await?;
+        ok &= o;
+        expiry_figures = Some(f);
+    }
+    Ok((ok, memory_figures, expiry_figures))
+}
+
+/// `/proc/loadavg`'s three load averages.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+/// One line of the table.
+struct Row {
+    figure: String,
+    ours: String,
+    base: String,
+    ratio: String,
+    target: &'static str,
+    met: bool,
+}
+
+/// Prints the summary table; false when a figure is missing (a scenario failed to run).
+fn print_table(
+    options: &Options,
+    memory: MemoryFigures,
+    expiry: &ExpiryFigures,
+    ingest_figures: &ingest::Figures,
+) -> bool {
+    let mut rows = Vec::new();
+    let members = options.members.unwrap_or(if options.quick {
+        QUICK_EXPIRY_MEMBERS
+    } else {
+        EXPIRY_MEMBERS
+    });
+    let calls = |s: &Stats| {
+        format!(
+            "{} > 2 ms of {} logged, longest {:.2} ms",
+            s.above,
+            s.count,
+            s.max as f64 / 1e3
+        )
+    };
+    for (kind, ours, base) in &expiry.bounds {
+        rows.push(Row {
+            figure: format!("longest Redis call, {kind} ({members} members)"),
+            ours: calls(ours),
+            base: calls(base),
+            ratio: ratio(ours.max as f64, base.max as f64),
+            target: "0 calls > 2 ms",
+            met: ours.above == 0,
+        });
+    }
+    if let Some(q) = ingest_figures.query {
+        for (what, i) in [("top-10", 1), ("rank", 3)] {
+            rows.push(Row {
+                figure: format!(
+                    "{what} p99 over HTTP while ingesting (~{:.0} events/s offered) vs idle",
+                    q.offered
+                ),
+                ours: format!("{:.2} ms", q.busy[i].as_secs_f64() * 1e3),
+                base: format!("{:.2} ms idle", q.idle[i].as_secs_f64() * 1e3),
+                ratio: ratio(q.busy[i].as_secs_f64(), q.idle[i].as_secs_f64()),
+                target: "<= 3 ms (idle <= 0.6 ms)",
+                met: q.busy[i] <= Duration::from_millis(3)
+                    && q.idle[i] <= Duration::from_micros(600),
+            });
+        }
+    }
+    let workload = |spread: ingest::Spread| {
+        ingest_figures
+            .workloads
+            .iter()
+            .find(|(s, _)| *s == spread)
+            .map(|(_, w)| *w)
+            .unwrap_or_default()
+    };
+    let targets = [
+        (ingest::Spread::Shipped, 10.0, 4.0),
+        (ingest::Spread::Skewed, 10.0, 4.0),
+        (ingest::Spread::Uniform, 8.0, 10.0),
+    ];
+    for (spread, times, _) in targets {
+        if let ingest::WorkloadFigures {
+            naive: Some(n),
+            e2e: Some(e),
+            ..
+        } = workload(spread)
+        {
+            rows.push(Row {
+                figure: format!("ingest end to end vs naive, {}", spread.describe()),
+                ours: format!("{:.0} events/s", e.rate),
+                base: format!("{:.0} events/s", n.rate),
+                ratio: ratio(e.rate, n.rate),
+                target: if times == 10.0 { ">= 10x" } else { ">= 8x" },
+                met: e.rate >= times * n.rate,
+            });
+        }
+    }
+    for (spread, _, micros) in targets {
+        if let ingest::WorkloadFigures {
+            naive: Some(n),
+            e2e: Some(e),
+            ..
+        } = workload(spread)
+        {
+            rows.push(Row {
+                figure: format!(
+                    "Redis time per applied event (every command), {}",
+                    spread.describe()
+                ),
+                ours: format!("{:.2} µs", e.redis_us),
+                base: format!("{:.2} µs naive", n.redis_us),
+                ratio: ratio(e.redis_us, n.redis_us),
+                target: if micros == 10.0 {
+                    "<= 10 µs"
+                } else {
+                    "<= 4 µs"
+                },
+                met: e.redis_us <= micros,
+            });
+        }
+    }
+    if options.expiry {
+        rows.push(Row {
+            figure: format!(
+                "expiry, Redis time per expired member (EVALSHA + HSCAN), {members}-member slice"
+            ),
+            ours: format!("{:.2} µs", expiry.per_member_us),
+            base: format!("{:.2} µs", expiry.base_per_member_us),
+            ratio: ratio(expiry.per_member_us, expiry.base_per_member_us),
+            target: "<= 10 µs",
+            met: expiry.per_member_us <= 10.0,
+        });
+    }
+    if options.memory {
+        let r = memory.per_member / memory.plain_per_member;
+        rows.push(Row {
+            figure: "bytes per ranked member (used_memory delta) vs a plain ZSet".into(),
+            ours: format!("{:.1} B", memory.per_member),
+            base: format!("{:.1} B", memory.plain_per_member),
+            ratio: ratio(memory.per_member, memory.plain_per_member),
+            target: "<= 2.5x",
+            met: r <= 2.5,
+        });
+        rows.push(Row {
+            figure: "bytes per remembered idempotency key vs a plain ZSet of the ids".into(),
+            ours: format!("{:.1} B", memory.per_key),
+            base: format!("{:.1} B", memory.plain_per_key),
+            ratio: ratio(memory.per_key, memory.plain_per_key),
+            target: "<= 40 B",
+            met: memory.per_key <= 40.0,
+        });
+    }
+    if let Some((busy, idle)) = ingest_figures.freshness {
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        rows.push(Row {
+            figure: format!(
+                "freshness, XADD to visible in top, p50 / p99 (max) at {:.0} events/s \
+                 (half the shipped shape's e2e rate) vs probes alone",
+                busy.offered
+            ),
+            ours: format!(
+                "{:.1} / {:.1} ({:.1}) ms",
+                ms(busy.p50),
+                ms(busy.p99),
+                ms(busy.max)
+            ),
+            base: format!(
+                "{:.1} / {:.1} ({:.1}) ms",
+                ms(idle.p50),
+                ms(idle.p99),
+                ms(idle.max)
+            ),
+            ratio: ratio(ms(busy.p99), ms(idle.p99)),
+            target: "p99 <= 50 ms",
+            met: busy.p99 <= Duration::from_millis(50),
+        });
+    }
+    println!();
+    println!(
+        "== table{} (ratios: rollboard / baseline, same run; a missed target is reported, \
+         not an error)",
+        if options.quick { " (quick sizes)" } else { "" }
+    );
+    println!();
+    println!("| figure | rollboard | baseline (same run) | ratio | target | met? |");
+    println!("|---|---|---|---|---|---|");
+    for r in &rows {
+        println!(
+            "| {} | {} | {} | {} | {} | {} |",
+            r.figure,
+            r.ours,
+            r.base,
+            r.ratio,
+            r.target,
+            if r.met { "yes" } else { "**no**" }
+        );
+    }
+    let above: usize = expiry.bounds.iter().map(|(_, s, _)| s.above).sum();
+    let per_kind: Vec<String> = expiry
+        .bounds
+        .iter()
+        .map(|(kind, s, _)| format!("{kind} {}", s.above))
+        .collect();
+    println!();
+    println!(
+        "SLOWLOG count above 2 ms, rollboard's calls at the default config: {above} ({}; target 0)",
+        per_kind.join(", ")
+    );
+    println!(
+        "targets met: {} of {}",
+        rows.iter().filter(|r| r.met).count(),
+        rows.len()
+    );
+    let expected = 4 + 2 + 3 + 3 + 1 + 2 + 1;
+    if rows.len() < expected {
+        println!("MISMATCH: {} of {expected} figures measured", rows.len());
+    }
+    rows.len() >= expected
 }
 
 /// The version line of the redis-server binary.
@@ -428,7 +725,18 @@ fn verdict(ok: bool) -> &'static str {
 // ---------------------------------------------------------------------------------------
 // Scenario: memory
 
-async fn memory(store: &Store, members: usize) -> Result<bool> {
+/// The memory figures of the table: bytes per ranked member (rollboard's `used_memory`
+/// delta and the plain ZSet's) and bytes per remembered idempotency key (rollboard's seen
+/// ZSet and a plain ZSet of the same ids scored by time).
+#[derive(Debug, Default, Clone, Copy)]
+struct MemoryFigures {
+    per_member: f64,
+    plain_per_member: f64,
+    per_key: f64,
+    plain_per_key: f64,
+}
+
+async fn memory(store: &Store, members: usize) -> Result<(bool, MemoryFigures)> {
     let client = store.client();
     let b = board("mem_7d", 7 * 24, 7 * DAY);
     println!();
@@ -503,7 +811,29 @@ async fn memory(store: &Store, members: usize) -> Result<bool> {
         ratio(sum as f64, plain_usage as f64),
         ratio(ranking as f64, plain_usage as f64)
     );
-    Ok(ok)
+    let ids = plain_ids(client, members).await?;
+    println!(
+        "baseline plain ZSet of the same {members} idempotency keys scored by time: \
+         MEMORY USAGE {ids} B = {:.1} B/key",
+        per(ids)
+    );
+    let figures = MemoryFigures {
+        per_member: per(delta),
+        plain_per_member: per(plain_delta),
+        per_key: seen_bytes as f64 / seen.max(1) as f64,
+        plain_per_key: per(ids),
+    };
+    Ok((ok, figures))
+}
+
+/// Writes a plain ZSet of the events' ids scored by their time; its MEMORY USAGE.
+async fn plain_ids(client: &Client, members: usize) -> Result<i64> {
+    write_plain(client, "ZADD", PLAIN_IDS, members, MEMORY_BATCH, |i| {
+        let e = event(i);
+        [e.ts.into(), e.id.into()]
+    })
+    .await?;
+    memory_usage(client, PLAIN_IDS).await
 }
 
 /// Writes the baseline ZSet; returns its used_memory delta and its MEMORY USAGE.
@@ -540,7 +870,21 @@ impl Measured {
     }
 }
 
-async fn expiry(store: &Store, members: usize, chunks: &[usize], slowlog_us: u64) -> Result<bool> {
+/// The expiry figures of the table: script calls per kind of work (rollboard, baseline)
+/// and Redis time per expired member (EVALSHA + HSCAN, INFO commandstats).
+#[derive(Debug, Default)]
+struct ExpiryFigures {
+    bounds: Vec<(&'static str, Stats, Stats)>,
+    per_member_us: f64,
+    base_per_member_us: f64,
+}
+
+async fn expiry(
+    store: &Store,
+    members: usize,
+    chunks: &[usize],
+    slowlog_us: u64,
+) -> Result<(bool, ExpiryFigures)> {
     let client = store.client();
     let filled = board(FILLED_BOARD, 2, 2 * HOUR);
     println!();
@@ -576,6 +920,14 @@ async fn expiry(store: &Store, members: usize, chunks: &[usize], slowlog_us: u64
         apply,
         apply_base,
     )];
+    let mut figures = ExpiryFigures::default();
+    figures.bounds.push(("apply", apply, apply_base));
+    let (query, query_base) = query_bound(store, members, slowlog_us).await?;
+    bounds.push((
+        "query (top-10 and rank scripts vs plain ZREVRANGE, HGET + ZREVRANK)".to_string(),
+        query,
+        query_base,
+    ));
     let mut ok = true;
     let mut first: Option<(usize, Figures)> = None;
     for &chunk in chunks {
@@ -591,8 +943,15 @@ async fn expiry(store: &Store, members: usize, chunks: &[usize], slowlog_us: u64
                         "expiry, chunk {chunk} (every rollboard script vs one call per HSCAN page)"
                     ),
                     rolled.all,
-                    base,
+                    base.script,
                 ));
+                figures
+                    .bounds
+                    .push(("expire/roll", rolled.all, base.script));
+                figures.per_member_us =
+                    (rolled.evalsha_us + rolled.hscan_us) as f64 / members as f64;
+                figures.base_per_member_us =
+                    (base.evalsha_us + base.hscan_us) as f64 / members as f64;
                 let (res_ok, res, res_base) =
                     resummarize_round(store, members, chunk, slowlog_us).await?;
                 ok &= res_ok;
@@ -603,6 +962,7 @@ async fn expiry(store: &Store, members: usize, chunks: &[usize], slowlog_us: u64
                     res,
                     res_base,
                 ));
+                figures.bounds.push(("stage/swap", res, res_base));
                 first = Some((chunk, rolled));
             }
             Some((reference, figures)) => {
@@ -634,7 +994,62 @@ async fn expiry(store: &Store, members: usize, chunks: &[usize], slowlog_us: u64
             ratio(ours.max as f64, base.max as f64)
         );
     }
-    Ok(ok)
+    figures.bounds.push(("query", query, query_base));
+    Ok((ok, figures))
+}
+
+/// How many top-10 and rank queries the query bound sends (each).
+const QUERY_CALLS: usize = 1_000;
+
+/// Top-10 and rank queries on the filled instance, under the slow log, against the same
+/// reads done with plain commands on its keys (ZREVRANGE, HGET + ZREVRANK); returns the
+/// slow-log figures of both. The slow log's threshold leaves out short calls, so the counts
+/// are of calls above it.
+async fn query_bound(store: &Store, members: usize, slowlog_us: u64) -> Result<(Stats, Stats)> {
+    let client = store.client();
+    let b = board(FILLED_BOARD, 2, 2 * HOUR);
+    let now = T0 + HOUR - 1;
+    let work = async {
+        for i in 0..QUERY_CALLS {
+            store.top(&b, None, 0, 10, now).await?;
+            store
+                .rank(&b, None, &member_name(i * 7919 % members), now)
+                .await?;
+        }
+        anyhow::Ok(())
+    };
+    let (_, m) = measure(client, slowlog_us, work).await?;
+    let ours = by_script(&m).remove("query").unwrap_or_default();
+    let k = store.instance(&b, None);
+    let (result, index) = (k.result(), k.members());
+    let work = async {
+        for i in 0..QUERY_CALLS {
+            admin(client, "ZREVRANGE", &[&result, "0", "9", "WITHSCORES"]).await?;
+            let zmember = admin(client, "HGET", &[&index, &member_name(i * 7919 % members)])
+                .await?
+                .as_string()
+                .unwrap_or_default();
+            admin(client, "ZREVRANK", &[&result, &zmember]).await?;
+        }
+        anyhow::Ok(())
+    };
+    let (_, plain) = measure(client, slowlog_us, work).await?;
+    let base = Stats::of(
+        plain
+            .log
+            .iter()
+            .filter(|e| matches!(e.command.as_str(), "ZREVRANGE" | "HGET" | "ZREVRANK"))
+            .map(|e| e.micros),
+    );
+    println!(
+        "query: {QUERY_CALLS} top-10 and {QUERY_CALLS} rank calls on the {members}-member \
+         instance; wall clock {:.2} s (plain commands {:.2} s)",
+        m.wall.as_secs_f64(),
+        plain.wall.as_secs_f64()
+    );
+    println!("    {}", ours.line("query.lua", members));
+    println!("    {}", base.line("plain commands", members));
+    Ok((ours, base))
 }
 
 /// The apply baseline: `apply.lua` called once per 1000-event batch (no split) on a fresh
@@ -811,6 +1226,8 @@ struct Figures {
     wall: Duration,
     /// Redis time of every EVALSHA call (commandstats), µs.
     evalsha_us: u64,
+    /// Redis time of every HSCAN call (commandstats), µs.
+    hscan_us: u64,
     /// Slow-log figures of the chunk script (expire.lua or the baseline script).
     script: Stats,
     /// Slow-log figures of every script call of the round.
@@ -862,6 +1279,7 @@ async fn roll_round(
     let figures = Figures {
         wall: rolled.wall,
         evalsha_us: rolled.calls("evalsha").1,
+        hscan_us: rolled.calls("hscan").1,
         script,
         all,
     };
@@ -875,7 +1293,7 @@ async fn baseline_round(
     chunk: usize,
     slowlog_us: u64,
     rolled: &Figures,
-) -> Result<(bool, Stats)> {
+) -> Result<(bool, Figures)> {
     let client = store.client();
     let script = Script::from_lua(BASELINE_EXPIRE);
     script.load(client).await?;
@@ -888,11 +1306,12 @@ async fn baseline_round(
     let figures = Figures {
         wall: base.wall,
         evalsha_us: base.calls("evalsha").1,
+        hscan_us: base.calls("hscan").1,
         script: report_baseline(&base, &sha, members),
         all: Stats::default(),
     };
     print_ratios("rollboard / baseline", rolled, &figures);
-    Ok((ok, figures.script))
+    Ok((ok, figures))
 }
 
 /// Runs `work` with fresh command statistics and slow log; returns its output and figures.
