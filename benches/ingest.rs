@@ -309,6 +309,32 @@ fn workload_usec(redis: &RedisServer) -> f64 {
         .sum()
 }
 
+/// The commands that took the most Redis time since the last `CONFIG RESETSTAT`: name,
+/// calls and µs per event, most first.
+fn heaviest_commands(redis: &RedisServer, events: usize) -> String {
+    let mut rows: Vec<(String, u64, f64)> = redis
+        .cli(&["INFO", "commandstats"])
+        .lines()
+        .filter_map(|l| l.strip_prefix("cmdstat_")?.split_once(':'))
+        .map(|(name, stats)| {
+            let field = |key: &str| {
+                stats
+                    .split(',')
+                    .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
+                    .and_then(|v| v.trim().parse::<f64>().ok())
+                    .unwrap_or(0.0)
+            };
+            (name.to_string(), field("calls") as u64, field("usec"))
+        })
+        .collect();
+    rows.sort_by(|a, b| b.2.total_cmp(&a.2));
+    rows.iter()
+        .take(6)
+        .map(|(name, calls, usec)| format!("{name} {calls} calls {:.2} µs", usec / events as f64))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 fn reset_stats(redis: &RedisServer) {
     redis.cli(&["CONFIG", "RESETSTAT"]);
 }
@@ -613,6 +639,10 @@ async fn bench_e2e(redis: &RedisServer, spread: Spread, sizes: Sizes) -> Result<
     }
     let elapsed = started.elapsed();
     let redis_us = workload_usec(redis) / n as f64;
+    println!(
+        "heaviest commands per event: {}",
+        heaviest_commands(redis, n)
+    );
     cancel.cancel();
     let r = rate(n, elapsed);
     println!(
