@@ -1565,7 +1565,20 @@ async fn slowlog_stop(client: &Client) -> Result<()> {
 
 /// Reads the whole slow log (oldest first), then turns it off and empties it.
 async fn slowlog_take(client: &Client) -> Result<Vec<SlowEntry>> {
-    let raw = admin(client, "SLOWLOG", &["GET", "-1"]).await?;
+    // Up to SLOWLOG_MAX_LEN entries: on a busy machine that reply takes longer than the
+    // client's default command timeout.
+    let patient = fred::prelude::Options {
+        timeout: Some(Duration::from_secs(300)),
+        ..Default::default()
+    };
+    let raw: Value = client
+        .with_options(&patient)
+        .custom(
+            CustomCommand::new_static("SLOWLOG", ClusterHash::Random, false),
+            vec![Value::from("GET"), Value::from("-1")],
+        )
+        .await
+        .context("redis SLOWLOG GET")?;
     slowlog_stop(client).await?;
     raw.into_array().into_iter().rev().map(slow_entry).collect()
 }
