@@ -6,6 +6,13 @@
 //!
 //! Without a scenario both run.
 //!
+//! * `table` (with `--quick` for smaller sizes): every figure of DESIGN.md section 7 in one
+//!   summary table — memory and expiry here at the default chunk, plus a query round on the
+//!   filled instance under the slow log, then the naive, end-to-end, query and freshness
+//!   scenarios of `benches/ingest.rs` — each with its baseline from the same run, the ratio,
+//!   the target and whether it is met, and the SLOWLOG count above 2 ms per kind of call.
+//!   Missed targets do not change the exit status.
+//!
 //! * `memory`: applies 100 000 distinct members (one event each, batches of 500) to an
 //!   incremental, earliest-tie-break board (slice 1h, window 7d) and reports Redis bytes per
 //!   ranked member from the `used_memory` delta of `INFO memory`, broken down by key with
