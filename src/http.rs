@@ -657,6 +657,9 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         .into_response()
 }
 
+/// How long `/readyz` waits for Redis.
+const READY_CHECK_TIMEOUT: Duration = Duration::from_secs(2);
+
 async fn readyz(State(state): State<Arc<AppState>>) -> Response {
     let check = async {
         state.store.ping().await?;
@@ -667,9 +670,23 @@ async fn readyz(State(state): State<Arc<AppState>>) -> Response {
         state.store.ensure_scripts().await?;
         Ok::<bool, StoreError>(group)
     };
-    let (redis_ok, group) = match tokio::time::timeout(Duration::from_secs(2), check).await {
-        Ok(Ok(group)) => (true, group && state.group_ready.load(Ordering::SeqCst)),
-        _ => (false, false),
+    // A failed check is counted and logged: during a partition the daemon's own calls
+    // only fail when their timeouts (up to 30 s) run out, so the probe is the first to see it.
+    let failed = match tokio::time::timeout(READY_CHECK_TIMEOUT, check).await {
+        Ok(Ok(group)) => Ok(group && state.group_ready.load(Ordering::SeqCst)),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(StoreError::Redis(fred::error::Error::new(
+            fred::error::ErrorKind::Timeout,
+            "the readiness check got no answer from redis within 2 s",
+        ))),
+    };
+    let (redis_ok, group) = match failed {
+        Ok(group) => (true, group),
+        Err(e) => {
+            state.metrics.redis_error(&e);
+            warn!(error = %e, "readiness check failed: redis unreachable or not answering");
+            (false, false)
+        }
     };
     state.metrics.redis_up(redis_ok);
     let ready = redis_ok && group;
