@@ -6,6 +6,7 @@ mod bounded;
 mod cli;
 mod daemon;
 mod engine;
+mod faults;
 mod holes;
 mod http_edges;
 mod intake;
