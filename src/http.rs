@@ -698,14 +698,17 @@ async fn readyz(State(state): State<Arc<AppState>>) -> Response {
     // A board whose applies keep failing is reported, not made a reason to take the pod
     // out of service: the other boards, the queries and the intake still work.
     let failing = state.metrics.failing_boards();
+    // E.g. `OOM` at maxmemory: Redis answers the check, but the consumer cannot apply.
+    let ingest_error = state.metrics.consumer_error();
     (
         status,
         Json(json!({
             "ready": ready,
             "redis": redis_ok,
             "group": group,
-            "degraded": !failing.is_empty(),
+            "degraded": !failing.is_empty() || ingest_error.is_some(),
             "failing_boards": failing,
+            "ingest_error": ingest_error,
         })),
     )
         .into_response()

@@ -235,10 +235,14 @@ impl Ingest {
                 .step(&mut backlog, &mut last_claim, &mut ahead, &cancel)
                 .await
             {
-                Ok(()) => backoff = Duration::from_millis(100),
+                Ok(()) => {
+                    backoff = Duration::from_millis(100);
+                    self.metrics.consumer_step(None);
+                }
                 Err(e) => {
                     ahead = None;
                     self.metrics.redis_error(&e);
+                    self.metrics.consumer_step(Some(&e));
                     if e.to_string().contains("NOGROUP") {
                         self.group_ready.store(false, Ordering::SeqCst);
                     }

@@ -60,6 +60,8 @@ pub struct Metrics {
     http_duration: HistogramVec,
     /// Board instances whose apply failed through every retry, and when that last happened.
     failing: Mutex<HashMap<(String, Option<String>), Instant>>,
+    /// The error of the consumer's last step, while its steps fail (e.g. `OOM`), for `/readyz`.
+    consumer_error: Mutex<Option<String>>,
     /// The configured board names (the `board` label values).
     boards: Vec<String>,
 }
@@ -335,6 +337,7 @@ impl Metrics {
             script_duration,
             http_duration,
             failing: Mutex::new(HashMap::new()),
+            consumer_error: Mutex::new(None),
             boards: boards.iter().map(|b| b.name.clone()).collect(),
         }
     }
@@ -502,6 +505,18 @@ impl Metrics {
                 .get(&(board.to_string(), scope.map(str::to_string)))
                 .is_some_and(|t| t.elapsed() < FAILING_HOLD)
         })
+    }
+
+    /// The consumer's last step failed (`Some`) or succeeded (`None`).
+    pub fn consumer_step(&self, error: Option<&StoreError>) {
+        if let Ok(mut last) = self.consumer_error.lock() {
+            *last = error.map(ToString::to_string);
+        }
+    }
+
+    /// The error of the consumer's last step while its steps fail, for `/readyz`.
+    pub fn consumer_error(&self) -> Option<String> {
+        self.consumer_error.lock().ok().and_then(|e| e.clone())
     }
 
     /// The boards with a failing instance, sorted, for `/readyz`.

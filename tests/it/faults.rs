@@ -691,7 +691,7 @@ async fn redis_restarted_during_a_roll_ends_in_the_model_state() {
 /// say OOM. With the limit raised the backlog drains exactly.
 #[tokio::test]
 async fn maxmemory_refuses_scripts_and_the_backlog_drains_once_raised() {
-    let rig = rig(false, false, |c| c).await;
+    let rig = rig(false, true, |c| c).await;
     let now = now_ms();
     let sent = events("m", 0..3000, now);
     rig.redis
@@ -702,10 +702,13 @@ async fn maxmemory_refuses_scripts_and_the_backlog_drains_once_raised() {
     })
     .await;
     assert!(started);
-    // Everything else is in the stream before the limit, which refuses XADD too.
+    // The rest goes into the stream before the limit, which refuses XADD too; the daemon
+    // is held off meanwhile (for well under its timeouts), so that the limit meets a backlog.
+    rig.proxy().blackhole(true);
     xadd_all(rig.store.client(), "rb:events", &sent[500..]).await;
     let errors_before = rig.metric("rollboard_redis_errors_total", &[]).await;
     rig.redis.cli(&["CONFIG", "SET", "maxmemory", "1"]);
+    rig.proxy().blackhole(false);
     let refused = wait_for(Duration::from_secs(20), || async {
         rig.metric("rollboard_redis_errors_total", &[]).await > errors_before
     })
@@ -719,12 +722,28 @@ async fn maxmemory_refuses_scripts_and_the_backlog_drains_once_raised() {
         .await
         .expect("group info");
     eprintln!("at maxmemory: (pending, lag) = {held:?}");
+    assert!(
+        held.is_some_and(|(pending, _)| pending > 0),
+        "the refused batch stays pending: {held:?}"
+    );
     let logs = rig.daemon.logs();
     assert!(logs.contains("OOM"), "no log line says OOM:\n{logs}");
-    let (status, body) = rig.daemon.get("/readyz").await;
-    eprintln!("readyz at maxmemory: {status} {body}");
+    // Redis answers the readiness check, so the pod stays in service (queries work), but
+    // `/readyz` says the consumer is stuck and why.
+    let reported = wait_for(Duration::from_secs(10), || async {
+        let (status, body) = rig.daemon.get("/readyz").await;
+        status == 200 && body.contains("\"degraded\":true") && body.contains("OOM")
+    })
+    .await;
+    let (_, body) = rig.daemon.get("/readyz").await;
+    assert!(reported, "readyz at maxmemory: {body}");
+    eprintln!("readyz at maxmemory: {body}");
+    let dead = rig.redis.cli(&["XLEN", "rb:events:dead"]);
+    assert_eq!(dead.trim(), "0", "nothing dead-lettered at maxmemory");
     rig.redis.cli(&["CONFIG", "SET", "maxmemory", "0"]);
     let figures = rig.settle(&sent).await;
+    let (_, body) = rig.daemon.get("/readyz").await;
+    assert!(body.contains("\"ingest_error\":null"), "{body}");
     figures.check("maxmemory (OOM, noeviction) during ingest");
     assert!(rig.daemon.terminate().await.success());
 }
