@@ -561,6 +561,18 @@ async fn redis_restarted_with_aof_during_ingest_loses_and_doubles_nothing() {
         })
         .await;
         assert!(started, "ingest never started");
+        let applied = rig
+            .metric("rollboard_events_applied_total", &[("board", "rooms_7d")])
+            .await;
+        eprintln!(
+            "restart {phase} ({}) with {applied} of {} events applied",
+            if graceful {
+                "SHUTDOWN, everysec"
+            } else {
+                "SIGKILL, always"
+            },
+            (phase + 1) * 1500
+        );
         if graceful {
             rig.redis.cli(&["CONFIG", "SET", "appendfsync", "everysec"]);
             rig.redis.shutdown_and_restart();
