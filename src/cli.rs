@@ -718,6 +718,11 @@ pub async fn append(
     if events.is_empty() {
         return Ok(());
     }
+    // A cluster client routes a transaction by its slot, which it knows only once connected
+    // (a daemon's pool may still be connecting); a plain client queues commands meanwhile.
+    if client.is_clustered() && client.cached_cluster_state().is_none() {
+        client.wait_for_connect().await?;
+    }
     let tx = client.multi();
     for fields in events {
         let id = fresh_id(fields);

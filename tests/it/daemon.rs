@@ -20,7 +20,7 @@ fn now_ms() -> i64 {
 }
 
 /// A tip to a room; matches rooms_7d and fans_7d.
-fn tip(i: usize, now: i64) -> Fields {
+pub(crate) fn tip(i: usize, now: i64) -> Fields {
     vec![
         ("room".into(), format!("r{}", i % 7)),
         ("user".into(), format!("u{}", i % 23)),
@@ -34,7 +34,7 @@ fn tip(i: usize, now: i64) -> Fields {
 }
 
 /// A payment with cents, refunds included; matches tips_24h only.
-fn payment(i: usize, now: i64) -> Fields {
+pub(crate) fn payment(i: usize, now: i64) -> Fields {
     let cents = if i % 6 == 0 {
         -(i as i64 % 500) - 1
     } else {
@@ -61,7 +61,7 @@ fn payment(i: usize, now: i64) -> Fields {
 /// model of `events`.
 /// The model of `events` as the stream holds them (entry IDs stand in for the ids of
 /// events without one; every test event has its own `id`).
-fn models(
+pub(crate) fn models(
     events: &[Fields],
     boards: &[Board],
     now: i64,

@@ -1,0 +1,681 @@
+//! A real Redis Cluster on loopback ports: three masters and three replicas of Debian's
+//! `redis-server`, each in its own temp dir, joined with `redis-cli --cluster create`, and
+//! killed by pid when dropped. Methods kill a master (as a crash), force a failover, restart
+//! a dead node (it rejoins as a replica) and move slots, each waiting for the topology to
+//! settle.
+
+use std::collections::HashMap;
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rollboard::store::{Reconnect, Store};
+
+use crate::util::{free_port, Fields};
+
+/// Milliseconds without an answer before the other nodes mark a node as failing.
+pub const NODE_TIMEOUT_MS: u64 = 1000;
+
+/// One `redis-server` of the cluster.
+struct Node {
+    port: u16,
+    child: Option<Child>,
+    dir: tempfile::TempDir,
+}
+
+fn spawn_node(port: u16, dir: &std::path::Path) -> Child {
+    Command::new("redis-server")
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--cluster-enabled", "yes"])
+        .args(["--cluster-config-file", "nodes.conf"])
+        .args(["--cluster-node-timeout", &NODE_TIMEOUT_MS.to_string()])
+        // A replica may always take over, however long its link was down.
+        .args(["--cluster-replica-validity-factor", "0"])
+        // Replicas stay with their master; the test decides the topology.
+        .args(["--cluster-allow-replica-migration", "no"])
+        .args(["--appendonly", "no", "--save", ""])
+        // The first sync starts at once (diskless, no 5 s gathering delay).
+        .args([
+            "--repl-diskless-sync",
+            "yes",
+            "--repl-diskless-sync-delay",
+            "0",
+        ])
+        .args(["--logfile", "redis.log"])
+        .arg("--dir")
+        .arg(dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("redis-server is installed (scripts/ensure-redis)")
+}
+
+/// A free port whose cluster bus port (port + 10000) is free as well.
+fn free_node_port() -> u16 {
+    loop {
+        let port = free_port();
+        if TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+            return port;
+        }
+    }
+}
+
+/// Runs redis-cli against `port`; standard output.
+pub fn cli(port: u16, args: &[&str]) -> String {
+    let out = Command::new("redis-cli")
+        .args(["-p", &port.to_string()])
+        .args(args)
+        .output()
+        .expect("redis-cli is installed (scripts/ensure-redis)");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// One line of `CLUSTER NODES`.
+#[derive(Debug, Clone)]
+pub struct NodeInfo {
+    /// Node ID.
+    pub id: String,
+    /// Client port.
+    pub port: u16,
+    /// Whether it is a master.
+    pub master: bool,
+    /// Whether it is marked failing (`fail`, not just `fail?`).
+    pub failed: bool,
+    /// The master's ID, for a replica.
+    pub master_id: Option<String>,
+    /// How many slots it serves.
+    pub slots: usize,
+}
+
+fn parse_nodes(text: &str) -> Vec<NodeInfo> {
+    text.lines()
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            if f.len() < 8 {
+                return None;
+            }
+            let addr = f[1].split('@').next()?;
+            let port = addr.rsplit(':').next()?.parse().ok()?;
+            let flags: Vec<&str> = f[2].split(',').collect();
+            let slots = f[8..]
+                .iter()
+                .filter(|s| !s.starts_with('['))
+                .map(|s| match s.split_once('-') {
+                    Some((a, b)) => {
+                        b.parse::<usize>().unwrap_or(0) + 1 - a.parse::<usize>().unwrap_or(0)
+                    }
+                    None => 1,
+                })
+                .sum();
+            Some(NodeInfo {
+                id: f[0].to_string(),
+                port,
+                master: flags.contains(&"master"),
+                failed: flags.contains(&"fail"),
+                master_id: (f[3] != "-").then(|| f[3].to_string()),
+                slots,
+            })
+        })
+        .collect()
+}
+
+/// A 3 + 3 Redis Cluster.
+pub struct RedisCluster {
+    nodes: Vec<Node>,
+}
+
+impl RedisCluster {
+    /// Starts six nodes, joins them (one replica per master), and waits until the
+    /// cluster is healthy and every replica has finished its first sync.
+    pub fn start() -> RedisCluster {
+        let nodes: Vec<Node> = (0..6).map(|_| Self::start_node()).collect();
+        let cluster = RedisCluster { nodes };
+        let addrs: Vec<String> = cluster
+            .nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        let out = Command::new("redis-cli")
+            .arg("--cluster")
+            .arg("create")
+            .args(&addrs)
+            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .output()
+            .expect("redis-cli --cluster create");
+        assert!(
+            out.status.success(),
+            "cluster create failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        cluster.wait_healthy(Duration::from_secs(60));
+        cluster
+    }
+
+    fn start_node() -> Node {
+        for _ in 0..20 {
+            let dir = tempfile::tempdir().expect("temp dir");
+            let port = free_node_port();
+            let child = spawn_node(port, dir.path());
+            let mut node = Node {
+                port,
+                child: Some(child),
+                dir,
+            };
+            if node.wait_ready(Duration::from_secs(5)) {
+                return node;
+            }
+            node.kill();
+        }
+        panic!("could not start a cluster node");
+    }
+
+    /// Every node's client port, in start order.
+    pub fn ports(&self) -> Vec<u16> {
+        self.nodes.iter().map(|n| n.port).collect()
+    }
+
+    /// A `redis-cluster://` URL naming `seeds` (client ports), the first in the authority
+    /// and the others as `node=` parameters.
+    pub fn url_with_seeds(seeds: &[u16]) -> String {
+        let mut url = format!("redis-cluster://127.0.0.1:{}", seeds[0]);
+        for (k, port) in seeds[1..].iter().enumerate() {
+            url.push(if k == 0 { '?' } else { '&' });
+            url.push_str(&format!("node=127.0.0.1:{port}"));
+        }
+        url
+    }
+
+    /// A URL naming every node as a seed.
+    pub fn url(&self) -> String {
+        Self::url_with_seeds(&self.ports())
+    }
+
+    /// A store on the cluster under prefix `rb`.
+    pub async fn store(&self) -> Store {
+        Store::connect(&self.url(), "rb", 2, Reconnect::Never)
+            .await
+            .expect("connect to the cluster")
+    }
+
+    fn live_ports(&self) -> Vec<u16> {
+        self.nodes
+            .iter()
+            .filter(|n| n.child.is_some())
+            .map(|n| n.port)
+            .collect()
+    }
+
+    /// `CLUSTER NODES` as a live node sees it.
+    pub fn topology(&self) -> Vec<NodeInfo> {
+        for port in self.live_ports() {
+            let nodes = parse_nodes(&cli(port, &["CLUSTER", "NODES"]));
+            if !nodes.is_empty() {
+                return nodes;
+            }
+        }
+        panic!("no live node answers CLUSTER NODES")
+    }
+
+    /// The client ports of the masters serving slots.
+    pub fn masters(&self) -> Vec<u16> {
+        self.topology()
+            .iter()
+            .filter(|n| n.master && !n.failed && n.slots > 0)
+            .map(|n| n.port)
+            .collect()
+    }
+
+    /// The replica of the master on `port`.
+    pub fn replica_of(&self, port: u16) -> u16 {
+        let nodes = self.topology();
+        let master = nodes.iter().find(|n| n.port == port).expect("known master");
+        nodes
+            .iter()
+            .find(|n| n.master_id.as_deref() == Some(master.id.as_str()) && !n.failed)
+            .map(|n| n.port)
+            .expect("the master has a live replica")
+    }
+
+    /// The node ID of the node on `port`.
+    pub fn id_of(&self, port: u16) -> String {
+        cli(port, &["CLUSTER", "MYID"]).trim().to_string()
+    }
+
+    /// Whether every live node reports `cluster_state:ok`, agrees on the same masters,
+    /// knows no live node as failed, and every replica's link to its master is up.
+    pub fn healthy(&self) -> bool {
+        let live = self.live_ports();
+        let mut views = Vec::new();
+        for &port in &live {
+            if !cli(port, &["CLUSTER", "INFO"]).contains("cluster_state:ok") {
+                return false;
+            }
+            let nodes = parse_nodes(&cli(port, &["CLUSTER", "NODES"]));
+            if nodes
+                .iter()
+                .any(|n| live.contains(&n.port) && n.failed || !live.contains(&n.port) && !n.failed)
+            {
+                return false;
+            }
+            let mut masters: Vec<(u16, usize)> = nodes
+                .iter()
+                .filter(|n| n.master && n.slots > 0)
+                .map(|n| (n.port, n.slots))
+                .collect();
+            masters.sort();
+            views.push(masters);
+            let info = cli(port, &["INFO", "replication"]);
+            if info.contains("role:slave") && !info.contains("master_link_status:up") {
+                return false;
+            }
+        }
+        views.windows(2).all(|w| w[0] == w[1])
+            && views
+                .first()
+                .is_some_and(|m| m.iter().map(|(_, s)| s).sum::<usize>() == 16384)
+    }
+
+    /// Waits until [`RedisCluster::healthy`]; panics after `limit`.
+    pub fn wait_healthy(&self, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        while !self.healthy() {
+            assert!(
+                Instant::now() < deadline,
+                "cluster not healthy after {limit:?}: {:?}",
+                self.topology()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Kills the master on `port` with SIGKILL and waits until its replica has taken over
+    /// its slots and every live node agrees. Returns how long the takeover took.
+    pub fn kill_master(&mut self, port: u16) -> Duration {
+        let started = Instant::now();
+        let node = self
+            .nodes
+            .iter_mut()
+            .find(|n| n.port == port)
+            .expect("a node of this cluster");
+        node.kill();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let live = self.live_ports();
+            let settled = live.iter().all(|&p| {
+                let nodes = parse_nodes(&cli(p, &["CLUSTER", "NODES"]));
+                cli(p, &["CLUSTER", "INFO"]).contains("cluster_state:ok")
+                    && nodes.iter().any(|n| n.port == port && n.failed)
+                    && !nodes
+                        .iter()
+                        .any(|n| n.master && n.slots > 0 && !live.contains(&n.port))
+            });
+            if settled {
+                return started.elapsed();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no replica took over from {port}: {:?}",
+                self.topology()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Starts a killed node again on its port and directory (it rejoins as a replica of
+    /// whoever took its slots, and syncs from scratch), then waits until all is healthy.
+    pub fn restart(&mut self, port: u16) {
+        let node = self
+            .nodes
+            .iter_mut()
+            .find(|n| n.port == port)
+            .expect("a node of this cluster");
+        assert!(node.child.is_none(), "node {port} is running");
+        node.child = Some(spawn_node(port, node.dir.path()));
+        assert!(
+            node.wait_ready(Duration::from_secs(10)),
+            "node {port} is up"
+        );
+        self.wait_healthy(Duration::from_secs(60));
+    }
+
+    /// Runs `CLUSTER FAILOVER` on the replica of the master on `port` and waits until the
+    /// replica is a master serving the slots and everything is healthy. Returns the new
+    /// master's port.
+    pub fn force_failover(&self, port: u16) -> u16 {
+        let replica = self.replica_of(port);
+        assert_eq!(cli(replica, &["CLUSTER", "FAILOVER"]).trim(), "OK");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !(self.masters().contains(&replica) && self.healthy()) {
+            assert!(
+                Instant::now() < deadline,
+                "failover to {replica} did not finish"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        replica
+    }
+
+    /// Moves `slots` slots from the master on `from` to the master on `to` with
+    /// `redis-cli --cluster reshard`, then waits until every node agrees.
+    pub fn reshard(&self, from: u16, to: u16, slots: usize) {
+        let out = Command::new("redis-cli")
+            .args(["--cluster", "reshard", &format!("127.0.0.1:{from}")])
+            .args(["--cluster-from", &self.id_of(from)])
+            .args(["--cluster-to", &self.id_of(to)])
+            .args(["--cluster-slots", &slots.to_string(), "--cluster-yes"])
+            .stdout(Stdio::null())
+            .output()
+            .expect("redis-cli --cluster reshard");
+        assert!(
+            out.status.success(),
+            "reshard failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        self.wait_healthy(Duration::from_secs(60));
+    }
+}
+
+impl Node {
+    fn wait_ready(&mut self, limit: Duration) -> bool {
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            match self.child.as_mut().map(|c| c.try_wait()) {
+                Some(Ok(None)) => {}
+                _ => return false,
+            }
+            if cli(self.port, &["PING"]).trim() == "PONG" {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+
+    /// SIGKILL by pid, then reap.
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for RedisCluster {
+    fn drop(&mut self) {
+        for node in &mut self.nodes {
+            node.kill();
+        }
+    }
+}
+
+/// The fixture itself: six nodes, three masters with 16384 slots between them, each with
+/// a synced replica; a killed master's replica takes over and the killed node rejoins.
+#[test]
+fn a_cluster_starts_fails_over_and_heals() {
+    let mut cluster = RedisCluster::start();
+    let masters = cluster.masters();
+    assert_eq!(masters.len(), 3, "{:?}", cluster.topology());
+    let victim = masters[0];
+    let replica = cluster.replica_of(victim);
+    let took = cluster.kill_master(victim);
+    eprintln!("failover after kill -9 took {took:?}");
+    assert!(cluster.masters().contains(&replica));
+    cluster.restart(victim);
+    assert_eq!(cluster.replica_of(replica), victim);
+    assert_eq!(cluster.force_failover(replica), victim);
+}
+
+/// The core flows on a cluster, one cluster for all of them: the daemon fed through the
+/// stream, `send` and HTTP (malformed events dead-lettered), killed with -9 mid-backlog and
+/// restarted, a dead consumer's entries taken over with `XAUTOCLAIM`, the CLI queries, a
+/// roll three days ahead (catch-up), `verify` and `rebuild`: every board equals the model.
+#[tokio::test]
+async fn core_flows_on_a_cluster_equal_the_model() {
+    use crate::cli::{rollboard, stdout};
+    use crate::daemon::{models, payment, tip};
+    use crate::util::{assert_state, drained, test_boards, write_config_url, xadd_all, Daemon};
+    use fred::prelude::*;
+
+    let cluster = RedisCluster::start();
+    let store = cluster.store().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let port = free_port();
+    let config = write_config_url(dir.path(), &cluster.url(), port, "a", "");
+    let boards = test_boards();
+    let now = rollboard::cli::now_ms();
+    let event = |i: usize| {
+        if i % 4 == 0 {
+            payment(i, now)
+        } else {
+            tip(i, now)
+        }
+    };
+    let mut events: Vec<Fields> = (0..1000).map(event).collect();
+
+    // Stream, send, HTTP; bad events are dead-lettered.
+    let daemon = Daemon::start(&config, port).await;
+    xadd_all(store.client(), "rb:events", &events[..600]).await;
+    let bad: Vec<Fields> = (0..5)
+        .map(|i| {
+            vec![
+                ("room".into(), "r1".into()),
+                ("user".into(), "u1".into()),
+                ("amount".into(), "lots".into()),
+                ("id".into(), format!("bad{i}")),
+            ]
+        })
+        .collect();
+    xadd_all(store.client(), "rb:events", &bad).await;
+    let lines: Vec<String> = events[600..800]
+        .iter()
+        .map(|f| {
+            serde_json::to_string(&f.iter().cloned().collect::<HashMap<_, _>>()).expect("json")
+        })
+        .collect();
+    let file = dir.path().join("events.jsonl");
+    std::fs::write(&file, lines.join("\n")).expect("write events");
+    let out = rollboard(Some(&config), &["send", file.to_str().expect("path")], &[]);
+    assert!(out.status.success(), "{}", crate::cli::stderr(&out));
+    let body: Vec<HashMap<String, String>> = events[800..]
+        .iter()
+        .map(|f| f.iter().cloned().collect())
+        .collect();
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/events", daemon.base))
+        .json(&body)
+        .send()
+        .await
+        .expect("post");
+    let status = r.status().as_u16();
+    assert_eq!(status, 202, "{}", r.text().await.unwrap_or_default());
+    assert!(
+        drained(&store).await,
+        "not drained; log:\n{}",
+        daemon.logs()
+    );
+    assert_state(&store, &boards, &models(&events, &boards, now), now).await;
+    let dead: i64 = store.client().xlen("rb:events:dead").await.expect("xlen");
+    assert_eq!(dead, 5);
+
+    // kill -9 mid-backlog, restart: nothing lost, nothing doubled.
+    let more: Vec<Fields> = (1000..6000).map(event).collect();
+    xadd_all(store.client(), "rb:events", &more).await;
+    events.extend(more);
+    let applying = crate::util::wait_for(Duration::from_secs(30), || async {
+        daemon
+            .metric("rollboard_events_applied_total", &[("board", "rooms_7d")])
+            .await
+            > 1000.0
+    })
+    .await;
+    assert!(applying, "log:\n{}", daemon.logs());
+    daemon.kill().await;
+    let daemon = Daemon::start(&config, port).await;
+    assert!(
+        drained(&store).await,
+        "not drained; log:\n{}",
+        daemon.logs()
+    );
+    assert_state(&store, &boards, &models(&events, &boards, now), now).await;
+
+    // A consumer that read and died: its entries are claimed after claim_idle.
+    let more: Vec<Fields> = (6000..6300).map(event).collect();
+    assert!(daemon.terminate().await.success());
+    xadd_all(store.client(), "rb:events", &more).await;
+    events.extend(more);
+    let _: Value = store
+        .client()
+        .xreadgroup("rollboard", "b", Some(100), None, false, "rb:events", ">")
+        .await
+        .expect("b reads without acking");
+    let daemon = Daemon::start(&config, port).await;
+    assert!(
+        drained(&store).await,
+        "not drained; log:\n{}",
+        daemon.logs()
+    );
+    assert_state(&store, &boards, &models(&events, &boards, now), now).await;
+
+    // Queries through the CLI agree with the model.
+    let model = models(&events, &boards, now);
+    let fans = boards
+        .iter()
+        .position(|b| b.name == "fans_7d")
+        .expect("fans_7d");
+    let expected = model[&(fans, Some("r3".to_string()))].ranking(&boards[fans]);
+    let out = rollboard(
+        Some(&config),
+        &[
+            "top", "fans_7d", "--scope", "r3", "--limit", "1000", "--json",
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{}", crate::cli::stderr(&out));
+    let page: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("json");
+    assert_eq!(page["count"].as_u64(), Some(expected.len() as u64));
+    let (member, total, _) = &expected[0];
+    let out = rollboard(
+        Some(&config),
+        &["rank", "fans_7d", member, "--scope", "r3", "--json"],
+        &[],
+    );
+    assert!(out.status.success(), "{}", crate::cli::stderr(&out));
+    let rank: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("json");
+    assert_eq!(rank["rank"], 1, "{rank}");
+    assert_eq!(rank["total"].to_string(), total.to_string(), "{rank}");
+    assert!(daemon.terminate().await.success());
+
+    // Roll three days ahead (tips_24h empties), verify, rebuild, verify.
+    let later = now + 3 * 86_400_000;
+    let out = rollboard(
+        Some(&config),
+        &["roll", "--at", &later.to_string(), "--force"],
+        &[],
+    );
+    assert!(out.status.success(), "{}", crate::cli::stderr(&out));
+    assert_state(&store, &boards, &models(&events, &boards, later), later).await;
+    let out = rollboard(Some(&config), &["verify", "--strict"], &[]);
+    assert!(
+        out.status.success(),
+        "verify: {}{}",
+        stdout(&out),
+        crate::cli::stderr(&out)
+    );
+    for board in ["rooms_7d", "fans_7d", "tips_24h"] {
+        let out = rollboard(Some(&config), &["rebuild", board], &[]);
+        assert!(
+            out.status.success(),
+            "rebuild {board}: {}",
+            crate::cli::stderr(&out)
+        );
+    }
+    let out = rollboard(Some(&config), &["verify"], &[]);
+    assert!(
+        out.status.success(),
+        "verify: {}{}",
+        stdout(&out),
+        crate::cli::stderr(&out)
+    );
+}
+
+/// Slots move between masters with `redis-cli --cluster reshard` while events are appended
+/// and the daemon ingests and rolls: every board still equals the model, `verify` passes.
+#[tokio::test]
+async fn resharding_under_load_equals_the_model() {
+    use crate::cli::{rollboard, stdout};
+    use crate::daemon::{models, payment, tip};
+    use crate::util::{assert_state, drained, test_boards, write_config_url, xadd_all, Daemon};
+
+    let cluster = RedisCluster::start();
+    let store = cluster.store().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let port = free_port();
+    let config = write_config_url(dir.path(), &cluster.url(), port, "a", "");
+    let boards = test_boards();
+    let now = rollboard::cli::now_ms();
+    let event = move |i: usize| {
+        if i % 4 == 0 {
+            payment(i, now)
+        } else {
+            tip(i, now)
+        }
+    };
+    let daemon = Daemon::start(&config, port).await;
+    // Appends 50 events every 50 ms until the resharding is over.
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let feeder = {
+        let client = store.client().clone();
+        let done = done.clone();
+        tokio::spawn(async move {
+            let mut events: Vec<Fields> = Vec::new();
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                let chunk: Vec<Fields> = (events.len()..events.len() + 50).map(event).collect();
+                xadd_all(&client, "rb:events", &chunk).await;
+                events.extend(chunk);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            events
+        })
+    };
+    let masters = cluster.masters();
+    // Every master gives slots to the next one: instance keys, registries and the stream
+    // move while they are written.
+    let moves: Vec<(u16, u16)> = (0..masters.len())
+        .map(|k| (masters[k], masters[(k + 1) % masters.len()]))
+        .collect();
+    let reshard = tokio::task::spawn_blocking({
+        let ports = moves.clone();
+        move || {
+            for (from, to) in ports {
+                cluster.reshard(from, to, 1000);
+            }
+            cluster
+        }
+    });
+    let cluster = reshard.await.expect("reshard");
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let events = feeder.await.expect("feeder");
+    eprintln!("{} events appended while 3000 slots moved", events.len());
+    let slots: Vec<usize> = cluster
+        .topology()
+        .iter()
+        .filter(|n| n.master)
+        .map(|n| n.slots)
+        .collect();
+    eprintln!("slots per master after resharding: {slots:?}");
+    assert!(
+        drained(&store).await,
+        "not drained; log:\n{}",
+        daemon.logs()
+    );
+    assert_state(&store, &boards, &models(&events, &boards, now), now).await;
+    assert!(daemon.terminate().await.success());
+    let out = rollboard(Some(&config), &["verify", "--strict"], &[]);
+    assert!(
+        out.status.success(),
+        "verify: {}{}",
+        stdout(&out),
+        crate::cli::stderr(&out)
+    );
+}
