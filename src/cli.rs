@@ -793,7 +793,7 @@ async fn send(settings: &Settings, file: Option<PathBuf>) -> anyhow::Result<u8> 
     let store = connect(settings).await?;
     let stream = settings.ingest.stream.as_str();
     let mut appended = 0u64;
-    let outcome = append_lines(second, settings, store.client(), &mut appended).await;
+    let outcome = append_lines(second, settings, &store, &mut appended).await;
     if let Err(e) = outcome {
         eprintln!(
             "{appended} of {} event(s) were appended before the failure",
@@ -810,7 +810,7 @@ async fn send(settings: &Settings, file: Option<PathBuf>) -> anyhow::Result<u8> 
 async fn append_lines(
     mut input: Box<dyn BufRead>,
     settings: &Settings,
-    client: &Client,
+    store: &Store,
     appended: &mut u64,
 ) -> anyhow::Result<()> {
     let stream = settings.ingest.stream.as_str();
@@ -839,9 +839,13 @@ async fn append_lines(
             || bytes >= SEND_BATCH_BYTES
             || (!more && !batch.is_empty())
         {
-            append(client, stream, &batch)
+            append(store.client(), stream, &batch)
                 .await
                 .with_context(|| format!("cannot append to {stream}"))?;
+            store
+                .confirm_writes(&[stream])
+                .await
+                .with_context(|| format!("cannot confirm the append to {stream}"))?;
             *appended += batch.len() as u64;
             batch.clear();
             bytes = 0;

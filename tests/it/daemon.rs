@@ -287,10 +287,10 @@ async fn sigterm_under_load_exits_0_and_loses_nothing() {
 
 /// A small deterministic generator (splitmix64), so that a failing run can be replayed
 /// from the seed it prints.
-struct SplitMix(u64);
+pub(crate) struct SplitMix(pub(crate) u64);
 
 impl SplitMix {
-    fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
