@@ -1033,6 +1033,35 @@ mod tests {
     }
 
     #[test]
+    fn replica_acks_default_to_the_topology_and_are_bounded() {
+        let s = Settings::from_toml(BOARD).expect("valid");
+        assert_eq!(s.redis.durability.replicas, None);
+        assert_eq!(s.redis.durability.timeout, Duration::from_secs(2));
+        let s = Settings::from_toml(&format!(
+            "[redis]\nmin_replicas_acked = 0\nreplica_ack_timeout = \"250ms\"\n{BOARD}"
+        ))
+        .expect("valid");
+        assert_eq!(s.redis.durability.replicas, Some(0));
+        assert_eq!(s.redis.durability.timeout, Duration::from_millis(250));
+        for bad in ["-1", "17"] {
+            let e = refusal(&format!("[redis]\nmin_replicas_acked = {bad}\n{BOARD}"));
+            assert!(
+                e.contains("redis.min_replicas_acked") && e.contains(bad),
+                "{e}"
+            );
+        }
+        for bad in ["5s", "1ms", "soon"] {
+            let e = refusal(&format!(
+                "[redis]\nreplica_ack_timeout = \"{bad}\"\n{BOARD}"
+            ));
+            assert!(
+                e.contains("redis.replica_ack_timeout") && e.contains(bad),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
     fn absurd_sizes_are_refused_naming_the_key() {
         let e = refusal(&BOARD.replace("\"7d\"", "\"10000000000d\""));
         assert!(

@@ -56,19 +56,6 @@ fn tag_for_slot(slot: u16) -> String {
         .unwrap_or_default()
 }
 
-/// Whether every slot range of a `CLUSTER SLOTS` reply lists at least one replica.
-fn every_range_has_a_replica(reply: &Value) -> bool {
-    match reply {
-        Value::Array(ranges) => {
-            !ranges.is_empty()
-                && ranges
-                    .iter()
-                    .all(|r| matches!(r, Value::Array(parts) if parts.len() > 3))
-        }
-        _ => false,
-    }
-}
-
 /// Whether a `ROLE` reply is a master's with at least one replica.
 fn master_with_replicas(reply: &Value) -> bool {
     match reply {
@@ -104,23 +91,32 @@ impl Store {
             .replicas_auto
             .get_or_try_init(|| async {
                 let client = self.client();
-                let replicated = if client.is_clustered() {
-                    let slots: Value = client
-                        .custom(
-                            CustomCommand::new_static("CLUSTER", ClusterHash::Random, false),
-                            vec!["SLOTS"],
-                        )
-                        .await?;
-                    every_range_has_a_replica(&slots)
+                // ROLE on every master lists its connected replicas. (CLUSTER SLOTS
+                // leaves out replicas that have not yet received a byte of replication.)
+                let role = CustomCommand::new_static("ROLE", ClusterHash::Random, false);
+                let mut replicated = true;
+                if client.is_clustered() {
+                    if client.cached_cluster_state().is_none() {
+                        client.wait_for_connect().await?;
+                    }
+                    let primaries = client
+                        .cached_cluster_state()
+                        .map(|state| state.unique_primary_nodes())
+                        .unwrap_or_default();
+                    if primaries.is_empty() {
+                        return Err(reply_err("no cluster routing table after connecting"));
+                    }
+                    for server in primaries {
+                        let reply: Value = client
+                            .with_cluster_node(server)
+                            .custom(role.clone(), Vec::<Value>::new())
+                            .await?;
+                        replicated &= master_with_replicas(&reply);
+                    }
                 } else {
-                    let role: Value = client
-                        .custom(
-                            CustomCommand::new_static("ROLE", ClusterHash::Random, false),
-                            Vec::<Value>::new(),
-                        )
-                        .await?;
-                    master_with_replicas(&role)
-                };
+                    let reply: Value = client.custom(role, Vec::<Value>::new()).await?;
+                    replicated = master_with_replicas(&reply);
+                }
                 let n = u32::from(replicated);
                 info!(
                     min_replicas_acked = n,
@@ -232,22 +228,8 @@ mod tests {
     }
 
     #[test]
-    fn topology_replies_tell_whether_masters_have_replicas() {
+    fn role_replies_tell_whether_a_master_has_replicas() {
         let node = |p: i64| Value::Array(vec!["127.0.0.1".into(), p.into(), "id".into()]);
-        let range = |replicas: usize| {
-            let mut parts = vec![0.into(), 100.into(), node(1)];
-            parts.extend((0..replicas).map(|k| node(2 + k as i64)));
-            Value::Array(parts)
-        };
-        assert!(every_range_has_a_replica(&Value::Array(vec![
-            range(1),
-            range(2)
-        ])));
-        assert!(!every_range_has_a_replica(&Value::Array(vec![
-            range(1),
-            range(0)
-        ])));
-        assert!(!every_range_has_a_replica(&Value::Array(vec![])));
         let role = |replicas: Vec<Value>| {
             Value::Array(vec!["master".into(), 10.into(), Value::Array(replicas)])
         };

@@ -243,7 +243,8 @@ impl RedisCluster {
     }
 
     /// Whether every live node reports `cluster_state:ok`, agrees on the same masters,
-    /// knows no live node as failed, and every replica's link to its master is up.
+    /// knows no live node as failed and a live replica for every master, and every
+    /// replica's link to its master is up.
     pub fn healthy(&self) -> bool {
         let live = self.live_ports();
         let mut views = Vec::new();
@@ -256,6 +257,15 @@ impl RedisCluster {
                 .iter()
                 .any(|n| live.contains(&n.port) && n.failed || !live.contains(&n.port) && !n.failed)
             {
+                return false;
+            }
+            let serving: Vec<&NodeInfo> =
+                nodes.iter().filter(|n| n.master && n.slots > 0).collect();
+            if !serving.iter().all(|m| {
+                nodes
+                    .iter()
+                    .any(|r| r.master_id.as_deref() == Some(m.id.as_str()) && !r.failed)
+            }) {
                 return false;
             }
             let mut masters: Vec<(u16, usize)> = nodes
@@ -678,4 +688,276 @@ async fn resharding_under_load_equals_the_model() {
         stdout(&out),
         crate::cli::stderr(&out)
     );
+}
+
+/// How many masters the failover test kills (`ROLLBOARD_FAILOVER_RUNS`).
+fn failover_runs() -> usize {
+    std::env::var("ROLLBOARD_FAILOVER_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5)
+}
+
+/// The failover test's seed: `ROLLBOARD_FAILOVER_SEED`, else the clock.
+fn failover_seed() -> u64 {
+    std::env::var("ROLLBOARD_FAILOVER_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| rollboard::cli::now_ms() as u64)
+}
+
+/// POSTs `events` to the daemon until it answers 202 (a producer that retries with its own
+/// ids, as the README says); returns how many attempts were refused.
+async fn post_until_accepted(http: &reqwest::Client, base: &str, events: &[Fields]) -> u64 {
+    let body: Vec<HashMap<String, String>> =
+        events.iter().map(|f| f.iter().cloned().collect()).collect();
+    let mut refused = 0;
+    loop {
+        let status = http
+            .post(format!("{base}/v1/events"))
+            .json(&body)
+            .send()
+            .await
+            .map(|r| r.status().as_u16())
+            .unwrap_or(0);
+        if status == 202 {
+            return refused;
+        }
+        assert!(
+            status == 503 || status == 0,
+            "intake answered {status} during a failover"
+        );
+        refused += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// While the daemon ingests and rolls and producers POST events, masters are killed with
+/// -9 at seeded random points (each time the killed node restarts and rejoins as a
+/// replica), then one `CLUSTER FAILOVER` is forced. With `redis.min_replicas_acked` at its
+/// default (1 here) nothing that was acked or answered 202 is lost, nothing is counted
+/// twice, and `verify` passes. While the first master is down, the CLI works with a URL
+/// naming it as the first of several seeds, and fails with a URL naming only it.
+#[tokio::test]
+async fn masters_killed_under_load_lose_nothing_acked() {
+    use crate::cli::{rollboard, stderr, stdout};
+    use crate::daemon::{models, payment, tip, SplitMix};
+    use crate::util::{assert_state, drained, test_boards, write_config_url, Daemon};
+
+    let runs = failover_runs();
+    let seed = failover_seed();
+    eprintln!("failover test: seed {seed} (ROLLBOARD_FAILOVER_SEED), {runs} kills");
+    let mut rng = SplitMix(seed);
+    let mut cluster = RedisCluster::start();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let port = free_port();
+    let config = write_config_url(dir.path(), &cluster.url(), port, "a", "");
+    let boards = test_boards();
+    let now = rollboard::cli::now_ms();
+    let event = move |i: usize| {
+        if i % 4 == 0 {
+            payment(i, now)
+        } else {
+            tip(i, now)
+        }
+    };
+    let daemon = Daemon::start(&config, port).await;
+    // Producers: 25 events per request, every 20 ms, each retried until accepted.
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let feeder = {
+        let done = done.clone();
+        let base = daemon.base.clone();
+        tokio::spawn(async move {
+            let http = reqwest::Client::new();
+            let (mut events, mut refused) = (Vec::new(), 0);
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                let chunk: Vec<Fields> = (events.len()..events.len() + 25).map(event).collect();
+                refused += post_until_accepted(&http, &base, &chunk).await;
+                events.extend(chunk);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            (events, refused)
+        })
+    };
+    let mut took = Vec::new();
+    for run in 1..=runs {
+        let delay = Duration::from_millis(500 + rng.next() % 2_000);
+        tokio::time::sleep(delay).await;
+        let masters = cluster.masters();
+        let victim = masters[(rng.next() % masters.len() as u64) as usize];
+        let (c, d) = tokio::task::spawn_blocking(move || {
+            let d = cluster.kill_master(victim);
+            (cluster, d)
+        })
+        .await
+        .expect("kill");
+        cluster = c;
+        eprintln!("run {run}: killed master {victim} after {delay:?}; failover took {d:?}");
+        took.push(d);
+        if run == 1 {
+            let mut seeds = vec![victim];
+            seeds.extend(cluster.ports().into_iter().filter(|p| *p != victim));
+            let several = write_config_url(
+                dir.path(),
+                &RedisCluster::url_with_seeds(&seeds),
+                free_port(),
+                "seeds",
+                "",
+            );
+            let out = rollboard(Some(&several), &["top", "rooms_7d", "--json"], &[]);
+            assert!(out.status.success(), "first seed down: {}", stderr(&out));
+            let only = write_config_url(
+                dir.path(),
+                &RedisCluster::url_with_seeds(&[victim]),
+                free_port(),
+                "dead",
+                "",
+            );
+            let out = rollboard(Some(&only), &["top", "rooms_7d"], &[]);
+            assert!(!out.status.success(), "only seed down: {}", stdout(&out));
+        }
+        cluster = tokio::task::spawn_blocking(move || {
+            cluster.restart(victim);
+            cluster
+        })
+        .await
+        .expect("restart");
+    }
+    let masters = cluster.masters();
+    let target = masters[(rng.next() % masters.len() as u64) as usize];
+    let cluster = tokio::task::spawn_blocking(move || {
+        let promoted = cluster.force_failover(target);
+        eprintln!("forced failover from {target} to {promoted}");
+        cluster
+    })
+    .await
+    .expect("failover");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (events, refused) = feeder.await.expect("feeder");
+    // A fresh connection: the one opened before the kills does not reconnect.
+    let store = cluster.store().await;
+    if !drained(&store).await {
+        let log = daemon.logs();
+        let tail: Vec<&str> = log.lines().rev().take(40).collect();
+        panic!(
+            "seed {seed}: not drained: {:?}; log tail:\n{}",
+            rollboard::ingest::group_info(store.client(), "rb:events", "rollboard").await,
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        );
+    }
+    assert_state(&store, &boards, &models(&events, &boards, now), now).await;
+    let ack_failures = daemon
+        .metric("rollboard_replica_ack_failures_total", &[])
+        .await;
+    let mut waits = 0u64;
+    for port in cluster.masters() {
+        let stats = cli(port, &["INFO", "commandstats"]);
+        waits += stats
+            .lines()
+            .find_map(|l| l.strip_prefix("cmdstat_wait:calls="))
+            .and_then(|v| v.split(',').next())
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0);
+    }
+    assert!(waits > 0, "no WAIT reached the current masters");
+    eprintln!(
+        "failover test: seed {seed}: {} events, {refused} POSTs refused and retried, \
+         {ack_failures} replica-ack failures, failovers took {took:?}; boards equal the model",
+        events.len()
+    );
+    assert!(daemon.terminate().await.success());
+    let out = rollboard(Some(&config), &["verify", "--strict"], &[]);
+    assert!(
+        out.status.success(),
+        "verify: {}{}",
+        stdout(&out),
+        stderr(&out)
+    );
+}
+
+/// With `redis.min_replicas_acked = 1` and no replica: the consumer applies but acks
+/// nothing (counted in `rollboard_replica_ack_failures_total`), `POST /v1/events` answers
+/// 503 with a JSON error naming the setting, and `send` fails. Once a replica attaches,
+/// the redelivered batches (now all duplicates, which write nothing) are confirmed and
+/// acked, and the boards equal the model: nothing lost, nothing counted twice.
+#[tokio::test]
+async fn without_enough_replicas_nothing_is_acked_or_confirmed() {
+    use crate::cli::{rollboard, stderr};
+    use crate::daemon::{models, tip};
+    use crate::util::{
+        assert_state, drained, test_boards, wait_for, write_config, xadd_all, Daemon, RedisServer,
+    };
+
+    let primary = RedisServer::start();
+    let store = primary.store("rb").await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let port = free_port();
+    let config = write_config(dir.path(), &primary, port, "a", "");
+    let text = std::fs::read_to_string(&config).expect("config");
+    std::fs::write(
+        &config,
+        text.replacen(
+            "[redis]\n",
+            "[redis]\nmin_replicas_acked = 1\nreplica_ack_timeout = \"100ms\"\n",
+            1,
+        ),
+    )
+    .expect("config");
+    let boards = test_boards();
+    let now = rollboard::cli::now_ms();
+    let mut events: Vec<Fields> = (0..300).map(|i| tip(i, now)).collect();
+    let daemon = Daemon::start(&config, port).await;
+    xadd_all(store.client(), "rb:events", &events).await;
+    let refused = wait_for(Duration::from_secs(20), || async {
+        daemon
+            .metric("rollboard_replica_ack_failures_total", &[])
+            .await
+            >= 2.0
+    })
+    .await;
+    assert!(refused, "log:\n{}", daemon.logs());
+    let (pending, _) = rollboard::ingest::group_info(store.client(), "rb:events", "rollboard")
+        .await
+        .expect("xinfo")
+        .expect("group");
+    assert!(pending > 0, "entries were acked without a replica");
+
+    let more: Vec<Fields> = (300..310).map(|i| tip(i, now)).collect();
+    let body: Vec<HashMap<String, String>> =
+        more.iter().map(|f| f.iter().cloned().collect()).collect();
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/events", daemon.base))
+        .json(&body)
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(r.status().as_u16(), 503);
+    let error: serde_json::Value = r.json().await.expect("json error");
+    let message = error["error"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("NOREPLICAS") && message.contains("redis.min_replicas_acked"),
+        "{error}"
+    );
+    // The events were appended (a retry with the same ids is harmless), just not confirmed.
+    events.extend(more);
+    let line =
+        serde_json::to_string(&tip(310, now).into_iter().collect::<HashMap<_, _>>()).expect("json");
+    let file = dir.path().join("one.jsonl");
+    std::fs::write(&file, line).expect("write");
+    let out = rollboard(Some(&config), &["send", file.to_str().expect("path")], &[]);
+    assert!(!out.status.success(), "send confirmed without a replica");
+    assert!(stderr(&out).contains("NOREPLICAS"), "{}", stderr(&out));
+    events.push(tip(310, now));
+
+    // A replica attaches: everything pending is confirmed and acked.
+    let replica = RedisServer::start();
+    replica.cli(&["REPLICAOF", "127.0.0.1", &primary.port.to_string()]);
+    assert!(
+        drained(&store).await,
+        "not drained; log:\n{}",
+        daemon.logs()
+    );
+    assert_state(&store, &boards, &models(&events, &boards, now), now).await;
+    assert!(daemon.terminate().await.success());
 }
