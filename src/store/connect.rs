@@ -573,10 +573,6 @@ impl Store {
             words(&["SCRIPT", "EXISTS", &sha]),
             words(&["MULTI"]),
             words(&["EXEC"]),
-            // Confirmations: a short-lived key, then WAIT; ROLE decides the default count.
-            words(&["SET", &self.keys.sync(Some("0")), "1", "PX", "1"]),
-            words(&["WAIT", "0", "0"]),
-            words(&["ROLE"]),
             words(&[
                 "XREADGROUP",
                 "GROUP",
@@ -595,6 +591,14 @@ impl Store {
             words(&["XINFO", "GROUPS", stream]),
             words(&["XADD", dead_letter, "*", "f", "v"]),
         ];
+        if self.durability.replicas != Some(0) {
+            // Confirmations: a short-lived key, then WAIT; ROLE decides the default count.
+            probes.extend([
+                words(&["SET", &self.keys.sync(Some("0")), "1", "PX", "1"]),
+                words(&["WAIT", "0", "0"]),
+                words(&["ROLE"]),
+            ]);
+        }
         let lua = script_commands();
         for board in boards {
             let k = self.instance(board, None);
