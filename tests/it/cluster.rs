@@ -661,7 +661,7 @@ async fn resharding_under_load_equals_the_model() {
         }
     };
     let daemon = Daemon::start(&config, port).await;
-    // Appends 50 events every 50 ms until the resharding is over.
+    // Appends 25 events every 50 ms until the resharding is over.
     let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let feeder = {
         let client = store.client().clone();
@@ -669,7 +669,7 @@ async fn resharding_under_load_equals_the_model() {
         tokio::spawn(async move {
             let mut events: Vec<Fields> = Vec::new();
             while !done.load(std::sync::atomic::Ordering::Relaxed) {
-                let chunk: Vec<Fields> = (events.len()..events.len() + 50).map(event).collect();
+                let chunk: Vec<Fields> = (events.len()..events.len() + 25).map(event).collect();
                 xadd_all(&client, "rb:events", &chunk).await;
                 events.extend(chunk);
                 tokio::time::sleep(Duration::from_millis(50)).await;
@@ -801,7 +801,7 @@ async fn masters_killed_under_load_lose_nothing_acked() {
         }
     };
     let daemon = Daemon::start(&config, port).await;
-    // Producers: 25 events per request, every 20 ms, each retried until accepted.
+    // Producers: 25 events per request, every 50 ms, each retried until accepted.
     let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let feeder = {
         let done = done.clone();
@@ -813,7 +813,7 @@ async fn masters_killed_under_load_lose_nothing_acked() {
                 let chunk: Vec<Fields> = (events.len()..events.len() + 25).map(event).collect();
                 refused += post_until_accepted(&http, &base, &chunk).await;
                 events.extend(chunk);
-                tokio::time::sleep(Duration::from_millis(20)).await;
+                tokio::time::sleep(Duration::from_millis(50)).await;
             }
             (events, refused)
         })
