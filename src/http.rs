@@ -636,7 +636,8 @@ async fn events(
     redis(&state, async {
         append(state.store.client(), stream, &accepted)
             .await
-            .map_err(StoreError::from)
+            .map_err(StoreError::from)?;
+        state.store.confirm_writes(&[stream]).await
     })
     .await?;
     Ok((

@@ -19,7 +19,7 @@ use crate::roll::Report;
 use crate::store::{StoreError, SCRIPT_NAMES};
 
 /// Every `kind` label of `rollboard_redis_errors_total`.
-pub const ERROR_KINDS: [&str; 4] = ["connection", "timeout", "script", "other"];
+pub const ERROR_KINDS: [&str; 5] = ["connection", "timeout", "replicas", "script", "other"];
 
 /// The route templates of the HTTP API (the `route` label values of
 /// `rollboard_http_request_duration_seconds`): never raw paths.
@@ -50,6 +50,7 @@ pub struct Metrics {
     lag: IntGauge,
     redis_errors: IntCounterVec,
     reconnects: IntCounter,
+    replica_ack_failures: IntCounter,
     up: Gauge,
     apply_failures: IntCounterVec,
     board_failing: IntGaugeVec,
@@ -207,6 +208,15 @@ impl Metrics {
             )
             .expect("valid metric"),
         );
+        let replica_ack_failures = register(
+            &registry,
+            IntCounter::new(
+                "rollboard_replica_ack_failures_total",
+                "Batches not acked and appends not confirmed because fewer replicas than \
+                 redis.min_replicas_acked acknowledged their writes in time.",
+            )
+            .expect("valid metric"),
+        );
         let up = register(
             &registry,
             Gauge::new(
@@ -328,6 +338,7 @@ impl Metrics {
             lag,
             redis_errors,
             reconnects,
+            replica_ack_failures,
             up,
             apply_failures,
             board_failing,
@@ -439,6 +450,9 @@ impl Metrics {
     /// A Redis operation failed.
     pub fn redis_error(&self, error: &StoreError) {
         self.redis_errors.with_label_values(&[error.kind()]).inc();
+        if error.is_replica_ack_failure() {
+            self.replica_ack_failures.inc();
+        }
     }
 
     /// A connection to Redis was re-established.

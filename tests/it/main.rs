@@ -4,6 +4,7 @@ mod attack;
 mod attack9;
 mod bounded;
 mod cli;
+mod cluster;
 mod daemon;
 mod engine;
 mod faults;
