@@ -435,7 +435,7 @@ pub async fn xadd_all(client: &fred::prelude::Client, stream: &str, events: &[Fi
 
 /// Waits until the group has delivered and acknowledged everything in `rb:events`.
 pub async fn drained(store: &Store) -> bool {
-    wait_for(Duration::from_secs(60), || async {
+    wait_for(Duration::from_secs(180), || async {
         matches!(
             rollboard::ingest::group_info(store.client(), "rb:events", "rollboard").await,
             Ok(Some((0, Some(0))))
