@@ -274,8 +274,10 @@ fn redact_line(line: &str) -> String {
         return line.to_string();
     };
     let scheme_start = line[..at]
-        .rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '+' || c == '.'))
-        .map_or(0, |i| i + 1);
+        .char_indices()
+        .rev()
+        .find(|&(_, c)| !(c.is_ascii_alphanumeric() || c == '-' || c == '+' || c == '.'))
+        .map_or(0, |(i, c)| i + c.len_utf8());
     let rest = &line[at + 3..];
     let end = at + 3 + rest.find(['"', '\'', ' ', '\t']).unwrap_or(rest.len());
     format!(
@@ -1058,6 +1060,16 @@ mod tests {
             redact_line("a = \"redis://u:p@h\" b = 'rediss://:q@g/0'"),
             "a = \"redis://u:***@h\" b = 'rediss://:***@g/0'"
         );
+    }
+
+    #[test]
+    fn a_syntax_error_on_a_url_line_after_a_multibyte_character_is_reported() {
+        // The scheme's start was found one byte after the last non-scheme character, which
+        // panicked inside a multi-byte one (found by the config fuzz target).
+        assert_eq!(redact_line("«redis://u:p@h»"), "«redis://u:***@h»");
+        assert_eq!(redact_line("é://u:p@h"), "é://u:***@h");
+        let e = refusal(&format!("[redis]\nurl = «redis://u:hunter2@h:1»\n{BOARD}"));
+        assert!(!e.contains("hunter2") && e.contains("u:***@h:1"), "{e}");
     }
 
     #[test]
