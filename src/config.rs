@@ -575,6 +575,32 @@ fn non_empty(key: &str, text: &str) -> Result<String, ConfigError> {
     }
 }
 
+/// The cron grammar accepted: in each field, a comma-separated list of numbers, three-letter
+/// month or day names and `*`, as ranges (`a-b`) and steps (`/n`). The scheduler's extensions
+/// (`L`, `W`, `#`, `?`, a `+` for day-of-month AND day-of-week) are refused: with them, as
+/// with an empty list item, an expression may parse yet never fire, and the scheduler then
+/// searches for its next time for seconds to minutes before the daemon could start.
+fn plain_cron(expr: &str) -> Result<(), String> {
+    for field in expr.split_whitespace() {
+        for item in field.split(',') {
+            if item.is_empty() {
+                return Err(format!("field {field:?} has an empty list item"));
+            }
+            for part in item.split(['-', '/']) {
+                let number = !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit());
+                let name = part.len() == 3 && part.bytes().all(|b| b.is_ascii_alphabetic());
+                if !(part == "*" || number || name) {
+                    return Err(format!(
+                        "{part:?} in field {field:?}: only numbers, three-letter names, *, \
+                         ranges a-b, steps /n and lists a,b are accepted"
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 fn check_cron(key: &str, expr: &str) -> Result<String, ConfigError> {
     if expr.split_whitespace().count() != 6 {
         return Err(invalid(
@@ -583,6 +609,7 @@ fn check_cron(key: &str, expr: &str) -> Result<String, ConfigError> {
             "expected a 6-field cron expression, seconds first",
         ));
     }
+    plain_cron(expr).map_err(|why| invalid(key, expr, why))?;
     tokio_cron_scheduler::Job::new_async(expr, |_, _| Box::pin(async {}))
         .map(|_| expr.to_string())
         .map_err(|e| invalid(key, expr, format!("not a valid cron expression: {e}")))
@@ -1060,6 +1087,29 @@ mod tests {
             redact_line("a = \"redis://u:p@h\" b = 'rediss://:q@g/0'"),
             "a = \"redis://u:***@h\" b = 'rediss://:***@g/0'"
         );
+    }
+
+    #[test]
+    fn cron_expressions_that_never_fire_are_refused_at_once() {
+        // Each of these made loading take from seconds to minutes (found by the config fuzz
+        // target): the scheduler searched for a next time that never comes.
+        for expr in [
+            "0 * * * * +",
+            "0 , * * * *",
+            ", * * * * *",
+            "0 * * , * *",
+            "0 * * * * L",
+        ] {
+            let e = refusal(&format!("[schedule]\nroll = \"{expr}\"\n{BOARD}"));
+            assert!(e.contains("schedule.roll"), "{expr}: {e}");
+        }
+        for expr in [
+            "0 * * * * *",
+            "*/15 0-59 * * JAN-DEC MON,TUE",
+            "30 5 1 1,15 * *",
+        ] {
+            assert_eq!(plain_cron(expr), Ok(()), "{expr}");
+        }
     }
 
     #[test]
