@@ -132,7 +132,7 @@ pub fn check_intake(data: &[u8]) {
     match intake_body(data, boards) {
         Ok(events) => {
             assert!(
-                !events.is_empty() || data.iter().any(|&b| b == b'['),
+                !events.is_empty() || data.contains(&b'['),
                 "no event from {data:?}"
             );
             assert!(events.len() <= MAX_EVENTS);
