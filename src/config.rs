@@ -285,8 +285,10 @@ fn redact_line(line: &str) -> String {
         return line.to_string();
     };
     let scheme_start = line[..at]
-        .rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '+' || c == '.'))
-        .map_or(0, |i| i + 1);
+        .char_indices()
+        .rev()
+        .find(|&(_, c)| !(c.is_ascii_alphanumeric() || c == '-' || c == '+' || c == '.'))
+        .map_or(0, |(i, c)| i + c.len_utf8());
     let rest = &line[at + 3..];
     let end = at + 3 + rest.find(['"', '\'', ' ', '\t']).unwrap_or(rest.len());
     format!(
@@ -584,6 +586,32 @@ fn non_empty(key: &str, text: &str) -> Result<String, ConfigError> {
     }
 }
 
+/// The cron grammar accepted: in each field, a comma-separated list of numbers, three-letter
+/// month or day names and `*`, as ranges (`a-b`) and steps (`/n`). The scheduler's extensions
+/// (`L`, `W`, `#`, `?`, a `+` for day-of-month AND day-of-week) are refused: with them, as
+/// with an empty list item, an expression may parse yet never fire, and the scheduler then
+/// searches for its next time for seconds to minutes before the daemon could start.
+fn plain_cron(expr: &str) -> Result<(), String> {
+    for field in expr.split_whitespace() {
+        for item in field.split(',') {
+            if item.is_empty() {
+                return Err(format!("field {field:?} has an empty list item"));
+            }
+            for part in item.split(['-', '/']) {
+                let number = !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit());
+                let name = part.len() == 3 && part.bytes().all(|b| b.is_ascii_alphabetic());
+                if !(part == "*" || number || name) {
+                    return Err(format!(
+                        "{part:?} in field {field:?}: only numbers, three-letter names, *, \
+                         ranges a-b, steps /n and lists a,b are accepted"
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 fn check_cron(key: &str, expr: &str) -> Result<String, ConfigError> {
     if expr.split_whitespace().count() != 6 {
         return Err(invalid(
@@ -592,6 +620,7 @@ fn check_cron(key: &str, expr: &str) -> Result<String, ConfigError> {
             "expected a 6-field cron expression, seconds first",
         ));
     }
+    plain_cron(expr).map_err(|why| invalid(key, expr, why))?;
     tokio_cron_scheduler::Job::new_async(expr, |_, _| Box::pin(async {}))
         .map(|_| expr.to_string())
         .map_err(|e| invalid(key, expr, format!("not a valid cron expression: {e}")))
@@ -1123,6 +1152,39 @@ mod tests {
             redact_line("a = \"redis://u:p@h\" b = 'rediss://:q@g/0'"),
             "a = \"redis://u:***@h\" b = 'rediss://:***@g/0'"
         );
+    }
+
+    #[test]
+    fn cron_expressions_that_never_fire_are_refused_at_once() {
+        // Each of these made loading take from seconds to minutes (found by the config fuzz
+        // target): the scheduler searched for a next time that never comes.
+        for expr in [
+            "0 * * * * +",
+            "0 , * * * *",
+            ", * * * * *",
+            "0 * * , * *",
+            "0 * * * * L",
+        ] {
+            let e = refusal(&format!("[schedule]\nroll = \"{expr}\"\n{BOARD}"));
+            assert!(e.contains("schedule.roll"), "{expr}: {e}");
+        }
+        for expr in [
+            "0 * * * * *",
+            "*/15 0-59 * * JAN-DEC MON,TUE",
+            "30 5 1 1,15 * *",
+        ] {
+            assert_eq!(plain_cron(expr), Ok(()), "{expr}");
+        }
+    }
+
+    #[test]
+    fn a_syntax_error_on_a_url_line_after_a_multibyte_character_is_reported() {
+        // The scheme's start was found one byte after the last non-scheme character, which
+        // panicked inside a multi-byte one (found by the config fuzz target).
+        assert_eq!(redact_line("«redis://u:p@h»"), "«redis://u:***@h»");
+        assert_eq!(redact_line("é://u:p@h"), "é://u:***@h");
+        let e = refusal(&format!("[redis]\nurl = «redis://u:hunter2@h:1»\n{BOARD}"));
+        assert!(!e.contains("hunter2") && e.contains("u:***@h:1"), "{e}");
     }
 
     #[test]
