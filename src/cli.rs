@@ -718,6 +718,11 @@ pub async fn append(
     if events.is_empty() {
         return Ok(());
     }
+    // A cluster client routes a transaction by its slot, which it knows only once connected
+    // (a daemon's pool may still be connecting); a plain client queues commands meanwhile.
+    if client.is_clustered() && client.cached_cluster_state().is_none() {
+        client.wait_for_connect().await?;
+    }
     let tx = client.multi();
     for fields in events {
         let id = fresh_id(fields);
@@ -788,7 +793,7 @@ async fn send(settings: &Settings, file: Option<PathBuf>) -> anyhow::Result<u8> 
     let store = connect(settings).await?;
     let stream = settings.ingest.stream.as_str();
     let mut appended = 0u64;
-    let outcome = append_lines(second, settings, store.client(), &mut appended).await;
+    let outcome = append_lines(second, settings, &store, &mut appended).await;
     if let Err(e) = outcome {
         eprintln!(
             "{appended} of {} event(s) were appended before the failure",
@@ -805,7 +810,7 @@ async fn send(settings: &Settings, file: Option<PathBuf>) -> anyhow::Result<u8> 
 async fn append_lines(
     mut input: Box<dyn BufRead>,
     settings: &Settings,
-    client: &Client,
+    store: &Store,
     appended: &mut u64,
 ) -> anyhow::Result<()> {
     let stream = settings.ingest.stream.as_str();
@@ -834,9 +839,13 @@ async fn append_lines(
             || bytes >= SEND_BATCH_BYTES
             || (!more && !batch.is_empty())
         {
-            append(client, stream, &batch)
+            append(store.client(), stream, &batch)
                 .await
                 .with_context(|| format!("cannot append to {stream}"))?;
+            store
+                .confirm_writes(&[stream])
+                .await
+                .with_context(|| format!("cannot confirm the append to {stream}"))?;
             *appended += batch.len() as u64;
             batch.clear();
             bytes = 0;

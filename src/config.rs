@@ -12,6 +12,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::board::{parse_duration_ms, Board, Dedup, Mode, TieBreak};
+use crate::store::Durability;
 
 /// Default location of the config file.
 pub const DEFAULT_PATH: &str = "config/rollboard.toml";
@@ -65,6 +66,8 @@ struct RawRedis {
     tls_ca_file: String,
     tls_cert_file: String,
     tls_key_file: String,
+    min_replicas_acked: Option<i64>,
+    replica_ack_timeout: String,
 }
 
 impl Default for RawRedis {
@@ -75,6 +78,8 @@ impl Default for RawRedis {
             tls_ca_file: String::new(),
             tls_cert_file: String::new(),
             tls_key_file: String::new(),
+            min_replicas_acked: None,
+            replica_ack_timeout: "2s".into(),
         }
     }
 }
@@ -229,6 +234,11 @@ pub struct RedisSettings {
     pub key_prefix: String,
     /// TLS settings beyond the system's root certificates (`rediss://` only).
     pub tls: Option<TlsFiles>,
+    /// Replicas of every master written to that must hold a batch's writes before it is
+    /// acked, or an append before it is confirmed (`redis.min_replicas_acked`, unset: 1
+    /// when every master has a replica, else 0), and how long to wait for them
+    /// (`redis.replica_ack_timeout`).
+    pub durability: Durability,
 }
 
 impl RedisSettings {
@@ -244,6 +254,7 @@ impl std::fmt::Debug for RedisSettings {
             .field("url", &self.redacted_url())
             .field("key_prefix", &self.key_prefix)
             .field("tls", &self.tls)
+            .field("durability", &self.durability)
             .finish()
     }
 }
@@ -274,8 +285,10 @@ fn redact_line(line: &str) -> String {
         return line.to_string();
     };
     let scheme_start = line[..at]
-        .rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '+' || c == '.'))
-        .map_or(0, |i| i + 1);
+        .char_indices()
+        .rev()
+        .find(|&(_, c)| !(c.is_ascii_alphanumeric() || c == '-' || c == '+' || c == '.'))
+        .map_or(0, |(i, c)| i + c.len_utf8());
     let rest = &line[at + 3..];
     let end = at + 3 + rest.find(['"', '\'', ' ', '\t']).unwrap_or(rest.len());
     format!(
@@ -573,6 +586,32 @@ fn non_empty(key: &str, text: &str) -> Result<String, ConfigError> {
     }
 }
 
+/// The cron grammar accepted: in each field, a comma-separated list of numbers, three-letter
+/// month or day names and `*`, as ranges (`a-b`) and steps (`/n`). The scheduler's extensions
+/// (`L`, `W`, `#`, `?`, a `+` for day-of-month AND day-of-week) are refused: with them, as
+/// with an empty list item, an expression may parse yet never fire, and the scheduler then
+/// searches for its next time for seconds to minutes before the daemon could start.
+fn plain_cron(expr: &str) -> Result<(), String> {
+    for field in expr.split_whitespace() {
+        for item in field.split(',') {
+            if item.is_empty() {
+                return Err(format!("field {field:?} has an empty list item"));
+            }
+            for part in item.split(['-', '/']) {
+                let number = !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit());
+                let name = part.len() == 3 && part.bytes().all(|b| b.is_ascii_alphabetic());
+                if !(part == "*" || number || name) {
+                    return Err(format!(
+                        "{part:?} in field {field:?}: only numbers, three-letter names, *, \
+                         ranges a-b, steps /n and lists a,b are accepted"
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 fn check_cron(key: &str, expr: &str) -> Result<String, ConfigError> {
     if expr.split_whitespace().count() != 6 {
         return Err(invalid(
@@ -581,6 +620,7 @@ fn check_cron(key: &str, expr: &str) -> Result<String, ConfigError> {
             "expected a 6-field cron expression, seconds first",
         ));
     }
+    plain_cron(expr).map_err(|why| invalid(key, expr, why))?;
     tokio_cron_scheduler::Job::new_async(expr, |_, _| Box::pin(async {}))
         .map(|_| expr.to_string())
         .map_err(|e| invalid(key, expr, format!("not a valid cron expression: {e}")))
@@ -680,6 +720,30 @@ impl RawSettings {
                 "must not contain { or } (they delimit hash tags)",
             ));
         }
+        let replicas = match self.redis.min_replicas_acked {
+            None => None,
+            Some(n @ 0..=16) => Some(n as u32),
+            Some(n) => {
+                return Err(invalid(
+                    "redis.min_replicas_acked",
+                    n.to_string(),
+                    "must be between 0 (off) and 16",
+                ))
+            }
+        };
+        let timeout_text = &self.redis.replica_ack_timeout;
+        let timeout_ms = duration("redis.replica_ack_timeout", timeout_text)?;
+        if !(10..=4_000).contains(&timeout_ms) {
+            return Err(invalid(
+                "redis.replica_ack_timeout",
+                timeout_text,
+                "must be between 10ms and 4s (an intake request waits at most 5s for redis)",
+            ));
+        }
+        let durability = Durability {
+            replicas,
+            timeout: Duration::from_millis(timeout_ms as u64),
+        };
 
         let ingest = self.ingest;
         let dedup = match ingest.dedup_window.as_str() {
@@ -811,6 +875,7 @@ impl RawSettings {
                 url,
                 key_prefix,
                 tls,
+                durability,
             },
             ingest: ingest_settings,
             schedule,
@@ -997,6 +1062,35 @@ mod tests {
     }
 
     #[test]
+    fn replica_acks_default_to_the_topology_and_are_bounded() {
+        let s = Settings::from_toml(BOARD).expect("valid");
+        assert_eq!(s.redis.durability.replicas, None);
+        assert_eq!(s.redis.durability.timeout, Duration::from_secs(2));
+        let s = Settings::from_toml(&format!(
+            "[redis]\nmin_replicas_acked = 0\nreplica_ack_timeout = \"250ms\"\n{BOARD}"
+        ))
+        .expect("valid");
+        assert_eq!(s.redis.durability.replicas, Some(0));
+        assert_eq!(s.redis.durability.timeout, Duration::from_millis(250));
+        for bad in ["-1", "17"] {
+            let e = refusal(&format!("[redis]\nmin_replicas_acked = {bad}\n{BOARD}"));
+            assert!(
+                e.contains("redis.min_replicas_acked") && e.contains(bad),
+                "{e}"
+            );
+        }
+        for bad in ["5s", "1ms", "soon"] {
+            let e = refusal(&format!(
+                "[redis]\nreplica_ack_timeout = \"{bad}\"\n{BOARD}"
+            ));
+            assert!(
+                e.contains("redis.replica_ack_timeout") && e.contains(bad),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
     fn absurd_sizes_are_refused_naming_the_key() {
         let e = refusal(&BOARD.replace("\"7d\"", "\"10000000000d\""));
         assert!(
@@ -1058,6 +1152,39 @@ mod tests {
             redact_line("a = \"redis://u:p@h\" b = 'rediss://:q@g/0'"),
             "a = \"redis://u:***@h\" b = 'rediss://:***@g/0'"
         );
+    }
+
+    #[test]
+    fn cron_expressions_that_never_fire_are_refused_at_once() {
+        // Each of these made loading take from seconds to minutes (found by the config fuzz
+        // target): the scheduler searched for a next time that never comes.
+        for expr in [
+            "0 * * * * +",
+            "0 , * * * *",
+            ", * * * * *",
+            "0 * * , * *",
+            "0 * * * * L",
+        ] {
+            let e = refusal(&format!("[schedule]\nroll = \"{expr}\"\n{BOARD}"));
+            assert!(e.contains("schedule.roll"), "{expr}: {e}");
+        }
+        for expr in [
+            "0 * * * * *",
+            "*/15 0-59 * * JAN-DEC MON,TUE",
+            "30 5 1 1,15 * *",
+        ] {
+            assert_eq!(plain_cron(expr), Ok(()), "{expr}");
+        }
+    }
+
+    #[test]
+    fn a_syntax_error_on_a_url_line_after_a_multibyte_character_is_reported() {
+        // The scheme's start was found one byte after the last non-scheme character, which
+        // panicked inside a multi-byte one (found by the config fuzz target).
+        assert_eq!(redact_line("«redis://u:p@h»"), "«redis://u:***@h»");
+        assert_eq!(redact_line("é://u:p@h"), "é://u:***@h");
+        let e = refusal(&format!("[redis]\nurl = «redis://u:hunter2@h:1»\n{BOARD}"));
+        assert!(!e.contains("hunter2") && e.contains("u:***@h:1"), "{e}");
     }
 
     #[test]

@@ -38,7 +38,7 @@ use tracing::{debug, warn};
 use crate::board::Board;
 use crate::cli::{append, event_value, now_ms};
 use crate::config::{HttpSettings, Settings, Token};
-use crate::event::{check_name, fields_from_json, validate};
+use crate::event::{check_name, fields_from_json, validate, Field};
 use crate::ingest::group_info;
 use crate::metrics::Metrics;
 use crate::store::{Store, StoreError};
@@ -115,7 +115,8 @@ impl IntoResponse for ApiError {
     }
 }
 
-type ApiResult<T> = Result<T, ApiError>;
+/// A handler's result.
+pub type ApiResult<T> = Result<T, ApiError>;
 
 /// The router with every route, limited by `limits`: a request (body upload included) that
 /// takes longer than `request_timeout` answers 408, and intake requests beyond
@@ -559,24 +560,13 @@ fn is_json(headers: &HeaderMap) -> bool {
         || (essence.starts_with("application/") && essence.ends_with("+json"))
 }
 
-async fn events(
-    State(state): State<Arc<AppState>>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> ApiResult<Response> {
-    if !is_json(&headers) {
-        return Err(ApiError::UnsupportedMediaType(
-            "the body must be sent with Content-Type: application/json".into(),
-        ));
-    }
-    let body = body.map_err(|e| match e.status() {
-        StatusCode::PAYLOAD_TOO_LARGE => {
-            ApiError::TooLarge(format!("the body is larger than {MAX_BODY_BYTES} bytes"))
-        }
-        _ => ApiError::BadRequest("cannot read the body".into()),
-    })?;
+/// Parses a `POST /v1/events` body (one JSON object or an array of them) into the fields of
+/// each event, validated against `boards`: every event valid, or the reason for each invalid
+/// one (`ApiError::Invalid`), or why the body as a whole is refused (`ApiError::BadRequest`).
+/// Pure: nothing is appended.
+pub fn intake_body(body: &[u8], boards: &[Board]) -> ApiResult<Vec<Vec<Field>>> {
     let text =
-        std::str::from_utf8(&body).map_err(|_| ApiError::BadRequest("body is not UTF-8".into()))?;
+        std::str::from_utf8(body).map_err(|_| ApiError::BadRequest("body is not UTF-8".into()))?;
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let not_json = |e: serde_json::Error| ApiError::BadRequest(format!("body is not JSON: {e}"));
     // Each element is parsed on its own, so a repeated key is reported with its index.
@@ -609,7 +599,7 @@ async fn events(
         let checked = item
             .and_then(|item| fields_from_json(&item))
             .map_err(|detail| json!({ "index": index, "reason": "fields", "detail": detail }))
-            .and_then(|fields| match validate(&fields, &state.settings.boards) {
+            .and_then(|fields| match validate(&fields, boards) {
                 Ok(_) => Ok(fields),
                 Err(r) => {
                     Err(json!({ "index": index, "reason": r.reason.as_str(), "detail": r.detail }))
@@ -626,6 +616,26 @@ async fn events(
             "invalid": invalid,
         })));
     }
+    Ok(accepted)
+}
+
+async fn events(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<Response> {
+    if !is_json(&headers) {
+        return Err(ApiError::UnsupportedMediaType(
+            "the body must be sent with Content-Type: application/json".into(),
+        ));
+    }
+    let body = body.map_err(|e| match e.status() {
+        StatusCode::PAYLOAD_TOO_LARGE => {
+            ApiError::TooLarge(format!("the body is larger than {MAX_BODY_BYTES} bytes"))
+        }
+        _ => ApiError::BadRequest("cannot read the body".into()),
+    })?;
+    let accepted = intake_body(&body, &state.settings.boards)?;
     let stream = state.settings.ingest.stream.as_str();
     // Bounded like every other Redis call here, so an unreachable Redis answers 503 instead
     // of holding the client for the Redis client's own 30 s command timeout. A 503 after EXEC
@@ -636,7 +646,8 @@ async fn events(
     redis(&state, async {
         append(state.store.client(), stream, &accepted)
             .await
-            .map_err(StoreError::from)
+            .map_err(StoreError::from)?;
+        state.store.confirm_writes(&[stream]).await
     })
     .await?;
     Ok((
@@ -657,6 +668,9 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         .into_response()
 }
 
+/// How long `/readyz` waits for Redis.
+const READY_CHECK_TIMEOUT: Duration = Duration::from_secs(2);
+
 async fn readyz(State(state): State<Arc<AppState>>) -> Response {
     let check = async {
         state.store.ping().await?;
@@ -667,9 +681,23 @@ async fn readyz(State(state): State<Arc<AppState>>) -> Response {
         state.store.ensure_scripts().await?;
         Ok::<bool, StoreError>(group)
     };
-    let (redis_ok, group) = match tokio::time::timeout(Duration::from_secs(2), check).await {
-        Ok(Ok(group)) => (true, group && state.group_ready.load(Ordering::SeqCst)),
-        _ => (false, false),
+    // A failed check is counted and logged: during a partition the daemon's own calls
+    // only fail when their timeouts (up to 30 s) run out, so the probe is the first to see it.
+    let failed = match tokio::time::timeout(READY_CHECK_TIMEOUT, check).await {
+        Ok(Ok(group)) => Ok(group && state.group_ready.load(Ordering::SeqCst)),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(StoreError::Redis(fred::error::Error::new(
+            fred::error::ErrorKind::Timeout,
+            "the readiness check got no answer from redis within 2 s",
+        ))),
+    };
+    let (redis_ok, group) = match failed {
+        Ok(group) => (true, group),
+        Err(e) => {
+            state.metrics.redis_error(&e);
+            warn!(error = %e, "readiness check failed: redis unreachable or not answering");
+            (false, false)
+        }
     };
     state.metrics.redis_up(redis_ok);
     let ready = redis_ok && group;
@@ -681,14 +709,17 @@ async fn readyz(State(state): State<Arc<AppState>>) -> Response {
     // A board whose applies keep failing is reported, not made a reason to take the pod
     // out of service: the other boards, the queries and the intake still work.
     let failing = state.metrics.failing_boards();
+    // E.g. `OOM` at maxmemory: Redis answers the check, but the consumer cannot apply.
+    let ingest_error = state.metrics.consumer_error();
     (
         status,
         Json(json!({
             "ready": ready,
             "redis": redis_ok,
             "group": group,
-            "degraded": !failing.is_empty(),
+            "degraded": !failing.is_empty() || ingest_error.is_some(),
             "failing_boards": failing,
+            "ingest_error": ingest_error,
         })),
     )
         .into_response()

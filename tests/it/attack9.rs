@@ -484,7 +484,7 @@ async fn send_edges_all_or_nothing() {
 /// echo what the client sent at length.
 #[tokio::test]
 async fn http_wire_and_parameter_edges() {
-    let (redis, _dir, daemon, _config) = daemon_with("request_timeout = \"2s\"\n").await;
+    let (redis, _dir, daemon, _config) = daemon_with("request_timeout = \"30s\"\n").await;
     let store = redis.store("rb").await;
     let client = reqwest::Client::new();
 

@@ -80,6 +80,18 @@ impl RedisServer {
         );
     }
 
+    /// Stops the server gracefully (`SHUTDOWN`: the append-only file is written and synced
+    /// whatever `appendfsync` says) and starts it again on the same port and directory.
+    pub fn shutdown_and_restart(&mut self) {
+        self.cli(&["SHUTDOWN"]);
+        let _ = self.child.wait();
+        self.child = spawn_redis(self.port, self._dir.path(), true);
+        assert!(
+            self.wait_ready(Duration::from_secs(10)),
+            "redis-server did not come back"
+        );
+    }
+
     fn start_with(persistent: bool) -> RedisServer {
         for _ in 0..20 {
             let dir = tempfile::tempdir().expect("temp dir");
@@ -423,7 +435,7 @@ pub async fn xadd_all(client: &fred::prelude::Client, stream: &str, events: &[Fi
 
 /// Waits until the group has delivered and acknowledged everything in `rb:events`.
 pub async fn drained(store: &Store) -> bool {
-    wait_for(Duration::from_secs(60), || async {
+    wait_for(Duration::from_secs(180), || async {
         matches!(
             rollboard::ingest::group_info(store.client(), "rb:events", "rollboard").await,
             Ok(Some((0, Some(0))))
