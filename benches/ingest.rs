@@ -490,7 +490,7 @@ async fn bench_query(redis: &RedisServer, spread: Spread) -> Result<()> {
         store: store.clone(),
         settings: settings.clone(),
         metrics: Arc::new(Metrics::new(&settings.boards)),
-        group_ready: Arc::new(AtomicBool::new(true)),
+        group_ready: vec![Arc::new(AtomicBool::new(true))],
     }));
     tokio::spawn(async move { axum::serve(listener, app).await });
     let http = reqwest::Client::new();

@@ -36,12 +36,12 @@ use tower_http::timeout::TimeoutLayer;
 use tracing::{debug, warn};
 
 use crate::board::Board;
-use crate::cli::{append, event_value, now_ms};
+use crate::cli::{event_value, now_ms};
 use crate::config::{HttpSettings, Settings, Token};
 use crate::event::{check_name, fields_from_json, validate};
-use crate::ingest::group_info;
 use crate::metrics::Metrics;
 use crate::store::{Store, StoreError};
+use crate::stream::{self, group_info};
 
 /// Largest accepted request body.
 pub const MAX_BODY_BYTES: usize = 4 << 20;
@@ -61,8 +61,8 @@ pub struct AppState {
     pub settings: Arc<Settings>,
     /// The metrics registry.
     pub metrics: Arc<Metrics>,
-    /// Whether the consumer group is known to exist.
-    pub group_ready: Arc<AtomicBool>,
+    /// Whether the consumer group is known to exist, one flag per partition's consumer.
+    pub group_ready: Vec<Arc<AtomicBool>>,
 }
 
 /// An error answer.
@@ -626,7 +626,6 @@ async fn events(
             "invalid": invalid,
         })));
     }
-    let stream = state.settings.ingest.stream.as_str();
     // Bounded like every other Redis call here, so an unreachable Redis answers 503 instead
     // of holding the client for the Redis client's own 30 s command timeout. A 503 after EXEC
     // reached the server may still have appended the events (and the queued transaction may
@@ -634,7 +633,7 @@ async fn events(
     // first, so a repeat of this append is a duplicate. A producer that retries the POST
     // itself is exactly-once only when it sends its own `id`.
     redis(&state, async {
-        append(state.store.client(), stream, &accepted)
+        stream::append(state.store.client(), &state.settings.ingest, &accepted)
             .await
             .map_err(StoreError::from)
     })
@@ -661,14 +660,25 @@ async fn readyz(State(state): State<Arc<AppState>>) -> Response {
     let check = async {
         state.store.ping().await?;
         let ingest = &state.settings.ingest;
-        let group = group_info(state.store.client(), &ingest.stream, &ingest.group)
-            .await?
-            .is_some();
+        let keys = stream::keys(ingest);
+        let groups = futures_util::future::try_join_all(
+            keys.iter()
+                .map(|key| group_info(state.store.client(), key, &ingest.group)),
+        )
+        .await?;
+        let group = groups.iter().all(Option::is_some);
         state.store.ensure_scripts().await?;
         Ok::<bool, StoreError>(group)
     };
     let (redis_ok, group) = match tokio::time::timeout(Duration::from_secs(2), check).await {
-        Ok(Ok(group)) => (true, group && state.group_ready.load(Ordering::SeqCst)),
+        Ok(Ok(group)) => (
+            true,
+            group
+                && state
+                    .group_ready
+                    .iter()
+                    .all(|ready| ready.load(Ordering::SeqCst)),
+        ),
         _ => (false, false),
     };
     state.metrics.redis_up(redis_ok);
