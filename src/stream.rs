@@ -102,17 +102,14 @@ pub async fn check_permissions(
 }
 
 /// Whether `key` holds entries the group has not finished: it exists and the group is
-/// missing, has entries pending, or has not been delivered everything (lag not 0).
+/// missing there, has entries pending, or has not been delivered everything (lag not 0).
 pub async fn holds_work(client: &Client, key: &str, group: &str) -> Result<bool, StoreError> {
     let exists: i64 = client.exists(key).await?;
     if exists == 0 {
         return Ok(false);
     }
     Ok(match group_info(client, key, group).await? {
-        None => {
-            let len: i64 = client.xlen(key).await?;
-            len > 0
-        }
+        None => true,
         Some((pending, lag)) => pending > 0 || lag != Some(0),
     })
 }
