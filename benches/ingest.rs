@@ -4,6 +4,7 @@
 //! ```sh
 //! cargo bench --bench ingest                 # every scenario
 //! cargo bench --bench ingest -- naive script e2e ceiling query
+//! cargo bench --bench ingest -- partitions   # 1 and 3 partitions, 1 and 2 consumers
 //! ```
 //!
 //! * `naive`: one client sending HINCRBY then ZINCRBY per event, one event at a time.
@@ -12,6 +13,10 @@
 //!   validation, apply, XACK) until the group has nothing pending.
 //! * `ceiling`: the same apply script driven by redis-benchmark (Redis-side ceiling).
 //! * `query`: top-10 and rank latency over HTTP, idle and while ingest runs.
+//! * `partitions`: events pre-filled by the partition rule into 1 or 3 stream partitions,
+//!   drained by 1 or 2 consumer processes' worth of consumers (each its own connections and
+//!   one reader per partition, in this process); events/s and Redis time per event (INFO
+//!   commandstats summed over every command, and the server's user+sys CPU).
 
 mod support;
 
@@ -58,7 +63,7 @@ fn main() -> ExitCode {
         .skip(1)
         .filter(|a| !a.starts_with("--"))
         .collect();
-    let all = ["naive", "script", "e2e", "ceiling", "query"];
+    let all = ["naive", "script", "e2e", "ceiling", "query", "partitions"];
     let chosen: Vec<&str> = if wanted.is_empty() {
         all.to_vec()
     } else {
@@ -191,6 +196,10 @@ async fn run(chosen: &[&str]) -> Result<()> {
                 "e2e" => e2e = Some(bench_e2e(&redis, spread).await?),
                 "ceiling" if spread == Spread::Uniform => bench_ceiling(&redis).await?,
                 "query" if spread == Spread::Skewed => bench_query(&redis, spread).await?,
+                "partitions" if spread == Spread::Skewed => {
+                    drop(redis);
+                    bench_partitions(spread).await?
+                }
                 _ => {}
             }
         }
@@ -361,6 +370,118 @@ async fn bench_e2e(redis: &RedisServer, spread: Spread) -> Result<f64> {
         .map_err(|e| e.to_string())?;
     println!("check: {count} ranked rooms");
     Ok(r)
+}
+
+/// Redis-side time of every command so far, in µs (INFO commandstats).
+fn all_commands_usec(redis: &RedisServer) -> f64 {
+    redis
+        .cli(&["INFO", "commandstats"])
+        .lines()
+        .filter(|l| l.starts_with("cmdstat_"))
+        .filter_map(|l| l.split(',').find_map(|kv| kv.strip_prefix("usec=")))
+        .filter_map(|v| v.trim().parse::<f64>().ok())
+        .sum()
+}
+
+/// The server process's user + sys CPU so far, in seconds (INFO cpu).
+fn server_cpu_seconds(redis: &RedisServer) -> f64 {
+    redis
+        .cli(&["INFO", "cpu"])
+        .lines()
+        .filter_map(|l| {
+            l.strip_prefix("used_cpu_sys:")
+                .or_else(|| l.strip_prefix("used_cpu_user:"))
+        })
+        .filter_map(|v| v.trim().parse::<f64>().ok())
+        .sum()
+}
+
+/// Drains `EVENTS` events spread by the partition rule over `partitions` streams with
+/// `daemons` sets of consumers (one per partition each, as `rollboard run` starts them).
+async fn bench_partitions(spread: Spread) -> Result<()> {
+    let mut rows = Vec::new();
+    for (partitions, daemons) in [(1, 1), (1, 2), (3, 1), (3, 2)] {
+        let redis = RedisServer::start()?;
+        let text = format!(
+            "[redis]\nurl = \"{}\"\n{}",
+            redis.url(),
+            CONFIG.replacen(
+                "[ingest]\n",
+                &format!("[ingest]\npartitions = {partitions}\n"),
+                1
+            )
+        );
+        let settings = Settings::from_toml(&text).map_err(|e| e.to_string())?;
+        let keys = rollboard::stream::keys(&settings.ingest);
+        let fill = connect(&redis, 4).await?;
+        let now = now_ms();
+        let indexes: Vec<usize> = (0..EVENTS).collect();
+        for chunk in indexes.chunks(1000) {
+            futures_util::future::try_join_all(chunk.iter().map(|i| {
+                let f = fields(spread, *i, now);
+                let p = rollboard::stream::partition_of(f[2].1.as_bytes(), partitions);
+                fill.client()
+                    .xadd::<String, _, _, _, _>(keys[p].as_str(), false, None, "*", f)
+            }))
+            .await
+            .map_err(|e| e.to_string())?;
+        }
+        redis.cli(&["CONFIG", "RESETSTAT"]);
+        let cpu_before = server_cpu_seconds(&redis);
+        let cancel = CancellationToken::new();
+        let started = Instant::now();
+        for d in 0..daemons {
+            let mut settings = settings.clone();
+            settings.ingest.consumer = format!("d{d}");
+            let store = Arc::new(connect(&redis, 4).await?);
+            for key in &keys {
+                let reader = Store::dedicated(&redis.url(), Reconnect::Never)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let ingest = Ingest::new(
+                    store.clone(),
+                    reader,
+                    settings.ingest.clone(),
+                    Arc::new(settings.boards.clone()),
+                    Arc::new(Metrics::new(&settings.boards)),
+                )
+                .reading(key.clone(), false);
+                tokio::spawn(ingest.run(cancel.clone()));
+            }
+        }
+        loop {
+            let mut done = true;
+            for key in &keys {
+                let info = group_info(fill.client(), key, &settings.ingest.group).await;
+                done &= matches!(info, Ok(Some((0, Some(0)))));
+            }
+            if done {
+                break;
+            }
+            if started.elapsed() > Duration::from_secs(600) {
+                return Err("the consumers did not drain the streams in 10 minutes".into());
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let elapsed = started.elapsed();
+        let usec = all_commands_usec(&redis) / EVENTS as f64;
+        let cpu = (server_cpu_seconds(&redis) - cpu_before) * 1e6 / EVENTS as f64;
+        cancel.cancel();
+        let r = rate(EVENTS, elapsed);
+        println!(
+            "{partitions} partition(s), {daemons} consumer set(s): {EVENTS} events in {:.2}s, {r:.0} events/s; \
+             redis per event: commands {usec:.2} µs, server cpu {cpu:.2} µs",
+            elapsed.as_secs_f64()
+        );
+        rows.push((partitions, daemons, r, usec, cpu));
+        // Let the consumers see the cancellation before the server goes.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    println!("\npartitions daemons   events/s  redis µs/event (commands)  redis cpu µs/event");
+    for (p, d, r, usec, cpu) in rows {
+        println!("{p:>10} {d:>7} {r:>10.0} {usec:>26.2} {cpu:>19.2}");
+    }
+    Ok(())
 }
 
 async fn bench_ceiling(redis: &RedisServer) -> Result<()> {
