@@ -1,0 +1,248 @@
+//! Applying events: the bounded `apply.lua` calls ([`APPLY_CHUNK`] events each) and the
+//! registry of a scoped board's scopes.
+
+use fred::prelude::*;
+use fred::types::{ClusterHash, CustomCommand};
+
+use super::{
+    as_array, as_i64, mode_flag, negative_flag, parse_floor, reply_err, tie_flag, Store, StoreError,
+};
+use crate::board::Board;
+use crate::keys::InstanceKeys;
+
+/// What became of one event at one board instance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    /// Counted.
+    Applied,
+    /// Its idempotency key was already applied.
+    Duplicate,
+    /// Its slice has left the instance's window.
+    Late,
+    /// It would take a total past 2^53 - 1.
+    Overflow,
+}
+
+/// One event as applied to one instance.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApplyEvent {
+    /// Idempotency key.
+    pub id: String,
+    /// Event time, epoch ms.
+    pub ts: i64,
+    /// The ranked member.
+    pub member: String,
+    /// Amount in minor units.
+    pub amount: i64,
+}
+
+/// Most events in one apply script call. DESIGN.md section 7: no call may hold Redis for
+/// more than about 2 ms; the apply script costs up to ~23 µs of Redis time per event on
+/// the reference machine when every event moves a distinct member of a large ranking, and
+/// calls of 64 such events ran 1.5 ms at the median but 4–7 ms in the tail (`cargo bench
+/// --bench rollboard -- expiry`, its fill), so a call holds at most 32.
+pub const APPLY_CHUNK: usize = 32;
+
+/// The KEYS and ARGV of one `apply.lua` call (layout documented in the script).
+pub fn apply_call(
+    board: &Board,
+    k: &InstanceKeys,
+    fingerprint: &str,
+    events: &[ApplyEvent],
+    now: i64,
+) -> (Vec<String>, Vec<Value>) {
+    let mut slices: Vec<i64> = Vec::new();
+    let mut members: Vec<&str> = Vec::new();
+    let mut member_index: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    let mut rows: Vec<(usize, usize)> = Vec::with_capacity(events.len());
+    for e in events {
+        let n = board.slice_of(e.ts);
+        let s = match slices.iter().position(|&x| x == n) {
+            Some(i) => i,
+            None => {
+                slices.push(n);
+                slices.len() - 1
+            }
+        };
+        let m = *member_index.entry(e.member.as_str()).or_insert_with(|| {
+            members.push(e.member.as_str());
+            members.len() - 1
+        });
+        rows.push((s, m));
+    }
+    let mut keys = k.apply_keys();
+    keys.extend(slices.iter().map(|&n| k.slice(n)));
+    let mut args: Vec<Value> =
+        Vec::with_capacity(10 + 2 * slices.len() + members.len() + 5 * events.len());
+    args.extend([
+        Value::from(now),
+        Value::from(board.slices_in_window()),
+        Value::from(board.slice_ms),
+        Value::from(mode_flag(board)),
+        Value::from(tie_flag(board)),
+        Value::from(negative_flag(board)),
+        Value::from(fingerprint),
+        Value::from(slices.len() as i64),
+        Value::from(members.len() as i64),
+        Value::from(events.len() as i64),
+    ]);
+    for &n in &slices {
+        args.extend([Value::from(n), Value::from(board.forget_at(n))]);
+    }
+    args.extend(members.iter().map(|&m| Value::from(m)));
+    for (e, (s, m)) in events.iter().zip(rows) {
+        args.extend([
+            Value::from(e.id.as_str()),
+            Value::from(s as i64 + 1),
+            Value::from(m as i64 + 1),
+            Value::from(e.ts),
+            Value::from(e.amount),
+        ]);
+    }
+    (keys, args)
+}
+
+impl Store {
+    /// Records scope values of a scoped board in its registry (score: newest slice seen).
+    /// Runs before the apply so that no instance holding data is ever unregistered.
+    pub async fn register_scopes(
+        &self,
+        board: &Board,
+        scopes: &[(String, i64)],
+    ) -> Result<(), StoreError> {
+        if scopes.is_empty() {
+            return Ok(());
+        }
+        let args: Vec<Value> = ["GT".into()]
+            .into_iter()
+            .chain(
+                scopes
+                    .iter()
+                    .flat_map(|(scope, n)| [Value::from(*n), Value::from(scope.as_str())]),
+            )
+            .collect();
+        let key = self.keys.scopes(&board.name);
+        let _: Value = self
+            .client()
+            .custom(
+                CustomCommand::new_static("ZADD", ClusterHash::FirstKey, false),
+                [vec![Value::from(key)], args].concat(),
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Every registered scope of a scoped board.
+    pub async fn scopes(&self, board: &Board) -> Result<Vec<String>, StoreError> {
+        let key = self.keys.scopes(&board.name);
+        let mut out = Vec::new();
+        let mut cursor = "0".to_string();
+        loop {
+            let (next, page) = self.scan("ZSCAN", &key, &cursor, 1000).await?;
+            out.extend(page.into_iter().map(|(scope, _)| scope));
+            if next == "0" {
+                break;
+            }
+            cursor = next;
+        }
+        out.sort();
+        out.dedup();
+        Ok(out)
+    }
+
+    /// Removes a scope from the registry if its newest slice is at or below `watermark`
+    /// (race-free: an apply registers its slice first, with a higher score).
+    pub async fn unregister_scope(
+        &self,
+        board: &Board,
+        scope: &str,
+        watermark: i64,
+    ) -> Result<bool, StoreError> {
+        let key = self.keys.scopes(&board.name);
+        let removed: i64 = self
+            .client()
+            .eval(
+                "local s = redis.call('ZSCORE', KEYS[1], ARGV[1]) \
+                 if s and tonumber(s) <= tonumber(ARGV[2]) then return redis.call('ZREM', KEYS[1], ARGV[1]) end \
+                 return 0",
+                vec![key],
+                vec![Value::from(scope), Value::from(watermark)],
+            )
+            .await?;
+        Ok(removed == 1)
+    }
+
+    /// Applies `events` to one instance, in stream order, as a sequence of bounded atomic
+    /// script calls of at most [`APPLY_CHUNK`] events each; one outcome per event.
+    ///
+    /// Each call remembers the ids it applied, so a crash between two calls (or a retry of
+    /// the whole batch) neither loses nor double-counts anything: the calls already made
+    /// answer `Duplicate` for their events the next time.
+    pub async fn apply(
+        &self,
+        board: &Board,
+        scope: Option<&str>,
+        events: &[ApplyEvent],
+        now: i64,
+    ) -> Result<Vec<Outcome>, StoreError> {
+        if events.is_empty() {
+            return Ok(Vec::new());
+        }
+        // One connection for every call of the instance, awaited in turn: the calls must
+        // run in stream order (the first of two events with one id wins).
+        let client = self.client();
+        let mut now = now;
+        if let Some(scope) = scope {
+            let newest = events
+                .iter()
+                .map(|e| board.slice_of(e.ts))
+                .max()
+                .unwrap_or_default();
+            // The instance may be one that no roll visits (its scope left the registry), so
+            // it is judged against the board's watermark too, read after the registration:
+            // a roll that raised it before that read is seen here; one that raised it after
+            // lists the scope and rolls the instance itself.
+            let pipeline = client.pipeline();
+            let _: () = pipeline
+                .custom(
+                    CustomCommand::new_static("ZADD", ClusterHash::FirstKey, false),
+                    vec![
+                        Value::from(self.keys.scopes(&board.name)),
+                        "GT".into(),
+                        Value::from(newest),
+                        Value::from(scope),
+                    ],
+                )
+                .await?;
+            let _: () = pipeline
+                .hget(self.keys.window(&board.name), "expired_through")
+                .await?;
+            let (_, floor): (Value, Option<String>) = pipeline.all().await?;
+            if let Some(floor) = parse_floor(floor)? {
+                now = now.max(board.horizon_time(floor));
+            }
+        }
+        let k = self.instance(board, scope);
+        let fingerprint = board.fingerprint();
+        let mut out = Vec::with_capacity(events.len());
+        for chunk in events.chunks(APPLY_CHUNK) {
+            let (keys, args) = apply_call(board, &k, &fingerprint, chunk, now);
+            let call = self.scripts.apply.evalsha_with_reload(client, keys, args);
+            let reply = self.timed(&self.scripts.apply, call).await?;
+            let statuses = as_array(reply).ok_or_else(|| reply_err("apply: not an array"))?;
+            if statuses.len() != chunk.len() {
+                return Err(reply_err("apply: one status per event expected"));
+            }
+            for v in &statuses {
+                out.push(match as_i64(v) {
+                    Some(0) => Outcome::Applied,
+                    Some(1) => Outcome::Duplicate,
+                    Some(2) => Outcome::Late,
+                    Some(3) => Outcome::Overflow,
+                    _ => return Err(reply_err(format!("apply: unknown status {v:?}"))),
+                });
+            }
+        }
+        Ok(out)
+    }
+}

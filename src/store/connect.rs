@@ -1,0 +1,743 @@
+//! Connecting to Redis and checking it at start-up: the pool and the dedicated stream
+//! client (with TLS), loading the scripts, `PING`, the permission probe of the Redis user
+//! ([`Denied`], [`Refused`]) and the check of each board's stored settings ([`Conflicts`]).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fred::prelude::*;
+use fred::types::config::TlsConnector;
+
+use super::{reply_err, Scripts, Store, StoreError};
+use crate::board::Board;
+use crate::config::{RedisSettings, TlsFiles};
+use crate::keys::Keys;
+use crate::metrics::Metrics;
+
+/// How the connection behaves when Redis goes away.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reconnect {
+    /// Fail at once (command-line tools).
+    Never,
+    /// Reconnect forever with exponential backoff (the daemon).
+    Forever,
+}
+
+/// A TLS file that cannot be used, with the setting that names it.
+#[derive(Debug, thiserror::Error)]
+#[error("{key} = {path:?}: {reason}")]
+pub struct TlsError {
+    /// The setting, e.g. `redis.tls_ca_file`.
+    pub key: &'static str,
+    /// The file.
+    pub path: std::path::PathBuf,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+/// The rustls client configuration for `files`: the server's certificate is verified
+/// against the CA file (the system's roots when there is none), and a client certificate
+/// is presented when one is given (mutual TLS).
+pub fn tls_client_config(files: &TlsFiles) -> Result<rustls::ClientConfig, TlsError> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+    let fail = |key: &'static str, path: &std::path::Path, reason: String| TlsError {
+        key,
+        path: path.to_path_buf(),
+        reason,
+    };
+    let certs = |key: &'static str, path: &std::path::Path| {
+        let certs = CertificateDer::pem_file_iter(path)
+            .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+            .map_err(|e| fail(key, path, format!("cannot read PEM certificates: {e}")))?;
+        if certs.is_empty() {
+            return Err(fail(key, path, "holds no PEM certificate".into()));
+        }
+        Ok(certs)
+    };
+    let mut roots = rustls::RootCertStore::empty();
+    match &files.ca_file {
+        Some(path) => {
+            for cert in certs("redis.tls_ca_file", path)? {
+                roots.add(cert).map_err(|e| {
+                    fail(
+                        "redis.tls_ca_file",
+                        path,
+                        format!("not a CA certificate: {e}"),
+                    )
+                })?;
+            }
+        }
+        None => {
+            let native = rustls_native_certs::load_native_certs();
+            roots.add_parsable_certificates(native.certs);
+        }
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| {
+            fail(
+                "redis.tls_ca_file",
+                files.ca_file.as_deref().unwrap_or("".as_ref()),
+                e.to_string(),
+            )
+        })?
+        .with_root_certificates(roots);
+    match (&files.cert_file, &files.key_file) {
+        (Some(cert), Some(key)) => {
+            let chain = certs("redis.tls_cert_file", cert)?;
+            let private = PrivateKeyDer::from_pem_file(key).map_err(|e| {
+                fail(
+                    "redis.tls_key_file",
+                    key,
+                    format!("cannot read a PEM private key: {e}"),
+                )
+            })?;
+            builder.with_client_auth_cert(chain, private).map_err(|e| {
+                fail(
+                    "redis.tls_key_file",
+                    key,
+                    format!("does not fit redis.tls_cert_file: {e}"),
+                )
+            })
+        }
+        _ => Ok(builder.with_no_client_auth()),
+    }
+}
+
+/// The source of every Lua script, for the permission probe: a script runs with the
+/// caller's ACL, so every command it calls is one the Redis user needs.
+const LUA_SOURCES: &[(&str, &str)] = &[
+    ("apply.lua", include_str!("../lua/apply.lua")),
+    ("cleanup.lua", include_str!("../lua/cleanup.lua")),
+    ("drop_slice.lua", include_str!("../lua/drop_slice.lua")),
+    ("expire.lua", include_str!("../lua/expire.lua")),
+    ("floor.lua", include_str!("../lua/floor.lua")),
+    ("query.lua", include_str!("../lua/query.lua")),
+    ("stage.lua", include_str!("../lua/stage.lua")),
+    ("swap.lua", include_str!("../lua/swap.lua")),
+    ("trim_seen.lua", include_str!("../lua/trim_seen.lua")),
+    ("watermark.lua", include_str!("../lua/watermark.lua")),
+];
+
+/// Asks Redis whether the current user may run each command of ARGV (groups of a count
+/// followed by that many words), without running any; returns one status per group:
+/// 1 allowed, 0 denied, 2 not a command Redis knows (`acl_check_cmd` raises an error).
+const PERMISSION_PROBE: &str = r#"
+local status, i = {}, 1
+while i <= #ARGV do
+  local n = tonumber(ARGV[i])
+  local ok, allowed = pcall(redis.acl_check_cmd, unpack(ARGV, i + 1, i + n))
+  if not ok then
+    status[#status + 1] = 2
+  elseif allowed then
+    status[#status + 1] = 1
+  else
+    status[#status + 1] = 0
+  end
+  i = i + n + 1
+end
+return status
+"#;
+
+/// Every name a Lua source might call as a command: each quoted upper-case word, whether
+/// it is passed to `redis.call` directly or through a helper such as `variadic('HSET', ...)`.
+/// Option words among them (`LIMIT`, `WITHSCORES`) are not commands; the probe skips
+/// names Redis does not know. Sorted and deduplicated.
+pub fn script_commands() -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for (_, source) in LUA_SOURCES {
+        let bytes = source.as_bytes();
+        for (i, &quote) in bytes.iter().enumerate() {
+            if quote != b'\'' && quote != b'"' {
+                continue;
+            }
+            // A quote, a run of capitals, the same quote (a comment's apostrophe matches
+            // nothing, as a capital run needs a closing quote right after it).
+            let word = &bytes[i + 1..];
+            let len = word
+                .iter()
+                .take_while(|b| b.is_ascii_uppercase() || **b == b'_')
+                .count();
+            if len > 0 && word.get(len) == Some(&quote) {
+                out.push(String::from_utf8_lossy(&word[..len]).into_owned());
+            }
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// Commands the Redis user of rollboard may not run, found at start-up by
+/// [`Store::check_permissions`], e.g. `XACK on key rb:events`, `HDEL` or `key other:{b}:meta`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the redis user lacks permissions rollboard needs (grant them as in deploy/redis/users.acl): {}",
+    .0.join(", ")
+)]
+pub struct Denied(pub Vec<String>);
+
+/// Redis or TLS refused this client at start-up (wrong credentials, a certificate that
+/// does not verify): a setting to fix, not an outage to wait out.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("redis refused the connection: {0}")]
+pub struct Refused(pub String);
+
+impl Refused {
+    /// The refusal a connection error stands for, if it is one rather than an outage: an
+    /// authentication error, or a TLS certificate that did not verify on either side
+    /// (rustls reports those through the handshake's I/O error).
+    pub fn from_error(e: &fred::error::Error) -> Option<Refused> {
+        let details = e.details();
+        if e.kind() == &ErrorKind::Auth {
+            return Some(Refused(format!(
+                "the credentials of redis.url were not accepted: {details}"
+            )));
+        }
+        let tls = e.kind() == &ErrorKind::Tls
+            || [
+                "InvalidCertificate",
+                "AlertReceived",
+                "invalid peer certificate",
+            ]
+            .iter()
+            .any(|m| details.contains(m));
+        tls.then(|| {
+            Refused(format!(
+                "the TLS handshake failed (see redis.tls_ca_file, redis.tls_cert_file, \
+                 redis.tls_key_file): {details}"
+            ))
+        })
+    }
+}
+
+impl Denied {
+    /// A `NOPERM` error as a denial (the probe itself was refused: EVAL is not allowed).
+    pub fn from_error(e: &StoreError) -> Option<Denied> {
+        match e {
+            StoreError::Redis(e) if e.details().starts_with("NOPERM") => {
+                Some(Denied(vec![format!(
+                    "EVAL (scripts and the permission check): {}",
+                    e.details()
+                )]))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// A setting of a board whose value in Redis differs from the configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Conflict {
+    /// Board name.
+    pub board: String,
+    /// The setting (`mode`, `tie_break`, `allow_negative`, `scale`, `window`, `slice`).
+    pub setting: &'static str,
+    /// Its value when the board's data was created.
+    pub stored: String,
+    /// Its value in this process's configuration.
+    pub configured: String,
+    /// The key holding the stored settings.
+    pub key: String,
+}
+
+impl std::fmt::Display for Conflict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "board {}: {} is {} in the configuration but the board's data in Redis was built with {} = {} ({}); \
+             put the setting back, or give the board a new name (it starts empty; delete the old keys when done)",
+            self.board, self.setting, self.configured, self.setting, self.stored, self.key
+        )
+    }
+}
+
+/// Every setting that differs between the configuration and Redis: a process with any
+/// refuses to start (exit 64).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"))]
+pub struct Conflicts(pub Vec<Conflict>);
+
+/// The (setting, value) pairs of a fingerprint written by [`Board::fingerprint`].
+fn parse_fingerprint(text: &str) -> HashMap<String, String> {
+    text.split(',')
+        .filter_map(|pair| pair.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// The command (with its subcommand) and the key of a probe, e.g. `("XACK", Some("rb:events"))`
+/// or `("SCRIPT LOAD", None)`.
+fn probe_parts(probe: &[String]) -> (String, Option<&str>) {
+    let command = probe.first().map(String::as_str).unwrap_or_default();
+    let key = match command {
+        "SCRIPT" | "XGROUP" | "XINFO" => {
+            return (
+                probe[..probe.len().min(2)].join(" "),
+                probe
+                    .get(2)
+                    .filter(|_| command != "SCRIPT")
+                    .map(String::as_str),
+            )
+        }
+        "PING" | "MULTI" | "EXEC" => None,
+        "EVALSHA" | "EVAL" => probe.get(3),
+        "XREADGROUP" => probe.len().checked_sub(2).and_then(|i| probe.get(i)),
+        _ => probe.get(1),
+    };
+    (command.to_string(), key.map(String::as_str))
+}
+
+/// The denied probes in a few words: a key no probed command may touch is named once
+/// (`key other:{b}:meta`), so is a command denied on every key it was probed on (`HDEL`);
+/// other denials read `COMMAND on key K` (or `COMMAND` for one without a key).
+fn describe_denied(probes: &[Vec<String>], denied: &[&Vec<String>]) -> Vec<String> {
+    type Parts<'a> = (String, Option<&'a str>);
+    let parts: Vec<Parts> = probes.iter().map(|p| probe_parts(p)).collect();
+    let refused: Vec<Parts> = denied.iter().map(|p| probe_parts(p)).collect();
+    let whole = |matches: &dyn Fn(&Parts) -> bool| {
+        let probed = parts.iter().filter(|p| matches(p)).count();
+        probed > 1 && refused.iter().filter(|p| matches(p)).count() == probed
+    };
+    let mut out: Vec<String> = Vec::new();
+    for (command, key) in &refused {
+        let line = match key {
+            Some(key) if whole(&|p| p.1 == Some(*key)) => format!("key {key}"),
+            _ if whole(&|p| &p.0 == command) => command.clone(),
+            Some(key) => format!("{command} on key {key}"),
+            None => command.clone(),
+        };
+        if !out.contains(&line) {
+            out.push(line);
+        }
+    }
+    out
+}
+
+impl Store {
+    fn builder(url: &str, reconnect: Reconnect) -> Result<Builder, StoreError> {
+        Self::builder_tls(url, None, reconnect)
+    }
+
+    fn builder_tls(
+        url: &str,
+        tls: Option<&TlsFiles>,
+        reconnect: Reconnect,
+    ) -> Result<Builder, StoreError> {
+        let mut config = Config::from_url(url)?;
+        if let Some(files) = tls {
+            let client = tls_client_config(files).map_err(|e| {
+                StoreError::Redis(fred::error::Error::new(ErrorKind::Tls, e.to_string()))
+            })?;
+            config.tls = Some(TlsConnector::from(client).into());
+        }
+        // The daemon starts without Redis and catches up when it appears; tools fail fast.
+        config.fail_fast = reconnect == Reconnect::Never;
+        let mut builder = Builder::from_config(config);
+        builder
+            .with_connection_config(|c| {
+                c.connection_timeout = Duration::from_secs(5);
+                c.internal_command_timeout = Duration::from_secs(10);
+                c.max_command_attempts = 3;
+            })
+            .with_performance_config(|p| {
+                p.default_command_timeout = Duration::from_secs(30);
+            });
+        if reconnect == Reconnect::Forever {
+            builder.set_policy(ReconnectPolicy::new_exponential(0, 100, 10_000, 2));
+        }
+        Ok(builder)
+    }
+
+    /// Connects a pool of `size` connections to `url` (redis://, rediss://, redis-cluster://).
+    /// With [`Reconnect::Never`] this waits for the connection and fails if there is none;
+    /// with [`Reconnect::Forever`] it returns at once and commands wait for the connection.
+    pub async fn connect(
+        url: &str,
+        prefix: &str,
+        size: usize,
+        reconnect: Reconnect,
+    ) -> Result<Store, StoreError> {
+        Self::connect_builder(Self::builder(url, reconnect)?, prefix, size, reconnect).await
+    }
+
+    /// As [`Store::connect`], with every `[redis]` setting (TLS files included).
+    pub async fn connect_with(
+        redis: &RedisSettings,
+        size: usize,
+        reconnect: Reconnect,
+    ) -> Result<Store, StoreError> {
+        let builder = Self::builder_tls(&redis.url, redis.tls.as_ref(), reconnect)?;
+        Self::connect_builder(builder, &redis.key_prefix, size, reconnect).await
+    }
+
+    async fn connect_builder(
+        builder: Builder,
+        prefix: &str,
+        size: usize,
+        reconnect: Reconnect,
+    ) -> Result<Store, StoreError> {
+        let pool = builder.build_pool(size.max(1))?;
+        match reconnect {
+            Reconnect::Never => {
+                pool.init().await?;
+            }
+            Reconnect::Forever => {
+                // The connection tasks run on their own; dropping the handles detaches them.
+                drop(pool.connect_pool());
+            }
+        }
+        Ok(Store {
+            pool,
+            keys: Keys::new(prefix),
+            scripts: Scripts::new(),
+            metrics: None,
+        })
+    }
+
+    /// Observes the duration of every script call in `metrics`.
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Store {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    /// A single extra connection for the stream reader: its blocking XREADGROUP must not
+    /// stall the commands queued behind it on a shared connection.
+    ///
+    /// Commands on it are sent once and never resent: `XREADGROUP >` is not idempotent. If
+    /// the connection drops after Redis delivered a batch, a resend would deliver the next
+    /// batch and leave the first one in the pending list, unseen, until `claim_idle`. With
+    /// one attempt the lost reply is an error instead, and the consumer re-reads its own
+    /// pending entries.
+    pub async fn dedicated(url: &str, reconnect: Reconnect) -> Result<Client, StoreError> {
+        Self::dedicated_builder(Self::builder(url, reconnect)?, reconnect).await
+    }
+
+    /// As [`Store::dedicated`], with every `[redis]` setting (TLS files included).
+    pub async fn dedicated_with(
+        redis: &RedisSettings,
+        reconnect: Reconnect,
+    ) -> Result<Client, StoreError> {
+        let builder = Self::builder_tls(&redis.url, redis.tls.as_ref(), reconnect)?;
+        Self::dedicated_builder(builder, reconnect).await
+    }
+
+    async fn dedicated_builder(
+        mut builder: Builder,
+        reconnect: Reconnect,
+    ) -> Result<Client, StoreError> {
+        builder.with_connection_config(|c| c.max_command_attempts = 1);
+        let client = builder.build()?;
+        match reconnect {
+            Reconnect::Never => {
+                client.init().await?;
+            }
+            Reconnect::Forever => {
+                drop(client.connect());
+            }
+        }
+        Ok(client)
+    }
+
+    /// Whether every script is in the server's cache; loads the missing ones.
+    pub async fn ensure_scripts(&self) -> Result<(), StoreError> {
+        let hashes: Vec<String> = self
+            .scripts
+            .all()
+            .iter()
+            .map(|s| s.sha1().to_string())
+            .collect();
+        let present: Vec<bool> = self.client().script_exists(hashes).await?;
+        if present.iter().all(|p| *p) {
+            return Ok(());
+        }
+        self.load_scripts().await
+    }
+
+    /// Loads every script into the server's cache (`SCRIPT LOAD`); on a cluster, on every node.
+    pub async fn load_scripts(&self) -> Result<(), StoreError> {
+        for script in self.scripts.all() {
+            script.load(self.client()).await?;
+        }
+        Ok(())
+    }
+
+    /// Records each board's shaping settings in Redis the first time the board is seen,
+    /// and lists every setting whose stored value differs from `boards` (empty: all agree).
+    /// Data written under other settings would be misread (scores, tie-break prefixes,
+    /// slice numbers), so a process with conflicts must not start.
+    pub async fn check_settings(&self, boards: &[Board]) -> Result<Vec<Conflict>, StoreError> {
+        let mut conflicts = Vec::new();
+        for board in boards {
+            let key = self.keys.settings(&board.name);
+            let wanted = board.shaping_settings();
+            let mut stored: HashMap<String, String> = self.client().hgetall(&key).await?;
+            let mut source = key.clone();
+            if stored.is_empty() {
+                // First start with this check (or the key was lost): the instances' own
+                // fingerprints tell what the data was built with.
+                if let Some((meta, fingerprint)) = self.instance_fingerprint(board).await? {
+                    stored = parse_fingerprint(&fingerprint);
+                    source = meta;
+                }
+            }
+            let before = conflicts.len();
+            for (setting, configured) in &wanted {
+                match stored.get(*setting) {
+                    Some(v) if v != configured => conflicts.push(Conflict {
+                        board: board.name.clone(),
+                        setting,
+                        stored: v.clone(),
+                        configured: configured.clone(),
+                        key: source.clone(),
+                    }),
+                    _ => {}
+                }
+            }
+            if conflicts.len() == before {
+                let args: Vec<Value> = wanted
+                    .iter()
+                    .flat_map(|(k, v)| [Value::from(*k), Value::from(v.as_str())])
+                    .collect();
+                let _: Value = self
+                    .client()
+                    .eval(
+                        "if redis.call('EXISTS', KEYS[1]) == 0 then redis.call('HSET', KEYS[1], unpack(ARGV)) end return 1",
+                        vec![key],
+                        args,
+                    )
+                    .await?;
+            }
+        }
+        Ok(conflicts)
+    }
+
+    /// The settings fingerprint stored in the `meta` of one of the board's instances (the
+    /// unscoped one, or the first few registered scopes), with the key it was read from.
+    async fn instance_fingerprint(
+        &self,
+        board: &Board,
+    ) -> Result<Option<(String, String)>, StoreError> {
+        let scopes: Vec<Option<String>> = if board.is_scoped() {
+            let some: Vec<String> = self
+                .client()
+                .zrange(
+                    self.keys.scopes(&board.name),
+                    0,
+                    15,
+                    None,
+                    false,
+                    None,
+                    false,
+                )
+                .await?;
+            some.into_iter().map(Some).collect()
+        } else {
+            vec![None]
+        };
+        for scope in scopes {
+            let meta = self.instance(board, scope.as_deref()).meta();
+            let fingerprint: Option<String> = self.client().hget(&meta, "settings").await?;
+            if let Some(f) = fingerprint {
+                return Ok(Some((meta, f)));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The commands and keys the Redis user may not use, checked with
+    /// `redis.acl_check_cmd` inside one script (nothing is run or written): the scripts'
+    /// commands on each board's keys, the plain commands rollboard sends, and the stream
+    /// commands on `stream` and `dead_letter`. Empty: every permission is there.
+    pub async fn check_permissions(
+        &self,
+        boards: &[Board],
+        stream: &str,
+        dead_letter: &str,
+    ) -> Result<Vec<String>, StoreError> {
+        let words = |list: &[&str]| list.iter().map(|w| w.to_string()).collect::<Vec<_>>();
+        let sha = "0".repeat(40);
+        let mut probes: Vec<Vec<String>> = vec![
+            words(&["PING"]),
+            words(&["SCRIPT", "LOAD", "return 1"]),
+            words(&["SCRIPT", "EXISTS", &sha]),
+            words(&["MULTI"]),
+            words(&["EXEC"]),
+            words(&[
+                "XREADGROUP",
+                "GROUP",
+                "g",
+                "c",
+                "COUNT",
+                "1",
+                "STREAMS",
+                stream,
+                ">",
+            ]),
+            words(&["XACK", stream, "g", "0-1"]),
+            words(&["XAUTOCLAIM", stream, "g", "c", "0", "0-0"]),
+            words(&["XADD", stream, "*", "f", "v"]),
+            words(&["XGROUP", "CREATE", stream, "g", "0", "MKSTREAM"]),
+            words(&["XINFO", "GROUPS", stream]),
+            words(&["XADD", dead_letter, "*", "f", "v"]),
+        ];
+        let lua = script_commands();
+        for board in boards {
+            let k = self.instance(board, None);
+            let (meta, settings) = (k.meta(), self.keys.settings(&board.name));
+            let (scopes, window) = (self.keys.scopes(&board.name), self.keys.window(&board.name));
+            for key in [&meta, &settings, &scopes, &window] {
+                probes.push(words(&["EVALSHA", &sha, "1", key]));
+                probes.push(words(&["EVAL", "return 1", "1", key]));
+                for command in &lua {
+                    // The key three times: enough arguments for every key spec the
+                    // scripts use (RENAME takes two keys).
+                    probes.push(words(&[command, key, key, key]));
+                }
+            }
+            probes.extend([
+                words(&["HGETALL", &settings]),
+                words(&["HGET", &meta, "f"]),
+                words(&["HGET", &window, "f"]),
+                words(&["HMGET", &meta, "f"]),
+                words(&["HSCAN", &k.members(), "0"]),
+                words(&["ZRANGE", &scopes, "0", "1"]),
+                words(&["ZADD", &scopes, "GT", "0", "m"]),
+                words(&["ZSCAN", &scopes, "0"]),
+                words(&["ZSCAN", &k.result(), "0"]),
+                words(&["ZRANGEBYSCORE", &k.slices(), "0", "1"]),
+                words(&["DEL", &meta]),
+                words(&["UNLINK", &meta]),
+            ]);
+        }
+        let mut args: Vec<Value> = Vec::new();
+        for probe in &probes {
+            args.push(Value::from(probe.len() as i64));
+            args.extend(probe.iter().map(|w| Value::from(w.as_str())));
+        }
+        let status: Vec<i64> = self.client().eval(PERMISSION_PROBE, (), args).await?;
+        if status.len() != probes.len() {
+            return Err(reply_err(
+                "permission probe: one status per command expected",
+            ));
+        }
+        let known: Vec<Vec<String>> = probes
+            .iter()
+            .zip(&status)
+            .filter(|(_, s)| **s != 2)
+            .map(|(p, _)| p.clone())
+            .collect();
+        let denied: Vec<&Vec<String>> = probes
+            .iter()
+            .zip(&status)
+            .filter(|(_, s)| **s == 0)
+            .map(|(p, _)| p)
+            .collect();
+        Ok(describe_denied(&known, &denied))
+    }
+
+    /// Whether a pooled connection is up (all of them are down while Redis is unreachable).
+    /// Commands sent meanwhile wait for the reconnection, up to the command timeout, so a
+    /// job that must not hang checks first.
+    pub fn is_connected(&self) -> bool {
+        self.pool.clients().iter().any(|c| c.is_connected())
+    }
+
+    /// The error a job reports when it did not start because Redis is unreachable.
+    pub fn not_connected() -> StoreError {
+        StoreError::Redis(fred::error::Error::new(
+            ErrorKind::IO,
+            "not connected to redis",
+        ))
+    }
+
+    /// Answers `PING`.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        let _: String = self.client().ping(None).await?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod permission_tests {
+    use super::*;
+
+    /// The commands granted by the shipped ACL file, lower-cased as written there.
+    fn granted() -> Vec<String> {
+        let acl = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/deploy/redis/users.acl"
+        ))
+        .expect("deploy/redis/users.acl");
+        acl.split_whitespace()
+            .filter_map(|rule| rule.strip_prefix('+'))
+            .map(str::to_string)
+            .collect()
+    }
+
+    #[test]
+    fn every_lua_file_is_probed() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src/lua");
+        let mut files: Vec<String> = std::fs::read_dir(dir)
+            .expect("src/lua")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .filter(|f| f.ends_with(".lua"))
+            .collect();
+        files.sort();
+        let probed: Vec<String> = LUA_SOURCES.iter().map(|(f, _)| f.to_string()).collect();
+        assert_eq!(probed, files, "LUA_SOURCES lists every script");
+    }
+
+    #[test]
+    fn the_shipped_acl_grants_every_command_the_scripts_call() {
+        let options = [
+            "LIMIT",
+            "PX",
+            "WITHSCORES",
+            "GT",
+            "NX",
+            "XX",
+            "CH",
+            "REV",
+            "BYSCORE",
+        ];
+        let granted = granted();
+        let commands = script_commands();
+        for needed in ["HDEL", "HSET", "ZMSCORE", "ZADD", "EXISTS"] {
+            assert!(
+                commands.iter().any(|c| c == needed),
+                "{needed}: {commands:?}"
+            );
+        }
+        for command in commands.iter().filter(|c| !options.contains(&c.as_str())) {
+            assert!(
+                granted.contains(&command.to_ascii_lowercase()),
+                "{command} is called by a script but not granted in deploy/redis/users.acl"
+            );
+        }
+    }
+
+    #[test]
+    fn denials_name_whole_keys_and_whole_commands_once() {
+        let probe = |words: &[&str]| words.iter().map(|w| w.to_string()).collect::<Vec<_>>();
+        let probes = vec![
+            probe(&["XACK", "rb:events", "g", "0-1"]),
+            probe(&["HSET", "rb:a", "rb:a"]),
+            probe(&["HDEL", "rb:a", "rb:a"]),
+            probe(&["HSET", "rb:b", "rb:b"]),
+            probe(&["HDEL", "rb:b", "rb:b"]),
+            probe(&["HSET", "x:c", "x:c"]),
+            probe(&["HDEL", "x:c", "x:c"]),
+            probe(&["SCRIPT", "LOAD", "return 1"]),
+        ];
+        let denied: Vec<&Vec<String>> = [0, 2, 4, 5, 6, 7].iter().map(|&i| &probes[i]).collect();
+        assert_eq!(
+            describe_denied(&probes, &denied),
+            ["XACK on key rb:events", "HDEL", "key x:c", "SCRIPT LOAD"]
+        );
+    }
+}

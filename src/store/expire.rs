@@ -1,0 +1,217 @@
+//! Rolling the window: the board's and each instance's watermark, key scans, expiring a
+//! dead slice in bounded chunks, dropping empty slices and forgetting idempotency keys.
+
+use fred::prelude::*;
+use fred::types::{ClusterHash, CustomCommand};
+
+use super::{
+    as_array, as_i64, as_string, mode_flag, negative_flag, parse_floor, reply_err, Store,
+    StoreError,
+};
+use crate::board::Board;
+
+/// Result of expiring one chunk of a slice.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Expired {
+    /// Slice fields subtracted and deleted by this call.
+    pub fields: u64,
+    /// Members that left the instance (no live events remain).
+    pub members_removed: u64,
+}
+
+/// Most fields of a dead slice that one `expire.lua` call expires. DESIGN.md section 7: no
+/// call may hold Redis for more than about 2 ms; an expired field costs ~16 µs of Redis
+/// time on the reference machine when its member leaves a 1M-member ranking, and calls of
+/// 64 fields ran 1.0 ms at the median but 5 ms at p99 on the shared 2-core machine (`cargo
+/// bench --bench rollboard -- expiry`). The roll job splits each HSCAN page of
+/// `schedule.chunk` fields into calls of at most this many.
+pub const EXPIRE_CALL_FIELDS: usize = 32;
+
+/// Most idempotency keys that one `trim_seen.lua` call forgets (same bound; `ZREM` from a
+/// 1M-member `seen` ZSet).
+pub const TRIM_CALL_IDS: usize = 256;
+
+impl Store {
+    /// Raises the board's own watermark (see
+    /// [`Keys::window`](crate::keys::Keys::window)) to at least `target`; returns it. Every
+    /// roll does this before it touches an instance.
+    pub async fn raise_floor(
+        &self,
+        board: &Board,
+        target: i64,
+        now: i64,
+    ) -> Result<i64, StoreError> {
+        let v = self
+            .eval(
+                &self.scripts.floor,
+                vec![self.keys.window(&board.name)],
+                vec![target.into(), now.into()],
+            )
+            .await?;
+        as_i64(&v).ok_or_else(|| reply_err("floor: not a number"))
+    }
+
+    /// The board's own watermark, if a roll ever set it.
+    pub async fn floor(&self, board: &Board) -> Result<Option<i64>, StoreError> {
+        let v: Option<String> = self
+            .client()
+            .hget(self.keys.window(&board.name), "expired_through")
+            .await?;
+        parse_floor(v)
+    }
+
+    /// Raises the instance's watermark to at least `target`; returns the watermark and the
+    /// registered slices at or below it (the ones to expire), oldest first.
+    pub async fn raise_watermark(
+        &self,
+        board: &Board,
+        scope: Option<&str>,
+        target: i64,
+        now: i64,
+    ) -> Result<(i64, Vec<i64>), StoreError> {
+        let k = self.instance(board, scope);
+        let out = as_array(
+            self.eval(
+                &self.scripts.watermark,
+                vec![k.meta(), k.slices()],
+                vec![target.into(), now.into(), board.fingerprint().into()],
+            )
+            .await?,
+        )
+        .ok_or_else(|| reply_err("watermark: not an array"))?;
+        let mut it = out.into_iter();
+        let w = it
+            .next()
+            .as_ref()
+            .and_then(as_i64)
+            .ok_or_else(|| reply_err("watermark: no watermark"))?;
+        let slices = it
+            .next()
+            .and_then(as_array)
+            .unwrap_or_default()
+            .iter()
+            .map(|v| as_i64(v).ok_or_else(|| reply_err("watermark: slice is not a number")))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok((w, slices))
+    }
+
+    /// One page of `HSCAN`/`ZSCAN`/`SSCAN`: the next cursor and the (field, value) pairs.
+    pub async fn scan(
+        &self,
+        command: &'static str,
+        key: &str,
+        cursor: &str,
+        count: usize,
+    ) -> Result<(String, Vec<(String, String)>), StoreError> {
+        let v: Value = self
+            .client()
+            .custom(
+                CustomCommand::new_static(command, ClusterHash::FirstKey, false),
+                vec![
+                    Value::from(key),
+                    Value::from(cursor),
+                    "COUNT".into(),
+                    Value::from(count as i64),
+                ],
+            )
+            .await?;
+        let mut parts = as_array(v)
+            .ok_or_else(|| reply_err("scan: not an array"))?
+            .into_iter();
+        let next = parts
+            .next()
+            .and_then(as_string)
+            .ok_or_else(|| reply_err("scan: no cursor"))?;
+        let items = parts.next().and_then(as_array).unwrap_or_default();
+        let mut pairs = Vec::with_capacity(items.len() / 2);
+        let mut it = items.into_iter();
+        while let (Some(f), Some(v)) = (it.next(), it.next()) {
+            let f = as_string(f).ok_or_else(|| reply_err("scan: field is not text"))?;
+            let v = as_string(v).ok_or_else(|| reply_err("scan: value is not text"))?;
+            pairs.push((f, v));
+        }
+        Ok((next, pairs))
+    }
+
+    /// Subtracts and deletes the given fields of dead slice `n` in one script call,
+    /// exactly once: a field that a concurrent or crashed roller already expired is no
+    /// longer in the slice and is skipped. The amounts are read by the script itself (a
+    /// dead slice never changes). Callers pass at most [`EXPIRE_CALL_FIELDS`] names.
+    pub async fn expire_chunk(
+        &self,
+        board: &Board,
+        scope: Option<&str>,
+        n: i64,
+        members: &[String],
+    ) -> Result<Expired, StoreError> {
+        let k = self.instance(board, scope);
+        let keys = vec![
+            k.meta(),
+            k.result(),
+            k.members(),
+            k.refs(),
+            k.totals(),
+            k.slice(n),
+        ];
+        let args: Vec<Value> = [
+            Value::from(mode_flag(board)),
+            Value::from(negative_flag(board)),
+            Value::from(board.fingerprint()),
+        ]
+        .into_iter()
+        .chain(members.iter().map(|m| Value::from(m.as_str())))
+        .collect();
+        let out = as_array(self.eval(&self.scripts.expire, keys, args).await?)
+            .ok_or_else(|| reply_err("expire: not an array"))?;
+        let field = |i: usize| {
+            out.get(i)
+                .and_then(as_i64)
+                .map(|v| v as u64)
+                .ok_or_else(|| reply_err("expire: missing count"))
+        };
+        Ok(Expired {
+            fields: field(0)?,
+            members_removed: field(1)?,
+        })
+    }
+
+    /// Unregisters slice `n` if it is empty; false when fields remain.
+    pub async fn drop_slice(
+        &self,
+        board: &Board,
+        scope: Option<&str>,
+        n: i64,
+    ) -> Result<bool, StoreError> {
+        let k = self.instance(board, scope);
+        let v = self
+            .eval(
+                &self.scripts.drop_slice,
+                vec![k.slices(), k.slice(n)],
+                vec![n.into()],
+            )
+            .await?;
+        Ok(as_i64(&v) == Some(1))
+    }
+
+    /// Forgets up to `chunk` idempotency keys due at `now` (callers keep `chunk` at or
+    /// below [`TRIM_CALL_IDS`]); returns how many.
+    pub async fn trim_seen(
+        &self,
+        board: &Board,
+        scope: Option<&str>,
+        now: i64,
+        chunk: usize,
+    ) -> Result<u64, StoreError> {
+        let k = self.instance(board, scope);
+        let v = self
+            .eval(
+                &self.scripts.trim_seen,
+                vec![k.seen()],
+                vec![now.into(), (chunk as i64).into()],
+            )
+            .await?;
+        as_i64(&v)
+            .map(|n| n as u64)
+            .ok_or_else(|| reply_err("trim_seen: not a number"))
+    }
+}

@@ -1,0 +1,318 @@
+//! Every Redis operation on leaderboard data: typed operations over fred, one Lua script
+//! per atomic operation (`src/lua/*.lua`). Stream commands (read, ack, append) live with
+//! the consumer and the intake.
+//!
+//! Commands go through a small connection pool; concurrent calls on one connection are
+//! pipelined by fred, so applying many instances at once costs one round trip.
+//!
+//! # Layout
+//!
+//! One file per concern, each with its own `impl Store` block:
+//!
+//! * `mod.rs`: [`Store`] and [`StoreError`], the script table and the timed script call,
+//!   and the small reply decoders the other files share.
+//! * `connect.rs`: connecting (pool, dedicated client, TLS), loading the scripts, and the
+//!   start-up checks: the Redis user's permissions and the boards' stored settings.
+//! * `apply.rs`: bounded apply calls and the scope registry.
+//! * `expire.rs`: the board and instance watermarks, expiry chunks, dropping slices and
+//!   forgetting idempotency keys.
+//! * `stage.rs`: resummarize: staging a recomputation in scratch keys and swapping it in.
+//! * `query.rs`: the top / rank / around reads.
+
+mod apply;
+mod connect;
+mod expire;
+mod query;
+mod stage;
+
+pub use apply::{apply_call, ApplyEvent, Outcome, APPLY_CHUNK};
+pub use connect::{
+    script_commands, tls_client_config, Conflict, Conflicts, Denied, Reconnect, Refused, TlsError,
+};
+pub use expire::{Expired, EXPIRE_CALL_FIELDS, TRIM_CALL_IDS};
+pub use stage::{StageTargets, Staged, STAGE_CALL_ROWS};
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Instant;
+
+use fred::prelude::*;
+use fred::types::scripts::Script;
+
+use crate::board::{Board, Mode, TieBreak};
+use crate::keys::{InstanceKeys, Keys};
+use crate::metrics::Metrics;
+
+/// A failed Redis operation.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The client or server reported an error. Not marked as the error's source: the
+    /// message already includes it, and `{:#}` would print it twice.
+    #[error("redis: {0}")]
+    Redis(fred::error::Error),
+    /// The server answered in a shape the scripts never produce.
+    #[error("unexpected reply from redis: {0}")]
+    Reply(String),
+}
+
+impl From<fred::error::Error> for StoreError {
+    fn from(e: fred::error::Error) -> Self {
+        StoreError::Redis(e)
+    }
+}
+
+impl StoreError {
+    /// A small fixed label for metrics: `connection`, `timeout`, `script` or `other`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            StoreError::Redis(e) => match e.kind() {
+                ErrorKind::IO | ErrorKind::Canceled | ErrorKind::Tls | ErrorKind::Auth => {
+                    "connection"
+                }
+                ErrorKind::Timeout => "timeout",
+                _ if e.details().contains("script")
+                    || e.details().starts_with("NOSCRIPT")
+                    || e.details().starts_with("ROLLBOARD") =>
+                {
+                    "script"
+                }
+                _ => "other",
+            },
+            StoreError::Reply(_) => "other",
+        }
+    }
+}
+
+impl StoreError {
+    /// Whether the error is about Redis as a whole (unreachable, timed out, out of memory,
+    /// loading, failing over) rather than about the data one call touched: such a batch
+    /// is retried as a whole, never dead-lettered.
+    pub fn is_outage(&self) -> bool {
+        match self {
+            StoreError::Redis(e) => {
+                matches!(self.kind(), "connection" | "timeout")
+                    || [
+                        "OOM",
+                        "LOADING",
+                        "BUSY",
+                        "MASTERDOWN",
+                        "CLUSTERDOWN",
+                        "TRYAGAIN",
+                        "READONLY",
+                        "NOREPLICAS",
+                        "MOVED",
+                        "ASK",
+                    ]
+                    .iter()
+                    .any(|p| e.details().starts_with(p))
+            }
+            StoreError::Reply(_) => false,
+        }
+    }
+}
+
+/// Typed access to rollboard's Redis data.
+pub struct Store {
+    pool: Pool,
+    keys: Keys,
+    scripts: Scripts,
+    /// Where script call durations are observed (the daemon's metrics), if anywhere.
+    metrics: Option<Arc<Metrics>>,
+}
+
+struct Scripts {
+    apply: Script,
+    watermark: Script,
+    expire: Script,
+    drop_slice: Script,
+    trim_seen: Script,
+    query: Script,
+    stage: Script,
+    swap: Script,
+    cleanup: Script,
+    floor: Script,
+}
+
+impl Scripts {
+    fn new() -> Self {
+        Scripts {
+            apply: Script::from_lua(include_str!("../lua/apply.lua")),
+            watermark: Script::from_lua(include_str!("../lua/watermark.lua")),
+            expire: Script::from_lua(include_str!("../lua/expire.lua")),
+            drop_slice: Script::from_lua(include_str!("../lua/drop_slice.lua")),
+            trim_seen: Script::from_lua(include_str!("../lua/trim_seen.lua")),
+            query: Script::from_lua(include_str!("../lua/query.lua")),
+            stage: Script::from_lua(include_str!("../lua/stage.lua")),
+            swap: Script::from_lua(include_str!("../lua/swap.lua")),
+            cleanup: Script::from_lua(include_str!("../lua/cleanup.lua")),
+            floor: Script::from_lua(include_str!("../lua/floor.lua")),
+        }
+    }
+
+    /// The `script` label of `script` (one of [`SCRIPT_NAMES`]).
+    fn name(&self, script: &Script) -> &'static str {
+        let named = [
+            (&self.apply, "apply"),
+            (&self.watermark, "watermark"),
+            (&self.expire, "expire"),
+            (&self.drop_slice, "drop_slice"),
+            (&self.trim_seen, "trim_seen"),
+            (&self.query, "query"),
+            (&self.stage, "stage"),
+            (&self.swap, "swap"),
+            (&self.cleanup, "cleanup"),
+            (&self.floor, "floor"),
+        ];
+        named
+            .iter()
+            .find(|(s, _)| std::ptr::eq(*s, script))
+            .map_or("other", |(_, name)| name)
+    }
+
+    fn all(&self) -> [&Script; 10] {
+        [
+            &self.floor,
+            &self.stage,
+            &self.swap,
+            &self.cleanup,
+            &self.apply,
+            &self.watermark,
+            &self.expire,
+            &self.drop_slice,
+            &self.trim_seen,
+            &self.query,
+        ]
+    }
+}
+
+/// The `script` label values of `rollboard_script_duration_seconds`: one per Lua script.
+pub const SCRIPT_NAMES: [&str; 10] = [
+    "apply",
+    "watermark",
+    "expire",
+    "drop_slice",
+    "trim_seen",
+    "query",
+    "stage",
+    "swap",
+    "cleanup",
+    "floor",
+];
+
+impl Store {
+    /// Runs one call of `script`, timing it when metrics are attached.
+    async fn timed<T>(&self, script: &Script, call: impl Future<Output = T>) -> T {
+        let started = Instant::now();
+        let out = call.await;
+        if let Some(metrics) = &self.metrics {
+            metrics.script_call(self.scripts.name(script), started.elapsed().as_secs_f64());
+        }
+        out
+    }
+
+    /// The key schema.
+    pub fn keys(&self) -> &Keys {
+        &self.keys
+    }
+
+    /// One client of the pool, for plain commands.
+    pub fn client(&self) -> &Client {
+        self.pool.next()
+    }
+
+    /// The pool, for callers that need every connection (e.g. to watch reconnects).
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    /// The keys of one instance.
+    pub fn instance(&self, board: &Board, scope: Option<&str>) -> InstanceKeys {
+        self.keys.instance(&board.name, scope)
+    }
+
+    async fn eval(
+        &self,
+        script: &Script,
+        keys: Vec<String>,
+        args: Vec<Value>,
+    ) -> Result<Value, StoreError> {
+        let call = script.evalsha_with_reload(self.client(), keys, args);
+        Ok(self.timed(script, call).await?)
+    }
+}
+
+fn reply_err(what: impl Into<String>) -> StoreError {
+    StoreError::Reply(what.into())
+}
+
+/// Reads a board's watermark as stored by `floor.lua`.
+fn parse_floor(v: Option<String>) -> Result<Option<i64>, StoreError> {
+    v.map(|w| {
+        w.parse()
+            .map_err(|_| reply_err(format!("board watermark {w:?} is not a number")))
+    })
+    .transpose()
+}
+
+fn mode_flag(board: &Board) -> &'static str {
+    match board.mode {
+        Mode::Incremental => "i",
+        Mode::Resummarize => "r",
+    }
+}
+
+fn tie_flag(board: &Board) -> &'static str {
+    match board.tie_break {
+        TieBreak::Earliest => "e",
+        TieBreak::Latest => "l",
+        TieBreak::None => "n",
+    }
+}
+
+fn negative_flag(board: &Board) -> &'static str {
+    if board.allow_negative {
+        "1"
+    } else {
+        "0"
+    }
+}
+
+fn as_i64(v: &Value) -> Option<i64> {
+    match v {
+        Value::Integer(i) => Some(*i),
+        Value::String(s) => s.parse().ok(),
+        Value::Bytes(b) => std::str::from_utf8(b).ok()?.parse().ok(),
+        Value::Double(d) if d.fract() == 0.0 => Some(*d as i64),
+        _ => None,
+    }
+}
+
+fn as_string(v: Value) -> Option<String> {
+    match v {
+        Value::String(s) => Some(s.to_string()),
+        Value::Bytes(b) => String::from_utf8(b.to_vec()).ok(),
+        Value::Integer(i) => Some(i.to_string()),
+        _ => None,
+    }
+}
+
+fn as_array(v: Value) -> Option<Vec<Value>> {
+    match v {
+        Value::Array(a) => Some(a),
+        Value::Null => Some(Vec::new()),
+        _ => None,
+    }
+}
+
+/// Parses a ZSet score written by rollboard: an integer below 2^53 in magnitude.
+fn score(v: &Value) -> Option<i64> {
+    as_i64(v).or_else(|| {
+        let text = match v {
+            Value::String(s) => s.to_string(),
+            Value::Bytes(b) => String::from_utf8_lossy(b).into_owned(),
+            _ => return None,
+        };
+        let d: f64 = text.parse().ok()?;
+        (d.fract() == 0.0 && d.abs() <= crate::board::MAX_TOTAL as f64).then_some(d as i64)
+    })
+}

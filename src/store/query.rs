@@ -1,0 +1,189 @@
+//! The reads: top, rank and around, each one `query.lua` call decoded into a page.
+
+use fred::prelude::*;
+
+use super::{as_array, as_i64, as_string, parse_floor, reply_err, score, Store, StoreError};
+use crate::board::{Board, Mode};
+use crate::keys::InstanceKeys;
+use crate::query::{decode_member, Entry, MemberRank, Page};
+
+struct Snapshot {
+    count: u64,
+    rank: Option<u64>,
+    window_from: i64,
+    window_to: i64,
+    entries: Vec<Entry>,
+}
+
+impl Store {
+    fn lookup_key(&self, board: &Board, k: &InstanceKeys) -> String {
+        match board.mode {
+            Mode::Incremental => k.members(),
+            Mode::Resummarize => k.ranked(),
+        }
+    }
+
+    async fn query(
+        &self,
+        board: &Board,
+        scope: Option<&str>,
+        args: Vec<Value>,
+        now: i64,
+    ) -> Result<Snapshot, StoreError> {
+        let k = self.instance(board, scope);
+        let keys = vec![k.meta(), k.result(), self.lookup_key(board, &k)];
+        let client = self.client();
+        let snapshot = self.timed(
+            &self.scripts.query,
+            self.scripts.query.evalsha_with_reload(client, keys, args),
+        );
+        // A scoped instance follows the board's watermark too (see [`Store::raise_floor`]);
+        // both reads go out together on one connection, so this costs no extra round trip.
+        let (out, floor) = if scope.is_some() {
+            let floor = client
+                .hget::<Option<String>, _, _>(self.keys.window(&board.name), "expired_through");
+            let (out, floor) = tokio::try_join!(snapshot, floor)?;
+            (out, parse_floor(floor)?)
+        } else {
+            (snapshot.await?, None)
+        };
+        let out = as_array(out).ok_or_else(|| reply_err("query: not an array"))?;
+        let mut it = out.into_iter();
+        let expired = it.next().as_ref().and_then(as_i64).max(floor);
+        let mut num = || {
+            it.next()
+                .as_ref()
+                .and_then(as_i64)
+                .ok_or_else(|| reply_err("query: missing number"))
+        };
+        let count = num()?.max(0) as u64;
+        let rank = num()?;
+        let first_competition = num()?.max(0) as u64;
+        let start = num()?.max(0) as u64;
+        let rows = it.next().and_then(as_array).unwrap_or_default();
+        let (window_from, window_to) = board.live_range(now, expired);
+        let mut entries = Vec::with_capacity(rows.len() / 2);
+        let mut rows = rows.into_iter();
+        while let (Some(z), Some(s)) = (rows.next(), rows.next()) {
+            let total = score(&s)
+                .ok_or_else(|| reply_err(format!("query: score {s:?} is not an exact integer")))?;
+            let z = as_string(z).ok_or_else(|| reply_err("query: member is not text"))?;
+            let (member, last_ts) = decode_member(board.tie_break, &z);
+            let rank = start + entries.len() as u64 + 1;
+            let competition_rank = match entries.last() {
+                None => first_competition,
+                Some(Entry {
+                    total: prev,
+                    competition_rank,
+                    ..
+                }) if *prev == total => *competition_rank,
+                Some(_) => rank,
+            };
+            entries.push(Entry {
+                rank,
+                competition_rank,
+                member,
+                total,
+                last_ts,
+            });
+        }
+        Ok(Snapshot {
+            count,
+            rank: u64::try_from(rank).ok().map(|r| r + 1),
+            window_from,
+            window_to,
+            entries,
+        })
+    }
+
+    fn page(board: &Board, scope: Option<&str>, snap: Snapshot) -> Page {
+        Page {
+            board: board.name.clone(),
+            scope: scope.map(str::to_string),
+            scale: board.scale,
+            count: snap.count,
+            window_from: snap.window_from,
+            window_to: snap.window_to,
+            entries: snap.entries,
+        }
+    }
+
+    /// The ranking from position `offset` (0-based), at most `limit` entries.
+    pub async fn top(
+        &self,
+        board: &Board,
+        scope: Option<&str>,
+        offset: u64,
+        limit: u64,
+        now: i64,
+    ) -> Result<Page, StoreError> {
+        let snap = self
+            .query(
+                board,
+                scope,
+                vec![
+                    "top".into(),
+                    (offset.min(i64::MAX as u64) as i64).into(),
+                    (limit as i64).into(),
+                ],
+                now,
+            )
+            .await?;
+        Ok(Self::page(board, scope, snap))
+    }
+
+    /// The position of `member`; its rank fields are null when it is not on the board.
+    pub async fn rank(
+        &self,
+        board: &Board,
+        scope: Option<&str>,
+        member: &str,
+        now: i64,
+    ) -> Result<MemberRank, StoreError> {
+        let snap = self
+            .query(board, scope, vec!["rank".into(), member.into()], now)
+            .await?;
+        let entry = snap
+            .entries
+            .into_iter()
+            .next()
+            .filter(|_| snap.rank.is_some());
+        Ok(MemberRank {
+            board: board.name.clone(),
+            scope: scope.map(str::to_string),
+            scale: board.scale,
+            count: snap.count,
+            window_from: snap.window_from,
+            window_to: snap.window_to,
+            member: member.to_string(),
+            rank: entry.as_ref().map(|e| e.rank),
+            competition_rank: entry.as_ref().map(|e| e.competition_rank),
+            total: entry.as_ref().map(|e| e.total),
+            last_ts: entry.and_then(|e| e.last_ts),
+        })
+    }
+
+    /// The entries from `rank - radius` to `rank + radius` around `member`; `None` when
+    /// the member is not on the board.
+    pub async fn around(
+        &self,
+        board: &Board,
+        scope: Option<&str>,
+        member: &str,
+        radius: u64,
+        now: i64,
+    ) -> Result<Option<Page>, StoreError> {
+        let snap = self
+            .query(
+                board,
+                scope,
+                vec!["around".into(), member.into(), (radius as i64).into()],
+                now,
+            )
+            .await?;
+        if snap.rank.is_none() {
+            return Ok(None);
+        }
+        Ok(Some(Self::page(board, scope, snap)))
+    }
+}

@@ -1,0 +1,266 @@
+//! Resummarize: reading the live slices, writing a recomputed instance into scratch keys
+//! in bounded calls, swapping it over the live keys, and discarding or cleaning up.
+
+use fred::prelude::*;
+
+use super::{as_array, as_i64, as_string, reply_err, score, Store, StoreError};
+use crate::board::Board;
+use crate::keys::InstanceKeys;
+use crate::query::{decode_member, encode_member};
+
+/// Most rows that one `stage.lua` call writes into the scratch keys of a recomputation
+/// (same bound and measurement as [`EXPIRE_CALL_FIELDS`](super::EXPIRE_CALL_FIELDS):
+/// ~11 µs of Redis time per row on the reference machine while the scratch ranking grows
+/// to 1M members).
+pub const STAGE_CALL_ROWS: usize = 64;
+
+/// One member of a recomputed instance, as written by [`Store::stage`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Staged {
+    /// The member.
+    pub member: String,
+    /// Its exact total over the live slices.
+    pub total: i64,
+    /// How many live slices hold it.
+    pub slices: i64,
+    /// The tie-break time to record when `members` has lost the member (a repair by
+    /// rebuild); `None` skips such a member (it left the instance while being summed).
+    pub fallback_ts: Option<i64>,
+}
+
+/// Which scratch structures [`Store::stage`] writes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StageTargets {
+    /// The ranking ZSet.
+    pub result: bool,
+    /// The resummarize lookup Hash (member -> zmember as ranked).
+    pub ranked: bool,
+    /// The live-slice counts.
+    pub refs: bool,
+    /// The live totals.
+    pub totals: bool,
+    /// Write `result`/`ranked` only for totals above 0.
+    pub positive_only: bool,
+}
+
+impl StageTargets {
+    fn flags(self) -> String {
+        [
+            (self.result, 'r'),
+            (self.ranked, 'n'),
+            (self.refs, 'f'),
+            (self.totals, 't'),
+            (self.positive_only, 'p'),
+        ]
+        .iter()
+        .filter(|(on, _)| *on)
+        .map(|(_, c)| *c)
+        .collect()
+    }
+
+    /// The (scratch, live) key pairs these targets replace.
+    fn pairs(self, k: &InstanceKeys, token: &str) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        if self.result {
+            out.push((k.scratch(token, "result"), k.result()));
+        }
+        if self.ranked {
+            out.push((k.scratch(token, "ranked"), k.ranked()));
+        }
+        if self.refs {
+            out.push((k.scratch(token, "refs"), k.refs()));
+        }
+        if self.totals {
+            out.push((k.scratch(token, "totals"), k.totals()));
+        }
+        out
+    }
+}
+
+/// How long scratch keys of a recomputation live if their run dies, in ms.
+const SCRATCH_TTL_MS: i64 = 15 * 60 * 1000;
+
+impl Store {
+    /// The registered slices above `watermark` (the live ones), oldest first.
+    pub async fn live_slices(
+        &self,
+        board: &Board,
+        scope: Option<&str>,
+        watermark: i64,
+    ) -> Result<Vec<i64>, StoreError> {
+        let k = self.instance(board, scope);
+        let v: Vec<String> = self
+            .client()
+            .zrangebyscore(k.slices(), format!("({watermark}"), "+inf", false, None)
+            .await?;
+        v.iter()
+            .map(|s| {
+                s.parse()
+                    .map_err(|_| reply_err(format!("slice registry holds {s:?}")))
+            })
+            .collect()
+    }
+
+    /// The instance's `expired_through` and `gen` (change counter).
+    pub async fn meta(
+        &self,
+        board: &Board,
+        scope: Option<&str>,
+    ) -> Result<(Option<i64>, String), StoreError> {
+        let k = self.instance(board, scope);
+        let (w, gen): (Option<String>, Option<String>) = self
+            .client()
+            .hmget(k.meta(), vec!["expired_through", "gen"])
+            .await?;
+        Ok((
+            w.and_then(|w| w.parse().ok()),
+            gen.unwrap_or_else(|| "0".into()),
+        ))
+    }
+
+    /// Writes one chunk of a recomputed instance into the scratch keys of run `token`;
+    /// returns how many members were skipped because they have left the instance, and
+    /// the members given their fallback tie-break time (see [`Staged::fallback_ts`]).
+    /// Callers pass at most [`STAGE_CALL_ROWS`] rows.
+    pub async fn stage(
+        &self,
+        board: &Board,
+        scope: Option<&str>,
+        token: &str,
+        targets: StageTargets,
+        rows: &[Staged],
+    ) -> Result<(u64, Vec<String>), StoreError> {
+        let k = self.instance(board, scope);
+        let keys = vec![
+            k.members(),
+            k.scratch(token, "result"),
+            k.scratch(token, "ranked"),
+            k.scratch(token, "refs"),
+            k.scratch(token, "totals"),
+            k.scratch(token, "marker"),
+        ];
+        let mut args: Vec<Value> = vec![targets.flags().into(), SCRATCH_TTL_MS.into()];
+        for r in rows {
+            args.extend([
+                Value::from(r.member.as_str()),
+                Value::from(r.total),
+                Value::from(r.slices),
+                r.fallback_ts.map_or(Value::from(""), |ts| {
+                    Value::from(encode_member(board.tie_break, &r.member, ts))
+                }),
+            ]);
+        }
+        let out = as_array(self.eval(&self.scripts.stage, keys, args).await?)
+            .ok_or_else(|| reply_err("stage: not an array"))?;
+        let mut it = out.into_iter();
+        let skipped = it
+            .next()
+            .as_ref()
+            .and_then(as_i64)
+            .ok_or_else(|| reply_err("stage: no count"))?;
+        let repaired = it
+            .next()
+            .and_then(as_array)
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(as_string)
+            .collect();
+        Ok((skipped.max(0) as u64, repaired))
+    }
+
+    /// Renames the scratch keys of run `token` over the live ones, atomically, and then
+    /// frees the replaced values with `UNLINK` (never inside the script call). Refused
+    /// (false) when the run already swapped, when `expected_gen` is given and an apply or
+    /// expiry happened since it was read, or when `watermark` is given and a sum above a
+    /// higher watermark was already swapped in.
+    pub async fn swap(
+        &self,
+        board: &Board,
+        scope: Option<&str>,
+        token: &str,
+        targets: StageTargets,
+        expected_gen: Option<&str>,
+        watermark: Option<i64>,
+    ) -> Result<bool, StoreError> {
+        let k = self.instance(board, scope);
+        let mut keys = vec![k.meta(), k.scratch(token, "marker")];
+        let mut trash = Vec::new();
+        for (scratch, live) in targets.pairs(&k, token) {
+            let old = format!("{scratch}:old");
+            keys.extend([scratch, live, old.clone()]);
+            trash.push(old);
+        }
+        let args = vec![
+            Value::from(expected_gen.unwrap_or("")),
+            watermark.map_or(Value::from(""), Value::from),
+            Value::from(SCRATCH_TTL_MS),
+        ];
+        let v = self.eval(&self.scripts.swap, keys, args).await?;
+        let swapped = as_i64(&v) == Some(1);
+        if swapped {
+            // The replaced values were renamed away inside the script; UNLINK frees them
+            // in Redis's background thread instead of inside a call. Best effort: the swap
+            // has happened whatever this answers, and their TTL frees them otherwise.
+            let freed: Result<i64, _> = self.client().unlink(trash).await;
+            drop(freed);
+        }
+        Ok(swapped)
+    }
+
+    /// Deletes the scratch keys of an abandoned run.
+    pub async fn discard(
+        &self,
+        board: &Board,
+        scope: Option<&str>,
+        token: &str,
+    ) -> Result<(), StoreError> {
+        let k = self.instance(board, scope);
+        let keys: Vec<String> = ["result", "ranked", "refs", "totals", "marker"]
+            .iter()
+            .map(|w| k.scratch(token, w))
+            .collect();
+        // UNLINK: a scratch copy of a large ranking is freed in the background.
+        let _: i64 = self.client().unlink(keys).await?;
+        Ok(())
+    }
+
+    /// Deletes the derived keys of an instance that holds no slice and no idempotency key
+    /// (its `meta` stays, so its watermark keeps judging late events); true when done.
+    pub async fn cleanup(&self, board: &Board, scope: Option<&str>) -> Result<bool, StoreError> {
+        let k = self.instance(board, scope);
+        let keys = vec![
+            k.slices(),
+            k.seen(),
+            k.result(),
+            k.members(),
+            k.ranked(),
+            k.refs(),
+            k.totals(),
+        ];
+        let v = self.eval(&self.scripts.cleanup, keys, Vec::new()).await?;
+        Ok(as_i64(&v) == Some(1))
+    }
+
+    /// Every (member, total) pair of the stored ranking ZSet, decoded.
+    pub async fn result_entries(
+        &self,
+        board: &Board,
+        scope: Option<&str>,
+    ) -> Result<Vec<(String, i64)>, StoreError> {
+        let k = self.instance(board, scope);
+        let mut out = Vec::new();
+        let mut cursor = "0".to_string();
+        loop {
+            let (next, page) = self.scan("ZSCAN", &k.result(), &cursor, 1000).await?;
+            for (z, s) in page {
+                let total = score(&Value::from(s.as_str()))
+                    .ok_or_else(|| reply_err(format!("score {s:?} is not an exact integer")))?;
+                out.push((decode_member(board.tie_break, &z).0, total));
+            }
+            if next == "0" {
+                return Ok(out);
+            }
+            cursor = next;
+        }
+    }
+}
