@@ -116,14 +116,21 @@ fn verify(config: &std::path::Path) {
 }
 
 /// Reads entries as consumer `b` without acking them, on every partition: what a daemon
-/// killed mid-batch leaves pending.
-async fn hold_as_b(store: &Store) {
-    for key in keys(3) {
-        let _: Value = store
-            .client()
+/// killed mid-batch leaves pending. A copy of `copies[p]` is appended in the same
+/// transaction, so `b` holds at least one entry of each partition whatever `a` read before.
+async fn hold_as_b(store: &Store, copies: &[Fields]) {
+    for (p, key) in keys(3).into_iter().enumerate() {
+        let tx = store.client().multi();
+        let _: () = tx
+            .xadd(key.as_str(), false, None, "*", copies[p].clone())
+            .await
+            .expect("queue xadd");
+        let _: () = tx
             .xreadgroup("rollboard", "b", Some(50), None, false, key.as_str(), ">")
             .await
-            .expect("b reads without acking");
+            .expect("queue xreadgroup");
+        let (_, read): (String, Value) = tx.exec(true).await.expect("b reads without acking");
+        assert!(!read.is_null(), "b holds entries of {key}");
     }
 }
 
@@ -176,10 +183,10 @@ async fn two_daemons_share_three_partitions_and_a_killed_one_loses_nothing() {
     // partition that it never acks; a claims them after claim_idle (1 s).
     append_to(&store, &events[3000..4500], placed).await;
     b.kill().await;
-    hold_as_b(&store).await;
+    hold_as_b(&store, &events[10..13]).await;
     append_to(&store, &events[4500..], placed).await;
     append_to(&store, &events[4000..4200], copied).await;
-    hold_as_b(&store).await;
+    hold_as_b(&store, &events[20..23]).await;
     assert!(
         drained_streams(&store, &keys(3)).await,
         "not drained after b died; a:\n{}",
