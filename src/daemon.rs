@@ -299,6 +299,7 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> anyhow::Resul
     );
     let settings = Arc::new(settings);
     let metrics = Arc::new(Metrics::new(&settings.boards));
+    metrics.streams(&stream::keys(&settings.ingest));
     let url = settings.redis.redacted_url();
     let store = Arc::new(
         Store::connect_with(&settings.redis, POOL_SIZE, Reconnect::Forever)

@@ -469,6 +469,15 @@ impl Metrics {
         self.reconnects.inc();
     }
 
+    /// Registers the per-partition gauges of `streams` (at 0 until the first poll), so that
+    /// every family shows from the start.
+    pub fn streams(&self, streams: &[String]) {
+        for stream in streams {
+            self.stream_pending.with_label_values(&[stream.as_str()]);
+            self.stream_lag.with_label_values(&[stream.as_str()]);
+        }
+    }
+
     /// One partition's pending count and lag, from XINFO GROUPS on its stream.
     pub fn stream_group(&self, stream: &str, pending: i64, lag: Option<i64>) {
         self.stream_pending
