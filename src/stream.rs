@@ -169,7 +169,7 @@ impl DeadLetter {
     }
 }
 
-pub(crate) fn text(v: Value) -> Option<String> {
+fn text(v: Value) -> Option<String> {
     match v {
         Value::String(s) => Some(s.to_string()),
         Value::Bytes(b) => String::from_utf8(b.to_vec()).ok(),
