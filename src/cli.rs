@@ -10,7 +10,6 @@ use std::process::ExitCode;
 use anyhow::Context;
 use chrono::{DateTime, SecondsFormat, Utc};
 use clap::{Parser, Subcommand};
-use fred::prelude::*;
 
 use crate::board::Board;
 use crate::config::Settings;
@@ -755,7 +754,7 @@ async fn send(settings: &Settings, file: Option<PathBuf>) -> anyhow::Result<u8> 
     let store = connect(settings).await?;
     let stream = streams_shown(&settings.ingest);
     let mut appended = 0u64;
-    let outcome = append_lines(second, settings, store.client(), &mut appended).await;
+    let outcome = append_lines(second, settings, &store, &mut appended).await;
     if let Err(e) = outcome {
         eprintln!(
             "{appended} of {} event(s) were appended before the failure",
@@ -780,7 +779,7 @@ fn streams_shown(ingest: &crate::config::IngestSettings) -> String {
 async fn append_lines(
     mut input: Box<dyn BufRead>,
     settings: &Settings,
-    client: &Client,
+    store: &Store,
     appended: &mut u64,
 ) -> anyhow::Result<()> {
     let stream = streams_shown(&settings.ingest);
@@ -809,9 +808,13 @@ async fn append_lines(
             || bytes >= SEND_BATCH_BYTES
             || (!more && !batch.is_empty())
         {
-            stream::append(client, &settings.ingest, &batch)
+            let written = stream::append(store.client(), &settings.ingest, &batch)
                 .await
                 .with_context(|| format!("cannot append to {stream}"))?;
+            store
+                .confirm_writes(&written)
+                .await
+                .with_context(|| format!("cannot confirm the append to {stream}"))?;
             *appended += batch.len() as u64;
             batch.clear();
             bytes = 0;

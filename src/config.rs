@@ -12,6 +12,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::board::{parse_duration_ms, Board, Dedup, Mode, TieBreak};
+use crate::store::Durability;
 
 /// Default location of the config file.
 pub const DEFAULT_PATH: &str = "config/rollboard.toml";
@@ -65,6 +66,8 @@ struct RawRedis {
     tls_ca_file: String,
     tls_cert_file: String,
     tls_key_file: String,
+    min_replicas_acked: Option<i64>,
+    replica_ack_timeout: String,
 }
 
 impl Default for RawRedis {
@@ -75,6 +78,8 @@ impl Default for RawRedis {
             tls_ca_file: String::new(),
             tls_cert_file: String::new(),
             tls_key_file: String::new(),
+            min_replicas_acked: None,
+            replica_ack_timeout: "2s".into(),
         }
     }
 }
@@ -231,6 +236,11 @@ pub struct RedisSettings {
     pub key_prefix: String,
     /// TLS settings beyond the system's root certificates (`rediss://` only).
     pub tls: Option<TlsFiles>,
+    /// Replicas of every master written to that must hold a batch's writes before it is
+    /// acked, or an append before it is confirmed (`redis.min_replicas_acked`, unset: 1
+    /// when every master has a replica, else 0), and how long to wait for them
+    /// (`redis.replica_ack_timeout`).
+    pub durability: Durability,
 }
 
 impl RedisSettings {
@@ -246,6 +256,7 @@ impl std::fmt::Debug for RedisSettings {
             .field("url", &self.redacted_url())
             .field("key_prefix", &self.key_prefix)
             .field("tls", &self.tls)
+            .field("durability", &self.durability)
             .finish()
     }
 }
@@ -684,6 +695,30 @@ impl RawSettings {
                 "must not contain { or } (they delimit hash tags)",
             ));
         }
+        let replicas = match self.redis.min_replicas_acked {
+            None => None,
+            Some(n @ 0..=16) => Some(n as u32),
+            Some(n) => {
+                return Err(invalid(
+                    "redis.min_replicas_acked",
+                    n.to_string(),
+                    "must be between 0 (off) and 16",
+                ))
+            }
+        };
+        let timeout_text = &self.redis.replica_ack_timeout;
+        let timeout_ms = duration("redis.replica_ack_timeout", timeout_text)?;
+        if !(10..=4_000).contains(&timeout_ms) {
+            return Err(invalid(
+                "redis.replica_ack_timeout",
+                timeout_text,
+                "must be between 10ms and 4s (an intake request waits at most 5s for redis)",
+            ));
+        }
+        let durability = Durability {
+            replicas,
+            timeout: Duration::from_millis(timeout_ms as u64),
+        };
 
         let ingest = self.ingest;
         let dedup = match ingest.dedup_window.as_str() {
@@ -833,6 +868,7 @@ impl RawSettings {
                 url,
                 key_prefix,
                 tls,
+                durability,
             },
             ingest: ingest_settings,
             schedule,
@@ -1032,6 +1068,35 @@ mod tests {
         assert!(e.contains("boards[0].mode") && e.contains("fast"), "{e}");
         let e = refusal(&format!("[redis]\nunknown_key = 1\n{BOARD}"));
         assert!(e.contains("unknown_key"), "{e}");
+    }
+
+    #[test]
+    fn replica_acks_default_to_the_topology_and_are_bounded() {
+        let s = Settings::from_toml(BOARD).expect("valid");
+        assert_eq!(s.redis.durability.replicas, None);
+        assert_eq!(s.redis.durability.timeout, Duration::from_secs(2));
+        let s = Settings::from_toml(&format!(
+            "[redis]\nmin_replicas_acked = 0\nreplica_ack_timeout = \"250ms\"\n{BOARD}"
+        ))
+        .expect("valid");
+        assert_eq!(s.redis.durability.replicas, Some(0));
+        assert_eq!(s.redis.durability.timeout, Duration::from_millis(250));
+        for bad in ["-1", "17"] {
+            let e = refusal(&format!("[redis]\nmin_replicas_acked = {bad}\n{BOARD}"));
+            assert!(
+                e.contains("redis.min_replicas_acked") && e.contains(bad),
+                "{e}"
+            );
+        }
+        for bad in ["5s", "1ms", "soon"] {
+            let e = refusal(&format!(
+                "[redis]\nreplica_ack_timeout = \"{bad}\"\n{BOARD}"
+            ));
+            assert!(
+                e.contains("redis.replica_ack_timeout") && e.contains(bad),
+                "{e}"
+            );
+        }
     }
 
     #[test]

@@ -633,9 +633,10 @@ async fn events(
     // first, so a repeat of this append is a duplicate. A producer that retries the POST
     // itself is exactly-once only when it sends its own `id`.
     redis(&state, async {
-        stream::append(state.store.client(), &state.settings.ingest, &accepted)
+        let written = stream::append(state.store.client(), &state.settings.ingest, &accepted)
             .await
-            .map_err(StoreError::from)
+            .map_err(StoreError::from)?;
+        state.store.confirm_writes(&written).await
     })
     .await?;
     Ok((
@@ -656,6 +657,9 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         .into_response()
 }
 
+/// How long `/readyz` waits for Redis.
+const READY_CHECK_TIMEOUT: Duration = Duration::from_secs(2);
+
 async fn readyz(State(state): State<Arc<AppState>>) -> Response {
     let check = async {
         state.store.ping().await?;
@@ -670,16 +674,27 @@ async fn readyz(State(state): State<Arc<AppState>>) -> Response {
         state.store.ensure_scripts().await?;
         Ok::<bool, StoreError>(group)
     };
-    let (redis_ok, group) = match tokio::time::timeout(Duration::from_secs(2), check).await {
-        Ok(Ok(group)) => (
-            true,
-            group
-                && state
-                    .group_ready
-                    .iter()
-                    .all(|ready| ready.load(Ordering::SeqCst)),
-        ),
-        _ => (false, false),
+    // A failed check is counted and logged: during a partition the daemon's own calls
+    // only fail when their timeouts (up to 30 s) run out, so the probe is the first to see it.
+    let failed = match tokio::time::timeout(READY_CHECK_TIMEOUT, check).await {
+        Ok(Ok(group)) => Ok(group
+            && state
+                .group_ready
+                .iter()
+                .all(|ready| ready.load(Ordering::SeqCst))),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(StoreError::Redis(fred::error::Error::new(
+            fred::error::ErrorKind::Timeout,
+            "the readiness check got no answer from redis within 2 s",
+        ))),
+    };
+    let (redis_ok, group) = match failed {
+        Ok(group) => (true, group),
+        Err(e) => {
+            state.metrics.redis_error(&e);
+            warn!(error = %e, "readiness check failed: redis unreachable or not answering");
+            (false, false)
+        }
     };
     state.metrics.redis_up(redis_ok);
     let ready = redis_ok && group;
@@ -691,14 +706,17 @@ async fn readyz(State(state): State<Arc<AppState>>) -> Response {
     // A board whose applies keep failing is reported, not made a reason to take the pod
     // out of service: the other boards, the queries and the intake still work.
     let failing = state.metrics.failing_boards();
+    // E.g. `OOM` at maxmemory: Redis answers the check, but the consumer cannot apply.
+    let ingest_error = state.metrics.consumer_error();
     (
         status,
         Json(json!({
             "ready": ready,
             "redis": redis_ok,
             "group": group,
-            "degraded": !failing.is_empty(),
+            "degraded": !failing.is_empty() || ingest_error.is_some(),
             "failing_boards": failing,
+            "ingest_error": ingest_error,
         })),
     )
         .into_response()

@@ -124,6 +124,7 @@ impl Ingest {
             {
                 Ok(busy) => {
                     backoff = Duration::from_millis(100);
+                    self.metrics.consumer_step(None);
                     if self.retired && !busy && !backlog {
                         match self.finished().await {
                             Ok(true) => {
@@ -138,6 +139,7 @@ impl Ingest {
                 Err(e) => {
                     ahead = None;
                     self.metrics.redis_error(&e);
+                    self.metrics.consumer_step(Some(&e));
                     if e.to_string().contains("NOGROUP") {
                         self.group_ready.store(false, Ordering::SeqCst);
                     }
@@ -512,8 +514,24 @@ pub async fn process_batch(
             metrics.dead_lettered(d.rejection.reason);
         }
     }
-    let ids: Vec<&str> = entries.iter().map(|e| e.id.as_str()).collect();
-    stream::ack(store.client(), settings, stream, &ids).await?;
+    if !entries.is_empty() {
+        // Nothing is acked before enough replicas hold what this batch wrote.
+        // (The instances, and the registry of each scope the batch registered.)
+        let mut written: Vec<String> = groups
+            .keys()
+            .flat_map(|(b, scope)| {
+                let board = &boards[*b];
+                let registry = scope.as_ref().map(|_| store.keys().scopes(&board.name));
+                std::iter::once(store.instance(board, scope.as_deref()).meta()).chain(registry)
+            })
+            .collect();
+        if !dead.is_empty() {
+            written.push(settings.dead_letter_stream.clone());
+        }
+        store.confirm_writes(&written).await?;
+        let ids: Vec<&str> = entries.iter().map(|e| e.id.as_str()).collect();
+        stream::ack(store.client(), settings, stream, &ids).await?;
+    }
     Ok(())
 }
 

@@ -44,6 +44,15 @@ impl Keys {
     pub fn settings(&self, board: &str) -> String {
         format!("{}:board:{}:settings", self.prefix, board)
     }
+
+    /// A short-lived key written only so that a `WAIT` after it has something to wait
+    /// for; `tag` picks its slot on a cluster.
+    pub fn sync(&self, tag: Option<&str>) -> String {
+        match tag {
+            Some(tag) => format!("{}:sync:{{{}}}", self.prefix, tag),
+            None => format!("{}:sync", self.prefix),
+        }
+    }
 }
 
 /// The keys of one board instance, all under one hash tag.

@@ -19,7 +19,7 @@ use crate::roll::Report;
 use crate::store::{StoreError, SCRIPT_NAMES};
 
 /// Every `kind` label of `rollboard_redis_errors_total`.
-pub const ERROR_KINDS: [&str; 4] = ["connection", "timeout", "script", "other"];
+pub const ERROR_KINDS: [&str; 5] = ["connection", "timeout", "replicas", "script", "other"];
 
 /// The route templates of the HTTP API (the `route` label values of
 /// `rollboard_http_request_duration_seconds`): never raw paths.
@@ -52,6 +52,7 @@ pub struct Metrics {
     stream_lag: IntGaugeVec,
     redis_errors: IntCounterVec,
     reconnects: IntCounter,
+    replica_ack_failures: IntCounter,
     up: Gauge,
     apply_failures: IntCounterVec,
     board_failing: IntGaugeVec,
@@ -62,6 +63,8 @@ pub struct Metrics {
     http_duration: HistogramVec,
     /// Board instances whose apply failed through every retry, and when that last happened.
     failing: Mutex<HashMap<(String, Option<String>), Instant>>,
+    /// The error of the consumer's last step, while its steps fail (e.g. `OOM`), for `/readyz`.
+    consumer_error: Mutex<Option<String>>,
     /// The configured board names (the `board` label values).
     boards: Vec<String>,
 }
@@ -229,6 +232,15 @@ impl Metrics {
             )
             .expect("valid metric"),
         );
+        let replica_ack_failures = register(
+            &registry,
+            IntCounter::new(
+                "rollboard_replica_ack_failures_total",
+                "Batches not acked and appends not confirmed because fewer replicas than \
+                 redis.min_replicas_acked acknowledged their writes in time.",
+            )
+            .expect("valid metric"),
+        );
         let up = register(
             &registry,
             Gauge::new(
@@ -352,6 +364,7 @@ impl Metrics {
             stream_lag,
             redis_errors,
             reconnects,
+            replica_ack_failures,
             up,
             apply_failures,
             board_failing,
@@ -361,6 +374,7 @@ impl Metrics {
             script_duration,
             http_duration,
             failing: Mutex::new(HashMap::new()),
+            consumer_error: Mutex::new(None),
             boards: boards.iter().map(|b| b.name.clone()).collect(),
         }
     }
@@ -462,6 +476,9 @@ impl Metrics {
     /// A Redis operation failed.
     pub fn redis_error(&self, error: &StoreError) {
         self.redis_errors.with_label_values(&[error.kind()]).inc();
+        if error.is_replica_ack_failure() {
+            self.replica_ack_failures.inc();
+        }
     }
 
     /// A connection to Redis was re-established.
@@ -547,6 +564,18 @@ impl Metrics {
                 .get(&(board.to_string(), scope.map(str::to_string)))
                 .is_some_and(|t| t.elapsed() < FAILING_HOLD)
         })
+    }
+
+    /// The consumer's last step failed (`Some`) or succeeded (`None`).
+    pub fn consumer_step(&self, error: Option<&StoreError>) {
+        if let Ok(mut last) = self.consumer_error.lock() {
+            *last = error.map(ToString::to_string);
+        }
+    }
+
+    /// The error of the consumer's last step while its steps fail, for `/readyz`.
+    pub fn consumer_error(&self) -> Option<String> {
+        self.consumer_error.lock().ok().and_then(|e| e.clone())
     }
 
     /// The boards with a failing instance, sorted, for `/readyz`.

@@ -240,14 +240,19 @@ fn parse_read(v: Value) -> Vec<Entry> {
 /// the transaction is built: the client retries the whole transaction when the connection
 /// drops before EXEC's reply arrives, and the retry then appends the same ids again, which
 /// the consumer skips as duplicates instead of counting the money twice. The id also
-/// chooses the partition ([`partition_of`]).
+/// chooses the partition ([`partition_of`]). Returns the stream keys appended to.
 pub async fn append(
     client: &Client,
     settings: &IngestSettings,
     events: &[Vec<Field>],
-) -> Result<(), fred::error::Error> {
+) -> Result<Vec<String>, fred::error::Error> {
     if events.is_empty() {
-        return Ok(());
+        return Ok(Vec::new());
+    }
+    // A cluster client routes a transaction by its slot, which it knows only once connected
+    // (a daemon's pool may still be connecting); a plain client queues commands meanwhile.
+    if client.is_clustered() && client.cached_cluster_state().is_none() {
+        client.wait_for_connect().await?;
     }
     let partitions = settings.partitions.max(1);
     // Each partition's events in input order, with the id given to those without one.
@@ -278,7 +283,7 @@ pub async fn append(
                 let _: () = tx.xadd(stream.as_str(), false, None, "*", pairs).await?;
             }
             let _: Value = tx.exec(true).await?;
-            Ok::<(), fred::error::Error>(())
+            Ok::<String, fred::error::Error>(stream)
         }
     }))
     .await;

@@ -9,7 +9,7 @@ use std::time::Duration;
 use fred::prelude::*;
 use fred::types::config::TlsConnector;
 
-use super::{reply_err, Scripts, Store, StoreError};
+use super::{reply_err, Durability, Scripts, Store, StoreError};
 use crate::board::Board;
 use crate::config::{RedisSettings, TlsFiles};
 use crate::keys::Keys;
@@ -284,7 +284,7 @@ fn probe_parts(probe: &[String]) -> (String, Option<&str>) {
                     .map(String::as_str),
             )
         }
-        "PING" | "MULTI" | "EXEC" => None,
+        "PING" | "MULTI" | "EXEC" | "WAIT" | "ROLE" => None,
         "EVALSHA" | "EVAL" => probe.get(3),
         "XREADGROUP" => probe.len().checked_sub(2).and_then(|i| probe.get(i)),
         _ => probe.get(1),
@@ -372,7 +372,11 @@ impl Store {
         reconnect: Reconnect,
     ) -> Result<Store, StoreError> {
         let builder = Self::builder_tls(&redis.url, redis.tls.as_ref(), reconnect)?;
-        Self::connect_builder(builder, &redis.key_prefix, size, reconnect).await
+        Ok(
+            Self::connect_builder(builder, &redis.key_prefix, size, reconnect)
+                .await?
+                .with_durability(redis.durability),
+        )
     }
 
     async fn connect_builder(
@@ -396,6 +400,8 @@ impl Store {
             keys: Keys::new(prefix),
             scripts: Scripts::new(),
             metrics: None,
+            durability: Durability::default(),
+            replicas_auto: tokio::sync::OnceCell::new(),
         })
     }
 
@@ -585,6 +591,14 @@ impl Store {
             words(&["XINFO", "GROUPS", stream]),
             words(&["XADD", dead_letter, "*", "f", "v"]),
         ];
+        if self.durability.replicas != Some(0) {
+            // Confirmations: a short-lived key, then WAIT; ROLE decides the default count.
+            probes.extend([
+                words(&["SET", &self.keys.sync(Some("0")), "1", "PX", "1"]),
+                words(&["WAIT", "0", "0"]),
+                words(&["ROLE"]),
+            ]);
+        }
         let lua = script_commands();
         for board in boards {
             let k = self.instance(board, None);

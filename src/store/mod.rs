@@ -18,11 +18,13 @@
 //!   forgetting idempotency keys.
 //! * `stage.rs`: resummarize: staging a recomputation in scratch keys and swapping it in.
 //! * `query.rs`: the top / rank / around reads.
+//! * `replicas.rs`: confirming writes only once enough replicas hold them (`WAIT`).
 
 mod apply;
 mod connect;
 mod expire;
 mod query;
+mod replicas;
 mod stage;
 
 pub use apply::{apply_call, ApplyEvent, Outcome, APPLY_CHUNK};
@@ -30,6 +32,7 @@ pub use connect::{
     script_commands, tls_client_config, Conflict, Conflicts, Denied, Reconnect, Refused, TlsError,
 };
 pub use expire::{Expired, EXPIRE_CALL_FIELDS, TRIM_CALL_IDS};
+pub use replicas::{Durability, NOREPLICAS};
 pub use stage::{StageTargets, Staged, STAGE_CALL_ROWS};
 
 use std::future::Future;
@@ -62,7 +65,8 @@ impl From<fred::error::Error> for StoreError {
 }
 
 impl StoreError {
-    /// A small fixed label for metrics: `connection`, `timeout`, `script` or `other`.
+    /// A small fixed label for metrics: `connection`, `timeout`, `replicas` (too few
+    /// replicas acknowledged a write in time), `script` or `other`.
     pub fn kind(&self) -> &'static str {
         match self {
             StoreError::Redis(e) => match e.kind() {
@@ -70,6 +74,7 @@ impl StoreError {
                     "connection"
                 }
                 ErrorKind::Timeout => "timeout",
+                _ if e.details().starts_with(NOREPLICAS) => "replicas",
                 _ if e.details().contains("script")
                     || e.details().starts_with("NOSCRIPT")
                     || e.details().starts_with("ROLLBOARD") =>
@@ -118,6 +123,10 @@ pub struct Store {
     scripts: Scripts,
     /// Where script call durations are observed (the daemon's metrics), if anywhere.
     metrics: Option<Arc<Metrics>>,
+    /// Replicas that must hold writes before they are confirmed.
+    durability: Durability,
+    /// The replica count decided from the topology when `durability` leaves it open.
+    replicas_auto: tokio::sync::OnceCell<u32>,
 }
 
 struct Scripts {

@@ -8,7 +8,7 @@ use fred::prelude::*;
 
 use crate::util::{write_config, RedisServer};
 
-fn rollboard(config: Option<&Path>, args: &[&str], env: &[(&str, &str)]) -> Output {
+pub(crate) fn rollboard(config: Option<&Path>, args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_rollboard"));
     if let Some(config) = config {
         cmd.arg("--config").arg(config);
@@ -20,11 +20,11 @@ fn rollboard(config: Option<&Path>, args: &[&str], env: &[(&str, &str)]) -> Outp
     cmd.output().expect("run rollboard")
 }
 
-fn stdout(out: &Output) -> String {
+pub(crate) fn stdout(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-fn stderr(out: &Output) -> String {
+pub(crate) fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 

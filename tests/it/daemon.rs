@@ -20,7 +20,7 @@ fn now_ms() -> i64 {
 }
 
 /// A tip to a room; matches rooms_7d and fans_7d.
-fn tip(i: usize, now: i64) -> Fields {
+pub(crate) fn tip(i: usize, now: i64) -> Fields {
     vec![
         ("room".into(), format!("r{}", i % 7)),
         ("user".into(), format!("u{}", i % 23)),
@@ -34,7 +34,7 @@ fn tip(i: usize, now: i64) -> Fields {
 }
 
 /// A payment with cents, refunds included; matches tips_24h only.
-fn payment(i: usize, now: i64) -> Fields {
+pub(crate) fn payment(i: usize, now: i64) -> Fields {
     let cents = if i % 6 == 0 {
         -(i as i64 % 500) - 1
     } else {
@@ -61,7 +61,7 @@ fn payment(i: usize, now: i64) -> Fields {
 /// model of `events`.
 /// The model of `events` as the stream holds them (entry IDs stand in for the ids of
 /// events without one; every test event has its own `id`).
-fn models(
+pub(crate) fn models(
     events: &[Fields],
     boards: &[Board],
     now: i64,
@@ -287,10 +287,10 @@ async fn sigterm_under_load_exits_0_and_loses_nothing() {
 
 /// A small deterministic generator (splitmix64), so that a failing run can be replayed
 /// from the seed it prints.
-struct SplitMix(u64);
+pub(crate) struct SplitMix(pub(crate) u64);
 
 impl SplitMix {
-    fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);

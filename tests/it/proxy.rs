@@ -8,6 +8,11 @@
 //!   e.g. `b"EXEC"`) have the chunk holding it forwarded to the server, then lose their
 //!   client side before any byte of the server's reply goes back: the server executed the
 //!   command, the client never hears of it. [`Proxy::cuts`] counts the cuts made.
+//! * [`Proxy::cut_at`]: as `cut_after`, but the cut waits for the `nth` occurrence of the
+//!   pattern (counted over every connection from the moment it is armed), e.g. the fifth
+//!   expiry call of a roll or the third apply call of a batch.
+//! * [`Proxy::latency`]: every chunk read from either side waits that long before it is
+//!   forwarded, like a slow network.
 //! * [`Proxy::blackhole`]: while on, connections are accepted but nothing is forwarded in
 //!   either direction (bytes wait in the kernel buffers; new connections are not connected
 //!   upstream), like a network partition; turning it off resumes forwarding.
@@ -19,8 +24,9 @@
 //! I/O errors end the connection they happened on and nothing else; dropping the proxy
 //! stops every task.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -31,6 +37,8 @@ use tokio_util::sync::CancellationToken;
 struct Cut {
     pattern: Vec<u8>,
     remaining: usize,
+    /// Occurrences still to be let through before the first cut.
+    skip: usize,
 }
 
 /// What the test controls, shared with every connection task.
@@ -43,6 +51,8 @@ struct Shared {
     cut: Mutex<Option<Cut>>,
     /// Cuts made so far.
     cuts: AtomicUsize,
+    /// Added to every forwarded chunk, in milliseconds.
+    latency_ms: AtomicU64,
     upstream: u16,
 }
 
@@ -52,7 +62,22 @@ impl Shared {
     fn take_cut(&self, window: &[u8]) -> bool {
         let mut armed = self.cut.lock().expect("cut lock");
         let hit = armed.as_mut().is_some_and(|c| {
-            c.remaining > 0 && window.windows(c.pattern.len()).any(|w| w == c.pattern)
+            if c.remaining == 0 {
+                return false;
+            }
+            // The window keeps fewer bytes of the previous read than the pattern has, so
+            // every occurrence counted here ends in the new bytes and is counted once.
+            let seen = window
+                .windows(c.pattern.len())
+                .filter(|w| *w == c.pattern)
+                .count();
+            if seen > c.skip {
+                c.skip = 0;
+                true
+            } else {
+                c.skip -= seen;
+                false
+            }
         });
         if hit {
             if let Some(c) = armed.as_mut() {
@@ -95,6 +120,7 @@ impl Proxy {
             close: Mutex::new(CancellationToken::new()),
             cut: Mutex::new(None),
             cuts: AtomicUsize::new(0),
+            latency_ms: AtomicU64::new(0),
             upstream,
         });
         let stop = CancellationToken::new();
@@ -112,10 +138,32 @@ impl Proxy {
     /// client, whose connection is dropped.
     pub fn cut_after(&self, pattern: &[u8], times: usize) {
         assert!(!pattern.is_empty(), "an empty pattern would cut everything");
+        self.cut_at(pattern, 1, times);
+    }
+
+    /// Arms a cut at the `nth` occurrence (1-based) of `pattern` from now on, over every
+    /// connection, and at the first occurrence on each of the `times - 1` connections after
+    /// it (replacing any cut still armed).
+    pub fn cut_at(&self, pattern: &[u8], nth: usize, times: usize) {
+        assert!(!pattern.is_empty(), "an empty pattern would cut everything");
+        assert!(nth >= 1, "occurrences count from 1");
         *self.shared.cut.lock().expect("cut lock") = (times > 0).then(|| Cut {
             pattern: pattern.to_vec(),
             remaining: times,
+            skip: nth - 1,
         });
+    }
+
+    /// Whether a cut is still armed.
+    pub fn armed(&self) -> bool {
+        self.shared.cut.lock().expect("cut lock").is_some()
+    }
+
+    /// Delays every chunk forwarded in either direction by `delay` (zero turns it off).
+    pub fn latency(&self, delay: Duration) {
+        self.shared
+            .latency_ms
+            .store(delay.as_millis() as u64, Ordering::SeqCst);
     }
 
     /// How many connections were cut so far.
@@ -189,6 +237,12 @@ async fn serve(mut client: TcpStream, shared: &Shared) {
     let mut down = vec![0u8; 16 * 1024];
     // The last bytes sent upstream, so that a pattern split over two reads is still seen.
     let mut tail: Vec<u8> = Vec::new();
+    let delay = || async {
+        let ms = shared.latency_ms.load(Ordering::SeqCst);
+        if ms > 0 {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+        }
+    };
     loop {
         open(&mut blackhole).await;
         tokio::select! {
@@ -201,6 +255,7 @@ async fn serve(mut client: TcpStream, shared: &Shared) {
                 };
                 tail.extend_from_slice(&up[..n]);
                 let cut = shared.take_cut(&tail);
+                delay().await;
                 if server.write_all(&up[..n]).await.is_err() {
                     return;
                 }
@@ -221,6 +276,7 @@ async fn serve(mut client: TcpStream, shared: &Shared) {
                     Ok(0) | Err(_) => return,
                     Ok(n) => n,
                 };
+                delay().await;
                 if client.write_all(&down[..n]).await.is_err() {
                     return;
                 }

@@ -80,6 +80,18 @@ impl RedisServer {
         );
     }
 
+    /// Stops the server gracefully (`SHUTDOWN`: the append-only file is written and synced
+    /// whatever `appendfsync` says) and starts it again on the same port and directory.
+    pub fn shutdown_and_restart(&mut self) {
+        self.cli(&["SHUTDOWN"]);
+        let _ = self.child.wait();
+        self.child = spawn_redis(self.port, self._dir.path(), true);
+        assert!(
+            self.wait_ready(Duration::from_secs(10)),
+            "redis-server did not come back"
+        );
+    }
+
     fn start_with(persistent: bool) -> RedisServer {
         for _ in 0..20 {
             let dir = tempfile::tempdir().expect("temp dir");

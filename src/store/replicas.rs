@@ -1,0 +1,239 @@
+//! Durability before confirmation: replication is asynchronous, so a master killed right
+//! after a write may take it with it. Before rollboard acks a batch (`XACK`) or confirms an
+//! append, [`Store::confirm_writes`] waits until `redis.min_replicas_acked` replicas of
+//! every master that holds one of the written keys have everything that master received.
+//!
+//! `WAIT` only counts the writes made on the connection it is sent on, and answers at once
+//! on a connection that wrote nothing (after a reconnect, or for a redelivered batch whose
+//! events were all duplicates and wrote nothing). So each master gets, on one connection,
+//! a pipeline of a tiny write (a short-lived key in a slot that master serves) followed by
+//! `WAIT`: a master replicates one ordered stream, so a replica that has the tiny write has
+//! every earlier write of that master too.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use fred::prelude::*;
+use fred::types::cluster::ClusterRouting;
+use fred::types::{ClusterHash, CustomCommand};
+use futures_util::future::try_join_all;
+use tracing::info;
+
+use super::{reply_err, Store, StoreError};
+
+/// How long the tiny write of a confirmation lives (it only has to outlast the `WAIT`).
+const SYNC_KEY_TTL_MS: &str = "60000";
+
+/// Prefix of the error a confirmation fails with: the one Redis itself uses when too few
+/// replicas are connected (`min-replicas-to-write`), so it is treated as an outage.
+pub const NOREPLICAS: &str = "NOREPLICAS";
+
+/// How many replicas must hold a write before rollboard confirms it (`[redis]`
+/// `min_replicas_acked`, `replica_ack_timeout`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Durability {
+    /// Replicas per master; `None`: 1 when every master has a replica, else 0 (decided
+    /// at the first confirmation).
+    pub replicas: Option<u32>,
+    /// How long one `WAIT` may block.
+    pub timeout: Duration,
+}
+
+impl Default for Durability {
+    fn default() -> Self {
+        Durability {
+            replicas: Some(0),
+            timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+/// A hash tag whose slot is `slot`: the smallest decimal number that hashes there.
+fn tag_for_slot(slot: u16) -> String {
+    (0u32..)
+        .map(|n| n.to_string())
+        .find(|tag| ClusterRouting::hash_key(tag.as_bytes()) == slot)
+        .unwrap_or_default()
+}
+
+/// Whether a `ROLE` reply is a master's with at least one replica.
+fn master_with_replicas(reply: &Value) -> bool {
+    match reply {
+        Value::Array(parts) => {
+            matches!(parts.get(2), Some(Value::Array(replicas)) if !replicas.is_empty())
+        }
+        _ => false,
+    }
+}
+
+impl StoreError {
+    /// Whether fewer replicas than required acknowledged a write.
+    pub fn is_replica_ack_failure(&self) -> bool {
+        matches!(self, StoreError::Redis(e) if e.details().starts_with(NOREPLICAS))
+    }
+}
+
+impl Store {
+    /// Sets how many replicas must acknowledge writes before [`Store::confirm_writes`]
+    /// returns.
+    pub fn with_durability(mut self, durability: Durability) -> Store {
+        self.durability = durability;
+        self
+    }
+
+    /// The replica count writes are confirmed with: the configured one, else decided once
+    /// from the topology (1 when every master has a replica, else 0) and logged.
+    pub async fn replicas_required(&self) -> Result<u32, StoreError> {
+        if let Some(n) = self.durability.replicas {
+            return Ok(n);
+        }
+        let n = self
+            .replicas_auto
+            .get_or_try_init(|| async {
+                let client = self.client();
+                // ROLE on every master lists its connected replicas. (CLUSTER SLOTS
+                // leaves out replicas that have not yet received a byte of replication.)
+                let role = CustomCommand::new_static("ROLE", ClusterHash::Random, false);
+                let mut replicated = true;
+                if client.is_clustered() {
+                    if client.cached_cluster_state().is_none() {
+                        client.wait_for_connect().await?;
+                    }
+                    let primaries = client
+                        .cached_cluster_state()
+                        .map(|state| state.unique_primary_nodes())
+                        .unwrap_or_default();
+                    if primaries.is_empty() {
+                        return Err(reply_err("no cluster routing table after connecting"));
+                    }
+                    for server in primaries {
+                        let reply: Value = client
+                            .with_cluster_node(server)
+                            .custom(role.clone(), Vec::<Value>::new())
+                            .await?;
+                        replicated &= master_with_replicas(&reply);
+                    }
+                } else {
+                    let reply: Value = client.custom(role, Vec::<Value>::new()).await?;
+                    replicated = master_with_replicas(&reply);
+                }
+                let n = u32::from(replicated);
+                info!(
+                    min_replicas_acked = n,
+                    "redis.min_replicas_acked not set: {}",
+                    if replicated {
+                        "every master has a replica, so writes are confirmed once one holds them"
+                    } else {
+                        "no replicas, so writes are confirmed once the master has them"
+                    }
+                );
+                Ok::<u32, StoreError>(n)
+            })
+            .await?;
+        Ok(*n)
+    }
+
+    /// Returns once the required number of replicas of every master holding one of `keys`
+    /// have every write that master received so far (see the module documentation);
+    /// fails with a `NOREPLICAS` error, an outage, when fewer acknowledge in time.
+    pub async fn confirm_writes<S: AsRef<str>>(&self, keys: &[S]) -> Result<(), StoreError> {
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let wanted = self.replicas_required().await?;
+        if wanted == 0 {
+            return Ok(());
+        }
+        // One connection per node: the tiny write and the WAIT travel on the same one.
+        let client = self.client();
+        // node -> one slot it serves that the batch wrote to
+        let mut nodes: BTreeMap<String, Option<u16>> = BTreeMap::new();
+        if client.is_clustered() {
+            if client.cached_cluster_state().is_none() {
+                client.wait_for_connect().await?;
+            }
+            let state = client
+                .cached_cluster_state()
+                .ok_or_else(|| reply_err("no cluster routing table after connecting"))?;
+            for key in keys {
+                let slot = ClusterRouting::hash_key(key.as_ref().as_bytes());
+                let node = state
+                    .get_server(slot)
+                    .map(|s| s.to_string())
+                    .unwrap_or_default();
+                nodes.entry(node).or_insert(Some(slot));
+            }
+        } else {
+            nodes.insert(String::new(), None);
+        }
+        let timeout_ms = self.durability.timeout.as_millis().max(1) as i64;
+        try_join_all(nodes.into_iter().map(|(node, slot)| async move {
+            let (key, route) = match slot {
+                Some(slot) => (
+                    self.keys.sync(Some(&tag_for_slot(slot))),
+                    ClusterHash::Custom(slot),
+                ),
+                None => (self.keys.sync(None), ClusterHash::FirstKey),
+            };
+            let pipeline = client.pipeline();
+            let _: () = pipeline
+                .custom(
+                    CustomCommand::new_static("SET", ClusterHash::FirstKey, false),
+                    vec![key.as_str(), "1", "PX", SYNC_KEY_TTL_MS],
+                )
+                .await?;
+            let _: () = pipeline
+                .custom(
+                    CustomCommand::new("WAIT", route, false),
+                    vec![i64::from(wanted), timeout_ms],
+                )
+                .await?;
+            let (_, acked): (Value, i64) = pipeline.all().await?;
+            if acked < i64::from(wanted) {
+                return Err(StoreError::Redis(fred::error::Error::new(
+                    fred::error::ErrorKind::Unknown,
+                    format!(
+                        "{NOREPLICAS} {acked} of the {wanted} replica(s) required \
+                         (redis.min_replicas_acked) acknowledged the writes to {} within \
+                         {timeout_ms} ms; nothing was confirmed",
+                        if node.is_empty() {
+                            "redis"
+                        } else {
+                            node.as_str()
+                        }
+                    ),
+                )));
+            }
+            Ok(())
+        }))
+        .await?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_slot_gets_a_tag_of_its_own() {
+        for slot in [0u16, 1, 5461, 10922, 16383] {
+            let tag = tag_for_slot(slot);
+            assert_eq!(ClusterRouting::hash_key(tag.as_bytes()), slot);
+            assert_eq!(
+                ClusterRouting::hash_key(format!("rb:sync:{{{tag}}}").as_bytes()),
+                slot
+            );
+        }
+    }
+
+    #[test]
+    fn role_replies_tell_whether_a_master_has_replicas() {
+        let node = |p: i64| Value::Array(vec!["127.0.0.1".into(), p.into(), "id".into()]);
+        let role = |replicas: Vec<Value>| {
+            Value::Array(vec!["master".into(), 10.into(), Value::Array(replicas)])
+        };
+        assert!(master_with_replicas(&role(vec![node(1)])));
+        assert!(!master_with_replicas(&role(vec![])));
+    }
+}
