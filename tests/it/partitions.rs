@@ -423,3 +423,52 @@ async fn changing_the_partition_count_drains_the_old_layout() {
     verify(&one);
     assert!(daemon.terminate().await.success());
 }
+
+#[tokio::test]
+async fn three_partitions_on_a_cluster_sit_in_distinct_slots_and_equal_the_model() {
+    use crate::cluster::{cli, RedisCluster};
+    use crate::util::write_config_url;
+
+    let cluster = RedisCluster::start();
+    let node = cluster.ports()[0];
+    // Redis itself puts the keys of every partition count up to 64 in distinct slots.
+    for n in [2, 3, 16, 64] {
+        let slots: HashSet<String> = (0..n)
+            .map(|p| cli(node, &["CLUSTER", "KEYSLOT", &format!("rb:events:{{{p}}}")]))
+            .map(|s| s.trim().to_string())
+            .collect();
+        assert_eq!(slots.len(), n, "{n} partitions: {slots:?}");
+    }
+    let store = cluster.store().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let port = free_port();
+    let path = write_config_url(dir.path(), &cluster.url(), port, "a", "");
+    let text = std::fs::read_to_string(&path).expect("read config");
+    std::fs::write(
+        &path,
+        text.replacen("[ingest]\n", "[ingest]\npartitions = 3\n", 1),
+    )
+    .expect("write config");
+    let daemon = Daemon::start(&path, port).await;
+    let now = now_ms();
+    let events: Vec<Fields> = (0..1500).map(|i| tip(i, now)).collect();
+    append_to(&store, &events[..1000], |_, e| key(rule(id_of(e), 3))).await;
+    let body: Vec<HashMap<String, String>> = events[1000..]
+        .iter()
+        .map(|f| f.iter().cloned().collect())
+        .collect();
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/events", daemon.base))
+        .json(&body)
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(r.status().as_u16(), 202);
+    assert!(
+        drained_streams(&store, &keys(3)).await,
+        "not drained; log:\n{}",
+        daemon.logs()
+    );
+    assert_model(&store, &events).await;
+    assert!(daemon.terminate().await.success());
+}
