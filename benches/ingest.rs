@@ -6,6 +6,7 @@
 //! ```sh
 //! cargo bench --bench ingest                 # every scenario
 //! cargo bench --bench ingest -- naive script e2e ceiling query freshness [--quick]
+//! cargo bench --bench ingest -- partitions   # 1 and 3 partitions, 1 and 2 consumers
 //! ```
 //!
 //! Three workloads: `Skewed` (a power law over 10 000 rooms) and `Uniform` (100 000 rooms)
@@ -27,6 +28,10 @@
 //!   producer XADDs events and, every 20 ms, a probe event on a dedicated room that tops the
 //!   `rooms_7d` board; a watcher polls `top` over HTTP and takes the time each probe shows.
 //!   Baseline: the same probes with no other traffic.
+//! * `partitions`: events pre-filled by the partition rule into 1 or 3 stream partitions,
+//!   drained by 1 or 2 consumer processes' worth of consumers (each its own connections and
+//!   one reader per partition, in this process); events/s and Redis time per event (INFO
+//!   commandstats of EVALSHA, XREADGROUP and XACK, and the server's user+sys CPU).
 
 pub(crate) mod support;
 
@@ -128,7 +133,15 @@ fn main() -> ExitCode {
         FULL
     };
     let wanted: Vec<&String> = args.iter().filter(|a| !a.starts_with("--")).collect();
-    let all = ["naive", "script", "e2e", "ceiling", "query", "freshness"];
+    let all = [
+        "naive",
+        "script",
+        "e2e",
+        "ceiling",
+        "query",
+        "freshness",
+        "partitions",
+    ];
     let chosen: Vec<&str> = if wanted.is_empty() {
         all.to_vec()
     } else {
@@ -429,6 +442,10 @@ pub async fn run(chosen: &[&str], sizes: Sizes) -> Result<Figures> {
                 "e2e" => w.e2e = Some(bench_e2e(&redis, spread, sizes).await?),
                 "ceiling" => bench_ceiling(&redis).await?,
                 "query" => figures.query = Some(bench_query(&redis, spread, sizes).await?),
+                "partitions" if spread == Spread::Skewed => {
+                    drop(redis);
+                    bench_partitions(spread, sizes).await?
+                }
                 _ => {}
             }
         }
@@ -680,6 +697,113 @@ async fn bench_e2e(redis: &RedisServer, spread: Spread, sizes: Sizes) -> Result<
     Ok(Throughput { rate: r, redis_us })
 }
 
+/// The server process's user + sys CPU so far, in seconds (INFO cpu).
+fn server_cpu_seconds(redis: &RedisServer) -> f64 {
+    redis
+        .cli(&["INFO", "cpu"])
+        .lines()
+        .filter_map(|l| {
+            l.strip_prefix("used_cpu_sys:")
+                .or_else(|| l.strip_prefix("used_cpu_user:"))
+        })
+        .filter_map(|v| v.trim().parse::<f64>().ok())
+        .sum()
+}
+
+/// Drains `EVENTS` events spread by the partition rule over `partitions` streams with
+/// `daemons` sets of consumers (one per partition each, as `rollboard run` starts them).
+async fn bench_partitions(spread: Spread, sizes: Sizes) -> Result<()> {
+    let events = sizes.events;
+    let mut rows = Vec::new();
+    for (partitions, daemons) in [(1, 1), (1, 2), (3, 1), (3, 2)] {
+        let redis = RedisServer::start()?;
+        let text = format!(
+            "[redis]\nurl = \"{}\"\n{}",
+            redis.url(),
+            CONFIG.replacen(
+                "[ingest]\n",
+                &format!("[ingest]\npartitions = {partitions}\n"),
+                1
+            )
+        );
+        let settings = Settings::from_toml(&text).map_err(|e| e.to_string())?;
+        let keys = rollboard::stream::keys(&settings.ingest);
+        let fill = connect(&redis, 4).await?;
+        let now = now_ms();
+        let indexes: Vec<usize> = (0..events).collect();
+        for chunk in indexes.chunks(1000) {
+            futures_util::future::try_join_all(chunk.iter().map(|i| {
+                let f = fields(spread, *i, now);
+                let p = rollboard::stream::partition_of(f[2].1.as_bytes(), partitions);
+                fill.client()
+                    .xadd::<String, _, _, _, _>(keys[p].as_str(), false, None, "*", f)
+            }))
+            .await
+            .map_err(|e| e.to_string())?;
+        }
+        redis.cli(&["CONFIG", "RESETSTAT"]);
+        let cpu_before = server_cpu_seconds(&redis);
+        let cancel = CancellationToken::new();
+        let started = Instant::now();
+        for d in 0..daemons {
+            let mut settings = settings.clone();
+            settings.ingest.consumer = format!("d{d}");
+            let store = Arc::new(connect(&redis, 4).await?);
+            for key in &keys {
+                let reader = Store::dedicated(&redis.url(), Reconnect::Never)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let ingest = Ingest::new(
+                    store.clone(),
+                    reader,
+                    settings.ingest.clone(),
+                    Arc::new(settings.boards.clone()),
+                    Arc::new(Metrics::new(&settings.boards)),
+                )
+                .reading(key.clone(), false);
+                tokio::spawn(ingest.run(cancel.clone()));
+            }
+        }
+        loop {
+            let mut done = true;
+            for key in &keys {
+                let info = group_info(fill.client(), key, &settings.ingest.group).await;
+                done &= matches!(info, Ok(Some((0, Some(0)))));
+            }
+            if done {
+                break;
+            }
+            if started.elapsed() > Duration::from_secs(600) {
+                return Err("the consumers did not drain the streams in 10 minutes".into());
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let elapsed = started.elapsed();
+        let cpu = (server_cpu_seconds(&redis) - cpu_before) * 1e6 / events as f64;
+        let per_event = |command: &str| command_usec(&redis, command) / events as f64;
+        // The consumer's own commands (the commands the scripts call are inside EVALSHA).
+        let usec = per_event("evalsha") + per_event("xreadgroup") + per_event("xack");
+        cancel.cancel();
+        let r = rate(events, elapsed);
+        println!(
+            "{partitions} partition(s), {daemons} consumer set(s): {events} events in {:.2}s, {r:.0} events/s; \
+             redis per event: {usec:.2} µs (EVALSHA {:.2}, XREADGROUP {:.2}, XACK {:.2}), server cpu {cpu:.2} µs",
+            elapsed.as_secs_f64(),
+            per_event("evalsha"),
+            per_event("xreadgroup"),
+            per_event("xack"),
+        );
+        rows.push((partitions, daemons, r, usec, cpu));
+        // Let the consumers see the cancellation before the server goes.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    println!("\npartitions daemons   events/s  redis µs/event (commandstats)  redis cpu µs/event");
+    for (p, d, r, usec, cpu) in rows {
+        println!("{p:>10} {d:>7} {r:>10.0} {usec:>30.2} {cpu:>19.2}");
+    }
+    Ok(())
+}
+
 async fn bench_ceiling(redis: &RedisServer) -> Result<()> {
     let board: Board = settings(redis, Spread::Uniform)?.boards.remove(0);
     let store = connect(redis, 1).await?;
@@ -795,7 +919,7 @@ async fn serve(store: Arc<Store>, settings: Arc<Settings>) -> Result<String> {
         store,
         settings: settings.clone(),
         metrics: Arc::new(Metrics::new(&settings.boards)),
-        group_ready: Arc::new(AtomicBool::new(true)),
+        group_ready: vec![Arc::new(AtomicBool::new(true))],
     }));
     tokio::spawn(async move { axum::serve(listener, app).await });
     Ok(base)

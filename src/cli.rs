@@ -10,14 +10,14 @@ use std::process::ExitCode;
 use anyhow::Context;
 use chrono::{DateTime, SecondsFormat, Utc};
 use clap::{Parser, Subcommand};
-use fred::prelude::*;
 
 use crate::board::Board;
 use crate::config::Settings;
-use crate::event::{check_name, fields_from_json, fresh_id, validate, Field};
+use crate::event::{check_name, fields_from_json, validate, Field};
 use crate::query::{format_total, Entry, Page};
 use crate::roll::{self, Job};
 use crate::store::{Conflicts, Denied, Reconnect, Refused, Store, StoreError};
+use crate::stream;
 use tokio_util::sync::CancellationToken;
 
 /// Exit status: the member is not on the board.
@@ -28,7 +28,7 @@ pub const EXIT_USAGE: u8 = 2;
 pub const EXIT_CONFIG: u8 = 64;
 /// Longest line `send` accepts, in bytes (without its line break).
 pub const MAX_LINE_BYTES: usize = 1 << 20;
-/// Most events `send` appends in one MULTI/EXEC.
+/// Most events `send` appends in one batch (one MULTI/EXEC per partition).
 const SEND_BATCH_EVENTS: usize = 1_000;
 /// Most line bytes `send` holds for one MULTI/EXEC.
 const SEND_BATCH_BYTES: usize = 4 << 20;
@@ -240,11 +240,7 @@ async fn connect(settings: &Settings) -> anyhow::Result<Store> {
             return Err(error.context(format!("cannot connect to {url}")));
         }
     };
-    let ingest = &settings.ingest;
-    match store
-        .check_permissions(&settings.boards, &ingest.stream, &ingest.dead_letter_stream)
-        .await
-    {
+    match stream::check_permissions(&store, &settings.boards, &settings.ingest).await {
         Ok(denied) if denied.is_empty() => {}
         Ok(denied) => return Err(Denied(denied).into()),
         Err(e) => return Err(Denied::from_error(&e).map_or_else(|| e.into(), Into::into)),
@@ -702,41 +698,6 @@ fn check_lines(
     Ok(checked)
 }
 
-/// Appends validated events to the stream in one MULTI/EXEC: all of them or, when Redis
-/// refuses any (e.g. out of memory, detected while queueing), none. Callers bound the
-/// number of events (a request, a `send` batch).
-///
-/// An event without an `id` field is appended with a fresh one ([`fresh_id`]), given before
-/// the transaction is built: the client retries the whole transaction when the connection
-/// drops before EXEC's reply arrives, and the retry then appends the same ids again, which
-/// the consumer skips as duplicates instead of counting the money twice.
-pub async fn append(
-    client: &Client,
-    stream: &str,
-    events: &[Vec<Field>],
-) -> Result<(), fred::error::Error> {
-    if events.is_empty() {
-        return Ok(());
-    }
-    // A cluster client routes a transaction by its slot, which it knows only once connected
-    // (a daemon's pool may still be connecting); a plain client queues commands meanwhile.
-    if client.is_clustered() && client.cached_cluster_state().is_none() {
-        client.wait_for_connect().await?;
-    }
-    let tx = client.multi();
-    for fields in events {
-        let id = fresh_id(fields);
-        let pairs: Vec<(&[u8], &[u8])> = fields
-            .iter()
-            .map(|(k, v)| (k.as_slice(), v.as_slice()))
-            .chain(id.as_deref().map(|id| (b"id".as_slice(), id.as_bytes())))
-            .collect();
-        let _: () = tx.xadd(stream, false, None, "*", pairs).await?;
-    }
-    let _: Value = tx.exec(true).await?;
-    Ok(())
-}
-
 /// `send`: validates the whole input first (nothing is appended when a line is invalid),
 /// then appends it in transactions of at most [`SEND_BATCH_EVENTS`] events, so memory is
 /// bounded by a batch, not by the input. Standard input, a pipe or a device is spooled to
@@ -791,7 +752,7 @@ async fn send(settings: &Settings, file: Option<PathBuf>) -> anyhow::Result<u8> 
         (None, None) => anyhow::bail!("standard input is always spooled"),
     };
     let store = connect(settings).await?;
-    let stream = settings.ingest.stream.as_str();
+    let stream = streams_shown(&settings.ingest);
     let mut appended = 0u64;
     let outcome = append_lines(second, settings, &store, &mut appended).await;
     if let Err(e) = outcome {
@@ -805,6 +766,14 @@ async fn send(settings: &Settings, file: Option<PathBuf>) -> anyhow::Result<u8> 
     Ok(0)
 }
 
+/// The stream key, or the range of partition keys, for messages.
+fn streams_shown(ingest: &crate::config::IngestSettings) -> String {
+    match ingest.partitions {
+        0 | 1 => ingest.stream.clone(),
+        n => format!("{}:{{0..{}}}", ingest.stream, n - 1),
+    }
+}
+
 /// The second pass of `send`: appends the checked input batch by batch, counting the
 /// events appended so far in `appended`.
 async fn append_lines(
@@ -813,7 +782,7 @@ async fn append_lines(
     store: &Store,
     appended: &mut u64,
 ) -> anyhow::Result<()> {
-    let stream = settings.ingest.stream.as_str();
+    let stream = streams_shown(&settings.ingest);
     let mut batch = Vec::new();
     let mut bytes = 0;
     let mut buf = Vec::new();
@@ -839,11 +808,11 @@ async fn append_lines(
             || bytes >= SEND_BATCH_BYTES
             || (!more && !batch.is_empty())
         {
-            append(store.client(), stream, &batch)
+            let written = stream::append(store.client(), &settings.ingest, &batch)
                 .await
                 .with_context(|| format!("cannot append to {stream}"))?;
             store
-                .confirm_writes(&[stream])
+                .confirm_writes(&written)
                 .await
                 .with_context(|| format!("cannot confirm the append to {stream}"))?;
             *appended += batch.len() as u64;

@@ -88,6 +88,7 @@ impl Default for RawRedis {
 #[serde(deny_unknown_fields, default)]
 struct RawIngest {
     stream: String,
+    partitions: i64,
     group: String,
     consumer: String,
     batch_size: i64,
@@ -102,6 +103,7 @@ impl Default for RawIngest {
     fn default() -> Self {
         RawIngest {
             stream: "rb:events".into(),
+            partitions: 1,
             group: "rollboard".into(),
             consumer: String::new(),
             batch_size: 500,
@@ -350,8 +352,10 @@ pub struct HttpTokens {
 /// Stream consumer settings.
 #[derive(Debug, Clone)]
 pub struct IngestSettings {
-    /// Stream the events arrive on.
+    /// Stream the events arrive on (with several partitions, the stem of their keys).
     pub stream: String,
+    /// Stream keys the events are spread over (see [`crate::stream`]).
+    pub partitions: usize,
     /// Consumer group name.
     pub group: String,
     /// Consumer name within the group (the host name when configured empty).
@@ -757,6 +761,21 @@ impl RawSettings {
                 "must be between 1 and 10000",
             ));
         }
+        let max_partitions = crate::stream::MAX_PARTITIONS;
+        if !(1..=max_partitions as i64).contains(&ingest.partitions) {
+            return Err(invalid(
+                "ingest.partitions",
+                ingest.partitions.to_string(),
+                format!("must be between 1 and {max_partitions}"),
+            ));
+        }
+        if ingest.partitions > 1 && ingest.stream.contains(['{', '}']) {
+            return Err(invalid(
+                "ingest.stream",
+                &ingest.stream,
+                "must not contain { or } when ingest.partitions is above 1 (each partition key gets its own hash tag)",
+            ));
+        }
         let consumer = if ingest.consumer.is_empty() {
             hostname::get()
                 .ok()
@@ -768,6 +787,7 @@ impl RawSettings {
         };
         let ingest_settings = IngestSettings {
             stream: non_empty("ingest.stream", &ingest.stream)?,
+            partitions: ingest.partitions as usize,
             group: non_empty("ingest.group", &ingest.group)?,
             consumer,
             batch_size: ingest.batch_size as usize,
@@ -779,11 +799,13 @@ impl RawSettings {
             dead_letter_stream: non_empty("ingest.dead_letter_stream", &ingest.dead_letter_stream)?,
             max_future_ms: duration("ingest.max_future", &ingest.max_future)?,
         };
-        if ingest_settings.dead_letter_stream == ingest_settings.stream {
+        if ingest_settings.dead_letter_stream == ingest_settings.stream
+            || crate::stream::keys(&ingest_settings).contains(&ingest_settings.dead_letter_stream)
+        {
             return Err(invalid(
                 "ingest.dead_letter_stream",
                 &ingest_settings.dead_letter_stream,
-                "must differ from ingest.stream",
+                "must differ from ingest.stream and its partitions",
             ));
         }
 
@@ -995,6 +1017,7 @@ mod tests {
         assert_eq!(s.redis.url, "redis://127.0.0.1:6379");
         assert_eq!(s.redis.key_prefix, "rb");
         assert_eq!(s.ingest.stream, "rb:events");
+        assert_eq!(s.ingest.partitions, 1);
         assert_eq!(s.ingest.batch_size, 500);
         assert_eq!(s.ingest.block, Duration::from_secs(1));
         assert_eq!(s.ingest.claim_idle, Duration::from_secs(30));
@@ -1051,6 +1074,21 @@ mod tests {
         );
         let e = refusal(&format!("[redis]\nurl = \"http://x\"\n{BOARD}"));
         assert!(e.contains("redis.url") && e.contains("http://x"), "{e}");
+        let e = refusal(&format!("[ingest]\npartitions = 0\n{BOARD}"));
+        assert!(
+            e.contains("ingest.partitions") && e.contains("between 1 and 64"),
+            "{e}"
+        );
+        let e = refusal(&format!("[ingest]\npartitions = 65\n{BOARD}"));
+        assert!(e.contains("ingest.partitions") && e.contains("65"), "{e}");
+        let e = refusal(&format!(
+            "[ingest]\npartitions = 2\nstream = \"{{rb}}:events\"\n{BOARD}"
+        ));
+        assert!(e.contains("ingest.stream") && e.contains("hash tag"), "{e}");
+        let e = refusal(&format!(
+            "[ingest]\npartitions = 2\ndead_letter_stream = \"rb:events:{{1}}\"\n{BOARD}"
+        ));
+        assert!(e.contains("ingest.dead_letter_stream"), "{e}");
         let e = refusal(&format!("[ingest]\nblock = \"soon\"\n{BOARD}"));
         assert!(e.contains("ingest.block") && e.contains("soon"), "{e}");
         let e = refusal(&format!("[schedule]\nroll = \"* * * * *\"\n{BOARD}"));

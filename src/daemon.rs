@@ -20,10 +20,11 @@ use tracing::{debug, info, warn, Instrument};
 use crate::cli::now_ms;
 use crate::config::Settings;
 use crate::http::{router, AppState};
-use crate::ingest::{group_info, Ingest};
+use crate::ingest::Ingest;
 use crate::metrics::Metrics;
 use crate::roll::{self, Job, RollError};
 use crate::store::{Conflicts, Denied, Reconnect, Refused, Store};
+use crate::stream::{self, group_info};
 
 /// How long in-flight work may take to finish after a shutdown signal.
 pub const GRACE: Duration = Duration::from_secs(30);
@@ -190,11 +191,7 @@ async fn settings_gate(
             continue;
         }
         if !permitted {
-            let ingest = &settings.ingest;
-            match store
-                .check_permissions(boards, &ingest.stream, &ingest.dead_letter_stream)
-                .await
-            {
+            match stream::check_permissions(store, boards, &settings.ingest).await {
                 Ok(denied) if denied.is_empty() => permitted = true,
                 Ok(denied) => {
                     cancel.cancel();
@@ -235,6 +232,64 @@ async fn settings_gate(
     }
 }
 
+/// Reads partitions of other layouts (left by a change of `ingest.partitions`) while they
+/// hold entries the group has not finished: checked at start and every `claim_idle`, one
+/// consumer per such partition, which stops once the group has nothing left there.
+async fn watch_retired(
+    store: Arc<Store>,
+    settings: Arc<Settings>,
+    boards: Arc<Vec<crate::board::Board>>,
+    metrics: Arc<Metrics>,
+    tracker: TaskTracker,
+    cancel: CancellationToken,
+) {
+    let ingest = &settings.ingest;
+    let mut running: Vec<(String, tokio::task::JoinHandle<()>)> = Vec::new();
+    loop {
+        running.retain(|(_, task)| !task.is_finished());
+        for key in stream::retired_keys(&ingest.stream, ingest.partitions) {
+            if running.iter().any(|(k, _)| *k == key) {
+                continue;
+            }
+            match stream::holds_work(store.client(), &key, &ingest.group).await {
+                Ok(false) => {}
+                Ok(true) => {
+                    let reader =
+                        match Store::dedicated_with(&settings.redis, Reconnect::Forever).await {
+                            Ok(reader) => reader,
+                            Err(e) => {
+                                warn!(error = %e, "cannot create a reader for a retired partition");
+                                continue;
+                            }
+                        };
+                    warn!(stream = %key, partitions = ingest.partitions,
+                          "a stream of another ingest.partitions layout holds unfinished entries; reading it until it is drained");
+                    let consumer = Ingest::new(
+                        store.clone(),
+                        reader,
+                        ingest.clone(),
+                        boards.clone(),
+                        metrics.clone(),
+                    )
+                    .reading(key.clone(), true);
+                    let span = tracing::info_span!("consumer", stream = %key, retired = true);
+                    let task = tracker.spawn(consumer.run(cancel.clone()).instrument(span));
+                    running.push((key, task));
+                }
+                // A user without rights on the other layouts' keys cannot have appended there.
+                Err(e) if e.to_string().contains("NOPERM") => {
+                    debug!(stream = %key, "no permission on a key of another layout; not read");
+                }
+                Err(e) => metrics.redis_error(&e),
+            }
+        }
+        tokio::select! {
+            _ = cancel.cancelled() => break,
+            _ = tokio::time::sleep(ingest.claim_idle) => {}
+        }
+    }
+}
+
 /// Runs the daemon until `cancel` fires, then drains.
 pub async fn run(settings: Settings, cancel: CancellationToken) -> anyhow::Result<()> {
     info!(
@@ -244,6 +299,7 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> anyhow::Resul
     );
     let settings = Arc::new(settings);
     let metrics = Arc::new(Metrics::new(&settings.boards));
+    metrics.streams(&stream::keys(&settings.ingest));
     let url = settings.redis.redacted_url();
     let store = Arc::new(
         Store::connect_with(&settings.redis, POOL_SIZE, Reconnect::Forever)
@@ -251,23 +307,31 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> anyhow::Resul
             .with_context(|| format!("invalid redis url {url}"))?
             .with_metrics(metrics.clone()),
     );
-    let reader = Store::dedicated_with(&settings.redis, Reconnect::Forever)
-        .await
-        .context("cannot create the stream reader")?;
     for client in store.pool().clients() {
         count_reconnects(client, metrics.clone());
     }
-    count_reconnects(&reader, metrics.clone());
+    // One consumer per partition, each with its own reader (XREADGROUP blocks it).
+    let boards = Arc::new(settings.boards.clone());
+    let mut consumers = Vec::new();
+    for key in stream::keys(&settings.ingest) {
+        let reader = Store::dedicated_with(&settings.redis, Reconnect::Forever)
+            .await
+            .context("cannot create the stream reader")?;
+        count_reconnects(&reader, metrics.clone());
+        consumers.push(
+            Ingest::new(
+                store.clone(),
+                reader,
+                settings.ingest.clone(),
+                boards.clone(),
+                metrics.clone(),
+            )
+            .reading(key, false),
+        );
+    }
+    let group_ready = consumers.iter().map(Ingest::group_ready).collect();
 
     let tracker = TaskTracker::new();
-    let ingest = Ingest::new(
-        store.clone(),
-        reader,
-        settings.ingest.clone(),
-        Arc::new(settings.boards.clone()),
-        metrics.clone(),
-    );
-    let group_ready = ingest.group_ready();
     let listener = tokio::net::TcpListener::bind(settings.http.listen)
         .await
         .with_context(|| format!("cannot listen on {}", settings.http.listen))?;
@@ -290,10 +354,20 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> anyhow::Resul
         tracker.wait().await;
         return Ok(());
     }
+    for ingest in consumers {
+        let span = tracing::info_span!("consumer", stream = %ingest.stream());
+        tracker.spawn(ingest.run(cancel.clone()).instrument(span));
+    }
     tracker.spawn(
-        ingest
-            .run(cancel.clone())
-            .instrument(tracing::info_span!("consumer")),
+        watch_retired(
+            store.clone(),
+            settings.clone(),
+            boards.clone(),
+            metrics.clone(),
+            tracker.clone(),
+            cancel.clone(),
+        )
+        .instrument(tracing::info_span!("retired_partitions")),
     );
 
     let jobs = Arc::new(Jobs {
@@ -317,11 +391,23 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> anyhow::Resul
         let ingest = settings.ingest.clone();
         tracker.spawn(
             async move {
+                let keys = stream::keys(&ingest);
                 loop {
-                    match group_info(store.client(), &ingest.stream, &ingest.group).await {
-                        Ok(Some((pending, lag))) => metrics.consumer(pending, lag),
-                        Ok(None) => {}
-                        Err(e) => metrics.redis_error(&e),
+                    let (mut pending, mut lag, mut known) = (0, Some(0), false);
+                    for key in &keys {
+                        match group_info(store.client(), key, &ingest.group).await {
+                            Ok(Some((p, l))) => {
+                                metrics.stream_group(key, p, l);
+                                pending += p;
+                                lag = lag.zip(l).map(|(a, b)| a + b);
+                                known = true;
+                            }
+                            Ok(None) => {}
+                            Err(e) => metrics.redis_error(&e),
+                        }
+                    }
+                    if known {
+                        metrics.consumer(pending, lag);
                     }
                     tokio::select! {
                         _ = cancel.cancelled() => break,

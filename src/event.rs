@@ -137,7 +137,8 @@ pub struct Event {
     pub updates: Vec<Update>,
 }
 
-fn field<'a>(fields: &'a [Field], name: &str) -> Option<&'a [u8]> {
+/// The value of the field `name`, if the event has it.
+pub fn field<'a>(fields: &'a [Field], name: &str) -> Option<&'a [u8]> {
     fields
         .iter()
         .find(|(k, _)| k.as_slice() == name.as_bytes())

@@ -36,12 +36,12 @@ use tower_http::timeout::TimeoutLayer;
 use tracing::{debug, warn};
 
 use crate::board::Board;
-use crate::cli::{append, event_value, now_ms};
+use crate::cli::{event_value, now_ms};
 use crate::config::{HttpSettings, Settings, Token};
 use crate::event::{check_name, fields_from_json, validate, Field};
-use crate::ingest::group_info;
 use crate::metrics::Metrics;
 use crate::store::{Store, StoreError};
+use crate::stream::{self, group_info};
 
 /// Largest accepted request body.
 pub const MAX_BODY_BYTES: usize = 4 << 20;
@@ -61,8 +61,8 @@ pub struct AppState {
     pub settings: Arc<Settings>,
     /// The metrics registry.
     pub metrics: Arc<Metrics>,
-    /// Whether the consumer group is known to exist.
-    pub group_ready: Arc<AtomicBool>,
+    /// Whether the consumer group is known to exist, one flag per partition's consumer.
+    pub group_ready: Vec<Arc<AtomicBool>>,
 }
 
 /// An error answer.
@@ -636,7 +636,6 @@ async fn events(
         _ => ApiError::BadRequest("cannot read the body".into()),
     })?;
     let accepted = intake_body(&body, &state.settings.boards)?;
-    let stream = state.settings.ingest.stream.as_str();
     // Bounded like every other Redis call here, so an unreachable Redis answers 503 instead
     // of holding the client for the Redis client's own 30 s command timeout. A 503 after EXEC
     // reached the server may still have appended the events (and the queued transaction may
@@ -644,10 +643,10 @@ async fn events(
     // first, so a repeat of this append is a duplicate. A producer that retries the POST
     // itself is exactly-once only when it sends its own `id`.
     redis(&state, async {
-        append(state.store.client(), stream, &accepted)
+        let written = stream::append(state.store.client(), &state.settings.ingest, &accepted)
             .await
             .map_err(StoreError::from)?;
-        state.store.confirm_writes(&[stream]).await
+        state.store.confirm_writes(&written).await
     })
     .await?;
     Ok((
@@ -675,16 +674,24 @@ async fn readyz(State(state): State<Arc<AppState>>) -> Response {
     let check = async {
         state.store.ping().await?;
         let ingest = &state.settings.ingest;
-        let group = group_info(state.store.client(), &ingest.stream, &ingest.group)
-            .await?
-            .is_some();
+        let keys = stream::keys(ingest);
+        let groups = futures_util::future::try_join_all(
+            keys.iter()
+                .map(|key| group_info(state.store.client(), key, &ingest.group)),
+        )
+        .await?;
+        let group = groups.iter().all(Option::is_some);
         state.store.ensure_scripts().await?;
         Ok::<bool, StoreError>(group)
     };
     // A failed check is counted and logged: during a partition the daemon's own calls
     // only fail when their timeouts (up to 30 s) run out, so the probe is the first to see it.
     let failed = match tokio::time::timeout(READY_CHECK_TIMEOUT, check).await {
-        Ok(Ok(group)) => Ok(group && state.group_ready.load(Ordering::SeqCst)),
+        Ok(Ok(group)) => Ok(group
+            && state
+                .group_ready
+                .iter()
+                .all(|ready| ready.load(Ordering::SeqCst))),
         Ok(Err(e)) => Err(e),
         Err(_) => Err(StoreError::Redis(fred::error::Error::new(
             fred::error::ErrorKind::Timeout,

@@ -1,6 +1,11 @@
 //! The Redis Stream consumer: read a batch with XREADGROUP, validate, group by board
 //! instance, apply (one script call per instance, pipelined), dead-letter what is
-//! malformed, and XACK only after all of that succeeded.
+//! malformed, and XACK only after all of that succeeded. The stream commands themselves
+//! live in [`crate::stream`].
+//!
+//! One [`Ingest`] reads one stream key (one partition, see `ingest.partitions`) with its own
+//! reader connection; the daemon runs one per partition, so every daemon reads every
+//! partition and the daemons share each partition through the consumer group.
 //!
 //! Delivery is at-least-once and application exactly-once: a batch that fails anywhere is
 //! not acked, stays in this consumer's pending list and is processed again (the apply
@@ -20,21 +25,18 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fred::prelude::*;
-use fred::types::config::Options;
-use fred::types::{ClusterHash, CustomCommand};
-use futures_util::future::{join_all, try_join_all};
+use futures_util::future::join_all;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::board::Board;
 use crate::cli::now_ms;
 use crate::config::IngestSettings;
-use crate::event::{parse, Field, Reason, Rejection};
+use crate::event::{parse, Reason, Rejection};
 use crate::metrics::{Metrics, Skip};
 use crate::store::{ApplyEvent, Outcome, Store, StoreError};
-
-/// Dead-letter field names that original fields must not overwrite.
-const RESERVED: [&str; 3] = ["reason", "detail", "source_id"];
+use crate::stream::{self, ensure_group};
+pub use crate::stream::{group_info, parse_entries, DeadLetter, Entry};
 
 /// A board instance: board index and scope value.
 type Instance = (usize, Option<String>);
@@ -45,125 +47,16 @@ const DRAIN_ROUNDS: usize = 8;
 /// How long the drain before exiting may take in all, well inside the daemon's grace period.
 const DRAIN_BUDGET: Duration = Duration::from_secs(10);
 
-/// One stream entry; `fields` is `None` for an entry deleted while it was pending.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Entry {
-    /// Stream entry ID.
-    pub id: String,
-    /// The entry's fields.
-    pub fields: Option<Vec<Field>>,
-}
-
-/// An event on its way to the dead-letter stream.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeadLetter {
-    /// The original fields.
-    pub fields: Vec<Field>,
-    /// The original stream entry ID.
-    pub source_id: String,
-    /// Why it was refused.
-    pub rejection: Rejection,
-}
-
-impl DeadLetter {
-    /// The dead-letter entry: original fields flat (renamed `orig.<name>` where they collide
-    /// with `reason`, `detail` or `source_id`), then those three.
-    pub fn entry(&self) -> Vec<(Vec<u8>, Vec<u8>)> {
-        let mut out: Vec<(Vec<u8>, Vec<u8>)> = self
-            .fields
-            .iter()
-            .map(|(k, v)| {
-                let name = if RESERVED.iter().any(|r| r.as_bytes() == k.as_slice()) {
-                    [b"orig.".as_slice(), k].concat()
-                } else {
-                    k.clone()
-                };
-                (name, v.clone())
-            })
-            .collect();
-        out.push((
-            b"reason".to_vec(),
-            self.rejection.reason.as_str().as_bytes().to_vec(),
-        ));
-        out.push((
-            b"detail".to_vec(),
-            self.rejection.detail.as_bytes().to_vec(),
-        ));
-        out.push((b"source_id".to_vec(), self.source_id.as_bytes().to_vec()));
-        out
-    }
-}
-
-fn text(v: Value) -> Option<String> {
-    match v {
-        Value::String(s) => Some(s.to_string()),
-        Value::Bytes(b) => String::from_utf8(b.to_vec()).ok(),
-        _ => None,
-    }
-}
-
-fn bytes(v: Value) -> Vec<u8> {
-    match v {
-        Value::String(s) => s.as_bytes().to_vec(),
-        Value::Bytes(b) => b.to_vec(),
-        Value::Integer(i) => i.to_string().into_bytes(),
-        Value::Double(d) => d.to_string().into_bytes(),
-        _ => Vec::new(),
-    }
-}
-
-fn array(v: Value) -> Vec<Value> {
-    match v {
-        Value::Array(a) => a,
-        _ => Vec::new(),
-    }
-}
-
-/// Parses a list of `[id, [field, value, ...] | nil]` entries.
-pub fn parse_entries(v: Value) -> Vec<Entry> {
-    array(v)
-        .into_iter()
-        .filter_map(|e| {
-            let mut parts = array(e).into_iter();
-            let id = text(parts.next()?)?;
-            let fields = match parts.next() {
-                Some(Value::Array(flat)) => {
-                    let mut it = flat.into_iter();
-                    let mut fields = Vec::new();
-                    while let (Some(k), Some(v)) = (it.next(), it.next()) {
-                        fields.push((bytes(k), bytes(v)));
-                    }
-                    Some(fields)
-                }
-                _ => None,
-            };
-            Some(Entry { id, fields })
-        })
-        .collect()
-}
-
-/// Parses an XREADGROUP reply for one stream (nil on timeout).
-fn parse_read(v: Value) -> Vec<Entry> {
-    array(v)
-        .into_iter()
-        .flat_map(|stream| {
-            let mut parts = array(stream).into_iter();
-            let _name = parts.next();
-            parts.next().map(parse_entries).unwrap_or_default()
-        })
-        .collect()
-}
-
-/// How long a read waits for the stream reader to (re)connect before the step fails.
-const READER_CONNECT_WAIT: Duration = Duration::from_secs(5);
-/// How long past its block timeout a read waits for its reply before it counts as lost.
-const READ_REPLY_GRACE: Duration = Duration::from_secs(5);
-
-/// The stream consumer of one process.
+/// The stream consumer of one process for one stream key (partition).
 pub struct Ingest {
     store: Arc<Store>,
     reader: Client,
     settings: IngestSettings,
+    /// The stream key this consumer reads.
+    stream: String,
+    /// A partition of another layout (`ingest.partitions` was changed): the consumer stops
+    /// once the group has nothing left there.
+    retired: bool,
     boards: Arc<Vec<Board>>,
     metrics: Arc<Metrics>,
     group_ready: Arc<AtomicBool>,
@@ -171,31 +64,9 @@ pub struct Ingest {
     reader_reconnected: Arc<AtomicBool>,
 }
 
-/// Creates the consumer group at ID 0 with MKSTREAM unless it exists (an existing group is
-/// used as it is).
-pub async fn ensure_group(client: &Client, stream: &str, group: &str) -> Result<(), StoreError> {
-    let created: Result<Value, _> = client
-        .custom(
-            CustomCommand::new_static(
-                "XGROUP",
-                ClusterHash::Custom(fred::util::redis_keyslot(stream.as_bytes())),
-                false,
-            ),
-            vec!["CREATE", stream, group, "0", "MKSTREAM"],
-        )
-        .await;
-    match created {
-        Ok(_) => {
-            info!(stream, group, "consumer group created");
-            Ok(())
-        }
-        Err(e) if e.details().contains("BUSYGROUP") => Ok(()),
-        Err(e) => Err(e.into()),
-    }
-}
-
 impl Ingest {
-    /// A consumer reading with its own connection `reader` (XREADGROUP blocks it).
+    /// A consumer reading the first partition with its own connection `reader`
+    /// (XREADGROUP blocks it); see [`Ingest::reading`] for the others.
     pub fn new(
         store: Arc<Store>,
         reader: Client,
@@ -203,15 +74,31 @@ impl Ingest {
         boards: Arc<Vec<Board>>,
         metrics: Arc<Metrics>,
     ) -> Self {
+        let stream = stream::partition_key(&settings.stream, settings.partitions, 0);
         Ingest {
             store,
             reader,
             settings,
+            stream,
+            retired: false,
             boards,
             metrics,
             group_ready: Arc::new(AtomicBool::new(false)),
             reader_reconnected: Arc::new(AtomicBool::new(false)),
         }
+    }
+
+    /// The same consumer reading `stream` instead; `retired` for a partition of another
+    /// layout, which the consumer leaves once the group has nothing pending or unread there.
+    pub fn reading(mut self, stream: String, retired: bool) -> Self {
+        self.stream = stream;
+        self.retired = retired;
+        self
+    }
+
+    /// The stream key this consumer reads.
+    pub fn stream(&self) -> &str {
+        &self.stream
     }
 
     /// A flag that is true once the consumer group is known to exist.
@@ -235,9 +122,19 @@ impl Ingest {
                 .step(&mut backlog, &mut last_claim, &mut ahead, &cancel)
                 .await
             {
-                Ok(()) => {
+                Ok(busy) => {
                     backoff = Duration::from_millis(100);
                     self.metrics.consumer_step(None);
+                    if self.retired && !busy && !backlog {
+                        match self.finished().await {
+                            Ok(true) => {
+                                info!(stream = %self.stream, "retired partition drained");
+                                break;
+                            }
+                            Ok(false) => {}
+                            Err(e) => self.metrics.redis_error(&e),
+                        }
+                    }
                 }
                 Err(e) => {
                     ahead = None;
@@ -343,14 +240,9 @@ impl Ingest {
         last_claim: &mut Option<Instant>,
         ahead: &mut Option<Vec<Entry>>,
         cancel: &CancellationToken,
-    ) -> Result<(), StoreError> {
+    ) -> Result<bool, StoreError> {
         if !self.group_ready.load(Ordering::SeqCst) {
-            ensure_group(
-                self.store.client(),
-                &self.settings.stream,
-                &self.settings.group,
-            )
-            .await?;
+            ensure_group(self.store.client(), &self.stream, &self.settings.group).await?;
             self.group_ready.store(true, Ordering::SeqCst);
         }
         if self.reader_reconnected.swap(false, Ordering::SeqCst) {
@@ -364,7 +256,7 @@ impl Ingest {
                 debug!(entries = entries.len(), "re-processing own pending entries");
                 self.process(entries).await?;
             }
-            return Ok(());
+            return Ok(true);
         }
         let claim_every = (self.settings.claim_idle / 2).max(Duration::from_millis(100));
         if last_claim.is_none_or(|t| t.elapsed() >= claim_every) {
@@ -393,7 +285,7 @@ impl Ingest {
             None => read_new().await?,
         };
         if entries.is_empty() {
-            return Ok(());
+            return Ok(false);
         }
         // Read the next batch while this one is applied, so that Redis never waits for this
         // side to fetch and decode it. If anything fails, both batches stay pending for
@@ -404,44 +296,22 @@ impl Ingest {
         if !next.is_empty() {
             *ahead = Some(next);
         }
-        Ok(())
+        Ok(true)
+    }
+
+    /// Whether a retired partition is finished: nothing of the group pending there and
+    /// nothing undelivered.
+    async fn finished(&self) -> Result<bool, StoreError> {
+        Ok(
+            match group_info(self.store.client(), &self.stream, &self.settings.group).await? {
+                Some((pending, lag)) => pending == 0 && lag.unwrap_or(0) == 0,
+                None => false,
+            },
+        )
     }
 
     async fn read(&self, id: &str, block: Option<u64>) -> Result<Vec<Entry>, StoreError> {
-        // The reader sends each command once: a read queued while it is still connecting
-        // can be lost with that one attempt and never answered. So wait for the connection
-        // first (nothing is sent yet, so giving up is safe), and bound the wait for the
-        // reply: a lost one surfaces as an error, after which the loop re-reads this
-        // consumer's own pending entries.
-        if !self.reader.is_connected() {
-            tokio::select! {
-                connected = self.reader.wait_for_connect() => connected?,
-                _ = tokio::time::sleep(READER_CONNECT_WAIT) => {
-                    return Err(StoreError::Redis(fred::error::Error::new(
-                        fred::error::ErrorKind::IO,
-                        "the stream reader is not connected to redis",
-                    )));
-                }
-            }
-        }
-        let options = Options {
-            timeout: Some(Duration::from_millis(block.unwrap_or(0)) + READ_REPLY_GRACE),
-            ..Options::default()
-        };
-        let v: Value = self
-            .reader
-            .with_options(&options)
-            .xreadgroup(
-                self.settings.group.as_str(),
-                self.settings.consumer.as_str(),
-                Some(self.settings.batch_size as u64),
-                block,
-                false,
-                self.settings.stream.as_str(),
-                id,
-            )
-            .await?;
-        Ok(parse_read(v))
+        stream::read(&self.reader, &self.settings, &self.stream, id, block).await
     }
 
     /// Takes over entries idle for `claim_idle` in other consumers' pending lists (and
@@ -451,29 +321,13 @@ impl Ingest {
         let mut start = "0-0".to_string();
         // Bounded: at most a few batches per claim round, the rest at the next round.
         for _ in 0..10 {
-            let v: Value = self
-                .store
-                .client()
-                .custom(
-                    CustomCommand::new_static("XAUTOCLAIM", ClusterHash::FirstKey, false),
-                    vec![
-                        Value::from(self.settings.stream.as_str()),
-                        self.settings.group.as_str().into(),
-                        self.settings.consumer.as_str().into(),
-                        (self.settings.claim_idle.as_millis() as i64).into(),
-                        start.as_str().into(),
-                        "COUNT".into(),
-                        (self.settings.batch_size as i64).into(),
-                    ],
-                )
-                .await?;
-            let mut parts = array(v).into_iter();
-            let next = parts.next().and_then(text).unwrap_or_else(|| "0-0".into());
-            let mut entries = parts.next().map(parse_entries).unwrap_or_default();
+            let (next, mut entries) =
+                stream::claim(self.store.client(), &self.settings, &self.stream, &start).await?;
             entries.retain(|e| !held.contains(e.id.as_str()));
             if !entries.is_empty() {
                 info!(
                     entries = entries.len(),
+                    stream = %self.stream,
                     "claimed entries left pending by another consumer"
                 );
                 self.process(entries).await?;
@@ -494,6 +348,7 @@ impl Ingest {
             &self.boards,
             &self.settings,
             &self.metrics,
+            &self.stream,
             &entries,
             now_ms(),
         )
@@ -506,13 +361,14 @@ impl Ingest {
     }
 }
 
-/// The whole of one batch, independent of how it was read: validate, apply, dead-letter,
-/// ack. Returns after the XACK; on error nothing is acked.
+/// The whole of one batch of `stream`, independent of how it was read: validate, apply,
+/// dead-letter, ack. Returns after the XACK; on error nothing is acked.
 pub async fn process_batch(
     store: &Store,
     boards: &[Board],
     settings: &IngestSettings,
     metrics: &Metrics,
+    stream: &str,
     entries: &[Entry],
     now: i64,
 ) -> Result<(), StoreError> {
@@ -531,6 +387,7 @@ pub async fn process_batch(
                 DeadLetter {
                     fields: fields.clone(),
                     source_id: entry.id.clone(),
+                    source_stream: stream.to_string(),
                     rejection,
                 },
             )),
@@ -571,6 +428,7 @@ pub async fn process_batch(
             DeadLetter {
                 fields: entry.fields.clone().unwrap_or_default(),
                 source_id: entry.id.clone(),
+                source_stream: stream.to_string(),
                 rejection: Rejection::new(reason, detail),
             },
         )
@@ -650,27 +508,9 @@ pub async fn process_batch(
     let dead: Vec<DeadLetter> = dead.into_iter().map(|(_, d)| d).collect();
 
     if !dead.is_empty() {
-        let client = store.client();
-        try_join_all(dead.iter().map(|d| async move {
-            let entry = d.entry();
-            let pairs: Vec<(&[u8], &[u8])> = entry
-                .iter()
-                .map(|(k, v)| (k.as_slice(), v.as_slice()))
-                .collect();
-            let _: Value = client
-                .xadd(
-                    settings.dead_letter_stream.as_str(),
-                    false,
-                    None,
-                    "*",
-                    pairs,
-                )
-                .await?;
-            Ok::<(), fred::error::Error>(())
-        }))
-        .await?;
+        stream::dead_letter(store.client(), settings, &dead).await?;
         for d in &dead {
-            warn!(source_id = %d.source_id, reason = %d.rejection.reason, detail = %d.rejection.detail, "event dead-lettered");
+            warn!(source_id = %d.source_id, source_stream = %d.source_stream, reason = %d.rejection.reason, detail = %d.rejection.detail, "event dead-lettered");
             metrics.dead_lettered(d.rejection.reason);
         }
     }
@@ -690,10 +530,7 @@ pub async fn process_batch(
         }
         store.confirm_writes(&written).await?;
         let ids: Vec<&str> = entries.iter().map(|e| e.id.as_str()).collect();
-        let _: i64 = store
-            .client()
-            .xack(settings.stream.as_str(), settings.group.as_str(), ids)
-            .await?;
+        stream::ack(store.client(), settings, stream, &ids).await?;
     }
     Ok(())
 }
@@ -760,79 +597,4 @@ async fn apply_with_retries(
 
 fn reply_missing() -> StoreError {
     StoreError::Reply("apply: no attempt was made".into())
-}
-
-/// The group's pending count and lag from XINFO GROUPS (lag is absent before Redis 7).
-pub async fn group_info(
-    client: &Client,
-    stream: &str,
-    group: &str,
-) -> Result<Option<(i64, Option<i64>)>, StoreError> {
-    let v: Value = client.xinfo_groups(stream).await?;
-    for g in array(v) {
-        let mut it = array(g).into_iter();
-        let mut name = None;
-        let (mut pending, mut lag) = (0, None);
-        while let (Some(k), Some(v)) = (it.next(), it.next()) {
-            match text(k).as_deref() {
-                Some("name") => name = text(v),
-                Some("pending") => pending = v.as_i64().unwrap_or(0),
-                Some("lag") => lag = v.as_i64(),
-                _ => {}
-            }
-        }
-        if name.as_deref() == Some(group) {
-            return Ok(Some((pending, lag)));
-        }
-    }
-    Ok(None)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn dead_letters_keep_fields_flat_and_rename_collisions() {
-        let d = DeadLetter {
-            fields: vec![
-                (b"room".to_vec(), b"r1".to_vec()),
-                (b"reason".to_vec(), b"gift".to_vec()),
-            ],
-            source_id: "1-0".into(),
-            rejection: Rejection::new(Reason::Amount, "bad"),
-        };
-        let names: Vec<String> = d
-            .entry()
-            .iter()
-            .map(|(k, _)| String::from_utf8_lossy(k).into_owned())
-            .collect();
-        assert_eq!(
-            names,
-            ["room", "orig.reason", "reason", "detail", "source_id"]
-        );
-        assert_eq!(d.entry()[2].1, b"amount");
-    }
-
-    #[test]
-    fn stream_replies_parse() {
-        let v = Value::Array(vec![Value::Array(vec![
-            Value::from("s"),
-            Value::Array(vec![
-                Value::Array(vec![
-                    Value::from("1-0"),
-                    Value::Array(vec![Value::from("a"), Value::from("1")]),
-                ]),
-                Value::Array(vec![Value::from("2-0"), Value::Null]),
-            ]),
-        ])]);
-        let entries = parse_read(v);
-        assert_eq!(entries.len(), 2);
-        assert_eq!(
-            entries[0].fields,
-            Some(vec![(b"a".to_vec(), b"1".to_vec())])
-        );
-        assert_eq!(entries[1].fields, None);
-        assert!(parse_read(Value::Null).is_empty());
-    }
 }

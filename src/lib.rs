@@ -11,7 +11,9 @@
 //! * [`keys`]: the Redis key schema, hash-tagged per board instance.
 //! * [`event`]: parsing and validating one event; every rejection reason is a variant.
 //! * [`store`]: every Redis operation on leaderboard data (apply, expire, query), over
-//!   `lua/*.lua`; stream commands live with the consumer ([`ingest`]) and intake ([`cli::append`]).
+//!   `lua/*.lua`.
+//! * [`stream`]: the stream side: partition rule and keys, append, read, ack, claim,
+//!   dead-letter; the consumer ([`ingest`]) and the intake (`send`, `POST /v1/events`) call it.
 //! * [`query`]: read-side types (entries, pages, ranks) and their decoding.
 //! * [`roll`]: the expiry and resummarize jobs, rebuild and verify.
 //! * [`ingest`]: the Redis Stream consumer: read, group, apply, ack, reclaim, dead-letter.
@@ -35,3 +37,4 @@ pub mod query;
 pub mod roll;
 pub mod shutdown;
 pub mod store;
+pub mod stream;

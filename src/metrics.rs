@@ -48,6 +48,8 @@ pub struct Metrics {
     last_roll: GaugeVec,
     pending: IntGauge,
     lag: IntGauge,
+    stream_pending: IntGaugeVec,
+    stream_lag: IntGaugeVec,
     redis_errors: IntCounterVec,
     reconnects: IntCounter,
     replica_ack_failures: IntCounter,
@@ -200,6 +202,28 @@ impl Metrics {
             )
             .expect("valid metric"),
         );
+        let stream_pending = register(
+            &registry,
+            IntGaugeVec::new(
+                Opts::new(
+                    "rollboard_stream_pending",
+                    "Entries of one stream (partition) delivered to the consumer group but not acknowledged (XINFO GROUPS).",
+                ),
+                &["stream"],
+            )
+            .expect("valid metric"),
+        );
+        let stream_lag = register(
+            &registry,
+            IntGaugeVec::new(
+                Opts::new(
+                    "rollboard_stream_lag",
+                    "Entries of one stream (partition) not yet delivered to the consumer group (XINFO GROUPS).",
+                ),
+                &["stream"],
+            )
+            .expect("valid metric"),
+        );
         let reconnects = register(
             &registry,
             IntCounter::new(
@@ -336,6 +360,8 @@ impl Metrics {
             last_roll,
             pending,
             lag,
+            stream_pending,
+            stream_lag,
             redis_errors,
             reconnects,
             replica_ack_failures,
@@ -460,7 +486,26 @@ impl Metrics {
         self.reconnects.inc();
     }
 
-    /// The consumer group's pending count and lag, from XINFO GROUPS.
+    /// Registers the per-partition gauges of `streams` (at 0 until the first poll), so that
+    /// every family shows from the start.
+    pub fn streams(&self, streams: &[String]) {
+        for stream in streams {
+            self.stream_pending.with_label_values(&[stream.as_str()]);
+            self.stream_lag.with_label_values(&[stream.as_str()]);
+        }
+    }
+
+    /// One partition's pending count and lag, from XINFO GROUPS on its stream.
+    pub fn stream_group(&self, stream: &str, pending: i64, lag: Option<i64>) {
+        self.stream_pending
+            .with_label_values(&[stream])
+            .set(pending);
+        if let Some(lag) = lag {
+            self.stream_lag.with_label_values(&[stream]).set(lag);
+        }
+    }
+
+    /// The consumer group's pending count and lag over every partition, from XINFO GROUPS.
     pub fn consumer(&self, pending: i64, lag: Option<i64>) {
         self.pending.set(pending);
         if let Some(lag) = lag {

@@ -309,7 +309,7 @@ async fn dead_letters(store: &Store) -> Entries {
 fn reappended(entry: &HashMap<String, String>) -> Fields {
     let mut out: Fields = entry
         .iter()
-        .filter(|(k, _)| !["reason", "detail", "source_id"].contains(&k.as_str()))
+        .filter(|(k, _)| !["reason", "detail", "source_id", "source_stream"].contains(&k.as_str()))
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
     if !entry.contains_key("id") {

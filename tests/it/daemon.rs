@@ -852,7 +852,9 @@ async fn a_board_whose_apply_keeps_failing_is_reported_and_holds_no_other_board(
         .map(|(_, fields)| {
             let mut f: Fields = fields
                 .iter()
-                .filter(|(k, _)| !["reason", "detail", "source_id"].contains(&k.as_str()))
+                .filter(|(k, _)| {
+                    !["reason", "detail", "source_id", "source_stream"].contains(&k.as_str())
+                })
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect();
             f.sort();

@@ -12,6 +12,7 @@ mod holes;
 mod http_edges;
 mod intake;
 mod model;
+mod partitions;
 mod prometheus;
 mod proxy;
 mod roll;

@@ -508,3 +508,17 @@ pub async fn assert_state(
         crate::model::assert_matches(store, board, scope.as_deref(), model, now).await;
     }
 }
+
+/// Waits until the group has delivered and acknowledged everything in each of `streams`.
+pub async fn drained_streams(store: &Store, streams: &[String]) -> bool {
+    wait_for(Duration::from_secs(60), || async {
+        for stream in streams {
+            let info = rollboard::stream::group_info(store.client(), stream, "rollboard").await;
+            if !matches!(info, Ok(Some((0, Some(0))))) {
+                return false;
+            }
+        }
+        true
+    })
+    .await
+}

@@ -1,0 +1,568 @@
+//! The stream side of ingest: partition keys and the partition rule, append (intake),
+//! read, ack, claim and dead-letter (consumer), and the consumer group's state.
+//!
+//! # Partitions
+//!
+//! With `ingest.partitions = 1` (the default) every event goes to the one stream
+//! `ingest.stream`. With `N > 1` events go to `N` streams `<ingest.stream>:{0}` to
+//! `<ingest.stream>:{N-1}`: the hash tag puts each partition in its own cluster slot
+//! ([`partition_keys`]; distinct for every `N` up to [`MAX_PARTITIONS`]). An event goes to
+//! partition `crc32(id) mod N`, CRC-32 (IEEE) of the event's `id` field as bytes
+//! ([`partition_of`]), which any language's standard library computes in one line.
+//! Exactly-once does not depend on the rule: duplicates are recognised per board instance,
+//! so a copy of an event on another partition is still a duplicate.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use fred::prelude::*;
+use fred::types::config::Options;
+use fred::types::{ClusterHash, CustomCommand};
+use futures_util::future::{join_all, try_join_all};
+use tracing::info;
+
+use crate::board::Board;
+use crate::config::IngestSettings;
+use crate::event::{field, fresh_id, Field, Rejection};
+use crate::store::{Store, StoreError};
+
+/// Most partitions `ingest.partitions` may name.
+pub const MAX_PARTITIONS: usize = 64;
+
+/// Dead-letter field names that original fields must not overwrite.
+const RESERVED: [&str; 4] = ["reason", "detail", "source_id", "source_stream"];
+
+/// How long a read waits for the stream reader to (re)connect before the step fails.
+const READER_CONNECT_WAIT: Duration = Duration::from_secs(5);
+/// How long past its block timeout a read waits for its reply before it counts as lost.
+const READ_REPLY_GRACE: Duration = Duration::from_secs(5);
+
+/// The stream key of partition `index` of `partitions`: `stream` itself when there is one
+/// partition, else `<stream>:{<index>}`.
+pub fn partition_key(stream: &str, partitions: usize, index: usize) -> String {
+    if partitions <= 1 {
+        stream.to_string()
+    } else {
+        format!("{stream}:{{{index}}}")
+    }
+}
+
+/// Every partition's stream key, in partition order.
+pub fn partition_keys(stream: &str, partitions: usize) -> Vec<String> {
+    (0..partitions.max(1))
+        .map(|i| partition_key(stream, partitions, i))
+        .collect()
+}
+
+/// The configured partitions' stream keys.
+pub fn keys(settings: &IngestSettings) -> Vec<String> {
+    partition_keys(&settings.stream, settings.partitions)
+}
+
+/// The partition an event with this `id` goes to: CRC-32 (IEEE) of the id's bytes,
+/// modulo `partitions`.
+pub fn partition_of(id: &[u8], partitions: usize) -> usize {
+    (crc32fast::hash(id) % partitions.max(1) as u32) as usize
+}
+
+/// Stream keys of the other layouts (other partition counts) that a daemon configured
+/// with `partitions` does not read as its own: the bare stream when partitioned, and
+/// partitions `partitions..MAX_PARTITIONS` (all of them with one partition). Entries left
+/// there by a change of `ingest.partitions` are drained by [`holds_work`]'s caller.
+pub fn retired_keys(stream: &str, partitions: usize) -> Vec<String> {
+    let mut keys = Vec::new();
+    if partitions > 1 {
+        keys.push(stream.to_string());
+    }
+    let first = if partitions > 1 { partitions } else { 0 };
+    keys.extend((first..MAX_PARTITIONS).map(|i| partition_key(stream, MAX_PARTITIONS, i)));
+    keys
+}
+
+/// The Redis user's missing permissions for the boards, every partition and the
+/// dead-letter stream (see `Store::check_permissions`).
+pub async fn check_permissions(
+    store: &Store,
+    boards: &[Board],
+    settings: &IngestSettings,
+) -> Result<Vec<String>, StoreError> {
+    let mut denied = Vec::new();
+    for (i, key) in keys(settings).iter().enumerate() {
+        let boards = if i == 0 { boards } else { &[] };
+        for d in store
+            .check_permissions(boards, key, &settings.dead_letter_stream)
+            .await?
+        {
+            if !denied.contains(&d) {
+                denied.push(d);
+            }
+        }
+    }
+    Ok(denied)
+}
+
+/// Whether `key` holds entries the group has not finished: it exists and the group is
+/// missing there, has entries pending, or has not been delivered everything (lag not 0).
+pub async fn holds_work(client: &Client, key: &str, group: &str) -> Result<bool, StoreError> {
+    let exists: i64 = client.exists(key).await?;
+    if exists == 0 {
+        return Ok(false);
+    }
+    Ok(match group_info(client, key, group).await? {
+        None => true,
+        Some((pending, lag)) => pending > 0 || lag != Some(0),
+    })
+}
+
+/// One stream entry; `fields` is `None` for an entry deleted while it was pending.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// Stream entry ID.
+    pub id: String,
+    /// The entry's fields.
+    pub fields: Option<Vec<Field>>,
+}
+
+/// An event on its way to the dead-letter stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLetter {
+    /// The original fields.
+    pub fields: Vec<Field>,
+    /// The original stream entry ID.
+    pub source_id: String,
+    /// The stream (partition) the event was read from.
+    pub source_stream: String,
+    /// Why it was refused.
+    pub rejection: Rejection,
+}
+
+impl DeadLetter {
+    /// The dead-letter entry: original fields flat (renamed `orig.<name>` where they collide
+    /// with `reason`, `detail`, `source_id` or `source_stream`), then those four.
+    pub fn entry(&self) -> Vec<(Vec<u8>, Vec<u8>)> {
+        let mut out: Vec<(Vec<u8>, Vec<u8>)> = self
+            .fields
+            .iter()
+            .map(|(k, v)| {
+                let name = if RESERVED.iter().any(|r| r.as_bytes() == k.as_slice()) {
+                    [b"orig.".as_slice(), k].concat()
+                } else {
+                    k.clone()
+                };
+                (name, v.clone())
+            })
+            .collect();
+        out.push((
+            b"reason".to_vec(),
+            self.rejection.reason.as_str().as_bytes().to_vec(),
+        ));
+        out.push((
+            b"detail".to_vec(),
+            self.rejection.detail.as_bytes().to_vec(),
+        ));
+        out.push((b"source_id".to_vec(), self.source_id.as_bytes().to_vec()));
+        out.push((
+            b"source_stream".to_vec(),
+            self.source_stream.as_bytes().to_vec(),
+        ));
+        out
+    }
+}
+
+fn text(v: Value) -> Option<String> {
+    match v {
+        Value::String(s) => Some(s.to_string()),
+        Value::Bytes(b) => String::from_utf8(b.to_vec()).ok(),
+        _ => None,
+    }
+}
+
+fn bytes(v: Value) -> Vec<u8> {
+    match v {
+        Value::String(s) => s.as_bytes().to_vec(),
+        Value::Bytes(b) => b.to_vec(),
+        Value::Integer(i) => i.to_string().into_bytes(),
+        Value::Double(d) => d.to_string().into_bytes(),
+        _ => Vec::new(),
+    }
+}
+
+fn array(v: Value) -> Vec<Value> {
+    match v {
+        Value::Array(a) => a,
+        _ => Vec::new(),
+    }
+}
+
+/// Parses a list of `[id, [field, value, ...] | nil]` entries.
+pub fn parse_entries(v: Value) -> Vec<Entry> {
+    array(v)
+        .into_iter()
+        .filter_map(|e| {
+            let mut parts = array(e).into_iter();
+            let id = text(parts.next()?)?;
+            let fields = match parts.next() {
+                Some(Value::Array(flat)) => {
+                    let mut it = flat.into_iter();
+                    let mut fields = Vec::new();
+                    while let (Some(k), Some(v)) = (it.next(), it.next()) {
+                        fields.push((bytes(k), bytes(v)));
+                    }
+                    Some(fields)
+                }
+                _ => None,
+            };
+            Some(Entry { id, fields })
+        })
+        .collect()
+}
+
+/// Parses an XREADGROUP reply for one stream (nil on timeout).
+fn parse_read(v: Value) -> Vec<Entry> {
+    array(v)
+        .into_iter()
+        .flat_map(|stream| {
+            let mut parts = array(stream).into_iter();
+            let _name = parts.next();
+            parts.next().map(parse_entries).unwrap_or_default()
+        })
+        .collect()
+}
+
+/// Appends validated events in one MULTI/EXEC per partition: all of a partition's events
+/// or, when Redis refuses any (e.g. out of memory, detected while queueing), none of them.
+/// With one partition that is all of them or none; with several, the transactions of the
+/// other partitions may have been appended when one fails (a retry is safe: every event
+/// has its `id` by then, see below). Callers bound the number of events (a request, a
+/// `send` batch).
+///
+/// An event without an `id` field is appended with a fresh one ([`fresh_id`]), given before
+/// the transaction is built: the client retries the whole transaction when the connection
+/// drops before EXEC's reply arrives, and the retry then appends the same ids again, which
+/// the consumer skips as duplicates instead of counting the money twice. The id also
+/// chooses the partition ([`partition_of`]). Returns the stream keys appended to.
+pub async fn append(
+    client: &Client,
+    settings: &IngestSettings,
+    events: &[Vec<Field>],
+) -> Result<Vec<String>, fred::error::Error> {
+    if events.is_empty() {
+        return Ok(Vec::new());
+    }
+    // A cluster client routes a transaction by its slot, which it knows only once connected
+    // (a daemon's pool may still be connecting); a plain client queues commands meanwhile.
+    if client.is_clustered() && client.cached_cluster_state().is_none() {
+        client.wait_for_connect().await?;
+    }
+    let partitions = settings.partitions.max(1);
+    // Each partition's events in input order, with the id given to those without one.
+    type Batch<'a> = Vec<(&'a [Field], Option<String>)>;
+    let mut by_partition: BTreeMap<usize, Batch> = BTreeMap::new();
+    for fields in events {
+        let id = fresh_id(fields);
+        let partition = match (&id, field(fields, "id")) {
+            (Some(id), _) => partition_of(id.as_bytes(), partitions),
+            (None, Some(id)) => partition_of(id, partitions),
+            (None, None) => 0,
+        };
+        by_partition
+            .entry(partition)
+            .or_default()
+            .push((fields.as_slice(), id));
+    }
+    let outcomes = join_all(by_partition.into_iter().map(|(partition, events)| {
+        let stream = partition_key(&settings.stream, partitions, partition);
+        async move {
+            let tx = client.multi();
+            for (fields, id) in &events {
+                let pairs: Vec<(&[u8], &[u8])> = fields
+                    .iter()
+                    .map(|(k, v)| (k.as_slice(), v.as_slice()))
+                    .chain(id.as_deref().map(|id| (b"id".as_slice(), id.as_bytes())))
+                    .collect();
+                let _: () = tx.xadd(stream.as_str(), false, None, "*", pairs).await?;
+            }
+            let _: Value = tx.exec(true).await?;
+            Ok::<String, fred::error::Error>(stream)
+        }
+    }))
+    .await;
+    outcomes.into_iter().collect()
+}
+
+/// Creates the consumer group at ID 0 with MKSTREAM unless it exists (an existing group is
+/// used as it is).
+pub async fn ensure_group(client: &Client, stream: &str, group: &str) -> Result<(), StoreError> {
+    let created: Result<Value, _> = client
+        .custom(
+            CustomCommand::new_static(
+                "XGROUP",
+                ClusterHash::Custom(fred::util::redis_keyslot(stream.as_bytes())),
+                false,
+            ),
+            vec!["CREATE", stream, group, "0", "MKSTREAM"],
+        )
+        .await;
+    match created {
+        Ok(_) => {
+            info!(stream, group, "consumer group created");
+            Ok(())
+        }
+        Err(e) if e.details().contains("BUSYGROUP") => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Reads up to `ingest.batch_size` entries of `stream` for this consumer with
+/// XREADGROUP: `id` `>` for new entries (blocking up to `block` ms), `0` for this
+/// consumer's own pending ones.
+///
+/// The reader sends each command once: a read queued while it is still connecting can be
+/// lost with that one attempt and never answered. So the read waits for the connection
+/// first (nothing is sent yet, so giving up is safe), and bounds the wait for the reply: a
+/// lost one surfaces as an error, after which the consumer re-reads its own pending
+/// entries.
+pub async fn read(
+    reader: &Client,
+    settings: &IngestSettings,
+    stream: &str,
+    id: &str,
+    block: Option<u64>,
+) -> Result<Vec<Entry>, StoreError> {
+    if !reader.is_connected() {
+        tokio::select! {
+            connected = reader.wait_for_connect() => connected?,
+            _ = tokio::time::sleep(READER_CONNECT_WAIT) => {
+                return Err(StoreError::Redis(fred::error::Error::new(
+                    fred::error::ErrorKind::IO,
+                    "the stream reader is not connected to redis",
+                )));
+            }
+        }
+    }
+    let options = Options {
+        timeout: Some(Duration::from_millis(block.unwrap_or(0)) + READ_REPLY_GRACE),
+        ..Options::default()
+    };
+    let v: Value = reader
+        .with_options(&options)
+        .xreadgroup(
+            settings.group.as_str(),
+            settings.consumer.as_str(),
+            Some(settings.batch_size as u64),
+            block,
+            false,
+            stream,
+            id,
+        )
+        .await?;
+    Ok(parse_read(v))
+}
+
+/// One XAUTOCLAIM call on `stream` from `start`: entries idle for `claim_idle` in any
+/// consumer's pending list become this consumer's. Returns the cursor to continue from
+/// (`0-0` when the pending list was scanned to its end) and the claimed entries.
+pub async fn claim(
+    client: &Client,
+    settings: &IngestSettings,
+    stream: &str,
+    start: &str,
+) -> Result<(String, Vec<Entry>), StoreError> {
+    let v: Value = client
+        .custom(
+            CustomCommand::new_static("XAUTOCLAIM", ClusterHash::FirstKey, false),
+            vec![
+                Value::from(stream),
+                settings.group.as_str().into(),
+                settings.consumer.as_str().into(),
+                (settings.claim_idle.as_millis() as i64).into(),
+                start.into(),
+                "COUNT".into(),
+                (settings.batch_size as i64).into(),
+            ],
+        )
+        .await?;
+    let mut parts = array(v).into_iter();
+    let next = parts.next().and_then(text).unwrap_or_else(|| "0-0".into());
+    let entries = parts.next().map(parse_entries).unwrap_or_default();
+    Ok((next, entries))
+}
+
+/// Appends dead letters to `ingest.dead_letter_stream`, one entry each.
+pub async fn dead_letter(
+    client: &Client,
+    settings: &IngestSettings,
+    letters: &[DeadLetter],
+) -> Result<(), StoreError> {
+    try_join_all(letters.iter().map(|d| async move {
+        let entry = d.entry();
+        let pairs: Vec<(&[u8], &[u8])> = entry
+            .iter()
+            .map(|(k, v)| (k.as_slice(), v.as_slice()))
+            .collect();
+        let _: Value = client
+            .xadd(
+                settings.dead_letter_stream.as_str(),
+                false,
+                None,
+                "*",
+                pairs,
+            )
+            .await?;
+        Ok::<(), fred::error::Error>(())
+    }))
+    .await?;
+    Ok(())
+}
+
+/// Acknowledges entries of `stream` for the group (XACK).
+pub async fn ack(
+    client: &Client,
+    settings: &IngestSettings,
+    stream: &str,
+    ids: &[&str],
+) -> Result<(), StoreError> {
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let _: i64 = client
+        .xack(stream, settings.group.as_str(), ids.to_vec())
+        .await?;
+    Ok(())
+}
+
+/// The group's pending count and lag on `stream` from XINFO GROUPS (lag is absent before
+/// Redis 7).
+pub async fn group_info(
+    client: &Client,
+    stream: &str,
+    group: &str,
+) -> Result<Option<(i64, Option<i64>)>, StoreError> {
+    let v: Value = client.xinfo_groups(stream).await?;
+    for g in array(v) {
+        let mut it = array(g).into_iter();
+        let mut name = None;
+        let (mut pending, mut lag) = (0, None);
+        while let (Some(k), Some(v)) = (it.next(), it.next()) {
+            match text(k).as_deref() {
+                Some("name") => name = text(v),
+                Some("pending") => pending = v.as_i64().unwrap_or(0),
+                Some("lag") => lag = v.as_i64(),
+                _ => {}
+            }
+        }
+        if name.as_deref() == Some(group) {
+            return Ok(Some((pending, lag)));
+        }
+    }
+    Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::Reason;
+    use std::collections::HashSet;
+
+    #[test]
+    fn dead_letters_keep_fields_flat_and_rename_collisions() {
+        let d = DeadLetter {
+            fields: vec![
+                (b"room".to_vec(), b"r1".to_vec()),
+                (b"reason".to_vec(), b"gift".to_vec()),
+            ],
+            source_id: "1-0".into(),
+            source_stream: "rb:events".into(),
+            rejection: Rejection::new(Reason::Amount, "bad"),
+        };
+        let names: Vec<String> = d
+            .entry()
+            .iter()
+            .map(|(k, _)| String::from_utf8_lossy(k).into_owned())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "room",
+                "orig.reason",
+                "reason",
+                "detail",
+                "source_id",
+                "source_stream"
+            ]
+        );
+        assert_eq!(d.entry()[2].1, b"amount");
+        assert_eq!(d.entry()[5].1, b"rb:events");
+    }
+
+    #[test]
+    fn stream_replies_parse() {
+        let v = Value::Array(vec![Value::Array(vec![
+            Value::from("s"),
+            Value::Array(vec![
+                Value::Array(vec![
+                    Value::from("1-0"),
+                    Value::Array(vec![Value::from("a"), Value::from("1")]),
+                ]),
+                Value::Array(vec![Value::from("2-0"), Value::Null]),
+            ]),
+        ])]);
+        let entries = parse_read(v);
+        assert_eq!(entries.len(), 2);
+        assert_eq!(
+            entries[0].fields,
+            Some(vec![(b"a".to_vec(), b"1".to_vec())])
+        );
+        assert_eq!(entries[1].fields, None);
+        assert!(parse_read(Value::Null).is_empty());
+    }
+
+    #[test]
+    fn one_partition_is_the_configured_stream() {
+        assert_eq!(partition_keys("rb:events", 1), ["rb:events"]);
+        assert_eq!(partition_of(b"anything", 1), 0);
+        assert_eq!(
+            partition_keys("rb:events", 3),
+            ["rb:events:{0}", "rb:events:{1}", "rb:events:{2}"]
+        );
+    }
+
+    #[test]
+    fn partitions_sit_in_distinct_cluster_slots() {
+        for n in 2..=MAX_PARTITIONS {
+            let slots: HashSet<u16> = partition_keys("rb:events", n)
+                .iter()
+                .map(|k| fred::util::redis_keyslot(k.as_bytes()))
+                .collect();
+            assert_eq!(slots.len(), n, "{n} partitions share a slot");
+        }
+    }
+
+    #[test]
+    fn the_rule_is_crc32_ieee_of_the_id_modulo_n() {
+        // Check values of CRC-32 (IEEE): "123456789" is the standard check input.
+        assert_eq!(crc32fast::hash(b"123456789"), 0xCBF4_3926);
+        assert_eq!(partition_of(b"123456789", 3), (0xCBF4_3926u32 % 3) as usize);
+        assert_eq!(
+            partition_of(b"tip-1", 7),
+            (crc32fast::hash(b"tip-1") % 7) as usize
+        );
+        // Every partition gets events.
+        let hit: HashSet<usize> = (0..1000)
+            .map(|i| partition_of(format!("tip-{i}").as_bytes(), 16))
+            .collect();
+        assert_eq!(hit.len(), 16);
+    }
+
+    #[test]
+    fn retired_keys_are_the_other_layouts() {
+        let one = retired_keys("s", 1);
+        assert_eq!(one.len(), MAX_PARTITIONS);
+        assert_eq!(one[0], "s:{0}");
+        let three = retired_keys("s", 3);
+        assert_eq!(three[0], "s");
+        assert_eq!(three[1], "s:{3}");
+        assert!(!three.contains(&"s:{2}".to_string()));
+        assert_eq!(three.len(), 1 + MAX_PARTITIONS - 3);
+    }
+}
