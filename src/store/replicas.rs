@@ -8,7 +8,9 @@
 //! events were all duplicates and wrote nothing). So each master gets, on one connection,
 //! a pipeline of a tiny write (a short-lived key in a slot that master serves) followed by
 //! `WAIT`: a master replicates one ordered stream, so a replica that has the tiny write has
-//! every earlier write of that master too.
+//! every earlier write of that master too. That pipeline is sent once, on a connection that
+//! is up: resent after a reconnect it may reach another master (the replica that took over
+//! from a dead one), which would confirm there writes the dead master took along.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -175,20 +177,53 @@ impl Store {
                 ),
                 None => (self.keys.sync(None), ClusterHash::FirstKey),
             };
+            // Written once, on a connection that is up now, or not at all. The client would
+            // otherwise hold the pipeline through a reconnect, or resend it after one (and
+            // follow MOVED / ASK), and after a failover the new connection leads to the
+            // replica that took over: it confirms there, once it has a replica of its own,
+            // writes that died with the old master. A confirmation cut short fails instead
+            // (an outage: the batch is applied again, on the new master, and confirmed there).
+            let once = Options {
+                max_attempts: Some(1),
+                fail_fast: true,
+                ..Options::default()
+            };
             let pipeline = client.pipeline();
-            let _: () = pipeline
+            let sent = pipeline.with_options(&once);
+            let _: () = sent
                 .custom(
                     CustomCommand::new_static("SET", ClusterHash::FirstKey, false),
                     vec![key.as_str(), "1", "PX", SYNC_KEY_TTL_MS],
                 )
                 .await?;
-            let _: () = pipeline
+            let _: () = sent
                 .custom(
                     CustomCommand::new("WAIT", route, false),
                     vec![i64::from(wanted), timeout_ms],
                 )
                 .await?;
-            let (_, acked): (Value, i64) = pipeline.all().await?;
+            let node_name = if node.is_empty() {
+                "redis"
+            } else {
+                node.as_str()
+            };
+            let (_, acked): (Value, i64) = pipeline.all().await.map_err(|e| {
+                // A MOVED or ASK for the tiny write (a slot moving) needs a second write,
+                // which `max_attempts` refuses: retried later as an outage, with fresh routing.
+                if e.kind() == &fred::error::ErrorKind::Unknown
+                    && e.details().starts_with("Too many failed write attempts")
+                {
+                    StoreError::Redis(fred::error::Error::new(
+                        fred::error::ErrorKind::Unknown,
+                        format!(
+                            "{NOREPLICAS} the confirmation write to {node_name} was redirected \
+                             before its WAIT ({e}); nothing was confirmed"
+                        ),
+                    ))
+                } else {
+                    StoreError::Redis(e)
+                }
+            })?;
             if acked < i64::from(wanted) {
                 return Err(StoreError::Redis(fred::error::Error::new(
                     fred::error::ErrorKind::Unknown,
@@ -196,11 +231,7 @@ impl Store {
                         "{NOREPLICAS} {acked} of the {wanted} replica(s) required \
                          (redis.min_replicas_acked) acknowledged the writes to {} within \
                          {timeout_ms} ms; nothing was confirmed",
-                        if node.is_empty() {
-                            "redis"
-                        } else {
-                            node.as_str()
-                        }
+                        node_name
                     ),
                 )));
             }

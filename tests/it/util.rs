@@ -153,6 +153,11 @@ impl RedisServer {
             .expect("connect")
     }
 
+    /// The server's process id (e.g. to freeze it with SIGSTOP).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Kills the server (as a crash would).
     pub fn kill(&mut self) {
         let _ = self.child.kill();
