@@ -652,7 +652,7 @@ async fn apply_unsplit(store: &Store, members: usize, slowlog_us: u64) -> Result
             let events: Vec<ApplyEvent> = (from..(from + EXPIRY_BATCH).min(members))
                 .map(event)
                 .collect();
-            let (keys, args) = apply_call(&b, &k, &fingerprint, &events, now);
+            let (keys, args) = apply_call(&b, &k, &fingerprint, &events, now, false);
             let _: Value = script.evalsha(client, keys, args).await?;
         }
         anyhow::Ok(())

@@ -396,6 +396,7 @@ impl Store {
             keys: Keys::new(prefix),
             scripts: Scripts::new(),
             metrics: None,
+            legacy: Default::default(),
         })
     }
 

@@ -25,11 +25,11 @@ mod expire;
 mod query;
 mod stage;
 
-pub use apply::{apply_call, ApplyEvent, Outcome, APPLY_CHUNK};
+pub use apply::{apply_call, id_digest, ApplyEvent, Outcome, APPLY_CHUNK, DIGEST_CONTEXT};
 pub use connect::{
     script_commands, tls_client_config, Conflict, Conflicts, Denied, Reconnect, Refused, TlsError,
 };
-pub use expire::{Expired, EXPIRE_CALL_FIELDS, TRIM_CALL_IDS};
+pub use expire::{Expired, Trimmed, EXPIRE_CALL_FIELDS, TRIM_CALL_IDS, TRIM_CALL_LOG};
 pub use stage::{StageTargets, Staged, STAGE_CALL_ROWS};
 
 use std::future::Future;
@@ -118,6 +118,9 @@ pub struct Store {
     scripts: Scripts,
     /// Where script call durations are observed (the daemon's metrics), if anywhere.
     metrics: Option<Arc<Metrics>>,
+    /// Instances (by legacy `seen` key) found holding the raw-id ZSet of the layout before
+    /// digests, and when: their apply calls carry the raw ids for a while.
+    legacy: std::sync::Mutex<std::collections::HashMap<String, Instant>>,
 }
 
 struct Scripts {
