@@ -192,6 +192,23 @@ for _, e in ipairs(live) do
     redis.call('LLEN', log_key[s])
   end
 end
+-- The buckets that inserting every event of the chunk would split, read (and checked)
+-- now too: the splits of phase 2 are a prefix of these.
+do
+  local candidates = 0
+  for _, e in ipairs(live) do
+    if forget[tonumber(ARGV[event_base + (e - 1) * 5 + 2])] > now then candidates = candidates + 1 end
+  end
+  local sp, size, n = p, 2 ^ L, held + candidates
+  while n > LOAD * (size + sp) do
+    if not buckets[sp] then
+      buckets[sp] = true
+      wanted[#wanted + 1] = sp
+    end
+    sp = sp + 1
+    if sp == size then sp, size = 0, 2 * size end
+  end
+end
 local wanted_fields = {}
 for i, a in ipairs(wanted) do wanted_fields[i] = field_of(a) end
 local bucket_values = variadic('HMGET', table_key, wanted_fields)
@@ -330,9 +347,13 @@ for k, e in ipairs(live) do
       status[e] = 3
     else
       status[e] = 0
-      applied[id] = true
       any = true
-      if forget[s] > now then added[#added + 1] = k end
+      -- An id whose slice may already be forgotten is not remembered, not even for the
+      -- rest of this call: the outcome does not depend on how a batch is cut into calls.
+      if forget[s] > now then
+        applied[id] = true
+        added[#added + 1] = k
+      end
       st.total = new_total
       field.value = new_value
       if not field.touched then
@@ -348,7 +369,8 @@ if not any then return status end
 -- Phase 2: write. Every key's type and every value were checked above.
 if not stored[2] then redis.call('HSET', meta, 'settings', settings) end
 if #added > 0 then
-  -- Inserts, then splits (bounded: at most #added / LOAD + 1 of them).
+  -- Inserts, then splits (bounded: at most #added / LOAD + 1 of them, every bucket they
+  -- touch read and checked in phase 1).
   local dirty, logs = {}, {}
   local function get(a)
     local v = dirty[a]

@@ -14,4 +14,5 @@ mod prometheus;
 mod proxy;
 mod roll;
 mod security;
+mod seen;
 mod util;
