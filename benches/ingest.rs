@@ -827,7 +827,7 @@ async fn bench_ceiling(redis: &RedisServer) -> Result<()> {
             }
         })
         .collect();
-    let (keys, values) = apply_call(&board, &k, &board.fingerprint(), &events, now);
+    let (keys, values) = apply_call(&board, &k, &board.fingerprint(), &events, now, false);
     let mut args: Vec<String> = vec!["EVALSHA".into(), sha, keys.len().to_string()];
     args.extend(keys);
     args.extend(values.iter().map(|v| v.as_string().unwrap_or_default()));

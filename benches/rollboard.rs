@@ -780,7 +780,8 @@ async fn memory(store: &Store, members: usize) -> Result<(bool, MemoryFigures)> 
         ("result ZSet", k.result()),
         ("members Hash", k.members()),
         ("slice Hash", k.slice(b.slice_of(T0))),
-        ("seen ZSet", k.seen()),
+        ("seen table", k.seen_table()),
+        ("seen log", k.seen_log(b.slice_of(T0))),
         ("meta Hash", k.meta()),
         ("slices ZSet", k.slices()),
     ];
@@ -791,7 +792,7 @@ async fn memory(store: &Store, members: usize) -> Result<(bool, MemoryFigures)> 
         sizes.insert(*label, bytes);
     }
     let sum: i64 = sizes.values().sum();
-    let seen_bytes = sizes["seen ZSet"];
+    let seen_bytes = sizes["seen table"] + sizes["seen log"];
     println!("  {:<13} {sum:>11} B  {:>7.1} B/member", "sum", per(sum));
     let ranking = sum - seen_bytes;
     println!(
@@ -799,9 +800,13 @@ async fn memory(store: &Store, members: usize) -> Result<(bool, MemoryFigures)> 
         "sum w/o seen",
         per(ranking)
     );
-    let seen = integer(client, "ZCARD", &[&k.seen()]).await?;
+    let seen: i64 = client
+        .hget::<Option<i64>, _, _>(k.seen_table(), "#n")
+        .await?
+        .unwrap_or(0);
     println!(
-        "idempotency: {seen} keys remembered, {:.1} B per key (seen ZSet MEMORY USAGE / ZCARD)",
+        "idempotency: {seen} keys remembered, {:.1} B per key (MEMORY USAGE of the digest \
+         table and the slice's forget log / #n)",
         seen_bytes as f64 / seen.max(1) as f64
     );
     let (plain_delta, plain_usage) = plain_zset(client, members).await?;
@@ -813,7 +818,7 @@ async fn memory(store: &Store, members: usize) -> Result<(bool, MemoryFigures)> 
     );
     println!(
         "ratio rollboard / plain ZSet: {} by used_memory delta, {} by MEMORY USAGE; \
-         {} by MEMORY USAGE without the seen ZSet",
+         {} by MEMORY USAGE without the idempotency keys",
         ratio(delta as f64, plain_delta as f64),
         ratio(sum as f64, plain_usage as f64),
         ratio(ranking as f64, plain_usage as f64)
@@ -1074,7 +1079,7 @@ async fn apply_unsplit(store: &Store, members: usize, slowlog_us: u64) -> Result
             let events: Vec<ApplyEvent> = (from..(from + EXPIRY_BATCH).min(members))
                 .map(event)
                 .collect();
-            let (keys, args) = apply_call(&b, &k, &fingerprint, &events, now);
+            let (keys, args) = apply_call(&b, &k, &fingerprint, &events, now, false);
             let _: Value = script.evalsha(client, keys, args).await?;
         }
         anyhow::Ok(())
@@ -1355,7 +1360,8 @@ async fn copy_instance(store: &Store, from: &Board, to: &Board) -> Result<()> {
         (a.result(), b.result()),
         (a.members(), b.members()),
         (a.slices(), b.slices()),
-        (a.seen(), b.seen()),
+        (a.seen_table(), b.seen_table()),
+        (a.seen_log(n), b.seen_log(n)),
         (a.slice(n), b.slice(n)),
     ];
     for (src, dst) in &pairs {
@@ -1389,11 +1395,15 @@ async fn check_rolled(store: &Store, b: &Board) -> Result<bool> {
     let result = integer(client, "ZCARD", &[&k.result()]).await?;
     let members = integer(client, "HLEN", &[&k.members()]).await?;
     let slice = integer(client, "EXISTS", &[&k.slice(b.slice_of(T0))]).await?;
-    let seen = integer(client, "ZCARD", &[&k.seen()]).await?;
-    let ok = result == 0 && members == 0 && slice == 0 && seen == 0;
+    let seen: i64 = client
+        .hget::<Option<i64>, _, _>(k.seen_table(), "#n")
+        .await?
+        .unwrap_or(0);
+    let log = integer(client, "EXISTS", &[&k.seen_log(b.slice_of(T0))]).await?;
+    let ok = result == 0 && members == 0 && slice == 0 && seen == 0 && log == 0;
     println!(
         "check after roll: ZCARD result = {result}, HLEN members = {members}, \
-         EXISTS slice = {slice}, ZCARD seen = {seen} {}",
+         EXISTS slice = {slice}, seen #n = {seen}, EXISTS seen log = {log} {}",
         verdict(ok)
     );
     Ok(ok)

@@ -130,6 +130,18 @@ impl Board {
         }
     }
 
+    /// The newest slice whose idempotency keys may be forgotten at `now`: the largest `n`
+    /// with `forget_at(n) <= now` ([`Board::forget_at`] grows with `n`).
+    pub fn forgettable_through(&self, now: i64) -> i64 {
+        let leaves_window = now.div_euclid(self.slice_ms) - self.slices_in_window();
+        match self.dedup {
+            Dedup::Window => leaves_window,
+            Dedup::AfterSlice(ms) => {
+                leaves_window.max((now.saturating_sub(ms)).div_euclid(self.slice_ms) - 1)
+            }
+        }
+    }
+
     /// The settings that shape this board's keys and scores, as (name, value) pairs in a
     /// fixed order: a board whose stored settings differ must be rebuilt or renamed.
     pub fn shaping_settings(&self) -> [(&'static str, String); 6] {
@@ -259,5 +271,26 @@ mod tests {
         assert_eq!(b.forget_at(7), 8_500);
         b.dedup = Dedup::AfterSlice(1_000_000);
         assert_eq!(b.forget_at(7), 11_000);
+    }
+
+    #[test]
+    fn forgettable_through_is_the_last_slice_due() {
+        let mut b = board(4_000, 1_000);
+        for dedup in [
+            Dedup::Window,
+            Dedup::AfterSlice(0),
+            Dedup::AfterSlice(500),
+            Dedup::AfterSlice(2_500),
+            Dedup::AfterSlice(1_000_000),
+        ] {
+            b.dedup = dedup;
+            for now in [
+                -3_001, -1, 0, 1, 999, 1_000, 8_499, 8_500, 10_999, 11_000, 12_345,
+            ] {
+                let n = b.forgettable_through(now);
+                assert!(b.forget_at(n) <= now, "{dedup:?} at {now}");
+                assert!(b.forget_at(n + 1) > now, "{dedup:?} at {now}");
+            }
+        }
     }
 }

@@ -91,9 +91,23 @@ impl InstanceKeys {
         self.key("meta")
     }
 
-    /// ZSet: idempotency key -> epoch ms from which it may be forgotten.
+    /// ZSet: raw idempotency key -> epoch ms from which it may be forgotten. The layout
+    /// before digests: still read while it exists, drained by the roll, never written.
     pub fn seen(&self) -> String {
         self.key("seen")
+    }
+
+    /// Hash: the digests of the idempotency keys remembered by the instance, each with its
+    /// slice, as a linear hash table (layout in `apply.lua`).
+    pub fn seen_table(&self) -> String {
+        self.key("seen:ids")
+    }
+
+    /// List: the forget log of slice `n`, one 4-byte entry per digest the slice added to
+    /// [`InstanceKeys::seen_table`] (the digest's bucket hash), drained by the roll when the
+    /// slice's ids may be forgotten.
+    pub fn seen_log(&self, n: i64) -> String {
+        format!("{}:seen:{}", self.base, n)
     }
 
     /// Hash: member -> number of live slices holding it (`allow_negative` boards).
@@ -106,7 +120,8 @@ impl InstanceKeys {
         self.key("totals")
     }
 
-    /// The fixed KEYS of `apply.lua`, in its order (the batch's slice keys follow them).
+    /// The fixed KEYS of `apply.lua`, in its order (the batch's slice keys and then their
+    /// forget logs follow them).
     pub fn apply_keys(&self) -> Vec<String> {
         vec![
             self.meta(),
@@ -116,6 +131,7 @@ impl InstanceKeys {
             self.seen(),
             self.refs(),
             self.totals(),
+            self.seen_table(),
         ]
     }
 
@@ -146,6 +162,8 @@ mod tests {
         assert_eq!(k.refs(), "rb:{rooms_7d}:refs");
         assert_eq!(k.totals(), "rb:{rooms_7d}:totals");
         assert_eq!(k.slice(490_000), "rb:{rooms_7d}:slice:490000");
+        assert_eq!(k.seen_table(), "rb:{rooms_7d}:seen:ids");
+        assert_eq!(k.seen_log(490_000), "rb:{rooms_7d}:seen:490000");
         assert_eq!(k.scratch("ab12", "result"), "rb:{rooms_7d}:tmp:ab12:result");
         assert_eq!(
             k.apply_keys(),
@@ -156,7 +174,8 @@ mod tests {
                 k.slices(),
                 k.seen(),
                 k.refs(),
-                k.totals()
+                k.totals(),
+                k.seen_table()
             ]
         );
     }

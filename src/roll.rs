@@ -17,6 +17,7 @@ use tracing::warn;
 use crate::board::{Board, Mode, MAX_TOTAL};
 use crate::store::{
     StageTargets, Staged, Store, StoreError, EXPIRE_CALL_FIELDS, STAGE_CALL_ROWS, TRIM_CALL_IDS,
+    TRIM_CALL_LOG,
 };
 
 /// Most times a gen-checked recomputation is retried while ingest keeps changing it.
@@ -233,19 +234,9 @@ pub async fn roll_instance(
     let (watermark, dead) = store.raise_watermark(board, scope, target, now).await?;
     report.expired_through = Some(watermark);
     for n in dead {
-        expire_slice(store, board, scope, n, chunk, cancel, report).await?;
+        expire_slice(store, board, scope, n, now, chunk, cancel, report).await?;
     }
-    let per_call = chunk.clamp(1, TRIM_CALL_IDS);
-    loop {
-        let forgotten = store.trim_seen(board, scope, now, per_call).await?;
-        report.ids_forgotten += forgotten;
-        if forgotten < per_call as u64 {
-            break;
-        }
-        if cancel.is_cancelled() {
-            return Err(RollError::Cancelled);
-        }
-    }
+    forget_seen(store, board, scope, now, chunk, cancel, report).await?;
     if board.mode == Mode::Resummarize {
         resummarize(store, board, scope, watermark, chunk).await?;
     }
@@ -259,11 +250,46 @@ pub async fn roll_instance(
     Ok(())
 }
 
+/// Forgets the idempotency keys of every registered slice whose ids may be forgotten at
+/// `now`, draining each slice's forget log in bounded calls, and the legacy raw ids that
+/// are due. (A dead slice's log is drained by [`expire_slice`] before it drops the slice.)
+async fn forget_seen(
+    store: &Store,
+    board: &Board,
+    scope: Option<&str>,
+    now: i64,
+    chunk: usize,
+    cancel: &CancellationToken,
+    report: &mut Report,
+) -> Result<(), RollError> {
+    let per_call = chunk.clamp(1, TRIM_CALL_IDS);
+    let mut due = store
+        .forgettable_slices(board, scope, now)
+        .await?
+        .into_iter();
+    let mut slice = due.next();
+    loop {
+        let trimmed = store.trim_seen(board, scope, slice, now, per_call).await?;
+        report.ids_forgotten += trimmed.legacy + trimmed.digests;
+        if trimmed.taken < TRIM_CALL_LOG as u64 {
+            slice = due.next();
+        }
+        if slice.is_none() && trimmed.legacy < per_call as u64 {
+            return Ok(());
+        }
+        if cancel.is_cancelled() {
+            return Err(RollError::Cancelled);
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
 async fn expire_slice(
     store: &Store,
     board: &Board,
     scope: Option<&str>,
     n: i64,
+    now: i64,
     chunk: usize,
     cancel: &CancellationToken,
     report: &mut Report,
@@ -295,6 +321,21 @@ async fn expire_slice(
                 break;
             }
             cursor = next;
+        }
+        // The slice's idempotency keys go before its registration: the forget log is
+        // found through the registry.
+        let per_call = chunk.clamp(1, TRIM_CALL_IDS);
+        loop {
+            let trimmed = store
+                .trim_seen(board, scope, Some(n), now, per_call)
+                .await?;
+            report.ids_forgotten += trimmed.legacy + trimmed.digests;
+            if trimmed.taken < TRIM_CALL_LOG as u64 {
+                break;
+            }
+            if cancel.is_cancelled() {
+                return Err(RollError::Cancelled);
+            }
         }
         if store.drop_slice(board, scope, n).await? {
             report.slices_expired += 1;

@@ -2,8 +2,13 @@
 -- idempotency key any more.
 --
 -- KEYS[1] slices  ZSet  registry of slice numbers (must be empty)
--- KEYS[2] seen    ZSet  idempotency keys (must be empty: the roll trims them when due)
--- KEYS[3..]       the instance's derived keys (result, members, ranked, refs, totals)
+-- KEYS[2] seen    ZSet  legacy raw idempotency keys (must be empty: the roll trims them)
+-- KEYS[3..]       the instance's derived keys (result, members, ranked, refs, totals, and
+--                 the digest table `seen:ids`)
+--
+-- The digest table holds nothing more once the registry is empty: apply.lua logs every
+-- digest it remembers in the forget log of a slice it registers in the same call, and the
+-- roll drains a slice's log before it drops the slice, so no log outlives its slice.
 --
 -- `meta` is kept: its watermark keeps judging late events for the instance, so a copy of
 -- an old event sent after the cleanup is still late, never counted again.

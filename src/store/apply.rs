@@ -43,13 +43,36 @@ pub struct ApplyEvent {
 /// --bench rollboard -- expiry`, its fill), so a call holds at most 32.
 pub const APPLY_CHUNK: usize = 32;
 
-/// The KEYS and ARGV of one `apply.lua` call (layout documented in the script).
+/// Domain separation of [`id_digest`]: BLAKE3 in key derivation mode with this context.
+pub const DIGEST_CONTEXT: &str = "rollboard 2026-11 idempotency key digest v1";
+
+/// The 16-byte digest under which an event id is remembered: the first 128 bits of its
+/// BLAKE3 hash (key derivation mode, [`DIGEST_CONTEXT`]). BLAKE3 is collision resistant
+/// without a secret, so for `n` ids remembered in one slice of one instance the chance
+/// that two distinct ids share a digest (the later would count as a duplicate) is at most
+/// n² / 2^129, n being the ids an instance remembers at once: about 1.5·10^-21 for 10^9.
+pub fn id_digest(id: &str) -> [u8; 16] {
+    let mut hasher = blake3::Hasher::new_derive_key(DIGEST_CONTEXT);
+    hasher.update(id.as_bytes());
+    let mut out = [0u8; 16];
+    hasher.finalize_xof().fill(&mut out);
+    out
+}
+
+/// How long an instance found holding a legacy `seen` ZSet has its apply calls carry the
+/// raw ids before the (cheap) check is trusted again.
+const LEGACY_MEMORY: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The KEYS and ARGV of one `apply.lua` call (layout documented in the script). With
+/// `raw_ids` the events' ids follow the events, for an instance that still holds the
+/// legacy `seen` ZSet.
 pub fn apply_call(
     board: &Board,
     k: &InstanceKeys,
     fingerprint: &str,
     events: &[ApplyEvent],
     now: i64,
+    raw_ids: bool,
 ) -> (Vec<String>, Vec<Value>) {
     let mut slices: Vec<i64> = Vec::new();
     let mut members: Vec<&str> = Vec::new();
@@ -72,8 +95,9 @@ pub fn apply_call(
     }
     let mut keys = k.apply_keys();
     keys.extend(slices.iter().map(|&n| k.slice(n)));
+    keys.extend(slices.iter().map(|&n| k.seen_log(n)));
     let mut args: Vec<Value> =
-        Vec::with_capacity(10 + 2 * slices.len() + members.len() + 5 * events.len());
+        Vec::with_capacity(11 + 2 * slices.len() + members.len() + 5 * events.len());
     args.extend([
         Value::from(now),
         Value::from(board.slices_in_window()),
@@ -85,6 +109,7 @@ pub fn apply_call(
         Value::from(slices.len() as i64),
         Value::from(members.len() as i64),
         Value::from(events.len() as i64),
+        Value::from(board.forgettable_through(now)),
     ]);
     for &n in &slices {
         args.extend([Value::from(n), Value::from(board.forget_at(n))]);
@@ -92,17 +117,38 @@ pub fn apply_call(
     args.extend(members.iter().map(|&m| Value::from(m)));
     for (e, (s, m)) in events.iter().zip(rows) {
         args.extend([
-            Value::from(e.id.as_str()),
+            Value::Bytes(id_digest(&e.id).to_vec().into()),
             Value::from(s as i64 + 1),
             Value::from(m as i64 + 1),
             Value::from(e.ts),
             Value::from(e.amount),
         ]);
     }
+    if raw_ids {
+        args.extend(events.iter().map(|e| Value::from(e.id.as_str())));
+    }
     (keys, args)
 }
 
 impl Store {
+    /// Whether apply calls to the instance whose legacy `seen` key is `seen` should carry
+    /// the raw ids (it held the legacy ZSet a moment ago).
+    fn holds_legacy_seen(&self, seen: &str) -> bool {
+        let Ok(known) = self.legacy.lock() else {
+            return false;
+        };
+        known
+            .get(seen)
+            .is_some_and(|at| at.elapsed() < LEGACY_MEMORY)
+    }
+
+    fn remember_legacy_seen(&self, seen: &str) {
+        if let Ok(mut known) = self.legacy.lock() {
+            known.retain(|_, at| at.elapsed() < LEGACY_MEMORY);
+            known.insert(seen.to_string(), std::time::Instant::now());
+        }
+    }
+
     /// Records scope values of a scoped board in its registry (score: newest slice seen).
     /// Runs before the apply so that no instance holding data is ever unregistered.
     pub async fn register_scopes(
@@ -225,10 +271,21 @@ impl Store {
         let k = self.instance(board, scope);
         let fingerprint = board.fingerprint();
         let mut out = Vec::with_capacity(events.len());
+        let mut raw_ids = self.holds_legacy_seen(&k.seen());
         for chunk in events.chunks(APPLY_CHUNK) {
-            let (keys, args) = apply_call(board, &k, &fingerprint, chunk, now);
-            let call = self.scripts.apply.evalsha_with_reload(client, keys, args);
-            let reply = self.timed(&self.scripts.apply, call).await?;
+            let reply = loop {
+                let (keys, args) = apply_call(board, &k, &fingerprint, chunk, now, raw_ids);
+                let call = self.scripts.apply.evalsha_with_reload(client, keys, args);
+                match self.timed(&self.scripts.apply, call).await {
+                    // The instance still holds raw ids of the layout before digests: the
+                    // call wrote nothing, and is repeated with the raw ids.
+                    Err(e) if !raw_ids && e.details().contains("ROLLBOARD legacy-seen") => {
+                        self.remember_legacy_seen(&k.seen());
+                        raw_ids = true;
+                    }
+                    reply => break reply?,
+                }
+            };
             let statuses = as_array(reply).ok_or_else(|| reply_err("apply: not an array"))?;
             if statuses.len() != chunk.len() {
                 return Err(reply_err("apply: one status per event expected"));

@@ -402,6 +402,7 @@ impl Store {
             metrics: None,
             durability: Durability::default(),
             replicas_auto: tokio::sync::OnceCell::new(),
+            legacy: Default::default(),
         })
     }
 

@@ -27,9 +27,24 @@ pub struct Expired {
 /// `schedule.chunk` fields into calls of at most this many.
 pub const EXPIRE_CALL_FIELDS: usize = 32;
 
-/// Most idempotency keys that one `trim_seen.lua` call forgets (same bound; `ZREM` from a
-/// 1M-member `seen` ZSet).
+/// Most legacy idempotency keys that one `trim_seen.lua` call forgets (same bound; `ZREM`
+/// from a 1M-member legacy `seen` ZSet).
 pub const TRIM_CALL_IDS: usize = 256;
+
+/// Most forget-log entries that one `trim_seen.lua` call takes: each addresses a bucket
+/// of about 16 entries of the digest table, rewritten once per call.
+pub const TRIM_CALL_LOG: usize = 256;
+
+/// What one `trim_seen.lua` call forgot.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Trimmed {
+    /// Raw ids removed from the legacy `seen` ZSet.
+    pub legacy: u64,
+    /// Forget-log entries taken (fewer than [`TRIM_CALL_LOG`]: the log is drained).
+    pub taken: u64,
+    /// Digests removed from the digest table.
+    pub digests: u64,
+}
 
 impl Store {
     /// Raises the board's own watermark (see
@@ -193,25 +208,68 @@ impl Store {
         Ok(as_i64(&v) == Some(1))
     }
 
-    /// Forgets up to `chunk` idempotency keys due at `now` (callers keep `chunk` at or
-    /// below [`TRIM_CALL_IDS`]); returns how many.
-    pub async fn trim_seen(
+    /// The registered slices whose idempotency keys may be forgotten at `now`
+    /// ([`Board::forget_at`]), oldest first: with `dedup_window = "window"` only dead
+    /// slices, with a shorter window live ones too.
+    pub async fn forgettable_slices(
         &self,
         board: &Board,
         scope: Option<&str>,
         now: i64,
-        chunk: usize,
-    ) -> Result<u64, StoreError> {
+    ) -> Result<Vec<i64>, StoreError> {
         let k = self.instance(board, scope);
-        let v = self
-            .eval(
-                &self.scripts.trim_seen,
-                vec![k.seen()],
-                vec![now.into(), (chunk as i64).into()],
-            )
+        let through = board.forgettable_through(now);
+        let found: Vec<String> = self
+            .client()
+            .zrangebyscore(k.slices(), "-inf", through, false, None)
             .await?;
-        as_i64(&v)
-            .map(|n| n as u64)
-            .ok_or_else(|| reply_err("trim_seen: not a number"))
+        found
+            .iter()
+            .map(|n| {
+                n.parse()
+                    .map_err(|_| reply_err(format!("slice registry holds {n:?}")))
+            })
+            .collect()
+    }
+
+    /// One bounded step of forgetting: takes up to [`TRIM_CALL_LOG`] entries of the forget
+    /// log of `slice` (one whose ids may be forgotten at `now`) and removes that slice's
+    /// digests from the table, and forgets up to `chunk` legacy raw ids due at `now`
+    /// (callers keep `chunk` at or below [`TRIM_CALL_IDS`]).
+    pub async fn trim_seen(
+        &self,
+        board: &Board,
+        scope: Option<&str>,
+        slice: Option<i64>,
+        now: i64,
+        chunk: usize,
+    ) -> Result<Trimmed, StoreError> {
+        let k = self.instance(board, scope);
+        let log = slice.map_or_else(|| k.seen_log(0), |n| k.seen_log(n));
+        let v = as_array(
+            self.eval(
+                &self.scripts.trim_seen,
+                vec![k.seen(), k.seen_table(), log],
+                vec![
+                    now.into(),
+                    (chunk as i64).into(),
+                    slice.map_or(Value::from(""), Value::from),
+                    (TRIM_CALL_LOG as i64).into(),
+                ],
+            )
+            .await?,
+        )
+        .ok_or_else(|| reply_err("trim_seen: not an array"))?;
+        let field = |i: usize| {
+            v.get(i)
+                .and_then(as_i64)
+                .map(|n| n.max(0) as u64)
+                .ok_or_else(|| reply_err("trim_seen: missing count"))
+        };
+        Ok(Trimmed {
+            legacy: field(0)?,
+            taken: field(1)?,
+            digests: field(2)?,
+        })
     }
 }

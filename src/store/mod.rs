@@ -27,11 +27,11 @@ mod query;
 mod replicas;
 mod stage;
 
-pub use apply::{apply_call, ApplyEvent, Outcome, APPLY_CHUNK};
+pub use apply::{apply_call, id_digest, ApplyEvent, Outcome, APPLY_CHUNK, DIGEST_CONTEXT};
 pub use connect::{
     script_commands, tls_client_config, Conflict, Conflicts, Denied, Reconnect, Refused, TlsError,
 };
-pub use expire::{Expired, EXPIRE_CALL_FIELDS, TRIM_CALL_IDS};
+pub use expire::{Expired, Trimmed, EXPIRE_CALL_FIELDS, TRIM_CALL_IDS, TRIM_CALL_LOG};
 pub use replicas::{Durability, NOREPLICAS};
 pub use stage::{StageTargets, Staged, STAGE_CALL_ROWS};
 
@@ -127,6 +127,9 @@ pub struct Store {
     durability: Durability,
     /// The replica count decided from the topology when `durability` leaves it open.
     replicas_auto: tokio::sync::OnceCell<u32>,
+    /// Instances (by legacy `seen` key) found holding the raw-id ZSet of the layout before
+    /// digests, and when: their apply calls carry the raw ids for a while.
+    legacy: std::sync::Mutex<std::collections::HashMap<String, Instant>>,
 }
 
 struct Scripts {

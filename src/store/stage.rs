@@ -232,6 +232,7 @@ impl Store {
             k.slices(),
             k.seen(),
             k.result(),
+            k.seen_table(),
             k.members(),
             k.ranked(),
             k.refs(),

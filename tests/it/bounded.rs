@@ -10,7 +10,7 @@ use rollboard::store::{ApplyEvent, Store, STAGE_CALL_ROWS, TRIM_CALL_IDS};
 use tokio_util::sync::CancellationToken;
 
 use crate::model::{assert_matches, Instance};
-use crate::util::{board, ev, RedisServer};
+use crate::util::{board, ev, seen_logs, seen_table, RedisServer};
 
 const HOUR: i64 = 3_600_000;
 const T0: i64 = 1_763_700_000_000 / HOUR * HOUR;
@@ -229,7 +229,11 @@ async fn large_instances_are_staged_trimmed_and_swapped_in_bounded_calls() {
         model.roll(&b, gone);
         assert_matches(&store, &b, None, &model, gone).await;
         assert_verified(&store, &b).await;
-        let seen = format!("rb:{{{}}}:seen", b.name);
-        assert_eq!(redis.cli(&["ZCARD", &seen]).trim(), "0", "{b}");
+        assert_eq!(seen_table(&store, &b, None).await, vec![], "{b}");
+        assert_eq!(
+            seen_logs(&store, &b, None).await,
+            Vec::<String>::new(),
+            "{b}"
+        );
     }
 }

@@ -9,7 +9,7 @@ use rollboard::board::{Board, Mode, TieBreak, MAX_TOTAL};
 use rollboard::store::{ApplyEvent, Outcome, Store};
 
 use crate::model::{assert_matches, Instance};
-use crate::util::{board, ev, RedisServer};
+use crate::util::{board, ev, remembers, RedisServer};
 
 const HOUR: i64 = 3_600_000;
 const NOW: i64 = 1_763_700_000_000;
@@ -59,7 +59,8 @@ async fn totals_are_exact_and_readable_with_plain_zrevrange() {
         store.rank(&b, None, "room7", NOW).await.unwrap().total,
         Some(MAX_TOTAL)
     );
-    assert_eq!(redis.cli(&["ZSCORE", "rb:{rooms}:seen", "4"]).trim(), "");
+    assert!(!remembers(&store, &b, None, "4", (NOW + 3) / HOUR).await);
+    assert!(remembers(&store, &b, None, "3", (NOW + 2) / HOUR).await);
     assert_eq!(
         redis
             .cli(&[

@@ -79,7 +79,7 @@ async fn restore_key(store: &Store, key: &str) {
 /// The keys a call of `apply.lua` for `events` reads or writes on this board.
 fn apply_keys(store: &Store, board: &Board, events: &[ApplyEvent]) -> Vec<String> {
     let k = store.instance(board, None);
-    let mut keys = vec![k.meta(), k.members(), k.slices(), k.seen()];
+    let mut keys = vec![k.meta(), k.members(), k.slices(), k.seen(), k.seen_table()];
     match board.mode {
         Mode::Incremental => keys.push(k.result()),
         Mode::Resummarize => keys.push(k.totals()),
@@ -90,7 +90,8 @@ fn apply_keys(store: &Store, board: &Board, events: &[ApplyEvent]) -> Vec<String
     let mut slices: Vec<i64> = events.iter().map(|e| board.slice_of(e.ts)).collect();
     slices.sort();
     slices.dedup();
-    keys.extend(slices.into_iter().map(|n| k.slice(n)));
+    keys.extend(slices.iter().map(|&n| k.slice(n)));
+    keys.extend(slices.iter().map(|&n| k.seen_log(n)));
     keys
 }
 

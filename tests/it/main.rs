@@ -17,4 +17,5 @@ mod prometheus;
 mod proxy;
 mod roll;
 mod security;
+mod seen;
 mod util;

@@ -527,3 +527,90 @@ pub async fn drained_streams(store: &Store, streams: &[String]) -> bool {
     })
     .await
 }
+
+/// One entry of an instance's digest table: the id's digest and its slice (mod 2^32).
+pub type SeenEntry = ([u8; 16], u32);
+
+/// Reads the digest table of an instance (the linear hash described in `apply.lua`) and
+/// checks its invariants: the state fields, every bucket named by an address below
+/// 2^L + p holding whole 20-byte entries whose digests all address that bucket, and `#n`
+/// equal to the entries held. Returns every entry.
+pub async fn seen_table(store: &Store, board: &Board, scope: Option<&str>) -> Vec<SeenEntry> {
+    use fred::prelude::*;
+    let key = store.instance(board, scope).seen_table();
+    let fields: std::collections::HashMap<String, Vec<u8>> =
+        store.client().hgetall(&key).await.expect("hgetall");
+    if fields.is_empty() {
+        return Vec::new();
+    }
+    let number = |f: &str| -> u64 {
+        let v = fields.get(f).unwrap_or_else(|| panic!("{key} has no {f}"));
+        std::str::from_utf8(v).unwrap().parse().unwrap()
+    };
+    let (level, split, held) = (number("#L"), number("#p"), number("#n"));
+    assert!(split < 1 << level, "{key}: #p {split} with #L {level}");
+    let mut out = Vec::new();
+    for (field, value) in &fields {
+        if field.starts_with('#') {
+            continue;
+        }
+        let a: u64 = field
+            .parse()
+            .unwrap_or_else(|_| panic!("{key}: field {field}"));
+        assert!(a < (1 << level) + split, "{key}: bucket {a} past the table");
+        assert!(!value.is_empty(), "{key}: empty bucket {a} kept");
+        assert_eq!(
+            value.len() % 20,
+            0,
+            "{key}: bucket {a} of {} bytes",
+            value.len()
+        );
+        for entry in value.chunks(20) {
+            let h = u64::from(u32::from_be_bytes(entry[..4].try_into().unwrap()));
+            let mut addr = h % (1 << level);
+            if addr < split {
+                addr = h % (1 << (level + 1));
+            }
+            assert_eq!(addr, a, "{key}: an entry of bucket {a} addresses {addr}");
+            out.push((
+                entry[..16].try_into().unwrap(),
+                u32::from_be_bytes(entry[16..].try_into().unwrap()),
+            ));
+        }
+    }
+    assert_eq!(out.len() as u64, held, "{key}: #n");
+    out
+}
+
+/// Whether the instance remembers `id` as applied in slice `n`.
+pub async fn remembers(
+    store: &Store,
+    board: &Board,
+    scope: Option<&str>,
+    id: &str,
+    n: i64,
+) -> bool {
+    let digest = rollboard::store::id_digest(id);
+    seen_table(store, board, scope)
+        .await
+        .contains(&(digest, n.rem_euclid(1 << 32) as u32))
+}
+
+/// The instance's forget-log keys (`seen:<n>`) that exist.
+pub async fn seen_logs(store: &Store, board: &Board, scope: Option<&str>) -> Vec<String> {
+    use fred::prelude::*;
+    use fred::types::{ClusterHash, CustomCommand};
+    let table = store.instance(board, scope).seen_table();
+    let pattern = format!("{}:*", table.trim_end_matches(":ids"));
+    let mut keys: Vec<String> = store
+        .client()
+        .custom(
+            CustomCommand::new_static("KEYS", ClusterHash::Random, false),
+            vec![pattern],
+        )
+        .await
+        .expect("keys");
+    keys.retain(|k| k != &table);
+    keys.sort();
+    keys
+}
