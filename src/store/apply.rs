@@ -1,6 +1,8 @@
 //! Applying events: the bounded `apply.lua` calls ([`APPLY_CHUNK`] events each) and the
 //! registry of a scoped board's scopes.
 
+use std::collections::{HashMap, HashSet};
+
 use fred::prelude::*;
 use fred::types::{ClusterHash, CustomCommand};
 
@@ -76,7 +78,7 @@ pub fn apply_call(
 ) -> (Vec<String>, Vec<Value>) {
     let mut slices: Vec<i64> = Vec::new();
     let mut members: Vec<&str> = Vec::new();
-    let mut member_index: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    let mut member_index: HashMap<&str, usize> = HashMap::new();
     let mut rows: Vec<(usize, usize)> = Vec::with_capacity(events.len());
     for e in events {
         let n = board.slice_of(e.ts);
@@ -128,6 +130,147 @@ pub fn apply_call(
         args.extend(events.iter().map(|e| Value::from(e.id.as_str())));
     }
     (keys, args)
+}
+
+/// The work budget of one `fold.lua` call: each event costs [`FOLD_EVENT_COST`], each
+/// (member, slice) group [`FOLD_GROUP_COST`]. On the reference machine a call costs about
+/// 100 µs, plus ~6.5 µs of Redis time per event (its digest checked and remembered) and
+/// ~8.5 µs per group (the slice field, the member's total and ranking entry); profiled
+/// with `INFO commandstats` around calls cut short at each phase. A budget of 300 keeps a
+/// call near 1 ms (60 events of distinct members, or 150 events of one member), half the
+/// 2 ms bound of DESIGN.md section 7, so that the tail stays under it
+/// (`cargo bench --bench rollboard -- table` reports the slow log).
+pub const FOLD_BUDGET: usize = 300;
+/// What one event costs of [`FOLD_BUDGET`].
+pub const FOLD_EVENT_COST: usize = 2;
+/// What one (member, slice) group costs of [`FOLD_BUDGET`].
+pub const FOLD_GROUP_COST: usize = 3;
+
+/// One `fold.lua` call: its KEYS and ARGV, and the slice index (0-based, in the call's
+/// slice table) of each of its events, for reading the reply.
+#[derive(Debug)]
+pub struct FoldCall {
+    /// KEYS, as [`apply_call`]'s.
+    pub keys: Vec<String>,
+    /// ARGV (layout documented in `fold.lua`).
+    pub args: Vec<Value>,
+    /// The slice index of each event, in the events' order.
+    pub slice_of: Vec<usize>,
+}
+
+/// How many events from the front of `events` one [`fold_call`] takes: as many as fit
+/// [`FOLD_BUDGET`], and no id twice (a repeat starts the next call, where the first
+/// occurrence is already remembered). At least one.
+pub fn fold_chunk_len(board: &Board, events: &[ApplyEvent]) -> usize {
+    let mut ids: HashSet<&str> = HashSet::new();
+    let mut groups: HashSet<(&str, i64)> = HashSet::new();
+    let mut cost = 0;
+    for (i, e) in events.iter().enumerate() {
+        cost += FOLD_EVENT_COST;
+        if groups.insert((e.member.as_str(), board.slice_of(e.ts))) {
+            cost += FOLD_GROUP_COST;
+        }
+        if (i > 0 && cost > FOLD_BUDGET) || !ids.insert(e.id.as_str()) {
+            return i;
+        }
+    }
+    events.len()
+}
+
+/// The `fold.lua` call for `events` (see [`fold_chunk_len`] for what one call may hold):
+/// the events' amounts summed per (member, slice) here, their digests sent one per event.
+pub fn fold_call(
+    board: &Board,
+    k: &InstanceKeys,
+    fingerprint: &str,
+    events: &[ApplyEvent],
+    now: i64,
+) -> FoldCall {
+    let mut slices: Vec<i64> = Vec::new();
+    let mut slice_index: HashMap<i64, usize> = HashMap::new();
+    let mut members: Vec<&str> = Vec::new();
+    let mut member_index: HashMap<&str, usize> = HashMap::new();
+    // (member, slice) -> group: sum, sum of absolute values, newest time.
+    let mut groups: Vec<(usize, usize, i64, i64, i64)> = Vec::new();
+    let mut group_index: HashMap<(usize, usize), usize> = HashMap::new();
+    let mut slice_of = Vec::with_capacity(events.len());
+    for e in events {
+        let n = board.slice_of(e.ts);
+        let s = *slice_index.entry(n).or_insert_with(|| {
+            slices.push(n);
+            slices.len() - 1
+        });
+        let m = *member_index.entry(e.member.as_str()).or_insert_with(|| {
+            members.push(e.member.as_str());
+            members.len() - 1
+        });
+        let g = *group_index.entry((m, s)).or_insert_with(|| {
+            groups.push((m, s, 0, 0, e.ts));
+            groups.len() - 1
+        });
+        let group = &mut groups[g];
+        group.2 = group.2.saturating_add(e.amount);
+        group.3 = group.3.saturating_add(e.amount.saturating_abs());
+        group.4 = group.4.max(e.ts);
+        slice_of.push(s);
+    }
+    let mut counts = vec![0usize; slices.len()];
+    for &s in &slice_of {
+        counts[s] += 1;
+    }
+    // The digests grouped by slice, in the slice table's order.
+    let mut blob = vec![0u8; 16 * events.len()];
+    let mut offset = Vec::with_capacity(slices.len());
+    let mut at = 0;
+    for &c in &counts {
+        offset.push(at);
+        at += 16 * c;
+    }
+    for (e, &s) in events.iter().zip(&slice_of) {
+        blob[offset[s]..offset[s] + 16].copy_from_slice(&id_digest(&e.id));
+        offset[s] += 16;
+    }
+    let mut keys = k.apply_keys();
+    keys.extend(slices.iter().map(|&n| k.slice(n)));
+    keys.extend(slices.iter().map(|&n| k.seen_log(n)));
+    let mut args: Vec<Value> =
+        Vec::with_capacity(12 + 3 * slices.len() + members.len() + 5 * groups.len());
+    args.extend([
+        Value::from(now),
+        Value::from(board.slices_in_window()),
+        Value::from(board.slice_ms),
+        Value::from(mode_flag(board)),
+        Value::from(tie_flag(board)),
+        Value::from(negative_flag(board)),
+        Value::from(fingerprint),
+        Value::from(slices.len() as i64),
+        Value::from(members.len() as i64),
+        Value::from(groups.len() as i64),
+        Value::from(board.forgettable_through(now)),
+        Value::Bytes(blob.into()),
+    ]);
+    for (&n, &c) in slices.iter().zip(&counts) {
+        args.extend([
+            Value::from(n),
+            Value::from(board.forget_at(n)),
+            Value::from(c as i64),
+        ]);
+    }
+    args.extend(members.iter().map(|&m| Value::from(m)));
+    for (m, s, sum, abs, newest) in groups {
+        args.extend([
+            Value::from(m as i64 + 1),
+            Value::from(s as i64 + 1),
+            Value::from(sum),
+            Value::from(abs),
+            Value::from(newest),
+        ]);
+    }
+    FoldCall {
+        keys,
+        args,
+        slice_of,
+    }
 }
 
 impl Store {
@@ -272,34 +415,122 @@ impl Store {
         let fingerprint = board.fingerprint();
         let mut out = Vec::with_capacity(events.len());
         let mut raw_ids = self.holds_legacy_seen(&k.seen());
-        for chunk in events.chunks(APPLY_CHUNK) {
-            let reply = loop {
-                let (keys, args) = apply_call(board, &k, &fingerprint, chunk, now, raw_ids);
-                let call = self.scripts.apply.evalsha_with_reload(client, keys, args);
-                match self.timed(&self.scripts.apply, call).await {
-                    // The instance still holds raw ids of the layout before digests: the
-                    // call wrote nothing, and is repeated with the raw ids.
-                    Err(e) if !raw_ids && e.details().contains("ROLLBOARD legacy-seen") => {
-                        self.remember_legacy_seen(&k.seen());
-                        raw_ids = true;
+        let mut rest = events;
+        while !rest.is_empty() {
+            if raw_ids {
+                // An instance still holding raw ids: event by event, as the layout requires.
+                let n = rest.len().min(APPLY_CHUNK);
+                self.apply_exact(
+                    client,
+                    board,
+                    &k,
+                    &fingerprint,
+                    &rest[..n],
+                    now,
+                    &mut raw_ids,
+                    &mut out,
+                )
+                .await?;
+                rest = &rest[n..];
+                continue;
+            }
+            let n = fold_chunk_len(board, rest);
+            let chunk = &rest[..n];
+            let call = fold_call(board, &k, &fingerprint, chunk, now);
+            let reply = self
+                .timed(
+                    &self.scripts.fold,
+                    self.scripts
+                        .fold
+                        .evalsha_with_reload(client, call.keys, call.args),
+                )
+                .await?;
+            let reply = as_array(reply).ok_or_else(|| reply_err("fold: not an array"))?;
+            let mut late = vec![false; chunk.len()];
+            let mut codes = reply.iter().map(as_i64);
+            let kind = codes.next().flatten();
+            for s in codes {
+                match s {
+                    Some(s) if s >= 1 => {
+                        for (l, &of) in late.iter_mut().zip(&call.slice_of) {
+                            *l |= of as i64 == s - 1;
+                        }
                     }
-                    reply => break reply?,
+                    _ => return Err(reply_err(format!("fold: bad late slice {s:?}"))),
                 }
+            }
+            let counted = match kind {
+                Some(0) => Outcome::Applied,
+                Some(1) => Outcome::Duplicate,
+                // Judged event by event instead: nothing was written.
+                Some(2) => {
+                    for part in chunk.chunks(APPLY_CHUNK) {
+                        self.apply_exact(
+                            client,
+                            board,
+                            &k,
+                            &fingerprint,
+                            part,
+                            now,
+                            &mut raw_ids,
+                            &mut out,
+                        )
+                        .await?;
+                    }
+                    rest = &rest[n..];
+                    continue;
+                }
+                other => return Err(reply_err(format!("fold: unknown outcome {other:?}"))),
             };
-            let statuses = as_array(reply).ok_or_else(|| reply_err("apply: not an array"))?;
-            if statuses.len() != chunk.len() {
-                return Err(reply_err("apply: one status per event expected"));
-            }
-            for v in &statuses {
-                out.push(match as_i64(v) {
-                    Some(0) => Outcome::Applied,
-                    Some(1) => Outcome::Duplicate,
-                    Some(2) => Outcome::Late,
-                    Some(3) => Outcome::Overflow,
-                    _ => return Err(reply_err(format!("apply: unknown status {v:?}"))),
-                });
-            }
+            out.extend(
+                late.iter()
+                    .map(|&l| if l { Outcome::Late } else { counted }),
+            );
+            rest = &rest[n..];
         }
         Ok(out)
+    }
+
+    /// One `apply.lua` call of at most [`APPLY_CHUNK`] events, judged one by one; the
+    /// outcomes are appended to `out`.
+    #[allow(clippy::too_many_arguments)]
+    async fn apply_exact(
+        &self,
+        client: &Client,
+        board: &Board,
+        k: &InstanceKeys,
+        fingerprint: &str,
+        chunk: &[ApplyEvent],
+        now: i64,
+        raw_ids: &mut bool,
+        out: &mut Vec<Outcome>,
+    ) -> Result<(), StoreError> {
+        let reply = loop {
+            let (keys, args) = apply_call(board, k, fingerprint, chunk, now, *raw_ids);
+            let call = self.scripts.apply.evalsha_with_reload(client, keys, args);
+            match self.timed(&self.scripts.apply, call).await {
+                // The instance still holds raw ids of the layout before digests: the
+                // call wrote nothing, and is repeated with the raw ids.
+                Err(e) if !*raw_ids && e.details().contains("ROLLBOARD legacy-seen") => {
+                    self.remember_legacy_seen(&k.seen());
+                    *raw_ids = true;
+                }
+                reply => break reply?,
+            }
+        };
+        let statuses = as_array(reply).ok_or_else(|| reply_err("apply: not an array"))?;
+        if statuses.len() != chunk.len() {
+            return Err(reply_err("apply: one status per event expected"));
+        }
+        for v in &statuses {
+            out.push(match as_i64(v) {
+                Some(0) => Outcome::Applied,
+                Some(1) => Outcome::Duplicate,
+                Some(2) => Outcome::Late,
+                Some(3) => Outcome::Overflow,
+                _ => return Err(reply_err(format!("apply: unknown status {v:?}"))),
+            });
+        }
+        Ok(())
     }
 }

@@ -116,6 +116,7 @@ const LUA_SOURCES: &[(&str, &str)] = &[
     ("drop_slice.lua", include_str!("../lua/drop_slice.lua")),
     ("expire.lua", include_str!("../lua/expire.lua")),
     ("floor.lua", include_str!("../lua/floor.lua")),
+    ("fold.lua", include_str!("../lua/fold.lua")),
     ("query.lua", include_str!("../lua/query.lua")),
     ("stage.lua", include_str!("../lua/stage.lua")),
     ("swap.lua", include_str!("../lua/swap.lua")),

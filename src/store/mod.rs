@@ -27,7 +27,10 @@ mod query;
 mod replicas;
 mod stage;
 
-pub use apply::{apply_call, id_digest, ApplyEvent, Outcome, APPLY_CHUNK, DIGEST_CONTEXT};
+pub use apply::{
+    apply_call, fold_call, fold_chunk_len, id_digest, ApplyEvent, FoldCall, Outcome, APPLY_CHUNK,
+    DIGEST_CONTEXT, FOLD_BUDGET, FOLD_EVENT_COST, FOLD_GROUP_COST,
+};
 pub use connect::{
     script_commands, tls_client_config, Conflict, Conflicts, Denied, Reconnect, Refused, TlsError,
 };
@@ -134,6 +137,7 @@ pub struct Store {
 
 struct Scripts {
     apply: Script,
+    fold: Script,
     watermark: Script,
     expire: Script,
     drop_slice: Script,
@@ -149,6 +153,7 @@ impl Scripts {
     fn new() -> Self {
         Scripts {
             apply: Script::from_lua(include_str!("../lua/apply.lua")),
+            fold: Script::from_lua(include_str!("../lua/fold.lua")),
             watermark: Script::from_lua(include_str!("../lua/watermark.lua")),
             expire: Script::from_lua(include_str!("../lua/expire.lua")),
             drop_slice: Script::from_lua(include_str!("../lua/drop_slice.lua")),
@@ -165,6 +170,7 @@ impl Scripts {
     fn name(&self, script: &Script) -> &'static str {
         let named = [
             (&self.apply, "apply"),
+            (&self.fold, "fold"),
             (&self.watermark, "watermark"),
             (&self.expire, "expire"),
             (&self.drop_slice, "drop_slice"),
@@ -181,8 +187,9 @@ impl Scripts {
             .map_or("other", |(_, name)| name)
     }
 
-    fn all(&self) -> [&Script; 10] {
+    fn all(&self) -> [&Script; 11] {
         [
+            &self.fold,
             &self.floor,
             &self.stage,
             &self.swap,
@@ -198,8 +205,9 @@ impl Scripts {
 }
 
 /// The `script` label values of `rollboard_script_duration_seconds`: one per Lua script.
-pub const SCRIPT_NAMES: [&str; 10] = [
+pub const SCRIPT_NAMES: [&str; 11] = [
     "apply",
+    "fold",
     "watermark",
     "expire",
     "drop_slice",

@@ -8,6 +8,7 @@ mod cluster;
 mod daemon;
 mod engine;
 mod faults;
+mod fold;
 mod holes;
 mod http_edges;
 mod intake;

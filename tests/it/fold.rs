@@ -1,0 +1,256 @@
+//! The pre-aggregated fast path (`fold.lua`, taken by `Store::apply`) against the event by
+//! event script (`apply.lua`): for any sequence of batches — repeated ids within and across
+//! calls, late events, refunds, totals driven past 2^53 - 1, every board shape — both give
+//! the same outcomes and leave the same data, down to the idempotency entries.
+
+use std::collections::BTreeMap;
+
+use fred::prelude::*;
+use proptest::prelude::*;
+use rollboard::board::{Board, MAX_TOTAL};
+use rollboard::store::{apply_call, ApplyEvent, Outcome, Store, APPLY_CHUNK};
+
+use crate::util::{ev, seen_logs, seen_table, variants, RedisServer};
+
+const SLICE: i64 = 1_000;
+const N: i64 = 4;
+const NOW: i64 = 1_000_000;
+const APPLY_LUA: &str = include_str!("../../src/lua/apply.lua");
+
+/// The same board under another name: its instance has other keys, the same settings.
+fn twin(board: &Board) -> Board {
+    let mut b = board.clone();
+    b.name = format!("{}-exact", board.name);
+    b
+}
+
+/// Applies `events` with `apply.lua` alone, in calls of [`APPLY_CHUNK`] events.
+async fn apply_exact(
+    store: &Store,
+    board: &Board,
+    events: &[ApplyEvent],
+    now: i64,
+) -> Vec<Outcome> {
+    let k = store.instance(board, None);
+    let mut out = Vec::new();
+    for chunk in events.chunks(APPLY_CHUNK) {
+        let (keys, args) = apply_call(board, &k, &board.fingerprint(), chunk, now, false);
+        let reply: Vec<i64> = store
+            .client()
+            .eval(APPLY_LUA, keys, args)
+            .await
+            .expect("apply.lua");
+        out.extend(reply.into_iter().map(|s| match s {
+            0 => Outcome::Applied,
+            1 => Outcome::Duplicate,
+            2 => Outcome::Late,
+            3 => Outcome::Overflow,
+            other => panic!("status {other}"),
+        }));
+    }
+    out
+}
+
+/// What an instance holds, its key names left out: every Hash, ZSet and List by suffix.
+async fn contents(store: &Store, board: &Board) -> BTreeMap<String, Vec<String>> {
+    let k = store.instance(board, None);
+    let c = store.client();
+    let mut out = BTreeMap::new();
+    let zset = |v: Vec<(String, f64)>| v.into_iter().map(|(m, s)| format!("{m}={s}")).collect();
+    let hash =
+        |v: BTreeMap<String, String>| v.into_iter().map(|(f, x)| format!("{f}={x}")).collect();
+    let result: Vec<(String, f64)> = c
+        .zrange(k.result(), 0, -1, None, false, None, true)
+        .await
+        .expect("result");
+    out.insert("result".to_string(), zset(result));
+    let slices: Vec<(String, f64)> = c
+        .zrange(k.slices(), 0, -1, None, false, None, true)
+        .await
+        .expect("slices");
+    for (n, _) in &slices {
+        let n: i64 = n.parse().expect("slice number");
+        let fields: BTreeMap<String, String> = c.hgetall(k.slice(n)).await.expect("slice");
+        out.insert(format!("slice:{n}"), hash(fields));
+    }
+    out.insert("slices".to_string(), zset(slices));
+    for (name, key) in [
+        ("members", k.members()),
+        ("totals", k.totals()),
+        ("refs", k.refs()),
+    ] {
+        let fields: BTreeMap<String, String> = c.hgetall(key).await.expect("hash");
+        out.insert(name.to_string(), hash(fields));
+    }
+    let mut entries: Vec<String> = seen_table(store, board, None)
+        .await
+        .into_iter()
+        .map(|e| format!("{e:?}"))
+        .collect();
+    entries.sort();
+    out.insert("seen".to_string(), entries);
+    for key in seen_logs(store, board, None).await {
+        let n = key.rsplit(':').next().expect("slice").to_string();
+        let entries: Vec<Vec<u8>> = c.lrange(&key, 0, -1).await.expect("log");
+        let mut entries: Vec<String> = entries.iter().map(|e| format!("{e:02x?}")).collect();
+        entries.sort();
+        out.insert(format!("seen log {n}"), entries);
+    }
+    out
+}
+
+type Batch = (Vec<ApplyEvent>, i64);
+
+fn batches() -> impl Strategy<Value = (usize, Vec<Batch>)> {
+    let amount = prop_oneof![20 => 1i64..9, 4 => -6i64..0, 1 => Just(MAX_TOTAL / 2 + 1)];
+    // Ids from a small range repeat within and across calls; slices from late to live.
+    let event = (0u32..400, -6_000i64..900, 0usize..40, amount);
+    let batch = (prop::collection::vec(event, 1..300), 0i64..2_500);
+    (0usize..4, prop::collection::vec(batch, 1..5)).prop_map(|(shape, raw)| {
+        let negative = variants(SLICE, N)[shape].allow_negative;
+        let mut now = NOW;
+        let batches = raw
+            .into_iter()
+            .map(|(events, advance)| {
+                now += advance;
+                let events = events
+                    .into_iter()
+                    .map(|(id, offset, member, amount)| {
+                        let amount = if negative { amount } else { amount.abs() };
+                        ev(
+                            &format!("id{id}"),
+                            now + offset,
+                            &format!("m{member}"),
+                            amount,
+                        )
+                    })
+                    .collect();
+                (events, now)
+            })
+            .collect();
+        (shape, batches)
+    })
+}
+
+#[test]
+fn the_fast_path_agrees_with_the_event_by_event_script() {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let redis = RedisServer::start();
+    let store = rt.block_on(redis.store("rb"));
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: 48,
+        ..ProptestConfig::default()
+    });
+    runner
+        .run(&batches(), |(shape, batches)| {
+            rt.block_on(async {
+                let _: () = store.client().flushall(false).await.expect("flushall");
+                let board = variants(SLICE, N)[shape].clone();
+                let exact = twin(&board);
+                for (events, now) in &batches {
+                    let fast = store
+                        .apply(&board, None, events, *now)
+                        .await
+                        .expect("apply");
+                    let slow = apply_exact(&store, &exact, events, *now).await;
+                    if let Some(i) = (0..events.len()).find(|&i| fast[i] != slow[i]) {
+                        panic!(
+                            "{}: event {i} {:?} at {now}: fast path {:?}, apply.lua {:?}",
+                            board.name, events[i], fast[i], slow[i]
+                        );
+                    }
+                }
+                let (a, b) = (
+                    contents(&store, &board).await,
+                    contents(&store, &exact).await,
+                );
+                for (part, values) in &a {
+                    assert_eq!(Some(values), b.get(part), "{}: {part}", board.name);
+                }
+                assert_eq!(a.len(), b.len());
+            });
+            Ok(())
+        })
+        .expect("fold.lua and apply.lua agree");
+}
+
+/// A redelivered batch (every event a duplicate) is answered without a write, and a batch
+/// mixing new and seen ids is judged event by event: both exact.
+#[test]
+fn redelivery_and_mixed_batches_count_once() {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let redis = RedisServer::start();
+    rt.block_on(async {
+        let store = redis.store("rb").await;
+        let board = variants(SLICE, N)[0].clone();
+        let events: Vec<ApplyEvent> = (0..500)
+            .map(|i| {
+                ev(
+                    &format!("t{i}"),
+                    NOW - (i % 3) * SLICE,
+                    &format!("m{}", i % 7),
+                    1 + i,
+                )
+            })
+            .collect();
+        let first = store
+            .apply(&board, None, &events, NOW)
+            .await
+            .expect("apply");
+        assert!(first.iter().all(|o| *o == Outcome::Applied));
+        let gen_before: i64 = store
+            .client()
+            .hget(store.instance(&board, None).meta(), "gen")
+            .await
+            .expect("gen");
+        let again = store
+            .apply(&board, None, &events, NOW)
+            .await
+            .expect("again");
+        assert!(again.iter().all(|o| *o == Outcome::Duplicate));
+        let gen_after: i64 = store
+            .client()
+            .hget(store.instance(&board, None).meta(), "gen")
+            .await
+            .expect("gen");
+        assert_eq!(gen_before, gen_after, "a redelivery writes nothing");
+        // Every other event new: applied exactly once.
+        let mixed: Vec<ApplyEvent> = (0..500)
+            .map(|i| {
+                if i % 2 == 0 {
+                    events[i as usize].clone()
+                } else {
+                    ev(&format!("n{i}"), NOW, "m0", 1)
+                }
+            })
+            .collect();
+        let got = store.apply(&board, None, &mixed, NOW).await.expect("mixed");
+        for (i, o) in got.iter().enumerate() {
+            let expected = if i % 2 == 0 {
+                Outcome::Duplicate
+            } else {
+                Outcome::Applied
+            };
+            assert_eq!(*o, expected, "event {i}");
+        }
+        let total: f64 = store
+            .client()
+            .zrange::<Vec<(String, f64)>, _, _, _>(
+                store.instance(&board, None).result(),
+                0,
+                -1,
+                None,
+                false,
+                None,
+                true,
+            )
+            .await
+            .expect("result")
+            .into_iter()
+            .filter(|(m, _)| m.ends_with(":m0"))
+            .map(|(_, s)| s)
+            .sum();
+        let expected: i64 = (0..500).filter(|i| i % 7 == 0).map(|i| 1 + i).sum::<i64>() + 250;
+        assert_eq!(total as i64, expected);
+    });
+}
