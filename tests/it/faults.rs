@@ -386,8 +386,8 @@ async fn roll_calls_cut_at_random_points_end_in_the_model_state() {
     total.check("roll calls cut (expire, stage, swap, drop_slice), 5 rounds");
 }
 
-/// Connections cut right after an apply call in the middle of a batch (a batch of 200 makes
-/// several calls of at most 32 events per instance), after an XACK, and after the stage and
+/// Connections cut right after an apply call in the middle of a batch (a batch of 600 makes
+/// several `fold.lua` calls per instance), after an XACK, and after the stage and
 /// swap calls of the resummarize job (every second), while the daemon ingests: nothing lost,
 /// nothing counted twice, and the daemon carries on by itself.
 #[tokio::test]
@@ -396,7 +396,7 @@ async fn cuts_mid_batch_mid_ack_and_mid_swap_lose_nothing_and_double_nothing() {
     let proxy = rig.proxy();
     let now = now_ms();
     let patterns: [(&str, Vec<u8>); 4] = [
-        ("apply", sha("apply")),
+        ("apply", sha("fold")),
         ("xack", b"XACK".to_vec()),
         ("stage", sha("stage")),
         ("swap", sha("swap")),
@@ -408,7 +408,7 @@ async fn cuts_mid_batch_mid_ack_and_mid_swap_lose_nothing_and_double_nothing() {
     for wave in 0..12 {
         let (name, pattern) = &patterns[wave % patterns.len()];
         let nth = match *name {
-            "apply" => dice.within(2, 12),
+            "apply" => dice.within(2, 4),
             _ => dice.within(1, 3),
         } as usize;
         proxy.cut_at(pattern, nth, 1);

@@ -279,7 +279,7 @@ async fn prometheus_scrapes_the_daemon_with_the_deploy_files() {
     // The apply and query histograms saw real traffic, not just their zeroes.
     for expr in [
         "sum(rollboard_events_applied_total) > 0",
-        "sum(rollboard_script_duration_seconds_count{script=\"apply\"}) > 0",
+        "sum(rollboard_script_duration_seconds_count{script=\"fold\"}) > 0",
         "sum(rollboard_http_request_duration_seconds_count{route=\"/v1/boards/{board}/top\"}) > 0",
     ] {
         assert!(
