@@ -29,7 +29,7 @@
 //!   are compared with the first one.
 //!
 //!   The same scenario also proves the call bound of DESIGN.md section 7 with the slow log:
-//!   the fill is measured (every `apply.lua` call, at most `APPLY_CHUNK` events) against a
+//!   the fill is measured (every apply call, `fold.lua` within `FOLD_BUDGET`) against a
 //!   tenth of the events applied unsplit (one call per 1000-event batch); at the first chunk
 //!   size a board in resummarize mode holding a COPY of the slice is resummarized twice (the
 //!   second run replaces a ranking of every member: `stage.lua` calls, `swap.lua`, then
@@ -64,7 +64,7 @@ use fred::types::{ClusterHash, CustomCommand};
 use rollboard::board::{Board, Dedup, Mode, TieBreak};
 use rollboard::roll::{self, Report};
 use rollboard::store::{
-    apply_call, ApplyEvent, Outcome, Reconnect, Store, APPLY_CHUNK, EXPIRE_CALL_FIELDS,
+    apply_call, ApplyEvent, Outcome, Reconnect, Store, EXPIRE_CALL_FIELDS, FOLD_BUDGET,
     STAGE_CALL_ROWS, TRIM_CALL_IDS,
 };
 use support::{invoked_by_cargo_bench, RedisServer};
@@ -109,8 +109,10 @@ if #done > 0 then redis.call('HDEL', KEYS[2], unpack(done)) end
 return #done
 "#;
 
-/// rollboard's scripts, to name the slow-log entries by SHA1.
-const SCRIPTS: [(&str, &str); 10] = [
+/// rollboard's scripts, to name the slow-log entries by SHA1 (both apply scripts count as
+/// `apply`).
+const SCRIPTS: [(&str, &str); 11] = [
+    ("apply", include_str!("../src/lua/fold.lua")),
     ("apply", include_str!("../src/lua/apply.lua")),
     ("watermark", include_str!("../src/lua/watermark.lua")),
     ("expire", include_str!("../src/lua/expire.lua")),
@@ -918,17 +920,20 @@ async fn expiry(
     let fill = async { apply_all(store, &filled, members, EXPIRY_BATCH).await };
     let (took, filled_log) = measure(client, slowlog_us, fill).await?;
     println!(
-        "fill: {members} events in batches of {EXPIRY_BATCH} with Store::apply (calls of at \
-         most {APPLY_CHUNK} events): {:.1} s, {:.0} events/s (each round rolls a COPY of this \
+        "fill: {members} events in batches of {EXPIRY_BATCH} with Store::apply (fold.lua calls \
+         of at most {FOLD_BUDGET} work units): {:.1} s, {:.0} events/s (each round rolls a COPY of this \
          instance)",
         took.as_secs_f64(),
         per_second(members, took)
     );
     let apply = by_script(&filled_log).remove("apply").unwrap_or_default();
-    println!("    {}", apply.line("apply.lua", members));
+    println!("    {}", apply.line("fold/apply.lua", members));
     let apply_base = apply_unsplit(store, members.div_ceil(10), slowlog_us).await?;
     let mut bounds = vec![(
-        format!("apply (calls of {APPLY_CHUNK} events vs one call per 1000-event batch)"),
+        format!(
+            "apply (fold.lua calls of at most {FOLD_BUDGET} units vs one apply.lua call per \
+             1000-event batch)"
+        ),
         apply,
         apply_base,
     )];

@@ -254,3 +254,66 @@ fn redelivery_and_mixed_batches_count_once() {
         assert_eq!(total as i64, expected);
     });
 }
+
+/// A consumer that dies after some of a batch's calls (any prefix of its events applied),
+/// then the batch redelivered whole: the same outcomes for the rest and the same data as a
+/// batch applied once. (Amounts stay small here: an event refused for overflow is not
+/// remembered, so a redelivery judges it again against the totals of that moment.)
+#[test]
+fn a_batch_cut_short_at_any_point_and_redelivered_counts_once() {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let redis = RedisServer::start();
+    let store = rt.block_on(redis.store("rb"));
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: 32,
+        ..ProptestConfig::default()
+    });
+    let cases = (batches(), any::<prop::sample::Index>());
+    runner
+        .run(&cases, |((shape, batches), cut)| {
+            rt.block_on(async {
+                let _: () = store.client().flushall(false).await.expect("flushall");
+                let board = variants(SLICE, N)[shape].clone();
+                let once = twin(&board);
+                for (events, now) in &batches {
+                    let events: &Vec<ApplyEvent> = &events
+                        .iter()
+                        .map(|e| ApplyEvent {
+                            amount: e.amount.clamp(-6, 9),
+                            ..e.clone()
+                        })
+                        .collect();
+                    let expected = store.apply(&once, None, events, *now).await.expect("once");
+                    let at = cut.index(events.len() + 1);
+                    let first = store
+                        .apply(&board, None, &events[..at], *now)
+                        .await
+                        .expect("prefix");
+                    assert_eq!(first, expected[..at], "{}: the prefix", board.name);
+                    let again = store
+                        .apply(&board, None, events, *now)
+                        .await
+                        .expect("again");
+                    for (i, (got, want)) in again.iter().zip(&expected).enumerate() {
+                        let want = if i < at && *want == Outcome::Applied {
+                            Outcome::Duplicate
+                        } else {
+                            *want
+                        };
+                        assert_eq!(
+                            *got, want,
+                            "{}: event {i} {:?} (cut at {at})",
+                            board.name, events[i]
+                        );
+                    }
+                }
+                let (a, b) = (
+                    contents(&store, &board).await,
+                    contents(&store, &once).await,
+                );
+                assert_eq!(a, b, "{}", board.name);
+            });
+            Ok(())
+        })
+        .expect("a redelivered batch counts once");
+}
