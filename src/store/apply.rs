@@ -135,16 +135,17 @@ pub fn apply_call(
 /// The work budget of one `fold.lua` call: each event costs [`FOLD_EVENT_COST`], each
 /// (member, slice) group [`FOLD_GROUP_COST`]. On the reference machine a call costs about
 /// 100 µs, plus ~6.5 µs of Redis time per event (its digest checked and remembered) and
-/// ~8.5 µs per group (the slice field, the member's total and ranking entry); profiled
-/// with `INFO commandstats` around calls cut short at each phase. A budget of 300 keeps a
-/// call near 1 ms (60 events of distinct members, or 150 events of one member), half the
-/// 2 ms bound of DESIGN.md section 7, so that the tail stays under it
-/// (`cargo bench --bench rollboard -- table` reports the slow log).
+/// ~9 µs per group on a 100 000-member instance, ~25 µs on a 1 000 000-member one (the
+/// slice field, the member's total and ranking entry: random reads of large structures);
+/// profiled with `INFO commandstats` around calls cut short at each phase. Calls of 60
+/// distinct members ran a p50 of 1.7 ms and a max of 4.3 ms on the 1M-member fill
+/// (`cargo bench --bench rollboard -- table`), so a group costs 10 units: at most 25
+/// distinct members (or 150 events of one member) per call, about 0.7 ms at the p50.
 pub const FOLD_BUDGET: usize = 300;
 /// What one event costs of [`FOLD_BUDGET`].
 pub const FOLD_EVENT_COST: usize = 2;
 /// What one (member, slice) group costs of [`FOLD_BUDGET`].
-pub const FOLD_GROUP_COST: usize = 3;
+pub const FOLD_GROUP_COST: usize = 10;
 
 /// One `fold.lua` call: its KEYS and ARGV, and the slice index (0-based, in the call's
 /// slice table) of each of its events, for reading the reply.
