@@ -248,7 +248,7 @@ impl Store {
             // it is judged against the board's watermark too, read after the registration:
             // a roll that raised it before that read is seen here; one that raised it after
             // lists the scope and rolls the instance itself.
-            let pipeline = client.pipeline();
+            let pipeline = fred::clients::Pipeline::from(self.once(client));
             let _: () = pipeline
                 .custom(
                     CustomCommand::new_static("ZADD", ClusterHash::FirstKey, false),
@@ -275,7 +275,7 @@ impl Store {
         for chunk in events.chunks(APPLY_CHUNK) {
             let reply = loop {
                 let (keys, args) = apply_call(board, &k, &fingerprint, chunk, now, raw_ids);
-                let call = self.scripts.apply.evalsha_with_reload(client, keys, args);
+                let call = self.evalsha_once(&self.scripts.apply, client, keys, args);
                 match self.timed(&self.scripts.apply, call).await {
                     // The instance still holds raw ids of the layout before digests: the
                     // call wrote nothing, and is repeated with the raw ids.
