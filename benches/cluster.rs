@@ -258,6 +258,31 @@ fn command_usec(port: u16) -> f64 {
         .sum()
 }
 
+/// Whether the master on `port` holds keys in `key`'s slot (only the slot's owner does).
+fn serves(port: u16, key: &str) -> bool {
+    let slot = cli(port, &["CLUSTER", "KEYSLOT", key]);
+    slot.trim().parse::<u16>().is_ok_and(|slot| {
+        cli(port, &["CLUSTER", "COUNTKEYSINSLOT", &slot.to_string()])
+            .trim()
+            .parse::<u64>()
+            .is_ok_and(|n| n > 0)
+    })
+}
+
+/// A process's user + sys CPU so far, in seconds (/proc/<pid>/stat, 100 ticks a second).
+fn process_cpu_seconds(pid: u32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let rest = stat.rsplit_once(')')?.1;
+            let fields: Vec<&str> = rest.split_whitespace().collect();
+            let utime: f64 = fields.get(11)?.parse().ok()?;
+            let stime: f64 = fields.get(12)?.parse().ok()?;
+            Some((utime + stime) / 100.0)
+        })
+        .unwrap_or(0.0)
+}
+
 /// The server's user + sys CPU so far, in seconds (INFO cpu).
 fn cpu_seconds(port: u16) -> f64 {
     cli(port, &["INFO", "cpu"])
@@ -321,6 +346,10 @@ struct Row {
     rate: f64,
     /// Per master: commandstats µs per event, CPU µs per event.
     masters: Vec<(f64, f64)>,
+    /// Which master serves the unscoped `rooms_7d` instance (index into `masters`).
+    rooms: Option<usize>,
+    /// Every daemon's user + sys CPU per event, µs.
+    daemon_cpu: f64,
 }
 
 async fn one_run(partitions: usize, daemons: usize, events: u64) -> Result<Row> {
@@ -404,6 +433,15 @@ async fn one_run(partitions: usize, daemons: usize, events: u64) -> Result<Row> 
             )
         })
         .collect();
+    let daemon_cpu = running
+        .iter()
+        .map(|d| process_cpu_seconds(d.0.id()))
+        .sum::<f64>()
+        * 1e6
+        / events as f64;
+    let rooms = masters
+        .iter()
+        .position(|&m| serves(m, "rb:{rooms_7d}:result"));
     drop(running);
     let _ = client.quit().await;
     Ok(Row {
@@ -412,12 +450,22 @@ async fn one_run(partitions: usize, daemons: usize, events: u64) -> Result<Row> 
         events,
         rate: events as f64 / elapsed,
         masters: per_master,
+        rooms,
+        daemon_cpu,
     })
 }
 
-fn list(values: impl Iterator<Item = f64>) -> String {
+/// The per-master figures, the master serving `rooms_7d` marked with `*`.
+fn list(values: impl Iterator<Item = f64>, rooms: Option<usize>) -> String {
     values
-        .map(|v| format!("{v:.1}"))
+        .enumerate()
+        .map(|(i, v)| {
+            if Some(i) == rooms {
+                format!("{v:.1}*")
+            } else {
+                format!("{v:.1}")
+            }
+        })
         .collect::<Vec<_>>()
         .join(" / ")
 }
@@ -428,33 +476,35 @@ async fn run(events: u64, quick: bool) -> Result<()> {
         let row = one_run(partitions, daemons, events).await?;
         println!(
             "{partitions} partition(s), {daemons} daemon(s): {events} events, {:.0} events/s; \
-             per master µs/event commandstats {}, cpu {}",
+             per master µs/event commandstats {}, cpu {} (* serves rooms_7d); daemons' cpu {:.1} µs/event",
             row.rate,
-            list(row.masters.iter().map(|m| m.0)),
-            list(row.masters.iter().map(|m| m.1)),
+            list(row.masters.iter().map(|m| m.0), row.rooms),
+            list(row.masters.iter().map(|m| m.1), row.rooms),
+            row.daemon_cpu,
         );
         rows.push(row);
     }
     println!(
         "\n`cargo bench --bench cluster{}` (3 masters + 3 replicas, `min_replicas_acked` 1, \
-         shipped boards):\n",
+         shipped boards; * marks the master serving the unscoped rooms_7d instance):\n",
         if quick { " -- --quick" } else { "" }
     );
     println!(
         "| partitions | daemons | events | events/s | Redis µs/event per master (commandstats) | \
-         Redis CPU µs/event per master | Redis CPU µs/event, all masters |"
+         Redis CPU µs/event per master | Redis CPU µs/event, all masters | daemons' CPU µs/event |"
     );
-    println!("|---:|---:|---:|---:|---|---|---:|");
+    println!("|---:|---:|---:|---:|---|---|---:|---:|");
     for r in &rows {
         println!(
-            "| {} | {} | {} | {:.0} | {} | {} | {:.1} |",
+            "| {} | {} | {} | {:.0} | {} | {} | {:.1} | {:.1} |",
             r.partitions,
             r.daemons,
             r.events,
             r.rate,
-            list(r.masters.iter().map(|m| m.0)),
-            list(r.masters.iter().map(|m| m.1)),
+            list(r.masters.iter().map(|m| m.0), r.rooms),
+            list(r.masters.iter().map(|m| m.1), r.rooms),
             r.masters.iter().map(|m| m.1).sum::<f64>(),
+            r.daemon_cpu,
         );
     }
     Ok(())
