@@ -85,9 +85,10 @@ impl StoreError {
 }
 
 /// Options of a command written at most once: never resent after a reconnect, never
-/// redirected. (`fail_fast` is left to the client's setting: on a single command, as
-/// opposed to a pipeline, fred 10.1 answers it with "Connection closed unexpectedly"
-/// without sending anything.)
+/// redirected. A command issued while the client is reconnecting waits for the new
+/// connection and is written there, once (`fail_fast` would fail it at once instead, also
+/// on a client still making its first connection, which callers that wait for a restarted
+/// Redis rely on); the confirmation adds `fail_fast` (see [`Store::confirm_writes`]).
 fn send_once() -> Options {
     Options {
         max_attempts: Some(1),
