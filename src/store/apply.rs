@@ -392,7 +392,7 @@ impl Store {
             // it is judged against the board's watermark too, read after the registration:
             // a roll that raised it before that read is seen here; one that raised it after
             // lists the scope and rolls the instance itself.
-            let pipeline = client.pipeline();
+            let pipeline = fred::clients::Pipeline::from(self.once(client));
             let _: () = pipeline
                 .custom(
                     CustomCommand::new_static("ZADD", ClusterHash::FirstKey, false),
@@ -441,9 +441,7 @@ impl Store {
             let reply = self
                 .timed(
                     &self.scripts.fold,
-                    self.scripts
-                        .fold
-                        .evalsha_with_reload(client, call.keys, call.args),
+                    self.evalsha_once(&self.scripts.fold, client, call.keys, call.args),
                 )
                 .await?;
             let reply = as_array(reply).ok_or_else(|| reply_err("fold: not an array"))?;
@@ -508,7 +506,7 @@ impl Store {
     ) -> Result<(), StoreError> {
         let reply = loop {
             let (keys, args) = apply_call(board, k, fingerprint, chunk, now, *raw_ids);
-            let call = self.scripts.apply.evalsha_with_reload(client, keys, args);
+            let call = self.evalsha_once(&self.scripts.apply, client, keys, args);
             match self.timed(&self.scripts.apply, call).await {
                 // The instance still holds raw ids of the layout before digests: the
                 // call wrote nothing, and is repeated with the raw ids.

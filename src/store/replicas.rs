@@ -11,12 +11,21 @@
 //! every earlier write of that master too. That pipeline is sent once, on a connection that
 //! is up: resent after a reconnect it may reach another master (the replica that took over
 //! from a dead one), which would confirm there writes the dead master took along.
+//!
+//! The writes being confirmed are sent once too ([`Store::once`], [`Store::evalsha_once`]):
+//! an apply call resent after a reconnect may land on the promoted replica after earlier
+//! calls of the same batch died with the old master, and the confirmation there (which only
+//! sees the new master's stream) would pass. A call cut short fails the batch instead, as
+//! an outage; the batch stays unacked and is applied again as a whole, on the new master,
+//! where the calls that had landed answer `Duplicate`.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use fred::clients::WithOptions;
 use fred::prelude::*;
 use fred::types::cluster::ClusterRouting;
+use fred::types::scripts::Script;
 use fred::types::{ClusterHash, CustomCommand};
 use futures_util::future::try_join_all;
 use tracing::info;
@@ -75,7 +84,56 @@ impl StoreError {
     }
 }
 
+/// Options of a command written at most once: never resent after a reconnect, never
+/// redirected. A command issued while the client is reconnecting waits for the new
+/// connection and is written there, once (`fail_fast` would fail it at once instead, also
+/// on a client still making its first connection, which callers that wait for a restarted
+/// Redis rely on); the confirmation adds `fail_fast` (see [`Store::confirm_writes`]).
+fn send_once() -> Options {
+    Options {
+        max_attempts: Some(1),
+        ..Options::default()
+    }
+}
+
 impl Store {
+    /// `client` with its commands sent at most once (see the module documentation): a
+    /// command whose connection drops fails instead of being resent on a new one, which
+    /// after a failover may lead to another master.
+    pub(super) fn once(&self, client: &Client) -> WithOptions<Client> {
+        client.with_options(&send_once())
+    }
+
+    /// `EVALSHA` of `script` sent at most once (see [`Store::once`]); a `NOSCRIPT` answer
+    /// (nothing ran: a promoted replica or a restarted server) loads the script and sends
+    /// the call once more, at most once again.
+    pub(super) async fn evalsha_once(
+        &self,
+        script: &Script,
+        client: &Client,
+        keys: Vec<String>,
+        args: Vec<Value>,
+    ) -> Result<Value, fred::error::Error> {
+        let route = keys
+            .first()
+            .map(|k| ClusterHash::Custom(ClusterRouting::hash_key(k.as_bytes())))
+            .unwrap_or(ClusterHash::Random);
+        let mut call: Vec<Value> = Vec::with_capacity(2 + keys.len() + args.len());
+        call.push(Value::from(script.sha1().clone()));
+        call.push(Value::from(keys.len() as i64));
+        call.extend(keys.into_iter().map(Value::from));
+        call.extend(args);
+        let evalsha = CustomCommand::new("EVALSHA", route, false);
+        let once = self.once(client);
+        match once.custom(evalsha.clone(), call.clone()).await {
+            Err(e) if e.details().starts_with("NOSCRIPT") => {
+                script.load(client).await?;
+                once.custom(evalsha, call).await
+            }
+            reply => reply,
+        }
+    }
+
     /// Sets how many replicas must acknowledge writes before [`Store::confirm_writes`]
     /// returns.
     pub fn with_durability(mut self, durability: Durability) -> Store {
@@ -183,13 +241,11 @@ impl Store {
             // replica that took over: it confirms there, once it has a replica of its own,
             // writes that died with the old master. A confirmation cut short fails instead
             // (an outage: the batch is applied again, on the new master, and confirmed there).
-            let once = Options {
-                max_attempts: Some(1),
-                fail_fast: true,
-                ..Options::default()
-            };
             let pipeline = client.pipeline();
-            let sent = pipeline.with_options(&once);
+            let sent = pipeline.with_options(&Options {
+                fail_fast: true,
+                ..send_once()
+            });
             let _: () = sent
                 .custom(
                     CustomCommand::new_static("SET", ClusterHash::FirstKey, false),

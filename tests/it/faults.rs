@@ -16,7 +16,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use fred::types::scripts::Script;
 use rollboard::board::Board;
 use rollboard::roll::{self, Job};
-use rollboard::store::{ApplyEvent, Reconnect, Store};
+use rollboard::store::{ApplyEvent, Outcome, Reconnect, Store};
 use tokio_util::sync::CancellationToken;
 
 use crate::model::{assert_matches, Instance};
@@ -426,8 +426,9 @@ async fn cuts_mid_batch_mid_ack_and_mid_swap_lose_nothing_and_double_nothing() {
         "apply cuts: {fired:?} (seed {seed})"
     );
     let figures = rig.settle(&sent).await;
-    // A cut call is sent again on the new connection (the scripts, the XACK and the swap
-    // are idempotent), so it shows as a reconnect, not as a failed call.
+    // A cut XACK, stage or swap is sent again on the new connection (they are idempotent);
+    // a cut apply call is not (it fails its batch, applied again later). Each shows as a
+    // reconnect.
     let reconnects = rig.metric("rollboard_redis_reconnects_total", &[]).await;
     eprintln!("reconnects counted: {reconnects}");
     assert!(reconnects >= 1.0, "no reconnect counted");
@@ -437,6 +438,83 @@ async fn cuts_mid_batch_mid_ack_and_mid_swap_lose_nothing_and_double_nothing() {
     );
     figures.check("cuts mid-batch, mid-XACK, mid-stage/swap (12 waves)");
     assert!(rig.daemon.terminate().await.success());
+}
+
+/// How many `EVALSHA` calls the server has run (`INFO commandstats`).
+fn evalsha_calls(redis: &RedisServer) -> u64 {
+    let info = redis.cli(&["INFO", "commandstats"]);
+    info.lines()
+        .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().expect("calls"))
+}
+
+/// An apply call whose connection is cut right after it reached Redis is not sent again on
+/// the new connection (after a failover that connection may lead to another master, where
+/// a confirmation would pass while the calls before it died with the old one): the apply
+/// fails as an outage, and applying the whole batch again ends exactly in the model state,
+/// the calls that had landed answering `Duplicate`.
+#[tokio::test]
+async fn an_apply_call_cut_after_it_reached_redis_is_not_resent() {
+    let redis = RedisServer::start();
+    let proxy = Proxy::start(redis.port).await;
+    let store = Store::connect(&proxy.url(), "rb", 1, Reconnect::Forever)
+        .await
+        .expect("connect");
+    let board = crate::util::board("cut_once", HOUR, 24);
+    let now = now_ms();
+    // 70 events: three calls of 32, 32 and 6; the second one is cut.
+    let events: Vec<ApplyEvent> = (0..70)
+        .map(|i| {
+            ev(
+                &format!("e{i}"),
+                now - i * 1000,
+                &format!("m{}", i % 9),
+                i + 1,
+            )
+        })
+        .collect();
+    let mut model = Instance::default();
+    for e in &events {
+        model.apply(&board, e, now);
+    }
+    // A first apply elsewhere loads the script (a NOSCRIPT answer counts as a call).
+    let warm = crate::util::board("warm", HOUR, 24);
+    store
+        .apply(&warm, None, &[ev("w", now, "m", 1)], now)
+        .await
+        .expect("warm-up apply");
+    let before = evalsha_calls(&redis);
+    proxy.cut_at(&sha("apply"), 2, 1);
+    let failed = store.apply(&board, None, &events, now).await;
+    assert!(!proxy.armed(), "the cut never happened: {failed:?}");
+    let sent = evalsha_calls(&redis) - before;
+    eprintln!("fault apply cut once: {sent} apply calls reached redis; the apply: {failed:?}");
+    assert_eq!(
+        sent, 2,
+        "the cut call was sent again (or the third was sent)"
+    );
+    assert!(failed.is_err(), "a cut apply call answered {failed:?}");
+    // The batch applied again, as a whole: the two calls that ran are duplicates.
+    let again = store
+        .apply(&board, None, &events, now)
+        .await
+        .expect("apply again");
+    let expected: Vec<Outcome> = (0..70)
+        .map(|i| {
+            if i < 64 {
+                Outcome::Duplicate
+            } else {
+                Outcome::Applied
+            }
+        })
+        .collect();
+    assert_eq!(again, expected);
+    assert_matches(&store, &board, None, &model, now).await;
+    let report = roll::verify(&store, &board, None, 100)
+        .await
+        .expect("verify");
+    assert!(report.differences.is_empty(), "{:?}", report.differences);
 }
 
 /// 20-50 ms added to every chunk both ways while the daemon ingests and resummarizes
