@@ -463,17 +463,13 @@ async fn an_apply_call_cut_after_it_reached_redis_is_not_resent() {
         .expect("connect");
     let board = crate::util::board("cut_once", HOUR, 24);
     let now = now_ms();
-    // 70 events: three calls of 32, 32 and 6; the second one is cut.
+    // 70 events of distinct members: three `fold.lua` calls; the second one is cut.
     let events: Vec<ApplyEvent> = (0..70)
-        .map(|i| {
-            ev(
-                &format!("e{i}"),
-                now - i * 1000,
-                &format!("m{}", i % 9),
-                i + 1,
-            )
-        })
+        .map(|i| ev(&format!("e{i}"), now - i * 1000, &format!("m{i}"), i + 1))
         .collect();
+    let first = rollboard::store::fold_chunk_len(&board, &events);
+    let landed = first + rollboard::store::fold_chunk_len(&board, &events[first..]);
+    assert!(landed < events.len(), "three calls expected");
     let mut model = Instance::default();
     for e in &events {
         model.apply(&board, e, now);
@@ -485,7 +481,7 @@ async fn an_apply_call_cut_after_it_reached_redis_is_not_resent() {
         .await
         .expect("warm-up apply");
     let before = evalsha_calls(&redis);
-    proxy.cut_at(&sha("apply"), 2, 1);
+    proxy.cut_at(&sha("fold"), 2, 1);
     let failed = store.apply(&board, None, &events, now).await;
     assert!(!proxy.armed(), "the cut never happened: {failed:?}");
     let sent = evalsha_calls(&redis) - before;
@@ -502,7 +498,7 @@ async fn an_apply_call_cut_after_it_reached_redis_is_not_resent() {
         .expect("apply again");
     let expected: Vec<Outcome> = (0..70)
         .map(|i| {
-            if i < 64 {
+            if i < landed {
                 Outcome::Duplicate
             } else {
                 Outcome::Applied
