@@ -65,6 +65,38 @@ pub fn id_digest(id: &str) -> [u8; 16] {
 /// raw ids before the (cheap) check is trusted again.
 const LEGACY_MEMORY: std::time::Duration = std::time::Duration::from_secs(60);
 
+/// What `apply.lua` and `fold.lua` calls share: the KEYS (the instance's fixed keys, then
+/// each slice's Hash and forget log) and the first eleven ARGV, `count` being the events of
+/// an `apply.lua` call or the groups of a `fold.lua` one.
+fn call_head(
+    board: &Board,
+    k: &InstanceKeys,
+    fingerprint: &str,
+    slices: &[i64],
+    members: usize,
+    count: usize,
+    now: i64,
+) -> (Vec<String>, Vec<Value>) {
+    let mut keys = k.apply_keys();
+    keys.extend(slices.iter().map(|&n| k.slice(n)));
+    keys.extend(slices.iter().map(|&n| k.seen_log(n)));
+    let mut args: Vec<Value> = Vec::with_capacity(12 + 3 * slices.len() + members + 5 * count);
+    args.extend([
+        Value::from(now),
+        Value::from(board.slices_in_window()),
+        Value::from(board.slice_ms),
+        Value::from(mode_flag(board)),
+        Value::from(tie_flag(board)),
+        Value::from(negative_flag(board)),
+        Value::from(fingerprint),
+        Value::from(slices.len() as i64),
+        Value::from(members as i64),
+        Value::from(count as i64),
+        Value::from(board.forgettable_through(now)),
+    ]);
+    (keys, args)
+}
+
 /// The KEYS and ARGV of one `apply.lua` call (layout documented in the script). With
 /// `raw_ids` the events' ids follow the events, for an instance that still holds the
 /// legacy `seen` ZSet.
@@ -95,24 +127,15 @@ pub fn apply_call(
         });
         rows.push((s, m));
     }
-    let mut keys = k.apply_keys();
-    keys.extend(slices.iter().map(|&n| k.slice(n)));
-    keys.extend(slices.iter().map(|&n| k.seen_log(n)));
-    let mut args: Vec<Value> =
-        Vec::with_capacity(11 + 2 * slices.len() + members.len() + 5 * events.len());
-    args.extend([
-        Value::from(now),
-        Value::from(board.slices_in_window()),
-        Value::from(board.slice_ms),
-        Value::from(mode_flag(board)),
-        Value::from(tie_flag(board)),
-        Value::from(negative_flag(board)),
-        Value::from(fingerprint),
-        Value::from(slices.len() as i64),
-        Value::from(members.len() as i64),
-        Value::from(events.len() as i64),
-        Value::from(board.forgettable_through(now)),
-    ]);
+    let (keys, mut args) = call_head(
+        board,
+        k,
+        fingerprint,
+        &slices,
+        members.len(),
+        events.len(),
+        now,
+    );
     for &n in &slices {
         args.extend([Value::from(n), Value::from(board.forget_at(n))]);
     }
@@ -231,25 +254,16 @@ pub fn fold_call(
         blob[offset[s]..offset[s] + 16].copy_from_slice(&id_digest(&e.id));
         offset[s] += 16;
     }
-    let mut keys = k.apply_keys();
-    keys.extend(slices.iter().map(|&n| k.slice(n)));
-    keys.extend(slices.iter().map(|&n| k.seen_log(n)));
-    let mut args: Vec<Value> =
-        Vec::with_capacity(12 + 3 * slices.len() + members.len() + 5 * groups.len());
-    args.extend([
-        Value::from(now),
-        Value::from(board.slices_in_window()),
-        Value::from(board.slice_ms),
-        Value::from(mode_flag(board)),
-        Value::from(tie_flag(board)),
-        Value::from(negative_flag(board)),
-        Value::from(fingerprint),
-        Value::from(slices.len() as i64),
-        Value::from(members.len() as i64),
-        Value::from(groups.len() as i64),
-        Value::from(board.forgettable_through(now)),
-        Value::Bytes(blob.into()),
-    ]);
+    let (keys, mut args) = call_head(
+        board,
+        k,
+        fingerprint,
+        &slices,
+        members.len(),
+        groups.len(),
+        now,
+    );
+    args.push(Value::Bytes(blob.into()));
     for (&n, &c) in slices.iter().zip(&counts) {
         args.extend([
             Value::from(n),
