@@ -432,76 +432,84 @@ impl Store {
         let mut raw_ids = self.holds_legacy_seen(&k.seen());
         let mut rest = events;
         while !rest.is_empty() {
-            if raw_ids {
-                // An instance still holding raw ids: event by event, as the layout requires.
-                let n = rest.len().min(APPLY_CHUNK);
+            // An instance still holding raw ids goes event by event, as its layout requires.
+            let n = if raw_ids {
+                rest.len().min(APPLY_CHUNK)
+            } else {
+                fold_chunk_len(board, rest)
+            };
+            let (chunk, tail) = rest.split_at(n);
+            rest = tail;
+            if !raw_ids {
+                if let Some(outcomes) = self
+                    .fold(client, board, &k, &fingerprint, chunk, now)
+                    .await?
+                {
+                    out.extend(outcomes);
+                    continue;
+                }
+            }
+            // Judged event by event instead (the fold call wrote nothing).
+            for part in chunk.chunks(APPLY_CHUNK) {
                 self.apply_exact(
                     client,
                     board,
                     &k,
                     &fingerprint,
-                    &rest[..n],
+                    part,
                     now,
                     &mut raw_ids,
                     &mut out,
                 )
                 .await?;
-                rest = &rest[n..];
-                continue;
             }
-            let n = fold_chunk_len(board, rest);
-            let chunk = &rest[..n];
-            let call = fold_call(board, &k, &fingerprint, chunk, now);
-            let reply = self
-                .timed(
-                    &self.scripts.fold,
-                    self.evalsha_once(&self.scripts.fold, client, call.keys, call.args),
-                )
-                .await?;
-            let reply = as_array(reply).ok_or_else(|| reply_err("fold: not an array"))?;
-            let mut late = vec![false; chunk.len()];
-            let mut codes = reply.iter().map(as_i64);
-            let kind = codes.next().flatten();
-            for s in codes {
-                match s {
-                    Some(s) if s >= 1 => {
-                        for (l, &of) in late.iter_mut().zip(&call.slice_of) {
-                            *l |= of as i64 == s - 1;
-                        }
-                    }
-                    _ => return Err(reply_err(format!("fold: bad late slice {s:?}"))),
-                }
-            }
-            let counted = match kind {
-                Some(0) => Outcome::Applied,
-                Some(1) => Outcome::Duplicate,
-                // Judged event by event instead: nothing was written.
-                Some(2) => {
-                    for part in chunk.chunks(APPLY_CHUNK) {
-                        self.apply_exact(
-                            client,
-                            board,
-                            &k,
-                            &fingerprint,
-                            part,
-                            now,
-                            &mut raw_ids,
-                            &mut out,
-                        )
-                        .await?;
-                    }
-                    rest = &rest[n..];
-                    continue;
-                }
-                other => return Err(reply_err(format!("fold: unknown outcome {other:?}"))),
-            };
-            out.extend(
-                late.iter()
-                    .map(|&l| if l { Outcome::Late } else { counted }),
-            );
-            rest = &rest[n..];
         }
         Ok(out)
+    }
+
+    /// One `fold.lua` call for `chunk`: its outcomes, or `None` when the chunk must be
+    /// judged event by event (nothing was written).
+    async fn fold(
+        &self,
+        client: &Client,
+        board: &Board,
+        k: &InstanceKeys,
+        fingerprint: &str,
+        chunk: &[ApplyEvent],
+        now: i64,
+    ) -> Result<Option<Vec<Outcome>>, StoreError> {
+        let call = fold_call(board, k, fingerprint, chunk, now);
+        let reply = self
+            .timed(
+                &self.scripts.fold,
+                self.evalsha_once(&self.scripts.fold, client, call.keys, call.args),
+            )
+            .await?;
+        let reply = as_array(reply).ok_or_else(|| reply_err("fold: not an array"))?;
+        let mut late = vec![false; chunk.len()];
+        let mut codes = reply.iter().map(as_i64);
+        let kind = codes.next().flatten();
+        for s in codes {
+            match s {
+                Some(s) if s >= 1 => {
+                    for (l, &of) in late.iter_mut().zip(&call.slice_of) {
+                        *l |= of as i64 == s - 1;
+                    }
+                }
+                _ => return Err(reply_err(format!("fold: bad late slice {s:?}"))),
+            }
+        }
+        let counted = match kind {
+            Some(0) => Outcome::Applied,
+            Some(1) => Outcome::Duplicate,
+            Some(2) => return Ok(None),
+            other => return Err(reply_err(format!("fold: unknown outcome {other:?}"))),
+        };
+        Ok(Some(
+            late.iter()
+                .map(|&l| if l { Outcome::Late } else { counted })
+                .collect(),
+        ))
     }
 
     /// One `apply.lua` call of at most [`APPLY_CHUNK`] events, judged one by one; the
