@@ -68,6 +68,7 @@ struct RawRedis {
     tls_key_file: String,
     min_replicas_acked: Option<i64>,
     replica_ack_timeout: String,
+    max_calls_in_flight: i64,
 }
 
 impl Default for RawRedis {
@@ -80,6 +81,7 @@ impl Default for RawRedis {
             tls_key_file: String::new(),
             min_replicas_acked: None,
             replica_ack_timeout: "2s".into(),
+            max_calls_in_flight: crate::store::DEFAULT_CALLS_IN_FLIGHT as i64,
         }
     }
 }
@@ -241,6 +243,9 @@ pub struct RedisSettings {
     /// when every master has a replica, else 0), and how long to wait for them
     /// (`redis.replica_ack_timeout`).
     pub durability: Durability,
+    /// Full-size writing script calls in Redis at once (`redis.max_calls_in_flight`): what
+    /// a query may wait behind while the daemon ingests or rolls.
+    pub calls_in_flight: usize,
 }
 
 impl RedisSettings {
@@ -257,6 +262,7 @@ impl std::fmt::Debug for RedisSettings {
             .field("key_prefix", &self.key_prefix)
             .field("tls", &self.tls)
             .field("durability", &self.durability)
+            .field("calls_in_flight", &self.calls_in_flight)
             .finish()
     }
 }
@@ -748,6 +754,14 @@ impl RawSettings {
             replicas,
             timeout: Duration::from_millis(timeout_ms as u64),
         };
+        let calls_in_flight = self.redis.max_calls_in_flight;
+        if !(1..=1024).contains(&calls_in_flight) {
+            return Err(invalid(
+                "redis.max_calls_in_flight",
+                calls_in_flight.to_string(),
+                "must be between 1 and 1024",
+            ));
+        }
 
         let ingest = self.ingest;
         let dedup = match ingest.dedup_window.as_str() {
@@ -898,6 +912,7 @@ impl RawSettings {
                 key_prefix,
                 tls,
                 durability,
+                calls_in_flight: calls_in_flight as usize,
             },
             ingest: ingest_settings,
             schedule,
@@ -1097,6 +1112,22 @@ mod tests {
         assert!(e.contains("boards[0].mode") && e.contains("fast"), "{e}");
         let e = refusal(&format!("[redis]\nunknown_key = 1\n{BOARD}"));
         assert!(e.contains("unknown_key"), "{e}");
+    }
+
+    #[test]
+    fn calls_in_flight_default_to_four_and_are_bounded() {
+        let s = Settings::from_toml(BOARD).expect("valid");
+        assert_eq!(s.redis.calls_in_flight, 4);
+        let s = Settings::from_toml(&format!("[redis]\nmax_calls_in_flight = 1\n{BOARD}"))
+            .expect("valid");
+        assert_eq!(s.redis.calls_in_flight, 1);
+        for bad in ["0", "-3", "1025"] {
+            let e = refusal(&format!("[redis]\nmax_calls_in_flight = {bad}\n{BOARD}"));
+            assert!(
+                e.contains("redis.max_calls_in_flight") && e.contains(bad),
+                "{e}"
+            );
+        }
     }
 
     #[test]

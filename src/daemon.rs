@@ -19,7 +19,6 @@ use tracing::{debug, info, warn, Instrument};
 
 use crate::cli::now_ms;
 use crate::config::Settings;
-use crate::http::{router, AppState};
 use crate::ingest::Ingest;
 use crate::metrics::Metrics;
 use crate::roll::{self, Job, RollError};
@@ -137,21 +136,15 @@ async fn schedule(jobs: Arc<Jobs>, tracker: TaskTracker) -> anyhow::Result<JobSc
     Ok(scheduler)
 }
 
-fn count_reconnects(client: &Client, metrics: Arc<Metrics>) {
-    let first = Arc::new(AtomicBool::new(true));
-    // The first event of each client is its initial connection, not a reconnect.
-    let listener = client.on_reconnect(move |server| {
-        let (first, metrics) = (first.clone(), metrics.clone());
-        async move {
-            if !first.swap(false, Ordering::SeqCst) {
-                metrics.reconnected();
-                info!(server = %server, "reconnected to redis");
-            }
-            Ok(())
-        }
-    });
-    // The listener runs for the life of the client; its handle is not needed.
-    drop(listener);
+/// Waits for the HTTP thread, which stops once the daemon's token fires (within
+/// [`crate::http::SHUTDOWN_DRAIN`]), but no longer than [`GRACE`].
+async fn join_http(http: std::thread::JoinHandle<()>) {
+    let joined = tokio::task::spawn_blocking(move || http.join());
+    match tokio::time::timeout(GRACE, joined).await {
+        Ok(Ok(Ok(()))) => {}
+        Ok(_) => warn!("the http thread failed"),
+        Err(_) => warn!("the http server still running after the grace period"),
+    }
 }
 
 /// Waits until Redis answers the permission probe and the board settings check.
@@ -308,7 +301,7 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> anyhow::Resul
             .with_metrics(metrics.clone()),
     );
     for client in store.pool().clients() {
-        count_reconnects(client, metrics.clone());
+        metrics.watch_reconnects(client);
     }
     // One consumer per partition, each with its own reader (XREADGROUP blocks it).
     let boards = Arc::new(settings.boards.clone());
@@ -317,7 +310,7 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> anyhow::Resul
         let reader = Store::dedicated_with(&settings.redis, Reconnect::Forever)
             .await
             .context("cannot create the stream reader")?;
-        count_reconnects(&reader, metrics.clone());
+        metrics.watch_reconnects(&reader);
         consumers.push(
             Ingest::new(
                 store.clone(),
@@ -332,26 +325,21 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> anyhow::Resul
     let group_ready = consumers.iter().map(Ingest::group_ready).collect();
 
     let tracker = TaskTracker::new();
-    let listener = tokio::net::TcpListener::bind(settings.http.listen)
-        .await
+    let listener = std::net::TcpListener::bind(settings.http.listen)
         .with_context(|| format!("cannot listen on {}", settings.http.listen))?;
     info!(listen = %settings.http.listen, "http listening");
-    let app = router(Arc::new(AppState {
-        store: store.clone(),
-        settings: settings.clone(),
-        metrics: metrics.clone(),
+    let http = crate::http::spawn(
+        listener,
+        settings.clone(),
+        metrics.clone(),
         group_ready,
-    }));
-    let (http_cancel, http_limits) = (cancel.clone(), settings.http.clone());
-    tracker.spawn(
-        async move { crate::http::serve(listener, app, &http_limits, http_cancel).await }
-            .instrument(tracing::info_span!("http")),
-    );
+        cancel.clone(),
+    )
+    .await?;
 
     // Nothing touches board data before the stored settings are known to agree.
     if !settings_gate(&store, &settings, &metrics, &cancel).await? {
-        tracker.close();
-        tracker.wait().await;
+        join_http(http).await;
         return Ok(());
     }
     for ingest in consumers {
@@ -430,6 +418,7 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> anyhow::Resul
             "work still running after the grace period; exiting anyway"
         );
     }
+    join_http(http).await;
     info!("rollboard stopped");
     Ok(())
 }

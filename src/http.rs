@@ -33,7 +33,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tower::ServiceBuilder;
 use tower_http::timeout::TimeoutLayer;
-use tracing::{debug, warn};
+use tracing::{debug, warn, Instrument};
 
 use crate::board::Board;
 use crate::cli::{event_value, now_ms};
@@ -117,6 +117,82 @@ impl IntoResponse for ApiError {
 
 /// A handler's result.
 pub type ApiResult<T> = Result<T, ApiError>;
+
+/// Connections of the API's own store: one for appends, plus its read connection.
+const POOL_SIZE: usize = 1;
+
+/// Serves the API on `listener` from a thread of its own, with its own runtime and its own
+/// Redis connections, until `cancel` fires; returns once it is serving (or could not
+/// start). Ingest and the roll jobs keep the daemon's runtime busy in long stretches of
+/// CPU work (decoding a batch, summing it per member); on a thread apart, a query waits
+/// for neither them nor their connections.
+pub async fn spawn(
+    listener: std::net::TcpListener,
+    settings: Arc<Settings>,
+    metrics: Arc<Metrics>,
+    group_ready: Vec<Arc<AtomicBool>>,
+    cancel: CancellationToken,
+) -> anyhow::Result<std::thread::JoinHandle<()>> {
+    use anyhow::Context;
+    listener
+        .set_nonblocking(true)
+        .context("cannot make the http listener non-blocking")?;
+    let (started, ready) = tokio::sync::oneshot::channel::<anyhow::Result<()>>();
+    let thread = std::thread::Builder::new()
+        .name("rollboard-http".into())
+        .spawn(move || {
+            let runtime = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(runtime) => runtime,
+                Err(e) => {
+                    let _ = started.send(Err(e).context("cannot start the http runtime"));
+                    return;
+                }
+            };
+            runtime.block_on(async move {
+                let setup = async {
+                    let store = Store::connect_with(
+                        &settings.redis,
+                        POOL_SIZE,
+                        crate::store::Reconnect::Forever,
+                    )
+                    .await
+                    .context("cannot create the http server's redis client")?
+                    .with_metrics(metrics.clone());
+                    for client in store.pool().clients() {
+                        metrics.watch_reconnects(client);
+                    }
+                    let listener = TcpListener::from_std(listener)
+                        .context("cannot serve the http listener")?;
+                    anyhow::Ok((store, listener))
+                };
+                let (store, listener) = match setup.await {
+                    Ok(parts) => parts,
+                    Err(e) => {
+                        let _ = started.send(Err(e));
+                        return;
+                    }
+                };
+                let app = router(Arc::new(AppState {
+                    store: Arc::new(store),
+                    settings: settings.clone(),
+                    metrics,
+                    group_ready,
+                }));
+                let _ = started.send(Ok(()));
+                serve(listener, app, &settings.http, cancel)
+                    .instrument(tracing::info_span!("http"))
+                    .await;
+            });
+        })
+        .context("cannot start the http thread")?;
+    ready
+        .await
+        .context("the http thread ended before serving")??;
+    Ok(thread)
+}
 
 /// The router with every route, limited by `limits`: a request (body upload included) that
 /// takes longer than `request_timeout` answers 408, and intake requests beyond

@@ -100,6 +100,26 @@ fn register<T: prometheus::core::Collector + Clone + 'static>(registry: &Registr
 }
 
 impl Metrics {
+    /// Counts `client`'s reconnections in `rollboard_redis_reconnects_total` (its first
+    /// connection is not one) and logs each.
+    pub fn watch_reconnects(self: &std::sync::Arc<Self>, client: &fred::clients::Client) {
+        use fred::interfaces::EventInterface;
+        let first = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let metrics = self.clone();
+        let listener = client.on_reconnect(move |server| {
+            let (first, metrics) = (first.clone(), metrics.clone());
+            async move {
+                if !first.swap(false, std::sync::atomic::Ordering::SeqCst) {
+                    metrics.reconnected();
+                    tracing::info!(server = %server, "reconnected to redis");
+                }
+                Ok(())
+            }
+        });
+        // The listener runs for the life of the client; its handle is not needed.
+        drop(listener);
+    }
+
     /// Registers every family with help text and a zero for every known label value, so a
     /// scrape right after start-up shows the whole contract.
     pub fn new(boards: &[Board]) -> Metrics {

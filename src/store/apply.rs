@@ -180,6 +180,8 @@ pub struct FoldCall {
     pub args: Vec<Value>,
     /// The slice index of each event, in the events' order.
     pub slice_of: Vec<usize>,
+    /// The call's work in [`FOLD_BUDGET`] units (see [`fold_chunk_len`]).
+    pub cost: usize,
 }
 
 /// How many events from the front of `events` one [`fold_call`] takes: as many as fit
@@ -264,6 +266,7 @@ pub fn fold_call(
         now,
     );
     args.push(Value::Bytes(blob.into()));
+    let cost = events.len() * FOLD_EVENT_COST + groups.len() * FOLD_GROUP_COST;
     for (&n, &c) in slices.iter().zip(&counts) {
         args.extend([
             Value::from(n),
@@ -285,6 +288,7 @@ pub fn fold_call(
         keys,
         args,
         slice_of,
+        cost,
     }
 }
 
@@ -479,10 +483,14 @@ impl Store {
         now: i64,
     ) -> Result<Option<Vec<Outcome>>, StoreError> {
         let call = fold_call(board, k, fingerprint, chunk, now);
+        let weight = call.cost as u32;
         let reply = self
-            .timed(
-                &self.scripts.fold,
-                self.evalsha_once(&self.scripts.fold, client, call.keys, call.args),
+            .bounded(
+                weight,
+                self.timed(
+                    &self.scripts.fold,
+                    self.evalsha_once(&self.scripts.fold, client, call.keys, call.args),
+                ),
             )
             .await?;
         let reply = as_array(reply).ok_or_else(|| reply_err("fold: not an array"))?;
@@ -529,7 +537,10 @@ impl Store {
         let reply = loop {
             let (keys, args) = apply_call(board, k, fingerprint, chunk, now, *raw_ids);
             let call = self.evalsha_once(&self.scripts.apply, client, keys, args);
-            match self.timed(&self.scripts.apply, call).await {
+            match self
+                .bounded(FOLD_BUDGET as u32, self.timed(&self.scripts.apply, call))
+                .await
+            {
                 // The instance still holds raw ids of the layout before digests: the
                 // call wrote nothing, and is repeated with the raw ids.
                 Err(e) if !*raw_ids && e.details().contains("ROLLBOARD legacy-seen") => {

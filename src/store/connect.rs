@@ -3,6 +3,7 @@
 //! ([`Denied`], [`Refused`]) and the check of each board's stored settings ([`Conflicts`]).
 
 use std::collections::HashMap;
+use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -376,7 +377,8 @@ impl Store {
         Ok(
             Self::connect_builder(builder, &redis.key_prefix, size, reconnect)
                 .await?
-                .with_durability(redis.durability),
+                .with_durability(redis.durability)
+                .with_calls_in_flight(redis.calls_in_flight),
         )
     }
 
@@ -386,7 +388,8 @@ impl Store {
         size: usize,
         reconnect: Reconnect,
     ) -> Result<Store, StoreError> {
-        let pool = builder.build_pool(size.max(1))?;
+        // One connection more than asked, for the reads (see [`Store::reader`]).
+        let pool = builder.build_pool(size.max(1) + 1)?;
         match reconnect {
             Reconnect::Never => {
                 pool.init().await?;
@@ -398,6 +401,8 @@ impl Store {
         }
         Ok(Store {
             pool,
+            next: AtomicUsize::new(0),
+            in_flight: super::calls_in_flight(super::DEFAULT_CALLS_IN_FLIGHT),
             keys: Keys::new(prefix),
             scripts: Scripts::new(),
             metrics: None,

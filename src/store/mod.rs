@@ -3,7 +3,11 @@
 //! the consumer and the intake.
 //!
 //! Commands go through a small connection pool; concurrent calls on one connection are
-//! pipelined by fred, so applying many instances at once costs one round trip.
+//! pipelined by fred, so applying many instances at once costs one round trip. One more
+//! connection carries the reads alone (top, rank, around), so that a query never waits
+//! behind writes queued on its own connection, and the writing scripts' work queued in
+//! Redis at once is bounded (`redis.max_calls_in_flight`, see [`Store::bounded`]): a query
+//! waits behind at most that much work, whatever the ingest rate.
 //!
 //! # Layout
 //!
@@ -39,6 +43,7 @@ pub use replicas::{Durability, NOREPLICAS};
 pub use stage::{StageTargets, Staged, STAGE_CALL_ROWS};
 
 use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -119,9 +124,25 @@ impl StoreError {
     }
 }
 
+/// Full-size writing script calls in Redis at once, by default (`redis.max_calls_in_flight`).
+pub const DEFAULT_CALLS_IN_FLIGHT: usize = 4;
+
+/// The weight of a call's fixed part (the reads every call makes whatever it holds), in the
+/// units of [`FOLD_BUDGET`]: measured, a one-event call costs Redis about a sixth of a
+/// full one.
+const CALL_FIXED_COST: u32 = 60;
+
+/// The weight of a full-size call: every call but a small `fold.lua` one.
+const FULL_CALL: u32 = FOLD_BUDGET as u32 + CALL_FIXED_COST;
+
 /// Typed access to rollboard's Redis data.
 pub struct Store {
+    /// The write connections, then the read connection.
     pool: Pool,
+    /// Round robin over the write connections.
+    next: AtomicUsize,
+    /// Work units of writing script calls that may be in Redis at once.
+    in_flight: tokio::sync::Semaphore,
     keys: Keys,
     scripts: Scripts,
     /// Where script call durations are observed (the daemon's metrics), if anywhere.
@@ -235,9 +256,39 @@ impl Store {
         &self.keys
     }
 
-    /// One client of the pool, for plain commands.
+    /// One client of the pool, for plain commands and writes.
     pub fn client(&self) -> &Client {
-        self.pool.next()
+        let clients = self.pool.clients();
+        let writers = clients.len().saturating_sub(1).max(1);
+        &clients[self.next.fetch_add(1, Ordering::Relaxed) % writers]
+    }
+
+    /// The connection that carries only reads.
+    fn reader(&self) -> &Client {
+        let clients = self.pool.clients();
+        &clients[clients.len() - 1]
+    }
+
+    /// Runs `call`, a writing script call of `weight` work units (one event of `fold.lua`
+    /// is [`FOLD_EVENT_COST`], a full call is [`FOLD_BUDGET`]; the fixed part of a call is
+    /// added here), once the calls already in Redis leave room for it. Redis runs one
+    /// script at a time and serves its clients in turn, so this bounds how long a query
+    /// (or any other client) waits behind rollboard's writes.
+    async fn bounded<T>(&self, weight: u32, call: impl Future<Output = T>) -> T {
+        // The semaphore is never closed, so acquiring cannot fail; if it ever did, the
+        // call would simply go unbounded.
+        let _permit = self
+            .in_flight
+            .acquire_many((weight + CALL_FIXED_COST).min(FULL_CALL))
+            .await
+            .ok();
+        call.await
+    }
+
+    /// Sets how many full-size writing script calls may be in Redis at once (at least 1).
+    pub fn with_calls_in_flight(mut self, calls: usize) -> Store {
+        self.in_flight = calls_in_flight(calls);
+        self
     }
 
     /// The pool, for callers that need every connection (e.g. to watch reconnects).
@@ -257,8 +308,13 @@ impl Store {
         args: Vec<Value>,
     ) -> Result<Value, StoreError> {
         let call = script.evalsha_with_reload(self.client(), keys, args);
-        Ok(self.timed(script, call).await?)
+        Ok(self.bounded(FULL_CALL, self.timed(script, call)).await?)
     }
+}
+
+/// The semaphore of [`Store::bounded`] for `calls` full-size calls.
+fn calls_in_flight(calls: usize) -> tokio::sync::Semaphore {
+    tokio::sync::Semaphore::new(calls.clamp(1, 1024) * FULL_CALL as usize)
 }
 
 fn reply_err(what: impl Into<String>) -> StoreError {

@@ -32,7 +32,7 @@ impl Store {
     ) -> Result<Snapshot, StoreError> {
         let k = self.instance(board, scope);
         let keys = vec![k.meta(), k.result(), self.lookup_key(board, &k)];
-        let client = self.client();
+        let client = self.reader();
         let snapshot = self.timed(
             &self.scripts.query,
             self.scripts.query.evalsha_with_reload(client, keys, args),
