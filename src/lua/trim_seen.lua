@@ -40,6 +40,8 @@ local taken, changed, removed = {}, {}, 0
 local held
 if ARGV[3] ~= '' then
   local tag = tonumber(ARGV[3]) % WRAP
+  local tag_bytes = string.char(math.floor(tag / 16777216) % 256, math.floor(tag / 65536) % 256,
+    math.floor(tag / 256) % 256, tag % 256)
   taken = redis.call('LRANGE', log_key, 0, tonumber(ARGV[4]) - 1)
   if #taken > 0 then
     local state = redis.call('HMGET', table_key, '#L', '#p', '#n')
@@ -69,15 +71,23 @@ if ARGV[3] ~= '' then
         if #v % ENTRY ~= 0 then
           return fail('corrupt: ' .. table_key .. ' bucket ' .. field .. ' is ' .. #v .. ' bytes')
         end
-        local keep, dropped = {}, 0
-        for at = 1, #v, ENTRY do
-          if hash32(v, at + DIGEST) == tag then
+        -- The slice's entries are found by a plain search for their tag (a hit inside
+        -- a digest is skipped: it is not where a tag sits), and the spans between them
+        -- kept as they are.
+        local keep, dropped, from, hit = {}, 0, 1, string.find(v, tag_bytes, 1, true)
+        while hit do
+          local start = hit - DIGEST
+          if start % ENTRY == 1 then
+            if start > from then keep[#keep + 1] = string.sub(v, from, start - 1) end
+            from = start + ENTRY
             dropped = dropped + 1
+            hit = string.find(v, tag_bytes, from + DIGEST, true)
           else
-            keep[#keep + 1] = string.sub(v, at, at + ENTRY - 1)
+            hit = string.find(v, tag_bytes, hit + 1, true)
           end
         end
         if dropped > 0 then
+          if from <= #v then keep[#keep + 1] = string.sub(v, from) end
           changed[#changed + 1] = { field, table.concat(keep) }
           removed = removed + dropped
         end
