@@ -19,7 +19,8 @@
 //!   `MEMORY USAGE <key> SAMPLES 0`, plus bytes per remembered idempotency key. Baseline: a
 //!   plain ZSet of the same names and scores written with `ZADD`.
 //! * `expiry`: fills one slice with 1 000 000 members (slice 1h, window 2h), then for each
-//!   chunk size (default 1000, 100 and 5000; `--chunk` replaces the list) copies that filled
+//!   chunk size (default 250 — the shipped `schedule.chunk` — 100 and 1000; `--chunk` replaces
+//!   the list) copies that filled
 //!   instance with `COPY` and rolls the copy away with `roll::run_once`. It reports the
 //!   wall-clock roll time; the exact count and Redis time of the `EVALSHA` and `HSCAN` calls
 //!   from `INFO commandstats`; and from the slow log the longest call, p50 and p99 per script.
@@ -81,7 +82,7 @@ const EXPIRY_MEMBERS: usize = 1_000_000;
 const QUICK_MEMORY_MEMBERS: usize = 20_000;
 const QUICK_EXPIRY_MEMBERS: usize = 100_000;
 const EXPIRY_BATCH: usize = 1_000;
-const DEFAULT_CHUNKS: [usize; 3] = [1_000, 100, 5_000];
+const DEFAULT_CHUNKS: [usize; 3] = [250, 100, 1_000];
 const DEFAULT_SLOWLOG_US: u64 = 10;
 const SLOWLOG_MAX_LEN: usize = 1_000_000;
 const PLAIN_ZSET: &str = "plain:zset";
@@ -957,7 +958,7 @@ async fn expiry(
                 ok &= base_ok;
                 bounds.push((
                     format!(
-                        "expiry, chunk {chunk} (every rollboard script vs one call per HSCAN page)"
+                        "expiry, chunk {chunk} (every rollboard script and HSCAN page vs one call per HSCAN page)"
                     ),
                     rolled.all,
                     base.script,
@@ -974,7 +975,7 @@ async fn expiry(
                 ok &= res_ok;
                 bounds.push((
                     format!(
-                        "resummarize, chunk {chunk} (stage + swap vs unbounded stage + RENAME)"
+                        "resummarize, chunk {chunk} (stage + swap and HSCAN pages vs unbounded stage + RENAME)"
                     ),
                     res,
                     res_base,
@@ -1175,7 +1176,7 @@ async fn resummarize_round(
     let ours = Stats::of(
         m.log
             .iter()
-            .filter(|e| e.command == "EVALSHA" && !e.is_nested())
+            .filter(|e| matches!(e.command.as_str(), "EVALSHA" | "HSCAN") && !e.is_nested())
             .map(|e| e.micros),
     );
     let ranked = integer(client, "ZCARD", &[&k.result()]).await?;
@@ -1290,7 +1291,7 @@ async fn roll_round(
         rolled
             .log
             .iter()
-            .filter(|e| e.command == "EVALSHA" && !e.is_nested())
+            .filter(|e| matches!(e.command.as_str(), "EVALSHA" | "HSCAN") && !e.is_nested())
             .map(|e| e.micros),
     );
     let figures = Figures {

@@ -131,7 +131,7 @@ impl Default for RawSchedule {
         RawSchedule {
             roll: "0 * * * * *".into(),
             resummarize: "0 * * * * *".into(),
-            chunk: 1000,
+            chunk: 250,
         }
     }
 }
@@ -1037,7 +1037,7 @@ mod tests {
         assert_eq!(s.ingest.block, Duration::from_secs(1));
         assert_eq!(s.ingest.claim_idle, Duration::from_secs(30));
         assert_eq!(s.ingest.max_future_ms, 300_000);
-        assert_eq!(s.schedule.chunk, 1000);
+        assert_eq!(s.schedule.chunk, 250);
         assert_eq!(s.http.listen.to_string(), "127.0.0.1:9464");
         let b = &s.boards[0];
         assert_eq!(b.amount, "amount");

@@ -29,11 +29,11 @@ pub const EXPIRE_CALL_FIELDS: usize = 32;
 
 /// Most legacy idempotency keys that one `trim_seen.lua` call forgets (same bound; `ZREM`
 /// from a 1M-member legacy `seen` ZSet).
-pub const TRIM_CALL_IDS: usize = 256;
+pub const TRIM_CALL_IDS: usize = 128;
 
 /// Most forget-log entries that one `trim_seen.lua` call takes: each addresses a bucket
 /// of about 16 entries of the digest table, rewritten once per call.
-pub const TRIM_CALL_LOG: usize = 256;
+pub const TRIM_CALL_LOG: usize = 128;
 
 /// What one `trim_seen.lua` call forgot.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
