@@ -426,3 +426,65 @@ async fn a_broken_digest_table_fails_the_call_before_anything_is_written() {
     assert_matches(&store, &b, None, &model, NOW).await;
     seen_table(&store, &b, None).await;
 }
+
+/// Forgetting a slice's digests finds its entries by their 4-byte tag: the same four bytes
+/// inside a digest, or across a digest and the next tag, belong to other entries and stay.
+#[test]
+fn a_slice_tag_inside_a_digest_is_not_taken_for_an_entry_of_the_slice() {
+    let rt = rt();
+    let redis = RedisServer::start();
+    rt.block_on(async {
+        let store = redis.store("rb").await;
+        let b = board("tags", SLICE, 4);
+        let k = store.instance(&b, None);
+        let c = store.client();
+        let n: i64 = 0x0102_0304;
+        let tag = [1u8, 2, 3, 4];
+        let entry = |digest: [u8; 16], tag: [u8; 4]| [&digest[..], &tag[..]].concat();
+        let mut spurious_front = [0xaa; 16];
+        spurious_front[..4].copy_from_slice(&tag);
+        let mut straddling = [0xbb; 16];
+        straddling[14..].copy_from_slice(&tag[..2]);
+        let mut inside = [0xdd; 16];
+        inside[5..9].copy_from_slice(&tag);
+        let kept = [
+            entry(spurious_front, [1, 2, 3, 5]),
+            entry(straddling, [3, 4, 9, 9]),
+            entry([0xcc; 16], [0, 0, 0, 7]),
+        ];
+        let dropped = [entry([0xee; 16], tag), entry(inside, tag)];
+        let bucket = [
+            kept[0].clone(),
+            dropped[0].clone(),
+            kept[1].clone(),
+            dropped[1].clone(),
+            kept[2].clone(),
+        ]
+        .concat();
+        let _: () = c
+            .hset(
+                k.seen_table(),
+                vec![
+                    ("#L", Value::from("0")),
+                    ("#p", Value::from("0")),
+                    ("#n", Value::from("5")),
+                    ("0", Value::Bytes(bucket.into())),
+                ],
+            )
+            .await
+            .expect("table");
+        let _: () = c
+            .rpush(k.seen_log(n), Value::Bytes(vec![0u8; 4].into()))
+            .await
+            .expect("log");
+        let trimmed = store
+            .trim_seen(&b, None, Some(n), NOW, 0)
+            .await
+            .expect("trim");
+        assert_eq!((trimmed.taken, trimmed.digests), (1, 2));
+        let left: Vec<u8> = c.hget(k.seen_table(), "0").await.expect("bucket");
+        assert_eq!(left, kept.concat());
+        let held: i64 = c.hget(k.seen_table(), "#n").await.expect("#n");
+        assert_eq!(held, 3);
+    });
+}
