@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use fred::prelude::*;
+use rollboard::store::Store;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::daemon::models;
@@ -274,7 +275,7 @@ async fn readyz_recovers_and_every_connection_counts_its_reconnect_after_an_outa
     let (status, _) = daemon.get("/v1/boards/rooms_7d/top").await;
     assert_eq!(status, 200);
     let counted = wait_for(Duration::from_secs(30), || async {
-        daemon.metric("rollboard_redis_reconnects_total", &[]).await >= before as f64
+        daemon.metric("rollboard_redis_reconnects_total", &[]).await == before as f64
     })
     .await;
     assert!(
@@ -408,6 +409,18 @@ async fn sigterm_during_an_intake_upload_confirms_or_refuses_and_loses_nothing()
         .collect();
     if reply.starts_with("HTTP/1.1 202") {
         assert_eq!(ids, vec!["late-1", "late-2"], "confirmed but not appended");
+        // The next daemon applies what the stopping one confirmed.
+        let daemon = Daemon::start(&config, port).await;
+        assert!(
+            drained(&store).await,
+            "stream never drained; log:\n{}",
+            daemon.logs()
+        );
+        let events: Vec<Fields> = entries.iter().map(|(_, f)| f.clone()).collect();
+        let boards = test_boards();
+        let now = now_ms();
+        assert_state(&store, &boards, &models(&events, &boards, now), now).await;
+        assert!(daemon.terminate().await.success());
     } else {
         assert!(ids.is_empty(), "refused ({reply:?}) but appended {ids:?}");
         assert!(
@@ -415,4 +428,81 @@ async fn sigterm_during_an_intake_upload_confirms_or_refuses_and_loses_nothing()
             "{reply:?}"
         );
     }
+}
+
+#[tokio::test]
+async fn without_redis_at_start_http_answers_then_recovers_and_sigterm_exits_0() {
+    let mut redis = RedisServer::start_persistent();
+    redis.kill();
+    let store_url = redis.url();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let port = free_port();
+    let config = write_config(dir.path(), &redis, port, "a", "");
+    // Daemon::start waits for /healthz: the HTTP thread serves without Redis.
+    let daemon = Daemon::start(&config, port).await;
+    assert_eq!(daemon.get("/readyz").await.0, 503);
+    let (status, body) = daemon.get("/v1/boards/rooms_7d/top").await;
+    assert_eq!(status, 503, "{body}");
+    redis.restart();
+    assert!(
+        wait_for(Duration::from_secs(30), || async {
+            daemon.get("/readyz").await.0 == 200
+        })
+        .await,
+        "never ready; log:\n{}",
+        daemon.logs()
+    );
+    let now = now_ms();
+    let events: Vec<Fields> = (0..40).map(|i| spread_tip(i, now)).collect();
+    let body: Vec<serde_json::Map<String, serde_json::Value>> = events
+        .iter()
+        .map(|f| {
+            f.iter()
+                .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+                .collect()
+        })
+        .collect();
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/events", daemon.base))
+        .json(&body)
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(r.status().as_u16(), 202);
+    let store = Store::connect(&store_url, "rb", 1, rollboard::store::Reconnect::Never)
+        .await
+        .expect("connect");
+    assert!(
+        drained(&store).await,
+        "stream never drained; log:\n{}",
+        daemon.logs()
+    );
+    let boards = test_boards();
+    let now = now_ms();
+    assert_state(&store, &boards, &models(&events, &boards, now), now).await;
+    // A first connection is no reconnect, however late it comes.
+    assert_eq!(
+        daemon.metric("rollboard_redis_reconnects_total", &[]).await,
+        0.0
+    );
+    assert!(daemon.terminate().await.success());
+}
+
+#[tokio::test]
+async fn sigterm_while_redis_never_came_exits_0_without_waiting_for_it() {
+    let mut redis = RedisServer::start();
+    redis.kill();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let port = free_port();
+    let config = write_config(dir.path(), &redis, port, "a", "");
+    let daemon = Daemon::start(&config, port).await;
+    assert_eq!(daemon.get("/readyz").await.0, 503);
+    let started = std::time::Instant::now();
+    let status = daemon.terminate().await;
+    assert!(status.success(), "exit {status:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        started.elapsed()
+    );
 }
