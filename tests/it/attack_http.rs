@@ -506,3 +506,59 @@ async fn sigterm_while_redis_never_came_exits_0_without_waiting_for_it() {
         started.elapsed()
     );
 }
+
+#[tokio::test]
+async fn while_a_request_drains_at_shutdown_new_connections_are_refused() {
+    let redis = RedisServer::start();
+    let store = redis.store("rb").await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let port = free_port();
+    let config = write_config(dir.path(), &redis, port, "a", "");
+    let daemon = Daemon::start(&config, port).await;
+    assert!(
+        wait_for(Duration::from_secs(30), || async {
+            daemon.get("/readyz").await.0 == 200
+        })
+        .await
+    );
+    let now = now_ms();
+    let body = format!(r#"{{"room":"r5","user":"u5","amount":"2","id":"drain-1","ts":"{now}"}}"#);
+    let (first, rest) = body.split_at(10);
+    let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    let head = format!(
+        "POST /v1/events HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    conn.write_all(head.as_bytes()).await.expect("head");
+    conn.write_all(first.as_bytes()).await.expect("first part");
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &daemon.pid().to_string()])
+        .status()
+        .expect("kill -TERM");
+    assert!(status.success());
+    assert!(
+        wait_for(Duration::from_secs(10), || async {
+            daemon.logs().contains("shutting down")
+        })
+        .await
+    );
+    // The request in flight holds the drain open (up to 2 s); a new client is refused at
+    // once rather than accepted by the kernel and left without an answer.
+    let refused = wait_for(Duration::from_millis(1000), || async {
+        tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_err()
+    })
+    .await;
+    conn.write_all(rest.as_bytes()).await.expect("rest");
+    let mut reply = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), conn.read_to_end(&mut reply)).await;
+    let reply = String::from_utf8_lossy(&reply).to_string();
+    assert!(refused, "the listener stayed open during the drain");
+    assert!(reply.starts_with("HTTP/1.1 202"), "{reply:?}");
+    assert!(daemon.terminate_wait().await.success());
+    let len: i64 = store.client().xlen("rb:events").await.expect("xlen");
+    assert_eq!(len, 1);
+}
