@@ -64,7 +64,10 @@ async fn seed_table(client: &Client, table: &str, log: &str, bucket: &[u8], held
         .await
         .expect("hset state");
     if !bucket.is_empty() {
-        let _: () = client.hset(table, ("0", bucket.to_vec())).await.expect("hset");
+        let _: () = client
+            .hset(table, ("0", bucket.to_vec()))
+            .await
+            .expect("hset");
     }
     let _: () = client
         .rpush(log, vec![vec![0u8, 0, 0, 7], vec![1u8, 2, 3, 4]])
@@ -99,7 +102,10 @@ async fn trim_seen_drops_only_aligned_tags_whatever_the_digests_hold() {
     // An other slice's tag 0A 0B 0C followed by a digest starting 0D.
     let mut d = [0x22u8; 16];
     d[0] = tb[3];
-    entries.push((entry([0x33; 16], u32::from_be_bytes([0x99, tb[0], tb[1], tb[2]])), false));
+    entries.push((
+        entry([0x33; 16], u32::from_be_bytes([0x99, tb[0], tb[1], tb[2]])),
+        false,
+    ));
     entries.push((entry(d, other), false));
     // Two of the slice's in a row, and the slice's last.
     entries.push((entry([0x44; 16], tag), true));
@@ -164,7 +170,10 @@ async fn trim_seen_deletes_a_bucket_of_only_the_slice_and_leaves_an_empty_one_al
         .expect("trim");
     assert_eq!(got, vec![0, 2, 17]);
     let exists: bool = client.hexists("t:seen:ids", "0").await.expect("hexists");
-    assert!(!exists, "a bucket emptied is deleted, not left as an empty string");
+    assert!(
+        !exists,
+        "a bucket emptied is deleted, not left as an empty string"
+    );
     let n: String = client.hget("t:seen:ids", "#n").await.expect("hget");
     assert_eq!(n, "0");
 
@@ -182,7 +191,9 @@ async fn trim_seen_deletes_a_bucket_of_only_the_slice_and_leaves_an_empty_one_al
     // A bucket whose only bytes equal to the tag are in digests.
     let tb = 5u32.to_be_bytes();
     let bucket: Vec<u8> = entry(
-        [tb[0], tb[1], tb[2], tb[3], 0, 0, 0, 5, 0, 0, 0, 5, 0, 0, 0, 5],
+        [
+            tb[0], tb[1], tb[2], tb[3], 0, 0, 0, 5, 0, 0, 0, 5, 0, 0, 0, 5,
+        ],
         0,
     );
     seed_table(client, "t:seen:ids", "t:seen:1", &bucket, 1).await;
@@ -610,7 +621,10 @@ async fn queries_answer_while_the_daemon_ingests_a_backlog_and_rolls() {
         assert!(page.is_object(), "{body}");
         answered += 1;
     }
-    assert!(during_ingest >= 3, "{during_ingest} queries while ingesting");
+    assert!(
+        during_ingest >= 3,
+        "{during_ingest} queries while ingesting"
+    );
     assert!(
         slowest < Duration::from_secs(3),
         "slowest query took {slowest:?}"
@@ -619,4 +633,76 @@ async fn queries_answer_while_the_daemon_ingests_a_backlog_and_rolls() {
     let now = now_ms();
     assert_state(&store, &boards, &models(&events, &boards, now), now).await;
     assert!(daemon.terminate().await.success());
+}
+
+#[tokio::test]
+async fn sigterm_while_an_intake_waits_on_a_slow_redis_exits_0_and_appends_at_most_once() {
+    let redis = RedisServer::start();
+    let store = redis.store("rb").await;
+    let proxy = crate::proxy::Proxy::start(redis.port).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let port = free_port();
+    let config = crate::util::write_config_url(dir.path(), &proxy.url(), port, "a", "");
+    let daemon = Daemon::start(&config, port).await;
+    assert!(
+        wait_for(Duration::from_secs(30), || async {
+            daemon.get("/readyz").await.0 == 200
+        })
+        .await
+    );
+    // Every round trip to Redis now outlasts the HTTP drain (2 s).
+    proxy.latency(Duration::from_millis(1500));
+    let now = now_ms();
+    let body = format!(r#"{{"room":"r6","user":"u6","amount":"9","id":"slow-1","ts":"{now}"}}"#);
+    let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    let request = format!(
+        "POST /v1/events HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    conn.write_all(request.as_bytes()).await.expect("request");
+    // The metrics page, served by the same thread without Redis, answers while the intake
+    // waits on Redis.
+    let (status, _) = daemon.get("/metrics").await;
+    assert_eq!(status, 200);
+    let started = std::time::Instant::now();
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &daemon.pid().to_string()])
+        .status()
+        .expect("kill -TERM");
+    assert!(status.success());
+    let mut reply = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), conn.read_to_end(&mut reply)).await;
+    let reply = String::from_utf8_lossy(&reply).to_string();
+    let exit = daemon.terminate_wait().await;
+    assert!(exit.success(), "exit {exit:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(35),
+        "took {:?}",
+        started.elapsed()
+    );
+    proxy.latency(Duration::ZERO);
+    let entries: Vec<(String, Vec<(String, String)>)> = store
+        .client()
+        .xrange("rb:events", "-", "+", None)
+        .await
+        .expect("xrange");
+    let ids: Vec<&str> = entries
+        .iter()
+        .flat_map(|(_, f)| f.iter().filter(|(k, _)| k == "id").map(|(_, v)| v.as_str()))
+        .collect();
+    if reply.starts_with("HTTP/1.1 202") {
+        assert_eq!(ids, vec!["slow-1"]);
+    } else {
+        // No answer (or a refusal): the event may have reached Redis, never twice.
+        assert!(
+            reply.is_empty() || reply.starts_with("HTTP/1.1 503"),
+            "{reply:?}"
+        );
+        assert!(
+            ids.len() <= 1 && ids.iter().all(|id| *id == "slow-1"),
+            "{ids:?}"
+        );
+    }
 }
