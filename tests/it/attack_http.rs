@@ -706,3 +706,54 @@ async fn sigterm_while_an_intake_waits_on_a_slow_redis_exits_0_and_appends_at_mo
         );
     }
 }
+
+#[tokio::test]
+async fn trim_seen_agrees_with_an_entry_by_entry_decode_on_random_buckets() {
+    let redis = RedisServer::start();
+    let store = redis.store("t").await;
+    let client = store.client();
+    let tag: u32 = 0x0A0B_0A0B;
+    let bytes = [0x0Au8, 0x0B, 0x0A, 0x0B, 0x00];
+    let tags = [tag, 0x0B0A_0B0A, 0x0A0B_0A0A, 0x000A_0B0A, 0x0B0A_0B00];
+    let mut state: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut next = |below: u64| {
+        state = state
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (state >> 33) % below
+    };
+    for round in 0..300 {
+        let len = next(24) as usize;
+        let mut bucket = Vec::new();
+        let mut kept = Vec::new();
+        let mut dropped = 0usize;
+        for _ in 0..len {
+            let mut d = [0u8; 16];
+            for b in d.iter_mut() {
+                *b = bytes[next(bytes.len() as u64) as usize];
+            }
+            let t = tags[next(tags.len() as u64) as usize];
+            let e = entry(d, t);
+            bucket.extend_from_slice(&e);
+            if t == tag {
+                dropped += 1;
+            } else {
+                kept.extend_from_slice(&e);
+            }
+        }
+        let held = len + 3;
+        seed_table(client, "t:seen:ids", "t:seen:2", &bucket, held).await;
+        let got = trim(client, "t:seen:ids", "t:seen:2", tag, 128)
+            .await
+            .expect("trim");
+        assert_eq!(got, vec![0, 2, dropped as i64], "round {round}");
+        let after: Option<Vec<u8>> = client.hget("t:seen:ids", "0").await.expect("hget");
+        if kept.is_empty() {
+            assert_eq!(after, None, "round {round}: an emptied bucket is deleted");
+        } else {
+            assert_eq!(after, Some(kept), "round {round}");
+        }
+        let n: String = client.hget("t:seen:ids", "#n").await.expect("hget");
+        assert_eq!(n, (held - dropped).to_string(), "round {round}");
+    }
+}
