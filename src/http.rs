@@ -351,9 +351,9 @@ async fn json_errors(response: Response) -> Response {
 ///
 /// HTTP/1.1 only: a client must send a request's head within `header_timeout` (an idle
 /// connection is closed after as long), at most `max_connections` are served at once (more
-/// wait in the listen backlog, holding no memory here). At shutdown, idle and
-/// half-received connections are closed at once; a request being handled gets
-/// [`SHUTDOWN_DRAIN`] to answer.
+/// wait in the listen backlog, holding no memory here). At shutdown the listener closes
+/// (new connections are refused), idle and half-received connections are closed at once;
+/// a request being handled gets [`SHUTDOWN_DRAIN`] to answer.
 pub async fn serve(
     listener: TcpListener,
     app: Router,
@@ -411,6 +411,9 @@ pub async fn serve(
             }
         });
     }
+    // Closed before the drain: a client that connects now is refused at once instead of
+    // waiting in the backlog for an accept that never comes.
+    drop(listener);
     connections.close();
     connections.wait().await;
 }

@@ -387,6 +387,19 @@ impl Daemon {
             .expect("wait")
     }
 
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id().expect("running")
+    }
+
+    /// The exit status of a daemon already told to stop.
+    pub async fn terminate_wait(mut self) -> std::process::ExitStatus {
+        tokio::time::timeout(Duration::from_secs(40), self.child.wait())
+            .await
+            .expect("daemon exits within the grace period")
+            .expect("wait")
+    }
+
     /// GET a path, returning status and body.
     pub async fn get(&self, path: &str) -> (u16, String) {
         match reqwest::get(format!("{}{path}", self.base)).await {
