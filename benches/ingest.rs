@@ -23,7 +23,9 @@
 //!   validation, apply, XACK) until the group has nothing pending; Redis time per event is
 //!   the INFO commandstats delta of every command the consumer sent.
 //! * `ceiling`: the same apply script driven by redis-benchmark (Redis-side ceiling).
-//! * `query`: top-10 and rank latency over HTTP, idle and while ingest runs.
+//! * `query`: top-10 and rank latency over HTTP (served as the daemon serves it, on a thread
+//!   and connections of its own; the client on another thread), idle and while one consumer
+//!   drains a backlog at full speed.
 //! * `freshness`: the shipped shape at half the end-to-end rate measured first: a paced
 //!   producer XADDs events and, every 20 ms, a probe event on a dedicated room that tops the
 //!   `rooms_7d` board; a watcher polls `top` over HTTP and takes the time each probe shows.
