@@ -6,7 +6,7 @@
 //! pipelined by fred, so applying many instances at once costs one round trip. One more
 //! connection carries the reads alone (top, rank, around), so that a query never waits
 //! behind writes queued on its own connection, and the writing scripts' work queued in
-//! Redis at once is bounded (`redis.max_calls_in_flight`, see [`Store::bounded`]): a query
+//! Redis at once is bounded (`redis.max_calls_in_flight`, see [`DEFAULT_CALLS_IN_FLIGHT`]): a query
 //! waits behind at most that much work, whatever the ingest rate.
 //!
 //! # Layout
