@@ -299,6 +299,90 @@ async fn readyz_recovers_and_every_connection_counts_its_reconnect_after_an_outa
 }
 
 /// A tip to one of many rooms, so that one batch touches many instances of `fans_7d`.
+/// A daemon of the test boards on a free port, started and ready; its config's folder
+/// (kept for the test's length), the config file, the port and the daemon.
+async fn ready_daemon(redis: &RedisServer) -> (tempfile::TempDir, std::path::PathBuf, u16, Daemon) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let port = free_port();
+    let config = write_config(dir.path(), redis, port, "a", "");
+    let daemon = Daemon::start(&config, port).await;
+    assert!(
+        wait_for(Duration::from_secs(30), || async {
+            daemon.get("/readyz").await.0 == 200
+        })
+        .await,
+        "never ready; log:\n{}",
+        daemon.logs()
+    );
+    (dir, config, port, daemon)
+}
+
+/// Opens a `POST /v1/events` of a `len`-byte body, sends its head and, once the server has
+/// taken the request (it answers `100 Continue` when the handler starts reading the body),
+/// the `first` bytes of the body.
+async fn begin_upload(port: u16, len: usize, first: &str) -> tokio::net::TcpStream {
+    let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    let head = format!(
+        "POST /v1/events HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\nContent-Length: {len}\r\nExpect: 100-continue\r\n\r\n"
+    );
+    conn.write_all(head.as_bytes()).await.expect("head");
+    let mut interim = Vec::new();
+    while !interim.ends_with(b"\r\n\r\n") {
+        let mut byte = [0u8; 1];
+        let read = tokio::time::timeout(Duration::from_secs(10), conn.read_exact(&mut byte))
+            .await
+            .expect("no 100 Continue within 10 s");
+        read.expect("read the interim answer");
+        interim.push(byte[0]);
+    }
+    assert!(
+        interim.starts_with(b"HTTP/1.1 100"),
+        "{:?}",
+        String::from_utf8_lossy(&interim)
+    );
+    conn.write_all(first.as_bytes()).await.expect("first part");
+    conn
+}
+
+/// Sends SIGTERM to the daemon and waits until it says it is shutting down.
+async fn sigterm(daemon: &Daemon) {
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &daemon.pid().to_string()])
+        .status()
+        .expect("kill -TERM");
+    assert!(status.success());
+    assert!(
+        wait_for(Duration::from_secs(10), || async {
+            daemon.logs().contains("shutting down")
+        })
+        .await,
+        "log:\n{}",
+        daemon.logs()
+    );
+}
+
+/// POSTs `events` to `/v1/events` as one JSON array; the status.
+async fn post_events(base: &str, events: &[Fields]) -> u16 {
+    let body: Vec<serde_json::Map<String, serde_json::Value>> = events
+        .iter()
+        .map(|f| {
+            f.iter()
+                .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+                .collect()
+        })
+        .collect();
+    reqwest::Client::new()
+        .post(format!("{base}/v1/events"))
+        .json(&body)
+        .send()
+        .await
+        .expect("post")
+        .status()
+        .as_u16()
+}
+
 fn spread_tip(i: usize, now: i64) -> Fields {
     vec![
         ("room".into(), format!("room{}", i % 97)),
@@ -326,21 +410,7 @@ async fn one_call_in_flight_with_a_scoped_board_over_many_rooms_counts_exactly()
     let now = now_ms();
     let events: Vec<Fields> = (0..2000).map(|i| spread_tip(i, now)).collect();
     xadd_all(store.client(), "rb:events", &events[..1500]).await;
-    let body: Vec<serde_json::Map<String, serde_json::Value>> = events[1500..]
-        .iter()
-        .map(|f| {
-            f.iter()
-                .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
-                .collect()
-        })
-        .collect();
-    let r = reqwest::Client::new()
-        .post(format!("{}/v1/events", daemon.base))
-        .json(&body)
-        .send()
-        .await
-        .expect("post");
-    assert_eq!(r.status().as_u16(), 202);
+    assert_eq!(post_events(&daemon.base, &events[1500..]).await, 202);
     // A query answers while the daemon works through the batches.
     let (status, _) = daemon.get("/v1/boards/fans_7d/top?scope=room3").await;
     assert_eq!(status, 200);
@@ -365,44 +435,14 @@ async fn one_call_in_flight_with_a_scoped_board_over_many_rooms_counts_exactly()
 async fn sigterm_during_an_intake_upload_confirms_or_refuses_and_loses_nothing() {
     let redis = RedisServer::start();
     let store = redis.store("rb").await;
-    let dir = tempfile::tempdir().expect("temp dir");
-    let port = free_port();
-    let config = write_config(dir.path(), &redis, port, "a", "");
-    let daemon = Daemon::start(&config, port).await;
-    assert!(
-        wait_for(Duration::from_secs(30), || async {
-            daemon.get("/readyz").await.0 == 200
-        })
-        .await
-    );
+    let (_dir, config, port, daemon) = ready_daemon(&redis).await;
     let now = now_ms();
     let body = format!(
         r#"[{{"room":"r1","user":"u1","amount":"3","id":"late-1","ts":"{now}"}},{{"room":"r2","user":"u2","amount":"4","id":"late-2","ts":"{now}"}}]"#
     );
     let (first, rest) = body.split_at(body.len() / 2);
-    let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .expect("connect");
-    let head = format!(
-        "POST /v1/events HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
-        body.len()
-    );
-    conn.write_all(head.as_bytes()).await.expect("head");
-    conn.write_all(first.as_bytes()).await.expect("first half");
-    let pid = daemon.pid();
-    let status = std::process::Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status()
-        .expect("kill -TERM");
-    assert!(status.success());
-    assert!(
-        wait_for(Duration::from_secs(10), || async {
-            daemon.logs().contains("shutting down")
-        })
-        .await,
-        "log:\n{}",
-        daemon.logs()
-    );
+    let mut conn = begin_upload(port, body.len(), first).await;
+    sigterm(&daemon).await;
     let _ = conn.write_all(rest.as_bytes()).await;
     let mut reply = Vec::new();
     let _ = tokio::time::timeout(Duration::from_secs(10), conn.read_to_end(&mut reply)).await;
@@ -465,21 +505,7 @@ async fn without_redis_at_start_http_answers_then_recovers_and_sigterm_exits_0()
     );
     let now = now_ms();
     let events: Vec<Fields> = (0..40).map(|i| spread_tip(i, now)).collect();
-    let body: Vec<serde_json::Map<String, serde_json::Value>> = events
-        .iter()
-        .map(|f| {
-            f.iter()
-                .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
-                .collect()
-        })
-        .collect();
-    let r = reqwest::Client::new()
-        .post(format!("{}/v1/events", daemon.base))
-        .json(&body)
-        .send()
-        .await
-        .expect("post");
-    assert_eq!(r.status().as_u16(), 202);
+    assert_eq!(post_events(&daemon.base, &events).await, 202);
     let store = Store::connect(&store_url, "rb", 1, rollboard::store::Reconnect::Never)
         .await
         .expect("connect");
@@ -522,39 +548,12 @@ async fn sigterm_while_redis_never_came_exits_0_without_waiting_for_it() {
 async fn while_a_request_drains_at_shutdown_new_connections_are_refused() {
     let redis = RedisServer::start();
     let store = redis.store("rb").await;
-    let dir = tempfile::tempdir().expect("temp dir");
-    let port = free_port();
-    let config = write_config(dir.path(), &redis, port, "a", "");
-    let daemon = Daemon::start(&config, port).await;
-    assert!(
-        wait_for(Duration::from_secs(30), || async {
-            daemon.get("/readyz").await.0 == 200
-        })
-        .await
-    );
+    let (_dir, _, port, daemon) = ready_daemon(&redis).await;
     let now = now_ms();
     let body = format!(r#"{{"room":"r5","user":"u5","amount":"2","id":"drain-1","ts":"{now}"}}"#);
     let (first, rest) = body.split_at(10);
-    let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .expect("connect");
-    let head = format!(
-        "POST /v1/events HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
-        body.len()
-    );
-    conn.write_all(head.as_bytes()).await.expect("head");
-    conn.write_all(first.as_bytes()).await.expect("first part");
-    let status = std::process::Command::new("kill")
-        .args(["-TERM", &daemon.pid().to_string()])
-        .status()
-        .expect("kill -TERM");
-    assert!(status.success());
-    assert!(
-        wait_for(Duration::from_secs(10), || async {
-            daemon.logs().contains("shutting down")
-        })
-        .await
-    );
+    let mut conn = begin_upload(port, body.len(), first).await;
+    sigterm(&daemon).await;
     // The request in flight holds the drain open (up to 2 s); a new client is refused at
     // once rather than accepted by the kernel and left without an answer.
     let refused = wait_for(Duration::from_millis(1000), || async {
