@@ -392,7 +392,7 @@ pub struct QueryFigures {
     pub idle: [Duration; 4],
     pub busy: [Duration; 4],
     /// Events applied per second while the busy round ran.
-    pub offered: f64,
+    pub applied: f64,
 }
 
 /// XADD-to-visible latencies of the probes.
@@ -877,13 +877,6 @@ fn apart<T: Send + 'static>(
     .map_err(|_| "the query thread panicked".to_string())?
 }
 
-async fn query_latencies_owned(
-    base: String,
-    queries: usize,
-) -> Result<(Vec<Duration>, Vec<Duration>)> {
-    query_latencies(&base, &reqwest::Client::new(), queries).await
-}
-
 async fn query_latencies(
     base: &str,
     http: &reqwest::Client,
@@ -996,7 +989,10 @@ async fn bench_query(redis: &RedisServer, spread: Spread, sizes: Sizes) -> Resul
     let started = Instant::now();
     // The queries come from a thread of their own, as from another process: on the bench's
     // runtime they would wait for the consumer's work.
-    let (mut top, mut rank) = apart(query_latencies_owned(base.clone(), sizes.queries))??;
+    let (mut top, mut rank) = apart({
+        let (base, queries) = (base.clone(), sizes.queries);
+        async move { query_latencies(&base, &reqwest::Client::new(), queries).await }
+    })??;
     let elapsed = started.elapsed();
     let after = unapplied().await?;
     let busy = show("while ingesting", &mut top, &mut rank);
@@ -1006,9 +1002,9 @@ async fn bench_query(redis: &RedisServer, spread: Spread, sizes: Sizes) -> Resul
             "the backlog of {backlog} events ran out before the queries ended: raise it"
         ));
     }
-    let offered = (before - after) as f64 / elapsed.as_secs_f64();
+    let applied = (before - after) as f64 / elapsed.as_secs_f64();
     println!(
-        "ingest during the queries: {} events applied (~{offered:.0}/s, the consumer's full \
+        "ingest during the queries: {} events applied (~{applied:.0}/s, the consumer's full \
          speed: {after} still waiting at the end)",
         before - after
     );
@@ -1022,7 +1018,7 @@ async fn bench_query(redis: &RedisServer, spread: Spread, sizes: Sizes) -> Resul
     Ok(QueryFigures {
         idle,
         busy,
-        offered,
+        applied,
     })
 }
 

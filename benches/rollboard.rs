@@ -19,11 +19,11 @@
 //!   `MEMORY USAGE <key> SAMPLES 0`, plus bytes per remembered idempotency key. Baseline: a
 //!   plain ZSet of the same names and scores written with `ZADD`.
 //! * `expiry`: fills one slice with 1 000 000 members (slice 1h, window 2h), then for each
-//!   chunk size (default 250 — the shipped `schedule.chunk` — 100 and 1000; `--chunk` replaces
-//!   the list) copies that filled
-//!   instance with `COPY` and rolls the copy away with `roll::run_once`. It reports the
-//!   wall-clock roll time; the exact count and Redis time of the `EVALSHA` and `HSCAN` calls
-//!   from `INFO commandstats`; and from the slow log the longest call, p50 and p99 per script.
+//!   chunk size (default 250 — the shipped `schedule.chunk` — 100 and 1000; `--chunk`
+//!   replaces the list) copies that filled instance with `COPY` and rolls the copy away with
+//!   `roll::run_once`. It reports the wall-clock roll time; the exact count and Redis time of
+//!   the `EVALSHA` and `HSCAN` calls from `INFO commandstats`; and from the slow log the
+//!   longest call, p50 and p99 per script.
 //!   Baseline, at the first chunk size only: the least work a chunked expiry can do, on a
 //!   plain Hash and a plain ZSet of the same members (HSCAN, then one script per page doing
 //!   `HGET`, `ZINCRBY`, `ZREM` at 0 and `HDEL`), measured the same way. The other chunk sizes
@@ -382,8 +382,8 @@ fn print_table(
         for (what, i) in [("top-10", 1), ("rank", 3)] {
             rows.push(Row {
                 figure: format!(
-                    "{what} p99 over HTTP while ingesting (~{:.0} events/s offered) vs idle",
-                    q.offered
+                    "{what} p99 over HTTP while ingesting (~{:.0} events/s applied) vs idle",
+                    q.applied
                 ),
                 ours: format!("{:.2} ms", q.busy[i].as_secs_f64() * 1e3),
                 base: format!("{:.2} ms idle", q.idle[i].as_secs_f64() * 1e3),

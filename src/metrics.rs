@@ -4,7 +4,8 @@
 //! or raw error text.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use prometheus::{
@@ -102,14 +103,14 @@ fn register<T: prometheus::core::Collector + Clone + 'static>(registry: &Registr
 impl Metrics {
     /// Counts `client`'s reconnections in `rollboard_redis_reconnects_total` (its first
     /// connection is not one) and logs each.
-    pub fn watch_reconnects(self: &std::sync::Arc<Self>, client: &fred::clients::Client) {
+    pub fn watch_reconnects(self: &Arc<Self>, client: &fred::clients::Client) {
         use fred::interfaces::EventInterface;
-        let first = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let first = Arc::new(AtomicBool::new(true));
         let metrics = self.clone();
         let listener = client.on_reconnect(move |server| {
             let (first, metrics) = (first.clone(), metrics.clone());
             async move {
-                if !first.swap(false, std::sync::atomic::Ordering::SeqCst) {
+                if !first.swap(false, Ordering::SeqCst) {
                     metrics.reconnected();
                     tracing::info!(server = %server, "reconnected to redis");
                 }

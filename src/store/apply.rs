@@ -483,10 +483,9 @@ impl Store {
         now: i64,
     ) -> Result<Option<Vec<Outcome>>, StoreError> {
         let call = fold_call(board, k, fingerprint, chunk, now);
-        let weight = call.cost as u32;
         let reply = self
             .bounded(
-                weight,
+                call.cost as u32,
                 self.timed(
                     &self.scripts.fold,
                     self.evalsha_once(&self.scripts.fold, client, call.keys, call.args),

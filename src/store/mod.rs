@@ -258,9 +258,9 @@ impl Store {
 
     /// One client of the pool, for plain commands and writes.
     pub fn client(&self) -> &Client {
+        // The pool always holds at least one write connection besides the reader.
         let clients = self.pool.clients();
-        let writers = clients.len().saturating_sub(1).max(1);
-        &clients[self.next.fetch_add(1, Ordering::Relaxed) % writers]
+        &clients[self.next.fetch_add(1, Ordering::Relaxed) % (clients.len() - 1)]
     }
 
     /// The connection that carries only reads.
@@ -308,7 +308,9 @@ impl Store {
         args: Vec<Value>,
     ) -> Result<Value, StoreError> {
         let call = script.evalsha_with_reload(self.client(), keys, args);
-        Ok(self.bounded(FULL_CALL, self.timed(script, call)).await?)
+        Ok(self
+            .bounded(FOLD_BUDGET as u32, self.timed(script, call))
+            .await?)
     }
 }
 

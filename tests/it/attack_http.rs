@@ -348,11 +348,7 @@ async fn begin_upload(port: u16, len: usize, first: &str) -> tokio::net::TcpStre
 
 /// Sends SIGTERM to the daemon and waits until it says it is shutting down.
 async fn sigterm(daemon: &Daemon) {
-    let status = std::process::Command::new("kill")
-        .args(["-TERM", &daemon.pid().to_string()])
-        .status()
-        .expect("kill -TERM");
-    assert!(status.success());
+    daemon.send_term();
     assert!(
         wait_for(Duration::from_secs(10), || async {
             daemon.logs().contains("shutting down")
@@ -361,6 +357,31 @@ async fn sigterm(daemon: &Daemon) {
         "log:\n{}",
         daemon.logs()
     );
+}
+
+/// What the server answered on `conn` until it closed it (at most 10 s), as text.
+async fn read_reply(conn: &mut tokio::net::TcpStream) -> String {
+    let mut reply = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), conn.read_to_end(&mut reply)).await;
+    String::from_utf8_lossy(&reply).to_string()
+}
+
+/// Every event on the stream, in order.
+async fn appended(store: &Store) -> Vec<Fields> {
+    let entries: Vec<(String, Fields)> = store
+        .client()
+        .xrange("rb:events", "-", "+", None)
+        .await
+        .expect("xrange");
+    entries.into_iter().map(|(_, f)| f).collect()
+}
+
+/// The `id` field of each event.
+fn ids_of(events: &[Fields]) -> Vec<&str> {
+    events
+        .iter()
+        .flat_map(|f| f.iter().filter(|(k, _)| k == "id").map(|(_, v)| v.as_str()))
+        .collect()
 }
 
 /// POSTs `events` to `/v1/events` as one JSON array; the status.
@@ -444,20 +465,11 @@ async fn sigterm_during_an_intake_upload_confirms_or_refuses_and_loses_nothing()
     let mut conn = begin_upload(port, body.len(), first).await;
     sigterm(&daemon).await;
     let _ = conn.write_all(rest.as_bytes()).await;
-    let mut reply = Vec::new();
-    let _ = tokio::time::timeout(Duration::from_secs(10), conn.read_to_end(&mut reply)).await;
-    let reply = String::from_utf8_lossy(&reply).to_string();
-    let exit = daemon.terminate_wait().await;
+    let reply = read_reply(&mut conn).await;
+    let exit = daemon.wait_exit().await;
     assert!(exit.success(), "exit {exit:?}");
-    let entries: Vec<(String, Vec<(String, String)>)> = store
-        .client()
-        .xrange("rb:events", "-", "+", None)
-        .await
-        .expect("xrange");
-    let ids: Vec<&str> = entries
-        .iter()
-        .flat_map(|(_, f)| f.iter().filter(|(k, _)| k == "id").map(|(_, v)| v.as_str()))
-        .collect();
+    let entries = appended(&store).await;
+    let ids = ids_of(&entries);
     if reply.starts_with("HTTP/1.1 202") {
         assert_eq!(ids, vec!["late-1", "late-2"], "confirmed but not appended");
         // The next daemon applies what the stopping one confirmed.
@@ -467,10 +479,9 @@ async fn sigterm_during_an_intake_upload_confirms_or_refuses_and_loses_nothing()
             "stream never drained; log:\n{}",
             daemon.logs()
         );
-        let events: Vec<Fields> = entries.iter().map(|(_, f)| f.clone()).collect();
         let boards = test_boards();
         let now = now_ms();
-        assert_state(&store, &boards, &models(&events, &boards, now), now).await;
+        assert_state(&store, &boards, &models(&entries, &boards, now), now).await;
         assert!(daemon.terminate().await.success());
     } else {
         assert!(ids.is_empty(), "refused ({reply:?}) but appended {ids:?}");
@@ -563,12 +574,10 @@ async fn while_a_request_drains_at_shutdown_new_connections_are_refused() {
     })
     .await;
     conn.write_all(rest.as_bytes()).await.expect("rest");
-    let mut reply = Vec::new();
-    let _ = tokio::time::timeout(Duration::from_secs(10), conn.read_to_end(&mut reply)).await;
-    let reply = String::from_utf8_lossy(&reply).to_string();
+    let reply = read_reply(&mut conn).await;
     assert!(refused, "the listener stayed open during the drain");
     assert!(reply.starts_with("HTTP/1.1 202"), "{reply:?}");
-    assert!(daemon.terminate_wait().await.success());
+    assert!(daemon.wait_exit().await.success());
     let len: i64 = store.client().xlen("rb:events").await.expect("xlen");
     assert_eq!(len, 1);
 }
@@ -666,15 +675,9 @@ async fn sigterm_while_an_intake_waits_on_a_slow_redis_exits_0_and_appends_at_mo
     let (status, _) = daemon.get("/metrics").await;
     assert_eq!(status, 200);
     let started = std::time::Instant::now();
-    let status = std::process::Command::new("kill")
-        .args(["-TERM", &daemon.pid().to_string()])
-        .status()
-        .expect("kill -TERM");
-    assert!(status.success());
-    let mut reply = Vec::new();
-    let _ = tokio::time::timeout(Duration::from_secs(10), conn.read_to_end(&mut reply)).await;
-    let reply = String::from_utf8_lossy(&reply).to_string();
-    let exit = daemon.terminate_wait().await;
+    daemon.send_term();
+    let reply = read_reply(&mut conn).await;
+    let exit = daemon.wait_exit().await;
     assert!(exit.success(), "exit {exit:?}");
     assert!(
         started.elapsed() < Duration::from_secs(35),
@@ -682,15 +685,8 @@ async fn sigterm_while_an_intake_waits_on_a_slow_redis_exits_0_and_appends_at_mo
         started.elapsed()
     );
     proxy.latency(Duration::ZERO);
-    let entries: Vec<(String, Vec<(String, String)>)> = store
-        .client()
-        .xrange("rb:events", "-", "+", None)
-        .await
-        .expect("xrange");
-    let ids: Vec<&str> = entries
-        .iter()
-        .flat_map(|(_, f)| f.iter().filter(|(k, _)| k == "id").map(|(_, v)| v.as_str()))
-        .collect();
+    let entries = appended(&store).await;
+    let ids = ids_of(&entries);
     if reply.starts_with("HTTP/1.1 202") {
         assert_eq!(ids, vec!["slow-1"]);
     } else {

@@ -374,26 +374,23 @@ impl Daemon {
     }
 
     /// SIGTERM, then the exit status.
-    pub async fn terminate(mut self) -> std::process::ExitStatus {
+    pub async fn terminate(self) -> std::process::ExitStatus {
+        self.send_term();
+        self.wait_exit().await
+    }
+
+    /// Sends SIGTERM and returns at once.
+    pub fn send_term(&self) {
         let pid = self.child.id().expect("running");
         let status = Command::new("kill")
             .args(["-TERM", &pid.to_string()])
             .status()
             .expect("kill -TERM");
         assert!(status.success());
-        tokio::time::timeout(Duration::from_secs(40), self.child.wait())
-            .await
-            .expect("daemon exits within the grace period")
-            .expect("wait")
-    }
-
-    /// The process id.
-    pub fn pid(&self) -> u32 {
-        self.child.id().expect("running")
     }
 
     /// The exit status of a daemon already told to stop.
-    pub async fn terminate_wait(mut self) -> std::process::ExitStatus {
+    pub async fn wait_exit(mut self) -> std::process::ExitStatus {
         tokio::time::timeout(Duration::from_secs(40), self.child.wait())
             .await
             .expect("daemon exits within the grace period")
