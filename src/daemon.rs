@@ -6,8 +6,7 @@
 //! HTTP. Shutdown: stop reading, let the batch and the expiry chunk in flight finish, stop
 //! the scheduler, drain under a grace timeout.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -36,9 +35,18 @@ struct Jobs {
     settings: Arc<Settings>,
     metrics: Arc<Metrics>,
     cancel: CancellationToken,
-    rolling: AtomicBool,
-    resummarizing: AtomicBool,
+    rolling: Mutex<Option<Running>>,
+    resummarizing: Mutex<Option<Running>>,
 }
+
+/// A job run in progress, as seen by the next scheduled run of the same job.
+struct Running {
+    since: Instant,
+    warned: bool,
+}
+
+/// How long a run may go on before the skipped runs behind it are logged as a warning.
+const STALLED: Duration = Duration::from_secs(5);
 
 impl Jobs {
     async fn run(&self, job: Job) {
@@ -49,9 +57,22 @@ impl Jobs {
         if self.cancel.is_cancelled() {
             return;
         }
-        if flag.swap(true, Ordering::SeqCst) {
-            debug!(?job, "previous run still going; skipped");
-            return;
+        {
+            let Ok(mut running) = flag.lock() else { return };
+            if let Some(run) = running.as_mut() {
+                let going = run.since.elapsed();
+                if going >= STALLED && !run.warned {
+                    run.warned = true;
+                    warn!(?job, seconds = going.as_secs(), "a run is still going; later runs are skipped until it ends");
+                } else {
+                    debug!(?job, "previous run still going; skipped");
+                }
+                return;
+            }
+            *running = Some(Running {
+                since: Instant::now(),
+                warned: false,
+            });
         }
         for board in self.settings.boards.iter().filter(|b| match job {
             Job::Roll => b.mode == crate::board::Mode::Incremental,
@@ -104,7 +125,9 @@ impl Jobs {
                 }
             }
         }
-        flag.store(false, Ordering::SeqCst);
+        if let Ok(mut running) = flag.lock() {
+            *running = None;
+        }
     }
 }
 
@@ -363,8 +386,8 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> anyhow::Resul
         settings: settings.clone(),
         metrics: metrics.clone(),
         cancel: cancel.clone(),
-        rolling: AtomicBool::new(false),
-        resummarizing: AtomicBool::new(false),
+        rolling: Mutex::new(None),
+        resummarizing: Mutex::new(None),
     });
     let mut scheduler = schedule(jobs.clone(), tracker.clone()).await?;
     for job in [Job::Roll, Job::Resummarize] {

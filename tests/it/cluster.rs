@@ -644,7 +644,7 @@ async fn core_flows_on_a_cluster_equal_the_model() {
 async fn resharding_under_load_equals_the_model() {
     use crate::cli::{rollboard, stdout};
     use crate::daemon::{models, payment, tip};
-    use crate::util::{assert_state, drained, test_boards, write_config_url, xadd_all, Daemon};
+    use crate::util::{assert_state_or, drained, test_boards, write_config_url, xadd_all, Daemon};
 
     let cluster = RedisCluster::start();
     let store = cluster.store().await;
@@ -708,7 +708,10 @@ async fn resharding_under_load_equals_the_model() {
         "not drained; log:\n{}",
         daemon.logs()
     );
-    assert_state(&store, &boards, &models(&events, &boards, now), now).await;
+    assert_state_or(&store, &boards, &models(&events, &boards, now), now, || {
+        daemon.logs()
+    })
+    .await;
     assert!(daemon.terminate().await.success());
     let out = rollboard(Some(&config), &["verify", "--strict"], &[]);
     assert!(
