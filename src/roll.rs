@@ -527,7 +527,12 @@ pub async fn resummarize(
         watermark: Some(watermark),
         ..SwapCheck::default()
     };
-    replace(store, board, scope, &[(targets, &rows)], chunk, check).await?;
+    let (swapped, _) = replace(store, board, scope, &[(targets, &rows)], chunk, check).await?;
+    if !swapped {
+        // Only a newer run's sum (a higher watermark) or a resent swap is refused.
+        warn!(board = %board.name, scope = ?scope, watermark,
+              "recomputed ranking not swapped in: a newer one already was");
+    }
     Ok(())
 }
 
