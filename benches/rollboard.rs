@@ -63,6 +63,7 @@ use fred::prelude::*;
 use fred::types::scripts::Script;
 use fred::types::{ClusterHash, CustomCommand};
 use rollboard::board::{Board, Dedup, Mode, TieBreak};
+use rollboard::query::encode_member;
 use rollboard::roll::{self, Report};
 use rollboard::store::{
     apply_call, ApplyEvent, Outcome, Reconnect, Store, EXPIRE_CALL_FIELDS, FOLD_BUDGET,
@@ -1043,10 +1044,12 @@ async fn query_bound(store: &Store, members: usize, slowlog_us: u64) -> Result<(
     let work = async {
         for i in 0..QUERY_CALLS {
             admin(client, "ZREVRANGE", &[&result, "0", "9", "WITHSCORES"]).await?;
-            let zmember = admin(client, "HGET", &[&index, &member_name(i * 7919 % members)])
+            let name = member_name(i * 7919 % members);
+            let ts = admin(client, "HGET", &[&index, &name])
                 .await?
                 .as_string()
                 .unwrap_or_default();
+            let zmember = encode_member(b.tie_break, &name, ts.parse().unwrap_or_default());
             admin(client, "ZREVRANK", &[&result, &zmember]).await?;
         }
         anyhow::Ok(())

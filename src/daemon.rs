@@ -63,7 +63,11 @@ impl Jobs {
                 let going = run.since.elapsed();
                 if going >= STALLED && !run.warned {
                     run.warned = true;
-                    warn!(?job, seconds = going.as_secs(), "a run is still going; later runs are skipped until it ends");
+                    warn!(
+                        ?job,
+                        seconds = going.as_secs(),
+                        "a run is still going; later runs are skipped until it ends"
+                    );
                 } else {
                     debug!(?job, "previous run still going; skipped");
                 }

@@ -3,7 +3,7 @@
 --
 -- KEYS[1] meta     Hash  expired_through (watermark slice), settings, gen (bumped on change)
 -- KEYS[2] result   ZSet  zmember -> exact total (incremental boards)
--- KEYS[3] members  Hash  member -> zmember (tie-break prefix + member)
+-- KEYS[3] members  Hash  member -> its tie-break time (the ZSet member is prefix:member)
 -- KEYS[4] slices   ZSet  registry of slice numbers that exist
 -- KEYS[5] seen     ZSet  legacy idempotency keys: raw id -> epoch ms from which it may be
 --                        forgotten (the layout before digests: read while it exists, never
@@ -99,6 +99,30 @@ local function integer(v)
   local n = tonumber(v)
   if n == nil or n ~= math.floor(n) or math.abs(n) > LIMIT then return nil end
   return n
+end
+
+-- `members` holds each member's tie-break time (ms, as an integer: 16 B of Redis memory
+-- where the 16-digit prefix took 32) or '' on boards without tie-break; an entry written by
+-- an older version holds the whole ZSet member, prefix included. The ZSet member a value
+-- stands for, or nil when it is neither.
+local function zmember_of(v, name)
+  if tie == 'n' then return name end
+  if #v <= 16 and string.find(v, '^%d+$') then
+    local t = tonumber(v)
+    if t > LIMIT then return nil end
+    if tie == 'e' then t = LIMIT - t end
+    return string.format('%016d:%s', t, name)
+  end
+  if string.find(v, '^%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d:') then return v end
+  return nil
+end
+
+-- What `members` stores for ZSet member `z`: its tie-break time.
+local function stored_of(z)
+  if tie == 'n' then return '' end
+  local t = tonumber(string.sub(z, 1, 16))
+  if tie == 'e' then t = LIMIT - t end
+  return string.format('%d', t)
 end
 
 -- Phase 1: read and check.
@@ -236,13 +260,10 @@ local zs = variadic('HMGET', members, names)
 local state = {}
 local scored, scored_at = {}, {}
 for i = 1, M do
-  local z = zs[i]
-  if not z then z = nil end
-  if z and tie ~= 'n' then
-    local prefix = string.sub(z, 1, 16)
-    if not string.match(prefix, '^%d+$') or #prefix ~= 16 or string.sub(z, 17, 17) ~= ':' then
-      return fail('corrupt: ' .. members .. ' holds ' .. z .. ' for ' .. names[i])
-    end
+  local z = nil
+  if zs[i] then
+    z = zmember_of(zs[i], names[i])
+    if not z then return fail('corrupt: ' .. members .. ' holds ' .. zs[i] .. ' for ' .. names[i]) end
   end
   state[i] = { z0 = z, z = z, total0 = 0, total = 0, refs0 = 0, refs = 0 }
   if z then
@@ -446,7 +467,7 @@ for i = 1, M do
   if st.z then
     if st.z ~= st.z0 then
       moved[#moved + 1] = names[i]
-      moved[#moved + 1] = st.z
+      moved[#moved + 1] = stored_of(st.z)
     end
     if incremental then
       if st.z0 and st.z ~= st.z0 then removed[#removed + 1] = st.z0 end

@@ -3,14 +3,15 @@
 --
 -- KEYS[1] meta     Hash  settings, gen (bumped when anything changes)
 -- KEYS[2] result   ZSet  zmember -> exact total (incremental boards)
--- KEYS[3] members  Hash  member -> zmember
+-- KEYS[3] members  Hash  member -> its tie-break time (the ZSet member is prefix:member)
 -- KEYS[4] refs     Hash  member -> live slices holding it (allow_negative boards)
 -- KEYS[5] totals   Hash  member -> exact live total (resummarize boards)
 -- KEYS[6] slice    Hash  the dead slice: member -> amount
 --
 -- ARGV[1] 'i' incremental | 'r' resummarize   ARGV[2] '1' if negatives are allowed
 -- ARGV[3] settings fingerprint of the caller's board definition
--- ARGV[4..] member names, as listed by the caller's HSCAN of the slice
+-- ARGV[4] tie: 'e' | 'l' | 'n'
+-- ARGV[5..] member names, as listed by the caller's HSCAN of the slice
 --
 -- A dead slice is frozen: the watermark was raised before the caller scanned it, so the
 -- apply script rejects every event for it and the amounts cannot change. A field still in
@@ -27,6 +28,7 @@ local BATCH = 1000
 local meta, result, members, refs, totals, slice = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local incremental = ARGV[1] == 'i'
 local negative = ARGV[2] == '1'
+local tie = ARGV[4]
 
 local function fail(what)
   return redis.error_reply('ROLLBOARD ' .. what .. ' (nothing was written)')
@@ -51,6 +53,22 @@ local function integer(v)
   return n
 end
 
+-- `members` holds each member's tie-break time (ms, as an integer: 16 B of Redis memory
+-- where the 16-digit prefix took 32) or '' on boards without tie-break; an entry written by
+-- an older version holds the whole ZSet member, prefix included. The ZSet member a value
+-- stands for, or nil when it is neither.
+local function zmember_of(v, name)
+  if tie == 'n' then return name end
+  if #v <= 16 and string.find(v, '^%d+$') then
+    local t = tonumber(v)
+    if t > LIMIT then return nil end
+    if tie == 'e' then t = LIMIT - t end
+    return string.format('%016d:%s', t, name)
+  end
+  if string.find(v, '^%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d:') then return v end
+  return nil
+end
+
 -- Phase 1: read and check.
 local stored = redis.call('HMGET', meta, 'settings', 'gen')
 if stored[1] and stored[1] ~= ARGV[3] then
@@ -60,7 +78,7 @@ if stored[2] and not integer(stored[2]) then
   return fail('corrupt: ' .. meta .. ' gen is not an integer')
 end
 local names, unique = {}, {}
-for i = 4, #ARGV do
+for i = 5, #ARGV do
   if not unique[ARGV[i]] then
     unique[ARGV[i]] = true
     names[#names + 1] = ARGV[i]
@@ -79,6 +97,13 @@ end
 if #claimed == 0 then return { 0, 0 } end
 
 local zs = variadic('HMGET', members, claimed)
+for i = 1, #claimed do
+  if zs[i] then
+    local z = zmember_of(zs[i], claimed[i])
+    if not z then return fail('corrupt: ' .. members .. ' holds ' .. zs[i] .. ' for ' .. claimed[i]) end
+    zs[i] = z
+  end
+end
 local total = {}
 if incremental then
   local scored, at = {}, {}

@@ -78,6 +78,30 @@ local function integer(v)
   return n
 end
 
+-- `members` holds each member's tie-break time (ms, as an integer: 16 B of Redis memory
+-- where the 16-digit prefix took 32) or '' on boards without tie-break; an entry written by
+-- an older version holds the whole ZSet member, prefix included. The ZSet member a value
+-- stands for, or nil when it is neither.
+local function zmember_of(v, name)
+  if tie == 'n' then return name end
+  if #v <= 16 and string.find(v, '^%d+$') then
+    local t = tonumber(v)
+    if t > LIMIT then return nil end
+    if tie == 'e' then t = LIMIT - t end
+    return string.format('%016d:%s', t, name)
+  end
+  if string.find(v, '^%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d:') then return v end
+  return nil
+end
+
+-- What `members` stores for ZSet member `z`: its tie-break time.
+local function stored_of(z)
+  if tie == 'n' then return '' end
+  local t = tonumber(string.sub(z, 1, 16))
+  if tie == 'e' then t = LIMIT - t end
+  return string.format('%d', t)
+end
+
 -- Phase 1: read and check.
 local stored = redis.call('HMGET', meta, 'expired_through', 'settings', 'gen')
 if stored[3] and not integer(stored[3]) then
@@ -219,11 +243,11 @@ local zs = variadic('HMGET', members, names)
 local z0, total0, refs0, bound = {}, {}, {}, {}
 local scored, scored_at = {}, {}
 for i = 1, M do
-  local z = zs[i]
+  local z = zs[i] and zmember_of(zs[i], names[i])
+  if zs[i] and not z then
+    return fail('corrupt: ' .. members .. ' holds ' .. zs[i] .. ' for ' .. names[i])
+  end
   if z then
-    if tie ~= 'n' and not find(z, '^%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d:') then
-      return fail('corrupt: ' .. members .. ' holds ' .. z .. ' for ' .. names[i])
-    end
     z0[i] = z
     scored[#scored + 1] = z
     scored_at[#scored_at + 1] = i
@@ -430,7 +454,7 @@ for i = 1, M do
     end
     if z ~= old then
       moved[#moved + 1] = names[i]
-      moved[#moved + 1] = z
+      moved[#moved + 1] = stored_of(z)
     end
     if incremental then
       if old and z ~= old then removed[#removed + 1] = old end

@@ -2,12 +2,15 @@
 --
 -- KEYS[1] meta    Hash  expired_through
 -- KEYS[2] result  ZSet  zmember -> exact total
--- KEYS[3] lookup  Hash  member -> zmember as in result (members, or ranked for resummarize)
+-- KEYS[3] lookup  Hash  member -> its ZSet member: `members` (its tie-break time) on
+--                       incremental boards, `ranked` (the whole ZSet member) on resummarize
 --
 -- ARGV[1] 'top' | 'rank' | 'around'
--- top:    ARGV[2] offset, ARGV[3] limit
--- rank:   ARGV[2] member
--- around: ARGV[2] member, ARGV[3] radius
+-- ARGV[2] what the lookup holds: 'e' | 'l' | 'n', the tie-break of a `members` Hash, or
+--         'z' for whole ZSet members
+-- top:    ARGV[3] offset, ARGV[4] limit
+-- rank:   ARGV[3] member
+-- around: ARGV[3] member, ARGV[4] radius
 --
 -- Only totals above 0 are ranked; they sort before every other entry of the ZSet, so
 -- index positions below `count` are exactly the ranked members.
@@ -21,10 +24,20 @@ local op = ARGV[1]
 local rank = -1
 local start, stop
 if op == 'top' then
-  start = tonumber(ARGV[2])
-  stop = start + tonumber(ARGV[3]) - 1
+  start = tonumber(ARGV[3])
+  stop = start + tonumber(ARGV[4]) - 1
 else
-  local z = redis.call('HGET', lookup, ARGV[2])
+  local member, held = ARGV[3], ARGV[2]
+  local z = redis.call('HGET', lookup, member)
+  -- A `members` value is the tie-break time, or (written by an older version) the whole
+  -- ZSet member.
+  if z and held == 'n' then
+    z = member
+  elseif z and held ~= 'z' and #z <= 16 and string.find(z, '^%d+$') then
+    local t = tonumber(z)
+    if held == 'e' then t = 9007199254740991 - t end
+    z = string.format('%016d:%s', t, member)
+  end
   local score = z and redis.call('ZSCORE', result, z)
   if not score or tonumber(score) <= 0 then
     return { expired, count, -1, 0, 0, {} }
@@ -33,7 +46,7 @@ else
   if op == 'rank' then
     start, stop = rank, rank
   else
-    local radius = tonumber(ARGV[3])
+    local radius = tonumber(ARGV[4])
     start = math.max(0, rank - radius)
     stop = rank + radius
   end

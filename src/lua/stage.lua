@@ -1,7 +1,7 @@
 #!lua
 -- stage.lua: write one chunk of a recomputed instance into scratch keys.
 --
--- KEYS[1] members  Hash  member -> zmember (source of the tie-break time)
+-- KEYS[1] members  Hash  member -> its tie-break time (the ZSet member is prefix:member)
 -- KEYS[2] result   ZSet  scratch ranking:        zmember -> total  (flag 'r')
 -- KEYS[3] ranked   Hash  scratch lookup:         member -> zmember (flag 'n')
 -- KEYS[4] refs     Hash  scratch slice counts:   member -> count   (flag 'f')
@@ -10,7 +10,8 @@
 --
 -- ARGV[1] flags: any of 'r', 'n', 'f', 't'; 'p' writes result/ranked only for totals > 0
 -- ARGV[2] time to live of the scratch keys (ms), so a crashed run leaves nothing behind
--- ARGV[3..] quadruples: member, exact total, number of live slices holding it, and the
+-- ARGV[3] tie: 'e' | 'l' | 'n'
+-- ARGV[4..] quadruples: member, exact total, number of live slices holding it, and the
 --           zmember to use (and record in `members`) when `members` does not know the
 --           member, or '' to skip such a member
 --
@@ -23,8 +24,35 @@
 local flags = ARGV[1]
 local function has(f) return string.find(flags, f, 1, true) ~= nil end
 local positive_only = has('p')
+local tie = ARGV[3]
+local LIMIT = 9007199254740991
+
+-- `members` holds each member's tie-break time (ms, as an integer: 16 B of Redis memory
+-- where the 16-digit prefix took 32) or '' on boards without tie-break; an entry written by
+-- an older version holds the whole ZSet member, prefix included. The ZSet member a value
+-- stands for, or nil when it is neither.
+local function zmember_of(v, name)
+  if tie == 'n' then return name end
+  if #v <= 16 and string.find(v, '^%d+$') then
+    local t = tonumber(v)
+    if t > LIMIT then return nil end
+    if tie == 'e' then t = LIMIT - t end
+    return string.format('%016d:%s', t, name)
+  end
+  if string.find(v, '^%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d:') then return v end
+  return nil
+end
+
+-- What `members` stores for ZSet member `z`: its tie-break time.
+local function stored_of(z)
+  if tie == 'n' then return '' end
+  local t = tonumber(string.sub(z, 1, 16))
+  if tie == 'e' then t = LIMIT - t end
+  return string.format('%d', t)
+end
+
 local rows, names = {}, {}
-for i = 3, #ARGV, 4 do
+for i = 4, #ARGV, 4 do
   rows[#rows + 1] = { m = ARGV[i], total = ARGV[i + 1], refs = ARGV[i + 2], fallback = ARGV[i + 3] }
   names[#names + 1] = ARGV[i]
 end
@@ -33,11 +61,19 @@ local zs = #names > 0 and redis.call('HMGET', KEYS[1], unpack(names)) or {}
 local skipped, repaired = 0, {}
 local fixed, ranking, ranked, refs, totals = {}, {}, {}, {}, {}
 for i, r in ipairs(rows) do
-  r.z = zs[i] or nil
+  if zs[i] then
+    r.z = zmember_of(zs[i], r.m)
+    if not r.z then
+      return redis.error_reply('ROLLBOARD corrupt: ' .. KEYS[1] .. ' holds ' .. zs[i] .. ' for ' ..
+        r.m .. ' (nothing was written)')
+    end
+  end
+end
+for _, r in ipairs(rows) do
   if not r.z and r.fallback ~= '' then
     r.z = r.fallback
     fixed[#fixed + 1] = r.m
-    fixed[#fixed + 1] = r.z
+    fixed[#fixed + 1] = stored_of(r.z)
     repaired[#repaired + 1] = r.m
   end
   if not r.z then

@@ -5,7 +5,7 @@ use fred::prelude::*;
 use fred::types::{ClusterHash, CustomCommand};
 
 use super::{
-    as_array, as_i64, as_string, mode_flag, negative_flag, parse_floor, reply_err, Store,
+    as_array, as_i64, as_string, mode_flag, negative_flag, parse_floor, reply_err, tie_flag, Store,
     StoreError,
 };
 use crate::board::Board;
@@ -172,6 +172,7 @@ impl Store {
             Value::from(mode_flag(board)),
             Value::from(negative_flag(board)),
             Value::from(board.fingerprint()),
+            Value::from(tie_flag(board)),
         ]
         .into_iter()
         .chain(members.iter().map(|m| Value::from(m.as_str())))

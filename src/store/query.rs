@@ -2,7 +2,9 @@
 
 use fred::prelude::*;
 
-use super::{as_array, as_i64, as_string, parse_floor, reply_err, score, Store, StoreError};
+use super::{
+    as_array, as_i64, as_string, parse_floor, reply_err, score, tie_flag, Store, StoreError,
+};
 use crate::board::{Board, Mode};
 use crate::keys::InstanceKeys;
 use crate::query::{decode_member, Entry, MemberRank, Page};
@@ -16,10 +18,11 @@ struct Snapshot {
 }
 
 impl Store {
-    fn lookup_key(&self, board: &Board, k: &InstanceKeys) -> String {
+    /// The Hash that finds a member's ZSet member, and what query.lua is told it holds.
+    fn lookup(&self, board: &Board, k: &InstanceKeys) -> (String, &'static str) {
         match board.mode {
-            Mode::Incremental => k.members(),
-            Mode::Resummarize => k.ranked(),
+            Mode::Incremental => (k.members(), tie_flag(board)),
+            Mode::Resummarize => (k.ranked(), "z"),
         }
     }
 
@@ -31,7 +34,10 @@ impl Store {
         now: i64,
     ) -> Result<Snapshot, StoreError> {
         let k = self.instance(board, scope);
-        let keys = vec![k.meta(), k.result(), self.lookup_key(board, &k)];
+        let (lookup, held) = self.lookup(board, &k);
+        let keys = vec![k.meta(), k.result(), lookup];
+        let mut args = args;
+        args.insert(1, Value::from(held));
         let client = self.reader();
         let snapshot = self.timed(
             &self.scripts.query,

@@ -3,7 +3,7 @@
 
 use fred::prelude::*;
 
-use super::{as_array, as_i64, as_string, reply_err, score, Store, StoreError};
+use super::{as_array, as_i64, as_string, reply_err, score, tie_flag, Store, StoreError};
 use crate::board::Board;
 use crate::keys::InstanceKeys;
 use crate::query::{decode_member, encode_member};
@@ -139,7 +139,11 @@ impl Store {
             k.scratch(token, "totals"),
             k.scratch(token, "marker"),
         ];
-        let mut args: Vec<Value> = vec![targets.flags().into(), SCRATCH_TTL_MS.into()];
+        let mut args: Vec<Value> = vec![
+            targets.flags().into(),
+            SCRATCH_TTL_MS.into(),
+            tie_flag(board).into(),
+        ];
         for r in rows {
             args.extend([
                 Value::from(r.member.as_str()),

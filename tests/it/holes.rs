@@ -431,18 +431,24 @@ async fn rebuild_repairs_every_difference_verify_lists() {
         let c = store.client();
         // Damage: b's tie-break entry and ranking row lost, a's slice amount changed
         // behind the script's back, c's ranking score changed.
+        // (`members` holds the tie-break time the ZSet member is made of.)
+        let zmember = |ts: Option<String>, member: &str| {
+            let ts = ts.expect("known").parse().unwrap_or_default();
+            rollboard::query::encode_member(board.tie_break, member, ts)
+        };
         let zb: Option<String> = c.hget(k.members(), "b").await.expect("hget");
-        let zb = zb.expect("b known");
+        let zb = zmember(zb, "b");
         let _: i64 = c.hdel(k.members(), "b").await.expect("hdel");
         let ranking = k.result();
-        let _: i64 = c.zrem(&ranking, &zb).await.expect("zrem");
+        let removed: i64 = c.zrem(&ranking, &zb).await.expect("zrem");
+        assert_eq!(removed, 1, "b's ranking row");
         let _: i64 = c
             .hincrby(k.slice(board.slice_of(NOW - 10)), "a", 3)
             .await
             .expect("hincrby");
         let zc: Option<String> = c.hget(k.members(), "c").await.expect("hget");
         let _: f64 = c
-            .zincrby(&ranking, 5.0, zc.expect("c known"))
+            .zincrby(&ranking, 5.0, zmember(zc, "c"))
             .await
             .expect("zincrby");
         let v = roll::verify(&store, &board, None, 100)

@@ -345,12 +345,14 @@ async fn verify_finds_drift_and_rebuild_repairs_it() {
         model.apply(&b, e, T0);
     }
     let before = store.top(&b, None, 0, 100, T0).await.unwrap();
-    // Corrupt: bump one member's score and add a stranger.
-    let z: String = store
+    // Corrupt: bump one member's score and add a stranger. (`members` holds the
+    // tie-break time the ZSet member is made of.)
+    let ts: String = store
         .client()
         .hget("rb:{rooms}:members", "m3")
         .await
         .unwrap();
+    let z = rollboard::query::encode_member(b.tie_break, "m3", ts.parse().unwrap());
     let _: f64 = store
         .client()
         .zincrby("rb:{rooms}:result", 5.0, &z)

@@ -524,8 +524,10 @@ pub async fn assert_state_or(
                     .map(|e| (e.member.clone(), e.total, e.last_ts))
                     .collect::<Vec<_>>()
             };
-            let caught_up =
-                wait_for(Duration::from_secs(10), || async { ranked().await == expected }).await;
+            let caught_up = wait_for(Duration::from_secs(10), || async {
+                ranked().await == expected
+            })
+            .await;
             if !caught_up {
                 let got = ranked().await;
                 let differ: Vec<_> = expected
@@ -534,7 +536,8 @@ pub async fn assert_state_or(
                     .take(5)
                     .collect();
                 let (meta, _) = store.meta(board, scope.as_deref()).await.expect("meta");
-                let sums = live_sums(store, board, scope.as_deref(), meta.unwrap_or(i64::MIN)).await;
+                let sums =
+                    live_sums(store, board, scope.as_deref(), meta.unwrap_or(i64::MIN)).await;
                 let slices_differ: Vec<_> = expected
                     .iter()
                     .filter(|(m, total, _)| sums.get(m) != Some(total))
@@ -572,11 +575,8 @@ async fn live_sums(
         .expect("live slices")
     {
         use fred::interfaces::HashesInterface;
-        let fields: std::collections::HashMap<String, i64> = store
-            .client()
-            .hgetall(k.slice(n))
-            .await
-            .expect("slice");
+        let fields: std::collections::HashMap<String, i64> =
+            store.client().hgetall(k.slice(n)).await.expect("slice");
         for (member, amount) in fields {
             *sums.entry(member).or_default() += amount;
         }
