@@ -2,12 +2,11 @@
 --
 -- KEYS[1] meta    Hash  expired_through
 -- KEYS[2] result  ZSet  zmember -> exact total
--- KEYS[3] lookup  Hash  member -> its ZSet member: `members` (its tie-break time) on
---                       incremental boards, `ranked` (the whole ZSet member) on resummarize
+-- KEYS[3] lookup  Hash  member -> the tie-break time of its ZSet member: `members` on
+--                       incremental boards, `ranked` (as last resummarized) on resummarize
 --
 -- ARGV[1] 'top' | 'rank' | 'around'
--- ARGV[2] what the lookup holds: 'e' | 'l' | 'n', the tie-break of a `members` Hash, or
---         'z' for whole ZSet members
+-- ARGV[2] the board's tie-break: 'e' | 'l' | 'n'
 -- top:    ARGV[3] offset, ARGV[4] limit
 -- rank:   ARGV[3] member
 -- around: ARGV[3] member, ARGV[4] radius
@@ -27,15 +26,15 @@ if op == 'top' then
   start = tonumber(ARGV[3])
   stop = start + tonumber(ARGV[4]) - 1
 else
-  local member, held = ARGV[3], ARGV[2]
+  local member, tie = ARGV[3], ARGV[2]
   local z = redis.call('HGET', lookup, member)
-  -- A `members` value is the tie-break time, or (written by an older version) the whole
-  -- ZSet member.
-  if z and held == 'n' then
+  -- A lookup value is the tie-break time, or (written by an older version) the whole ZSet
+  -- member.
+  if z and tie == 'n' then
     z = member
-  elseif z and held ~= 'z' and #z <= 16 and string.find(z, '^%d+$') then
+  elseif z and #z <= 16 and string.find(z, '^%d+$') then
     local t = tonumber(z)
-    if held == 'e' then t = 9007199254740991 - t end
+    if tie == 'e' then t = 9007199254740991 - t end
     z = string.format('%016d:%s', t, member)
   end
   local score = z and redis.call('ZSCORE', result, z)

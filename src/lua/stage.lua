@@ -3,7 +3,7 @@
 --
 -- KEYS[1] members  Hash  member -> its tie-break time (the ZSet member is prefix:member)
 -- KEYS[2] result   ZSet  scratch ranking:        zmember -> total  (flag 'r')
--- KEYS[3] ranked   Hash  scratch lookup:         member -> zmember (flag 'n')
+-- KEYS[3] ranked   Hash  scratch lookup:         member -> tie-break time (flag 'n')
 -- KEYS[4] refs     Hash  scratch slice counts:   member -> count   (flag 'f')
 -- KEYS[5] totals   Hash  scratch live totals:    member -> total   (flag 't')
 -- KEYS[6] marker   String  this run's marker, checked and removed by swap.lua
@@ -83,7 +83,7 @@ for _, r in ipairs(rows) do
       ranking[#ranking + 1] = r.total
       ranking[#ranking + 1] = r.z
       ranked[#ranked + 1] = r.m
-      ranked[#ranked + 1] = r.z
+      ranked[#ranked + 1] = stored_of(r.z)
     end
     refs[#refs + 1] = r.m
     refs[#refs + 1] = r.refs

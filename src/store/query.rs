@@ -18,11 +18,11 @@ struct Snapshot {
 }
 
 impl Store {
-    /// The Hash that finds a member's ZSet member, and what query.lua is told it holds.
-    fn lookup(&self, board: &Board, k: &InstanceKeys) -> (String, &'static str) {
+    /// The Hash that holds the tie-break time of each ranked member's ZSet member.
+    fn lookup(&self, board: &Board, k: &InstanceKeys) -> String {
         match board.mode {
-            Mode::Incremental => (k.members(), tie_flag(board)),
-            Mode::Resummarize => (k.ranked(), "z"),
+            Mode::Incremental => k.members(),
+            Mode::Resummarize => k.ranked(),
         }
     }
 
@@ -34,10 +34,9 @@ impl Store {
         now: i64,
     ) -> Result<Snapshot, StoreError> {
         let k = self.instance(board, scope);
-        let (lookup, held) = self.lookup(board, &k);
-        let keys = vec![k.meta(), k.result(), lookup];
+        let keys = vec![k.meta(), k.result(), self.lookup(board, &k)];
         let mut args = args;
-        args.insert(1, Value::from(held));
+        args.insert(1, Value::from(tie_flag(board)));
         let client = self.reader();
         let snapshot = self.timed(
             &self.scripts.query,

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use fred::prelude::*;
 use proptest::prelude::*;
-use rollboard::board::{Board, Dedup, TieBreak, MAX_TOTAL};
+use rollboard::board::{Board, Dedup, Mode, TieBreak, MAX_TOTAL};
 use rollboard::query::{decode_member, encode_member};
 use rollboard::store::{apply_call, ApplyEvent, Outcome, Store, APPLY_CHUNK};
 
@@ -395,19 +395,15 @@ fn concurrent_overlapping_batches_count_each_id_once() {
     });
 }
 
-/// Rewrites every `members` value of `board`'s instance as an older version wrote it: the
-/// whole ZSet member (prefix:member), or the member itself on a board without tie-break.
-/// Returns how many it rewrote.
-async fn write_old_members(store: &Store, board: &Board) -> usize {
-    let k = store.instance(board, None);
+/// Rewrites every value of `key` (`members` or `ranked` of `board`'s instance) as an older
+/// version wrote it: the whole ZSet member (prefix:member), or the member itself on a
+/// board without tie-break. Returns how many it rewrote.
+async fn write_old_members(store: &Store, board: &Board, key: &str) -> usize {
     let c = store.client();
-    let fields: BTreeMap<String, String> = c.hgetall(k.members()).await.expect("members");
+    let fields: BTreeMap<String, String> = c.hgetall(key).await.expect("members");
     for (member, ts) in &fields {
         let old = encode_member(board.tie_break, member, ts.parse().unwrap_or_default());
-        let _: i64 = c
-            .hset(k.members(), (member.as_str(), old))
-            .await
-            .expect("hset");
+        let _: i64 = c.hset(key, (member.as_str(), old)).await.expect("hset");
     }
     fields.len()
 }
@@ -487,7 +483,8 @@ async fn members_written_by_an_older_version_are_read_as_before() {
                 .expect("apply");
             assert_eq!(outcomes, expected, "{}", board.name);
             if std::ptr::eq(batch, &first) {
-                assert_eq!(write_old_members(&store, &board).await, 13);
+                let members = store.instance(&board, None).members();
+                assert_eq!(write_old_members(&store, &board, &members).await, 13);
             }
             assert_eq!(
                 answers(&store, &board, NOW).await,
@@ -520,6 +517,17 @@ async fn members_written_by_an_older_version_are_read_as_before() {
             "{} after the roll",
             board.name
         );
+        // The lookup a resummarize run wrote, as an older version wrote it.
+        if board.mode == Mode::Resummarize {
+            let ranked = store.instance(&board, None).ranked();
+            assert!(write_old_members(&store, &board, &ranked).await > 0);
+            assert_eq!(
+                answers(&store, &board, later).await,
+                answers(&store, &control, later).await,
+                "{} with an old ranked lookup",
+                board.name
+            );
+        }
         assert_eq!(
             normalized(&store, &board).await,
             normalized(&store, &control).await,
