@@ -13,6 +13,7 @@ mod fold;
 mod holes;
 mod http_edges;
 mod intake;
+mod layout;
 mod model;
 mod partitions;
 mod prometheus;
