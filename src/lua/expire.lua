@@ -56,7 +56,7 @@ end
 -- `members` holds each member's tie-break time (ms, as an integer: 16 B of Redis memory
 -- where the 16-digit prefix took 32) or '' on boards without tie-break; an entry written by
 -- an older version holds the whole ZSet member, prefix included. The ZSet member a value
--- stands for, or nil when it is neither.
+-- stands for, or nil when it is neither (or names another member, or a time out of range).
 local function zmember_of(v, name)
   if tie == 'n' then return name end
   if #v <= 16 and string.find(v, '^%d+$') then
@@ -65,7 +65,11 @@ local function zmember_of(v, name)
     if tie == 'e' then t = LIMIT - t end
     return string.format('%016d:%s', t, name)
   end
-  if string.find(v, '^%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d:') then return v end
+  -- An older version's value: this member's own ZSet member, its prefix in range.
+  if string.sub(v, 17) == ':' .. name and string.find(v, '^%d+:')
+      and tonumber(string.sub(v, 1, 16)) <= LIMIT then
+    return v
+  end
   return nil
 end
 

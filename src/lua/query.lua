@@ -27,15 +27,22 @@ if op == 'top' then
   stop = start + tonumber(ARGV[4]) - 1
 else
   local member, tie = ARGV[3], ARGV[2]
-  local z = redis.call('HGET', lookup, member)
-  -- A lookup value is the tie-break time, or (written by an older version) the whole ZSet
-  -- member.
-  if z and tie == 'n' then
+  local LIMIT = 9007199254740991
+  local v = redis.call('HGET', lookup, member)
+  -- A lookup value is the tie-break time, or (written by an older version) the member's
+  -- whole ZSet member. Anything else is refused: it would rank the member wrongly, or as
+  -- another member.
+  local z = v
+  if v and tie == 'n' then
     z = member
-  elseif z and #z <= 16 and string.find(z, '^%d+$') then
-    local t = tonumber(z)
-    if tie == 'e' then t = 9007199254740991 - t end
+  elseif v and #v <= 16 and string.find(v, '^%d+$') and tonumber(v) <= LIMIT then
+    local t = tonumber(v)
+    if tie == 'e' then t = LIMIT - t end
     z = string.format('%016d:%s', t, member)
+  elseif v and not (string.sub(v, 17) == ':' .. member and string.find(v, '^%d+:')
+      and tonumber(string.sub(v, 1, 16)) <= LIMIT) then
+    return redis.error_reply('ROLLBOARD corrupt: ' .. lookup .. ' holds ' .. v .. ' for ' ..
+      member)
   end
   local score = z and redis.call('ZSCORE', result, z)
   if not score or tonumber(score) <= 0 then

@@ -10,7 +10,7 @@ use rollboard::query::encode_member;
 use rollboard::roll;
 use rollboard::store::{ApplyEvent, Store};
 
-use crate::util::{board, ev, RedisServer};
+use crate::util::{board, ev, snapshot, RedisServer};
 
 const SLICE: i64 = 1_000;
 const N: i64 = 4;
@@ -204,5 +204,105 @@ async fn extreme_times_and_digit_names_read_back_in_both_layouts() {
             let v = roll::verify(&store, &b, None, 7).await.expect("verify");
             assert!(v.differences.is_empty(), "{} {end}: {v:?}", b.name);
         }
+    }
+}
+
+/// A `members` value that is neither a tie-break time (at most 2^53 - 1) nor the ZSet
+/// member an older version wrote for that very member is refused with a clear error by
+/// both apply scripts, a rank or around query, and a rebuild; nothing is written and no
+/// other member's total is taken for this one's.
+#[tokio::test]
+async fn corrupt_members_values_are_refused() {
+    let redis = RedisServer::start();
+    let store = redis.store("rb").await;
+    const NOW: i64 = 1_000_000;
+    let bad = [
+        "abc".to_string(),
+        String::new(),
+        "-5".into(),
+        "1.5".into(),
+        " 12".into(),
+        "12345678901234567".into(),
+        "00000000000000001".into(),
+        "9007199254740992".into(),
+        "9999999999999999".into(),
+        // An older version's layout, but of another member or out of range.
+        encode_member(TieBreak::Latest, "other", NOW - 10),
+        encode_member(TieBreak::Latest, "m:x", NOW - 10),
+        "9999999999999999:m".into(),
+        "0000000000000005:".into(),
+    ];
+    for b in boards()
+        .into_iter()
+        .filter(|b| b.tie_break != TieBreak::None)
+    {
+        let k = store.instance(&b, None);
+        let first = vec![
+            ev("a1", NOW - 10, "m", 4),
+            ev("a2", NOW - 20, "other", 9),
+            ev("a3", NOW - 20, "m:x", 2),
+        ];
+        store.apply(&b, None, &first, NOW).await.expect("apply");
+        settle(&store, &b).await;
+        let lookups = if b.mode == Mode::Resummarize {
+            vec![k.members(), k.ranked()]
+        } else {
+            vec![k.members()]
+        };
+        for key in &lookups {
+            let saved: String = store.client().hget(key, "m").await.expect("hget");
+            for value in &bad {
+                let _: i64 = store
+                    .client()
+                    .hset(key, ("m", value.as_str()))
+                    .await
+                    .expect("hset");
+                let before = snapshot(&store, &b).await;
+                let what = format!("{} {key} = {value:?}", b.name);
+                if key == &k.members() {
+                    let e = store
+                        .apply(&b, None, &[ev("b1", NOW - 5, "m", 1)], NOW)
+                        .await
+                        .expect_err(&what);
+                    assert!(e.to_string().contains("ROLLBOARD corrupt"), "{what}: {e}");
+                    // A repeated id: event by event, through apply.lua.
+                    let twice = [ev("b2", NOW - 5, "m", 1), ev("b2", NOW - 5, "m", 1)];
+                    let e = store.apply(&b, None, &twice, NOW).await.expect_err(&what);
+                    assert!(e.to_string().contains("ROLLBOARD corrupt"), "{what}: {e}");
+                    // Expiry of the slice holding it (called directly: a roll would
+                    // first raise the watermark, which a failed call does not undo).
+                    let e = store
+                        .expire_chunk(&b, None, b.slice_of(NOW - 10), &["m".to_string()])
+                        .await
+                        .expect_err(&what);
+                    assert!(e.to_string().contains("ROLLBOARD corrupt"), "{what}: {e}");
+                    let e = roll::rebuild(&store, &b, None, 7).await.expect_err(&what);
+                    assert!(e.to_string().contains("corrupt"), "{what}: {e}");
+                }
+                let lookup = if b.mode == Mode::Resummarize {
+                    k.ranked()
+                } else {
+                    k.members()
+                };
+                if key == &lookup {
+                    let e = store.rank(&b, None, "m", NOW).await.expect_err(&what);
+                    assert!(e.to_string().contains("ROLLBOARD corrupt"), "{what}: {e}");
+                    let e = store.around(&b, None, "m", 1, NOW).await.expect_err(&what);
+                    assert!(e.to_string().contains("ROLLBOARD corrupt"), "{what}: {e}");
+                }
+                assert_eq!(
+                    snapshot(&store, &b).await,
+                    before,
+                    "{what}: a failed call wrote"
+                );
+            }
+            let _: i64 = store
+                .client()
+                .hset(key, ("m", saved.as_str()))
+                .await
+                .expect("hset");
+        }
+        let r = store.rank(&b, None, "m", NOW).await.expect("rank");
+        assert_eq!(r.total, Some(4), "{}", b.name);
     }
 }
