@@ -421,7 +421,9 @@ async fn sum_slices(
 }
 
 /// The rows to stage. With `repair`, a member that `members` has lost is given the last
-/// millisecond of its newest slice as its tie-break time (the exact time is not kept).
+/// millisecond of its newest slice as its tie-break time (the exact time is not kept), at
+/// most 2^53 - 1, the latest time an event can have: the slice holding that time ends
+/// after it, and a later time is one no script accepts back.
 fn staged(board: &Board, sums: Sums, repair: bool) -> Result<Vec<Staged>, RollError> {
     sums.into_iter()
         .map(|(member, (total, slices, newest))| {
@@ -435,7 +437,7 @@ fn staged(board: &Board, sums: Sums, repair: bool) -> Result<Vec<Staged>, RollEr
                 member,
                 total: total as i64,
                 slices,
-                fallback_ts: repair.then(|| (newest + 1) * board.slice_ms - 1),
+                fallback_ts: repair.then(|| ((newest + 1) * board.slice_ms - 1).min(MAX_TOTAL)),
             })
         })
         .collect()

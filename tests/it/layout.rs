@@ -306,3 +306,32 @@ async fn corrupt_members_values_are_refused() {
         assert_eq!(r.total, Some(4), "{}", b.name);
     }
 }
+
+/// A rebuild that restores a lost `members` entry in the newest slice a time can be in
+/// (the one holding 2^53 - 1) records a time the scripts accept: the member stays
+/// readable and writable afterwards, on every tie-break.
+#[tokio::test]
+async fn a_lost_entry_restored_in_the_last_slice_stays_readable() {
+    let redis = RedisServer::start();
+    let store = redis.store("rb").await;
+    let now = LIMIT;
+    for b in boards() {
+        let k = store.instance(&b, None);
+        let first = vec![ev("a1", now - 3, "m", 4), ev("a2", now - 2_500, "n", 4)];
+        store.apply(&b, None, &first, now).await.expect("apply");
+        let _: i64 = store.client().hdel(k.members(), "m").await.expect("hdel");
+        let r = roll::rebuild(&store, &b, None, 7).await.expect("rebuild");
+        assert_eq!(r.estimated, vec!["m".to_string()], "{}", b.name);
+        let rank = store.rank(&b, None, "m", now).await.expect("rank");
+        assert_eq!(rank.total, Some(4), "{}", b.name);
+        store
+            .apply(&b, None, &[ev("a3", now - 1, "m", 1)], now)
+            .await
+            .unwrap_or_else(|e| panic!("{}: {e}", b.name));
+        settle(&store, &b).await;
+        let rank = store.rank(&b, None, "m", now).await.expect("rank");
+        assert_eq!(rank.total, Some(5), "{}", b.name);
+        let v = roll::verify(&store, &b, None, 7).await.expect("verify");
+        assert!(v.differences.is_empty(), "{}: {v:?}", b.name);
+    }
+}
