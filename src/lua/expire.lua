@@ -66,7 +66,7 @@ local function zmember_of(v, name)
     return string.format('%016d:%s', t, name)
   end
   -- An older version's value: this member's own ZSet member, its prefix in range.
-  if string.sub(v, 17) == ':' .. name and string.find(v, '^%d+:')
+  if string.sub(v, 17) == ':' .. name and string.find(v, '^%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d:')
       and tonumber(string.sub(v, 1, 16)) <= LIMIT then
     return v
   end

@@ -39,7 +39,8 @@ else
     local t = tonumber(v)
     if tie == 'e' then t = LIMIT - t end
     z = string.format('%016d:%s', t, member)
-  elseif v and not (string.sub(v, 17) == ':' .. member and string.find(v, '^%d+:')
+  elseif v and not (string.sub(v, 17) == ':' .. member
+      and string.find(v, '^%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d:')
       and tonumber(string.sub(v, 1, 16)) <= LIMIT) then
     return redis.error_reply('ROLLBOARD corrupt: ' .. lookup .. ' holds ' .. v .. ' for ' ..
       member)

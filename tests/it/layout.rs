@@ -231,6 +231,8 @@ async fn corrupt_members_values_are_refused() {
         encode_member(TieBreak::Latest, "m:x", NOW - 10),
         "9999999999999999:m".into(),
         "0000000000000005:".into(),
+        // A colon inside the 16-character prefix.
+        "12:4567890123456:m".into(),
     ];
     for b in boards()
         .into_iter()
