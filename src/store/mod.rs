@@ -118,6 +118,17 @@ impl StoreError {
                     ]
                     .iter()
                     .any(|p| e.details().starts_with(p))
+                    // fred counts every write of a command against `max_command_attempts`,
+                    // the writes that follow a MOVED or ASK redirection included, and gives
+                    // up with these errors: while slots move, a call can be redirected more
+                    // often than that. The slot settles; the data is not at fault.
+                    || [
+                        "Too many failed write attempts",
+                        "Too many redirections",
+                        "Max attempts reached",
+                    ]
+                    .iter()
+                    .any(|p| e.details().starts_with(p))
             }
             StoreError::Reply(_) => false,
         }
@@ -393,4 +404,32 @@ fn score(v: &Value) -> Option<i64> {
         let d: f64 = text.parse().ok()?;
         (d.fract() == 0.0 && d.abs() <= crate::board::MAX_TOTAL as f64).then_some(d as i64)
     })
+}
+
+#[cfg(test)]
+mod outage_tests {
+    use super::StoreError;
+    use fred::error::{Error, ErrorKind};
+
+    /// Redirections beyond fred's attempts (slots moving) are retried, never dead-lettered.
+    #[test]
+    fn redirections_beyond_the_attempts_are_an_outage() {
+        for (kind, details) in [
+            (ErrorKind::Unknown, "Too many failed write attempts."),
+            (ErrorKind::Routing, "Too many redirections."),
+            (ErrorKind::Routing, "Max attempts reached."),
+            (
+                ErrorKind::Unknown,
+                "TRYAGAIN Multiple keys request during rehashing of slot",
+            ),
+        ] {
+            assert!(
+                StoreError::Redis(Error::new(kind, details)).is_outage(),
+                "{details}"
+            );
+        }
+        assert!(
+            !StoreError::Redis(Error::new(ErrorKind::Unknown, "ROLLBOARD corrupt")).is_outage()
+        );
+    }
 }
