@@ -115,14 +115,10 @@ impl StoreError {
                         "NOREPLICAS",
                         "MOVED",
                         "ASK",
-                    ]
-                    .iter()
-                    .any(|p| e.details().starts_with(p))
-                    // fred counts every write of a command against `max_command_attempts`,
-                    // the writes that follow a MOVED or ASK redirection included, and gives
-                    // up with these errors: while slots move, a call can be redirected more
-                    // often than that. The slot settles; the data is not at fault.
-                    || [
+                        // fred counts every write of a command against
+                        // `max_command_attempts`, the writes after a MOVED or ASK included,
+                        // and gives up with these: while slots move, a call can be
+                        // redirected more often than that. The data is not at fault.
                         "Too many failed write attempts",
                         "Too many redirections",
                         "Max attempts reached",

@@ -30,12 +30,11 @@ impl Store {
         &self,
         board: &Board,
         scope: Option<&str>,
-        args: Vec<Value>,
+        mut args: Vec<Value>,
         now: i64,
     ) -> Result<Snapshot, StoreError> {
         let k = self.instance(board, scope);
         let keys = vec![k.meta(), k.result(), self.lookup(board, &k)];
-        let mut args = args;
         args.insert(1, Value::from(tie_flag(board)));
         let client = self.reader();
         let snapshot = self.timed(
