@@ -229,6 +229,9 @@ fn parse_read(v: Value) -> Vec<Entry> {
         .collect()
 }
 
+/// Redirections one append transaction follows (a slot moving, then moved).
+const TRANSACTION_REDIRECTIONS: u32 = 5;
+
 /// Appends validated events in one MULTI/EXEC per partition: all of a partition's events
 /// or, when Redis refuses any (e.g. out of memory, detected while queueing), none of them.
 /// With one partition that is all of them or none; with several, the transactions of the
@@ -274,13 +277,21 @@ pub async fn append(
         let stream = partition_key(&settings.stream, partitions, partition);
         async move {
             let tx = client.multi();
+            // Clients follow no redirection (see `Store::connect`); a transaction is sent
+            // on a drained connection, where fred follows MOVED and ASK correctly.
+            let follow = tx.with_options(&Options {
+                max_redirections: Some(TRANSACTION_REDIRECTIONS),
+                ..Options::default()
+            });
             for (fields, id) in &events {
                 let pairs: Vec<(&[u8], &[u8])> = fields
                     .iter()
                     .map(|(k, v)| (k.as_slice(), v.as_slice()))
                     .chain(id.as_deref().map(|id| (b"id".as_slice(), id.as_bytes())))
                     .collect();
-                let _: () = tx.xadd(stream.as_str(), false, None, "*", pairs).await?;
+                let _: () = follow
+                    .xadd(stream.as_str(), false, None, "*", pairs)
+                    .await?;
             }
             let _: Value = tx.exec(true).await?;
             Ok::<String, fred::error::Error>(stream)

@@ -345,6 +345,15 @@ impl Store {
                 c.connection_timeout = Duration::from_secs(5);
                 c.internal_command_timeout = Duration::from_secs(10);
                 c.max_command_attempts = 3;
+                // Redirections come back to rollboard as outage errors, and the call is
+                // retried whole. fred 10.1 follows an ASK by writing `ASKING` to the target
+                // and taking the next reply read on that connection as its answer, whatever
+                // is already in flight there (the replies of other calls shift by one), and
+                // then sends the command to the slot's old owner again. Following a MOVED,
+                // it re-reads the slot map before it gives up, so the retry goes straight
+                // to the new owner. Transactions, which fred sends on a drained connection,
+                // follow redirections themselves (see [`crate::stream::append`]).
+                c.max_redirections = 0;
             })
             .with_performance_config(|p| {
                 p.default_command_timeout = Duration::from_secs(30);

@@ -45,7 +45,7 @@ pub use stage::{StageTargets, Staged, STAGE_CALL_ROWS};
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use fred::prelude::*;
 use fred::types::scripts::Script;
@@ -120,8 +120,9 @@ impl StoreError {
                         // and gives up with these: while slots move, a call can be
                         // redirected more often than that. The data is not at fault.
                         "Too many failed write attempts",
-                        "Too many redirections",
+                        REDIRECTED,
                         "Max attempts reached",
+                        "Max redirections exceeded",
                     ]
                     .iter()
                     .any(|p| e.details().starts_with(p))
@@ -314,12 +315,42 @@ impl Store {
         keys: Vec<String>,
         args: Vec<Value>,
     ) -> Result<Value, StoreError> {
-        let call = script.evalsha_with_reload(self.client(), keys, args);
+        let call =
+            redirected(|| script.evalsha_with_reload(self.client(), keys.clone(), args.clone()));
         Ok(self
             .bounded(FOLD_BUDGET as u32, self.timed(script, call))
             .await?)
     }
 }
+
+/// Pauses before each new try of a redirected call (see [`redirected`]).
+const REDIRECTION_WAITS: [Duration; 3] = [
+    Duration::ZERO,
+    Duration::from_millis(20),
+    Duration::from_millis(100),
+];
+
+/// Runs `call` again while Redis redirects it: its slot has moved (MOVED; the client has
+/// read the new slot map before giving up) or is moving (ASK, until the keys' slot has
+/// moved). A redirected call ran nothing, so the new try cannot count anything twice. The
+/// clients follow no redirection themselves (see [`Store::connect`]). Still redirected
+/// after the last try, the error goes to the caller, an outage like any other.
+async fn redirected<T, F, Fut>(mut call: F) -> Result<T, fred::error::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, fred::error::Error>>,
+{
+    for wait in REDIRECTION_WAITS {
+        match call().await {
+            Err(e) if e.details().starts_with(REDIRECTED) => tokio::time::sleep(wait).await,
+            reply => return reply,
+        }
+    }
+    call().await
+}
+
+/// How fred fails a command it was told not to follow to another node.
+const REDIRECTED: &str = "Too many redirections";
 
 /// The semaphore of [`Store::bounded`] for `calls` full-size calls.
 fn calls_in_flight(calls: usize) -> tokio::sync::Semaphore {
@@ -414,6 +445,7 @@ mod outage_tests {
             (ErrorKind::Unknown, "Too many failed write attempts."),
             (ErrorKind::Routing, "Too many redirections."),
             (ErrorKind::Routing, "Max attempts reached."),
+            (ErrorKind::Unknown, "Max redirections exceeded"),
             (
                 ErrorKind::Unknown,
                 "TRYAGAIN Multiple keys request during rehashing of slot",
