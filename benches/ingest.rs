@@ -809,7 +809,7 @@ async fn bench_ceiling(redis: &RedisServer) -> Result<()> {
     let board: Board = settings(redis, Spread::Uniform)?.boards.remove(0);
     let store = connect(redis, 1).await?;
     store.load_scripts().await.map_err(|e| e.to_string())?;
-    let sha = fred::types::scripts::Script::from_lua(include_str!("../src/lua/apply.lua"))
+    let sha = fred::types::scripts::Script::from_lua(rollboard::store::lua::APPLY)
         .sha1()
         .to_string();
     let now = now_ms();

@@ -114,17 +114,17 @@ return #done
 /// rollboard's scripts, to name the slow-log entries by SHA1 (both apply scripts count as
 /// `apply`).
 const SCRIPTS: [(&str, &str); 11] = [
-    ("apply", include_str!("../src/lua/fold.lua")),
-    ("apply", include_str!("../src/lua/apply.lua")),
-    ("watermark", include_str!("../src/lua/watermark.lua")),
-    ("expire", include_str!("../src/lua/expire.lua")),
-    ("drop_slice", include_str!("../src/lua/drop_slice.lua")),
-    ("trim_seen", include_str!("../src/lua/trim_seen.lua")),
-    ("query", include_str!("../src/lua/query.lua")),
-    ("stage", include_str!("../src/lua/stage.lua")),
-    ("swap", include_str!("../src/lua/swap.lua")),
-    ("cleanup", include_str!("../src/lua/cleanup.lua")),
-    ("floor", include_str!("../src/lua/floor.lua")),
+    ("apply", rollboard::store::lua::FOLD),
+    ("apply", rollboard::store::lua::APPLY),
+    ("watermark", rollboard::store::lua::WATERMARK),
+    ("expire", rollboard::store::lua::EXPIRE),
+    ("drop_slice", rollboard::store::lua::DROP_SLICE),
+    ("trim_seen", rollboard::store::lua::TRIM_SEEN),
+    ("query", rollboard::store::lua::QUERY),
+    ("stage", rollboard::store::lua::STAGE),
+    ("swap", rollboard::store::lua::SWAP),
+    ("cleanup", rollboard::store::lua::CLEANUP),
+    ("floor", rollboard::store::lua::FLOOR),
 ];
 
 /// DESIGN.md section 7: no call rollboard makes may hold Redis longer than this (µs).
@@ -1079,7 +1079,7 @@ async fn apply_unsplit(store: &Store, members: usize, slowlog_us: u64) -> Result
     let client = store.client();
     let b = board("apply_unsplit", 2, 2 * HOUR);
     let k = store.instance(&b, None);
-    let script = Script::from_lua(include_str!("../src/lua/apply.lua"));
+    let script = Script::from_lua(rollboard::store::lua::APPLY);
     script.load(client).await?;
     let fingerprint = b.fingerprint();
     let now = T0 + HOUR - 1;

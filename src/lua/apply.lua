@@ -1,4 +1,3 @@
-#!lua
 -- apply.lua: fold a bounded chunk of events into one board instance, atomically.
 --
 -- KEYS[1] meta     Hash  expired_through (watermark slice), settings, gen (bumped on change)
@@ -59,8 +58,6 @@
 -- a call either writes all of it or nothing. The `#!lua` line makes Redis refuse the
 -- whole call up front when it is out of memory, instead of failing at the first write.
 -- Numbers stay below 2^53 in magnitude, so Lua's doubles hold them exactly.
-local LIMIT = 9007199254740991
-local BATCH = 1000 -- values per variadic command (well under Lua's unpack limit)
 local LOAD = 16 -- entries per bucket, on average, before a split
 local DIGEST, ENTRY = 16, 20 -- bytes per digest, and per table entry (digest and slice tag)
 local WRAP, HALF = 4294967296, 2147483648
@@ -75,59 +72,6 @@ local S, M, E = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
 local forgotten_through = tonumber(ARGV[11]) % WRAP
 local slice_base, member_base, event_base = 11, 11 + 2 * S, 11 + 2 * S + M
 local with_ids = #ARGV >= event_base + 6 * E
-
-local function fail(what)
-  return redis.error_reply('ROLLBOARD ' .. what .. ' (nothing was written)')
-end
-
--- Runs `cmd key args...` over `list` in bounded pieces; concatenates array replies.
-local function variadic(cmd, key, list, prefix)
-  local out = {}
-  for i = 1, #list, BATCH do
-    local args = { cmd, key }
-    if prefix then args[#args + 1] = prefix end
-    for j = i, math.min(i + BATCH - 1, #list) do args[#args + 1] = list[j] end
-    local reply = redis.call(unpack(args))
-    if type(reply) == 'table' then
-      for _, v in ipairs(reply) do out[#out + 1] = v end
-    end
-  end
-  return out
-end
-
-local function integer(v)
-  local n = tonumber(v)
-  if n == nil or n ~= math.floor(n) or math.abs(n) > LIMIT then return nil end
-  return n
-end
-
--- `members` holds each member's tie-break time (ms, as an integer: 16 B of Redis memory
--- where the 16-digit prefix took 32) or '' on boards without tie-break; an entry written by
--- an older version holds the whole ZSet member, prefix included. The ZSet member a value
--- stands for, or nil when it is neither (or names another member, or a time out of range).
-local function zmember_of(v, name)
-  if tie == 'n' then return name end
-  if #v <= 16 and string.find(v, '^%d+$') then
-    local t = tonumber(v)
-    if t > LIMIT then return nil end
-    if tie == 'e' then t = LIMIT - t end
-    return string.format('%016d:%s', t, name)
-  end
-  -- An older version's value: this member's own ZSet member, its prefix in range.
-  if string.sub(v, 17) == ':' .. name and string.find(v, '^%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d:')
-      and tonumber(string.sub(v, 1, 16)) <= LIMIT then
-    return v
-  end
-  return nil
-end
-
--- What `members` stores for ZSet member `z`: its tie-break time.
-local function stored_of(z)
-  if tie == 'n' then return '' end
-  local t = tonumber(string.sub(z, 1, 16))
-  if tie == 'e' then t = LIMIT - t end
-  return string.format('%d', t)
-end
 
 -- Phase 1: read and check.
 local stored = redis.call('HMGET', meta, 'expired_through', 'settings', 'gen')
@@ -266,7 +210,7 @@ local scored, scored_at = {}, {}
 for i = 1, M do
   local z = nil
   if zs[i] then
-    z = zmember_of(zs[i], names[i])
+    z = zmember_of(zs[i], names[i], tie)
     if not z then return fail('corrupt: ' .. members .. ' holds ' .. zs[i] .. ' for ' .. names[i]) end
   end
   state[i] = { z0 = z, z = z, total0 = 0, total = 0, refs0 = 0, refs = 0 }
@@ -471,7 +415,7 @@ for i = 1, M do
   if st.z then
     if st.z ~= st.z0 then
       moved[#moved + 1] = names[i]
-      moved[#moved + 1] = stored_of(st.z)
+      moved[#moved + 1] = stored_of(st.z, tie)
     end
     if incremental then
       if st.z0 and st.z ~= st.z0 then removed[#removed + 1] = st.z0 end

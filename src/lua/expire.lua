@@ -1,4 +1,3 @@
-#!lua
 -- expire.lua: expire one chunk of a dead slice of one instance, exactly once.
 --
 -- KEYS[1] meta     Hash  settings, gen (bumped when anything changes)
@@ -23,55 +22,10 @@
 -- every value) and writes only after that, so a call that fails has written nothing.
 -- Scores stay integers below 2^53, so they are exact in Lua's doubles.
 -- Returns { fields expired, members that left the instance }.
-local LIMIT = 9007199254740991
-local BATCH = 1000
 local meta, result, members, refs, totals, slice = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local incremental = ARGV[1] == 'i'
 local negative = ARGV[2] == '1'
 local tie = ARGV[4]
-
-local function fail(what)
-  return redis.error_reply('ROLLBOARD ' .. what .. ' (nothing was written)')
-end
-
-local function variadic(cmd, key, list)
-  local out = {}
-  for i = 1, #list, BATCH do
-    local args = { cmd, key }
-    for j = i, math.min(i + BATCH - 1, #list) do args[#args + 1] = list[j] end
-    local reply = redis.call(unpack(args))
-    if type(reply) == 'table' then
-      for _, v in ipairs(reply) do out[#out + 1] = v end
-    end
-  end
-  return out
-end
-
-local function integer(v)
-  local n = tonumber(v)
-  if n == nil or n ~= math.floor(n) or math.abs(n) > LIMIT then return nil end
-  return n
-end
-
--- `members` holds each member's tie-break time (ms, as an integer: 16 B of Redis memory
--- where the 16-digit prefix took 32) or '' on boards without tie-break; an entry written by
--- an older version holds the whole ZSet member, prefix included. The ZSet member a value
--- stands for, or nil when it is neither (or names another member, or a time out of range).
-local function zmember_of(v, name)
-  if tie == 'n' then return name end
-  if #v <= 16 and string.find(v, '^%d+$') then
-    local t = tonumber(v)
-    if t > LIMIT then return nil end
-    if tie == 'e' then t = LIMIT - t end
-    return string.format('%016d:%s', t, name)
-  end
-  -- An older version's value: this member's own ZSet member, its prefix in range.
-  if string.sub(v, 17) == ':' .. name and string.find(v, '^%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d:')
-      and tonumber(string.sub(v, 1, 16)) <= LIMIT then
-    return v
-  end
-  return nil
-end
 
 -- Phase 1: read and check.
 local stored = redis.call('HMGET', meta, 'settings', 'gen')
@@ -103,7 +57,7 @@ if #claimed == 0 then return { 0, 0 } end
 local zs = variadic('HMGET', members, claimed)
 for i = 1, #claimed do
   if zs[i] then
-    local z = zmember_of(zs[i], claimed[i])
+    local z = zmember_of(zs[i], claimed[i], tie)
     if not z then return fail('corrupt: ' .. members .. ' holds ' .. zs[i] .. ' for ' .. claimed[i]) end
     zs[i] = z
   end

@@ -1,4 +1,3 @@
-#!lua
 -- fold.lua: fold a chunk of events into one board instance, pre-aggregated by the caller,
 -- atomically; the fast path of `apply.lua`, for the common case.
 --
@@ -32,8 +31,6 @@
 --
 -- Phase 1 only reads and checks, phase 2 only writes, as in `apply.lua` (whose comments
 -- describe the digest table, the forget logs and the checks); a call writes all or nothing.
-local LIMIT = 9007199254740991
-local BATCH = 1000
 local LOAD = 16
 local DIGEST, ENTRY = 16, 20
 local WRAP, HALF = 4294967296, 2147483648
@@ -50,61 +47,6 @@ local blob = ARGV[12]
 local slice_base, member_base = 12, 12 + 3 * S
 local group_base = member_base + M
 local byte, sub, find, format = string.byte, string.sub, string.find, string.format
-
-local function fail(what)
-  return redis.error_reply('ROLLBOARD ' .. what .. ' (nothing was written)')
-end
-
-local function variadic(cmd, key, list)
-  local n = #list
-  if n == 0 then return {} end
-  if n <= BATCH then
-    local reply = redis.call(cmd, key, unpack(list))
-    return type(reply) == 'table' and reply or {}
-  end
-  local out = {}
-  for i = 1, n, BATCH do
-    local reply = redis.call(cmd, key, unpack(list, i, math.min(i + BATCH - 1, n)))
-    if type(reply) == 'table' then
-      for _, v in ipairs(reply) do out[#out + 1] = v end
-    end
-  end
-  return out
-end
-
-local function integer(v)
-  local n = tonumber(v)
-  if n == nil or n ~= math.floor(n) or n > LIMIT or n < -LIMIT then return nil end
-  return n
-end
-
--- `members` holds each member's tie-break time (ms, as an integer: 16 B of Redis memory
--- where the 16-digit prefix took 32) or '' on boards without tie-break; an entry written by
--- an older version holds the whole ZSet member, prefix included. The ZSet member a value
--- stands for, or nil when it is neither (or names another member, or a time out of range).
-local function zmember_of(v, name)
-  if tie == 'n' then return name end
-  if #v <= 16 and string.find(v, '^%d+$') then
-    local t = tonumber(v)
-    if t > LIMIT then return nil end
-    if tie == 'e' then t = LIMIT - t end
-    return string.format('%016d:%s', t, name)
-  end
-  -- An older version's value: this member's own ZSet member, its prefix in range.
-  if string.sub(v, 17) == ':' .. name and string.find(v, '^%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d:')
-      and tonumber(string.sub(v, 1, 16)) <= LIMIT then
-    return v
-  end
-  return nil
-end
-
--- What `members` stores for ZSet member `z`: its tie-break time.
-local function stored_of(z)
-  if tie == 'n' then return '' end
-  local t = tonumber(string.sub(z, 1, 16))
-  if tie == 'e' then t = LIMIT - t end
-  return string.format('%d', t)
-end
 
 -- Phase 1: read and check.
 local stored = redis.call('HMGET', meta, 'expired_through', 'settings', 'gen')
@@ -247,7 +189,7 @@ local zs = variadic('HMGET', members, names)
 local z0, total0, refs0, bound = {}, {}, {}, {}
 local scored, scored_at = {}, {}
 for i = 1, M do
-  local z = zs[i] and zmember_of(zs[i], names[i])
+  local z = zs[i] and zmember_of(zs[i], names[i], tie)
   if zs[i] and not z then
     return fail('corrupt: ' .. members .. ' holds ' .. zs[i] .. ' for ' .. names[i])
   end
@@ -458,7 +400,7 @@ for i = 1, M do
     end
     if z ~= old then
       moved[#moved + 1] = names[i]
-      moved[#moved + 1] = stored_of(z)
+      moved[#moved + 1] = stored_of(z, tie)
     end
     if incremental then
       if old and z ~= old then removed[#removed + 1] = old end

@@ -1,4 +1,3 @@
-#!lua
 -- stage.lua: write one chunk of a recomputed instance into scratch keys.
 --
 -- KEYS[1] members  Hash  member -> its tie-break time (the ZSet member is prefix:member)
@@ -25,35 +24,6 @@ local flags = ARGV[1]
 local function has(f) return string.find(flags, f, 1, true) ~= nil end
 local positive_only = has('p')
 local tie = ARGV[3]
-local LIMIT = 9007199254740991
-
--- `members` holds each member's tie-break time (ms, as an integer: 16 B of Redis memory
--- where the 16-digit prefix took 32) or '' on boards without tie-break; an entry written by
--- an older version holds the whole ZSet member, prefix included. The ZSet member a value
--- stands for, or nil when it is neither (or names another member, or a time out of range).
-local function zmember_of(v, name)
-  if tie == 'n' then return name end
-  if #v <= 16 and string.find(v, '^%d+$') then
-    local t = tonumber(v)
-    if t > LIMIT then return nil end
-    if tie == 'e' then t = LIMIT - t end
-    return string.format('%016d:%s', t, name)
-  end
-  -- An older version's value: this member's own ZSet member, its prefix in range.
-  if string.sub(v, 17) == ':' .. name and string.find(v, '^%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d:')
-      and tonumber(string.sub(v, 1, 16)) <= LIMIT then
-    return v
-  end
-  return nil
-end
-
--- What `members` stores for ZSet member `z`: its tie-break time.
-local function stored_of(z)
-  if tie == 'n' then return '' end
-  local t = tonumber(string.sub(z, 1, 16))
-  if tie == 'e' then t = LIMIT - t end
-  return string.format('%d', t)
-end
 
 local rows, names = {}, {}
 for i = 4, #ARGV, 4 do
@@ -66,7 +36,7 @@ local skipped, repaired = 0, {}
 local fixed, ranking, ranked, refs, totals = {}, {}, {}, {}, {}
 for i, r in ipairs(rows) do
   if zs[i] then
-    r.z = zmember_of(zs[i], r.m)
+    r.z = zmember_of(zs[i], r.m, tie)
     if not r.z then
       return redis.error_reply('ROLLBOARD corrupt: ' .. KEYS[1] .. ' holds ' .. zs[i] .. ' for ' ..
         r.m .. ' (nothing was written)')
@@ -77,7 +47,7 @@ for _, r in ipairs(rows) do
   if not r.z and r.fallback ~= '' then
     r.z = r.fallback
     fixed[#fixed + 1] = r.m
-    fixed[#fixed + 1] = stored_of(r.z)
+    fixed[#fixed + 1] = stored_of(r.z, tie)
     repaired[#repaired + 1] = r.m
   end
   if not r.z then
@@ -87,7 +57,7 @@ for _, r in ipairs(rows) do
       ranking[#ranking + 1] = r.total
       ranking[#ranking + 1] = r.z
       ranked[#ranked + 1] = r.m
-      ranked[#ranked + 1] = stored_of(r.z)
+      ranked[#ranked + 1] = stored_of(r.z, tie)
     end
     refs[#refs + 1] = r.m
     refs[#refs + 1] = r.refs

@@ -111,19 +111,7 @@ pub fn tls_client_config(files: &TlsFiles) -> Result<rustls::ClientConfig, TlsEr
 
 /// The source of every Lua script, for the permission probe: a script runs with the
 /// caller's ACL, so every command it calls is one the Redis user needs.
-const LUA_SOURCES: &[(&str, &str)] = &[
-    ("apply.lua", include_str!("../lua/apply.lua")),
-    ("cleanup.lua", include_str!("../lua/cleanup.lua")),
-    ("drop_slice.lua", include_str!("../lua/drop_slice.lua")),
-    ("expire.lua", include_str!("../lua/expire.lua")),
-    ("floor.lua", include_str!("../lua/floor.lua")),
-    ("fold.lua", include_str!("../lua/fold.lua")),
-    ("query.lua", include_str!("../lua/query.lua")),
-    ("stage.lua", include_str!("../lua/stage.lua")),
-    ("swap.lua", include_str!("../lua/swap.lua")),
-    ("trim_seen.lua", include_str!("../lua/trim_seen.lua")),
-    ("watermark.lua", include_str!("../lua/watermark.lua")),
-];
+const LUA_SOURCES: &[(&str, &str)] = &super::lua::ALL;
 
 /// Asks Redis whether the current user may run each command of ARGV (groups of a count
 /// followed by that many words), without running any; returns one status per group:
@@ -715,7 +703,7 @@ mod permission_tests {
         let mut files: Vec<String> = std::fs::read_dir(dir)
             .expect("src/lua")
             .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
-            .filter(|f| f.ends_with(".lua"))
+            .filter(|f| f.ends_with(".lua") && f != "common.lua")
             .collect();
         files.sort();
         let probed: Vec<String> = LUA_SOURCES.iter().map(|(f, _)| f.to_string()).collect();

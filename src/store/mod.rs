@@ -23,10 +23,12 @@
 //! * `stage.rs`: resummarize: staging a recomputation in scratch keys and swapping it in.
 //! * `query.rs`: the top / rank / around reads.
 //! * `replicas.rs`: confirming writes only once enough replicas hold them (`WAIT`).
+//! * `lua.rs`: the scripts' text as Redis receives it.
 
 mod apply;
 mod connect;
 mod expire;
+pub mod lua;
 mod query;
 mod replicas;
 mod stage;
@@ -181,17 +183,17 @@ struct Scripts {
 impl Scripts {
     fn new() -> Self {
         Scripts {
-            apply: Script::from_lua(include_str!("../lua/apply.lua")),
-            fold: Script::from_lua(include_str!("../lua/fold.lua")),
-            watermark: Script::from_lua(include_str!("../lua/watermark.lua")),
-            expire: Script::from_lua(include_str!("../lua/expire.lua")),
-            drop_slice: Script::from_lua(include_str!("../lua/drop_slice.lua")),
-            trim_seen: Script::from_lua(include_str!("../lua/trim_seen.lua")),
-            query: Script::from_lua(include_str!("../lua/query.lua")),
-            stage: Script::from_lua(include_str!("../lua/stage.lua")),
-            swap: Script::from_lua(include_str!("../lua/swap.lua")),
-            cleanup: Script::from_lua(include_str!("../lua/cleanup.lua")),
-            floor: Script::from_lua(include_str!("../lua/floor.lua")),
+            apply: Script::from_lua(lua::APPLY),
+            fold: Script::from_lua(lua::FOLD),
+            watermark: Script::from_lua(lua::WATERMARK),
+            expire: Script::from_lua(lua::EXPIRE),
+            drop_slice: Script::from_lua(lua::DROP_SLICE),
+            trim_seen: Script::from_lua(lua::TRIM_SEEN),
+            query: Script::from_lua(lua::QUERY),
+            stage: Script::from_lua(lua::STAGE),
+            swap: Script::from_lua(lua::SWAP),
+            cleanup: Script::from_lua(lua::CLEANUP),
+            floor: Script::from_lua(lua::FLOOR),
         }
     }
 

@@ -13,7 +13,7 @@ use crate::util::{
     Fields, RedisServer,
 };
 
-const TRIM_SEEN: &str = include_str!("../../src/lua/trim_seen.lua");
+const TRIM_SEEN: &str = rollboard::store::lua::TRIM_SEEN;
 
 fn now_ms() -> i64 {
     rollboard::cli::now_ms()

@@ -60,8 +60,11 @@ impl Dice {
 /// The SHA1 a script is called by (`EVALSHA <sha> ...`): a proxy pattern that matches the
 /// calls of that script only.
 fn sha(script: &str) -> Vec<u8> {
-    let path = format!("{}/src/lua/{script}.lua", env!("CARGO_MANIFEST_DIR"));
-    let source = std::fs::read_to_string(&path).expect("script source");
+    let file = format!("{script}.lua");
+    let (_, source) = rollboard::store::lua::ALL
+        .into_iter()
+        .find(|(name, _)| *name == file)
+        .expect("a script of rollboard's");
     Script::from_lua(source).sha1().as_bytes().to_vec()
 }
 

@@ -16,7 +16,7 @@ use crate::util::{ev, seen_logs, seen_table, variants, RedisServer};
 const SLICE: i64 = 1_000;
 const N: i64 = 4;
 const NOW: i64 = 1_000_000;
-const APPLY_LUA: &str = include_str!("../../src/lua/apply.lua");
+const APPLY_LUA: &str = rollboard::store::lua::APPLY;
 
 /// The same board under another name: its instance has other keys, the same settings.
 fn twin(board: &Board) -> Board {

@@ -1,0 +1,69 @@
+-- common.lua: what apply.lua, fold.lua, expire.lua and stage.lua share. Redis receives each
+-- of them as one text: a `#!lua` line, this file, then the script (`src/store/lua.rs`); a
+-- script cannot call another's functions.
+--
+-- Numbers stay below 2^53 in magnitude, so Lua's doubles hold them exactly.
+local LIMIT = 9007199254740991
+local BATCH = 1000 -- values per variadic command (well under Lua's unpack limit)
+
+local function fail(what)
+  return redis.error_reply('ROLLBOARD ' .. what .. ' (nothing was written)')
+end
+
+-- Runs `cmd key [prefix] values...` over `list` in pieces of BATCH values; concatenates
+-- the array replies.
+local function variadic(cmd, key, list, prefix)
+  local n = #list
+  local out = {}
+  for i = 1, n, BATCH do
+    local j = math.min(i + BATCH - 1, n)
+    local reply
+    if prefix then
+      reply = redis.call(cmd, key, prefix, unpack(list, i, j))
+    else
+      reply = redis.call(cmd, key, unpack(list, i, j))
+    end
+    if type(reply) == 'table' then
+      if j == n and i == 1 then return reply end
+      for _, v in ipairs(reply) do out[#out + 1] = v end
+    end
+  end
+  return out
+end
+
+-- `v` as an exact integer, or nil.
+local function integer(v)
+  local n = tonumber(v)
+  if n == nil or n ~= math.floor(n) or math.abs(n) > LIMIT then return nil end
+  return n
+end
+
+-- `members` holds each member's tie-break time (ms, as an integer: 16 B of Redis memory
+-- where the 16-digit prefix took 32) or '' on boards without tie-break (`tie` 'n'); an
+-- entry written by an older version holds the whole ZSet member, prefix included. The ZSet
+-- member a value stands for, or nil when it is neither (or names another member, or a
+-- time out of range). `tie`: 'e' earliest first, 'l' latest first, 'n' none.
+local function zmember_of(v, name, tie)
+  if tie == 'n' then return name end
+  if #v <= 16 and string.find(v, '^%d+$') then
+    local t = tonumber(v)
+    if t > LIMIT then return nil end
+    if tie == 'e' then t = LIMIT - t end
+    return string.format('%016d:%s', t, name)
+  end
+  -- An older version's value: this member's own ZSet member, its prefix in range.
+  if string.sub(v, 17) == ':' .. name and string.find(v, '^%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d:')
+      and tonumber(string.sub(v, 1, 16)) <= LIMIT then
+    return v
+  end
+  return nil
+end
+
+-- What `members` stores for ZSet member `z`: its tie-break time.
+local function stored_of(z, tie)
+  if tie == 'n' then return '' end
+  local t = tonumber(string.sub(z, 1, 16))
+  if tie == 'e' then t = LIMIT - t end
+  return string.format('%d', t)
+end
+
