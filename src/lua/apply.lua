@@ -121,10 +121,6 @@ if redis.call('EXISTS', seen) == 1 then
 end
 
 -- The digest table: its state and every bucket the chunk's digests address.
-local function hash32(d, at)
-  local a, b, c, e = string.byte(d, at, at + 3)
-  return ((a * 256 + b) * 256 + c) * 256 + e
-end
 local function field_of(a) return string.format('%d', a) end
 local function tag_of(n)
   local t = n % WRAP

@@ -1,4 +1,4 @@
--- common.lua: what apply.lua, fold.lua, expire.lua and stage.lua share. Redis receives each
+-- common.lua: what apply.lua, fold.lua, expire.lua, stage.lua and trim_seen.lua share. Redis receives each
 -- of them as one text: a `#!lua` line, this file, then the script (`src/store/lua.rs`); a
 -- script cannot call another's functions.
 --
@@ -36,6 +36,12 @@ local function integer(v)
   local n = tonumber(v)
   if n == nil or n ~= math.floor(n) or math.abs(n) > LIMIT then return nil end
   return n
+end
+
+-- The 32-bit number in the four bytes of `d` from `at` on (a digest's bucket hash).
+local function hash32(d, at)
+  local a, b, c, e = string.byte(d, at, at + 3)
+  return ((a * 256 + b) * 256 + c) * 256 + e
 end
 
 -- `members` holds each member's tie-break time (ms, as an integer: 16 B of Redis memory

@@ -1,4 +1,3 @@
-#!lua
 -- trim_seen.lua: forget one chunk of idempotency keys whose time has passed.
 --
 -- KEYS[1] seen      ZSet  legacy raw ids -> epoch ms from which each may be forgotten
@@ -15,24 +14,8 @@
 -- chunks until it is gone. Everything is read and checked before the first write, so a
 -- call that fails has written nothing, and a repeated call finds nothing more to remove.
 -- Returns { legacy ids forgotten, log entries taken, digests forgotten }.
-local LIMIT = 9007199254740991
 local DIGEST, ENTRY, WRAP = 16, 20, 4294967296
 local legacy, table_key, log_key = KEYS[1], KEYS[2], KEYS[3]
-
-local function fail(what)
-  return redis.error_reply('ROLLBOARD ' .. what .. ' (nothing was written)')
-end
-
-local function integer(v)
-  local n = tonumber(v)
-  if n == nil or n ~= math.floor(n) or math.abs(n) > LIMIT then return nil end
-  return n
-end
-
-local function hash32(d, at)
-  local a, b, c, e = string.byte(d, at, at + 3)
-  return ((a * 256 + b) * 256 + c) * 256 + e
-end
 
 -- Phase 1: read and check.
 local ids = redis.call('ZRANGEBYSCORE', legacy, '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))

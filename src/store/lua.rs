@@ -1,8 +1,8 @@
 //! The Lua scripts, as Redis receives them (`src/lua/*.lua`).
 //!
 //! `apply.lua`, `fold.lua`, `expire.lua` and `stage.lua` read and write the `members` map
-//! alike, and share their helpers: those are written once, in `common.lua`, and put in
-//! front of each of the four here, after the `#!lua` line (a Redis script cannot call
+//! alike, and with `trim_seen.lua` share their helpers: those are written once, in
+//! `common.lua`, and put in front of each of the five here, after the `#!lua` line (a Redis script cannot call
 //! another's functions). Everything that loads, calls or names a script by its SHA1 takes
 //! its text from here.
 
@@ -30,7 +30,7 @@ pub const WATERMARK: &str = include_str!("../lua/watermark.lua");
 /// Removes an emptied slice from the registry.
 pub const DROP_SLICE: &str = include_str!("../lua/drop_slice.lua");
 /// Forgets one chunk of idempotency keys whose time has passed.
-pub const TRIM_SEEN: &str = include_str!("../lua/trim_seen.lua");
+pub const TRIM_SEEN: &str = with_common!("../lua/trim_seen.lua");
 /// Reads one consistent snapshot of an instance's ranking.
 pub const QUERY: &str = include_str!("../lua/query.lua");
 /// Replaces live keys by their scratch copies.
@@ -70,11 +70,18 @@ mod tests {
                 !rest.lines().any(|l| l.starts_with("#!")),
                 "{name} has a second #! line"
             );
-            let composed = ["apply.lua", "fold.lua", "expire.lua", "stage.lua"].contains(&name);
+            let composed = [
+                "apply.lua",
+                "fold.lua",
+                "expire.lua",
+                "stage.lua",
+                "trim_seen.lua",
+            ]
+            .contains(&name);
             assert_eq!(
                 rest.starts_with("-- common.lua"),
                 composed,
-                "{name}: common.lua in front of exactly the four scripts that share it"
+                "{name}: common.lua in front of exactly the scripts that share it"
             );
             if composed {
                 assert!(source.starts_with("#!lua\n"), "{name}");
