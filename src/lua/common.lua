@@ -46,21 +46,21 @@ end
 
 -- `members` holds each member's tie-break time (ms, as an integer: 16 B of Redis memory
 -- where the 16-digit prefix took 32) or '' on boards without tie-break (`tie` 'n'); an
--- entry written by an older version holds the whole ZSet member, prefix included. The ZSet
--- member a value stands for, or nil when it is neither (or names another member, or a
--- time out of range). `tie`: 'e' earliest first, 'l' latest first, 'n' none.
+-- entry written by an older version holds the whole ZSet member, prefix included. Returns
+-- the ZSet member a value stands for and the tie-break time (nil under 'n'), or nil when
+-- the value is neither (or names another member, or a time out of range). `tie`: 'e'
+-- earliest first, 'l' latest first, 'n' none.
 local function zmember_of(v, name, tie)
   if tie == 'n' then return name end
   if #v <= 16 and string.find(v, '^%d+$') then
     local t = tonumber(v)
     if t > LIMIT then return nil end
-    if tie == 'e' then t = LIMIT - t end
-    return string.format('%016d:%s', t, name)
+    return string.format('%016d:%s', tie == 'e' and LIMIT - t or t, name), t
   end
   -- An older version's value: this member's own ZSet member, its prefix in range.
-  if string.sub(v, 17) == ':' .. name and string.find(v, '^%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d:')
-      and tonumber(string.sub(v, 1, 16)) <= LIMIT then
-    return v
+  if string.sub(v, 17) == ':' .. name and string.find(v, '^%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d:') then
+    local prefix = tonumber(string.sub(v, 1, 16))
+    if prefix <= LIMIT then return v, tie == 'e' and LIMIT - prefix or prefix end
   end
   return nil
 end

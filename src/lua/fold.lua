@@ -136,8 +136,12 @@ do
     if sp == sz then sp, sz = 0, 2 * sz end
   end
 end
-local fields = {}
-for i, a in ipairs(wanted) do fields[i] = format('%d', a) end
+-- field[a]: the Hash field of bucket a, for the buckets read here (written back below).
+local fields, field = {}, {}
+for i, a in ipairs(wanted) do
+  fields[i] = format('%d', a)
+  field[a] = fields[i]
+end
 local values = variadic('HMGET', table_key, fields)
 local buckets = {}
 for i, a in ipairs(wanted) do
@@ -186,15 +190,15 @@ end
 local names = {}
 for i = 1, M do names[i] = ARGV[member_base + i] end
 local zs = variadic('HMGET', members, names)
-local z0, total0, refs0, bound = {}, {}, {}, {}
+-- z0: each known member's ZSet member; t0: its tie-break time (none under tie 'n').
+local z0, t0, total0, refs0, bound = {}, {}, {}, {}, {}
 local scored, scored_at = {}, {}
 for i = 1, M do
-  local z = zs[i] and zmember_of(zs[i], names[i], tie)
-  if zs[i] and not z then
-    return fail('corrupt: ' .. members .. ' holds ' .. zs[i] .. ' for ' .. names[i])
-  end
-  if z then
-    z0[i] = z
+  local v = zs[i]
+  if v then
+    local z, t = zmember_of(v, names[i], tie)
+    if not z then return fail('corrupt: ' .. members .. ' holds ' .. v .. ' for ' .. names[i]) end
+    z0[i], t0[i] = z, t
     scored[#scored + 1] = z
     scored_at[#scored_at + 1] = i
   end
@@ -350,9 +354,9 @@ if remembered > 0 then
   local set, gone = { '#L', format('%d', L), '#p', format('%d', p), '#n', format('%d', held) }, {}
   for a, v in pairs(dirty) do
     if v == '' then
-      gone[#gone + 1] = format('%d', a)
+      gone[#gone + 1] = field[a] or format('%d', a)
     else
-      set[#set + 1] = format('%d', a)
+      set[#set + 1] = field[a] or format('%d', a)
       set[#set + 1] = v
     end
   end
@@ -389,18 +393,12 @@ for i = 1, M do
     local z = old
     if tie == 'n' then
       z = names[i]
-    else
-      local current = old and tonumber(sub(old, 1, 16))
-      if tie == 'e' then
-        if current then current = LIMIT - current end
-        if not current or t > current then z = format('%016d:%s', LIMIT - t, names[i]) end
-      elseif not current or t > current then
-        z = format('%016d:%s', t, names[i])
-      end
+    elseif not old or t > t0[i] then
+      z = format('%016d:%s', tie == 'e' and LIMIT - t or t, names[i])
     end
     if z ~= old then
       moved[#moved + 1] = names[i]
-      moved[#moved + 1] = stored_of(z, tie)
+      moved[#moved + 1] = tie == 'n' and '' or format('%d', t)
     end
     if incremental then
       if old and z ~= old then removed[#removed + 1] = old end
