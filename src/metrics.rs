@@ -20,7 +20,14 @@ use crate::roll::Report;
 use crate::store::{StoreError, SCRIPT_NAMES};
 
 /// Every `kind` label of `rollboard_redis_errors_total`.
-pub const ERROR_KINDS: [&str; 5] = ["connection", "timeout", "replicas", "script", "other"];
+pub const ERROR_KINDS: [&str; 6] = [
+    "connection",
+    "timeout",
+    "replicas",
+    "redirected",
+    "script",
+    "other",
+];
 
 /// The route templates of the HTTP API (the `route` label values of
 /// `rollboard_http_request_duration_seconds`): never raw paths.

@@ -76,7 +76,8 @@ impl From<fred::error::Error> for StoreError {
 
 impl StoreError {
     /// A small fixed label for metrics: `connection`, `timeout`, `replicas` (too few
-    /// replicas acknowledged a write in time), `script` or `other`.
+    /// replicas acknowledged a write in time), `redirected` (a cluster slot moving or
+    /// moved), `script` or `other`.
     pub fn kind(&self) -> &'static str {
         match self {
             StoreError::Redis(e) => match e.kind() {
@@ -85,6 +86,18 @@ impl StoreError {
                 }
                 ErrorKind::Timeout => "timeout",
                 _ if e.details().starts_with(NOREPLICAS) => "replicas",
+                _ if [
+                    REDIRECTED,
+                    "Max redirections exceeded",
+                    "MOVED",
+                    "ASK",
+                    "TRYAGAIN",
+                ]
+                .iter()
+                .any(|p| e.details().starts_with(p)) =>
+                {
+                    "redirected"
+                }
                 _ if e.details().contains("script")
                     || e.details().starts_with("NOSCRIPT")
                     || e.details().starts_with("ROLLBOARD") =>
@@ -461,5 +474,27 @@ mod outage_tests {
         assert!(
             !StoreError::Redis(Error::new(ErrorKind::Unknown, "ROLLBOARD corrupt")).is_outage()
         );
+    }
+
+    /// Calls that met a moving slot are told apart from other failures in the metrics.
+    #[test]
+    fn redirections_have_a_kind_of_their_own() {
+        for (kind, details) in [
+            (ErrorKind::Routing, "Too many redirections."),
+            (ErrorKind::Unknown, "Max redirections exceeded"),
+            (
+                ErrorKind::Unknown,
+                "TRYAGAIN Multiple keys request during rehashing of slot",
+            ),
+            (ErrorKind::Unknown, "MOVED 3999 127.0.0.1:6381"),
+            (ErrorKind::Unknown, "ASK 3999 127.0.0.1:6381"),
+        ] {
+            assert_eq!(
+                StoreError::Redis(Error::new(kind, details)).kind(),
+                "redirected"
+            );
+        }
+        let timeout = StoreError::Redis(Error::new(ErrorKind::Timeout, "Request timed out."));
+        assert_eq!(timeout.kind(), "timeout");
     }
 }

@@ -820,7 +820,7 @@ async fn every_metric_family_is_there_at_start_up() {
             );
         }
     }
-    for kind in ["connection", "timeout", "script", "other"] {
+    for kind in rollboard::metrics::ERROR_KINDS {
         assert!(
             body.contains(&format!("rollboard_redis_errors_total{{kind=\"{kind}\"}}")),
             "{kind}"
