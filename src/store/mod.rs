@@ -330,8 +330,9 @@ impl Store {
         keys: Vec<String>,
         args: Vec<Value>,
     ) -> Result<Value, StoreError> {
-        let call =
-            redirected(|| script.evalsha_with_reload(self.client(), keys.clone(), args.clone()));
+        let call = Box::pin(redirected(|| {
+            script.evalsha_with_reload(self.client(), keys.clone(), args.clone())
+        }));
         Ok(self
             .bounded(FOLD_BUDGET as u32, self.timed(script, call))
             .await?)

@@ -39,10 +39,10 @@ impl Store {
         let client = self.reader();
         let snapshot = self.timed(
             &self.scripts.query,
-            super::redirected(|| {
+            Box::pin(super::redirected(|| {
                 let query = &self.scripts.query;
                 query.evalsha_with_reload(client, keys.clone(), args.clone())
-            }),
+            })),
         );
         // A scoped instance follows the board's watermark too (see [`Store::raise_floor`]);
         // both reads go out together on one connection, so this costs no extra round trip.
