@@ -18,6 +18,7 @@ mod model;
 mod partitions;
 mod prometheus;
 mod proxy;
+mod redirect;
 mod roll;
 mod security;
 mod seen;

@@ -1,0 +1,571 @@
+//! Calls whose keys' slot is being moved between two masters of a real cluster, set by hand
+//! (`CLUSTER SETSLOT ... IMPORTING / MIGRATING`, `MIGRATE`, then `SETSLOT ... NODE`): the
+//! clients follow no redirection themselves (see `Store::connect`), so each call must either
+//! give the right answer or a clean outage error, never another call's reply, and append
+//! transactions must land exactly once.
+
+use std::time::Duration;
+
+use fred::prelude::*;
+use fred::types::cluster::ClusterRouting;
+use rollboard::board::Board;
+use rollboard::config::IngestSettings;
+use rollboard::event::Field;
+use rollboard::store::{Reconnect, Store, StoreError};
+use rollboard::stream;
+
+use crate::cluster::{cli, RedisCluster};
+use crate::util::ev;
+
+const NOW: i64 = 1_000_000;
+
+/// A slot being moved from the master on `source` to the master on `target`.
+struct Moving {
+    slot: String,
+    source: u16,
+    target: u16,
+    target_id: String,
+}
+
+/// The port of the master `client` believes serves `key`.
+fn owner(client: &Client, key: &str) -> u16 {
+    client
+        .cached_cluster_state()
+        .expect("cluster state")
+        .get_server(ClusterRouting::hash_key(key.as_bytes()))
+        .expect("owner")
+        .port
+}
+
+/// The first of `prefix0`, `prefix1`, ... that `client` believes lives on `port`.
+fn name_on(client: &Client, port: u16, prefix: &str, key: impl Fn(&str) -> String) -> String {
+    (0..)
+        .map(|i| format!("{prefix}{i}"))
+        .find(|name| owner(client, &key(name)) == port)
+        .expect("a name on that node")
+}
+
+impl Moving {
+    /// Sets the slot of `key` IMPORTING on another master and MIGRATING on its owner.
+    fn begin(cluster: &RedisCluster, client: &Client, key: &str) -> Moving {
+        let source = owner(client, key);
+        let target = *cluster
+            .masters()
+            .iter()
+            .find(|&&p| p != source)
+            .expect("another master");
+        let slot = ClusterRouting::hash_key(key.as_bytes()).to_string();
+        let (source_id, target_id) = (cluster.id_of(source), cluster.id_of(target));
+        for (port, state, node) in [
+            (target, "IMPORTING", &source_id),
+            (source, "MIGRATING", &target_id),
+        ] {
+            assert_eq!(
+                cli(port, &["CLUSTER", "SETSLOT", &slot, state, node]).trim(),
+                "OK"
+            );
+        }
+        Moving {
+            slot,
+            source,
+            target,
+            target_id,
+        }
+    }
+
+    /// Moves `keys` (all in the slot) from the source to the target.
+    fn migrate(&self, keys: &[&str]) {
+        let target = self.target.to_string();
+        for key in keys {
+            let out = cli(
+                self.source,
+                &["MIGRATE", "127.0.0.1", &target, key, "0", "5000"],
+            );
+            assert_eq!(out.trim(), "OK", "MIGRATE {key}");
+        }
+    }
+
+    /// Hands the slot to the target on every master.
+    fn finish(&self, cluster: &RedisCluster) {
+        for port in cluster.masters() {
+            assert_eq!(
+                cli(
+                    port,
+                    &["CLUSTER", "SETSLOT", &self.slot, "NODE", &self.target_id]
+                )
+                .trim(),
+                "OK"
+            );
+        }
+    }
+
+    /// Keys of the slot on `port`.
+    fn keys_on(&self, port: u16) -> i64 {
+        cli(port, &["CLUSTER", "COUNTKEYSINSLOT", &self.slot])
+            .trim()
+            .parse()
+            .expect("a count")
+    }
+}
+
+/// Ingest settings with the default stream names and `partitions`.
+fn ingest(partitions: usize) -> IngestSettings {
+    IngestSettings {
+        stream: "rb:events".into(),
+        partitions,
+        group: "rollboard".into(),
+        consumer: "c1".into(),
+        batch_size: 100,
+        block: Duration::from_millis(100),
+        claim_idle: Duration::from_secs(1),
+        dead_letter_stream: "rb:events:dead".into(),
+        max_future_ms: 60_000,
+    }
+}
+
+/// An event with `id`.
+fn event(id: &str) -> Vec<Field> {
+    vec![
+        (b"id".to_vec(), id.as_bytes().to_vec()),
+        (b"user".to_vec(), b"u1".to_vec()),
+        (b"amount".to_vec(), b"1".to_vec()),
+    ]
+}
+
+/// The `id` fields of every entry of `stream`, in order, read with a client that knows the
+/// current slot map.
+async fn ids_in(cluster: &RedisCluster, stream: &str) -> Vec<String> {
+    let fresh = Store::connect(&cluster.url(), "rb", 1, Reconnect::Never)
+        .await
+        .expect("connect");
+    let v: Value = fresh
+        .client()
+        .xrange(stream, "-", "+", None)
+        .await
+        .expect("XRANGE");
+    stream::parse_entries(v)
+        .into_iter()
+        .map(|e| {
+            let fields = e.fields.expect("fields");
+            let id = fields
+                .iter()
+                .find(|(k, _)| k == b"id")
+                .map(|(_, v)| String::from_utf8_lossy(v).into_owned());
+            id.expect("an id field")
+        })
+        .collect()
+}
+
+/// About 300 ms of Redis time on the node of `key`, through `client`; resolves to "slow".
+fn slow_call(client: &Client, key: String) -> tokio::task::JoinHandle<Result<Value, Error>> {
+    let client = client.clone();
+    tokio::spawn(async move {
+        client
+            .eval::<Value, _, _, _>(
+                "local t = redis.call('TIME') \
+                 local start = t[1] * 1000000 + t[2] \
+                 repeat t = redis.call('TIME') until t[1] * 1000000 + t[2] - start > 300000 \
+                 return 'slow'",
+                vec![key],
+                Vec::<Value>::new(),
+            )
+            .await
+    })
+}
+
+/// The stream has been MIGRATEd to the target while the slot is still moving: the source
+/// answers the transaction with ASK and the append follows it, on a drained connection, so
+/// a call in flight on the target keeps its reply. Each event lands once, on the target.
+#[tokio::test]
+async fn an_append_to_a_stream_moved_mid_migration_lands_once_on_the_target() {
+    let cluster = RedisCluster::start();
+    let store = Store::connect(&cluster.url(), "rb", 1, Reconnect::Never)
+        .await
+        .expect("connect");
+    let client = store.client().clone();
+    let settings = ingest(1);
+    let key = "rb:events";
+    stream::append(&client, &settings, &[event("e0")])
+        .await
+        .expect("first append");
+    let moving = Moving::begin(&cluster, &client, key);
+    moving.migrate(&[key]);
+    assert_eq!(
+        (moving.keys_on(moving.source), moving.keys_on(moving.target)),
+        (0, 1)
+    );
+
+    let other = name_on(&client, moving.target, "other", |n| n.to_string());
+    let slow = slow_call(&client, other);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let written = stream::append(&client, &settings, &[event("e1"), event("e2"), event("e3")])
+        .await
+        .expect("the append follows ASK");
+    assert_eq!(written, vec![key.to_string()]);
+    let slow = slow.await.expect("join").expect("the slow call's reply");
+    assert_eq!(slow, Value::from("slow"));
+
+    moving.finish(&cluster);
+    assert_eq!(ids_in(&cluster, key).await, ["e0", "e1", "e2", "e3"]);
+    assert_eq!(
+        (moving.keys_on(moving.source), moving.keys_on(moving.target)),
+        (0, 1)
+    );
+}
+
+/// The slot is MIGRATING but the stream is still on the source: no redirection, the events
+/// land there once, and move with the key.
+#[tokio::test]
+async fn an_append_to_a_stream_not_yet_moved_lands_once_on_the_source() {
+    let cluster = RedisCluster::start();
+    let store = Store::connect(&cluster.url(), "rb", 1, Reconnect::Never)
+        .await
+        .expect("connect");
+    let client = store.client().clone();
+    let settings = ingest(1);
+    let key = "rb:events";
+    stream::append(&client, &settings, &[event("e0")])
+        .await
+        .expect("first append");
+    let moving = Moving::begin(&cluster, &client, key);
+    stream::append(&client, &settings, &[event("e1"), event("e2")])
+        .await
+        .expect("append on the source");
+    assert_eq!(cli(moving.source, &["XLEN", key]).trim(), "3");
+    assert_eq!(moving.keys_on(moving.target), 0);
+    moving.migrate(&[key]);
+    moving.finish(&cluster);
+    assert_eq!(ids_in(&cluster, key).await, ["e0", "e1", "e2"]);
+}
+
+/// The slot has moved and the client's slot map is stale: the transaction meets MOVED,
+/// the client re-reads the map and appends on the new owner, once.
+#[tokio::test]
+async fn an_append_after_the_slot_moved_lands_once_on_the_new_owner() {
+    let cluster = RedisCluster::start();
+    let store = Store::connect(&cluster.url(), "rb", 1, Reconnect::Never)
+        .await
+        .expect("connect");
+    let client = store.client().clone();
+    let settings = ingest(1);
+    let key = "rb:events";
+    stream::append(&client, &settings, &[event("e0")])
+        .await
+        .expect("first append");
+    let moving = Moving::begin(&cluster, &client, key);
+    moving.migrate(&[key]);
+    moving.finish(&cluster);
+    assert_eq!(
+        owner(&client, key),
+        moving.source,
+        "the client's map is stale"
+    );
+    stream::append(&client, &settings, &[event("e1"), event("e2")])
+        .await
+        .expect("the append follows MOVED");
+    stream::append(&client, &settings, &[event("e3")])
+        .await
+        .expect("the client still works");
+    assert_eq!(ids_in(&cluster, key).await, ["e0", "e1", "e2", "e3"]);
+    assert_eq!(cli(moving.target, &["XLEN", key]).trim(), "4");
+}
+
+/// As above, through a client that reconnects (the daemon's, which takes `POST /v1/events`).
+#[tokio::test]
+async fn a_daemon_append_after_the_slot_moved_lands_once_on_the_new_owner() {
+    let cluster = RedisCluster::start();
+    let store = Store::connect(&cluster.url(), "rb", 1, Reconnect::Forever)
+        .await
+        .expect("connect");
+    let client = store.client().clone();
+    let settings = ingest(1);
+    let key = "rb:events";
+    stream::append(&client, &settings, &[event("e0")])
+        .await
+        .expect("first append");
+    let moving = Moving::begin(&cluster, &client, key);
+    moving.migrate(&[key]);
+    moving.finish(&cluster);
+    assert_eq!(
+        owner(&client, key),
+        moving.source,
+        "the client's map is stale"
+    );
+    stream::append(&client, &settings, &[event("e1"), event("e2")])
+        .await
+        .expect("the append follows MOVED");
+    stream::append(&client, &settings, &[event("e3")])
+        .await
+        .expect("the client still works");
+    assert_eq!(ids_in(&cluster, key).await, ["e0", "e1", "e2", "e3"]);
+}
+
+/// Several partitions appended at once, one of them moved mid-migration and one not yet
+/// created (its slot moving too, if it shares it): every event lands once, in its
+/// partition.
+#[tokio::test]
+async fn a_partitioned_append_with_one_partition_moving_lands_every_event_once() {
+    let cluster = RedisCluster::start();
+    let store = Store::connect(&cluster.url(), "rb", 1, Reconnect::Never)
+        .await
+        .expect("connect");
+    let client = store.client().clone();
+    let settings = ingest(4);
+    let keys = stream::keys(&settings);
+    let ids: Vec<String> = (0..40).map(|i| format!("p{i}")).collect();
+    let first: Vec<Vec<Field>> = ids[..20].iter().map(|id| event(id)).collect();
+    stream::append(&client, &settings, &first)
+        .await
+        .expect("first append");
+    let moving = Moving::begin(&cluster, &client, &keys[1]);
+    moving.migrate(&[&keys[1]]);
+    let rest: Vec<Vec<Field>> = ids[20..].iter().map(|id| event(id)).collect();
+    stream::append(&client, &settings, &rest)
+        .await
+        .expect("second append");
+    moving.finish(&cluster);
+    let mut seen = Vec::new();
+    for (p, key) in keys.iter().enumerate() {
+        for id in ids_in(&cluster, key).await {
+            assert_eq!(
+                stream::partition_of(id.as_bytes(), 4),
+                p,
+                "{id} in partition {p}"
+            );
+            seen.push(id);
+        }
+    }
+    seen.sort();
+    let mut expected = ids.clone();
+    expected.sort();
+    assert_eq!(seen, expected);
+}
+
+/// A board named `name` with slices of a minute.
+fn board(name: &str) -> Board {
+    crate::util::board(name, 60_000, 10)
+}
+
+/// (member, total) of the board's top 10.
+async fn top(
+    store: &Store,
+    board: &Board,
+    scope: Option<&str>,
+) -> Result<Vec<(String, i64)>, StoreError> {
+    let page = store.top(board, scope, 0, 10, NOW).await?;
+    Ok(page
+        .entries
+        .into_iter()
+        .map(|e| (e.member, e.total))
+        .collect())
+}
+
+/// A query on an instance whose slot is moving: with some of its keys moved the source
+/// answers ASK (Redis 7.0; TRYAGAIN on later versions), with all of them too; the query
+/// gives a clean outage error, and a query of another board in flight on the target keeps
+/// its own answer. Once the slot is the target's, the query answers right at once.
+#[tokio::test]
+async fn a_query_of_a_moving_instance_is_right_or_an_outage() {
+    let cluster = RedisCluster::start();
+    let store = Store::connect(&cluster.url(), "rb", 1, Reconnect::Never)
+        .await
+        .expect("connect");
+    let client = store.client().clone();
+    let keys = store.keys().clone();
+    let moved = board("moved");
+    let k = store.instance(&moved, None);
+    store
+        .apply(
+            &moved,
+            None,
+            &[ev("a", NOW - 10, "ann", 5), ev("b", NOW - 5, "bob", 7)],
+            NOW,
+        )
+        .await
+        .expect("apply");
+    let moving = Moving::begin(&cluster, &client, &k.meta());
+    let staying = board(&name_on(&client, moving.target, "stay", |n| {
+        keys.instance(n, None).meta()
+    }));
+    store
+        .apply(&staying, None, &[ev("c", NOW - 10, "cid", 3)], NOW)
+        .await
+        .expect("apply");
+    let want = vec![("bob".to_string(), 7), ("ann".to_string(), 5)];
+    // The slot is only marked, the keys are all on the source: no redirection.
+    assert_eq!(top(&store, &moved, None).await.expect("top"), want);
+
+    // Some of the keys it reads moved (the meta Hash does not exist before a roll), then
+    // all of them.
+    for key in [k.result(), k.members()] {
+        moving.migrate(&[&key]);
+        let slow = slow_call(&client, keys.instance(&staying.name, None).meta());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let (redirected, other) =
+            tokio::join!(top(&store, &moved, None), top(&store, &staying, None));
+        assert_eq!(
+            other.expect("the other query"),
+            vec![("cid".to_string(), 3)]
+        );
+        let error = redirected.expect_err("a moving instance is not read");
+        assert!(error.is_outage(), "{error}");
+        assert_eq!(
+            slow.await.expect("join").expect("slow"),
+            Value::from("slow")
+        );
+    }
+
+    moving.finish(&cluster);
+    assert_eq!(
+        top(&store, &moved, None).await.expect("top after the move"),
+        want
+    );
+    assert_eq!(
+        top(&store, &staying, None)
+            .await
+            .expect("top of the other board"),
+        vec![("cid".to_string(), 3)]
+    );
+}
+
+/// A scoped query also reads the board's watermark (another slot). Once that slot has
+/// moved, the query answers right at once, like the instance's own read.
+#[tokio::test]
+async fn a_scoped_query_after_the_watermark_moved_answers_at_once() {
+    let cluster = RedisCluster::start();
+    let store = Store::connect(&cluster.url(), "rb", 1, Reconnect::Never)
+        .await
+        .expect("connect");
+    let client = store.client().clone();
+    let mut scoped = board("rooms");
+    scoped.scope = Some("room".into());
+    store
+        .apply(&scoped, Some("r1"), &[ev("a", NOW - 10, "ann", 5)], NOW)
+        .await
+        .expect("apply");
+    let floor = store.raise_floor(&scoped, 1, NOW).await.expect("floor");
+    let window = store.keys().window(&scoped.name);
+    let instance = store.instance(&scoped, Some("r1")).meta();
+    assert_ne!(
+        ClusterRouting::hash_key(window.as_bytes()),
+        ClusterRouting::hash_key(instance.as_bytes())
+    );
+    let want = vec![("ann".to_string(), 5)];
+    assert_eq!(top(&store, &scoped, Some("r1")).await.expect("top"), want);
+
+    let moving = Moving::begin(&cluster, &client, &window);
+    moving.migrate(&[&window]);
+    moving.finish(&cluster);
+    assert_eq!(
+        top(&store, &scoped, Some("r1"))
+            .await
+            .expect("top after the watermark moved"),
+        want
+    );
+    assert_eq!(
+        cli(moving.target, &["HGET", &window, "expired_through"]).trim(),
+        floor.to_string()
+    );
+}
+
+/// A roll script (through `Store::eval`) on a key whose slot is moving: run on the source
+/// while the key is there, an outage error while it is moved but the slot still moving,
+/// and run on the target at once after the slot is handed over.
+#[tokio::test]
+async fn a_roll_script_on_a_moving_slot_runs_once_where_the_key_is() {
+    let cluster = RedisCluster::start();
+    let store = Store::connect(&cluster.url(), "rb", 1, Reconnect::Never)
+        .await
+        .expect("connect");
+    let client = store.client().clone();
+    let b = board("rolled");
+    let window = store.keys().window(&b.name);
+    assert_eq!(store.raise_floor(&b, 100, NOW).await.expect("floor"), 100);
+    let moving = Moving::begin(&cluster, &client, &window);
+    assert_eq!(
+        store
+            .raise_floor(&b, 200, NOW)
+            .await
+            .expect("on the source"),
+        200
+    );
+    moving.migrate(&[&window]);
+    let error = store
+        .raise_floor(&b, 300, NOW)
+        .await
+        .expect_err("moved while the slot moves");
+    assert!(error.is_outage(), "{error}");
+    moving.finish(&cluster);
+    assert_eq!(
+        cli(moving.target, &["HGET", &window, "expired_through"]).trim(),
+        "200",
+        "nothing ran while the slot moved"
+    );
+    assert_eq!(
+        store
+            .raise_floor(&b, 300, NOW)
+            .await
+            .expect("on the target"),
+        300
+    );
+    assert_eq!(
+        cli(moving.target, &["HGET", &window, "expired_through"]).trim(),
+        "300"
+    );
+}
+
+/// The dedicated reader's stream moves with entries read but not acknowledged: reads fail
+/// as outages while the slot moves, and once it has moved the consumer's pending entries
+/// are read again from the target, and new entries after them.
+#[tokio::test]
+async fn the_stream_reader_recovers_its_pending_entries_after_the_stream_moved() {
+    let cluster = RedisCluster::start();
+    let store = Store::connect(&cluster.url(), "rb", 1, Reconnect::Never)
+        .await
+        .expect("connect");
+    let client = store.client().clone();
+    let reader = Store::dedicated(&cluster.url(), Reconnect::Never)
+        .await
+        .expect("reader");
+    let settings = ingest(1);
+    let key = "rb:events";
+    stream::ensure_group(&client, key, &settings.group)
+        .await
+        .expect("group");
+    stream::append(&client, &settings, &[event("e1"), event("e2")])
+        .await
+        .expect("append");
+    let got = stream::read(&reader, &settings, key, ">", Some(100))
+        .await
+        .expect("read");
+    assert_eq!(got.len(), 2);
+    let moving = Moving::begin(&cluster, &client, key);
+    moving.migrate(&[key]);
+    for id in ["0", ">"] {
+        let error = stream::read(&reader, &settings, key, id, Some(100))
+            .await
+            .expect_err("the stream is moving");
+        assert!(error.is_outage(), "{error}");
+    }
+    moving.finish(&cluster);
+    let ids = |entries: Vec<stream::Entry>| -> Vec<String> {
+        entries.into_iter().map(|e| e.id).collect()
+    };
+    let mut tries = 0;
+    let pending = loop {
+        tries += 1;
+        match stream::read(&reader, &settings, key, "0", Some(100)).await {
+            Ok(entries) => break entries,
+            Err(e) if tries < 3 && e.is_outage() => {}
+            Err(e) => panic!("after {tries} tries: {e}"),
+        }
+    };
+    assert_eq!(ids(pending), ids(got));
+    stream::append(&client, &settings, &[event("e3")])
+        .await
+        .expect("append after the move");
+    let new = stream::read(&reader, &settings, key, ">", Some(100))
+        .await
+        .expect("read new");
+    assert_eq!(new.len(), 1);
+}
