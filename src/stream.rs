@@ -229,8 +229,11 @@ fn parse_read(v: Value) -> Vec<Entry> {
         .collect()
 }
 
-/// Redirections one append transaction follows (a slot moving, then moved).
-const TRANSACTION_REDIRECTIONS: u32 = 5;
+/// Tries of one partition's transaction while Redis redirects it (see [`append_partition`]).
+const TRANSACTION_TRIES: usize = 4;
+
+/// How fred fails a transaction redirected more often than its command options allow.
+const TRANSACTION_REDIRECTED: &str = "Max redirections exceeded";
 
 /// Appends validated events in one MULTI/EXEC per partition: all of a partition's events
 /// or, when Redis refuses any (e.g. out of memory, detected while queueing), none of them.
@@ -276,29 +279,54 @@ pub async fn append(
     let outcomes = join_all(by_partition.into_iter().map(|(partition, events)| {
         let stream = partition_key(&settings.stream, partitions, partition);
         async move {
-            let tx = client.multi();
-            // Clients follow no redirection (see `Store::connect`); a transaction is sent
-            // on a drained connection, where fred follows MOVED and ASK correctly.
-            let follow = tx.with_options(&Options {
-                max_redirections: Some(TRANSACTION_REDIRECTIONS),
-                ..Options::default()
-            });
-            for (fields, id) in &events {
-                let pairs: Vec<(&[u8], &[u8])> = fields
-                    .iter()
-                    .map(|(k, v)| (k.as_slice(), v.as_slice()))
-                    .chain(id.as_deref().map(|id| (b"id".as_slice(), id.as_bytes())))
-                    .collect();
-                let _: () = follow
-                    .xadd(stream.as_str(), false, None, "*", pairs)
-                    .await?;
-            }
-            let _: Value = tx.exec(true).await?;
+            append_partition(client, &stream, &events).await?;
             Ok::<String, fred::error::Error>(stream)
         }
     }))
     .await;
     outcomes.into_iter().collect()
+}
+
+/// One partition's MULTI/EXEC of `events` on `stream`, tried again while Redis redirects
+/// it (a redirected transaction ran nothing: Redis aborts it at EXEC).
+///
+/// Clients follow no redirection (see `Store::connect`). A transaction is sent on a drained
+/// connection, where fred follows an ASK correctly; but it follows a MOVED by reconnecting
+/// every connection of the client, which a client without a reconnect policy (`rollboard
+/// send`) cannot do: its routing task stops and the client is dead. So the first tries
+/// follow nothing and re-read the slot map after a redirection (MOVED is then answered);
+/// only a try on a fresh map that is still redirected (ASK: the slot is moving and the
+/// stream is already on the target) follows the one ASK.
+async fn append_partition(
+    client: &Client,
+    stream: &str,
+    events: &[(&[Field], Option<String>)],
+) -> Result<(), fred::error::Error> {
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let tx = client.multi();
+        let follow = tx.with_options(&Options {
+            max_redirections: Some(u32::from(tries > 2)),
+            ..Options::default()
+        });
+        for (fields, id) in events {
+            let pairs: Vec<(&[u8], &[u8])> = fields
+                .iter()
+                .map(|(k, v)| (k.as_slice(), v.as_slice()))
+                .chain(id.as_deref().map(|id| (b"id".as_slice(), id.as_bytes())))
+                .collect();
+            let _: () = follow.xadd(stream, false, None, "*", pairs).await?;
+        }
+        match tx.exec::<Value>(true).await {
+            Err(e)
+                if e.details().starts_with(TRANSACTION_REDIRECTED) && tries < TRANSACTION_TRIES =>
+            {
+                client.sync_cluster().await?;
+            }
+            done => return done.map(drop),
+        }
+    }
 }
 
 /// Creates the consumer group at ID 0 with MKSTREAM unless it exists (an existing group is
