@@ -15,7 +15,7 @@ use rollboard::store::{Reconnect, Store, StoreError};
 use rollboard::stream;
 
 use crate::cluster::{cli, RedisCluster};
-use crate::util::ev;
+use crate::util::{ev, wait_for};
 
 const NOW: i64 = 1_000_000;
 
@@ -568,4 +568,80 @@ async fn the_stream_reader_recovers_its_pending_entries_after_the_stream_moved()
         .await
         .expect("read new");
     assert_eq!(new.len(), 1);
+}
+
+/// The dedicated reader is blocked in `XREADGROUP >` on the source when the stream is
+/// MIGRATEd away and the slot handed over: the blocked read ends empty or with an outage
+/// error, never with entries, and the pending entry and the one appended meanwhile (on the
+/// target) are both read afterwards, once each.
+#[tokio::test]
+async fn a_blocked_stream_read_survives_its_stream_moving_away() {
+    let cluster = RedisCluster::start();
+    let store = Store::connect(&cluster.url(), "rb", 1, Reconnect::Never)
+        .await
+        .expect("connect");
+    let client = store.client().clone();
+    let reader = Store::dedicated(&cluster.url(), Reconnect::Never)
+        .await
+        .expect("reader");
+    let settings = ingest(1);
+    let key = "rb:events";
+    stream::ensure_group(&client, key, &settings.group)
+        .await
+        .expect("group");
+    stream::append(&client, &settings, &[event("e1")])
+        .await
+        .expect("append");
+    let first = stream::read(&reader, &settings, key, ">", Some(100))
+        .await
+        .expect("read");
+    assert_eq!(first.len(), 1);
+    let source = owner(&client, key);
+    let blocked = {
+        let (reader, settings) = (reader.clone(), settings.clone());
+        tokio::spawn(async move { stream::read(&reader, &settings, key, ">", Some(3000)).await })
+    };
+    assert!(
+        wait_for(Duration::from_secs(5), || async {
+            cli(source, &["CLIENT", "LIST"]).contains("cmd=xreadgroup")
+        })
+        .await,
+        "the read blocks on the source"
+    );
+    let moving = Moving::begin(&cluster, &client, key);
+    moving.migrate(&[key]);
+    stream::append(&client, &settings, &[event("e2")])
+        .await
+        .expect("append while the slot moves");
+    moving.finish(&cluster);
+    // Redis 7.0 ends the read with MOVED once the slot is handed over.
+    match blocked.await.expect("join") {
+        Ok(entries) => assert!(entries.is_empty(), "{entries:?}"),
+        Err(e) => assert!(e.is_outage() || e.to_string().contains("NOGROUP"), "{e}"),
+    }
+
+    let read = |id: &'static str| {
+        let (reader, settings) = (reader.clone(), settings.clone());
+        async move {
+            let mut tries = 0;
+            loop {
+                tries += 1;
+                match stream::read(&reader, &settings, key, id, Some(100)).await {
+                    Ok(entries) => break entries,
+                    Err(e) if tries < 3 && e.is_outage() => {}
+                    Err(e) => panic!("read {id} after {tries} tries: {e}"),
+                }
+            }
+        }
+    };
+    let pending = read("0").await;
+    assert_eq!(pending, first);
+    let new = read(">").await;
+    assert_eq!(new.len(), 1, "{new:?}");
+    let id = new[0]
+        .fields
+        .as_ref()
+        .and_then(|f| f.iter().find(|(k, _)| k == b"id").map(|(_, v)| v.clone()));
+    assert_eq!(id.as_deref(), Some(b"e2".as_slice()));
+    assert_eq!(moving.keys_on(moving.target), 1);
 }
