@@ -645,3 +645,49 @@ async fn a_blocked_stream_read_survives_its_stream_moving_away() {
     assert_eq!(id.as_deref(), Some(b"e2".as_slice()));
     assert_eq!(moving.keys_on(moving.target), 1);
 }
+
+/// An append confirmed with `min_replicas_acked = 1` while its stream's slot is moving, the
+/// stream already on the target and the confirmation's own key still on the source, and the
+/// target's replica frozen: the events can only be confirmed by the target's replica, so the
+/// append must fail or its confirmation must. (Following the ASK put the events on the
+/// target while `WAIT` went to the source, whose replica confirmed them.)
+#[tokio::test]
+async fn an_append_confirmed_while_its_slot_moves_waits_for_the_replica_that_holds_it() {
+    use rollboard::store::Durability;
+
+    let cluster = RedisCluster::start();
+    let store = Store::connect(&cluster.url(), "rb", 1, Reconnect::Never)
+        .await
+        .expect("connect")
+        .with_durability(Durability {
+            replicas: Some(1),
+            timeout: Duration::from_millis(300),
+        });
+    let client = store.client().clone();
+    let settings = ingest(1);
+    let key = "rb:events";
+    let written = stream::append(&client, &settings, &[event("e0")])
+        .await
+        .expect("first append");
+    store.confirm_writes(&written).await.expect("confirmed");
+    let moving = Moving::begin(&cluster, &client, key);
+    moving.migrate(&[key]);
+    assert_eq!(
+        (moving.keys_on(moving.source), moving.keys_on(moving.target)),
+        (1, 1),
+        "the confirmation's key stays on the source"
+    );
+    let replica = cluster.replica_of(moving.target);
+    cluster.signal(replica, true);
+    let appended = stream::append(&client, &settings, &[event("e1")]).await;
+    let confirmed = match &appended {
+        Ok(written) => Some(store.confirm_writes(written).await),
+        Err(_) => None,
+    };
+    cluster.signal(replica, false);
+    match (appended, confirmed) {
+        (Err(e), _) => assert!(StoreError::from(e.clone()).is_outage(), "{e}"),
+        (Ok(_), Some(Err(e))) => assert!(e.is_outage(), "{e}"),
+        (Ok(_), _) => panic!("confirmed by a replica of the master that does not hold it"),
+    }
+}
