@@ -229,8 +229,13 @@ fn parse_read(v: Value) -> Vec<Entry> {
         .collect()
 }
 
-/// Tries of one partition's transaction while Redis redirects it (see [`append_partition`]).
-const TRANSACTION_TRIES: usize = 4;
+/// Pauses before each new try of one partition's transaction that Redis redirected (see
+/// [`append_partition`]); one more try follows the last.
+const TRANSACTION_REDIRECTION_WAITS: [Duration; 3] = [
+    Duration::ZERO,
+    Duration::from_millis(20),
+    Duration::from_millis(100),
+];
 
 /// How fred fails a transaction redirected more often than its command options allow.
 const TRANSACTION_REDIRECTED: &str = "Max redirections exceeded";
@@ -290,24 +295,26 @@ pub async fn append(
 /// One partition's MULTI/EXEC of `events` on `stream`, tried again while Redis redirects
 /// it (a redirected transaction ran nothing: Redis aborts it at EXEC).
 ///
-/// Clients follow no redirection (see `Store::connect`). A transaction is sent on a drained
-/// connection, where fred follows an ASK correctly; but it follows a MOVED by reconnecting
-/// every connection of the client, which a client without a reconnect policy (`rollboard
-/// send`) cannot do: its routing task stops and the client is dead. So the first tries
-/// follow nothing and re-read the slot map after a redirection (MOVED is then answered);
-/// only a try on a fresh map that is still redirected (ASK: the slot is moving and the
-/// stream is already on the target) follows the one ASK.
+/// The transaction follows no redirection, like every other call (see `Store::connect`):
+/// * fred follows a MOVED in a transaction by reconnecting every connection of the client,
+///   which a client without a reconnect policy (`rollboard send`) cannot do: its routing
+///   task stops and the client is dead. Instead the slot map is re-read here and the
+///   transaction tried again, on the new owner.
+/// * an ASK (the slot is moving and the stream is already on the target) followed would put
+///   the events on the target while the client's slot map still names the source, where
+///   [`crate::store::Store::confirm_writes`] then waits for replicas of the wrong master.
+///   The transaction is tried again after short pauses instead (the stream's slot is handed
+///   over right after its few keys have moved); still redirected, it fails as an outage.
 async fn append_partition(
     client: &Client,
     stream: &str,
     events: &[(&[Field], Option<String>)],
 ) -> Result<(), fred::error::Error> {
-    let mut tries = 0;
+    let mut waits = TRANSACTION_REDIRECTION_WAITS.iter();
     loop {
-        tries += 1;
         let tx = client.multi();
-        let follow = tx.with_options(&Options {
-            max_redirections: Some(u32::from(tries > 2)),
+        let once = tx.with_options(&Options {
+            max_redirections: Some(0),
             ..Options::default()
         });
         for (fields, id) in events {
@@ -316,14 +323,16 @@ async fn append_partition(
                 .map(|(k, v)| (k.as_slice(), v.as_slice()))
                 .chain(id.as_deref().map(|id| (b"id".as_slice(), id.as_bytes())))
                 .collect();
-            let _: () = follow.xadd(stream, false, None, "*", pairs).await?;
+            let _: () = once.xadd(stream, false, None, "*", pairs).await?;
         }
         match tx.exec::<Value>(true).await {
-            Err(e)
-                if e.details().starts_with(TRANSACTION_REDIRECTED) && tries < TRANSACTION_TRIES =>
-            {
-                client.sync_cluster().await?;
-            }
+            Err(e) if e.details().starts_with(TRANSACTION_REDIRECTED) => match waits.next() {
+                Some(wait) => {
+                    client.sync_cluster().await?;
+                    tokio::time::sleep(*wait).await;
+                }
+                None => return Err(e),
+            },
             done => return done.map(drop),
         }
     }
