@@ -718,3 +718,40 @@ async fn an_append_confirmed_while_its_slot_moves_waits_for_the_replica_that_hol
         (Ok(_), _) => panic!("confirmed by a replica of the master that does not hold it"),
     }
 }
+
+/// After the stream's slot has moved, an append through one client of the pool re-reads the
+/// slot map; its confirmation goes out on another client, whose map is stale: it must not
+/// fail the append that landed (a producer retrying a 503 without its own ids would append
+/// the events twice).
+#[tokio::test]
+async fn an_append_confirmed_on_a_stale_client_after_the_slot_moved_is_confirmed() {
+    use rollboard::store::Durability;
+
+    let cluster = RedisCluster::start();
+    let store = Store::connect(&cluster.url(), "rb", 2, Reconnect::Never)
+        .await
+        .expect("connect")
+        .with_durability(Durability {
+            replicas: Some(1),
+            timeout: Duration::from_secs(2),
+        });
+    let settings = ingest(1);
+    let key = "rb:events";
+    let written = stream::append(store.client(), &settings, &[event("e0")])
+        .await
+        .expect("first append");
+    store.confirm_writes(&written).await.expect("confirmed");
+    let moving = Moving::begin(&cluster, store.client(), key);
+    moving.migrate(&[key]);
+    moving.finish(&cluster);
+    for (n, id) in ["e1", "e2"].into_iter().enumerate() {
+        let written = stream::append(store.client(), &settings, &[event(id)])
+            .await
+            .expect("append after the slot moved");
+        store
+            .confirm_writes(&written)
+            .await
+            .unwrap_or_else(|e| panic!("confirmation {n} after the slot moved: {e}"));
+    }
+    assert_eq!(ids_in(&cluster, key).await, ["e0", "e1", "e2"]);
+}
