@@ -229,8 +229,16 @@ fn parse_read(v: Value) -> Vec<Entry> {
         .collect()
 }
 
-/// Redirections one append transaction follows (a slot moving, then moved).
-const TRANSACTION_REDIRECTIONS: u32 = 5;
+/// Pauses before each new try of one partition's transaction that Redis redirected (see
+/// [`append_partition`]); one more try follows the last.
+const TRANSACTION_REDIRECTION_WAITS: [Duration; 3] = [
+    Duration::ZERO,
+    Duration::from_millis(20),
+    Duration::from_millis(100),
+];
+
+/// How fred fails a transaction redirected more often than its command options allow.
+const TRANSACTION_REDIRECTED: &str = "Max redirections exceeded";
 
 /// Appends validated events in one MULTI/EXEC per partition: all of a partition's events
 /// or, when Redis refuses any (e.g. out of memory, detected while queueing), none of them.
@@ -276,29 +284,58 @@ pub async fn append(
     let outcomes = join_all(by_partition.into_iter().map(|(partition, events)| {
         let stream = partition_key(&settings.stream, partitions, partition);
         async move {
-            let tx = client.multi();
-            // Clients follow no redirection (see `Store::connect`); a transaction is sent
-            // on a drained connection, where fred follows MOVED and ASK correctly.
-            let follow = tx.with_options(&Options {
-                max_redirections: Some(TRANSACTION_REDIRECTIONS),
-                ..Options::default()
-            });
-            for (fields, id) in &events {
-                let pairs: Vec<(&[u8], &[u8])> = fields
-                    .iter()
-                    .map(|(k, v)| (k.as_slice(), v.as_slice()))
-                    .chain(id.as_deref().map(|id| (b"id".as_slice(), id.as_bytes())))
-                    .collect();
-                let _: () = follow
-                    .xadd(stream.as_str(), false, None, "*", pairs)
-                    .await?;
-            }
-            let _: Value = tx.exec(true).await?;
+            append_partition(client, &stream, &events).await?;
             Ok::<String, fred::error::Error>(stream)
         }
     }))
     .await;
     outcomes.into_iter().collect()
+}
+
+/// One partition's MULTI/EXEC of `events` on `stream`, tried again while Redis redirects
+/// it (a redirected transaction ran nothing: Redis aborts it at EXEC).
+///
+/// The transaction follows no redirection, like every other call (see `Store::connect`):
+/// * fred follows a MOVED in a transaction by reconnecting every connection of the client,
+///   which a client without a reconnect policy (`rollboard send`) cannot do: its routing
+///   task stops and the client is dead. Instead the slot map is re-read here and the
+///   transaction tried again, on the new owner.
+/// * an ASK (the slot is moving and the stream is already on the target) followed would put
+///   the events on the target while the client's slot map still names the source, where
+///   [`crate::store::Store::confirm_writes`] then waits for replicas of the wrong master.
+///   The transaction is tried again after short pauses instead (the stream's slot is handed
+///   over right after its few keys have moved); still redirected, it fails as an outage.
+async fn append_partition(
+    client: &Client,
+    stream: &str,
+    events: &[(&[Field], Option<String>)],
+) -> Result<(), fred::error::Error> {
+    let mut waits = TRANSACTION_REDIRECTION_WAITS.iter();
+    loop {
+        let tx = client.multi();
+        let once = tx.with_options(&Options {
+            max_redirections: Some(0),
+            ..Options::default()
+        });
+        for (fields, id) in events {
+            let pairs: Vec<(&[u8], &[u8])> = fields
+                .iter()
+                .map(|(k, v)| (k.as_slice(), v.as_slice()))
+                .chain(id.as_deref().map(|id| (b"id".as_slice(), id.as_bytes())))
+                .collect();
+            let _: () = once.xadd(stream, false, None, "*", pairs).await?;
+        }
+        match tx.exec::<Value>(true).await {
+            Err(e) if e.details().starts_with(TRANSACTION_REDIRECTED) => match waits.next() {
+                Some(wait) => {
+                    client.sync_cluster().await?;
+                    tokio::time::sleep(*wait).await;
+                }
+                None => return Err(e),
+            },
+            done => return done.map(drop),
+        }
+    }
 }
 
 /// Creates the consumer group at ID 0 with MKSTREAM unless it exists (an existing group is

@@ -339,8 +339,8 @@ impl Store {
                 // is already in flight there (the replies of other calls shift by one), and
                 // then sends the command to the slot's old owner again. Following a MOVED,
                 // it re-reads the slot map before it gives up, so the retry goes straight
-                // to the new owner. Transactions, which fred sends on a drained connection,
-                // follow redirections themselves (see [`crate::stream::append`]).
+                // to the new owner. Append transactions re-read the slot map themselves
+                // after a redirection (see [`crate::stream::append`]).
                 c.max_redirections = 0;
             })
             .with_performance_config(|p| {

@@ -46,9 +46,13 @@ impl Store {
         );
         // A scoped instance follows the board's watermark too (see [`Store::raise_floor`]);
         // both reads go out together on one connection, so this costs no extra round trip.
+        // The watermark lives in another slot, which may move on its own: it is retried
+        // like the script call.
         let (out, floor) = if scope.is_some() {
-            let floor = client
-                .hget::<Option<String>, _, _>(self.keys.window(&board.name), "expired_through");
+            let window = self.keys.window(&board.name);
+            let floor = Box::pin(super::redirected(|| {
+                client.hget::<Option<String>, _, _>(window.as_str(), "expired_through")
+            }));
             let (out, floor) = tokio::try_join!(snapshot, floor)?;
             (out, parse_floor(floor)?)
         } else {
