@@ -24,7 +24,7 @@ use tracing::info;
 use crate::board::Board;
 use crate::config::IngestSettings;
 use crate::event::{field, fresh_id, Field, Rejection};
-use crate::store::{Store, StoreError};
+use crate::store::{Store, StoreError, REDIRECTION_WAITS, TRANSACTION_REDIRECTED};
 
 /// Most partitions `ingest.partitions` may name.
 pub const MAX_PARTITIONS: usize = 64;
@@ -229,17 +229,6 @@ fn parse_read(v: Value) -> Vec<Entry> {
         .collect()
 }
 
-/// Pauses before each new try of one partition's transaction that Redis redirected (see
-/// [`append_partition`]); one more try follows the last.
-const TRANSACTION_REDIRECTION_WAITS: [Duration; 3] = [
-    Duration::ZERO,
-    Duration::from_millis(20),
-    Duration::from_millis(100),
-];
-
-/// How fred fails a transaction redirected more often than its command options allow.
-const TRANSACTION_REDIRECTED: &str = "Max redirections exceeded";
-
 /// Appends validated events in one MULTI/EXEC per partition: all of a partition's events
 /// or, when Redis refuses any (e.g. out of memory, detected while queueing), none of them.
 /// With one partition that is all of them or none; with several, the transactions of the
@@ -310,7 +299,7 @@ async fn append_partition(
     stream: &str,
     events: &[(&[Field], Option<String>)],
 ) -> Result<(), fred::error::Error> {
-    let mut waits = TRANSACTION_REDIRECTION_WAITS.iter();
+    let mut waits = REDIRECTION_WAITS.iter();
     loop {
         let tx = client.multi();
         let once = tx.with_options(&Options {

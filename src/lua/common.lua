@@ -1,6 +1,6 @@
--- common.lua: what apply.lua, fold.lua, expire.lua, stage.lua and trim_seen.lua share. Redis receives each
--- of them as one text: a `#!lua` line, this file, then the script (`src/store/lua.rs`); a
--- script cannot call another's functions.
+-- common.lua: what apply.lua, fold.lua, expire.lua, stage.lua and trim_seen.lua share.
+-- Redis receives each of them as one text: a `#!lua` line, this file, then the script
+-- (`src/store/lua.rs`); a script cannot call another's functions.
 --
 -- Numbers stay below 2^53 in magnitude, so Lua's doubles hold them exactly.
 local LIMIT = 9007199254740991

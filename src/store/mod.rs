@@ -86,18 +86,7 @@ impl StoreError {
                 }
                 ErrorKind::Timeout => "timeout",
                 _ if e.details().starts_with(NOREPLICAS) => "replicas",
-                _ if [
-                    REDIRECTED,
-                    "Max redirections exceeded",
-                    "MOVED",
-                    "ASK",
-                    "TRYAGAIN",
-                ]
-                .iter()
-                .any(|p| e.details().starts_with(p)) =>
-                {
-                    "redirected"
-                }
+                _ if REDIRECTIONS.iter().any(|p| e.details().starts_with(p)) => "redirected",
                 _ if e.details().contains("script")
                     || e.details().starts_with("NOSCRIPT")
                     || e.details().starts_with("ROLLBOARD") =>
@@ -128,18 +117,15 @@ impl StoreError {
                         "TRYAGAIN",
                         "READONLY",
                         "NOREPLICAS",
-                        "MOVED",
-                        "ASK",
                         // fred counts every write of a command against
                         // `max_command_attempts`, the writes after a MOVED or ASK included,
                         // and gives up with these: while slots move, a call can be
                         // redirected more often than that. The data is not at fault.
                         "Too many failed write attempts",
-                        REDIRECTED,
                         "Max attempts reached",
-                        "Max redirections exceeded",
                     ]
                     .iter()
+                    .chain(&REDIRECTIONS)
                     .any(|p| e.details().starts_with(p))
             }
             StoreError::Reply(_) => false,
@@ -340,7 +326,7 @@ impl Store {
 }
 
 /// Pauses before each new try of a redirected call (see [`redirected`]).
-const REDIRECTION_WAITS: [Duration; 3] = [
+pub(crate) const REDIRECTION_WAITS: [Duration; 3] = [
     Duration::ZERO,
     Duration::from_millis(20),
     Duration::from_millis(100),
@@ -367,6 +353,19 @@ where
 
 /// How fred fails a command it was told not to follow to another node.
 const REDIRECTED: &str = "Too many redirections";
+
+/// How fred fails a transaction redirected more often than its options allow.
+pub(crate) const TRANSACTION_REDIRECTED: &str = "Max redirections exceeded";
+
+/// How a call fails when a cluster slot it touches is moving or has moved: fred's own
+/// errors for the redirections it did not follow, and Redis's.
+const REDIRECTIONS: [&str; 5] = [
+    REDIRECTED,
+    TRANSACTION_REDIRECTED,
+    "MOVED",
+    "ASK",
+    "TRYAGAIN",
+];
 
 /// The semaphore of [`Store::bounded`] for `calls` full-size calls.
 fn calls_in_flight(calls: usize) -> tokio::sync::Semaphore {
