@@ -23,11 +23,20 @@
 -- then S triples (slice number, forget-at epoch ms, events in the slice), slice i stored at
 -- KEYS[8 + i]; then the M member names; then G groups of five: member index 1..M, slice
 -- index 1..S, the sum of the group's amounts, the sum of their absolute values, and the
--- newest event time among them.
+-- newest event time among them. Then, optionally, two chain tokens (below).
 --
 -- Returns { outcome, late slice indices... }: outcome 0 when every event of a slice that is
 -- not late was applied, 1 when every such event was a duplicate (nothing written), 2 `slow`
--- (nothing written). Events of the listed slices are late in every case.
+-- (nothing written), 3 `not run` (nothing written). Events of the listed slices are late
+-- in every case but 3.
+--
+-- Chain tokens: the caller sends an instance's calls for one batch at once, on one
+-- connection, and each must run only after the one before it was judged (in stream order:
+-- the first of two events with one id wins). The two optional ARGV after the groups are the
+-- token the previous call leaves in `meta` `chain` (this call answers 3 without reading
+-- further unless it is there; '' for none), and the token this call leaves there once its
+-- events are judged, outcomes 0 and 1 ('' for none). A call answering 2 or failing leaves
+-- none, so the calls after it do not run; the caller sends them again in turn.
 --
 -- Phase 1 only reads and checks, phase 2 only writes, as in `apply.lua` (whose comments
 -- describe the digest table, the forget logs and the checks); a call writes all or nothing.
@@ -46,10 +55,17 @@ local forgotten_through = tonumber(ARGV[11]) % WRAP
 local blob = ARGV[12]
 local slice_base, member_base = 12, 12 + 3 * S
 local group_base = member_base + M
+local after, token = ARGV[group_base + 5 * G + 1] or '', ARGV[group_base + 5 * G + 2] or ''
 local byte, sub, find, format = string.byte, string.sub, string.find, string.format
 
 -- Phase 1: read and check.
-local stored = redis.call('HMGET', meta, 'expired_through', 'settings', 'gen')
+local stored = redis.call('HMGET', meta, 'expired_through', 'settings', 'gen', 'chain')
+if after ~= '' and stored[4] ~= after then return { 3 } end
+-- Answers `reply` for a call whose events are judged, leaving its chain token.
+local function judged(reply)
+  if token ~= '' then redis.call('HSET', meta, 'chain', token) end
+  return reply
+end
 if stored[3] and not integer(stored[3]) then
   return fail('corrupt: ' .. meta .. ' gen is not an integer')
 end
@@ -83,7 +99,7 @@ for i = 1, S do
   end
 end
 if #blob ~= at - 1 then return fail('the digests are ' .. #blob .. ' bytes, not ' .. (at - 1)) end
-if live_count == 0 then return out end
+if live_count == 0 then return judged(out) end
 
 if redis.call('EXISTS', seen) == 1 then
   out[1] = 2
@@ -182,7 +198,11 @@ for s = 1, S do
   end
 end
 if dups > 0 then
-  out[1] = dups == live_count and 1 or 2
+  if dups == live_count then
+    out[1] = 1
+    return judged(out)
+  end
+  out[1] = 2
   return out
 end
 
@@ -421,5 +441,9 @@ variadic('ZREM', result, removed)
 variadic('ZADD', result, added)
 variadic('HSET', totals, totals_out)
 if negative then variadic('HSET', refs, refs_out) end
-redis.call('HINCRBY', meta, 'gen', 1)
+if token ~= '' then
+  redis.call('HSET', meta, 'gen', format('%d', (integer(stored[3]) or 0) + 1), 'chain', token)
+else
+  redis.call('HINCRBY', meta, 'gen', 1)
+end
 return out

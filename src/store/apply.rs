@@ -5,6 +5,7 @@ use std::collections::{HashMap, HashSet};
 
 use fred::prelude::*;
 use fred::types::{ClusterHash, CustomCommand};
+use futures_util::future::join_all;
 
 use super::{
     as_array, as_i64, mode_flag, negative_flag, parse_floor, reply_err, tie_flag, Store, StoreError,
@@ -182,6 +183,43 @@ pub struct FoldCall {
     pub slice_of: Vec<usize>,
     /// The call's work in [`FOLD_BUDGET`] units (see [`fold_chunk_len`]).
     pub cost: usize,
+}
+
+impl FoldCall {
+    /// The call chained after the one that leaves the token `after` (if any): it runs only
+    /// once that one's events were judged, and then leaves `token` (see `fold.lua`).
+    pub fn chained(mut self, after: Option<&str>, token: &str) -> Self {
+        self.args.push(Value::from(after.unwrap_or("")));
+        self.args.push(Value::from(token));
+        self
+    }
+}
+
+/// How one `fold.lua` call ended.
+enum Folded {
+    /// Its events were judged: one outcome each, in order.
+    Judged(Vec<Outcome>),
+    /// Its events must be judged one by one (nothing was written).
+    Slow,
+    /// It did not run: the call it was chained after was not judged (nothing was written).
+    NotRun,
+}
+
+/// A chain token (see [`FoldCall::chained`]): 62 random bits, so that no other call's
+/// token is ever taken for it.
+fn chain_token() -> String {
+    format!("{:016x}", uuid::Uuid::now_v7().as_u128() as u64)
+}
+
+/// `events` cut into the chunks of successive [`fold_call`]s (see [`fold_chunk_len`]).
+pub fn fold_chunks<'a>(board: &Board, mut events: &'a [ApplyEvent]) -> Vec<&'a [ApplyEvent]> {
+    let mut chunks = Vec::new();
+    while !events.is_empty() {
+        let (chunk, rest) = events.split_at(fold_chunk_len(board, events));
+        chunks.push(chunk);
+        events = rest;
+    }
+    chunks
 }
 
 /// How many events from the front of `events` one [`fold_call`] takes: as many as fit
@@ -385,7 +423,9 @@ impl Store {
     ///
     /// Each call remembers the ids it applied, so a crash between two calls (or a retry of
     /// the whole batch) neither loses nor double-counts anything: the calls already made
-    /// answer `Duplicate` for their events the next time.
+    /// answer `Duplicate` for their events the next time. The calls are sent at once, on
+    /// one connection, each chained after the one before it (it runs only once that one's
+    /// events were judged): Redis does not wait for this side between them.
     pub async fn apply(
         &self,
         board: &Board,
@@ -396,8 +436,8 @@ impl Store {
         if events.is_empty() {
             return Ok(Vec::new());
         }
-        // One connection for every call of the instance, awaited in turn: the calls must
-        // run in stream order (the first of two events with one id wins).
+        // One connection for every call of the instance: the calls must run in stream
+        // order (the first of two events with one id wins).
         let client = self.client();
         let mut now = now;
         if let Some(scope) = scope {
@@ -436,53 +476,91 @@ impl Store {
         let mut raw_ids = self.holds_legacy_seen(&k.seen());
         let mut rest = events;
         while !rest.is_empty() {
-            // An instance still holding raw ids goes event by event, as its layout requires.
-            let n = if raw_ids {
-                rest.len().min(APPLY_CHUNK)
-            } else {
-                fold_chunk_len(board, rest)
-            };
-            let (chunk, tail) = rest.split_at(n);
-            rest = tail;
-            if !raw_ids {
-                if let Some(outcomes) = self
-                    .fold(client, board, &k, &fingerprint, chunk, now)
-                    .await?
-                {
-                    out.extend(outcomes);
-                    continue;
-                }
-            }
-            // Judged event by event instead (the fold call wrote nothing).
-            for part in chunk.chunks(APPLY_CHUNK) {
+            if raw_ids {
+                // An instance still holding raw ids goes event by event, as its layout
+                // requires.
+                let (chunk, tail) = rest.split_at(rest.len().min(APPLY_CHUNK));
+                rest = tail;
                 self.apply_exact(
                     client,
                     board,
                     &k,
                     &fingerprint,
-                    part,
+                    chunk,
                     now,
                     &mut raw_ids,
                     &mut out,
                 )
                 .await?;
+                continue;
             }
+            let chunks = fold_chunks(board, rest);
+            let replies = self
+                .fold_chained(client, board, &k, &fingerprint, &chunks, now)
+                .await;
+            // Events judged, from the front of `rest`.
+            let mut judged = 0;
+            for (chunk, reply) in chunks.iter().zip(replies) {
+                match reply? {
+                    Folded::Judged(outcomes) => out.extend(outcomes),
+                    // Judged event by event instead (the fold call wrote nothing); the
+                    // calls after it did not run and are sent again.
+                    Folded::Slow => {
+                        judged += chunk.len();
+                        for part in chunk.chunks(APPLY_CHUNK) {
+                            self.apply_exact(
+                                client,
+                                board,
+                                &k,
+                                &fingerprint,
+                                part,
+                                now,
+                                &mut raw_ids,
+                                &mut out,
+                            )
+                            .await?;
+                        }
+                        break;
+                    }
+                    Folded::NotRun => break,
+                }
+                judged += chunk.len();
+            }
+            if judged == 0 {
+                return Err(reply_err("fold: the first call of a chain did not run"));
+            }
+            rest = &rest[judged..];
         }
         Ok(out)
     }
 
-    /// One `fold.lua` call for `chunk`: its outcomes, or `None` when the chunk must be
-    /// judged event by event (nothing was written).
-    async fn fold(
+    /// Sends one `fold.lua` call per chunk at once, on `client`, chained so that each runs
+    /// only after the one before it was judged (see the chain tokens in `fold.lua`); the
+    /// replies in the chunks' order. A chain is cut where a call answers `slow` or fails:
+    /// the calls after it answer `NotRun`, having written nothing.
+    async fn fold_chained(
         &self,
         client: &Client,
         board: &Board,
         k: &InstanceKeys,
         fingerprint: &str,
-        chunk: &[ApplyEvent],
+        chunks: &[&[ApplyEvent]],
         now: i64,
-    ) -> Result<Option<Vec<Outcome>>, StoreError> {
-        let call = fold_call(board, k, fingerprint, chunk, now);
+    ) -> Vec<Result<Folded, StoreError>> {
+        let call = |chunk| fold_call(board, k, fingerprint, chunk, now);
+        if let [chunk] = chunks {
+            return vec![self.fold(client, call(chunk)).await];
+        }
+        let tokens: Vec<String> = chunks.iter().map(|_| chain_token()).collect();
+        join_all(chunks.iter().enumerate().map(|(i, &chunk)| {
+            let after = i.checked_sub(1).map(|p| tokens[p].as_str());
+            self.fold(client, call(chunk).chained(after, &tokens[i]))
+        }))
+        .await
+    }
+
+    /// One `fold.lua` call and how it ended.
+    async fn fold(&self, client: &Client, call: FoldCall) -> Result<Folded, StoreError> {
         let reply = self
             .bounded(
                 call.cost as u32,
@@ -493,7 +571,7 @@ impl Store {
             )
             .await?;
         let reply = as_array(reply).ok_or_else(|| reply_err("fold: not an array"))?;
-        let mut late = vec![false; chunk.len()];
+        let mut late = vec![false; call.slice_of.len()];
         let mut codes = reply.iter().map(as_i64);
         let kind = codes.next().flatten();
         for s in codes {
@@ -509,10 +587,11 @@ impl Store {
         let counted = match kind {
             Some(0) => Outcome::Applied,
             Some(1) => Outcome::Duplicate,
-            Some(2) => return Ok(None),
+            Some(2) => return Ok(Folded::Slow),
+            Some(3) => return Ok(Folded::NotRun),
             other => return Err(reply_err(format!("fold: unknown outcome {other:?}"))),
         };
-        Ok(Some(
+        Ok(Folded::Judged(
             late.iter()
                 .map(|&l| if l { Outcome::Late } else { counted })
                 .collect(),

@@ -34,8 +34,8 @@ mod replicas;
 mod stage;
 
 pub use apply::{
-    apply_call, fold_call, fold_chunk_len, id_digest, ApplyEvent, FoldCall, Outcome, APPLY_CHUNK,
-    DIGEST_CONTEXT, FOLD_BUDGET, FOLD_EVENT_COST, FOLD_GROUP_COST,
+    apply_call, fold_call, fold_chunk_len, fold_chunks, id_digest, ApplyEvent, FoldCall, Outcome,
+    APPLY_CHUNK, DIGEST_CONTEXT, FOLD_BUDGET, FOLD_EVENT_COST, FOLD_GROUP_COST,
 };
 pub use connect::{
     script_commands, tls_client_config, Conflict, Conflicts, Denied, Reconnect, Refused, TlsError,

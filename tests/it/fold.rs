@@ -536,3 +536,113 @@ async fn members_written_by_an_older_version_are_read_as_before() {
         );
     }
 }
+
+/// An instance's calls for one batch are sent at once, chained: a call that must be judged
+/// event by event (some of its ids were seen before) holds back the calls after it until
+/// it has been, so an id repeated in a later call is the duplicate, as in stream order.
+#[tokio::test]
+async fn a_slow_call_holds_back_the_calls_chained_after_it() {
+    let redis = RedisServer::start();
+    let store = redis.store("rb").await;
+    for shape in 0..4 {
+        let board = shaped(shape);
+        let control = twin(&board);
+        // Three calls of distinct members; the second one opens with the id of an event of
+        // the first, another member and amount.
+        let mut events: Vec<ApplyEvent> = (0..25)
+            .map(|i| ev(&format!("e{i}"), NOW - 900 + i, &format!("m{i}"), 2 + i))
+            .collect();
+        events.push(ev("e10", NOW - 500, "late-copy", 1_000));
+        events
+            .extend((26..60).map(|i| ev(&format!("e{i}"), NOW - 900 + i, &format!("m{i}"), 2 + i)));
+        let chunks = rollboard::store::fold_chunks(&board, &events);
+        assert_eq!(chunks.len(), 3, "three calls");
+        assert_eq!(chunks[1][0].member, "late-copy");
+        // One id of the first call is remembered already: that call goes event by event.
+        for b in [&board, &control] {
+            let seen = store
+                .apply(b, None, &events[3..4], NOW)
+                .await
+                .expect("apply one");
+            assert_eq!(seen, [Outcome::Applied]);
+        }
+        let outcomes = store
+            .apply(&board, None, &events, NOW)
+            .await
+            .expect("apply");
+        let expected = apply_exact(&store, &control, &events, NOW).await;
+        assert_eq!(outcomes, expected, "shape {shape}");
+        assert_eq!(outcomes[3], Outcome::Duplicate);
+        assert_eq!(outcomes[25], Outcome::Duplicate, "the later copy of e10");
+        assert_eq!(
+            contents(&store, &board).await,
+            contents(&store, &control).await,
+            "shape {shape}"
+        );
+        let members: Option<String> = store
+            .client()
+            .hget(store.instance(&board, None).members(), "late-copy")
+            .await
+            .expect("HGET");
+        assert_eq!(members, None, "the later copy of e10 counted");
+    }
+}
+
+/// A `fold.lua` call chained after a token that is not in `meta` answers `not run` and
+/// writes nothing; chained after the token the call before it left, it runs and leaves its
+/// own.
+#[tokio::test]
+async fn a_chained_call_runs_only_after_the_token_before_it() {
+    let redis = RedisServer::start();
+    let store = redis.store("rb").await;
+    let board = shaped(0);
+    let k = store.instance(&board, None);
+    let fingerprint = board.fingerprint();
+    let first = [ev("a", NOW - 10, "ann", 5)];
+    let second = [ev("b", NOW - 5, "bob", 7)];
+    let fold = |events: &[ApplyEvent], after: Option<&str>, token: &str| {
+        rollboard::store::fold_call(&board, &k, &fingerprint, events, NOW).chained(after, token)
+    };
+    let run = |call: rollboard::store::FoldCall| async {
+        store
+            .client()
+            .eval::<Vec<i64>, _, _, _>(rollboard::store::lua::FOLD, call.keys, call.args)
+            .await
+            .expect("fold.lua")
+    };
+    assert_eq!(run(fold(&first, None, "t1")).await, [0]);
+    let meta = || async {
+        let v: Vec<Option<String>> = store
+            .client()
+            .hmget(k.meta(), vec!["chain", "gen"])
+            .await
+            .expect("HMGET");
+        v
+    };
+    assert_eq!(
+        meta().await,
+        [Some("t1".to_string()), Some("1".to_string())]
+    );
+    let before = contents(&store, &board).await;
+    assert_eq!(run(fold(&second, Some("t0"), "t2")).await, [3], "not run");
+    assert_eq!(
+        contents(&store, &board).await,
+        before,
+        "a call that did not run wrote"
+    );
+    assert_eq!(
+        meta().await,
+        [Some("t1".to_string()), Some("1".to_string())]
+    );
+    assert_eq!(run(fold(&second, Some("t1"), "t2")).await, [0]);
+    assert_eq!(
+        meta().await,
+        [Some("t2".to_string()), Some("2".to_string())]
+    );
+    // Judged as duplicates, the call leaves its token too.
+    assert_eq!(run(fold(&second, Some("t2"), "t3")).await, [1]);
+    assert_eq!(
+        meta().await,
+        [Some("t3".to_string()), Some("2".to_string())]
+    );
+}
