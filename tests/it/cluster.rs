@@ -1377,21 +1377,7 @@ async fn a_moving_slot_leaves_the_replies_of_other_calls_alone() {
     assert_eq!(migrated.trim(), "OK");
 
     // About 300 ms of Redis time on the target, then the reply "slow".
-    let slow = {
-        let client = client.clone();
-        tokio::spawn(async move {
-            client
-                .eval::<Value, _, _, _>(
-                    "local t = redis.call('TIME') \
-                     local start = t[1] * 1000000 + t[2] \
-                     repeat t = redis.call('TIME') until t[1] * 1000000 + t[2] - start > 300000 \
-                     return 'slow'",
-                    vec![still],
-                    Vec::<Value>::new(),
-                )
-                .await
-        })
-    };
+    let slow = slow_call(&client, still);
     tokio::time::sleep(Duration::from_millis(50)).await;
     // The source answers ASK: the key is on the target now.
     let redirected = client.incr::<i64, _>(&moving).await;
@@ -1423,4 +1409,25 @@ async fn a_moving_slot_leaves_the_replies_of_other_calls_alone() {
     assert_eq!(incremented, 42);
     assert!(tries <= 2, "{tries} tries");
     assert_eq!(cli(target, &["GET", &moving]).trim(), "42");
+}
+
+/// About 300 ms of Redis time on the node of `key`, through `client`; resolves to "slow".
+pub fn slow_call(
+    client: &fred::clients::Client,
+    key: String,
+) -> tokio::task::JoinHandle<Result<fred::types::Value, fred::error::Error>> {
+    use fred::prelude::*;
+    let client = client.clone();
+    tokio::spawn(async move {
+        client
+            .eval::<Value, _, _, _>(
+                "local t = redis.call('TIME') \
+                 local start = t[1] * 1000000 + t[2] \
+                 repeat t = redis.call('TIME') until t[1] * 1000000 + t[2] - start > 300000 \
+                 return 'slow'",
+                vec![key],
+                Vec::<Value>::new(),
+            )
+            .await
+    })
 }

@@ -14,7 +14,7 @@ use rollboard::event::Field;
 use rollboard::store::{Reconnect, Store, StoreError};
 use rollboard::stream;
 
-use crate::cluster::{cli, RedisCluster};
+use crate::cluster::{cli, slow_call, RedisCluster};
 use crate::util::{ev, wait_for};
 
 const NOW: i64 = 1_000_000;
@@ -167,23 +167,6 @@ async fn ids_in(cluster: &RedisCluster, stream: &str) -> Vec<String> {
         .collect()
 }
 
-/// About 300 ms of Redis time on the node of `key`, through `client`; resolves to "slow".
-fn slow_call(client: &Client, key: String) -> tokio::task::JoinHandle<Result<Value, Error>> {
-    let client = client.clone();
-    tokio::spawn(async move {
-        client
-            .eval::<Value, _, _, _>(
-                "local t = redis.call('TIME') \
-                 local start = t[1] * 1000000 + t[2] \
-                 repeat t = redis.call('TIME') until t[1] * 1000000 + t[2] - start > 300000 \
-                 return 'slow'",
-                vec![key],
-                Vec::<Value>::new(),
-            )
-            .await
-    })
-}
-
 /// The stream has been MIGRATEd to the target while the slot is still moving: the source
 /// answers the transaction with ASK. The append follows no ASK (its confirmation would wait
 /// for the source's replicas): it fails as an outage, having written nothing, and a call in
@@ -259,11 +242,10 @@ async fn an_append_to_a_stream_not_yet_moved_lands_once_on_the_source() {
 }
 
 /// The slot has moved and the client's slot map is stale: the transaction meets MOVED,
-/// the client re-reads the map and appends on the new owner, once.
-#[tokio::test]
-async fn an_append_after_the_slot_moved_lands_once_on_the_new_owner() {
+/// the client re-reads the map and appends on the new owner, once; the client still works.
+async fn append_after_the_slot_moved(reconnect: Reconnect) {
     let cluster = RedisCluster::start();
-    let store = Store::connect(&cluster.url(), "rb", 1, Reconnect::Never)
+    let store = Store::connect(&cluster.url(), "rb", 1, reconnect)
         .await
         .expect("connect");
     let client = store.client().clone();
@@ -290,34 +272,16 @@ async fn an_append_after_the_slot_moved_lands_once_on_the_new_owner() {
     assert_eq!(cli(moving.target, &["XLEN", key]).trim(), "4");
 }
 
-/// As above, through a client that reconnects (the daemon's, which takes `POST /v1/events`).
+/// Through a client that does not reconnect (`rollboard send`'s).
+#[tokio::test]
+async fn an_append_after_the_slot_moved_lands_once_on_the_new_owner() {
+    append_after_the_slot_moved(Reconnect::Never).await;
+}
+
+/// Through a client that reconnects (the daemon's, which takes `POST /v1/events`).
 #[tokio::test]
 async fn a_daemon_append_after_the_slot_moved_lands_once_on_the_new_owner() {
-    let cluster = RedisCluster::start();
-    let store = Store::connect(&cluster.url(), "rb", 1, Reconnect::Forever)
-        .await
-        .expect("connect");
-    let client = store.client().clone();
-    let settings = ingest(1);
-    let key = "rb:events";
-    stream::append(&client, &settings, &[event("e0")])
-        .await
-        .expect("first append");
-    let moving = Moving::begin(&cluster, &client, key);
-    moving.migrate(&[key]);
-    moving.finish(&cluster);
-    assert_eq!(
-        owner(&client, key),
-        moving.source,
-        "the client's map is stale"
-    );
-    stream::append(&client, &settings, &[event("e1"), event("e2")])
-        .await
-        .expect("the append follows MOVED");
-    stream::append(&client, &settings, &[event("e3")])
-        .await
-        .expect("the client still works");
-    assert_eq!(ids_in(&cluster, key).await, ["e0", "e1", "e2", "e3"]);
+    append_after_the_slot_moved(Reconnect::Forever).await;
 }
 
 /// Several partitions appended at once, one of them moved mid-migration: that partition's
