@@ -510,12 +510,9 @@ async fn a_roll_script_on_a_moving_slot_runs_once_where_the_key_is() {
     );
 }
 
-/// The dedicated reader's stream moves with entries read but not acknowledged: reads fail
-/// as outages while the slot moves, and once it has moved the consumer's pending entries
-/// are read again from the target, and new entries after them.
-#[tokio::test]
-async fn the_stream_reader_recovers_its_pending_entries_after_the_stream_moved() {
-    let cluster = RedisCluster::start();
+/// A store, its pool client and a dedicated stream reader on `cluster`, the stream
+/// `rb:events` with its consumer group.
+async fn stream_rig(cluster: &RedisCluster) -> (Store, Client, Client) {
     let store = Store::connect(&cluster.url(), "rb", 1, Reconnect::Never)
         .await
         .expect("connect");
@@ -523,11 +520,21 @@ async fn the_stream_reader_recovers_its_pending_entries_after_the_stream_moved()
     let reader = Store::dedicated(&cluster.url(), Reconnect::Never)
         .await
         .expect("reader");
-    let settings = ingest(1);
-    let key = "rb:events";
-    stream::ensure_group(&client, key, &settings.group)
+    stream::ensure_group(&client, "rb:events", &ingest(1).group)
         .await
         .expect("group");
+    (store, client, reader)
+}
+
+/// The dedicated reader's stream moves with entries read but not acknowledged: reads fail
+/// as outages while the slot moves, and once it has moved the consumer's pending entries
+/// are read again from the target, and new entries after them.
+#[tokio::test]
+async fn the_stream_reader_recovers_its_pending_entries_after_the_stream_moved() {
+    let cluster = RedisCluster::start();
+    let (_store, client, reader) = stream_rig(&cluster).await;
+    let settings = ingest(1);
+    let key = "rb:events";
     stream::append(&client, &settings, &[event("e1"), event("e2")])
         .await
         .expect("append");
@@ -573,18 +580,9 @@ async fn the_stream_reader_recovers_its_pending_entries_after_the_stream_moved()
 #[tokio::test]
 async fn a_blocked_stream_read_survives_its_stream_moving_away() {
     let cluster = RedisCluster::start();
-    let store = Store::connect(&cluster.url(), "rb", 1, Reconnect::Never)
-        .await
-        .expect("connect");
-    let client = store.client().clone();
-    let reader = Store::dedicated(&cluster.url(), Reconnect::Never)
-        .await
-        .expect("reader");
+    let (_store, client, reader) = stream_rig(&cluster).await;
     let settings = ingest(1);
     let key = "rb:events";
-    stream::ensure_group(&client, key, &settings.group)
-        .await
-        .expect("group");
     stream::append(&client, &settings, &[event("e1")])
         .await
         .expect("append");
