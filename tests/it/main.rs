@@ -5,6 +5,7 @@ mod attack9;
 mod attack_http;
 mod bounded;
 mod cli;
+mod chain;
 mod cluster;
 mod daemon;
 mod engine;
