@@ -736,3 +736,42 @@ async fn a_slow_call_then_a_failing_call_stop_where_the_calls_in_turn_stop() {
         assert!(after.is_none(), "a call after the failing one ran");
     }
 }
+
+/// A corrupt `gen` that Lua reads as a number but Redis does not take as an integer
+/// ("1e3", "007"): a chained call and an unchained one judge it alike, failing before
+/// anything is written.
+#[tokio::test]
+async fn a_gen_redis_cannot_increment_fails_chained_and_unchained_calls_alike() {
+    let redis = RedisServer::start();
+    let store = redis.store("rb").await;
+    for (case, gen) in ["1e3", "007", "+5", "0x10"].iter().enumerate() {
+        let mut board = shaped(case % 4);
+        board.name = format!("gen{case}");
+        let control = twin(&board);
+        for b in [&board, &control] {
+            let _: () = store
+                .client()
+                .hset(store.instance(b, None).meta(), ("gen", *gen))
+                .await
+                .expect("HSET");
+        }
+        let before = snapshot(&store, &board).await;
+        let events = segments(&["a", "b"], NOW - 100);
+        let got = store.apply(&board, None, &events, NOW).await;
+        let (_, err) = in_turn(&store, &control, &events, NOW).await;
+        let err = err.map(|e| e.to_string());
+        assert_eq!(
+            got.as_ref().err().map(|e| e.to_string().contains("gen")),
+            Some(true),
+            "{gen:?}: chained {got:?}, in turn {err:?}"
+        );
+        assert!(err.as_deref().is_some_and(|e| e.contains("gen")), "{err:?}");
+        assert_eq!(snapshot(&store, &board).await, before, "{gen:?}");
+        let twin_seen: i64 = store
+            .client()
+            .exists(store.instance(&control, None).seen_table())
+            .await
+            .expect("EXISTS");
+        assert_eq!(twin_seen, 0, "{gen:?}: an unchained call wrote before failing");
+    }
+}
