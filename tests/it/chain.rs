@@ -44,7 +44,14 @@ async fn in_turn(
 /// One segment: `SEG` events of distinct members `{tag}m{i}`, ids `{tag}{i}`, at `ts + i`.
 fn segment(tag: &str, ts: i64, amount: i64) -> Vec<ApplyEvent> {
     (0..SEG as i64)
-        .map(|i| ev(&format!("{tag}{i}"), ts + i, &format!("{tag}m{i}"), amount + i))
+        .map(|i| {
+            ev(
+                &format!("{tag}{i}"),
+                ts + i,
+                &format!("{tag}m{i}"),
+                amount + i,
+            )
+        })
         .collect()
 }
 
@@ -328,8 +335,10 @@ async fn a_roll_racing_a_chain_splits_it_in_stream_order() {
         assert!(
             differing.is_empty(),
             "round {round} (first late {first_late:?}): {differing:?} {:?} {:?}",
-            got.get("result").map(|v| v.iter().take(3).collect::<Vec<_>>()),
-            want.get("result").map(|v| v.iter().take(3).collect::<Vec<_>>())
+            got.get("result")
+                .map(|v| v.iter().take(3).collect::<Vec<_>>()),
+            want.get("result")
+                .map(|v| v.iter().take(3).collect::<Vec<_>>())
         );
     }
 }
@@ -410,7 +419,10 @@ async fn a_chain_after_script_flush_reloads_and_applies_in_order() {
     assert_eq!(chunks.len(), 40);
     for pass in 0..2 {
         redis.cli(&["SCRIPT", "FLUSH"]);
-        let got = store.apply(&board, None, &events, NOW).await.expect("apply");
+        let got = store
+            .apply(&board, None, &events, NOW)
+            .await
+            .expect("apply");
         redis.cli(&["SCRIPT", "FLUSH"]);
         let (want, err) = in_turn(&store, &control, &events, NOW).await;
         assert!(err.is_none());
@@ -497,12 +509,19 @@ async fn late_duplicate_and_overflowing_calls_mid_chain_agree_with_calls_in_turn
                 }),
         );
         // 4: half late, half live.
-        events.extend(segment("e", live, 2).into_iter().enumerate().map(|(i, e)| {
-            ApplyEvent {
-                ts: if i % 2 == 0 { NOW - 9 * SLICE + i as i64 } else { e.ts },
-                ..e
-            }
-        }));
+        events.extend(
+            segment("e", live, 2)
+                .into_iter()
+                .enumerate()
+                .map(|(i, e)| ApplyEvent {
+                    ts: if i % 2 == 0 {
+                        NOW - 9 * SLICE + i as i64
+                    } else {
+                        e.ts
+                    },
+                    ..e
+                }),
+        );
         // 5: live.
         events.extend(segment("f", live, 1));
         assert_calls(&board, &events, 6);
@@ -510,7 +529,10 @@ async fn late_duplicate_and_overflowing_calls_mid_chain_agree_with_calls_in_turn
             let o = store.apply(b, None, &dups, NOW).await.expect("before");
             assert!(o.iter().all(|o| *o == Outcome::Applied));
         }
-        let got = store.apply(&board, None, &events, NOW).await.expect("apply");
+        let got = store
+            .apply(&board, None, &events, NOW)
+            .await
+            .expect("apply");
         let (want, err) = in_turn(&store, &control, &events, NOW).await;
         assert!(err.is_none(), "{err:?}");
         assert_eq!(got, want, "{}", board.name);
@@ -551,7 +573,10 @@ async fn an_all_late_chain_counts_nothing() {
     let board = shaped(0);
     let events = segments(&["a", "b", "c"], NOW - 10 * SLICE);
     assert_calls(&board, &events, 3);
-    let got = store.apply(&board, None, &events, NOW).await.expect("apply");
+    let got = store
+        .apply(&board, None, &events, NOW)
+        .await
+        .expect("apply");
     assert!(got.iter().all(|o| *o == Outcome::Late));
     let k = store.instance(&board, None);
     for key in [k.result(), k.members(), k.slices(), k.totals()] {
@@ -578,15 +603,14 @@ async fn a_chain_field_set_by_hand_does_not_hold_a_batch_back() {
         let tags: Vec<String> = (0..4).map(|s| format!("h{round}-{s}-")).collect();
         let tags: Vec<&str> = tags.iter().map(String::as_str).collect();
         let events = segments(&tags, NOW - 100);
-        let got = store.apply(&board, None, &events, NOW).await.expect("apply");
+        let got = store
+            .apply(&board, None, &events, NOW)
+            .await
+            .expect("apply");
         assert!(got.iter().all(|o| *o == Outcome::Applied), "{value:?}");
         let (want, _) = in_turn(&store, &control, &events, NOW).await;
         assert_eq!(got, want);
-        let chain: Option<String> = store
-            .client()
-            .hget(k.meta(), "chain")
-            .await
-            .expect("HGET");
+        let chain: Option<String> = store.client().hget(k.meta(), "chain").await.expect("HGET");
         let chain = chain.expect("a token left");
         assert!(
             chain.len() == 16 && chain != *value,
@@ -648,7 +672,10 @@ async fn a_legacy_seen_zset_found_mid_chain_is_honoured_from_there() {
             redis.cli(&["ZADD", &seen, &forget, id]);
         }
     }
-    let got = store.apply(&board, None, &events, NOW).await.expect("apply");
+    let got = store
+        .apply(&board, None, &events, NOW)
+        .await
+        .expect("apply");
     let (want, err) = in_turn(&store, &control, &events, NOW).await;
     assert!(err.is_none(), "{err:?}");
     assert_eq!(got, want);
@@ -772,6 +799,81 @@ async fn a_gen_redis_cannot_increment_fails_chained_and_unchained_calls_alike() 
             .exists(store.instance(&control, None).seen_table())
             .await
             .expect("EXISTS");
-        assert_eq!(twin_seen, 0, "{gen:?}: an unchained call wrote before failing");
+        assert_eq!(
+            twin_seen, 0,
+            "{gen:?}: an unchained call wrote before failing"
+        );
     }
+}
+
+/// The port of the master `client` believes serves `key`.
+fn owner(client: &Client, key: &str) -> u16 {
+    client
+        .cached_cluster_state()
+        .expect("cluster state")
+        .get_server(fred::types::cluster::ClusterRouting::hash_key(
+            key.as_bytes(),
+        ))
+        .expect("owner")
+        .port
+}
+
+/// On a 3 + 3 cluster, a long chain while its master hands over to its replica (a manual
+/// failover: the calls after the switch meet redirections and fail the apply as an
+/// outage): the consumer's retries of the whole batch end with every event counted once,
+/// as the calls made in turn on another instance.
+#[tokio::test]
+async fn a_chain_across_a_cluster_failover_counts_each_event_once() {
+    use crate::cluster::{cli, RedisCluster};
+    let cluster = RedisCluster::start();
+    let store = cluster.store().await;
+    let board = shaped(0);
+    let control = twin(&board);
+    for b in [&board, &control] {
+        store
+            .apply(b, None, &[ev("w", NOW - 10, "w", 1)], NOW)
+            .await
+            .expect("warm-up");
+    }
+    let tags: Vec<String> = (0..30).map(|s| format!("f{s}-")).collect();
+    let tags: Vec<&str> = tags.iter().map(String::as_str).collect();
+    let events = segments(&tags, NOW - 400);
+    let master = owner(store.client(), &store.instance(&board, None).meta());
+    let replica = cluster.replica_of(master);
+    let (first, answer) = tokio::join!(store.apply(&board, None, &events, NOW), async {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        cli(replica, &["CLUSTER", "FAILOVER"])
+    });
+    assert_eq!(answer.trim(), "OK");
+    let healed = crate::util::wait_for(Duration::from_secs(30), || async {
+        cluster.masters().contains(&replica) && cluster.healthy()
+    })
+    .await;
+    assert!(healed, "the failover did not finish");
+    let mut outcomes = vec![first];
+    while outcomes.last().is_some_and(|o| o.is_err()) {
+        assert!(outcomes.len() < 5, "retries: {outcomes:?}");
+        if let Some(Err(e)) = outcomes.last() {
+            assert!(e.is_outage(), "{e}");
+        }
+        outcomes.push(store.apply(&board, None, &events, NOW).await);
+    }
+    eprintln!(
+        "failover mid-chain: {} tries, the first {:?}",
+        outcomes.len(),
+        outcomes[0].as_ref().map(|o| o.len())
+    );
+    let last = outcomes.pop().expect("one").expect("ok");
+    assert!(last
+        .iter()
+        .all(|o| matches!(o, Outcome::Applied | Outcome::Duplicate)));
+    if outcomes.is_empty() {
+        assert!(last.iter().all(|o| *o == Outcome::Applied));
+    }
+    let (want, err) = in_turn(&store, &control, &events, NOW).await;
+    assert!(err.is_none() && want.iter().all(|o| *o == Outcome::Applied));
+    assert_eq!(
+        contents(&store, &board).await,
+        contents(&store, &control).await
+    );
 }
