@@ -576,7 +576,8 @@ async fn late_duplicate_and_overflowing_calls_mid_chain_agree_with_calls_in_turn
 }
 
 /// A batch whose events are all late, in several calls, to an instance that does not
-/// exist: every event is late, nothing is counted.
+/// exist: every event is late, nothing is counted; `meta` is left holding only the chain
+/// token.
 #[tokio::test]
 async fn an_all_late_chain_counts_nothing() {
     let redis = RedisServer::start();
@@ -594,6 +595,11 @@ async fn an_all_late_chain_counts_nothing() {
         let exists: i64 = store.client().exists(key.clone()).await.expect("EXISTS");
         assert_eq!(exists, 0, "{key} written by an all-late batch");
     }
+    // The one trace of it: the token the chain's calls left in `meta` (calls made in turn
+    // leave none), no settings, no change counted.
+    let meta: std::collections::HashMap<String, String> =
+        store.client().hgetall(k.meta()).await.expect("HGETALL");
+    assert_eq!(meta.keys().collect::<Vec<_>>(), ["chain"], "{meta:?}");
 }
 
 /// A `chain` field set by hand (garbage, empty) does not hold a batch back: the first call
@@ -883,6 +889,48 @@ async fn a_chain_across_a_cluster_failover_counts_each_event_once() {
     }
     let (want, err) = in_turn(&store, &control, &events, NOW).await;
     assert!(err.is_none() && want.iter().all(|o| *o == Outcome::Applied));
+    assert_eq!(
+        contents(&store, &board).await,
+        contents(&store, &control).await
+    );
+}
+
+/// Two applies of the same batch to one instance at once through one store with a single
+/// write connection: the two chains interleave on that connection; both finish, and every
+/// id counts once.
+#[tokio::test]
+async fn two_chains_on_one_connection_count_each_id_once_and_finish() {
+    let redis = RedisServer::start();
+    let store = Store::connect(&redis.url(), "rb", 1, Reconnect::Never)
+        .await
+        .expect("connect");
+    let board = shaped(1);
+    let control = twin(&board);
+    for round in 0..4 {
+        let tags: Vec<String> = (0..12).map(|s| format!("o{round}s{s}-")).collect();
+        let tags: Vec<&str> = tags.iter().map(String::as_str).collect();
+        let events = segments(&tags, NOW - 200 + round * 10);
+        let (x, y) = tokio::time::timeout(Duration::from_secs(20), async {
+            tokio::join!(
+                store.apply(&board, None, &events, NOW),
+                store.apply(&board, None, &events, NOW)
+            )
+        })
+        .await
+        .expect("a livelock: the two chains never finished");
+        let (x, y) = (x.expect("x"), y.expect("y"));
+        for (i, (p, q)) in x.iter().zip(&y).enumerate() {
+            assert!(
+                matches!(
+                    (p, q),
+                    (Outcome::Applied, Outcome::Duplicate) | (Outcome::Duplicate, Outcome::Applied)
+                ),
+                "event {i}: {p:?} {q:?}"
+            );
+        }
+        let (o, err) = in_turn(&store, &control, &events, NOW).await;
+        assert!(err.is_none() && o.iter().all(|o| *o == Outcome::Applied));
+    }
     assert_eq!(
         contents(&store, &board).await,
         contents(&store, &control).await
