@@ -936,3 +936,37 @@ async fn two_chains_on_one_connection_count_each_id_once_and_finish() {
         contents(&store, &control).await
     );
 }
+
+/// At `maxmemory` (noeviction) a redelivered batch fails as the calls in turn do (every
+/// writing script is refused up front, the chain's token write adding no new refusal), and
+/// goes through once memory is back.
+#[tokio::test]
+async fn at_maxmemory_a_redelivered_chain_fails_as_calls_in_turn_do() {
+    let redis = RedisServer::start();
+    let store = redis.store("rb").await;
+    let board = shaped(0);
+    let control = twin(&board);
+    let events = segments(&["a", "b", "c"], NOW - 100);
+    let mut late = segments(&["x", "y"], NOW - 10 * SLICE);
+    late.extend(segment("z", NOW - 10 * SLICE, 1));
+    for b in [&board, &control] {
+        store.apply(b, None, &events, NOW).await.expect("first");
+    }
+    redis.cli(&["CONFIG", "SET", "maxmemory-policy", "noeviction"]);
+    redis.cli(&["CONFIG", "SET", "maxmemory", "1"]);
+    for batch in [&events, &late] {
+        let got = store.apply(&board, None, batch, NOW).await;
+        let (_, err) = in_turn(&store, &control, batch, NOW).await;
+        let got = got.expect_err("refused at maxmemory");
+        assert!(got.to_string().contains("OOM"), "{got}");
+        assert!(err.is_some_and(|e| e.to_string().contains("OOM")));
+    }
+    redis.cli(&["CONFIG", "SET", "maxmemory", "0"]);
+    let again = store
+        .apply(&board, None, &events, NOW)
+        .await
+        .expect("again");
+    assert!(again.iter().all(|o| *o == Outcome::Duplicate));
+    let late = store.apply(&board, None, &late, NOW).await.expect("late");
+    assert!(late.iter().all(|o| *o == Outcome::Late));
+}
