@@ -75,7 +75,7 @@ local with_ids = #ARGV >= event_base + 6 * E
 
 -- Phase 1: read and check.
 local stored = redis.call('HMGET', meta, 'expired_through', 'settings', 'gen')
-if stored[3] and not integer(stored[3]) then
+if stored[3] and not counter(stored[3]) then
   return fail('corrupt: ' .. meta .. ' gen is not an integer')
 end
 if stored[2] and stored[2] ~= settings then

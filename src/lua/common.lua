@@ -38,6 +38,16 @@ local function integer(v)
   return n
 end
 
+-- `v` as an exact integer written as Redis writes one (the form HINCRBY takes: digits, an
+-- optional '-', no leading zero, no '+', exponent or point), or nil. For a counter a script
+-- increments after its other writes: one that is not in this form must fail the script
+-- before it writes anything.
+local function counter(v)
+  local n = integer(v)
+  if n == nil or string.format('%d', n) ~= v then return nil end
+  return n
+end
+
 -- The 32-bit number in the four bytes of `d` from `at` on (a digest's bucket hash).
 local function hash32(d, at)
   local a, b, c, e = string.byte(d, at, at + 3)

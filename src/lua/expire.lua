@@ -32,7 +32,7 @@ local stored = redis.call('HMGET', meta, 'settings', 'gen')
 if stored[1] and stored[1] ~= ARGV[3] then
   return fail('settings: the board was created with ' .. stored[1] .. ', this process has ' .. ARGV[3])
 end
-if stored[2] and not integer(stored[2]) then
+if stored[2] and not counter(stored[2]) then
   return fail('corrupt: ' .. meta .. ' gen is not an integer')
 end
 local names, unique = {}, {}

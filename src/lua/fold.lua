@@ -66,7 +66,7 @@ local function judged(reply)
   if token ~= '' then redis.call('HSET', meta, 'chain', token) end
   return reply
 end
-if stored[3] and not integer(stored[3]) then
+if stored[3] and not counter(stored[3]) then
   return fail('corrupt: ' .. meta .. ' gen is not an integer')
 end
 if stored[2] and stored[2] ~= settings then

@@ -19,7 +19,7 @@ const NOW: i64 = 1_000_000;
 const APPLY_LUA: &str = rollboard::store::lua::APPLY;
 
 /// The same board under another name: its instance has other keys, the same settings.
-fn twin(board: &Board) -> Board {
+pub(crate) fn twin(board: &Board) -> Board {
     let mut b = board.clone();
     b.name = format!("{}-exact", board.name);
     b
@@ -53,7 +53,7 @@ async fn apply_exact(
 }
 
 /// What an instance holds, its key names left out: every Hash, ZSet and List by suffix.
-async fn contents(store: &Store, board: &Board) -> BTreeMap<String, Vec<String>> {
+pub(crate) async fn contents(store: &Store, board: &Board) -> BTreeMap<String, Vec<String>> {
     let k = store.instance(board, None);
     let c = store.client();
     let mut out = BTreeMap::new();
@@ -105,7 +105,7 @@ type Batch = (Vec<ApplyEvent>, i64);
 /// Board shape `shape`: the four of [`variants`], then the same four remembering ids only
 /// half a slice past their slice's end (short dedup windows: ids forgotten while the slice
 /// is still live).
-fn shaped(shape: usize) -> Board {
+pub(crate) fn shaped(shape: usize) -> Board {
     let mut board = variants(SLICE, N)[shape % 4].clone();
     if shape >= 4 {
         board.dedup = Dedup::AfterSlice(SLICE / 2);

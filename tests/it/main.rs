@@ -4,6 +4,7 @@ mod attack;
 mod attack9;
 mod attack_http;
 mod bounded;
+mod chain;
 mod cli;
 mod cluster;
 mod daemon;
