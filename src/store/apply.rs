@@ -205,10 +205,10 @@ enum Folded {
     NotRun,
 }
 
-/// A chain token (see [`FoldCall::chained`]): 62 random bits, so that no other call's
-/// token is ever taken for it.
+/// A chain token (see [`FoldCall::chained`]): a v7 UUID (time, counter and random bits),
+/// so that no other call's token, in this process or another, is taken for it.
 fn chain_token() -> String {
-    format!("{:016x}", uuid::Uuid::now_v7().as_u128() as u64)
+    uuid::Uuid::now_v7().simple().to_string()
 }
 
 /// `events` cut into the chunks of successive [`fold_call`]s (see [`fold_chunk_len`]).

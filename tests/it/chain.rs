@@ -630,7 +630,7 @@ async fn a_chain_field_set_by_hand_does_not_hold_a_batch_back() {
         let chain: Option<String> = store.client().hget(k.meta(), "chain").await.expect("HGET");
         let chain = chain.expect("a token left");
         assert!(
-            chain.len() == 16 && chain != *value,
+            chain.len() == 32 && chain != *value,
             "token {chain:?} after {value:?}"
         );
     }
