@@ -7,12 +7,12 @@
 use std::time::Duration;
 
 use fred::prelude::*;
-use fred::types::scripts::Script;
 use rollboard::board::{Board, MAX_TOTAL};
 use rollboard::roll::{self, Report};
 use rollboard::store::{fold_call, fold_chunks, ApplyEvent, Outcome, Reconnect, Store, StoreError};
 use tokio_util::sync::CancellationToken;
 
+use crate::faults::{evalsha_calls, sha};
 use crate::fold::{contents, shaped, twin};
 use crate::proxy::Proxy;
 use crate::util::{ev, snapshot, RedisServer};
@@ -59,6 +59,13 @@ fn segments(tags: &[&str], ts: i64) -> Vec<ApplyEvent> {
     tags.iter().flat_map(|t| segment(t, ts, 1)).collect()
 }
 
+/// `calls` segments tagged `{prefix}0-`, `{prefix}1-`, ...
+fn numbered(prefix: &str, calls: usize, ts: i64) -> Vec<ApplyEvent> {
+    (0..calls)
+        .flat_map(|s| segment(&format!("{prefix}{s}-"), ts, 1))
+        .collect()
+}
+
 fn assert_calls(board: &Board, events: &[ApplyEvent], calls: usize) {
     let chunks = fold_chunks(board, events);
     assert_eq!(
@@ -66,22 +73,6 @@ fn assert_calls(board: &Board, events: &[ApplyEvent], calls: usize) {
         vec![SEG; calls],
         "one call per segment"
     );
-}
-
-fn fold_sha() -> Vec<u8> {
-    let (_, source) = rollboard::store::lua::ALL
-        .into_iter()
-        .find(|(name, _)| *name == "fold.lua")
-        .expect("fold.lua");
-    Script::from_lua(source).sha1().as_bytes().to_vec()
-}
-
-fn evalsha_calls(redis: &RedisServer) -> u64 {
-    let info = redis.cli(&["INFO", "commandstats"]);
-    info.lines()
-        .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |n| n.parse().expect("calls"))
 }
 
 /// The connection is cut once the first (then the second) chained call reached Redis, the
@@ -106,8 +97,8 @@ async fn a_chain_cut_after_its_first_calls_leaves_a_prefix_and_redelivery_comple
     // The cut right after the first call, after the second, and inside the third (the
     // chunk let through ends at one of its member names, part-way into the call).
     let cuts = [
-        (1, fold_sha(), 1),
-        (2, fold_sha(), 2),
+        (1, sha("fold"), 1),
+        (2, sha("fold"), 2),
         (3, b"cm7".to_vec(), 1),
     ];
     for (nth, pattern, occurrence) in cuts {
@@ -367,10 +358,12 @@ async fn two_stores_chaining_on_one_instance_count_each_id_once_and_finish() {
         let board = shaped(shape);
         let control = twin(&board);
         for round in 0..4 {
-            let tags: Vec<String> = (0..10).map(|s| format!("r{round}s{s}-")).collect();
-            let tags: Vec<&str> = tags.iter().map(String::as_str).collect();
-            let events = segments(&tags, NOW - 300 + round * 10);
-            let calls = tags.len() as u64;
+            let calls: u64 = 10;
+            let events = numbered(
+                &format!("r{round}s"),
+                calls as usize,
+                NOW - 300 + round * 10,
+            );
             let before = evalsha_calls(&redis);
             let (x, y) = tokio::time::timeout(Duration::from_secs(20), async {
                 tokio::join!(
@@ -420,9 +413,7 @@ async fn a_chain_after_script_flush_reloads_and_applies_in_order() {
     let store = redis.store("rb").await;
     let board = shaped(0);
     let control = twin(&board);
-    let tags: Vec<String> = (0..40).map(|s| format!("s{s}-")).collect();
-    let tags: Vec<&str> = tags.iter().map(String::as_str).collect();
-    let mut events = segments(&tags, NOW - 900);
+    let mut events = numbered("s", 40, NOW - 900);
     // Call 30 opens with a second copy of an id of call 2, for another member: the first
     // copy must win.
     events[30 * SEG] = ev(&events[2 * SEG + 3].id.clone(), NOW - 10, "copy", 1_000);
@@ -469,9 +460,7 @@ async fn a_long_chain_with_one_call_in_flight_finishes_and_agrees() {
     let store = redis.store("rb").await.with_calls_in_flight(1);
     let board = shaped(2);
     let control = twin(&board);
-    let tags: Vec<String> = (0..35).map(|s| format!("q{s}-")).collect();
-    let tags: Vec<&str> = tags.iter().map(String::as_str).collect();
-    let events = segments(&tags, NOW - 700);
+    let events = numbered("q", 35, NOW - 700);
     let got = tokio::time::timeout(
         Duration::from_secs(20),
         store.apply(&board, None, &events, NOW),
@@ -617,9 +606,7 @@ async fn a_chain_field_set_by_hand_does_not_hold_a_batch_back() {
             .hset(k.meta(), ("chain", *value))
             .await
             .expect("HSET");
-        let tags: Vec<String> = (0..4).map(|s| format!("h{round}-{s}-")).collect();
-        let tags: Vec<&str> = tags.iter().map(String::as_str).collect();
-        let events = segments(&tags, NOW - 100);
+        let events = numbered(&format!("h{round}-"), 4, NOW - 100);
         let got = store
             .apply(&board, None, &events, NOW)
             .await
@@ -852,9 +839,7 @@ async fn a_chain_across_a_cluster_failover_counts_each_event_once() {
             .await
             .expect("warm-up");
     }
-    let tags: Vec<String> = (0..30).map(|s| format!("f{s}-")).collect();
-    let tags: Vec<&str> = tags.iter().map(String::as_str).collect();
-    let events = segments(&tags, NOW - 400);
+    let events = numbered("f", 30, NOW - 400);
     let master = owner(store.client(), &store.instance(&board, None).meta());
     let replica = cluster.replica_of(master);
     let (first, answer) = tokio::join!(store.apply(&board, None, &events, NOW), async {
@@ -907,9 +892,7 @@ async fn two_chains_on_one_connection_count_each_id_once_and_finish() {
     let board = shaped(1);
     let control = twin(&board);
     for round in 0..4 {
-        let tags: Vec<String> = (0..12).map(|s| format!("o{round}s{s}-")).collect();
-        let tags: Vec<&str> = tags.iter().map(String::as_str).collect();
-        let events = segments(&tags, NOW - 200 + round * 10);
+        let events = numbered(&format!("o{round}s"), 12, NOW - 200 + round * 10);
         let (x, y) = tokio::time::timeout(Duration::from_secs(20), async {
             tokio::join!(
                 store.apply(&board, None, &events, NOW),

@@ -59,7 +59,7 @@ impl Dice {
 
 /// The SHA1 a script is called by (`EVALSHA <sha> ...`): a proxy pattern that matches the
 /// calls of that script only.
-fn sha(script: &str) -> Vec<u8> {
+pub(crate) fn sha(script: &str) -> Vec<u8> {
     let file = format!("{script}.lua");
     let (_, source) = rollboard::store::lua::ALL
         .into_iter()
@@ -444,7 +444,7 @@ async fn cuts_mid_batch_mid_ack_and_mid_swap_lose_nothing_and_double_nothing() {
 }
 
 /// How many `EVALSHA` calls the server has run (`INFO commandstats`).
-fn evalsha_calls(redis: &RedisServer) -> u64 {
+pub(crate) fn evalsha_calls(redis: &RedisServer) -> u64 {
     let info = redis.cli(&["INFO", "commandstats"]);
     info.lines()
         .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
