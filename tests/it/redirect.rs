@@ -143,12 +143,24 @@ fn event(id: &str) -> Vec<Field> {
     ]
 }
 
+/// A store on `cluster` (a pool of one connection).
+async fn connect(cluster: &RedisCluster, reconnect: Reconnect) -> Store {
+    Store::connect(&cluster.url(), "rb", 1, reconnect)
+        .await
+        .expect("connect")
+}
+
+/// Appends the event `e0` to `rb:events`, which the tests then move.
+async fn first_event(client: &Client) {
+    stream::append(client, &ingest(1), &[event("e0")])
+        .await
+        .expect("first append");
+}
+
 /// The `id` fields of every entry of `stream`, in order, read with a client that knows the
 /// current slot map.
 async fn ids_in(cluster: &RedisCluster, stream: &str) -> Vec<String> {
-    let fresh = Store::connect(&cluster.url(), "rb", 1, Reconnect::Never)
-        .await
-        .expect("connect");
+    let fresh = connect(cluster, Reconnect::Never).await;
     let v: Value = fresh
         .client()
         .xrange(stream, "-", "+", None)
@@ -175,15 +187,10 @@ async fn ids_in(cluster: &RedisCluster, stream: &str) -> Vec<String> {
 #[tokio::test]
 async fn an_append_to_a_stream_moved_mid_migration_is_an_outage_and_lands_once_after() {
     let cluster = RedisCluster::start();
-    let store = Store::connect(&cluster.url(), "rb", 1, Reconnect::Never)
-        .await
-        .expect("connect");
+    let store = connect(&cluster, Reconnect::Never).await;
     let client = store.client().clone();
-    let settings = ingest(1);
-    let key = "rb:events";
-    stream::append(&client, &settings, &[event("e0")])
-        .await
-        .expect("first append");
+    let (settings, key) = (ingest(1), "rb:events");
+    first_event(&client).await;
     let moving = Moving::begin(&cluster, &client, key);
     moving.migrate(&[key]);
     assert_eq!(
@@ -221,15 +228,10 @@ async fn an_append_to_a_stream_moved_mid_migration_is_an_outage_and_lands_once_a
 #[tokio::test]
 async fn an_append_to_a_stream_not_yet_moved_lands_once_on_the_source() {
     let cluster = RedisCluster::start();
-    let store = Store::connect(&cluster.url(), "rb", 1, Reconnect::Never)
-        .await
-        .expect("connect");
+    let store = connect(&cluster, Reconnect::Never).await;
     let client = store.client().clone();
-    let settings = ingest(1);
-    let key = "rb:events";
-    stream::append(&client, &settings, &[event("e0")])
-        .await
-        .expect("first append");
+    let (settings, key) = (ingest(1), "rb:events");
+    first_event(&client).await;
     let moving = Moving::begin(&cluster, &client, key);
     stream::append(&client, &settings, &[event("e1"), event("e2")])
         .await
@@ -245,15 +247,10 @@ async fn an_append_to_a_stream_not_yet_moved_lands_once_on_the_source() {
 /// the client re-reads the map and appends on the new owner, once; the client still works.
 async fn append_after_the_slot_moved(reconnect: Reconnect) {
     let cluster = RedisCluster::start();
-    let store = Store::connect(&cluster.url(), "rb", 1, reconnect)
-        .await
-        .expect("connect");
+    let store = connect(&cluster, reconnect).await;
     let client = store.client().clone();
-    let settings = ingest(1);
-    let key = "rb:events";
-    stream::append(&client, &settings, &[event("e0")])
-        .await
-        .expect("first append");
+    let (settings, key) = (ingest(1), "rb:events");
+    first_event(&client).await;
     let moving = Moving::begin(&cluster, &client, key);
     moving.migrate(&[key]);
     moving.finish(&cluster);
@@ -291,9 +288,7 @@ async fn a_daemon_append_after_the_slot_moved_lands_once_on_the_new_owner() {
 #[tokio::test]
 async fn a_partitioned_append_with_one_partition_moving_lands_every_event() {
     let cluster = RedisCluster::start();
-    let store = Store::connect(&cluster.url(), "rb", 1, Reconnect::Never)
-        .await
-        .expect("connect");
+    let store = connect(&cluster, Reconnect::Never).await;
     let client = store.client().clone();
     let settings = ingest(4);
     let keys = stream::keys(&settings);
@@ -363,9 +358,7 @@ async fn top(
 #[tokio::test]
 async fn a_query_of_a_moving_instance_is_right_or_an_outage() {
     let cluster = RedisCluster::start();
-    let store = Store::connect(&cluster.url(), "rb", 1, Reconnect::Never)
-        .await
-        .expect("connect");
+    let store = connect(&cluster, Reconnect::Never).await;
     let client = store.client().clone();
     let keys = store.keys().clone();
     let moved = board("moved");
@@ -429,9 +422,7 @@ async fn a_query_of_a_moving_instance_is_right_or_an_outage() {
 #[tokio::test]
 async fn a_scoped_query_after_the_watermark_moved_answers_at_once() {
     let cluster = RedisCluster::start();
-    let store = Store::connect(&cluster.url(), "rb", 1, Reconnect::Never)
-        .await
-        .expect("connect");
+    let store = connect(&cluster, Reconnect::Never).await;
     let client = store.client().clone();
     let mut scoped = board("rooms");
     scoped.scope = Some("room".into());
@@ -470,9 +461,7 @@ async fn a_scoped_query_after_the_watermark_moved_answers_at_once() {
 #[tokio::test]
 async fn a_roll_script_on_a_moving_slot_runs_once_where_the_key_is() {
     let cluster = RedisCluster::start();
-    let store = Store::connect(&cluster.url(), "rb", 1, Reconnect::Never)
-        .await
-        .expect("connect");
+    let store = connect(&cluster, Reconnect::Never).await;
     let client = store.client().clone();
     let b = board("rolled");
     let window = store.keys().window(&b.name);
@@ -513,9 +502,7 @@ async fn a_roll_script_on_a_moving_slot_runs_once_where_the_key_is() {
 /// A store, its pool client and a dedicated stream reader on `cluster`, the stream
 /// `rb:events` with its consumer group.
 async fn stream_rig(cluster: &RedisCluster) -> (Store, Client, Client) {
-    let store = Store::connect(&cluster.url(), "rb", 1, Reconnect::Never)
-        .await
-        .expect("connect");
+    let store = connect(cluster, Reconnect::Never).await;
     let client = store.client().clone();
     let reader = Store::dedicated(&cluster.url(), Reconnect::Never)
         .await
@@ -696,9 +683,7 @@ async fn posts_after_the_events_slot_moved_are_accepted_at_once() {
     use crate::util::{free_port, write_config_url, Daemon};
 
     let cluster = RedisCluster::start();
-    let store = Store::connect(&cluster.url(), "rb", 1, Reconnect::Never)
-        .await
-        .expect("connect");
+    let store = connect(&cluster, Reconnect::Never).await;
     let dir = tempfile::tempdir().expect("temp dir");
     let port = free_port();
     let config = write_config_url(dir.path(), &cluster.url(), port, "a", "");
