@@ -14,7 +14,7 @@ use rollboard::event::Field;
 use rollboard::store::{Reconnect, Store, StoreError};
 use rollboard::stream;
 
-use crate::cluster::{cli, slow_call, RedisCluster};
+use crate::cluster::{cli, RedisCluster};
 use crate::util::{ev, wait_for};
 
 const NOW: i64 = 1_000_000;
@@ -177,6 +177,27 @@ async fn ids_in(cluster: &RedisCluster, stream: &str) -> Vec<String> {
             id.expect("an id field")
         })
         .collect()
+}
+
+/// About 300 ms of Redis time on the node of `key`, through `client`; resolves to "slow".
+fn slow_call(
+    client: &fred::clients::Client,
+    key: String,
+) -> tokio::task::JoinHandle<Result<fred::types::Value, fred::error::Error>> {
+    use fred::prelude::*;
+    let client = client.clone();
+    tokio::spawn(async move {
+        client
+            .eval::<Value, _, _, _>(
+                "local t = redis.call('TIME') \
+                 local start = t[1] * 1000000 + t[2] \
+                 repeat t = redis.call('TIME') until t[1] * 1000000 + t[2] - start > 300000 \
+                 return 'slow'",
+                vec![key],
+                Vec::<Value>::new(),
+            )
+            .await
+    })
 }
 
 /// The stream has been MIGRATEd to the target while the slot is still moving: the source
@@ -751,4 +772,54 @@ async fn an_apply_across_a_slot_move_counts_each_event_once() {
         top(&store, &b, None).await.expect("top"),
         vec![("x".to_string(), 15), ("y".to_string(), 7)]
     );
+}
+
+/// A key whose slot is being moved, reached through a connection with a call in flight on
+/// the target node: the call in flight gets its own reply, the redirected command an outage
+/// error (retried by rollboard), and once the slot has moved the retry reaches the new
+/// owner. fred 10.1, left to follow the ASK itself, reads the in-flight call's reply as the
+/// answer to its `ASKING` and hands that call `OK` instead.
+#[tokio::test]
+async fn a_moving_slot_leaves_the_replies_of_other_calls_alone() {
+    let cluster = RedisCluster::start();
+    let store = connect(&cluster, Reconnect::Never).await;
+    let client = store.client().clone();
+    let key = "moving";
+    let _: () = client.set(key, 41, None, None, false).await.expect("set");
+    let moving = Moving::begin(&cluster, &client, key);
+    let still = name_on(&client, moving.target, "still", |n| n.to_string());
+    moving.migrate(&[key]);
+
+    // About 300 ms of Redis time on the target, then the reply "slow".
+    let slow = slow_call(&client, still);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // The source answers ASK: the key is on the target now.
+    let redirected = client.incr::<i64, _>(key).await;
+    let slow = slow.await.expect("join");
+    assert_eq!(slow.expect("the slow script's reply"), Value::from("slow"));
+    let error = StoreError::from(redirected.expect_err("a redirection is not followed"));
+    assert!(error.is_outage(), "{error}");
+
+    moving.finish(&cluster);
+    assert_eq!(
+        cli(moving.target, &["GET", key]).trim(),
+        "41",
+        "nothing ran"
+    );
+    // The first try may meet MOVED (the client then re-reads the slot map), the next
+    // reaches the target.
+    let mut tries = 0;
+    let incremented = loop {
+        tries += 1;
+        match client.incr::<i64, _>(key).await {
+            Ok(n) => break n,
+            Err(e) if tries < 5 && StoreError::from(e.clone()).is_outage() => {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
+            Err(e) => panic!("after {tries} tries: {e}"),
+        }
+    };
+    assert_eq!(incremented, 42);
+    assert!(tries <= 2, "{tries} tries");
+    assert_eq!(cli(moving.target, &["GET", key]).trim(), "42");
 }
