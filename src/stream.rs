@@ -24,7 +24,7 @@ use tracing::info;
 use crate::board::Board;
 use crate::config::IngestSettings;
 use crate::event::{field, fresh_id, Field, Rejection};
-use crate::store::{Store, StoreError, REDIRECTION_WAITS, TRANSACTION_REDIRECTED};
+use crate::store::{redirected, Store, StoreError, TRANSACTION_REDIRECTED};
 
 /// Most partitions `ingest.partitions` may name.
 pub const MAX_PARTITIONS: usize = 64;
@@ -292,15 +292,15 @@ pub async fn append(
 /// * an ASK (the slot is moving and the stream is already on the target) followed would put
 ///   the events on the target while the client's slot map still names the source, where
 ///   [`crate::store::Store::confirm_writes`] then waits for replicas of the wrong master.
-///   The transaction is tried again after short pauses instead (the stream's slot is handed
-///   over right after its few keys have moved); still redirected, it fails as an outage.
+///   The transaction is tried again after short pauses instead, like any redirected call
+///   ([`crate::store::redirected`]: the stream's slot is handed over right after its few
+///   keys have moved); still redirected, it fails as an outage.
 async fn append_partition(
     client: &Client,
     stream: &str,
     events: &[(&[Field], Option<String>)],
 ) -> Result<(), fred::error::Error> {
-    let mut waits = REDIRECTION_WAITS.iter();
-    loop {
+    redirected(|| async {
         let tx = client.multi();
         let once = tx.with_options(&Options {
             max_redirections: Some(0),
@@ -314,17 +314,15 @@ async fn append_partition(
                 .collect();
             let _: () = once.xadd(stream, false, None, "*", pairs).await?;
         }
-        match tx.exec::<Value>(true).await {
-            Err(e) if e.details().starts_with(TRANSACTION_REDIRECTED) => match waits.next() {
-                Some(wait) => {
-                    client.sync_cluster().await?;
-                    tokio::time::sleep(*wait).await;
-                }
-                None => return Err(e),
-            },
-            done => return done.map(drop),
+        let done = tx.exec::<Value>(true).await;
+        if let Err(e) = &done {
+            if e.details().starts_with(TRANSACTION_REDIRECTED) {
+                client.sync_cluster().await?;
+            }
         }
-    }
+        done.map(drop)
+    })
+    .await
 }
 
 /// Creates the consumer group at ID 0 with MKSTREAM unless it exists (an existing group is

@@ -326,7 +326,7 @@ impl Store {
 }
 
 /// Pauses before each new try of a redirected call (see [`redirected`]).
-pub(crate) const REDIRECTION_WAITS: [Duration; 3] = [
+const REDIRECTION_WAITS: [Duration; 3] = [
     Duration::ZERO,
     Duration::from_millis(20),
     Duration::from_millis(100),
@@ -337,14 +337,20 @@ pub(crate) const REDIRECTION_WAITS: [Duration; 3] = [
 /// moved). A redirected call ran nothing, so the new try cannot count anything twice. The
 /// clients follow no redirection themselves (see [`Store::connect`]). Still redirected
 /// after the last try, the error goes to the caller, an outage like any other.
-async fn redirected<T, F, Fut>(mut call: F) -> Result<T, fred::error::Error>
+pub(crate) async fn redirected<T, F, Fut>(mut call: F) -> Result<T, fred::error::Error>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, fred::error::Error>>,
 {
     for wait in REDIRECTION_WAITS {
         match call().await {
-            Err(e) if e.details().starts_with(REDIRECTED) => tokio::time::sleep(wait).await,
+            Err(e)
+                if [REDIRECTED, TRANSACTION_REDIRECTED]
+                    .iter()
+                    .any(|p| e.details().starts_with(p)) =>
+            {
+                tokio::time::sleep(wait).await
+            }
             reply => return reply,
         }
     }
@@ -354,7 +360,7 @@ where
 /// How fred fails a command it was told not to follow to another node.
 const REDIRECTED: &str = "Too many redirections";
 
-/// How fred fails a transaction redirected more often than its options allow.
+/// How fred fails a transaction it was told not to follow to another node.
 pub(crate) const TRANSACTION_REDIRECTED: &str = "Max redirections exceeded";
 
 /// How a call fails when a cluster slot it touches is moving or has moved: fred's own
