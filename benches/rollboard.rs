@@ -515,7 +515,7 @@ fn print_table(
         rows.push(Row {
             figure: format!(
                 "freshness, XADD to visible in top, p50 / p99 (max) at {:.0} events/s \
-                 (half the shipped shape's e2e rate) vs probes alone",
+                 (half the shipped shape's first-pass e2e rate) vs probes alone",
                 busy.offered
             ),
             ours: format!(
