@@ -377,7 +377,7 @@ fn print_table(
                 b.kind
             ),
             ours: format!(
-                "{}; control {} > 2 ms of {}, longest {:.2} ms; p = {:.2}",
+                "{}; control {} > 2 ms of {}, longest {:.2} ms; p = {:.3}",
                 calls(&b.ours),
                 b.control.above,
                 b.control.count,
