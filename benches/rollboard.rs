@@ -1521,9 +1521,13 @@ async fn measure<T>(
 ) -> Result<(T, Measured)> {
     slowlog_start(client, slowlog_us).await?;
     admin(client, "CONFIG", &["RESETSTAT"]).await?;
+    let cpu = CpuTimes::of(client).await?;
     let start = Instant::now();
     let out = work.await?;
     let wall = start.elapsed();
+    if let (Some(before), Some(after)) = (cpu, CpuTimes::of(client).await?) {
+        println!("    {}", before.until(&after));
+    }
     let calls = commandstats(client).await?;
     let log = slowlog_take(client).await?;
     let log_full = log.len() >= SLOWLOG_MAX_LEN;
@@ -1536,6 +1540,68 @@ async fn measure<T>(
             log_full,
         },
     ))
+}
+
+/// Where the time of Redis's main thread went, from the kernel: how long it ran and how long
+/// it was ready to run but waited for a core (`/proc/<pid>/schedstat`, ns), and the time the
+/// hypervisor took from the whole VM (`steal` of `/proc/stat`, in clock ticks). A call that
+/// waited for a core, or lost it to the hypervisor, shows that wait in the slow log.
+struct CpuTimes {
+    ran_ns: u64,
+    waited_ns: u64,
+    steal_ticks: u64,
+}
+
+impl CpuTimes {
+    /// The figures now, or `None` where `/proc` does not have them (not Linux, or the server
+    /// runs elsewhere).
+    async fn of(client: &Client) -> Result<Option<CpuTimes>> {
+        let server = info(client, "server").await?;
+        let Some(pid) = server
+            .lines()
+            .find_map(|l| l.strip_prefix("process_id:"))
+            .map(|v| v.trim().to_string())
+        else {
+            return Ok(None);
+        };
+        let Ok(sched) = std::fs::read_to_string(format!("/proc/{pid}/schedstat")) else {
+            return Ok(None);
+        };
+        let Ok(stat) = std::fs::read_to_string("/proc/stat") else {
+            return Ok(None);
+        };
+        let sched: Vec<u64> = sched
+            .split_whitespace()
+            .filter_map(|v| v.parse().ok())
+            .collect();
+        // `cpu  user nice system idle iowait irq softirq steal ...`
+        let steal = stat
+            .lines()
+            .next()
+            .and_then(|l| l.split_whitespace().nth(8))
+            .and_then(|v| v.parse().ok());
+        Ok(match (sched.as_slice(), steal) {
+            ([ran, waited, ..], Some(steal)) => Some(CpuTimes {
+                ran_ns: *ran,
+                waited_ns: *waited,
+                steal_ticks: steal,
+            }),
+            _ => None,
+        })
+    }
+
+    /// One line on what happened between `self` and `later`.
+    fn until(&self, later: &CpuTimes) -> String {
+        let ran = later.ran_ns.saturating_sub(self.ran_ns) as f64 / 1e9;
+        let waited = later.waited_ns.saturating_sub(self.waited_ns) as f64 / 1e9;
+        // USER_HZ is 100 on Linux.
+        let steal = later.steal_ticks.saturating_sub(self.steal_ticks) as f64 / 100.0;
+        format!(
+            "cpu: redis-server's main thread ran {ran:.2} s and waited {waited:.2} s for a core \
+             ({:.1}% of its run time); the hypervisor stole {steal:.2} s from the VM",
+            if ran > 0.0 { 100.0 * waited / ran } else { 0.0 }
+        )
+    }
 }
 
 /// Copies every key of the `from` instance onto the `to` instance.
