@@ -38,7 +38,7 @@
 //!   rows, then `RENAME` over the old ranking inside a script). It closes with one line per
 //!   kind of work: the calls above 2 ms, rollboard's and the baseline's, and their ratios,
 //!   and two controls of fixed work that tell the machine's own interruptions: one called
-//!   beside the work while it is measured (`Beside`), one after it (`control`).
+//!   beside the work while it is measured (`FixedWork::beside`), one after it (`control`).
 //!   The default run takes about 5 minutes on 2 cores.
 //!
 //! Redis 7 also writes the commands run *inside* a script to the slow log, so a threshold of
@@ -372,6 +372,7 @@ fn print_table(
         )
     };
     for b in &expiry.bounds {
+        let (p_beside, p_after) = b.p_same();
         rows.push(Row {
             figure: format!(
                 "longest Redis call, {} ({members} members); controls: fixed work beside it \
@@ -388,8 +389,8 @@ fn print_table(
                 b.control.above,
                 b.control.count,
                 b.control.max as f64 / 1e3,
-                b.p_same().0,
-                b.p_same().1
+                p_beside,
+                p_after
             ),
             base: calls(&b.base),
             ratio: ratio(b.ours.max as f64, b.base.max as f64),
@@ -952,8 +953,9 @@ struct Measured {
     calls: BTreeMap<String, (u64, u64)>,
     log: Vec<SlowEntry>,
     log_full: bool,
-    /// The calls of the control run beside the work ([`Beside`]), if one ran.
-    beside: Stats,
+    /// The calls of the fixed work ([`FixedWork`]): of the control beside the work, when one
+    /// ran, counted as sent (calls shorter than the slow log's threshold are not in it).
+    fixed: Stats,
 }
 
 impl Measured {
@@ -995,10 +997,10 @@ async fn expiry(
     );
     admin(client, "FLUSHALL", &["SYNC"]).await?;
     store.load_scripts().await?;
-    let beside = Beside::start(client).await?;
+    let beside = FixedWork::start(client).await?;
     println!(
         "   control beside each measured kind of work: a call of fixed work ({} loops, ~{BESIDE_CALL_US:.0} µs) every {} ms on a connection of its own",
-        beside.loops,
+        beside.loops(BESIDE_CALL_US),
         BESIDE_EVERY.as_millis()
     );
     let fill = async { apply_all(store, &filled, members, EXPIRY_BATCH).await };
@@ -1024,7 +1026,7 @@ async fn expiry(
     let mut figures = ExpiryFigures::default();
     figures
         .bounds
-        .push(Bound::new("apply", apply, apply_base, filled_log.beside));
+        .push(Bound::new("apply", apply, apply_base, filled_log.fixed));
     let (query, query_base, query_beside) =
         query_bound(store, members, slowlog_us, &beside).await?;
     bounds.push((
@@ -1091,12 +1093,13 @@ async fn expiry(
         "== bound: script calls above 2 ms of Redis time (SLOWLOG), rollboard at the default \
          config ({EXPIRE_CALL_FIELDS} fields per expire.lua call, {STAGE_CALL_ROWS} rows per \
          stage.lua call, {TRIM_CALL_IDS} ids per trim_seen.lua call) / baseline, same run; \
-         controls: calls of fixed work beside the work (see `Beside`) and after it, as long \
+         controls: calls of fixed work beside the work (see `FixedWork::beside`) and after it, as long \
          as rollboard's median (the machine's own interruptions, see `control`)"
     );
     for ((what, ours, base), bound) in bounds.iter().zip(&mut figures.bounds) {
-        bound.control = control(client, ours, slowlog_us).await?;
+        bound.control = control(client, &beside, ours, slowlog_us).await?;
         let (c, d) = (&bound.control, &bound.beside);
+        let (p_beside, p_after) = bound.p_same();
         println!(
             "  {what}: {} of {} calls above 2 ms, longest {} µs; baseline {} of {}, longest \
              {} µs; ratio of calls above 2 ms {}, of the longest call {}; control beside {} \
@@ -1119,8 +1122,8 @@ async fn expiry(
             c.count,
             c.p50,
             c.max,
-            bound.p_same().0,
-            bound.p_same().1
+            p_beside,
+            p_after
         );
     }
     Ok((ok, figures))
@@ -1135,7 +1138,7 @@ struct Bound {
     base: Stats,
     /// The control run after the work ([`control`]).
     control: Stats,
-    /// The control run beside the work ([`Beside`]).
+    /// The control run beside the work ([`FixedWork::beside`]).
     beside: Stats,
 }
 
@@ -1204,112 +1207,65 @@ fn p_same(ours: &Stats, control: &Stats) -> f64 {
     tail.min(1.0)
 }
 
-/// The script of the control: a loop of fixed work that touches no key and allocates
-/// nothing, `ARGV[1]` times round.
-const FIXED_WORK: &str = "local s = 0 for i = 1, tonumber(ARGV[1]) do s = s + i % 7 end return s";
-/// Loops of [`FIXED_WORK`] per call while calibrating it, and how many such calls.
-const CALIBRATION_LOOPS: u64 = 100_000;
+/// Loops of the fixed work per call while calibrating it, and how many such calls.
+const CALIBRATION_LOOPS: i64 = 100_000;
 const CALIBRATION_CALLS: usize = 50;
-/// Most calls one control makes, and how many it keeps in flight.
+/// Most calls the control after the work makes, and how many it keeps in flight.
 const CONTROL_CALLS: usize = 20_000;
 const CONTROL_IN_FLIGHT: usize = 16;
 
-/// The machine's own calls above 2 ms: Redis times a call by the clock, so its slow log
-/// also counts the time the OS or the hypervisor took the CPU away from it in the middle
-/// of a call. This sends as many calls of [`FIXED_WORK`] as `like` holds (at most
-/// [`CONTROL_CALLS`]), each calibrated to last as long as `like`'s median; its calls above
-/// 2 ms are such interruptions alone. (Measured on the reference VM: 1 to 21 of 40 000 such
-/// calls of ~0.5 ms went above 2 ms, the longest 3.6 to 50 ms, also with Redis at real-time
-/// priority.)
-async fn control(client: &Client, like: &Stats, slowlog_us: u64) -> Result<Stats> {
-    if like.count == 0 {
-        return Ok(Stats::default());
-    }
-    let script = Script::from_lua(FIXED_WORK);
-    script.load(client).await?;
-    let loops = Value::from(CALIBRATION_LOOPS as i64);
-    admin(client, "CONFIG", &["RESETSTAT"]).await?;
-    for _ in 0..CALIBRATION_CALLS {
-        let _: i64 = script
-            .evalsha(client, Vec::<String>::new(), vec![loops.clone()])
-            .await?;
-    }
-    let (calls, micros) = commandstats(client)
-        .await?
-        .get("evalsha")
-        .copied()
-        .unwrap_or_default();
-    let per_loop = micros as f64 / (calls.max(1) * CALIBRATION_LOOPS) as f64;
-    let loops = ((like.p50 as f64 / per_loop.max(1e-6)) as i64).max(1);
-    let count = like.count.min(CONTROL_CALLS);
-    let work = async {
-        for first in (0..count).step_by(CONTROL_IN_FLIGHT) {
-            let batch = (first..(first + CONTROL_IN_FLIGHT).min(count))
-                .map(|_| script.evalsha::<i64, _, _, _>(client, Vec::<String>::new(), vec![loops]));
-            futures_util::future::try_join_all(batch).await?;
-        }
-        anyhow::Ok(())
-    };
-    let (_, m) = measure(client, slowlog_us, work).await?;
-    Ok(Stats::of(
-        m.log
-            .iter()
-            .filter(|e| e.command == "EVALSHA" && e.sha.as_deref() == Some(script.sha1()))
-            .map(|e| e.micros),
-    ))
-}
-
-/// The control run beside the work: the fixed work of [`FIXED_WORK`], as a Redis function
-/// (so that `INFO commandstats` counts it as `fcall`, apart from the work's `EVALSHA`),
-/// called on a connection of its own every [`BESIDE_EVERY`] while a kind of work is
-/// measured. Unlike [`control`], run after the work, its calls meet the same conditions as
-/// the work's: the same load on the machine's cores, the same moments of the hypervisor
-/// taking the CPU away. It takes about an eighth of Redis's time.
-struct Beside {
+/// The fixed work both controls of the call bound call: a Redis function looping `n` times
+/// round, touching no key and allocating nothing (a function, so that `INFO commandstats`
+/// counts it as `fcall`, apart from the work's `EVALSHA`), on a connection of its own.
+struct FixedWork {
     client: Client,
-    loops: i64,
+    /// Redis time of one loop, calibrated once.
+    loop_us: f64,
 }
 
-/// The Redis function library of [`Beside`].
-const BESIDE_LIBRARY: &str = "#!lua name=rbbench\n\
+/// The Redis function library of [`FixedWork`].
+const FIXED_WORK_LIBRARY: &str = "#!lua name=rbbench\n\
     redis.register_function{function_name = 'fixed_work', flags = {'no-writes'}, \
     callback = function(keys, args) local s = 0 for i = 1, tonumber(args[1]) do \
     s = s + i % 7 end return s end}";
-/// How often [`Beside`] calls, and how long each of its calls is calibrated to last.
+/// How often the control beside the work calls, and how long each of its calls lasts.
 const BESIDE_EVERY: Duration = Duration::from_millis(4);
 const BESIDE_CALL_US: f64 = 500.0;
 
-impl Beside {
-    /// Connects, loads the function and calibrates its loop to [`BESIDE_CALL_US`].
-    async fn start(like: &Client) -> Result<Beside> {
+impl FixedWork {
+    /// Connects, loads the function and times its loop.
+    async fn start(like: &Client) -> Result<FixedWork> {
         let client = Client::new(like.client_config(), None, None, None);
         client.init().await.context("connect the control")?;
         let _: Value = client
-            .function_load(true, BESIDE_LIBRARY)
+            .function_load(true, FIXED_WORK_LIBRARY)
             .await
             .context("FUNCTION LOAD")?;
         admin(&client, "CONFIG", &["RESETSTAT"]).await?;
         for _ in 0..CALIBRATION_CALLS {
-            let _: i64 = client
-                .fcall(
-                    "fixed_work",
-                    Vec::<String>::new(),
-                    vec![CALIBRATION_LOOPS as i64],
-                )
-                .await?;
+            client_call(&client, CALIBRATION_LOOPS).await?;
         }
         let (calls, micros) = commandstats(&client)
             .await?
             .get("fcall")
             .copied()
             .unwrap_or_default();
-        let per_loop = micros as f64 / (calls.max(1) * CALIBRATION_LOOPS) as f64;
-        let loops = ((BESIDE_CALL_US / per_loop.max(1e-6)) as i64).max(1);
-        Ok(Beside { client, loops })
+        let loop_us = micros as f64 / (calls.max(1) as f64 * CALIBRATION_LOOPS as f64);
+        Ok(FixedWork { client, loop_us })
     }
 
-    /// Calls the fixed work every [`BESIDE_EVERY`] until `done`; returns the calls made.
-    async fn run(&self, done: &CancellationToken) -> Result<usize> {
+    /// Loops per call for a call of `micros` of Redis time.
+    fn loops(&self, micros: f64) -> i64 {
+        ((micros / self.loop_us.max(1e-6)) as i64).max(1)
+    }
+
+    /// The control beside the work: a call of [`BESIDE_CALL_US`] every [`BESIDE_EVERY`]
+    /// until `done`; returns the calls made. Unlike [`control`], run after the work, its
+    /// calls meet the same conditions as the work's: the same load on the machine's cores,
+    /// the same moments of the hypervisor taking the CPU away. It takes about an eighth of
+    /// Redis's time.
+    async fn beside(&self, done: &CancellationToken) -> Result<usize> {
+        let loops = self.loops(BESIDE_CALL_US);
         let mut tick = tokio::time::interval(BESIDE_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut sent = 0;
@@ -1318,13 +1274,48 @@ impl Beside {
                 _ = done.cancelled() => return Ok(sent),
                 _ = tick.tick() => {}
             }
-            let _: i64 = self
-                .client
-                .fcall("fixed_work", Vec::<String>::new(), vec![self.loops])
-                .await?;
+            client_call(&self.client, loops).await?;
             sent += 1;
         }
     }
+}
+
+/// One call of the fixed work, `loops` times round.
+async fn client_call(client: &Client, loops: i64) -> Result<()> {
+    let _: i64 = client
+        .fcall("fixed_work", Vec::<String>::new(), vec![loops])
+        .await?;
+    Ok(())
+}
+
+/// The control after the work, of the machine's own calls above 2 ms: Redis times a call
+/// by the clock, so its slow log also counts the time the OS or the hypervisor took the CPU
+/// away from it in the middle of a call. This sends as many calls of the fixed work as
+/// `like` holds (at most [`CONTROL_CALLS`]), each as long as `like`'s median; its calls
+/// above 2 ms are such interruptions alone. (Measured on the reference VM: 1 to 21 of
+/// 40 000 such calls of ~0.5 ms went above 2 ms, the longest 3.6 to 50 ms, also with Redis
+/// at real-time priority.)
+async fn control(
+    client: &Client,
+    fixed: &FixedWork,
+    like: &Stats,
+    slowlog_us: u64,
+) -> Result<Stats> {
+    if like.count == 0 {
+        return Ok(Stats::default());
+    }
+    let loops = fixed.loops(like.p50 as f64);
+    let count = like.count.min(CONTROL_CALLS);
+    let work = async {
+        for first in (0..count).step_by(CONTROL_IN_FLIGHT) {
+            let batch = (first..(first + CONTROL_IN_FLIGHT).min(count))
+                .map(|_| client_call(&fixed.client, loops));
+            futures_util::future::try_join_all(batch).await?;
+        }
+        anyhow::Ok(())
+    };
+    let (_, m) = measure(client, slowlog_us, work).await?;
+    Ok(m.fixed)
 }
 
 /// How many top-10 and rank queries the query bound sends (each).
@@ -1338,7 +1329,7 @@ async fn query_bound(
     store: &Store,
     members: usize,
     slowlog_us: u64,
-    beside: &Beside,
+    beside: &FixedWork,
 ) -> Result<(Stats, Stats, Stats)> {
     let client = store.client();
     let b = board(FILLED_BOARD, 2, 2 * HOUR);
@@ -1385,7 +1376,7 @@ async fn query_bound(
     );
     println!("    {}", ours.line("query.lua", members));
     println!("    {}", base.line("plain commands", members));
-    Ok((ours, base, m.beside))
+    Ok((ours, base, m.fixed))
 }
 
 /// The apply baseline: `apply.lua` called once per 1000-event batch (no split) on a fresh
@@ -1445,7 +1436,7 @@ async fn resummarize_round(
     members: usize,
     chunk: usize,
     slowlog_us: u64,
-    beside: &Beside,
+    beside: &FixedWork,
 ) -> Result<(bool, Stats, Stats, Stats)> {
     let client = store.client();
     let filled = board(FILLED_BOARD, 2, 2 * HOUR);
@@ -1556,7 +1547,7 @@ async fn resummarize_round(
     println!("    {}", baseline.line("EVALSHA (all)", members));
     println!("    {}", renamed.line("  RENAME call", members));
     let _: i64 = client.unlink(vec![BASE_RANKING, BASE_TMP]).await?;
-    Ok((ok, ours, baseline, m.beside))
+    Ok((ok, ours, baseline, m.fixed))
 }
 
 /// The figures two expiry runs are compared by.
@@ -1570,7 +1561,7 @@ struct Figures {
     script: Stats,
     /// Slow-log figures of every script call of the round.
     all: Stats,
-    /// The control run beside the round's work ([`Beside`]).
+    /// The control run beside the round's work ([`FixedWork::beside`]).
     beside: Stats,
 }
 
@@ -1592,7 +1583,7 @@ async fn roll_round(
     members: usize,
     chunk: usize,
     slowlog_us: u64,
-    beside: &Beside,
+    beside: &FixedWork,
 ) -> Result<(bool, Figures)> {
     let filled = board(FILLED_BOARD, 2, 2 * HOUR);
     let b = board(ROLLED_BOARD, 2, 2 * HOUR);
@@ -1626,7 +1617,7 @@ async fn roll_round(
         hscan_us: rolled.calls("hscan").1,
         script,
         all,
-        beside: rolled.beside,
+        beside: rolled.fixed,
     };
     Ok((ok, figures))
 }
@@ -1669,12 +1660,13 @@ async fn measure<T>(
     measure_beside(client, slowlog_us, None, work).await
 }
 
-/// [`measure`], with the control `beside` (if any) calling its fixed work all the while;
-/// its calls are left out of the returned slow log and counted in [`Measured::beside`].
+/// [`measure`], with the control `beside` (if any) calling its fixed work all the while.
+/// Calls of the fixed work (this control's or [`control`]'s) are left out of the returned
+/// slow log and counted in [`Measured::fixed`].
 async fn measure_beside<T>(
     client: &Client,
     slowlog_us: u64,
-    beside: Option<&Beside>,
+    beside: Option<&FixedWork>,
     work: impl Future<Output = Result<T>>,
 ) -> Result<(T, Measured)> {
     slowlog_start(client, slowlog_us).await?;
@@ -1689,7 +1681,7 @@ async fn measure_beside<T>(
     };
     let control = async {
         match beside {
-            Some(b) => b.run(&done).await,
+            Some(b) => b.beside(&done).await,
             None => Ok(0),
         }
     };
@@ -1706,14 +1698,13 @@ async fn measure_beside<T>(
         .into_iter()
         .filter(|e| !e.is_admin())
         .partition(|e| e.command == "FCALL");
-    let mut beside = Stats::of(controls.iter().map(|e| e.micros));
+    let mut fixed = Stats::of(controls.iter().map(|e| e.micros));
     if sent > 0 {
         println!(
             "    control beside the work: {sent} calls of fixed work, {} above 2 ms, longest {} µs, p50 {} µs",
-            beside.above, beside.max, beside.p50
+            fixed.above, fixed.max, fixed.p50
         );
-        // Calls shorter than the slow log's threshold are not in it; they were sent.
-        beside.count = sent;
+        fixed.count = sent;
     }
     Ok((
         out,
@@ -1722,7 +1713,7 @@ async fn measure_beside<T>(
             calls,
             log,
             log_full,
-            beside,
+            fixed,
         },
     ))
 }
