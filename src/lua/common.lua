@@ -10,10 +10,17 @@ local function fail(what)
   return redis.error_reply('ROLLBOARD ' .. what .. ' (nothing was written)')
 end
 
--- Runs `cmd key [prefix] values...` over `list` in pieces of BATCH values; concatenates
--- the array replies.
+-- Runs `cmd key [prefix] values...` over `list` in pieces of BATCH values. For a command
+-- that answers an array: the replies concatenated (an empty table, not to be written to,
+-- when `list` is empty). The commonest case, one piece, allocates nothing of its own.
+local NOTHING = {}
 local function variadic(cmd, key, list, prefix)
   local n = #list
+  if n == 0 then return NOTHING end
+  if n <= BATCH then
+    if prefix then return redis.call(cmd, key, prefix, unpack(list)) end
+    return redis.call(cmd, key, unpack(list))
+  end
   local out = {}
   for i = 1, n, BATCH do
     local j = math.min(i + BATCH - 1, n)
@@ -24,7 +31,6 @@ local function variadic(cmd, key, list, prefix)
       reply = redis.call(cmd, key, unpack(list, i, j))
     end
     if type(reply) == 'table' then
-      if j == n and i == 1 then return reply end
       for _, v in ipairs(reply) do out[#out + 1] = v end
     end
   end

@@ -117,7 +117,7 @@ if state[1] or state[2] or state[3] then
 end
 local size = 2 ^ L
 local size2 = 2 * size
--- addr[i]: the bucket of the digest at byte i of the blob.
+-- addr[k]: the bucket of the k-th digest of the blob (at byte DIGEST * (k - 1) + 1).
 local addr, wanted, wanted_at = {}, {}, {}
 local remembered = 0
 for s = 1, S do
@@ -128,7 +128,7 @@ for s = 1, S do
       local h = ((a * 256 + b) * 256 + c) * 256 + d
       local x = h % size
       if x < p then x = h % size2 end
-      addr[i] = x
+      addr[(i - 1) / DIGEST + 1] = x
       if not wanted_at[x] then
         wanted[#wanted + 1] = x
         wanted_at[x] = #wanted
@@ -180,7 +180,7 @@ local dups = 0
 for s = 1, S do
   if not late[s] then
     for i = first[s], last[s], DIGEST do
-      local bucket = buckets[addr[i]]
+      local bucket = buckets[addr[(i - 1) / DIGEST + 1]]
       if #bucket > 0 then
         local d = sub(blob, i, i + DIGEST - 1)
         local j = 1
@@ -319,7 +319,8 @@ local listed = variadic('ZMSCORE', slices, numbers)
 -- Phase 2: write. Every key's type and every value were checked above.
 if not stored[2] then redis.call('HSET', meta, 'settings', settings) end
 if remembered > 0 then
-  local added = {}
+  -- dirty[a]: the new value of bucket a.
+  local dirty = {}
   for s = 1, S do
     if keep[s] then
       local n = slice_no[s] % WRAP
@@ -327,21 +328,13 @@ if remembered > 0 then
         math.floor(n / 256) % 256, n % 256)
       local log = {}
       for i = first[s], last[s], DIGEST do
-        local a = addr[i]
-        local list = added[a]
-        if not list then
-          list = { buckets[a] }
-          added[a] = list
-        end
-        list[#list + 1] = sub(blob, i, i + DIGEST - 1)
-        list[#list + 1] = tag
+        local a = addr[(i - 1) / DIGEST + 1]
+        dirty[a] = (dirty[a] or buckets[a]) .. sub(blob, i, i + DIGEST - 1) .. tag
         log[#log + 1] = sub(blob, i, i + 3)
       end
       variadic('RPUSH', KEYS[8 + S + s], log)
     end
   end
-  local dirty = {}
-  for a, list in pairs(added) do dirty[a] = table.concat(list) end
   held = held + remembered
   local function get(a)
     local v = dirty[a]
