@@ -7,6 +7,7 @@
 //! cargo bench --bench ingest                 # every scenario
 //! cargo bench --bench ingest -- naive script e2e ceiling query freshness [--quick]
 //! cargo bench --bench ingest -- partitions   # 1 and 3 partitions, 1 and 2 consumers
+//! cargo bench --bench ingest -- instructions # Redis under callgrind (needs valgrind)
 //! ```
 //!
 //! Three workloads: `Skewed` (a power law over 10 000 rooms) and `Uniform` (100 000 rooms)
@@ -25,6 +26,10 @@
 //!   from an empty Redis, the second of as many new events of the same workload on the
 //!   keys the first left (the steady state of a running board); the figures are the
 //!   second's, with the first's beside them.
+//! * `instructions`: what `naive` and `e2e` measure in time, counted in instructions that
+//!   Redis runs per event (valgrind's callgrind, smoke-run sizes): the same count for the
+//!   same work however busy the machine is, so two versions compare on any host. Named
+//!   explicitly only: it takes about ten minutes.
 //! * `ceiling`: the same apply script driven by redis-benchmark (Redis-side ceiling).
 //! * `query`: top-10 and rank latency over HTTP (served as the daemon serves it, on a thread
 //!   and connections of its own; the client on another thread), idle and while one consumer
@@ -139,7 +144,9 @@ fn main() -> ExitCode {
         FULL
     };
     let wanted: Vec<&String> = args.iter().filter(|a| !a.starts_with("--")).collect();
+    // Run only when named: `instructions` runs Redis under valgrind (minutes).
     let all = [
+        "instructions",
         "naive",
         "script",
         "e2e",
@@ -149,7 +156,7 @@ fn main() -> ExitCode {
         "partitions",
     ];
     let chosen: Vec<&str> = if wanted.is_empty() {
-        all.to_vec()
+        all[1..].to_vec()
     } else {
         all.iter()
             .copied()
@@ -430,7 +437,7 @@ pub async fn run(chosen: &[&str], sizes: Sizes) -> Result<Figures> {
         let mut w = WorkloadFigures::default();
         for scenario in chosen {
             let applies = match *scenario {
-                "naive" | "e2e" => true,
+                "naive" | "e2e" | "instructions" => true,
                 "script" => spread != Spread::Shipped,
                 "ceiling" => spread == Spread::Uniform,
                 "query" => spread == Spread::Skewed,
@@ -451,6 +458,10 @@ pub async fn run(chosen: &[&str], sizes: Sizes) -> Result<Figures> {
                 "e2e" => w.e2e = Some(bench_e2e(&redis, spread, sizes).await?),
                 "ceiling" => bench_ceiling(&redis).await?,
                 "query" => figures.query = Some(bench_query(&redis, spread, sizes).await?),
+                "instructions" => {
+                    drop(redis);
+                    bench_instructions(spread).await?
+                }
                 "partitions" if spread == Spread::Skewed => {
                     drop(redis);
                     bench_partitions(spread, sizes).await?
@@ -689,6 +700,50 @@ async fn bench_e2e(redis: &RedisServer, spread: Spread, sizes: Sizes) -> Result<
     })
 }
 
+/// The C functions of redis-server that run rollboard's consumer's commands (each with
+/// all it calls, scripts' commands included).
+const ROLLBOARD_FUNCTIONS: [&str; 3] = ["evalShaCommand", "xreadCommand", "xackCommand"];
+
+/// Instructions Redis runs per event, counted by callgrind on a server of its own: the
+/// naive client's two passes, then rollboard's end-to-end second pass (as `e2e`: the first
+/// pass run but not counted, nor the filling of the stream). Everything the server runs
+/// is counted (reading requests, writing replies, the event loop), less the bench's own
+/// few polls. Unlike time, the count does not move with the machine's load, so two
+/// versions compare on a busy host. Smoke-run sizes: valgrind runs the server some 50
+/// times slower.
+async fn bench_instructions(spread: Spread) -> Result<()> {
+    let sizes = QUICK;
+    let redis = RedisServer::start_counted()?;
+    println!(
+        "\n== instructions, {} (redis-server under callgrind on 127.0.0.1:{})",
+        spread.describe(),
+        redis.port
+    );
+    redis.instructions(&[])?;
+    bench_naive(&redis, spread, sizes).await?;
+    let (naive, _) = redis.instructions(&[])?;
+    let naive = naive as f64 / (2 * sizes.naive_events) as f64;
+    let settings = settings(&redis, spread)?;
+    let store = Arc::new(connect(&redis, 4).await?);
+    let now = now_ms();
+    let n = sizes.events;
+    let poll = Some(Duration::from_millis(250));
+    drain_pass_polling(&redis, &store, &settings, spread, 0..n, now, poll).await?;
+    drain_pass_polling(&redis, &store, &settings, spread, n..2 * n, now, poll).await?;
+    let (total, each) = redis.instructions(&ROLLBOARD_FUNCTIONS)?;
+    let per_event = |i: u64| i as f64 / n as f64;
+    println!(
+        "== instructions per event: naive {naive:.0}; rollboard {:.0} (inside EVALSHA {:.0}, \
+         XREADGROUP {:.0}, XACK {:.0}): {:.2}x the naive client's",
+        per_event(total),
+        per_event(each[0]),
+        per_event(each[1]),
+        per_event(each[2]),
+        per_event(total) / naive
+    );
+    Ok(())
+}
+
 /// Fills the stream with events `events`, drains it with one consumer and measures that.
 async fn drain_pass(
     redis: &RedisServer,
@@ -697,6 +752,21 @@ async fn drain_pass(
     spread: Spread,
     events: Range<usize>,
     now: i64,
+) -> Result<Throughput> {
+    drain_pass_polling(redis, store, settings, spread, events, now, None).await
+}
+
+/// [`drain_pass`], for a server under callgrind (`count`: its instruction counts are zeroed
+/// once the stream is filled) or not; `count` also spaces the polls for the end of the
+/// drain, whose own instructions would otherwise be counted by the thousand.
+async fn drain_pass_polling(
+    redis: &RedisServer,
+    store: &Arc<Store>,
+    settings: &Settings,
+    spread: Spread,
+    events: Range<usize>,
+    now: i64,
+    count: Option<Duration>,
 ) -> Result<Throughput> {
     let n = events.len();
     let stream = &settings.ingest.stream;
@@ -714,6 +784,9 @@ async fn drain_pass(
         .map_err(|e| e.to_string())?;
     let cancel = CancellationToken::new();
     reset_stats(redis);
+    if count.is_some() {
+        redis.instructions(&[])?;
+    }
     let started = Instant::now();
     start_consumer(store.clone(), reader, settings, &cancel);
     loop {
@@ -721,10 +794,10 @@ async fn drain_pass(
         if matches!(info, Ok(Some((0, Some(0))))) {
             break;
         }
-        if started.elapsed() > Duration::from_secs(600) {
-            return Err("the consumer did not drain the stream in 10 minutes".into());
+        if started.elapsed() > Duration::from_secs(1800) {
+            return Err("the consumer did not drain the stream in 30 minutes".into());
         }
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        tokio::time::sleep(count.unwrap_or(Duration::from_millis(5))).await;
     }
     let elapsed = started.elapsed();
     let redis_us = workload_usec(redis, true) / n as f64;

@@ -19,13 +19,36 @@ pub struct RedisServer {
 impl RedisServer {
     /// Starts a server, or explains why it could not.
     pub fn start() -> Result<RedisServer, String> {
+        Self::start_with(None)
+    }
+
+    /// Starts a server under valgrind's callgrind, which counts the instructions it runs
+    /// (the same count for the same work, however busy the machine), into dump files
+    /// `callgrind.out.<n>` in its temp dir: see [`RedisServer::instructions`].
+    pub fn start_counted() -> Result<RedisServer, String> {
+        Self::start_with(Some("valgrind"))
+    }
+
+    fn start_with(wrapper: Option<&str>) -> Result<RedisServer, String> {
         for _ in 0..10 {
             let dir = tempfile::tempdir().map_err(|e| format!("temp dir: {e}"))?;
             let port = TcpListener::bind("127.0.0.1:0")
                 .and_then(|l| l.local_addr())
                 .map(|a| a.port())
                 .map_err(|e| format!("no free port: {e}"))?;
-            let child = Command::new("redis-server")
+            let mut command = match wrapper {
+                Some(program) => {
+                    let mut c = Command::new(program);
+                    c.arg("--tool=callgrind").arg(format!(
+                        "--callgrind-out-file={}",
+                        dir.path().join("callgrind.out").display()
+                    ));
+                    c.arg("redis-server");
+                    c
+                }
+                None => Command::new("redis-server"),
+            };
+            let child = command
                 .args([
                     "--port",
                     &port.to_string(),
@@ -42,14 +65,19 @@ impl RedisServer {
                 .stderr(Stdio::null())
                 .spawn()
                 .map_err(|e| {
-                    format!("cannot start redis-server (scripts/ensure-redis installs it): {e}")
+                    format!(
+                        "cannot start {} (scripts/ensure-redis installs redis-server): {e}",
+                        wrapper.unwrap_or("redis-server")
+                    )
                 })?;
             let mut server = RedisServer {
                 child,
                 port,
                 _dir: dir,
             };
-            let deadline = Instant::now() + Duration::from_secs(5);
+            // Under valgrind the server takes a few seconds to start.
+            let wait = if wrapper.is_some() { 60 } else { 5 };
+            let deadline = Instant::now() + Duration::from_secs(wait);
             while Instant::now() < deadline {
                 if matches!(server.child.try_wait(), Ok(Some(_))) {
                     break;
@@ -66,6 +94,83 @@ impl RedisServer {
     /// The server's URL.
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// For a server started with [`RedisServer::start_counted`]: the instructions it ran
+    /// since the previous call (whose counts this zeroes), in all, and inside each of
+    /// `functions` (Redis's C functions, e.g. `evalShaCommand`, with all they call).
+    /// callgrind dumps them, and `callgrind_annotate` sums them up.
+    pub fn instructions(&self, functions: &[&str]) -> Result<(u64, Vec<u64>), String> {
+        let dir = self._dir.path().to_path_buf();
+        let dumps = |dir: &std::path::Path| -> usize {
+            std::fs::read_dir(dir)
+                .map(|d| {
+                    d.filter_map(|e| e.ok())
+                        .filter(|e| {
+                            e.file_name()
+                                .to_string_lossy()
+                                .starts_with("callgrind.out.")
+                        })
+                        .count()
+                })
+                .unwrap_or(0)
+        };
+        let before = dumps(&dir);
+        let pid = self.child.id().to_string();
+        let status = Command::new("callgrind_control")
+            .args(["--dump", &pid])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .map_err(|e| format!("callgrind_control: {e}"))?;
+        if !status.success() {
+            return Err(format!("callgrind_control --dump {pid}: {status}"));
+        }
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while dumps(&dir) == before {
+            if Instant::now() > deadline {
+                return Err("callgrind wrote no dump".into());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let file = dir.join(format!("callgrind.out.{}", before + 1));
+        // The dump is complete once its totals line is written.
+        while !std::fs::read_to_string(&file).is_ok_and(|t| t.contains("\ntotals:")) {
+            if Instant::now() > deadline {
+                return Err(format!("{} is incomplete", file.display()));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let report = Command::new("callgrind_annotate")
+            .args(["--inclusive=yes", "--threshold=100"])
+            .arg(&file)
+            .output()
+            .map_err(|e| format!("callgrind_annotate: {e}"))?;
+        let text = String::from_utf8_lossy(&report.stdout);
+        let count = |found: Option<&str>| -> u64 {
+            found
+                .and_then(|l| l.split_whitespace().next())
+                .and_then(|n| n.replace(',', "").parse().ok())
+                .unwrap_or(0)
+        };
+        let total = count(text.lines().find(|l| l.ends_with("PROGRAM TOTALS")));
+        if total == 0 {
+            return Err(format!(
+                "no totals in callgrind_annotate's report of {}",
+                file.display()
+            ));
+        }
+        let each = functions
+            .iter()
+            .map(|f| {
+                let name = format!(":{f} ");
+                count(
+                    text.lines()
+                        .find(|l| l.contains(&name) || l.ends_with(&format!(":{f}"))),
+                )
+            })
+            .collect();
+        Ok((total, each))
     }
 
     /// Runs redis-cli against the server; its standard output.
