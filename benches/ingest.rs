@@ -727,9 +727,8 @@ async fn bench_instructions(spread: Spread) -> Result<()> {
     let store = Arc::new(connect(&redis, 4).await?);
     let now = now_ms();
     let n = sizes.events;
-    let poll = Some(Duration::from_millis(250));
-    drain_pass_polling(&redis, &store, &settings, spread, 0..n, now, poll).await?;
-    drain_pass_polling(&redis, &store, &settings, spread, n..2 * n, now, poll).await?;
+    drain_pass(&redis, &store, &settings, spread, 0..n, now).await?;
+    drain_pass(&redis, &store, &settings, spread, n..2 * n, now).await?;
     let (total, each) = redis.instructions(&ROLLBOARD_FUNCTIONS)?;
     let per_event = |i: u64| i as f64 / n as f64;
     println!(
@@ -745,6 +744,9 @@ async fn bench_instructions(spread: Spread) -> Result<()> {
 }
 
 /// Fills the stream with events `events`, drains it with one consumer and measures that.
+/// On a server under callgrind its instruction counts are zeroed once the stream is filled,
+/// and the end of the drain is polled for less often: each poll's instructions would be
+/// counted too.
 async fn drain_pass(
     redis: &RedisServer,
     store: &Arc<Store>,
@@ -752,21 +754,6 @@ async fn drain_pass(
     spread: Spread,
     events: Range<usize>,
     now: i64,
-) -> Result<Throughput> {
-    drain_pass_polling(redis, store, settings, spread, events, now, None).await
-}
-
-/// [`drain_pass`], for a server under callgrind (`count`: its instruction counts are zeroed
-/// once the stream is filled) or not; `count` also spaces the polls for the end of the
-/// drain, whose own instructions would otherwise be counted by the thousand.
-async fn drain_pass_polling(
-    redis: &RedisServer,
-    store: &Arc<Store>,
-    settings: &Settings,
-    spread: Spread,
-    events: Range<usize>,
-    now: i64,
-    count: Option<Duration>,
 ) -> Result<Throughput> {
     let n = events.len();
     let stream = &settings.ingest.stream;
@@ -784,9 +771,12 @@ async fn drain_pass_polling(
         .map_err(|e| e.to_string())?;
     let cancel = CancellationToken::new();
     reset_stats(redis);
-    if count.is_some() {
+    let poll = if redis.counted {
         redis.instructions(&[])?;
-    }
+        Duration::from_millis(250)
+    } else {
+        Duration::from_millis(5)
+    };
     let started = Instant::now();
     start_consumer(store.clone(), reader, settings, &cancel);
     loop {
@@ -797,7 +787,7 @@ async fn drain_pass_polling(
         if started.elapsed() > Duration::from_secs(1800) {
             return Err("the consumer did not drain the stream in 30 minutes".into());
         }
-        tokio::time::sleep(count.unwrap_or(Duration::from_millis(5))).await;
+        tokio::time::sleep(poll).await;
     }
     let elapsed = started.elapsed();
     let redis_us = workload_usec(redis, true) / n as f64;

@@ -13,7 +13,9 @@ pub struct RedisServer {
     child: Child,
     /// The port it listens on.
     pub port: u16,
-    _dir: tempfile::TempDir,
+    /// Whether it runs under callgrind ([`RedisServer::start_counted`]).
+    pub counted: bool,
+    dir: tempfile::TempDir,
 }
 
 impl RedisServer {
@@ -73,7 +75,8 @@ impl RedisServer {
             let mut server = RedisServer {
                 child,
                 port,
-                _dir: dir,
+                counted: wrapper.is_some(),
+                dir,
             };
             // Under valgrind the server takes a few seconds to start.
             let wait = if wrapper.is_some() { 60 } else { 5 };
@@ -101,8 +104,8 @@ impl RedisServer {
     /// `functions` (Redis's C functions, e.g. `evalShaCommand`, with all they call).
     /// callgrind dumps them, and `callgrind_annotate` sums them up.
     pub fn instructions(&self, functions: &[&str]) -> Result<(u64, Vec<u64>), String> {
-        let dir = self._dir.path().to_path_buf();
-        let dumps = |dir: &std::path::Path| -> usize {
+        let dir = self.dir.path();
+        let dumps = || -> usize {
             std::fs::read_dir(dir)
                 .map(|d| {
                     d.filter_map(|e| e.ok())
@@ -115,7 +118,7 @@ impl RedisServer {
                 })
                 .unwrap_or(0)
         };
-        let before = dumps(&dir);
+        let before = dumps();
         let pid = self.child.id().to_string();
         let status = Command::new("callgrind_control")
             .args(["--dump", &pid])
@@ -127,7 +130,7 @@ impl RedisServer {
             return Err(format!("callgrind_control --dump {pid}: {status}"));
         }
         let deadline = Instant::now() + Duration::from_secs(60);
-        while dumps(&dir) == before {
+        while dumps() == before {
             if Instant::now() > deadline {
                 return Err("callgrind wrote no dump".into());
             }
