@@ -154,6 +154,16 @@ async fn two_daemons_share_three_partitions_and_a_killed_one_loses_nothing() {
 
     let a = Daemon::start(&config_a, port_a).await;
     let b = Daemon::start(&config_b, port_b).await;
+    // Both consume before the events arrive (`/readyz` answers 200 once every consumer
+    // group of the daemon is ready): a daemon still starting on a busy machine would
+    // leave them all to the other.
+    for (name, daemon) in [("a", &a), ("b", &b)] {
+        let ready = wait_for(Duration::from_secs(20), || async {
+            daemon.get("/readyz").await.0 == 200
+        })
+        .await;
+        assert!(ready, "{name} not ready; log:\n{}", daemon.logs());
+    }
     append_to(&store, &events[..3000], placed).await;
     append_to(&store, &events[..500], copied).await;
     assert!(
