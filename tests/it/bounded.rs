@@ -1,12 +1,13 @@
 //! Bounded script calls (DESIGN.md sections 4 and 7): an expiry page split into calls of
-//! any size, stopped between any two of them, and large stage/trim/swap runs still end
-//! exactly in the model's state.
+//! any size, stopped between any two of them, a resummarize run cut short between any two
+//! of its stage calls, and large stage/trim/swap runs still end exactly in the model's
+//! state.
 
 use fred::prelude::*;
 use proptest::prelude::*;
-use rollboard::board::{Board, Mode};
+use rollboard::board::{Board, Mode, TieBreak};
 use rollboard::roll::{self, Job, Report, RollError};
-use rollboard::store::{ApplyEvent, Store, STAGE_CALL_ROWS, TRIM_CALL_IDS};
+use rollboard::store::{ApplyEvent, StageTargets, Staged, Store, STAGE_CALL_ROWS, TRIM_CALL_IDS};
 use tokio_util::sync::CancellationToken;
 
 use crate::model::{assert_matches, Instance};
@@ -181,6 +182,188 @@ fn expiry_split_at_random_points_with_crashes_between_calls_equals_the_model() {
             rt.block_on(async {
                 let _: () = store.client().flushall(false).await.unwrap();
                 run_case(&store, &case).await;
+            });
+            Ok(())
+        })
+        .expect("model equivalence");
+}
+
+/// One case of a resummarize run cut short: events over two live slices and a complete
+/// run, then a run that stages its rows in calls of the given sizes and dies after `stop`
+/// of them, with one new event applied after each of its calls, then a complete run
+/// staging `chunk` rows per call, then a roll past the older slice.
+#[derive(Debug, Clone)]
+struct SwapCase {
+    negative: bool,
+    tie: TieBreak,
+    before: Vec<(usize, i64, bool)>,
+    during: Vec<(usize, i64, bool)>,
+    sizes: Vec<usize>,
+    stop: usize,
+    chunk: usize,
+}
+
+fn swap_cases() -> impl Strategy<Value = SwapCase> {
+    let event = (0usize..40, -3i64..9, any::<bool>());
+    (
+        (
+            any::<bool>(),
+            prop_oneof![
+                Just(TieBreak::Earliest),
+                Just(TieBreak::Latest),
+                Just(TieBreak::None)
+            ],
+        ),
+        prop::collection::vec(event.clone(), 1..80),
+        prop::collection::vec(event, 0..12),
+        prop::collection::vec(1usize..12, 1..12),
+        0usize..12,
+        1usize..40,
+    )
+        .prop_map(
+            |((negative, tie), before, during, sizes, stop, chunk)| SwapCase {
+                negative,
+                tie,
+                before,
+                during,
+                sizes,
+                stop,
+                chunk,
+            },
+        )
+}
+
+/// The events of one step of a [`SwapCase`], ids `{tag}{i}`.
+fn swap_events(case: &SwapCase, raw: &[(usize, i64, bool)], tag: &str, s0: i64) -> Vec<ApplyEvent> {
+    raw.iter()
+        .enumerate()
+        .map(|(i, &(m, amount, second))| {
+            let amount = if amount <= 0 && !case.negative {
+                1 - amount
+            } else {
+                amount
+            };
+            let ts = s0 + i as i64 + if second { HOUR } else { 0 };
+            ev(&format!("{tag}{i}"), ts, &format!("m{m:02}"), amount)
+        })
+        .collect()
+}
+
+async fn run_swap_case(redis: &RedisServer, store: &Store, case: &SwapCase) {
+    let mut b = board("cut", HOUR, 2);
+    b.mode = Mode::Resummarize;
+    b.allow_negative = case.negative;
+    b.tie_break = case.tie;
+    let s0 = b.slice_of(T0) * HOUR;
+    let now = s0 + HOUR;
+    let mut model = Instance::default();
+    let before = swap_events(case, &case.before, "b", s0);
+    for e in &before {
+        model.apply(&b, e, now);
+    }
+    store.apply(&b, None, &before, now).await.unwrap();
+    roll_all(store, &b, now, case.chunk).await;
+    assert_matches(store, &b, None, &model, now).await;
+    let shown = model.clone();
+
+    // The cut run stages what a run summing now would (each member's exact total over the
+    // live slices), as resummarize does, and dies after `stop` calls. Ingest goes on.
+    let targets = StageTargets {
+        result: true,
+        ranked: true,
+        positive_only: true,
+        ..StageTargets::default()
+    };
+    let mut rows: Vec<Staged> = model
+        .totals()
+        .into_iter()
+        .map(|(member, (total, _))| Staged {
+            slices: before
+                .iter()
+                .filter(|e| e.member == member)
+                .map(|e| b.slice_of(e.ts))
+                .collect::<std::collections::HashSet<_>>()
+                .len() as i64,
+            member,
+            total,
+            fallback_ts: None,
+        })
+        .collect();
+    rows.sort_by(|x, y| x.member.cmp(&y.member));
+    store.stage(&b, None, "cut", targets, &[]).await.unwrap();
+    let during = swap_events(case, &case.during, "d", s0);
+    let mut next = during.iter();
+    let mut at = 0;
+    for &size in case.sizes.iter().take(case.stop) {
+        let part = &rows[at.min(rows.len())..(at + size).min(rows.len())];
+        at += part.len();
+        store.stage(&b, None, "cut", targets, part).await.unwrap();
+        if let Some(e) = next.next() {
+            let expected = model.apply(&b, e, now);
+            let got = store
+                .apply(&b, None, std::slice::from_ref(e), now)
+                .await
+                .unwrap();
+            assert_eq!(got, vec![expected], "{e:?}");
+        }
+        // Readers see the last complete run's ranking, untouched by the cut one.
+        assert_matches(store, &b, None, &shown, now).await;
+    }
+    // The cut run's scratch keys go by themselves.
+    let scratch = redis.cli(&["KEYS", "rb:{cut}:tmp:cut:*"]);
+    let scratch: Vec<&str> = scratch.lines().filter(|l| !l.is_empty()).collect();
+    assert!(!scratch.is_empty(), "the cut run's marker at least");
+    for key in &scratch {
+        let ttl: i64 = redis.cli(&["PTTL", key]).trim().parse().unwrap();
+        assert!(ttl > 0, "{key} has no time to live: {ttl}");
+    }
+    // Events applied after the cut run are not shown until a complete run.
+    for e in next {
+        let expected = model.apply(&b, e, now);
+        let got = store
+            .apply(&b, None, std::slice::from_ref(e), now)
+            .await
+            .unwrap();
+        assert_eq!(got, vec![expected], "{e:?}");
+    }
+    assert_matches(store, &b, None, &shown, now).await;
+
+    // The next complete run shows exactly every event; it leaves none of its own keys.
+    roll_all(store, &b, now, case.chunk).await;
+    assert_matches(store, &b, None, &model, now).await;
+    assert_verified(store, &b).await;
+    let left = redis.cli(&["KEYS", "rb:{cut}:tmp:*"]);
+    let mut left: Vec<&str> = left.lines().filter(|l| !l.is_empty()).collect();
+    left.sort_unstable();
+    let mut cut = scratch.clone();
+    cut.sort_unstable();
+    assert_eq!(left, cut, "only the cut run's scratch keys are left");
+
+    // Past the older slice: the roll and the next run agree with the model.
+    let later = s0 + 2 * HOUR;
+    roll_all(store, &b, later, case.chunk).await;
+    model.roll(&b, later);
+    assert_matches(store, &b, None, &model, later).await;
+    assert_verified(store, &b).await;
+}
+
+#[test]
+fn resummarize_cut_at_random_points_with_ingest_between_calls_equals_the_model() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let redis = RedisServer::start();
+    let store = rt.block_on(redis.store("rb"));
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: 48,
+        ..ProptestConfig::default()
+    });
+    runner
+        .run(&swap_cases(), |case| {
+            rt.block_on(async {
+                let _: () = store.client().flushall(false).await.unwrap();
+                run_swap_case(&redis, &store, &case).await;
             });
             Ok(())
         })
