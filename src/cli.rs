@@ -11,7 +11,7 @@ use anyhow::Context;
 use chrono::{DateTime, SecondsFormat, Utc};
 use clap::{Parser, Subcommand};
 
-use crate::board::Board;
+use crate::board::{Board, Mode};
 use crate::config::Settings;
 use crate::event::{check_name, fields_from_json, validate, Field};
 use crate::query::{format_total, Entry, Page};
@@ -362,8 +362,13 @@ async fn dispatch(settings: &Settings, command: Command) -> anyhow::Result<u8> {
             .await?;
             let mut failed = false;
             for r in reports {
+                let resummed = if r.mode == Mode::Resummarize.as_str() {
+                    format!(", {} re-summed", r.resummed)
+                } else {
+                    String::new()
+                };
                 println!(
-                    "{} ({}): {} instance(s), {} slice(s) expired, {} member(s) removed, {} id(s) forgotten",
+                    "{} ({}): {} instance(s), {} slice(s) expired, {} member(s) removed, {} id(s) forgotten{resummed}",
                     r.board, r.mode, r.instances, r.slices_expired, r.members_removed, r.ids_forgotten
                 );
                 if let Some(error) = &r.first_error {

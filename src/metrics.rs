@@ -53,6 +53,7 @@ pub struct Metrics {
     roll_duration: HistogramVec,
     slices_expired: IntCounterVec,
     members_removed: IntCounterVec,
+    resummed: IntCounterVec,
     last_roll: GaugeVec,
     pending: IntGauge,
     lag: IntGauge,
@@ -161,6 +162,11 @@ impl Metrics {
         let members_removed = counter(
             "rollboard_members_removed_total",
             "Members that left a board instance because none of their events is live.",
+            &["board"],
+        );
+        let resummed = counter(
+            "rollboard_instances_resummed_total",
+            "Resummarize instances whose live slices were summed again (one that no apply or expiry changed since its last sum keeps its ranking).",
             &["board"],
         );
         let redis_errors = counter(
@@ -366,6 +372,9 @@ impl Metrics {
             }
             slices_expired.with_label_values(&[&b.name]);
             members_removed.with_label_values(&[&b.name]);
+            if b.mode == crate::board::Mode::Resummarize {
+                resummed.with_label_values(&[&b.name]);
+            }
             roll_duration.with_label_values(&[b.name.as_str(), b.mode.as_str()]);
             last_roll.with_label_values(&[&b.name]);
         }
@@ -385,6 +394,7 @@ impl Metrics {
             roll_duration,
             slices_expired,
             members_removed,
+            resummed,
             last_roll,
             pending,
             lag,
@@ -472,6 +482,11 @@ impl Metrics {
         self.members_removed
             .with_label_values(&[&report.board])
             .inc_by(report.members_removed);
+        if report.resummed > 0 {
+            self.resummed
+                .with_label_values(&[&report.board])
+                .inc_by(report.resummed);
+        }
         if !report.complete() {
             for (kind, n) in &report.redis_errors {
                 self.redis_errors.with_label_values(&[kind]).inc_by(*n);

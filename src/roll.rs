@@ -12,12 +12,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use futures_util::StreamExt;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
-use tracing::warn;
+use tracing::{debug, warn};
 
 use crate::board::{Board, Mode, MAX_TOTAL};
 use crate::store::{
-    StageTargets, Staged, Store, StoreError, EXPIRE_CALL_FIELDS, STAGE_CALL_ROWS, TRIM_CALL_IDS,
-    TRIM_CALL_LOG,
+    StageTargets, Staged, Store, StoreError, SwapCheck, EXPIRE_CALL_FIELDS, STAGE_CALL_ROWS,
+    TRIM_CALL_IDS, TRIM_CALL_LOG,
 };
 
 /// Most times a gen-checked recomputation is retried while ingest keeps changing it.
@@ -69,6 +69,9 @@ pub struct Report {
     pub ids_forgotten: u64,
     /// Scopes dropped from the registry because their instance emptied.
     pub scopes_removed: u64,
+    /// Resummarize instances whose live slices were summed again (the others had not
+    /// changed since their ranking was summed, and kept it).
+    pub resummed: u64,
     /// Instances whose roll failed (retried at the next run).
     pub instances_failed: u64,
     /// The first failure, for the operator.
@@ -193,6 +196,7 @@ pub async fn roll_board(
                 report.members_removed += part.members_removed;
                 report.ids_forgotten += part.ids_forgotten;
                 report.scopes_removed += part.scopes_removed;
+                report.resummed += part.resummed;
                 if !board.is_scoped() {
                     report.expired_through = report.expired_through.max(part.expired_through);
                 }
@@ -237,8 +241,9 @@ pub async fn roll_instance(
         expire_slice(store, board, scope, n, now, chunk, cancel, report).await?;
     }
     forget_seen(store, board, scope, now, chunk, cancel, report).await?;
-    if board.mode == Mode::Resummarize {
-        resummarize(store, board, scope, watermark, chunk).await?;
+    if board.mode == Mode::Resummarize && resummarize(store, board, scope, watermark, chunk).await?
+    {
+        report.resummed += 1;
     }
     if let Some(scope) = scope {
         if store.cleanup(board, Some(scope)).await?
@@ -457,15 +462,6 @@ fn token() -> String {
     )
 }
 
-/// What a swap must check before it replaces the live keys.
-#[derive(Debug, Clone, Copy, Default)]
-struct SwapCheck<'a> {
-    /// The instance's `gen` when the sums were read: refuse if anything changed since.
-    gen: Option<&'a str>,
-    /// The watermark the live sums were taken above: refuse if a newer one was swapped in.
-    watermark: Option<i64>,
-}
-
 /// Writes each part's rows into the scratch keys of one run and swaps them all in at
 /// once; false when the swap was refused (see [`SwapCheck`]). Also returns the members
 /// whose lost `members` entry was restored (see [`Staged::fallback_ts`]).
@@ -492,9 +488,7 @@ async fn replace(
                 repaired.extend(store.stage(board, scope, &token, *targets, part).await?.1);
             }
         }
-        store
-            .swap(board, scope, &token, all, check.gen, check.watermark)
-            .await
+        store.swap(board, scope, &token, all, check).await
     }
     .await;
     if !matches!(outcome, Ok(true)) {
@@ -506,14 +500,22 @@ async fn replace(
 }
 
 /// Re-sums the live slices into a new ranking and renames it over the result: readers
-/// see the old or the new ranking, never a half.
+/// see the old or the new ranking, never a half. Leaves an instance that no apply or
+/// expiry has changed since its ranking was summed (above the same watermark) as it is;
+/// true when it summed.
 pub async fn resummarize(
     store: &Store,
     board: &Board,
     scope: Option<&str>,
     watermark: i64,
     chunk: usize,
-) -> Result<(), RollError> {
+) -> Result<bool, RollError> {
+    // Read before the slices: a change after this read moves `gen` past what the swap
+    // records, so the next run sums again.
+    let summed = store.summed(board, scope).await?;
+    if summed.unchanged(watermark) {
+        return Ok(false);
+    }
     let rows = staged(
         board,
         sum_slices(store, board, scope, Some(watermark), chunk).await?,
@@ -527,15 +529,17 @@ pub async fn resummarize(
     };
     let check = SwapCheck {
         watermark: Some(watermark),
+        summed_at: Some(&summed.gen),
         ..SwapCheck::default()
     };
     let (swapped, _) = replace(store, board, scope, &[(targets, &rows)], chunk, check).await?;
     if !swapped {
-        // Only a newer run's sum (a higher watermark) or a resent swap is refused.
-        warn!(board = %board.name, scope = ?scope, watermark,
-              "recomputed ranking not swapped in: a newer one already was");
+        // Only a newer run's sum (a higher watermark, or the same one read later: another
+        // replica's run) or a resent swap is refused.
+        debug!(board = %board.name, scope = ?scope, watermark,
+               "recomputed ranking not swapped in: a newer one already was");
     }
-    Ok(())
+    Ok(true)
 }
 
 /// Recomputes an instance's derived state from its slices and the tie-break times in
@@ -571,7 +575,7 @@ pub async fn rebuild(
                 };
                 let check = SwapCheck {
                     gen: Some(&gen),
-                    watermark: None,
+                    ..SwapCheck::default()
                 };
                 replace(store, board, scope, &[(targets, &every)], chunk, check).await?
             }
@@ -595,6 +599,7 @@ pub async fn rebuild(
                 let check = SwapCheck {
                     gen: Some(&gen),
                     watermark,
+                    summed_at: watermark.and(Some(gen.as_str())),
                 };
                 let parts = [(bookkeeping, every.as_slice()), (ranking, live.as_slice())];
                 replace(store, board, scope, &parts, chunk, check).await?

@@ -1,18 +1,24 @@
 -- swap.lua: replace live keys by their scratch copies in one atomic step, so readers see
 -- either the old or the new ranking, never a half.
 --
--- KEYS[1] meta    Hash    gen (bumped by every apply and expiry chunk), summed_through
+-- KEYS[1] meta    Hash    gen (bumped by every apply and expiry chunk), summed_through,
+--                         summed_gen
 -- KEYS[2] marker  String  written by stage.lua for this run; gone once the run swapped
 -- KEYS[3..] triples: scratch key, live key, trash key (where the live value is moved)
 --
 -- ARGV[1] the `gen` read before the recomputation started, or '' not to check it
 -- ARGV[2] the watermark the recomputation summed above, or '' not to check it
 -- ARGV[3] time to live of the trash keys (ms), should the caller die before freeing them
+-- ARGV[4] with ARGV[2]: the `gen` read before the live slices were summed, or '' for none.
+--         Recorded as `summed_gen` beside `summed_through`: while `gen` still equals it,
+--         nothing has changed since the sum and the next run may leave the ranking as it is.
 --
 -- Refuses (returns 0) when the marker is gone (this run already swapped, e.g. a command
--- resent after a reconnect, or its scratch keys expired), when `gen` moved, or when
--- another run already swapped in a sum above a higher watermark (time never goes back).
--- A scratch key that does not exist means "empty": the live key goes away.
+-- resent after a reconnect, or its scratch keys expired), when `gen` moved, when another
+-- run already swapped in a sum above a higher watermark, or one above the same watermark
+-- read at a later `gen` (time never goes back: two replicas' runs race, and the one that
+-- summed first may swap last). A scratch key that does not exist means "empty": the live
+-- key goes away.
 --
 -- No value is freed here: a RENAME over an existing key, like DEL, frees the old value
 -- synchronously (Redis 7.0 with the default `lazyfree-lazy-server-del no`), which takes
@@ -25,9 +31,18 @@ if ARGV[1] ~= '' and (redis.call('HGET', KEYS[1], 'gen') or '0') ~= ARGV[1] then
   return 0
 end
 if ARGV[2] ~= '' then
-  local summed = tonumber(redis.call('HGET', KEYS[1], 'summed_through'))
-  if summed and summed > tonumber(ARGV[2]) then return 0 end
-  redis.call('HSET', KEYS[1], 'summed_through', ARGV[2])
+  local state = redis.call('HMGET', KEYS[1], 'summed_through', 'summed_gen')
+  local summed, summed_gen = tonumber(state[1]), tonumber(state[2])
+  local watermark, gen = tonumber(ARGV[2]), tonumber(ARGV[4] or '')
+  if summed and summed > watermark then return 0 end
+  if gen and summed == watermark and summed_gen and summed_gen > gen then return 0 end
+  if gen then
+    redis.call('HSET', KEYS[1], 'summed_through', ARGV[2], 'summed_gen', ARGV[4])
+  else
+    -- A sum whose `gen` is not known: no later run may take the ranking for current.
+    redis.call('HSET', KEYS[1], 'summed_through', ARGV[2])
+    redis.call('HDEL', KEYS[1], 'summed_gen')
+  end
 end
 for i = 3, #KEYS, 3 do
   if redis.call('EXISTS', KEYS[i + 1]) == 1 then

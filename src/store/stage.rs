@@ -77,6 +77,42 @@ impl StageTargets {
     }
 }
 
+/// What a swap checks before it replaces the live keys, and what it records.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SwapCheck<'a> {
+    /// The instance's `gen` when the sums were read: refuse if anything changed since.
+    pub gen: Option<&'a str>,
+    /// The watermark the live sums were taken above: refuse if a sum above a higher one was
+    /// swapped in.
+    pub watermark: Option<i64>,
+    /// With `watermark`: the `gen` read before the live slices were summed. Recorded with
+    /// the watermark (see [`Summed`]); refuse if a sum above the same watermark read at a
+    /// later `gen` was swapped in (two replicas' runs race, and the one that summed first
+    /// may swap last).
+    pub summed_at: Option<&'a str>,
+}
+
+/// An instance's change counter and what its ranking was last summed at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Summed {
+    /// `gen`, bumped by every apply and expiry call that changes the instance ("0" if none).
+    pub gen: String,
+    /// The `gen` read before the live slices of the ranking swapped in last were summed.
+    pub summed_gen: Option<String>,
+    /// The watermark that sum was taken above.
+    pub summed_through: Option<i64>,
+}
+
+impl Summed {
+    /// Whether a sum of the live slices above `watermark` would give the ranking that is
+    /// already in place: no apply or expiry has changed the instance since that ranking
+    /// was summed, above the same watermark.
+    pub fn unchanged(&self, watermark: i64) -> bool {
+        self.summed_gen.as_deref() == Some(self.gen.as_str())
+            && self.summed_through == Some(watermark)
+    }
+}
+
 /// How long scratch keys of a recomputation live if their run dies, in ms.
 const SCRATCH_TTL_MS: i64 = 15 * 60 * 1000;
 
@@ -99,6 +135,21 @@ impl Store {
                     .map_err(|_| reply_err(format!("slice registry holds {s:?}")))
             })
             .collect()
+    }
+
+    /// What the instance's last swapped-in sum of its live slices was taken at (see
+    /// [`Summed`]).
+    pub async fn summed(&self, board: &Board, scope: Option<&str>) -> Result<Summed, StoreError> {
+        let k = self.instance(board, scope);
+        let (gen, summed_gen, summed_through): (Option<String>, Option<String>, Option<String>) =
+            self.client()
+                .hmget(k.meta(), vec!["gen", "summed_gen", "summed_through"])
+                .await?;
+        Ok(Summed {
+            gen: gen.unwrap_or_else(|| "0".into()),
+            summed_gen,
+            summed_through: summed_through.and_then(|w| w.parse().ok()),
+        })
     }
 
     /// The instance's `expired_through` and `gen` (change counter).
@@ -174,17 +225,14 @@ impl Store {
 
     /// Renames the scratch keys of run `token` over the live ones, atomically, and then
     /// frees the replaced values with `UNLINK` (never inside the script call). Refused
-    /// (false) when the run already swapped, when `expected_gen` is given and an apply or
-    /// expiry happened since it was read, or when `watermark` is given and a sum above a
-    /// higher watermark was already swapped in.
+    /// (false) when the run already swapped, or as `check` says.
     pub async fn swap(
         &self,
         board: &Board,
         scope: Option<&str>,
         token: &str,
         targets: StageTargets,
-        expected_gen: Option<&str>,
-        watermark: Option<i64>,
+        check: SwapCheck<'_>,
     ) -> Result<bool, StoreError> {
         let k = self.instance(board, scope);
         let mut keys = vec![k.meta(), k.scratch(token, "marker")];
@@ -195,9 +243,10 @@ impl Store {
             trash.push(old);
         }
         let args = vec![
-            Value::from(expected_gen.unwrap_or("")),
-            watermark.map_or(Value::from(""), Value::from),
+            Value::from(check.gen.unwrap_or("")),
+            check.watermark.map_or(Value::from(""), Value::from),
             Value::from(SCRATCH_TTL_MS),
+            Value::from(check.summed_at.unwrap_or("")),
         ];
         let v = self.eval(&self.scripts.swap, keys, args).await?;
         let swapped = as_i64(&v) == Some(1);

@@ -499,7 +499,7 @@ async fn verify_and_rebuild_see_a_slice_that_a_cancelled_roll_left_behind() {
 
 #[tokio::test]
 async fn a_swap_that_runs_twice_changes_nothing_the_second_time() {
-    use rollboard::store::{StageTargets, Staged};
+    use rollboard::store::{StageTargets, Staged, SwapCheck};
     let redis = RedisServer::start();
     let store = redis.store("rb").await;
     let mut b = board("res", HOUR, 3);
@@ -520,16 +520,14 @@ async fn a_swap_that_runs_twice_changes_nothing_the_second_time() {
         slices: 1,
         fallback_ts: None,
     }];
+    let at = |watermark| SwapCheck {
+        watermark: Some(watermark),
+        ..SwapCheck::default()
+    };
     store.stage(&b, None, "t1", targets, &rows).await.unwrap();
-    assert!(store
-        .swap(&b, None, "t1", targets, None, Some(5))
-        .await
-        .unwrap());
+    assert!(store.swap(&b, None, "t1", targets, at(5)).await.unwrap());
     assert!(
-        !store
-            .swap(&b, None, "t1", targets, None, Some(5))
-            .await
-            .unwrap(),
+        !store.swap(&b, None, "t1", targets, at(5)).await.unwrap(),
         "resent swap refused"
     );
     assert_eq!(
@@ -539,10 +537,7 @@ async fn a_swap_that_runs_twice_changes_nothing_the_second_time() {
     );
     // A sum above an older watermark never replaces a newer one.
     store.stage(&b, None, "t2", targets, &[]).await.unwrap();
-    assert!(!store
-        .swap(&b, None, "t2", targets, None, Some(4))
-        .await
-        .unwrap());
+    assert!(!store.swap(&b, None, "t2", targets, at(4)).await.unwrap());
     assert_eq!(store.rank(&b, None, "a", T0).await.unwrap().total, Some(5));
 }
 
@@ -575,6 +570,155 @@ async fn resummarize_tracks_new_events_only_at_its_runs() {
     assert_eq!((r.total, r.last_ts), (Some(10), Some(T0 + 1)));
     // No scratch key is left behind.
     assert_eq!(redis.cli(&["KEYS", "rb:{res}:tmp:*"]).trim(), "");
+}
+
+/// Calls of one command since the server started (`INFO commandstats`).
+fn calls(redis: &RedisServer, command: &str) -> u64 {
+    let info = redis.cli(&["INFO", "commandstats"]);
+    let prefix = format!("cmdstat_{command}:calls=");
+    info.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().expect("calls"))
+}
+
+#[tokio::test]
+async fn a_resummarize_instance_that_did_not_change_keeps_its_ranking_without_a_sum() {
+    let redis = RedisServer::start();
+    let store = redis.store("rb").await;
+    let mut b = board("res", HOUR, 3);
+    b.mode = Mode::Resummarize;
+    let boards = std::slice::from_ref(&b);
+    let s0 = T0 / HOUR * HOUR;
+    let mut model = Instance::default();
+    let apply = async |model: &mut Instance, events: &[ApplyEvent], now: i64| {
+        let expected: Vec<Outcome> = events.iter().map(|e| model.apply(&b, e, now)).collect();
+        assert_eq!(store.apply(&b, None, events, now).await.unwrap(), expected);
+    };
+    let run = async |now: i64| {
+        let before = calls(&redis, "hscan");
+        let report = roll_all(&store, boards, now, 10).await.remove(0);
+        (report.resummed, calls(&redis, "hscan") - before)
+    };
+
+    apply(
+        &mut model,
+        &[ev("1", s0, "a", 5), ev("2", s0 + 1, "b", 7)],
+        s0,
+    )
+    .await;
+    assert_eq!(run(s0).await, (1, 1), "summed: one live slice listed");
+    assert_matches(&store, &b, None, &model, s0).await;
+    assert_eq!(run(s0 + 1).await, (0, 0), "nothing changed: not summed");
+    assert_matches(&store, &b, None, &model, s0 + 1).await;
+
+    // A duplicate changes nothing either.
+    apply(&mut model, &[ev("1", s0, "a", 5)], s0 + 2).await;
+    assert_eq!(run(s0 + 2).await, (0, 0), "a duplicate");
+
+    // A new event, in a second slice: summed again, then left.
+    apply(&mut model, &[ev("3", s0 + HOUR, "a", 4)], s0 + HOUR).await;
+    assert_eq!(run(s0 + HOUR).await, (1, 2));
+    assert_matches(&store, &b, None, &model, s0 + HOUR).await;
+    assert_eq!(run(s0 + HOUR + 1).await, (0, 0));
+
+    // The first slice dies: its expiry changes the instance, so the next sum runs.
+    let later = s0 + 3 * HOUR;
+    model.roll(&b, later);
+    assert_eq!(
+        run(later).await,
+        (1, 2),
+        "the dead slice listed to expire, the live one summed"
+    );
+    assert_matches(&store, &b, None, &model, later).await;
+    assert_eq!(run(later + 1).await, (0, 0));
+    assert_matches(&store, &b, None, &model, later + 1).await;
+
+    // The watermark moves with no slice to expire: summed once more (a new window), then
+    // left.
+    let empty = s0 + 4 * HOUR;
+    model.roll(&b, empty);
+    assert_eq!(run(empty).await.0, 1);
+    assert_eq!(run(empty + 1).await, (0, 0));
+    assert_matches(&store, &b, None, &model, empty + 1).await;
+
+    // The sums' record lost (an operator lowering a watermark drops it): summed again.
+    redis.cli(&["HDEL", "rb:{res}:meta", "summed_gen"]);
+    assert_eq!(run(empty + 2).await.0, 1);
+    assert_matches(&store, &b, None, &model, empty + 2).await;
+    assert_verified(&store, &b, None).await;
+}
+
+#[tokio::test]
+async fn a_sum_read_before_a_newer_one_of_the_same_window_is_not_swapped_over_it() {
+    use rollboard::store::{StageTargets, Staged, SwapCheck};
+    let redis = RedisServer::start();
+    let store = redis.store("rb").await;
+    let mut b = board("race", HOUR, 3);
+    b.mode = Mode::Resummarize;
+    let s0 = T0 / HOUR * HOUR;
+    store
+        .apply(&b, None, &[ev("1", s0, "a", 5)], s0)
+        .await
+        .unwrap();
+    roll_all(&store, std::slice::from_ref(&b), s0, 10).await;
+    let targets = StageTargets {
+        result: true,
+        ranked: true,
+        positive_only: true,
+        ..StageTargets::default()
+    };
+    let row = |total| Staged {
+        member: "a".into(),
+        total,
+        slices: 1,
+        fallback_ts: None,
+    };
+    // A slow run sums a = 5; meanwhile an event arrives and a faster run sums a = 9.
+    let slow = store.summed(&b, None).await.unwrap();
+    store
+        .stage(&b, None, "slow", targets, &[row(5)])
+        .await
+        .unwrap();
+    store
+        .apply(&b, None, &[ev("2", s0 + 1, "a", 4)], s0 + 1)
+        .await
+        .unwrap();
+    roll_all(&store, std::slice::from_ref(&b), s0 + 1, 10).await;
+    let fast = store.summed(&b, None).await.unwrap();
+    assert_ne!(fast.gen, slow.gen);
+    assert_eq!(fast.summed_gen.as_deref(), Some(fast.gen.as_str()));
+    let watermark = fast.summed_through.expect("summed_through");
+    assert_eq!(slow.summed_through, Some(watermark), "the same window");
+    // The slow run's swap comes last: refused, the newer ranking stays.
+    let check = |summed_at| SwapCheck {
+        watermark: Some(watermark),
+        summed_at: Some(summed_at),
+        ..SwapCheck::default()
+    };
+    assert!(!store
+        .swap(&b, None, "slow", targets, check(&slow.gen))
+        .await
+        .unwrap());
+    assert_eq!(
+        store.rank(&b, None, "a", s0 + 1).await.unwrap().total,
+        Some(9)
+    );
+    assert_eq!(store.summed(&b, None).await.unwrap(), fast);
+    // A run that read the same `gen` may swap (its sum is as new).
+    store
+        .stage(&b, None, "twin", targets, &[row(9)])
+        .await
+        .unwrap();
+    assert!(store
+        .swap(&b, None, "twin", targets, check(&fast.gen))
+        .await
+        .unwrap());
+    assert_eq!(
+        store.rank(&b, None, "a", s0 + 1).await.unwrap().total,
+        Some(9)
+    );
+    assert_eq!(store.summed(&b, None).await.unwrap(), fast);
 }
 
 #[derive(Debug, Clone)]
