@@ -145,7 +145,7 @@ return #ARGV / 2
 "#;
 const BASELINE_SWAP: &str = "return redis.call('RENAME', KEYS[1], KEYS[2])";
 
-const USAGE: &str = "usage: cargo bench --bench rollboard -- [table] [memory] [expiry] \
+const USAGE: &str = "usage: cargo bench --bench rollboard -- [table] [memory] [expiry] [quiet] \
                      [--quick] [--chunk N[,N...]] [--members N] [--slowlog-us N]";
 
 // The table runs the ingest bench's scenarios too; the shared helpers come with it.
@@ -186,6 +186,7 @@ struct Options {
     quick: bool,
     memory: bool,
     expiry: bool,
+    quiet: bool,
     chunks: Vec<usize>,
     members: Option<usize>,
     slowlog_us: u64,
@@ -198,6 +199,7 @@ impl Options {
             quick: false,
             memory: false,
             expiry: false,
+            quiet: false,
             chunks: Vec::new(),
             members: None,
             slowlog_us: DEFAULT_SLOWLOG_US,
@@ -211,6 +213,7 @@ impl Options {
                 "--quick" => options.quick = true,
                 "memory" => options.memory = true,
                 "expiry" => options.expiry = true,
+                "quiet" => options.quiet = true,
                 "--chunk" => {
                     for n in value()?.split(',') {
                         options.chunks.push(number(n, "--chunk", 1)? as usize);
@@ -229,7 +232,7 @@ impl Options {
                 options.chunks = vec![DEFAULT_CHUNKS[0]];
             }
         }
-        if !options.memory && !options.expiry {
+        if !options.memory && !options.expiry && !options.quiet {
             options.memory = true;
             options.expiry = true;
         }
@@ -269,7 +272,14 @@ fn run(options: &Options) -> Result<bool> {
                 load_average()
             );
         }
-        let (mut ok, memory_figures, expiry_figures) = rollboard_scenarios(options).await?;
+        let (mut ok, memory_figures, expiry_figures) = if options.memory || options.expiry {
+            rollboard_scenarios(options).await?
+        } else {
+            (true, None, None)
+        };
+        if options.quiet {
+            ok &= quiet(options.quick).await?;
+        }
         if options.table {
             let sizes = if options.quick {
                 ingest::QUICK
@@ -676,6 +686,138 @@ async fn commandstats(client: &Client) -> Result<BTreeMap<String, (u64, u64)>> {
         out.insert(name.to_string(), (field("calls"), field("usec")));
     }
     Ok(out)
+}
+
+// ---------------------------------------------------------------------------------------
+// Quiet instances
+
+/// Scoped instances of the `quiet` scenario (`--quick`: fewer), each with
+/// [`QUIET_SLICES`] live slices of [`QUIET_MEMBERS`] members.
+const QUIET_INSTANCES: usize = 2_000;
+const QUICK_QUIET_INSTANCES: usize = 300;
+const QUIET_SLICES: usize = 12;
+const QUIET_MEMBERS: usize = 5;
+/// One instance in this many receives an event between two runs.
+const QUIET_ACTIVE_EVERY: usize = 100;
+
+/// The resummarize job over many scoped instances, most of them quiet between two runs
+/// (the shipped `fans_7d` shape: one instance per room). Redis time (`INFO commandstats`)
+/// and wall time of a run in which every instance is summed (each instance's record of its
+/// last sum deleted first: what every run did before unchanged instances were left as they
+/// are) against a run in which one instance in [`QUIET_ACTIVE_EVERY`] changed, and one in
+/// which none did. False when a ranking is not what its slices say after a run.
+async fn quiet(quick: bool) -> Result<bool> {
+    let server = RedisServer::start().map_err(anyhow::Error::msg)?;
+    let store = Store::connect(&server.url(), "rb", 2, Reconnect::Never)
+        .await
+        .context("connect to the bench redis-server")?;
+    let instances = if quick {
+        QUICK_QUIET_INSTANCES
+    } else {
+        QUIET_INSTANCES
+    };
+    let mut b = board("quiet", 24, DAY);
+    b.mode = Mode::Resummarize;
+    b.scope = Some("room".into());
+    let scope = |r: usize| format!("room{r:05}");
+    let now = T0 + QUIET_SLICES as i64 * HOUR;
+    println!(
+        "== quiet: resummarize job over {instances} scoped instances, {QUIET_SLICES} live slices \
+         x {QUIET_MEMBERS} members each; {} on 127.0.0.1:{}",
+        redis_version(),
+        server.port
+    );
+    let filled = Instant::now();
+    for r in 0..instances {
+        let events: Vec<ApplyEvent> = (0..QUIET_SLICES * QUIET_MEMBERS)
+            .map(|i| ApplyEvent {
+                id: format!("{}-{i}", scope(r)),
+                ts: T0 + (i / QUIET_MEMBERS) as i64 * HOUR + r as i64,
+                member: member_name(i % QUIET_MEMBERS + r % 7),
+                amount: amount_of(i),
+            })
+            .collect();
+        store.apply(&b, Some(&scope(r)), &events, now).await?;
+    }
+    println!(
+        "fill: {} events in {:.1} s",
+        instances * QUIET_SLICES * QUIET_MEMBERS,
+        filled.elapsed().as_secs_f64()
+    );
+    let run = async |label: &str, at: i64| -> Result<(u64, u64, u64)> {
+        let before = commandstats(store.client()).await?;
+        let started = Instant::now();
+        let reports = roll::run_once(
+            &store,
+            std::slice::from_ref(&b),
+            roll::Job::Resummarize,
+            None,
+            at,
+            250,
+            &CancellationToken::new(),
+        )
+        .await?;
+        let wall = started.elapsed();
+        let after = commandstats(store.client()).await?;
+        let usec: u64 = after
+            .iter()
+            .filter(|(name, _)| name.as_str() != "info")
+            .map(|(name, (_, usec))| usec - before.get(name).map_or(0, |b| b.1))
+            .sum();
+        let r = &reports[0];
+        println!(
+            "{label:<44} {:>5} of {} instances summed: Redis {:>8.1} ms, wall {:>7.1} ms",
+            r.resummed,
+            r.instances,
+            usec as f64 / 1000.0,
+            wall.as_secs_f64() * 1000.0
+        );
+        if !r.complete() {
+            bail!("the run failed: {:?}", r.first_error);
+        }
+        Ok((r.resummed, usec, wall.as_micros() as u64))
+    };
+    run("first run (every instance new)", now).await?;
+    for r in 0..instances {
+        let meta = store.instance(&b, Some(&scope(r))).meta();
+        let _: i64 = store.client().hdel(meta, "summed_gen").await?;
+    }
+    let every = run("every instance summed (record deleted)", now + 1).await?;
+    let none = run("no instance changed", now + 2).await?;
+    let at = now + 3;
+    let active: Vec<usize> = (0..instances).step_by(QUIET_ACTIVE_EVERY).collect();
+    for &r in &active {
+        let e = ApplyEvent {
+            id: format!("{}-new", scope(r)),
+            ts: at,
+            member: member_name(r % 7),
+            amount: 1_000,
+        };
+        store.apply(&b, Some(&scope(r)), &[e], at).await?;
+    }
+    let some = run(&format!("1 in {QUIET_ACTIVE_EVERY} instances changed"), at).await?;
+    let mut ok = every.0 == instances as u64 && none.0 == 0 && some.0 == active.len() as u64;
+    for r in active.iter().copied().chain([1, instances - 1]) {
+        let v = roll::verify(&store, &b, Some(&scope(r)), 250).await?;
+        if !v.differences.is_empty() {
+            println!(
+                "MISMATCH: {} behind its slices: {:?}",
+                scope(r),
+                v.differences
+            );
+            ok = false;
+        }
+    }
+    println!(
+        "ratio to every instance summed: no change {} Redis time, {} wall; 1 in {QUIET_ACTIVE_EVERY} \
+         changed {} Redis time, {} wall; check: {}",
+        ratio(none.1 as f64, every.1 as f64),
+        ratio(none.2 as f64, every.2 as f64),
+        ratio(some.1 as f64, every.1 as f64),
+        ratio(some.2 as f64, every.2 as f64),
+        verdict(ok)
+    );
+    Ok(ok)
 }
 
 // ---------------------------------------------------------------------------------------
