@@ -241,7 +241,8 @@ pub async fn roll_instance(
         expire_slice(store, board, scope, n, now, chunk, cancel, report).await?;
     }
     forget_seen(store, board, scope, now, chunk, cancel, report).await?;
-    if board.mode == Mode::Resummarize && resummarize(store, board, scope, watermark, chunk).await?
+    if board.mode == Mode::Resummarize
+        && resummarize(store, board, scope, watermark, now, chunk).await?
     {
         report.resummed += 1;
     }
@@ -508,12 +509,13 @@ pub async fn resummarize(
     board: &Board,
     scope: Option<&str>,
     watermark: i64,
+    now: i64,
     chunk: usize,
 ) -> Result<bool, RollError> {
     // Read before the slices: a change after this read moves `gen` past what the swap
     // records, so the next run sums again.
     let summed = store.summed(board, scope).await?;
-    if summed.unchanged(watermark) {
+    if summed.unchanged(watermark, now) {
         return Ok(false);
     }
     let rows = staged(
@@ -529,7 +531,7 @@ pub async fn resummarize(
     };
     let check = SwapCheck {
         watermark: Some(watermark),
-        summed_at: Some(&summed.gen),
+        summed_at: Some((&summed.gen, now)),
         ..SwapCheck::default()
     };
     let (swapped, _) = replace(store, board, scope, &[(targets, &rows)], chunk, check).await?;
@@ -599,7 +601,8 @@ pub async fn rebuild(
                 let check = SwapCheck {
                     gen: Some(&gen),
                     watermark,
-                    summed_at: watermark.and(Some(gen.as_str())),
+                    // Not recorded: the next resummarize run sums again.
+                    summed_at: None,
                 };
                 let parts = [(bookkeeping, every.as_slice()), (ranking, live.as_slice())];
                 replace(store, board, scope, &parts, chunk, check).await?

@@ -12,6 +12,7 @@
 -- ARGV[4] with ARGV[2]: the `gen` read before the live slices were summed, or '' for none.
 --         Recorded as `summed_gen` beside `summed_through`: while `gen` still equals it,
 --         nothing has changed since the sum and the next run may leave the ranking as it is.
+-- ARGV[5] with ARGV[4]: the time of the run (epoch ms), recorded as `summed_ms`.
 --
 -- Refuses (returns 0) when the marker is gone (this run already swapped, e.g. a command
 -- resent after a reconnect, or its scratch keys expired), when `gen` moved, when another
@@ -37,11 +38,12 @@ if ARGV[2] ~= '' then
   if summed and summed > watermark then return 0 end
   if gen and summed == watermark and summed_gen and summed_gen > gen then return 0 end
   if gen then
-    redis.call('HSET', KEYS[1], 'summed_through', ARGV[2], 'summed_gen', ARGV[4])
+    redis.call('HSET', KEYS[1], 'summed_through', ARGV[2], 'summed_gen', ARGV[4],
+      'summed_ms', ARGV[5])
   else
     -- A sum whose `gen` is not known: no later run may take the ranking for current.
     redis.call('HSET', KEYS[1], 'summed_through', ARGV[2])
-    redis.call('HDEL', KEYS[1], 'summed_gen')
+    redis.call('HDEL', KEYS[1], 'summed_gen', 'summed_ms')
   end
 end
 for i = 3, #KEYS, 3 do

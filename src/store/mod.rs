@@ -42,7 +42,9 @@ pub use connect::{
 };
 pub use expire::{Expired, Trimmed, EXPIRE_CALL_FIELDS, TRIM_CALL_IDS, TRIM_CALL_LOG};
 pub use replicas::{Durability, NOREPLICAS};
-pub use stage::{StageTargets, Staged, Summed, SwapCheck, STAGE_CALL_ROWS};
+pub use stage::{
+    StageTargets, Staged, Summed, SwapCheck, RESUM_AT_LEAST_EVERY_MS, STAGE_CALL_ROWS,
+};
 
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -85,11 +85,11 @@ pub struct SwapCheck<'a> {
     /// The watermark the live sums were taken above: refuse if a sum above a higher one was
     /// swapped in.
     pub watermark: Option<i64>,
-    /// With `watermark`: the `gen` read before the live slices were summed. Recorded with
-    /// the watermark (see [`Summed`]); refuse if a sum above the same watermark read at a
-    /// later `gen` was swapped in (two replicas' runs race, and the one that summed first
-    /// may swap last).
-    pub summed_at: Option<&'a str>,
+    /// With `watermark`: the `gen` read before the live slices were summed, and the run's
+    /// time (epoch ms). Recorded with the watermark (see [`Summed`]); refuse if a sum above
+    /// the same watermark read at a later `gen` was swapped in (two replicas' runs race,
+    /// and the one that summed first may swap last).
+    pub summed_at: Option<(&'a str, i64)>,
 }
 
 /// An instance's change counter and what its ranking was last summed at.
@@ -101,15 +101,26 @@ pub struct Summed {
     pub summed_gen: Option<String>,
     /// The watermark that sum was taken above.
     pub summed_through: Option<i64>,
+    /// The time of the run that took it (epoch ms).
+    pub summed_ms: Option<i64>,
 }
 
+/// How long a resummarize ranking that nothing changed is kept before it is summed again
+/// all the same (ms): a bound on how long anything a `gen` does not count (a write by
+/// hand, an older version's run racing a newer one's) can stay in the ranking.
+pub const RESUM_AT_LEAST_EVERY_MS: i64 = 60 * 60 * 1000;
+
 impl Summed {
-    /// Whether a sum of the live slices above `watermark` would give the ranking that is
-    /// already in place: no apply or expiry has changed the instance since that ranking
-    /// was summed, above the same watermark.
-    pub fn unchanged(&self, watermark: i64) -> bool {
+    /// Whether a sum of the live slices above `watermark` at `now` would give the ranking
+    /// that is already in place: no apply or expiry has changed the instance since that
+    /// ranking was summed, above the same watermark, less than
+    /// [`RESUM_AT_LEAST_EVERY_MS`] ago.
+    pub fn unchanged(&self, watermark: i64, now: i64) -> bool {
         self.summed_gen.as_deref() == Some(self.gen.as_str())
             && self.summed_through == Some(watermark)
+            && self
+                .summed_ms
+                .is_some_and(|t| now.saturating_sub(t) < RESUM_AT_LEAST_EVERY_MS)
     }
 }
 
@@ -141,14 +152,23 @@ impl Store {
     /// [`Summed`]).
     pub async fn summed(&self, board: &Board, scope: Option<&str>) -> Result<Summed, StoreError> {
         let k = self.instance(board, scope);
-        let (gen, summed_gen, summed_through): (Option<String>, Option<String>, Option<String>) =
-            self.client()
-                .hmget(k.meta(), vec!["gen", "summed_gen", "summed_through"])
-                .await?;
+        let (gen, summed_gen, summed_through, summed_ms): (
+            Option<String>,
+            Option<String>,
+            Option<String>,
+            Option<String>,
+        ) = self
+            .client()
+            .hmget(
+                k.meta(),
+                vec!["gen", "summed_gen", "summed_through", "summed_ms"],
+            )
+            .await?;
         Ok(Summed {
             gen: gen.unwrap_or_else(|| "0".into()),
             summed_gen,
             summed_through: summed_through.and_then(|w| w.parse().ok()),
+            summed_ms: summed_ms.and_then(|t| t.parse().ok()),
         })
     }
 
@@ -246,7 +266,10 @@ impl Store {
             Value::from(check.gen.unwrap_or("")),
             check.watermark.map_or(Value::from(""), Value::from),
             Value::from(SCRATCH_TTL_MS),
-            Value::from(check.summed_at.unwrap_or("")),
+            Value::from(check.summed_at.map_or("", |(gen, _)| gen)),
+            check
+                .summed_at
+                .map_or(Value::from(""), |(_, ms)| Value::from(ms)),
         ];
         let v = self.eval(&self.scripts.swap, keys, args).await?;
         let swapped = as_i64(&v) == Some(1);

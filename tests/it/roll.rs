@@ -650,6 +650,31 @@ async fn a_resummarize_instance_that_did_not_change_keeps_its_ranking_without_a_
 }
 
 #[tokio::test]
+async fn an_unchanged_resummarize_ranking_is_summed_again_after_an_hour() {
+    use rollboard::store::RESUM_AT_LEAST_EVERY_MS as EVERY;
+    let redis = RedisServer::start();
+    let store = redis.store("rb").await;
+    let mut b = board("daily", DAY, 7);
+    b.mode = Mode::Resummarize;
+    let boards = std::slice::from_ref(&b);
+    let d0 = T0 / DAY * DAY;
+    store
+        .apply(&b, None, &[ev("1", d0, "a", 5)], d0)
+        .await
+        .unwrap();
+    let resummed = async |now| roll_all(&store, boards, now, 10).await[0].resummed;
+    assert_eq!(resummed(d0).await, 1);
+    assert_eq!(resummed(d0 + EVERY - 1).await, 0, "within the hour");
+    // A write that no `gen` counts (by hand): shown once the hour is up.
+    let slice = format!("rb:{{daily}}:slice:{}", b.slice_of(d0));
+    redis.cli(&["HSET", &slice, "a", "8"]);
+    assert_eq!(store.rank(&b, None, "a", d0).await.unwrap().total, Some(5));
+    assert_eq!(resummed(d0 + EVERY).await, 1, "an hour after the last sum");
+    assert_eq!(store.rank(&b, None, "a", d0).await.unwrap().total, Some(8));
+    assert_eq!(resummed(d0 + EVERY + 1).await, 0);
+}
+
+#[tokio::test]
 async fn a_sum_read_before_a_newer_one_of_the_same_window_is_not_swapped_over_it() {
     use rollboard::store::{StageTargets, Staged, SwapCheck};
     let redis = RedisServer::start();
@@ -691,13 +716,13 @@ async fn a_sum_read_before_a_newer_one_of_the_same_window_is_not_swapped_over_it
     let watermark = fast.summed_through.expect("summed_through");
     assert_eq!(slow.summed_through, Some(watermark), "the same window");
     // The slow run's swap comes last: refused, the newer ranking stays.
-    let check = |summed_at| SwapCheck {
+    let check = |gen| SwapCheck {
         watermark: Some(watermark),
-        summed_at: Some(summed_at),
+        summed_at: Some((gen, s0 + 2)),
         ..SwapCheck::default()
     };
     assert!(!store
-        .swap(&b, None, "slow", targets, check(&slow.gen))
+        .swap(&b, None, "slow", targets, check(slow.gen.as_str()))
         .await
         .unwrap());
     assert_eq!(
@@ -711,14 +736,18 @@ async fn a_sum_read_before_a_newer_one_of_the_same_window_is_not_swapped_over_it
         .await
         .unwrap();
     assert!(store
-        .swap(&b, None, "twin", targets, check(&fast.gen))
+        .swap(&b, None, "twin", targets, check(fast.gen.as_str()))
         .await
         .unwrap());
     assert_eq!(
         store.rank(&b, None, "a", s0 + 1).await.unwrap().total,
         Some(9)
     );
-    assert_eq!(store.summed(&b, None).await.unwrap(), fast);
+    let twin = store.summed(&b, None).await.unwrap();
+    assert_eq!(
+        (twin.summed_gen, twin.summed_through, twin.summed_ms),
+        (fast.summed_gen, fast.summed_through, Some(s0 + 2))
+    );
 }
 
 #[derive(Debug, Clone)]
