@@ -2,7 +2,7 @@
 -- either the old or the new ranking, never a half.
 --
 -- KEYS[1] meta    Hash    gen (bumped by every apply and expiry chunk), summed_through,
---                         summed_gen
+--                         summed_gen, summed_ms
 -- KEYS[2] marker  String  written by stage.lua for this run; gone once the run swapped
 -- KEYS[3..] triples: scratch key, live key, trash key (where the live value is moved)
 --
