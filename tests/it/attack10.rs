@@ -43,8 +43,8 @@ async fn total(store: &Store, name: &str, scope: Option<&str>, member: &str) -> 
         .total
 }
 
-/// Two different tips appended without an `id` to two partitions in one transaction (or
-/// by two producers within one millisecond) get the same stream entry ID, `<ms>-0`: each
+/// Two different tips appended without an `id` to two partitions in one millisecond (one
+/// producer, or two) get the same stream entry ID, `<ms>-0`: each
 /// stream numbers its own entries. The README allows such events ("one `XADD`ed without
 /// an `id` may go to any partition") and DESIGN section 2 makes the entry ID the
 /// idempotency key, but the key is remembered per board instance, across partitions: the
@@ -58,15 +58,17 @@ async fn tips_without_id_on_two_partitions_with_equal_entry_ids_both_count() {
     let port = free_port();
     let daemon = Daemon::start(&config(dir.path(), &redis, port, "a", 2), port).await;
 
-    // One MULTI: Redis 7 gives every command of a transaction the same time, so both XADD *
-    // produce the same ID.
+    // Both appended in the same millisecond: `XADD *` gives each stream's first entry of
+    // that millisecond the ID `<ms>-0`. Written out here, so that the test does not depend
+    // on both appends falling in one millisecond.
+    let same = format!("{}-0", now_ms());
     let tx = store.client().multi();
     let _: () = tx
         .xadd(
             "rb:events:{0}",
             false,
             None,
-            "*",
+            same.as_str(),
             vec![("room", "r1"), ("user", "u1"), ("amount", "5")],
         )
         .await
@@ -76,13 +78,13 @@ async fn tips_without_id_on_two_partitions_with_equal_entry_ids_both_count() {
             "rb:events:{1}",
             false,
             None,
-            "*",
+            same.as_str(),
             vec![("room", "r1"), ("user", "u2"), ("amount", "7")],
         )
         .await
         .expect("queue xadd 1");
     let (a, b): (String, String) = tx.exec(true).await.expect("exec");
-    assert_eq!(a, b, "one transaction, one entry ID on both streams");
+    assert_eq!((a.as_str(), b.as_str()), (same.as_str(), same.as_str()));
 
     let streams = vec!["rb:events:{0}".to_string(), "rb:events:{1}".to_string()];
     assert!(drained_streams(&store, &streams).await, "both partitions drained");
@@ -91,5 +93,56 @@ async fn tips_without_id_on_two_partitions_with_equal_entry_ids_both_count() {
 
     // Two tips to room r1: 5 + 7.
     assert_eq!(total(&store, "rooms_7d", None, "r1").await, Some(12), "rooms_7d r1");
+    daemon.kill().await;
+}
+
+/// The same collision during a change of `ingest.partitions` from 1 to 2, which the README
+/// calls safe "even while producers still use the old N": a producer still on the old
+/// layout appends to the bare stream while one on the new layout appends to a partition, in
+/// the same millisecond, neither with an `id`. The daemon drains the bare stream as a
+/// retired partition, and the two tips share the key `<ms>-0`: one of them is lost.
+#[tokio::test]
+#[ignore = "defect: as tips_without_id_on_two_partitions_with_equal_entry_ids_both_count; the retired bare stream and a partition number their entries independently (src/event.rs Validated::resolve keys an event without `id` by the bare entry ID)"]
+async fn a_tip_on_the_retired_stream_and_one_on_a_partition_with_equal_entry_ids_both_count() {
+    let redis = RedisServer::start();
+    let store = redis.store("rb").await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = free_port();
+    let daemon = Daemon::start(&config(dir.path(), &redis, port, "a", 2), port).await;
+
+    let same = format!("{}-0", now_ms());
+    let tx = store.client().multi();
+    let _: () = tx
+        .xadd(
+            "rb:events",
+            false,
+            None,
+            same.as_str(),
+            vec![("room", "r9"), ("user", "u1"), ("amount", "3")],
+        )
+        .await
+        .expect("queue xadd bare");
+    let _: () = tx
+        .xadd(
+            "rb:events:{0}",
+            false,
+            None,
+            same.as_str(),
+            vec![("room", "r9"), ("user", "u2"), ("amount", "4")],
+        )
+        .await
+        .expect("queue xadd 0");
+    let (a, b): (String, String) = tx.exec(true).await.expect("exec");
+    assert_eq!((a.as_str(), b.as_str()), (same.as_str(), same.as_str()));
+
+    let streams = vec![
+        "rb:events".to_string(),
+        "rb:events:{0}".to_string(),
+        "rb:events:{1}".to_string(),
+    ];
+    assert!(drained_streams(&store, &streams).await, "all three streams drained");
+    let dead: i64 = store.client().xlen("rb:events:dead").await.expect("xlen");
+    assert_eq!(dead, 0, "nothing dead-lettered");
+    assert_eq!(total(&store, "rooms_7d", None, "r9").await, Some(7), "rooms_7d r9: 3 + 4");
     daemon.kill().await;
 }
