@@ -499,3 +499,120 @@ slice = "1ms"
         "one tip of 5; the redelivery was {again:?}"
     );
 }
+
+/// A scoped, resummarize, `allow_negative` board without tie-break (a shape none of the
+/// fixtures has): a refund takes a member to exactly 0 and below while its slices expire one
+/// by one, the ranking follows the live slices at every roll, the emptied scope leaves the
+/// registry and Redis, a late copy of its last tip stays late, and a new tip brings the
+/// scope back with the right total.
+#[tokio::test]
+async fn a_scoped_resummarize_refund_board_rolls_to_empty_and_comes_back() {
+    use rollboard::board::{Mode, TieBreak};
+    use rollboard::store::Outcome;
+    const SLICE: i64 = 1_000;
+    let mut b = board("fansneg", SLICE, 3);
+    b.scope = Some("room".into());
+    b.mode = Mode::Resummarize;
+    b.allow_negative = true;
+    b.tie_break = TieBreak::None;
+    let boards = vec![b.clone()];
+    let redis = RedisServer::start();
+    let store = redis.store("rb").await;
+    let s0: i64 = 1_000;
+    let at = |slice: i64| slice * SLICE + 100;
+    let ev = crate::util::ev;
+    let scope = Some("r1");
+    let totals = |now: i64| {
+        let store = &store;
+        let b = &b;
+        async move {
+            let page = store.top(b, scope, 0, 10, now).await.expect("top");
+            let ranked: Vec<(String, i64)> = page
+                .entries
+                .iter()
+                .map(|e| (e.member.clone(), e.total))
+                .collect();
+            (page.count, ranked)
+        }
+    };
+
+    let now = at(s0 + 1);
+    let out = store
+        .apply(
+            &b,
+            scope,
+            &[
+                ev("t1", at(s0), "u1", 10),
+                ev("r1", at(s0 + 1), "u1", -10),
+                ev("t2", at(s0 + 1), "u2", 3),
+            ],
+            now,
+        )
+        .await
+        .expect("apply");
+    assert_eq!(out, [Outcome::Applied; 3]);
+    roll_at(&store, &boards, now).await;
+    assert_eq!(
+        totals(now).await,
+        (1, vec![("u2".to_string(), 3)]),
+        "u1 at exactly 0"
+    );
+
+    // s0 leaves the window: u1 is at -10 with one live slice.
+    let now = at(s0 + 3);
+    roll_at(&store, &boards, now).await;
+    assert_eq!(totals(now).await, (1, vec![("u2".to_string(), 3)]));
+    let out = store
+        .apply(&b, scope, &[ev("t3", at(s0 + 2), "u1", 4)], now)
+        .await
+        .expect("apply");
+    assert_eq!(out, [Outcome::Applied]);
+    roll_at(&store, &boards, now).await;
+    assert_eq!(
+        totals(now).await,
+        (1, vec![("u2".to_string(), 3)]),
+        "u1 at -6"
+    );
+
+    // s0 + 1 leaves: the refund and u2's tip go, u1 holds only its last tip.
+    let now = at(s0 + 4);
+    roll_at(&store, &boards, now).await;
+    assert_eq!(totals(now).await, (1, vec![("u1".to_string(), 4)]));
+
+    // s0 + 2 leaves: the scope is empty and cleaned up.
+    let now = at(s0 + 5);
+    roll_at(&store, &boards, now).await;
+    assert_eq!(totals(now).await, (0, vec![]));
+    assert!(store.scopes(&b).await.expect("scopes").is_empty());
+    let k = store.instance(&b, scope);
+    let left: i64 = store
+        .client()
+        .exists(vec![
+            k.result(),
+            k.members(),
+            k.refs(),
+            k.totals(),
+            k.seen_table(),
+            k.ranked(),
+        ])
+        .await
+        .expect("exists");
+    assert_eq!(left, 0, "only meta is kept");
+
+    // A late copy stays late; a new tip brings the scope back.
+    let out = store
+        .apply(&b, scope, &[ev("t3", at(s0 + 2), "u1", 4)], now)
+        .await
+        .expect("apply");
+    assert_eq!(out, [Outcome::Late]);
+    let out = store
+        .apply(&b, scope, &[ev("t4", at(s0 + 5), "u1", 2)], now)
+        .await
+        .expect("apply");
+    assert_eq!(out, [Outcome::Applied]);
+    roll_at(&store, &boards, now).await;
+    assert_eq!(totals(now).await, (1, vec![("u1".to_string(), 2)]));
+    assert_eq!(store.scopes(&b).await.expect("scopes"), ["r1"]);
+    let v = roll::verify(&store, &b, None, 100).await.expect("verify");
+    assert!(v.differences.is_empty(), "{:?}", v.differences);
+}
