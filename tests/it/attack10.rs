@@ -616,3 +616,83 @@ async fn a_scoped_resummarize_refund_board_rolls_to_empty_and_comes_back() {
     let v = roll::verify(&store, &b, None, 100).await.expect("verify");
     assert!(v.differences.is_empty(), "{:?}", v.differences);
 }
+
+/// `ingest.dead_letter_stream` is refused when it equals the stream or one of the configured
+/// partitions, but not when it is a key of another partition layout (`<stream>:{k}` for
+/// `k` from `partitions` to 63), which the daemon drains as a retired partition. Here
+/// (`partitions = 1`, dead letters to `rb:events:{7}`) a tip whose fans_7d instance is
+/// broken is applied to rooms_7d and dead-lettered `apply_failed`; the daemon then reads
+/// that dead letter back as an event (it has the tip's fields and no `id`, so its key is
+/// the dead letter's own entry ID): rooms_7d counts it again, fans_7d fails again, a new
+/// dead letter is written, and so on without end.
+#[tokio::test]
+#[ignore = "defect: src/config.rs (the dead_letter_stream check) does not refuse a key of another partition layout, which src/daemon.rs watch_retired then drains as events: dead letters are applied again, in a loop"]
+async fn a_dead_letter_stream_named_like_another_layouts_partition_is_refused_or_left_alone() {
+    let redis = RedisServer::start();
+    let store = redis.store("rb").await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = free_port();
+    let path = write_config(dir.path(), &redis, port, "a", "");
+    let text = std::fs::read_to_string(&path)
+        .expect("read config")
+        .replacen(
+            "[ingest]\n",
+            "[ingest]\ndead_letter_stream = \"rb:events:{7}\"\n",
+            1,
+        );
+    std::fs::write(&path, text).expect("write config");
+    // If the configuration is refused, the defect is gone.
+    let check = std::process::Command::new(env!("CARGO_BIN_EXE_rollboard"))
+        .arg("--config")
+        .arg(&path)
+        .args(["verify"])
+        .env_remove("ROLLBOARD_CONFIG")
+        .output()
+        .expect("run rollboard verify");
+    if check.status.code() == Some(64) {
+        return;
+    }
+
+    // fans_7d's instance for room r1 is broken: its `meta` key (which the roll's clean-up
+    // of an empty instance keeps) is a string.
+    let fans = test_boards()
+        .into_iter()
+        .find(|b| b.name == "fans_7d")
+        .expect("fans_7d");
+    let meta = store.instance(&fans, Some("r1")).meta();
+    let _: () = store
+        .client()
+        .set(meta.as_str(), "x", None, None, false)
+        .await
+        .expect("set");
+    let daemon = Daemon::start(&path, port).await;
+    let _: String = store
+        .client()
+        .xadd(
+            "rb:events",
+            false,
+            None,
+            "*",
+            vec![("room", "r1"), ("user", "u1"), ("amount", "5")],
+        )
+        .await
+        .expect("xadd");
+    assert!(
+        drained_streams(&store, &["rb:events".to_string()]).await,
+        "the tip is processed"
+    );
+    // Wait for a second count of the tip (none should come).
+    let grew = crate::util::wait_for(Duration::from_secs(8), || async {
+        total(&store, "rooms_7d", None, "r1").await != Some(5)
+    })
+    .await;
+    let dead: i64 = store.client().xlen("rb:events:{7}").await.expect("xlen");
+    let total = total(&store, "rooms_7d", None, "r1").await;
+    daemon.kill().await;
+    assert!(
+        !grew,
+        "one tip: rooms_7d r1 = {total:?}, {dead} dead letters"
+    );
+    assert_eq!(total, Some(5));
+    assert_eq!(dead, 1);
+}
