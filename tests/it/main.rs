@@ -2,6 +2,7 @@
 
 mod attack;
 mod attack9;
+mod attack10;
 mod attack_http;
 mod bounded;
 mod chain;
