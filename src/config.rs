@@ -546,6 +546,12 @@ fn env_source() -> ::config::Environment {
 /// `now - window`) far inside the ±2^53 ms that scores and replies carry exactly.
 const MAX_DURATION_MS: i64 = 36_500 * 86_400_000;
 
+/// Most slices a board's window and `ingest.max_future` may span together: the digest
+/// table tags each remembered id with its slice number mod 2^32 and counts it while the
+/// tag is less than 2^31 slices above the slice whose ids may be forgotten (`counts` in
+/// `fold.lua` and `apply.lua`); a few slices of margin for the rounding of each bound.
+pub const MAX_SLICES_REACHED: i64 = (1 << 31) - 4;
+
 fn duration(key: &str, text: &str) -> Result<i64, ConfigError> {
     match parse_duration_ms(text) {
         Some(ms) if ms <= MAX_DURATION_MS => Ok(ms),
@@ -813,13 +819,17 @@ impl RawSettings {
             dead_letter_stream: non_empty("ingest.dead_letter_stream", &ingest.dead_letter_stream)?,
             max_future_ms: duration("ingest.max_future", &ingest.max_future)?,
         };
-        if ingest_settings.dead_letter_stream == ingest_settings.stream
-            || crate::stream::keys(&ingest_settings).contains(&ingest_settings.dead_letter_stream)
-        {
+        // Every key any partition layout reads as events: the daemon drains the other
+        // layouts' keys too (entries left by a change of `ingest.partitions`), so dead
+        // letters written to one of them would be applied again.
+        let mut stream_keys =
+            crate::stream::partition_keys(&ingest_settings.stream, crate::stream::MAX_PARTITIONS);
+        stream_keys.push(ingest_settings.stream.clone());
+        if stream_keys.contains(&ingest_settings.dead_letter_stream) {
             return Err(invalid(
                 "ingest.dead_letter_stream",
                 &ingest_settings.dead_letter_stream,
-                "must differ from ingest.stream and its partitions",
+                "must differ from ingest.stream and the keys of its partitions (in any layout)",
             ));
         }
 
@@ -896,6 +906,20 @@ impl RawSettings {
         let mut boards = Vec::with_capacity(self.boards.len());
         for (i, raw) in self.boards.into_iter().enumerate() {
             let board = raw.validate(i, dedup)?;
+            // The digest table tags each remembered id with its slice number mod 2^32 and
+            // keeps it while the tag is less than 2^31 slices above the forget point: the
+            // window's slices plus those an event ahead of the clock can land in must fit.
+            let reach = board.slices_in_window() + ingest_settings.max_future_ms / board.slice_ms;
+            if reach > MAX_SLICES_REACHED {
+                return Err(invalid(
+                    format!("boards[{i}].slice"),
+                    format!("{}ms", board.slice_ms),
+                    format!(
+                        "too narrow: the window and ingest.max_future span {reach} slices, at \
+                         most {MAX_SLICES_REACHED} are allowed"
+                    ),
+                ));
+            }
             if !names.insert(board.name.clone()) {
                 return Err(invalid(
                     format!("boards[{i}].name"),

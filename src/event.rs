@@ -377,6 +377,38 @@ pub fn parse(
     validate(fields, boards)?.resolve(entry_id, now, max_future_ms)
 }
 
+/// The idempotency key of an event without an `id` field, read at `entry_id` from
+/// `stream`: the entry ID on `primary` (`ingest.stream`, unpartitioned), else the stream
+/// and the entry ID (`<stream>/<entry ID>`). Entry IDs are unique within one stream only:
+/// two partitions, or a partition and the bare stream it replaced, hand out the same IDs
+/// in the same millisecond.
+pub fn entry_key(stream: &str, primary: &str, entry_id: &str) -> String {
+    if stream == primary {
+        entry_id.to_string()
+    } else {
+        format!("{stream}/{entry_id}")
+    }
+}
+
+/// As [`parse`], for an entry of `stream` (see [`entry_key`]).
+pub fn parse_entry(
+    fields: &[Field],
+    stream: &str,
+    primary: &str,
+    entry_id: &str,
+    boards: &[Board],
+    now: i64,
+    max_future_ms: i64,
+) -> Result<Event, Rejection> {
+    let validated = validate(fields, boards)?;
+    let keyed = validated.id.is_none();
+    let mut event = validated.resolve(entry_id, now, max_future_ms)?;
+    if keyed {
+        event.id = entry_key(stream, primary, entry_id);
+    }
+    Ok(event)
+}
+
 /// A fresh idempotency key for an event without an `id` field (`None` when it has one): a
 /// UUIDv7, i.e. 48 bits of millisecond time and 74 random bits, so keys practically never
 /// repeat, and they sort roughly by when they were given.

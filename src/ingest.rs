@@ -32,7 +32,7 @@ use tracing::{debug, info, warn};
 use crate::board::Board;
 use crate::cli::now_ms;
 use crate::config::IngestSettings;
-use crate::event::{parse, Reason, Rejection};
+use crate::event::{parse_entry, Reason, Rejection};
 use crate::metrics::{Metrics, Skip};
 use crate::store::{ApplyEvent, Outcome, Store, StoreError};
 use crate::stream::{self, ensure_group};
@@ -380,7 +380,15 @@ pub async fn process_batch(
             warn!(id = %entry.id, "pending entry was deleted from the stream; acking it");
             continue;
         };
-        match parse(fields, &entry.id, boards, now, settings.max_future_ms) {
+        match parse_entry(
+            fields,
+            stream,
+            &settings.stream,
+            &entry.id,
+            boards,
+            now,
+            settings.max_future_ms,
+        ) {
             Ok(event) => events.push((position, entry, event)),
             Err(rejection) => dead.push((
                 position,

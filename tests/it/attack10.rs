@@ -3,7 +3,10 @@
 //! table's slice tags), a dead-letter stream the daemon drains as a retired partition, and
 //! a scoped resummarize refund board rolled to empty and back.
 //!
-//! The `#[ignore]`d tests fail on the current code: each names the defect it shows.
+//! Each of the first four defects these found is mended: an event without an `id` read
+//! from a partition is keyed by the partition's key and its entry ID, the README's replay
+//! restores `ts` too, the configuration refuses a window the slice tags cannot serve and
+//! a dead-letter stream named like a partition.
 
 use std::time::Duration;
 
@@ -61,10 +64,9 @@ async fn total(store: &Store, name: &str, scope: Option<&str>, member: &str) -> 
 /// producer, or two) get the same stream entry ID, `<ms>-0`: each
 /// stream numbers its own entries. The README allows such events ("one `XADD`ed without
 /// an `id` may go to any partition") and DESIGN section 2 makes the entry ID the
-/// idempotency key, but the key is remembered per board instance, across partitions: the
-/// second tip is taken for a copy of the first and dropped. Money lost.
+/// idempotency key, and the key is remembered per board instance, across partitions: keyed
+/// by the bare entry ID, the second tip was taken for a copy of the first and dropped.
 #[tokio::test]
-#[ignore = "defect: an event without `id` is keyed by its bare stream entry ID (src/event.rs Validated::resolve), which is unique per stream only; with ingest.partitions > 1 distinct events on two partitions collide and the second is skipped as a duplicate"]
 async fn tips_without_id_on_two_partitions_with_equal_entry_ids_both_count() {
     let redis = RedisServer::start();
     let store = redis.store("rb").await;
@@ -123,7 +125,6 @@ async fn tips_without_id_on_two_partitions_with_equal_entry_ids_both_count() {
 /// the same millisecond, neither with an `id`. The daemon drains the bare stream as a
 /// retired partition, and the two tips share the key `<ms>-0`: one of them is lost.
 #[tokio::test]
-#[ignore = "defect: as tips_without_id_on_two_partitions_with_equal_entry_ids_both_count; the retired bare stream and a partition number their entries independently (src/event.rs Validated::resolve keys an event without `id` by the bare entry ID)"]
 async fn a_tip_on_the_retired_stream_and_one_on_a_partition_with_equal_entry_ids_both_count() {
     let redis = RedisServer::start();
     let store = redis.store("rb").await;
@@ -238,7 +239,6 @@ async fn roll_at(store: &Store, boards: &[Board], now: i64) {
 /// a roll at which the original slice has left the window, the two boards disagree about the
 /// same event.
 #[tokio::test]
-#[ignore = "defect (README, 'A board that keeps failing'): the replay procedure restores `id` from `source_id` but not `ts`, so an event without `ts` is replayed at the replay's time"]
 async fn a_replayed_apply_failed_event_without_ts_keeps_its_original_time() {
     let redis = RedisServer::start();
     let store = redis.store("rb").await;
@@ -287,7 +287,14 @@ async fn a_replayed_apply_failed_event_without_ts_keeps_its_original_time() {
         .map(|(k, v)| (k.as_str(), v.as_str()))
         .collect();
     assert!(!letter.contains_key("id"));
+    assert!(!letter.contains_key("ts"));
+    assert_eq!(letter["source_stream"], "rb:events", "ingest.stream itself");
     fields.push(("id", letter["source_id"].as_str()));
+    let source_ts = letter["source_id"]
+        .split('-')
+        .next()
+        .expect("entry ID time");
+    fields.push(("ts", source_ts));
     let t1 = t0 + 2 * SLICE + SLICE / 2;
     let replay = entry(&format!("{t1}-0"), &fields);
     process_batch(
@@ -327,73 +334,74 @@ async fn a_replayed_apply_failed_event_without_ts_keeps_its_original_time() {
     );
 }
 
-/// A board whose window holds 2^31 slices or more (here `slice = "1ms"`, `window = "35d"`:
-/// 3 024 000 000 slices; also e.g. `"10ms"` over `"365d"`), which the configuration
-/// accepts. The digest table tags each remembered id with its slice number mod 2^32 and
-/// counts an entry only while `(tag - forgettable_through) mod 2^32` is below 2^31
-/// (`counts` in fold.lua / apply.lua): with more than 2^31 slices per window the ids of
-/// the newest slices already look forgotten, so a redelivered event is counted again.
-#[tokio::test]
-#[ignore = "defect: src/config.rs accepts window/slice >= 2^31, but the digest table's slice tags (mod 2^32, half-range test in fold.lua/apply.lua `counts`) only work below 2^31 slices per window: a redelivered event counts twice"]
-async fn a_window_of_more_than_2_pow_31_slices_still_recognises_a_redelivery() {
-    let settings = rollboard::config::Settings::from_toml(
-        r#"
+/// A board whose window (with `ingest.max_future`) spans more slices than the digest
+/// table's slice tags serve is refused with the setting named. The tags are slice numbers
+/// mod 2^32, counted while less than 2^31 above the forget point (`counts` in fold.lua /
+/// apply.lua): with more slices the newest slices' ids would look forgotten and a
+/// redelivered event would count twice.
+#[test]
+fn a_window_the_slice_tags_cannot_serve_is_refused_by_the_configuration() {
+    use rollboard::config::{Settings, MAX_SLICES_REACHED};
+    let config = |window: &str, max_future: &str| {
+        Settings::from_toml(&format!(
+            r#"
+[ingest]
+max_future = "{max_future}"
+
 [[boards]]
 name = "fine"
 member = "user"
-window = "35d"
+window = "{window}"
 slice = "1ms"
-"#,
-    )
-    .expect("the configuration accepts the board");
-    let board = settings.boards[0].clone();
-    assert_eq!(board.slices_in_window(), 3_024_000_000);
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
-    let now = 1_763_700_000_000;
-    let tip = crate::util::ev("tip-1", now - 10, "u1", 5);
-    let first = store
-        .apply(&board, None, std::slice::from_ref(&tip), now)
-        .await
-        .expect("apply");
-    assert_eq!(first, [rollboard::store::Outcome::Applied]);
-    // The same batch delivered again (a crash before its XACK).
-    let again = store
-        .apply(&board, None, std::slice::from_ref(&tip), now)
-        .await
-        .expect("apply again");
-    assert_eq!(
-        store
-            .rank(&board, None, "u1", now)
-            .await
-            .expect("rank")
-            .total,
-        Some(5),
-        "one tip of 5; the redelivery was {again:?}"
-    );
-    assert_eq!(again, [rollboard::store::Outcome::Duplicate]);
+"#
+        ))
+    };
+    for (window, max_future) in [
+        ("35d", "5m"),
+        ("2147483647ms", "0s"),
+        (
+            format!("{}ms", MAX_SLICES_REACHED - 300_000 + 1).as_str(),
+            "5m",
+        ),
+    ] {
+        let error = config(window, max_future)
+            .map(|_| ())
+            .expect_err(window)
+            .to_string();
+        assert!(
+            error.contains("boards[0].slice") && error.contains("too narrow"),
+            "{window}: {error}"
+        );
+    }
+    let largest = format!("{}ms", MAX_SLICES_REACHED - 300_000);
+    let board = config(&largest, "5m").expect("the largest window").boards[0].clone();
+    assert_eq!(board.slices_in_window(), MAX_SLICES_REACHED - 300_000);
 }
 
-/// The largest window the slice tags serve: 2^31 - 1 slices (`slice = "1ms"`). A redelivery
+/// The largest window the slice tags serve: 2^31 - 4 slices (`slice = "1ms"`, no event
+/// ahead of the clock allowed). A redelivery
 /// of a tip in the newest slice and of one in the oldest live slice are both recognised,
 /// and after the roll that ends the oldest slice its id is forgotten with it (a copy is late,
 /// never counted).
 #[tokio::test]
-async fn a_window_of_2_pow_31_minus_1_slices_recognises_redeliveries_at_both_ends() {
+async fn the_largest_window_recognises_redeliveries_at_both_ends() {
     use rollboard::store::Outcome;
     let settings = rollboard::config::Settings::from_toml(
         r#"
+[ingest]
+max_future = "0s"
+
 [[boards]]
 name = "edge"
 member = "user"
-window = "2147483647ms"
+window = "2147483644ms"
 slice = "1ms"
 "#,
     )
     .expect("the configuration accepts the board");
     let board = settings.boards[0].clone();
     let n = board.slices_in_window();
-    assert_eq!(n, (1 << 31) - 1);
+    assert_eq!(n, rollboard::config::MAX_SLICES_REACHED);
     let redis = RedisServer::start();
     let store = redis.store("rb").await;
     let now = 1_763_700_000_000;
@@ -460,30 +468,32 @@ slice = "1ms"
     );
 }
 
-/// The same board as above, with a tip up to `max_future` ahead of the clock (accepted): its
-/// slice is above `slice_of(now)`, so `(tag - forgettable_through) mod 2^32` passes 2^31
-/// already for windows just under 2^31 slices, and its redelivery is counted again. The
-/// limit on window / slice would have to leave room for `max_future / slice` slices.
+/// The largest window the default `max_future` (5 minutes) leaves room for, with a tip as
+/// far ahead of the clock as it allows: its slice is `max_future / slice` above
+/// `slice_of(now)`, and its redelivery is still recognised.
 #[tokio::test]
-#[ignore = "defect: as a_window_of_more_than_2_pow_31_slices_still_recognises_a_redelivery; a tip ahead of the clock (within max_future) pushes the distance past 2^31 even for 2^31 - 1 slices per window"]
-async fn a_tip_ahead_of_the_clock_in_a_window_of_2_pow_31_minus_1_slices_counts_once() {
+async fn a_tip_max_future_ahead_in_the_largest_window_counts_once() {
     use rollboard::store::Outcome;
     let settings = rollboard::config::Settings::from_toml(
         r#"
 [[boards]]
 name = "edge"
 member = "user"
-window = "2147483647ms"
+window = "2147183644ms"
 slice = "1ms"
 "#,
     )
     .expect("the configuration accepts the board");
     let board = settings.boards[0].clone();
+    assert_eq!(
+        board.slices_in_window() + 300_000,
+        rollboard::config::MAX_SLICES_REACHED
+    );
     let redis = RedisServer::start();
     let store = redis.store("rb").await;
     let now = 1_763_700_000_000;
-    // One second ahead: well within the default max_future of 5 minutes.
-    let ahead = crate::util::ev("ahead", now + 1_000, "u1", 5);
+    // As far ahead as the default max_future of 5 minutes allows.
+    let ahead = crate::util::ev("ahead", now + 300_000, "u1", 5);
     let first = store
         .apply(&board, None, std::slice::from_ref(&ahead), now)
         .await
@@ -630,7 +640,6 @@ async fn a_scoped_resummarize_refund_board_rolls_to_empty_and_comes_back() {
 /// the dead letter's own entry ID): rooms_7d counts it again, fans_7d fails again, a new
 /// dead letter is written, and so on without end.
 #[tokio::test]
-#[ignore = "defect: src/config.rs (the dead_letter_stream check) does not refuse a key of another partition layout, which src/daemon.rs watch_retired then drains as events: dead letters are applied again, in a loop"]
 async fn a_dead_letter_stream_named_like_another_layouts_partition_is_refused_or_left_alone() {
     let redis = RedisServer::start();
     let store = redis.store("rb").await;

@@ -1,8 +1,8 @@
 //! Integration tests against a real redis-server (started per test by [`util::RedisServer`]).
 
 mod attack;
-mod attack9;
 mod attack10;
+mod attack9;
 mod attack_http;
 mod bounded;
 mod chain;
