@@ -3,6 +3,7 @@
 mod attack;
 mod attack9;
 mod attack_http;
+mod attack_res;
 mod bounded;
 mod chain;
 mod cli;
