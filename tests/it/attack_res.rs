@@ -110,15 +110,27 @@ async fn a_member_repaired_by_rebuild_is_not_lost_to_a_racing_run_for_an_hour() 
     let watermark = before.summed_through.expect("summed once");
     assert_ne!(before.summed_gen.as_deref(), Some(before.gen.as_str()));
     let (skipped, _) = store
-        .stage(&b, None, "replica-a", RANKING, &[row("a", 5), row("x", 7), row("y", 3)])
+        .stage(
+            &b,
+            None,
+            "replica-a",
+            RANKING,
+            &[row("a", 5), row("x", 7), row("y", 3)],
+        )
         .await
         .unwrap();
-    assert_eq!(skipped, 1, "x is skipped by the run that staged before the repair");
+    assert_eq!(
+        skipped, 1,
+        "x is skipped by the run that staged before the repair"
+    );
 
     // The operator's rebuild runs meanwhile: x is restored and ranked.
     let rebuilt = roll::rebuild(&store, &b, None, 100).await.unwrap();
     assert_eq!(rebuilt.estimated, ["x"]);
-    assert_eq!(store.rank(&b, None, "x", d0 + 3).await.unwrap().total, Some(7));
+    assert_eq!(
+        store.rank(&b, None, "x", d0 + 3).await.unwrap().total,
+        Some(7)
+    );
 
     // Replica A swaps last: nothing refuses it (the rebuild dropped `summed_gen`).
     let check = SwapCheck {
@@ -141,7 +153,10 @@ async fn a_member_repaired_by_rebuild_is_not_lost_to_a_racing_run_for_an_hour() 
         "one run after the rebuild, the ranking still lacks {:?}",
         v.differences
     );
-    assert_eq!(store.rank(&b, None, "x", d0 + 4).await.unwrap().total, Some(7));
+    assert_eq!(
+        store.rank(&b, None, "x", d0 + 4).await.unwrap().total,
+        Some(7)
+    );
 }
 
 /// The same gap without a race: a rebuild that stops between its stage calls (which
@@ -204,7 +219,15 @@ async fn a_scope_cleaned_up_and_back_at_the_same_watermark_is_summed() {
     let boards = std::slice::from_ref(&b);
     let s0 = T0 / HOUR * HOUR;
     let mut model = Instance::default();
-    apply_model(&store, &b, Some("r"), &mut model, &[ev("1", s0, "a", 5)], s0).await;
+    apply_model(
+        &store,
+        &b,
+        Some("r"),
+        &mut model,
+        &[ev("1", s0, "a", 5)],
+        s0,
+    )
+    .await;
     roll_all(&store, boards, s0).await;
     model.roll(&b, s0);
     assert_matches(&store, &b, Some("r"), &model, s0).await;
@@ -232,7 +255,10 @@ async fn a_scope_cleaned_up_and_back_at_the_same_watermark_is_summed() {
     model.roll(&b, dead + 3);
     assert_eq!(report.resummed, 1);
     assert_eq!(report.scopes_removed, 0);
-    assert_eq!(store.summed(&b, Some("r")).await.unwrap().summed_through, record.summed_through);
+    assert_eq!(
+        store.summed(&b, Some("r")).await.unwrap().summed_through,
+        record.summed_through
+    );
     assert_matches(&store, &b, Some("r"), &model, dead + 3).await;
     assert_eq!(roll_all(&store, boards, dead + 4).await[0].resummed, 0);
     assert_matches(&store, &b, Some("r"), &model, dead + 4).await;
@@ -262,7 +288,10 @@ async fn a_tie_break_time_that_moves_without_a_total_change_is_shown_at_the_next
     roll_all(&store, boards, s0 + 10).await;
     model.roll(&b, s0 + 10);
     assert_matches(&store, &b, None, &model, s0 + 10).await;
-    assert_eq!(store.rank(&b, None, "b", s0 + 10).await.unwrap().rank, Some(1));
+    assert_eq!(
+        store.rank(&b, None, "b", s0 + 10).await.unwrap().rank,
+        Some(1)
+    );
 
     // a: +3 then -3, later than b's event; the total stays 5, the latest time moves.
     apply_model(
@@ -278,7 +307,10 @@ async fn a_tie_break_time_that_moves_without_a_total_change_is_shown_at_the_next
     model.roll(&b, s0 + 22);
     assert_matches(&store, &b, None, &model, s0 + 22).await;
     let a = store.rank(&b, None, "a", s0 + 22).await.unwrap();
-    assert_eq!((a.rank, a.total, a.last_ts), (Some(1), Some(5), Some(s0 + 21)));
+    assert_eq!(
+        (a.rank, a.total, a.last_ts),
+        (Some(1), Some(5), Some(s0 + 21))
+    );
     assert_eq!(roll_all(&store, boards, s0 + 23).await[0].resummed, 0);
 }
 
@@ -331,7 +363,11 @@ async fn a_sum_record_that_is_not_a_number_is_summed_over() {
     apply_model(&store, &b, None, &mut model, &[ev("1", d0, "a", 5)], d0).await;
     roll_all(&store, boards, d0).await;
     let slice = format!("rb:{{odd}}:slice:{}", b.slice_of(d0));
-    for (field, value) in [("summed_gen", "abc"), ("summed_ms", "soon"), ("summed_gen", "")] {
+    for (field, value) in [
+        ("summed_gen", "abc"),
+        ("summed_ms", "soon"),
+        ("summed_gen", ""),
+    ] {
         // A write no `gen` counts, to see whether the run sums.
         let amount = format!("{}", 6 + value.len());
         redis.cli(&["HSET", &slice, "a", &amount]);
@@ -454,4 +490,66 @@ async fn two_replicas_racing_with_ingest_end_equal_to_the_model() {
     assert_eq!(roll_all(&two, boards, end + 2).await[0].resummed, 0);
     assert_matches(&two, &b, None, &model, end + 2).await;
     assert_eq!(redis.cli(&["KEYS", "rb:{race}:tmp:*"]).trim(), "");
+}
+
+/// Rolls at a time before the clock (`roll --at` in the past): the watermark does not go
+/// back, so an unchanged instance is left as it is, and a changed one is summed above the
+/// current watermark, exactly; the record's time is the roll's, so a run at the clock an
+/// hour after it sums once more and changes nothing.
+#[tokio::test]
+async fn rolls_at_an_earlier_time_skip_or_sum_above_the_current_watermark() {
+    use rollboard::store::RESUM_AT_LEAST_EVERY_MS as EVERY;
+    let redis = RedisServer::start();
+    let store = redis.store("rb").await;
+    let b = resummarize("past", HOUR, 3);
+    let boards = std::slice::from_ref(&b);
+    let s0 = T0 / HOUR * HOUR;
+    let mut model = Instance::default();
+    apply_model(&store, &b, None, &mut model, &[ev("1", s0, "a", 5)], s0).await;
+    let clock = s0 + 3 * HOUR + 5;
+    apply_model(
+        &store,
+        &b,
+        None,
+        &mut model,
+        &[ev("2", clock, "b", 4)],
+        clock,
+    )
+    .await;
+    roll_all(&store, boards, clock).await;
+    model.roll(&b, clock);
+    assert_matches(&store, &b, None, &model, clock).await;
+    let at_clock = store.summed(&b, None).await.unwrap();
+
+    // A roll two hours back: nothing changed, left as it is.
+    assert_eq!(
+        roll_all(&store, boards, clock - 2 * HOUR).await[0].resummed,
+        0
+    );
+    assert_matches(&store, &b, None, &model, clock).await;
+
+    // An event, then a roll two hours back: summed above the current watermark.
+    apply_model(
+        &store,
+        &b,
+        None,
+        &mut model,
+        &[ev("3", clock + 1, "a", 1)],
+        clock + 1,
+    )
+    .await;
+    assert_eq!(
+        roll_all(&store, boards, clock - 2 * HOUR).await[0].resummed,
+        1
+    );
+    assert_matches(&store, &b, None, &model, clock + 1).await;
+    let back = store.summed(&b, None).await.unwrap();
+    assert_eq!(back.summed_through, at_clock.summed_through);
+    assert_eq!(back.summed_ms, Some(clock - 2 * HOUR));
+
+    // At the clock the record is two hours old: summed once more, same ranking, then left.
+    assert_eq!(roll_all(&store, boards, clock + 2).await[0].resummed, 1);
+    assert_eq!(roll_all(&store, boards, clock + 3).await[0].resummed, 0);
+    assert!(clock + 3 - (clock - 2 * HOUR) > EVERY);
+    assert_matches(&store, &b, None, &model, clock + 3).await;
 }
