@@ -561,6 +561,9 @@ pub async fn rebuild(
     scope: Option<&str>,
     chunk: usize,
 ) -> Result<Rebuilt, RollError> {
+    // A member repaired by an attempt whose swap was refused (the repair itself moves
+    // `gen`) is known to `members` at the next attempt: it counts as estimated all the same.
+    let mut estimated_all: Vec<String> = Vec::new();
     for _ in 0..MAX_ATTEMPTS {
         let (watermark, gen) = store.meta(board, scope).await?;
         let every = staged(
@@ -608,10 +611,13 @@ pub async fn rebuild(
                 replace(store, board, scope, &parts, chunk, check).await?
             }
         };
+        estimated_all.extend(estimated);
         if swapped {
+            estimated_all.sort();
+            estimated_all.dedup();
             return Ok(Rebuilt {
                 members: every.len() as u64,
-                estimated,
+                estimated: estimated_all,
             });
         }
     }

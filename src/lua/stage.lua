@@ -6,6 +6,7 @@
 -- KEYS[4] refs     Hash  scratch slice counts:   member -> count   (flag 'f')
 -- KEYS[5] totals   Hash  scratch live totals:    member -> total   (flag 't')
 -- KEYS[6] marker   String  this run's marker, checked and removed by swap.lua
+-- KEYS[7] meta     Hash  the instance's `gen`, bumped by a repair (below)
 --
 -- ARGV[1] flags: any of 'r', 'n', 'f', 't'; 'p' writes result/ranked only for totals > 0
 -- ARGV[2] time to live of the scratch keys (ms), so a crashed run leaves nothing behind
@@ -17,7 +18,10 @@
 -- Reads every member's zmember before the first write. Only scratch keys are written,
 -- except for a member that `members` lacks and the caller gave a zmember for (rebuild's
 -- repair of an instance whose `members` entry was lost): it is recorded there, which
--- is true whatever happens to this run, since the member holds slice data.
+-- is true whatever happens to this run, since the member holds slice data. Such a repair
+-- bumps `gen`: a resummarize run that summed before it (and skipped the member) must not
+-- be taken for current, and this run's own gen-checked swap is refused once (its retry
+-- finds nothing left to repair).
 -- Returns { members skipped because `members` does not know them (they left the
 -- instance while the caller was summing), { members given their fallback zmember } }.
 local flags = ARGV[1]
@@ -65,7 +69,10 @@ for _, r in ipairs(rows) do
     totals[#totals + 1] = r.total
   end
 end
-if #fixed > 0 then redis.call('HSET', KEYS[1], unpack(fixed)) end
+if #fixed > 0 then
+  redis.call('HINCRBY', KEYS[7], 'gen', 1)
+  redis.call('HSET', KEYS[1], unpack(fixed))
+end
 if has('r') and #ranking > 0 then redis.call('ZADD', KEYS[2], unpack(ranking)) end
 if has('n') and #ranked > 0 then redis.call('HSET', KEYS[3], unpack(ranked)) end
 if has('f') and #refs > 0 then redis.call('HSET', KEYS[4], unpack(refs)) end

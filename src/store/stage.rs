@@ -209,6 +209,7 @@ impl Store {
             k.scratch(token, "refs"),
             k.scratch(token, "totals"),
             k.scratch(token, "marker"),
+            k.meta(),
         ];
         let mut args: Vec<Value> = vec![
             targets.flags().into(),

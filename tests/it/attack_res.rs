@@ -69,15 +69,12 @@ fn row(member: &str, total: i64) -> Staged {
 
 /// `rollboard rebuild` restores a member whose `members` entry (its tie-break time) was
 /// lost: stage.lua writes the fallback time into `members`, and rebuild's swap drops the
-/// sum record. Neither moves `gen`. A resummarize run of a replica that staged before the
-/// repair (so it skipped the member: `members` did not know it) and swaps after the
-/// rebuild finds no `summed_gen` to refuse it, swaps the ranking without the member back
-/// in, and records itself as current at the unchanged `gen`. Every later run skips the
-/// instance, so the member the rebuild just repaired stays off the ranking for up to an
-/// hour, although a sum of the live slices now ranks it (before the change the very next
-/// run summed again and showed it).
+/// sum record. A resummarize run of a replica that staged before the repair (so it skipped
+/// the member: `members` did not know it) and swaps after the rebuild is not refused, and
+/// swaps the ranking without the member back in. The repair moves `gen`, so that run's
+/// record is not current: the next run sums again and shows the member (without the bump
+/// every later run would skip the instance for up to an hour).
 #[tokio::test]
-#[ignore = "defect: stage.lua's repair of `members` (rebuild) moves no `gen`; a concurrent run's older sum is swapped over the rebuild and then kept for an hour"]
 async fn a_member_repaired_by_rebuild_is_not_lost_to_a_racing_run_for_an_hour() {
     let redis = RedisServer::start();
     let store = redis.store("rb").await;
@@ -161,10 +158,10 @@ async fn a_member_repaired_by_rebuild_is_not_lost_to_a_racing_run_for_an_hour() 
 
 /// The same gap without a race: a rebuild that stops between its stage calls (which
 /// already wrote the restored `members` entry) and its swap (a lost connection, a killed
-/// CLI). The repair moved no `gen` and the sum record stays, so the runs that follow keep
-/// a ranking without the member for up to an hour, where each run used to re-sum.
+/// CLI). The repair moves `gen`, so the next run sums again and ranks the member (without
+/// the bump the sum record would stay current and the runs that follow would keep a
+/// ranking without the member for up to an hour).
 #[tokio::test]
-#[ignore = "defect: a `members` entry restored by an interrupted rebuild moves no `gen`, so the runs after it skip the instance for an hour"]
 async fn a_member_restored_by_an_interrupted_rebuild_is_ranked_at_the_next_run() {
     let redis = RedisServer::start();
     let store = redis.store("rb").await;
