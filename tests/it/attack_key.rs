@@ -610,3 +610,127 @@ async fn the_largest_window_with_a_max_future_not_a_multiple_of_the_slice_counts
         assert_eq!(again, [Outcome::Duplicate], "{dedup}");
     }
 }
+
+/// Towards one partition, with a stream name holding `/` and braces (allowed with one
+/// partition): tips without `id` sharing one entry ID on the configured stream and on two
+/// partitions of another layout (drained as retired) are three events, and a redelivery of
+/// each, in any order, is a duplicate.
+#[tokio::test]
+async fn tips_without_id_sharing_an_entry_id_on_a_slashed_stream_and_its_retired_partitions() {
+    const SLICE: i64 = 1_000;
+    let redis = RedisServer::start();
+    let store = redis.store("rb").await;
+    let a = board("a", SLICE, 4);
+    let boards = vec![a.clone()];
+    let metrics = Metrics::new(&boards);
+    let primary = "t/1{x}/events";
+    rollboard::config::Settings::from_toml(&format!(
+        "[ingest]\nstream = \"{primary}\"\n[[boards]]\nname = \"a\"\nmember = \"user\"\nwindow = \"4s\"\nslice = \"1s\"\n"
+    ))
+    .expect("a stream name with / and braces, one partition");
+    let settings = ingest(primary, 1);
+    let t0: i64 = 1_764_000_000_500;
+    let same = format!("{t0}-0");
+    let streams = [
+        (primary.to_string(), "u1", "2"),
+        (format!("{primary}:{{0}}"), "u2", "3"),
+        (format!("{primary}:{{1}}"), "u3", "4"),
+    ];
+    for round in 0..2 {
+        let order: Vec<&(String, &str, &str)> = if round == 0 {
+            streams.iter().collect()
+        } else {
+            streams.iter().rev().collect()
+        };
+        for (stream, user, amount) in order {
+            let e = entry(&same, &[("user", user), ("amount", amount)]);
+            process_batch(&store, &boards, &settings, &metrics, stream, &[e], t0)
+                .await
+                .expect("batch");
+        }
+        for (_, user, amount) in &streams {
+            assert_eq!(
+                total_at(&store, &a, user, t0).await,
+                Some(amount.parse().unwrap()),
+                "round {round}: {user}"
+            );
+        }
+    }
+    assert!(letters(&store).await.is_empty());
+}
+
+/// The README's upgrade note for partitioned deployments covers entries left pending, not
+/// `apply_failed` dead letters written before the upgrade: the old version keyed an event
+/// without `id` on a partition by its bare entry ID (the boards that counted it remember
+/// that key), and the README's replay now sets `id` to `<source_stream>/<source_id>`. The
+/// replay after the upgrade is counted a second time on every board that had counted it.
+/// (The old version's effect is written out: its apply with the bare entry ID as the key,
+/// and its dead letter.)
+#[tokio::test]
+#[ignore = "defect (README): replaying a pre-upgrade apply_failed dead letter from a partition with id <source_stream>/<source_id> double-counts on the healthy boards, which remember the bare entry ID"]
+async fn a_dead_letter_from_a_partition_written_before_the_upgrade_replays_once() {
+    const SLICE: i64 = 1_000;
+    let redis = RedisServer::start();
+    let store = redis.store("rb").await;
+    let a = board("a", SLICE, 4);
+    let b = board("b", SLICE, 4);
+    let boards = vec![a.clone(), b.clone()];
+    let metrics = Metrics::new(&boards);
+    let settings = ingest("rb:events", 2);
+    let t0: i64 = 1_764_000_000_500;
+    let source_id = format!("{t0}-0");
+    // The old version: board a counted the tip under the bare entry ID, board b failed.
+    let first = store
+        .apply(&a, None, &[crate::util::ev(&source_id, t0, "u1", 5)], t0)
+        .await
+        .expect("old apply");
+    assert_eq!(first, [Outcome::Applied]);
+    let _: String = store
+        .client()
+        .xadd(
+            "rb:events:dead",
+            false,
+            None,
+            "*",
+            vec![
+                ("user", "u1"),
+                ("amount", "5"),
+                ("reason", "apply_failed"),
+                ("detail", "b: WRONGTYPE"),
+                ("source_id", source_id.as_str()),
+                ("source_stream", "rb:events:{1}"),
+            ],
+        )
+        .await
+        .expect("old dead letter");
+    // After the upgrade, replayed as the README says.
+    let dead = letters(&store).await;
+    let fields = replayed(&dead[0].1, "rb:events");
+    let pairs: Vec<(&str, &str)> = fields
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let t1 = t0 + SLICE;
+    let replay = entry(&format!("{t1}-0"), &pairs);
+    process_batch(
+        &store,
+        &boards,
+        &settings,
+        &metrics,
+        "rb:events:{1}",
+        &[replay],
+        t1,
+    )
+    .await
+    .expect("replay");
+    assert_eq!(
+        total_at(&store, &b, "u1", t1).await,
+        Some(5),
+        "b: counted once"
+    );
+    assert_eq!(
+        total_at(&store, &a, "u1", t1).await,
+        Some(5),
+        "a: a duplicate"
+    );
+}
