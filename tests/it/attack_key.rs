@@ -803,3 +803,126 @@ async fn the_readme_replay_with_a_dedup_window_duration_counts_once() {
         "a: a duplicate"
     );
 }
+
+/// The README's replay end to end with a partitioned daemon: two tips without `id` on two
+/// partitions under one entry ID, dead-lettered `apply_failed` by a broken `rooms_7d` (and
+/// counted on `fans_7d`), are replayed as the README says to their `source_stream`: each
+/// is counted once on the repaired board, stays a duplicate on the other, and nothing is
+/// dead-lettered again.
+#[tokio::test]
+async fn a_partitioned_daemon_replays_dead_letters_of_tips_without_id_once() {
+    let redis = RedisServer::start();
+    let store = redis.store("rb").await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = free_port();
+    let daemon = Daemon::start(&config(dir.path(), &redis, port, "a", 2), port).await;
+    let boards = test_boards();
+    let rooms = boards
+        .iter()
+        .find(|b| b.name == "rooms_7d")
+        .expect("rooms")
+        .clone();
+    let fans = boards
+        .iter()
+        .find(|b| b.name == "fans_7d")
+        .expect("fans")
+        .clone();
+    let broken = break_board(&store, &rooms).await;
+
+    let same = format!("{}-0", now_ms());
+    for (stream, user, amount) in [("rb:events:{0}", "u1", "5"), ("rb:events:{1}", "u2", "7")] {
+        let _: String = store
+            .client()
+            .xadd(
+                stream,
+                false,
+                None,
+                same.as_str(),
+                vec![("room", "r1"), ("user", user), ("amount", amount)],
+            )
+            .await
+            .expect("xadd");
+    }
+    let fans_total = |member: &'static str| {
+        let store = &store;
+        let fans = &fans;
+        async move {
+            store
+                .rank(fans, Some("r1"), member, now_ms())
+                .await
+                .ok()
+                .and_then(|r| r.total)
+        }
+    };
+    let dead_two = crate::util::wait_for(Duration::from_secs(60), || async {
+        letters(&store).await.len() == 2
+    })
+    .await;
+    assert!(dead_two, "two dead letters; log:\n{}", daemon.logs());
+    let dead = letters(&store).await;
+    for (_, l) in &dead {
+        assert_eq!(l["reason"], "apply_failed", "{l:?}");
+    }
+    let counted = crate::util::wait_for(Duration::from_secs(30), || async {
+        fans_total("u1").await == Some(5) && fans_total("u2").await == Some(7)
+    })
+    .await;
+    assert!(counted, "fans_7d counted both before the replay");
+
+    let _: () = store.client().del(broken.as_str()).await.expect("repair");
+    for (_, l) in &dead {
+        let fields = replayed(l, "rb:events");
+        let _: String = store
+            .client()
+            .xadd(l["source_stream"].as_str(), false, None, "*", fields)
+            .await
+            .expect("replay");
+    }
+    let streams = vec!["rb:events:{0}".to_string(), "rb:events:{1}".to_string()];
+    assert!(drained_streams(&store, &streams).await, "replays read");
+    let replayed_once = crate::util::wait_for(Duration::from_secs(30), || async {
+        store
+            .rank(&rooms, None, "r1", now_ms())
+            .await
+            .ok()
+            .and_then(|r| r.total)
+            == Some(12)
+    })
+    .await;
+    assert!(replayed_once, "rooms_7d r1: 5 + 7; log:\n{}", daemon.logs());
+    // Once the ranking is current (`summed_gen` equal to `gen`, which every apply that
+    // writes bumps): still one of each on fans_7d, in its live totals too.
+    let keys = store.instance(&fans, Some("r1"));
+    let meta = keys.meta();
+    let resummed = crate::util::wait_for(Duration::from_secs(30), || async {
+        let state: Vec<Option<String>> = store
+            .client()
+            .hmget(meta.as_str(), vec!["gen", "summed_gen"])
+            .await
+            .expect("hmget");
+        state[0].is_some() && state[0] == state[1]
+    })
+    .await;
+    let live: HashMap<String, String> = store
+        .client()
+        .hgetall(keys.totals())
+        .await
+        .expect("hgetall");
+    assert_eq!(
+        (
+            live.get("u1").map(String::as_str),
+            live.get("u2").map(String::as_str)
+        ),
+        (Some("5"), Some("7")),
+        "fans_7d live totals"
+    );
+    assert!(resummed, "fans_7d ranking current");
+    assert_eq!(fans_total("u1").await, Some(5), "fans_7d u1: a duplicate");
+    assert_eq!(fans_total("u2").await, Some(7), "fans_7d u2: a duplicate");
+    assert_eq!(
+        letters(&store).await.len(),
+        2,
+        "nothing dead-lettered again"
+    );
+    daemon.kill().await;
+}
