@@ -926,3 +926,43 @@ async fn a_partitioned_daemon_replays_dead_letters_of_tips_without_id_once() {
     );
     daemon.kill().await;
 }
+
+/// Every key a daemon reads as events, for every `ingest.partitions` (its own partitions and
+/// the other layouts' keys it drains, `stream::keys` and `stream::retired_keys`), is
+/// refused as `ingest.dead_letter_stream`, also for a stream name with braces (one
+/// partition); keys it never reads are accepted.
+#[test]
+fn every_key_the_daemon_reads_is_refused_as_the_dead_letter_stream() {
+    use rollboard::config::Settings;
+    use rollboard::stream::{partition_keys, retired_keys, MAX_PARTITIONS};
+    let config = |stream: &str, partitions: usize, dead: &str| {
+        Settings::from_toml(&format!(
+            "[ingest]\nstream = \"{stream}\"\npartitions = {partitions}\ndead_letter_stream = \"{dead}\"\n[[boards]]\nname = \"a\"\nmember = \"user\"\nwindow = \"4s\"\nslice = \"1s\"\n"
+        ))
+    };
+    for (stream, layouts) in [("rb:events", 1..=MAX_PARTITIONS), ("{rb}/ev", 1..=1)] {
+        for partitions in layouts {
+            let mut read = partition_keys(stream, partitions);
+            read.extend(retired_keys(stream, partitions));
+            assert_eq!(read.len(), 1 + MAX_PARTITIONS, "{partitions}");
+            for key in &read {
+                let error = config(stream, partitions, key)
+                    .map(|_| ())
+                    .expect_err(key)
+                    .to_string();
+                assert!(
+                    error.contains("ingest.dead_letter_stream"),
+                    "{key}: {error}"
+                );
+            }
+            for other in [
+                format!("{stream}:{{{MAX_PARTITIONS}}}"),
+                format!("{stream}:{{01}}"),
+                format!("{stream}:dead"),
+            ] {
+                assert!(!read.contains(&other));
+                config(stream, partitions, &other).expect(&other);
+            }
+        }
+    }
+}
