@@ -4,6 +4,7 @@ mod attack;
 mod attack10;
 mod attack9;
 mod attack_http;
+mod attack_key;
 mod attack_res;
 mod bounded;
 mod chain;
