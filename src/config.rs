@@ -546,6 +546,11 @@ fn env_source() -> ::config::Environment {
 /// `now - window`) far inside the ±2^53 ms that scores and replies carry exactly.
 const MAX_DURATION_MS: i64 = 36_500 * 86_400_000;
 
+/// Longest `ingest.stream`: the key of an event without `id` read from a partition,
+/// `<stream>:{63}/<entry ID>` (an entry ID is at most 41 bytes), must fit in an `id` field
+/// ([`crate::event::MAX_ID_BYTES`]) for the dead-letter replay to carry it.
+pub const MAX_STREAM_BYTES: usize = crate::event::MAX_ID_BYTES - ":{63}/".len() - 41;
+
 /// Most slices a board's window and `ingest.max_future` may span together: the digest
 /// table tags each remembered id with its slice number mod 2^32 and counts it while the
 /// tag is less than 2^31 slices above the slice whose ids may be forgotten (`counts` in
@@ -787,6 +792,18 @@ impl RawSettings {
                 "ingest.partitions",
                 ingest.partitions.to_string(),
                 format!("must be between 1 and {max_partitions}"),
+            ));
+        }
+        if ingest.stream.len() > MAX_STREAM_BYTES {
+            return Err(invalid(
+                "ingest.stream",
+                &ingest.stream,
+                format!(
+                    "is {} bytes long, at most {MAX_STREAM_BYTES} are allowed (an event without \
+                     `id` read from a partition is keyed by the partition's key and its entry \
+                     ID, and the key must fit in an `id` field to be replayed)",
+                    ingest.stream.len()
+                ),
             ));
         }
         if ingest.partitions > 1 && ingest.stream.contains(['{', '}']) {

@@ -252,13 +252,11 @@ async fn the_readme_replay_keeps_key_and_time_on_the_bare_stream_and_a_partition
 }
 
 /// The key of an event without `id` on a partition is `<partition's key>/<entry ID>`, and
-/// `ingest.stream` has no length bound: with a stream name of 110 bytes the key is 130
-/// bytes. The daemon keys the event with it (it only digests it), but the README's replay
-/// of an `apply_failed` dead letter sets `id` to exactly that string, which is over the
-/// 128 bytes an `id` may have: the replay is dead-lettered `id` and the repaired board
-/// never counts the event.
+/// the README's replay of an `apply_failed` dead letter sets `id` to exactly that string,
+/// which may be at most 128 bytes. The configuration bounds `ingest.stream` so that it
+/// fits: the longest name allowed replays (the key of a 41-byte entry ID on partition 63
+/// would be 128 bytes), one byte more is refused.
 #[tokio::test]
-#[ignore = "defect: the replay id <source_stream>/<source_id> exceeds MAX_ID_BYTES (128) for a long ingest.stream; it is refused as `id`"]
 async fn the_readme_replay_of_a_tip_from_a_long_named_partition_is_counted() {
     const SLICE: i64 = 1_000;
     let redis = RedisServer::start();
@@ -267,13 +265,19 @@ async fn the_readme_replay_of_a_tip_from_a_long_named_partition_is_counted() {
     let b = board("b", SLICE, 4);
     let boards = vec![a.clone(), b.clone()];
     let metrics = Metrics::new(&boards);
-    let primary = format!("tenants-{}:tips:events", "0123456789".repeat(9));
-    assert_eq!(primary.len(), 110);
-    // The configuration accepts such a stream name with partitions.
-    rollboard::config::Settings::from_toml(&format!(
-        "[ingest]\npartitions = 2\nstream = \"{primary}\"\n[[boards]]\nname = \"a\"\nmember = \"user\"\nwindow = \"4s\"\nslice = \"1s\"\n"
-    ))
-    .expect("a long ingest.stream is accepted");
+    let config = |stream: &str| {
+        rollboard::config::Settings::from_toml(&format!(
+            "[ingest]\npartitions = 2\nstream = \"{stream}\"\n[[boards]]\nname = \"a\"\nmember = \"user\"\nwindow = \"4s\"\nslice = \"1s\"\n"
+        ))
+    };
+    let longest = rollboard::config::MAX_STREAM_BYTES;
+    let primary = format!("tenants-{}", "0123456789".repeat(8))[..longest].to_string();
+    config(&primary).expect("the longest ingest.stream is accepted");
+    let error = config(&format!("{primary}x"))
+        .map(|_| ())
+        .expect_err("one byte more")
+        .to_string();
+    assert!(error.contains("ingest.stream"), "{error}");
     let settings = ingest(&primary, 2);
     let stream = format!("{primary}:{{1}}");
     let t0: i64 = 1_764_000_000_500;
@@ -297,7 +301,11 @@ async fn the_readme_replay_of_a_tip_from_a_long_named_partition_is_counted() {
 
     let fields = replayed(&dead[0].1, &primary);
     let id = &fields.iter().find(|(k, _)| k == "id").expect("id").1;
-    assert_eq!(id.len(), 130, "{id}");
+    assert_eq!(
+        id.len(),
+        longest + ":{1}/".len() + "1764000000500-0".len(),
+        "{id}"
+    );
     let pairs: Vec<(&str, &str)> = fields
         .iter()
         .map(|(k, v)| (k.as_str(), v.as_str()))
@@ -659,15 +667,13 @@ async fn tips_without_id_sharing_an_entry_id_on_a_slashed_stream_and_its_retired
     assert!(letters(&store).await.is_empty());
 }
 
-/// The README's upgrade note for partitioned deployments covers entries left pending, not
-/// `apply_failed` dead letters written before the upgrade: the old version keyed an event
-/// without `id` on a partition by its bare entry ID (the boards that counted it remember
-/// that key), and the README's replay now sets `id` to `<source_stream>/<source_id>`. The
-/// replay after the upgrade is counted a second time on every board that had counted it.
-/// (The old version's effect is written out: its apply with the bare entry ID as the key,
-/// and its dead letter.)
+/// An `apply_failed` dead letter from a partition written before the upgrade: the old
+/// version keyed an event without `id` there by its bare entry ID (the boards that counted
+/// it remember that key), so the README's replay gives such a letter `id` = `source_id`,
+/// not `<source_stream>/<source_id>`. Replayed so, it is counted once on the board that
+/// failed and is a duplicate on the others. (The old version's effect is written out: its
+/// apply with the bare entry ID as the key, and its dead letter.)
 #[tokio::test]
-#[ignore = "defect (README): replaying a pre-upgrade apply_failed dead letter from a partition with id <source_stream>/<source_id> double-counts on the healthy boards, which remember the bare entry ID"]
 async fn a_dead_letter_from_a_partition_written_before_the_upgrade_replays_once() {
     const SLICE: i64 = 1_000;
     let redis = RedisServer::start();
@@ -703,9 +709,10 @@ async fn a_dead_letter_from_a_partition_written_before_the_upgrade_replays_once(
         )
         .await
         .expect("old dead letter");
-    // After the upgrade, replayed as the README says.
+    // After the upgrade, replayed as the README says for a letter written before it: the
+    // bare `source_id` as its `id`.
     let dead = letters(&store).await;
-    let fields = replayed(&dead[0].1, "rb:events");
+    let fields = replayed(&dead[0].1, "rb:events:{1}");
     let pairs: Vec<(&str, &str)> = fields
         .iter()
         .map(|(k, v)| (k.as_str(), v.as_str()))
@@ -735,14 +742,13 @@ async fn a_dead_letter_from_a_partition_written_before_the_upgrade_replays_once(
     );
 }
 
-/// The README's replay says "the boards that already counted it then skip it as a
-/// duplicate". With `ingest.dedup_window` a duration, a board forgets the key that long
-/// after the event's slice ends, while the slice is still in the window: a replay later than
-/// that is counted a second time on the boards that had counted it. (`dedup_window`'s own
-/// row warns about redeliveries in general; the replay procedure does not.)
+/// With `ingest.dedup_window` a duration, a board forgets an event's key that long after the
+/// event's slice ends, while the slice may still be in the window. The README's replay
+/// says so: replayed within that time, the event is a duplicate on the boards that had
+/// counted it and counted once on the board that failed (later it would count again on
+/// the others).
 #[tokio::test]
-#[ignore = "defect (README): with ingest.dedup_window a duration, the replay of an apply_failed dead letter after that duration double-counts on the healthy boards"]
-async fn the_readme_replay_with_a_dedup_window_duration_counts_once() {
+async fn the_readme_replay_within_a_dedup_window_duration_counts_once() {
     use rollboard::board::Dedup;
     const SLICE: i64 = 1_000;
     let redis = RedisServer::start();
@@ -771,8 +777,8 @@ async fn the_readme_replay_with_a_dedup_window_duration_counts_once() {
     let dead = letters(&store).await;
     assert_eq!(dead.len(), 1);
     let _: () = store.client().del(broken.as_str()).await.expect("repair");
-    // Two and a half slices later: the slice is live (4 slices), its keys forgotten (1 s).
-    let t1 = t0 + 2 * SLICE + SLICE / 2;
+    // One slice later: the slice ended 500 ms ago, its keys are kept for 1 s after that.
+    let t1 = t0 + SLICE;
     roll_at(&store, &boards, t1).await;
     let fields = replayed(&dead[0].1, "rb:events");
     let pairs: Vec<(&str, &str)> = fields
