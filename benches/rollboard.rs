@@ -1600,10 +1600,14 @@ async fn resummarize_round(
     let cancel = CancellationToken::new();
     let boards = std::slice::from_ref(&b);
     let mut last = None;
+    let mut summed_both = true;
     for (run, now) in [
         ("first run (no ranking yet)", T0 + HOUR - 2),
         ("second run (replaces it)", T0 + HOUR - 1),
     ] {
+        // Nothing changes between the two runs, which would leave the ranking as it is:
+        // without the record of the first sum the second sums and replaces it.
+        let _: i64 = client.hdel(k.meta(), "summed_gen").await?;
         let job = roll::run_once(
             store,
             boards,
@@ -1613,9 +1617,13 @@ async fn resummarize_round(
             chunk,
             &cancel,
         );
-        let (_, m) =
+        let (reports, m) =
             measure_beside(client, slowlog_us, Some(beside), async { Ok(job.await?) }).await?;
         println!("{run}: wall clock {:.2} s", m.wall.as_secs_f64());
+        if reports.first().map(|r| r.resummed) != Some(1) {
+            println!("MISMATCH: the {run} did not sum the instance");
+            summed_both = false;
+        }
         print_calls(&m, "evalsha", members);
         print_calls(&m, "hscan", members);
         print_calls(&m, "unlink", members);
@@ -1641,7 +1649,7 @@ async fn resummarize_round(
     .await?
     .into_array()
     .len();
-    let ok = ranked == members as i64 && scratch == 0;
+    let ok = summed_both && ranked == members as i64 && scratch == 0;
     println!(
         "check: ZCARD result = {ranked} (expected {members}), scratch keys left {scratch} {}",
         verdict(ok)
