@@ -13,40 +13,18 @@ use std::time::Duration;
 use std::collections::HashMap;
 
 use fred::prelude::*;
-use rollboard::board::Board;
-use rollboard::config::IngestSettings;
-use rollboard::ingest::{process_batch, Entry};
+use rollboard::ingest::process_batch;
 use rollboard::metrics::Metrics;
-use rollboard::roll::{self, Job};
+use rollboard::roll;
 use rollboard::store::Store;
-use tokio_util::sync::CancellationToken;
 
 use crate::util::{
-    board, drained_streams, free_port, test_boards, write_config, Daemon, RedisServer,
+    board, drained_streams, entry, free_port, ingest_settings, partitioned_config, roll_all,
+    test_boards, total_at, write_config, Daemon, RedisServer,
 };
 
 fn now_ms() -> i64 {
     rollboard::cli::now_ms()
-}
-
-/// A daemon config with `partitions` stream partitions (as in `partitions.rs`).
-fn config(
-    dir: &std::path::Path,
-    redis: &RedisServer,
-    port: u16,
-    consumer: &str,
-    partitions: usize,
-) -> std::path::PathBuf {
-    let path = write_config(dir, redis, port, consumer, "");
-    let text = std::fs::read_to_string(&path).expect("read config");
-    let text = text.replacen(
-        "[ingest]\n",
-        &format!("[ingest]\npartitions = {partitions}\n"),
-        1,
-    );
-    let path = dir.join(format!("rollboard-{consumer}-{partitions}.toml"));
-    std::fs::write(&path, text).expect("write config");
-    path
 }
 
 /// The exact total of `member` on the unscoped board `name` (None when not ranked).
@@ -58,6 +36,35 @@ async fn total(store: &Store, name: &str, scope: Option<&str>, member: &str) -> 
         .await
         .expect("rank")
         .total
+}
+
+/// XADDs one entry with `fields` to each stream key of `appends`, all under the entry ID
+/// `<now>-0`, in one transaction (as two producers appending in one millisecond would get:
+/// each stream numbers its own entries; written out so that the test does not depend on
+/// both appends falling in one millisecond), then waits until the daemon drained `streams`
+/// and checks that nothing was dead-lettered.
+async fn append_under_one_entry_id(
+    store: &Store,
+    appends: [(&str, [(&str, &str); 3]); 2],
+    streams: &[&str],
+) {
+    let same = format!("{}-0", now_ms());
+    let tx = store.client().multi();
+    for (key, fields) in appends {
+        let _: () = tx
+            .xadd(key, false, None, same.as_str(), fields.to_vec())
+            .await
+            .expect("queue xadd");
+    }
+    let ids: Vec<String> = tx.exec(true).await.expect("exec");
+    assert_eq!(ids, [same.clone(), same]);
+    let streams: Vec<String> = streams.iter().map(|k| k.to_string()).collect();
+    assert!(
+        drained_streams(store, &streams).await,
+        "{streams:?} drained"
+    );
+    let dead: i64 = store.client().xlen("rb:events:dead").await.expect("xlen");
+    assert_eq!(dead, 0, "nothing dead-lettered");
 }
 
 /// Two different tips appended without an `id` to two partitions in one millisecond (one
@@ -72,44 +79,23 @@ async fn tips_without_id_on_two_partitions_with_equal_entry_ids_both_count() {
     let store = redis.store("rb").await;
     let dir = tempfile::tempdir().expect("tempdir");
     let port = free_port();
-    let daemon = Daemon::start(&config(dir.path(), &redis, port, "a", 2), port).await;
+    let daemon = Daemon::start(&partitioned_config(dir.path(), &redis, port, "a", 2), port).await;
 
-    // Both appended in the same millisecond: `XADD *` gives each stream's first entry of
-    // that millisecond the ID `<ms>-0`. Written out here, so that the test does not depend
-    // on both appends falling in one millisecond.
-    let same = format!("{}-0", now_ms());
-    let tx = store.client().multi();
-    let _: () = tx
-        .xadd(
-            "rb:events:{0}",
-            false,
-            None,
-            same.as_str(),
-            vec![("room", "r1"), ("user", "u1"), ("amount", "5")],
-        )
-        .await
-        .expect("queue xadd 0");
-    let _: () = tx
-        .xadd(
-            "rb:events:{1}",
-            false,
-            None,
-            same.as_str(),
-            vec![("room", "r1"), ("user", "u2"), ("amount", "7")],
-        )
-        .await
-        .expect("queue xadd 1");
-    let (a, b): (String, String) = tx.exec(true).await.expect("exec");
-    assert_eq!((a.as_str(), b.as_str()), (same.as_str(), same.as_str()));
-
-    let streams = vec!["rb:events:{0}".to_string(), "rb:events:{1}".to_string()];
-    assert!(
-        drained_streams(&store, &streams).await,
-        "both partitions drained"
-    );
-    let dead: i64 = store.client().xlen("rb:events:dead").await.expect("xlen");
-    assert_eq!(dead, 0, "nothing dead-lettered");
-
+    append_under_one_entry_id(
+        &store,
+        [
+            (
+                "rb:events:{0}",
+                [("room", "r1"), ("user", "u1"), ("amount", "5")],
+            ),
+            (
+                "rb:events:{1}",
+                [("room", "r1"), ("user", "u2"), ("amount", "7")],
+            ),
+        ],
+        &["rb:events:{0}", "rb:events:{1}"],
+    )
+    .await;
     // Two tips to room r1: 5 + 7.
     assert_eq!(
         total(&store, "rooms_7d", None, "r1").await,
@@ -123,110 +109,37 @@ async fn tips_without_id_on_two_partitions_with_equal_entry_ids_both_count() {
 /// calls safe "even while producers still use the old N": a producer still on the old
 /// layout appends to the bare stream while one on the new layout appends to a partition, in
 /// the same millisecond, neither with an `id`. The daemon drains the bare stream as a
-/// retired partition, and the two tips share the key `<ms>-0`: one of them is lost.
+/// retired partition; keyed by the bare entry ID, the two tips shared the key `<ms>-0` and
+/// one of them was lost.
 #[tokio::test]
 async fn a_tip_on_the_retired_stream_and_one_on_a_partition_with_equal_entry_ids_both_count() {
     let redis = RedisServer::start();
     let store = redis.store("rb").await;
     let dir = tempfile::tempdir().expect("tempdir");
     let port = free_port();
-    let daemon = Daemon::start(&config(dir.path(), &redis, port, "a", 2), port).await;
+    let daemon = Daemon::start(&partitioned_config(dir.path(), &redis, port, "a", 2), port).await;
 
-    let same = format!("{}-0", now_ms());
-    let tx = store.client().multi();
-    let _: () = tx
-        .xadd(
-            "rb:events",
-            false,
-            None,
-            same.as_str(),
-            vec![("room", "r9"), ("user", "u1"), ("amount", "3")],
-        )
-        .await
-        .expect("queue xadd bare");
-    let _: () = tx
-        .xadd(
-            "rb:events:{0}",
-            false,
-            None,
-            same.as_str(),
-            vec![("room", "r9"), ("user", "u2"), ("amount", "4")],
-        )
-        .await
-        .expect("queue xadd 0");
-    let (a, b): (String, String) = tx.exec(true).await.expect("exec");
-    assert_eq!((a.as_str(), b.as_str()), (same.as_str(), same.as_str()));
-
-    let streams = vec![
-        "rb:events".to_string(),
-        "rb:events:{0}".to_string(),
-        "rb:events:{1}".to_string(),
-    ];
-    assert!(
-        drained_streams(&store, &streams).await,
-        "all three streams drained"
-    );
-    let dead: i64 = store.client().xlen("rb:events:dead").await.expect("xlen");
-    assert_eq!(dead, 0, "nothing dead-lettered");
+    append_under_one_entry_id(
+        &store,
+        [
+            (
+                "rb:events",
+                [("room", "r9"), ("user", "u1"), ("amount", "3")],
+            ),
+            (
+                "rb:events:{0}",
+                [("room", "r9"), ("user", "u2"), ("amount", "4")],
+            ),
+        ],
+        &["rb:events", "rb:events:{0}", "rb:events:{1}"],
+    )
+    .await;
     assert_eq!(
         total(&store, "rooms_7d", None, "r9").await,
         Some(7),
         "rooms_7d r9: 3 + 4"
     );
     daemon.kill().await;
-}
-
-/// Ingest settings for [`process_batch`] called directly.
-fn ingest() -> IngestSettings {
-    IngestSettings {
-        stream: "rb:events".into(),
-        partitions: 1,
-        group: "rollboard".into(),
-        consumer: "c1".into(),
-        batch_size: 100,
-        block: Duration::from_millis(100),
-        claim_idle: Duration::from_secs(30),
-        dead_letter_stream: "rb:events:dead".into(),
-        max_future_ms: 60_000,
-    }
-}
-
-/// One stream entry with `fields`.
-fn entry(id: &str, fields: &[(&str, &str)]) -> Entry {
-    Entry {
-        id: id.into(),
-        fields: Some(
-            fields
-                .iter()
-                .map(|(k, v)| (k.as_bytes().to_vec(), v.as_bytes().to_vec()))
-                .collect(),
-        ),
-    }
-}
-
-async fn total_at(store: &Store, board: &Board, member: &str, now: i64) -> Option<i64> {
-    store
-        .rank(board, None, member, now)
-        .await
-        .expect("rank")
-        .total
-}
-
-async fn roll_at(store: &Store, boards: &[Board], now: i64) {
-    let reports = roll::run_once(
-        store,
-        boards,
-        Job::All,
-        None,
-        now,
-        100,
-        &CancellationToken::new(),
-    )
-    .await
-    .expect("roll");
-    for r in reports {
-        assert_eq!(r.instances_failed, 0, "{}: {:?}", r.board, r.first_error);
-    }
 }
 
 /// The README's replay of an `apply_failed` dead letter ("`XADD` each entry back ... with
@@ -247,7 +160,7 @@ async fn a_replayed_apply_failed_event_without_ts_keeps_its_original_time() {
     let b = board("b", SLICE, 4);
     let boards = vec![a.clone(), b.clone()];
     let metrics = Metrics::new(&boards);
-    let settings = ingest();
+    let settings = ingest_settings("rb:events", 1);
     let t0: i64 = 1_000_000;
 
     // Board b is broken (a key of the wrong type): its share is dead-lettered.
@@ -321,7 +234,7 @@ async fn a_replayed_apply_failed_event_without_ts_keeps_its_original_time() {
 
     // The event happened at t0: once its slice has left the window, no board holds it.
     let t = t0 + 4 * SLICE;
-    roll_at(&store, &boards, t).await;
+    roll_all(&store, &boards, t, 100).await;
     assert_eq!(
         total_at(&store, &a, "u1", t).await,
         None,
@@ -439,7 +352,7 @@ slice = "1ms"
     );
     // One millisecond later the oldest slice has left the window.
     let later = now + 1;
-    roll_at(&store, std::slice::from_ref(&board), later).await;
+    roll_all(&store, std::slice::from_ref(&board), later, 100).await;
     assert_eq!(
         store
             .rank(&board, None, "u2", later)
@@ -565,7 +478,7 @@ async fn a_scoped_resummarize_refund_board_rolls_to_empty_and_comes_back() {
         .await
         .expect("apply");
     assert_eq!(out, [Outcome::Applied; 3]);
-    roll_at(&store, &boards, now).await;
+    roll_all(&store, &boards, now, 100).await;
     assert_eq!(
         totals(now).await,
         (1, vec![("u2".to_string(), 3)]),
@@ -574,14 +487,14 @@ async fn a_scoped_resummarize_refund_board_rolls_to_empty_and_comes_back() {
 
     // s0 leaves the window: u1 is at -10 with one live slice.
     let now = at(s0 + 3);
-    roll_at(&store, &boards, now).await;
+    roll_all(&store, &boards, now, 100).await;
     assert_eq!(totals(now).await, (1, vec![("u2".to_string(), 3)]));
     let out = store
         .apply(&b, scope, &[ev("t3", at(s0 + 2), "u1", 4)], now)
         .await
         .expect("apply");
     assert_eq!(out, [Outcome::Applied]);
-    roll_at(&store, &boards, now).await;
+    roll_all(&store, &boards, now, 100).await;
     assert_eq!(
         totals(now).await,
         (1, vec![("u2".to_string(), 3)]),
@@ -590,12 +503,12 @@ async fn a_scoped_resummarize_refund_board_rolls_to_empty_and_comes_back() {
 
     // s0 + 1 leaves: the refund and u2's tip go, u1 holds only its last tip.
     let now = at(s0 + 4);
-    roll_at(&store, &boards, now).await;
+    roll_all(&store, &boards, now, 100).await;
     assert_eq!(totals(now).await, (1, vec![("u1".to_string(), 4)]));
 
     // s0 + 2 leaves: the scope is empty and cleaned up.
     let now = at(s0 + 5);
-    roll_at(&store, &boards, now).await;
+    roll_all(&store, &boards, now, 100).await;
     assert_eq!(totals(now).await, (0, vec![]));
     assert!(store.scopes(&b).await.expect("scopes").is_empty());
     let k = store.instance(&b, scope);
@@ -624,7 +537,7 @@ async fn a_scoped_resummarize_refund_board_rolls_to_empty_and_comes_back() {
         .await
         .expect("apply");
     assert_eq!(out, [Outcome::Applied]);
-    roll_at(&store, &boards, now).await;
+    roll_all(&store, &boards, now, 100).await;
     assert_eq!(totals(now).await, (1, vec![("u1".to_string(), 2)]));
     assert_eq!(store.scopes(&b).await.expect("scopes"), ["r1"]);
     let v = roll::verify(&store, &b, None, 100).await.expect("verify");

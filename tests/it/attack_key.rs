@@ -7,71 +7,17 @@ use std::time::Duration;
 
 use fred::prelude::*;
 use rollboard::board::Board;
-use rollboard::config::IngestSettings;
 use rollboard::ingest::{process_batch, Entry};
 use rollboard::metrics::Metrics;
-use rollboard::roll::{self, Job};
 use rollboard::store::{Outcome, Store};
-use tokio_util::sync::CancellationToken;
 
 use crate::util::{
-    board, drained_streams, free_port, test_boards, write_config, Daemon, RedisServer,
+    board, drained_streams, entry, free_port, ingest_settings, partitioned_config, roll_all,
+    test_boards, total_at, Daemon, RedisServer,
 };
 
 fn now_ms() -> i64 {
     rollboard::cli::now_ms()
-}
-
-/// Ingest settings for [`process_batch`] called directly.
-fn ingest(stream: &str, partitions: usize) -> IngestSettings {
-    IngestSettings {
-        stream: stream.into(),
-        partitions,
-        group: "rollboard".into(),
-        consumer: "c1".into(),
-        batch_size: 100,
-        block: Duration::from_millis(100),
-        claim_idle: Duration::from_secs(30),
-        dead_letter_stream: "rb:events:dead".into(),
-        max_future_ms: 60_000,
-    }
-}
-
-fn entry(id: &str, fields: &[(&str, &str)]) -> Entry {
-    Entry {
-        id: id.into(),
-        fields: Some(
-            fields
-                .iter()
-                .map(|(k, v)| (k.as_bytes().to_vec(), v.as_bytes().to_vec()))
-                .collect(),
-        ),
-    }
-}
-
-async fn total_at(store: &Store, board: &Board, member: &str, now: i64) -> Option<i64> {
-    store
-        .rank(board, None, member, now)
-        .await
-        .expect("rank")
-        .total
-}
-
-async fn roll_at(store: &Store, boards: &[Board], now: i64) {
-    let reports = roll::run_once(
-        store,
-        boards,
-        Job::All,
-        None,
-        now,
-        100,
-        &CancellationToken::new(),
-    )
-    .await
-    .expect("roll");
-    for r in reports {
-        assert_eq!(r.instances_failed, 0, "{}: {:?}", r.board, r.first_error);
-    }
 }
 
 type Letter = (String, HashMap<String, String>);
@@ -112,6 +58,19 @@ fn replayed(letter: &HashMap<String, String>, primary: &str) -> Vec<(String, Str
     fields
 }
 
+/// [`replayed`] as the stream entry `id` its `XADD` makes.
+fn replay_entry(letter: &HashMap<String, String>, primary: &str, id: &str) -> Entry {
+    Entry {
+        id: id.into(),
+        fields: Some(
+            replayed(letter, primary)
+                .into_iter()
+                .map(|(k, v)| (k.into_bytes(), v.into_bytes()))
+                .collect(),
+        ),
+    }
+}
+
 /// Board `b` of `boards` made unusable (its result key of the wrong type), so every event
 /// it gets is dead-lettered `apply_failed`; returns the key, to delete for the repair.
 async fn break_board(store: &Store, b: &Board) -> String {
@@ -140,7 +99,7 @@ async fn the_readme_replay_keeps_key_and_time_on_the_bare_stream_and_a_partition
         let b = board("b", SLICE, 4);
         let boards = vec![a.clone(), b.clone()];
         let metrics = Metrics::new(&boards);
-        let settings = ingest("rb:events", partitions);
+        let settings = ingest_settings("rb:events", partitions);
         let t0: i64 = 1_000_500;
         let early = t0 - 1_500; // slice 999, live at t0 (slices 997..=1000)
         let broken = break_board(&store, &b).await;
@@ -170,12 +129,7 @@ async fn the_readme_replay_keeps_key_and_time_on_the_bare_stream_and_a_partition
         let replays: Vec<Entry> = dead
             .iter()
             .enumerate()
-            .map(|(i, (_, l))| {
-                let f = replayed(l, "rb:events");
-                let pairs: Vec<(&str, &str)> =
-                    f.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-                entry(&format!("{t1}-{i}"), &pairs)
-            })
+            .map(|(i, (_, l))| replay_entry(l, "rb:events", &format!("{t1}-{i}")))
             .collect();
         for delivery in 0..2 {
             process_batch(&store, &boards, &settings, &metrics, stream, &replays, t1)
@@ -220,7 +174,7 @@ async fn the_readme_replay_keeps_key_and_time_on_the_bare_stream_and_a_partition
 
         // Slice 999 leaves the window at the roll of slice 1003: u3 goes from both.
         let t = (999 + 4) * SLICE;
-        roll_at(&store, &boards, t).await;
+        roll_all(&store, &boards, t, 100).await;
         for bd in [&a, &b] {
             assert_eq!(
                 total_at(&store, bd, "u3", t).await,
@@ -237,7 +191,7 @@ async fn the_readme_replay_keeps_key_and_time_on_the_bare_stream_and_a_partition
         }
         // Slice 1000 leaves at 1004: u1 and u2 go from both.
         let t = (1_000 + 4) * SLICE;
-        roll_at(&store, &boards, t).await;
+        roll_all(&store, &boards, t, 100).await;
         for bd in [&a, &b] {
             for member in ["u1", "u2"] {
                 assert_eq!(
@@ -278,7 +232,7 @@ async fn the_readme_replay_of_a_tip_from_a_long_named_partition_is_counted() {
         .expect_err("one byte more")
         .to_string();
     assert!(error.contains("ingest.stream"), "{error}");
-    let settings = ingest(&primary, 2);
+    let settings = ingest_settings(&primary, 2);
     let stream = format!("{primary}:{{1}}");
     let t0: i64 = 1_764_000_000_500;
     let broken = break_board(&store, &b).await;
@@ -299,19 +253,15 @@ async fn the_readme_replay_of_a_tip_from_a_long_named_partition_is_counted() {
     assert_eq!(dead.len(), 1, "{dead:?}");
     let _: () = store.client().del(broken.as_str()).await.expect("repair");
 
-    let fields = replayed(&dead[0].1, &primary);
-    let id = &fields.iter().find(|(k, _)| k == "id").expect("id").1;
+    let t1 = t0 + SLICE;
+    let replay = replay_entry(&dead[0].1, &primary, &format!("{t1}-0"));
+    let fields = replay.fields.as_deref().expect("fields");
+    let id = &fields.iter().find(|(k, _)| k == b"id").expect("id").1;
     assert_eq!(
         id.len(),
         longest + ":{1}/".len() + "1764000000500-0".len(),
-        "{id}"
+        "{id:?}"
     );
-    let pairs: Vec<(&str, &str)> = fields
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
-    let t1 = t0 + SLICE;
-    let replay = entry(&format!("{t1}-0"), &pairs);
     process_batch(&store, &boards, &settings, &metrics, &stream, &[replay], t1)
         .await
         .expect("replay");
@@ -332,26 +282,6 @@ async fn the_readme_replay_of_a_tip_from_a_long_named_partition_is_counted() {
         Some(5),
         "b: counted once"
     );
-}
-
-/// A daemon config with `partitions` stream partitions.
-fn config(
-    dir: &std::path::Path,
-    redis: &RedisServer,
-    port: u16,
-    consumer: &str,
-    partitions: usize,
-) -> std::path::PathBuf {
-    let path = write_config(dir, redis, port, consumer, "");
-    let text = std::fs::read_to_string(&path).expect("read config");
-    let text = text.replacen(
-        "[ingest]\n",
-        &format!("[ingest]\npartitions = {partitions}\n"),
-        1,
-    );
-    let path = dir.join(format!("rollboard-{consumer}-{partitions}.toml"));
-    std::fs::write(&path, text).expect("write config");
-    path
 }
 
 /// An event without `id` appended to `stream`, delivered to a consumer `dead` that applied
@@ -404,7 +334,7 @@ async fn applied_then_crashed(
     // Applied as a daemon with `partitions` would, not acked: what a crash between apply
     // and XACK leaves. process_batch acks in its group, so it is given a throwaway one and
     // the entry stays pending in the real group.
-    let mut shadow = ingest("rb:events", partitions);
+    let mut shadow = ingest_settings("rb:events", partitions);
     shadow.group = "shadow".into();
     let _: Value = store
         .client()
@@ -476,7 +406,7 @@ async fn a_pending_tip_without_id_claimed_after_a_change_of_partitions_counts_on
     applied_then_crashed(&store, "rb:events:{1}", 2, "p1-2to2", 4).await;
     applied_then_crashed(&store, "rb:events:{5}", 8, "p5-8to2", 5).await;
     let port = free_port();
-    let daemon = Daemon::start(&config(dir.path(), &redis, port, "a", 2), port).await;
+    let daemon = Daemon::start(&partitioned_config(dir.path(), &redis, port, "a", 2), port).await;
     let streams: Vec<String> = ["rb:events", "rb:events:{1}", "rb:events:{5}"]
         .iter()
         .map(|s| s.to_string())
@@ -497,7 +427,7 @@ async fn a_pending_tip_without_id_claimed_after_a_change_of_partitions_counts_on
     applied_then_crashed(&store, "rb:events:{1}", 2, "p1-2to1", 6).await;
     applied_then_crashed(&store, "rb:events", 1, "bare-1to1", 7).await;
     let port = free_port();
-    let daemon = Daemon::start(&config(dir.path(), &redis, port, "b", 1), port).await;
+    let daemon = Daemon::start(&partitioned_config(dir.path(), &redis, port, "b", 1), port).await;
     let streams: Vec<String> = ["rb:events", "rb:events:{1}"]
         .iter()
         .map(|s| s.to_string())
@@ -543,7 +473,7 @@ async fn the_largest_window_with_a_max_future_not_a_multiple_of_the_slice_counts
         let boards = settings.boards.clone();
         let board = boards[0].clone();
         assert_eq!(board.slices_in_window(), n);
-        let mut ingest_settings = ingest("rb:events", 1);
+        let mut ingest_settings = ingest_settings("rb:events", 1);
         ingest_settings.max_future_ms = settings.ingest.max_future_ms;
         assert_eq!(ingest_settings.max_future_ms, 300_000);
 
@@ -636,7 +566,7 @@ async fn tips_without_id_sharing_an_entry_id_on_a_slashed_stream_and_its_retired
         "[ingest]\nstream = \"{primary}\"\n[[boards]]\nname = \"a\"\nmember = \"user\"\nwindow = \"4s\"\nslice = \"1s\"\n"
     ))
     .expect("a stream name with / and braces, one partition");
-    let settings = ingest(primary, 1);
+    let settings = ingest_settings(primary, 1);
     let t0: i64 = 1_764_000_000_500;
     let same = format!("{t0}-0");
     let streams = [
@@ -682,7 +612,7 @@ async fn a_dead_letter_from_a_partition_written_before_the_upgrade_replays_once(
     let b = board("b", SLICE, 4);
     let boards = vec![a.clone(), b.clone()];
     let metrics = Metrics::new(&boards);
-    let settings = ingest("rb:events", 2);
+    let settings = ingest_settings("rb:events", 2);
     let t0: i64 = 1_764_000_000_500;
     let source_id = format!("{t0}-0");
     // The old version: board a counted the tip under the bare entry ID, board b failed.
@@ -712,13 +642,8 @@ async fn a_dead_letter_from_a_partition_written_before_the_upgrade_replays_once(
     // After the upgrade, replayed as the README says for a letter written before it: the
     // bare `source_id` as its `id`.
     let dead = letters(&store).await;
-    let fields = replayed(&dead[0].1, "rb:events:{1}");
-    let pairs: Vec<(&str, &str)> = fields
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
     let t1 = t0 + SLICE;
-    let replay = entry(&format!("{t1}-0"), &pairs);
+    let replay = replay_entry(&dead[0].1, "rb:events:{1}", &format!("{t1}-0"));
     process_batch(
         &store,
         &boards,
@@ -759,7 +684,7 @@ async fn the_readme_replay_within_a_dedup_window_duration_counts_once() {
     b.dedup = Dedup::AfterSlice(1_000);
     let boards = vec![a.clone(), b.clone()];
     let metrics = Metrics::new(&boards);
-    let settings = ingest("rb:events", 2);
+    let settings = ingest_settings("rb:events", 2);
     let t0: i64 = 1_764_000_000_500;
     let broken = break_board(&store, &b).await;
     let original = entry(&format!("{t0}-0"), &[("user", "u1"), ("amount", "5")]);
@@ -779,13 +704,8 @@ async fn the_readme_replay_within_a_dedup_window_duration_counts_once() {
     let _: () = store.client().del(broken.as_str()).await.expect("repair");
     // One slice later: the slice ended 500 ms ago, its keys are kept for 1 s after that.
     let t1 = t0 + SLICE;
-    roll_at(&store, &boards, t1).await;
-    let fields = replayed(&dead[0].1, "rb:events");
-    let pairs: Vec<(&str, &str)> = fields
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
-    let replay = entry(&format!("{t1}-0"), &pairs);
+    roll_all(&store, &boards, t1, 100).await;
+    let replay = replay_entry(&dead[0].1, "rb:events", &format!("{t1}-0"));
     process_batch(
         &store,
         &boards,
@@ -821,7 +741,7 @@ async fn a_partitioned_daemon_replays_dead_letters_of_tips_without_id_once() {
     let store = redis.store("rb").await;
     let dir = tempfile::tempdir().expect("tempdir");
     let port = free_port();
-    let daemon = Daemon::start(&config(dir.path(), &redis, port, "a", 2), port).await;
+    let daemon = Daemon::start(&partitioned_config(dir.path(), &redis, port, "a", 2), port).await;
     let boards = test_boards();
     let rooms = boards
         .iter()

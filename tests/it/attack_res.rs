@@ -3,34 +3,15 @@
 //! read at an older `gen` above the same watermark.
 
 use rollboard::board::{Board, Mode, TieBreak};
-use rollboard::roll::{self, Job, Report};
+use rollboard::roll;
 use rollboard::store::{ApplyEvent, Outcome, StageTargets, Staged, Store, SwapCheck};
-use tokio_util::sync::CancellationToken;
 
 use crate::model::{assert_matches, Instance};
-use crate::util::{board, ev, RedisServer};
+use crate::util::{board, ev, roll_all, RedisServer};
 
 const HOUR: i64 = 3_600_000;
 const DAY: i64 = 24 * HOUR;
 const T0: i64 = 1_763_700_000_000;
-
-async fn roll_all(store: &Store, boards: &[Board], now: i64) -> Vec<Report> {
-    let reports = roll::run_once(
-        store,
-        boards,
-        Job::All,
-        None,
-        now,
-        10,
-        &CancellationToken::new(),
-    )
-    .await
-    .expect("roll");
-    for r in &reports {
-        assert_eq!(r.instances_failed, 0, "{}: {:?}", r.board, r.first_error);
-    }
-    reports
-}
 
 fn resummarize(name: &str, slice: i64, n: i64) -> Board {
     let mut b = board(name, slice, n);
@@ -91,7 +72,7 @@ async fn a_member_repaired_by_rebuild_is_not_lost_to_a_racing_run_for_an_hour() 
         )
         .await
         .unwrap();
-    assert_eq!(roll_all(&store, boards, d0).await[0].resummed, 1);
+    assert_eq!(roll_all(&store, boards, d0, 10).await[0].resummed, 1);
     assert_eq!(store.rank(&b, None, "x", d0).await.unwrap().total, Some(7));
 
     // x's tie-break time is lost (the case `rebuild` repairs), and another event arrives.
@@ -143,7 +124,7 @@ async fn a_member_repaired_by_rebuild_is_not_lost_to_a_racing_run_for_an_hour() 
 
     // The next run: nothing was applied or expired since A's gen, so it skips, and x (in a
     // live slice, with a `members` entry again) stays off the ranking until the hour is up.
-    roll_all(&store, boards, d0 + 4).await;
+    roll_all(&store, boards, d0 + 4, 10).await;
     let v = roll::verify(&store, &b, None, 100).await.unwrap();
     assert!(
         v.differences.is_empty(),
@@ -172,7 +153,7 @@ async fn a_member_restored_by_an_interrupted_rebuild_is_ranked_at_the_next_run()
         .apply(&b, None, &[ev("1", d0, "x", 7)], d0)
         .await
         .unwrap();
-    roll_all(&store, boards, d0).await;
+    roll_all(&store, boards, d0, 10).await;
     // x's tie-break time is lost; an event of another member makes the next run sum,
     // without x (`members` does not know it).
     redis.cli(&["HDEL", "rb:{res}:members", "x"]);
@@ -180,7 +161,7 @@ async fn a_member_restored_by_an_interrupted_rebuild_is_ranked_at_the_next_run()
         .apply(&b, None, &[ev("2", d0 + 1, "a", 5)], d0 + 1)
         .await
         .unwrap();
-    assert_eq!(roll_all(&store, boards, d0 + 2).await[0].resummed, 1);
+    assert_eq!(roll_all(&store, boards, d0 + 2, 10).await[0].resummed, 1);
     assert_eq!(store.rank(&b, None, "x", d0 + 2).await.unwrap().total, None);
 
     // A rebuild stages its rows (x's fallback time is written into `members`) and stops
@@ -195,7 +176,7 @@ async fn a_member_restored_by_an_interrupted_rebuild_is_ranked_at_the_next_run()
     store.discard(&b, None, "rebuild").await.unwrap();
 
     // The next run: a sum of the live slices now ranks x.
-    roll_all(&store, boards, d0 + 3).await;
+    roll_all(&store, boards, d0 + 3, 10).await;
     let r = store.rank(&b, None, "x", d0 + 3).await.unwrap();
     assert_eq!(
         (r.total, r.last_ts),
@@ -225,13 +206,13 @@ async fn a_scope_cleaned_up_and_back_at_the_same_watermark_is_summed() {
         s0,
     )
     .await;
-    roll_all(&store, boards, s0).await;
+    roll_all(&store, boards, s0, 10).await;
     model.roll(&b, s0);
     assert_matches(&store, &b, Some("r"), &model, s0).await;
 
     // The slice dies: expired, summed (empty), cleaned up, unregistered.
     let dead = s0 + 3 * HOUR;
-    let report = roll_all(&store, boards, dead).await.remove(0);
+    let report = roll_all(&store, boards, dead, 10).await.remove(0);
     model.roll(&b, dead);
     assert_eq!((report.resummed, report.scopes_removed), (1, 1));
     assert!(store.scopes(&b).await.unwrap().is_empty());
@@ -248,7 +229,7 @@ async fn a_scope_cleaned_up_and_back_at_the_same_watermark_is_summed() {
         dead + 2,
     )
     .await;
-    let report = roll_all(&store, boards, dead + 3).await.remove(0);
+    let report = roll_all(&store, boards, dead + 3, 10).await.remove(0);
     model.roll(&b, dead + 3);
     assert_eq!(report.resummed, 1);
     assert_eq!(report.scopes_removed, 0);
@@ -257,7 +238,7 @@ async fn a_scope_cleaned_up_and_back_at_the_same_watermark_is_summed() {
         record.summed_through
     );
     assert_matches(&store, &b, Some("r"), &model, dead + 3).await;
-    assert_eq!(roll_all(&store, boards, dead + 4).await[0].resummed, 0);
+    assert_eq!(roll_all(&store, boards, dead + 4, 10).await[0].resummed, 0);
     assert_matches(&store, &b, Some("r"), &model, dead + 4).await;
 }
 
@@ -282,7 +263,7 @@ async fn a_tie_break_time_that_moves_without_a_total_change_is_shown_at_the_next
         s0 + 10,
     )
     .await;
-    roll_all(&store, boards, s0 + 10).await;
+    roll_all(&store, boards, s0 + 10, 10).await;
     model.roll(&b, s0 + 10);
     assert_matches(&store, &b, None, &model, s0 + 10).await;
     assert_eq!(
@@ -300,7 +281,7 @@ async fn a_tie_break_time_that_moves_without_a_total_change_is_shown_at_the_next
         s0 + 21,
     )
     .await;
-    assert_eq!(roll_all(&store, boards, s0 + 22).await[0].resummed, 1);
+    assert_eq!(roll_all(&store, boards, s0 + 22, 10).await[0].resummed, 1);
     model.roll(&b, s0 + 22);
     assert_matches(&store, &b, None, &model, s0 + 22).await;
     let a = store.rank(&b, None, "a", s0 + 22).await.unwrap();
@@ -308,7 +289,7 @@ async fn a_tie_break_time_that_moves_without_a_total_change_is_shown_at_the_next
         (a.rank, a.total, a.last_ts),
         (Some(1), Some(5), Some(s0 + 21))
     );
-    assert_eq!(roll_all(&store, boards, s0 + 23).await[0].resummed, 0);
+    assert_eq!(roll_all(&store, boards, s0 + 23, 10).await[0].resummed, 0);
 }
 
 /// A batch larger than one script call (several chained calls, each moving `gen`) is summed
@@ -336,13 +317,13 @@ async fn a_batch_of_many_calls_is_summed_whole_and_its_redelivery_changes_nothin
     apply_model(&store, &b, None, &mut model, &events, s0 + 1).await;
     let gen = store.summed(&b, None).await.unwrap().gen;
     assert!(gen.parse::<u64>().unwrap() > 1, "several calls: gen {gen}");
-    assert_eq!(roll_all(&store, boards, s0 + 2).await[0].resummed, 1);
+    assert_eq!(roll_all(&store, boards, s0 + 2, 10).await[0].resummed, 1);
     model.roll(&b, s0 + 2);
     assert_matches(&store, &b, None, &model, s0 + 2).await;
 
     apply_model(&store, &b, None, &mut model, &events, s0 + 3).await;
     assert_eq!(store.summed(&b, None).await.unwrap().gen, gen);
-    assert_eq!(roll_all(&store, boards, s0 + 4).await[0].resummed, 0);
+    assert_eq!(roll_all(&store, boards, s0 + 4, 10).await[0].resummed, 0);
     assert_matches(&store, &b, None, &model, s0 + 4).await;
 }
 
@@ -358,7 +339,7 @@ async fn a_sum_record_that_is_not_a_number_is_summed_over() {
     let d0 = T0 / DAY * DAY;
     let mut model = Instance::default();
     apply_model(&store, &b, None, &mut model, &[ev("1", d0, "a", 5)], d0).await;
-    roll_all(&store, boards, d0).await;
+    roll_all(&store, boards, d0, 10).await;
     let slice = format!("rb:{{odd}}:slice:{}", b.slice_of(d0));
     for (field, value) in [
         ("summed_gen", "abc"),
@@ -370,7 +351,7 @@ async fn a_sum_record_that_is_not_a_number_is_summed_over() {
         redis.cli(&["HSET", &slice, "a", &amount]);
         redis.cli(&["HSET", "rb:{odd}:meta", field, value]);
         assert_eq!(
-            roll_all(&store, boards, d0 + 1).await[0].resummed,
+            roll_all(&store, boards, d0 + 1, 10).await[0].resummed,
             1,
             "{field} = {value:?}"
         );
@@ -382,7 +363,7 @@ async fn a_sum_record_that_is_not_a_number_is_summed_over() {
         let record = store.summed(&b, None).await.unwrap();
         assert_eq!(record.summed_gen.as_deref(), Some(record.gen.as_str()));
         assert_eq!(record.summed_ms, Some(d0 + 1));
-        assert_eq!(roll_all(&store, boards, d0 + 2).await[0].resummed, 0);
+        assert_eq!(roll_all(&store, boards, d0 + 2, 10).await[0].resummed, 0);
     }
     assert_eq!(redis.cli(&["KEYS", "rb:{odd}:tmp:*"]).trim(), "");
 }
@@ -402,9 +383,9 @@ async fn a_watermark_lowered_by_the_readme_procedure_is_summed_and_then_kept() {
         .apply(&b, None, &[ev("1", s0, "a", 5)], s0)
         .await
         .unwrap();
-    roll_all(&store, boards, s0).await;
+    roll_all(&store, boards, s0, 10).await;
     let ahead = s0 + 10 * HOUR;
-    roll_all(&store, boards, ahead).await;
+    roll_all(&store, boards, ahead, 10).await;
     let far = store.summed(&b, None).await.unwrap();
     assert_eq!(far.summed_through, Some(b.slice_of(ahead) - 3));
     assert_eq!(store.top(&b, None, 0, 10, s0).await.unwrap().count, 0);
@@ -431,12 +412,12 @@ async fn a_watermark_lowered_by_the_readme_procedure_is_summed_and_then_kept() {
         s0 + 1,
     )
     .await;
-    assert_eq!(roll_all(&store, boards, s0 + 2).await[0].resummed, 1);
+    assert_eq!(roll_all(&store, boards, s0 + 2, 10).await[0].resummed, 1);
     model.roll(&b, s0 + 2);
     assert_matches(&store, &b, None, &model, s0 + 2).await;
     let record = store.summed(&b, None).await.unwrap();
     assert_eq!(record.summed_through, Some(b.slice_of(s0) - 3));
-    assert_eq!(roll_all(&store, boards, s0 + 3).await[0].resummed, 0);
+    assert_eq!(roll_all(&store, boards, s0 + 3, 10).await[0].resummed, 0);
     assert_matches(&store, &b, None, &model, s0 + 3).await;
 }
 
@@ -467,24 +448,27 @@ async fn two_replicas_racing_with_ingest_end_equal_to_the_model() {
             .collect();
         let expected: Vec<Outcome> = events.iter().map(|e| model.apply(&b, e, now + 5)).collect();
         let (x, y, applied) = tokio::join!(
-            roll_all(&one, boards, now + 5),
-            roll_all(&two, boards, now + 5),
+            roll_all(&one, boards, now + 5, 10),
+            roll_all(&two, boards, now + 5, 10),
             one.apply(&b, None, &events, now + 5),
         );
         assert_eq!(applied.unwrap(), expected);
         assert!(x[0].resummed <= 1 && y[0].resummed <= 1);
     }
     let end = d0 + 1_000;
-    let (x, y) = tokio::join!(roll_all(&one, boards, end), roll_all(&two, boards, end));
+    let (x, y) = tokio::join!(
+        roll_all(&one, boards, end, 10),
+        roll_all(&two, boards, end, 10)
+    );
     model.roll(&b, end);
     let _ = (x, y);
     // One more run: whichever of the racing swaps landed last, a record at an older gen
     // cannot claim the ranking is current.
-    roll_all(&one, boards, end + 1).await;
+    roll_all(&one, boards, end + 1, 10).await;
     assert_matches(&one, &b, None, &model, end + 1).await;
     let record = one.summed(&b, None).await.unwrap();
     assert_eq!(record.summed_gen.as_deref(), Some(record.gen.as_str()));
-    assert_eq!(roll_all(&two, boards, end + 2).await[0].resummed, 0);
+    assert_eq!(roll_all(&two, boards, end + 2, 10).await[0].resummed, 0);
     assert_matches(&two, &b, None, &model, end + 2).await;
     assert_eq!(redis.cli(&["KEYS", "rb:{race}:tmp:*"]).trim(), "");
 }
@@ -513,14 +497,14 @@ async fn rolls_at_an_earlier_time_skip_or_sum_above_the_current_watermark() {
         clock,
     )
     .await;
-    roll_all(&store, boards, clock).await;
+    roll_all(&store, boards, clock, 10).await;
     model.roll(&b, clock);
     assert_matches(&store, &b, None, &model, clock).await;
     let at_clock = store.summed(&b, None).await.unwrap();
 
     // A roll two hours back: nothing changed, left as it is.
     assert_eq!(
-        roll_all(&store, boards, clock - 2 * HOUR).await[0].resummed,
+        roll_all(&store, boards, clock - 2 * HOUR, 10).await[0].resummed,
         0
     );
     assert_matches(&store, &b, None, &model, clock).await;
@@ -536,7 +520,7 @@ async fn rolls_at_an_earlier_time_skip_or_sum_above_the_current_watermark() {
     )
     .await;
     assert_eq!(
-        roll_all(&store, boards, clock - 2 * HOUR).await[0].resummed,
+        roll_all(&store, boards, clock - 2 * HOUR, 10).await[0].resummed,
         1
     );
     assert_matches(&store, &b, None, &model, clock + 1).await;
@@ -545,8 +529,8 @@ async fn rolls_at_an_earlier_time_skip_or_sum_above_the_current_watermark() {
     assert_eq!(back.summed_ms, Some(clock - 2 * HOUR));
 
     // At the clock the record is two hours old: summed once more, same ranking, then left.
-    assert_eq!(roll_all(&store, boards, clock + 2).await[0].resummed, 1);
-    assert_eq!(roll_all(&store, boards, clock + 3).await[0].resummed, 0);
+    assert_eq!(roll_all(&store, boards, clock + 2, 10).await[0].resummed, 1);
+    assert_eq!(roll_all(&store, boards, clock + 3, 10).await[0].resummed, 0);
     assert!(clock + 3 - (clock - 2 * HOUR) > EVERY);
     assert_matches(&store, &b, None, &model, clock + 3).await;
 }

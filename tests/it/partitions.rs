@@ -9,7 +9,7 @@ use fred::prelude::*;
 use rollboard::store::Store;
 
 use crate::util::{
-    assert_state, drained_streams, free_port, test_boards, wait_for, write_config, xadd_all,
+    assert_state, drained_streams, free_port, partitioned_config, test_boards, wait_for, xadd_all,
     Daemon, Fields, RedisServer,
 };
 
@@ -53,26 +53,6 @@ fn id_of(fields: &Fields) -> &str {
         .find(|(k, _)| k == "id")
         .map(|(_, v)| v.as_str())
         .expect("test events have ids")
-}
-
-/// A daemon config with `partitions` stream partitions.
-fn config(
-    dir: &std::path::Path,
-    redis: &RedisServer,
-    port: u16,
-    consumer: &str,
-    partitions: usize,
-) -> std::path::PathBuf {
-    let path = write_config(dir, redis, port, consumer, "");
-    let text = std::fs::read_to_string(&path).expect("read config");
-    let text = text.replacen(
-        "[ingest]\n",
-        &format!("[ingest]\npartitions = {partitions}\n"),
-        1,
-    );
-    let path = dir.join(format!("rollboard-{consumer}-{partitions}.toml"));
-    std::fs::write(&path, text).expect("write config");
-    path
 }
 
 /// XADDs each event to the partition `place` names for it.
@@ -140,8 +120,8 @@ async fn two_daemons_share_three_partitions_and_a_killed_one_loses_nothing() {
     let store = redis.store("rb").await;
     let dir = tempfile::tempdir().expect("temp dir");
     let (port_a, port_b) = (free_port(), free_port());
-    let config_a = config(dir.path(), &redis, port_a, "a", 3);
-    let config_b = config(dir.path(), &redis, port_b, "b", 3);
+    let config_a = partitioned_config(dir.path(), &redis, port_a, "a", 3);
+    let config_b = partitioned_config(dir.path(), &redis, port_b, "b", 3);
     let now = now_ms();
     let events: Vec<Fields> = (0..6000).map(|i| tip(i, now)).collect();
     // Most by the rule, every tenth on the "wrong" partition, as a producer might.
@@ -219,7 +199,7 @@ async fn a_copy_on_another_partition_is_a_duplicate() {
     let store = redis.store("rb").await;
     let dir = tempfile::tempdir().expect("temp dir");
     let port = free_port();
-    let cfg = config(dir.path(), &redis, port, "a", 3);
+    let cfg = partitioned_config(dir.path(), &redis, port, "a", 3);
     let now = now_ms();
     let events: Vec<Fields> = (0..900).map(|i| tip(i, now)).collect();
     let daemon = Daemon::start(&cfg, port).await;
@@ -251,7 +231,7 @@ async fn send_and_post_append_to_the_partition_the_rule_names() {
     let store = redis.store("rb").await;
     let dir = tempfile::tempdir().expect("temp dir");
     let port = free_port();
-    let cfg = config(dir.path(), &redis, port, "a", 3);
+    let cfg = partitioned_config(dir.path(), &redis, port, "a", 3);
     let daemon = Daemon::start(&cfg, port).await;
     let now = now_ms();
     // Half with their own id, half given one at intake.
@@ -323,7 +303,7 @@ async fn dead_letters_name_their_partition() {
     let store = redis.store("rb").await;
     let dir = tempfile::tempdir().expect("temp dir");
     let port = free_port();
-    let cfg = config(dir.path(), &redis, port, "a", 3);
+    let cfg = partitioned_config(dir.path(), &redis, port, "a", 3);
     let daemon = Daemon::start(&cfg, port).await;
     let now = now_ms().to_string();
     for (p, id) in [(1, "bad-1"), (2, "bad-2")] {
@@ -401,7 +381,7 @@ async fn changing_the_partition_count_drains_the_old_layout() {
         .await
         .expect("old consumer reads without acking");
     // A daemon with three partitions takes them, besides its own partitions.
-    let three = config(dir.path(), &redis, port, "a", 3);
+    let three = partitioned_config(dir.path(), &redis, port, "a", 3);
     let daemon = Daemon::start(&three, port).await;
     append_to(&store, &events[500..1000], |_, e| key(rule(id_of(e), 3))).await;
     let mut all = keys(3);
@@ -422,7 +402,7 @@ async fn changing_the_partition_count_drains_the_old_layout() {
 
     // Back to one partition: entries still on a partition key are read as well.
     append_to(&store, &events[1000..], |_, e| key(rule(id_of(e), 3))).await;
-    let one = config(dir.path(), &redis, port, "a", 1);
+    let one = partitioned_config(dir.path(), &redis, port, "a", 1);
     let daemon = Daemon::start(&one, port).await;
     assert!(
         drained_streams(&store, &all).await,

@@ -7,34 +7,15 @@ use std::time::Duration;
 use fred::prelude::*;
 use proptest::prelude::*;
 use rollboard::board::{Board, Mode, TieBreak};
-use rollboard::roll::{self, Job, Report};
+use rollboard::roll;
 use rollboard::store::{ApplyEvent, Outcome, Store};
-use tokio_util::sync::CancellationToken;
 
 use crate::model::{assert_matches, Instance};
-use crate::util::{board, ev, wait_for, RedisServer};
+use crate::util::{board, ev, roll_all, wait_for, RedisServer};
 
 const HOUR: i64 = 3_600_000;
 const DAY: i64 = 24 * HOUR;
 const T0: i64 = 1_763_700_000_000;
-
-async fn roll_all(store: &Store, boards: &[Board], now: i64, chunk: usize) -> Vec<Report> {
-    let reports = roll::run_once(
-        store,
-        boards,
-        Job::All,
-        None,
-        now,
-        chunk,
-        &CancellationToken::new(),
-    )
-    .await
-    .expect("roll");
-    for r in &reports {
-        assert_eq!(r.instances_failed, 0, "{}: {:?}", r.board, r.first_error);
-    }
-    reports
-}
 
 async fn assert_verified(store: &Store, board: &Board, scope: Option<&str>) {
     let v = roll::verify(store, board, scope, 100)

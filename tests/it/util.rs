@@ -684,3 +684,86 @@ pub async fn seen_logs(store: &Store, board: &Board, scope: Option<&str>) -> Vec
     keys.sort();
     keys
 }
+
+/// Runs both jobs once at `now` over `boards` (`schedule.chunk` = `chunk`) and checks
+/// that every instance was rolled.
+pub async fn roll_all(
+    store: &Store,
+    boards: &[Board],
+    now: i64,
+    chunk: usize,
+) -> Vec<rollboard::roll::Report> {
+    let reports = rollboard::roll::run_once(
+        store,
+        boards,
+        rollboard::roll::Job::All,
+        None,
+        now,
+        chunk,
+        &tokio_util::sync::CancellationToken::new(),
+    )
+    .await
+    .expect("roll");
+    for r in &reports {
+        assert_eq!(r.instances_failed, 0, "{}: {:?}", r.board, r.first_error);
+    }
+    reports
+}
+
+/// Ingest settings for `process_batch` called directly: `stream` in `partitions`
+/// partitions, the default group and dead-letter stream.
+pub fn ingest_settings(stream: &str, partitions: usize) -> rollboard::config::IngestSettings {
+    rollboard::config::IngestSettings {
+        stream: stream.into(),
+        partitions,
+        group: "rollboard".into(),
+        consumer: "c1".into(),
+        batch_size: 100,
+        block: Duration::from_millis(100),
+        claim_idle: Duration::from_secs(30),
+        dead_letter_stream: "rb:events:dead".into(),
+        max_future_ms: 60_000,
+    }
+}
+
+/// One stream entry `id` with `fields`.
+pub fn entry(id: &str, fields: &[(&str, &str)]) -> rollboard::ingest::Entry {
+    rollboard::ingest::Entry {
+        id: id.into(),
+        fields: Some(
+            fields
+                .iter()
+                .map(|(k, v)| (k.as_bytes().to_vec(), v.as_bytes().to_vec()))
+                .collect(),
+        ),
+    }
+}
+
+/// The total of `member` on the unscoped instance of `board` at `now`.
+pub async fn total_at(store: &Store, board: &Board, member: &str, now: i64) -> Option<i64> {
+    store
+        .rank(board, None, member, now)
+        .await
+        .expect("rank")
+        .total
+}
+
+/// As [`write_config`], with `partitions` stream partitions.
+pub fn partitioned_config(
+    dir: &std::path::Path,
+    redis: &RedisServer,
+    port: u16,
+    consumer: &str,
+    partitions: usize,
+) -> std::path::PathBuf {
+    let path = write_config(dir, redis, port, consumer, "");
+    let text = std::fs::read_to_string(&path).expect("read config");
+    let text = text.replacen(
+        "[ingest]\n",
+        &format!("[ingest]\npartitions = {partitions}\n"),
+        1,
+    );
+    let path = dir.join(format!("rollboard-{consumer}-{partitions}.toml"));
+    std::fs::write(&path, text).expect("write config");
+    path
+}
