@@ -155,6 +155,17 @@ impl Board {
         ]
     }
 
+    /// The settings pinned when the board's data is first written: the shaping settings
+    /// and `scope` (the event field naming the instance, `""` for an unscoped board). A
+    /// change of scope would start the board over empty under other keys and orphan its
+    /// data, so it is refused like the others. `scope` is not part of the instances'
+    /// [`Board::fingerprint`]: every key of an instance already says whether it is scoped.
+    pub fn pinned_settings(&self) -> Vec<(&'static str, String)> {
+        let mut pinned = self.shaping_settings().to_vec();
+        pinned.push(("scope", self.scope.clone().unwrap_or_default()));
+        pinned
+    }
+
     /// [`Board::shaping_settings`] as one string, stored in every instance's `meta` and
     /// checked by every script that writes the instance.
     pub fn fingerprint(&self) -> String {

@@ -1,9 +1,9 @@
 //! `rollboard run`: the stream consumer, the scheduled roll and resummarize jobs, the HTTP
 //! server and a consumer-group poller, all under one cancellation token and task tracker.
 //!
-//! Start-up order: metrics, Redis connections (in the background: the daemon serves
-//! `/healthz` and answers 503 on `/readyz` until Redis is there), consumer, scheduler,
-//! HTTP. Shutdown: stop reading, let the batch and the expiry chunk in flight finish, stop
+//! Start-up order: metrics, Redis connections, the permission and board settings checks
+//! (retried until Redis answers; no listener is open until they pass, so no probe passes
+//! for a process that then refuses to run), HTTP, consumers, scheduler. Shutdown: stop reading, let the batch and the expiry chunk in flight finish, stop
 //! the scheduler, drain under a grace timeout.
 
 use std::sync::{Arc, Mutex};
@@ -351,6 +351,11 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> anyhow::Resul
     }
     let group_ready = consumers.iter().map(Ingest::group_ready).collect();
 
+    // Nothing touches board data, and no listener opens, before the stored settings are
+    // known to agree: a probe must never pass for a process that is about to refuse to run.
+    if !settings_gate(&store, &settings, &metrics, &cancel).await? {
+        return Ok(());
+    }
     let tracker = TaskTracker::new();
     let listener = std::net::TcpListener::bind(settings.http.listen)
         .with_context(|| format!("cannot listen on {}", settings.http.listen))?;
@@ -364,11 +369,6 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> anyhow::Resul
     )
     .await?;
 
-    // Nothing touches board data before the stored settings are known to agree.
-    if !settings_gate(&store, &settings, &metrics, &cancel).await? {
-        join_http(http).await;
-        return Ok(());
-    }
     for ingest in consumers {
         let span = tracing::info_span!("consumer", stream = %ingest.stream());
         tracker.spawn(ingest.run(cancel.clone()).instrument(span));

@@ -225,7 +225,8 @@ impl Denied {
 pub struct Conflict {
     /// Board name.
     pub board: String,
-    /// The setting (`mode`, `tie_break`, `allow_negative`, `scale`, `window`, `slice`).
+    /// The setting (`mode`, `tie_break`, `allow_negative`, `scale`, `window`, `slice`,
+    /// `scope`).
     pub setting: &'static str,
     /// Its value when the board's data was created.
     pub stored: String,
@@ -240,9 +241,25 @@ impl std::fmt::Display for Conflict {
         write!(
             f,
             "board {}: {} is {} in the configuration but the board's data in Redis was built with {} = {} ({}); \
-             put the setting back, or give the board a new name (it starts empty; delete the old keys when done)",
-            self.board, self.setting, self.configured, self.setting, self.stored, self.key
+             put the setting back, or give the board a new name (it starts empty; remove the old board's keys \
+             with `rollboard drop-board {}` once nothing reads them)",
+            self.board,
+            self.setting,
+            shown(&self.configured),
+            self.setting,
+            shown(&self.stored),
+            self.key,
+            self.board
         )
+    }
+}
+
+/// A setting's value as a message shows it: an unscoped board's `scope` is `(none)`.
+fn shown(value: &str) -> &str {
+    if value.is_empty() {
+        "(none)"
+    } else {
+        value
     }
 }
 
@@ -484,7 +501,7 @@ impl Store {
         let mut conflicts = Vec::new();
         for board in boards {
             let key = self.keys.settings(&board.name);
-            let wanted = board.shaping_settings();
+            let wanted = board.pinned_settings();
             let mut stored: HashMap<String, String> = self.client().hgetall(&key).await?;
             let mut source = key.clone();
             if stored.is_empty() {
@@ -493,6 +510,14 @@ impl Store {
                 if let Some((meta, fingerprint)) = self.instance_fingerprint(board).await? {
                     stored = parse_fingerprint(&fingerprint);
                     source = meta;
+                }
+            }
+            if !stored.contains_key("scope") {
+                // Recorded by an older version, which did not pin `scope`: the keys that
+                // exist tell whether the data was built scoped.
+                if let Some((scope, key)) = self.scope_in_data(board).await? {
+                    stored.insert("scope".into(), scope);
+                    source = key;
                 }
             }
             let before = conflicts.len();
@@ -509,6 +534,8 @@ impl Store {
                 }
             }
             if conflicts.len() == before {
+                // The whole record on first sight; `scope` alone into a record written
+                // before it was pinned.
                 let args: Vec<Value> = wanted
                     .iter()
                     .flat_map(|(k, v)| [Value::from(*k), Value::from(v.as_str())])
@@ -516,7 +543,8 @@ impl Store {
                 let _: Value = self
                     .client()
                     .eval(
-                        "if redis.call('EXISTS', KEYS[1]) == 0 then redis.call('HSET', KEYS[1], unpack(ARGV)) end return 1",
+                        "if redis.call('EXISTS', KEYS[1]) == 0 then redis.call('HSET', KEYS[1], unpack(ARGV)) \
+                         else redis.call('HSETNX', KEYS[1], ARGV[#ARGV - 1], ARGV[#ARGV]) end return 1",
                         vec![key],
                         args,
                     )
@@ -524,6 +552,32 @@ impl Store {
             }
         }
         Ok(conflicts)
+    }
+
+    /// Whether the board's data in Redis was built without a scope (`""`, with the
+    /// unscoped instance's key that exists) or with one (the configured scope field, which
+    /// older versions did not record, with the scope registry); `None` when there is no
+    /// data to tell.
+    async fn scope_in_data(&self, board: &Board) -> Result<Option<(String, String)>, StoreError> {
+        let unscoped = self.instance(board, None);
+        for key in [unscoped.meta(), unscoped.result(), unscoped.slices()] {
+            let exists: i64 = self.client().exists(&key).await?;
+            if exists > 0 {
+                return Ok(Some((String::new(), key)));
+            }
+        }
+        let registry = self.keys.scopes(&board.name);
+        let scopes: i64 = self.client().exists(&registry).await?;
+        if scopes > 0 {
+            // The field's name was not recorded: only "scoped" is known, so a scoped
+            // configuration is taken as the one the data was built with.
+            let field = board
+                .scope
+                .clone()
+                .unwrap_or_else(|| "a scope field".into());
+            return Ok(Some((field, registry)));
+        }
+        Ok(None)
     }
 
     /// The settings fingerprint stored in the `meta` of one of the board's instances (the

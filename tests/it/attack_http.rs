@@ -493,18 +493,23 @@ async fn sigterm_during_an_intake_upload_confirms_or_refuses_and_loses_nothing()
 }
 
 #[tokio::test]
-async fn without_redis_at_start_http_answers_then_recovers_and_sigterm_exits_0() {
+async fn without_redis_at_start_no_listener_opens_until_the_checks_pass_then_it_serves_and_sigterm_exits_0(
+) {
     let mut redis = RedisServer::start_persistent();
     redis.kill();
     let store_url = redis.url();
     let dir = tempfile::tempdir().expect("temp dir");
     let port = free_port();
     let config = write_config(dir.path(), &redis, port, "a", "");
-    // Daemon::start waits for /healthz: the HTTP thread serves without Redis.
-    let daemon = Daemon::start(&config, port).await;
-    assert_eq!(daemon.get("/readyz").await.0, 503);
-    let (status, body) = daemon.get("/v1/boards/rooms_7d/top").await;
-    assert_eq!(status, 503, "{body}");
+    let daemon = Daemon::spawn(&config, port);
+    daemon.wait_log("cannot connect to redis yet").await;
+    // The board settings are not checked yet: no probe may pass.
+    assert_eq!(
+        daemon.get("/healthz").await.0,
+        0,
+        "a listener opened before the checks"
+    );
+    assert_eq!(daemon.get("/readyz").await.0, 0);
     redis.restart();
     assert!(
         wait_for(Duration::from_secs(30), || async {
@@ -543,8 +548,8 @@ async fn sigterm_while_redis_never_came_exits_0_without_waiting_for_it() {
     let dir = tempfile::tempdir().expect("temp dir");
     let port = free_port();
     let config = write_config(dir.path(), &redis, port, "a", "");
-    let daemon = Daemon::start(&config, port).await;
-    assert_eq!(daemon.get("/readyz").await.0, 503);
+    let daemon = Daemon::spawn(&config, port);
+    daemon.wait_log("cannot connect to redis yet").await;
     let started = std::time::Instant::now();
     let status = daemon.terminate().await;
     assert!(status.success(), "exit {status:?}");

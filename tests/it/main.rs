@@ -20,6 +20,7 @@ mod intake;
 mod layout;
 mod model;
 mod partitions;
+mod pinned_settings;
 mod prometheus;
 mod proxy;
 mod redirect;

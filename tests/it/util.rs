@@ -334,6 +334,28 @@ pub struct Daemon {
 impl Daemon {
     /// Starts `rollboard run` with `config` and waits until `/healthz` answers.
     pub async fn start(config: &std::path::Path, http_port: u16) -> Daemon {
+        let daemon = Daemon::spawn(config, http_port);
+        daemon.wait_up().await;
+        daemon
+    }
+
+    /// Waits until `/healthz` answers (the start-up checks passed and HTTP is open).
+    pub async fn wait_up(&self) {
+        let url = format!("{}/healthz", self.base);
+        let up = wait_for(Duration::from_secs(20), || {
+            let url = url.clone();
+            async move {
+                reqwest::get(&url)
+                    .await
+                    .is_ok_and(|r| r.status().is_success())
+            }
+        })
+        .await;
+        assert!(up, "daemon did not come up; log:\n{}", self.logs());
+    }
+
+    /// Starts `rollboard run` with `config` and returns at once.
+    pub fn spawn(config: &std::path::Path, http_port: u16) -> Daemon {
         let log = config.with_extension("log");
         let file = std::fs::File::create(&log).expect("log file");
         let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_rollboard"))
@@ -344,23 +366,20 @@ impl Daemon {
             .kill_on_drop(true)
             .spawn()
             .expect("spawn rollboard run");
-        let daemon = Daemon {
+        Daemon {
             child,
             base: format!("http://127.0.0.1:{http_port}"),
             log,
-        };
-        let url = format!("{}/healthz", daemon.base);
-        let up = wait_for(Duration::from_secs(20), || {
-            let url = url.clone();
-            async move {
-                reqwest::get(&url)
-                    .await
-                    .is_ok_and(|r| r.status().is_success())
-            }
+        }
+    }
+
+    /// Waits until its log holds `text`.
+    pub async fn wait_log(&self, text: &str) {
+        let logged = wait_for(Duration::from_secs(20), || async {
+            self.logs().contains(text)
         })
         .await;
-        assert!(up, "daemon did not come up; log:\n{}", daemon.logs());
-        daemon
+        assert!(logged, "never logged {text:?}; log:\n{}", self.logs());
     }
 
     /// Its log output so far.
