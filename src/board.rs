@@ -110,9 +110,12 @@ impl Board {
             .saturating_mul(self.slice_ms)
     }
 
-    /// Whether an event at `ts` is late at `now`.
+    /// Whether an event at `ts` is late at `now`: its slice left the window, or (with a
+    /// `dedup_window` duration) the idempotency keys of its slice may be forgotten. An id
+    /// is forgotten only once events of its slice can no longer be applied.
     pub fn is_late(&self, ts: i64, now: i64, expired_through: Option<i64>) -> bool {
-        self.slice_of(ts) <= self.horizon(now, expired_through)
+        let slice = self.slice_of(ts);
+        slice <= self.horizon(now, expired_through) || slice <= self.forgettable_through(now)
     }
 
     /// Start (inclusive) and end (exclusive) of the live range in epoch ms.
@@ -282,6 +285,19 @@ mod tests {
         assert_eq!(b.forget_at(7), 8_500);
         b.dedup = Dedup::AfterSlice(1_000_000);
         assert_eq!(b.forget_at(7), 11_000);
+    }
+
+    #[test]
+    fn an_event_whose_ids_may_be_forgotten_is_late() {
+        let mut b = board(4_000, 1_000);
+        b.dedup = Dedup::AfterSlice(500);
+        // Slice 7 ends at 8_000; its ids may be forgotten from 8_500 on.
+        assert!(!b.is_late(7_000, 8_499, None));
+        assert!(b.is_late(7_999, 8_500, None));
+        assert!(!b.is_late(8_000, 8_500, None));
+        b.dedup = Dedup::Window;
+        assert!(!b.is_late(7_000, 10_999, None));
+        assert!(b.is_late(7_000, 11_000, None));
     }
 
     #[test]

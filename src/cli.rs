@@ -108,11 +108,11 @@ pub enum Command {
         /// Only this board.
         #[arg(long)]
         board: Option<String>,
-        /// RFC 3339 or epoch milliseconds; at most `ingest.max_future` ahead of the clock
-        /// unless --force is given.
+        /// RFC 3339 or epoch milliseconds; not later than Redis's clock (`TIME`) unless
+        /// --force is given.
         #[arg(long, value_parser = parse_time)]
         at: Option<i64>,
-        /// Accept an --at further ahead than `ingest.max_future` (it cannot be undone).
+        /// Accept an --at later than Redis's clock (it cannot be undone).
         #[arg(long, requires = "at")]
         force: bool,
     },
@@ -154,9 +154,10 @@ pub fn parse_time(text: &str) -> Result<i64, String> {
     Ok(ms)
 }
 
-/// Wall-clock time in epoch ms.
+/// This process's own clock in epoch ms (what events are stamped with when appended;
+/// time is judged by Redis's clock, see [`crate::clock`]).
 pub fn now_ms() -> i64 {
-    Utc::now().timestamp_millis()
+    crate::clock::local_ms()
 }
 
 fn show_time(ms: i64) -> String {
@@ -263,9 +264,10 @@ async fn dispatch(settings: &Settings, command: Command) -> anyhow::Result<u8> {
             json,
         } => {
             let board = resolve_board(settings, &board, scope.as_deref())?;
-            let page = connect(settings)
-                .await?
-                .top(board, scope.as_deref(), offset, limit, now_ms())
+            let store = connect(settings).await?;
+            let now = store.time_ms().await?;
+            let page = store
+                .top(board, scope.as_deref(), offset, limit, now)
                 .await?;
             print_page(&page, json)?;
             Ok(0)
@@ -278,10 +280,9 @@ async fn dispatch(settings: &Settings, command: Command) -> anyhow::Result<u8> {
         } => {
             let board = resolve_board(settings, &board, scope.as_deref())?;
             check_member(&member)?;
-            let rank = connect(settings)
-                .await?
-                .rank(board, scope.as_deref(), &member, now_ms())
-                .await?;
+            let store = connect(settings).await?;
+            let now = store.time_ms().await?;
+            let rank = store.rank(board, scope.as_deref(), &member, now).await?;
             let found = rank.rank.is_some();
             if json {
                 println!("{}", serde_json::to_string(&rank)?);
@@ -315,9 +316,10 @@ async fn dispatch(settings: &Settings, command: Command) -> anyhow::Result<u8> {
         } => {
             let board = resolve_board(settings, &board, scope.as_deref())?;
             check_member(&member)?;
-            match connect(settings)
-                .await?
-                .around(board, scope.as_deref(), &member, radius, now_ms())
+            let store = connect(settings).await?;
+            let now = store.time_ms().await?;
+            match store
+                .around(board, scope.as_deref(), &member, radius, now)
                 .await?
             {
                 Some(page) => {
@@ -344,11 +346,12 @@ async fn dispatch(settings: &Settings, command: Command) -> anyhow::Result<u8> {
                     .board(name)
                     .ok_or_else(|| Usage(format!("unknown board {name:?}")))?;
             }
-            let clock = now_ms();
-            if let Some(at) = at.filter(|_| !force) {
-                check_roll_time(at, clock, settings.ingest.max_future_ms)?;
-            }
             let store = connect(settings).await?;
+            // The one clock: Redis's, the same the daemons judge by.
+            let clock = store.time_ms().await?;
+            if let Some(at) = at.filter(|_| !force) {
+                check_roll_time(at, clock)?;
+            }
             let now = at.unwrap_or(clock);
             let reports = roll::run_once(
                 &store,
@@ -471,19 +474,21 @@ async fn dispatch(settings: &Settings, command: Command) -> anyhow::Result<u8> {
     }
 }
 
-/// Refuses a roll time further ahead of the clock than `max_future_ms`: a roll expires
-/// every slice that is dead at that time and raises the watermark for good, so a typo in
-/// the year would empty the boards and refuse every event until the clock caught up.
-pub fn check_roll_time(at: i64, clock: i64, max_future_ms: i64) -> Result<(), Usage> {
-    if at <= clock.saturating_add(max_future_ms) {
+/// Refuses a roll time later than Redis's clock: a roll expires every slice that is dead
+/// at that time, forgets the idempotency keys due by then and raises the watermark for
+/// good, so a roll ahead of the clock would drop live tips from the rankings and refuse
+/// them as late (DESIGN section 11, one clock).
+pub fn check_roll_time(at: i64, clock: i64) -> Result<(), Usage> {
+    if at <= clock {
         return Ok(());
     }
     Err(Usage(format!(
-        "--at {} is {} s ahead of the clock, beyond ingest.max_future ({} s); a roll cannot \
-         be undone (it expires every slice dead at that time): check the time, or give --force",
+        "--at {} is {} ms ahead of Redis's clock ({}); a roll cannot be undone (it expires \
+         every slice dead at that time and forgets the ids due by then, for good): check the \
+         time, or give --force",
         show_time(at),
-        (at - clock) / 1000,
-        max_future_ms / 1000
+        at - clock,
+        show_time(clock),
     )))
 }
 
@@ -852,11 +857,11 @@ mod tests {
     }
 
     #[test]
-    fn roll_times_past_max_future_are_refused() {
+    fn roll_times_ahead_of_redis_are_refused() {
         let clock = 1_763_700_000_000;
-        assert!(check_roll_time(clock - 86_400_000, clock, 300_000).is_ok());
-        assert!(check_roll_time(clock + 300_000, clock, 300_000).is_ok());
-        let refused = check_roll_time(clock + 300_001, clock, 300_000).map_err(|u| u.0);
-        assert!(refused.is_err_and(|m| m.contains("max_future") && m.contains("--force")));
+        assert!(check_roll_time(clock - 86_400_000, clock).is_ok());
+        assert!(check_roll_time(clock, clock).is_ok());
+        let refused = check_roll_time(clock + 1, clock).map_err(|u| u.0);
+        assert!(refused.is_err_and(|m| m.contains("Redis's clock") && m.contains("--force")));
     }
 }

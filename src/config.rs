@@ -69,6 +69,7 @@ struct RawRedis {
     min_replicas_acked: Option<i64>,
     replica_ack_timeout: String,
     max_calls_in_flight: i64,
+    max_clock_skew: String,
 }
 
 impl Default for RawRedis {
@@ -82,6 +83,7 @@ impl Default for RawRedis {
             min_replicas_acked: None,
             replica_ack_timeout: "2s".into(),
             max_calls_in_flight: crate::store::DEFAULT_CALLS_IN_FLIGHT as i64,
+            max_clock_skew: "2s".into(),
         }
     }
 }
@@ -246,6 +248,9 @@ pub struct RedisSettings {
     /// Full-size writing script calls in Redis at once (`redis.max_calls_in_flight`): what
     /// a query may wait behind while the daemon ingests or rolls.
     pub calls_in_flight: usize,
+    /// How far this process's own clock may be from Redis's (`TIME`) before the process
+    /// says so (`redis.max_clock_skew`, ms). Time is always Redis's; this only reports.
+    pub max_clock_skew_ms: i64,
 }
 
 impl RedisSettings {
@@ -263,6 +268,7 @@ impl std::fmt::Debug for RedisSettings {
             .field("tls", &self.tls)
             .field("durability", &self.durability)
             .field("calls_in_flight", &self.calls_in_flight)
+            .field("max_clock_skew_ms", &self.max_clock_skew_ms)
             .finish()
     }
 }
@@ -954,6 +960,7 @@ impl RawSettings {
                 tls,
                 durability,
                 calls_in_flight: calls_in_flight as usize,
+                max_clock_skew_ms: duration("redis.max_clock_skew", &self.redis.max_clock_skew)?,
             },
             ingest: ingest_settings,
             schedule,

@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn, Instrument};
 
-use crate::cli::now_ms;
+use crate::clock::Clock;
 use crate::config::Settings;
 use crate::ingest::Ingest;
 use crate::metrics::Metrics;
@@ -32,6 +32,7 @@ const POOL_SIZE: usize = 4;
 /// The scheduled jobs, each guarded so that one run at a time happens in this process.
 struct Jobs {
     store: Arc<Store>,
+    clock: Arc<Clock>,
     settings: Arc<Settings>,
     metrics: Arc<Metrics>,
     cancel: CancellationToken,
@@ -93,7 +94,7 @@ impl Jobs {
                 continue;
             }
             let started = Instant::now();
-            let now = now_ms();
+            let now = self.clock.now();
             match roll::roll_board(
                 &self.store,
                 board,
@@ -252,6 +253,69 @@ async fn settings_gate(
     }
 }
 
+/// How often the offset to Redis's clock is measured again.
+const CLOCK_SYNC: Duration = Duration::from_secs(5);
+
+/// Measures the offset to Redis's clock until it succeeds; `false`: shutdown came first.
+async fn sync_clock(
+    store: &Store,
+    clock: &Clock,
+    metrics: &Metrics,
+    cancel: &CancellationToken,
+) -> bool {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        match clock.sync(store).await {
+            Ok(skew) => {
+                metrics.clock_skew(skew, clock.is_skewed());
+                if clock.is_skewed() {
+                    warn!(skew_ms = skew, "this host's clock is off from Redis's; time is judged by Redis's");
+                }
+                return true;
+            }
+            Err(e) => {
+                metrics.redis_error(&e);
+                warn!(error = %e, "cannot read Redis's clock yet; retrying");
+            }
+        }
+        tokio::select! {
+            _ = cancel.cancelled() => return false,
+            _ = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// Measures the offset to Redis's clock every [`CLOCK_SYNC`], reporting the skew (a
+/// warning each time it goes beyond `redis.max_clock_skew`). A failed measure keeps the
+/// last offset: the local clock drifts by far less than a slice between two measures.
+async fn keep_clock(
+    store: Arc<Store>,
+    clock: Arc<Clock>,
+    metrics: Arc<Metrics>,
+    cancel: CancellationToken,
+) {
+    let mut skewed = clock.is_skewed();
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => break,
+            _ = tokio::time::sleep(CLOCK_SYNC) => {}
+        }
+        match clock.sync(&store).await {
+            Ok(skew) => {
+                metrics.clock_skew(skew, clock.is_skewed());
+                if clock.is_skewed() && !skewed {
+                    warn!(skew_ms = skew, "this host's clock is off from Redis's; time is judged by Redis's");
+                } else if !clock.is_skewed() && skewed {
+                    info!(skew_ms = skew, "this host's clock agrees with Redis's again");
+                }
+                skewed = clock.is_skewed();
+            }
+            Err(e) => metrics.redis_error(&e),
+        }
+    }
+}
+
 /// Reads partitions of other layouts (left by a change of `ingest.partitions`) while they
 /// hold entries the group has not finished: checked at start and every `claim_idle`, one
 /// consumer per such partition, which stops once the group has nothing left there.
@@ -260,6 +324,7 @@ async fn watch_retired(
     settings: Arc<Settings>,
     boards: Arc<Vec<crate::board::Board>>,
     metrics: Arc<Metrics>,
+    clock: Arc<Clock>,
     tracker: TaskTracker,
     cancel: CancellationToken,
 ) {
@@ -291,7 +356,8 @@ async fn watch_retired(
                         boards.clone(),
                         metrics.clone(),
                     )
-                    .reading(key.clone(), true);
+                    .reading(key.clone(), true)
+                    .with_clock(clock.clone());
                     let span = tracing::info_span!("consumer", stream = %key, retired = true);
                     let task = tracker.spawn(consumer.run(cancel.clone()).instrument(span));
                     running.push((key, task));
@@ -330,6 +396,7 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> anyhow::Resul
     for client in store.pool().clients() {
         metrics.watch_reconnects(client);
     }
+    let clock = Arc::new(Clock::new(settings.redis.max_clock_skew_ms));
     // One consumer per partition, each with its own reader (XREADGROUP blocks it).
     let boards = Arc::new(settings.boards.clone());
     let mut consumers = Vec::new();
@@ -346,7 +413,8 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> anyhow::Resul
                 boards.clone(),
                 metrics.clone(),
             )
-            .reading(key, false),
+            .reading(key, false)
+            .with_clock(clock.clone()),
         );
     }
     let group_ready = consumers.iter().map(Ingest::group_ready).collect();
@@ -356,7 +424,15 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> anyhow::Resul
     if !settings_gate(&store, &settings, &metrics, &cancel).await? {
         return Ok(());
     }
+    // Every time the daemon judges is Redis's: nothing runs before the first measure.
+    if !sync_clock(&store, &clock, &metrics, &cancel).await {
+        return Ok(());
+    }
     let tracker = TaskTracker::new();
+    tracker.spawn(
+        keep_clock(store.clone(), clock.clone(), metrics.clone(), cancel.clone())
+            .instrument(tracing::info_span!("clock")),
+    );
     let listener = std::net::TcpListener::bind(settings.http.listen)
         .with_context(|| format!("cannot listen on {}", settings.http.listen))?;
     info!(listen = %settings.http.listen, "http listening");
@@ -364,6 +440,7 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> anyhow::Resul
         listener,
         settings.clone(),
         metrics.clone(),
+        clock.clone(),
         group_ready,
         cancel.clone(),
     )
@@ -379,6 +456,7 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> anyhow::Resul
             settings.clone(),
             boards.clone(),
             metrics.clone(),
+            clock.clone(),
             tracker.clone(),
             cancel.clone(),
         )
@@ -387,6 +465,7 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> anyhow::Resul
 
     let jobs = Arc::new(Jobs {
         store: store.clone(),
+        clock: clock.clone(),
         settings: settings.clone(),
         metrics: metrics.clone(),
         cancel: cancel.clone(),

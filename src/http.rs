@@ -36,7 +36,8 @@ use tower_http::timeout::TimeoutLayer;
 use tracing::{debug, warn, Instrument};
 
 use crate::board::Board;
-use crate::cli::{event_value, now_ms};
+use crate::cli::event_value;
+use crate::clock::Clock;
 use crate::config::{HttpSettings, Settings, Token};
 use crate::event::{check_name, fields_from_json, validate, Field};
 use crate::metrics::Metrics;
@@ -63,6 +64,8 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// Whether the consumer group is known to exist, one flag per partition's consumer.
     pub group_ready: Vec<Arc<AtomicBool>>,
+    /// Redis's clock as seen from this process: the time queries are answered at.
+    pub clock: Arc<Clock>,
 }
 
 /// An error answer.
@@ -130,6 +133,7 @@ pub async fn spawn(
     listener: std::net::TcpListener,
     settings: Arc<Settings>,
     metrics: Arc<Metrics>,
+    clock: Arc<Clock>,
     group_ready: Vec<Arc<AtomicBool>>,
     cancel: CancellationToken,
 ) -> anyhow::Result<std::thread::JoinHandle<()>> {
@@ -180,6 +184,7 @@ pub async fn spawn(
                     settings: settings.clone(),
                     metrics,
                     group_ready,
+                    clock,
                 }));
                 let _ = started.send(Ok(()));
                 serve(listener, app, &settings.http, cancel)
@@ -572,7 +577,7 @@ async fn top(
     let scope = scope_of(b, &params)?;
     let limit = number(&params, "limit", 10, 1..=1000)?;
     let offset = number(&params, "offset", 0, 0..=u64::MAX)?;
-    let page = redis(&state, state.store.top(b, scope, offset, limit, now_ms())).await?;
+    let page = redis(&state, state.store.top(b, scope, offset, limit, state.clock.now())).await?;
     Ok(Json(page).into_response())
 }
 
@@ -586,7 +591,7 @@ async fn rank(
     let b = board(&state, &name)?;
     let scope = scope_of(b, &params)?;
     let member = member_of(&member)?;
-    let rank = redis(&state, state.store.rank(b, scope, member, now_ms())).await?;
+    let rank = redis(&state, state.store.rank(b, scope, member, state.clock.now())).await?;
     if rank.rank.is_none() {
         return Err(ApiError::NotFound(format!(
             "{member:?} is not on board {}",
@@ -609,7 +614,7 @@ async fn around(
     let radius = number(&params, "radius", 5, 0..=100)?;
     match redis(
         &state,
-        state.store.around(b, scope, member, radius, now_ms()),
+        state.store.around(b, scope, member, radius, state.clock.now()),
     )
     .await?
     {
@@ -797,15 +802,19 @@ async fn readyz(State(state): State<Arc<AppState>>) -> Response {
     let failing = state.metrics.failing_boards();
     // E.g. `OOM` at maxmemory: Redis answers the check, but the consumer cannot apply.
     let ingest_error = state.metrics.consumer_error();
+    // Reported, never a reason to take the pod out: time is judged by Redis's clock.
+    let skewed = state.clock.is_skewed();
     (
         status,
         Json(json!({
             "ready": ready,
             "redis": redis_ok,
             "group": group,
-            "degraded": !failing.is_empty() || ingest_error.is_some(),
+            "degraded": !failing.is_empty() || ingest_error.is_some() || skewed,
             "failing_boards": failing,
             "ingest_error": ingest_error,
+            "clock_skew_ms": state.clock.skew_ms(),
+            "clock_skewed": skewed,
         })),
     )
         .into_response()

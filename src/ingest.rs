@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::board::Board;
-use crate::cli::now_ms;
+use crate::clock::Clock;
 use crate::config::IngestSettings;
 use crate::event::{parse_entry, Reason, Rejection};
 use crate::metrics::{Metrics, Skip};
@@ -62,6 +62,8 @@ pub struct Ingest {
     group_ready: Arc<AtomicBool>,
     /// Set when the reader (re)connects: read own pending entries before new ones.
     reader_reconnected: Arc<AtomicBool>,
+    /// The time events are judged by (Redis's, see [`crate::clock`]).
+    clock: Arc<Clock>,
 }
 
 impl Ingest {
@@ -85,7 +87,15 @@ impl Ingest {
             metrics,
             group_ready: Arc::new(AtomicBool::new(false)),
             reader_reconnected: Arc::new(AtomicBool::new(false)),
+            clock: Arc::new(Clock::new(0)),
         }
+    }
+
+    /// The same consumer judging time by `clock` (the daemon's, synced with Redis) rather
+    /// than by this process's own clock.
+    pub fn with_clock(mut self, clock: Arc<Clock>) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// The same consumer reading `stream` instead; `retired` for a partition of another
@@ -350,7 +360,7 @@ impl Ingest {
             &self.metrics,
             &self.stream,
             &entries,
-            now_ms(),
+            self.clock.now(),
         )
         .await;
         if outcome.is_ok() {

@@ -15,6 +15,7 @@
 //! * [`stream`]: the stream side: partition rule and keys, append, read, ack, claim,
 //!   dead-letter; the consumer ([`ingest`]) and the intake (`send`, `POST /v1/events`) call it.
 //! * [`query`]: read-side types (entries, pages, ranks) and their decoding.
+//! * [`clock`]: the one clock: Redis's `TIME`, as seen from this process.
 //! * [`roll`]: the expiry and resummarize jobs, rebuild and verify.
 //! * [`ingest`]: the Redis Stream consumer: read, group, apply, ack, reclaim, dead-letter.
 //! * [`metrics`]: the Prometheus registry and one method per notable happening.
@@ -26,6 +27,7 @@
 
 pub mod board;
 pub mod cli;
+pub mod clock;
 pub mod config;
 pub mod daemon;
 pub mod event;

@@ -63,6 +63,8 @@ pub struct Metrics {
     reconnects: IntCounter,
     replica_ack_failures: IntCounter,
     up: Gauge,
+    clock_skew: Gauge,
+    clock_skewed: IntGauge,
     apply_failures: IntCounterVec,
     board_failing: IntGaugeVec,
     roll_failures: IntCounterVec,
@@ -283,6 +285,22 @@ impl Metrics {
             )
             .expect("valid metric"),
         );
+        let clock_skew = register(
+            &registry,
+            Gauge::new(
+                "rollboard_clock_skew_seconds",
+                "This host's clock minus Redis's (TIME), as last measured; time is always judged by Redis's.",
+            )
+            .expect("valid metric"),
+        );
+        let clock_skewed = register(
+            &registry,
+            IntGauge::new(
+                "rollboard_clock_skewed",
+                "1 while this host's clock is off from Redis's by more than redis.max_clock_skew, else 0.",
+            )
+            .expect("valid metric"),
+        );
         let apply_failures = counter(
             "rollboard_apply_failures_total",
             "Applies of a board instance's share of a batch that failed for a reason other \
@@ -404,6 +422,8 @@ impl Metrics {
             reconnects,
             replica_ack_failures,
             up,
+            clock_skew,
+            clock_skewed,
             apply_failures,
             board_failing,
             roll_failures,
@@ -559,6 +579,12 @@ impl Metrics {
     /// Whether the last readiness check reached Redis.
     pub fn redis_up(&self, up: bool) {
         self.up.set(if up { 1.0 } else { 0.0 });
+    }
+
+    /// The skew of this host's clock from Redis's was measured (ms, local minus Redis).
+    pub fn clock_skew(&self, skew_ms: i64, skewed: bool) {
+        self.clock_skew.set(skew_ms as f64 / 1000.0);
+        self.clock_skewed.set(i64::from(skewed));
     }
 
     /// One apply attempt of a board instance failed (not an outage).

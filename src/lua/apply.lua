@@ -74,7 +74,10 @@ local slice_base, member_base, event_base = 11, 11 + 2 * S, 11 + 2 * S + M
 local with_ids = #ARGV >= event_base + 6 * E
 
 -- Phase 1: read and check.
-local stored = redis.call('HMGET', meta, 'expired_through', 'settings', 'gen')
+local stored = redis.call('HMGET', meta, 'expired_through', 'settings', 'gen', 'last_roll')
+-- Time never goes back: see fold.lua.
+local rolled = tonumber(stored[4])
+if rolled and rolled > now then now = rolled end
 if stored[3] and not counter(stored[3]) then
   return fail('corrupt: ' .. meta .. ' gen is not an integer')
 end
@@ -103,7 +106,9 @@ local status = {}
 local live, ids = {}, {}
 for e = 1, E do
   local b = event_base + (e - 1) * 5
-  if slice_no[tonumber(ARGV[b + 2])] <= horizon then
+  local s = tonumber(ARGV[b + 2])
+  -- Late too once the slice's ids may be forgotten: see fold.lua.
+  if slice_no[s] <= horizon or forget[s] <= now then
     status[e] = 2
   else
     if #ARGV[b + 1] ~= DIGEST then return fail('bad digest for event ' .. e) end

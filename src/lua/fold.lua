@@ -59,8 +59,13 @@ local after, token = ARGV[group_base + 5 * G + 1] or '', ARGV[group_base + 5 * G
 local byte, sub, find, format = string.byte, string.sub, string.find, string.format
 
 -- Phase 1: read and check.
-local stored = redis.call('HMGET', meta, 'expired_through', 'settings', 'gen', 'chain')
+local stored = redis.call('HMGET', meta, 'expired_through', 'settings', 'gen', 'chain', 'last_roll')
 if after ~= '' and stored[4] ~= after then return { 3 } end
+-- Time never goes back: a roll at a later time (a forced `roll --at`, or a replica whose
+-- measure of Redis's clock is a little ahead of this caller's) already expired and forgot
+-- what was due then, so the events are judged at that time at least.
+local rolled = tonumber(stored[5])
+if rolled and rolled > now then now = rolled end
 -- Answers `reply` for a call whose events are judged, leaving its chain token.
 local function judged(reply)
   if token ~= '' then redis.call('HSET', meta, 'chain', token) end
@@ -90,11 +95,13 @@ for i = 1, S do
   first[i] = at
   at = at + DIGEST * count
   last[i] = at - 1
-  if n <= horizon then
+  -- Late too once the slice's ids may be forgotten (a `dedup_window` duration): an id is
+  -- forgotten only once events of its slice can no longer be applied.
+  if n <= horizon or tonumber(ARGV[b + 2]) <= now then
     late[i] = true
     out[#out + 1] = i
   else
-    keep[i] = tonumber(ARGV[b + 2]) > now
+    keep[i] = true
     live_count = live_count + count
   end
 end

@@ -463,11 +463,20 @@ impl Store {
                 )
                 .await?;
             let _: () = pipeline
-                .hget(self.keys.window(&board.name), "expired_through")
+                .hmget(
+                    self.keys.window(&board.name),
+                    vec!["expired_through", "last_roll"],
+                )
                 .await?;
-            let (_, floor): (Value, Option<String>) = pipeline.all().await?;
+            let (_, (floor, rolled)): (Value, (Option<String>, Option<String>)) =
+                pipeline.all().await?;
             if let Some(floor) = parse_floor(floor)? {
                 now = now.max(board.horizon_time(floor));
+            }
+            // Time never goes back: the board's last roll time is a floor too (the
+            // instance's own is read by the script).
+            if let Some(rolled) = rolled.and_then(|r| r.parse::<i64>().ok()) {
+                now = now.max(rolled);
             }
         }
         let k = self.instance(board, scope);

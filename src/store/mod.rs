@@ -53,6 +53,7 @@ use std::time::{Duration, Instant};
 
 use fred::prelude::*;
 use fred::types::scripts::Script;
+use fred::types::{ClusterHash, CustomCommand};
 
 use crate::board::{Board, Mode, TieBreak};
 use crate::keys::{InstanceKeys, Keys};
@@ -252,6 +253,24 @@ pub const SCRIPT_NAMES: [&str; 11] = [
 ];
 
 impl Store {
+    /// Redis's clock (`TIME`), in epoch milliseconds: the one clock every replica and the
+    /// CLI judge time by (see [`crate::clock`]).
+    pub async fn time_ms(&self) -> Result<i64, StoreError> {
+        // On a cluster any node answers: its masters' clocks are one clock to within NTP's
+        // error, far below a slice.
+        let (seconds, micros): (String, String) = self
+            .client()
+            .custom(
+                CustomCommand::new_static("TIME", ClusterHash::Random, false),
+                Vec::<Value>::new(),
+            )
+            .await?;
+        match (seconds.parse::<i64>(), micros.parse::<i64>()) {
+            (Ok(s), Ok(us)) => Ok(s * 1_000 + us / 1_000),
+            _ => Err(reply_err(format!("TIME: {seconds:?} {micros:?}"))),
+        }
+    }
+
     /// Runs one call of `script`, timing it when metrics are attached.
     async fn timed<T>(&self, script: &Script, call: impl Future<Output = T>) -> T {
         let started = Instant::now();
