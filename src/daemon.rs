@@ -269,7 +269,10 @@ async fn sync_clock(
             Ok(skew) => {
                 metrics.clock_skew(skew, clock.is_skewed());
                 if clock.is_skewed() {
-                    warn!(skew_ms = skew, "this host's clock is off from Redis's; time is judged by Redis's");
+                    warn!(
+                        skew_ms = skew,
+                        "this host's clock is off from Redis's; time is judged by Redis's"
+                    );
                 }
                 return true;
             }
@@ -305,9 +308,15 @@ async fn keep_clock(
             Ok(skew) => {
                 metrics.clock_skew(skew, clock.is_skewed());
                 if clock.is_skewed() && !skewed {
-                    warn!(skew_ms = skew, "this host's clock is off from Redis's; time is judged by Redis's");
+                    warn!(
+                        skew_ms = skew,
+                        "this host's clock is off from Redis's; time is judged by Redis's"
+                    );
                 } else if !clock.is_skewed() && skewed {
-                    info!(skew_ms = skew, "this host's clock agrees with Redis's again");
+                    info!(
+                        skew_ms = skew,
+                        "this host's clock agrees with Redis's again"
+                    );
                 }
                 skewed = clock.is_skewed();
             }
@@ -430,8 +439,13 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> anyhow::Resul
     }
     let tracker = TaskTracker::new();
     tracker.spawn(
-        keep_clock(store.clone(), clock.clone(), metrics.clone(), cancel.clone())
-            .instrument(tracing::info_span!("clock")),
+        keep_clock(
+            store.clone(),
+            clock.clone(),
+            metrics.clone(),
+            cancel.clone(),
+        )
+        .instrument(tracing::info_span!("clock")),
     );
     let listener = std::net::TcpListener::bind(settings.http.listen)
         .with_context(|| format!("cannot listen on {}", settings.http.listen))?;

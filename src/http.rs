@@ -577,7 +577,11 @@ async fn top(
     let scope = scope_of(b, &params)?;
     let limit = number(&params, "limit", 10, 1..=1000)?;
     let offset = number(&params, "offset", 0, 0..=u64::MAX)?;
-    let page = redis(&state, state.store.top(b, scope, offset, limit, state.clock.now())).await?;
+    let page = redis(
+        &state,
+        state.store.top(b, scope, offset, limit, state.clock.now()),
+    )
+    .await?;
     Ok(Json(page).into_response())
 }
 
@@ -591,7 +595,11 @@ async fn rank(
     let b = board(&state, &name)?;
     let scope = scope_of(b, &params)?;
     let member = member_of(&member)?;
-    let rank = redis(&state, state.store.rank(b, scope, member, state.clock.now())).await?;
+    let rank = redis(
+        &state,
+        state.store.rank(b, scope, member, state.clock.now()),
+    )
+    .await?;
     if rank.rank.is_none() {
         return Err(ApiError::NotFound(format!(
             "{member:?} is not on board {}",
@@ -614,7 +622,9 @@ async fn around(
     let radius = number(&params, "radius", 5, 0..=100)?;
     match redis(
         &state,
-        state.store.around(b, scope, member, radius, state.clock.now()),
+        state
+            .store
+            .around(b, scope, member, radius, state.clock.now()),
     )
     .await?
     {

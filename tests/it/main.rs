@@ -9,6 +9,7 @@ mod attack_res;
 mod bounded;
 mod chain;
 mod cli;
+mod clock;
 mod cluster;
 mod daemon;
 mod engine;

@@ -356,9 +356,16 @@ impl Daemon {
 
     /// Starts `rollboard run` with `config` and returns at once.
     pub fn spawn(config: &std::path::Path, http_port: u16) -> Daemon {
+        Daemon::spawn_with(config, http_port, &[])
+    }
+
+    /// As [`Daemon::spawn`], with `env` added to its environment (e.g. libfaketime's).
+    pub fn spawn_with(config: &std::path::Path, http_port: u16, env: &[(&str, String)]) -> Daemon {
         let log = config.with_extension("log");
         let file = std::fs::File::create(&log).expect("log file");
-        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_rollboard"))
+        let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_rollboard"));
+        command.envs(env.iter().map(|(k, v)| (*k, v.as_str())));
+        let child = command
             .args(["--config", config.to_str().expect("utf-8 path"), "run"])
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
