@@ -1059,9 +1059,16 @@ async fn serve(settings: Arc<Settings>) -> Result<String> {
     let metrics = Arc::new(Metrics::new(&settings.boards));
     let ready = vec![Arc::new(AtomicBool::new(true))];
     // The server lives as long as the bench.
-    rollboard::http::spawn(listener, settings, metrics, ready, CancellationToken::new())
-        .await
-        .map_err(|e| format!("{e:#}"))?;
+    rollboard::http::spawn(
+        listener,
+        settings,
+        metrics,
+        std::sync::Arc::new(rollboard::clock::Clock::new(2_000)),
+        ready,
+        CancellationToken::new(),
+    )
+    .await
+    .map_err(|e| format!("{e:#}"))?;
     Ok(base)
 }
 
