@@ -225,6 +225,13 @@ pub async fn execute(settings: Settings, command: Command) -> ExitCode {
 /// Connects, and refuses to go on when the Redis user lacks a permission or a board's
 /// settings differ from those its data in Redis was built with.
 async fn connect(settings: &Settings) -> anyhow::Result<Store> {
+    let store = connect_unchecked(settings).await?;
+    check_settings(settings, &store).await?;
+    Ok(store)
+}
+
+/// As [`connect`], without the board settings check (nothing is written).
+async fn connect_unchecked(settings: &Settings) -> anyhow::Result<Store> {
     let url = settings.redis.redacted_url();
     let store = match Store::connect_with(&settings.redis, 1, Reconnect::Never).await {
         Ok(store) => store,
@@ -246,11 +253,17 @@ async fn connect(settings: &Settings) -> anyhow::Result<Store> {
         Ok(denied) => return Err(Denied(denied).into()),
         Err(e) => return Err(Denied::from_error(&e).map_or_else(|| e.into(), Into::into)),
     }
+    Ok(store)
+}
+
+/// Refuses to go on when a board's pinned settings differ from its data in Redis (and
+/// records them for a board seen for the first time).
+async fn check_settings(settings: &Settings, store: &Store) -> anyhow::Result<()> {
     let conflicts = store.check_settings(&settings.boards).await?;
     if !conflicts.is_empty() {
         return Err(Conflicts(conflicts).into());
     }
-    Ok(store)
+    Ok(())
 }
 
 async fn dispatch(settings: &Settings, command: Command) -> anyhow::Result<u8> {
@@ -346,12 +359,14 @@ async fn dispatch(settings: &Settings, command: Command) -> anyhow::Result<u8> {
                     .board(name)
                     .ok_or_else(|| Usage(format!("unknown board {name:?}")))?;
             }
-            let store = connect(settings).await?;
-            // The one clock: Redis's, the same the daemons judge by.
+            let store = connect_unchecked(settings).await?;
+            // The one clock: Redis's, the same the daemons judge by. A refused roll writes
+            // nothing, not even a first board's settings record.
             let clock = store.time_ms().await?;
             if let Some(at) = at.filter(|_| !force) {
                 check_roll_time(at, clock)?;
             }
+            check_settings(settings, &store).await?;
             let now = at.unwrap_or(clock);
             let reports = roll::run_once(
                 &store,

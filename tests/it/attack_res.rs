@@ -395,7 +395,7 @@ async fn a_watermark_lowered_by_the_readme_procedure_is_summed_and_then_kept() {
     let lower = "local w = tonumber(redis.call('HGET', KEYS[1], 'expired_through'))
       if w and w > tonumber(ARGV[1]) then
         redis.call('HSET', KEYS[1], 'expired_through', ARGV[1])
-        redis.call('HDEL', KEYS[1], 'summed_through', 'summed_gen', 'summed_ms')
+        redis.call('HDEL', KEYS[1], 'summed_through', 'summed_gen', 'summed_ms', 'last_roll')
       end";
     for key in ["rb:board:fans_7d:window", "rb:{fans_7d}:meta"] {
         redis.cli(&["EVAL", lower, "1", key, &w]);

@@ -339,7 +339,7 @@ async fn scoped_instances_are_independent_and_registered() {
 }
 
 #[tokio::test]
-async fn dedup_window_duration_forgets_after_the_slice_ends() {
+async fn dedup_window_duration_refuses_as_late_once_it_may_forget() {
     let redis = RedisServer::start();
     let store = redis.store("rb").await;
     let mut b = board("rooms", HOUR, 24);
@@ -361,8 +361,8 @@ async fn dedup_window_duration_forgets_after_the_slice_ends() {
         .unwrap();
     assert_eq!(
         out,
-        vec![Outcome::Applied],
-        "remembered for exactly 1 minute after its slice"
+        vec![Outcome::Late],
+        "remembered for exactly 1 minute after its slice, then refused as late: never counted again"
     );
 }
 
