@@ -17,8 +17,9 @@ pub fn local_ms() -> i64 {
 }
 
 /// Redis's clock as seen from this process.
-#[derive(Debug)]
 pub struct Clock {
+    /// This process's own clock (epoch ms): [`local_ms`], or a skewed one in tests.
+    local: Box<dyn Fn() -> i64 + Send + Sync>,
     /// Redis's time minus the local time, in ms, as of the last sync.
     offset_ms: AtomicI64,
     /// Whether a sync ever succeeded.
@@ -30,7 +31,14 @@ pub struct Clock {
 impl Clock {
     /// A clock not yet synced: the local clock until [`Clock::sync`] succeeds.
     pub fn new(max_skew_ms: i64) -> Clock {
+        Clock::with_local(max_skew_ms, local_ms)
+    }
+
+    /// As [`Clock::new`], reading the process's own time from `local` (a clock that runs
+    /// off, for tests of what skew does).
+    pub fn with_local(max_skew_ms: i64, local: impl Fn() -> i64 + Send + Sync + 'static) -> Clock {
         Clock {
+            local: Box::new(local),
             offset_ms: AtomicI64::new(0),
             synced: AtomicBool::new(false),
             max_skew_ms,
@@ -49,15 +57,15 @@ impl Clock {
     /// Redis's time now, in epoch ms, as well as this process can tell (to within half a
     /// round trip of the last sync, plus the drift since).
     pub fn now(&self) -> i64 {
-        local_ms().saturating_add(self.offset_ms.load(Ordering::Relaxed))
+        (self.local)().saturating_add(self.offset_ms.load(Ordering::Relaxed))
     }
 
     /// Measures the offset to Redis's clock (`TIME`, taken as read halfway through the
     /// round trip) and keeps it; returns the skew (local minus Redis, ms).
     pub async fn sync(&self, store: &Store) -> Result<i64, StoreError> {
-        let before = local_ms();
+        let before = (self.local)();
         let redis = store.time_ms().await?;
-        let after = local_ms();
+        let after = (self.local)();
         let offset = redis - (before + (after - before) / 2);
         self.offset_ms.store(offset, Ordering::Relaxed);
         self.synced.store(true, Ordering::Relaxed);
@@ -77,6 +85,16 @@ impl Clock {
     /// Whether the skew is beyond `redis.max_clock_skew`.
     pub fn is_skewed(&self) -> bool {
         self.skew_ms().unsigned_abs() > self.max_skew_ms.unsigned_abs()
+    }
+}
+
+impl std::fmt::Debug for Clock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Clock")
+            .field("offset_ms", &self.offset_ms)
+            .field("synced", &self.synced)
+            .field("max_skew_ms", &self.max_skew_ms)
+            .finish()
     }
 }
 

@@ -364,3 +364,191 @@ async fn daemons_ten_minutes_off_either_way_count_every_tip_exactly_once() {
     assert_eq!(a.terminate().await.code(), Some(0));
     assert_eq!(b.terminate().await.code(), Some(0));
 }
+
+/// One step of a skewed-replicas case.
+#[derive(Debug, Clone)]
+enum Step {
+    /// Replica `r` delivers events `start..start + len` (wrapping), as new stream entries.
+    Deliver { r: usize, start: usize, len: usize },
+    /// Replica `r` rolls at its clock's now.
+    Roll { r: usize },
+}
+
+fn steps() -> impl proptest::strategy::Strategy<Value = (Vec<i64>, bool, Vec<Step>)> {
+    use proptest::prelude::*;
+    let step = prop_oneof![
+        3 => (0..3usize, 0..EVENTS, 1..12usize).prop_map(|(r, start, len)| Step::Deliver { r, start, len }),
+        1 => (0..3usize).prop_map(|r| Step::Roll { r }),
+    ];
+    (
+        proptest::collection::vec(-600_000i64..=600_000, 3),
+        any::<bool>(),
+        proptest::collection::vec(step, 6..30),
+    )
+}
+
+/// Events per case.
+const EVENTS: usize = 40;
+
+/// Three replicas whose own clocks are off by up to ±10 minutes (each measured against
+/// Redis, as the daemon does) deliver and redeliver the same events and roll, in a random
+/// order, on a board of 1 s slices over 5 s whose ids are remembered for the window or for
+/// 1.5 s after their slice. Whatever the skews: every event counts at most once, the
+/// stored ranking is exactly the events that were applied and are still live, `verify`
+/// finds nothing, and an event is refused as late only when Redis's clock says so.
+#[test]
+fn replicas_with_clocks_skewed_at_random_count_every_event_once() {
+    use fred::prelude::*;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let redis = RedisServer::start();
+    let store = rt.block_on(redis.store("rb"));
+    let mut runner = proptest::test_runner::TestRunner::new(proptest::test_runner::Config {
+        cases: 16,
+        ..proptest::test_runner::Config::default()
+    });
+    runner
+        .run(&steps(), |(skews, window_dedup, steps)| {
+            rt.block_on(async {
+                let _: () = store.client().flushall(false).await.expect("flushall");
+                run_skewed(&store, &skews, window_dedup, &steps).await;
+            });
+            Ok(())
+        })
+        .expect("skewed replicas");
+}
+
+async fn run_skewed(
+    store: &rollboard::store::Store,
+    skews: &[i64],
+    window_dedup: bool,
+    steps: &[Step],
+) {
+    const SLICE: i64 = 1_000;
+    const TOLERANCE: i64 = 50;
+    let mut b = board("skewed", SLICE, 5);
+    if !window_dedup {
+        b.dedup = Dedup::AfterSlice(1_500);
+    }
+    let boards = vec![b.clone()];
+    let settings = ingest_settings("rb:events", 1);
+    let metrics = Metrics::new(&boards);
+    let mut clocks = Vec::new();
+    for &skew in skews {
+        let clock =
+            rollboard::clock::Clock::with_local(2_000, move || rollboard::clock::local_ms() + skew);
+        let measured = clock.sync(store).await.expect("sync");
+        assert!(
+            (measured - skew).abs() < 1_000,
+            "measured {measured} for {skew}"
+        );
+        clocks.push(clock);
+    }
+    let t0 = redis_now(store).await;
+    // (id, member, amount, ts): from 7 s ago (already out of the 5 s window) to now.
+    let events: Vec<(String, String, i64, i64)> = (0..EVENTS)
+        .map(|i| {
+            (
+                format!("e{i}"),
+                format!("m{}", i % 5),
+                1 + (i % 7) as i64,
+                t0 - (i as i64 * 173) % 7_000,
+            )
+        })
+        .collect();
+    let mut applied: std::collections::BTreeSet<usize> = Default::default();
+    let mut entry_no = 0u64;
+    let all_steps = steps.iter().cloned().chain([Step::Roll { r: 0 }]);
+    for step in all_steps {
+        match step {
+            Step::Deliver { r, start, len } => {
+                let picked: Vec<usize> = (start..start + len).map(|i| i % EVENTS).collect();
+                let batch: Vec<_> = picked
+                    .iter()
+                    .map(|&i| {
+                        entry_no += 1;
+                        let (id, member, amount, ts) = &events[i];
+                        entry(
+                            &format!("{}-{entry_no}", t0),
+                            &[
+                                ("user", member),
+                                ("amount", &amount.to_string()),
+                                ("id", id),
+                                ("ts", &ts.to_string()),
+                            ],
+                        )
+                    })
+                    .collect();
+                let before = letters(store).await.len();
+                process_batch(
+                    store,
+                    &boards,
+                    &settings,
+                    &metrics,
+                    "rb:events",
+                    &batch,
+                    clocks[r].now(),
+                )
+                .await
+                .expect("batch");
+                let after = redis_now(store).await + TOLERANCE;
+                let refused: std::collections::HashSet<String> = letters(store)
+                    .await
+                    .into_iter()
+                    .skip(before)
+                    .map(|(reason, id)| {
+                        assert_eq!(reason, "late", "{id}");
+                        id
+                    })
+                    .collect();
+                let (watermark, _) = store.meta(&b, None).await.expect("meta");
+                for &i in &picked {
+                    let (id, _, _, ts) = &events[i];
+                    if refused.contains(id) {
+                        // Late by Redis's clock (or by a roll made by it), never by a
+                        // replica's own.
+                        assert!(
+                            b.is_late(*ts, after, watermark),
+                            "{id} at {ts} refused as late by replica {r} (skew {}), Redis at {after}, watermark {watermark:?}",
+                            skews[r]
+                        );
+                    } else {
+                        applied.insert(i);
+                    }
+                }
+            }
+            Step::Roll { r } => {
+                roll_all(store, &boards, clocks[r].now(), 100).await;
+            }
+        }
+    }
+    let (watermark, _) = store.meta(&b, None).await.expect("meta");
+    let w = watermark.expect("rolled");
+    let mut expected: std::collections::BTreeMap<String, i64> = Default::default();
+    for &i in &applied {
+        let (_, member, amount, ts) = &events[i];
+        if b.slice_of(*ts) > w {
+            *expected.entry(member.clone()).or_default() += amount;
+        }
+    }
+    let page = store
+        .top(&b, None, 0, 100, redis_now(store).await)
+        .await
+        .expect("top");
+    let got: std::collections::BTreeMap<String, i64> = page
+        .entries
+        .iter()
+        .map(|e| (e.member.clone(), e.total))
+        .collect();
+    assert_eq!(got, expected, "skews {skews:?}, steps {steps:?}");
+    let verified = rollboard::roll::verify(store, &b, None, 100)
+        .await
+        .expect("verify");
+    assert!(
+        verified.differences.is_empty(),
+        "{:?}",
+        verified.differences
+    );
+}

@@ -19,6 +19,8 @@ struct Applied {
 #[derive(Debug, Default, Clone)]
 pub struct Instance {
     expired_through: Option<i64>,
+    /// The latest roll time: applies judge time no earlier (time never goes back).
+    last_roll: Option<i64>,
     events: Vec<Applied>,
     seen: HashMap<String, i64>,
     // Derived from `events` (kept only so that large tests stay linear).
@@ -37,8 +39,10 @@ impl Instance {
 
     /// Applies one event as the apply script must.
     pub fn apply(&mut self, board: &Board, e: &ApplyEvent, now: i64) -> Outcome {
+        let now = self.last_roll.map_or(now, |r| r.max(now));
         let n = board.slice_of(e.ts);
-        if n <= board.horizon(now, self.expired_through) {
+        // Late once its slice left the window or its ids may be forgotten.
+        if board.is_late(e.ts, now, self.expired_through) {
             return Outcome::Late;
         }
         if self.seen.get(&e.id).is_some_and(|&forget| forget > now) {
@@ -67,6 +71,7 @@ impl Instance {
 
     /// Rolls the instance at `now`.
     pub fn roll(&mut self, board: &Board, now: i64) {
+        self.last_roll = Some(self.last_roll.map_or(now, |r| r.max(now)));
         let target = board.slice_of(now) - board.slices_in_window();
         let w = self.expired_through.map_or(target, |w| w.max(target));
         self.expired_through = Some(w);
