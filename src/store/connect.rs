@@ -291,7 +291,7 @@ fn probe_parts(probe: &[String]) -> (String, Option<&str>) {
                     .map(String::as_str),
             )
         }
-        "PING" | "MULTI" | "EXEC" | "WAIT" | "ROLE" => None,
+        "PING" | "MULTI" | "EXEC" | "WAIT" | "ROLE" | "TIME" => None,
         "EVALSHA" | "EVAL" => probe.get(3),
         "XREADGROUP" => probe.len().checked_sub(2).and_then(|i| probe.get(i)),
         _ => probe.get(1),
@@ -627,6 +627,7 @@ impl Store {
         let sha = "0".repeat(40);
         let mut probes: Vec<Vec<String>> = vec![
             words(&["PING"]),
+            words(&["TIME"]),
             words(&["SCRIPT", "LOAD", "return 1"]),
             words(&["SCRIPT", "EXISTS", &sha]),
             words(&["MULTI"]),
