@@ -23,6 +23,7 @@ mod partitions;
 mod prometheus;
 mod proxy;
 mod redirect;
+mod resummarize_races;
 mod roll;
 mod security;
 mod seen;
