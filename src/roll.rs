@@ -601,10 +601,12 @@ pub async fn rebuild(
                     positive_only: true,
                     ..StageTargets::default()
                 };
+                // The swap records `gen` as the sum's (it is current when the check
+                // passes), so a run that summed before it is refused; no run time is
+                // recorded, so the next resummarize run sums again all the same.
                 let check = SwapCheck {
                     gen: Some(&gen),
                     watermark,
-                    // Not recorded: the next resummarize run sums again.
                     summed_at: None,
                 };
                 let parts = [(bookkeeping, every.as_slice()), (ranking, live.as_slice())];

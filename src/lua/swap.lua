@@ -12,7 +12,10 @@
 -- ARGV[4] with ARGV[2]: the `gen` read before the live slices were summed, or '' for none.
 --         Recorded as `summed_gen` beside `summed_through`: while `gen` still equals it,
 --         nothing has changed since the sum and the next run may leave the ranking as it is.
--- ARGV[5] with ARGV[4]: the time of the run (epoch ms), recorded as `summed_ms`.
+--         A gen-checked swap (ARGV[1], rebuild's) that gives none summed at ARGV[1], which is
+--         still current: that is its sum's `gen`, checked and recorded the same way.
+-- ARGV[5] with ARGV[4]: the time of the run (epoch ms), recorded as `summed_ms`; '' records
+--         none, so the next run sums again all the same.
 --
 -- Refuses (returns 0) when the marker is gone (this run already swapped, e.g. a command
 -- resent after a reconnect, or its scratch keys expired), when `gen` moved, when another
@@ -34,12 +37,19 @@ end
 if ARGV[2] ~= '' then
   local state = redis.call('HMGET', KEYS[1], 'summed_through', 'summed_gen')
   local summed, summed_gen = tonumber(state[1]), tonumber(state[2])
-  local watermark, gen = tonumber(ARGV[2]), tonumber(ARGV[4] or '')
+  -- Without this, a run that summed before a rebuild and swaps after it would not be
+  -- refused, and its older sum would replace the rebuilt ranking until the next run.
+  local read_at = ARGV[4] ~= '' and ARGV[4] or ARGV[1]
+  local watermark, gen = tonumber(ARGV[2]), tonumber(read_at)
   if summed and summed > watermark then return 0 end
   if gen and summed == watermark and summed_gen and summed_gen > gen then return 0 end
   if gen then
-    redis.call('HSET', KEYS[1], 'summed_through', ARGV[2], 'summed_gen', ARGV[4],
-      'summed_ms', ARGV[5])
+    redis.call('HSET', KEYS[1], 'summed_through', ARGV[2], 'summed_gen', read_at)
+    if ARGV[5] ~= '' then
+      redis.call('HSET', KEYS[1], 'summed_ms', ARGV[5])
+    else
+      redis.call('HDEL', KEYS[1], 'summed_ms')
+    end
   else
     -- A sum whose `gen` is not known: no later run may take the ranking for current.
     redis.call('HSET', KEYS[1], 'summed_through', ARGV[2])

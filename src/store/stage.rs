@@ -81,6 +81,8 @@ impl StageTargets {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SwapCheck<'a> {
     /// The instance's `gen` when the sums were read: refuse if anything changed since.
+    /// With `watermark` and no `summed_at`, it is also the `gen` recorded for the sum (with
+    /// no run time, so the next run sums again), which refuses any run that summed before.
     pub gen: Option<&'a str>,
     /// The watermark the live sums were taken above: refuse if a sum above a higher one was
     /// swapped in.
