@@ -6,7 +6,7 @@
 //! and each chunk script reads, subtracts and deletes those fields atomically, skipping
 //! any that a concurrent or crashed roller already handled.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use futures_util::StreamExt;
@@ -391,6 +391,12 @@ type Sums = BTreeMap<String, (i128, i64, i64)>;
 
 /// Sums the registered slices above `above` (all of them for `None`) in the worker,
 /// paging with HSCAN.
+///
+/// HSCAN may return a field more than once: when a hash shrinks between two pages, Redis
+/// rehashes it and the pages after that repeat fields of buckets already read. A slice
+/// shrinks under a sum when another replica, whose roll raised the watermark to it,
+/// expires it meanwhile. A field is one member's amount in one slice, so each field of a
+/// slice counts once, at the last value read.
 async fn sum_slices(
     store: &Store,
     board: &Board,
@@ -405,6 +411,7 @@ async fn sum_slices(
         .await?
     {
         let key = k.slice(n);
+        let mut fields: HashMap<String, i64> = HashMap::new();
         let mut cursor = "0".to_string();
         loop {
             let (next, page) = store.scan("HSCAN", &key, &cursor, chunk).await?;
@@ -412,15 +419,18 @@ async fn sum_slices(
                 let amount: i64 = value.parse().map_err(|_| {
                     StoreError::Reply(format!("{key} holds {value:?} for {member:?}"))
                 })?;
-                let slot = sums.entry(member).or_insert((0, 0, n));
-                slot.0 += i128::from(amount);
-                slot.1 += 1;
-                slot.2 = slot.2.max(n);
+                fields.insert(member, amount);
             }
             if next == "0" {
                 break;
             }
             cursor = next;
+        }
+        for (member, amount) in fields {
+            let slot = sums.entry(member).or_insert((0, 0, n));
+            slot.0 += i128::from(amount);
+            slot.1 += 1;
+            slot.2 = slot.2.max(n);
         }
     }
     Ok(sums)
