@@ -547,7 +547,8 @@ pub async fn resummarize(
     let (swapped, _) = replace(store, board, scope, &[(targets, &rows)], chunk, check).await?;
     if !swapped {
         // Only a newer run's sum (a higher watermark, or the same one read later: another
-        // replica's run) or a resent swap is refused.
+        // replica's run), a sum over slices that a raised watermark made dead meanwhile, or
+        // a resent swap is refused.
         debug!(board = %board.name, scope = ?scope, watermark,
                "recomputed ranking not swapped in: a newer one already was");
     }

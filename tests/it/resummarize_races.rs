@@ -265,8 +265,10 @@ async fn proxied(proxy: &Proxy) -> Store {
 /// after the shrink repeat fields the run has already read.
 ///
 /// No member is ever ranked above a total it had: the summer counts each field of a slice
-/// once whatever HSCAN repeats. Once the other replica's run is done, the ranking equals
-/// the model.
+/// once whatever HSCAN repeats, and the run's swap is refused all the same, because the
+/// watermark was raised above the one it summed above (its sum holds a slice that is no
+/// longer live, read part way through its expiry). Once the other replica's run is done,
+/// the ranking equals the model.
 ///
 /// Only this race shrinks a slice under a sum: fields leave a slice only through the
 /// expiry of a dead slice (`expire.lua`), and a slice is dead only at or below the
@@ -313,6 +315,11 @@ async fn a_slice_expired_under_a_resummarize_sum_is_never_counted_twice() {
         inflated.len(),
         &inflated[..inflated.len().min(5)]
     );
+
+    // Refused: nothing of the run's sum was swapped in.
+    let record = direct.summed(&b, None).await.unwrap();
+    assert_eq!(record.summed_through, None, "the run's sum was swapped in");
+    assert!(ranked.is_empty(), "ranked: {} members", ranked.len());
 
     // The other replica's run finishes its expiry and sums above its watermark.
     roll_all(&direct, boards, other_at, CHUNK).await;
