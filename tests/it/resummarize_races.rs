@@ -143,9 +143,18 @@ fn amount(i: usize) -> i64 {
 /// HSCAN with COUNT [`CHUNK`] returns from the unchanged slice, the number of pages a scan
 /// has read when the other replica's expiry runs (so the scan's next HSCAN is the one to
 /// hold), and the fields that expiry deletes: every field the scan has read except those of
-/// its last two pages (the expiring replica follows the scan a page or two behind) and
+/// its last three pages (the expiring replica follows the scan a few pages behind) and
 /// every field it has not read, which leaves under a tenth of the table and so makes Redis
 /// shrink it.
+///
+/// Where the scan is held matters. The slice's table has 2048 buckets, and the expiry
+/// shrinks it to 256 (the next power of two when fewer than a tenth are used). Redis's
+/// cursor counts with its bits reversed, so the eight buckets that the small table merges
+/// into one are read one after another, and the three top bits (of eleven) of a cursor,
+/// reversed, tell how many of its eight were already read: HSCAN, now reading the merged
+/// bucket, hands their fields out again. A cursor at the first of its eight would repeat
+/// nothing, so of the cursors that leave few enough fields, the hold is placed at the one
+/// with the most of its eight read.
 struct Shrink {
     n: i64,
     key: String,
@@ -179,29 +188,46 @@ async fn big_slice(store: &Store, b: &Board, model: &mut Instance, n: i64) -> Sh
         "a hashtable is paged: {} pages",
         pages.len()
     );
+    let read_of_eight = |cursor: &str| {
+        cursor
+            .parse::<u64>()
+            .map_or(0, |c| (c >> 10 & 1) | (c >> 9 & 1) << 1 | (c >> 8 & 1) << 2)
+    };
     let mut visited = BTreeSet::new();
+    let mut best: Option<(u64, Shrink)> = None;
     for (k, (next, page)) in pages.iter().enumerate() {
         visited.extend(page.iter().cloned());
-        let last_two: BTreeSet<&String> = pages[k.saturating_sub(1)..=k]
+        let kept: BTreeSet<&String> = pages[k.saturating_sub(2)..=k]
             .iter()
             .flat_map(|(_, p)| p)
             .collect();
-        if MEMBERS - visited.len() + last_two.len() <= 100 && next != "0" {
+        let read = read_of_eight(next);
+        if MEMBERS - visited.len() + kept.len() <= 200
+            && next != "0"
+            && best.as_ref().is_none_or(|(r, _)| read > *r)
+        {
             let expire = (0..MEMBERS)
                 .map(member)
-                .filter(|m| !last_two.contains(m))
+                .filter(|m| !kept.contains(m))
                 .collect();
-            return Shrink {
+            let plan = Shrink {
                 n,
-                key,
+                key: key.clone(),
                 read_before_hold: k + 1,
-                visited,
+                visited: visited.clone(),
                 cursor: next.clone(),
                 expire,
             };
+            best = Some((read, plan));
         }
     }
-    panic!("no page leaves 100 fields or fewer")
+    match best {
+        Some((read, plan)) if read >= 4 => plan,
+        other => panic!(
+            "no cursor that leaves 200 fields or fewer has half its eight buckets read: {:?}",
+            other.map(|(r, _)| r)
+        ),
+    }
 }
 
 impl Shrink {
