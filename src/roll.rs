@@ -6,7 +6,7 @@
 //! and each chunk script reads, subtracts and deletes those fields atomically, skipping
 //! any that a concurrent or crashed roller already handled.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use futures_util::StreamExt;
@@ -391,6 +391,12 @@ type Sums = BTreeMap<String, (i128, i64, i64)>;
 
 /// Sums the registered slices above `above` (all of them for `None`) in the worker,
 /// paging with HSCAN.
+///
+/// HSCAN may return a field more than once: when a hash shrinks between two pages, Redis
+/// rehashes it and the pages after that repeat fields of buckets already read. A slice
+/// shrinks under a sum when another replica, whose roll raised the watermark to it,
+/// expires it meanwhile. A field is one member's amount in one slice, so each field of a
+/// slice counts once, at the last value read.
 async fn sum_slices(
     store: &Store,
     board: &Board,
@@ -405,6 +411,7 @@ async fn sum_slices(
         .await?
     {
         let key = k.slice(n);
+        let mut fields: HashMap<String, i64> = HashMap::new();
         let mut cursor = "0".to_string();
         loop {
             let (next, page) = store.scan("HSCAN", &key, &cursor, chunk).await?;
@@ -412,15 +419,18 @@ async fn sum_slices(
                 let amount: i64 = value.parse().map_err(|_| {
                     StoreError::Reply(format!("{key} holds {value:?} for {member:?}"))
                 })?;
-                let slot = sums.entry(member).or_insert((0, 0, n));
-                slot.0 += i128::from(amount);
-                slot.1 += 1;
-                slot.2 = slot.2.max(n);
+                fields.insert(member, amount);
             }
             if next == "0" {
                 break;
             }
             cursor = next;
+        }
+        for (member, amount) in fields {
+            let slot = sums.entry(member).or_insert((0, 0, n));
+            slot.0 += i128::from(amount);
+            slot.1 += 1;
+            slot.2 = slot.2.max(n);
         }
     }
     Ok(sums)
@@ -537,7 +547,8 @@ pub async fn resummarize(
     let (swapped, _) = replace(store, board, scope, &[(targets, &rows)], chunk, check).await?;
     if !swapped {
         // Only a newer run's sum (a higher watermark, or the same one read later: another
-        // replica's run) or a resent swap is refused.
+        // replica's run), a sum over slices that a raised watermark made dead meanwhile, or
+        // a resent swap is refused.
         debug!(board = %board.name, scope = ?scope, watermark,
                "recomputed ranking not swapped in: a newer one already was");
     }
@@ -601,10 +612,12 @@ pub async fn rebuild(
                     positive_only: true,
                     ..StageTargets::default()
                 };
+                // The swap records `gen` as the sum's (it is current when the check
+                // passes), so a run that summed before it is refused; no run time is
+                // recorded, so the next resummarize run sums again all the same.
                 let check = SwapCheck {
                     gen: Some(&gen),
                     watermark,
-                    // Not recorded: the next resummarize run sums again.
                     summed_at: None,
                 };
                 let parts = [(bookkeeping, every.as_slice()), (ranking, live.as_slice())];

@@ -81,9 +81,12 @@ impl StageTargets {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SwapCheck<'a> {
     /// The instance's `gen` when the sums were read: refuse if anything changed since.
+    /// With `watermark` and no `summed_at`, it is also the `gen` recorded for the sum (with
+    /// no run time, so the next run sums again), which refuses any run that summed before.
     pub gen: Option<&'a str>,
     /// The watermark the live sums were taken above: refuse if a sum above a higher one was
-    /// swapped in.
+    /// swapped in, or the watermark was raised above it (slices it summed are dead now, and
+    /// may have been expired part way under its HSCANs).
     pub watermark: Option<i64>,
     /// With `watermark`: the `gen` read before the live slices were summed, and the run's
     /// time (epoch ms). Recorded with the watermark (see [`Summed`]); refuse if a sum above

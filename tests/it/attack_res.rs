@@ -49,12 +49,13 @@ fn row(member: &str, total: i64) -> Staged {
 }
 
 /// `rollboard rebuild` restores a member whose `members` entry (its tie-break time) was
-/// lost: stage.lua writes the fallback time into `members`, and rebuild's swap drops the
-/// sum record. A resummarize run of a replica that staged before the repair (so it skipped
-/// the member: `members` did not know it) and swaps after the rebuild is not refused, and
-/// swaps the ranking without the member back in. The repair moves `gen`, so that run's
-/// record is not current: the next run sums again and shows the member (without the bump
-/// every later run would skip the instance for up to an hour).
+/// lost: stage.lua writes the fallback time into `members` and moves `gen`, and rebuild's
+/// swap records the `gen` it summed at. A resummarize run of a replica that staged before
+/// the repair (so it skipped the member: `members` did not know it) and swaps after the
+/// rebuild summed at an older `gen`, so its swap is refused and the member stays ranked;
+/// the next run sums again (rebuild records no run time) and shows the member (were the
+/// run's swap let through, the repair's bump would still keep its record from being taken
+/// for current, and the runs that follow from skipping the instance for up to an hour).
 #[tokio::test]
 async fn a_member_repaired_by_rebuild_is_not_lost_to_a_racing_run_for_an_hour() {
     let redis = RedisServer::start();
@@ -110,21 +111,24 @@ async fn a_member_repaired_by_rebuild_is_not_lost_to_a_racing_run_for_an_hour() 
         Some(7)
     );
 
-    // Replica A swaps last: nothing refuses it (the rebuild dropped `summed_gen`).
+    // Replica A swaps last: refused, its sum was read before the rebuild's.
     let check = SwapCheck {
         watermark: Some(watermark),
         summed_at: Some((before.gen.as_str(), d0 + 3)),
         ..SwapCheck::default()
     };
-    assert!(store
+    assert!(!store
         .swap(&b, None, "replica-a", RANKING, check)
         .await
         .unwrap());
-    assert_eq!(store.rank(&b, None, "x", d0 + 3).await.unwrap().total, None);
+    store.discard(&b, None, "replica-a").await.unwrap();
+    assert_eq!(
+        store.rank(&b, None, "x", d0 + 3).await.unwrap().total,
+        Some(7)
+    );
 
-    // The next run: nothing was applied or expired since A's gen, so it skips, and x (in a
-    // live slice, with a `members` entry again) stays off the ranking until the hour is up.
-    roll_all(&store, boards, d0 + 4, 10).await;
+    // The next run sums again (the rebuild recorded no run time) and keeps x ranked.
+    assert_eq!(roll_all(&store, boards, d0 + 4, 10).await[0].resummed, 1);
     let v = roll::verify(&store, &b, None, 100).await.unwrap();
     assert!(
         v.differences.is_empty(),

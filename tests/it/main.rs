@@ -25,6 +25,7 @@ mod pinned_settings;
 mod prometheus;
 mod proxy;
 mod redirect;
+mod resummarize_races;
 mod roll;
 mod security;
 mod seen;

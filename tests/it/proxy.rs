@@ -17,6 +17,9 @@
 //!   either direction (bytes wait in the kernel buffers; new connections are not connected
 //!   upstream), like a network partition; turning it off resumes forwarding.
 //! * [`Proxy::close_all`]: drops every open connection at once, as a restarted server would.
+//! * [`Proxy::hold_at`]: the chunk holding the `nth` occurrence of a pattern waits, unsent,
+//!   until the test releases it: the test runs other clients' commands between two calls
+//!   of the process under test (e.g. between two HSCAN pages of one scan), deterministically.
 //!
 //! Each connection is one task that forwards both directions in a `select!` loop, so a cut
 //! can never race a reply through. The server side of a cut connection is half-closed and
@@ -53,7 +56,36 @@ struct Shared {
     cuts: AtomicUsize,
     /// Added to every forwarded chunk, in milliseconds.
     latency_ms: AtomicU64,
+    /// The armed hold, if any.
+    hold: Mutex<Option<ArmedHold>>,
     upstream: u16,
+}
+
+/// An armed hold: the pattern, occurrences still to let through, and the test's handle.
+struct ArmedHold {
+    pattern: Vec<u8>,
+    skip: usize,
+    hold: Arc<Hold>,
+}
+
+/// The test's side of [`Proxy::hold_at`].
+#[derive(Default)]
+pub struct Hold {
+    reached: tokio::sync::Notify,
+    release: tokio::sync::Notify,
+}
+
+impl Hold {
+    /// Waits until the held chunk has arrived (it is not sent yet).
+    pub async fn reached(&self) {
+        self.reached.notified().await;
+    }
+
+    /// Sends the held chunk on.
+    pub fn release(&self) {
+        // `notify_one` keeps a permit when the connection is not waiting yet.
+        self.release.notify_one();
+    }
 }
 
 impl Shared {
@@ -91,6 +123,32 @@ impl Shared {
         hit
     }
 
+    /// As [`Shared::take_cut`], for the armed hold: the hold to wait on when `window` (with
+    /// fewer bytes of the previous read in front than the hold's pattern has) reaches its
+    /// occurrence; the hold is then disarmed.
+    fn take_hold(&self, window: &[u8]) -> Option<Arc<Hold>> {
+        let mut armed = self.hold.lock().expect("hold lock");
+        let h = armed.as_mut()?;
+        let seen = window
+            .windows(h.pattern.len())
+            .filter(|w| *w == h.pattern)
+            .count();
+        if seen > h.skip {
+            armed.take().map(|h| h.hold)
+        } else {
+            h.skip -= seen;
+            None
+        }
+    }
+
+    fn hold_pattern_len(&self) -> usize {
+        self.hold
+            .lock()
+            .expect("hold lock")
+            .as_ref()
+            .map_or(0, |h| h.pattern.len())
+    }
+
     fn pattern_len(&self) -> usize {
         self.cut
             .lock()
@@ -121,6 +179,7 @@ impl Proxy {
             cut: Mutex::new(None),
             cuts: AtomicUsize::new(0),
             latency_ms: AtomicU64::new(0),
+            hold: Mutex::new(None),
             upstream,
         });
         let stop = CancellationToken::new();
@@ -169,6 +228,25 @@ impl Proxy {
     /// How many connections were cut so far.
     pub fn cuts(&self) -> usize {
         self.shared.cuts.load(Ordering::SeqCst)
+    }
+
+    /// Arms a hold at the `nth` occurrence (1-based) of `pattern` from now on, over every
+    /// connection (replacing any hold still armed): the chunk holding it waits until
+    /// [`Hold::release`] (so do replies on that connection: the test runs its commands on
+    /// another one).
+    pub fn hold_at(&self, pattern: &[u8], nth: usize) -> Arc<Hold> {
+        assert!(
+            !pattern.is_empty(),
+            "an empty pattern would hold everything"
+        );
+        assert!(nth >= 1, "occurrences count from 1");
+        let hold = Arc::new(Hold::default());
+        *self.shared.hold.lock().expect("hold lock") = Some(ArmedHold {
+            pattern: pattern.to_vec(),
+            skip: nth - 1,
+            hold: hold.clone(),
+        });
+        hold
     }
 
     /// Stops (`true`) or resumes (`false`) forwarding, for open and new connections.
@@ -235,8 +313,10 @@ async fn serve(mut client: TcpStream, shared: &Shared) {
     };
     let mut up = vec![0u8; 16 * 1024];
     let mut down = vec![0u8; 16 * 1024];
-    // The last bytes sent upstream, so that a pattern split over two reads is still seen.
+    // The last bytes sent upstream, so that a pattern split over two reads is still seen
+    // (one tail per pattern: each keeps fewer bytes than its pattern has).
     let mut tail: Vec<u8> = Vec::new();
+    let mut hold_tail: Vec<u8> = Vec::new();
     let delay = || async {
         let ms = shared.latency_ms.load(Ordering::SeqCst);
         if ms > 0 {
@@ -254,7 +334,15 @@ async fn serve(mut client: TcpStream, shared: &Shared) {
                     Ok(n) => n,
                 };
                 tail.extend_from_slice(&up[..n]);
+                hold_tail.extend_from_slice(&up[..n]);
                 let cut = shared.take_cut(&tail);
+                if let Some(hold) = shared.take_hold(&hold_tail) {
+                    hold.reached.notify_one();
+                    hold.release.notified().await;
+                }
+                let keep = shared.hold_pattern_len().saturating_sub(1);
+                let drop_front = hold_tail.len().saturating_sub(keep);
+                hold_tail.drain(..drop_front);
                 delay().await;
                 if server.write_all(&up[..n]).await.is_err() {
                     return;
