@@ -17,6 +17,8 @@
 //! * [`query`]: read-side types (entries, pages, ranks) and their decoding.
 //! * [`roll`]: the expiry and resummarize jobs, rebuild and verify.
 //! * [`ingest`]: the Redis Stream consumer: read, group, apply, ack, reclaim, dead-letter.
+//! * [`dead_letters`]: the dead-letter stream read back: list letters, replay them to the
+//!   instances that refused them.
 //! * [`metrics`]: the Prometheus registry and one method per notable happening.
 //! * [`http`]: the axum router: query API, event intake, metrics and health.
 //! * [`daemon`]: `rollboard run`: wires consumer, scheduler and HTTP under one shutdown token.
@@ -28,6 +30,7 @@ pub mod board;
 pub mod cli;
 pub mod config;
 pub mod daemon;
+pub mod dead_letters;
 pub mod event;
 pub mod http;
 pub mod ingest;
