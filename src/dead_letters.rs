@@ -397,6 +397,31 @@ impl<'a> Replayer<'a> {
         Ok(targets)
     }
 
+    /// Replays every letter of the dead-letter stream that `selection` takes, oldest first,
+    /// up to the newest present at the start; `each` sees every outcome as it happens, and
+    /// `counts` tallies them (also when a Redis failure stops the run: the letters not yet
+    /// replayed stay, and a new run takes them).
+    pub async fn run(
+        &self,
+        selection: &Selection,
+        counts: &mut Counts,
+        mut each: impl FnMut(&Letter, &Replay),
+    ) -> Result<(), StoreError> {
+        let client = self.store.client();
+        let mut pages = Pages::open(client, &self.ingest.dead_letter_stream, selection).await?;
+        while let Some(page) = pages.next().await? {
+            for letter in page {
+                if !selection.takes(&letter, self.boards) {
+                    continue;
+                }
+                let replay = self.replay(&letter).await?;
+                counts.add(&replay);
+                each(&letter, &replay);
+            }
+        }
+        Ok(())
+    }
+
     /// Replays one letter (see the module documentation). Fails only when Redis does
     /// (an outage, or a write that could not be confirmed): the letter then stays, and a
     /// new run finishes it.

@@ -3,6 +3,7 @@
 
 use std::io::Write;
 
+use anyhow::Context;
 use clap::{Args, Subcommand};
 
 use super::{connect, now_ms, Usage};
@@ -135,47 +136,35 @@ pub(super) async fn run(settings: &Settings, action: Action) -> anyhow::Result<u
             let replayer = Replayer::new(&store, &settings.boards, &settings.ingest, now_ms())
                 .dry_run(dry_run)
                 .bare_keys(bare_keys);
-            let mut pages = Pages::open(store.client(), stream, &selection).await?;
             let mut counts = Counts::default();
-            let mut out = std::io::stdout().lock();
-            while let Some(page) = pages.next().await? {
-                for letter in page {
-                    if !selection.takes(&letter, &settings.boards) {
-                        continue;
-                    }
-                    let replay = match replayer.replay(&letter).await {
-                        Ok(replay) => replay,
-                        Err(e) => {
-                            let _ = writeln!(out, "{}", summary(&counts, dry_run));
-                            return Err(anyhow::Error::new(e).context(format!(
-                                "replaying {} stopped; it and the letters after it are left",
-                                letter.entry_id
-                            )));
-                        }
-                    };
-                    counts.add(&replay);
-                    let what = match replay {
-                        Replay::Replayed {
-                            applied,
-                            relettered,
-                        } => {
-                            let again = if relettered.is_empty() {
-                                String::new()
-                            } else {
-                                format!(" (new letter(s) for the rest: {})", relettered.join(", "))
-                            };
-                            format!("replayed to {}{again}; deleted", applied.join(", "))
-                        }
-                        Replay::Duplicate => "already counted; deleted".into(),
-                        Replay::Refused(why) => format!("still refused, left: {why}"),
-                        Replay::Would(to) => format!("would replay to {}", to.join(", ")),
-                    };
-                    writeln!(out, "{} {}: {what}", letter.entry_id, letter.reason)?;
-                }
-            }
-            writeln!(out, "{}", summary(&counts, dry_run))?;
+            let ran = replayer
+                .run(&selection, &mut counts, |letter, replay| {
+                    println!("{} {}: {}", letter.entry_id, letter.reason, outcome(replay));
+                })
+                .await;
+            println!("{}", summary(&counts, dry_run));
+            ran.context("the replay stopped; the letters not yet replayed are left")?;
             Ok(u8::from(counts.refused > 0))
         }
+    }
+}
+
+fn outcome(replay: &Replay) -> String {
+    match replay {
+        Replay::Replayed {
+            applied,
+            relettered,
+        } => {
+            let again = if relettered.is_empty() {
+                String::new()
+            } else {
+                format!(" (new letter(s) for the rest: {})", relettered.join(", "))
+            };
+            format!("replayed to {}{again}; deleted", applied.join(", "))
+        }
+        Replay::Duplicate => "already counted; deleted".into(),
+        Replay::Refused(why) => format!("still refused, left: {why}"),
+        Replay::Would(to) => format!("would replay to {}", to.join(", ")),
     }
 }
 
