@@ -233,8 +233,8 @@ pub enum Replay {
     Replayed {
         /// The instances that counted it now ([`instance_label`]).
         applied: Vec<String>,
-        /// New letters written for the instances that refused it (`overflow`,
-        /// `apply_failed`), as the consumer would have written them.
+        /// New letters written for the instances that refused it, as the consumer would
+        /// have written them: the reason and the instance (`overflow board b`).
         relettered: Vec<String>,
     },
     /// Every instance it went to had counted it already; the letter was deleted.
@@ -437,6 +437,7 @@ impl<'a> Replayer<'a> {
         let mut taken = Vec::new();
         let mut refusals = Vec::new();
         let mut letters = Vec::new();
+        let mut relettered = Vec::new();
         for t in &targets {
             let outcome = match self
                 .store
@@ -497,6 +498,7 @@ impl<'a> Replayer<'a> {
                 ),
             };
             refusals.push(refusal.0);
+            relettered.push(format!("{} {}", refusal.1.reason, t.label()));
             letters.push(DeadLetter {
                 fields: letter.fields.clone(),
                 source_id: letter.source_id.clone(),
@@ -511,8 +513,9 @@ impl<'a> Replayer<'a> {
             return Ok(Replay::Refused(refusals.join("; ")));
         }
         // As the consumer: the instances that refused the event get letters of their own,
-        // written before this one is deleted. A crash in between leaves both, and replaying
-        // the old one again only finds it counted where it was and refused where it is.
+        // written before this one is deleted. A crash in between leaves both; a new run
+        // writes the new ones again, and every copy names the event by the same key, so
+        // replaying them all still counts it once per instance.
         let mut written: Vec<String> = taken
             .iter()
             .flat_map(|t| {
@@ -537,10 +540,7 @@ impl<'a> Replayer<'a> {
         }
         Ok(Replay::Replayed {
             applied,
-            relettered: letters
-                .iter()
-                .map(|l| l.rejection.reason.as_str().to_string())
-                .collect(),
+            relettered,
         })
     }
 }

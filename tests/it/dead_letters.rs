@@ -231,6 +231,90 @@ async fn an_apply_failed_letter_stays_until_its_board_is_repaired_and_then_count
     assert!(letters(&store).await.is_empty());
 }
 
+/// A corrected `amount` letter that one instance now refuses (`overflow`) is counted by the
+/// others and replaced by an `overflow` letter naming that instance, as the consumer would
+/// have written; that letter, replayed once there is room, counts there and nowhere else.
+#[tokio::test]
+async fn a_revalidated_letter_refused_by_one_instance_leaves_a_letter_for_that_instance_only() {
+    const SLICE: i64 = 1_000;
+    let redis = RedisServer::start();
+    let store = redis.store("rb").await;
+    let a = board("a", SLICE, 4);
+    let mut b = board("b", SLICE, 4);
+    b.allow_negative = true;
+    let boards = vec![a.clone(), b.clone()];
+    let metrics = Metrics::new(&boards);
+    let settings = ingest_settings("rb:events", 1);
+    let t0: i64 = 1_000_500;
+    store
+        .apply(&b, None, &[ev("big", t0 - 100, "u1", MAX_TOTAL - 10)], t0)
+        .await
+        .expect("near the limit");
+    let bad = entry(
+        &format!("{t0}-0"),
+        &[("user", "u1"), ("amount", "1x"), ("id", "tip-9")],
+    );
+    process_batch(
+        &store,
+        &boards,
+        &settings,
+        &metrics,
+        "rb:events",
+        &[bad],
+        t0,
+    )
+    .await
+    .expect("batch");
+    let (bad_id, letter) = letters(&store).await.remove(0);
+    assert_eq!(letter["reason"], "amount");
+    let mut fixed: Vec<(String, String)> = letter.into_iter().collect();
+    for (name, value) in &mut fixed {
+        if name == "amount" {
+            *value = "100".into();
+        }
+    }
+    let _: String = store
+        .client()
+        .xadd(DEAD, false, None, "*", fixed)
+        .await
+        .expect("xadd");
+    let _: i64 = store
+        .client()
+        .xdel(DEAD, bad_id.as_str())
+        .await
+        .expect("xdel");
+
+    let everything = Selection::default();
+    let mut first = counts(1, 0, 0);
+    first.relettered = 1;
+    assert_eq!(
+        replay(&store, &boards, &settings, &everything, t0).await,
+        first
+    );
+    assert_eq!(total_at(&store, &a, "u1", t0).await, Some(100));
+    assert_eq!(total_at(&store, &b, "u1", t0).await, Some(MAX_TOTAL - 10));
+    let left = letters(&store).await;
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert_eq!(left[0].1["reason"], "overflow");
+    assert!(left[0].1["detail"].starts_with("board b: "), "{left:?}");
+    assert_eq!(left[0].1["id"], "tip-9");
+
+    store
+        .apply(&b, None, &[ev("refund", t0 - 50, "u1", -1000)], t0)
+        .await
+        .expect("refund");
+    assert_eq!(
+        replay(&store, &boards, &settings, &everything, t0).await,
+        counts(1, 0, 0)
+    );
+    assert_eq!(total_at(&store, &a, "u1", t0).await, Some(100));
+    assert_eq!(
+        total_at(&store, &b, "u1", t0).await,
+        Some(MAX_TOTAL - 10 - 1000 + 100)
+    );
+    assert!(letters(&store).await.is_empty());
+}
+
 /// Letters refused as a whole (`late`, `member`, `amount`, `no_board`): `--board` takes
 /// those whose event matches the board, `--reason` those of the reason; a letter still
 /// invalid (or still late) is reported and stays; a letter the operator corrected (a
