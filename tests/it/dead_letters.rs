@@ -18,7 +18,7 @@ use rollboard::store::Store;
 use crate::cli::{rollboard, stderr, stdout};
 use crate::util::{
     board, entry, ev, ingest_settings, remembers, roll_all, test_boards, total_at, write_config,
-    RedisServer,
+    xadd_all, RedisServer,
 };
 
 type Letter = (String, HashMap<String, String>);
@@ -522,4 +522,59 @@ async fn the_dead_letters_command_lists_and_replays_an_overflow_to_its_board_onl
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert!(stdout(&out).contains("replayed 0"), "{}", stdout(&out));
     assert_eq!(total_at(&store, &rooms, "r1", now).await, Some(3));
+}
+
+/// A stream of several pages: every letter is seen once, in order, and `--id` takes just
+/// the entries named.
+#[tokio::test]
+async fn replay_reads_every_page_once_and_takes_given_entries_only() {
+    let redis = RedisServer::start();
+    let store = redis.store("rb").await;
+    let boards = test_boards();
+    let settings = ingest_settings("rb:events", 1);
+    let now = rollboard::cli::now_ms();
+    let junk: Vec<Vec<(String, String)>> = (0..250)
+        .map(|i| {
+            [
+                ("user", format!("u{i}")),
+                ("amount", "1".into()),
+                ("reason", "no_board".into()),
+                ("detail", "the event matches no board".into()),
+                ("source_id", format!("{now}-{i}")),
+                ("source_stream", "rb:events".into()),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect()
+        })
+        .collect();
+    xadd_all(store.client(), DEAD, &junk).await;
+    let ids: Vec<String> = letters(&store)
+        .await
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect();
+    let mut seen = Vec::new();
+    let mut tally = Counts::default();
+    Replayer::new(&store, &boards, &settings, now)
+        .run(&Selection::default(), &mut tally, |letter, _| {
+            seen.push(letter.entry_id.clone())
+        })
+        .await
+        .expect("replay");
+    assert_eq!(seen, ids);
+    assert_eq!(tally, counts(0, 0, 250));
+
+    let picked = Selection {
+        ids: vec![ids[200].clone(), ids[3].clone(), "1-0".into()],
+        ..Selection::default()
+    };
+    let mut seen = Vec::new();
+    Replayer::new(&store, &boards, &settings, now)
+        .run(&picked, &mut Counts::default(), |letter, _| {
+            seen.push(letter.entry_id.clone())
+        })
+        .await
+        .expect("replay");
+    assert_eq!(seen, [ids[3].clone(), ids[200].clone()]);
 }
