@@ -20,6 +20,8 @@ use crate::store::{Conflicts, Denied, Reconnect, Refused, Store, StoreError};
 use crate::stream;
 use tokio_util::sync::CancellationToken;
 
+pub mod dead_letters;
+
 /// Exit status: the member is not on the board.
 pub const EXIT_NOT_FOUND: u8 = 3;
 /// Exit status: usage error.
@@ -135,6 +137,12 @@ pub enum Command {
         /// Machine-readable output.
         #[arg(long)]
         json: bool,
+    },
+    /// List or replay dead letters (`ingest.dead_letter_stream`).
+    DeadLetters {
+        /// list or replay.
+        #[command(subcommand)]
+        action: dead_letters::Action,
     },
 }
 
@@ -486,6 +494,7 @@ async fn dispatch(settings: &Settings, command: Command) -> anyhow::Result<u8> {
             }
             Ok(u8::from(failed))
         }
+        Command::DeadLetters { action } => dead_letters::run(settings, action).await,
     }
 }
 

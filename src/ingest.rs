@@ -457,10 +457,7 @@ pub async fn process_batch(
     let mut tally: BTreeMap<&str, [u64; 3]> = BTreeMap::new();
     for (((b, scope), evs), results) in groups.iter().zip(&outcomes) {
         let board = &boards[*b];
-        let within = scope
-            .as_deref()
-            .map(|s| format!(" (scope {s:?})"))
-            .unwrap_or_default();
+        let instance = stream::instance_label(&board.name, scope.as_deref());
         let results = match results {
             Ok(results) => results,
             Err(failure) => {
@@ -475,8 +472,7 @@ pub async fn process_batch(
                         *k,
                         Reason::ApplyFailed,
                         format!(
-                            "board {}{within}: apply failed {how}: {failure}; applied to the other boards only",
-                            board.name,
+                            "{instance}: apply failed {how}: {failure}; applied to the other boards only"
                         ),
                     ));
                 }
@@ -497,8 +493,7 @@ pub async fn process_batch(
                     *k,
                     Reason::Overflow,
                     format!(
-                        "board {}{within}: the total would pass 2^53-1; applied to the other boards only",
-                        board.name
+                        "{instance}: the total would pass 2^53-1; applied to the other boards only"
                     ),
                 )),
             }

@@ -18,6 +18,8 @@
 //! * [`clock`]: the one clock: Redis's `TIME`, as seen from this process.
 //! * [`roll`]: the expiry and resummarize jobs, rebuild and verify.
 //! * [`ingest`]: the Redis Stream consumer: read, group, apply, ack, reclaim, dead-letter.
+//! * [`dead_letters`]: the dead-letter stream read back: list letters, replay them to the
+//!   instances that refused them.
 //! * [`metrics`]: the Prometheus registry and one method per notable happening.
 //! * [`http`]: the axum router: query API, event intake, metrics and health.
 //! * [`daemon`]: `rollboard run`: wires consumer, scheduler and HTTP under one shutdown token.
@@ -30,6 +32,7 @@ pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod daemon;
+pub mod dead_letters;
 pub mod event;
 pub mod http;
 pub mod ingest;

@@ -29,8 +29,9 @@ use crate::store::{redirected, Store, StoreError, TRANSACTION_REDIRECTED};
 /// Most partitions `ingest.partitions` may name.
 pub const MAX_PARTITIONS: usize = 64;
 
-/// Dead-letter field names that original fields must not overwrite.
-const RESERVED: [&str; 4] = ["reason", "detail", "source_id", "source_stream"];
+/// Dead-letter field names that original fields must not overwrite (an original field of
+/// one of these names is kept as `orig.<name>`).
+pub const RESERVED: [&str; 4] = ["reason", "detail", "source_id", "source_stream"];
 
 /// How long a read waits for the stream reader to (re)connect before the step fails.
 const READER_CONNECT_WAIT: Duration = Duration::from_secs(5);
@@ -167,6 +168,63 @@ impl DeadLetter {
         ));
         out
     }
+}
+
+/// How the detail of a letter refused by one board instance (`overflow`, `apply_failed`)
+/// begins: `board <name>`, then ` (scope "<value>")` for a scoped board, the value quoted
+/// as Rust's `{:?}` writes it. [`refused_by`] reads it back, so that a replay goes to that
+/// instance only.
+pub fn instance_label(board: &str, scope: Option<&str>) -> String {
+    match scope {
+        Some(scope) => format!("board {board} (scope {scope:?})"),
+        None => format!("board {board}"),
+    }
+}
+
+/// The board instance a detail that begins with [`instance_label`] and `: ` names.
+pub fn refused_by(detail: &str) -> Option<(String, Option<String>)> {
+    let rest = detail.strip_prefix("board ")?;
+    // Board names are `[a-z0-9_-]`, so the name ends at the first space or colon.
+    let end = rest.find([' ', ':'])?;
+    let (board, rest) = rest.split_at(end);
+    if board.is_empty() {
+        return None;
+    }
+    if rest.starts_with(": ") {
+        return Some((board.to_string(), None));
+    }
+    let (scope, rest) = unquote(rest.strip_prefix(" (scope ")?)?;
+    rest.starts_with("): ")
+        .then(|| (board.to_string(), Some(scope)))
+}
+
+/// Reads back a string written with `{:?}` at the start of `text`; returns it and the
+/// text after its closing quote. Undoes every escape `str`'s `Debug` writes: `\0`, `\t`,
+/// `\r`, `\n`, `\\`, `\"`, `\'` and `\u{hex}`.
+fn unquote(text: &str) -> Option<(String, &str)> {
+    let mut chars = text.strip_prefix('"')?.chars();
+    let mut out = String::new();
+    while let Some(c) = chars.next() {
+        match c {
+            '"' => return Some((out, chars.as_str())),
+            '\\' => match chars.next()? {
+                '0' => out.push('\0'),
+                't' => out.push('\t'),
+                'r' => out.push('\r'),
+                'n' => out.push('\n'),
+                c @ ('\\' | '"' | '\'') => out.push(c),
+                'u' => {
+                    let rest = chars.as_str().strip_prefix('{')?;
+                    let (hex, after) = rest.split_once('}')?;
+                    out.push(char::from_u32(u32::from_str_radix(hex, 16).ok()?)?);
+                    chars = after.chars();
+                }
+                _ => return None,
+            },
+            c => out.push(c),
+        }
+    }
+    None
 }
 
 fn text(v: Value) -> Option<String> {
@@ -528,6 +586,51 @@ mod tests {
         );
         assert_eq!(d.entry()[2].1, b"amount");
         assert_eq!(d.entry()[5].1, b"rb:events");
+    }
+
+    #[test]
+    fn the_instance_named_in_a_detail_reads_back() {
+        let scopes = [
+            "r1",
+            "with \"quotes\" and \\ backslash",
+            "): board x: ",
+            "名前 e\u{301} \u{200b}\u{fe0f} \u{10ffff}",
+            "'",
+            "\u{301}leading combining mark",
+        ];
+        for scope in scopes {
+            let detail = format!(
+                "{}: the total would pass 2^53-1",
+                instance_label("fans_7d", Some(scope))
+            );
+            assert_eq!(
+                refused_by(&detail),
+                Some(("fans_7d".to_string(), Some(scope.to_string()))),
+                "{detail}"
+            );
+        }
+        assert_eq!(
+            refused_by("board rooms_7d: apply failed"),
+            Some(("rooms_7d".to_string(), None))
+        );
+        for other in [
+            "the event matches no board",
+            "board : x",
+            "board fans (scope \"r1\": x",
+            "board fans (scope \"r1): x",
+            "board fans (scope \"\\q\"): x",
+            "board rooms_7d",
+        ] {
+            assert_eq!(refused_by(other), None, "{other}");
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_scope_reads_back_from_its_detail(scope in proptest::prelude::any::<String>()) {
+            let detail = format!("{}: applied to the other boards only", instance_label("b", Some(&scope)));
+            proptest::prop_assert_eq!(refused_by(&detail), Some(("b".to_string(), Some(scope))));
+        }
     }
 
     #[test]

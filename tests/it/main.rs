@@ -12,6 +12,7 @@ mod cli;
 mod clock;
 mod cluster;
 mod daemon;
+mod dead_letters;
 mod engine;
 mod faults;
 mod fold;
