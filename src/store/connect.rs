@@ -240,8 +240,9 @@ impl std::fmt::Display for Conflict {
         write!(
             f,
             "board {}: {} is {} in the configuration but the board's data in Redis was built with {} = {} ({}); \
-             put the setting back, or give the board a new name (it starts empty; delete the old keys when done)",
-            self.board, self.setting, self.configured, self.setting, self.stored, self.key
+             put the setting back, or give the board a new name (it starts empty; `rollboard drop-board {}` \
+             deletes the old one's keys when no longer needed)",
+            self.board, self.setting, self.configured, self.setting, self.stored, self.key, self.board
         )
     }
 }
