@@ -136,6 +136,17 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Delete every key of one board (all its instances and records), nothing of another.
+    DropBoard {
+        /// Board name.
+        board: String,
+        /// List what would be deleted; delete nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Drop a board that is still in the configuration.
+        #[arg(long)]
+        force: bool,
+    },
 }
 
 /// Parses a time given as RFC 3339 or epoch milliseconds.
@@ -224,6 +235,17 @@ pub async fn execute(settings: Settings, command: Command) -> ExitCode {
 /// Connects, and refuses to go on when the Redis user lacks a permission or a board's
 /// settings differ from those its data in Redis was built with.
 async fn connect(settings: &Settings) -> anyhow::Result<Store> {
+    let store = connect_unchecked(settings).await?;
+    let conflicts = store.check_settings(&settings.boards).await?;
+    if !conflicts.is_empty() {
+        return Err(Conflicts(conflicts).into());
+    }
+    Ok(store)
+}
+
+/// As [`connect`], without the check of the boards' stored settings (which writes them
+/// when they are missing).
+async fn connect_unchecked(settings: &Settings) -> anyhow::Result<Store> {
     let url = settings.redis.redacted_url();
     let store = match Store::connect_with(&settings.redis, 1, Reconnect::Never).await {
         Ok(store) => store,
@@ -244,10 +266,6 @@ async fn connect(settings: &Settings) -> anyhow::Result<Store> {
         Ok(denied) if denied.is_empty() => {}
         Ok(denied) => return Err(Denied(denied).into()),
         Err(e) => return Err(Denied::from_error(&e).map_or_else(|| e.into(), Into::into)),
-    }
-    let conflicts = store.check_settings(&settings.boards).await?;
-    if !conflicts.is_empty() {
-        return Err(Conflicts(conflicts).into());
     }
     Ok(store)
 }
@@ -338,6 +356,11 @@ async fn dispatch(settings: &Settings, command: Command) -> anyhow::Result<u8> {
             }
         }
         Command::Send { file } => send(settings, file).await,
+        Command::DropBoard {
+            board,
+            dry_run,
+            force,
+        } => drop_board(settings, &board, dry_run, force).await,
         Command::Roll { board, at, force } => {
             if let Some(name) = &board {
                 settings
@@ -469,6 +492,55 @@ async fn dispatch(settings: &Settings, command: Command) -> anyhow::Result<u8> {
             Ok(u8::from(failed))
         }
     }
+}
+
+/// `drop-board`: lists the board's keys, then (unless `dry_run`) deletes them. A board still
+/// in the configuration is refused (exit 64) without `force`: a daemon running with it
+/// would write its keys again. The stored settings are not checked, so that a board whose
+/// settings changed can be dropped to start afresh.
+async fn drop_board(
+    settings: &Settings,
+    name: &str,
+    dry_run: bool,
+    force: bool,
+) -> anyhow::Result<u8> {
+    if !crate::board::is_board_name(name) {
+        return Err(Usage(format!(
+            "board name {name:?}: must match [a-z0-9_-]{{1,64}}"
+        ))
+        .into());
+    }
+    if settings.board(name).is_some() && !force {
+        eprintln!(
+            "error: board {name} is still in the configuration: remove it from [[boards]] and \
+             restart the daemons first (they would write it again), or give --force"
+        );
+        return Ok(EXIT_CONFIG);
+    }
+    let store = connect_unchecked(settings).await?;
+    let found = match store.board_keys(name).await {
+        Ok(found) => found,
+        Err(e) => return Err(crate::store::scan_denied(&e).map_or_else(|| e.into(), Into::into)),
+    };
+    let mut out = std::io::stdout().lock();
+    for line in found.report(dry_run) {
+        writeln!(out, "{line}")?;
+    }
+    if dry_run {
+        writeln!(
+            out,
+            "board {name}: would delete {}; nothing was deleted",
+            found.summary()
+        )?;
+        return Ok(0);
+    }
+    let deleted = store.drop_board_keys(&found).await?;
+    writeln!(
+        out,
+        "board {name}: deleted {deleted} of {}",
+        found.summary()
+    )?;
+    Ok(0)
 }
 
 /// Refuses a roll time further ahead of the clock than `max_future_ms`: a roll expires
