@@ -11,6 +11,7 @@ mod chain;
 mod cli;
 mod cluster;
 mod daemon;
+mod drop_board;
 mod engine;
 mod faults;
 mod fold;
