@@ -149,6 +149,25 @@ pub fn scan_denied(e: &StoreError) -> Option<Denied> {
     }
 }
 
+/// `keys` cut into `UNLINK` calls of at most [`UNLINK_BATCH`] keys, in their order; on a
+/// cluster each call's keys share one slot (a multi-key command may not span slots).
+fn unlink_batches(keys: Vec<String>, clustered: bool) -> Vec<Vec<String>> {
+    if !clustered {
+        return keys.chunks(UNLINK_BATCH).map(<[String]>::to_vec).collect();
+    }
+    // The keys of one instance come together and share a slot, so cutting where the slot
+    // changes keeps the order (the scope registry still goes last) and costs no more calls.
+    let mut batches: Vec<(u16, Vec<String>)> = Vec::new();
+    for key in keys {
+        let slot = ClusterRouting::hash_key(key.as_bytes());
+        match batches.last_mut() {
+            Some((s, batch)) if *s == slot && batch.len() < UNLINK_BATCH => batch.push(key),
+            _ => batches.push((slot, vec![key])),
+        }
+    }
+    batches.into_iter().map(|(_, batch)| batch).collect()
+}
+
 impl Store {
     /// Every key of board `board` (a name as in the configuration) that exists now; reads
     /// only. Keys written meanwhile (a daemon still applying events to the board) may be
@@ -243,27 +262,8 @@ impl Store {
     /// were deleted.
     pub async fn drop_board_keys(&self, found: &BoardKeys) -> Result<u64, StoreError> {
         let client = self.client();
-        let mut batches: Vec<Vec<String>> = Vec::new();
-        if client.is_clustered() {
-            // Keys of one instance share a slot; the records each have their own. Grouped
-            // by slot in the order of `keys()`, so the scope registry still goes last.
-            let mut by_slot: Vec<(u16, Vec<String>)> = Vec::new();
-            for key in found.keys() {
-                let slot = ClusterRouting::hash_key(key.as_bytes());
-                match by_slot
-                    .iter_mut()
-                    .find(|(s, keys)| *s == slot && keys.len() < UNLINK_BATCH)
-                {
-                    Some((_, keys)) => keys.push(key),
-                    None => by_slot.push((slot, vec![key])),
-                }
-            }
-            batches.extend(by_slot.into_iter().map(|(_, keys)| keys));
-        } else {
-            batches.extend(found.keys().chunks(UNLINK_BATCH).map(<[String]>::to_vec));
-        }
         let mut deleted = 0u64;
-        for batch in batches {
+        for batch in unlink_batches(found.keys(), client.is_clustered()) {
             let n: i64 = redirected(|| client.unlink(batch.clone())).await?;
             deleted += n.max(0) as u64;
         }
@@ -337,5 +337,53 @@ impl Store {
         out.sort();
         out.dedup();
         Ok((out, not_text))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::keys::Keys;
+
+    #[test]
+    fn unlink_batches_are_bounded_and_on_a_cluster_each_holds_one_slot() {
+        let keys = Keys::new("rb");
+        let mut found = BoardKeys::default();
+        for scope in [None, Some("a"), Some("b:c")] {
+            let k = keys.instance("tips", scope);
+            for n in 0..150 {
+                found.add(
+                    k.slice(n),
+                    keys.board_key("tips", &k.slice(n)).expect("schema"),
+                );
+            }
+            found.add(k.meta(), keys.board_key("tips", &k.meta()).expect("schema"));
+        }
+        for (key, kind) in keys.records("tips") {
+            found.add(key, BoardKey::Record(kind));
+        }
+        let all = found.keys();
+        assert_eq!(all.len(), 3 * 151 + 3);
+        assert_eq!(all.last().map(String::as_str), Some("rb:board:tips:scopes"));
+        for clustered in [false, true] {
+            let batches = unlink_batches(all.clone(), clustered);
+            assert!(batches
+                .iter()
+                .all(|b| !b.is_empty() && b.len() <= UNLINK_BATCH));
+            let mut flat: Vec<String> = batches.concat();
+            assert_eq!(flat.last(), all.last(), "the scope registry goes last");
+            flat.sort();
+            let mut sorted = all.clone();
+            sorted.sort();
+            assert_eq!(flat, sorted, "every key once");
+            if clustered {
+                for batch in &batches {
+                    let slot = ClusterRouting::hash_key(batch[0].as_bytes());
+                    assert!(batch
+                        .iter()
+                        .all(|k| ClusterRouting::hash_key(k.as_bytes()) == slot));
+                }
+            }
+        }
     }
 }
