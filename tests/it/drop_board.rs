@@ -84,7 +84,10 @@ async fn fill_lookalikes(store: &Store) -> (Vec<Board>, i64) {
         board("tips_24h", SLICE, N),
     );
     let all = vec![tips.clone(), tips_v2.clone(), tips_24h.clone()];
-    let conflicts = store.check_settings(&all).await.expect("record the settings");
+    let conflicts = store
+        .check_settings(&all)
+        .await
+        .expect("record the settings");
     assert!(conflicts.is_empty(), "{conflicts:?}");
     // A room whose data leaves the window: the roll cleans its instances up and takes the
     // room out of the registries, leaving each instance's `meta`.
@@ -103,7 +106,7 @@ async fn fill_lookalikes(store: &Store) -> (Vec<Board>, i64) {
     let mut rooms = ROOMS.to_vec();
     fill(store, &all, now, &rooms, "now", 120).await;
     rooms.push("tips");
-    fill(store, &[tips_v2.clone()], now, &rooms, "v2", 40).await;
+    fill(store, std::slice::from_ref(&tips_v2), now, &rooms, "v2", 40).await;
     roll_all(store, &all, now, 100).await;
     for key in [
         "rb:{tips}:tmp:18f00d:result",
