@@ -397,3 +397,23 @@ async fn dropping_a_board_on_a_cluster_scans_every_master() {
     assert_eq!(keys(), expected);
     assert_eq!(answers(&store, &survivors, now).await, answers_before);
 }
+
+#[tokio::test]
+async fn the_shipped_redis_user_may_not_scan_so_drop_board_stops_before_deleting() {
+    let dir = tempfile::tempdir().expect("dir");
+    let redis = crate::security::acl_server(dir.path(), &[]);
+    let url = crate::security::acl_url(&redis);
+    let store = Store::connect(&url, "rb", 2, rollboard::store::Reconnect::Never)
+        .await
+        .expect("connect as the rollboard user");
+    let now = rollboard::cli::now_ms();
+    fill(&store, &[scoped("tips")], now, &ROOMS, "acl", 30).await;
+    let config = config(dir.path(), &url, LOOKALIKES);
+
+    let out = rollboard(Some(&config), &["drop-board", "tips"], &[]);
+    assert_eq!(out.status.code(), Some(64), "{}", stderr(&out));
+    assert!(stderr(&out).contains("SCAN"), "{}", stderr(&out));
+    let members = store.instance(&scoped("tips"), Some("a:b")).members();
+    let exists: i64 = store.client().exists(members).await.expect("exists");
+    assert_eq!(exists, 1, "nothing was deleted");
+}
