@@ -196,6 +196,9 @@ impl Store {
             }
             cursor = next;
         }
+        // ZSCAN may return an element more than once.
+        instances.sort();
+        instances.dedup();
         for key in candidates {
             if let Some(kind) = self.keys.board_key(board, &key) {
                 let exists: i64 = self.client().exists(key.as_str()).await?;
