@@ -1,7 +1,8 @@
 //! The command-line interface: argument definitions and the subcommands.
 //!
 //! Exit codes: 0 success, 1 failure (invalid events, drift, Redis errors), 2 usage error,
-//! 3 member not on the board, 64 invalid configuration.
+//! 3 member not on the board, 64 invalid configuration (also: a missing Redis permission,
+//! `drop-board` of a board still configured without `--force`).
 
 use std::io::{BufRead, Read, Seek, Write};
 use std::path::{Path, PathBuf};
