@@ -191,6 +191,15 @@ impl fmt::Display for Board {
     }
 }
 
+/// Whether `name` is a valid board name, `[a-z0-9_-]{1,64}`: the key schema relies on board
+/// names holding no `:`, `{`, `}` or glob character.
+pub fn is_board_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
+}
+
 /// Parses a duration of the form `500ms`, `30s`, `5m`, `6h`, `7d` into milliseconds.
 pub fn parse_duration_ms(text: &str) -> Option<i64> {
     let split = text.find(|c: char| !c.is_ascii_digit())?;

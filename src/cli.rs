@@ -1,7 +1,8 @@
 //! The command-line interface: argument definitions and the subcommands.
 //!
 //! Exit codes: 0 success, 1 failure (invalid events, drift, Redis errors), 2 usage error,
-//! 3 member not on the board, 64 invalid configuration.
+//! 3 member not on the board, 64 invalid configuration (also: a missing Redis permission,
+//! `drop-board` of a board still configured without `--force`).
 
 use std::io::{BufRead, Read, Seek, Write};
 use std::path::{Path, PathBuf};
@@ -143,6 +144,17 @@ pub enum Command {
         /// list or replay.
         #[command(subcommand)]
         action: dead_letters::Action,
+    },
+    /// Delete every key of one board (all its instances and records), nothing of another.
+    DropBoard {
+        /// Board name.
+        board: String,
+        /// List what would be deleted; delete nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Drop a board that is still in the configuration.
+        #[arg(long)]
+        force: bool,
     },
 }
 
@@ -361,6 +373,11 @@ async fn dispatch(settings: &Settings, command: Command) -> anyhow::Result<u8> {
             }
         }
         Command::Send { file } => send(settings, file).await,
+        Command::DropBoard {
+            board,
+            dry_run,
+            force,
+        } => drop_board(settings, &board, dry_run, force).await,
         Command::Roll { board, at, force } => {
             if let Some(name) = &board {
                 settings
@@ -498,10 +515,59 @@ async fn dispatch(settings: &Settings, command: Command) -> anyhow::Result<u8> {
     }
 }
 
+/// `drop-board`: lists the board's keys, then (unless `dry_run`) deletes them. A board still
+/// in the configuration is refused (exit 64) without `force`: a daemon running with it
+/// would write its keys again. The stored settings are not checked, so that a board whose
+/// settings changed can be dropped to start afresh.
+async fn drop_board(
+    settings: &Settings,
+    name: &str,
+    dry_run: bool,
+    force: bool,
+) -> anyhow::Result<u8> {
+    if !crate::board::is_board_name(name) {
+        return Err(Usage(format!(
+            "board name {name:?}: must match [a-z0-9_-]{{1,64}}"
+        ))
+        .into());
+    }
+    if settings.board(name).is_some() && !force {
+        eprintln!(
+            "error: board {name} is still in the configuration: remove it from [[boards]] and \
+             restart the daemons first (they would write it again), or give --force"
+        );
+        return Ok(EXIT_CONFIG);
+    }
+    let store = connect_unchecked(settings).await?;
+    let found = match store.board_keys(name).await {
+        Ok(found) => found,
+        Err(e) => return Err(crate::store::scan_denied(&e).map_or_else(|| e.into(), Into::into)),
+    };
+    let mut out = std::io::stdout().lock();
+    for line in found.report(dry_run) {
+        writeln!(out, "{line}")?;
+    }
+    if dry_run {
+        writeln!(
+            out,
+            "board {name}: would delete {}; nothing was deleted",
+            found.summary()
+        )?;
+        return Ok(0);
+    }
+    let deleted = store.drop_board_keys(&found).await?;
+    writeln!(
+        out,
+        "board {name}: deleted {deleted} of {}",
+        found.summary()
+    )?;
+    Ok(0)
+}
+
 /// Refuses a roll time later than Redis's clock: a roll expires every slice that is dead
 /// at that time, forgets the idempotency keys due by then and raises the watermark for
 /// good, so a roll ahead of the clock would drop live tips from the rankings and refuse
-/// them as late (DESIGN section 11, one clock).
+/// them as late (the one clock, see [`crate::clock`]).
 pub fn check_roll_time(at: i64, clock: i64) -> Result<(), Usage> {
     if at <= clock {
         return Ok(());

@@ -1,4 +1,4 @@
-//! The one clock (DESIGN section 11): every replica and the CLI judge the window, expiry,
+//! The one clock: every replica and the CLI judge the window, expiry,
 //! the forgetting of idempotency keys and `future` by Redis's clock (`TIME`), never by
 //! their own. A [`Clock`] holds the offset between this process's clock and Redis's,
 //! measured with [`Clock::sync`]; [`Clock::now`] is the local clock corrected by it.

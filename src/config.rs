@@ -977,12 +977,7 @@ impl RawSettings {
 impl RawBoard {
     fn validate(self, i: usize, dedup: Dedup) -> Result<Board, ConfigError> {
         let key = |k: &str| format!("boards[{i}].{k}");
-        let name_ok = (1..=64).contains(&self.name.len())
-            && self
-                .name
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
-        if !name_ok {
+        if !crate::board::is_board_name(&self.name) {
             return Err(invalid(
                 key("name"),
                 &self.name,

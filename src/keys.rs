@@ -45,6 +45,59 @@ impl Keys {
         format!("{}:board:{}:settings", self.prefix, board)
     }
 
+    /// The board-level records of `board` (scope registry, watermark, settings), with
+    /// their kinds: the keys of a board that are not under an instance's hash tag.
+    pub fn records(&self, board: &str) -> [(String, KeyKind); 3] {
+        [
+            (self.window(board), KeyKind::Window),
+            (self.settings(board), KeyKind::Settings),
+            (self.scopes(board), KeyKind::Scopes),
+        ]
+    }
+
+    /// `SCAN MATCH` patterns that cover every instance key of `board` and nothing of
+    /// another board: the unscoped instance (`rb:{tips}:*`, the hash tag closed) and the
+    /// scoped ones (`rb:{tips:*`; board names never contain `:`, so no other board's key
+    /// starts that way). Glob metacharacters of the prefix and the name are escaped. A key
+    /// matched must still be read back with [`Keys::board_key`].
+    pub fn board_patterns(&self, board: &str) -> [String; 2] {
+        let (prefix, board) = (glob_escape(&self.prefix), glob_escape(board));
+        [
+            format!("{prefix}:{{{board}}}:*"),
+            format!("{prefix}:{{{board}:*"),
+        ]
+    }
+
+    /// Reads `key` back as a key of exactly `board` (not of a board whose name merely
+    /// starts the same way), or `None`: an instance key with a suffix of this schema, or
+    /// one of the board-level records.
+    pub fn board_key(&self, board: &str, key: &str) -> Option<BoardKey> {
+        if let Some((_, kind)) = self.records(board).into_iter().find(|(k, _)| k == key) {
+            return Some(BoardKey::Record(kind));
+        }
+        let rest = key
+            .strip_prefix(self.prefix.as_str())?
+            .strip_prefix(":{")?
+            .strip_prefix(board)?;
+        let (scope, suffix) = if let Some(suffix) = rest.strip_prefix("}:") {
+            (None, suffix)
+        } else {
+            // A scope value may hold `}` and `:`, but no suffix holds `}`: the instance's
+            // base ends at the last `}`.
+            let rest = rest.strip_prefix(':')?;
+            let end = rest.rfind('}')?;
+            let suffix = rest[end + 1..].strip_prefix(':')?;
+            (Some(&rest[..end]), suffix)
+        };
+        if scope == Some("") || suffix.contains('}') {
+            return None;
+        }
+        Some(BoardKey::Instance {
+            scope: scope.map(str::to_string),
+            kind: KeyKind::of_suffix(suffix)?,
+        })
+    }
+
     /// A short-lived key written only so that a `WAIT` after it has something to wait
     /// for; `tag` picks its slot on a cluster.
     pub fn sync(&self, tag: Option<&str>) -> String {
@@ -52,6 +105,113 @@ impl Keys {
             Some(tag) => format!("{}:sync:{{{}}}", self.prefix, tag),
             None => format!("{}:sync", self.prefix),
         }
+    }
+}
+
+/// `text` with the glob metacharacters of Redis's `MATCH` (`*`, `?`, `[`, `]`, `\`)
+/// escaped, so that it matches only itself.
+pub fn glob_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// One key of a board, as read back by [`Keys::board_key`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BoardKey {
+    /// A board-level record ([`Keys::records`]).
+    Record(KeyKind),
+    /// A key of one instance.
+    Instance {
+        /// The instance's scope value; `None` for the unscoped instance.
+        scope: Option<String>,
+        /// What the key holds.
+        kind: KeyKind,
+    },
+}
+
+/// What a key of the schema holds, named as in [`InstanceKeys`] and [`Keys`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum KeyKind {
+    /// [`InstanceKeys::result`].
+    Result,
+    /// [`InstanceKeys::members`].
+    Members,
+    /// [`InstanceKeys::ranked`].
+    Ranked,
+    /// [`InstanceKeys::slices`].
+    Slices,
+    /// [`InstanceKeys::meta`].
+    Meta,
+    /// [`InstanceKeys::seen`] (the layout before digests).
+    Seen,
+    /// [`InstanceKeys::seen_table`].
+    SeenTable,
+    /// [`InstanceKeys::seen_log`].
+    SeenLog,
+    /// [`InstanceKeys::refs`].
+    Refs,
+    /// [`InstanceKeys::totals`].
+    Totals,
+    /// [`InstanceKeys::slice`].
+    Slice,
+    /// [`InstanceKeys::scratch`], and the trash keys a swap renames live values to.
+    Scratch,
+    /// [`Keys::scopes`].
+    Scopes,
+    /// [`Keys::window`].
+    Window,
+    /// [`Keys::settings`].
+    Settings,
+}
+
+impl KeyKind {
+    /// A short name for reports (`slice`, `seen:ids`, `tmp`, ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KeyKind::Result => "result",
+            KeyKind::Members => "members",
+            KeyKind::Ranked => "ranked",
+            KeyKind::Slices => "slices",
+            KeyKind::Meta => "meta",
+            KeyKind::Seen => "seen",
+            KeyKind::SeenTable => "seen:ids",
+            KeyKind::SeenLog => "seen:<n>",
+            KeyKind::Refs => "refs",
+            KeyKind::Totals => "totals",
+            KeyKind::Slice => "slice:<n>",
+            KeyKind::Scratch => "tmp",
+            KeyKind::Scopes => "scopes",
+            KeyKind::Window => "window",
+            KeyKind::Settings => "settings",
+        }
+    }
+
+    /// The kind of an instance key from what follows its base (`result`, `slice:7`, ...).
+    fn of_suffix(suffix: &str) -> Option<KeyKind> {
+        let number = |n: &str| n.parse::<i64>().is_ok();
+        Some(match suffix {
+            "result" => KeyKind::Result,
+            "members" => KeyKind::Members,
+            "ranked" => KeyKind::Ranked,
+            "slices" => KeyKind::Slices,
+            "meta" => KeyKind::Meta,
+            "seen" => KeyKind::Seen,
+            "seen:ids" => KeyKind::SeenTable,
+            "refs" => KeyKind::Refs,
+            "totals" => KeyKind::Totals,
+            _ => match suffix.split_once(':')? {
+                ("slice", n) if number(n) => KeyKind::Slice,
+                ("seen", n) if number(n) => KeyKind::SeenLog,
+                ("tmp", rest) if rest.contains(':') => KeyKind::Scratch,
+                _ => return None,
+            },
+        })
     }
 }
 
@@ -198,5 +358,78 @@ mod tests {
         let b = keys.instance("f", Some("a}:slice:5"));
         assert_ne!(a.slice(5), b.result());
         assert_ne!(a.result(), keys.instance("f", None).result());
+    }
+
+    #[test]
+    fn board_keys_read_back_only_for_their_own_board() {
+        let keys = Keys::new("rb");
+        let scoped = |scope: &str| Some(scope.to_string());
+        let instance = |scope: Option<String>, kind| Some(BoardKey::Instance { scope, kind });
+        let tips = keys.instance("tips", None);
+        assert_eq!(
+            keys.board_key("tips", &tips.result()),
+            instance(None, KeyKind::Result)
+        );
+        assert_eq!(
+            keys.board_key("tips", &tips.slice(-3)),
+            instance(None, KeyKind::Slice)
+        );
+        assert_eq!(
+            keys.board_key("tips", &tips.scratch("ab12", "result")),
+            instance(None, KeyKind::Scratch)
+        );
+        for scope in ["a", "a:b", "x*", "{c}", "d}e", "}:slice:5", "tips_v2}:meta"] {
+            let k = keys.instance("tips", Some(scope));
+            for (key, kind) in [
+                (k.meta(), KeyKind::Meta),
+                (k.seen_table(), KeyKind::SeenTable),
+                (k.seen_log(7), KeyKind::SeenLog),
+                (k.slice(7), KeyKind::Slice),
+                (
+                    format!("{}:old", k.scratch("f0", "ranked")),
+                    KeyKind::Scratch,
+                ),
+            ] {
+                assert_eq!(keys.board_key("tips", &key), instance(scoped(scope), kind));
+                assert_eq!(keys.board_key("tip", &key), None, "{key}");
+                assert_eq!(keys.board_key("tips_v2", &key), None, "{key}");
+            }
+        }
+        for other in ["tips_v2", "tips_24h", "tipsy"] {
+            for key in [
+                keys.instance(other, None).result(),
+                keys.instance(other, Some("tips")).meta(),
+                keys.scopes(other),
+            ] {
+                assert_eq!(keys.board_key("tips", &key), None, "{key}");
+            }
+        }
+        assert_eq!(
+            keys.board_key("tips", "rb:board:tips:scopes"),
+            Some(BoardKey::Record(KeyKind::Scopes))
+        );
+        for foreign in [
+            "rb:{tips}:unknown",
+            "rb:{tips}:slice:x",
+            "rb:{tips:}:meta",
+            "rb:{tips:a}meta",
+            "rb:{tips}",
+            "lb:{tips}:meta",
+            "rb:board:tips:other",
+        ] {
+            assert_eq!(keys.board_key("tips", foreign), None, "{foreign}");
+        }
+    }
+
+    #[test]
+    fn board_patterns_close_the_hash_tag_and_escape_globs() {
+        assert_eq!(
+            Keys::new("rb").board_patterns("tips"),
+            ["rb:{tips}:*", "rb:{tips:*"]
+        );
+        assert_eq!(
+            Keys::new("a*[b]?\\").board_patterns("t"),
+            ["a\\*\\[b\\]\\?\\\\:{t}:*", "a\\*\\[b\\]\\?\\\\:{t:*"]
+        );
     }
 }

@@ -23,10 +23,13 @@
 //! * `stage.rs`: resummarize: staging a recomputation in scratch keys and swapping it in.
 //! * `query.rs`: the top / rank / around reads.
 //! * `replicas.rs`: confirming writes only once enough replicas hold them (`WAIT`).
+//! * `drop.rs`: finding every key of one board (registries, then a key scan per master)
+//!   and deleting them in bounded `UNLINK` batches (`rollboard drop-board`).
 //! * `lua.rs`: the scripts' text as Redis receives it.
 
 mod apply;
 mod connect;
+mod drop;
 mod expire;
 pub mod lua;
 mod query;
@@ -40,6 +43,7 @@ pub use apply::{
 pub use connect::{
     script_commands, tls_client_config, Conflict, Conflicts, Denied, Reconnect, Refused, TlsError,
 };
+pub use drop::{scan_denied, BoardKeys, UNLINK_BATCH};
 pub use expire::{Expired, Trimmed, EXPIRE_CALL_FIELDS, TRIM_CALL_IDS, TRIM_CALL_LOG};
 pub use replicas::{Durability, NOREPLICAS};
 pub use stage::{

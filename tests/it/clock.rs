@@ -1,4 +1,4 @@
-//! One clock (DESIGN section 11): the window, expiry and the forgetting of ids are judged by
+//! One clock: the window, expiry and the forgetting of ids are judged by
 //! Redis's clock, so no replica's clock and no `roll --at` can make a tip count twice or
 //! make live money vanish.
 

@@ -13,6 +13,7 @@ mod clock;
 mod cluster;
 mod daemon;
 mod dead_letters;
+mod drop_board;
 mod engine;
 mod faults;
 mod fold;

@@ -14,7 +14,7 @@ use crate::util::{free_port, wait_for, write_config_url, Daemon, RedisServer, BO
 const PASSWORD: &str = "s3cret-acl-password-7Qx";
 
 /// A redis-server started with extra arguments (ACL file, TLS), killed on drop.
-struct Server {
+pub(crate) struct Server {
     child: Child,
     port: u16,
     _dir: tempfile::TempDir,
@@ -109,12 +109,12 @@ fn acl_file(dir: &Path, drop: &[&str]) -> PathBuf {
     path
 }
 
-fn acl_server(dir: &Path, drop: &[&str]) -> Server {
+pub(crate) fn acl_server(dir: &Path, drop: &[&str]) -> Server {
     let acl = acl_file(dir, drop);
     Server::start(&["--aclfile".to_string(), acl.display().to_string()], false)
 }
 
-fn acl_url(server: &Server) -> String {
+pub(crate) fn acl_url(server: &Server) -> String {
     format!("redis://rollboard:{PASSWORD}@127.0.0.1:{}", server.port)
 }
 
