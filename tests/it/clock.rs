@@ -3,7 +3,6 @@
 //! make live money vanish.
 
 use std::collections::HashMap;
-use std::process::Command;
 use std::time::Duration;
 
 use rollboard::board::Dedup;
@@ -39,6 +38,28 @@ async fn letters(store: &rollboard::store::Store) -> Vec<(String, String)> {
         .collect()
 }
 
+/// One batch of `entries` through the consumer's path, judged at `now`.
+async fn deliver(
+    store: &rollboard::store::Store,
+    boards: &[rollboard::board::Board],
+    entries: &[rollboard::ingest::Entry],
+    now: i64,
+) {
+    let metrics = Metrics::new(boards);
+    let settings = ingest_settings("rb:events", 1);
+    process_batch(
+        store,
+        boards,
+        &settings,
+        &metrics,
+        "rb:events",
+        entries,
+        now,
+    )
+    .await
+    .expect("batch");
+}
+
 /// A forced roll ahead of the clock forgets the ids of slices that are still in the
 /// window; the applies after it judge time from that roll on, so a redelivered tip is late,
 /// never counted a second time.
@@ -49,8 +70,6 @@ async fn a_redelivered_tip_after_a_forced_roll_ahead_is_never_counted_twice() {
     let store = redis.store("rb").await;
     let b = forgetful(MINUTE, MINUTE);
     let boards = vec![b.clone()];
-    let settings = ingest_settings("rb:events", 1);
-    let metrics = Metrics::new(&boards);
     let t = 1_763_700_000_000 + 30_000;
     let tip = |entry_id: &str| {
         entry(
@@ -63,17 +82,7 @@ async fn a_redelivered_tip_after_a_forced_roll_ahead_is_never_counted_twice() {
             ],
         )
     };
-    process_batch(
-        &store,
-        &boards,
-        &settings,
-        &metrics,
-        "rb:events",
-        &[tip(&format!("{t}-0"))],
-        t,
-    )
-    .await
-    .expect("first delivery");
+    deliver(&store, &boards, &[tip(&format!("{t}-0"))], t).await;
     assert_eq!(total_at(&store, &b, "u1", t).await, Some(7));
     // Five minutes ahead: the ids of the tip's slice (forgotten one minute after it ends)
     // are due and forgotten.
@@ -83,17 +92,7 @@ async fn a_redelivered_tip_after_a_forced_roll_ahead_is_never_counted_twice() {
         "{reports:?}"
     );
     // The same tip again, judged by a consumer whose clock is still at t.
-    process_batch(
-        &store,
-        &boards,
-        &settings,
-        &metrics,
-        "rb:events",
-        &[tip(&format!("{t}-1"))],
-        t,
-    )
-    .await
-    .expect("redelivery");
+    deliver(&store, &boards, &[tip(&format!("{t}-1"))], t).await;
     assert_eq!(
         total_at(&store, &b, "u1", t + 5 * MINUTE).await,
         Some(7),
@@ -114,8 +113,6 @@ async fn a_tip_whose_ids_may_be_forgotten_is_late_not_counted_again() {
     let store = redis.store("rb").await;
     let b = forgetful(MINUTE, MINUTE);
     let boards = vec![b.clone()];
-    let settings = ingest_settings("rb:events", 1);
-    let metrics = Metrics::new(&boards);
     let t = 1_763_700_000_000 + 30_000;
     let fields = [
         ("user", "u1"),
@@ -123,31 +120,17 @@ async fn a_tip_whose_ids_may_be_forgotten_is_late_not_counted_again() {
         ("id", "tip-1"),
         ("ts", "1763700030000"),
     ];
-    process_batch(
-        &store,
-        &boards,
-        &settings,
-        &metrics,
-        "rb:events",
-        &[entry(&format!("{t}-0"), &fields)],
-        t,
-    )
-    .await
-    .expect("first delivery");
+    deliver(&store, &boards, &[entry(&format!("{t}-0"), &fields)], t).await;
     // Its slice ended at t + 30 s; its ids may be forgotten a minute later.
     let later = t + 30_000 + MINUTE;
     roll_all(&store, &boards, later, 100).await;
-    process_batch(
+    deliver(
         &store,
         &boards,
-        &settings,
-        &metrics,
-        "rb:events",
         &[entry(&format!("{later}-0"), &fields)],
         later,
     )
-    .await
-    .expect("redelivery");
+    .await;
     assert_eq!(total_at(&store, &b, "u1", later).await, Some(7));
     assert_eq!(
         letters(&store).await,
@@ -156,41 +139,16 @@ async fn a_tip_whose_ids_may_be_forgotten_is_late_not_counted_again() {
     // One millisecond earlier it is still remembered, hence a duplicate, not late.
     let redis2 = RedisServer::start();
     let store2 = redis2.store("rb").await;
-    process_batch(
+    deliver(&store2, &boards, &[entry(&format!("{t}-0"), &fields)], t).await;
+    deliver(
         &store2,
         &boards,
-        &settings,
-        &metrics,
-        "rb:events",
-        &[entry(&format!("{t}-0"), &fields)],
-        t,
-    )
-    .await
-    .expect("first delivery");
-    process_batch(
-        &store2,
-        &boards,
-        &settings,
-        &metrics,
-        "rb:events",
         &[entry(&format!("{}-0", later - 1), &fields)],
         later - 1,
     )
-    .await
-    .expect("redelivery");
+    .await;
     assert_eq!(total_at(&store2, &b, "u1", later - 1).await, Some(7));
     assert!(letters(&store2).await.is_empty());
-}
-
-/// Runs the binary with `config` and `args`.
-fn cli(config: &std::path::Path, args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_rollboard"))
-        .arg("--config")
-        .arg(config)
-        .args(args)
-        .env_remove("ROLLBOARD_CONFIG")
-        .output()
-        .expect("run rollboard")
 }
 
 /// Redis's clock, in epoch ms.
@@ -207,7 +165,7 @@ async fn roll_at_a_time_later_than_redis_now_needs_force() {
     let now = redis_now(&store).await;
     // One second ahead was accepted before (anything within ingest.max_future).
     let ahead = (now + 1_000).to_string();
-    let out = cli(&config, &["roll", "--at", &ahead]);
+    let out = run_rollboard(&config, &["roll", "--at", &ahead]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(
@@ -221,10 +179,12 @@ async fn roll_at_a_time_later_than_redis_now_needs_force() {
     );
     let past = (now - 1_000).to_string();
     assert_eq!(
-        cli(&config, &["roll", "--at", &past]).status.code(),
+        run_rollboard(&config, &["roll", "--at", &past])
+            .status
+            .code(),
         Some(0)
     );
-    let out = cli(&config, &["roll", "--at", &ahead, "--force"]);
+    let out = run_rollboard(&config, &["roll", "--at", &ahead, "--force"]);
     assert_eq!(out.status.code(), Some(0), "{out:?}");
 }
 
@@ -359,7 +319,7 @@ async fn daemons_ten_minutes_off_either_way_count_every_tip_exactly_once() {
     }
     assert!(a.logs().contains("clock is off"), "{}", a.logs());
     let config = short_window_config(dir.path(), &redis, free_port(), "verify");
-    let out = cli(&config, &["verify"]);
+    let out = run_rollboard(&config, &["verify"]);
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     assert_eq!(a.terminate().await.code(), Some(0));
     assert_eq!(b.terminate().await.code(), Some(0));
@@ -433,8 +393,6 @@ async fn run_skewed(
         b.dedup = Dedup::AfterSlice(1_500);
     }
     let boards = vec![b.clone()];
-    let settings = ingest_settings("rb:events", 1);
-    let metrics = Metrics::new(&boards);
     let mut clocks = Vec::new();
     for &skew in skews {
         let clock =
@@ -482,17 +440,7 @@ async fn run_skewed(
                     })
                     .collect();
                 let before = letters(store).await.len();
-                process_batch(
-                    store,
-                    &boards,
-                    &settings,
-                    &metrics,
-                    "rb:events",
-                    &batch,
-                    clocks[r].now(),
-                )
-                .await
-                .expect("batch");
+                deliver(store, &boards, &batch, clocks[r].now()).await;
                 let after = redis_now(store).await + TOLERANCE;
                 let refused: std::collections::HashSet<String> = letters(store)
                     .await

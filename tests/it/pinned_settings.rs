@@ -2,20 +2,9 @@
 //! CLI whose configuration disagrees refuses to start (exit 64, naming the setting), and a
 //! refusing daemon never opens a listener a probe could pass on.
 
-use std::process::{Command, Output};
+use std::process::Output;
 
 use crate::util::*;
-
-/// Runs the binary with `config` and `args`, with a bound on how long `run` may take.
-fn run(config: &std::path::Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_rollboard"))
-        .arg("--config")
-        .arg(config)
-        .args(args)
-        .env_remove("ROLLBOARD_CONFIG")
-        .output()
-        .expect("run rollboard")
-}
 
 /// `config` with `from` replaced by `to` once, written beside it as `name.toml`.
 fn edited(config: &std::path::Path, name: &str, from: &str, to: &str) -> std::path::PathBuf {
@@ -38,7 +27,7 @@ fn fill(config: &std::path::Path) {
         ),
     )
     .expect("write events");
-    let out = run(config, &["send", events.to_str().expect("utf-8")]);
+    let out = run_rollboard(config, &["send", events.to_str().expect("utf-8")]);
     assert_eq!(out.status.code(), Some(0), "{out:?}");
 }
 
@@ -82,14 +71,18 @@ async fn adding_or_removing_a_scope_is_refused_like_every_shaping_setting() {
     );
     for args in [&["verify"][..], &["run"]] {
         assert_refused(
-            &run(&added, args),
+            &run_rollboard(&added, args),
             "scope",
             "scope is user in the configuration",
         );
-        assert_refused(&run(&removed, args), "scope", "(none) in the configuration");
-        assert_refused(&run(&renamed, args), "scope", "scope = room");
+        assert_refused(
+            &run_rollboard(&removed, args),
+            "scope",
+            "(none) in the configuration",
+        );
+        assert_refused(&run_rollboard(&renamed, args), "scope", "scope = room");
     }
-    let out = run(&config, &["verify"]);
+    let out = run_rollboard(&config, &["verify"]);
     assert_eq!(
         out.status.code(),
         Some(0),
@@ -120,15 +113,15 @@ async fn a_scope_change_is_refused_on_data_recorded_before_scope_was_pinned() {
         "name = \"rooms_7d\"\nmember = \"room\"",
         "name = \"rooms_7d\"\nmember = \"room\"\nscope = \"user\"",
     );
-    assert_refused(&run(&added, &["verify"]), "scope", "(none)");
+    assert_refused(&run_rollboard(&added, &["verify"]), "scope", "(none)");
     let removed = edited(&config, "removed", "scope = \"room\"\n", "");
     assert_refused(
-        &run(&removed, &["verify"]),
+        &run_rollboard(&removed, &["verify"]),
         "scope",
         "(none) in the configuration",
     );
 
-    let out = run(&config, &["verify"]);
+    let out = run_rollboard(&config, &["verify"]);
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     assert_eq!(
         redis
@@ -153,7 +146,7 @@ async fn a_daemon_refusing_its_board_settings_never_opens_a_listener() {
     let dir = tempfile::tempdir().expect("dir");
     let port = free_port();
     let config = write_config(dir.path(), &redis, port, "a", "");
-    let out = run(&config, &["verify"]);
+    let out = run_rollboard(&config, &["verify"]);
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     let changed = edited(&config, "changed", "slice = \"6h\"", "slice = \"3h\"");
     redis.shutdown_and_restart();

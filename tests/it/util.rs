@@ -793,3 +793,15 @@ pub fn partitioned_config(
     std::fs::write(&path, text).expect("write config");
     path
 }
+
+/// Runs the `rollboard` binary with `--config config` and `args`, ignoring any
+/// `ROLLBOARD_CONFIG` of the test's environment.
+pub fn run_rollboard(config: &std::path::Path, args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_rollboard"))
+        .arg("--config")
+        .arg(config)
+        .args(args)
+        .env_remove("ROLLBOARD_CONFIG")
+        .output()
+        .expect("run rollboard")
+}
