@@ -19,6 +19,7 @@ mod http_edges;
 mod intake;
 mod layout;
 mod model;
+mod outage_classes;
 mod partitions;
 mod prometheus;
 mod proxy;
