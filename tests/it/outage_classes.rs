@@ -432,8 +432,11 @@ async fn wrongtype_met_inside_a_script_is_bad_data() {
         .await
         .expect_err("a meta key of the wrong type");
     let text = error.to_string();
+    let rollboard::store::StoreError::Redis(redis_error) = &error else {
+        panic!("a Redis error: {text}")
+    };
     assert!(
-        text.starts_with("redis: WRONGTYPE ") && text.contains(" script: "),
+        redis_error.details().starts_with("WRONGTYPE ") && text.contains(" script: "),
         "{text}"
     );
     assert!(!error.is_outage(), "{text}");
