@@ -20,6 +20,9 @@ use crate::util::{
     Fields, RedisServer,
 };
 
+/// A board instance: board index and scope.
+type Instance = (usize, Option<String>);
+
 /// Events sent while the consumer is frozen, to be in its pending list when it meets the
 /// outage.
 const HELD: usize = 60;
@@ -460,7 +463,7 @@ async fn misconf_on_one_cluster_master_holds_only_its_boards() {
     ];
     // Every instance the test events touch, with the masters its apply writes to: its own
     // and, for a scoped board, its board's scope registry's.
-    let mut instances: Vec<((usize, Option<String>), Vec<u16>)> = Vec::new();
+    let mut instances: Vec<(Instance, Vec<u16>)> = Vec::new();
     for (b, board) in boards.iter().enumerate() {
         let scopes: Vec<Option<String>> = if board.is_scoped() {
             (0..7).map(|r| Some(format!("r{r}"))).collect()
@@ -482,7 +485,7 @@ async fn misconf_on_one_cluster_master_holds_only_its_boards() {
         .filter(|m| !streams.contains(m))
         .max_by_key(|m| instances.iter().filter(|(_, o)| o.contains(m)).count())
         .expect("a master without either stream");
-    let on_broken: Vec<(usize, Option<String>)> = instances
+    let on_broken: Vec<Instance> = instances
         .iter()
         .filter(|(_, o)| o.contains(&broken))
         .map(|(i, _)| i.clone())
