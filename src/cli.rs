@@ -29,6 +29,10 @@ pub const EXIT_NOT_FOUND: u8 = 3;
 pub const EXIT_USAGE: u8 = 2;
 /// Exit status: invalid configuration.
 pub const EXIT_CONFIG: u8 = 64;
+/// Exit status: Redis had an outage ([`StoreError::is_outage`]); the same command may
+/// succeed later (sysexits' `EX_TEMPFAIL`). `send` may have appended part of its input:
+/// it is run again with the same input, which is exactly-once when every event has an `id`.
+pub const EXIT_UNAVAILABLE: u8 = 75;
 /// Longest line `send` accepts, in bytes (without its line break).
 pub const MAX_LINE_BYTES: usize = 1 << 20;
 /// Most events `send` appends in one batch (one MULTI/EXEC per partition).
@@ -234,12 +238,28 @@ pub async fn execute(settings: Settings, command: Command) -> ExitCode {
                 eprintln!("error: {e:#}");
                 ExitCode::from(EXIT_CONFIG)
             }
+            None if is_outage(&e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::from(EXIT_UNAVAILABLE)
+            }
             None => {
                 eprintln!("error: {e:#}");
                 ExitCode::FAILURE
             }
         },
     }
+}
+
+/// Whether `e` was caused by a Redis outage (see [`StoreError::is_outage`]).
+fn is_outage(e: &anyhow::Error) -> bool {
+    e.chain().any(|cause| {
+        cause
+            .downcast_ref::<StoreError>()
+            .is_some_and(StoreError::is_outage)
+            || cause
+                .downcast_ref::<fred::error::Error>()
+                .is_some_and(|e| StoreError::Redis(e.clone()).is_outage())
+    })
 }
 
 /// Connects, and refuses to go on when the Redis user lacks a permission or a board's
@@ -404,6 +424,8 @@ async fn dispatch(settings: &Settings, command: Command) -> anyhow::Result<u8> {
             )
             .await?;
             let mut failed = false;
+            // Exit 75 when every failure was an outage: then running it again may succeed.
+            let mut only_outages = true;
             for r in reports {
                 let resummed = if r.mode == Mode::Resummarize.as_str() {
                     format!(", {} re-summed", r.resummed)
@@ -420,9 +442,16 @@ async fn dispatch(settings: &Settings, command: Command) -> anyhow::Result<u8> {
                         r.board, r.instances_failed
                     );
                     failed = true;
+                    only_outages &= !r.redis_errors.is_empty()
+                        && r.redis_errors.keys().all(|kind| *kind != "data")
+                        && r.redis_errors.values().sum::<u64>() >= r.instances_failed;
                 }
             }
-            Ok(u8::from(failed))
+            Ok(match (failed, only_outages) {
+                (false, _) => 0,
+                (true, true) => EXIT_UNAVAILABLE,
+                (true, false) => 1,
+            })
         }
         Command::Rebuild { board, scope } => {
             let b = settings

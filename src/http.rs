@@ -6,10 +6,11 @@
 //! `/healthz` and `/readyz` stay open for probes. A missing or wrong token answers 401.
 //!
 //! Every error answer is a JSON `{"error": ...}` that never echoes unbounded input: client
-//! mistakes answer 400, 401, 404, 405, 408, 413 or 415; a Redis outage answers 503 and so does
-//! an intake over `http.max_concurrent_intake`; a Redis error that is not an outage (e.g.
-//! WRONGTYPE: a key holding data rollboard did not write) answers 500. Nothing a client
-//! sends can produce a 500.
+//! mistakes answer 400, 401, 404, 405, 408, 413 or 415; a Redis outage (every Redis error
+//! but those that prove the data wrong, see [`StoreError::is_outage`]) answers 503 with
+//! `Retry-After`, and so does an intake over `http.max_concurrent_intake`; a Redis error
+//! that proves the data wrong (`WRONGTYPE`: a key holding data rollboard did not write, or
+//! a script's consistency check) answers 500. Nothing a client sends can produce a 500.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -48,6 +49,8 @@ use crate::stream::{self, group_info};
 pub const MAX_BODY_BYTES: usize = 4 << 20;
 /// Most events one `POST /v1/events` may carry.
 pub const MAX_EVENTS: usize = 10_000;
+/// The `Retry-After` of every 503, in seconds.
+const RETRY_AFTER_SECS: &str = "1";
 /// How long a request waits for Redis before answering 503.
 const REDIS_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a request in progress at shutdown may still take to answer before its
@@ -84,7 +87,8 @@ pub enum ApiError {
     /// 500: Redis refused an operation for a reason other than an outage (the data in
     /// Redis is not what rollboard wrote, a script found an inconsistency).
     Internal(String),
-    /// 503: Redis failed or timed out, or the intake is at its concurrency limit.
+    /// 503 with `Retry-After`: Redis failed or timed out (an outage), or the intake is at
+    /// its concurrency limit.
     Unavailable(String),
 }
 
@@ -111,9 +115,13 @@ impl IntoResponse for ApiError {
                 Json(json!({ "error": m })),
             )
                 .into_response(),
-            ApiError::Unavailable(m) => {
-                (StatusCode::SERVICE_UNAVAILABLE, Json(json!({ "error": m }))).into_response()
-            }
+            ApiError::Unavailable(m) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                // Every 503 is worth retrying (the same request, with the same ids).
+                [(header::RETRY_AFTER, RETRY_AFTER_SECS)],
+                Json(json!({ "error": m })),
+            )
+                .into_response(),
         }
     }
 }
@@ -207,14 +215,9 @@ pub fn router(state: Arc<AppState>) -> Router {
     let intake = post(events).layer(
         ServiceBuilder::new()
             .layer(HandleErrorLayer::new(|_: tower::BoxError| async {
-                let mut response = ApiError::Unavailable(
+                ApiError::Unavailable(
                     "too many intake requests at once (http.max_concurrent_intake); retry".into(),
                 )
-                .into_response();
-                response
-                    .headers_mut()
-                    .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-                response
             }))
             .load_shed()
             .concurrency_limit(limits.max_concurrent_intake),

@@ -66,6 +66,66 @@ pub struct Ingest {
     clock: Arc<Clock>,
 }
 
+/// This consumer's entries held by an outage (see [`Held`]) and when to try them again:
+/// a pass over the own pending entries, after a back-off that grows while they stay held.
+struct Holding {
+    /// The outage that held entries in the last pass or batch, for `/readyz`.
+    error: Option<StoreError>,
+    /// When the next pass over the own pending entries is due, if any is.
+    retry_at: Option<Instant>,
+    /// The wait before the next pass.
+    backoff: Duration,
+    /// Entries held since the current pass started.
+    in_pass: usize,
+    /// The last batch held every entry it had: the consumer waits before the next step,
+    /// as after a failed one, instead of reading on at full speed into an outage.
+    stalled: bool,
+}
+
+/// The first wait before held entries are tried again; doubled up to [`HOLD_MAX`].
+const HOLD_FIRST: Duration = Duration::from_millis(100);
+/// The longest wait before held entries are tried again.
+const HOLD_MAX: Duration = Duration::from_secs(5);
+
+impl Holding {
+    fn new() -> Self {
+        Holding {
+            error: None,
+            retry_at: None,
+            backoff: HOLD_FIRST,
+            in_pass: 0,
+            stalled: false,
+        }
+    }
+
+    /// Notes what one processed batch held.
+    fn note(&mut self, held: Held) {
+        self.stalled = held.entries > 0 && held.acked == 0;
+        if held.entries > 0 {
+            self.in_pass += held.entries;
+            self.error = held.error;
+            self.retry_at
+                .get_or_insert_with(|| Instant::now() + self.backoff);
+        }
+    }
+
+    /// A pass over the own pending entries ended: tried again later if it held any.
+    fn pass_ended(&mut self) {
+        if self.in_pass > 0 {
+            self.retry_at = Some(Instant::now() + self.backoff);
+            self.backoff = (self.backoff * 2).min(HOLD_MAX);
+        } else {
+            *self = Holding::new();
+        }
+        self.in_pass = 0;
+    }
+
+    /// Whether a pass over the own pending entries is due.
+    fn due(&self) -> bool {
+        self.retry_at.is_some_and(|t| t <= Instant::now())
+    }
+}
+
 impl Ingest {
     /// A consumer reading the first partition with its own connection `reader`
     /// (XREADGROUP blocks it); see [`Ingest::reading`] for the others.
@@ -124,17 +184,39 @@ impl Ingest {
     pub async fn run(self, cancel: CancellationToken) {
         let reconnects = self.watch_reconnects();
         let mut backlog = true;
+        let mut pass = "0".to_string();
+        let mut holding = Holding::new();
         let mut backoff = Duration::from_millis(100);
         let mut last_claim: Option<Instant> = None;
         let mut ahead: Option<Vec<Entry>> = None;
         while !cancel.is_cancelled() {
-            match self
-                .step(&mut backlog, &mut last_claim, &mut ahead, &cancel)
-                .await
-            {
+            let stepped = self
+                .step(
+                    (&mut backlog, &mut pass),
+                    &mut holding,
+                    &mut last_claim,
+                    &mut ahead,
+                    &cancel,
+                )
+                .await;
+            match stepped {
+                Ok(_) if holding.stalled => {
+                    holding.stalled = false;
+                    self.metrics.consumer_step(holding.error.as_ref());
+                    if let Some(e) = &holding.error {
+                        self.metrics.redis_error(e);
+                        warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "consumer step met an outage; nothing unapplied was acked");
+                    }
+                    // Cancel-safe, as the back-off after an error below.
+                    tokio::select! {
+                        _ = cancel.cancelled() => break,
+                        _ = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
                 Ok(busy) => {
                     backoff = Duration::from_millis(100);
-                    self.metrics.consumer_step(None);
+                    self.metrics.consumer_step(holding.error.as_ref());
                     if self.retired && !busy && !backlog {
                         match self.finished().await {
                             Ok(true) => {
@@ -156,6 +238,7 @@ impl Ingest {
                     warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "consumer step failed; nothing unapplied was acked");
                     // Whatever was read stays pending for us: re-read it before new entries.
                     backlog = true;
+                    pass = "0".to_string();
                     // Cancel-safe: nothing is in flight during the back-off, and both
                     // futures can be dropped at any point.
                     tokio::select! {
@@ -168,9 +251,18 @@ impl Ingest {
         }
         // A batch read ahead just before the signal is finished too, not left to redelivery.
         if let Some(entries) = ahead {
-            if let Err(e) = self.process(entries).await {
-                self.metrics.redis_error(&e);
-                warn!(error = %e, "last batch not applied; it stays pending and is redelivered");
+            match self.process(entries).await {
+                Ok(held) if held.entries > 0 => {
+                    warn!(
+                        entries = held.entries,
+                        "part of the last batch met an outage; it stays pending and is redelivered"
+                    );
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    self.metrics.redis_error(&e);
+                    warn!(error = %e, "last batch not applied; it stays pending and is redelivered");
+                }
             }
         }
         self.drain().await;
@@ -208,7 +300,11 @@ impl Ingest {
                 let entries = self.read("0", None).await?;
                 let count = entries.len();
                 if count > 0 {
-                    self.process(entries).await?;
+                    let held = self.process(entries).await?;
+                    if let Some(e) = held.error {
+                        // The same entries would come first in every round.
+                        return Err(e);
+                    }
                 }
                 Ok::<usize, StoreError>(count)
             };
@@ -244,9 +340,13 @@ impl Ingest {
         );
     }
 
+    /// One step: a batch of the own pending entries while `backlog` is set (a pass from
+    /// the entry after `pass`, see [`Holding`]), else a claim when due and one batch of new
+    /// entries. Returns whether there was anything to do.
     async fn step(
         &self,
-        backlog: &mut bool,
+        (backlog, pass): (&mut bool, &mut String),
+        holding: &mut Holding,
         last_claim: &mut Option<Instant>,
         ahead: &mut Option<Vec<Entry>>,
         cancel: &CancellationToken,
@@ -257,14 +357,33 @@ impl Ingest {
         }
         if self.reader_reconnected.swap(false, Ordering::SeqCst) {
             *backlog = true;
+            *pass = "0".to_string();
+        }
+        // Entries held by an outage are tried again in a pass over the own pending entries,
+        // never while a batch read ahead (pending for us as well) waits to be processed.
+        if !*backlog && ahead.is_none() && holding.due() {
+            holding.retry_at = None;
+            *backlog = true;
+            *pass = "0".to_string();
         }
         if *backlog {
-            let entries = self.read("0", None).await?;
-            if entries.is_empty() {
-                *backlog = false;
-            } else {
-                debug!(entries = entries.len(), "re-processing own pending entries");
-                self.process(entries).await?;
+            let entries = self.read(pass, None).await?;
+            match entries.last() {
+                None => {
+                    *backlog = false;
+                    *pass = "0".to_string();
+                    holding.pass_ended();
+                }
+                Some(last) => {
+                    // Held entries stay pending: the pass goes on after them, not again.
+                    let last = last.id.clone();
+                    debug!(entries = entries.len(), "re-processing own pending entries");
+                    holding.note(self.process(entries).await?);
+                    // A pass is paced by its own back-off, not batch by batch: the entries
+                    // after the held ones, and the new ones after the pass, wait for it.
+                    holding.stalled = false;
+                    *pass = last;
+                }
             }
             return Ok(true);
         }
@@ -274,7 +393,7 @@ impl Ingest {
             // process it a second time (it may have been idle past claim_idle while the
             // previous batch was applied, or retried).
             let held: HashSet<&str> = ahead.iter().flatten().map(|e| e.id.as_str()).collect();
-            self.claim(&held).await?;
+            self.claim(&held, holding).await?;
             *last_claim = Some(Instant::now());
         }
         let block = self.settings.block.as_millis() as u64;
@@ -301,7 +420,7 @@ impl Ingest {
         // side to fetch and decode it. If anything fails, both batches stay pending for
         // this consumer and are re-read as backlog.
         let (processed, next) = tokio::join!(self.process(entries), read_new());
-        processed?;
+        holding.note(processed?);
         let next = next?;
         if !next.is_empty() {
             *ahead = Some(next);
@@ -327,7 +446,7 @@ impl Ingest {
     /// Takes over entries idle for `claim_idle` in other consumers' pending lists (and
     /// our own, e.g. left by a lost reply), except those in `held`, which this consumer
     /// is about to process anyway.
-    async fn claim(&self, held: &HashSet<&str>) -> Result<(), StoreError> {
+    async fn claim(&self, held: &HashSet<&str>, holding: &mut Holding) -> Result<(), StoreError> {
         let mut start = "0-0".to_string();
         // Bounded: at most a few batches per claim round, the rest at the next round.
         for _ in 0..10 {
@@ -340,7 +459,7 @@ impl Ingest {
                     stream = %self.stream,
                     "claimed entries left pending by another consumer"
                 );
-                self.process(entries).await?;
+                holding.note(self.process(entries).await?);
             }
             if next == "0-0" {
                 break;
@@ -350,8 +469,9 @@ impl Ingest {
         Ok(())
     }
 
-    /// Applies one batch, dead-letters what is malformed, then acks every entry.
-    pub async fn process(&self, entries: Vec<Entry>) -> Result<(), StoreError> {
+    /// Applies one batch, dead-letters what is malformed, then acks every entry but those
+    /// held by an outage.
+    pub async fn process(&self, entries: Vec<Entry>) -> Result<Held, StoreError> {
         let started = Instant::now();
         let outcome = process_batch(
             &self.store,
@@ -372,7 +492,10 @@ impl Ingest {
 }
 
 /// The whole of one batch of `stream`, independent of how it was read: validate, apply,
-/// dead-letter, ack. Returns after the XACK; on error nothing is acked.
+/// dead-letter, ack. Returns after the XACK; on error nothing is acked. An event one of
+/// whose instances met an outage is neither acked nor dead-lettered: its entry stays
+/// pending (see [`Held`]) while the rest of the batch is acked, so that one master out of
+/// service holds back only the events that touch it.
 pub async fn process_batch(
     store: &Store,
     boards: &[Board],
@@ -381,7 +504,7 @@ pub async fn process_batch(
     stream: &str,
     entries: &[Entry],
     now: i64,
-) -> Result<(), StoreError> {
+) -> Result<Held, StoreError> {
     // (position in the batch, dead letter): written in stream order.
     let mut dead: Vec<(usize, DeadLetter)> = Vec::new();
     let mut events = Vec::new();
@@ -437,7 +560,7 @@ pub async fn process_batch(
             )
         })
         .collect();
-    let outcomes = apply_with_retries(store, metrics, &batches, now).await?;
+    let outcomes = apply_with_retries(store, metrics, &batches, now).await;
     // The dead letter of valid event `k` (its position in the batch first, for ordering).
     let letter = |k: usize, reason: Reason, detail: String| {
         let (position, entry, _) = events[k];
@@ -452,6 +575,9 @@ pub async fn process_batch(
         )
     };
 
+    // Valid events left pending by an outage of one of their instances, and that outage.
+    let mut held = vec![false; events.len()];
+    let mut held_by: Option<StoreError> = None;
     let mut late = vec![0usize; events.len()];
     let mut late_boards: Vec<Vec<&str>> = vec![Vec::new(); events.len()];
     let mut tally: BTreeMap<&str, [u64; 3]> = BTreeMap::new();
@@ -460,6 +586,14 @@ pub async fn process_batch(
         let instance = stream::instance_label(&board.name, scope.as_deref());
         let results = match results {
             Ok(results) => results,
+            Err(outage) if outage.is_outage() => {
+                warn!(board = %board.name, scope = scope.as_deref(), events = evs.len(), error = %outage, "apply of a board instance met an outage; its events stay pending and are retried");
+                for (k, _) in evs {
+                    held[*k] = true;
+                }
+                held_by.get_or_insert_with(|| outage.clone());
+                continue;
+            }
             Err(failure) => {
                 let how = if metrics.is_failing(&board.name, scope.as_deref()) {
                     "again"
@@ -505,7 +639,7 @@ pub async fn process_batch(
         metrics.skipped(name, Skip::Late, *late);
     }
     for (k, (_, _, event)) in events.iter().enumerate() {
-        if late[k] > 0 && late[k] == event.updates.len() {
+        if !held[k] && late[k] > 0 && late[k] == event.updates.len() {
             dead.push(letter(
                 k,
                 Reason::Late,
@@ -517,6 +651,15 @@ pub async fn process_batch(
             ));
         }
     }
+    // A held event is dead-lettered (overflow, apply_failed) only once it is applied
+    // everywhere else, by the try that acks it: a letter now would be written again then.
+    let held_at: HashSet<usize> = events
+        .iter()
+        .zip(&held)
+        .filter(|(_, held)| **held)
+        .map(|((position, _, _), _)| *position)
+        .collect();
+    dead.retain(|(position, _)| !held_at.contains(position));
     dead.sort_by_key(|(position, _)| *position);
     let dead: Vec<DeadLetter> = dead.into_iter().map(|(_, d)| d).collect();
 
@@ -527,12 +670,27 @@ pub async fn process_batch(
             metrics.dead_lettered(d.rejection.reason);
         }
     }
-    if !entries.is_empty() {
+    // Every entry but those of a held event: those stay pending, to be applied later.
+    let held_ids: HashSet<&str> = events
+        .iter()
+        .zip(&held)
+        .filter(|(_, held)| **held)
+        .map(|((_, entry, _), _)| entry.id.as_str())
+        .collect();
+    let acked: Vec<&str> = entries
+        .iter()
+        .map(|e| e.id.as_str())
+        .filter(|id| !held_ids.contains(id))
+        .collect();
+    if !acked.is_empty() {
         // Nothing is acked before enough replicas hold what this batch wrote.
-        // (The instances, and the registry of each scope the batch registered.)
+        // (The instances, and the registry of each scope the batch registered; not those
+        // that met an outage: they wrote nothing, and their master may be out of reach.)
         let mut written: Vec<String> = groups
             .keys()
-            .flat_map(|(b, scope)| {
+            .zip(&outcomes)
+            .filter(|(_, outcome)| !outcome.as_ref().is_err_and(StoreError::is_outage))
+            .flat_map(|((b, scope), _)| {
                 let board = &boards[*b];
                 let registry = scope.as_ref().map(|_| store.keys().scopes(&board.name));
                 std::iter::once(store.instance(board, scope.as_deref()).meta()).chain(registry)
@@ -542,10 +700,24 @@ pub async fn process_batch(
             written.push(settings.dead_letter_stream.clone());
         }
         store.confirm_writes(&written).await?;
-        let ids: Vec<&str> = entries.iter().map(|e| e.id.as_str()).collect();
-        stream::ack(store.client(), settings, stream, &ids).await?;
+        stream::ack(store.client(), settings, stream, &acked).await?;
     }
-    Ok(())
+    Ok(Held {
+        entries: held_ids.len(),
+        acked: acked.len(),
+        error: held_by,
+    })
+}
+
+/// What a batch left pending because an instance it touched met an outage.
+#[derive(Debug, Default)]
+pub struct Held {
+    /// Entries left pending (not acked, not dead-lettered), to be applied later.
+    pub entries: usize,
+    /// Entries acked.
+    pub acked: usize,
+    /// The first outage met, when any entry was held.
+    pub error: Option<StoreError>,
 }
 
 /// Attempts an instance's apply gets when it fails for a reason other than an outage,
@@ -556,16 +728,18 @@ pub const APPLY_ATTEMPTS: u32 = 5;
 /// Wait before the first retry; doubled for each next one (0.1 + 0.2 + 0.4 + 0.8 s).
 const RETRY_DELAY: Duration = Duration::from_millis(100);
 
-/// Applies every instance's share of a batch, concurrently. An outage (Redis unreachable,
-/// out of memory, failing over) fails the whole batch, which is then retried unacked.
-/// Any other failure is retried per instance (see [`APPLY_ATTEMPTS`]) and then returned
-/// in that instance's place, for its events to be dead-lettered.
+/// Applies every instance's share of a batch, concurrently; the outcome of each, in
+/// order. An outage ([`StoreError::is_outage`]: Redis unreachable, out of memory, unable
+/// to persist, a replica, ...) is returned at once in its instance's place: the caller
+/// leaves that instance's events pending, never dead-letters them. Any other failure
+/// proves the instance's data wrong; it is retried (see [`APPLY_ATTEMPTS`]) and then
+/// returned in the instance's place, for its events to be dead-lettered.
 async fn apply_with_retries(
     store: &Store,
     metrics: &Metrics,
     batches: &[(&Board, Option<&str>, Vec<ApplyEvent>)],
     now: i64,
-) -> Result<Vec<Result<Vec<Outcome>, StoreError>>, StoreError> {
+) -> Vec<Result<Vec<Outcome>, StoreError>> {
     let mut results: Vec<Option<Result<Vec<Outcome>, StoreError>>> =
         batches.iter().map(|_| None).collect();
     let mut todo: Vec<usize> = (0..batches.len()).collect();
@@ -584,7 +758,9 @@ async fn apply_with_retries(
                     metrics.apply_ok(&board.name, *scope);
                     results[i] = Some(Ok(outcomes));
                 }
-                Err(e) if e.is_outage() => return Err(e),
+                // Not retried here: Redis (or the one master holding this instance) cannot
+                // serve it now, and the instance's events stay pending for a later try.
+                Err(e) if e.is_outage() => results[i] = Some(Err(e)),
                 Err(e) => {
                     metrics.apply_failed(&board.name, *scope, &e);
                     if attempt == APPLY_ATTEMPTS || metrics.is_failing(&board.name, *scope) {
@@ -602,10 +778,10 @@ async fn apply_with_retries(
         delay *= 2;
         todo = again;
     }
-    Ok(results
+    results
         .into_iter()
         .map(|r| r.unwrap_or_else(|| Err(reply_missing())))
-        .collect())
+        .collect()
 }
 
 fn reply_missing() -> StoreError {

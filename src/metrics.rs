@@ -19,13 +19,15 @@ use crate::event::Reason;
 use crate::roll::Report;
 use crate::store::{StoreError, SCRIPT_NAMES};
 
-/// Every `kind` label of `rollboard_redis_errors_total`.
-pub const ERROR_KINDS: [&str; 6] = [
+/// Every `kind` label of `rollboard_redis_errors_total` ([`StoreError::kind`]): all are
+/// outages but `data`.
+pub const ERROR_KINDS: [&str; 7] = [
     "connection",
     "timeout",
     "replicas",
     "redirected",
-    "script",
+    "unavailable",
+    "data",
     "other",
 ];
 
@@ -173,7 +175,7 @@ impl Metrics {
         );
         let redis_errors = counter(
             "rollboard_redis_errors_total",
-            "Failed Redis operations, per kind.",
+            "Failed Redis operations, per kind (every kind but `data` is an outage, retried).",
             &["kind"],
         );
         let batch_events = register(

@@ -64,7 +64,7 @@ use crate::keys::{InstanceKeys, Keys};
 use crate::metrics::Metrics;
 
 /// A failed Redis operation.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     /// The client or server reported an error. Not marked as the error's source: the
     /// message already includes it, and `{:#}` would print it twice.
@@ -82,62 +82,76 @@ impl From<fred::error::Error> for StoreError {
 }
 
 impl StoreError {
-    /// A small fixed label for metrics: `connection`, `timeout`, `replicas` (too few
-    /// replicas acknowledged a write in time), `redirected` (a cluster slot moving or
-    /// moved), `script` or `other`.
+    /// A small fixed label for metrics (one of [`crate::metrics::ERROR_KINDS`]):
+    /// `connection`, `timeout`, `replicas` (too few replicas acknowledged a write in time),
+    /// `redirected` (a cluster slot moving or moved), `unavailable` (Redis answered that it
+    /// cannot serve the command now: [`UNAVAILABLE`]), `data` (the data is wrong: see
+    /// [`StoreError::is_outage`]) or `other`. Every kind but `data` is an outage.
     pub fn kind(&self) -> &'static str {
         match self {
-            StoreError::Redis(e) => match e.kind() {
-                ErrorKind::IO | ErrorKind::Canceled | ErrorKind::Tls | ErrorKind::Auth => {
-                    "connection"
+            StoreError::Redis(e) => {
+                let details = e.details();
+                match e.kind() {
+                    ErrorKind::IO | ErrorKind::Canceled | ErrorKind::Tls | ErrorKind::Auth => {
+                        "connection"
+                    }
+                    ErrorKind::Timeout => "timeout",
+                    _ if DATA_ERRORS.iter().any(|p| error_code(details) == *p) => "data",
+                    _ if details.starts_with(NOREPLICAS) => "replicas",
+                    _ if REDIRECTIONS.iter().any(|p| details.starts_with(p)) => "redirected",
+                    _ if UNAVAILABLE.iter().any(|p| error_code(details) == *p) => "unavailable",
+                    _ => "other",
                 }
-                ErrorKind::Timeout => "timeout",
-                _ if e.details().starts_with(NOREPLICAS) => "replicas",
-                _ if REDIRECTIONS.iter().any(|p| e.details().starts_with(p)) => "redirected",
-                _ if e.details().contains("script")
-                    || e.details().starts_with("NOSCRIPT")
-                    || e.details().starts_with("ROLLBOARD") =>
-                {
-                    "script"
-                }
-                _ => "other",
-            },
-            StoreError::Reply(_) => "other",
+            }
+            StoreError::Reply(_) => "data",
         }
+    }
+
+    /// Whether the error may clear by itself or by an operator's fix of Redis, so that the
+    /// same call can succeed later: then the events it carried are retried (never
+    /// dead-lettered, never acked before they are applied) and the intake answers 503 with
+    /// `Retry-After`. Only errors that prove the data itself is wrong are not outages:
+    ///
+    /// * `WRONGTYPE`: a key under rollboard's names holds a type rollboard never writes
+    ///   there (Redis 7 answers so for a script's `redis.call` as well, with ` script: ...`
+    ///   appended);
+    /// * `ROLLBOARD ...`: a script's own check found stored data rollboard did not write
+    ///   (`src/lua/*.lua`, written nothing);
+    /// * [`StoreError::Reply`]: Redis ran the command and answered in a shape rollboard's
+    ///   scripts never produce (a stored value that does not parse). Redis answered, so it
+    ///   is up; the same call answers the same again, so waiting cannot help.
+    ///
+    /// Everything else is an outage, the errors rollboard does not recognise included (a
+    /// Lua runtime `ERR`, `NOPERM` after an ACL change, a future Redis's new codes): a
+    /// retry costs a delay, a dead letter of good money is a loss.
+    pub fn is_outage(&self) -> bool {
+        self.kind() != "data"
     }
 }
 
-impl StoreError {
-    /// Whether the error is about Redis as a whole (unreachable, timed out, out of memory,
-    /// loading, failing over) rather than about the data one call touched: such a batch
-    /// is retried as a whole, never dead-lettered.
-    pub fn is_outage(&self) -> bool {
-        match self {
-            StoreError::Redis(e) => {
-                matches!(self.kind(), "connection" | "timeout")
-                    || [
-                        "OOM",
-                        "LOADING",
-                        "BUSY",
-                        "MASTERDOWN",
-                        "CLUSTERDOWN",
-                        "TRYAGAIN",
-                        "READONLY",
-                        "NOREPLICAS",
-                        // fred counts every write of a command against
-                        // `max_command_attempts`, the writes after a MOVED or ASK included,
-                        // and gives up with these: while slots move, a call can be
-                        // redirected more often than that. The data is not at fault.
-                        "Too many failed write attempts",
-                        "Max attempts reached",
-                    ]
-                    .iter()
-                    .chain(&REDIRECTIONS)
-                    .any(|p| e.details().starts_with(p))
-            }
-            StoreError::Reply(_) => false,
-        }
-    }
+/// The error codes (an error reply's first word) that prove the data is wrong.
+const DATA_ERRORS: [&str; 2] = ["WRONGTYPE", "ROLLBOARD"];
+
+/// The error codes by which Redis says that it cannot serve a command now, for reasons
+/// of its own: persistence failing (`MISCONF`), a replica (`READONLY`), `maxmemory`
+/// (`OOM`), loading its data (`LOADING`), a script running (`BUSY`), a replica whose
+/// master is down (`MASTERDOWN`), the cluster failing (`CLUSTERDOWN`), a transaction
+/// refused for one of these (`EXECABORT`).
+pub const UNAVAILABLE: [&str; 8] = [
+    "MISCONF",
+    "READONLY",
+    "OOM",
+    "LOADING",
+    "BUSY",
+    "MASTERDOWN",
+    "CLUSTERDOWN",
+    "EXECABORT",
+];
+
+/// The code of an error reply: its first word (`WRONGTYPE` of `WRONGTYPE Operation
+/// against a key ... script: ...`).
+fn error_code(details: &str) -> &str {
+    details.split_whitespace().next().unwrap_or("")
 }
 
 /// Full-size writing script calls in Redis at once, by default (`redis.max_calls_in_flight`).
@@ -484,6 +498,108 @@ mod outage_tests {
     use super::StoreError;
     use fred::error::{Error, ErrorKind};
 
+    fn redis(kind: ErrorKind, details: &str) -> StoreError {
+        StoreError::Redis(Error::new(kind, details.to_string()))
+    }
+
+    /// The text Redis 7.0 answers when a script's `redis.call` meets a key of the wrong
+    /// type (checked on redis-server 7.0.15): the code stays first, the script is named
+    /// after it. fred reads the code as `InvalidArgument`.
+    const WRONGTYPE_IN_SCRIPT: &str = "WRONGTYPE Operation against a key holding the wrong \
+        kind of value script: c922d9b97a3c0537b65dbd30cdddae9464a48081, on @user_script:2.";
+
+    /// Only errors that prove the data wrong are not outages: WRONGTYPE, from a plain
+    /// command or from inside a script, rollboard's own script errors, and replies in a
+    /// shape the scripts never produce.
+    #[test]
+    fn only_errors_that_prove_the_data_wrong_are_not_outages() {
+        for error in [
+            redis(
+                ErrorKind::InvalidArgument,
+                "WRONGTYPE Operation against a key holding the wrong kind of value",
+            ),
+            redis(ErrorKind::InvalidArgument, WRONGTYPE_IN_SCRIPT),
+            redis(
+                ErrorKind::Unknown,
+                "ROLLBOARD corrupt: rb:{b}:meta gen is not an integer (nothing was written)",
+            ),
+            redis(
+                ErrorKind::Unknown,
+                "ROLLBOARD settings: the board was created with i|e|0, this process has r|e|0",
+            ),
+            StoreError::Reply("board watermark \"abc\" is not a number".into()),
+        ] {
+            assert!(!error.is_outage(), "{error}");
+            assert_eq!(error.kind(), "data", "{error}");
+        }
+    }
+
+    /// Redis saying that it cannot serve a command now is an outage, whatever the reason:
+    /// persistence failing, a replica, maxmemory, loading, a script running, failing over.
+    #[test]
+    fn redis_unable_to_serve_now_is_an_outage() {
+        for details in [
+            "MISCONF Redis is configured to save RDB snapshots, but it's currently unable to \
+             persist to disk. Commands that may modify the data set are disabled, because \
+             this instance is configured to report errors during writes if RDB snapshotting \
+             fails (stop-writes-on-bgsave-error option). Please check the Redis logs for \
+             details about the RDB error.",
+            "READONLY You can't write against a read only replica.",
+            "OOM command not allowed when used memory > 'maxmemory'.",
+            "LOADING Redis is loading the dataset in memory",
+            "BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN \
+             NOSCRIPT.",
+            "MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.",
+            "CLUSTERDOWN The cluster is down",
+            "EXECABORT Transaction discarded because of previous errors.",
+        ] {
+            let error = redis(ErrorKind::Unknown, details);
+            assert!(error.is_outage(), "{details}");
+            assert_eq!(error.kind(), "unavailable", "{details}");
+        }
+        // The code is the first word: BUSYGROUP is not BUSY.
+        assert_eq!(
+            redis(
+                ErrorKind::Unknown,
+                "BUSYGROUP Consumer Group name already exists"
+            )
+            .kind(),
+            "other"
+        );
+    }
+
+    /// An error rollboard does not recognise is an outage: a Lua runtime error, a
+    /// permission taken away, a code a later Redis may add.
+    #[test]
+    fn unrecognised_errors_are_an_outage() {
+        for details in [
+            "ERR user_script:2: attempt to perform arithmetic on local 'x' (a nil value) \
+             script: 242f54952dd2a23d43390c62a80d97084cd0139f, on @user_script:2.",
+            "ERR Error running script, Script killed by user with SCRIPT KILL...",
+            "NOPERM User rollboard has no permissions to run the 'evalsha' command",
+            "NOSCRIPT No matching script. Please use EVAL.",
+            "SOMETHINGNEW a code no Redis sends today",
+            "",
+        ] {
+            let error = redis(ErrorKind::Unknown, details);
+            assert!(error.is_outage(), "{details}");
+            assert_eq!(error.kind(), "other", "{details}");
+        }
+        // A client-side failure to reach or hear from Redis.
+        for (kind, label) in [
+            (ErrorKind::IO, "connection"),
+            (ErrorKind::Canceled, "connection"),
+            (ErrorKind::Timeout, "timeout"),
+        ] {
+            let error = redis(kind, "Request timed out.");
+            assert!(error.is_outage());
+            assert_eq!(error.kind(), label);
+        }
+        let replicas = redis(ErrorKind::Unknown, super::NOREPLICAS);
+        assert!(replicas.is_outage());
+        assert_eq!(replicas.kind(), "replicas");
+    }
+
     /// Redirections beyond fred's attempts (slots moving) are retried, never dead-lettered.
     #[test]
     fn redirections_beyond_the_attempts_are_an_outage() {
@@ -497,14 +613,8 @@ mod outage_tests {
                 "TRYAGAIN Multiple keys request during rehashing of slot",
             ),
         ] {
-            assert!(
-                StoreError::Redis(Error::new(kind, details)).is_outage(),
-                "{details}"
-            );
+            assert!(redis(kind, details).is_outage(), "{details}");
         }
-        assert!(
-            !StoreError::Redis(Error::new(ErrorKind::Unknown, "ROLLBOARD corrupt")).is_outage()
-        );
     }
 
     /// Calls that met a moving slot are told apart from other failures in the metrics.
@@ -520,12 +630,26 @@ mod outage_tests {
             (ErrorKind::Unknown, "MOVED 3999 127.0.0.1:6381"),
             (ErrorKind::Unknown, "ASK 3999 127.0.0.1:6381"),
         ] {
-            assert_eq!(
-                StoreError::Redis(Error::new(kind, details)).kind(),
-                "redirected"
+            assert_eq!(redis(kind, details).kind(), "redirected");
+        }
+    }
+
+    /// Every label [`StoreError::kind`] gives is registered with the metrics.
+    #[test]
+    fn every_kind_is_a_registered_label() {
+        for error in [
+            redis(ErrorKind::Unknown, "MISCONF x"),
+            redis(ErrorKind::Unknown, "WRONGTYPE x"),
+            redis(ErrorKind::Unknown, "ERR x"),
+            redis(ErrorKind::Unknown, "MOVED 1 127.0.0.1:1"),
+            redis(ErrorKind::Unknown, super::NOREPLICAS),
+            redis(ErrorKind::IO, "x"),
+            redis(ErrorKind::Timeout, "x"),
+        ] {
+            assert!(
+                crate::metrics::ERROR_KINDS.contains(&error.kind()),
+                "{error}"
             );
         }
-        let timeout = StoreError::Redis(Error::new(ErrorKind::Timeout, "Request timed out."));
-        assert_eq!(timeout.kind(), "timeout");
     }
 }

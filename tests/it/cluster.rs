@@ -237,6 +237,20 @@ impl RedisCluster {
             .expect("the master has a live replica")
     }
 
+    /// The working directory (`dir`) of the node on `port`.
+    pub fn dir_of(&self, port: u16) -> std::path::PathBuf {
+        let node = self.nodes.iter().find(|n| n.port == port).expect("a node");
+        node.dir.path().to_path_buf()
+    }
+
+    /// The port of the master that serves `key`'s slot.
+    pub fn owner_of(&self, key: &str) -> u16 {
+        self.masters()
+            .into_iter()
+            .find(|&port| !cli(port, &["TYPE", key]).starts_with("MOVED"))
+            .expect("a master serves every slot")
+    }
+
     /// The node ID of the node on `port`.
     pub fn id_of(&self, port: u16) -> String {
         cli(port, &["CLUSTER", "MYID"]).trim().to_string()

@@ -153,6 +153,11 @@ impl RedisServer {
             .expect("connect")
     }
 
+    /// The server's working directory (`dir`), where it would write its snapshots.
+    pub fn dir(&self) -> &std::path::Path {
+        self._dir.path()
+    }
+
     /// The server's process id (e.g. to freeze it with SIGSTOP).
     pub fn pid(&self) -> u32 {
         self.child.id()
@@ -412,6 +417,19 @@ impl Daemon {
             .args(["-TERM", &pid.to_string()])
             .status()
             .expect("kill -TERM");
+        assert!(status.success());
+    }
+
+    /// Freezes (SIGSTOP, `true`) or thaws (SIGCONT, `false`) the daemon: a read it had
+    /// sent is still served by Redis meanwhile, so a batch can reach its pending list
+    /// while it cannot act on it.
+    pub fn freeze(&self, frozen: bool) {
+        let pid = self.child.id().expect("running");
+        let signal = if frozen { "-STOP" } else { "-CONT" };
+        let status = Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .expect("kill");
         assert!(status.success());
     }
 
