@@ -152,3 +152,169 @@ async fn a_corrupt_board_last_roll_fails_applies_and_rolls_of_a_scoped_board() {
 
 #[allow(dead_code)]
 fn _unused(_: Duration) {}
+
+/// libfaketime (preloaded directly, so that signals reach the daemon itself), its offset read
+/// from `file` on every call: writing the file steps the daemon's clock as NTP would.
+fn stepping_clock(file: &std::path::Path) -> Vec<(&'static str, String)> {
+    let library = std::fs::read_dir("/usr/lib")
+        .expect("/usr/lib")
+        .filter_map(Result::ok)
+        .map(|d| d.path().join("faketime/libfaketimeMT.so.1"))
+        .find(|p| p.exists())
+        .expect("libfaketime (scripts/ensure-faketime installs it)");
+    vec![
+        ("LD_PRELOAD", library.display().to_string()),
+        ("FAKETIME_TIMESTAMP_FILE", file.display().to_string()),
+        ("FAKETIME_DONT_FAKE_MONOTONIC", "1".to_string()),
+        ("FAKETIME_NO_CACHE", "1".to_string()),
+    ]
+}
+
+/// A daemon config reaching Redis at `url`, rolling every second one 10-minute board of
+/// 1-minute slices.
+fn ten_minute_config(dir: &std::path::Path, url: &str, port: u16) -> std::path::PathBuf {
+    let path = dir.join("tips.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[redis]\nurl = \"{url}\"\n[ingest]\nconsumer = \"c\"\nblock = \"100ms\"\nclaim_idle = \"1s\"\n\
+             [schedule]\nroll = \"* * * * * *\"\nresummarize = \"* * * * * *\"\n\
+             [http]\nlisten = \"127.0.0.1:{port}\"\n\n[[boards]]\nname = \"tips_10m\"\nmember = \"user\"\n\
+             window = \"10m\"\nslice = \"1m\"\n"
+        ),
+    )
+    .expect("write config");
+    path
+}
+
+/// The daemon's measure of Redis's clock goes stale (its `TIME` keeps failing) and then the
+/// host's clock is stepped 10 minutes forward (NTP correcting a clock that ran behind).
+/// The rolls after that must still be judged by Redis's clock: a roll at the stale measure
+/// would be 10 minutes ahead, expiring a tip that is live for 2 more minutes, for good.
+#[tokio::test]
+async fn a_roll_is_never_ahead_of_redis_when_the_clock_measure_is_stale_and_the_host_clock_steps() {
+    let redis = RedisServer::start();
+    redis.cli(&["ACL", "SETUSER", "rb", "on", ">pw", "~*", "&*", "+@all"]);
+    let dir = tempfile::tempdir().expect("dir");
+    let offset = dir.path().join("faketime");
+    std::fs::write(&offset, "-10m\n").expect("write offset");
+    let port = free_port();
+    let url = format!("redis://rb:pw@127.0.0.1:{}", redis.port);
+    let config = ten_minute_config(dir.path(), &url, port);
+    let daemon = Daemon::spawn_with(&config, port, &stepping_clock(&offset));
+    daemon.wait_up().await;
+    let store = redis.store("rb").await;
+    let b = rollboard::config::Settings::from_toml(
+        "[[boards]]\nname = \"tips_10m\"\nmember = \"user\"\nwindow = \"10m\"\nslice = \"1m\"\n",
+    )
+    .expect("board")
+    .boards
+    .remove(0);
+    // Live for 2 more minutes by Redis's clock (8 minutes old in a 10-minute window).
+    let ts = redis_now(&store).await - 8 * 60_000;
+    let tip: Fields = vec![
+        ("user".into(), "u1".into()),
+        ("amount".into(), "7".into()),
+        ("id".into(), "tip-1".into()),
+        ("ts".into(), ts.to_string()),
+    ];
+    xadd_all(store.client(), "rb:events", &[tip]).await;
+    assert!(drained(&store).await, "{}", daemon.logs());
+    assert_eq!(
+        total_at(&store, &b, "u1", redis_now(&store).await).await,
+        Some(7)
+    );
+    // The measure goes stale, then the host's clock is stepped to the right time.
+    redis.cli(&["ACL", "SETUSER", "rb", "-time"]);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    std::fs::write(&offset, "+0\n").expect("write offset");
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let now = redis_now(&store).await;
+    let (watermark, _) = store.meta(&b, None).await.expect("meta");
+    assert!(
+        watermark.is_none_or(|w| w <= b.slice_of(now) - b.slices_in_window()),
+        "watermark {watermark:?} is ahead of Redis's clock ({} by it); log:\n{}",
+        b.slice_of(now) - b.slices_in_window(),
+        daemon.logs()
+    );
+    assert_eq!(
+        total_at(&store, &b, "u1", now).await,
+        Some(7),
+        "a live tip was expired; log:\n{}",
+        daemon.logs()
+    );
+    daemon.kill().await;
+}
+
+/// `dead-letters replay` judges time by Redis's clock, as the consumer does. A tip kept
+/// once (id `tip-x`, 5 minutes ago) and a letter of the same tip sent again with a later
+/// `ts` (same id): by Redis's clock the id is remembered, so the letter is a duplicate. A
+/// replay on a host whose clock runs 10 minutes ahead must not take the first tip's slice
+/// for forgotten and count the tip a second time.
+#[tokio::test]
+async fn a_replay_on_a_host_whose_clock_runs_ahead_never_counts_a_remembered_tip_twice() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().expect("dir");
+    let config = ten_minute_config(dir.path(), &redis.url(), free_port());
+    let store = redis.store("rb").await;
+    let b = rollboard::config::Settings::from_toml(
+        "[[boards]]\nname = \"tips_10m\"\nmember = \"user\"\nwindow = \"10m\"\nslice = \"1m\"\n",
+    )
+    .expect("board")
+    .boards
+    .remove(0);
+    let now = redis_now(&store).await;
+    let applied = store
+        .apply(&b, None, &[ev("tip-x", now - 5 * 60_000, "u1", 7)], now)
+        .await
+        .expect("apply");
+    assert_eq!(applied, vec![rollboard::store::Outcome::Applied]);
+    let later = (now + 4 * 60_000).to_string();
+    let _: String = store
+        .client()
+        .xadd(
+            "rb:events:dead",
+            false,
+            None,
+            "*",
+            vec![
+                ("user", "u1"),
+                ("amount", "7"),
+                ("id", "tip-x"),
+                ("ts", later.as_str()),
+                ("reason", "apply_failed"),
+                (
+                    "detail",
+                    "board tips_10m: apply failed through every retry: boom; applied to the other boards only",
+                ),
+                ("source_id", "1-0"),
+                ("source_stream", "rb:events"),
+            ],
+        )
+        .await
+        .expect("xadd");
+    let library = std::fs::read_dir("/usr/lib")
+        .expect("/usr/lib")
+        .filter_map(Result::ok)
+        .map(|d| d.path().join("faketime/libfaketimeMT.so.1"))
+        .find(|p| p.exists())
+        .expect("libfaketime");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rollboard"))
+        .arg("--config")
+        .arg(&config)
+        .args(["dead-letters", "replay"])
+        .env_remove("ROLLBOARD_CONFIG")
+        .env("LD_PRELOAD", library)
+        .env("FAKETIME", "+10m")
+        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+        .output()
+        .expect("run rollboard");
+    let total = total_at(&store, &b, "u1", redis_now(&store).await).await;
+    assert_eq!(
+        total,
+        Some(7),
+        "the tip counted twice: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
