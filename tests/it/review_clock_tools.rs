@@ -318,3 +318,51 @@ async fn a_replay_on_a_host_whose_clock_runs_ahead_never_counts_a_remembered_tip
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// At the forget edge (`forget_at == now`) an event is late, one millisecond before it is
+/// not, alike through fold.lua (a chunk of new events) and apply.lua (a chunk that also
+/// holds a duplicate, judged event by event), with `dedup_window` durations down to 0.
+#[tokio::test]
+async fn the_forget_edge_is_judged_alike_by_the_fast_and_the_exact_path() {
+    use rollboard::board::Dedup;
+    use rollboard::store::Outcome::{Applied, Duplicate, Late};
+    let redis = RedisServer::start();
+    let store = redis.store("rb").await;
+    const SLICE: i64 = 60_000;
+    let base = 1_763_700_000_000 / SLICE * SLICE;
+    for ms in [0, 1, 30_000] {
+        let mut b = board("edge", SLICE, 10);
+        b.dedup = Dedup::AfterSlice(ms);
+        let ts = base + 5 * SLICE + 123;
+        let edge = b.forget_at(b.slice_of(ts));
+        for (now, expected) in [(edge, Late), (edge - 1, Applied)] {
+            let _: () = store.client().flushall(false).await.expect("flushall");
+            // A duplicate to send with the second chunk: a live slice's id, applied once.
+            let live = edge + 2 * SLICE;
+            store
+                .apply(&b, None, &[ev("old", live, "u2", 1)], now)
+                .await
+                .expect("seed");
+            let fast = store
+                .apply(&b, None, &[ev("a", ts, "u1", 5)], now)
+                .await
+                .expect("fold");
+            let exact = store
+                .apply(
+                    &b,
+                    None,
+                    &[ev("old", live, "u2", 1), ev("b", ts, "u1", 5)],
+                    now,
+                )
+                .await
+                .expect("apply");
+            assert_eq!(fast, vec![expected], "dedup {ms} ms, now {now}: fold");
+            assert_eq!(exact, vec![Duplicate, expected], "dedup {ms} ms, now {now}: apply");
+            assert_eq!(
+                b.is_late(ts, now, None),
+                expected == Late,
+                "dedup {ms} ms, now {now}: Board::is_late"
+            );
+        }
+    }
+}
