@@ -150,9 +150,6 @@ async fn a_corrupt_board_last_roll_fails_applies_and_rolls_of_a_scoped_board() {
     }
 }
 
-#[allow(dead_code)]
-fn _unused(_: Duration) {}
-
 /// libfaketime (preloaded directly, so that signals reach the daemon itself), its offset read
 /// from `file` on every call: writing the file steps the daemon's clock as NTP would.
 fn stepping_clock(file: &std::path::Path) -> Vec<(&'static str, String)> {
