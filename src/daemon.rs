@@ -32,7 +32,6 @@ const POOL_SIZE: usize = 4;
 /// The scheduled jobs, each guarded so that one run at a time happens in this process.
 struct Jobs {
     store: Arc<Store>,
-    clock: Arc<Clock>,
     settings: Arc<Settings>,
     metrics: Arc<Metrics>,
     cancel: CancellationToken,
@@ -94,7 +93,18 @@ impl Jobs {
                 continue;
             }
             let started = Instant::now();
-            let now = self.clock.now();
+            // Read from Redis for each roll rather than from the measured offset: the
+            // measure can go stale (TIME failing) while this host's clock is stepped, and a
+            // roll ahead of Redis's clock cannot be undone.
+            let now = match self.store.time_ms().await {
+                Ok(now) => now,
+                Err(e) => {
+                    self.metrics
+                        .roll_failed(&board.name, board.mode.as_str(), Some(&e));
+                    warn!(board = %board.name, error = %e, "cannot read Redis's clock; roll skipped, the next run catches up");
+                    continue;
+                }
+            };
             match roll::roll_board(
                 &self.store,
                 board,
@@ -479,7 +489,6 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> anyhow::Resul
 
     let jobs = Arc::new(Jobs {
         store: store.clone(),
-        clock: clock.clone(),
         settings: settings.clone(),
         metrics: metrics.clone(),
         cancel: cancel.clone(),

@@ -6,7 +6,7 @@ use std::io::Write;
 use anyhow::Context;
 use clap::{Args, Subcommand};
 
-use super::{connect, now_ms, Usage};
+use super::{connect, Usage};
 use crate::config::Settings;
 use crate::dead_letters::{is_entry_id, Counts, Letter, Pages, Replay, Replayer, Selection};
 use crate::event::Reason;
@@ -133,7 +133,9 @@ pub(super) async fn run(settings: &Settings, action: Action) -> anyhow::Result<u
         } => {
             let selection = select.selection(settings)?;
             let store = connect(settings).await?;
-            let replayer = Replayer::new(&store, &settings.boards, &settings.ingest, now_ms())
+            // Redis's clock, as the consumer judges by (crate::clock).
+            let now = store.time_ms().await?;
+            let replayer = Replayer::new(&store, &settings.boards, &settings.ingest, now)
                 .dry_run(dry_run)
                 .bare_keys(bare_keys);
             let mut counts = Counts::default();

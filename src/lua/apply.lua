@@ -76,8 +76,11 @@ local with_ids = #ARGV >= event_base + 6 * E
 -- Phase 1: read and check.
 local stored = redis.call('HMGET', meta, 'expired_through', 'settings', 'gen', 'last_roll')
 -- Time never goes back: see fold.lua.
-local rolled = tonumber(stored[4])
-if rolled and rolled > now then now = rolled end
+if stored[4] then
+  local rolled = counter(stored[4])
+  if not rolled then return fail('corrupt: ' .. meta .. ' last_roll is not an integer') end
+  if rolled > now then now = rolled end
+end
 if stored[3] and not counter(stored[3]) then
   return fail('corrupt: ' .. meta .. ' gen is not an integer')
 end

@@ -11,10 +11,20 @@
 -- scope emptied and left the registry) still follows every roll.
 -- Returns the board's watermark after the call.
 local stored = redis.call('HMGET', KEYS[1], 'expired_through', 'last_roll')
-local cur, w = tonumber(stored[1]), tonumber(ARGV[1])
-if stored[1] and not cur then
-  return redis.error_reply('ROLLBOARD corrupt: ' .. KEYS[1] .. ' expired_through is not a number (nothing was written)')
+-- A stored number as the scripts write one (digits, an optional '-'), or nil: anything else
+-- is corrupt and fails the call, never taken for "not rolled yet".
+local function whole(v)
+  local n = tonumber(v)
+  if n == nil or math.abs(n) > 9007199254740991 or string.format('%d', n) ~= v then return nil end
+  return n
 end
+for i, field in ipairs({ 'expired_through', 'last_roll' }) do
+  if stored[i] and not whole(stored[i]) then
+    return redis.error_reply('ROLLBOARD corrupt: ' .. KEYS[1] .. ' ' .. field ..
+      ' is not an integer (nothing was written)')
+  end
+end
+local cur, w = tonumber(stored[1]), tonumber(ARGV[1])
 if cur and cur >= w then w = cur else redis.call('HSET', KEYS[1], 'expired_through', string.format('%d', w)) end
 local last = tonumber(stored[2])
 if not last or last < tonumber(ARGV[2]) then redis.call('HSET', KEYS[1], 'last_roll', ARGV[2]) end

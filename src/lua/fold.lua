@@ -64,8 +64,11 @@ if after ~= '' and stored[4] ~= after then return { 3 } end
 -- Time never goes back: a roll at a later time (a forced `roll --at`, or a replica whose
 -- measure of Redis's clock is a little ahead of this caller's) already expired and forgot
 -- what was due then, so the events are judged at that time at least.
-local rolled = tonumber(stored[5])
-if rolled and rolled > now then now = rolled end
+if stored[5] then
+  local rolled = counter(stored[5])
+  if not rolled then return fail('corrupt: ' .. meta .. ' last_roll is not an integer') end
+  if rolled > now then now = rolled end
+end
 -- Answers `reply` for a call whose events are judged, leaving its chain token.
 local function judged(reply)
   if token ~= '' then redis.call('HSET', meta, 'chain', token) end

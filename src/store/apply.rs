@@ -475,7 +475,18 @@ impl Store {
             }
             // Time never goes back: the board's last roll time is a floor too (the
             // instance's own is read by the script).
-            if let Some(rolled) = rolled.and_then(|r| r.parse::<i64>().ok()) {
+            if let Some(rolled) = rolled {
+                // As the scripts write it (no '+', no leading zero), as floor.lua reads it.
+                let parsed = rolled
+                    .parse::<i64>()
+                    .ok()
+                    .filter(|n| n.to_string() == rolled);
+                let rolled = parsed.ok_or_else(|| {
+                    reply_err(format!(
+                        "ROLLBOARD corrupt: {} last_roll {rolled:?} is not an integer",
+                        self.keys.window(&board.name)
+                    ))
+                })?;
                 now = now.max(rolled);
             }
         }

@@ -29,6 +29,7 @@ mod prometheus;
 mod proxy;
 mod redirect;
 mod resummarize_races;
+mod review_clock_tools;
 mod roll;
 mod security;
 mod seen;
