@@ -151,11 +151,6 @@ async fn a_tip_whose_ids_may_be_forgotten_is_late_not_counted_again() {
     assert!(letters(&store2).await.is_empty());
 }
 
-/// Redis's clock, in epoch ms.
-async fn redis_now(store: &rollboard::store::Store) -> i64 {
-    store.time_ms().await.expect("TIME")
-}
-
 #[tokio::test]
 async fn roll_at_a_time_later_than_redis_now_needs_force() {
     let redis = RedisServer::start();

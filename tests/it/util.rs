@@ -823,3 +823,8 @@ pub fn run_rollboard(config: &std::path::Path, args: &[&str]) -> std::process::O
         .output()
         .expect("run rollboard")
 }
+
+/// Redis's clock (`TIME`), in epoch ms: the time rollboard judges by.
+pub async fn redis_now(store: &Store) -> i64 {
+    store.time_ms().await.expect("TIME")
+}
