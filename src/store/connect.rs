@@ -540,15 +540,31 @@ impl Store {
                     .iter()
                     .flat_map(|(k, v)| [Value::from(*k), Value::from(v.as_str())])
                     .collect();
-                let _: Value = self
+                // The record as it is after the write: another process that checked at the
+                // same moment with other settings may have written it first, and then this
+                // one must refuse.
+                let recorded: HashMap<String, String> = self
                     .client()
                     .eval(
                         "if redis.call('EXISTS', KEYS[1]) == 0 then redis.call('HSET', KEYS[1], unpack(ARGV)) \
-                         else redis.call('HSETNX', KEYS[1], ARGV[#ARGV - 1], ARGV[#ARGV]) end return 1",
-                        vec![key],
+                         else redis.call('HSETNX', KEYS[1], ARGV[#ARGV - 1], ARGV[#ARGV]) end \
+                         return redis.call('HGETALL', KEYS[1])",
+                        vec![key.clone()],
                         args,
                     )
                     .await?;
+                for (setting, configured) in &wanted {
+                    match recorded.get(*setting) {
+                        Some(v) if v != configured => conflicts.push(Conflict {
+                            board: board.name.clone(),
+                            setting,
+                            stored: v.clone(),
+                            configured: configured.clone(),
+                            key: key.clone(),
+                        }),
+                        _ => {}
+                    }
+                }
             }
         }
         Ok(conflicts)
