@@ -31,4 +31,5 @@ mod resummarize_races;
 mod roll;
 mod security;
 mod seen;
+mod tokens;
 mod util;
