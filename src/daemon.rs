@@ -393,17 +393,18 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> anyhow::Resul
         "rollboard starting"
     );
     let settings = Arc::new(settings);
-    // First of all: a SIGHUP while the start-up checks wait for Redis then re-reads the
-    // tokens instead of ending the process (its default action).
+    let metrics = Arc::new(Metrics::new(&settings.boards));
+    // Before Redis is reached: a SIGHUP while the start-up checks wait for it then re-reads
+    // the tokens instead of ending the process (its default action).
     tokio::spawn(
         crate::tokens::watch(
             settings.http.tokens.roles(),
             settings.http.token_reload_interval,
+            metrics.clone(),
             cancel.clone(),
         )
         .instrument(tracing::info_span!("tokens")),
     );
-    let metrics = Arc::new(Metrics::new(&settings.boards));
     metrics.streams(&stream::keys(&settings.ingest));
     let url = settings.redis.redacted_url();
     let store = Arc::new(

@@ -156,6 +156,13 @@ impl RoleTokens {
         self.source == Source::Open
     }
 
+    /// The role's name, for metric labels: `intake`, `query` or `metrics`.
+    pub fn role(&self) -> &'static str {
+        self.key
+            .trim_start_matches("http.")
+            .trim_end_matches("_token_file")
+    }
+
     /// Where the tokens come from.
     pub fn source(&self) -> &Source {
         &self.source
@@ -240,9 +247,21 @@ impl RoleTokens {
     }
 }
 
-/// Re-reads every role's token file every `interval` and at once on SIGHUP, until
-/// `cancel` fires. Installs the SIGHUP handler first: without one, SIGHUP ends the process.
-pub async fn watch(roles: Vec<Arc<RoleTokens>>, interval: Duration, cancel: CancellationToken) {
+/// Told what each re-read of a token file did (the metrics implement it).
+pub trait Observer: Send + Sync {
+    /// `role` (see [`RoleTokens::role`]) was re-read with `outcome`.
+    fn tokens_reloaded(&self, role: &'static str, outcome: &Reload);
+}
+
+/// Re-reads every role's token file every `interval` and at once on SIGHUP, telling
+/// `observer`, until `cancel` fires. Installs the SIGHUP handler first: without one, SIGHUP
+/// ends the process.
+pub async fn watch(
+    roles: Vec<Arc<RoleTokens>>,
+    interval: Duration,
+    observer: Arc<dyn Observer>,
+    cancel: CancellationToken,
+) {
     let mut hangup = match signal(SignalKind::hangup()) {
         Ok(hangup) => Some(hangup),
         Err(e) => {
@@ -270,7 +289,8 @@ pub async fn watch(roles: Vec<Arc<RoleTokens>>, interval: Duration, cancel: Canc
             info!(signal = "SIGHUP", "re-reading the token files");
         }
         for role in &roles {
-            role.reload();
+            let outcome = role.reload();
+            observer.tokens_reloaded(role.role(), &outcome);
         }
     }
 }
@@ -316,6 +336,15 @@ mod tests {
         std::fs::write(&path, "second\n").expect("write");
         assert_eq!(role.reload(), Reload::Changed);
         assert!(!role.accepts(b"first") && role.accepts(b"second"));
+    }
+
+    #[test]
+    fn the_role_label_comes_from_the_key() {
+        assert_eq!(RoleTokens::open("http.intake_token_file").role(), "intake");
+        assert_eq!(
+            RoleTokens::open("http.metrics_token_file").role(),
+            "metrics"
+        );
     }
 
     #[test]

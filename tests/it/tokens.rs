@@ -235,6 +235,11 @@ async fn an_emptied_or_removed_token_file_keeps_the_last_tokens() {
     assert_eq!(post(&client, &daemon.base, Some(kept), "e-1").await, 202);
     assert_eq!(post(&client, &daemon.base, None, "e-2").await, 401);
     assert_eq!(post(&client, &daemon.base, Some(""), "e-3").await, 401);
+    let stale = [("role", "intake")];
+    assert_eq!(
+        daemon.metric("rollboard_token_file_stale", &stale).await,
+        1.0
+    );
 
     std::fs::remove_file(&file).expect("remove the file");
     daemon.wait_log("cannot read the token file").await;
@@ -248,6 +253,14 @@ async fn an_emptied_or_removed_token_file_keeps_the_last_tokens() {
     .await;
     assert!(replaced, "{}", daemon.logs());
     assert_eq!(post(&client, &daemon.base, Some(kept), "e-7").await, 401);
+    assert_eq!(
+        daemon.metric("rollboard_token_file_stale", &stale).await,
+        0.0
+    );
+    assert_eq!(
+        daemon.metric("rollboard_token_reloads_total", &stale).await,
+        1.0
+    );
     let logs = daemon.logs();
     assert!(!logs.contains(kept) && !logs.contains(next), "{logs}");
     assert!(daemon.terminate().await.success());
