@@ -7,12 +7,15 @@
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
 
 use crate::board::{parse_duration_ms, Board, Dedup, Mode, TieBreak};
 use crate::store::Durability;
+pub use crate::tokens::Token;
+use crate::tokens::{RoleTokens, Source};
 
 /// Default location of the config file.
 pub const DEFAULT_PATH: &str = "config/rollboard.toml";
@@ -142,6 +145,8 @@ impl Default for RawSchedule {
 #[serde(deny_unknown_fields, default)]
 struct RawHttp {
     listen: String,
+    admin_listen: String,
+    allow_anonymous: bool,
     header_timeout: String,
     request_timeout: String,
     max_connections: i64,
@@ -149,12 +154,15 @@ struct RawHttp {
     intake_token_file: String,
     query_token_file: String,
     metrics_token_file: String,
+    token_reload_interval: String,
 }
 
 impl Default for RawHttp {
     fn default() -> Self {
         RawHttp {
             listen: "127.0.0.1:9464".into(),
+            admin_listen: String::new(),
+            allow_anonymous: false,
             header_timeout: "10s".into(),
             request_timeout: "30s".into(),
             max_connections: 1024,
@@ -162,6 +170,7 @@ impl Default for RawHttp {
             intake_token_file: String::new(),
             query_token_file: String::new(),
             metrics_token_file: String::new(),
+            token_reload_interval: "5s".into(),
         }
     }
 }
@@ -325,40 +334,27 @@ pub struct TlsFiles {
     pub key_file: Option<PathBuf>,
 }
 
-/// A bearer token an HTTP client must present. Its `Debug` never shows it.
-#[derive(Clone)]
-pub struct Token(String);
-
-impl Token {
-    /// Wraps a token (whitespace around it is not part of it).
-    pub fn new(text: &str) -> Option<Token> {
-        let text = text.trim();
-        (!text.is_empty()).then(|| Token(text.to_string()))
-    }
-
-    /// Whether `presented` is this token, compared in constant time (only the length,
-    /// which is not secret, can show in the time taken).
-    pub fn matches(&self, presented: &[u8]) -> bool {
-        use subtle::ConstantTimeEq;
-        self.0.as_bytes().ct_eq(presented).into()
-    }
-}
-
-impl std::fmt::Debug for Token {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Token(***)")
-    }
-}
-
-/// The bearer tokens of the HTTP roles; a role without one is open.
-#[derive(Debug, Clone, Default)]
+/// The bearer tokens of the HTTP roles; a role without one is open. Clones share the
+/// tokens, so a re-read (see [`crate::tokens`]) is seen by every clone.
+#[derive(Debug, Clone)]
 pub struct HttpTokens {
     /// Producer: `POST /v1/events` (`http.intake_token_file`, `ROLLBOARD_INTAKE_TOKEN`).
-    pub intake: Option<Token>,
+    pub intake: Arc<RoleTokens>,
     /// Reader: `GET /v1/boards...` (`http.query_token_file`, `ROLLBOARD_QUERY_TOKEN`).
-    pub query: Option<Token>,
+    pub query: Arc<RoleTokens>,
     /// Operator: `GET /metrics` (`http.metrics_token_file`, `ROLLBOARD_METRICS_TOKEN`).
-    pub metrics: Option<Token>,
+    pub metrics: Arc<RoleTokens>,
+}
+
+impl HttpTokens {
+    /// The three roles, for the re-reader.
+    pub fn roles(&self) -> Vec<Arc<RoleTokens>> {
+        vec![
+            self.intake.clone(),
+            self.query.clone(),
+            self.metrics.clone(),
+        ]
+    }
 }
 
 /// Stream consumer settings.
@@ -399,8 +395,17 @@ pub struct ScheduleSettings {
 /// HTTP settings.
 #[derive(Debug, Clone)]
 pub struct HttpSettings {
-    /// Listen address.
+    /// Listen address of the API (loopback unless configured otherwise).
     pub listen: SocketAddr,
+    /// Listen address of `/metrics`, `/healthz` and `/readyz` (`http.admin_listen`); when
+    /// set, the API's address no longer serves them, so that a network policy can open
+    /// one port to the monitoring and the other to the clients.
+    pub admin_listen: Option<SocketAddr>,
+    /// Whether an intake without a token may listen on an address other than loopback
+    /// (`http.allow_anonymous`).
+    pub allow_anonymous: bool,
+    /// How often the token files are read again (`http.token_reload_interval`).
+    pub token_reload_interval: Duration,
     /// How long a client may take to send a request's head (line and headers); also how
     /// long an idle connection is kept.
     pub header_timeout: Duration,
@@ -698,24 +703,47 @@ fn tls_files(raw: &RawRedis, url: &str) -> Result<Option<TlsFiles>, ConfigError>
     Ok(Some(files))
 }
 
-/// A role's token: the environment variable `env` wins over the file named by `key`.
-fn token(key: &str, file: &str, env: &str) -> Result<Option<Token>, ConfigError> {
+/// A role's tokens: the environment variable `env` wins over the file named by `key`.
+/// Either may hold two tokens, one per line (a rotation in progress).
+fn token(key: &'static str, file: &str, env: &str) -> Result<Arc<RoleTokens>, ConfigError> {
     if let Some(value) = std::env::var_os(env) {
         let text = value
             .into_string()
             .map_err(|_| invalid(key, env, format!("{env} is not UTF-8")))?;
-        return Token::new(&text)
-            .map(Some)
-            .ok_or_else(|| invalid(key, env, format!("{env} is set but empty")));
+        let tokens = crate::tokens::parse(&text).map_err(|e| match e {
+            crate::tokens::TokenError::Empty => {
+                invalid(key, env, format!("{env} is set but empty"))
+            }
+            e => invalid(key, env, format!("{env}: {e}")),
+        })?;
+        return Ok(Arc::new(RoleTokens::new(
+            key,
+            Source::Env(env.into()),
+            tokens,
+        )));
     }
     if file.is_empty() {
-        return Ok(None);
+        return Ok(Arc::new(RoleTokens::open(key)));
     }
-    let text = read_text(Path::new(file))
-        .map_err(|why| invalid(key, file, format!("cannot read the token: {why}")))?;
-    Token::new(&text)
-        .map(Some)
-        .ok_or_else(|| invalid(key, file, "the token file is empty"))
+    let path = PathBuf::from(file);
+    let tokens = crate::tokens::read_file(&path).map_err(|e| invalid(key, file, e.to_string()))?;
+    Ok(Arc::new(RoleTokens::new(key, Source::File(path), tokens)))
+}
+
+/// Refuses an intake open to anyone on an address other than loopback: a daemon listening
+/// on the pod's or the host's address without `http.intake_token_file` would take events
+/// from whoever reaches the port, unless the operator says so.
+fn check_exposure(http: &HttpSettings) -> Result<(), ConfigError> {
+    if http.listen.ip().is_loopback() || !http.tokens.intake.is_open() || http.allow_anonymous {
+        return Ok(());
+    }
+    Err(invalid(
+        "http.listen",
+        http.listen.to_string(),
+        "not a loopback address, and the intake has no token: set http.intake_token_file \
+         (or ROLLBOARD_INTAKE_TOKEN), listen on 127.0.0.1, or set http.allow_anonymous = true \
+         to accept events from anyone who reaches the port",
+    ))
 }
 
 impl RawSettings {
@@ -876,8 +904,34 @@ impl RawSettings {
                 format!("not a socket address: {e}"),
             )
         })?;
+        let admin_listen = match self.http.admin_listen.as_str() {
+            "" => None,
+            text => {
+                let admin: SocketAddr = text.parse().map_err(|e| {
+                    invalid(
+                        "http.admin_listen",
+                        text,
+                        format!("not a socket address: {e}"),
+                    )
+                })?;
+                if admin == listen {
+                    return Err(invalid(
+                        "http.admin_listen",
+                        text,
+                        "must differ from http.listen (leave it empty to serve everything there)",
+                    ));
+                }
+                Some(admin)
+            }
+        };
         let http = HttpSettings {
             listen,
+            admin_listen,
+            allow_anonymous: self.http.allow_anonymous,
+            token_reload_interval: seconds_at_least_one(
+                "http.token_reload_interval",
+                &self.http.token_reload_interval,
+            )?,
             header_timeout: seconds_at_least_one("http.header_timeout", &self.http.header_timeout)?,
             request_timeout: seconds_at_least_one(
                 "http.request_timeout",
@@ -911,6 +965,7 @@ impl RawSettings {
                 )?,
             },
         };
+        check_exposure(&http)?;
 
         let format = match self.log.format.as_str() {
             "text" => LogFormat::Text,
@@ -1310,22 +1365,10 @@ mod tests {
         std::env::remove_var("ROLLBOARD_METRICS_TOKEN");
         let s = s.expect("valid");
         let tokens = &s.http.tokens;
-        assert!(tokens
-            .query
-            .as_ref()
-            .expect("reader")
-            .matches(b"t0ken-from-file"));
-        assert!(!tokens
-            .query
-            .as_ref()
-            .expect("reader")
-            .matches(b"t0ken-from-fil"));
-        assert!(tokens
-            .metrics
-            .as_ref()
-            .expect("operator")
-            .matches(b"t0ken-from-env"));
-        assert!(tokens.intake.is_none());
+        assert!(tokens.query.accepts(b"t0ken-from-file"));
+        assert!(!tokens.query.accepts(b"t0ken-from-fil"));
+        assert!(tokens.metrics.accepts(b"t0ken-from-env"));
+        assert!(tokens.intake.is_open());
         let shown = format!("{s:?}");
         assert!(!shown.contains("t0ken"), "{shown}");
 
@@ -1339,6 +1382,56 @@ mod tests {
             "[http]\nintake_token_file = \"/nonexistent/token\"\n{BOARD}"
         ));
         assert!(e.contains("http.intake_token_file"), "{e}");
+    }
+
+    #[test]
+    fn an_anonymous_intake_listens_on_loopback_unless_allowed() {
+        let s = Settings::from_toml(BOARD).expect("valid");
+        assert!(s.http.listen.ip().is_loopback());
+        assert_eq!(s.http.admin_listen, None);
+        assert_eq!(s.http.token_reload_interval, Duration::from_secs(5));
+        for listen in ["0.0.0.0:9464", "[::]:9464", "10.1.2.3:80"] {
+            let e = refusal(&format!("[http]\nlisten = \"{listen}\"\n{BOARD}"));
+            assert!(
+                e.contains("http.listen") && e.contains("http.allow_anonymous"),
+                "{e}"
+            );
+            Settings::from_toml(&format!(
+                "[http]\nlisten = \"{listen}\"\nallow_anonymous = true\n{BOARD}"
+            ))
+            .expect("allowed");
+        }
+        Settings::from_toml(&format!("[http]\nlisten = \"[::1]:9464\"\n{BOARD}"))
+            .expect("loopback");
+        let dir = tempfile::tempdir().expect("temp dir");
+        let file = dir.path().join("intake.token");
+        std::fs::write(&file, "old\nnew\n").expect("write");
+        let s = Settings::from_toml(&format!(
+            "[http]\nlisten = \"0.0.0.0:9464\"\nadmin_listen = \"0.0.0.0:9465\"\n\
+             intake_token_file = \"{}\"\n{BOARD}",
+            file.display()
+        ))
+        .expect("a token guards the intake");
+        assert_eq!(s.http.admin_listen.map(|a| a.port()), Some(9465));
+        assert!(s.http.tokens.intake.accepts(b"old") && s.http.tokens.intake.accepts(b"new"));
+        let e = refusal(&format!(
+            "[http]\nlisten = \"127.0.0.1:1\"\nadmin_listen = \"127.0.0.1:1\"\n{BOARD}"
+        ));
+        assert!(e.contains("http.admin_listen"), "{e}");
+        let e = refusal(&format!("[http]\nadmin_listen = \"nowhere\"\n{BOARD}"));
+        assert!(
+            e.contains("http.admin_listen") && e.contains("nowhere"),
+            "{e}"
+        );
+        std::fs::write(&file, "a\nb\nc\n").expect("write");
+        let e = refusal(&format!(
+            "[http]\nintake_token_file = \"{}\"\n{BOARD}",
+            file.display()
+        ));
+        assert!(
+            e.contains("http.intake_token_file") && e.contains("at most 2"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -404,6 +404,17 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> anyhow::Resul
     );
     let settings = Arc::new(settings);
     let metrics = Arc::new(Metrics::new(&settings.boards));
+    // Before Redis is reached: a SIGHUP while the start-up checks wait for it then re-reads
+    // the tokens instead of ending the process (its default action).
+    tokio::spawn(
+        crate::tokens::watch(
+            settings.http.tokens.roles(),
+            settings.http.token_reload_interval,
+            metrics.clone(),
+            cancel.clone(),
+        )
+        .instrument(tracing::info_span!("tokens")),
+    );
     metrics.streams(&stream::keys(&settings.ingest));
     let url = settings.redis.redacted_url();
     let store = Arc::new(

@@ -1,9 +1,12 @@
 //! The HTTP interface (axum on hyper's HTTP/1 server): query API, event intake, `/metrics`,
 //! `/healthz`, `/readyz`, and the connection loop that bounds what a client can hold.
 //!
-//! Each role can require a bearer token (`http.*_token_file`): the producer for
-//! `POST /v1/events`, the reader for the query routes, the operator for `/metrics`;
-//! `/healthz` and `/readyz` stay open for probes. A missing or wrong token answers 401.
+//! Each role can require a bearer token (`http.*_token_file`, see [`crate::tokens`]): the
+//! producer for `POST /v1/events`, the reader for the query routes, the operator for
+//! `/metrics`; `/healthz` and `/readyz` stay open for probes. A missing or wrong token
+//! answers 401. With `http.admin_listen` set, `/metrics` and the probes are served there
+//! and only there: the API's port then carries only the API, so a network policy can let
+//! the clients reach one port and the monitoring the other.
 //!
 //! Every error answer is a JSON `{"error": ...}` that never echoes unbounded input: client
 //! mistakes answer 400, 401, 404, 405, 408, 413 or 415; a Redis outage (every Redis error
@@ -39,11 +42,12 @@ use tracing::{debug, warn, Instrument};
 use crate::board::Board;
 use crate::cli::event_value;
 use crate::clock::Clock;
-use crate::config::{HttpSettings, Settings, Token};
+use crate::config::{HttpSettings, Settings};
 use crate::event::{check_name, fields_from_json, validate, Field};
 use crate::metrics::Metrics;
 use crate::store::{Store, StoreError};
 use crate::stream::{self, group_info};
+use crate::tokens::RoleTokens;
 
 /// Largest accepted request body.
 pub const MAX_BODY_BYTES: usize = 4 << 20;
@@ -132,9 +136,9 @@ pub type ApiResult<T> = Result<T, ApiError>;
 /// Connections of the API's own store: one for appends, plus its read connection.
 const POOL_SIZE: usize = 1;
 
-/// Serves the API on `listener` from a thread of its own, with its own runtime and its own
-/// Redis connections, until `cancel` fires; returns once it is serving (or could not
-/// start). Ingest and the roll jobs keep the daemon's runtime busy in long stretches of
+/// Serves the API on `listener` (and `/metrics` and the probes on `http.admin_listen` when
+/// set, bound here) from a thread of its own, with its own runtime and its own Redis
+/// connections, until `cancel` fires; returns once it is serving (or could not start). Ingest and the roll jobs keep the daemon's runtime busy in long stretches of
 /// CPU work (decoding a batch, summing it per member); on a thread apart, a query waits
 /// for neither them nor their connections.
 pub async fn spawn(
@@ -149,6 +153,18 @@ pub async fn spawn(
     listener
         .set_nonblocking(true)
         .context("cannot make the http listener non-blocking")?;
+    let admin = match settings.http.admin_listen {
+        Some(address) => {
+            let admin = std::net::TcpListener::bind(address)
+                .with_context(|| format!("cannot listen on {address} (http.admin_listen)"))?;
+            admin
+                .set_nonblocking(true)
+                .context("cannot make the admin listener non-blocking")?;
+            tracing::info!(listen = %address, "admin http listening");
+            Some(admin)
+        }
+        None => None,
+    };
     let (started, ready) = tokio::sync::oneshot::channel::<anyhow::Result<()>>();
     let thread = std::thread::Builder::new()
         .name("rollboard-http".into())
@@ -178,26 +194,51 @@ pub async fn spawn(
                     }
                     let listener = TcpListener::from_std(listener)
                         .context("cannot serve the http listener")?;
-                    anyhow::Ok((store, listener))
+                    let admin = admin
+                        .map(TcpListener::from_std)
+                        .transpose()
+                        .context("cannot serve the admin listener")?;
+                    anyhow::Ok((store, listener, admin))
                 };
-                let (store, listener) = match setup.await {
+                let (store, listener, admin) = match setup.await {
                     Ok(parts) => parts,
                     Err(e) => {
                         let _ = started.send(Err(e));
                         return;
                     }
                 };
-                let app = router(Arc::new(AppState {
+                let state = Arc::new(AppState {
                     store: Arc::new(store),
                     settings: settings.clone(),
                     metrics,
                     group_ready,
                     clock,
-                }));
+                });
                 let _ = started.send(Ok(()));
-                serve(listener, app, &settings.http, cancel)
-                    .instrument(tracing::info_span!("http"))
-                    .await;
+                match admin {
+                    None => {
+                        serve(listener, router(state), &settings.http, cancel)
+                            .instrument(tracing::info_span!("http"))
+                            .await
+                    }
+                    Some(admin) => {
+                        let api = serve(
+                            listener,
+                            finish(api_routes(&state), state.clone()),
+                            &settings.http,
+                            cancel.clone(),
+                        )
+                        .instrument(tracing::info_span!("http"));
+                        let admin = serve(
+                            admin,
+                            finish(admin_routes(&state), state.clone()),
+                            &settings.http,
+                            cancel,
+                        )
+                        .instrument(tracing::info_span!("admin_http"));
+                        tokio::join!(api, admin);
+                    }
+                }
             });
         })
         .context("cannot start the http thread")?;
@@ -207,11 +248,16 @@ pub async fn spawn(
     Ok(thread)
 }
 
-/// The router with every route, limited by `limits`: a request (body upload included) that
-/// takes longer than `request_timeout` answers 408, and intake requests beyond
-/// `max_concurrent_intake` answer 503 at once.
+/// The router with every route (the API and the admin routes on one listener), limited by
+/// `http.*`: a request (body upload included) that takes longer than `request_timeout`
+/// answers 408, and intake requests beyond `max_concurrent_intake` answer 503 at once.
 pub fn router(state: Arc<AppState>) -> Router {
-    let limits = state.settings.http.clone();
+    finish(api_routes(&state).merge(admin_routes(&state)), state)
+}
+
+/// The API: the query routes (reader's token) and the intake (producer's token).
+pub fn api_routes(state: &AppState) -> Router<Arc<AppState>> {
+    let limits = &state.settings.http;
     let intake = post(events).layer(
         ServiceBuilder::new()
             .layer(HandleErrorLayer::new(|_: tower::BoxError| async {
@@ -242,10 +288,15 @@ pub fn router(state: Arc<AppState>) -> Router {
             get(around).layer(reader()),
         )
         .route("/v1/events", intake)
+}
+
+/// What monitoring reads: `/metrics` (operator's token) and the open probes.
+pub fn admin_routes(state: &AppState) -> Router<Arc<AppState>> {
+    Router::new()
         .route(
             "/metrics",
             get(metrics).layer(axum::middleware::from_fn_with_state(
-                tokens.metrics.clone(),
+                state.settings.http.tokens.metrics.clone(),
                 bearer,
             )),
         )
@@ -254,6 +305,13 @@ pub fn router(state: Arc<AppState>) -> Router {
             get(|| async { Json(json!({ "status": "ok" })) }),
         )
         .route("/readyz", get(readyz))
+}
+
+/// `routes` with the layers every listener shares: route timing, the body limit, the
+/// request timeout and JSON error bodies.
+fn finish(routes: Router<Arc<AppState>>, state: Arc<AppState>) -> Router {
+    let timeout = state.settings.http.request_timeout;
+    routes
         .route_layer(axum::middleware::from_fn_with_state(
             state.metrics.clone(),
             timed,
@@ -263,22 +321,23 @@ pub fn router(state: Arc<AppState>) -> Router {
         .with_state(state)
         .layer(TimeoutLayer::with_status_code(
             StatusCode::REQUEST_TIMEOUT,
-            limits.request_timeout,
+            timeout,
         ))
         .layer(axum::middleware::map_response(json_errors))
 }
 
 /// Lets a request through when its route's role has no token, or when it carries
-/// `Authorization: Bearer <token>` with that token (compared in constant time); answers
-/// 401 with `WWW-Authenticate: Bearer` otherwise. The token is never logged.
+/// `Authorization: Bearer <token>` with one of the role's tokens valid now (compared in
+/// constant time); answers 401 with `WWW-Authenticate: Bearer` otherwise. The token is
+/// never logged.
 async fn bearer(
-    State(token): State<Option<Token>>,
+    State(tokens): State<Arc<RoleTokens>>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    let Some(token) = token else {
+    if tokens.is_open() {
         return next.run(request).await;
-    };
+    }
     let presented = request.headers().get(header::AUTHORIZATION).and_then(|v| {
         let v = v.as_bytes();
         let scheme = v.get(..7)?;
@@ -287,7 +346,7 @@ async fn bearer(
             .then(|| v[7..].trim_ascii())
     });
     let (message, challenge) = match presented {
-        Some(presented) if token.matches(presented) => return next.run(request).await,
+        Some(presented) if tokens.accepts(presented) => return next.run(request).await,
         Some(_) => (
             "invalid bearer token",
             r#"Bearer realm="rollboard", error="invalid_token""#,

@@ -22,6 +22,7 @@
 //!   instances that refused them.
 //! * [`metrics`]: the Prometheus registry and one method per notable happening.
 //! * [`http`]: the axum router: query API, event intake, metrics and health.
+//! * [`tokens`]: the HTTP roles' bearer tokens, re-read from their files without a restart.
 //! * [`daemon`]: `rollboard run`: wires consumer, scheduler and HTTP under one shutdown token.
 //! * [`shutdown`]: signal handling (graceful first signal, forced second).
 //! * [`cli`]: the command-line subcommands.
@@ -43,3 +44,4 @@ pub mod roll;
 pub mod shutdown;
 pub mod store;
 pub mod stream;
+pub mod tokens;

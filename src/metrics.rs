@@ -74,12 +74,32 @@ pub struct Metrics {
     window_end: GaugeVec,
     script_duration: HistogramVec,
     http_duration: HistogramVec,
+    token_reloads: IntCounterVec,
+    token_file_stale: IntGaugeVec,
     /// Board instances whose apply failed through every retry, and when that last happened.
     failing: Mutex<HashMap<(String, Option<String>), Instant>>,
     /// The error of the consumer's last step, while its steps fail (e.g. `OOM`), for `/readyz`.
     consumer_error: Mutex<Option<String>>,
     /// The configured board names (the `board` label values).
     boards: Vec<String>,
+}
+
+/// Every `role` label of the token metrics.
+pub const TOKEN_ROLES: [&str; 3] = ["intake", "query", "metrics"];
+
+impl crate::tokens::Observer for Metrics {
+    fn tokens_reloaded(&self, role: &'static str, outcome: &crate::tokens::Reload) {
+        use crate::tokens::Reload;
+        match outcome {
+            Reload::Fixed => {}
+            Reload::Unchanged => self.token_file_stale.with_label_values(&[role]).set(0),
+            Reload::Changed => {
+                self.token_file_stale.with_label_values(&[role]).set(0);
+                self.token_reloads.with_label_values(&[role]).inc();
+            }
+            Reload::Kept(_) => self.token_file_stale.with_label_values(&[role]).set(1),
+        }
+    }
 }
 
 /// How long a board stays reported as failing after its last failed apply when no apply
@@ -404,6 +424,26 @@ impl Metrics {
         for kind in ERROR_KINDS {
             redis_errors.with_label_values(&[kind]);
         }
+        let token_reloads = counter(
+            "rollboard_token_reloads_total",
+            "Token files re-read with tokens that replaced the previous ones, per HTTP role.",
+            &["role"],
+        );
+        let token_file_stale = register(
+            &registry,
+            IntGaugeVec::new(
+                Opts::new(
+                    "rollboard_token_file_stale",
+                    "1 while a role's token file gives no usable token (empty, unreadable, too many lines): the tokens read last stay valid.",
+                ),
+                &["role"],
+            )
+            .expect("valid metric"),
+        );
+        for role in TOKEN_ROLES {
+            token_reloads.with_label_values(&[role]);
+            token_file_stale.with_label_values(&[role]);
+        }
         Metrics {
             registry,
             applied,
@@ -433,6 +473,8 @@ impl Metrics {
             window_end,
             script_duration,
             http_duration,
+            token_reloads,
+            token_file_stale,
             failing: Mutex::new(HashMap::new()),
             consumer_error: Mutex::new(None),
             boards: boards.iter().map(|b| b.name.clone()).collect(),

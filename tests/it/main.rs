@@ -33,4 +33,5 @@ mod roll;
 mod security;
 mod seen;
 mod stale_clocks_and_corrupt_times;
+mod tokens;
 mod util;

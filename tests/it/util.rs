@@ -412,12 +412,17 @@ impl Daemon {
 
     /// Sends SIGTERM and returns at once.
     pub fn send_term(&self) {
+        self.send_signal("TERM");
+    }
+
+    /// Sends the signal `name` (e.g. `HUP`) and returns at once.
+    pub fn send_signal(&self, name: &str) {
         let pid = self.child.id().expect("running");
         let status = Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
+            .args([&format!("-{name}"), &pid.to_string()])
             .status()
-            .expect("kill -TERM");
-        assert!(status.success());
+            .expect("kill");
+        assert!(status.success(), "kill -{name}");
     }
 
     /// Freezes (SIGSTOP, `true`) or thaws (SIGCONT, `false`) the daemon: a read it had
