@@ -12,6 +12,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::board::{parse_duration_ms, Board, Dedup, Mode, TieBreak};
+use crate::roles::{Role, Roles};
 use crate::store::Durability;
 
 /// Default location of the config file.
@@ -50,6 +51,7 @@ fn invalid(
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 struct RawSettings {
+    daemon: RawDaemon,
     redis: RawRedis,
     ingest: RawIngest,
     schedule: RawSchedule,
@@ -122,10 +124,25 @@ impl Default for RawIngest {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
+struct RawDaemon {
+    roles: Vec<String>,
+}
+
+impl Default for RawDaemon {
+    fn default() -> Self {
+        RawDaemon {
+            roles: Role::ALL.iter().map(|r| r.as_str().to_string()).collect(),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
 struct RawSchedule {
     roll: String,
     resummarize: String,
     chunk: i64,
+    lease: String,
 }
 
 impl Default for RawSchedule {
@@ -134,6 +151,7 @@ impl Default for RawSchedule {
             roll: "0 * * * * *".into(),
             resummarize: "0 * * * * *".into(),
             chunk: 250,
+            lease: "30s".into(),
         }
     }
 }
@@ -216,6 +234,8 @@ fn default_tie_break() -> String {
 /// Validated settings of the whole process.
 #[derive(Debug, Clone)]
 pub struct Settings {
+    /// What this process runs (`daemon.roles`; `rollboard run --roles` replaces it).
+    pub roles: Roles,
     /// Redis connection.
     pub redis: RedisSettings,
     /// Stream consumer.
@@ -394,6 +414,10 @@ pub struct ScheduleSettings {
     /// Fields listed per HSCAN page by the roll and resummarize jobs (script calls are split
     /// into smaller, fixed budgets: see `store::EXPIRE_CALL_FIELDS`).
     pub chunk: usize,
+    /// How long a replica's lease on a job's tick lasts without renewal (the holder renews
+    /// it every third of this while it runs): how soon another replica takes the job over
+    /// when the holder dies.
+    pub lease: Duration,
 }
 
 /// HTTP settings.
@@ -603,6 +627,39 @@ fn positive_duration(key: &str, text: &str) -> Result<i64, ConfigError> {
         0 => Err(invalid(key, text, "must be longer than zero")),
         ms => Ok(ms),
     }
+}
+
+/// The lease of a job tick: at least 1 s (it is renewed every third of it, and a renewal
+/// must reach Redis in time), at most an hour (a dead holder blocks the job that long).
+fn lease_duration(text: &str) -> Result<Duration, ConfigError> {
+    match duration("schedule.lease", text)? {
+        ms if !(1_000..=3_600_000).contains(&ms) => {
+            Err(invalid("schedule.lease", text, "must be between 1s and 1h"))
+        }
+        ms => Ok(Duration::from_millis(ms as u64)),
+    }
+}
+
+/// The roles named in `daemon.roles`: at least one, each known.
+fn roles(names: &[String]) -> Result<Roles, ConfigError> {
+    let mut roles = Vec::with_capacity(names.len());
+    for name in names {
+        roles.push(Role::parse(name).ok_or_else(|| {
+            invalid(
+                "daemon.roles",
+                name,
+                "expected intake, query, consume or jobs",
+            )
+        })?);
+    }
+    if roles.is_empty() {
+        return Err(invalid(
+            "daemon.roles",
+            "[]",
+            "name at least one of intake, query, consume, jobs",
+        ));
+    }
+    Ok(Roles::of(&roles))
 }
 
 fn non_empty(key: &str, text: &str) -> Result<String, ConfigError> {
@@ -867,6 +924,7 @@ impl RawSettings {
             roll: check_cron("schedule.roll", &self.schedule.roll)?,
             resummarize: check_cron("schedule.resummarize", &self.schedule.resummarize)?,
             chunk: self.schedule.chunk as usize,
+            lease: lease_duration(&self.schedule.lease)?,
         };
 
         let listen = self.http.listen.parse().map_err(|e| {
@@ -925,6 +983,8 @@ impl RawSettings {
             ));
         }
 
+        let roles = roles(&self.daemon.roles)?;
+
         let mut names = HashSet::new();
         let mut boards = Vec::with_capacity(self.boards.len());
         for (i, raw) in self.boards.into_iter().enumerate() {
@@ -954,6 +1014,7 @@ impl RawSettings {
         }
 
         Ok(Settings {
+            roles,
             redis: RedisSettings {
                 url,
                 key_prefix,
@@ -1090,6 +1151,27 @@ mod tests {
         assert!(!b.allow_negative);
         assert_eq!(b.slices_in_window(), 28);
         assert_eq!(b.dedup, Dedup::Window);
+    }
+
+    #[test]
+    fn roles_default_to_all_and_are_checked() {
+        let s = Settings::from_toml(BOARD).expect("valid");
+        assert_eq!(s.roles, Roles::ALL);
+        assert_eq!(s.schedule.lease, Duration::from_secs(30));
+        let s = Settings::from_toml(&format!(
+            "[daemon]\nroles = [\"query\", \"intake\"]\n[schedule]\nlease = \"5s\"\n{BOARD}"
+        ))
+        .expect("valid");
+        assert_eq!(s.roles.to_string(), "intake,query");
+        assert_eq!(s.schedule.lease, Duration::from_secs(5));
+        let e = refusal(&format!(
+            "[daemon]\nroles = [\"intake\", \"write\"]\n{BOARD}"
+        ));
+        assert!(e.contains("daemon.roles") && e.contains("write"), "{e}");
+        let e = refusal(&format!("[daemon]\nroles = []\n{BOARD}"));
+        assert!(e.contains("daemon.roles"), "{e}");
+        let e = refusal(&format!("[schedule]\nlease = \"500ms\"\n{BOARD}"));
+        assert!(e.contains("schedule.lease"), "{e}");
     }
 
     #[test]

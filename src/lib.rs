@@ -22,6 +22,7 @@
 //!   instances that refused them.
 //! * [`metrics`]: the Prometheus registry and one method per notable happening.
 //! * [`http`]: the axum router: query API, event intake, metrics and health.
+//! * [`roles`]: the parts of the daemon one process runs (intake, query, consume, jobs).
 //! * [`daemon`]: `rollboard run`: wires consumer, scheduler and HTTP under one shutdown token.
 //! * [`shutdown`]: signal handling (graceful first signal, forced second).
 //! * [`cli`]: the command-line subcommands.
@@ -39,6 +40,7 @@ pub mod ingest;
 pub mod keys;
 pub mod metrics;
 pub mod query;
+pub mod roles;
 pub mod roll;
 pub mod shutdown;
 pub mod store;

@@ -47,7 +47,11 @@ fn main() -> ExitCode {
     };
     runtime.block_on(async move {
         match cli.command {
-            Command::Run => {
+            Command::Run { roles } => {
+                let mut settings = settings;
+                if let Some(roles) = roles {
+                    settings.roles = rollboard::roles::Roles::of(&roles);
+                }
                 init_tracing(&settings);
                 let cancel = CancellationToken::new();
                 tokio::spawn(rollboard::shutdown::watch(cancel.clone()));
