@@ -610,7 +610,9 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> anyhow::Resul
         metrics.clone(),
         clock.clone(),
         group_ready,
-        (!roles.works()).then(|| store.clone()),
+        // The API keeps connections of its own only when it serves routes beside the
+        // consumer or the jobs; a worker's probes and metrics need none.
+        (!(roles.works() && roles.serves())).then(|| store.clone()),
         cancel.clone(),
     )
     .await?;

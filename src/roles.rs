@@ -75,6 +75,13 @@ impl Roles {
     }
 }
 
+impl Roles {
+    /// Whether the process serves API routes (intake or query) beside the probes.
+    pub fn serves(self) -> bool {
+        self.has(Role::Intake) || self.has(Role::Query)
+    }
+}
+
 impl Default for Roles {
     fn default() -> Self {
         Roles::ALL
@@ -107,7 +114,8 @@ mod tests {
         let roles = Roles::of(&[Role::Query, Role::Intake]);
         assert_eq!(roles.to_string(), "intake,query");
         assert!(roles.has(Role::Intake) && !roles.has(Role::Jobs));
-        assert!(!roles.works());
+        assert!(!roles.works() && roles.serves());
+        assert!(!Roles::of(&[Role::Consume, Role::Jobs]).serves());
         assert!(Roles::of(&[Role::Jobs]).works());
         assert_eq!(Roles::ALL.to_string(), "intake,query,consume,jobs");
         assert!(Roles::of(&[]).is_empty());

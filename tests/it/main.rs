@@ -28,6 +28,7 @@ mod prometheus;
 mod proxy;
 mod redirect;
 mod resummarize_races;
+mod roles;
 mod roll;
 mod security;
 mod seen;
