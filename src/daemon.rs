@@ -126,11 +126,10 @@ impl Jobs {
     async fn leased(&self, job: Job, tick: i64) {
         let ttl = self.settings.schedule.lease;
         let name = job_name(job);
+        // Without a connection every command would wait for the reconnection: count the
+        // run as failed now rather than hold the job (and every later run) silently.
         if !self.store.is_connected() {
-            debug!(
-                job = name,
-                "not connected to redis; the tick is left to another replica"
-            );
+            self.failed(job, &Store::not_connected());
             return;
         }
         let lease = match self.store.acquire_lease(name, &self.token, tick, ttl).await {
@@ -140,8 +139,7 @@ impl Jobs {
                 return;
             }
             Err(e) => {
-                self.metrics.redis_error(&e);
-                warn!(job = name, error = %e, "cannot take the job's lease; the tick is skipped");
+                self.failed(job, &e);
                 return;
             }
         };
@@ -185,13 +183,28 @@ impl Jobs {
         }
     }
 
-    /// Rolls every board `job` covers, until done or `stop` fires.
-    async fn boards(&self, job: Job, stop: &CancellationToken) {
-        for board in self.settings.boards.iter().filter(|b| match job {
+    /// The boards `job` covers.
+    fn covered(&self, job: Job) -> impl Iterator<Item = &crate::board::Board> {
+        self.settings.boards.iter().filter(move |b| match job {
             Job::Roll => b.mode == crate::board::Mode::Incremental,
             Job::Resummarize => b.mode == crate::board::Mode::Resummarize,
             Job::All => true,
-        }) {
+        })
+    }
+
+    /// Counts a run of `job` that could not start (no lease without Redis) as failed for
+    /// each board it covers, as a run that failed on every board would be.
+    fn failed(&self, job: Job, e: &crate::store::StoreError) {
+        for board in self.covered(job) {
+            self.metrics
+                .roll_failed(&board.name, board.mode.as_str(), Some(e));
+        }
+        warn!(job = job_name(job), error = %e, "cannot take the job's lease; the next run catches up");
+    }
+
+    /// Rolls every board `job` covers, until done or `stop` fires.
+    async fn boards(&self, job: Job, stop: &CancellationToken) {
+        for board in self.covered(job) {
             // Without a connection every command would wait for the reconnection: count the
             // run as failed now rather than hold the job (and every later run) silently.
             if !self.store.is_connected() {
