@@ -36,7 +36,9 @@ impl Store {
 
     /// Takes the lease of `job` for the tick at `tick` (epoch ms of the cron fire, on this
     /// host's clock) as `token` (unique to this process) for `ttl`; `None` when another
-    /// replica holds the lease or this tick (or a later one) was already started.
+    /// replica holds the lease or this tick (or a later one) was already started. A lease
+    /// already held under `token` is taken back: the caller must run one tick of `job` at
+    /// a time, so such a lease is left from a call whose reply was lost.
     pub async fn acquire_lease(
         &self,
         job: &'static str,
@@ -54,6 +56,7 @@ impl Store {
                     (ttl.as_millis() as i64).into(),
                     tick.into(),
                     ((TICK_RECORD + ttl).as_millis() as i64).into(),
+                    token.into(),
                 ],
             )
             .await?;

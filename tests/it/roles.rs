@@ -486,3 +486,76 @@ async fn a_consumer_with_pending_entries_is_kept() {
     // A stream without the group: nothing to remove.
     assert!(!store.forget_consumer("t", "g", "c").await.expect("forget"));
 }
+
+/// The lease at the store: one holder per tick; a tick is started once even after its
+/// run released the lease; a holder renews and releases only its own lease; a lease left
+/// under a holder's own token (a lost reply) is taken back by that holder alone.
+#[tokio::test]
+async fn the_lease_runs_each_tick_once() {
+    let redis = RedisServer::start();
+    let store = redis.store("rb").await;
+    let ttl = Duration::from_secs(5);
+    let t = 1_700_000_000_000;
+    let a = store
+        .acquire_lease("roll", "a", t, ttl)
+        .await
+        .expect("acquire")
+        .expect("a takes the tick");
+    assert_eq!(a.value, format!("a@{t}"));
+    assert_eq!(
+        redis.cli(&["GET", "rb:job:{roll}:lease"]).trim(),
+        format!("a@{t}")
+    );
+    assert!(store
+        .acquire_lease("roll", "b", t, ttl)
+        .await
+        .expect("acquire")
+        .is_none());
+    // A run longer than a tick keeps the lease: the next tick is nobody else's.
+    assert!(store
+        .acquire_lease("roll", "b", t + 1_000, ttl)
+        .await
+        .expect("acquire")
+        .is_none());
+    assert!(store.renew_lease(&a, ttl).await.expect("renew"));
+    assert!(store.release_lease(&a).await.expect("release"));
+    assert!(!store.release_lease(&a).await.expect("release"));
+    // Released, the same tick is not started again by a replica whose cron fired later.
+    assert!(store
+        .acquire_lease("roll", "b", t, ttl)
+        .await
+        .expect("acquire")
+        .is_none());
+    let b = store
+        .acquire_lease("roll", "b", t + 1_000, ttl)
+        .await
+        .expect("acquire")
+        .expect("b takes the next tick");
+    assert!(!store.renew_lease(&a, ttl).await.expect("renew"));
+    assert!(!store.release_lease(&a).await.expect("release"));
+    // B's reply was lost (say): B takes its own lease back at its next tick; A may not.
+    assert!(store
+        .acquire_lease("roll", "a", t + 2_000, ttl)
+        .await
+        .expect("acquire")
+        .is_none());
+    let again = store
+        .acquire_lease("roll", "b", t + 2_000, ttl)
+        .await
+        .expect("acquire")
+        .expect("b takes back its own lease");
+    assert!(!store.renew_lease(&b, ttl).await.expect("renew"));
+    assert!(store.release_lease(&again).await.expect("release"));
+    // Jobs are leased apart.
+    assert!(store
+        .acquire_lease("resummarize", "a", t, ttl)
+        .await
+        .expect("acquire")
+        .is_some());
+    let pttl: i64 = redis
+        .cli(&["PTTL", "rb:job:{resummarize}:lease"])
+        .trim()
+        .parse()
+        .expect("pttl");
+    assert!(pttl > 0 && pttl <= 5_000, "{pttl}");
+}
