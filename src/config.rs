@@ -125,13 +125,22 @@ impl Default for RawIngest {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 struct RawDaemon {
-    roles: Vec<String>,
+    roles: RawRoles,
+}
+
+/// `daemon.roles`: a list, or one comma-separated string (what an environment override,
+/// `ROLLBOARD__DAEMON__ROLES=intake,query`, gives).
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum RawRoles {
+    List(Vec<String>),
+    Text(String),
 }
 
 impl Default for RawDaemon {
     fn default() -> Self {
         RawDaemon {
-            roles: Role::ALL.iter().map(|r| r.as_str().to_string()).collect(),
+            roles: RawRoles::List(Role::ALL.iter().map(|r| r.as_str().to_string()).collect()),
         }
     }
 }
@@ -641,9 +650,17 @@ fn lease_duration(text: &str) -> Result<Duration, ConfigError> {
 }
 
 /// The roles named in `daemon.roles`: at least one, each known.
-fn roles(names: &[String]) -> Result<Roles, ConfigError> {
+fn roles(raw: &RawRoles) -> Result<Roles, ConfigError> {
+    let names: Vec<String> = match raw {
+        RawRoles::List(names) => names.clone(),
+        RawRoles::Text(text) => text
+            .split(',')
+            .map(|n| n.trim().to_string())
+            .filter(|n| !n.is_empty())
+            .collect(),
+    };
     let mut roles = Vec::with_capacity(names.len());
-    for name in names {
+    for name in &names {
         roles.push(Role::parse(name).ok_or_else(|| {
             invalid(
                 "daemon.roles",
@@ -1164,6 +1181,9 @@ mod tests {
         .expect("valid");
         assert_eq!(s.roles.to_string(), "intake,query");
         assert_eq!(s.schedule.lease, Duration::from_secs(5));
+        let s = Settings::from_toml(&format!("[daemon]\nroles = \"consume, jobs\"\n{BOARD}"))
+            .expect("valid");
+        assert_eq!(s.roles.to_string(), "consume,jobs");
         let e = refusal(&format!(
             "[daemon]\nroles = [\"intake\", \"write\"]\n{BOARD}"
         ));
