@@ -1065,6 +1065,7 @@ async fn serve(settings: Arc<Settings>) -> Result<String> {
         metrics,
         std::sync::Arc::new(rollboard::clock::Clock::new(2_000)),
         ready,
+        None,
         CancellationToken::new(),
     )
     .await

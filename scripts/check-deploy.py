@@ -2,8 +2,9 @@
 """Checks of deploy/ that need more than promtool and kubernetes-validate (run by
 scripts/check-deploy, inside its virtualenv: needs PyYAML and jsonschema).
 
-* deploy/kubernetes: every manifest is listed in the kustomization and every listed file
-  exists; the PodMonitor and the Kustomization validate strictly against the schemas in
+* deploy/kubernetes (all-in-one) and deploy/kubernetes-split (sidecar + worker, with the
+  first as its base): every manifest is listed in its kustomization and every listed file
+  or base exists; the PodMonitor and the Kustomization validate strictly against the schemas in
   scripts/schemas/ (they are not core Kubernetes kinds, so kubernetes-validate has none).
 * deploy/grafana/rollboard.json: valid JSON, a Prometheus data source variable, and every
   panel and target using it, every target with a PromQL expression.
@@ -32,8 +33,7 @@ def load_yaml(path):
     return [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
 
 
-def check_kubernetes():
-    base = ROOT / "deploy/kubernetes"
+def check_kubernetes(base):
     schemas = {
         "PodMonitor": json.loads((ROOT / "scripts/schemas/podmonitor-v1.json").read_text()),
         "Kustomization": json.loads(
@@ -43,7 +43,7 @@ def check_kubernetes():
     kustomization = load_yaml(base / "kustomization.yaml")[0]
     listed = set(kustomization.get("resources", []))
     for name in sorted(listed):
-        if not (base / name).is_file():
+        if not (base / name).is_file() and not (base / name / "kustomization.yaml").is_file():
             fail(f"kustomization.yaml lists {name}, which does not exist")
     for path in sorted(base.glob("*.yaml")):
         if path.name != "kustomization.yaml" and path.name not in listed:
@@ -54,7 +54,7 @@ def check_kubernetes():
                 continue  # a core kind: validated by kubernetes-validate
             try:
                 jsonschema.validate(doc, schema)
-                print(f"{path.name}: {doc['kind']} valid against scripts/schemas/")
+                print(f"{base.name}/{path.name}: {doc['kind']} valid against scripts/schemas/")
             except jsonschema.ValidationError as e:
                 where = ".".join(str(p) for p in e.absolute_path)
                 fail(f"{path.name}: {doc['kind']} {where}: {e.message}")
@@ -146,7 +146,8 @@ def check_alerts():
     print(f"{len(alerts)} alerts: each with annotations, a firing and a quiet test, a runbook")
 
 
-check_kubernetes()
+check_kubernetes(ROOT / "deploy/kubernetes")
+check_kubernetes(ROOT / "deploy/kubernetes-split")
 check_grafana()
 check_alerts()
 for e in errors:

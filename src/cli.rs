@@ -58,7 +58,12 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the daemon: stream consumer, scheduled jobs, HTTP API and metrics.
-    Run,
+    Run {
+        /// The parts to run, comma-separated (default: `daemon.roles` of the config, else
+        /// all four). `/metrics`, `/healthz` and `/readyz` are always served.
+        #[arg(long, value_delimiter = ',', value_name = "ROLES")]
+        roles: Option<Vec<crate::roles::Role>>,
+    },
     /// Show the top of a board.
     Top {
         /// Board name.
@@ -308,7 +313,7 @@ async fn check_settings(settings: &Settings, store: &Store) -> anyhow::Result<()
 
 async fn dispatch(settings: &Settings, command: Command) -> anyhow::Result<u8> {
     match command {
-        Command::Run => unreachable!("`run` is handled by the daemon"),
+        Command::Run { .. } => unreachable!("`run` is handled by the daemon"),
         Command::Top {
             board,
             scope,

@@ -13,6 +13,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::board::{parse_duration_ms, Board, Dedup, Mode, TieBreak};
+use crate::roles::{Role, Roles};
 use crate::store::Durability;
 pub use crate::tokens::Token;
 use crate::tokens::{RoleTokens, Source};
@@ -53,6 +54,7 @@ fn invalid(
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 struct RawSettings {
+    daemon: RawDaemon,
     redis: RawRedis,
     ingest: RawIngest,
     schedule: RawSchedule,
@@ -125,10 +127,34 @@ impl Default for RawIngest {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
+struct RawDaemon {
+    roles: RawRoles,
+}
+
+/// `daemon.roles`: a list, or one comma-separated string (what an environment override,
+/// `ROLLBOARD__DAEMON__ROLES=intake,query`, gives).
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum RawRoles {
+    List(Vec<String>),
+    Text(String),
+}
+
+impl Default for RawDaemon {
+    fn default() -> Self {
+        RawDaemon {
+            roles: RawRoles::List(Role::ALL.iter().map(|r| r.as_str().to_string()).collect()),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
 struct RawSchedule {
     roll: String,
     resummarize: String,
     chunk: i64,
+    lease: String,
 }
 
 impl Default for RawSchedule {
@@ -137,6 +163,7 @@ impl Default for RawSchedule {
             roll: "0 * * * * *".into(),
             resummarize: "0 * * * * *".into(),
             chunk: 250,
+            lease: "30s".into(),
         }
     }
 }
@@ -225,6 +252,8 @@ fn default_tie_break() -> String {
 /// Validated settings of the whole process.
 #[derive(Debug, Clone)]
 pub struct Settings {
+    /// What this process runs (`daemon.roles`; `rollboard run --roles` replaces it).
+    pub roles: Roles,
     /// Redis connection.
     pub redis: RedisSettings,
     /// Stream consumer.
@@ -390,6 +419,10 @@ pub struct ScheduleSettings {
     /// Fields listed per HSCAN page by the roll and resummarize jobs (script calls are split
     /// into smaller, fixed budgets: see `store::EXPIRE_CALL_FIELDS`).
     pub chunk: usize,
+    /// How long a replica's lease on a job's tick lasts without renewal (the holder renews
+    /// it every third of this while it runs): how soon another replica takes the job over
+    /// when the holder dies.
+    pub lease: Duration,
 }
 
 /// HTTP settings.
@@ -610,6 +643,47 @@ fn positive_duration(key: &str, text: &str) -> Result<i64, ConfigError> {
     }
 }
 
+/// The lease of a job tick: at least 1 s (it is renewed every third of it, and a renewal
+/// must reach Redis in time), at most an hour (a dead holder blocks the job that long).
+fn lease_duration(text: &str) -> Result<Duration, ConfigError> {
+    match duration("schedule.lease", text)? {
+        ms if !(1_000..=3_600_000).contains(&ms) => {
+            Err(invalid("schedule.lease", text, "must be between 1s and 1h"))
+        }
+        ms => Ok(Duration::from_millis(ms as u64)),
+    }
+}
+
+/// The roles named in `daemon.roles`: at least one, each known.
+fn roles(raw: &RawRoles) -> Result<Roles, ConfigError> {
+    let names: Vec<String> = match raw {
+        RawRoles::List(names) => names.clone(),
+        RawRoles::Text(text) => text
+            .split(',')
+            .map(|n| n.trim().to_string())
+            .filter(|n| !n.is_empty())
+            .collect(),
+    };
+    let mut roles = Vec::with_capacity(names.len());
+    for name in &names {
+        roles.push(Role::parse(name).ok_or_else(|| {
+            invalid(
+                "daemon.roles",
+                name,
+                "expected intake, query, consume or jobs",
+            )
+        })?);
+    }
+    if roles.is_empty() {
+        return Err(invalid(
+            "daemon.roles",
+            "[]",
+            "name at least one of intake, query, consume, jobs",
+        ));
+    }
+    Ok(Roles::of(&roles))
+}
+
 fn non_empty(key: &str, text: &str) -> Result<String, ConfigError> {
     if text.is_empty() {
         Err(invalid(key, text, "must not be empty"))
@@ -730,11 +804,23 @@ fn token(key: &'static str, file: &str, env: &str) -> Result<Arc<RoleTokens>, Co
     Ok(Arc::new(RoleTokens::new(key, Source::File(path), tokens)))
 }
 
-/// Refuses an intake open to anyone on an address other than loopback: a daemon listening
-/// on the pod's or the host's address without `http.intake_token_file` would take events
-/// from whoever reaches the port, unless the operator says so.
-fn check_exposure(http: &HttpSettings) -> Result<(), ConfigError> {
-    if http.listen.ip().is_loopback() || !http.tokens.intake.is_open() || http.allow_anonymous {
+impl Settings {
+    /// Refuses an intake open to anyone on an address other than loopback: a daemon
+    /// listening on the pod's or the host's address without `http.intake_token_file` would
+    /// take events from whoever reaches the port, unless the operator says so. Checked by
+    /// `rollboard run` once its roles are known (a process without `intake` serves no
+    /// intake), before it reaches Redis or opens a port.
+    pub fn check_exposure(&self) -> Result<(), ConfigError> {
+        check_exposure(&self.http, self.roles)
+    }
+}
+
+fn check_exposure(http: &HttpSettings, roles: Roles) -> Result<(), ConfigError> {
+    if !roles.has(Role::Intake)
+        || http.listen.ip().is_loopback()
+        || !http.tokens.intake.is_open()
+        || http.allow_anonymous
+    {
         return Ok(());
     }
     Err(invalid(
@@ -895,6 +981,7 @@ impl RawSettings {
             roll: check_cron("schedule.roll", &self.schedule.roll)?,
             resummarize: check_cron("schedule.resummarize", &self.schedule.resummarize)?,
             chunk: self.schedule.chunk as usize,
+            lease: lease_duration(&self.schedule.lease)?,
         };
 
         let listen = self.http.listen.parse().map_err(|e| {
@@ -965,7 +1052,6 @@ impl RawSettings {
                 )?,
             },
         };
-        check_exposure(&http)?;
 
         let format = match self.log.format.as_str() {
             "text" => LogFormat::Text,
@@ -979,6 +1065,8 @@ impl RawSettings {
                 "not a log level or filter directive",
             ));
         }
+
+        let roles = roles(&self.daemon.roles)?;
 
         let mut names = HashSet::new();
         let mut boards = Vec::with_capacity(self.boards.len());
@@ -1009,6 +1097,7 @@ impl RawSettings {
         }
 
         Ok(Settings {
+            roles,
             redis: RedisSettings {
                 url,
                 key_prefix,
@@ -1145,6 +1234,30 @@ mod tests {
         assert!(!b.allow_negative);
         assert_eq!(b.slices_in_window(), 28);
         assert_eq!(b.dedup, Dedup::Window);
+    }
+
+    #[test]
+    fn roles_default_to_all_and_are_checked() {
+        let s = Settings::from_toml(BOARD).expect("valid");
+        assert_eq!(s.roles, Roles::ALL);
+        assert_eq!(s.schedule.lease, Duration::from_secs(30));
+        let s = Settings::from_toml(&format!(
+            "[daemon]\nroles = [\"query\", \"intake\"]\n[schedule]\nlease = \"5s\"\n{BOARD}"
+        ))
+        .expect("valid");
+        assert_eq!(s.roles.to_string(), "intake,query");
+        assert_eq!(s.schedule.lease, Duration::from_secs(5));
+        let s = Settings::from_toml(&format!("[daemon]\nroles = \"consume, jobs\"\n{BOARD}"))
+            .expect("valid");
+        assert_eq!(s.roles.to_string(), "consume,jobs");
+        let e = refusal(&format!(
+            "[daemon]\nroles = [\"intake\", \"write\"]\n{BOARD}"
+        ));
+        assert!(e.contains("daemon.roles") && e.contains("write"), "{e}");
+        let e = refusal(&format!("[daemon]\nroles = []\n{BOARD}"));
+        assert!(e.contains("daemon.roles"), "{e}");
+        let e = refusal(&format!("[schedule]\nlease = \"500ms\"\n{BOARD}"));
+        assert!(e.contains("schedule.lease"), "{e}");
     }
 
     #[test]
@@ -1390,19 +1503,26 @@ mod tests {
         assert!(s.http.listen.ip().is_loopback());
         assert_eq!(s.http.admin_listen, None);
         assert_eq!(s.http.token_reload_interval, Duration::from_secs(5));
+        let exposure = |text: &str| Settings::from_toml(text).expect("valid").check_exposure();
         for listen in ["0.0.0.0:9464", "[::]:9464", "10.1.2.3:80"] {
-            let e = refusal(&format!("[http]\nlisten = \"{listen}\"\n{BOARD}"));
+            let e = exposure(&format!("[http]\nlisten = \"{listen}\"\n{BOARD}"))
+                .expect_err("refused")
+                .to_string();
             assert!(
                 e.contains("http.listen") && e.contains("http.allow_anonymous"),
                 "{e}"
             );
-            Settings::from_toml(&format!(
+            exposure(&format!(
                 "[http]\nlisten = \"{listen}\"\nallow_anonymous = true\n{BOARD}"
             ))
             .expect("allowed");
+            // A process that serves no intake exposes none.
+            exposure(&format!(
+                "[daemon]\nroles = \"query,consume,jobs\"\n[http]\nlisten = \"{listen}\"\n{BOARD}"
+            ))
+            .expect("no intake");
         }
-        Settings::from_toml(&format!("[http]\nlisten = \"[::1]:9464\"\n{BOARD}"))
-            .expect("loopback");
+        exposure(&format!("[http]\nlisten = \"[::1]:9464\"\n{BOARD}")).expect("loopback");
         let dir = tempfile::tempdir().expect("temp dir");
         let file = dir.path().join("intake.token");
         std::fs::write(&file, "old\nnew\n").expect("write");

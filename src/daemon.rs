@@ -1,5 +1,6 @@
 //! `rollboard run`: the stream consumer, the scheduled roll and resummarize jobs, the HTTP
-//! server and a consumer-group poller, all under one cancellation token and task tracker.
+//! server and a consumer-group poller, all under one cancellation token and task tracker;
+//! of these, the parts of the process's roles ([`crate::roles`]).
 //!
 //! Start-up order: metrics, Redis connections, the permission and board settings checks
 //! (retried until Redis answers; no listener is open until they pass, so no probe passes
@@ -20,6 +21,7 @@ use crate::clock::Clock;
 use crate::config::Settings;
 use crate::ingest::Ingest;
 use crate::metrics::Metrics;
+use crate::roles::{Role, Roles};
 use crate::roll::{self, Job, RollError};
 use crate::store::{Conflicts, Denied, Reconnect, Refused, Store};
 use crate::stream::{self, group_info};
@@ -29,9 +31,14 @@ pub const GRACE: Duration = Duration::from_secs(30);
 /// Connections in the command pool.
 const POOL_SIZE: usize = 4;
 
-/// The scheduled jobs, each guarded so that one run at a time happens in this process.
+/// The scheduled jobs, each guarded so that one run at a time happens in this process, and
+/// each tick run by one replica: the one that takes the tick's lease in Redis.
 struct Jobs {
+    /// Unique to this process: the holder part of the lease values it writes.
+    token: String,
     store: Arc<Store>,
+    /// Redis's clock as seen from here: what names a tick.
+    clock: Arc<Clock>,
     settings: Arc<Settings>,
     metrics: Arc<Metrics>,
     cancel: CancellationToken,
@@ -48,8 +55,42 @@ struct Running {
 /// How long a run may go on before the skipped runs behind it are logged as a warning.
 const STALLED: Duration = Duration::from_secs(5);
 
+/// The name of a scheduled job, as its lease key and its `job` label know it.
+fn job_name(job: Job) -> &'static str {
+    match job {
+        Job::Resummarize => "resummarize",
+        _ => "roll",
+    }
+}
+
+/// The tick a cron fire at `now` (Redis's clock as this process sees it) stands for: the
+/// nearest whole second. Each replica's cron fires just after a second of its own host's
+/// clock; read on the one clock, the replicas' fires of one tick land within their hosts'
+/// sub-second skew of that second, so they name the same tick even when a host's clock is
+/// whole seconds off.
+fn tick_of(now: i64) -> i64 {
+    (now + 500).div_euclid(1_000) * 1_000
+}
+
+/// A token unique to this process: host, process id and a random part.
+fn process_token() -> String {
+    let host = hostname::get()
+        .map(|h| h.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    format!(
+        "{host}:{}:{}",
+        std::process::id(),
+        uuid::Uuid::now_v7().simple()
+    )
+}
+
 impl Jobs {
-    async fn run(&self, job: Job) {
+    /// Runs the tick `tick` of `job` if this replica takes its lease: the lease is renewed
+    /// every third of `schedule.lease` while the run goes on (a run longer than a tick
+    /// keeps it, so no other replica starts the next tick meanwhile) and released at the
+    /// end. A lease that could not be renewed in time (this process stalled past its time
+    /// to live) may be another replica's by now: the run stops at its next instance.
+    async fn run(&self, job: Job, tick: i64) {
         let flag = match job {
             Job::Resummarize => &self.resummarizing,
             _ => &self.rolling,
@@ -78,11 +119,95 @@ impl Jobs {
                 warned: false,
             });
         }
-        for board in self.settings.boards.iter().filter(|b| match job {
+        self.leased(job, tick).await;
+        if let Ok(mut running) = flag.lock() {
+            *running = None;
+        }
+    }
+
+    /// Takes the lease of `tick`, runs the job under it, releases it.
+    async fn leased(&self, job: Job, tick: i64) {
+        let ttl = self.settings.schedule.lease;
+        let name = job_name(job);
+        // Without a connection every command would wait for the reconnection: count the
+        // run as failed now rather than hold the job (and every later run) silently.
+        if !self.store.is_connected() {
+            self.failed(job, &Store::not_connected());
+            return;
+        }
+        let lease = match self.store.acquire_lease(name, &self.token, tick, ttl).await {
+            Ok(Some(lease)) => lease,
+            Ok(None) => {
+                debug!(job = name, tick, "the tick is run by another replica");
+                return;
+            }
+            Err(e) => {
+                self.failed(job, &e);
+                return;
+            }
+        };
+        self.metrics.job_run(name);
+        debug!(job = name, tick, "running the tick under the lease");
+        // Stopped by shutdown, or by the loss of the lease.
+        let stop = self.cancel.child_token();
+        let work = self.boards(job, &stop);
+        tokio::pin!(work);
+        let mut renew = tokio::time::interval(ttl / 3);
+        renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The first tick completes at once: the lease was just taken.
+        renew.tick().await;
+        loop {
+            // Cancel safety: `work` is pinned outside the loop and polled to its end;
+            // an interval tick is not lost when the other branch completes first.
+            tokio::select! {
+                _ = &mut work => break,
+                _ = renew.tick(), if !stop.is_cancelled() => {
+                    match self.store.renew_lease(&lease, ttl).await {
+                        Ok(true) => {}
+                        Ok(false) => {
+                            warn!(job = name, tick, "the job's lease expired before it was renewed; stopping this run");
+                            stop.cancel();
+                        }
+                        Err(e) => {
+                            self.metrics.redis_error(&e);
+                            warn!(job = name, error = %e, "cannot renew the job's lease; retrying");
+                        }
+                    }
+                }
+            }
+        }
+        match self.store.release_lease(&lease).await {
+            Ok(_) => {}
+            // It expires on its own within `ttl`.
+            Err(e) => {
+                self.metrics.redis_error(&e);
+                debug!(job = name, error = %e, "cannot release the job's lease; it expires");
+            }
+        }
+    }
+
+    /// The boards `job` covers.
+    fn covered(&self, job: Job) -> impl Iterator<Item = &crate::board::Board> {
+        self.settings.boards.iter().filter(move |b| match job {
             Job::Roll => b.mode == crate::board::Mode::Incremental,
             Job::Resummarize => b.mode == crate::board::Mode::Resummarize,
             Job::All => true,
-        }) {
+        })
+    }
+
+    /// Counts a run of `job` that could not start (no lease without Redis) as failed for
+    /// each board it covers, as a run that failed on every board would be.
+    fn failed(&self, job: Job, e: &crate::store::StoreError) {
+        for board in self.covered(job) {
+            self.metrics
+                .roll_failed(&board.name, board.mode.as_str(), Some(e));
+        }
+        warn!(job = job_name(job), error = %e, "cannot take the job's lease; the next run catches up");
+    }
+
+    /// Rolls every board `job` covers, until done or `stop` fires.
+    async fn boards(&self, job: Job, stop: &CancellationToken) {
+        for board in self.covered(job) {
             // Without a connection every command would wait for the reconnection: count the
             // run as failed now rather than hold the job (and every later run) silently.
             if !self.store.is_connected() {
@@ -105,14 +230,8 @@ impl Jobs {
                     continue;
                 }
             };
-            match roll::roll_board(
-                &self.store,
-                board,
-                now,
-                self.settings.schedule.chunk,
-                &self.cancel,
-            )
-            .await
+            match roll::roll_board(&self.store, board, now, self.settings.schedule.chunk, stop)
+                .await
             {
                 Ok(report) => {
                     if !report.complete() {
@@ -140,9 +259,6 @@ impl Jobs {
                 }
             }
         }
-        if let Ok(mut running) = flag.lock() {
-            *running = None;
-        }
     }
 }
 
@@ -158,9 +274,10 @@ async fn schedule(jobs: Arc<Jobs>, tracker: TaskTracker) -> anyhow::Result<JobSc
         let cron_job = CronJob::new_async(cron.as_str(), move |_, _| {
             let (jobs, tracker) = (jobs.clone(), tracker.clone());
             Box::pin(async move {
+                let tick = tick_of(jobs.clock.now());
                 let span = tracing::info_span!("job", ?job);
                 let _ = tracker
-                    .spawn(async move { jobs.run(job).await }.instrument(span))
+                    .spawn(async move { jobs.run(job, tick).await }.instrument(span))
                     .await;
             })
         })
@@ -378,7 +495,16 @@ async fn watch_retired(
                     .reading(key.clone(), true)
                     .with_clock(clock.clone());
                     let span = tracing::info_span!("consumer", stream = %key, retired = true);
-                    let task = tracker.spawn(consumer.run(cancel.clone()).instrument(span));
+                    let task = tracker.spawn(
+                        consume(
+                            consumer,
+                            store.clone(),
+                            ingest.group.clone(),
+                            ingest.consumer.clone(),
+                            cancel.clone(),
+                        )
+                        .instrument(span),
+                    );
                     running.push((key, task));
                 }
                 // A user without rights on the other layouts' keys cannot have appended there.
@@ -395,11 +521,52 @@ async fn watch_retired(
     }
 }
 
-/// Runs the daemon until `cancel` fires, then drains.
+/// Runs `consumer` (reading `stream`) until `cancel` fires; on that clean exit, with its own
+/// pending list drained, removes it from the group, so that a replaced pod's name does not
+/// stay in the group for ever. A consumer still holding entries stays: another claims them.
+async fn consume(
+    consumer: Ingest,
+    store: Arc<Store>,
+    group: String,
+    name: String,
+    cancel: CancellationToken,
+) {
+    let stream = consumer.stream().to_string();
+    consumer.run(cancel.clone()).await;
+    if !cancel.is_cancelled() {
+        return;
+    }
+    match store.forget_consumer(&stream, &group, &name).await {
+        Ok(true) => info!(stream = %stream, consumer = %name, "consumer removed from the group"),
+        Ok(false) => {
+            info!(stream = %stream, consumer = %name, "consumer holds pending entries (or no group); left in the group")
+        }
+        Err(e) => warn!(stream = %stream, error = %e, "cannot remove the consumer from the group"),
+    }
+}
+
+/// Connections of the daemon's own pool when it consumes or runs jobs (plus its read
+/// connection): the API has its own.
+fn pool_size(roles: Roles) -> usize {
+    if roles.works() {
+        POOL_SIZE
+    } else {
+        // Intake and query only: one write connection and the read connection, shared
+        // with the API (see [`crate::http::spawn`]): a sidecar holds two connections.
+        1
+    }
+}
+
+/// Runs the daemon until `cancel` fires, then drains. Only the parts of `settings.roles`
+/// run, and only their Redis connections are made: the pool and its read connection
+/// (shared with the API when the process neither consumes nor runs jobs), one reader per
+/// stream partition with `consume`, the API's own pool otherwise.
 pub async fn run(settings: Settings, cancel: CancellationToken) -> anyhow::Result<()> {
+    let roles = settings.roles;
     info!(
         version = env!("CARGO_PKG_VERSION"),
         boards = settings.boards.len(),
+        roles = %roles,
         "rollboard starting"
     );
     let settings = Arc::new(settings);
@@ -415,10 +582,12 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> anyhow::Resul
         )
         .instrument(tracing::info_span!("tokens")),
     );
-    metrics.streams(&stream::keys(&settings.ingest));
+    if roles.has(Role::Consume) {
+        metrics.streams(&stream::keys(&settings.ingest));
+    }
     let url = settings.redis.redacted_url();
     let store = Arc::new(
-        Store::connect_with(&settings.redis, POOL_SIZE, Reconnect::Forever)
+        Store::connect_with(&settings.redis, pool_size(roles), Reconnect::Forever)
             .await
             .with_context(|| format!("invalid redis url {url}"))?
             .with_metrics(metrics.clone()),
@@ -430,22 +599,24 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> anyhow::Resul
     // One consumer per partition, each with its own reader (XREADGROUP blocks it).
     let boards = Arc::new(settings.boards.clone());
     let mut consumers = Vec::new();
-    for key in stream::keys(&settings.ingest) {
-        let reader = Store::dedicated_with(&settings.redis, Reconnect::Forever)
-            .await
-            .context("cannot create the stream reader")?;
-        metrics.watch_reconnects(&reader);
-        consumers.push(
-            Ingest::new(
-                store.clone(),
-                reader,
-                settings.ingest.clone(),
-                boards.clone(),
-                metrics.clone(),
-            )
-            .reading(key, false)
-            .with_clock(clock.clone()),
-        );
+    if roles.has(Role::Consume) {
+        for key in stream::keys(&settings.ingest) {
+            let reader = Store::dedicated_with(&settings.redis, Reconnect::Forever)
+                .await
+                .context("cannot create the stream reader")?;
+            metrics.watch_reconnects(&reader);
+            consumers.push(
+                Ingest::new(
+                    store.clone(),
+                    reader,
+                    settings.ingest.clone(),
+                    boards.clone(),
+                    metrics.clone(),
+                )
+                .reading(key, false)
+                .with_clock(clock.clone()),
+            );
+        }
     }
     let group_ready = consumers.iter().map(Ingest::group_ready).collect();
 
@@ -477,79 +648,78 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> anyhow::Resul
         metrics.clone(),
         clock.clone(),
         group_ready,
+        // The API keeps connections of its own only when it serves routes beside the
+        // consumer or the jobs; a worker's probes and metrics need none.
+        (!(roles.works() && roles.serves())).then(|| store.clone()),
         cancel.clone(),
     )
     .await?;
 
-    for ingest in consumers {
-        let span = tracing::info_span!("consumer", stream = %ingest.stream());
-        tracker.spawn(ingest.run(cancel.clone()).instrument(span));
-    }
-    tracker.spawn(
-        watch_retired(
-            store.clone(),
-            settings.clone(),
-            boards.clone(),
-            metrics.clone(),
-            clock.clone(),
-            tracker.clone(),
-            cancel.clone(),
-        )
-        .instrument(tracing::info_span!("retired_partitions")),
-    );
-
-    let jobs = Arc::new(Jobs {
-        store: store.clone(),
-        settings: settings.clone(),
-        metrics: metrics.clone(),
-        cancel: cancel.clone(),
-        rolling: Mutex::new(None),
-        resummarizing: Mutex::new(None),
-    });
-    let mut scheduler = schedule(jobs.clone(), tracker.clone()).await?;
-    for job in [Job::Roll, Job::Resummarize] {
-        let jobs = jobs.clone();
+    if roles.has(Role::Consume) {
+        for ingest in consumers {
+            let span = tracing::info_span!("consumer", stream = %ingest.stream());
+            tracker.spawn(
+                consume(
+                    ingest,
+                    store.clone(),
+                    settings.ingest.group.clone(),
+                    settings.ingest.consumer.clone(),
+                    cancel.clone(),
+                )
+                .instrument(span),
+            );
+        }
         tracker.spawn(
-            async move { jobs.run(job).await }.instrument(tracing::info_span!("startup_job", ?job)),
+            watch_retired(
+                store.clone(),
+                settings.clone(),
+                boards.clone(),
+                metrics.clone(),
+                clock.clone(),
+                tracker.clone(),
+                cancel.clone(),
+            )
+            .instrument(tracing::info_span!("retired_partitions")),
         );
-    }
-
-    {
-        let (store, metrics, cancel) = (store.clone(), metrics.clone(), cancel.clone());
-        let ingest = settings.ingest.clone();
         tracker.spawn(
-            async move {
-                let keys = stream::keys(&ingest);
-                loop {
-                    let (mut pending, mut lag, mut known) = (0, Some(0), false);
-                    for key in &keys {
-                        match group_info(store.client(), key, &ingest.group).await {
-                            Ok(Some((p, l))) => {
-                                metrics.stream_group(key, p, l);
-                                pending += p;
-                                lag = lag.zip(l).map(|(a, b)| a + b);
-                                known = true;
-                            }
-                            Ok(None) => {}
-                            Err(e) => metrics.redis_error(&e),
-                        }
-                    }
-                    if known {
-                        metrics.consumer(pending, lag);
-                    }
-                    tokio::select! {
-                        _ = cancel.cancelled() => break,
-                        _ = tokio::time::sleep(Duration::from_secs(5)) => {}
-                    }
-                }
-            }
+            poll_groups(
+                store.clone(),
+                metrics.clone(),
+                settings.clone(),
+                cancel.clone(),
+            )
             .instrument(tracing::info_span!("group_poller")),
         );
     }
 
+    let mut scheduler = None;
+    if roles.has(Role::Jobs) {
+        let jobs = Arc::new(Jobs {
+            token: process_token(),
+            store: store.clone(),
+            clock: clock.clone(),
+            settings: settings.clone(),
+            metrics: metrics.clone(),
+            cancel: cancel.clone(),
+            rolling: Mutex::new(None),
+            resummarizing: Mutex::new(None),
+        });
+        scheduler = Some(schedule(jobs.clone(), tracker.clone()).await?);
+        let tick = tick_of(jobs.clock.now());
+        for job in [Job::Roll, Job::Resummarize] {
+            let jobs = jobs.clone();
+            tracker.spawn(
+                async move { jobs.run(job, tick).await }
+                    .instrument(tracing::info_span!("startup_job", ?job)),
+            );
+        }
+    }
+
     cancel.cancelled().await;
-    if let Err(e) = scheduler.shutdown().await {
-        warn!(error = %e, "scheduler did not stop cleanly");
+    if let Some(mut scheduler) = scheduler {
+        if let Err(e) = scheduler.shutdown().await {
+            warn!(error = %e, "scheduler did not stop cleanly");
+        }
     }
     tracker.close();
     if tokio::time::timeout(GRACE, tracker.wait()).await.is_err() {
@@ -561,4 +731,58 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> anyhow::Resul
     join_http(http).await;
     info!("rollboard stopped");
     Ok(())
+}
+
+/// Reports each partition's pending and lag every 5 s, and their sums.
+async fn poll_groups(
+    store: Arc<Store>,
+    metrics: Arc<Metrics>,
+    settings: Arc<Settings>,
+    cancel: CancellationToken,
+) {
+    let ingest = &settings.ingest;
+    let keys = stream::keys(ingest);
+    loop {
+        let (mut pending, mut lag, mut known) = (0, Some(0), false);
+        for key in &keys {
+            match group_info(store.client(), key, &ingest.group).await {
+                Ok(Some((p, l))) => {
+                    metrics.stream_group(key, p, l);
+                    pending += p;
+                    lag = lag.zip(l).map(|(a, b)| a + b);
+                    known = true;
+                }
+                Ok(None) => {}
+                Err(e) => metrics.redis_error(&e),
+            }
+        }
+        if known {
+            metrics.consumer(pending, lag);
+        }
+        tokio::select! {
+            _ = cancel.cancelled() => break,
+            _ = tokio::time::sleep(Duration::from_secs(5)) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tick_is_the_nearest_second_on_the_one_clock() {
+        assert_eq!(tick_of(1_700_000_005_000), 1_700_000_005_000);
+        assert_eq!(tick_of(1_700_000_005_499), 1_700_000_005_000);
+        assert_eq!(tick_of(1_700_000_004_500), 1_700_000_005_000);
+        assert_eq!(tick_of(1_700_000_006_001), 1_700_000_006_000);
+    }
+
+    #[test]
+    fn a_sidecar_pool_is_one_write_connection() {
+        use crate::roles::{Role, Roles};
+        assert_eq!(pool_size(Roles::of(&[Role::Intake, Role::Query])), 1);
+        assert_eq!(pool_size(Roles::of(&[Role::Jobs])), POOL_SIZE);
+        assert_eq!(pool_size(Roles::ALL), POOL_SIZE);
+    }
 }

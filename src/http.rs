@@ -8,6 +8,9 @@
 //! and only there: the API's port then carries only the API, so a network policy can let
 //! the clients reach one port and the monitoring the other.
 //!
+//! A route of a role the process does not run (`--roles`, see [`crate::roles`]) answers
+//! 404 naming the role: the route is not there, and a retry here would not find it.
+//!
 //! Every error answer is a JSON `{"error": ...}` that never echoes unbounded input: client
 //! mistakes answer 400, 401, 404, 405, 408, 413 or 415; a Redis outage (every Redis error
 //! but those that prove the data wrong, see [`StoreError::is_outage`]) answers 503 with
@@ -26,7 +29,7 @@ use axum::extract::rejection::{BytesRejection, PathRejection};
 use axum::extract::{DefaultBodyLimit, MatchedPath, Path, RawQuery, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{any, get, post};
 use axum::{Json, Router};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
@@ -45,6 +48,7 @@ use crate::clock::Clock;
 use crate::config::{HttpSettings, Settings};
 use crate::event::{check_name, fields_from_json, validate, Field};
 use crate::metrics::Metrics;
+use crate::roles::Role;
 use crate::store::{Store, StoreError};
 use crate::stream::{self, group_info};
 use crate::tokens::RoleTokens;
@@ -140,13 +144,16 @@ const POOL_SIZE: usize = 1;
 /// set, bound here) from a thread of its own, with its own runtime and its own Redis
 /// connections, until `cancel` fires; returns once it is serving (or could not start). Ingest and the roll jobs keep the daemon's runtime busy in long stretches of
 /// CPU work (decoding a batch, summing it per member); on a thread apart, a query waits
-/// for neither them nor their connections.
+/// for neither them nor their connections. A process that neither consumes nor runs jobs
+/// passes its own store as `shared` instead: nothing keeps its runtime busy, and the API
+/// then holds no connection of its own.
 pub async fn spawn(
     listener: std::net::TcpListener,
     settings: Arc<Settings>,
     metrics: Arc<Metrics>,
     clock: Arc<Clock>,
     group_ready: Vec<Arc<AtomicBool>>,
+    shared: Option<Arc<Store>>,
     cancel: CancellationToken,
 ) -> anyhow::Result<std::thread::JoinHandle<()>> {
     use anyhow::Context;
@@ -181,17 +188,23 @@ pub async fn spawn(
             };
             runtime.block_on(async move {
                 let setup = async {
-                    let store = Store::connect_with(
-                        &settings.redis,
-                        POOL_SIZE,
-                        crate::store::Reconnect::Forever,
-                    )
-                    .await
-                    .context("cannot create the http server's redis client")?
-                    .with_metrics(metrics.clone());
-                    for client in store.pool().clients() {
-                        metrics.watch_reconnects(client);
-                    }
+                    let store = match shared {
+                        Some(store) => store,
+                        None => {
+                            let store = Store::connect_with(
+                                &settings.redis,
+                                POOL_SIZE,
+                                crate::store::Reconnect::Forever,
+                            )
+                            .await
+                            .context("cannot create the http server's redis client")?
+                            .with_metrics(metrics.clone());
+                            for client in store.pool().clients() {
+                                metrics.watch_reconnects(client);
+                            }
+                            Arc::new(store)
+                        }
+                    };
                     let listener = TcpListener::from_std(listener)
                         .context("cannot serve the http listener")?;
                     let admin = admin
@@ -208,7 +221,7 @@ pub async fn spawn(
                     }
                 };
                 let state = Arc::new(AppState {
-                    store: Arc::new(store),
+                    store,
                     settings: settings.clone(),
                     metrics,
                     group_ready,
@@ -276,7 +289,8 @@ pub fn api_routes(state: &AppState) -> Router<Arc<AppState>> {
         tokens.intake.clone(),
         bearer,
     ));
-    Router::new()
+    let roles = state.settings.roles;
+    let queries = Router::new()
         .route("/v1/boards", get(boards).layer(reader()))
         .route("/v1/boards/{board}/top", get(top).layer(reader()))
         .route(
@@ -286,8 +300,21 @@ pub fn api_routes(state: &AppState) -> Router<Arc<AppState>> {
         .route(
             "/v1/boards/{board}/members/{member}/around",
             get(around).layer(reader()),
-        )
-        .route("/v1/events", intake)
+        );
+    let queries = if roles.has(Role::Query) {
+        queries
+    } else {
+        // Same paths, so that the answer names the role rather than "no such route".
+        Router::new()
+            .route("/v1/boards", any(not_run(Role::Query)))
+            .route("/v1/boards/{*rest}", any(not_run(Role::Query)))
+    };
+    let intake = if roles.has(Role::Intake) {
+        intake
+    } else {
+        any(not_run(Role::Intake))
+    };
+    queries.route("/v1/events", intake)
 }
 
 /// What monitoring reads: `/metrics` (operator's token) and the open probes.
@@ -324,6 +351,16 @@ fn finish(routes: Router<Arc<AppState>>, state: Arc<AppState>) -> Router {
             timeout,
         ))
         .layer(axum::middleware::map_response(json_errors))
+}
+
+/// The handler of the routes of `role` in a process that does not run it: 404 naming it.
+fn not_run(role: Role) -> impl Fn() -> std::future::Ready<ApiError> + Clone + Send + 'static {
+    move || {
+        std::future::ready(ApiError::NotFound(format!(
+            "this process does not run the {} role (rollboard run --roles)",
+            role.as_str()
+        )))
+    }
 }
 
 /// Lets a request through when its route's role has no token, or when it carries
@@ -830,7 +867,12 @@ async fn readyz(State(state): State<Arc<AppState>>) -> Response {
     let check = async {
         state.store.ping().await?;
         let ingest = &state.settings.ingest;
-        let keys = stream::keys(ingest);
+        // Only a consumer needs the group; an intake creates the stream by appending.
+        let keys = if state.settings.roles.has(Role::Consume) {
+            stream::keys(ingest)
+        } else {
+            Vec::new()
+        };
         let groups = futures_util::future::try_join_all(
             keys.iter()
                 .map(|key| group_info(state.store.client(), key, &ingest.group)),

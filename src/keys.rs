@@ -98,6 +98,20 @@ impl Keys {
         })
     }
 
+    /// The lease of the scheduled job `job` (`roll`, `resummarize`): String
+    /// `<token>@<tick>` while a replica runs a tick of it, with a time to live. Tagged by
+    /// the job, in a slot of its own like the board-level records, shared only with
+    /// [`Keys::lease_tick`].
+    pub fn lease(&self, job: &str) -> String {
+        format!("{}:job:{{{}}}:lease", self.prefix, job)
+    }
+
+    /// The latest tick (epoch ms) a replica started `job` for (String, with a time to
+    /// live): a replica whose cron fires later for the same tick leaves it alone.
+    pub fn lease_tick(&self, job: &str) -> String {
+        format!("{}:job:{{{}}}:tick", self.prefix, job)
+    }
+
     /// A short-lived key written only so that a `WAIT` after it has something to wait
     /// for; `tag` picks its slot on a cluster.
     pub fn sync(&self, tag: Option<&str>) -> String {
@@ -338,6 +352,20 @@ mod tests {
                 k.seen_table()
             ]
         );
+    }
+
+    #[test]
+    fn lease_keys_are_pinned_and_never_a_boards() {
+        let keys = Keys::new("rb");
+        assert_eq!(keys.lease("roll"), "rb:job:{roll}:lease");
+        assert_eq!(keys.lease_tick("roll"), "rb:job:{roll}:tick");
+        // Neither is an instance key nor a board-level record of a board named `job` or
+        // `roll`, so `drop-board` never touches them.
+        for board in ["job", "roll"] {
+            for key in [keys.lease("roll"), keys.lease_tick("roll")] {
+                assert_eq!(keys.board_key(board, &key), None, "{board} {key}");
+            }
+        }
     }
 
     #[test]

@@ -23,6 +23,7 @@
 //! * [`metrics`]: the Prometheus registry and one method per notable happening.
 //! * [`http`]: the axum router: query API, event intake, metrics and health.
 //! * [`tokens`]: the HTTP roles' bearer tokens, re-read from their files without a restart.
+//! * [`roles`]: the parts of the daemon one process runs (intake, query, consume, jobs).
 //! * [`daemon`]: `rollboard run`: wires consumer, scheduler and HTTP under one shutdown token.
 //! * [`shutdown`]: signal handling (graceful first signal, forced second).
 //! * [`cli`]: the command-line subcommands.
@@ -40,6 +41,7 @@ pub mod ingest;
 pub mod keys;
 pub mod metrics;
 pub mod query;
+pub mod roles;
 pub mod roll;
 pub mod shutdown;
 pub mod store;

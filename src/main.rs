@@ -47,7 +47,15 @@ fn main() -> ExitCode {
     };
     runtime.block_on(async move {
         match cli.command {
-            Command::Run => {
+            Command::Run { roles } => {
+                let mut settings = settings;
+                if let Some(roles) = roles {
+                    settings.roles = rollboard::roles::Roles::of(&roles);
+                }
+                if let Err(e) = settings.check_exposure() {
+                    eprintln!("error: {e}");
+                    return ExitCode::from(EXIT_CONFIG);
+                }
                 init_tracing(&settings);
                 let cancel = CancellationToken::new();
                 tokio::spawn(rollboard::shutdown::watch(cancel.clone()));

@@ -70,6 +70,7 @@ pub struct Metrics {
     apply_failures: IntCounterVec,
     board_failing: IntGaugeVec,
     roll_failures: IntCounterVec,
+    job_runs: IntCounterVec,
     window_start: GaugeVec,
     window_end: GaugeVec,
     script_duration: HistogramVec,
@@ -347,6 +348,15 @@ impl Metrics {
              run catches up).",
             &["board", "mode"],
         );
+        let job_runs = counter(
+            "rollboard_job_runs_total",
+            "Ticks of a scheduled job (roll, resummarize) this process ran, under the job's \
+             lease; summed over the replicas, one per tick.",
+            &["job"],
+        );
+        for job in ["roll", "resummarize"] {
+            job_runs.with_label_values(&[job]);
+        }
         let window_gauge = |name: &str, help: &str| {
             register(
                 &registry,
@@ -469,6 +479,7 @@ impl Metrics {
             apply_failures,
             board_failing,
             roll_failures,
+            job_runs,
             window_start,
             window_end,
             script_duration,
@@ -578,6 +589,11 @@ impl Metrics {
             self.redis_error(error);
         }
         self.roll_failures.with_label_values(&[board, mode]).inc();
+    }
+
+    /// This process took the lease of a tick of `job` (`roll`, `resummarize`) and runs it.
+    pub fn job_run(&self, job: &str) {
+        self.job_runs.with_label_values(&[job]).inc();
     }
 
     /// A Redis operation failed.

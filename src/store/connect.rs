@@ -665,7 +665,24 @@ impl Store {
             words(&["XGROUP", "CREATE", stream, "g", "0", "MKSTREAM"]),
             words(&["XINFO", "GROUPS", stream]),
             words(&["XADD", dead_letter, "*", "f", "v"]),
+            // A clean exit removes its consumer when it holds nothing pending.
+            words(&["XPENDING", stream, "g", "-", "+", "1", "c"]),
+            words(&["XGROUP", "DELCONSUMER", stream, "g", "c"]),
         ];
+        // Each tick of a scheduled job runs under a lease (`lease.lua`).
+        for job in ["roll", "resummarize"] {
+            let (lease, tick) = (self.keys.lease(job), self.keys.lease_tick(job));
+            probes.extend([
+                words(&["EVALSHA", &sha, "2", &lease, &tick]),
+                words(&["EVAL", "return 1", "2", &lease, &tick]),
+                words(&["GET", &lease]),
+                words(&["SET", &lease, "v", "NX", "PX", "1"]),
+                words(&["PEXPIRE", &lease, "1"]),
+                words(&["DEL", &lease]),
+                words(&["GET", &tick]),
+                words(&["SET", &tick, "1", "PX", "1"]),
+            ]);
+        }
         if self.durability.replicas != Some(0) {
             // Confirmations: a short-lived key, then WAIT; ROLE decides the default count.
             probes.extend([
@@ -784,6 +801,8 @@ mod permission_tests {
     #[test]
     fn the_shipped_acl_grants_every_command_the_scripts_call() {
         let options = [
+            // A subcommand: `XGROUP DELCONSUMER` is probed as such at start.
+            "DELCONSUMER",
             "LIMIT",
             "PX",
             "WITHSCORES",
@@ -803,8 +822,13 @@ mod permission_tests {
             );
         }
         for command in commands.iter().filter(|c| !options.contains(&c.as_str())) {
+            let command_lower = command.to_ascii_lowercase();
+            // A container command (XGROUP) is granted subcommand by subcommand.
+            let container = format!("{command_lower}|");
             assert!(
-                granted.contains(&command.to_ascii_lowercase()),
+                granted
+                    .iter()
+                    .any(|g| *g == command_lower || g.starts_with(&container)),
                 "{command} is called by a script but not granted in deploy/redis/users.acl"
             );
         }

@@ -39,15 +39,21 @@ pub const SWAP: &str = include_str!("../lua/swap.lua");
 pub const CLEANUP: &str = include_str!("../lua/cleanup.lua");
 /// Raises a board's own watermark.
 pub const FLOOR: &str = include_str!("../lua/floor.lua");
+/// Takes, renews or releases the lease of a scheduled job's tick.
+pub const LEASE: &str = include_str!("../lua/lease.lua");
+/// Removes a consumer from its group when it holds nothing pending.
+pub const FORGET_CONSUMER: &str = include_str!("../lua/forget_consumer.lua");
 
 /// Every script by the name of its file.
-pub const ALL: [(&str, &str); 11] = [
+pub const ALL: [(&str, &str); 13] = [
     ("apply.lua", APPLY),
     ("cleanup.lua", CLEANUP),
     ("drop_slice.lua", DROP_SLICE),
     ("expire.lua", EXPIRE),
     ("floor.lua", FLOOR),
     ("fold.lua", FOLD),
+    ("forget_consumer.lua", FORGET_CONSUMER),
+    ("lease.lua", LEASE),
     ("query.lua", QUERY),
     ("stage.lua", STAGE),
     ("swap.lua", SWAP),

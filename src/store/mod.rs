@@ -31,6 +31,7 @@ mod apply;
 mod connect;
 mod drop;
 mod expire;
+mod lease;
 pub mod lua;
 mod query;
 mod replicas;
@@ -45,6 +46,7 @@ pub use connect::{
 };
 pub use drop::{scan_denied, BoardKeys, UNLINK_BATCH};
 pub use expire::{Expired, Trimmed, EXPIRE_CALL_FIELDS, TRIM_CALL_IDS, TRIM_CALL_LOG};
+pub use lease::{Lease, TICK_RECORD};
 pub use replicas::{Durability, NOREPLICAS};
 pub use stage::{
     StageTargets, Staged, Summed, SwapCheck, RESUM_AT_LEAST_EVERY_MS, STAGE_CALL_ROWS,
@@ -198,6 +200,8 @@ struct Scripts {
     swap: Script,
     cleanup: Script,
     floor: Script,
+    lease: Script,
+    forget_consumer: Script,
 }
 
 impl Scripts {
@@ -214,6 +218,8 @@ impl Scripts {
             swap: Script::from_lua(lua::SWAP),
             cleanup: Script::from_lua(lua::CLEANUP),
             floor: Script::from_lua(lua::FLOOR),
+            lease: Script::from_lua(lua::LEASE),
+            forget_consumer: Script::from_lua(lua::FORGET_CONSUMER),
         }
     }
 
@@ -231,6 +237,8 @@ impl Scripts {
             (&self.swap, "swap"),
             (&self.cleanup, "cleanup"),
             (&self.floor, "floor"),
+            (&self.lease, "lease"),
+            (&self.forget_consumer, "forget_consumer"),
         ];
         named
             .iter()
@@ -238,7 +246,7 @@ impl Scripts {
             .map_or("other", |(_, name)| name)
     }
 
-    fn all(&self) -> [&Script; 11] {
+    fn all(&self) -> [&Script; 13] {
         [
             &self.fold,
             &self.floor,
@@ -251,12 +259,14 @@ impl Scripts {
             &self.drop_slice,
             &self.trim_seen,
             &self.query,
+            &self.lease,
+            &self.forget_consumer,
         ]
     }
 }
 
 /// The `script` label values of `rollboard_script_duration_seconds`: one per Lua script.
-pub const SCRIPT_NAMES: [&str; 11] = [
+pub const SCRIPT_NAMES: [&str; 13] = [
     "apply",
     "fold",
     "watermark",
@@ -268,6 +278,8 @@ pub const SCRIPT_NAMES: [&str; 11] = [
     "swap",
     "cleanup",
     "floor",
+    "lease",
+    "forget_consumer",
 ];
 
 impl Store {

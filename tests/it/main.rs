@@ -29,6 +29,7 @@ mod prometheus;
 mod proxy;
 mod redirect;
 mod resummarize_races;
+mod roles;
 mod roll;
 mod security;
 mod seen;

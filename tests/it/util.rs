@@ -366,13 +366,26 @@ impl Daemon {
 
     /// As [`Daemon::spawn`], with `env` added to its environment (e.g. libfaketime's).
     pub fn spawn_with(config: &std::path::Path, http_port: u16, env: &[(&str, String)]) -> Daemon {
+        Daemon::spawn_args(config, http_port, env, &[], "info")
+    }
+
+    /// As [`Daemon::spawn_with`], with `args` after `run` (e.g. `--roles`) and `RUST_LOG`
+    /// set to `log`.
+    pub fn spawn_args(
+        config: &std::path::Path,
+        http_port: u16,
+        env: &[(&str, String)],
+        args: &[&str],
+        log_filter: &str,
+    ) -> Daemon {
         let log = config.with_extension("log");
         let file = std::fs::File::create(&log).expect("log file");
         let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_rollboard"));
         command.envs(env.iter().map(|(k, v)| (*k, v.as_str())));
         let child = command
             .args(["--config", config.to_str().expect("utf-8 path"), "run"])
-            .env("RUST_LOG", "info")
+            .args(args)
+            .env("RUST_LOG", log_filter)
             .stdout(Stdio::null())
             .stderr(file)
             .kill_on_drop(true)
@@ -397,6 +410,11 @@ impl Daemon {
     /// Its log output so far.
     pub fn logs(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id().expect("running")
     }
 
     /// SIGKILL, as a crash.
