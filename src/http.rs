@@ -137,6 +137,9 @@ impl IntoResponse for ApiError {
 /// A handler's result.
 pub type ApiResult<T> = Result<T, ApiError>;
 
+/// How long the API waits for its own Redis connections before it serves.
+const CONNECT_WAIT: Duration = Duration::from_secs(5);
+
 /// Connections of the API's own store: one for appends, plus its read connection.
 const POOL_SIZE: usize = 1;
 
@@ -202,6 +205,19 @@ pub async fn spawn(
                             for client in store.pool().clients() {
                                 metrics.watch_reconnects(client);
                             }
+                            // The daemon opens the API once Redis answered its start-up
+                            // checks: connect now, so that the first request does not wait
+                            // for a connection (and its handshake) while Redis may be
+                            // refusing commands. Bounded: a Redis gone meanwhile is an
+                            // outage the requests report.
+                            let connected = futures_util::future::join_all(
+                                store
+                                    .pool()
+                                    .clients()
+                                    .iter()
+                                    .map(|c| fred::interfaces::ClientLike::wait_for_connect(c)),
+                            );
+                            let _ = tokio::time::timeout(CONNECT_WAIT, connected).await;
                             Arc::new(store)
                         }
                     };

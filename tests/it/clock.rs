@@ -267,14 +267,15 @@ async fn daemons_ten_minutes_off_either_way_count_every_tip_exactly_once() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert!(drained(&store).await, "a:\n{}\nb:\n{}", a.logs(), b.logs());
-    // Both roll after the last apply (the roll time they report is Redis's).
+    // A roll after the last apply (the roll time reported is Redis's).
     let drained_at = redis_now(&store).await as f64 / 1000.0;
+    // Each tick runs on one replica (a lease), so either may have rolled.
     async fn rolled_after(d: &Daemon, at: f64) -> bool {
         d.metric("rollboard_last_roll_timestamp_seconds", &[]).await > at + 1.0
     }
     assert!(
         wait_for(Duration::from_secs(20), || async {
-            rolled_after(&a, drained_at).await && rolled_after(&b, drained_at).await
+            rolled_after(&a, drained_at).await || rolled_after(&b, drained_at).await
         })
         .await,
         "no roll after the last apply; a:\n{}",

@@ -321,7 +321,7 @@ pub fn write_config_url(
     let path = dir.join(format!("rollboard-{consumer}.toml"));
     let text = format!(
         "[redis]\nurl = \"{url}\"\n[ingest]\nconsumer = \"{consumer}\"\nblock = \"100ms\"\nclaim_idle = \"1s\"\nbatch_size = 200\n\
-         [schedule]\nroll = \"*/2 * * * * *\"\nresummarize = \"* * * * * *\"\n[http]\nlisten = \"127.0.0.1:{http_port}\"\n{extra}\n{BOARDS}"
+         [schedule]\nroll = \"*/2 * * * * *\"\nresummarize = \"* * * * * *\"\nlease = \"5s\"\n[http]\nlisten = \"127.0.0.1:{http_port}\"\n{extra}\n{BOARDS}"
     );
     std::fs::write(&path, text).expect("write config");
     path
