@@ -215,7 +215,7 @@ pub async fn spawn(
                                     .pool()
                                     .clients()
                                     .iter()
-                                    .map(|c| fred::interfaces::ClientLike::wait_for_connect(c)),
+                                    .map(fred::interfaces::ClientLike::wait_for_connect),
                             );
                             let _ = tokio::time::timeout(CONNECT_WAIT, connected).await;
                             Arc::new(store)
