@@ -395,6 +395,10 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> anyhow::Resul
     let settings = Arc::new(settings);
     let metrics = Arc::new(Metrics::new(&settings.boards));
     metrics.streams(&stream::keys(&settings.ingest));
+    metrics.capped_stream(
+        &settings.ingest.dead_letter_stream,
+        settings.ingest.dead_letter_max_len,
+    );
     let url = settings.redis.redacted_url();
     let store = Arc::new(
         Store::connect_with(&settings.redis, POOL_SIZE, Reconnect::Forever)
@@ -516,6 +520,12 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> anyhow::Resul
                     }
                     if known {
                         metrics.consumer(pending, lag);
+                    }
+                    for key in keys.iter().chain([&ingest.dead_letter_stream]) {
+                        match stream::length(store.client(), key).await {
+                            Ok(length) => metrics.stream_length(key, length),
+                            Err(e) => metrics.redis_error(&e),
+                        }
                     }
                     tokio::select! {
                         _ = cancel.cancelled() => break,

@@ -47,6 +47,11 @@ const DRAIN_ROUNDS: usize = 8;
 /// How long the drain before exiting may take in all, well inside the daemon's grace period.
 const DRAIN_BUDGET: Duration = Duration::from_secs(10);
 
+/// How often a consumer trims its stream at most ([`crate::stream::trim`]): a few Redis
+/// calls per partition and replica, while the stream grows by at most this much traffic
+/// between trims.
+const TRIM_EVERY: Duration = Duration::from_secs(2);
+
 /// The stream consumer of one process for one stream key (partition).
 pub struct Ingest {
     store: Arc<Store>,
@@ -127,6 +132,7 @@ impl Ingest {
         let mut backoff = Duration::from_millis(100);
         let mut last_claim: Option<Instant> = None;
         let mut ahead: Option<Vec<Entry>> = None;
+        let mut last_trim: Option<Instant> = None;
         while !cancel.is_cancelled() {
             match self
                 .step(&mut backlog, &mut last_claim, &mut ahead, &cancel)
@@ -135,6 +141,10 @@ impl Ingest {
                 Ok(busy) => {
                     backoff = Duration::from_millis(100);
                     self.metrics.consumer_step(None);
+                    if last_trim.is_none_or(|t| t.elapsed() >= TRIM_EVERY) {
+                        self.trim().await;
+                        last_trim = Some(Instant::now());
+                    }
                     if self.retired && !busy && !backlog {
                         match self.finished().await {
                             Ok(true) => {
@@ -318,6 +328,31 @@ impl Ingest {
                 None => false,
             },
         )
+    }
+
+    /// Trims this consumer's stream to what every group on it still needs plus
+    /// `ingest.retain`. A failure only delays the trim: it is counted, logged and tried
+    /// again at the next round.
+    async fn trim(&self) {
+        let trimmed = stream::trim(
+            self.store.client(),
+            &self.stream,
+            &self.settings.group,
+            self.clock.now(),
+            self.settings.retain,
+        )
+        .await;
+        match trimmed {
+            Ok(Some(t)) => {
+                self.metrics
+                    .stream_trimmed(&self.stream, &t.minid.to_string(), t.removed)
+            }
+            Ok(None) => {}
+            Err(e) => {
+                self.metrics.redis_error(&e);
+                warn!(stream = %self.stream, error = %e, "stream not trimmed; trying again later");
+            }
+        }
     }
 
     async fn read(&self, id: &str, block: Option<u64>) -> Result<Vec<Entry>, StoreError> {

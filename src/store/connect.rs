@@ -648,7 +648,11 @@ impl Store {
             words(&["XADD", stream, "*", "f", "v"]),
             words(&["XGROUP", "CREATE", stream, "g", "0", "MKSTREAM"]),
             words(&["XINFO", "GROUPS", stream]),
-            words(&["XADD", dead_letter, "*", "f", "v"]),
+            words(&["XPENDING", stream, "g"]),
+            words(&["XTRIM", stream, "MINID", "~", "0-1"]),
+            words(&["XLEN", stream]),
+            words(&["XADD", dead_letter, "MAXLEN", "~", "1", "*", "f", "v"]),
+            words(&["XLEN", dead_letter]),
         ];
         if self.durability.replicas != Some(0) {
             // Confirmations: a short-lived key, then WAIT; ROLE decides the default count.
