@@ -264,7 +264,9 @@ fn sample(redis: &RedisServer, pid: u32, at: Duration, sent: u64) -> Sample {
         sent,
         rss_kb: rss_kb(pid),
         used_memory,
-        seen: int(&redis.cli(&["ZCARD", &keys.seen()])),
+        // The digest table's entry count (`#n`), plus the legacy ZSet while one exists.
+        seen: int(&redis.cli(&["HGET", &keys.seen_table(), "#n"]))
+            + int(&redis.cli(&["ZCARD", &keys.seen()])),
         pending,
         lag: group.get("lag").map_or(0, |v| int(v)),
         dead: int(&redis.cli(&["XLEN", DEAD])),

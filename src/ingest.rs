@@ -13,6 +13,10 @@
 //! own pending entries; entries left pending by dead consumers are taken over with
 //! XAUTOCLAIM after `claim_idle`.
 //!
+//! Every few seconds the consumer trims its stream to what every consumer group on it still
+//! needs plus `ingest.retain` ([`crate::stream::trim`]); a failed trim only waits for the
+//! next round.
+//!
 //! Shutdown leaves nothing of this consumer's pending: a read that was sent is always
 //! awaited (Redis may already have delivered its entries) and its batch applied and acked,
 //! and before exiting the consumer drains its own pending list. That matters because a
