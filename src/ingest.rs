@@ -153,6 +153,9 @@ impl Ingest {
                         match self.finished().await {
                             Ok(true) => {
                                 info!(stream = %self.stream, "retired partition drained");
+                                // No consumer reads it after this one: trim what it acked
+                                // last, whatever the time since the previous trim.
+                                self.trim().await;
                                 break;
                             }
                             Ok(false) => {}

@@ -11,8 +11,8 @@ use rollboard::stream::StreamId;
 
 use crate::daemon::{models, tip};
 use crate::util::{
-    assert_state, drained, free_port, test_boards, wait_for, write_config, xadd_all, Daemon,
-    Fields, RedisServer,
+    assert_state, drained, drained_streams, free_port, test_boards, wait_for, write_config,
+    xadd_all, Daemon, Fields, RedisServer,
 };
 
 const STREAM: &str = "rb:events";
@@ -496,4 +496,75 @@ async fn the_dead_letter_stream_stays_near_its_cap_and_lengths_are_reported() {
     .await;
     assert!(reported, "lengths not reported; log:\n{}", daemon.logs());
     assert!(daemon.terminate().await.success());
+}
+
+/// Events on the partitions of a 3-partition layout, each by the partition rule.
+async fn append_partitioned(store: &Store, events: &[Fields]) -> Vec<String> {
+    let keys = rollboard::stream::partition_keys(STREAM, 3);
+    for f in events {
+        let id = &f.iter().find(|(k, _)| k == "id").expect("an id").1;
+        let key = &keys[rollboard::stream::partition_of(id.as_bytes(), 3)];
+        let _: String = store
+            .client()
+            .xadd(key.as_str(), false, None::<()>, "*", f.clone())
+            .await
+            .expect("xadd");
+    }
+    keys
+}
+
+#[tokio::test]
+async fn every_partition_is_trimmed_and_so_is_a_retired_layout_while_it_drains() {
+    let redis = RedisServer::start();
+    let store = redis.store("rb").await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let now = now_ms();
+    let events: Vec<Fields> = (0..3000).map(|i| tip(i, now)).collect();
+    let keys = append_partitioned(&store, &events[..1500]).await;
+    // Three partitions: each is read and trimmed.
+    let port = free_port();
+    let three = Daemon::start(
+        &config(
+            dir.path(),
+            &redis,
+            port,
+            "a",
+            "retain = \"0s\"\npartitions = 3",
+        ),
+        port,
+    )
+    .await;
+    assert!(
+        drained_streams(&store, &keys).await,
+        "log:\n{}",
+        three.logs()
+    );
+    for key in &keys {
+        let empty = wait_for(Duration::from_secs(30), || async {
+            xlen(&store, key).await == 0
+        })
+        .await;
+        assert!(empty, "{key} not trimmed; log:\n{}", three.logs());
+    }
+    assert!(three.terminate().await.success());
+    // Back to one stream: the old partitions are retired, drained and trimmed empty.
+    append_partitioned(&store, &events[1500..]).await;
+    let port = free_port();
+    let one = Daemon::start(
+        &config(dir.path(), &redis, port, "b", "retain = \"0s\""),
+        port,
+    )
+    .await;
+    assert!(drained_streams(&store, &keys).await, "log:\n{}", one.logs());
+    for key in &keys {
+        let empty = wait_for(Duration::from_secs(30), || async {
+            xlen(&store, key).await == 0
+        })
+        .await;
+        assert!(empty, "retired {key} not trimmed; log:\n{}", one.logs());
+    }
+    let boards = test_boards();
+    let now = now_ms();
+    assert_state(&store, &boards, &models(&events, &boards, now), now).await;
+    assert!(one.terminate().await.success());
 }
