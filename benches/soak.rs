@@ -11,7 +11,8 @@
 //! 30 000-event burst unless `--rate` is given, then sends events at the chosen rate (every
 //! 20th one sent a second time with the same `id`, as a producer's retry would) and samples
 //! every 10 s: daemon RSS, Redis `used_memory`, remembered idempotency keys, pending
-//! entries, consumer lag, dead letters. At the end it stops sending, waits for the group to
+//! entries, consumer lag, dead letters and the intake stream's length. The producer sets no
+//! cap on the stream: the daemon trims it (`ingest.retain` of acked history, the default). At the end it stops sending, waits for the group to
 //! drain and checks every live slice against a model of the events sent, runs
 //! `rollboard verify`, prints the samples and the verdicts, and exits non-zero when one fails.
 //!
@@ -23,6 +24,8 @@
 //!   hold), and flat as above;
 //! * pending entries at most two batches at every steady sample, none at the end; lag in
 //!   the last minute at most 5 s of events;
+//! * the intake stream at most the events of `ingest.retain` plus 10 s (the trim runs every
+//!   2 s; `~` trims whole nodes) at every steady sample;
 //! * no dead letter, every live slice equal to the model (nothing lost, nothing doubled),
 //!   `rollboard verify` passes, and the sender kept 95 % of the rate.
 
@@ -36,7 +39,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fred::prelude::*;
-use fred::types::streams::XCap;
 use rollboard::keys::Keys;
 use support::{invoked_by_cargo_bench, RedisServer};
 
@@ -54,6 +56,8 @@ const SAMPLE_EVERY: Duration = Duration::from_secs(10);
 const TICK: Duration = Duration::from_millis(100);
 /// Every N-th event is sent twice (same `id`, a new stream entry).
 const RETRY_EVERY: u64 = 20;
+/// `ingest.retain` of the daemon (the default): acked history the stream keeps.
+const RETAIN_S: u64 = 60;
 /// Allowed growth of a memory figure from the first to the last steady minute.
 const FLAT_TOLERANCE: f64 = 0.15;
 
@@ -177,6 +181,7 @@ consumer = "soak"
 batch_size = {BATCH}
 block = "100ms"
 dead_letter_stream = "{DEAD}"
+retain = "{RETAIN_S}s"
 [schedule]
 roll = "0 * * * * *"
 resummarize = "30 * * * * *"
@@ -209,6 +214,8 @@ struct Sample {
     lag: u64,
     dead: u64,
     slices: u64,
+    /// Entries in the intake stream.
+    stream: u64,
 }
 
 /// `XINFO GROUPS` of the stream, as field -> value of our group.
@@ -257,11 +264,14 @@ fn sample(redis: &RedisServer, pid: u32, at: Duration, sent: u64) -> Sample {
         sent,
         rss_kb: rss_kb(pid),
         used_memory,
-        seen: int(&redis.cli(&["ZCARD", &keys.seen()])),
+        // The digest table's entry count (`#n`), plus the legacy ZSet while one exists.
+        seen: int(&redis.cli(&["HGET", &keys.seen_table(), "#n"]))
+            + int(&redis.cli(&["ZCARD", &keys.seen()])),
         pending,
         lag: group.get("lag").map_or(0, |v| int(v)),
         dead: int(&redis.cli(&["XLEN", DEAD])),
         slices: int(&redis.cli(&["ZCARD", &keys.slices()])),
+        stream: int(&redis.cli(&["XLEN", STREAM])),
     }
 }
 
@@ -298,11 +308,10 @@ impl Sender {
             }
         }
         let sent = sends.len() as u64;
-        let cap = XCap::try_from(("MAXLEN", "~", 200_000)).map_err(|e| e.to_string())?;
         let pipeline = self.client.pipeline();
         for fields in sends {
             let _: () = pipeline
-                .xadd(STREAM, false, cap.clone(), "*", fields)
+                .xadd(STREAM, false, None::<()>, "*", fields)
                 .await
                 .map_err(|e| e.to_string())?;
         }
@@ -418,8 +427,8 @@ async fn run(args: Args) -> Result<bool> {
         args.minutes
     );
     println!(
-        "{:>6} {:>10} {:>9} {:>12} {:>9} {:>8} {:>8} {:>5} {:>7}",
-        "t", "sent", "rss_kb", "used_memory", "seen", "pending", "lag", "dead", "slices"
+        "{:>6} {:>10} {:>9} {:>12} {:>9} {:>8} {:>8} {:>5} {:>7} {:>8}",
+        "t", "sent", "rss_kb", "used_memory", "seen", "pending", "lag", "dead", "slices", "stream"
     );
     let t0 = Instant::now();
     let mut samples = Vec::new();
@@ -433,7 +442,7 @@ async fn run(args: Args) -> Result<bool> {
             sent.load(Ordering::SeqCst),
         );
         println!(
-            "{:>5}s {:>10} {:>9} {:>12} {:>9} {:>8} {:>8} {:>5} {:>7}",
+            "{:>5}s {:>10} {:>9} {:>12} {:>9} {:>8} {:>8} {:>5} {:>7} {:>8}",
             s.at.as_secs(),
             s.sent,
             s.rss_kb,
@@ -442,7 +451,8 @@ async fn run(args: Args) -> Result<bool> {
             s.pending,
             s.lag,
             s.dead,
-            s.slices
+            s.slices,
+            s.stream
         );
         samples.push(s);
         next += SAMPLE_EVERY;
@@ -559,6 +569,22 @@ async fn run(args: Args) -> Result<bool> {
     verdict(p, t);
     let (p, t) = flat("Redis used_memory (B)", |s| s.used_memory);
     verdict(p, t);
+    if let (Some(start), Some(end)) = (steady.first(), steady.last()) {
+        println!(
+            "     Redis used_memory while steady: start {} B, end {} B, max {} B",
+            start.used_memory,
+            end.used_memory,
+            max(&steady, |s| s.used_memory)
+        );
+    }
+    let stream_max = max(&steady, |s| s.stream);
+    let stream_bound = (rate + rate / RETRY_EVERY) * (RETAIN_S + 10);
+    verdict(
+        stream_max <= stream_bound,
+        format!(
+            "intake stream at most {stream_max} entries while steady, bound {stream_bound} (ingest.retain + 10 s of sends)"
+        ),
+    );
     let (p, t) = flat("idempotency keys", |s| s.seen);
     verdict(p, t);
     let seen_max = max(&samples.iter().collect::<Vec<_>>(), |s| s.seen);

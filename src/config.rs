@@ -104,6 +104,8 @@ struct RawIngest {
     block: String,
     claim_idle: String,
     dead_letter_stream: String,
+    dead_letter_max_len: i64,
+    retain: String,
     dedup_window: String,
     max_future: String,
 }
@@ -119,6 +121,8 @@ impl Default for RawIngest {
             block: "1s".into(),
             claim_idle: "30s".into(),
             dead_letter_stream: "rb:events:dead".into(),
+            dead_letter_max_len: 100_000,
+            retain: "1m".into(),
             dedup_window: "window".into(),
             max_future: "5m".into(),
         }
@@ -405,6 +409,12 @@ pub struct IngestSettings {
     pub claim_idle: Duration,
     /// Stream malformed events are moved to.
     pub dead_letter_stream: String,
+    /// About how many letters the dead-letter stream keeps (`XADD … MAXLEN ~`): the oldest
+    /// go first.
+    pub dead_letter_max_len: usize,
+    /// Acked history kept on the intake streams past what every consumer group still
+    /// needs (see [`crate::stream::trim`]).
+    pub retain: Duration,
     /// How far ahead of the clock an event time may be, in ms.
     pub max_future_ms: i64,
 }
@@ -600,6 +610,9 @@ pub const MAX_STREAM_BYTES: usize = crate::event::MAX_ID_BYTES - ":{63}/".len() 
 /// tag is less than 2^31 slices above the slice whose ids may be forgotten (`counts` in
 /// `fold.lua` and `apply.lua`); a few slices of margin for the rounding of each bound.
 pub const MAX_SLICES_REACHED: i64 = (1 << 31) - 4;
+
+/// Most letters `ingest.dead_letter_max_len` may keep: a cap, not a way to switch it off.
+pub const MAX_DEAD_LETTERS: i64 = 1_000_000_000;
 
 fn duration(key: &str, text: &str) -> Result<i64, ConfigError> {
     match parse_duration_ms(text) {
@@ -954,6 +967,12 @@ impl RawSettings {
                 &ingest.claim_idle,
             )? as u64),
             dead_letter_stream: non_empty("ingest.dead_letter_stream", &ingest.dead_letter_stream)?,
+            dead_letter_max_len: count(
+                "ingest.dead_letter_max_len",
+                ingest.dead_letter_max_len,
+                1..=MAX_DEAD_LETTERS,
+            )?,
+            retain: Duration::from_millis(duration("ingest.retain", &ingest.retain)? as u64),
             max_future_ms: duration("ingest.max_future", &ingest.max_future)?,
         };
         // Every key any partition layout reads as events: the daemon drains the other
@@ -1214,6 +1233,20 @@ mod tests {
     }
 
     #[test]
+    fn retain_may_be_zero_and_the_dead_letter_cap_may_not() {
+        let s = Settings::from_toml(&format!(
+            "[ingest]\nretain = \"0s\"\ndead_letter_max_len = 10\n{BOARD}"
+        ))
+        .expect("valid");
+        assert_eq!(s.ingest.retain, Duration::ZERO);
+        assert_eq!(s.ingest.dead_letter_max_len, 10);
+        let e = refusal(&format!("[ingest]\ndead_letter_max_len = 0\n{BOARD}"));
+        assert!(e.contains("ingest.dead_letter_max_len"), "{e}");
+        let e = refusal(&format!("[ingest]\nretain = \"soon\"\n{BOARD}"));
+        assert!(e.contains("ingest.retain"), "{e}");
+    }
+
+    #[test]
     fn defaults_fill_everything() {
         let s = Settings::from_toml(BOARD).expect("valid");
         assert_eq!(s.redis.url, "redis://127.0.0.1:6379");
@@ -1224,6 +1257,8 @@ mod tests {
         assert_eq!(s.ingest.block, Duration::from_secs(1));
         assert_eq!(s.ingest.claim_idle, Duration::from_secs(30));
         assert_eq!(s.ingest.max_future_ms, 300_000);
+        assert_eq!(s.ingest.retain, Duration::from_secs(60));
+        assert_eq!(s.ingest.dead_letter_max_len, 100_000);
         assert_eq!(s.schedule.chunk, 250);
         assert_eq!(s.http.listen.to_string(), "127.0.0.1:9464");
         let b = &s.boards[0];

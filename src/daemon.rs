@@ -584,6 +584,10 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> anyhow::Resul
     );
     if roles.has(Role::Consume) {
         metrics.streams(&stream::keys(&settings.ingest));
+        metrics.capped_stream(
+            &settings.ingest.dead_letter_stream,
+            settings.ingest.dead_letter_max_len,
+        );
     }
     let url = settings.redis.redacted_url();
     let store = Arc::new(
@@ -758,6 +762,12 @@ async fn poll_groups(
         }
         if known {
             metrics.consumer(pending, lag);
+        }
+        for key in keys.iter().chain([&ingest.dead_letter_stream]) {
+            match stream::length(store.client(), key).await {
+                Ok(length) => metrics.stream_length(key, length),
+                Err(e) => metrics.redis_error(&e),
+            }
         }
         tokio::select! {
             _ = cancel.cancelled() => break,

@@ -13,6 +13,10 @@
 //! own pending entries; entries left pending by dead consumers are taken over with
 //! XAUTOCLAIM after `claim_idle`.
 //!
+//! Every few seconds the consumer trims its stream to what every consumer group on it still
+//! needs plus `ingest.retain` ([`crate::stream::trim`]); a failed trim only waits for the
+//! next round.
+//!
 //! Shutdown leaves nothing of this consumer's pending: a read that was sent is always
 //! awaited (Redis may already have delivered its entries) and its batch applied and acked,
 //! and before exiting the consumer drains its own pending list. That matters because a
@@ -46,6 +50,11 @@ type Instance = (usize, Option<String>);
 const DRAIN_ROUNDS: usize = 8;
 /// How long the drain before exiting may take in all, well inside the daemon's grace period.
 const DRAIN_BUDGET: Duration = Duration::from_secs(10);
+
+/// How often a consumer trims its stream at most ([`crate::stream::trim`]): a few Redis
+/// calls per partition and replica, while the stream grows by at most this much traffic
+/// between trims.
+const TRIM_EVERY: Duration = Duration::from_secs(2);
 
 /// The stream consumer of one process for one stream key (partition).
 pub struct Ingest {
@@ -189,6 +198,7 @@ impl Ingest {
         let mut backoff = Duration::from_millis(100);
         let mut last_claim: Option<Instant> = None;
         let mut ahead: Option<Vec<Entry>> = None;
+        let mut last_trim: Option<Instant> = None;
         while !cancel.is_cancelled() {
             let stepped = self
                 .step(
@@ -217,10 +227,17 @@ impl Ingest {
                 Ok(busy) => {
                     backoff = Duration::from_millis(100);
                     self.metrics.consumer_step(holding.error.as_ref());
+                    if last_trim.is_none_or(|t| t.elapsed() >= TRIM_EVERY) {
+                        self.trim().await;
+                        last_trim = Some(Instant::now());
+                    }
                     if self.retired && !busy && !backlog {
                         match self.finished().await {
                             Ok(true) => {
                                 info!(stream = %self.stream, "retired partition drained");
+                                // No consumer reads it after this one: trim what it acked
+                                // last, whatever the time since the previous trim.
+                                self.trim().await;
                                 break;
                             }
                             Ok(false) => {}
@@ -437,6 +454,31 @@ impl Ingest {
                 None => false,
             },
         )
+    }
+
+    /// Trims this consumer's stream to what every group on it still needs plus
+    /// `ingest.retain`. A failure only delays the trim: it is counted, logged and tried
+    /// again at the next round.
+    async fn trim(&self) {
+        let trimmed = stream::trim(
+            self.store.client(),
+            &self.stream,
+            &self.settings.group,
+            self.clock.now(),
+            self.settings.retain,
+        )
+        .await;
+        match trimmed {
+            Ok(Some(t)) => {
+                self.metrics
+                    .stream_trimmed(&self.stream, &t.minid.to_string(), t.removed)
+            }
+            Ok(None) => {}
+            Err(e) => {
+                self.metrics.redis_error(&e);
+                warn!(stream = %self.stream, error = %e, "stream not trimmed; trying again later");
+            }
+        }
     }
 
     async fn read(&self, id: &str, block: Option<u64>) -> Result<Vec<Entry>, StoreError> {

@@ -12,7 +12,7 @@ use prometheus::{
     Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
     IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
-use tracing::warn;
+use tracing::{debug, warn};
 
 use crate::board::Board;
 use crate::event::Reason;
@@ -61,6 +61,9 @@ pub struct Metrics {
     lag: IntGauge,
     stream_pending: IntGaugeVec,
     stream_lag: IntGaugeVec,
+    stream_length: IntGaugeVec,
+    stream_max_length: IntGaugeVec,
+    stream_trimmed: IntCounterVec,
     redis_errors: IntCounterVec,
     reconnects: IntCounter,
     replica_ack_failures: IntCounter,
@@ -272,6 +275,39 @@ impl Metrics {
             )
             .expect("valid metric"),
         );
+        let stream_length = register(
+            &registry,
+            IntGaugeVec::new(
+                Opts::new(
+                    "rollboard_stream_length",
+                    "Entries in one stream rollboard reads or writes: intake partitions and the dead-letter stream (XLEN).",
+                ),
+                &["stream"],
+            )
+            .expect("valid metric"),
+        );
+        let stream_max_length = register(
+            &registry,
+            IntGaugeVec::new(
+                Opts::new(
+                    "rollboard_stream_max_length",
+                    "The configured cap of a capped stream (the dead-letter stream: ingest.dead_letter_max_len).",
+                ),
+                &["stream"],
+            )
+            .expect("valid metric"),
+        );
+        let stream_trimmed = register(
+            &registry,
+            IntCounterVec::new(
+                Opts::new(
+                    "rollboard_stream_trimmed_total",
+                    "Intake stream entries removed by this process's trims (XTRIM MINID).",
+                ),
+                &["stream"],
+            )
+            .expect("valid metric"),
+        );
         let stream_lag = register(
             &registry,
             IntGaugeVec::new(
@@ -470,6 +506,9 @@ impl Metrics {
             lag,
             stream_pending,
             stream_lag,
+            stream_length,
+            stream_max_length,
+            stream_trimmed,
             redis_errors,
             reconnects,
             replica_ack_failures,
@@ -615,7 +654,32 @@ impl Metrics {
         for stream in streams {
             self.stream_pending.with_label_values(&[stream.as_str()]);
             self.stream_lag.with_label_values(&[stream.as_str()]);
+            self.stream_length.with_label_values(&[stream.as_str()]);
+            self.stream_trimmed.with_label_values(&[stream.as_str()]);
         }
+    }
+
+    /// The dead-letter stream `stream` is capped at about `max_len` entries.
+    pub fn capped_stream(&self, stream: &str, max_len: usize) {
+        self.stream_length.with_label_values(&[stream]);
+        self.stream_max_length
+            .with_label_values(&[stream])
+            .set(max_len as i64);
+    }
+
+    /// A stream's length was polled (XLEN).
+    pub fn stream_length(&self, stream: &str, length: i64) {
+        self.stream_length.with_label_values(&[stream]).set(length);
+    }
+
+    /// A trim of an intake stream removed `removed` entries below `minid`.
+    pub fn stream_trimmed(&self, stream: &str, minid: &str, removed: u64) {
+        if removed > 0 {
+            debug!(stream, minid, removed, "stream trimmed");
+        }
+        self.stream_trimmed
+            .with_label_values(&[stream])
+            .inc_by(removed);
     }
 
     /// One partition's pending count and lag, from XINFO GROUPS on its stream.

@@ -11,8 +11,15 @@
 //! ([`partition_of`]), which any language's standard library computes in one line.
 //! Exactly-once does not depend on the rule: duplicates are recognised per board instance,
 //! so a copy of an event on another partition is still a duplicate.
+//!
+//! # Bounded streams
+//!
+//! The consumer trims every stream it reads ([`trim`]) to what every consumer group on it
+//! still needs plus `ingest.retain` of acked history, and every dead letter is appended with
+//! `MAXLEN ~ ingest.dead_letter_max_len` ([`dead_letter`]).
 
 use std::collections::BTreeMap;
+use std::fmt;
 use std::time::Duration;
 
 use fred::prelude::*;
@@ -481,7 +488,10 @@ pub async fn claim(
     Ok((next, entries))
 }
 
-/// Appends dead letters to `ingest.dead_letter_stream`, one entry each.
+/// Appends dead letters to `ingest.dead_letter_stream`, one entry each, each append
+/// trimming the stream to about `ingest.dead_letter_max_len` entries (`MAXLEN ~`: Redis
+/// drops only whole nodes of the oldest letters, so the stream can hold up to one node,
+/// `stream-node-max-entries` (100), more than the cap).
 pub async fn dead_letter(
     client: &Client,
     settings: &IngestSettings,
@@ -497,7 +507,7 @@ pub async fn dead_letter(
             .xadd(
                 settings.dead_letter_stream.as_str(),
                 false,
-                None,
+                ("MAXLEN", "~", settings.dead_letter_max_len as i64),
                 "*",
                 pairs,
             )
@@ -549,6 +559,167 @@ pub async fn group_info(
         }
     }
     Ok(None)
+}
+
+/// A stream entry ID, `<ms>-<seq>`, ordered the way Redis orders them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct StreamId {
+    /// The milliseconds part.
+    pub ms: u64,
+    /// The sequence number within the millisecond.
+    pub seq: u64,
+}
+
+impl StreamId {
+    /// Reads `<ms>-<seq>` as Redis writes it.
+    pub fn parse(text: &str) -> Option<StreamId> {
+        let (ms, seq) = text.split_once('-')?;
+        Some(StreamId {
+            ms: ms.parse().ok()?,
+            seq: seq.parse().ok()?,
+        })
+    }
+
+    /// The smallest ID above this one (`None` above the largest ID there is).
+    pub fn next(self) -> Option<StreamId> {
+        match self.seq.checked_add(1) {
+            Some(seq) => Some(StreamId { ms: self.ms, seq }),
+            None => self.ms.checked_add(1).map(|ms| StreamId { ms, seq: 0 }),
+        }
+    }
+}
+
+impl fmt::Display for StreamId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}-{}", self.ms, self.seq)
+    }
+}
+
+/// What one consumer group on a stream still needs: every entry above its
+/// `last-delivered-id` (unread) and every entry from its first pending one on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupNeeds {
+    /// The group's name.
+    pub name: String,
+    /// The group's `last-delivered-id` (XINFO GROUPS).
+    pub last_delivered: StreamId,
+    /// The smallest ID in the group's pending list (XPENDING), if any.
+    pub first_pending: Option<StreamId>,
+}
+
+/// The lowest entry ID some group still needs: below it every group has read and acked
+/// everything. `None` when the stream has no group (nothing is known to be read).
+pub fn safe_minid(groups: &[GroupNeeds]) -> Option<StreamId> {
+    groups
+        .iter()
+        .map(|g| {
+            // Above the largest ID there is nothing unread, so the last one is kept.
+            let unread = g.last_delivered.next().unwrap_or(g.last_delivered);
+            g.first_pending.map_or(unread, |p| p.min(unread))
+        })
+        .min()
+}
+
+/// The `MINID` of a trim: `safe`, lowered so that entries younger than `retain` (by
+/// Redis's clock `now_ms`, which also stamped the IDs) stay. Never above `safe`.
+pub fn trim_bound(safe: StreamId, now_ms: i64, retain: Duration) -> StreamId {
+    let cutoff = now_ms.saturating_sub(retain.as_millis() as i64).max(0) as u64;
+    safe.min(StreamId { ms: cutoff, seq: 0 })
+}
+
+/// One trim of an intake stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Trimmed {
+    /// The `MINID` sent: entries below it may have been removed.
+    pub minid: StreamId,
+    /// Entries removed (whole nodes only, as `~` trims).
+    pub removed: u64,
+}
+
+/// Every consumer group's needs on `stream`: XINFO GROUPS, then XPENDING per group.
+///
+/// The order is what makes the result safe to trim by at any later time. A consumer may
+/// read, ack or claim between these reads and the trim; but `last-delivered-id` only grows,
+/// so entries delivered after XINFO GROUPS (pending then, or unread later) have IDs above
+/// the `last-delivered-id` read here, and entries pending at the trim were either pending
+/// at XPENDING (not below its smallest) or delivered after it. The other order would miss
+/// entries delivered between the two reads. (`XGROUP SETID` moving a group back is an
+/// operator's rewind, which no trim can undo; see the README.)
+pub async fn group_needs(client: &Client, stream: &str) -> Result<Vec<GroupNeeds>, StoreError> {
+    let v: Value = client.xinfo_groups(stream).await?;
+    let mut delivered = Vec::new();
+    for g in array(v) {
+        let mut it = array(g).into_iter();
+        let (mut name, mut last) = (None, None);
+        // `entries-read` and `lag` may be nil (Redis cannot always tell); the
+        // `last-delivered-id` is always there, and it is all a trim needs.
+        while let (Some(k), Some(v)) = (it.next(), it.next()) {
+            match text(k).as_deref() {
+                Some("name") => name = text(v),
+                Some("last-delivered-id") => last = text(v).as_deref().and_then(StreamId::parse),
+                _ => {}
+            }
+        }
+        match (name, last) {
+            (Some(name), Some(last)) => delivered.push((name, last)),
+            _ => {
+                return Err(StoreError::Reply(
+                    "XINFO GROUPS: a group without name or last-delivered-id".into(),
+                ))
+            }
+        }
+    }
+    try_join_all(
+        delivered
+            .into_iter()
+            .map(|(name, last_delivered)| async move {
+                let v: Value = client.xpending(stream, name.as_str(), ()).await?;
+                // [count, smallest ID, largest ID, consumers]; the IDs are nil when none is pending.
+                let first_pending = array(v).into_iter().nth(1).and_then(text);
+                Ok::<GroupNeeds, StoreError>(GroupNeeds {
+                    first_pending: first_pending.as_deref().and_then(StreamId::parse),
+                    name,
+                    last_delivered,
+                })
+            }),
+    )
+    .await
+}
+
+/// Trims `stream` to what every consumer group on it still needs plus `retain` of acked
+/// history ([`group_needs`], [`safe_minid`], [`trim_bound`]): `XTRIM MINID ~`, which
+/// removes only whole nodes below the bound, so it trims less, never more. Nothing is
+/// trimmed while `group` (rollboard's) is missing: its entries are all unread.
+///
+/// Several replicas may trim the same stream at once: each bound is one some group state
+/// allowed, and a trim never removes anything at or above its bound.
+pub async fn trim(
+    client: &Client,
+    stream: &str,
+    group: &str,
+    now_ms: i64,
+    retain: Duration,
+) -> Result<Option<Trimmed>, StoreError> {
+    let needs = group_needs(client, stream).await?;
+    if !needs.iter().any(|g| g.name == group) {
+        return Ok(None);
+    }
+    let Some(safe) = safe_minid(&needs) else {
+        return Ok(None);
+    };
+    let minid = trim_bound(safe, now_ms, retain);
+    let removed: i64 = client
+        .xtrim(stream, ("MINID", "~", minid.to_string()))
+        .await?;
+    Ok(Some(Trimmed {
+        minid,
+        removed: removed.max(0) as u64,
+    }))
+}
+
+/// The number of entries in `stream` (0 when it does not exist).
+pub async fn length(client: &Client, stream: &str) -> Result<i64, StoreError> {
+    Ok(client.xlen(stream).await?)
 }
 
 #[cfg(test)]
@@ -653,6 +824,70 @@ mod tests {
         );
         assert_eq!(entries[1].fields, None);
         assert!(parse_read(Value::Null).is_empty());
+    }
+
+    fn id(text: &str) -> StreamId {
+        StreamId::parse(text).expect("an ID")
+    }
+
+    fn needs(name: &str, last: &str, pending: Option<&str>) -> GroupNeeds {
+        GroupNeeds {
+            name: name.into(),
+            last_delivered: id(last),
+            first_pending: pending.map(id),
+        }
+    }
+
+    #[test]
+    fn stream_ids_order_and_step_like_redis() {
+        assert!(id("5-10") > id("5-9"));
+        assert!(id("10-0") > id("9-99"));
+        assert_eq!(id("5-1").next(), Some(id("5-2")));
+        assert_eq!(id("5-18446744073709551615").next(), Some(id("6-0")));
+        assert_eq!(id("18446744073709551615-18446744073709551615").next(), None);
+        assert_eq!(id("1700000000000-3").to_string(), "1700000000000-3");
+        for bad in ["", "5", "5-", "-5", "a-1", "1-2-3"] {
+            assert_eq!(StreamId::parse(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_safe_bound_keeps_what_any_group_has_not_read_or_acked() {
+        assert_eq!(safe_minid(&[]), None);
+        // All read and acked: everything up to the last delivered entry may go.
+        assert_eq!(safe_minid(&[needs("a", "9-0", None)]), Some(id("9-1")));
+        // A pending entry is kept, and everything after it.
+        assert_eq!(
+            safe_minid(&[needs("a", "9-0", Some("4-2"))]),
+            Some(id("4-2"))
+        );
+        // Another group that has read less holds the bound back.
+        assert_eq!(
+            safe_minid(&[needs("a", "9-0", None), needs("other", "0-0", None)]),
+            Some(id("0-1"))
+        );
+        assert_eq!(
+            safe_minid(&[
+                needs("a", "9-0", Some("7-0")),
+                needs("b", "8-0", Some("3-0"))
+            ]),
+            Some(id("3-0"))
+        );
+    }
+
+    #[test]
+    fn retain_only_lowers_the_bound() {
+        let safe = id("100000-5");
+        assert_eq!(trim_bound(safe, 200_000, Duration::ZERO), safe);
+        assert_eq!(
+            trim_bound(safe, 200_000, Duration::from_secs(60)),
+            id("140000-0").min(safe)
+        );
+        assert_eq!(
+            trim_bound(safe, 130_000, Duration::from_secs(60)),
+            id("70000-0")
+        );
+        assert_eq!(trim_bound(safe, 10, Duration::from_secs(60)), id("0-0"));
     }
 
     #[test]

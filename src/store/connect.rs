@@ -668,6 +668,10 @@ impl Store {
             // A clean exit removes its consumer when it holds nothing pending.
             words(&["XPENDING", stream, "g", "-", "+", "1", "c"]),
             words(&["XGROUP", "DELCONSUMER", stream, "g", "c"]),
+            words(&["XTRIM", stream, "MINID", "~", "0-1"]),
+            words(&["XLEN", stream]),
+            words(&["XADD", dead_letter, "MAXLEN", "~", "1", "*", "f", "v"]),
+            words(&["XLEN", dead_letter]),
         ];
         // Each tick of a scheduled job runs under a lease (`lease.lua`).
         for job in ["roll", "resummarize"] {

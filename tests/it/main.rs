@@ -7,6 +7,7 @@ mod attack_http;
 mod attack_key;
 mod attack_res;
 mod bounded;
+mod bounded_streams;
 mod chain;
 mod cli;
 mod clock;

@@ -130,6 +130,8 @@ fn ingest(partitions: usize) -> IngestSettings {
         block: Duration::from_millis(100),
         claim_idle: Duration::from_secs(1),
         dead_letter_stream: "rb:events:dead".into(),
+        dead_letter_max_len: 100_000,
+        retain: Duration::from_secs(60),
         max_future_ms: 60_000,
     }
 }
