@@ -45,6 +45,8 @@ def check_kubernetes(base):
     }
     kustomization = load_yaml(base / "kustomization.yaml")[0]
     listed = set(kustomization.get("resources", []))
+    if not listed:
+        fail(f"{base.name}/kustomization.yaml lists no resources")
     for name in sorted(listed):
         if not (base / name).is_file() and not (base / name / "kustomization.yaml").is_file():
             fail(f"kustomization.yaml lists {name}, which does not exist")
