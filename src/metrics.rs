@@ -859,3 +859,77 @@ impl Metrics {
         boards
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn boards() -> Vec<Board> {
+        crate::config::Settings::from_toml(
+            "[[boards]]\nname = \"week\"\nmember = \"room\"\nwindow = \"7d\"\nslice = \"6h\"\n\
+             [[boards]]\nname = \"day\"\nmember = \"user\"\nwindow = \"24h\"\nslice = \"1h\"\n",
+        )
+        .expect("boards")
+        .boards
+    }
+
+    /// The value of the sample written exactly `series` in the exposition.
+    fn sample(text: &str, series: &str) -> Option<f64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+            .and_then(|v| v.parse().ok())
+    }
+
+    #[test]
+    fn window_gauges_are_the_live_range_at_start_up() {
+        let boards = boards();
+        let metrics = Metrics::new(&boards);
+        // 2026-11-26T10:30:00Z: the day board's live range ends at 11:00, the week's at 12:00.
+        let now = 1_795_689_000_000;
+        metrics.windows_at(&boards, now);
+        let text = metrics.render();
+        let gauge = |name: &str, board: &str| {
+            sample(
+                &text,
+                &format!("rollboard_window_{name}_timestamp_seconds{{board=\"{board}\"}}"),
+            )
+        };
+        assert_eq!(gauge("end", "day"), Some(1_795_690_800.0));
+        assert_eq!(gauge("start", "day"), Some(1_795_690_800.0 - 86_400.0));
+        assert_eq!(gauge("end", "week"), Some(1_795_694_400.0));
+        assert_eq!(
+            gauge("start", "week"),
+            Some(1_795_694_400.0 - 7.0 * 86_400.0)
+        );
+    }
+
+    #[test]
+    fn build_info_intake_results_and_unmatched_routes_are_fixed_labels() {
+        let metrics = Metrics::new(&boards());
+        metrics.http_response(None, 404);
+        metrics.http_response(None, 404);
+        metrics.http_response(Some("/v1/events"), 202);
+        metrics.intake(Intake::Invalid, 3);
+        let text = metrics.render();
+        // Label pairs are written sorted by name.
+        let build = format!(
+            "rollboard_build_info{{commit=\"{COMMIT}\",version=\"{}\"}}",
+            env!("CARGO_PKG_VERSION")
+        );
+        assert_eq!(sample(&text, &build), Some(1.0));
+        for result in Intake::ALL {
+            let series = format!(
+                "rollboard_intake_events_total{{result=\"{}\"}}",
+                result.as_str()
+            );
+            let want = if result == Intake::Invalid { 3.0 } else { 0.0 };
+            assert_eq!(sample(&text, &series), Some(want), "{series}");
+        }
+        let unmatched = "rollboard_http_requests_total{route=\"unmatched\",status=\"404\"}";
+        assert_eq!(sample(&text, unmatched), Some(2.0));
+        let events = "rollboard_http_requests_total{route=\"/v1/events\",status=\"202\"}";
+        assert_eq!(sample(&text, events), Some(1.0));
+        #[cfg(target_os = "linux")]
+        assert!(text.contains("\nprocess_resident_memory_bytes "), "{text}");
+    }
+}
