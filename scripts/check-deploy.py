@@ -9,8 +9,11 @@ scripts/check-deploy, inside its virtualenv: needs PyYAML and jsonschema).
 * deploy/grafana/rollboard.json: valid JSON, a Prometheus data source variable, and every
   panel and target using it, every target with a PromQL expression.
 * deploy/prometheus: every alert has a unit test case where it fires and one where it does
-  not, and the summary, description and runbook_url annotations; every runbook_url points
-  at a heading of README.md that exists.
+  not, and the summary, description and runbook_url annotations; every runbook_url is the
+  one base URL declared in alerts.yml (`# runbook_base: URL`) followed by the anchor of a
+  heading of README.md that exists.
+* config/kustomization.yaml (the ConfigMap generator the layouts use): valid against the
+  Kustomization schema, and it generates rollboard-config from config/rollboard.toml.
 """
 
 import json
@@ -42,6 +45,8 @@ def check_kubernetes(base):
     }
     kustomization = load_yaml(base / "kustomization.yaml")[0]
     listed = set(kustomization.get("resources", []))
+    if not listed:
+        fail(f"{base.name}/kustomization.yaml lists no resources")
     for name in sorted(listed):
         if not (base / name).is_file() and not (base / name / "kustomization.yaml").is_file():
             fail(f"kustomization.yaml lists {name}, which does not exist")
@@ -119,6 +124,13 @@ def check_alerts():
         github_anchor(m.group(1))
         for m in re.finditer(r"^#+\s+(.*)$", (ROOT / "README.md").read_text(), re.M)
     }
+    declared = re.findall(
+        r"^# runbook_base: (\S+)$", (base / "rules/alerts.yml").read_text(), re.M
+    )
+    if len(declared) != 1 or not declared[0].startswith("https://"):
+        fail("alerts.yml must declare one absolute `# runbook_base: https://...` line")
+        declared = [""]
+    runbook_base = declared[0]
     alerts = {}
     for path in sorted((base / "rules").glob("*.yml")):
         for group in load_yaml(path)[0]["groups"]:
@@ -137,8 +149,10 @@ def check_alerts():
                 fail(f"alert {name} has no {key} annotation")
         runbook = notes.get("runbook_url", "")
         page, _, anchor = runbook.partition("#")
-        if page != "README.md" or anchor not in anchors:
-            fail(f"alert {name}: runbook_url {runbook!r} is not a heading of README.md")
+        if page != runbook_base or anchor not in anchors:
+            fail(
+                f"alert {name}: runbook_url {runbook!r} is not {runbook_base}#<a heading of README.md>"
+            )
         if name not in fires:
             fail(f"alert {name} has no unit test case where it fires")
         if name not in quiet:
@@ -146,6 +160,23 @@ def check_alerts():
     print(f"{len(alerts)} alerts: each with annotations, a firing and a quiet test, a runbook")
 
 
+def check_config_generator():
+    path = ROOT / "config/kustomization.yaml"
+    schema = json.loads((ROOT / "scripts/schemas/kustomization-v1beta1.json").read_text())
+    doc = load_yaml(path)[0]
+    try:
+        jsonschema.validate(doc, schema)
+    except jsonschema.ValidationError as e:
+        where = ".".join(str(p) for p in e.absolute_path)
+        fail(f"config/kustomization.yaml: {where}: {e.message}")
+    generated = {g.get("name"): g.get("files", []) for g in doc.get("configMapGenerator", [])}
+    if generated.get("rollboard-config") != ["rollboard.toml"]:
+        fail("config/kustomization.yaml must generate rollboard-config from rollboard.toml")
+    else:
+        print("config/kustomization.yaml: rollboard-config from config/rollboard.toml")
+
+
+check_config_generator()
 check_kubernetes(ROOT / "deploy/kubernetes")
 check_kubernetes(ROOT / "deploy/kubernetes-split")
 check_grafana()

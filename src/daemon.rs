@@ -633,6 +633,11 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> anyhow::Resul
     if !sync_clock(&store, &clock, &metrics, &cancel).await {
         return Ok(());
     }
+    // A process that may roll shows its boards' windows from now on, not 0 until its first
+    // complete roll (which may be a tick away, or held by another replica's lease).
+    if roles.has(Role::Jobs) {
+        metrics.windows_at(&settings.boards, clock.now());
+    }
     let tracker = TaskTracker::new();
     tracker.spawn(
         keep_clock(

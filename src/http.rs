@@ -47,7 +47,7 @@ use crate::cli::event_value;
 use crate::clock::Clock;
 use crate::config::{HttpSettings, Settings};
 use crate::event::{check_name, fields_from_json, validate, Field};
-use crate::metrics::Metrics;
+use crate::metrics::{Intake, Metrics};
 use crate::roles::Role;
 use crate::store::{Store, StoreError};
 use crate::stream::{self, group_info};
@@ -354,6 +354,7 @@ pub fn admin_routes(state: &AppState) -> Router<Arc<AppState>> {
 /// request timeout and JSON error bodies.
 fn finish(routes: Router<Arc<AppState>>, state: Arc<AppState>) -> Router {
     let timeout = state.settings.http.request_timeout;
+    let metrics = state.metrics.clone();
     routes
         .route_layer(axum::middleware::from_fn_with_state(
             state.metrics.clone(),
@@ -366,6 +367,7 @@ fn finish(routes: Router<Arc<AppState>>, state: Arc<AppState>) -> Router {
             StatusCode::REQUEST_TIMEOUT,
             timeout,
         ))
+        .layer(axum::middleware::from_fn_with_state(metrics, counted))
         .layer(axum::middleware::map_response(json_errors))
 }
 
@@ -418,6 +420,28 @@ async fn bearer(
     response
 }
 
+/// The route template a request matched, filled in by [`timed`] (inside the router, where
+/// the match is known) for [`counted`] (outside it, where every answer passes).
+#[derive(Clone, Default)]
+struct MatchedRoute(Arc<std::sync::OnceLock<String>>);
+
+/// Counts every answer in `rollboard_http_requests_total` by route template and status,
+/// those of the timeout and of unknown paths included (`unmatched`).
+async fn counted(
+    State(metrics): State<Arc<Metrics>>,
+    mut request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let matched = MatchedRoute::default();
+    request.extensions_mut().insert(matched.clone());
+    let response = next.run(request).await;
+    metrics.http_response(
+        matched.0.get().map(String::as_str),
+        response.status().as_u16(),
+    );
+    response
+}
+
 /// Observes how long a matched route took to answer, labelled by its template (the
 /// fallback, unknown paths, is not timed, so a scan cannot grow the label set).
 async fn timed(
@@ -429,6 +453,10 @@ async fn timed(
         .extensions()
         .get::<MatchedPath>()
         .map(|p| p.as_str().to_string());
+    if let (Some(route), Some(matched)) = (&route, request.extensions().get::<MatchedRoute>()) {
+        // Set once per request: this layer runs once per matched request.
+        let _ = matched.0.set(route.clone());
+    }
     let started = std::time::Instant::now();
     let response = next.run(request).await;
     if let Some(route) = route {
@@ -833,18 +861,26 @@ async fn events(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Response> {
+    let metrics = &state.metrics;
     if !is_json(&headers) {
+        metrics.intake(Intake::Malformed, 1);
         return Err(ApiError::UnsupportedMediaType(
             "the body must be sent with Content-Type: application/json".into(),
         ));
     }
-    let body = body.map_err(|e| match e.status() {
-        StatusCode::PAYLOAD_TOO_LARGE => {
-            ApiError::TooLarge(format!("the body is larger than {MAX_BODY_BYTES} bytes"))
-        }
-        _ => ApiError::BadRequest("cannot read the body".into()),
+    let body = body
+        .map_err(|e| match e.status() {
+            StatusCode::PAYLOAD_TOO_LARGE => {
+                ApiError::TooLarge(format!("the body is larger than {MAX_BODY_BYTES} bytes"))
+            }
+            _ => ApiError::BadRequest("cannot read the body".into()),
+        })
+        .inspect_err(|_| metrics.intake(Intake::Malformed, 1))?;
+    let accepted = intake_body(&body, &state.settings.boards).inspect_err(|e| match e {
+        ApiError::Invalid(_) => metrics.intake(Intake::Invalid, events_in(&body)),
+        _ => metrics.intake(Intake::Malformed, 1),
     })?;
-    let accepted = intake_body(&body, &state.settings.boards)?;
+    let events = accepted.len() as u64;
     // Bounded like every other Redis call here, so an unreachable Redis answers 503 instead
     // of holding the client for the Redis client's own 30 s command timeout. A 503 after EXEC
     // reached the server may still have appended the events (and the queued transaction may
@@ -857,12 +893,24 @@ async fn events(
             .map_err(StoreError::from)?;
         state.store.confirm_writes(&written).await
     })
-    .await?;
+    .await
+    .inspect_err(|e| match e {
+        ApiError::Unavailable(_) => metrics.intake(Intake::Unavailable, events),
+        _ => metrics.intake(Intake::Failed, events),
+    })?;
+    metrics.intake(Intake::Accepted, events);
     Ok((
         StatusCode::ACCEPTED,
         Json(json!({ "appended": accepted.len() })),
     )
         .into_response())
+}
+
+/// The number of events in a body [`intake_body`] parsed (an array's length, else one).
+fn events_in(body: &[u8]) -> u64 {
+    let text = std::str::from_utf8(body).unwrap_or("");
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    serde_json::from_str::<Vec<serde::de::IgnoredAny>>(text).map_or(1, |v| v.len() as u64)
 }
 
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {

@@ -44,6 +44,57 @@ pub const HTTP_ROUTES: [&str; 8] = [
     "/readyz",
 ];
 
+/// The `route` label of `rollboard_http_requests_total` for a request that matched no
+/// route (an unknown path): one fixed value, so a scan cannot grow the label set.
+pub const UNMATCHED_ROUTE: &str = "unmatched";
+
+/// The result of events sent to `POST /v1/events` (the `result` label of
+/// `rollboard_intake_events_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Intake {
+    /// Appended to the stream and confirmed (202), one per event.
+    Accepted,
+    /// In a request refused because at least one of its events is invalid (400): every
+    /// event of the request counts, since none is appended.
+    Invalid,
+    /// A request whose body was refused as a whole before its events could be told apart
+    /// (not JSON or UTF-8, too large, too many events, wrong content type): one per request.
+    Malformed,
+    /// Valid, but Redis did not confirm the append in time (503): one per event. The
+    /// producer retries; a repeat is a duplicate, never a double count.
+    Unavailable,
+    /// Valid, but Redis refused the append for a reason that is not an outage (500).
+    Failed,
+}
+
+impl Intake {
+    /// Every result, in the order of the metric's label values.
+    pub const ALL: [Intake; 5] = [
+        Intake::Accepted,
+        Intake::Invalid,
+        Intake::Malformed,
+        Intake::Unavailable,
+        Intake::Failed,
+    ];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Intake::Accepted => "accepted",
+            Intake::Invalid => "invalid",
+            Intake::Malformed => "malformed",
+            Intake::Unavailable => "unavailable",
+            Intake::Failed => "failed",
+        }
+    }
+}
+
+/// The commit the binary was built from (`build.rs`), or `unknown`.
+pub const COMMIT: &str = match option_env!("ROLLBOARD_COMMIT") {
+    Some(commit) => commit,
+    None => "unknown",
+};
+
 /// The process's metrics.
 pub struct Metrics {
     registry: Registry,
@@ -78,6 +129,8 @@ pub struct Metrics {
     window_end: GaugeVec,
     script_duration: HistogramVec,
     http_duration: HistogramVec,
+    http_requests: IntCounterVec,
+    intake: IntCounterVec,
     token_reloads: IntCounterVec,
     token_file_stale: IntGaugeVec,
     /// Board instances whose apply failed through every retry, and when that last happened.
@@ -401,13 +454,15 @@ impl Metrics {
         };
         let window_start = window_gauge(
             "rollboard_window_start_timestamp_seconds",
-            "Start of the oldest live slice of a board as of its last complete roll \
-             (window_from in queries), Unix time.",
+            "Start of the oldest live slice of a board as of its last complete roll, or \
+             as of the clock at start-up before this process's first one (window_from in \
+             queries), Unix time.",
         );
         let window_end = window_gauge(
             "rollboard_window_end_timestamp_seconds",
-            "End of the live range of a board as of its last complete roll (window_to in \
-             queries), Unix time: once the clock passes it, a slice that left the window is \
+            "End of the live range of a board as of its last complete roll, or as of the \
+             clock at start-up before this process's first one (window_to in queries), \
+             Unix time: once the clock passes it, a slice that left the window is \
              still counted until the next roll.",
         );
         let script_duration = register(
@@ -440,6 +495,45 @@ impl Metrics {
             )
             .expect("valid metric"),
         );
+        let http_requests = counter(
+            "rollboard_http_requests_total",
+            "HTTP requests answered, per route template (`unmatched` for an unknown path) and \
+             status code.",
+            &["route", "status"],
+        );
+        let intake = counter(
+            "rollboard_intake_events_total",
+            "Events sent to POST /v1/events, per result: accepted, invalid and unavailable \
+             count events, malformed counts requests whose body was refused as a whole.",
+            &["result"],
+        );
+        for result in Intake::ALL {
+            intake.with_label_values(&[result.as_str()]);
+        }
+        let build_info = register(
+            &registry,
+            IntGaugeVec::new(
+                Opts::new(
+                    "rollboard_build_info",
+                    "1, labelled with the version and the commit (`unknown` when built \
+                     without git) of the running binary.",
+                ),
+                &["version", "commit"],
+            )
+            .expect("valid metric"),
+        );
+        build_info
+            .with_label_values(&[env!("CARGO_PKG_VERSION"), COMMIT])
+            .set(1);
+        #[cfg(target_os = "linux")]
+        {
+            // process_cpu_seconds_total, process_resident_memory_bytes, process_open_fds,
+            // process_start_time_seconds, ...: read from /proc at each scrape.
+            let process = prometheus::process_collector::ProcessCollector::for_self();
+            registry
+                .register(Box::new(process))
+                .expect("process metric names are unique");
+        }
         for script in SCRIPT_NAMES {
             script_duration.with_label_values(&[script]);
         }
@@ -523,6 +617,8 @@ impl Metrics {
             window_end,
             script_duration,
             http_duration,
+            http_requests,
+            intake,
             token_reloads,
             token_file_stale,
             failing: Mutex::new(HashMap::new()),
@@ -558,6 +654,38 @@ impl Metrics {
         self.http_duration
             .with_label_values(&[route])
             .observe(seconds);
+    }
+
+    /// A request was answered with `status`; `route` is its route template, `None` for a
+    /// path that matched no route.
+    pub fn http_response(&self, route: Option<&str>, status: u16) {
+        self.http_requests
+            .with_label_values(&[route.unwrap_or(UNMATCHED_ROUTE), &status.to_string()])
+            .inc();
+    }
+
+    /// `n` events (or one malformed request, see [`Intake::Malformed`]) sent to the intake
+    /// ended with `result`.
+    pub fn intake(&self, result: Intake, n: u64) {
+        if n > 0 {
+            self.intake.with_label_values(&[result.as_str()]).inc_by(n);
+        }
+    }
+
+    /// Sets the window gauges of every board from its definition and `now_ms` (Redis's
+    /// clock), as a roll at `now_ms` on a board rolled on time would: the process shows its
+    /// boards' windows from the start instead of 0 until its first complete roll. A complete
+    /// roll sets them again, from the stored watermark.
+    pub fn windows_at(&self, boards: &[Board], now_ms: i64) {
+        for board in boards {
+            let (from, to) = board.live_range(now_ms, None);
+            self.window_start
+                .with_label_values(&[&board.name])
+                .set(from as f64 / 1000.0);
+            self.window_end
+                .with_label_values(&[&board.name])
+                .set(to as f64 / 1000.0);
+        }
     }
 
     /// `n` events were applied to `board`.
@@ -793,5 +921,79 @@ impl Metrics {
         let mut boards: Vec<String> = per_board.keys().map(|b| b.to_string()).collect();
         boards.sort();
         boards
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn boards() -> Vec<Board> {
+        crate::config::Settings::from_toml(
+            "[[boards]]\nname = \"week\"\nmember = \"room\"\nwindow = \"7d\"\nslice = \"6h\"\n\
+             [[boards]]\nname = \"day\"\nmember = \"user\"\nwindow = \"24h\"\nslice = \"1h\"\n",
+        )
+        .expect("boards")
+        .boards
+    }
+
+    /// The value of the sample written exactly `series` in the exposition.
+    fn sample(text: &str, series: &str) -> Option<f64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+            .and_then(|v| v.parse().ok())
+    }
+
+    #[test]
+    fn window_gauges_are_the_live_range_at_start_up() {
+        let boards = boards();
+        let metrics = Metrics::new(&boards);
+        // 2026-11-26T10:30:00Z: the day board's live range ends at 11:00, the week's at 12:00.
+        let now = 1_795_689_000_000;
+        metrics.windows_at(&boards, now);
+        let text = metrics.render();
+        let gauge = |name: &str, board: &str| {
+            sample(
+                &text,
+                &format!("rollboard_window_{name}_timestamp_seconds{{board=\"{board}\"}}"),
+            )
+        };
+        assert_eq!(gauge("end", "day"), Some(1_795_690_800.0));
+        assert_eq!(gauge("start", "day"), Some(1_795_690_800.0 - 86_400.0));
+        assert_eq!(gauge("end", "week"), Some(1_795_694_400.0));
+        assert_eq!(
+            gauge("start", "week"),
+            Some(1_795_694_400.0 - 7.0 * 86_400.0)
+        );
+    }
+
+    #[test]
+    fn build_info_intake_results_and_unmatched_routes_are_fixed_labels() {
+        let metrics = Metrics::new(&boards());
+        metrics.http_response(None, 404);
+        metrics.http_response(None, 404);
+        metrics.http_response(Some("/v1/events"), 202);
+        metrics.intake(Intake::Invalid, 3);
+        let text = metrics.render();
+        // Label pairs are written sorted by name.
+        let build = format!(
+            "rollboard_build_info{{commit=\"{COMMIT}\",version=\"{}\"}}",
+            env!("CARGO_PKG_VERSION")
+        );
+        assert_eq!(sample(&text, &build), Some(1.0));
+        for result in Intake::ALL {
+            let series = format!(
+                "rollboard_intake_events_total{{result=\"{}\"}}",
+                result.as_str()
+            );
+            let want = if result == Intake::Invalid { 3.0 } else { 0.0 };
+            assert_eq!(sample(&text, &series), Some(want), "{series}");
+        }
+        let unmatched = "rollboard_http_requests_total{route=\"unmatched\",status=\"404\"}";
+        assert_eq!(sample(&text, unmatched), Some(2.0));
+        let events = "rollboard_http_requests_total{route=\"/v1/events\",status=\"202\"}";
+        assert_eq!(sample(&text, events), Some(1.0));
+        #[cfg(target_os = "linux")]
+        assert!(text.contains("\nprocess_resident_memory_bytes "), "{text}");
     }
 }

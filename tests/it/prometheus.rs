@@ -2,7 +2,8 @@
 //! the Kubernetes ConfigMap, and a real `prometheus` (Debian's package) scraping it with the
 //! scrape config and the rules from `deploy/prometheus/`. Every recording rule and every
 //! panel of the Grafana dashboard must return data, the alert rules must load and evaluate,
-//! and none may fire on a healthy daemon.
+//! and none may fire on a healthy daemon. The build, process, HTTP and intake metrics are
+//! checked as Prometheus stored them.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -130,28 +131,35 @@ impl Drop for Prometheus {
     }
 }
 
-/// The config the Kubernetes ConfigMap ships, pointed at `redis` and `http_port`, with
-/// quick jobs.
+/// The config the Kubernetes ConfigMap is generated from (`config/rollboard.toml`, named
+/// by the generator in `config/kustomization.yaml`, which `deploy/kubernetes` uses),
+/// pointed at `redis` and `http_port`, with quick jobs.
 fn configmap_config(dir: &Path, redis: &RedisServer, http_port: u16) -> PathBuf {
-    let manifest = read(&deploy().join("kubernetes/configmap.yaml"));
-    let (_, body) = manifest
-        .split_once("  rollboard.toml: |\n")
-        .expect("configmap.yaml holds rollboard.toml");
-    let toml: String = body
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let layout = read(&deploy().join("kubernetes/kustomization.yaml"));
+    assert!(
+        layout.lines().any(|l| l.trim() == "- ../../config"),
+        "deploy/kubernetes/kustomization.yaml does not use the config generator"
+    );
+    let generator = read(&root.join("config/kustomization.yaml"));
+    let (_, generated) = generator
+        .split_once("- name: rollboard-config\n")
+        .expect("config/kustomization.yaml generates rollboard-config");
+    let file = generated
         .lines()
-        .map(|l| l.strip_prefix("    ").unwrap_or(l))
-        .collect::<Vec<_>>()
-        .join("\n");
+        .skip_while(|l| l.trim() != "files:")
+        .nth(1)
+        .and_then(|l| l.trim().strip_prefix("- "))
+        .expect("the generator's file");
+    let toml = read(&root.join("config").join(file));
     let toml = replaced(&toml, "redis://127.0.0.1:6379", &redis.url());
     // Everything on one loopback port without tokens, as the Prometheus of this test
-    // scrapes it (the Secret's files do not exist here).
-    let (head, tail) = toml
-        .split_once("listen = \"0.0.0.0:9464\"")
-        .expect("the shipped listen address");
-    let (_, tail) = tail
-        .split_once("token_reload_interval = \"5s\"")
-        .expect("the shipped token settings");
-    let toml = format!("{head}listen = \"127.0.0.1:{http_port}\"{tail}");
+    // scrapes it (the Deployment's ROLLBOARD__HTTP__* variables are for the cluster).
+    let toml = replaced(
+        &toml,
+        "listen = \"127.0.0.1:9464\"",
+        &format!("listen = \"127.0.0.1:{http_port}\""),
+    );
     let toml = replaced(&toml, "roll = \"0 * * * * *\"", "roll = \"*/2 * * * * *\"");
     let toml = replaced(
         &toml,
@@ -182,7 +190,8 @@ fn panel_queries() -> Vec<(String, String)> {
             let expr = target["expr"].as_str().expect("expr");
             let expr = expr
                 .replace("$__rate_interval", "30s")
-                .replace("$job", "rollboard");
+                .replace("$job", "rollboard")
+                .replace("$instance", ".*");
             assert!(!expr.contains('$'), "unknown variable in {expr}");
             out.push((panel["title"].as_str().unwrap_or("").to_string(), expr));
         }
@@ -231,6 +240,8 @@ async fn prometheus_scrapes_the_daemon_with_the_deploy_files() {
                 "/v1/boards/tips_24h/members/user1",
                 "/v1/boards/rooms_7d/members/room2/around?radius=2",
                 "/readyz",
+                "/v1/boards/no_such_board/top",
+                "/no/such/path",
             ] {
                 let _ = client.get(format!("{base}{path}")).send().await;
             }
@@ -285,6 +296,17 @@ async fn prometheus_scrapes_the_daemon_with_the_deploy_files() {
         "sum(rollboard_events_applied_total) > 0",
         "sum(rollboard_script_duration_seconds_count{script=\"fold\"}) > 0",
         "sum(rollboard_http_request_duration_seconds_count{route=\"/v1/boards/{board}/top\"}) > 0",
+        // The operator's metrics, as Prometheus stored them from real scrapes.
+        "rollboard_build_info{job=\"rollboard\", version!=\"\", commit!=\"\"} == 1",
+        "process_resident_memory_bytes{job=\"rollboard\"} > 0",
+        "process_cpu_seconds_total{job=\"rollboard\"} > 0",
+        "rollboard_http_requests_total{route=\"/v1/events\", status=\"202\"} > 0",
+        "rollboard_http_requests_total{route=\"/v1/boards/{board}/top\", status=\"200\"} > 0",
+        "rollboard_http_requests_total{route=\"/v1/boards/{board}/top\", status=\"404\"} > 0",
+        "rollboard_http_requests_total{route=\"unmatched\", status=\"404\"} > 0",
+        "rollboard_intake_events_total{result=\"accepted\"} > 0",
+        "min(rollboard_window_start_timestamp_seconds) > 1.7e9",
+        "job:rollboard_consumers:count == 1",
     ] {
         assert!(
             wait_for(Duration::from_secs(30), || async {
@@ -301,6 +323,10 @@ async fn prometheus_scrapes_the_daemon_with_the_deploy_files() {
         "alert",
     );
     assert!(alerts.len() >= 7, "alert rules not found");
+    assert!(
+        alerts.iter().any(|a| a == "RollboardAbsent"),
+        "the alert on a missing target is not among {alerts:?}"
+    );
     let healthy = wait_for(Duration::from_secs(30), || async {
         let Some(data) = prometheus.api("/api/v1/rules", &[("type", "alert")]).await else {
             return false;
