@@ -341,21 +341,24 @@ async fn dispatch(settings: &Settings, command: Command) -> anyhow::Result<u8> {
             let store = connect(settings).await?;
             let now = store.time_ms().await?;
             let rank = store.rank(board, scope.as_deref(), &member, now).await?;
-            let found = rank.rank.is_some();
-            if json {
+            let found = rank.is_ranked();
+            if json && found {
                 println!("{}", serde_json::to_string(&rank)?);
+            } else if json {
+                println!("{}", rank.not_on_board());
             } else if let (Some(r), Some(c), Some(t)) =
                 (rank.rank, rank.competition_rank, rank.total)
             {
                 println!(
-                    "{} rank {r} (competition rank {c}) of {} on {}: total {}{}",
+                    "{} rank {r} (competition rank {c}) of {} on {}: total {}{}{}",
                     rank.member,
                     rank.count,
                     rank.board,
                     format_total(t, rank.scale),
                     rank.last_ts
                         .map(|ts| format!(", last {}", show_time(ts)))
-                        .unwrap_or_default()
+                        .unwrap_or_default(),
+                    as_of(rank.as_of)
                 );
             } else {
                 println!(
@@ -380,18 +383,18 @@ async fn dispatch(settings: &Settings, command: Command) -> anyhow::Result<u8> {
                 .around(board, scope.as_deref(), &member, radius, now)
                 .await?
             {
-                Some(page) => {
+                Ok(page) => {
                     print_page(&page, json)?;
                     Ok(0)
                 }
-                None => {
+                Err(missing) => {
                     if json {
-                        println!(
-                            "{}",
-                            serde_json::json!({"board": board.name, "scope": scope, "member": member, "rank": null})
-                        );
+                        println!("{}", missing.not_on_board());
                     } else {
-                        println!("{member} is not on {}", board.name);
+                        println!(
+                            "{} is not on {} ({} ranked)",
+                            missing.member, missing.board, missing.count
+                        );
                     }
                     Ok(EXIT_NOT_FOUND)
                 }
@@ -616,6 +619,12 @@ pub fn check_roll_time(at: i64, clock: i64) -> Result<(), Usage> {
     )))
 }
 
+/// `, as of <time>` when the ranking's last change is known.
+fn as_of(at: Option<i64>) -> String {
+    at.map(|t| format!(", as of {}", show_time(t)))
+        .unwrap_or_default()
+}
+
 fn print_page(page: &Page, json: bool) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
     if json {
@@ -629,11 +638,12 @@ fn print_page(page: &Page, json: bool) -> anyhow::Result<()> {
         .unwrap_or_default();
     writeln!(
         out,
-        "{}{scope}: {} ranked, window {} .. {}",
+        "{}{scope}: {} ranked, window {} .. {}{}",
         page.board,
         page.count,
         show_time(page.window_from),
-        show_time(page.window_to)
+        show_time(page.window_to),
+        as_of(page.as_of)
     )?;
     let width = page
         .entries

@@ -296,6 +296,41 @@ impl RedisSettings {
     pub fn redacted_url(&self) -> String {
         redact_url(&self.url)
     }
+
+    /// The Redis server(s) of the URL as `host:port` (comma-separated for a cluster's
+    /// seed list), never the user or password: what logs and errors name.
+    pub fn host(&self) -> String {
+        redis_host(&self.url)
+    }
+}
+
+/// The `host:port` part of a Redis URL (port 6379 when none is given), without its
+/// user-info; the URL itself (redacted) when it has no `scheme://`.
+pub fn redis_host(url: &str) -> String {
+    let Some((_, rest)) = url.split_once("://") else {
+        return redact_url(url);
+    };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let authority = &rest[..authority_end];
+    let hosts = authority
+        .rfind('@')
+        .map_or(authority, |at| &authority[at + 1..]);
+    hosts
+        .split(',')
+        .map(|host| {
+            // A bracketed IPv6 address holds colons of its own.
+            let has_port = match host.rfind(']') {
+                Some(close) => host[close..].contains(':'),
+                None => host.contains(':'),
+            };
+            if has_port || host.is_empty() {
+                host.to_string()
+            } else {
+                format!("{host}:6379")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 impl std::fmt::Debug for RedisSettings {
@@ -1403,6 +1438,21 @@ mod tests {
         assert_eq!(s.http.request_timeout, Duration::from_secs(30));
         assert_eq!(s.http.max_connections, 1024);
         assert_eq!(s.http.max_concurrent_intake, 4);
+    }
+
+    #[test]
+    fn hosts_are_named_without_credentials() {
+        assert_eq!(redis_host("redis://u:pw@10.0.0.5:6380/0"), "10.0.0.5:6380");
+        assert_eq!(
+            redis_host("rediss://:p@ss@cache.internal"),
+            "cache.internal:6379"
+        );
+        assert_eq!(redis_host("redis://[::1]:7000"), "[::1]:7000");
+        assert_eq!(redis_host("redis://[::1]"), "[::1]:6379");
+        assert_eq!(
+            redis_host("redis-cluster://pw@a:7000,b:7001"),
+            "a:7000,b:7001"
+        );
     }
 
     #[test]
