@@ -933,7 +933,7 @@ async fn readyz(State(state): State<Arc<AppState>>, RawQuery(query): RawQuery) -
         Ok(group) => (true, group),
         Err(e) => {
             state.metrics.redis_error(&e);
-            warn!(error = %e, "readiness check failed: redis unreachable or not answering");
+            warn!(redis = %state.settings.redis.host(), error = %e, "readiness check failed: redis unreachable or not answering");
             (false, false)
         }
     };
