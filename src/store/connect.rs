@@ -3,7 +3,7 @@
 //! ([`Denied`], [`Refused`]) and the check of each board's stored settings ([`Conflicts`]).
 
 use std::collections::HashMap;
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -404,6 +404,21 @@ impl Store {
     ) -> Result<Store, StoreError> {
         // One connection more than asked, for the reads (see [`Store::reader`]).
         let pool = builder.build_pool(size.max(1) + 1)?;
+        let failed = Arc::new(AtomicBool::new(false));
+        for client in pool.clients() {
+            use fred::interfaces::EventInterface;
+            // The listeners run for the life of the client; their handles are not needed.
+            let on_error = failed.clone();
+            drop(client.on_error(move |_| {
+                on_error.store(true, Ordering::SeqCst);
+                std::future::ready(Ok(()))
+            }));
+            let on_reconnect = failed.clone();
+            drop(client.on_reconnect(move |_| {
+                on_reconnect.store(false, Ordering::SeqCst);
+                std::future::ready(Ok(()))
+            }));
+        }
         match reconnect {
             Reconnect::Never => {
                 pool.init().await?;
@@ -423,6 +438,7 @@ impl Store {
             durability: Durability::default(),
             replicas_auto: tokio::sync::OnceCell::new(),
             legacy: Default::default(),
+            failed,
         })
     }
 
@@ -751,6 +767,13 @@ impl Store {
     /// job that must not hang checks first.
     pub fn is_connected(&self) -> bool {
         self.pool.clients().iter().any(|c| c.is_connected())
+    }
+
+    /// Whether Redis is known to be down: no connection is up and the last connection
+    /// event was an error (a lost connection, a refused reconnection). A store still making
+    /// its first connection is not known down: a command sent then waits for it.
+    pub fn is_known_down(&self) -> bool {
+        self.failed.load(Ordering::SeqCst) && !self.is_connected()
     }
 
     /// The error a job reports when it did not start because Redis is unreachable.

@@ -22,6 +22,7 @@ mod http_edges;
 mod intake;
 mod layout;
 mod model;
+mod operator_behaviour;
 mod outage_classes;
 mod partitions;
 mod pinned_settings;
