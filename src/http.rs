@@ -534,10 +534,10 @@ async fn redis<T>(
 ) -> ApiResult<T> {
     // Known down: every connection of the pool is lost. A command sent now would wait for
     // the reconnection until REDIS_TIMEOUT; the client is told to come back at once.
-    if state.store.is_known_down() {
+    if let Some(last) = state.store.known_down() {
         state.metrics.redis_error(&Store::not_connected());
         return Err(ApiError::Unavailable(format!(
-            "redis is unavailable: not connected to {}",
+            "redis is unavailable: not connected to {} ({last})",
             state.settings.redis.host()
         )));
     }

@@ -3,7 +3,7 @@
 //! ([`Denied`], [`Refused`]) and the check of each board's stored settings ([`Conflicts`]).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -404,18 +404,24 @@ impl Store {
     ) -> Result<Store, StoreError> {
         // One connection more than asked, for the reads (see [`Store::reader`]).
         let pool = builder.build_pool(size.max(1) + 1)?;
-        let failed = Arc::new(AtomicBool::new(false));
+        let failed = Arc::new(std::sync::Mutex::new(None));
         for client in pool.clients() {
             use fred::interfaces::EventInterface;
             // The listeners run for the life of the client; their handles are not needed.
             let on_error = failed.clone();
-            drop(client.on_error(move |_| {
-                on_error.store(true, Ordering::SeqCst);
+            drop(client.on_error(move |(error, _)| {
+                // Bounded: the detail is Redis's or the OS's text, shown in a 503.
+                let detail: String = error.details().chars().take(200).collect();
+                if let Ok(mut last) = on_error.lock() {
+                    *last = Some(detail);
+                }
                 std::future::ready(Ok(()))
             }));
             let on_reconnect = failed.clone();
             drop(client.on_reconnect(move |_| {
-                on_reconnect.store(false, Ordering::SeqCst);
+                if let Ok(mut last) = on_reconnect.lock() {
+                    *last = None;
+                }
                 std::future::ready(Ok(()))
             }));
         }
@@ -769,11 +775,15 @@ impl Store {
         self.pool.clients().iter().any(|c| c.is_connected())
     }
 
-    /// Whether Redis is known to be down: no connection is up and the last connection
-    /// event was an error (a lost connection, a refused reconnection). A store still making
-    /// its first connection is not known down: a command sent then waits for it.
-    pub fn is_known_down(&self) -> bool {
-        self.failed.load(Ordering::SeqCst) && !self.is_connected()
+    /// When Redis is known to be down, the last connection error: no connection is up and
+    /// the last connection event was an error (a lost connection, a refused reconnection).
+    /// A store still making its first connection is not known down: a command sent then
+    /// waits for it.
+    pub fn known_down(&self) -> Option<String> {
+        if self.is_connected() {
+            return None;
+        }
+        self.failed.lock().ok().and_then(|last| last.clone())
     }
 
     /// The error a job reports when it did not start because Redis is unreachable.
