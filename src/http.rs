@@ -14,9 +14,10 @@
 //! Every error answer is a JSON `{"error": ...}` that never echoes unbounded input: client
 //! mistakes answer 400, 401, 404, 405, 408, 413 or 415; a Redis outage (every Redis error
 //! but those that prove the data wrong, see [`StoreError::is_outage`]) answers 503 with
-//! `Retry-After`, and so does an intake over `http.max_concurrent_intake`; a Redis error
-//! that proves the data wrong (`WRONGTYPE`: a key holding data rollboard did not write, or
-//! a script's consistency check) answers 500. Nothing a client sends can produce a 500.
+//! `Retry-After` (at once, naming the host, while every connection is known lost; see
+//! [`Store::known_down`]), and so does an intake over `http.max_concurrent_intake`; a Redis
+//! error that proves the data wrong (`WRONGTYPE`: a key holding data rollboard did not
+//! write, or a script's consistency check) answers 500. Nothing a client sends can produce a 500.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
