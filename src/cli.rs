@@ -244,7 +244,12 @@ pub async fn execute(settings: Settings, command: Command) -> ExitCode {
                 ExitCode::from(EXIT_CONFIG)
             }
             None if is_outage(&e) => {
-                eprintln!("error: {e:#}");
+                let host = settings.redis.host();
+                if format!("{e:#}").contains(&host) {
+                    eprintln!("error: {e:#}");
+                } else {
+                    eprintln!("error: {e:#} (redis at {host})");
+                }
                 ExitCode::from(EXIT_UNAVAILABLE)
             }
             None => {
@@ -341,21 +346,24 @@ async fn dispatch(settings: &Settings, command: Command) -> anyhow::Result<u8> {
             let store = connect(settings).await?;
             let now = store.time_ms().await?;
             let rank = store.rank(board, scope.as_deref(), &member, now).await?;
-            let found = rank.rank.is_some();
-            if json {
+            let found = rank.is_ranked();
+            if json && found {
                 println!("{}", serde_json::to_string(&rank)?);
+            } else if json {
+                println!("{}", rank.not_on_board());
             } else if let (Some(r), Some(c), Some(t)) =
                 (rank.rank, rank.competition_rank, rank.total)
             {
                 println!(
-                    "{} rank {r} (competition rank {c}) of {} on {}: total {}{}",
+                    "{} rank {r} (competition rank {c}) of {} on {}: total {}{}{}",
                     rank.member,
                     rank.count,
                     rank.board,
                     format_total(t, rank.scale),
                     rank.last_ts
                         .map(|ts| format!(", last {}", show_time(ts)))
-                        .unwrap_or_default()
+                        .unwrap_or_default(),
+                    as_of(rank.as_of)
                 );
             } else {
                 println!(
@@ -380,18 +388,18 @@ async fn dispatch(settings: &Settings, command: Command) -> anyhow::Result<u8> {
                 .around(board, scope.as_deref(), &member, radius, now)
                 .await?
             {
-                Some(page) => {
+                Ok(page) => {
                     print_page(&page, json)?;
                     Ok(0)
                 }
-                None => {
+                Err(missing) => {
                     if json {
-                        println!(
-                            "{}",
-                            serde_json::json!({"board": board.name, "scope": scope, "member": member, "rank": null})
-                        );
+                        println!("{}", missing.not_on_board());
                     } else {
-                        println!("{member} is not on {}", board.name);
+                        println!(
+                            "{} is not on {} ({} ranked)",
+                            missing.member, missing.board, missing.count
+                        );
                     }
                     Ok(EXIT_NOT_FOUND)
                 }
@@ -470,11 +478,15 @@ async fn dispatch(settings: &Settings, command: Command) -> anyhow::Result<u8> {
                 Some(s) => vec![Some(s)],
                 None => roll::instances(&store, b).await?,
             };
+            let (mut instances, mut repaired, mut changed) = (0u64, 0u64, 0u64);
             for scope in scopes {
                 let rebuilt =
                     roll::rebuild(&store, b, scope.as_deref(), settings.schedule.chunk).await?;
                 let label = scope.map(|s| format!(" [{s}]")).unwrap_or_default();
-                println!("{}{label}: rebuilt, {} member(s)", b.name, rebuilt.members);
+                println!(
+                    "{}{label}: rebuilt, {} member(s), {} changed",
+                    b.name, rebuilt.members, rebuilt.changed
+                );
                 if !rebuilt.estimated.is_empty() {
                     println!(
                         "{}{label}: the tie-break time of {} member(s) was lost and is now the end of their newest slice: {}",
@@ -483,7 +495,14 @@ async fn dispatch(settings: &Settings, command: Command) -> anyhow::Result<u8> {
                         rebuilt.estimated.join(", ")
                     );
                 }
+                instances += 1;
+                changed += rebuilt.changed;
+                repaired += u64::from(rebuilt.changed > 0 || !rebuilt.estimated.is_empty());
             }
+            println!(
+                "rebuilt {instances} instance(s) of {}: {repaired} repaired, {changed} member(s) changed",
+                b.name
+            );
             Ok(0)
         }
         Command::Verify {
@@ -497,55 +516,180 @@ async fn dispatch(settings: &Settings, command: Command) -> anyhow::Result<u8> {
                     .ok_or_else(|| Usage(format!("unknown board {name:?}")))?;
             }
             let store = connect(settings).await?;
-            let mut failed = false;
+            let mut all = Vec::new();
             for b in settings
                 .boards
                 .iter()
                 .filter(|b| board.as_ref().is_none_or(|n| *n == b.name))
             {
                 for scope in roll::instances(&store, b).await? {
-                    let v =
-                        roll::verify(&store, b, scope.as_deref(), settings.schedule.chunk).await?;
-                    failed |= v.fails(strict);
-                    if json {
-                        println!("{}", serde_json::to_string(&v)?);
-                        continue;
-                    }
-                    let label = v
-                        .scope
-                        .as_deref()
-                        .map(|s| format!(" [{s}]"))
-                        .unwrap_or_default();
-                    let verdict = match (v.differences.is_empty(), v.fails(strict)) {
-                        (true, _) => "ok".to_string(),
-                        (false, true) => format!("DRIFT in {} member(s)", v.differences.len()),
-                        (false, false) => format!(
-                            "behind its slices by {} member(s), {} unit(s)",
-                            v.differences.len(),
-                            v.amount_behind
-                        ),
-                    };
-                    println!(
-                        "{}{label} ({}): {} member(s), {verdict}",
-                        v.board, v.mode, v.members
-                    );
-                    for d in &v.differences {
-                        let show = |t: Option<i64>| {
-                            t.map(|t| format_total(t, b.scale))
-                                .unwrap_or_else(|| "-".into())
-                        };
-                        println!(
-                            "  {}: slices {} stored {}",
-                            d.member,
-                            show(d.expected),
-                            show(d.stored)
-                        );
-                    }
+                    all.push((b, scope));
                 }
             }
-            Ok(u8::from(failed))
+            let mut progress = Progress::new(all.len());
+            let mut summary = VerifySummary::default();
+            for (b, scope) in all {
+                let v = roll::verify(&store, b, scope.as_deref(), settings.schedule.chunk).await?;
+                summary.add(&v, strict);
+                progress.step(summary.differing);
+                if json {
+                    println!("{}", serde_json::to_string(&v)?);
+                    continue;
+                }
+                let label = v
+                    .scope
+                    .as_deref()
+                    .map(|s| format!(" [{s}]"))
+                    .unwrap_or_default();
+                let verdict = match (v.differences.is_empty(), v.fails(strict)) {
+                    (true, _) => "ok".to_string(),
+                    (false, true) => format!("DRIFT in {} member(s)", v.differences.len()),
+                    (false, false) => format!(
+                        "behind its slices by {} member(s), {} unit(s)",
+                        v.differences.len(),
+                        v.amount_behind
+                    ),
+                };
+                println!(
+                    "{}{label} ({}): {} member(s), {verdict}",
+                    v.board, v.mode, v.members
+                );
+                for d in &v.differences {
+                    let show = |t: Option<i64>| {
+                        t.map(|t| format_total(t, b.scale))
+                            .unwrap_or_else(|| "-".into())
+                    };
+                    println!(
+                        "  {}: slices {} stored {}",
+                        d.member,
+                        show(d.expected),
+                        show(d.stored)
+                    );
+                }
+            }
+            progress.done();
+            if json {
+                println!("{}", serde_json::json!({ "summary": summary }));
+            } else {
+                println!("{}", summary.line());
+            }
+            Ok(u8::from(summary.failing > 0))
         }
         Command::DeadLetters { action } => dead_letters::run(settings, action).await,
+    }
+}
+
+/// What `verify` found over every instance it checked: its last output line (a
+/// `{"summary": ...}` line with `--json`).
+#[derive(Debug, Default, serde::Serialize)]
+struct VerifySummary {
+    /// Instances checked.
+    instances: u64,
+    /// Instances whose stored ranking differs from their slices.
+    differing: u64,
+    /// Of those, the ones that fail the check (drift; with `--strict`, lag too).
+    failing: u64,
+    /// Members that differ, over every instance.
+    members_differing: u64,
+    /// The commands that repair the differing instances.
+    repair: Vec<String>,
+}
+
+impl VerifySummary {
+    fn add(&mut self, v: &roll::Verified, strict: bool) {
+        self.instances += 1;
+        if v.differences.is_empty() {
+            return;
+        }
+        self.differing += 1;
+        self.failing += u64::from(v.fails(strict));
+        self.members_differing += v.differences.len() as u64;
+        let scope = v
+            .scope
+            .as_deref()
+            .map(|s| format!(" --scope {}", shell_word(s)))
+            .unwrap_or_default();
+        self.repair
+            .push(format!("rollboard rebuild {}{scope}", shell_word(&v.board)));
+    }
+
+    fn line(&self) -> String {
+        let head = format!(
+            "verified {} instance(s): {} differing ({} member(s)), {} failing",
+            self.instances, self.differing, self.members_differing, self.failing
+        );
+        match self.repair.as_slice() {
+            [] => head,
+            [one] => format!("{head}; repair with: {one}"),
+            many => format!(
+                "{head}; repair with: {} (and {} more, see above)",
+                many[0],
+                many.len() - 1
+            ),
+        }
+    }
+}
+
+/// `text` quoted for a POSIX shell when it holds anything but plain characters.
+fn shell_word(text: &str) -> String {
+    if !text.is_empty()
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_-.:/@%+=,".contains(&b))
+    {
+        text.to_string()
+    } else {
+        format!("'{}'", text.replace('\'', "'\\''"))
+    }
+}
+
+/// Progress of a long `verify` on standard error: on a terminal at most once a second,
+/// otherwise every [`PROGRESS_EVERY`] instances (nothing for a short run), so standard
+/// output stays the report and a log of standard error stays one line per report.
+struct Progress {
+    total: usize,
+    done: usize,
+    terminal: bool,
+    last: std::time::Instant,
+    shown: bool,
+}
+
+/// Instances between two progress lines when standard error is not a terminal.
+const PROGRESS_EVERY: usize = 1000;
+
+impl Progress {
+    fn new(total: usize) -> Progress {
+        use std::io::IsTerminal;
+        Progress {
+            total,
+            done: 0,
+            terminal: std::io::stderr().is_terminal(),
+            last: std::time::Instant::now(),
+            shown: false,
+        }
+    }
+
+    fn step(&mut self, differing: u64) {
+        self.done += 1;
+        let due = if self.terminal {
+            self.last.elapsed() >= std::time::Duration::from_secs(1)
+        } else {
+            self.done % PROGRESS_EVERY == 0
+        };
+        if due && self.done < self.total {
+            self.last = std::time::Instant::now();
+            self.shown = true;
+            eprintln!(
+                "verify: {}/{} instance(s) checked, {differing} differing",
+                self.done, self.total
+            );
+        }
+    }
+
+    fn done(&self) {
+        if self.shown {
+            eprintln!("verify: {}/{} instance(s) checked", self.done, self.total);
+        }
     }
 }
 
@@ -616,6 +760,12 @@ pub fn check_roll_time(at: i64, clock: i64) -> Result<(), Usage> {
     )))
 }
 
+/// `, as of <time>` when the ranking's last change is known.
+fn as_of(at: Option<i64>) -> String {
+    at.map(|t| format!(", as of {}", show_time(t)))
+        .unwrap_or_default()
+}
+
 fn print_page(page: &Page, json: bool) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
     if json {
@@ -629,11 +779,12 @@ fn print_page(page: &Page, json: bool) -> anyhow::Result<()> {
         .unwrap_or_default();
     writeln!(
         out,
-        "{}{scope}: {} ranked, window {} .. {}",
+        "{}{scope}: {} ranked, window {} .. {}{}",
         page.board,
         page.count,
         show_time(page.window_from),
-        show_time(page.window_to)
+        show_time(page.window_to),
+        as_of(page.as_of)
     )?;
     let width = page
         .entries

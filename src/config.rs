@@ -28,7 +28,7 @@ pub enum ConfigError {
     #[error("cannot read configuration: {0}")]
     Read(String),
     /// A key holds a value that is not acceptable.
-    #[error("invalid configuration: `{key}` = {value:?}: {reason}")]
+    #[error("invalid configuration: `{key}` = {value:?}: {reason}{}", shown_origin(.origin))]
     Invalid {
         /// Dotted path of the key, e.g. `boards[1].window`.
         key: String,
@@ -36,7 +36,85 @@ pub enum ConfigError {
         value: String,
         /// What is wrong with it.
         reason: String,
+        /// Where the value came from: `environment variable ROLLBOARD__...` or
+        /// `file <path>` (unknown until the sources are known).
+        origin: Option<String>,
     },
+}
+
+fn shown_origin(origin: &Option<String>) -> String {
+    origin
+        .as_deref()
+        .map(|o| format!(" (set by {o})"))
+        .unwrap_or_default()
+}
+
+/// The environment variable that sets the dotted `key` (e.g. `ingest.batch_size` from
+/// `ROLLBOARD__INGEST__BATCH_SIZE`; names are matched without regard to case, as the
+/// `config` crate reads them), if one is set.
+fn env_var_for(key: &str) -> Option<String> {
+    if key.contains('[') {
+        // Array elements (`boards[1]...`) cannot be set from the environment.
+        return None;
+    }
+    let wanted = format!("ROLLBOARD__{}", key.replace('.', "__"));
+    std::env::vars_os()
+        .filter_map(|(name, _)| name.into_string().ok())
+        .find(|name| name.eq_ignore_ascii_case(&wanted))
+}
+
+/// The dotted key a `config` crate error is about: `... for key `ingest.batch_size` ...`,
+/// or for an unknown field, that field under its table (`ingest.batchsize`).
+fn key_in_message(message: &str) -> Option<String> {
+    let quoted = |after: &str| -> Option<String> {
+        let start = message.find(after)? + after.len();
+        let rest = &message[start..];
+        Some(rest[..rest.find('`')?].to_string())
+    };
+    let table = quoted("for key `");
+    match quoted("unknown field `") {
+        Some(field) => Some(match table {
+            Some(table) => format!("{table}.{field}"),
+            None => field,
+        }),
+        None => table,
+    }
+}
+
+/// `e` with where its value came from: the environment variable that set the key, else
+/// `file` (when there is one).
+fn locate(e: ConfigError, file: Option<&Path>) -> ConfigError {
+    let in_file = || file.map(|p| p.display().to_string());
+    match e {
+        ConfigError::Invalid {
+            key,
+            value,
+            reason,
+            origin: None,
+        } => {
+            let origin = env_var_for(&key)
+                .map(|var| format!("environment variable {var}"))
+                .or_else(|| in_file().map(|p| format!("file {p}")));
+            ConfigError::Invalid {
+                key,
+                value,
+                reason,
+                origin,
+            }
+        }
+        ConfigError::Read(why) => {
+            let var = key_in_message(&why).and_then(|key| env_var_for(&key));
+            match (var, in_file()) {
+                (Some(var), _) => {
+                    let why = why.trim_end_matches(" in the environment");
+                    ConfigError::Read(format!("environment variable {var}: {why}"))
+                }
+                (None, Some(path)) => ConfigError::Read(format!("{path}: {why}")),
+                (None, None) => ConfigError::Read(why),
+            }
+        }
+        located => located,
+    }
 }
 
 fn invalid(
@@ -48,6 +126,7 @@ fn invalid(
         key: key.into(),
         value: value.into(),
         reason: reason.into(),
+        origin: None,
     }
 }
 
@@ -300,6 +379,41 @@ impl RedisSettings {
     pub fn redacted_url(&self) -> String {
         redact_url(&self.url)
     }
+
+    /// The Redis server(s) of the URL as `host:port` (comma-separated for a cluster's
+    /// seed list), never the user or password: what logs and errors name.
+    pub fn host(&self) -> String {
+        redis_host(&self.url)
+    }
+}
+
+/// The `host:port` part of a Redis URL (port 6379 when none is given), without its
+/// user-info; the URL itself (redacted) when it has no `scheme://`.
+pub fn redis_host(url: &str) -> String {
+    let Some((_, rest)) = url.split_once("://") else {
+        return redact_url(url);
+    };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let authority = &rest[..authority_end];
+    let hosts = authority
+        .rfind('@')
+        .map_or(authority, |at| &authority[at + 1..]);
+    hosts
+        .split(',')
+        .map(|host| {
+            // A bracketed IPv6 address holds colons of its own.
+            let has_port = match host.rfind(']') {
+                Some(close) => host[close..].contains(':'),
+                None => host.contains(':'),
+            };
+            if has_port || host.is_empty() {
+                host.to_string()
+            } else {
+                format!("{host}:6379")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 impl std::fmt::Debug for RedisSettings {
@@ -486,14 +600,16 @@ impl Settings {
     pub fn load(path: &Path) -> Result<Settings, ConfigError> {
         let text = read_text(path)
             .map_err(|why| ConfigError::Read(format!("{}: {why}", path.display())))?;
-        Self::from_toml(&text).map_err(|e| match e {
-            ConfigError::Read(why) => ConfigError::Read(format!("{}: {why}", path.display())),
-            invalid => invalid,
-        })
+        Self::parse(&text).map_err(|e| locate(e, Some(path)))
     }
 
-    /// Parses settings from TOML text (environment overrides included).
+    /// Parses settings from TOML text (environment overrides included); an error names the
+    /// environment variable that set the key at fault, if one did.
     pub fn from_toml(text: &str) -> Result<Settings, ConfigError> {
+        Self::parse(text).map_err(|e| locate(e, None))
+    }
+
+    fn parse(text: &str) -> Result<Settings, ConfigError> {
         let raw: RawSettings = ::config::Config::builder()
             .add_source(::config::File::from_str(text, ::config::FileFormat::Toml))
             .add_source(env_source())
@@ -1438,6 +1554,21 @@ mod tests {
         assert_eq!(s.http.request_timeout, Duration::from_secs(30));
         assert_eq!(s.http.max_connections, 1024);
         assert_eq!(s.http.max_concurrent_intake, 4);
+    }
+
+    #[test]
+    fn hosts_are_named_without_credentials() {
+        assert_eq!(redis_host("redis://u:pw@10.0.0.5:6380/0"), "10.0.0.5:6380");
+        assert_eq!(
+            redis_host("rediss://:p@ss@cache.internal"),
+            "cache.internal:6379"
+        );
+        assert_eq!(redis_host("redis://[::1]:7000"), "[::1]:7000");
+        assert_eq!(redis_host("redis://[::1]"), "[::1]:6379");
+        assert_eq!(
+            redis_host("redis-cluster://pw@a:7000,b:7001"),
+            "a:7000,b:7001"
+        );
     }
 
     #[test]

@@ -302,6 +302,31 @@ async fn join_http(http: std::thread::JoinHandle<()>) {
     }
 }
 
+/// Logs every connection error of the pool's first connection, naming the Redis host
+/// (never the password), until `cancel` fires. Commands sent meanwhile wait for the
+/// reconnection, so without this an outage would show only as their timeouts.
+async fn log_connection_errors(store: Arc<Store>, host: String, cancel: CancellationToken) {
+    use fred::interfaces::EventInterface;
+    let Some(client) = store.pool().clients().first() else {
+        return;
+    };
+    let mut errors = client.error_rx();
+    loop {
+        // Cancel safety: a broadcast receive loses nothing when it is dropped.
+        let received = tokio::select! {
+            _ = cancel.cancelled() => return,
+            received = errors.recv() => received,
+        };
+        match received {
+            Ok((error, _)) => {
+                warn!(redis = %host, error = %error, "redis connection error; reconnecting")
+            }
+            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+            Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+        }
+    }
+}
+
 /// Waits until Redis answers the permission probe and the board settings check.
 /// `Ok(false)`: shutdown came first; an error: the Redis user lacks a permission, or a
 /// board's settings conflict with its data (the daemon must not start either way).
@@ -330,7 +355,7 @@ async fn settings_gate(
                         }
                         let e = crate::store::StoreError::Redis(error);
                         metrics.redis_error(&e);
-                        warn!(error = %e, "cannot connect to redis yet; retrying");
+                        warn!(redis = %settings.redis.host(), error = %e, "cannot connect to redis yet; retrying");
                     }
                 }
                 _ = tokio::time::sleep(backoff) => {}
@@ -567,6 +592,7 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> anyhow::Resul
         version = env!("CARGO_PKG_VERSION"),
         boards = settings.boards.len(),
         roles = %roles,
+        redis = %settings.redis.host(),
         "rollboard starting"
     );
     let settings = Arc::new(settings);
@@ -639,6 +665,10 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> anyhow::Resul
         metrics.windows_at(&settings.boards, clock.now());
     }
     let tracker = TaskTracker::new();
+    tracker.spawn(
+        log_connection_errors(store.clone(), settings.redis.host(), cancel.clone())
+            .instrument(tracing::info_span!("redis")),
+    );
     tracker.spawn(
         keep_clock(
             store.clone(),

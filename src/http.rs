@@ -14,9 +14,10 @@
 //! Every error answer is a JSON `{"error": ...}` that never echoes unbounded input: client
 //! mistakes answer 400, 401, 404, 405, 408, 413 or 415; a Redis outage (every Redis error
 //! but those that prove the data wrong, see [`StoreError::is_outage`]) answers 503 with
-//! `Retry-After`, and so does an intake over `http.max_concurrent_intake`; a Redis error
-//! that proves the data wrong (`WRONGTYPE`: a key holding data rollboard did not write, or
-//! a script's consistency check) answers 500. Nothing a client sends can produce a 500.
+//! `Retry-After` (at once, naming the host, while every connection is known lost; see
+//! [`Store::known_down`]), and so does an intake over `http.max_concurrent_intake`; a Redis
+//! error that proves the data wrong (`WRONGTYPE`: a key holding data rollboard did not
+//! write, or a script's consistency check) answers 500. Nothing a client sends can produce a 500.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -88,6 +89,9 @@ pub enum ApiError {
     NotFound(String),
     /// 400 with a structured body (invalid events).
     Invalid(Value),
+    /// 404 whose body is the member's rank answer with null rank fields and an `error`
+    /// (see [`crate::query::MemberRank::not_on_board`]).
+    NotOnBoard(Value),
     /// 413: the request body is over the limit.
     TooLarge(String),
     /// 415: the body is not declared as JSON.
@@ -110,6 +114,7 @@ impl IntoResponse for ApiError {
                 (StatusCode::NOT_FOUND, Json(json!({ "error": m }))).into_response()
             }
             ApiError::Invalid(body) => (StatusCode::BAD_REQUEST, Json(body)).into_response(),
+            ApiError::NotOnBoard(body) => (StatusCode::NOT_FOUND, Json(body)).into_response(),
             ApiError::TooLarge(m) => {
                 (StatusCode::PAYLOAD_TOO_LARGE, Json(json!({ "error": m }))).into_response()
             }
@@ -345,7 +350,9 @@ pub fn admin_routes(state: &AppState) -> Router<Arc<AppState>> {
         )
         .route(
             "/healthz",
-            get(|| async { Json(json!({ "status": "ok" })) }),
+            get(|RawQuery(query): RawQuery| async move {
+                params(query, &[]).map(|_| Json(json!({ "status": "ok" })))
+            }),
         )
         .route("/readyz", get(readyz))
 }
@@ -570,6 +577,15 @@ async fn redis<T>(
     state: &AppState,
     call: impl std::future::Future<Output = Result<T, StoreError>>,
 ) -> ApiResult<T> {
+    // Known down: every connection of the pool is lost. A command sent now would wait for
+    // the reconnection until REDIS_TIMEOUT; the client is told to come back at once.
+    if let Some(last) = state.store.known_down() {
+        state.metrics.redis_error(&Store::not_connected());
+        return Err(ApiError::Unavailable(format!(
+            "redis is unavailable: not connected to {} ({last})",
+            state.settings.redis.host()
+        )));
+    }
     match tokio::time::timeout(REDIS_TIMEOUT, call).await {
         Ok(Ok(v)) => Ok(v),
         Ok(Err(e)) => {
@@ -609,8 +625,9 @@ fn board<'a>(state: &'a AppState, name: &str) -> ApiResult<&'a Board> {
 }
 
 /// The query parameters, percent-decoded; a value that is not UTF-8 once decoded is a 400,
-/// never silently replaced.
-fn params(query: Option<String>) -> ApiResult<HashMap<String, String>> {
+/// never silently replaced, and so is a parameter the route does not take (not in
+/// `allowed`): a misspelt `?limt=5` is named, never ignored.
+fn params(query: Option<String>, allowed: &[&str]) -> ApiResult<HashMap<String, String>> {
     let mut params = HashMap::new();
     for pair in query.as_deref().unwrap_or("").split('&') {
         if pair.is_empty() {
@@ -632,6 +649,16 @@ fn params(query: Option<String>) -> ApiResult<HashMap<String, String>> {
                 "query parameter {shown:?} is not UTF-8 once decoded"
             ))
         })?;
+        if !allowed.contains(&name.as_str()) {
+            let takes = match allowed {
+                [] => "no query parameters".to_string(),
+                names => format!("only {}", names.join(", ")),
+            };
+            return Err(ApiError::BadRequest(format!(
+                "unknown query parameter {}: this route takes {takes}",
+                crate::event::shown(name.as_bytes())
+            )));
+        }
         params.insert(name, value);
     }
     Ok(params)
@@ -692,7 +719,11 @@ fn member_of(member: &str) -> ApiResult<&str> {
     check_name(member.as_bytes()).map_err(|why| ApiError::BadRequest(format!("member {why}")))
 }
 
-async fn boards(State(state): State<Arc<AppState>>) -> Json<Value> {
+async fn boards(
+    State(state): State<Arc<AppState>>,
+    RawQuery(query): RawQuery,
+) -> ApiResult<Json<Value>> {
+    params(query, &[])?;
     let list: Vec<Value> = state
         .settings
         .boards
@@ -706,7 +737,7 @@ async fn boards(State(state): State<Arc<AppState>>) -> Json<Value> {
             })
         })
         .collect();
-    Json(json!({ "boards": list }))
+    Ok(Json(json!({ "boards": list })))
 }
 
 async fn top(
@@ -715,7 +746,7 @@ async fn top(
     RawQuery(query): RawQuery,
 ) -> ApiResult<Response> {
     let name = path(name)?;
-    let params = params(query)?;
+    let params = params(query, &["limit", "offset", "scope"])?;
     let b = board(&state, &name)?;
     let scope = scope_of(b, &params)?;
     let limit = number(&params, "limit", 10, 1..=1000)?;
@@ -734,7 +765,7 @@ async fn rank(
     RawQuery(query): RawQuery,
 ) -> ApiResult<Response> {
     let (name, member) = path(names)?;
-    let params = params(query)?;
+    let params = params(query, &["scope"])?;
     let b = board(&state, &name)?;
     let scope = scope_of(b, &params)?;
     let member = member_of(&member)?;
@@ -743,11 +774,8 @@ async fn rank(
         state.store.rank(b, scope, member, state.clock.now()),
     )
     .await?;
-    if rank.rank.is_none() {
-        return Err(ApiError::NotFound(format!(
-            "{member:?} is not on board {}",
-            b.name
-        )));
+    if !rank.is_ranked() {
+        return Err(ApiError::NotOnBoard(rank.not_on_board()));
     }
     Ok(Json(rank).into_response())
 }
@@ -758,7 +786,7 @@ async fn around(
     RawQuery(query): RawQuery,
 ) -> ApiResult<Response> {
     let (name, member) = path(names)?;
-    let params = params(query)?;
+    let params = params(query, &["radius", "scope"])?;
     let b = board(&state, &name)?;
     let scope = scope_of(b, &params)?;
     let member = member_of(&member)?;
@@ -771,11 +799,8 @@ async fn around(
     )
     .await?
     {
-        Some(page) => Ok(Json(page).into_response()),
-        None => Err(ApiError::NotFound(format!(
-            "{member:?} is not on board {}",
-            b.name
-        ))),
+        Ok(page) => Ok(Json(page).into_response()),
+        Err(missing) => Err(ApiError::NotOnBoard(missing.not_on_board())),
     }
 }
 
@@ -858,10 +883,12 @@ pub fn intake_body(body: &[u8], boards: &[Board]) -> ApiResult<Vec<Vec<Field>>> 
 
 async fn events(
     State(state): State<Arc<AppState>>,
+    RawQuery(query): RawQuery,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Response> {
     let metrics = &state.metrics;
+    params(query, &[]).inspect_err(|_| metrics.intake(Intake::Malformed, 1))?;
     if !is_json(&headers) {
         metrics.intake(Intake::Malformed, 1);
         return Err(ApiError::UnsupportedMediaType(
@@ -913,21 +940,28 @@ fn events_in(body: &[u8]) -> u64 {
     serde_json::from_str::<Vec<serde::de::IgnoredAny>>(text).map_or(1, |v| v.len() as u64)
 }
 
-async fn metrics(State(state): State<Arc<AppState>>) -> Response {
-    (
+async fn metrics(
+    State(state): State<Arc<AppState>>,
+    RawQuery(query): RawQuery,
+) -> ApiResult<Response> {
+    params(query, &[])?;
+    Ok((
         [(
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
         state.metrics.render(),
     )
-        .into_response()
+        .into_response())
 }
 
 /// How long `/readyz` waits for Redis.
 const READY_CHECK_TIMEOUT: Duration = Duration::from_secs(2);
 
-async fn readyz(State(state): State<Arc<AppState>>) -> Response {
+async fn readyz(State(state): State<Arc<AppState>>, RawQuery(query): RawQuery) -> Response {
+    if let Err(e) = params(query, &[]) {
+        return e.into_response();
+    }
     let check = async {
         state.store.ping().await?;
         let ingest = &state.settings.ingest;
@@ -964,7 +998,7 @@ async fn readyz(State(state): State<Arc<AppState>>) -> Response {
         Ok(group) => (true, group),
         Err(e) => {
             state.metrics.redis_error(&e);
-            warn!(error = %e, "readiness check failed: redis unreachable or not answering");
+            warn!(redis = %state.settings.redis.host(), error = %e, "readiness check failed: redis unreachable or not answering");
             (false, false)
         }
     };

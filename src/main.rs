@@ -1,5 +1,6 @@
 //! The `rollboard` binary: arguments -> tracing -> settings -> subcommand -> exit status.
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -16,8 +17,10 @@ fn init_tracing(settings: &Settings) {
             EnvFilter::try_new(format!("tokio_cron_scheduler=warn,{}", settings.log.level))
         })
         .unwrap_or_else(|_| EnvFilter::new("info"));
+    // Colour codes only for a person at a terminal: a log file or a collector gets plain text.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     match settings.log.format {
         LogFormat::Json => builder.json().init(),

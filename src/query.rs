@@ -72,6 +72,10 @@ pub struct Page {
     pub window_from: i64,
     /// End of the live range, epoch ms.
     pub window_to: i64,
+    /// When the ranking last changed, epoch ms (Redis's clock): the last apply or roll of
+    /// an incremental instance, the last run that summed a resummarize one; null when
+    /// nothing has been recorded yet (an instance never written).
+    pub as_of: Option<i64>,
     /// The entries, best first.
     pub entries: Vec<Entry>,
 }
@@ -91,6 +95,10 @@ pub struct MemberRank {
     pub window_from: i64,
     /// End of the live range, epoch ms.
     pub window_to: i64,
+    /// When the ranking last changed, epoch ms (Redis's clock): the last apply or roll of
+    /// an incremental instance, the last run that summed a resummarize one; null when
+    /// nothing has been recorded yet (an instance never written).
+    pub as_of: Option<i64>,
     /// The member.
     pub member: String,
     /// 1-based position, null when the member is not on the board.
@@ -101,6 +109,33 @@ pub struct MemberRank {
     pub total: Option<i64>,
     /// Latest live contribution time.
     pub last_ts: Option<i64>,
+}
+
+impl MemberRank {
+    /// Whether the member is ranked.
+    pub fn is_ranked(&self) -> bool {
+        self.rank.is_some()
+    }
+
+    /// The one shape of "not on the board", shared by the HTTP 404 body and the CLI's
+    /// `rank --json` / `around --json` (exit 3): this answer (rank fields null) with an
+    /// `error` naming the member and the board.
+    pub fn not_on_board(&self) -> serde_json::Value {
+        // Plain fields: serializing them cannot fail.
+        let mut value = serde_json::to_value(self).unwrap_or_default();
+        let scope = self
+            .scope
+            .as_deref()
+            .map(|s| format!(" (scope {s:?})"))
+            .unwrap_or_default();
+        if let serde_json::Value::Object(fields) = &mut value {
+            fields.insert(
+                "error".into(),
+                format!("{:?} is not on board {}{scope}", self.member, self.board).into(),
+            );
+        }
+        value
+    }
 }
 
 /// Formats a total in minor units as a decimal with `scale` fraction digits.

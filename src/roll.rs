@@ -582,6 +582,18 @@ pub async fn rebuild(
             sum_slices(store, board, scope, None, chunk).await?,
             true,
         )?;
+        let before: BTreeMap<String, i64> = store
+            .result_entries(board, scope)
+            .await?
+            .into_iter()
+            .collect();
+        let expected = |rows: &[Staged], positive: bool| -> BTreeMap<String, i64> {
+            rows.iter()
+                .filter(|r| !positive || r.total > 0)
+                .map(|r| (r.member.clone(), r.total))
+                .collect()
+        };
+        let mut ranked = expected(&every, false);
         let (swapped, estimated) = match board.mode {
             Mode::Incremental => {
                 let targets = StageTargets {
@@ -620,6 +632,7 @@ pub async fn rebuild(
                     watermark,
                     summed_at: None,
                 };
+                ranked = expected(&live, true);
                 let parts = [(bookkeeping, every.as_slice()), (ranking, live.as_slice())];
                 replace(store, board, scope, &parts, chunk, check).await?
             }
@@ -628,8 +641,10 @@ pub async fn rebuild(
         if swapped {
             estimated_all.sort();
             estimated_all.dedup();
+            let (changed, _) = drift(&ranked, &before);
             return Ok(Rebuilt {
                 members: every.len() as u64,
+                changed: changed.len() as u64,
                 estimated: estimated_all,
             });
         }
@@ -642,6 +657,8 @@ pub async fn rebuild(
 pub struct Rebuilt {
     /// Members with slice data (all now ranked by their exact totals).
     pub members: u64,
+    /// Members whose stored total the rebuild changed (added, removed or corrected).
+    pub changed: u64,
     /// Members whose tie-break time was lost and is now estimated (see [`rebuild`]).
     pub estimated: Vec<String>,
 }
@@ -714,29 +731,40 @@ pub async fn verify(
         if board.mode == Mode::Resummarize {
             expected.retain(|_, t| *t > 0);
         }
-        let mut differences = Vec::new();
-        let mut amount_behind: i128 = 0;
-        let names: std::collections::BTreeSet<&String> =
-            expected.keys().chain(stored.keys()).collect();
-        for member in &names {
-            let (e, s) = (expected.get(*member).copied(), stored.get(*member).copied());
-            if e != s {
-                amount_behind += (i128::from(e.unwrap_or(0)) - i128::from(s.unwrap_or(0))).abs();
-                differences.push(Drift {
-                    member: (*member).clone(),
-                    expected: e,
-                    stored: s,
-                });
-            }
-        }
+        let names = expected
+            .keys()
+            .chain(stored.keys())
+            .collect::<std::collections::BTreeSet<_>>()
+            .len();
+        let (differences, amount_behind) = drift(&expected, &stored);
         return Ok(Verified {
             board: board.name.clone(),
             scope: scope.map(str::to_string),
             mode: board.mode.as_str(),
-            members: names.len() as u64,
+            members: names as u64,
             differences,
             amount_behind,
         });
     }
     Err(RollError::Busy(board.name.clone()))
+}
+
+/// Every member whose total differs between `expected` and `stored`, and the sum of the
+/// absolute differences.
+fn drift(expected: &BTreeMap<String, i64>, stored: &BTreeMap<String, i64>) -> (Vec<Drift>, i128) {
+    let mut differences = Vec::new();
+    let mut amount: i128 = 0;
+    let names: std::collections::BTreeSet<&String> = expected.keys().chain(stored.keys()).collect();
+    for member in names {
+        let (e, s) = (expected.get(member).copied(), stored.get(member).copied());
+        if e != s {
+            amount += (i128::from(e.unwrap_or(0)) - i128::from(s.unwrap_or(0))).abs();
+            differences.push(Drift {
+                member: member.clone(),
+                expected: e,
+                stored: s,
+            });
+        }
+    }
+    (differences, amount)
 }

@@ -1,6 +1,7 @@
 -- apply.lua: fold a bounded chunk of events into one board instance, atomically.
 --
--- KEYS[1] meta     Hash  expired_through (watermark slice), settings, gen (bumped on change)
+-- KEYS[1] meta     Hash  expired_through (watermark slice), settings, gen (bumped on change),
+--                        changed_ms (`now` of the last call that wrote)
 -- KEYS[2] result   ZSet  zmember -> exact total (incremental boards)
 -- KEYS[3] members  Hash  member -> its tie-break time (the ZSet member is prefix:member)
 -- KEYS[4] slices   ZSet  registry of slice numbers that exist
@@ -442,5 +443,8 @@ variadic('ZREM', result, removed)
 variadic('ZADD', result, added)
 variadic('HSET', totals, totals_out)
 if negative then variadic('HSET', refs, refs_out) end
-redis.call('HINCRBY', meta, 'gen', 1)
+-- `gen` was checked in phase 1, so one HSET both bumps it and records when the ranking
+-- last changed (`changed_ms`, the `as_of` of a query) at no extra command.
+redis.call('HSET', meta, 'gen', string.format('%d', (counter(stored[3]) or 0) + 1),
+  'changed_ms', string.format('%d', now))
 return status

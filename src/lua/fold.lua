@@ -444,9 +444,12 @@ variadic('ZREM', result, removed)
 variadic('ZADD', result, added)
 variadic('HSET', totals, totals_out)
 if negative then variadic('HSET', refs, refs_out) end
+-- `gen` was checked in phase 1, so one HSET both bumps it and records when the ranking
+-- last changed (`changed_ms`, the `as_of` of a query) at no extra command.
+local gen = format('%d', (counter(stored[3]) or 0) + 1)
 if token ~= '' then
-  redis.call('HSET', meta, 'gen', format('%d', (integer(stored[3]) or 0) + 1), 'chain', token)
+  redis.call('HSET', meta, 'gen', gen, 'changed_ms', format('%d', now), 'chain', token)
 else
-  redis.call('HINCRBY', meta, 'gen', 1)
+  redis.call('HSET', meta, 'gen', gen, 'changed_ms', format('%d', now))
 end
 return out

@@ -1,6 +1,7 @@
 -- query.lua: read one consistent snapshot of an instance's ranking.
 --
--- KEYS[1] meta    Hash  expired_through
+-- KEYS[1] meta    Hash  expired_through; and what `as_of` is made of: last_roll (roll),
+--                       changed_ms (apply), summed_ms (resummarize run)
 -- KEYS[2] result  ZSet  zmember -> exact total
 -- KEYS[3] lookup  Hash  member -> the tie-break time of its ZSet member: `members` on
 --                       incremental boards, `ranked` (as last resummarized) on resummarize
@@ -15,10 +16,15 @@
 -- index positions below `count` are exactly the ranked members.
 -- Returns { expired_through | false, count, 0-based rank of the member | -1,
 --           competition rank of the first row | 0, 0-based index of the first row,
---           { zmember, score, zmember, score, ... } }.
+--           { zmember, score, zmember, score, ... },
+--           last_roll | false, changed_ms | false, summed_ms | false }.
 local meta, result, lookup = KEYS[1], KEYS[2], KEYS[3]
-local expired = redis.call('HGET', meta, 'expired_through')
+local stamps = redis.call('HMGET', meta, 'expired_through', 'last_roll', 'changed_ms', 'summed_ms')
+local expired = stamps[1]
 local count = redis.call('ZCOUNT', result, '(0', '+inf')
+local function answer(rank, first, start, rows)
+  return { expired, count, rank, first, start, rows, stamps[2], stamps[3], stamps[4] }
+end
 local op = ARGV[1]
 local rank = -1
 local start, stop
@@ -47,7 +53,7 @@ else
   end
   local score = z and redis.call('ZSCORE', result, z)
   if not score or tonumber(score) <= 0 then
-    return { expired, count, -1, 0, 0, {} }
+    return answer(-1, 0, 0, {})
   end
   rank = redis.call('ZREVRANK', result, z)
   if op == 'rank' then
@@ -59,7 +65,7 @@ else
   end
 end
 if stop >= count then stop = count - 1 end
-if start > stop then return { expired, count, rank, 0, start, {} } end
+if start > stop then return answer(rank, 0, start, {}) end
 local rows = redis.call('ZREVRANGE', result, start, stop, 'WITHSCORES')
 local first = redis.call('ZCOUNT', result, '(' .. rows[2], '+inf') + 1
-return { expired, count, rank, first, start, rows }
+return answer(rank, first, start, rows)

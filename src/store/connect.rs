@@ -404,6 +404,27 @@ impl Store {
     ) -> Result<Store, StoreError> {
         // One connection more than asked, for the reads (see [`Store::reader`]).
         let pool = builder.build_pool(size.max(1) + 1)?;
+        let failed = Arc::new(std::sync::Mutex::new(None));
+        for client in pool.clients() {
+            use fred::interfaces::EventInterface;
+            // The listeners run for the life of the client; their handles are not needed.
+            let on_error = failed.clone();
+            drop(client.on_error(move |(error, _)| {
+                // Bounded: the detail is Redis's or the OS's text, shown in a 503.
+                let detail: String = error.details().chars().take(200).collect();
+                if let Ok(mut last) = on_error.lock() {
+                    *last = Some(detail);
+                }
+                std::future::ready(Ok(()))
+            }));
+            let on_reconnect = failed.clone();
+            drop(client.on_reconnect(move |_| {
+                if let Ok(mut last) = on_reconnect.lock() {
+                    *last = None;
+                }
+                std::future::ready(Ok(()))
+            }));
+        }
         match reconnect {
             Reconnect::Never => {
                 pool.init().await?;
@@ -423,6 +444,7 @@ impl Store {
             durability: Durability::default(),
             replicas_auto: tokio::sync::OnceCell::new(),
             legacy: Default::default(),
+            failed,
         })
     }
 
@@ -755,6 +777,17 @@ impl Store {
     /// job that must not hang checks first.
     pub fn is_connected(&self) -> bool {
         self.pool.clients().iter().any(|c| c.is_connected())
+    }
+
+    /// When Redis is known to be down, the last connection error: no connection is up and
+    /// the last connection event was an error (a lost connection, a refused reconnection).
+    /// A store still making its first connection is not known down: a command sent then
+    /// waits for it.
+    pub fn known_down(&self) -> Option<String> {
+        if self.is_connected() {
+            return None;
+        }
+        self.failed.lock().ok().and_then(|last| last.clone())
     }
 
     /// The error a job reports when it did not start because Redis is unreachable.

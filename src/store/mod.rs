@@ -186,6 +186,9 @@ pub struct Store {
     /// Instances (by legacy `seen` key) found holding the raw-id ZSet of the layout before
     /// digests, and when: their apply calls carry the raw ids for a while.
     legacy: std::sync::Mutex<std::collections::HashMap<String, Instant>>,
+    /// The last connection error, cleared by a (re)connection: with no connection up, Redis
+    /// is known to be down (see [`Store::known_down`]).
+    failed: Arc<std::sync::Mutex<Option<String>>>,
 }
 
 struct Scripts {

@@ -14,6 +14,7 @@ struct Snapshot {
     rank: Option<u64>,
     window_from: i64,
     window_to: i64,
+    as_of: Option<i64>,
     entries: Vec<Entry>,
 }
 
@@ -48,15 +49,22 @@ impl Store {
         // both reads go out together on one connection, so this costs no extra round trip.
         // The watermark lives in another slot, which may move on its own: it is retried
         // like the script call.
-        let (out, floor) = if scope.is_some() {
+        let (out, floor, board_rolled) = if scope.is_some() {
             let window = self.keys.window(&board.name);
             let floor = Box::pin(super::redirected(|| {
-                client.hget::<Option<String>, _, _>(window.as_str(), "expired_through")
+                client.hmget::<(Option<String>, Option<String>), _, _>(
+                    window.as_str(),
+                    vec!["expired_through", "last_roll"],
+                )
             }));
-            let (out, floor) = tokio::try_join!(snapshot, floor)?;
-            (out, parse_floor(floor)?)
+            let (out, (floor, rolled)) = tokio::try_join!(snapshot, floor)?;
+            (
+                out,
+                parse_floor(floor)?,
+                rolled.and_then(|t| t.parse::<i64>().ok()),
+            )
         } else {
-            (snapshot.await?, None)
+            (snapshot.await?, None, None)
         };
         let out = as_array(out).ok_or_else(|| reply_err("query: not an array"))?;
         let mut it = out.into_iter();
@@ -72,6 +80,15 @@ impl Store {
         let first_competition = num()?.max(0) as u64;
         let start = num()?.max(0) as u64;
         let rows = it.next().and_then(as_array).unwrap_or_default();
+        let mut stamp = || it.next().as_ref().and_then(as_i64);
+        let (rolled, changed, summed) = (stamp(), stamp(), stamp());
+        // When the ranking last changed: an incremental ranking changes with every apply
+        // and every roll (the board's own, for a scope); a resummarize ranking only when a
+        // run swaps in a new sum.
+        let as_of = match board.mode {
+            Mode::Incremental => changed.max(rolled).max(board_rolled),
+            Mode::Resummarize => summed,
+        };
         let (window_from, window_to) = board.live_range(now, expired);
         let mut entries = Vec::with_capacity(rows.len() / 2);
         let mut rows = rows.into_iter();
@@ -103,6 +120,7 @@ impl Store {
             rank: u64::try_from(rank).ok().map(|r| r + 1),
             window_from,
             window_to,
+            as_of,
             entries,
         })
     }
@@ -115,7 +133,30 @@ impl Store {
             count: snap.count,
             window_from: snap.window_from,
             window_to: snap.window_to,
+            as_of: snap.as_of,
             entries: snap.entries,
+        }
+    }
+
+    fn member_rank(board: &Board, scope: Option<&str>, member: &str, snap: Snapshot) -> MemberRank {
+        let entry = snap
+            .entries
+            .into_iter()
+            .next()
+            .filter(|_| snap.rank.is_some());
+        MemberRank {
+            board: board.name.clone(),
+            scope: scope.map(str::to_string),
+            scale: board.scale,
+            count: snap.count,
+            window_from: snap.window_from,
+            window_to: snap.window_to,
+            as_of: snap.as_of,
+            member: member.to_string(),
+            rank: entry.as_ref().map(|e| e.rank),
+            competition_rank: entry.as_ref().map(|e| e.competition_rank),
+            total: entry.as_ref().map(|e| e.total),
+            last_ts: entry.and_then(|e| e.last_ts),
         }
     }
 
@@ -154,28 +195,12 @@ impl Store {
         let snap = self
             .query(board, scope, vec!["rank".into(), member.into()], now)
             .await?;
-        let entry = snap
-            .entries
-            .into_iter()
-            .next()
-            .filter(|_| snap.rank.is_some());
-        Ok(MemberRank {
-            board: board.name.clone(),
-            scope: scope.map(str::to_string),
-            scale: board.scale,
-            count: snap.count,
-            window_from: snap.window_from,
-            window_to: snap.window_to,
-            member: member.to_string(),
-            rank: entry.as_ref().map(|e| e.rank),
-            competition_rank: entry.as_ref().map(|e| e.competition_rank),
-            total: entry.as_ref().map(|e| e.total),
-            last_ts: entry.and_then(|e| e.last_ts),
-        })
+        Ok(Self::member_rank(board, scope, member, snap))
     }
 
-    /// The entries from `rank - radius` to `rank + radius` around `member`; `None` when
-    /// the member is not on the board.
+    /// The entries from `rank - radius` to `rank + radius` around `member`; when the
+    /// member is not on the board, its rank answer instead (rank fields null), so that
+    /// "not on the board" has the one shape of [`Store::rank`]'s.
     pub async fn around(
         &self,
         board: &Board,
@@ -183,7 +208,7 @@ impl Store {
         member: &str,
         radius: u64,
         now: i64,
-    ) -> Result<Option<Page>, StoreError> {
+    ) -> Result<Result<Page, MemberRank>, StoreError> {
         let snap = self
             .query(
                 board,
@@ -193,8 +218,8 @@ impl Store {
             )
             .await?;
         if snap.rank.is_none() {
-            return Ok(None);
+            return Ok(Err(Self::member_rank(board, scope, member, snap)));
         }
-        Ok(Some(Self::page(board, scope, snap)))
+        Ok(Ok(Self::page(board, scope, snap)))
     }
 }

@@ -566,12 +566,23 @@ async fn http_wire_and_parameter_edges() {
             .await;
         assert_eq!(got, status, "{query}: {body}");
     }
-    // A long query string (under hyper's URI limit) is parsed and ignored where unknown.
+    // A long query string (under hyper's URI limit) is parsed; an unknown parameter is a
+    // 400 naming it, its value never echoed and its name cut short.
     let long = "q".repeat(30_000);
     let (got, body) = daemon
         .get(&format!("/v1/boards/rooms_7d/top?x={long}&limit=2"))
         .await;
-    assert_eq!(got, 200, "{}", &body[..body.len().min(200)]);
+    assert_eq!(got, 400, "{}", &body[..body.len().min(200)]);
+    assert!(body.contains(r#"unknown query parameter \"x\""#), "{body}");
+    let (got, body) = daemon
+        .get(&format!("/v1/boards/rooms_7d/top?{long}=1&limit=2"))
+        .await;
+    assert_eq!(got, 400, "{}", &body[..body.len().min(200)]);
+    assert!(body.len() < 400, "{} bytes", body.len());
+    let (got, body) = daemon
+        .get(&format!("/v1/boards/rooms_7d/top?offset={long}&limit=2"))
+        .await;
+    assert_eq!(got, 400, "{}", &body[..body.len().min(200)]);
 
     // Content types: a charset parameter and +json suffix are JSON; others are 415.
     let post = |body: String, content_type: &'static str| {

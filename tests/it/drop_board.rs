@@ -139,7 +139,9 @@ fn of_tips(key: &str) -> bool {
         && key != "rb:{tips}:not-ours"
 }
 
-/// Every key of the server, with its DUMP.
+/// Every key of the server, with its DUMP (a Hash with its fields and values instead: the
+/// DUMP of a hashtable-encoded Hash lists its fields in the table's order, which a read
+/// can change while the table is being rehashed).
 async fn dump_all(store: &Store) -> BTreeMap<String, Vec<u8>> {
     let mut keys = BTreeSet::new();
     let mut cursor = "0".to_string();
@@ -160,6 +162,31 @@ async fn dump_all(store: &Store) -> BTreeMap<String, Vec<u8>> {
     }
     let mut out = BTreeMap::new();
     for key in keys {
+        let kind: String = store
+            .client()
+            .custom(
+                CustomCommand::new_static("TYPE", ClusterHash::FirstKey, false),
+                vec![key.clone()],
+            )
+            .await
+            .expect("type");
+        if kind == "hash" {
+            let flat: Vec<Value> = store
+                .client()
+                .custom(
+                    CustomCommand::new_static("HGETALL", ClusterHash::FirstKey, false),
+                    vec![key.clone()],
+                )
+                .await
+                .expect("hgetall");
+            let bytes = |v: &Value| v.as_bytes().map(<[u8]>::to_vec).unwrap_or_default();
+            let fields: BTreeMap<Vec<u8>, Vec<u8>> = flat
+                .chunks(2)
+                .map(|pair| (bytes(&pair[0]), bytes(&pair[pair.len() - 1])))
+                .collect();
+            out.insert(key, format!("hash {fields:?}").into_bytes());
+            continue;
+        }
         let dump: Value = store
             .client()
             .custom(

@@ -241,7 +241,7 @@ async fn pages_and_neighbourhoods() {
         .around(&b, None, "nobody", 2, NOW)
         .await
         .unwrap()
-        .is_none());
+        .is_err());
     assert_eq!(
         store.rank(&b, None, "nobody", NOW).await.unwrap().rank,
         None

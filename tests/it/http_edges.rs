@@ -299,10 +299,23 @@ async fn every_error_is_json_with_the_right_status() {
             "{context}: only an error: {body}"
         );
     };
+    // "Not on the board" is the member's rank answer (rank null) with an error.
+    for path in [
+        "/v1/boards/rooms_7d/members/nobody",
+        "/v1/boards/rooms_7d/members/nobody/around",
+    ] {
+        let (got, body) = daemon.get(path).await;
+        assert_eq!(got, 404, "{path}: {body}");
+        let value: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+        assert_eq!(
+            value["error"], "\"nobody\" is not on board rooms_7d",
+            "{body}"
+        );
+        assert_eq!(value["rank"], serde_json::Value::Null, "{body}");
+        assert_eq!(value["member"], "nobody", "{body}");
+    }
     let long = "9".repeat(10_000);
     for (path, status) in [
-        ("/v1/boards/rooms_7d/members/nobody", 404),
-        ("/v1/boards/rooms_7d/members/nobody/around", 404),
         ("/v1/boards/fans_7d/top?scope=%FF", 400),
         ("/v1/boards/fans_7d/members/u/around?scope=%FF", 400),
         ("/v1/boards/rooms_7d/members/%FF", 400),

@@ -23,6 +23,7 @@ mod http_edges;
 mod intake;
 mod layout;
 mod model;
+mod operator_behaviour;
 mod operator_metrics;
 mod outage_classes;
 mod partitions;
