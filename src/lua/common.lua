@@ -1,4 +1,5 @@
--- common.lua: what apply.lua, fold.lua, expire.lua, stage.lua and trim_seen.lua share.
+-- common.lua: what apply.lua, fold.lua, expire.lua, stage.lua, trim_seen.lua, watermark.lua
+-- and floor.lua share.
 -- Redis receives each of them as one text: a `#!lua` line, this file, then the script
 -- (`src/store/lua.rs`); a script cannot call another's functions.
 --

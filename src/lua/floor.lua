@@ -11,17 +11,11 @@
 -- scope emptied and left the registry) still follows every roll.
 -- Returns the board's watermark after the call.
 local stored = redis.call('HMGET', KEYS[1], 'expired_through', 'last_roll')
--- A stored number as the scripts write one (digits, an optional '-'), or nil: anything else
--- is corrupt and fails the call, never taken for "not rolled yet".
-local function whole(v)
-  local n = tonumber(v)
-  if n == nil or math.abs(n) > 9007199254740991 or string.format('%d', n) ~= v then return nil end
-  return n
-end
+-- A stored number not written as the scripts write one is corrupt and fails the call,
+-- never taken for "not rolled yet" (`counter`, common.lua).
 for i, field in ipairs({ 'expired_through', 'last_roll' }) do
-  if stored[i] and not whole(stored[i]) then
-    return redis.error_reply('ROLLBOARD corrupt: ' .. KEYS[1] .. ' ' .. field ..
-      ' is not an integer (nothing was written)')
+  if stored[i] and not counter(stored[i]) then
+    return fail('corrupt: ' .. KEYS[1] .. ' ' .. field .. ' is not an integer')
   end
 end
 local cur, w = tonumber(stored[1]), tonumber(ARGV[1])

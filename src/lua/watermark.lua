@@ -1,4 +1,3 @@
-#!lua
 -- watermark.lua: raise an instance's expiry watermark and list the slices to expire.
 --
 -- KEYS[1] meta    Hash  expired_through, last_roll, layout, settings
@@ -18,17 +17,11 @@ if stored[3] and stored[3] ~= ARGV[3] then
   return redis.error_reply('ROLLBOARD settings: the board was created with ' .. stored[3] ..
     ', this process has ' .. ARGV[3] .. ' (nothing was written)')
 end
--- A stored number as the scripts write one (digits, an optional '-'), or nil: anything else
--- is corrupt and fails the call, never taken for "not rolled yet".
-local function whole(v)
-  local n = tonumber(v)
-  if n == nil or math.abs(n) > 9007199254740991 or string.format('%d', n) ~= v then return nil end
-  return n
-end
+-- A stored number not written as the scripts write one is corrupt and fails the call,
+-- never taken for "not rolled yet" (`counter`, common.lua).
 for i, field in ipairs({ 'expired_through', 'last_roll' }) do
-  if stored[i] and not whole(stored[i]) then
-    return redis.error_reply('ROLLBOARD corrupt: ' .. KEYS[1] .. ' ' .. field ..
-      ' is not an integer (nothing was written)')
+  if stored[i] and not counter(stored[i]) then
+    return fail('corrupt: ' .. KEYS[1] .. ' ' .. field .. ' is not an integer')
   end
 end
 local cur = tonumber(stored[1])

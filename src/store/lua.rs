@@ -1,8 +1,8 @@
 //! The Lua scripts, as Redis receives them (`src/lua/*.lua`).
 //!
 //! `apply.lua`, `fold.lua`, `expire.lua` and `stage.lua` read and write the `members` map
-//! alike, and with `trim_seen.lua` share their helpers: those are written once, in
-//! `common.lua`, and put in front of each of the five here, after the `#!lua` line (a Redis script cannot call
+//! alike, and with `trim_seen.lua`, `watermark.lua` and `floor.lua` share their helpers:
+//! those are written once, in `common.lua`, and put in front of each of the seven here, after the `#!lua` line (a Redis script cannot call
 //! another's functions). Everything that loads, calls or names a script by its SHA1 takes
 //! its text from here.
 
@@ -26,7 +26,7 @@ pub const EXPIRE: &str = with_common!("../lua/expire.lua");
 /// Writes one chunk of a recomputed instance into scratch keys.
 pub const STAGE: &str = with_common!("../lua/stage.lua");
 /// Raises an instance's expiry watermark and lists the slices to expire.
-pub const WATERMARK: &str = include_str!("../lua/watermark.lua");
+pub const WATERMARK: &str = with_common!("../lua/watermark.lua");
 /// Removes an emptied slice from the registry.
 pub const DROP_SLICE: &str = include_str!("../lua/drop_slice.lua");
 /// Forgets one chunk of idempotency keys whose time has passed.
@@ -38,7 +38,7 @@ pub const SWAP: &str = include_str!("../lua/swap.lua");
 /// Deletes what is left of an instance that holds no slice.
 pub const CLEANUP: &str = include_str!("../lua/cleanup.lua");
 /// Raises a board's own watermark.
-pub const FLOOR: &str = include_str!("../lua/floor.lua");
+pub const FLOOR: &str = with_common!("../lua/floor.lua");
 /// Takes, renews or releases the lease of a scheduled job's tick.
 pub const LEASE: &str = include_str!("../lua/lease.lua");
 /// Removes a consumer from its group when it holds nothing pending.
@@ -82,6 +82,8 @@ mod tests {
                 "expire.lua",
                 "stage.lua",
                 "trim_seen.lua",
+                "watermark.lua",
+                "floor.lua",
             ]
             .contains(&name);
             assert_eq!(
