@@ -1,4 +1,4 @@
-//! Ingest throughput, query latency and freshness (DESIGN.md section 7), each scenario
+//! Ingest throughput, query latency and freshness (the README's *Measured figures*), each scenario
 //! against its own redis-server started here, each figure with its baseline from the same
 //! run. The summary table of every section-7 figure is `cargo bench --bench rollboard --
 //! table`, which runs these scenarios too.

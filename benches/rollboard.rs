@@ -1,4 +1,4 @@
-//! Benchmarks of DESIGN.md section 7 (memory and expiry) against a private `redis-server`.
+//! Benchmarks of memory and expiry against a private `redis-server`.
 //!
 //! ```text
 //! cargo bench --bench rollboard -- [memory] [expiry] [--chunk N[,N...]] [--members N] [--slowlog-us N]
@@ -6,7 +6,7 @@
 //!
 //! Without a scenario both run.
 //!
-//! * `table` (with `--quick` for smaller sizes): every figure of DESIGN.md section 7 in one
+//! * `table` (with `--quick` for smaller sizes): every figure of the README's *Measured figures* in one
 //!   summary table — memory and expiry here at the default chunk, plus a query round on the
 //!   filled instance under the slow log, then the naive, end-to-end, query and freshness
 //!   scenarios of `benches/ingest.rs` — each with its baseline from the same run, the ratio,
@@ -29,7 +29,7 @@
 //!   `HGET`, `ZINCRBY`, `ZREM` at 0 and `HDEL`), measured the same way. The other chunk sizes
 //!   are compared with the first one.
 //!
-//!   The same scenario also proves the call bound of DESIGN.md section 7 with the slow log:
+//!   The same scenario also proves the call bound of docs/design.md (*Bounded calls*) with the slow log:
 //!   the fill is measured (every apply call, `fold.lua` within `FOLD_BUDGET`) against a
 //!   tenth of the events applied unsplit (one call per 1000-event batch); at the first chunk
 //!   size a board in resummarize mode holding a COPY of the slice is resummarized twice (the
@@ -129,7 +129,7 @@ const SCRIPTS: [(&str, &str); 11] = [
     ("floor", rollboard::store::lua::FLOOR),
 ];
 
-/// DESIGN.md section 7: no call rollboard makes may hold Redis longer than this (µs).
+/// docs/design.md, *Bounded calls*: no call rollboard makes may hold Redis longer than this (µs).
 const BOUND_US: u64 = 2_000;
 /// The resummarize board that rolls a COPY of the filled slice.
 const RESUMMARIZED_BOARD: &str = "res_2h";
@@ -267,7 +267,7 @@ fn run(options: &Options) -> Result<bool> {
         let started = Instant::now();
         if options.table {
             println!(
-                "== table{}: every figure of DESIGN.md section 7; load average at start {}",
+                "== table{}: every figure of the measured table; load average at start {}",
                 if options.quick { " (quick)" } else { "" },
                 load_average()
             );

@@ -1,4 +1,4 @@
-//! Board definitions and the window arithmetic of DESIGN.md section 2, as pure functions.
+//! Board definitions and the window arithmetic of docs/design.md (*Window and order*), as pure functions.
 //!
 //! Time is always a parameter (epoch milliseconds); nothing here reads the clock.
 

@@ -1,4 +1,4 @@
-//! Parsing and validating one event (DESIGN.md sections 2 and 8).
+//! Parsing and validating one event (docs/design.md, *Events and boards*).
 //!
 //! Validation runs in two steps. [`validate`] checks everything that does not depend on
 //! time or on stored state (used by `send` and `POST /v1/events` before appending);

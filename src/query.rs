@@ -2,7 +2,7 @@
 //!
 //! A ZSet member is the plain member behind a fixed-width tie-break prefix: 16 decimal
 //! digits of `2^53-1 - last_ts` (earliest) or `last_ts` (latest), then `:`. Redis orders
-//! equal scores by member bytes, so `ZREVRANGE` yields exactly the order of DESIGN.md.
+//! equal scores by member bytes, so `ZREVRANGE` yields exactly the order of docs/design.md (*Window and order*).
 
 use serde::Serialize;
 

@@ -1,4 +1,4 @@
-//! Keeping the window rolling (DESIGN.md section 4): incremental expiry, resummarize,
+//! Keeping the window rolling (docs/design.md, *Writes*): incremental expiry, resummarize,
 //! rebuild and verify. Every function takes `now` as a parameter.
 //!
 //! Expiry is exactly-once by construction: the watermark is raised before a slice is

@@ -39,7 +39,7 @@ pub struct ApplyEvent {
     pub amount: i64,
 }
 
-/// Most events in one apply script call. DESIGN.md section 7: no call may hold Redis for
+/// Most events in one apply script call. docs/design.md, *Bounded calls*: no call may hold Redis for
 /// more than about 2 ms; the apply script costs up to ~23 µs of Redis time per event on
 /// the reference machine when every event moves a distinct member of a large ranking, and
 /// calls of 64 such events ran 1.5 ms at the median but 4–7 ms in the tail (`cargo bench

@@ -19,7 +19,7 @@ pub struct Expired {
     pub members_removed: u64,
 }
 
-/// Most fields of a dead slice that one `expire.lua` call expires. DESIGN.md section 7: no
+/// Most fields of a dead slice that one `expire.lua` call expires. docs/design.md, *Bounded calls*: no
 /// call may hold Redis for more than about 2 ms; an expired field costs ~16 µs of Redis
 /// time on the reference machine when its member leaves a 1M-member ranking, and calls of
 /// 64 fields ran 1.0 ms at the median but 5 ms at p99 on the shared 2-core machine (`cargo

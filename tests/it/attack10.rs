@@ -70,7 +70,7 @@ async fn append_under_one_entry_id(
 /// Two different tips appended without an `id` to two partitions in one millisecond (one
 /// producer, or two) get the same stream entry ID, `<ms>-0`: each
 /// stream numbers its own entries. The README allows such events ("one `XADD`ed without
-/// an `id` may go to any partition") and DESIGN section 2 makes the entry ID the
+/// an `id` may go to any partition") and docs/design.md (*Events and boards*) makes the entry ID the
 /// idempotency key, and the key is remembered per board instance, across partitions: keyed
 /// by the bare entry ID, the second tip was taken for a copy of the first and dropped.
 #[tokio::test]
@@ -145,7 +145,7 @@ async fn a_tip_on_the_retired_stream_and_one_on_a_partition_with_equal_entry_ids
 /// The README's replay of an `apply_failed` dead letter ("`XADD` each entry back ... with
 /// its original fields ... and, for an entry without an `id` field, `id` set to its
 /// `source_id`") restores the idempotency key of an event that had no `id`, but not its
-/// time: an event without `ts` takes its time from the stream entry ID (DESIGN section 2),
+/// time: an event without `ts` takes its time from the stream entry ID (docs/design.md, *Events and boards*),
 /// and the replayed copy is a new entry. The boards that counted the event at first keep it
 /// in the slice of its original time; the repaired board counts it in the slice of the
 /// replay, so it stays in that board's window longer (and its tie-break time differs). After

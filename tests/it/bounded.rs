@@ -1,4 +1,4 @@
-//! Bounded script calls (DESIGN.md sections 4 and 7): an expiry page split into calls of
+//! Bounded script calls (docs/design.md, *Writes* and *Bounded calls*): an expiry page split into calls of
 //! any size, stopped between any two of them, a resummarize run cut short between any two
 //! of its stage calls, and large stage/trim/swap runs still end exactly in the model's
 //! state.

@@ -1,4 +1,4 @@
-//! An in-memory model of DESIGN.md section 2: what every board instance must hold after
+//! An in-memory model of docs/design.md (*Window and order*, *Exactly once*): what every board instance must hold after
 //! any sequence of applies and rolls. Deliberately naive: it keeps every applied event.
 
 use std::collections::HashMap;
@@ -98,7 +98,7 @@ impl Instance {
         out
     }
 
-    /// The ranking of DESIGN.md section 2: totals above 0, by total, tie-break time, name.
+    /// The ranking of docs/design.md (*Window and order*): totals above 0, by total, tie-break time, name.
     pub fn ranking(&self, board: &Board) -> Vec<Row> {
         let mut rows: Vec<Row> = self
             .totals()

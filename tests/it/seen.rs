@@ -1,4 +1,4 @@
-//! Idempotency keys as digests (DESIGN.md sections 2 to 4): the linear-hash digest table
+//! Idempotency keys as digests (docs/design.md, *Exactly once*): the linear-hash digest table
 //! keeps its invariants through thousands of ids and many splits, a batch split into
 //! calls and replayed after a crash counts every event once, keys are forgotten with
 //! their slices, the layout before digests is still honoured, and a broken digest table
