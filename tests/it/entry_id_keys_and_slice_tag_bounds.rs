@@ -1,4 +1,4 @@
-//! Attacks, round 10: idempotency keys taken from stream entry IDs across several stream
+//! Idempotency keys taken from stream entry IDs across several stream
 //! keys, the README's replay of dead letters, windows of 2^31 slices or more (the digest
 //! table's slice tags), a dead-letter stream the daemon drains as a retired partition, and
 //! a scoped resummarize refund board rolled to empty and back.

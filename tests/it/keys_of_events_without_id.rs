@@ -1,4 +1,4 @@
-//! Attacks on the idempotency key of an event without an `id` (`<stream>/<entry ID>` on
+//! The idempotency key of an event without an `id` (`<stream>/<entry ID>` on
 //! any stream but `ingest.stream`), the README's replay of dead letters with it, and the
 //! bound on the slices a window and `ingest.max_future` may span.
 

@@ -1,4 +1,4 @@
-//! Attacks on the two-phase apply and expiry scripts, the board-settings gate and the
+//! The two-phase apply and expiry scripts, the board-settings gate and the
 //! consumer's per-instance retries: each test tries one way of losing or double-counting
 //! money and checks the exact state against the in-memory model.
 

@@ -1,4 +1,4 @@
-//! Attacks on the board watermark, the roll guard, `send` and the HTTP edges: what an
+//! The board watermark, the roll guard, `send` and the HTTP edges: what an
 //! operator typo, a racing roller or a hostile client can do.
 
 use std::io::Write;

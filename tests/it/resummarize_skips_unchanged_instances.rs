@@ -1,5 +1,5 @@
-//! Attacks on the resummarize job's "leave an unchanged instance as it is" rule (`gen`,
-//! `summed_gen`, `summed_through`, `summed_ms` in `meta`) and on the swap's refusal of a sum
+//! The resummarize job's "leave an unchanged instance as it is" rule (`gen`,
+//! `summed_gen`, `summed_through`, `summed_ms` in `meta`) and the swap's refusal of a sum
 //! read at an older `gen` above the same watermark.
 
 use rollboard::board::{Board, Mode, TieBreak};
