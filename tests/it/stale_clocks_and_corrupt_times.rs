@@ -182,29 +182,57 @@ fn ten_minute_config(dir: &std::path::Path, url: &str, port: u16) -> std::path::
     path
 }
 
+/// A daemon whose host clock starts 10 minutes behind Redis's (libfaketime reading its
+/// offset from `offset`, so a test can step it), as user `rb` (whose grants a test can
+/// take away), on a 10-minute board of 1-minute slices.
+struct SteppedRig {
+    redis: RedisServer,
+    _dir: tempfile::TempDir,
+    offset: std::path::PathBuf,
+    daemon: Daemon,
+    store: Store,
+    board: rollboard::board::Board,
+}
+
+impl SteppedRig {
+    async fn start() -> SteppedRig {
+        let redis = RedisServer::start();
+        redis.cli(&["ACL", "SETUSER", "rb", "on", ">pw", "~*", "&*", "+@all"]);
+        let dir = tempfile::tempdir().expect("dir");
+        let offset = dir.path().join("faketime");
+        std::fs::write(&offset, "-10m\n").expect("write offset");
+        let port = free_port();
+        let url = format!("redis://rb:pw@127.0.0.1:{}", redis.port);
+        let config = ten_minute_config(dir.path(), &url, port);
+        let daemon = Daemon::spawn_with(&config, port, &stepping_clock(&offset));
+        daemon.wait_up().await;
+        let store = redis.store("rb").await;
+        let board = rollboard::config::Settings::from_toml(
+            "[[boards]]\nname = \"tips_10m\"\nmember = \"user\"\nwindow = \"10m\"\nslice = \"1m\"\n",
+        )
+        .expect("board")
+        .boards
+        .remove(0);
+        SteppedRig {
+            redis,
+            _dir: dir,
+            offset,
+            daemon,
+            store,
+            board,
+        }
+    }
+}
+
 /// The daemon's measure of Redis's clock goes stale (its `TIME` keeps failing) and then the
 /// host's clock is stepped 10 minutes forward (NTP correcting a clock that ran behind).
 /// The rolls after that must still be judged by Redis's clock: a roll at the stale measure
 /// would be 10 minutes ahead, expiring a tip that is live for 2 more minutes, for good.
 #[tokio::test]
 async fn a_roll_is_never_ahead_of_redis_when_the_clock_measure_is_stale_and_the_host_clock_steps() {
-    let redis = RedisServer::start();
-    redis.cli(&["ACL", "SETUSER", "rb", "on", ">pw", "~*", "&*", "+@all"]);
-    let dir = tempfile::tempdir().expect("dir");
-    let offset = dir.path().join("faketime");
-    std::fs::write(&offset, "-10m\n").expect("write offset");
-    let port = free_port();
-    let url = format!("redis://rb:pw@127.0.0.1:{}", redis.port);
-    let config = ten_minute_config(dir.path(), &url, port);
-    let daemon = Daemon::spawn_with(&config, port, &stepping_clock(&offset));
-    daemon.wait_up().await;
-    let store = redis.store("rb").await;
-    let b = rollboard::config::Settings::from_toml(
-        "[[boards]]\nname = \"tips_10m\"\nmember = \"user\"\nwindow = \"10m\"\nslice = \"1m\"\n",
-    )
-    .expect("board")
-    .boards
-    .remove(0);
+    let rig = SteppedRig::start().await;
+    let (redis, offset, daemon, store, b) =
+        (&rig.redis, &rig.offset, &rig.daemon, &rig.store, &rig.board);
     // Live for 2 more minutes by Redis's clock (8 minutes old in a 10-minute window).
     let ts = redis_now(&store).await - 8 * 60_000;
     let tip: Fields = vec![
@@ -238,7 +266,6 @@ async fn a_roll_is_never_ahead_of_redis_when_the_clock_measure_is_stale_and_the_
         "a live tip was expired; log:\n{}",
         daemon.logs()
     );
-    daemon.kill().await;
 }
 
 /// `dead-letters replay` judges time by Redis's clock, as the consumer does. A tip kept
@@ -373,23 +400,9 @@ async fn the_forget_edge_is_judged_alike_by_the_fast_and_the_exact_path() {
 #[tokio::test]
 async fn a_consumer_whose_clock_measure_is_stale_and_whose_host_clock_steps_never_counts_a_tip_twice(
 ) {
-    let redis = RedisServer::start();
-    redis.cli(&["ACL", "SETUSER", "rb", "on", ">pw", "~*", "&*", "+@all"]);
-    let dir = tempfile::tempdir().expect("dir");
-    let offset = dir.path().join("faketime");
-    std::fs::write(&offset, "-10m\n").expect("write offset");
-    let port = free_port();
-    let url = format!("redis://rb:pw@127.0.0.1:{}", redis.port);
-    let config = ten_minute_config(dir.path(), &url, port);
-    let daemon = Daemon::spawn_with(&config, port, &stepping_clock(&offset));
-    daemon.wait_up().await;
-    let store = redis.store("rb").await;
-    let b = rollboard::config::Settings::from_toml(
-        "[[boards]]\nname = \"tips_10m\"\nmember = \"user\"\nwindow = \"10m\"\nslice = \"1m\"\n",
-    )
-    .expect("board")
-    .boards
-    .remove(0);
+    let rig = SteppedRig::start().await;
+    let (redis, offset, daemon, store, b) =
+        (&rig.redis, &rig.offset, &rig.daemon, &rig.store, &rig.board);
     let now = redis_now(&store).await;
     let tip = |ts: i64| -> Fields {
         vec![
@@ -413,5 +426,4 @@ async fn a_consumer_whose_clock_measure_is_stale_and_whose_host_clock_steps_neve
         "the tip counted twice; log:\n{}",
         daemon.logs()
     );
-    daemon.kill().await;
 }
