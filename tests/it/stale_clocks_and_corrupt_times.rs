@@ -230,9 +230,14 @@ impl SteppedRig {
 /// would be 10 minutes ahead, expiring a tip that is live for 2 more minutes, for good.
 #[tokio::test]
 async fn a_roll_is_never_ahead_of_redis_when_the_clock_measure_is_stale_and_the_host_clock_steps() {
-    let rig = SteppedRig::start().await;
-    let (redis, offset, daemon, store, b) =
-        (&rig.redis, &rig.offset, &rig.daemon, &rig.store, &rig.board);
+    let SteppedRig {
+        redis,
+        _dir,
+        offset,
+        daemon,
+        store,
+        board: b,
+    } = SteppedRig::start().await;
     // Live for 2 more minutes by Redis's clock (8 minutes old in a 10-minute window).
     let ts = redis_now(&store).await - 8 * 60_000;
     let tip: Fields = vec![
@@ -400,9 +405,14 @@ async fn the_forget_edge_is_judged_alike_by_the_fast_and_the_exact_path() {
 #[tokio::test]
 async fn a_consumer_whose_clock_measure_is_stale_and_whose_host_clock_steps_never_counts_a_tip_twice(
 ) {
-    let rig = SteppedRig::start().await;
-    let (redis, offset, daemon, store, b) =
-        (&rig.redis, &rig.offset, &rig.daemon, &rig.store, &rig.board);
+    let SteppedRig {
+        redis,
+        _dir,
+        offset,
+        daemon,
+        store,
+        board: b,
+    } = SteppedRig::start().await;
     let now = redis_now(&store).await;
     let tip = |ts: i64| -> Fields {
         vec![
