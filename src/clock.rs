@@ -10,7 +10,7 @@
 //! exactly; it only says so, in `/readyz`, a metric and a warning, so that an operator fixes
 //! the host's clock.
 
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Instant;
 
 use crate::store::{Store, StoreError};
@@ -31,8 +31,6 @@ pub struct Clock {
     redis_at_origin: AtomicI64,
     /// This process's wall clock minus Redis's, in ms, as of the last measure.
     skew_ms: AtomicI64,
-    /// Whether a measure ever succeeded.
-    synced: AtomicBool,
     /// The skew above which the process says so.
     max_skew_ms: i64,
 }
@@ -53,7 +51,6 @@ impl Clock {
             origin: Instant::now(),
             redis_at_origin: AtomicI64::new(start),
             skew_ms: AtomicI64::new(0),
-            synced: AtomicBool::new(false),
             max_skew_ms,
         }
     }
@@ -66,7 +63,6 @@ impl Clock {
             .redis_at_origin
             .fetch_add(offset_ms, Ordering::Relaxed);
         clock.skew_ms.store(-offset_ms, Ordering::Relaxed);
-        clock.synced.store(true, Ordering::Relaxed);
         clock
     }
 
@@ -96,13 +92,7 @@ impl Clock {
             .store(redis - mono_mid, Ordering::Relaxed);
         let skew = wall_mid - redis;
         self.skew_ms.store(skew, Ordering::Relaxed);
-        self.synced.store(true, Ordering::Relaxed);
         Ok(skew)
-    }
-
-    /// Whether a measure ever succeeded.
-    pub fn is_synced(&self) -> bool {
-        self.synced.load(Ordering::Relaxed)
     }
 
     /// This process's wall clock minus Redis's, in ms, as of the last measure (0 before
@@ -122,7 +112,6 @@ impl std::fmt::Debug for Clock {
         f.debug_struct("Clock")
             .field("redis_at_origin", &self.redis_at_origin)
             .field("skew_ms", &self.skew_ms)
-            .field("synced", &self.synced)
             .field("max_skew_ms", &self.max_skew_ms)
             .finish()
     }
@@ -143,7 +132,6 @@ mod tests {
         assert!(clock.is_skewed());
         assert!(!Clock::with_offset(2_000, 2_000).is_skewed());
         assert!(Clock::with_offset(-2_001, 2_000).is_skewed());
-        assert!(!Clock::new(2_000).is_synced());
     }
 
     #[test]
