@@ -358,7 +358,7 @@ async fn one_run(partitions: usize, daemons: usize, events: u64) -> Result<Row> 
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
     let settings = Settings::from_toml(&config(&url, partitions, "fill", "127.0.0.1:1"))
         .map_err(|e| e.to_string())?;
-    let keys = rollboard::stream::keys(&settings.ingest);
+    let keys = rollboard::ingest::stream::keys(&settings.ingest);
     let client = Builder::from_config(Config::from_url(&url).map_err(|e| e.to_string())?)
         .build()
         .map_err(|e| e.to_string())?;
@@ -368,7 +368,7 @@ async fn one_run(partitions: usize, daemons: usize, events: u64) -> Result<Row> 
     for chunk in indexes.chunks(1000) {
         futures_util::future::try_join_all(chunk.iter().map(|&i| {
             let f = fields(i, now);
-            let p = rollboard::stream::partition_of(f[0].1.as_bytes(), partitions);
+            let p = rollboard::domain::partition::partition_of(f[0].1.as_bytes(), partitions);
             client.xadd::<String, _, _, _, _>(keys[p].as_str(), false, None, "*", f)
         }))
         .await
@@ -404,7 +404,8 @@ async fn one_run(partitions: usize, daemons: usize, events: u64) -> Result<Row> 
     loop {
         let mut done = true;
         for key in &keys {
-            let info = rollboard::stream::group_info(&client, key, &settings.ingest.group).await;
+            let info =
+                rollboard::ingest::stream::group_info(&client, key, &settings.ingest.group).await;
             done &= matches!(info, Ok(Some((0, Some(0)))));
         }
         if done {

@@ -53,9 +53,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fred::prelude::*;
-use rollboard::board::Board;
 use rollboard::config::Settings;
-use rollboard::ingest::{group_info, Ingest};
+use rollboard::domain::board::Board;
+use rollboard::ingest::{consumer::Ingest, stream::group_info};
 use rollboard::metrics::Metrics;
 use rollboard::store::{apply_call, ApplyEvent, Reconnect, Store, APPLY_CHUNK};
 use support::{invoked_by_cargo_bench, percentile, RedisServer};
@@ -192,7 +192,7 @@ fn settings(redis: &RedisServer, spread: Spread) -> Result<Settings> {
 }
 
 fn now_ms() -> i64 {
-    rollboard::cli::now_ms()
+    rollboard::domain::clock::local_ms()
 }
 
 /// How tips spread over rooms (and fans).
@@ -854,14 +854,14 @@ async fn bench_partitions(spread: Spread, sizes: Sizes) -> Result<()> {
             )
         );
         let settings = Settings::from_toml(&text).map_err(|e| e.to_string())?;
-        let keys = rollboard::stream::keys(&settings.ingest);
+        let keys = rollboard::ingest::stream::keys(&settings.ingest);
         let fill = connect(&redis, 4).await?;
         let now = now_ms();
         let indexes: Vec<usize> = (0..events).collect();
         for chunk in indexes.chunks(1000) {
             futures_util::future::try_join_all(chunk.iter().map(|i| {
                 let f = fields(spread, *i, now);
-                let p = rollboard::stream::partition_of(f[2].1.as_bytes(), partitions);
+                let p = rollboard::domain::partition::partition_of(f[2].1.as_bytes(), partitions);
                 fill.client()
                     .xadd::<String, _, _, _, _>(keys[p].as_str(), false, None, "*", f)
             }))
@@ -1059,11 +1059,11 @@ async fn serve(settings: Arc<Settings>) -> Result<String> {
     let metrics = Arc::new(Metrics::new(&settings.boards));
     let ready = vec![Arc::new(AtomicBool::new(true))];
     // The server lives as long as the bench.
-    rollboard::http::spawn(
+    rollboard::edges::http::spawn(
         listener,
         settings,
         metrics,
-        std::sync::Arc::new(rollboard::clock::Clock::new(2_000)),
+        std::sync::Arc::new(rollboard::domain::clock::Clock::new(2_000)),
         ready,
         None,
         CancellationToken::new(),

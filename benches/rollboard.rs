@@ -64,8 +64,8 @@ use anyhow::{bail, Context, Result};
 use fred::prelude::*;
 use fred::types::scripts::Script;
 use fred::types::{ClusterHash, CustomCommand};
-use rollboard::board::{Board, Dedup, Mode, TieBreak};
-use rollboard::query::encode_member;
+use rollboard::domain::board::{Board, Dedup, Mode, TieBreak};
+use rollboard::domain::ranking::encode_member;
 use rollboard::roll::{self, Report};
 use rollboard::store::{
     apply_call, ApplyEvent, Outcome, Reconnect, Store, EXPIRE_CALL_FIELDS, FOLD_BUDGET,

@@ -39,7 +39,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fred::prelude::*;
-use rollboard::keys::Keys;
+use rollboard::domain::keys::Keys;
 use support::{invoked_by_cargo_bench, RedisServer};
 
 const PREFIX: &str = "soak";

@@ -4,8 +4,8 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Parser;
-use rollboard::cli::{execute, Cli, Command, EXIT_CONFIG};
 use rollboard::config::{resolve_path, LogFormat, Settings};
+use rollboard::edges::cli::{execute, Cli, Command, EXIT_CONFIG};
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
 
@@ -53,7 +53,7 @@ fn main() -> ExitCode {
             Command::Run { roles } => {
                 let mut settings = settings;
                 if let Some(roles) = roles {
-                    settings.roles = rollboard::roles::Roles::of(&roles);
+                    settings.roles = rollboard::domain::roles::Roles::of(&roles);
                 }
                 if let Err(e) = settings.check_exposure() {
                     eprintln!("error: {e}");
@@ -61,8 +61,8 @@ fn main() -> ExitCode {
                 }
                 init_tracing(&settings);
                 let cancel = CancellationToken::new();
-                tokio::spawn(rollboard::shutdown::watch(cancel.clone()));
-                match rollboard::daemon::run(settings, cancel).await {
+                tokio::spawn(rollboard::edges::shutdown::watch(cancel.clone()));
+                match rollboard::edges::daemon::run(settings, cancel).await {
                     Ok(()) => ExitCode::SUCCESS,
                     Err(e)
                         if e.downcast_ref::<rollboard::store::Conflicts>().is_some()

@@ -14,12 +14,10 @@ use prometheus::{
 };
 use tracing::{debug, warn};
 
-use crate::board::Board;
-use crate::event::Reason;
-use crate::roll::Report;
-use crate::store::{StoreError, SCRIPT_NAMES};
+use crate::domain::board::Board;
+use crate::domain::event::Reason;
 
-/// Every `kind` label of `rollboard_redis_errors_total` ([`StoreError::kind`]): all are
+/// Every `kind` label of `rollboard_redis_errors_total` ([`Failure::kind`]): all are
 /// outages but `data`.
 pub const ERROR_KINDS: [&str; 7] = [
     "connection",
@@ -95,6 +93,35 @@ pub const COMMIT: &str = match option_env!("ROLLBOARD_COMMIT") {
     None => "unknown",
 };
 
+/// What the metrics read of a failed Redis call (the store's errors implement it).
+pub trait Failure: std::fmt::Display {
+    /// A small fixed label, one of [`ERROR_KINDS`].
+    fn kind(&self) -> &'static str;
+    /// Whether the write was not confirmed by enough replicas in time.
+    fn is_replica_ack_failure(&self) -> bool;
+}
+
+/// What one roll or resummarize run of a board did, in plain numbers.
+#[derive(Debug, Clone, Copy)]
+pub struct Rolled<'a> {
+    /// Board name.
+    pub board: &'a str,
+    /// `incremental` or `resummarize`.
+    pub mode: &'a str,
+    /// Slices expired and unregistered.
+    pub slices_expired: u64,
+    /// Members that left an instance.
+    pub members_removed: u64,
+    /// Instances whose live slices were summed again.
+    pub resummed: u64,
+    /// Whether every instance was rolled.
+    pub complete: bool,
+    /// Failed instances per Redis error kind.
+    pub redis_errors: &'a std::collections::BTreeMap<&'static str, u64>,
+    /// The live range after the run (epoch ms, end exclusive), when known.
+    pub window: Option<(i64, i64)>,
+}
+
 /// The process's metrics.
 pub struct Metrics {
     registry: Registry,
@@ -144,9 +171,9 @@ pub struct Metrics {
 /// Every `role` label of the token metrics.
 pub const TOKEN_ROLES: [&str; 3] = ["intake", "query", "metrics"];
 
-impl crate::tokens::Observer for Metrics {
-    fn tokens_reloaded(&self, role: &'static str, outcome: &crate::tokens::Reload) {
-        use crate::tokens::Reload;
+impl crate::config::tokens::Observer for Metrics {
+    fn tokens_reloaded(&self, role: &'static str, outcome: &crate::config::tokens::Reload) {
+        use crate::config::tokens::Reload;
         match outcome {
             Reload::Fixed => {}
             Reload::Unchanged => self.token_file_stale.with_label_values(&[role]).set(0),
@@ -534,9 +561,6 @@ impl Metrics {
                 .register(Box::new(process))
                 .expect("process metric names are unique");
         }
-        for script in SCRIPT_NAMES {
-            script_duration.with_label_values(&[script]);
-        }
         for route in HTTP_ROUTES {
             http_duration.with_label_values(&[route]);
         }
@@ -552,7 +576,7 @@ impl Metrics {
             }
             slices_expired.with_label_values(&[&b.name]);
             members_removed.with_label_values(&[&b.name]);
-            if b.mode == crate::board::Mode::Resummarize {
+            if b.mode == crate::domain::board::Mode::Resummarize {
                 resummed.with_label_values(&[&b.name]);
             }
             roll_duration.with_label_values(&[b.name.as_str(), b.mode.as_str()]);
@@ -641,7 +665,15 @@ impl Metrics {
         self.apply_duration.observe(seconds);
     }
 
-    /// One call of the Lua script `script` (one of [`SCRIPT_NAMES`]) took `seconds`.
+    /// Registers the duration series of every script in `scripts` (at 0 calls until the
+    /// first), so that each shows from the start.
+    pub fn scripts(&self, scripts: &[&str]) {
+        for script in scripts {
+            self.script_duration.with_label_values(&[script]);
+        }
+    }
+
+    /// One call of the Lua script `script` took `seconds`.
     pub fn script_call(&self, script: &str, seconds: f64) {
         self.script_duration
             .with_label_values(&[script])
@@ -714,44 +746,44 @@ impl Metrics {
     /// A roll or resummarize run of one board finished. What it expired counts either way;
     /// the last-roll time and the window move only when every instance was rolled, else
     /// the run counts as failed (with one Redis error per instance that failed on one).
-    pub fn rolled(&self, report: &Report, seconds: f64, now_ms: i64) {
+    pub fn rolled(&self, report: &Rolled<'_>, seconds: f64, now_ms: i64) {
         self.roll_duration
-            .with_label_values(&[report.board.as_str(), report.mode])
+            .with_label_values(&[report.board, report.mode])
             .observe(seconds);
         self.slices_expired
-            .with_label_values(&[&report.board])
+            .with_label_values(&[report.board])
             .inc_by(report.slices_expired);
         self.members_removed
-            .with_label_values(&[&report.board])
+            .with_label_values(&[report.board])
             .inc_by(report.members_removed);
         if report.resummed > 0 {
             self.resummed
-                .with_label_values(&[&report.board])
+                .with_label_values(&[report.board])
                 .inc_by(report.resummed);
         }
-        if !report.complete() {
-            for (kind, n) in &report.redis_errors {
+        if !report.complete {
+            for (kind, n) in report.redis_errors {
                 self.redis_errors.with_label_values(&[kind]).inc_by(*n);
             }
-            self.roll_failed(&report.board, report.mode, None);
+            self.roll_failed(report.board, report.mode, None);
             return;
         }
         self.last_roll
-            .with_label_values(&[&report.board])
+            .with_label_values(&[report.board])
             .set(now_ms as f64 / 1000.0);
-        if let (Some(from), Some(to)) = (report.window_from, report.window_to) {
+        if let Some((from, to)) = report.window {
             self.window_start
-                .with_label_values(&[&report.board])
+                .with_label_values(&[report.board])
                 .set(from as f64 / 1000.0);
             self.window_end
-                .with_label_values(&[&report.board])
+                .with_label_values(&[report.board])
                 .set(to as f64 / 1000.0);
         }
     }
 
     /// A roll or resummarize run of one board did not roll every instance; `error` is the
     /// Redis error that stopped the whole run, if one did.
-    pub fn roll_failed(&self, board: &str, mode: &str, error: Option<&StoreError>) {
+    pub fn roll_failed(&self, board: &str, mode: &str, error: Option<&dyn Failure>) {
         if let Some(error) = error {
             self.redis_error(error);
         }
@@ -764,7 +796,7 @@ impl Metrics {
     }
 
     /// A Redis operation failed.
-    pub fn redis_error(&self, error: &StoreError) {
+    pub fn redis_error(&self, error: &dyn Failure) {
         self.redis_errors.with_label_values(&[error.kind()]).inc();
         if error.is_replica_ack_failure() {
             self.replica_ack_failures.inc();
@@ -840,7 +872,7 @@ impl Metrics {
     }
 
     /// One apply attempt of a board instance failed (not an outage).
-    pub fn apply_failed(&self, board: &str, scope: Option<&str>, error: &StoreError) {
+    pub fn apply_failed(&self, board: &str, scope: Option<&str>, error: &dyn Failure) {
         self.redis_error(error);
         self.apply_failures.with_label_values(&[board]).inc();
         warn!(board, scope, error = %error, "apply of a board instance failed");
@@ -888,7 +920,7 @@ impl Metrics {
     }
 
     /// The consumer's last step failed (`Some`) or succeeded (`None`).
-    pub fn consumer_step(&self, error: Option<&StoreError>) {
+    pub fn consumer_step(&self, error: Option<&dyn Failure>) {
         if let Ok(mut last) = self.consumer_error.lock() {
             *last = error.map(ToString::to_string);
         }

@@ -10,8 +10,8 @@ use futures_util::future::join_all;
 use super::{
     as_array, as_i64, mode_flag, negative_flag, parse_floor, reply_err, tie_flag, Store, StoreError,
 };
-use crate::board::Board;
-use crate::keys::InstanceKeys;
+use crate::domain::board::Board;
+use crate::domain::keys::InstanceKeys;
 
 /// What became of one event at one board instance.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

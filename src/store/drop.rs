@@ -16,7 +16,7 @@ use fred::types::cluster::ClusterRouting;
 use fred::types::{ClusterHash, CustomCommand};
 
 use super::{as_array, as_string, redirected, reply_err, Store, StoreError};
-use crate::keys::{BoardKey, KeyKind};
+use crate::domain::keys::{BoardKey, KeyKind};
 use crate::store::Denied;
 
 /// Most keys one `UNLINK` call deletes: each call frees its keys' values in the background,
@@ -346,7 +346,7 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::keys::Keys;
+    use crate::domain::keys::Keys;
 
     #[test]
     fn unlink_batches_are_bounded_and_on_a_cluster_each_holds_one_slot() {

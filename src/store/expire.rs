@@ -8,7 +8,7 @@ use super::{
     as_array, as_i64, as_string, mode_flag, negative_flag, parse_floor, reply_err, tie_flag, Store,
     StoreError,
 };
-use crate::board::Board;
+use crate::domain::board::Board;
 
 /// Result of expiring one chunk of a slice.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -48,7 +48,7 @@ pub struct Trimmed {
 
 impl Store {
     /// Raises the board's own watermark (see
-    /// [`Keys::window`](crate::keys::Keys::window)) to at least `target`; returns it. Every
+    /// [`Keys::window`](crate::domain::keys::Keys::window)) to at least `target`; returns it. Every
     /// roll does this before it touches an instance.
     pub async fn raise_floor(
         &self,

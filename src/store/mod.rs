@@ -6,7 +6,7 @@
 //! pipelined by fred, so applying many instances at once costs one round trip. One more
 //! connection carries the reads alone (top, rank, around), so that a query never waits
 //! behind writes queued on its own connection, and the writing scripts' work queued in
-//! Redis at once is bounded (`redis.max_calls_in_flight`, see [`DEFAULT_CALLS_IN_FLIGHT`]): a query
+//! Redis at once is bounded (`redis.max_calls_in_flight`, see [`crate::config::DEFAULT_CALLS_IN_FLIGHT`]): a query
 //! waits behind at most that much work, whatever the ingest rate.
 //!
 //! # Layout
@@ -41,13 +41,11 @@ pub use apply::{
     apply_call, fold_call, fold_chunk_len, fold_chunks, id_digest, ApplyEvent, FoldCall, Outcome,
     APPLY_CHUNK, DIGEST_CONTEXT, FOLD_BUDGET, FOLD_EVENT_COST, FOLD_GROUP_COST,
 };
-pub use connect::{
-    script_commands, tls_client_config, Conflict, Conflicts, Denied, Reconnect, Refused, TlsError,
-};
+pub use connect::{script_commands, Conflict, Conflicts, Denied, Reconnect, Refused};
 pub use drop::{scan_denied, BoardKeys, UNLINK_BATCH};
 pub use expire::{Expired, Trimmed, EXPIRE_CALL_FIELDS, TRIM_CALL_IDS, TRIM_CALL_LOG};
 pub use lease::{Lease, TICK_RECORD};
-pub use replicas::{Durability, NOREPLICAS};
+pub use replicas::NOREPLICAS;
 pub use stage::{
     StageTargets, Staged, Summed, SwapCheck, RESUM_AT_LEAST_EVERY_MS, STAGE_CALL_ROWS,
 };
@@ -61,8 +59,9 @@ use fred::prelude::*;
 use fred::types::scripts::Script;
 use fred::types::{ClusterHash, CustomCommand};
 
-use crate::board::{Board, Mode, TieBreak};
-use crate::keys::{InstanceKeys, Keys};
+use crate::config::Durability;
+use crate::domain::board::{Board, Mode, TieBreak};
+use crate::domain::keys::{InstanceKeys, Keys};
 use crate::metrics::Metrics;
 
 /// A failed Redis operation.
@@ -131,6 +130,16 @@ impl StoreError {
     }
 }
 
+impl crate::metrics::Failure for StoreError {
+    fn kind(&self) -> &'static str {
+        StoreError::kind(self)
+    }
+
+    fn is_replica_ack_failure(&self) -> bool {
+        StoreError::is_replica_ack_failure(self)
+    }
+}
+
 /// The error codes (an error reply's first word) that prove the data is wrong.
 const DATA_ERRORS: [&str; 2] = ["WRONGTYPE", "ROLLBOARD"];
 
@@ -155,9 +164,6 @@ pub const UNAVAILABLE: [&str; 8] = [
 fn error_code(details: &str) -> &str {
     details.split_whitespace().next().unwrap_or("")
 }
-
-/// Full-size writing script calls in Redis at once, by default (`redis.max_calls_in_flight`).
-pub const DEFAULT_CALLS_IN_FLIGHT: usize = 4;
 
 /// The weight of a call's fixed part (the reads every call makes whatever it holds), in the
 /// units of [`FOLD_BUDGET`]: measured, a one-event call costs Redis about a sixth of a
@@ -287,7 +293,7 @@ pub const SCRIPT_NAMES: [&str; 13] = [
 
 impl Store {
     /// Redis's clock (`TIME`), in epoch milliseconds: the one clock every replica and the
-    /// CLI judge time by (see [`crate::clock`]).
+    /// CLI judge time by (see [`crate::domain::clock`]).
     pub async fn time_ms(&self) -> Result<i64, StoreError> {
         // On a cluster any node answers: its masters' clocks are one clock to within NTP's
         // error, far below a slice.
@@ -504,7 +510,7 @@ fn score(v: &Value) -> Option<i64> {
             _ => return None,
         };
         let d: f64 = text.parse().ok()?;
-        (d.fract() == 0.0 && d.abs() <= crate::board::MAX_TOTAL as f64).then_some(d as i64)
+        (d.fract() == 0.0 && d.abs() <= crate::domain::board::MAX_TOTAL as f64).then_some(d as i64)
     })
 }
 

@@ -5,9 +5,9 @@ use fred::prelude::*;
 use super::{
     as_array, as_i64, as_string, parse_floor, reply_err, score, tie_flag, Store, StoreError,
 };
-use crate::board::{Board, Mode};
-use crate::keys::InstanceKeys;
-use crate::query::{decode_member, Entry, MemberRank, Page};
+use crate::domain::board::{Board, Mode};
+use crate::domain::keys::InstanceKeys;
+use crate::domain::ranking::{decode_member, Entry, MemberRank, Page};
 
 struct Snapshot {
     count: u64,

@@ -20,7 +20,6 @@
 //! where the calls that had landed answer `Duplicate`.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use fred::clients::WithOptions;
 use fred::prelude::*;
@@ -31,6 +30,7 @@ use futures_util::future::try_join_all;
 use tracing::info;
 
 use super::{reply_err, Store, StoreError};
+use crate::config::Durability;
 
 /// How long the tiny write of a confirmation lives (it only has to outlast the `WAIT`).
 const SYNC_KEY_TTL_MS: &str = "60000";
@@ -38,26 +38,6 @@ const SYNC_KEY_TTL_MS: &str = "60000";
 /// Prefix of the error a confirmation fails with: the one Redis itself uses when too few
 /// replicas are connected (`min-replicas-to-write`), so it is treated as an outage.
 pub const NOREPLICAS: &str = "NOREPLICAS";
-
-/// How many replicas must hold a write before rollboard confirms it (`[redis]`
-/// `min_replicas_acked`, `replica_ack_timeout`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Durability {
-    /// Replicas per master; `None`: 1 when every master has a replica, else 0 (decided
-    /// at the first confirmation).
-    pub replicas: Option<u32>,
-    /// How long one `WAIT` may block.
-    pub timeout: Duration,
-}
-
-impl Default for Durability {
-    fn default() -> Self {
-        Durability {
-            replicas: Some(0),
-            timeout: Duration::from_secs(2),
-        }
-    }
-}
 
 /// A hash tag whose slot is `slot`: the smallest decimal number that hashes there.
 fn tag_for_slot(slot: u16) -> String {

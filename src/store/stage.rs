@@ -4,9 +4,9 @@
 use fred::prelude::*;
 
 use super::{as_array, as_i64, as_string, reply_err, score, tie_flag, Store, StoreError};
-use crate::board::Board;
-use crate::keys::InstanceKeys;
-use crate::query::{decode_member, encode_member};
+use crate::domain::board::Board;
+use crate::domain::keys::InstanceKeys;
+use crate::domain::ranking::{decode_member, encode_member};
 
 /// Most rows that one `stage.lua` call writes into the scratch keys of a recomputation
 /// (same bound and measurement as [`EXPIRE_CALL_FIELDS`](super::EXPIRE_CALL_FIELDS):

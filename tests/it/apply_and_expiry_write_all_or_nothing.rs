@@ -7,7 +7,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use fred::prelude::*;
-use rollboard::board::{Board, Mode, MAX_TOTAL};
+use rollboard::domain::board::{Board, Mode, MAX_TOTAL};
 use rollboard::roll::{self, Job};
 use rollboard::store::{ApplyEvent, Outcome, Store, APPLY_CHUNK};
 use tokio_util::sync::CancellationToken;
@@ -334,7 +334,7 @@ async fn stream(store: &Store) -> Vec<(String, Fields)> {
 
 /// Checks every instance of the stream's model; resummarize instances once the job ran.
 async fn assert_stream_model(store: &Store, boards: &[Board]) {
-    let now = rollboard::cli::now_ms();
+    let now = rollboard::domain::clock::local_ms();
     assert_state(
         store,
         boards,
@@ -372,7 +372,7 @@ async fn a_broken_scoped_instance_is_dead_lettered_and_its_replay_counts_once() 
     let config = write_config(dir.path(), &redis, port, "a", "");
     let daemon = Daemon::start(&config, port).await;
     let boards = test_boards();
-    let now = rollboard::cli::now_ms();
+    let now = rollboard::domain::clock::local_ms();
     // r1's instance holds data first (an empty instance is cleaned up by the next roll,
     // which would delete the broken key and repair it by accident).
     xadd_all(store.client(), "rb:events", &tips(0, 10, now)).await;
@@ -425,7 +425,8 @@ async fn a_broken_scoped_instance_is_dead_lettered_and_its_replay_counts_once() 
             .iter()
             .map(|(a, b)| (a.clone().into_bytes(), b.clone().into_bytes()))
             .collect();
-        let e = rollboard::event::parse(&raw, &source, &boards, now, 300_000).expect("valid");
+        let e =
+            rollboard::domain::event::parse(&raw, &source, &boards, now, 300_000).expect("valid");
         for u in e.updates {
             let a = ApplyEvent {
                 id: e.id.clone(),
@@ -512,7 +513,7 @@ async fn a_board_whose_result_key_is_broken_dead_letters_its_events() {
     let daemon = Daemon::start(&config, port).await;
     let boards = test_boards();
     let tips_24h = &boards[2];
-    let now = rollboard::cli::now_ms();
+    let now = rollboard::domain::clock::local_ms();
     let broken = store.instance(tips_24h, None).result();
     let _: () = store
         .client()

@@ -5,7 +5,7 @@
 
 use fred::prelude::*;
 use proptest::prelude::*;
-use rollboard::board::{Board, Mode, TieBreak};
+use rollboard::domain::board::{Board, Mode, TieBreak};
 use rollboard::roll::{self, Job, Report, RollError};
 use rollboard::store::{ApplyEvent, StageTargets, Staged, Store, STAGE_CALL_ROWS, TRIM_CALL_IDS};
 use tokio_util::sync::CancellationToken;

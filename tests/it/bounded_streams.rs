@@ -6,8 +6,8 @@
 use std::time::Duration;
 
 use fred::prelude::*;
+use rollboard::ingest::stream::StreamId;
 use rollboard::store::Store;
-use rollboard::stream::StreamId;
 
 use crate::daemon::{models, tip};
 use crate::util::{
@@ -22,7 +22,7 @@ const DEAD: &str = "rb:events:dead";
 const NODE: i64 = 100;
 
 fn now_ms() -> i64 {
-    rollboard::cli::now_ms()
+    rollboard::domain::clock::local_ms()
 }
 
 /// A daemon config with `ingest` lines added to its `[ingest]` section.
@@ -191,7 +191,7 @@ async fn entries_pending_in_the_group_are_kept_until_another_consumer_applies_th
     .await;
     let rest_taken = wait_for(Duration::from_secs(60), || async {
         matches!(
-            rollboard::ingest::group_info(store.client(), STREAM, "rollboard").await,
+            rollboard::ingest::stream::group_info(store.client(), STREAM, "rollboard").await,
             Ok(Some((150, Some(0))))
         )
     })
@@ -244,7 +244,7 @@ async fn a_killed_consumers_pending_entries_survive_and_are_applied_by_another()
         xadd_all(store.client(), STREAM, chunk).await;
         sent += chunk.len();
         let busy = matches!(
-            rollboard::ingest::group_info(store.client(), STREAM, "rollboard").await,
+            rollboard::ingest::stream::group_info(store.client(), STREAM, "rollboard").await,
             Ok(Some((p, _))) if p > 0
         );
         if busy
@@ -500,10 +500,10 @@ async fn the_dead_letter_stream_stays_near_its_cap_and_lengths_are_reported() {
 
 /// Events on the partitions of a 3-partition layout, each by the partition rule.
 async fn append_partitioned(store: &Store, events: &[Fields]) -> Vec<String> {
-    let keys = rollboard::stream::partition_keys(STREAM, 3);
+    let keys = rollboard::domain::partition::partition_keys(STREAM, 3);
     for f in events {
         let id = &f.iter().find(|(k, _)| k == "id").expect("an id").1;
-        let key = &keys[rollboard::stream::partition_of(id.as_bytes(), 3)];
+        let key = &keys[rollboard::domain::partition::partition_of(id.as_bytes(), 3)];
         let _: String = store
             .client()
             .xadd(key.as_str(), false, None::<()>, "*", f.clone())

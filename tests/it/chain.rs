@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use fred::prelude::*;
-use rollboard::board::{Board, MAX_TOTAL};
+use rollboard::domain::board::{Board, MAX_TOTAL};
 use rollboard::roll::{self, Report};
 use rollboard::store::{fold_call, fold_chunks, ApplyEvent, Outcome, Reconnect, Store, StoreError};
 use tokio_util::sync::CancellationToken;

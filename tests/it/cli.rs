@@ -116,7 +116,7 @@ async fn queries_answer_with_the_documented_shapes_and_statuses() {
     let board = &rollboard::config::Settings::from_toml(crate::util::BOARDS)
         .expect("boards")
         .boards;
-    let now = rollboard::cli::now_ms();
+    let now = rollboard::domain::clock::local_ms();
     let events: Vec<rollboard::store::ApplyEvent> = [("r1", 5), ("r2", 9), ("r3", 5)]
         .iter()
         .enumerate()
@@ -268,7 +268,7 @@ async fn a_roll_too_far_ahead_is_refused_unless_forced() {
     let redis = RedisServer::start();
     let dir = tempfile::tempdir().expect("dir");
     let config = write_config(dir.path(), &redis, 1, "a", "");
-    let now = rollboard::cli::now_ms();
+    let now = rollboard::domain::clock::local_ms();
     // A century, or a day, ahead of Redis's clock is a typo.
     for at in [
         (now + 100 * 365 * 86_400_000).to_string(),

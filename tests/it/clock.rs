@@ -5,15 +5,15 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use rollboard::board::Dedup;
-use rollboard::ingest::process_batch;
+use rollboard::domain::board::Dedup;
+use rollboard::ingest::consumer::process_batch;
 use rollboard::metrics::Metrics;
 
 use crate::util::*;
 
 /// A board of `slice`-wide slices over a one-hour window that forgets ids `dedup_ms`
 /// after their slice ends.
-fn forgetful(slice: i64, dedup_ms: i64) -> rollboard::board::Board {
+fn forgetful(slice: i64, dedup_ms: i64) -> rollboard::domain::board::Board {
     let mut b = board("forgetful", slice, 3_600_000 / slice);
     b.dedup = Dedup::AfterSlice(dedup_ms);
     b
@@ -41,8 +41,8 @@ async fn letters(store: &rollboard::store::Store) -> Vec<(String, String)> {
 /// One batch of `entries` through the consumer's path, judged at `now`.
 async fn deliver(
     store: &rollboard::store::Store,
-    boards: &[rollboard::board::Board],
-    entries: &[rollboard::ingest::Entry],
+    boards: &[rollboard::domain::board::Board],
+    entries: &[rollboard::ingest::stream::Entry],
     now: i64,
 ) {
     let metrics = Metrics::new(boards);
@@ -391,9 +391,10 @@ async fn run_skewed(
     let boards = vec![b.clone()];
     let mut clocks = Vec::new();
     for &skew in skews {
-        let clock =
-            rollboard::clock::Clock::with_local(2_000, move || rollboard::clock::local_ms() + skew);
-        let measured = clock.sync(store).await.expect("sync");
+        let clock = rollboard::domain::clock::Clock::with_local(2_000, move || {
+            rollboard::domain::clock::local_ms() + skew
+        });
+        let measured = clock.sync(store.time_ms()).await.expect("sync");
         assert!(
             (measured - skew).abs() < 1_000,
             "measured {measured} for {skew}"

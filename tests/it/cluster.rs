@@ -496,7 +496,7 @@ async fn core_flows_on_a_cluster_equal_the_model() {
     let port = free_port();
     let config = write_config_url(dir.path(), &cluster.url(), port, "a", "");
     let boards = test_boards();
-    let now = rollboard::cli::now_ms();
+    let now = rollboard::domain::clock::local_ms();
     let event = |i: usize| {
         if i % 4 == 0 {
             payment(i, now)
@@ -667,7 +667,7 @@ async fn resharding_under_load_equals_the_model() {
     let port = free_port();
     let config = write_config_url(dir.path(), &cluster.url(), port, "a", "");
     let boards = test_boards();
-    let now = rollboard::cli::now_ms();
+    let now = rollboard::domain::clock::local_ms();
     let event = move |i: usize| {
         if i % 4 == 0 {
             payment(i, now)
@@ -758,7 +758,7 @@ fn failover_seed() -> u64 {
     std::env::var("ROLLBOARD_FAILOVER_SEED")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| rollboard::cli::now_ms() as u64)
+        .unwrap_or_else(|| rollboard::domain::clock::local_ms() as u64)
 }
 
 /// POSTs `events` to the daemon until it answers 202 (a producer that retries with its own
@@ -818,7 +818,7 @@ async fn masters_killed_under_load_lose_nothing_acked() {
         std::fs::write(&config, text).expect("config");
     }
     let boards = test_boards();
-    let now = rollboard::cli::now_ms();
+    let now = rollboard::domain::clock::local_ms();
     let event = move |i: usize| {
         if i % 4 == 0 {
             payment(i, now)
@@ -907,7 +907,7 @@ async fn masters_killed_under_load_lose_nothing_acked() {
         let tail: Vec<&str> = log.lines().rev().take(40).collect();
         panic!(
             "seed {seed}: not drained: {:?}; log tail:\n{}",
-            rollboard::ingest::group_info(store.client(), "rb:events", "rollboard").await,
+            rollboard::ingest::stream::group_info(store.client(), "rb:events", "rollboard").await,
             tail.into_iter().rev().collect::<Vec<_>>().join("\n")
         );
     }
@@ -972,7 +972,7 @@ async fn without_enough_replicas_nothing_is_acked_or_confirmed() {
     )
     .expect("config");
     let boards = test_boards();
-    let now = rollboard::cli::now_ms();
+    let now = rollboard::domain::clock::local_ms();
     let mut events: Vec<Fields> = (0..300).map(|i| tip(i, now)).collect();
     let daemon = Daemon::start(&config, port).await;
     xadd_all(store.client(), "rb:events", &events).await;
@@ -984,10 +984,11 @@ async fn without_enough_replicas_nothing_is_acked_or_confirmed() {
     })
     .await;
     assert!(refused, "log:\n{}", daemon.logs());
-    let (pending, _) = rollboard::ingest::group_info(store.client(), "rb:events", "rollboard")
-        .await
-        .expect("xinfo")
-        .expect("group");
+    let (pending, _) =
+        rollboard::ingest::stream::group_info(store.client(), "rb:events", "rollboard")
+            .await
+            .expect("xinfo")
+            .expect("group");
     assert!(pending > 0, "entries were acked without a replica");
 
     let more: Vec<Fields> = (300..310).map(|i| tip(i, now)).collect();
@@ -1037,7 +1038,7 @@ async fn without_enough_replicas_nothing_is_acked_or_confirmed() {
 #[tokio::test]
 async fn a_confirmation_cut_short_by_a_reconnect_confirms_nothing() {
     use crate::util::{wait_for, RedisServer};
-    use rollboard::store::Durability;
+    use rollboard::config::Durability;
 
     let primary = RedisServer::start();
     let replica = RedisServer::start();
@@ -1118,7 +1119,7 @@ async fn frozen_replicas_then_a_dead_master(
 ) -> (RedisCluster, usize, usize) {
     use crate::daemon::{models, payment, tip};
     use crate::util::{test_boards, wait_for, write_config_url, xadd_all, Daemon};
-    use rollboard::ingest::group_info;
+    use rollboard::ingest::stream::group_info;
 
     let port = free_port();
     let config = write_config_url(dir, &cluster.url(), port, prefix, "");
@@ -1198,7 +1199,7 @@ async fn frozen_replicas_then_a_dead_master(
             }
         }
     }
-    let now = rollboard::cli::now_ms();
+    let now = rollboard::domain::clock::local_ms();
     let events: Vec<Fields> = (0..2000)
         .map(|i| {
             if i % 4 == 0 {

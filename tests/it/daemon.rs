@@ -5,8 +5,8 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use fred::prelude::*;
-use rollboard::board::Board;
-use rollboard::ingest::group_info;
+use rollboard::domain::board::Board;
+use rollboard::ingest::stream::group_info;
 use rollboard::store::Store;
 
 use crate::model::Instance;
@@ -16,7 +16,7 @@ use crate::util::{
 };
 
 fn now_ms() -> i64 {
-    rollboard::cli::now_ms()
+    rollboard::domain::clock::local_ms()
 }
 
 /// A tip to a room; matches rooms_7d and fans_7d.

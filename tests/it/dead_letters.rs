@@ -7,11 +7,11 @@
 use std::collections::HashMap;
 
 use fred::prelude::*;
-use rollboard::board::{Board, Dedup, MAX_TOTAL};
 use rollboard::config::IngestSettings;
-use rollboard::dead_letters::{Counts, Replayer, Selection};
-use rollboard::event::Reason;
-use rollboard::ingest::process_batch;
+use rollboard::domain::board::{Board, Dedup, MAX_TOTAL};
+use rollboard::domain::event::Reason;
+use rollboard::ingest::consumer::process_batch;
+use rollboard::ingest::dead_letters::{Counts, Replayer, Selection};
 use rollboard::metrics::Metrics;
 use rollboard::store::Store;
 
@@ -327,7 +327,7 @@ async fn letters_refused_as_a_whole_are_selected_by_board_and_reason_and_stay_wh
     let rooms = boards[0].clone();
     let metrics = Metrics::new(&boards);
     let settings = ingest_settings("rb:events", 1);
-    let now = rollboard::cli::now_ms();
+    let now = rollboard::domain::clock::local_ms();
     let old = (now - 8 * 86_400_000).to_string();
     let at = |seq: u32| format!("{now}-{seq}");
     let batch = [
@@ -433,7 +433,7 @@ async fn the_dead_letters_command_lists_and_replays_an_overflow_to_its_board_onl
     let (rooms, tips) = (boards[0].clone(), boards[2].clone());
     let metrics = Metrics::new(&boards);
     let settings = ingest_settings("rb:events", 1);
-    let now = rollboard::cli::now_ms();
+    let now = rollboard::domain::clock::local_ms();
     // u1 on tips_24h (scale 2, refunds allowed) 50 minor units below the limit.
     store
         .apply(
@@ -532,7 +532,7 @@ async fn replay_reads_every_page_once_and_takes_given_entries_only() {
     let store = redis.store("rb").await;
     let boards = test_boards();
     let settings = ingest_settings("rb:events", 1);
-    let now = rollboard::cli::now_ms();
+    let now = rollboard::domain::clock::local_ms();
     let junk: Vec<Vec<(String, String)>> = (0..250)
         .map(|i| {
             [

@@ -9,10 +9,10 @@ use std::path::{Path, PathBuf};
 
 use fred::prelude::*;
 use fred::types::{ClusterHash, CustomCommand};
-use rollboard::board::{Board, Mode};
-use rollboard::ingest::process_batch;
+use rollboard::domain::board::{Board, Mode};
+use rollboard::domain::ranking::Page;
+use rollboard::ingest::consumer::process_batch;
 use rollboard::metrics::Metrics;
-use rollboard::query::Page;
 use rollboard::roll::Verified;
 use rollboard::store::Store;
 
@@ -77,7 +77,7 @@ async fn fill(store: &Store, boards: &[Board], now: i64, rooms: &[&str], tag: &s
 /// Beside it `tips_v2` (scoped, the same rooms and a room named `tips`) and `tips_24h`.
 /// Returns the boards that must survive, and the time.
 async fn fill_lookalikes(store: &Store) -> (Vec<Board>, i64) {
-    let now = rollboard::cli::now_ms();
+    let now = rollboard::domain::clock::local_ms();
     let (tips, tips_v2, tips_24h) = (
         scoped("tips"),
         scoped("tips_v2"),
@@ -433,7 +433,7 @@ async fn the_shipped_redis_user_may_not_scan_so_drop_board_stops_before_deleting
     let store = Store::connect(&url, "rb", 2, rollboard::store::Reconnect::Never)
         .await
         .expect("connect as the rollboard user");
-    let now = rollboard::cli::now_ms();
+    let now = rollboard::domain::clock::local_ms();
     fill(&store, &[scoped("tips")], now, &ROOMS, "acl", 30).await;
     let config = config(dir.path(), &url, LOOKALIKES);
 

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use fred::prelude::*;
 use proptest::prelude::*;
-use rollboard::board::{Board, Mode, TieBreak, MAX_TOTAL};
+use rollboard::domain::board::{Board, Mode, TieBreak, MAX_TOTAL};
 use rollboard::store::{ApplyEvent, Outcome, Store};
 
 use crate::model::{assert_matches, Instance};
@@ -343,7 +343,7 @@ async fn dedup_window_duration_refuses_as_late_once_it_may_forget() {
     let redis = RedisServer::start();
     let store = redis.store("rb").await;
     let mut b = board("rooms", HOUR, 24);
-    b.dedup = rollboard::board::Dedup::AfterSlice(60_000);
+    b.dedup = rollboard::domain::board::Dedup::AfterSlice(60_000);
     let ts = b.slice_of(NOW) * HOUR; // start of the current slice
     store
         .apply(&b, None, &[ev("k", ts, "x", 1)], NOW)

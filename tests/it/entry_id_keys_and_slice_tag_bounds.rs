@@ -13,7 +13,7 @@ use std::time::Duration;
 use std::collections::HashMap;
 
 use fred::prelude::*;
-use rollboard::ingest::process_batch;
+use rollboard::ingest::consumer::process_batch;
 use rollboard::metrics::Metrics;
 use rollboard::roll;
 use rollboard::store::Store;
@@ -24,7 +24,7 @@ use crate::util::{
 };
 
 fn now_ms() -> i64 {
-    rollboard::cli::now_ms()
+    rollboard::domain::clock::local_ms()
 }
 
 /// The exact total of `member` on the unscoped board `name` (None when not ranked).
@@ -434,7 +434,7 @@ slice = "1ms"
 /// scope back with the right total.
 #[tokio::test]
 async fn a_scoped_resummarize_refund_board_rolls_to_empty_and_comes_back() {
-    use rollboard::board::{Mode, TieBreak};
+    use rollboard::domain::board::{Mode, TieBreak};
     use rollboard::store::Outcome;
     const SLICE: i64 = 1_000;
     let mut b = board("fansneg", SLICE, 3);

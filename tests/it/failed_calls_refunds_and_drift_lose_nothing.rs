@@ -6,7 +6,7 @@ use std::process::Command;
 
 use fred::prelude::*;
 use proptest::prelude::*;
-use rollboard::board::{Board, Mode, TieBreak};
+use rollboard::domain::board::{Board, Mode, TieBreak};
 use rollboard::roll::{self, Job};
 use rollboard::store::{ApplyEvent, Outcome, Store};
 use tokio_util::sync::CancellationToken;
@@ -434,7 +434,7 @@ async fn rebuild_repairs_every_difference_verify_lists() {
         // (`members` holds the tie-break time the ZSet member is made of.)
         let zmember = |ts: Option<String>, member: &str| {
             let ts = ts.expect("known").parse().unwrap_or_default();
-            rollboard::query::encode_member(board.tie_break, member, ts)
+            rollboard::domain::ranking::encode_member(board.tie_break, member, ts)
         };
         let zb: Option<String> = c.hget(k.members(), "b").await.expect("hget");
         let zb = zmember(zb, "b");

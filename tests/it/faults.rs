@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fred::types::scripts::Script;
-use rollboard::board::Board;
+use rollboard::domain::board::Board;
 use rollboard::roll::{self, Job};
 use rollboard::store::{ApplyEvent, Outcome, Reconnect, Store};
 use tokio_util::sync::CancellationToken;
@@ -29,7 +29,7 @@ use crate::util::{
 const HOUR: i64 = 3_600_000;
 
 fn now_ms() -> i64 {
-    rollboard::cli::now_ms()
+    rollboard::domain::clock::local_ms()
 }
 
 /// A small xorshift generator; the seed is printed with every failure.
@@ -637,7 +637,7 @@ async fn redis_restarted_with_aof_during_ingest_loses_and_doubles_nothing() {
         // Restart once the daemon is part-way through the backlog.
         let started = wait_for(Duration::from_secs(20), || async {
             matches!(
-                rollboard::ingest::group_info(rig.store.client(), "rb:events", "rollboard").await,
+                rollboard::ingest::stream::group_info(rig.store.client(), "rb:events", "rollboard").await,
                 Ok(Some((_, Some(lag)))) if lag < 1400
             )
         })
@@ -821,7 +821,7 @@ async fn maxmemory_refuses_scripts_and_the_backlog_drains_once_raised() {
         "no Redis error counted; log:\n{}",
         rig.daemon.logs()
     );
-    let held = rollboard::ingest::group_info(rig.store.client(), "rb:events", "rollboard")
+    let held = rollboard::ingest::stream::group_info(rig.store.client(), "rb:events", "rollboard")
         .await
         .expect("group info");
     eprintln!("at maxmemory: (pending, lag) = {held:?}");

@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 
 use fred::prelude::*;
 use proptest::prelude::*;
-use rollboard::board::{Board, Dedup, Mode, TieBreak, MAX_TOTAL};
-use rollboard::query::{decode_member, encode_member};
+use rollboard::domain::board::{Board, Dedup, Mode, TieBreak, MAX_TOTAL};
+use rollboard::domain::ranking::{decode_member, encode_member};
 use rollboard::store::{apply_call, ApplyEvent, Outcome, Store, APPLY_CHUNK};
 
 use crate::util::{ev, seen_logs, seen_table, variants, RedisServer};

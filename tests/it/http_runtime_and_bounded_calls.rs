@@ -16,7 +16,7 @@ use crate::util::{
 const TRIM_SEEN: &str = rollboard::store::lua::TRIM_SEEN;
 
 fn now_ms() -> i64 {
-    rollboard::cli::now_ms()
+    rollboard::domain::clock::local_ms()
 }
 
 /// One 20-byte digest-table entry: the digest, then the slice tag, big-endian.
@@ -609,7 +609,7 @@ async fn queries_answer_while_the_daemon_ingests_a_backlog_and_rolls() {
     let mut during_ingest = 0usize;
     loop {
         let done = matches!(
-            rollboard::ingest::group_info(store.client(), "rb:events", "rollboard").await,
+            rollboard::ingest::stream::group_info(store.client(), "rb:events", "rollboard").await,
             Ok(Some((0, Some(0))))
         );
         if done && answered >= 30 {

@@ -6,8 +6,8 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use fred::prelude::*;
-use rollboard::board::Board;
-use rollboard::ingest::{process_batch, Entry};
+use rollboard::domain::board::Board;
+use rollboard::ingest::{consumer::process_batch, stream::Entry};
 use rollboard::metrics::Metrics;
 use rollboard::store::{Outcome, Store};
 
@@ -17,7 +17,7 @@ use crate::util::{
 };
 
 fn now_ms() -> i64 {
-    rollboard::cli::now_ms()
+    rollboard::domain::clock::local_ms()
 }
 
 type Letter = (String, HashMap<String, String>);
@@ -321,7 +321,7 @@ async fn applied_then_crashed(
             .into_iter()
             .flat_map(|s| match s {
                 Value::Array(mut parts) if parts.len() == 2 => {
-                    rollboard::ingest::parse_entries(parts.remove(1))
+                    rollboard::ingest::stream::parse_entries(parts.remove(1))
                 }
                 _ => Vec::new(),
             })
@@ -365,7 +365,7 @@ async fn applied_then_crashed(
         Some(amount.parse().unwrap()),
         "{stream}: applied once"
     );
-    let info = rollboard::stream::group_info(store.client(), stream, "rollboard")
+    let info = rollboard::ingest::stream::group_info(store.client(), stream, "rollboard")
         .await
         .expect("group info");
     assert_eq!(
@@ -675,7 +675,7 @@ async fn a_dead_letter_from_a_partition_written_before_the_upgrade_replays_once(
 /// the others).
 #[tokio::test]
 async fn the_readme_replay_within_a_dedup_window_duration_counts_once() {
-    use rollboard::board::Dedup;
+    use rollboard::domain::board::Dedup;
     const SLICE: i64 = 1_000;
     let redis = RedisServer::start();
     let store = redis.store("rb").await;
@@ -855,13 +855,13 @@ async fn a_partitioned_daemon_replays_dead_letters_of_tips_without_id_once() {
 }
 
 /// Every key a daemon reads as events, for every `ingest.partitions` (its own partitions and
-/// the other layouts' keys it drains, `stream::keys` and `stream::retired_keys`), is
+/// the other layouts' keys it drains, `stream::keys` and `rollboard::domain::partition::retired_keys`), is
 /// refused as `ingest.dead_letter_stream`, also for a stream name with braces (one
 /// partition); keys it never reads are accepted.
 #[test]
 fn every_key_the_daemon_reads_is_refused_as_the_dead_letter_stream() {
     use rollboard::config::Settings;
-    use rollboard::stream::{partition_keys, retired_keys, MAX_PARTITIONS};
+    use rollboard::domain::partition::{partition_keys, retired_keys, MAX_PARTITIONS};
     let config = |stream: &str, partitions: usize, dead: &str| {
         Settings::from_toml(&format!(
             "[ingest]\nstream = \"{stream}\"\npartitions = {partitions}\ndead_letter_stream = \"{dead}\"\n[[boards]]\nname = \"a\"\nmember = \"user\"\nwindow = \"4s\"\nslice = \"1s\"\n"

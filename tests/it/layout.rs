@@ -5,8 +5,8 @@
 use std::collections::BTreeMap;
 
 use fred::prelude::*;
-use rollboard::board::{Board, Mode, TieBreak};
-use rollboard::query::encode_member;
+use rollboard::domain::board::{Board, Mode, TieBreak};
+use rollboard::domain::ranking::encode_member;
 use rollboard::roll;
 use rollboard::store::{ApplyEvent, Store};
 

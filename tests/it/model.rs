@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use rollboard::board::{Board, TieBreak, MAX_TOTAL};
+use rollboard::domain::board::{Board, TieBreak, MAX_TOTAL};
 use rollboard::store::{ApplyEvent, Outcome};
 
 /// One applied event at one instance.

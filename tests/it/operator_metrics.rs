@@ -69,7 +69,13 @@ async fn window_gauges_build_info_and_process_metrics_show_from_the_first_scrape
         assert!(set.contains("OK"), "SET {key}: {set}");
     }
     let before = epoch_seconds();
-    let daemon = Daemon::spawn_args(&config, port, &[], &[], "info,rollboard::daemon=debug");
+    let daemon = Daemon::spawn_args(
+        &config,
+        port,
+        &[],
+        &[],
+        "info,rollboard::edges::daemon=debug",
+    );
     daemon.wait_up().await;
     let after = epoch_seconds();
 

@@ -6,7 +6,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use fred::prelude::*;
-use rollboard::board::Mode;
+use rollboard::domain::board::Mode;
 use rollboard::roll;
 use rollboard::store::Outcome;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -208,7 +208,7 @@ async fn a_scope_first_seen_after_or_during_a_roll_ahead_follows_it() {
 async fn after_a_forced_roll_ahead_the_daemon_judges_and_reports_by_it() {
     let (redis, _dir, daemon, config) = daemon_with("").await;
     let store = redis.store("rb").await;
-    let now = rollboard::cli::now_ms();
+    let now = rollboard::domain::clock::local_ms();
     let ahead = now + 8 * DAY;
     let out = rollboard(&config, &["roll", "--at", &ahead.to_string(), "--force"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
@@ -307,7 +307,7 @@ async fn roll_ahead_of_the_clock_is_refused_in_both_spellings() {
             .with_timezone(&chrono::FixedOffset::east_opt(14 * 3600).expect("offset"))
             .to_rfc3339_opts(chrono::SecondsFormat::Millis, false)
     };
-    let now = rollboard::cli::now_ms();
+    let now = rollboard::domain::clock::local_ms();
     for at in [
         (now + 60_000 + 3_000).to_string(),
         rfc(now + 60_000 + 3_000),
@@ -339,7 +339,7 @@ async fn roll_ahead_of_the_clock_is_refused_in_both_spellings() {
             text(&out.stderr)
         );
     }
-    let now = rollboard::cli::now_ms();
+    let now = rollboard::domain::clock::local_ms();
     for at in [(now - 60_000).to_string(), rfc(now - 60_000)] {
         let out = rollboard(&config_path, &["roll", "--at", &at]);
         assert_eq!(out.status.code(), Some(0), "{at}: {}", text(&out.stderr));
@@ -437,7 +437,7 @@ async fn send_edges_all_or_nothing() {
 
     // A line of exactly MAX_LINE_BYTES is accepted, whatever its line break; one byte
     // more is refused and named.
-    let limit = rollboard::cli::MAX_LINE_BYTES;
+    let limit = rollboard::edges::cli::MAX_LINE_BYTES;
     let line = |len: usize| {
         let head = "{\"room\":\"big\",\"amount\":1,\"pad\":\"";
         let tail = "\"}";

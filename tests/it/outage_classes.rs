@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use fred::prelude::*;
-use rollboard::ingest::group_info;
+use rollboard::ingest::stream::group_info;
 use rollboard::store::Store;
 
 use crate::cluster::{cli, RedisCluster};
@@ -164,7 +164,7 @@ struct Class {
 /// retries without dead-lettering or acking, the intake answers 503 with `Retry-After`;
 /// then `clear`, the same POST answers 202, and every event is applied exactly once.
 async fn held_until_cleared(rig: &Rig, class: Class, start: impl FnOnce(), clear: impl FnOnce()) {
-    let now = rollboard::cli::now_ms();
+    let now = rollboard::domain::clock::local_ms();
     let boards = test_boards();
     let daemon = &rig.daemon;
     let mut sent = events(0, 30, now);
@@ -424,7 +424,7 @@ async fn wrongtype_met_inside_a_script_is_bad_data() {
         .set(meta.as_str(), "x", None, None, false)
         .await
         .expect("set");
-    let now = rollboard::cli::now_ms();
+    let now = rollboard::domain::clock::local_ms();
     let error = store
         .apply(
             &board,
@@ -456,7 +456,7 @@ async fn misconf_on_one_cluster_master_holds_only_its_boards() {
     let rig = rig(&cluster.url(), &cluster.url(), "").await;
     let daemon = &rig.daemon;
     let boards = test_boards();
-    let now = rollboard::cli::now_ms();
+    let now = rollboard::domain::clock::local_ms();
     let streams = [
         cluster.owner_of("rb:events"),
         cluster.owner_of("rb:events:dead"),

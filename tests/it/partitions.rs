@@ -16,7 +16,7 @@ use crate::util::{
 type Entries = Vec<(String, HashMap<String, String>)>;
 
 fn now_ms() -> i64 {
-    rollboard::cli::now_ms()
+    rollboard::domain::clock::local_ms()
 }
 
 /// The key of partition `p` of 3.

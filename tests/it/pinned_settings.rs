@@ -17,7 +17,7 @@ fn edited(config: &std::path::Path, name: &str, from: &str, to: &str) -> std::pa
 
 /// Sends one tip to each test board, so that every board has data.
 fn fill(config: &std::path::Path) {
-    let now = rollboard::cli::now_ms();
+    let now = rollboard::domain::clock::local_ms();
     let dir = tempfile::tempdir().expect("dir");
     let events = dir.path().join("events.jsonl");
     std::fs::write(

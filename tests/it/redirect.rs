@@ -8,11 +8,11 @@ use std::time::Duration;
 
 use fred::prelude::*;
 use fred::types::cluster::ClusterRouting;
-use rollboard::board::Board;
 use rollboard::config::IngestSettings;
-use rollboard::event::Field;
+use rollboard::domain::board::Board;
+use rollboard::domain::event::Field;
+use rollboard::ingest::stream;
 use rollboard::store::{Reconnect, Store, StoreError};
-use rollboard::stream;
 
 use crate::cluster::{cli, RedisCluster};
 use crate::util::{ev, wait_for};
@@ -336,7 +336,7 @@ async fn a_partitioned_append_with_one_partition_moving_lands_every_event() {
         let in_partition = ids_in(&cluster, key).await;
         for id in &in_partition {
             assert_eq!(
-                stream::partition_of(id.as_bytes(), 4),
+                rollboard::domain::partition::partition_of(id.as_bytes(), 4),
                 p,
                 "{id} in partition {p}"
             );
@@ -657,7 +657,7 @@ async fn a_blocked_stream_read_survives_its_stream_moving_away() {
 /// target while `WAIT` went to the source, whose replica confirmed them.)
 #[tokio::test]
 async fn an_append_confirmed_while_its_slot_moves_waits_for_the_replica_that_holds_it() {
-    use rollboard::store::Durability;
+    use rollboard::config::Durability;
 
     let cluster = RedisCluster::start();
     let store = Store::connect(&cluster.url(), "rb", 1, Reconnect::Never)

@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use rollboard::board::{Board, Mode};
+use rollboard::domain::board::{Board, Mode};
 use rollboard::roll;
 use rollboard::store::{
     ApplyEvent, Outcome, Reconnect, StageTargets, Staged, Store, SwapCheck, EXPIRE_CALL_FIELDS,

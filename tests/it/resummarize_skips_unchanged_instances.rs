@@ -2,7 +2,7 @@
 //! `summed_gen`, `summed_through`, `summed_ms` in `meta`) and the swap's refusal of a sum
 //! read at an older `gen` above the same watermark.
 
-use rollboard::board::{Board, Mode, TieBreak};
+use rollboard::domain::board::{Board, Mode, TieBreak};
 use rollboard::roll;
 use rollboard::store::{ApplyEvent, Outcome, StageTargets, Staged, Store, SwapCheck};
 

@@ -89,7 +89,7 @@ async fn connections_per_role_and_the_routes_of_each() {
     let (status, body) = sidecar.get("/readyz").await;
     assert_eq!(status, 200, "ready without a group: {body}");
     let client = reqwest::Client::new();
-    let now = rollboard::clock::local_ms();
+    let now = rollboard::domain::clock::local_ms();
     let posted = client
         .post(format!("{}/v1/events", sidecar.base))
         .header("content-type", "application/json")
@@ -215,7 +215,7 @@ fn ticks_run(daemon: &Daemon, job: &str) -> Vec<i64> {
         .collect()
 }
 
-const LEASE_LOG: &str = "info,rollboard::daemon=debug";
+const LEASE_LOG: &str = "info,rollboard::edges::daemon=debug";
 
 /// Two replicas whose roll and resummarize fire every second: each tick is run by exactly
 /// one of them, and the runs summed over both follow the seconds elapsed.

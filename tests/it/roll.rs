@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use fred::prelude::*;
 use proptest::prelude::*;
-use rollboard::board::{Board, Mode, TieBreak};
+use rollboard::domain::board::{Board, Mode, TieBreak};
 use rollboard::roll;
 use rollboard::store::{ApplyEvent, Outcome, Store};
 
@@ -333,7 +333,7 @@ async fn verify_finds_drift_and_rebuild_repairs_it() {
         .hget("rb:{rooms}:members", "m3")
         .await
         .unwrap();
-    let z = rollboard::query::encode_member(b.tie_break, "m3", ts.parse().unwrap());
+    let z = rollboard::domain::ranking::encode_member(b.tie_break, "m3", ts.parse().unwrap());
     let _: f64 = store
         .client()
         .zincrby("rb:{rooms}:result", 5.0, &z)

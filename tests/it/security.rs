@@ -162,7 +162,7 @@ fn text(out: &Output) -> String {
 
 /// JSON lines of `n` tips to rooms r0..r2, each 1..=3.
 fn tips(prefix: &str, n: usize) -> String {
-    let now = rollboard::cli::now_ms();
+    let now = rollboard::domain::clock::local_ms();
     (0..n)
         .map(|i| {
             format!(

@@ -6,7 +6,7 @@
 
 use fred::prelude::*;
 use proptest::prelude::*;
-use rollboard::board::{Board, Dedup};
+use rollboard::domain::board::{Board, Dedup};
 use rollboard::roll::{self, Job, Report};
 use rollboard::store::{ApplyEvent, Outcome, Store};
 use tokio_util::sync::CancellationToken;

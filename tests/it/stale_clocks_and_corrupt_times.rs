@@ -191,7 +191,7 @@ struct SteppedRig {
     offset: std::path::PathBuf,
     daemon: Daemon,
     store: Store,
-    board: rollboard::board::Board,
+    board: rollboard::domain::board::Board,
 }
 
 impl SteppedRig {
@@ -351,7 +351,7 @@ async fn a_replay_on_a_host_whose_clock_runs_ahead_never_counts_a_remembered_tip
 /// holds a duplicate, judged event by event), with `dedup_window` durations down to 0.
 #[tokio::test]
 async fn the_forget_edge_is_judged_alike_by_the_fast_and_the_exact_path() {
-    use rollboard::board::Dedup;
+    use rollboard::domain::board::Dedup;
     use rollboard::store::Outcome::{Applied, Duplicate, Late};
     let redis = RedisServer::start();
     let store = redis.store("rb").await;

@@ -43,7 +43,7 @@ impl SecretDir {
 
 /// One valid tip, unique per `id`.
 fn tip(id: &str) -> String {
-    let now = rollboard::cli::now_ms();
+    let now = rollboard::domain::clock::local_ms();
     format!(
         "{{\"room\":\"r1\",\"user\":\"u1\",\"amount\":1,\"value\":\"1.00\",\"id\":\"{id}\",\"ts\":{}}}",
         now - 1_000

@@ -5,7 +5,7 @@ use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use rollboard::board::{Board, Dedup, Mode, TieBreak};
+use rollboard::domain::board::{Board, Dedup, Mode, TieBreak};
 use rollboard::store::{ApplyEvent, Reconnect, Store};
 
 /// A redis-server child process listening on 127.0.0.1.
@@ -519,7 +519,7 @@ pub async fn xadd_all(client: &fred::prelude::Client, stream: &str, events: &[Fi
 pub async fn drained(store: &Store) -> bool {
     wait_for(Duration::from_secs(180), || async {
         matches!(
-            rollboard::ingest::group_info(store.client(), "rb:events", "rollboard").await,
+            rollboard::ingest::stream::group_info(store.client(), "rb:events", "rollboard").await,
             Ok(Some((0, Some(0))))
         )
     })
@@ -540,8 +540,8 @@ pub fn models(
             .iter()
             .map(|(a, b)| (a.clone().into_bytes(), b.clone().into_bytes()))
             .collect();
-        let event =
-            rollboard::event::parse(&raw, source, boards, now, 300_000).expect("valid test event");
+        let event = rollboard::domain::event::parse(&raw, source, boards, now, 300_000)
+            .expect("valid test event");
         for u in event.updates {
             let e = ApplyEvent {
                 id: event.id.clone(),
@@ -655,7 +655,8 @@ async fn live_sums(
 pub async fn drained_streams(store: &Store, streams: &[String]) -> bool {
     wait_for(Duration::from_secs(60), || async {
         for stream in streams {
-            let info = rollboard::stream::group_info(store.client(), stream, "rollboard").await;
+            let info =
+                rollboard::ingest::stream::group_info(store.client(), stream, "rollboard").await;
             if !matches!(info, Ok(Some((0, Some(0))))) {
                 return false;
             }
@@ -796,8 +797,8 @@ pub fn ingest_settings(stream: &str, partitions: usize) -> rollboard::config::In
 }
 
 /// One stream entry `id` with `fields`.
-pub fn entry(id: &str, fields: &[(&str, &str)]) -> rollboard::ingest::Entry {
-    rollboard::ingest::Entry {
+pub fn entry(id: &str, fields: &[(&str, &str)]) -> rollboard::ingest::stream::Entry {
+    rollboard::ingest::stream::Entry {
         id: id.into(),
         fields: Some(
             fields

@@ -13,8 +13,6 @@
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Instant;
 
-use crate::store::{Store, StoreError};
-
 /// This process's own wall clock, in epoch milliseconds: what events are stamped with
 /// when appended, never what time is judged by.
 pub fn local_ms() -> i64 {
@@ -79,12 +77,15 @@ impl Clock {
             .saturating_add(self.elapsed_ms())
     }
 
-    /// Measures Redis's clock (`TIME`, taken as read halfway through the round trip) and
-    /// anchors [`Clock::now`] to it; returns the skew of this process's wall clock (local
-    /// minus Redis, ms).
-    pub async fn sync(&self, store: &Store) -> Result<i64, StoreError> {
+    /// Measures Redis's clock with `measure` (its `TIME` in ms, taken as read halfway
+    /// through the round trip) and anchors [`Clock::now`] to it; returns the skew of this
+    /// process's wall clock (local minus Redis, ms).
+    pub async fn sync<E, F>(&self, measure: F) -> Result<i64, E>
+    where
+        F: std::future::IntoFuture<Output = Result<i64, E>>,
+    {
         let (mono_before, wall_before) = (self.elapsed_ms(), (self.local)());
-        let redis = store.time_ms().await?;
+        let redis = measure.await?;
         let (mono_after, wall_after) = (self.elapsed_ms(), (self.local)());
         let mono_mid = mono_before + (mono_after - mono_before) / 2;
         let wall_mid = wall_before + (wall_after - wall_before) / 2;

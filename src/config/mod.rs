@@ -12,11 +12,16 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::board::{parse_duration_ms, Board, Dedup, Mode, TieBreak};
-use crate::roles::{Role, Roles};
-use crate::store::Durability;
-pub use crate::tokens::Token;
-use crate::tokens::{RoleTokens, Source};
+pub use crate::config::tokens::Token;
+use crate::domain::board::{parse_duration_ms, Board, Dedup, Mode, TieBreak};
+use crate::domain::roles::{Role, Roles};
+pub mod tls;
+pub mod tokens;
+
+/// Full-size writing script calls in Redis at once, by default (`redis.max_calls_in_flight`).
+pub const DEFAULT_CALLS_IN_FLIGHT: usize = 4;
+
+use crate::config::tokens::{RoleTokens, Source};
 
 /// Default location of the config file.
 pub const DEFAULT_PATH: &str = "config/rollboard.toml";
@@ -166,7 +171,7 @@ impl Default for RawRedis {
             tls_key_file: String::new(),
             min_replicas_acked: None,
             replica_ack_timeout: "2s".into(),
-            max_calls_in_flight: crate::store::DEFAULT_CALLS_IN_FLIGHT as i64,
+            max_calls_in_flight: DEFAULT_CALLS_IN_FLIGHT as i64,
             max_clock_skew: "2s".into(),
         }
     }
@@ -481,8 +486,28 @@ pub struct TlsFiles {
     pub key_file: Option<PathBuf>,
 }
 
+/// How many replicas must hold a write before rollboard confirms it (`[redis]`
+/// `min_replicas_acked`, `replica_ack_timeout`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Durability {
+    /// Replicas per master; `None`: 1 when every master has a replica, else 0 (decided
+    /// at the first confirmation).
+    pub replicas: Option<u32>,
+    /// How long one `WAIT` may block.
+    pub timeout: Duration,
+}
+
+impl Default for Durability {
+    fn default() -> Self {
+        Durability {
+            replicas: Some(0),
+            timeout: Duration::from_secs(2),
+        }
+    }
+}
+
 /// The bearer tokens of the HTTP roles; a role without one is open. Clones share the
-/// tokens, so a re-read (see [`crate::tokens`]) is seen by every clone.
+/// tokens, so a re-read (see [`crate::config::tokens`]) is seen by every clone.
 #[derive(Debug, Clone)]
 pub struct HttpTokens {
     /// Producer: `POST /v1/events` (`http.intake_token_file`, `ROLLBOARD_INTAKE_TOKEN`).
@@ -509,7 +534,7 @@ impl HttpTokens {
 pub struct IngestSettings {
     /// Stream the events arrive on (with several partitions, the stem of their keys).
     pub stream: String,
-    /// Stream keys the events are spread over (see [`crate::stream`]).
+    /// Stream keys the events are spread over (see [`crate::ingest::stream`]).
     pub partitions: usize,
     /// Consumer group name.
     pub group: String,
@@ -527,7 +552,7 @@ pub struct IngestSettings {
     /// go first.
     pub dead_letter_max_len: usize,
     /// Acked history kept on the intake streams past what every consumer group still
-    /// needs (see [`crate::stream::trim`]).
+    /// needs (see [`crate::ingest::stream::trim`]).
     pub retain: Duration,
     /// How far ahead of the clock an event time may be, in ms.
     pub max_future_ms: i64,
@@ -718,8 +743,8 @@ const MAX_DURATION_MS: i64 = 36_500 * 86_400_000;
 
 /// Longest `ingest.stream`: the key of an event without `id` read from a partition,
 /// `<stream>:{63}/<entry ID>` (an entry ID is at most 41 bytes), must fit in an `id` field
-/// ([`crate::event::MAX_ID_BYTES`]) for the dead-letter replay to carry it.
-pub const MAX_STREAM_BYTES: usize = crate::event::MAX_ID_BYTES - ":{63}/".len() - 41;
+/// ([`crate::domain::event::MAX_ID_BYTES`]) for the dead-letter replay to carry it.
+pub const MAX_STREAM_BYTES: usize = crate::domain::event::MAX_ID_BYTES - ":{63}/".len() - 41;
 
 /// Most slices a board's window and `ingest.max_future` may span together: the digest
 /// table tags each remembered id with its slice number mod 2^32 and counts it while the
@@ -901,7 +926,7 @@ fn tls_files(raw: &RawRedis, url: &str) -> Result<Option<TlsFiles>, ConfigError>
         }
         _ => {}
     }
-    crate::store::tls_client_config(&files)
+    tls::tls_client_config(&files)
         .map_err(|e| invalid(e.key, e.path.display().to_string(), e.reason))?;
     Ok(Some(files))
 }
@@ -913,8 +938,8 @@ fn token(key: &'static str, file: &str, env: &str) -> Result<Arc<RoleTokens>, Co
         let text = value
             .into_string()
             .map_err(|_| invalid(key, env, format!("{env} is not UTF-8")))?;
-        let tokens = crate::tokens::parse(&text).map_err(|e| match e {
-            crate::tokens::TokenError::Empty => {
+        let tokens = crate::config::tokens::parse(&text).map_err(|e| match e {
+            crate::config::tokens::TokenError::Empty => {
                 invalid(key, env, format!("{env} is set but empty"))
             }
             e => invalid(key, env, format!("{env}: {e}")),
@@ -929,7 +954,8 @@ fn token(key: &'static str, file: &str, env: &str) -> Result<Arc<RoleTokens>, Co
         return Ok(Arc::new(RoleTokens::open(key)));
     }
     let path = PathBuf::from(file);
-    let tokens = crate::tokens::read_file(&path).map_err(|e| invalid(key, file, e.to_string()))?;
+    let tokens =
+        crate::config::tokens::read_file(&path).map_err(|e| invalid(key, file, e.to_string()))?;
     Ok(Arc::new(RoleTokens::new(key, Source::File(path), tokens)))
 }
 
@@ -1035,7 +1061,7 @@ impl RawSettings {
                 "must be between 1 and 10000",
             ));
         }
-        let max_partitions = crate::stream::MAX_PARTITIONS;
+        let max_partitions = crate::domain::partition::MAX_PARTITIONS;
         if !(1..=max_partitions as i64).contains(&ingest.partitions) {
             return Err(invalid(
                 "ingest.partitions",
@@ -1094,8 +1120,10 @@ impl RawSettings {
         // Every key any partition layout reads as events: the daemon drains the other
         // layouts' keys too (entries left by a change of `ingest.partitions`), so dead
         // letters written to one of them would be applied again.
-        let mut stream_keys =
-            crate::stream::partition_keys(&ingest_settings.stream, crate::stream::MAX_PARTITIONS);
+        let mut stream_keys = crate::domain::partition::partition_keys(
+            &ingest_settings.stream,
+            crate::domain::partition::MAX_PARTITIONS,
+        );
         stream_keys.push(ingest_settings.stream.clone());
         if stream_keys.contains(&ingest_settings.dead_letter_stream) {
             return Err(invalid(
@@ -1256,7 +1284,7 @@ impl RawSettings {
 impl RawBoard {
     fn validate(self, i: usize, dedup: Dedup) -> Result<Board, ConfigError> {
         let key = |k: &str| format!("boards[{i}].{k}");
-        if !crate::board::is_board_name(&self.name) {
+        if !crate::domain::board::is_board_name(&self.name) {
             return Err(invalid(
                 key("name"),
                 &self.name,

@@ -3,11 +3,11 @@
 //!
 //! A letter holds the original fields (a field named like one of [`RESERVED`] kept as
 //! `orig.<name>`), `reason`, `detail`, `source_id` and `source_stream` (see
-//! [`crate::stream::DeadLetter`]). What a replay may do depends on the reason:
+//! [`crate::ingest::stream::DeadLetter`]). What a replay may do depends on the reason:
 //!
 //! * `overflow` and `apply_failed` were judged per board instance: the event was applied to
 //!   its other boards and instances, and refused by the one instance the detail names
-//!   ([`crate::stream::refused_by`]). Such a letter is applied to that instance only, so
+//!   ([`crate::ingest::stream::refused_by`]). Such a letter is applied to that instance only, so
 //!   that the instances that counted it never see it again.
 //! * Every other reason refused the event as a whole, before anything was applied. Such a
 //!   letter is validated again as the consumer validates an event and applied to every
@@ -15,7 +15,7 @@
 //!
 //! Either way the event keeps its idempotency key (its `id`, else the key the consumer
 //! derived from `source_stream` and `source_id`,
-//! [`crate::event::entry_key`]) and its time (its `ts`, else
+//! [`crate::domain::event::entry_key`]) and its time (its `ts`, else
 //! the time of `source_id`), and goes through [`Store::apply`], the consumer's atomic
 //! scripts. So a replay that is repeated, or run again after a crash, finds the key
 //! remembered and counts nothing twice. A letter is deleted (XDEL) only once an apply took
@@ -26,11 +26,11 @@ use std::collections::BTreeSet;
 
 use fred::prelude::*;
 
-use crate::board::Board;
 use crate::config::IngestSettings;
-use crate::event::{parse_entry, Field, Reason, Rejection};
+use crate::domain::board::Board;
+use crate::domain::event::{parse_entry, Field, Reason, Rejection};
+use crate::ingest::stream::{self, instance_label, refused_by, DeadLetter, RESERVED};
 use crate::store::{redirected, ApplyEvent, Outcome, Store, StoreError};
-use crate::stream::{self, instance_label, refused_by, DeadLetter, RESERVED};
 
 /// Letters read from the stream per XRANGE call.
 const PAGE: u64 = 100;
@@ -557,7 +557,7 @@ pub fn is_entry_id(id: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::board::{Dedup, Mode, TieBreak};
+    use crate::domain::board::{Dedup, Mode, TieBreak};
 
     fn board(name: &str, member: &str, scope: Option<&str>) -> Board {
         Board {

@@ -1,7 +1,7 @@
 //! The Redis Stream consumer: read a batch with XREADGROUP, validate, group by board
 //! instance, apply (one script call per instance, pipelined), dead-letter what is
 //! malformed, and XACK only after all of that succeeded. The stream commands themselves
-//! live in [`crate::stream`].
+//! live in [`crate::ingest::stream`].
 //!
 //! One [`Ingest`] reads one stream key (one partition, see `ingest.partitions`) with its own
 //! reader connection; the daemon runs one per partition, so every daemon reads every
@@ -14,7 +14,7 @@
 //! XAUTOCLAIM after `claim_idle`.
 //!
 //! Every few seconds the consumer trims its stream to what every consumer group on it still
-//! needs plus `ingest.retain` ([`crate::stream::trim`]); a failed trim only waits for the
+//! needs plus `ingest.retain` ([`crate::ingest::stream::trim`]); a failed trim only waits for the
 //! next round.
 //!
 //! Shutdown leaves nothing of this consumer's pending: a read that was sent is always
@@ -33,14 +33,14 @@ use futures_util::future::join_all;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::board::Board;
-use crate::clock::Clock;
 use crate::config::IngestSettings;
-use crate::event::{parse_entry, Reason, Rejection};
+use crate::domain::board::Board;
+use crate::domain::clock::Clock;
+use crate::domain::event::{parse_entry, Reason, Rejection};
+use crate::ingest::stream::{self, ensure_group};
+use crate::ingest::stream::{group_info, DeadLetter, Entry};
 use crate::metrics::{Metrics, Skip};
 use crate::store::{ApplyEvent, Outcome, Store, StoreError};
-use crate::stream::{self, ensure_group};
-pub use crate::stream::{group_info, parse_entries, DeadLetter, Entry};
 
 /// A board instance: board index and scope value.
 type Instance = (usize, Option<String>);
@@ -51,7 +51,7 @@ const DRAIN_ROUNDS: usize = 8;
 /// How long the drain before exiting may take in all, well inside the daemon's grace period.
 const DRAIN_BUDGET: Duration = Duration::from_secs(10);
 
-/// How often a consumer trims its stream at most ([`crate::stream::trim`]): a few Redis
+/// How often a consumer trims its stream at most ([`crate::ingest::stream::trim`]): a few Redis
 /// calls per partition and replica, while the stream grows by at most this much traffic
 /// between trims.
 const TRIM_EVERY: Duration = Duration::from_secs(2);
@@ -71,7 +71,7 @@ pub struct Ingest {
     group_ready: Arc<AtomicBool>,
     /// Set when the reader (re)connects: read own pending entries before new ones.
     reader_reconnected: Arc<AtomicBool>,
-    /// The time events are judged by (Redis's, see [`crate::clock`]).
+    /// The time events are judged by (Redis's, see [`crate::domain::clock`]).
     clock: Arc<Clock>,
 }
 
@@ -145,7 +145,8 @@ impl Ingest {
         boards: Arc<Vec<Board>>,
         metrics: Arc<Metrics>,
     ) -> Self {
-        let stream = stream::partition_key(&settings.stream, settings.partitions, 0);
+        let stream =
+            crate::domain::partition::partition_key(&settings.stream, settings.partitions, 0);
         Ingest {
             store,
             reader,
@@ -212,7 +213,8 @@ impl Ingest {
             match stepped {
                 Ok(_) if holding.stalled => {
                     holding.stalled = false;
-                    self.metrics.consumer_step(holding.error.as_ref());
+                    self.metrics
+                        .consumer_step(holding.error.as_ref().map(|e| e as _));
                     if let Some(e) = &holding.error {
                         self.metrics.redis_error(e);
                         warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "consumer step met an outage; nothing unapplied was acked");
@@ -226,7 +228,8 @@ impl Ingest {
                 }
                 Ok(busy) => {
                     backoff = Duration::from_millis(100);
-                    self.metrics.consumer_step(holding.error.as_ref());
+                    self.metrics
+                        .consumer_step(holding.error.as_ref().map(|e| e as _));
                     if last_trim.is_none_or(|t| t.elapsed() >= TRIM_EVERY) {
                         self.trim().await;
                         last_trim = Some(Instant::now());

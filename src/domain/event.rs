@@ -7,7 +7,7 @@
 
 use std::fmt;
 
-use crate::board::{Board, MAX_TOTAL};
+use crate::domain::board::{Board, MAX_TOTAL};
 
 /// Longest member or scope value, in bytes.
 pub const MAX_NAME_BYTES: usize = 256;
@@ -449,7 +449,7 @@ pub fn fields_from_json(value: &serde_json::Value) -> Result<Vec<Field>, String>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::board::{Dedup, Mode, TieBreak};
+    use crate::domain::board::{Dedup, Mode, TieBreak};
 
     fn board(
         name: &str,

@@ -1,14 +1,14 @@
 //! The HTTP interface (axum on hyper's HTTP/1 server): query API, event intake, `/metrics`,
 //! `/healthz`, `/readyz`, and the connection loop that bounds what a client can hold.
 //!
-//! Each role can require a bearer token (`http.*_token_file`, see [`crate::tokens`]): the
+//! Each role can require a bearer token (`http.*_token_file`, see [`crate::config::tokens`]): the
 //! producer for `POST /v1/events`, the reader for the query routes, the operator for
 //! `/metrics`; `/healthz` and `/readyz` stay open for probes. A missing or wrong token
 //! answers 401. With `http.admin_listen` set, `/metrics` and the probes are served there
 //! and only there: the API's port then carries only the API, so a network policy can let
 //! the clients reach one port and the monitoring the other.
 //!
-//! A route of a role the process does not run (`--roles`, see [`crate::roles`]) answers
+//! A route of a role the process does not run (`--roles`, see [`crate::domain::roles`]) answers
 //! 404 naming the role: the route is not there, and a retry here would not find it.
 //!
 //! Every error answer is a JSON `{"error": ...}` that never echoes unbounded input: client
@@ -43,21 +43,19 @@ use tower::ServiceBuilder;
 use tower_http::timeout::TimeoutLayer;
 use tracing::{debug, warn, Instrument};
 
-use crate::board::Board;
-use crate::cli::event_value;
-use crate::clock::Clock;
+use crate::config::tokens::RoleTokens;
 use crate::config::{HttpSettings, Settings};
-use crate::event::{check_name, fields_from_json, validate, Field};
+use crate::domain::board::Board;
+use crate::domain::clock::Clock;
+use crate::domain::event::check_name;
+use crate::domain::roles::Role;
+use crate::ingest::intake::{self, BodyError};
+use crate::ingest::stream::{self, group_info};
 use crate::metrics::{Intake, Metrics};
-use crate::roles::Role;
 use crate::store::{Store, StoreError};
-use crate::stream::{self, group_info};
-use crate::tokens::RoleTokens;
 
 /// Largest accepted request body.
 pub const MAX_BODY_BYTES: usize = 4 << 20;
-/// Most events one `POST /v1/events` may carry.
-pub const MAX_EVENTS: usize = 10_000;
 /// The `Retry-After` of every 503, in seconds.
 const RETRY_AFTER_SECS: &str = "1";
 /// How long a request waits for Redis before answering 503.
@@ -90,7 +88,7 @@ pub enum ApiError {
     /// 400 with a structured body (invalid events).
     Invalid(Value),
     /// 404 whose body is the member's rank answer with null rank fields and an `error`
-    /// (see [`crate::query::MemberRank::not_on_board`]).
+    /// (see [`crate::domain::ranking::MemberRank::not_on_board`]).
     NotOnBoard(Value),
     /// 413: the request body is over the limit.
     TooLarge(String),
@@ -619,7 +617,7 @@ fn board<'a>(state: &'a AppState, name: &str) -> ApiResult<&'a Board> {
     state.settings.board(name).ok_or_else(|| {
         ApiError::NotFound(format!(
             "unknown board {}",
-            crate::event::shown(name.as_bytes())
+            crate::domain::event::shown(name.as_bytes())
         ))
     })
 }
@@ -656,7 +654,7 @@ fn params(query: Option<String>, allowed: &[&str]) -> ApiResult<HashMap<String, 
             };
             return Err(ApiError::BadRequest(format!(
                 "unknown query parameter {}: this route takes {takes}",
-                crate::event::shown(name.as_bytes())
+                crate::domain::event::shown(name.as_bytes())
             )));
         }
         params.insert(name, value);
@@ -822,65 +820,6 @@ fn is_json(headers: &HeaderMap) -> bool {
         || (essence.starts_with("application/") && essence.ends_with("+json"))
 }
 
-/// Parses a `POST /v1/events` body (one JSON object or an array of them) into the fields of
-/// each event, validated against `boards`: every event valid, or the reason for each invalid
-/// one (`ApiError::Invalid`), or why the body as a whole is refused (`ApiError::BadRequest`).
-/// Pure: nothing is appended.
-pub fn intake_body(body: &[u8], boards: &[Board]) -> ApiResult<Vec<Vec<Field>>> {
-    let text =
-        std::str::from_utf8(body).map_err(|_| ApiError::BadRequest("body is not UTF-8".into()))?;
-    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
-    let not_json = |e: serde_json::Error| ApiError::BadRequest(format!("body is not JSON: {e}"));
-    // Each element is parsed on its own, so a repeated key is reported with its index.
-    let items: Vec<Result<Value, String>> = if text.trim_start().starts_with('[') {
-        let raw: Vec<&serde_json::value::RawValue> =
-            serde_json::from_str(text).map_err(not_json)?;
-        if raw.len() > MAX_EVENTS {
-            return Err(ApiError::BadRequest(format!(
-                "at most {MAX_EVENTS} events per request, got {}",
-                raw.len()
-            )));
-        }
-        raw.iter().map(|r| event_value(r.get())).collect()
-    } else {
-        // Syntax first, so a body that is not JSON at all is told apart from a bad event.
-        serde_json::from_str::<serde::de::IgnoredAny>(text).map_err(not_json)?;
-        match event_value(text) {
-            Ok(object @ Value::Object(_)) => vec![Ok(object)],
-            Ok(_) => {
-                return Err(ApiError::BadRequest(
-                    "body must be one JSON object or an array of them".into(),
-                ))
-            }
-            Err(e) => vec![Err(e)],
-        }
-    };
-    let mut accepted = Vec::with_capacity(items.len());
-    let mut invalid = Vec::new();
-    for (index, item) in items.into_iter().enumerate() {
-        let checked = item
-            .and_then(|item| fields_from_json(&item))
-            .map_err(|detail| json!({ "index": index, "reason": "fields", "detail": detail }))
-            .and_then(|fields| match validate(&fields, boards) {
-                Ok(_) => Ok(fields),
-                Err(r) => {
-                    Err(json!({ "index": index, "reason": r.reason.as_str(), "detail": r.detail }))
-                }
-            });
-        match checked {
-            Ok(fields) => accepted.push(fields),
-            Err(e) => invalid.push(e),
-        }
-    }
-    if !invalid.is_empty() {
-        return Err(ApiError::Invalid(json!({
-            "error": format!("{} invalid event(s); nothing was appended", invalid.len()),
-            "invalid": invalid,
-        })));
-    }
-    Ok(accepted)
-}
-
 async fn events(
     State(state): State<Arc<AppState>>,
     RawQuery(query): RawQuery,
@@ -903,9 +842,18 @@ async fn events(
             _ => ApiError::BadRequest("cannot read the body".into()),
         })
         .inspect_err(|_| metrics.intake(Intake::Malformed, 1))?;
-    let accepted = intake_body(&body, &state.settings.boards).inspect_err(|e| match e {
-        ApiError::Invalid(_) => metrics.intake(Intake::Invalid, events_in(&body)),
-        _ => metrics.intake(Intake::Malformed, 1),
+    let accepted = intake::parse_body(&body, &state.settings.boards).map_err(|e| match e {
+        BodyError::Invalid(invalid) => {
+            metrics.intake(Intake::Invalid, intake::events_in(&body));
+            ApiError::Invalid(json!({
+                "error": format!("{} invalid event(s); nothing was appended", invalid.len()),
+                "invalid": invalid,
+            }))
+        }
+        BodyError::Malformed(why) => {
+            metrics.intake(Intake::Malformed, 1);
+            ApiError::BadRequest(why)
+        }
     })?;
     let events = accepted.len() as u64;
     // Bounded like every other Redis call here, so an unreachable Redis answers 503 instead
@@ -914,12 +862,10 @@ async fn events(
     // still go out once Redis is back): that is safe because `append` gave every event an `id`
     // first, so a repeat of this append is a duplicate. A producer that retries the POST
     // itself is exactly-once only when it sends its own `id`.
-    redis(&state, async {
-        let written = stream::append(state.store.client(), &state.settings.ingest, &accepted)
-            .await
-            .map_err(StoreError::from)?;
-        state.store.confirm_writes(&written).await
-    })
+    redis(
+        &state,
+        intake::append(&state.store, &state.settings.ingest, &accepted),
+    )
     .await
     .inspect_err(|e| match e {
         ApiError::Unavailable(_) => metrics.intake(Intake::Unavailable, events),
@@ -931,13 +877,6 @@ async fn events(
         Json(json!({ "appended": accepted.len() })),
     )
         .into_response())
-}
-
-/// The number of events in a body [`intake_body`] parsed (an array's length, else one).
-fn events_in(body: &[u8]) -> u64 {
-    let text = std::str::from_utf8(body).unwrap_or("");
-    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
-    serde_json::from_str::<Vec<serde::de::IgnoredAny>>(text).map_or(1, |v| v.len() as u64)
 }
 
 async fn metrics(

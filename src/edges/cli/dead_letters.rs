@@ -1,5 +1,5 @@
 //! `rollboard dead-letters list|replay`: the arguments and the printing; what a replay does
-//! lives in [`crate::dead_letters`].
+//! lives in [`crate::ingest::dead_letters`].
 
 use std::io::Write;
 
@@ -8,8 +8,10 @@ use clap::{Args, Subcommand};
 
 use super::{connect, Usage};
 use crate::config::Settings;
-use crate::dead_letters::{is_entry_id, Counts, Letter, Pages, Replay, Replayer, Selection};
-use crate::event::Reason;
+use crate::domain::event::Reason;
+use crate::ingest::dead_letters::{
+    is_entry_id, Counts, Letter, Pages, Replay, Replayer, Selection,
+};
 
 /// What to do with the dead-letter stream.
 #[derive(Debug, Subcommand)]
@@ -133,7 +135,7 @@ pub(super) async fn run(settings: &Settings, action: Action) -> anyhow::Result<u
         } => {
             let selection = select.selection(settings)?;
             let store = connect(settings).await?;
-            // Redis's clock, as the consumer judges by (crate::clock).
+            // Redis's clock, as the consumer judges by (crate::domain::clock).
             let now = store.time_ms().await?;
             let replayer = Replayer::new(&store, &settings.boards, &settings.ingest, now)
                 .dry_run(dry_run)

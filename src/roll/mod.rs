@@ -14,7 +14,8 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
-use crate::board::{Board, Mode, MAX_TOTAL};
+use crate::domain::board::{Board, Mode, MAX_TOTAL};
+use crate::metrics::Rolled;
 use crate::store::{
     StageTargets, Staged, Store, StoreError, SwapCheck, EXPIRE_CALL_FIELDS, STAGE_CALL_ROWS,
     TRIM_CALL_IDS, TRIM_CALL_LOG,
@@ -91,6 +92,20 @@ impl Report {
     /// Whether every instance was rolled.
     pub fn complete(&self) -> bool {
         self.instances_failed == 0
+    }
+
+    /// The run in the plain numbers the metrics take.
+    pub fn figures(&self) -> Rolled<'_> {
+        Rolled {
+            board: &self.board,
+            mode: self.mode,
+            slices_expired: self.slices_expired,
+            members_removed: self.members_removed,
+            resummed: self.resummed,
+            complete: self.complete(),
+            redis_errors: &self.redis_errors,
+            window: self.window_from.zip(self.window_to),
+        }
     }
 }
 

@@ -6,7 +6,7 @@
 
 use serde::Serialize;
 
-use crate::board::{TieBreak, MAX_TOTAL};
+use crate::domain::board::{TieBreak, MAX_TOTAL};
 
 /// Width of the tie-break prefix, in digits.
 const PREFIX_DIGITS: usize = 16;

@@ -1,6 +1,6 @@
 //! `rollboard run`: the stream consumer, the scheduled roll and resummarize jobs, the HTTP
 //! server and a consumer-group poller, all under one cancellation token and task tracker;
-//! of these, the parts of the process's roles ([`crate::roles`]).
+//! of these, the parts of the process's roles ([`crate::domain::roles`]).
 //!
 //! Start-up order: metrics, Redis connections, the permission and board settings checks
 //! (retried until Redis answers; no listener is open until they pass, so no probe passes
@@ -17,14 +17,14 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn, Instrument};
 
-use crate::clock::Clock;
 use crate::config::Settings;
-use crate::ingest::Ingest;
+use crate::domain::clock::Clock;
+use crate::domain::roles::{Role, Roles};
+use crate::ingest::consumer::Ingest;
+use crate::ingest::stream::{self, group_info};
 use crate::metrics::Metrics;
-use crate::roles::{Role, Roles};
 use crate::roll::{self, Job, RollError};
 use crate::store::{Conflicts, Denied, Reconnect, Refused, Store};
-use crate::stream::{self, group_info};
 
 /// How long in-flight work may take to finish after a shutdown signal.
 pub const GRACE: Duration = Duration::from_secs(30);
@@ -187,10 +187,10 @@ impl Jobs {
     }
 
     /// The boards `job` covers.
-    fn covered(&self, job: Job) -> impl Iterator<Item = &crate::board::Board> {
+    fn covered(&self, job: Job) -> impl Iterator<Item = &crate::domain::board::Board> {
         self.settings.boards.iter().filter(move |b| match job {
-            Job::Roll => b.mode == crate::board::Mode::Incremental,
-            Job::Resummarize => b.mode == crate::board::Mode::Resummarize,
+            Job::Roll => b.mode == crate::domain::board::Mode::Incremental,
+            Job::Resummarize => b.mode == crate::domain::board::Mode::Resummarize,
             Job::All => true,
         })
     }
@@ -240,7 +240,7 @@ impl Jobs {
                               "some instances were not rolled; the next run catches up");
                     }
                     self.metrics
-                        .rolled(&report, started.elapsed().as_secs_f64(), now);
+                        .rolled(&report.figures(), started.elapsed().as_secs_f64(), now);
                     if report.slices_expired > 0 || report.members_removed > 0 {
                         info!(board = %report.board, mode = report.mode, slices = report.slices_expired,
                               members_removed = report.members_removed, "window rolled");
@@ -292,7 +292,7 @@ async fn schedule(jobs: Arc<Jobs>, tracker: TaskTracker) -> anyhow::Result<JobSc
 }
 
 /// Waits for the HTTP thread, which stops once the daemon's token fires (within
-/// [`crate::http::SHUTDOWN_DRAIN`]), but no longer than [`GRACE`].
+/// [`crate::edges::http::SHUTDOWN_DRAIN`]), but no longer than [`GRACE`].
 async fn join_http(http: std::thread::JoinHandle<()>) {
     let joined = tokio::task::spawn_blocking(move || http.join());
     match tokio::time::timeout(GRACE, joined).await {
@@ -417,7 +417,7 @@ async fn sync_clock(
 ) -> bool {
     let mut backoff = Duration::from_millis(100);
     loop {
-        match clock.sync(store).await {
+        match clock.sync(store.time_ms()).await {
             Ok(skew) => {
                 metrics.clock_skew(skew, clock.is_skewed());
                 if clock.is_skewed() {
@@ -456,7 +456,7 @@ async fn keep_clock(
             _ = cancel.cancelled() => break,
             _ = tokio::time::sleep(CLOCK_SYNC) => {}
         }
-        match clock.sync(&store).await {
+        match clock.sync(store.time_ms()).await {
             Ok(skew) => {
                 metrics.clock_skew(skew, clock.is_skewed());
                 if clock.is_skewed() && !skewed {
@@ -483,7 +483,7 @@ async fn keep_clock(
 async fn watch_retired(
     store: Arc<Store>,
     settings: Arc<Settings>,
-    boards: Arc<Vec<crate::board::Board>>,
+    boards: Arc<Vec<crate::domain::board::Board>>,
     metrics: Arc<Metrics>,
     clock: Arc<Clock>,
     tracker: TaskTracker,
@@ -493,7 +493,7 @@ async fn watch_retired(
     let mut running: Vec<(String, tokio::task::JoinHandle<()>)> = Vec::new();
     loop {
         running.retain(|(_, task)| !task.is_finished());
-        for key in stream::retired_keys(&ingest.stream, ingest.partitions) {
+        for key in crate::domain::partition::retired_keys(&ingest.stream, ingest.partitions) {
             if running.iter().any(|(k, _)| *k == key) {
                 continue;
             }
@@ -577,7 +577,7 @@ fn pool_size(roles: Roles) -> usize {
         POOL_SIZE
     } else {
         // Intake and query only: one write connection and the read connection, shared
-        // with the API (see [`crate::http::spawn`]): a sidecar holds two connections.
+        // with the API (see [`crate::edges::http::spawn`]): a sidecar holds two connections.
         1
     }
 }
@@ -600,7 +600,7 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> anyhow::Resul
     // Before Redis is reached: a SIGHUP while the start-up checks wait for it then re-reads
     // the tokens instead of ending the process (its default action).
     tokio::spawn(
-        crate::tokens::watch(
+        crate::config::tokens::watch(
             settings.http.tokens.roles(),
             settings.http.token_reload_interval,
             metrics.clone(),
@@ -681,7 +681,7 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> anyhow::Resul
     let listener = std::net::TcpListener::bind(settings.http.listen)
         .with_context(|| format!("cannot listen on {}", settings.http.listen))?;
     info!(listen = %settings.http.listen, "http listening");
-    let http = crate::http::spawn(
+    let http = crate::edges::http::spawn(
         listener,
         settings.clone(),
         metrics.clone(),
@@ -825,7 +825,7 @@ mod tests {
 
     #[test]
     fn a_sidecar_pool_is_one_write_connection() {
-        use crate::roles::{Role, Roles};
+        use crate::domain::roles::{Role, Roles};
         assert_eq!(pool_size(Roles::of(&[Role::Intake, Role::Query])), 1);
         assert_eq!(pool_size(Roles::of(&[Role::Jobs])), POOL_SIZE);
         assert_eq!(pool_size(Roles::ALL), POOL_SIZE);

@@ -12,13 +12,13 @@ use anyhow::Context;
 use chrono::{DateTime, SecondsFormat, Utc};
 use clap::{Parser, Subcommand};
 
-use crate::board::{Board, Mode};
 use crate::config::Settings;
-use crate::event::{check_name, fields_from_json, validate, Field};
-use crate::query::{format_total, Entry, Page};
+use crate::domain::board::{Board, Mode};
+use crate::domain::event::check_name;
+use crate::domain::ranking::{format_total, Entry, Page};
+use crate::ingest::{intake, stream};
 use crate::roll::{self, Job};
 use crate::store::{Conflicts, Denied, Reconnect, Refused, Store, StoreError};
-use crate::stream;
 use tokio_util::sync::CancellationToken;
 
 pub mod dead_letters;
@@ -62,7 +62,7 @@ pub enum Command {
         /// The parts to run, comma-separated (default: `daemon.roles` of the config, else
         /// all four). `/metrics`, `/healthz` and `/readyz` are always served.
         #[arg(long, value_delimiter = ',', value_name = "ROLES")]
-        roles: Option<Vec<crate::roles::Role>>,
+        roles: Option<Vec<crate::domain::roles::Role>>,
     },
     /// Show the top of a board.
     Top {
@@ -177,16 +177,10 @@ pub fn parse_time(text: &str) -> Result<i64, String> {
             .map(|t| t.timestamp_millis())
             .map_err(|_| format!("{text:?} is neither RFC 3339 nor epoch milliseconds"))?
     };
-    if !(0..=crate::board::MAX_TOTAL).contains(&ms) {
+    if !(0..=crate::domain::board::MAX_TOTAL).contains(&ms) {
         return Err(format!("{text:?} is outside 1970 .. 2^53-1 ms"));
     }
     Ok(ms)
-}
-
-/// This process's own clock in epoch ms (what events are stamped with when appended;
-/// time is judged by Redis's clock, see [`crate::clock`]).
-pub fn now_ms() -> i64 {
-    crate::clock::local_ms()
 }
 
 fn show_time(ms: i64) -> String {
@@ -703,7 +697,7 @@ async fn drop_board(
     dry_run: bool,
     force: bool,
 ) -> anyhow::Result<u8> {
-    if !crate::board::is_board_name(name) {
+    if !crate::domain::board::is_board_name(name) {
         return Err(Usage(format!(
             "board name {name:?}: must match [a-z0-9_-]{{1,64}}"
         ))
@@ -745,7 +739,7 @@ async fn drop_board(
 /// Refuses a roll time later than Redis's clock: a roll expires every slice that is dead
 /// at that time, forgets the idempotency keys due by then and raises the watermark for
 /// good, so a roll ahead of the clock would drop live tips from the rankings and refuse
-/// them as late (the one clock, see [`crate::clock`]).
+/// them as late (the one clock, see [`crate::domain::clock`]).
 pub fn check_roll_time(at: i64, clock: i64) -> Result<(), Usage> {
     if at <= clock {
         return Ok(());
@@ -816,56 +810,6 @@ fn print_page(page: &Page, json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Parses one event's JSON text: like `serde_json::from_str`, except that an object with a
-/// repeated key is refused (instead of the last value silently winning).
-pub fn event_value(text: &str) -> Result<serde_json::Value, String> {
-    let parsed = if text.trim_start().starts_with('{') {
-        serde_json::from_str::<StrictObject>(text).map(|o| o.0)
-    } else {
-        serde_json::from_str(text)
-    };
-    parsed.map_err(|e| {
-        if e.is_data() {
-            e.to_string()
-        } else {
-            format!("not JSON: {e}")
-        }
-    })
-}
-
-/// A JSON object whose keys are all different.
-struct StrictObject(serde_json::Value);
-
-impl<'de> serde::Deserialize<'de> for StrictObject {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Visit;
-        impl<'de> serde::de::Visitor<'de> for Visit {
-            type Value = StrictObject;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a JSON object")
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(
-                self,
-                mut map: A,
-            ) -> Result<StrictObject, A::Error> {
-                let mut object = serde_json::Map::new();
-                while let Some(key) = map.next_key::<String>()? {
-                    if object.contains_key(&key) {
-                        let shown: String = key.chars().take(64).collect();
-                        return Err(serde::de::Error::custom(format_args!(
-                            "field {shown:?} appears more than once"
-                        )));
-                    }
-                    let value = map.next_value::<serde_json::Value>()?;
-                    object.insert(key, value);
-                }
-                Ok(StrictObject(serde_json::Value::Object(object)))
-            }
-        }
-        d.deserialize_map(Visit)
-    }
-}
-
 /// One line of `send` input.
 enum Line {
     /// The input ended.
@@ -899,31 +843,6 @@ fn next_line(input: &mut impl BufRead, buf: &mut Vec<u8>) -> std::io::Result<Lin
     } else {
         Line::Text
     })
-}
-
-/// Parses and validates one line (`number` counts from 1); `Ok(None)` for a blank line.
-fn parse_line(bytes: &[u8], number: u64, boards: &[Board]) -> Result<Option<Vec<Field>>, String> {
-    let bytes = match number {
-        1 => bytes.strip_prefix(b"\xef\xbb\xbf").unwrap_or(bytes),
-        _ => bytes,
-    };
-    let text = std::str::from_utf8(bytes).map_err(|e| {
-        format!(
-            "line {number}: not UTF-8 (invalid byte at column {})",
-            e.valid_up_to() + 1
-        )
-    })?;
-    if text.trim().is_empty() {
-        return Ok(None);
-    }
-    event_value(text)
-        .and_then(|v| fields_from_json(&v))
-        .and_then(|fields| {
-            validate(&fields, boards)
-                .map(|_| Some(fields))
-                .map_err(|r| r.to_string())
-        })
-        .map_err(|why| format!("line {number}: {why}"))
 }
 
 /// What the first pass of `send` found.
@@ -963,7 +882,7 @@ fn check_lines(
                     spool.write_all(&buf).context("cannot spool the input")?;
                     spool.write_all(b"\n").context("cannot spool the input")?;
                 }
-                parse_line(&buf, number, boards)
+                intake::parse_line(&buf, number, boards)
             }
         };
         match result {
@@ -1078,7 +997,7 @@ async fn append_lines(
             Line::End => false,
             Line::TooLong => anyhow::bail!("line {number}: the input changed since it was checked"),
             Line::Text => {
-                match parse_line(&buf, number, &settings.boards) {
+                match intake::parse_line(&buf, number, &settings.boards) {
                     Ok(Some(fields)) => {
                         bytes += buf.len();
                         batch.push(fields);
@@ -1093,13 +1012,9 @@ async fn append_lines(
             || bytes >= SEND_BATCH_BYTES
             || (!more && !batch.is_empty())
         {
-            let written = stream::append(store.client(), &settings.ingest, &batch)
+            intake::append(store, &settings.ingest, &batch)
                 .await
                 .with_context(|| format!("cannot append to {stream}"))?;
-            store
-                .confirm_writes(&written)
-                .await
-                .with_context(|| format!("cannot confirm the append to {stream}"))?;
             *appended += batch.len() as u64;
             batch.clear();
             bytes = 0;

@@ -1,0 +1,90 @@
+//! The TLS side of `[redis]`: the CA, client certificate and key files, read and checked
+//! into the rustls client configuration the connections use.
+
+use std::sync::Arc;
+
+use super::TlsFiles;
+
+/// A TLS file that cannot be used, with the setting that names it.
+#[derive(Debug, thiserror::Error)]
+#[error("{key} = {path:?}: {reason}")]
+pub struct TlsError {
+    /// The setting, e.g. `redis.tls_ca_file`.
+    pub key: &'static str,
+    /// The file.
+    pub path: std::path::PathBuf,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+/// The rustls client configuration for `files`: the server's certificate is verified
+/// against the CA file (the system's roots when there is none), and a client certificate
+/// is presented when one is given (mutual TLS).
+pub fn tls_client_config(files: &TlsFiles) -> Result<rustls::ClientConfig, TlsError> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+    let fail = |key: &'static str, path: &std::path::Path, reason: String| TlsError {
+        key,
+        path: path.to_path_buf(),
+        reason,
+    };
+    let certs = |key: &'static str, path: &std::path::Path| {
+        let certs = CertificateDer::pem_file_iter(path)
+            .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+            .map_err(|e| fail(key, path, format!("cannot read PEM certificates: {e}")))?;
+        if certs.is_empty() {
+            return Err(fail(key, path, "holds no PEM certificate".into()));
+        }
+        Ok(certs)
+    };
+    let mut roots = rustls::RootCertStore::empty();
+    match &files.ca_file {
+        Some(path) => {
+            for cert in certs("redis.tls_ca_file", path)? {
+                roots.add(cert).map_err(|e| {
+                    fail(
+                        "redis.tls_ca_file",
+                        path,
+                        format!("not a CA certificate: {e}"),
+                    )
+                })?;
+            }
+        }
+        None => {
+            let native = rustls_native_certs::load_native_certs();
+            roots.add_parsable_certificates(native.certs);
+        }
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| {
+            fail(
+                "redis.tls_ca_file",
+                files.ca_file.as_deref().unwrap_or("".as_ref()),
+                e.to_string(),
+            )
+        })?
+        .with_root_certificates(roots);
+    match (&files.cert_file, &files.key_file) {
+        (Some(cert), Some(key)) => {
+            let chain = certs("redis.tls_cert_file", cert)?;
+            let private = PrivateKeyDer::from_pem_file(key).map_err(|e| {
+                fail(
+                    "redis.tls_key_file",
+                    key,
+                    format!("cannot read a PEM private key: {e}"),
+                )
+            })?;
+            builder.with_client_auth_cert(chain, private).map_err(|e| {
+                fail(
+                    "redis.tls_key_file",
+                    key,
+                    format!("does not fit redis.tls_cert_file: {e}"),
+                )
+            })
+        }
+        _ => Ok(builder.with_no_client_auth()),
+    }
+}
