@@ -17,7 +17,7 @@
 //! commands run inside scripts are already in EVALSHA) and the server's user + sys CPU.
 //! Every process (six servers, the daemons, this program) shares the machine's cores, so
 //! wall-clock rates are a floor; the per-event Redis figures are what a projection can use.
-//! The run ends with a markdown table ready to paste into the README.
+//! The run ends with a markdown table ready to paste into docs/benchmarks.md.
 
 mod support;
 

@@ -1,4 +1,4 @@
-//! Ingest throughput, query latency and freshness (the README's *Measured figures*), each scenario
+//! Ingest throughput, query latency and freshness (docs/benchmarks.md), each scenario
 //! against its own redis-server started here, each figure with its baseline from the same
 //! run. The summary table of every section-7 figure is `cargo bench --bench rollboard --
 //! table`, which runs these scenarios too.
@@ -78,7 +78,7 @@ pub struct Sizes {
     pub freshness: Duration,
 }
 
-/// The sizes of the figures in the README.
+/// The sizes of the figures in docs/benchmarks.md.
 pub const FULL: Sizes = Sizes {
     events: 200_000,
     naive_events: 20_000,

@@ -6,7 +6,7 @@
 //!
 //! Without a scenario both run.
 //!
-//! * `table` (with `--quick` for smaller sizes): every figure of the README's *Measured figures* in one
+//! * `table` (with `--quick` for smaller sizes): every figure of docs/benchmarks.md in one
 //!   summary table — memory and expiry here at the default chunk, plus a query round on the
 //!   filled instance under the slow log, then the naive, end-to-end, query and freshness
 //!   scenarios of `benches/ingest.rs` — each with its baseline from the same run, the ratio,

@@ -11,7 +11,7 @@ scripts/check-deploy, inside its virtualenv: needs PyYAML and jsonschema).
 * deploy/prometheus: every alert has a unit test case where it fires and one where it does
   not, and the summary, description and runbook_url annotations; every runbook_url is the
   one base URL declared in alerts.yml (`# runbook_base: URL`) followed by the anchor of a
-  heading of README.md that exists.
+  heading of docs/operations.md that exists.
 * config/kustomization.yaml (the ConfigMap generator the layouts use): valid against the
   Kustomization schema, and it generates rollboard-config from config/rollboard.toml.
 """
@@ -122,7 +122,7 @@ def check_alerts():
     base = ROOT / "deploy/prometheus"
     anchors = {
         github_anchor(m.group(1))
-        for m in re.finditer(r"^#+\s+(.*)$", (ROOT / "README.md").read_text(), re.M)
+        for m in re.finditer(r"^#+\s+(.*)$", (ROOT / "docs/operations.md").read_text(), re.M)
     }
     declared = re.findall(
         r"^# runbook_base: (\S+)$", (base / "rules/alerts.yml").read_text(), re.M
@@ -151,7 +151,7 @@ def check_alerts():
         page, _, anchor = runbook.partition("#")
         if page != runbook_base or anchor not in anchors:
             fail(
-                f"alert {name}: runbook_url {runbook!r} is not {runbook_base}#<a heading of README.md>"
+                f"alert {name}: runbook_url {runbook!r} is not {runbook_base}#<a heading of docs/operations.md>"
             )
         if name not in fires:
             fail(f"alert {name} has no unit test case where it fires")
