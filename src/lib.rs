@@ -11,7 +11,7 @@
 //! * [`keys`]: the Redis key schema, hash-tagged per board instance.
 //! * [`event`]: parsing and validating one event; every rejection reason is a variant.
 //! * [`store`]: every Redis operation on leaderboard data (apply, expire, query), over
-//!   `lua/*.lua`.
+//!   `store/lua/*.lua`.
 //! * [`stream`]: the stream side: partition rule and keys, append, read, ack, claim,
 //!   dead-letter; the consumer ([`ingest`]) and the intake (`send`, `POST /v1/events`) call it.
 //! * [`query`]: read-side types (entries, pages, ranks) and their decoding.

@@ -1,4 +1,4 @@
-//! The Lua scripts, as Redis receives them (`src/lua/*.lua`).
+//! The Lua scripts, as Redis receives them (`src/store/lua/*.lua`).
 //!
 //! `apply.lua`, `fold.lua`, `expire.lua` and `stage.lua` read and write the `members` map
 //! alike, and with `trim_seen.lua`, `watermark.lua` and `floor.lua` share their helpers:
@@ -11,38 +11,38 @@ macro_rules! with_common {
     ($path:literal) => {
         concat!(
             "#!lua\n",
-            include_str!("../lua/common.lua"),
+            include_str!("lua/common.lua"),
             include_str!($path)
         )
     };
 }
 
 /// Folds a chunk of events one by one (see the script's header).
-pub const APPLY: &str = with_common!("../lua/apply.lua");
+pub const APPLY: &str = with_common!("lua/apply.lua");
 /// Folds a chunk of events pre-aggregated per (member, slice): the fast path.
-pub const FOLD: &str = with_common!("../lua/fold.lua");
+pub const FOLD: &str = with_common!("lua/fold.lua");
 /// Expires one chunk of a dead slice.
-pub const EXPIRE: &str = with_common!("../lua/expire.lua");
+pub const EXPIRE: &str = with_common!("lua/expire.lua");
 /// Writes one chunk of a recomputed instance into scratch keys.
-pub const STAGE: &str = with_common!("../lua/stage.lua");
+pub const STAGE: &str = with_common!("lua/stage.lua");
 /// Raises an instance's expiry watermark and lists the slices to expire.
-pub const WATERMARK: &str = with_common!("../lua/watermark.lua");
+pub const WATERMARK: &str = with_common!("lua/watermark.lua");
 /// Removes an emptied slice from the registry.
-pub const DROP_SLICE: &str = include_str!("../lua/drop_slice.lua");
+pub const DROP_SLICE: &str = include_str!("lua/drop_slice.lua");
 /// Forgets one chunk of idempotency keys whose time has passed.
-pub const TRIM_SEEN: &str = with_common!("../lua/trim_seen.lua");
+pub const TRIM_SEEN: &str = with_common!("lua/trim_seen.lua");
 /// Reads one consistent snapshot of an instance's ranking.
-pub const QUERY: &str = include_str!("../lua/query.lua");
+pub const QUERY: &str = include_str!("lua/query.lua");
 /// Replaces live keys by their scratch copies.
-pub const SWAP: &str = include_str!("../lua/swap.lua");
+pub const SWAP: &str = include_str!("lua/swap.lua");
 /// Deletes what is left of an instance that holds no slice.
-pub const CLEANUP: &str = include_str!("../lua/cleanup.lua");
+pub const CLEANUP: &str = include_str!("lua/cleanup.lua");
 /// Raises a board's own watermark.
-pub const FLOOR: &str = with_common!("../lua/floor.lua");
+pub const FLOOR: &str = with_common!("lua/floor.lua");
 /// Takes, renews or releases the lease of a scheduled job's tick.
-pub const LEASE: &str = include_str!("../lua/lease.lua");
+pub const LEASE: &str = include_str!("lua/lease.lua");
 /// Removes a consumer from its group when it holds nothing pending.
-pub const FORGET_CONSUMER: &str = include_str!("../lua/forget_consumer.lua");
+pub const FORGET_CONSUMER: &str = include_str!("lua/forget_consumer.lua");
 
 /// Every script by the name of its file.
 pub const ALL: [(&str, &str); 13] = [
