@@ -39,52 +39,29 @@
 -- none, so the calls after it do not run; the caller sends them again in turn.
 --
 -- Phase 1 only reads and checks, phase 2 only writes, as in `apply.lua` (whose comments
--- describe the digest table, the forget logs and the checks); a call writes all or nothing.
-local LOAD = 16
-local DIGEST, ENTRY = 16, 20
-local WRAP, HALF = 4294967296, 2147483648
-local meta, result, members, slices, seen, refs, totals, table_key =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
-local now = tonumber(ARGV[1])
-local incremental = ARGV[4] == 'i'
-local tie = ARGV[5]
-local negative = ARGV[6] == '1'
-local settings = ARGV[7]
+-- describe the checks); a call writes all or nothing. The digest table and the forget
+-- logs are described in digest.lua; the checks and writes shared with `apply.lua` are in
+-- gate.lua, digest.lua, members.lua and write_back.lua.
+local meta, result, members, slices, seen, refs, totals, table_key = instance_keys()
+local incremental, tie, negative, settings = board_flags()
 local S, M, G = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
 local forgotten_through = tonumber(ARGV[11]) % WRAP
 local blob = ARGV[12]
 local slice_base, member_base = 12, 12 + 3 * S
 local group_base = member_base + M
 local after, token = ARGV[group_base + 5 * G + 1] or '', ARGV[group_base + 5 * G + 2] or ''
-local byte, sub, find, format = string.byte, string.sub, string.find, string.format
+local sub, format = string.sub, string.format
 
 -- Phase 1: read and check.
-local stored = redis.call('HMGET', meta, 'expired_through', 'settings', 'gen', 'chain', 'last_roll')
-if after ~= '' and stored[4] ~= after then return { 3 } end
--- Time never goes back: a roll at a later time (a forced `roll --at`, or a replica whose
--- measure of Redis's clock is a little ahead of this caller's) already expired and forgot
--- what was due then, so the events are judged at that time at least.
-if stored[5] then
-  local rolled = counter(stored[5])
-  if not rolled then return fail('corrupt: ' .. meta .. ' last_roll is not an integer') end
-  if rolled > now then now = rolled end
-end
+local stored = read_meta(meta)
+if after ~= '' and stored.chain ~= after then return { 3 } end
+local now, horizon, refused = gate(meta, stored, settings, tonumber(ARGV[1]), tonumber(ARGV[3]),
+  tonumber(ARGV[2]))
+if refused then return refused end
 -- Answers `reply` for a call whose events are judged, leaving its chain token.
 local function judged(reply)
   if token ~= '' then redis.call('HSET', meta, 'chain', token) end
   return reply
-end
-if stored[3] and not counter(stored[3]) then
-  return fail('corrupt: ' .. meta .. ' gen is not an integer')
-end
-if stored[2] and stored[2] ~= settings then
-  return fail('settings: the board was created with ' .. stored[2] .. ', this process has ' .. settings)
-end
-local horizon = math.floor(now / tonumber(ARGV[3])) - tonumber(ARGV[2])
-if stored[1] then
-  local w = integer(stored[1])
-  if not w then return fail('corrupt: ' .. meta .. ' expired_through is not an integer') end
-  if w > horizon then horizon = w end
 end
 
 -- Slices: number, whether late, whether its ids are remembered, its digests' range.
@@ -111,38 +88,25 @@ end
 if #blob ~= at - 1 then return fail('the digests are ' .. #blob .. ' bytes, not ' .. (at - 1)) end
 if live_count == 0 then return judged(out) end
 
-if redis.call('EXISTS', seen) == 1 then
+if legacy_held(seen) then
   out[1] = 2
   return out
 end
 
 -- The digest table: its state and every bucket the live digests address.
-local state = redis.call('HMGET', table_key, '#L', '#p', '#n')
-local L, p, held = 0, 0, 0
-if state[1] or state[2] or state[3] then
-  L, p, held = integer(state[1]), integer(state[2]), integer(state[3])
-  if not L or not p or not held or L < 0 or L > 40 or p < 0 or p >= 2 ^ L or held < 0 then
-    return fail('corrupt: ' .. table_key .. ' state #L/#p/#n')
-  end
-end
-local size = 2 ^ L
-local size2 = 2 * size
+local L, p, held, table_refused = table_state(table_key, 0)
+if table_refused then return table_refused end
 -- addr[k]: the bucket of the k-th digest of the blob (at byte DIGEST * (k - 1) + 1).
-local addr, wanted, wanted_at = {}, {}, {}
+local wanted, want = bucket_list()
+local addr = {}
 local remembered = 0
 for s = 1, S do
-  if not late[s] then
-    if keep[s] then remembered = remembered + (last[s] - first[s] + 1) / DIGEST end
+  if keep[s] then
+    remembered = remembered + (last[s] - first[s] + 1) / DIGEST
     for i = first[s], last[s], DIGEST do
-      local a, b, c, d = byte(blob, i, i + 3)
-      local h = ((a * 256 + b) * 256 + c) * 256 + d
-      local x = h % size
-      if x < p then x = h % size2 end
-      addr[(i - 1) / DIGEST + 1] = x
-      if not wanted_at[x] then
-        wanted[#wanted + 1] = x
-        wanted_at[x] = #wanted
-      end
+      local a = address(hash32(blob, i), L, p)
+      addr[(i - 1) / DIGEST + 1] = a
+      want(a)
     end
   end
 end
@@ -151,58 +115,17 @@ for s = 1, S do
   if keep[s] then redis.call('LLEN', KEYS[8 + S + s]) end
 end
 -- The buckets the inserts would split.
-do
-  local sp, sz, n = p, size, held + remembered
-  while n > LOAD * (sz + sp) do
-    if not wanted_at[sp] then
-      wanted[#wanted + 1] = sp
-      wanted_at[sp] = #wanted
-    end
-    sp = sp + 1
-    if sp == sz then sp, sz = 0, 2 * sz end
-  end
-end
--- field[a]: the Hash field of bucket a, for the buckets read here (written back below).
-local fields, field = {}, {}
-for i, a in ipairs(wanted) do
-  fields[i] = format('%d', a)
-  field[a] = fields[i]
-end
-local values = variadic('HMGET', table_key, fields)
-local buckets = {}
-for i, a in ipairs(wanted) do
-  local v = values[i] or ''
-  if #v % ENTRY ~= 0 then
-    return fail('corrupt: ' .. table_key .. ' bucket ' .. fields[i] .. ' is ' .. #v .. ' bytes')
-  end
-  buckets[a] = v
-end
-
--- Whether the entry at byte `at` of `bucket` belongs to a slice not yet forgotten.
-local function counts(bucket, at)
-  local a, b, c, d = byte(bucket, at + DIGEST, at + DIGEST + 3)
-  local x = ((((a * 256 + b) * 256 + c) * 256 + d) - forgotten_through) % WRAP
-  return x > 0 and x < HALF
-end
+splits_ahead(L, p, held + remembered, want)
+local buckets, buckets_refused = read_buckets(table_key, wanted)
+if not buckets then return buckets_refused end
 
 -- The duplicates among the live events.
 local dups = 0
 for s = 1, S do
-  if not late[s] then
+  if keep[s] then
     for i = first[s], last[s], DIGEST do
-      local bucket = buckets[addr[(i - 1) / DIGEST + 1]]
-      if #bucket > 0 then
-        local d = sub(blob, i, i + DIGEST - 1)
-        local j = 1
-        while true do
-          local hit = find(bucket, d, j, true)
-          if not hit then break end
-          if (hit - 1) % ENTRY == 0 and counts(bucket, hit) then
-            dups = dups + 1
-            break
-          end
-          j = hit + 1
-        end
+      if holds(buckets[addr[(i - 1) / DIGEST + 1]], sub(blob, i, i + DIGEST - 1), forgotten_through) then
+        dups = dups + 1
       end
     end
   end
@@ -216,57 +139,17 @@ if dups > 0 then
   return out
 end
 
--- Member state.
+-- Member state: z0, each known member's ZSet member, and t0, its tie-break time (none
+-- under tie 'n'); totals and slice counts.
 local names = {}
 for i = 1, M do names[i] = ARGV[member_base + i] end
-local zs = variadic('HMGET', members, names)
--- z0: each known member's ZSet member; t0: its tie-break time (none under tie 'n').
-local z0, t0, total0, refs0, bound = {}, {}, {}, {}, {}
-local scored, scored_at = {}, {}
-for i = 1, M do
-  local v = zs[i]
-  if v then
-    local z, t = zmember_of(v, names[i], tie)
-    if not z then return fail('corrupt: ' .. members .. ' holds ' .. v .. ' for ' .. names[i]) end
-    z0[i], t0[i] = z, t
-    scored[#scored + 1] = z
-    scored_at[#scored_at + 1] = i
-  end
-  total0[i], refs0[i], bound[i] = 0, 0, 0
-end
-if incremental then
-  if #scored == 0 then redis.call('ZCARD', result) end
-  local scores = variadic('ZMSCORE', result, scored)
-  for k, i in ipairs(scored_at) do
-    local v = scores[k]
-    if v then
-      local t = integer(v)
-      if not t then return fail('corrupt: ' .. result .. ' score of ' .. names[i]) end
-      total0[i] = t
-    end
-  end
-else
-  local ts = variadic('HMGET', totals, names)
-  for i = 1, M do
-    local v = ts[i]
-    if v then
-      local t = integer(v)
-      if not t then return fail('corrupt: ' .. totals .. ' holds ' .. v .. ' for ' .. names[i]) end
-      total0[i] = t
-    end
-  end
-end
-if negative then
-  local rs = variadic('HMGET', refs, names)
-  for i = 1, M do
-    local v = rs[i]
-    if v then
-      local r = integer(v)
-      if not r then return fail('corrupt: ' .. refs .. ' holds ' .. v .. ' for ' .. names[i]) end
-      refs0[i] = r
-    end
-  end
-end
+local before, members_refused = member_state(members, result, totals, refs, names, tie,
+  incremental, negative)
+if not before then return members_refused end
+local z0, t0, total0, refs0 = before.z, before.t, before.total, before.refs
+-- bound[i]: the sum of the absolute amounts of member i's live groups.
+local bound = {}
+for i = 1, M do bound[i] = 0 end
 
 -- Groups of the live slices, per slice: the fields they touch. A member of late slices
 -- only is left as it is.
@@ -327,15 +210,13 @@ end
 local listed = variadic('ZMSCORE', slices, numbers)
 
 -- Phase 2: write. Every key's type and every value were checked above.
-if not stored[2] then redis.call('HSET', meta, 'settings', settings) end
+pin_settings(meta, stored, settings)
 if remembered > 0 then
   -- dirty[a]: the new value of bucket a.
   local dirty = {}
   for s = 1, S do
     if keep[s] then
-      local n = slice_no[s] % WRAP
-      local tag = string.char(math.floor(n / 16777216) % 256, math.floor(n / 65536) % 256,
-        math.floor(n / 256) % 256, n % 256)
+      local tag = tag_of(slice_no[s])
       local log = {}
       for i = first[s], last[s], DIGEST do
         local a = addr[(i - 1) / DIGEST + 1]
@@ -345,46 +226,7 @@ if remembered > 0 then
       variadic('RPUSH', KEYS[8 + S + s], log)
     end
   end
-  held = held + remembered
-  local function get(a)
-    local v = dirty[a]
-    if v == nil then v = buckets[a] end
-    if v == nil then v = redis.call('HGET', table_key, format('%d', a)) or '' end
-    return v
-  end
-  while held > LOAD * (size + p) do
-    local v = get(p)
-    local stay, move = {}, {}
-    for i = 1, #v, ENTRY do
-      if not counts(v, i) then
-        held = held - 1
-      else
-        local a, b, c, d = byte(v, i, i + 3)
-        if (((a * 256 + b) * 256 + c) * 256 + d) % (2 * size) == p then
-          stay[#stay + 1] = sub(v, i, i + ENTRY - 1)
-        else
-          move[#move + 1] = sub(v, i, i + ENTRY - 1)
-        end
-      end
-    end
-    dirty[p] = table.concat(stay)
-    dirty[p + size] = table.concat(move)
-    p = p + 1
-    if p == size then
-      L, p, size = L + 1, 0, 2 * size
-    end
-  end
-  local set, gone = { '#L', format('%d', L), '#p', format('%d', p), '#n', format('%d', held) }, {}
-  for a, v in pairs(dirty) do
-    if v == '' then
-      gone[#gone + 1] = field[a] or format('%d', a)
-    else
-      set[#set + 1] = field[a] or format('%d', a)
-      set[#set + 1] = v
-    end
-  end
-  variadic('HSET', table_key, set)
-  variadic('HDEL', table_key, gone)
+  write_table(table_key, L, p, held + remembered, dirty, buckets, forgotten_through)
 end
 
 local total, refs_new = {}, {}
@@ -399,15 +241,11 @@ for k, s in ipairs(touched) do
     pairs_out[#pairs_out + 1] = names[m]
     pairs_out[#pairs_out + 1] = format('%d', (old or 0) + g_sum[g])
   end
-  variadic('HSET', KEYS[8 + s], pairs_out)
-  if not listed[k] then
-    registered[#registered + 1] = numbers[k]
-    registered[#registered + 1] = numbers[k]
-  end
+  write_slice(KEYS[8 + s], pairs_out, listed[k], numbers[k], registered)
 end
 variadic('ZADD', slices, registered)
 
-local moved, removed, added, totals_out, refs_out = {}, {}, {}, {}, {}
+local w = member_writes()
 for i = 1, M do
   local t = newest[i]
   -- A member whose events are all late is left as it is.
@@ -417,39 +255,12 @@ for i = 1, M do
     if tie == 'n' then
       z = names[i]
     elseif not old or t > t0[i] then
-      z = format('%016d:%s', tie == 'e' and LIMIT - t or t, names[i])
+      z = zmember_at(names[i], t, tie)
     end
-    if z ~= old then
-      moved[#moved + 1] = names[i]
-      moved[#moved + 1] = tie == 'n' and '' or format('%d', t)
-    end
-    if incremental then
-      if old and z ~= old then removed[#removed + 1] = old end
-      if z ~= old or total[i] ~= total0[i] then
-        added[#added + 1] = format('%d', total[i])
-        added[#added + 1] = z
-      end
-    elseif total[i] ~= total0[i] or not old then
-      totals_out[#totals_out + 1] = names[i]
-      totals_out[#totals_out + 1] = format('%d', total[i])
-    end
-    if refs_new[i] ~= refs0[i] then
-      refs_out[#refs_out + 1] = names[i]
-      refs_out[#refs_out + 1] = format('%d', refs_new[i])
-    end
+    member_changed(w, incremental, names[i], old, z, tie == 'n' and '' or format('%d', t),
+      total0[i], total[i], refs0[i], refs_new[i])
   end
 end
-variadic('HSET', members, moved)
-variadic('ZREM', result, removed)
-variadic('ZADD', result, added)
-variadic('HSET', totals, totals_out)
-if negative then variadic('HSET', refs, refs_out) end
--- `gen` was checked in phase 1, so one HSET both bumps it and records when the ranking
--- last changed (`changed_ms`, the `as_of` of a query) at no extra command.
-local gen = format('%d', (counter(stored[3]) or 0) + 1)
-if token ~= '' then
-  redis.call('HSET', meta, 'gen', gen, 'changed_ms', format('%d', now), 'chain', token)
-else
-  redis.call('HSET', meta, 'gen', gen, 'changed_ms', format('%d', now))
-end
+write_members(w, members, result, totals, refs, negative)
+write_meta(meta, stored, now, token)
 return out
