@@ -64,6 +64,10 @@ pub fn id_digest(id: &str) -> [u8; 16] {
 
 /// How long an instance found holding a legacy `seen` ZSet has its apply calls carry the
 /// raw ids before the (cheap) check is trusted again.
+///
+/// The legacy `seen` ZSet (the idempotency layout before digests) is removed in 0.3 or
+/// after 2027-03-01, whichever comes first; until then apply calls carry raw ids to an
+/// instance that still holds it and the roll drains it.
 const LEGACY_MEMORY: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// What `apply.lua` and `fold.lua` calls share: the KEYS (the instance's fixed keys, then

@@ -237,6 +237,10 @@ impl Store {
     /// log of `slice` (one whose ids may be forgotten at `now`) and removes that slice's
     /// digests from the table, and forgets up to `chunk` legacy raw ids due at `now`
     /// (callers keep `chunk` at or below [`TRIM_CALL_IDS`]).
+    ///
+    /// The legacy `seen` ZSet (the idempotency layout before digests) is removed in 0.3 or
+    /// after 2027-03-01, whichever comes first; until then apply calls carry raw ids to an
+    /// instance that still holds it and the roll drains it.
     pub async fn trim_seen(
         &self,
         board: &Board,

@@ -1,5 +1,5 @@
 //! Every Redis operation on leaderboard data: typed operations over fred, one Lua script
-//! per atomic operation (`src/lua/*.lua`). Stream commands (read, ack, append) live with
+//! per atomic operation (`src/store/lua/*.lua`). Stream commands (read, ack, append) live with
 //! the consumer and the intake.
 //!
 //! Commands go through a small connection pool; concurrent calls on one connection are
@@ -117,7 +117,7 @@ impl StoreError {
     ///   there (Redis 7 answers so for a script's `redis.call` as well, with ` script: ...`
     ///   appended);
     /// * `ROLLBOARD ...`: a script's own check found stored data rollboard did not write
-    ///   (`src/lua/*.lua`, written nothing);
+    ///   (`src/store/lua/*.lua`, written nothing);
     /// * [`StoreError::Reply`]: Redis ran the command and answered in a shape rollboard's
     ///   scripts never produce (a stored value that does not parse). Redis answered, so it
     ///   is up; the same call answers the same again, so waiting cannot help.

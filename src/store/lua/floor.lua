@@ -11,13 +11,8 @@
 -- scope emptied and left the registry) still follows every roll.
 -- Returns the board's watermark after the call.
 local stored = redis.call('HMGET', KEYS[1], 'expired_through', 'last_roll')
--- A stored number not written as the scripts write one is corrupt and fails the call,
--- never taken for "not rolled yet" (`counter`, common.lua).
-for i, field in ipairs({ 'expired_through', 'last_roll' }) do
-  if stored[i] and not counter(stored[i]) then
-    return fail('corrupt: ' .. KEYS[1] .. ' ' .. field .. ' is not an integer')
-  end
-end
+local refused = counters_refused(KEYS[1], stored, { 'expired_through', 'last_roll' })
+if refused then return refused end
 local cur, w = tonumber(stored[1]), tonumber(ARGV[1])
 if cur and cur >= w then w = cur else redis.call('HSET', KEYS[1], 'expired_through', string.format('%d', w)) end
 local last = tonumber(stored[2])

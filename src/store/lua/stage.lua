@@ -35,18 +35,11 @@ for i = 4, #ARGV, 4 do
   names[#names + 1] = ARGV[i]
 end
 -- One read and one write per key (not per row): the call's cost is a few µs per row.
-local zs = #names > 0 and redis.call('HMGET', KEYS[1], unpack(names)) or {}
+local zs, _, refused = zmembers_of(KEYS[1], names, tie)
+if not zs then return refused end
 local skipped, repaired = 0, {}
 local fixed, ranking, ranked, refs, totals = {}, {}, {}, {}, {}
-for i, r in ipairs(rows) do
-  if zs[i] then
-    r.z = zmember_of(zs[i], r.m, tie)
-    if not r.z then
-      return redis.error_reply('ROLLBOARD corrupt: ' .. KEYS[1] .. ' holds ' .. zs[i] .. ' for ' ..
-        r.m .. ' (nothing was written)')
-    end
-  end
-end
+for i, r in ipairs(rows) do r.z = zs[i] end
 for _, r in ipairs(rows) do
   if not r.z and r.fallback ~= '' then
     r.z = r.fallback

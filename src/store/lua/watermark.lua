@@ -13,17 +13,9 @@
 -- write, so a call that fails has written nothing.
 -- Returns { watermark, slice numbers at or below it that still exist, oldest first }.
 local stored = redis.call('HMGET', KEYS[1], 'expired_through', 'last_roll', 'settings')
-if stored[3] and stored[3] ~= ARGV[3] then
-  return redis.error_reply('ROLLBOARD settings: the board was created with ' .. stored[3] ..
-    ', this process has ' .. ARGV[3] .. ' (nothing was written)')
-end
--- A stored number not written as the scripts write one is corrupt and fails the call,
--- never taken for "not rolled yet" (`counter`, common.lua).
-for i, field in ipairs({ 'expired_through', 'last_roll' }) do
-  if stored[i] and not counter(stored[i]) then
-    return fail('corrupt: ' .. KEYS[1] .. ' ' .. field .. ' is not an integer')
-  end
-end
+local refused = settings_refused(stored[3], ARGV[3])
+  or counters_refused(KEYS[1], stored, { 'expired_through', 'last_roll' })
+if refused then return refused end
 local cur = tonumber(stored[1])
 local w = tonumber(ARGV[1])
 if cur and cur >= w then w = cur end

@@ -1,7 +1,10 @@
--- common.lua: what apply.lua, fold.lua, expire.lua, stage.lua, trim_seen.lua, watermark.lua
--- and floor.lua share.
--- Redis receives each of them as one text: a `#!lua` line, this file, then the script
--- (`src/store/lua.rs`); a script cannot call another's functions.
+-- common.lua: the helpers every composed script uses: exact integers, error replies, the
+-- bounded variadic call and the checks of a stored setting or counter. Redis receives
+-- each of those scripts as one text: a `#!lua` line, this file, the other shared pieces
+-- the script needs, then the script (`src/store/lua.rs`); a script cannot call another's
+-- functions.
+-- Used by: apply.lua, fold.lua, expire.lua, stage.lua, trim_seen.lua, watermark.lua,
+-- floor.lua.
 --
 -- Numbers stay below 2^53 in magnitude, so Lua's doubles hold them exactly.
 local LIMIT = 9007199254740991
@@ -55,38 +58,23 @@ local function counter(v)
   return n
 end
 
--- The 32-bit number in the four bytes of `d` from `at` on (a digest's bucket hash).
-local function hash32(d, at)
-  local a, b, c, e = string.byte(d, at, at + 3)
-  return ((a * 256 + b) * 256 + c) * 256 + e
-end
-
--- `members` holds each member's tie-break time (ms, as an integer: 16 B of Redis memory
--- where the 16-digit prefix took 32) or '' on boards without tie-break (`tie` 'n'); an
--- entry written by an older version holds the whole ZSet member, prefix included. Returns
--- the ZSet member a value stands for and the tie-break time (nil under 'n'), or nil when
--- the value is neither (or names another member, or a time out of range). `tie`: 'e'
--- earliest first, 'l' latest first, 'n' none.
-local function zmember_of(v, name, tie)
-  if tie == 'n' then return name end
-  if #v <= 16 and string.find(v, '^%d+$') then
-    local t = tonumber(v)
-    if t > LIMIT then return nil end
-    return string.format('%016d:%s', tie == 'e' and LIMIT - t or t, name), t
-  end
-  -- An older version's value: this member's own ZSet member, its prefix in range.
-  if string.sub(v, 17) == ':' .. name and string.find(v, '^%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d:') then
-    local prefix = tonumber(string.sub(v, 1, 16))
-    if prefix <= LIMIT then return v, tie == 'e' and LIMIT - prefix or prefix end
+-- The error for a caller whose board definition has settings fingerprint `settings` when
+-- the instance was created with `stored` (nil: none pinned yet); nil when they agree.
+local function settings_refused(stored, settings)
+  if stored and stored ~= settings then
+    return fail('settings: the board was created with ' .. stored .. ', this process has ' .. settings)
   end
   return nil
 end
 
--- What `members` stores for ZSet member `z`: its tie-break time.
-local function stored_of(z, tie)
-  if tie == 'n' then return '' end
-  local t = tonumber(string.sub(z, 1, 16))
-  if tie == 'e' then t = LIMIT - t end
-  return string.format('%d', t)
+-- The error naming the first of `fields` of Hash `key` (read into `stored`, in that order)
+-- whose value is not written as the scripts write a number; nil when none is. Such a value
+-- is corrupt and fails the call, never taken for "not rolled yet".
+local function counters_refused(key, stored, fields)
+  for i, field in ipairs(fields) do
+    if stored[i] and not counter(stored[i]) then
+      return fail('corrupt: ' .. key .. ' ' .. field .. ' is not an integer')
+    end
+  end
+  return nil
 end
-

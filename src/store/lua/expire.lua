@@ -29,9 +29,8 @@ local tie = ARGV[4]
 
 -- Phase 1: read and check.
 local stored = redis.call('HMGET', meta, 'settings', 'gen')
-if stored[1] and stored[1] ~= ARGV[3] then
-  return fail('settings: the board was created with ' .. stored[1] .. ', this process has ' .. ARGV[3])
-end
+local refused = settings_refused(stored[1], ARGV[3])
+if refused then return refused end
 if stored[2] and not counter(stored[2]) then
   return fail('corrupt: ' .. meta .. ' gen is not an integer')
 end
@@ -42,66 +41,21 @@ for i = 5, #ARGV do
     names[#names + 1] = ARGV[i]
   end
 end
-local amounts = variadic('HMGET', slice, names)
+local amounts, slice_refused = integers_of(slice, names, nil)
+if not amounts then return slice_refused end
 local claimed, amount = {}, {}
 for i, m in ipairs(names) do
   if amounts[i] then
-    local a = integer(amounts[i])
-    if not a then return fail('corrupt: ' .. slice .. ' holds ' .. amounts[i] .. ' for ' .. m) end
     claimed[#claimed + 1] = m
-    amount[#claimed] = a
+    amount[#claimed] = amounts[i]
   end
 end
 if #claimed == 0 then return { 0, 0 } end
 
-local zs = variadic('HMGET', members, claimed)
-for i = 1, #claimed do
-  if zs[i] then
-    local z = zmember_of(zs[i], claimed[i], tie)
-    if not z then return fail('corrupt: ' .. members .. ' holds ' .. zs[i] .. ' for ' .. claimed[i]) end
-    zs[i] = z
-  end
-end
-local total = {}
-if incremental then
-  local scored, at = {}, {}
-  for i = 1, #claimed do
-    total[i] = 0
-    if zs[i] then
-      scored[#scored + 1] = zs[i]
-      at[#at + 1] = i
-    end
-  end
-  -- Read even when no member has an entry: phase 2 may write `result` in any case.
-  if #scored == 0 then redis.call('ZCARD', result) end
-  local scores = variadic('ZMSCORE', result, scored)
-  for k, i in ipairs(at) do
-    if scores[k] then
-      total[i] = integer(scores[k])
-      if not total[i] then return fail('corrupt: ' .. result .. ' score of ' .. claimed[i]) end
-    end
-  end
-else
-  local ts = variadic('HMGET', totals, claimed)
-  for i = 1, #claimed do
-    total[i] = 0
-    if ts[i] then
-      total[i] = integer(ts[i])
-      if not total[i] then return fail('corrupt: ' .. totals .. ' holds ' .. ts[i] .. ' for ' .. claimed[i]) end
-    end
-  end
-end
-local count = {}
-if negative then
-  local rs = variadic('HMGET', refs, claimed)
-  for i = 1, #claimed do
-    count[i] = 0
-    if rs[i] then
-      count[i] = integer(rs[i])
-      if not count[i] then return fail('corrupt: ' .. refs .. ' holds ' .. rs[i] .. ' for ' .. claimed[i]) end
-    end
-  end
-end
+local before, members_refused = member_state(members, result, totals, refs, claimed, tie,
+  incremental, negative)
+if not before then return members_refused end
+local zs, total, count = before.z, before.total, before.refs
 
 -- Work out each member's new state.
 local gone_names, gone_z = {}, {}

@@ -1,0 +1,236 @@
+-- apply.lua: fold a bounded chunk of events into one board instance, atomically.
+--
+-- KEYS[1] meta     Hash  expired_through (watermark slice), settings, gen (bumped on change),
+--                        changed_ms (`now` of the last call that wrote)
+-- KEYS[2] result   ZSet  zmember -> exact total (incremental boards)
+-- KEYS[3] members  Hash  member -> its tie-break time (the ZSet member is prefix:member)
+-- KEYS[4] slices   ZSet  registry of slice numbers that exist
+-- KEYS[5] seen     ZSet  legacy idempotency keys: raw id -> epoch ms from which it may be
+--                        forgotten (the layout before digests: read while it exists, never
+--                        written, drained by the roll)
+-- KEYS[6] refs     Hash  member -> number of slices holding it (allow_negative boards)
+-- KEYS[7] totals   Hash  member -> exact live total (resummarize boards)
+-- KEYS[8] seen:ids  Hash  the digest table (layout in digest.lua)
+-- KEYS[9..8+S]     the slice Hashes of the chunk, in the order of the slice table below
+-- KEYS[9+S..8+2S]  the forget logs `seen:<n>` (Lists) of the same slices
+--
+-- ARGV[1] now (epoch ms)      ARGV[2] slices per window N   ARGV[3] slice width (ms)
+-- ARGV[4] 'i' incremental | 'r' resummarize                 ARGV[5] tie: 'e' | 'l' | 'n'
+-- ARGV[6] '1' if negative amounts are allowed
+-- ARGV[7] settings fingerprint of the caller's board definition
+-- ARGV[8] S slices   ARGV[9] M members   ARGV[10] E events
+-- ARGV[11] the newest slice whose ids may be forgotten at `now` (Board::forgettable_through)
+-- then S pairs (slice number, forget-at epoch ms), slice i stored at KEYS[8 + i];
+-- then M member names;
+-- then E events of 5 values: digest, slice index (1..S), member index (1..M), ts, amount;
+-- then, only while the instance still holds a legacy `seen` ZSet, the E raw ids.
+--
+-- Idempotency keys are remembered in the instance's digest table (layout in digest.lua),
+-- and each remembered key's bucket hash in its slice's forget log. An entry counts while
+-- its slice is newer than ARGV[11]. Events of a slice that may already be forgotten (a
+-- short dedup_window) are checked but not remembered.
+--
+-- While the legacy ZSet exists its entries stay authoritative (legacy_seen.lua): a call
+-- without the raw ids fails with `ROLLBOARD legacy-seen` (nothing written) and the caller
+-- repeats it with them.
+--
+-- Returns one status per event: 0 applied, 1 duplicate, 2 late, 3 overflow.
+--
+-- Redis does not roll back a script that fails half-way, so this one is in two phases.
+-- Phase 1 only reads: the stored settings, the watermark, the digest table's state and
+-- every bucket the chunk's digests address (two HMGETs; the legacy ZSet's existence,
+-- and while it exists the chunk's raw ids in it), every member's state (HMGET, ZMSCORE),
+-- every slice field it touches (one HMGET per slice) and the slice registry (one
+-- ZMSCORE). Each read also proves its key has the right type, and every stored value is
+-- parsed and checked; whatever is wrong raises an error before anything was written. The
+-- events are then judged one by one, in order, against that state in Lua. Phase 2 writes
+-- the outcome with a handful of variadic commands whose keys and values are known to be
+-- valid, so a call either writes all of it or nothing. The `#!lua` line makes Redis refuse
+-- the whole call up front when it is out of memory, instead of failing at the first
+-- write. The checks and writes it shares with fold.lua are in gate.lua, digest.lua,
+-- members.lua and write_back.lua.
+local meta, result, members, slices, seen, refs, totals, table_key = instance_keys()
+local incremental, tie, negative, settings = board_flags()
+local S, M, E = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
+local forgotten_through = tonumber(ARGV[11]) % WRAP
+local slice_base, member_base, event_base = 11, 11 + 2 * S, 11 + 2 * S + M
+local with_ids = #ARGV >= event_base + 6 * E
+
+-- Phase 1: read and check.
+local stored = read_meta(meta)
+local now, horizon, refused = gate(meta, stored, settings, tonumber(ARGV[1]), tonumber(ARGV[3]),
+  tonumber(ARGV[2]))
+if refused then return refused end
+
+local slice_no, forget, slice_key, log_key = {}, {}, {}, {}
+for i = 1, S do
+  slice_no[i] = tonumber(ARGV[slice_base + 2 * i - 1])
+  forget[i] = tonumber(ARGV[slice_base + 2 * i])
+  slice_key[i] = KEYS[8 + i]
+  log_key[i] = KEYS[8 + S + i]
+end
+local names = {}
+for i = 1, M do names[i] = ARGV[member_base + i] end
+
+-- The events that are not late, and their raw ids (legacy callers only).
+local status = {}
+local live, ids = {}, {}
+for e = 1, E do
+  local b = event_base + (e - 1) * 5
+  local s = tonumber(ARGV[b + 2])
+  -- Late too once the slice's ids may be forgotten: see fold.lua.
+  if slice_no[s] <= horizon or forget[s] <= now then
+    status[e] = 2
+  else
+    if #ARGV[b + 1] ~= DIGEST then return fail('bad digest for event ' .. e) end
+    live[#live + 1] = e
+    if with_ids then ids[#ids + 1] = ARGV[event_base + 5 * E + e] end
+  end
+end
+if #live == 0 then return status end
+
+local remembered, legacy_refused = legacy_remembered(seen, with_ids, ids)
+if legacy_refused then return legacy_refused end
+
+-- The digest table: its state and every bucket the chunk's digests address.
+local L, p, held, table_refused = table_state(table_key, 0)
+if table_refused then return table_refused end
+local wanted, want = bucket_list()
+local addr = {}
+for k, e in ipairs(live) do
+  addr[k] = address(hash32(ARGV[event_base + (e - 1) * 5 + 1], 1), L, p)
+  want(addr[k])
+end
+-- The forget logs that may be appended to, read so that their type is checked too.
+local logged = {}
+local candidates = 0
+for _, e in ipairs(live) do
+  local s = tonumber(ARGV[event_base + (e - 1) * 5 + 2])
+  if forget[s] > now then
+    candidates = candidates + 1
+    if not logged[s] then
+      logged[s] = true
+      redis.call('LLEN', log_key[s])
+    end
+  end
+end
+-- The buckets that inserting every event of the chunk would split.
+splits_ahead(L, p, held + candidates, want)
+local buckets, buckets_refused = read_buckets(table_key, wanted)
+if not buckets then return buckets_refused end
+
+-- Member state: zmember, total, live slice count.
+local before, members_refused = member_state(members, result, totals, refs, names, tie,
+  incremental, negative)
+if not before then return members_refused end
+local state = {}
+for i = 1, M do
+  local z, total, r = before.z[i], before.total[i], before.refs[i]
+  state[i] = { z0 = z, z = z, total0 = total, total = total, refs0 = r, refs = r }
+end
+
+-- Slice fields touched by live events: slice index -> member index -> { old, value }.
+local fields = {}
+for _, e in ipairs(live) do
+  local b = event_base + (e - 1) * 5
+  local s, m = tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
+  fields[s] = fields[s] or { order = {} }
+  if not fields[s][m] then
+    fields[s][m] = true
+    fields[s].order[#fields[s].order + 1] = m
+  end
+end
+for s, f in pairs(fields) do
+  local field_names = {}
+  for k, m in ipairs(f.order) do field_names[k] = names[m] end
+  local olds, slice_refused = integers_of(slice_key[s], field_names, nil)
+  if not olds then return slice_refused end
+  for k, m in ipairs(f.order) do f[m] = { old = olds[k], value = olds[k] or 0 } end
+end
+
+-- The slice registry, read so that its type is checked before the first write too.
+local touched_slices = {}
+for s in pairs(fields) do touched_slices[#touched_slices + 1] = s end
+table.sort(touched_slices)
+local numbers = {}
+for k, s in ipairs(touched_slices) do numbers[k] = string.format('%d', slice_no[s]) end
+local listed = variadic('ZMSCORE', slices, numbers)
+
+-- Judge the live events in order against the state read above.
+local applied = {}
+local any, added = false, {}
+for k, e in ipairs(live) do
+  local b = event_base + (e - 1) * 5
+  local id = ARGV[b + 1]
+  local seen_until = remembered[k] and tonumber(remembered[k])
+  if applied[id] or (seen_until and seen_until > now) or holds(buckets[addr[k]], id, forgotten_through) then
+    status[e] = 1
+  else
+    local s, m = tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
+    local ts, amount = tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5])
+    local st, field = state[m], fields[s][m]
+    local new_total = st.total + amount
+    local new_value = field.value + amount
+    if math.abs(new_total) > LIMIT or math.abs(new_value) > LIMIT then
+      status[e] = 3
+    else
+      status[e] = 0
+      any = true
+      -- An id whose slice may already be forgotten is not remembered, not even for the
+      -- rest of this call: the outcome does not depend on how a batch is cut into calls.
+      if forget[s] > now then
+        applied[id] = true
+        added[#added + 1] = k
+      end
+      st.total = new_total
+      field.value = new_value
+      if not field.touched then
+        field.touched = true
+        if not field.old then st.refs = st.refs + 1 end
+      end
+      if not st.z or (tie ~= 'n' and ts > time_of(st.z, tie)) then st.z = zmember_at(names[m], ts, tie) end
+    end
+  end
+end
+if not any then return status end
+
+-- Phase 2: write. Every key's type and every value were checked above.
+pin_settings(meta, stored, settings)
+if #added > 0 then
+  local dirty, logs = {}, {}
+  for _, k in ipairs(added) do
+    local b = event_base + (live[k] - 1) * 5
+    local d, s = ARGV[b + 1], tonumber(ARGV[b + 2])
+    dirty[addr[k]] = (dirty[addr[k]] or buckets[addr[k]]) .. d .. tag_of(slice_no[s])
+    logs[s] = logs[s] or {}
+    logs[s][#logs[s] + 1] = string.sub(d, 1, 4)
+  end
+  write_table(table_key, L, p, held + #added, dirty, buckets, forgotten_through)
+  for s, entries in pairs(logs) do variadic('RPUSH', log_key[s], entries) end
+end
+local registered = {}
+for k, s in ipairs(touched_slices) do
+  local f = fields[s]
+  local pairs_out = {}
+  for _, m in ipairs(f.order) do
+    local field = f[m]
+    if field.touched then
+      pairs_out[#pairs_out + 1] = names[m]
+      pairs_out[#pairs_out + 1] = string.format('%d', field.value)
+    end
+  end
+  write_slice(slice_key[s], pairs_out, listed[k], numbers[k], registered)
+end
+variadic('ZADD', slices, registered)
+
+local w = member_writes()
+for i = 1, M do
+  local st = state[i]
+  if st.z then
+    member_changed(w, incremental, names[i], st.z0, st.z, st.z ~= st.z0 and stored_of(st.z, tie),
+      st.total0, st.total, st.refs0, st.refs)
+  end
+end
+write_members(w, members, result, totals, refs, negative)
+write_meta(meta, stored, now)
+return status

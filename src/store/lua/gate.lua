@@ -1,0 +1,54 @@
+-- gate.lua: what an instance's `meta` lets through before apply.lua or fold.lua judges
+-- any event: the board definition pinned there, the `gen` counter, the time of the last
+-- roll and the watermark.
+-- Used by: apply.lua, fold.lua.
+
+-- The KEYS the two scripts share (their headers list them): meta, result, members,
+-- slices, seen, refs, totals and seen:ids.
+local function instance_keys()
+  return KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+end
+
+-- The board's flags among the ARGV the two scripts share: whether it is incremental, its
+-- tie-break, whether it allows negative amounts, and its settings fingerprint.
+local function board_flags()
+  return ARGV[4] == 'i', ARGV[5], ARGV[6] == '1', ARGV[7]
+end
+
+-- The instance's `meta` fields the two scripts read, in one HMGET.
+local function read_meta(meta)
+  local v = redis.call('HMGET', meta, 'expired_through', 'settings', 'gen', 'last_roll', 'chain')
+  return { expired_through = v[1], settings = v[2], gen = v[3], last_roll = v[4], chain = v[5] }
+end
+
+-- The time the events are judged at and the horizon (the newest slice whose events are
+-- late), for a board of `per_window` slices of `width` ms, given `stored` (read_meta); or
+-- nil, nil and the error when `stored` holds a number that is not one or the settings of
+-- another board definition.
+local function gate(meta, stored, settings, now, width, per_window)
+  -- Time never goes back: a roll at a later time (a forced `roll --at`, or a replica whose
+  -- measure of Redis's clock is a little ahead of this caller's) already expired and
+  -- forgot what was due then, so the events are judged at that time at least.
+  if stored.last_roll then
+    local rolled = counter(stored.last_roll)
+    if not rolled then return nil, nil, fail('corrupt: ' .. meta .. ' last_roll is not an integer') end
+    if rolled > now then now = rolled end
+  end
+  if stored.gen and not counter(stored.gen) then
+    return nil, nil, fail('corrupt: ' .. meta .. ' gen is not an integer')
+  end
+  local refused = settings_refused(stored.settings, settings)
+  if refused then return nil, nil, refused end
+  local horizon = math.floor(now / width) - per_window
+  if stored.expired_through then
+    local w = integer(stored.expired_through)
+    if not w then return nil, nil, fail('corrupt: ' .. meta .. ' expired_through is not an integer') end
+    if w > horizon then horizon = w end
+  end
+  return now, horizon
+end
+
+-- Phase 2's first write: pins the caller's settings on an instance that has none yet.
+local function pin_settings(meta, stored, settings)
+  if not stored.settings then redis.call('HSET', meta, 'settings', settings) end
+end

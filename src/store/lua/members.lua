@@ -1,0 +1,127 @@
+-- members.lua: the `members` map and the state kept beside it per member: how a stored
+-- value names a ZSet member, and the reads of members, totals, slice counts and slice
+-- fields, each value checked.
+-- Used by: apply.lua, fold.lua, expire.lua, stage.lua.
+--
+-- `members` holds each member's tie-break time (ms, as an integer: 16 B of Redis memory
+-- where the 16-digit prefix took 32) or '' on boards without tie-break (`tie` 'n'); an
+-- entry written by an older version holds the whole ZSet member, prefix included. `tie`:
+-- 'e' earliest first, 'l' latest first, 'n' none.
+
+-- The ZSet member of `name` with tie-break time `t`.
+local function zmember_at(name, t, tie)
+  if tie == 'n' then return name end
+  return string.format('%016d:%s', tie == 'e' and LIMIT - t or t, name)
+end
+
+-- The tie-break time of ZSet member `z` (on a board with tie-break).
+local function time_of(z, tie)
+  local prefix = tonumber(string.sub(z, 1, 16))
+  if tie == 'e' then return LIMIT - prefix end
+  return prefix
+end
+
+-- The ZSet member a `members` value `v` stands for and the tie-break time (nil under 'n'),
+-- or nil when the value is neither form (or names another member, or a time out of range).
+local function zmember_of(v, name, tie)
+  if tie == 'n' then return name end
+  if #v <= 16 and string.find(v, '^%d+$') then
+    local t = tonumber(v)
+    if t > LIMIT then return nil end
+    return zmember_at(name, t, tie), t
+  end
+  -- An older version's value: this member's own ZSet member, its prefix in range.
+  if string.sub(v, 17) == ':' .. name and string.find(v, '^%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d:') then
+    local prefix = tonumber(string.sub(v, 1, 16))
+    if prefix <= LIMIT then return v, tie == 'e' and LIMIT - prefix or prefix end
+  end
+  return nil
+end
+
+-- What `members` stores for ZSet member `z`: its tie-break time.
+local function stored_of(z, tie)
+  if tie == 'n' then return '' end
+  return string.format('%d', time_of(z, tie))
+end
+
+-- The ZSet member and tie-break time of each of `names` as `members` records them, in one
+-- HMGET: two lists by name index, nil for a member it does not know; or nil, nil and the
+-- error naming the first value that is neither form.
+local function zmembers_of(members, names, tie)
+  local values = variadic('HMGET', members, names)
+  local zs, ts = {}, {}
+  for i = 1, #names do
+    local v = values[i]
+    if v then
+      local z, t = zmember_of(v, names[i], tie)
+      if not z then return nil, nil, fail('corrupt: ' .. members .. ' holds ' .. v .. ' for ' .. names[i]) end
+      zs[i], ts[i] = z, t
+    end
+  end
+  return zs, ts
+end
+
+-- The integers Hash `key` holds for `names`, in one HMGET: a list by name index, `absent`
+-- for a name without a field; or nil and the error naming the first value that is not an
+-- integer.
+local function integers_of(key, names, absent)
+  local values = variadic('HMGET', key, names)
+  local out = {}
+  for i = 1, #names do
+    local v = values[i]
+    if v then
+      local n = integer(v)
+      if not n then return nil, fail('corrupt: ' .. key .. ' holds ' .. v .. ' for ' .. names[i]) end
+      out[i] = n
+    else
+      out[i] = absent
+    end
+  end
+  return out
+end
+
+-- Each of `names`' exact total (0 for none): its score in `result`, read by its ZSet
+-- member `zs[i]`, on an incremental board, else its field in `totals`; or nil and the
+-- error naming the first that is not an integer.
+local function totals_of(incremental, result, totals, names, zs)
+  if not incremental then return integers_of(totals, names, 0) end
+  local out, scored, scored_at = {}, {}, {}
+  for i = 1, #names do
+    out[i] = 0
+    if zs[i] then
+      scored[#scored + 1] = zs[i]
+      scored_at[#scored_at + 1] = i
+    end
+  end
+  -- Read even when no member is known yet: phase 2 may write `result` in any case.
+  if #scored == 0 then redis.call('ZCARD', result) end
+  local scores = variadic('ZMSCORE', result, scored)
+  for k, i in ipairs(scored_at) do
+    if scores[k] then
+      local t = integer(scores[k])
+      if not t then return nil, fail('corrupt: ' .. result .. ' score of ' .. names[i]) end
+      out[i] = t
+    end
+  end
+  return out
+end
+
+-- The state of each of `names` before the call, read and checked in this order: `z` and
+-- `t`, its ZSet member and tie-break time (zmembers_of), `total` (totals_of) and `refs`,
+-- the number of slices holding it (0 for none, and for every member on a board that does
+-- not allow negative amounts), each a list by name index; or nil and the error naming the
+-- first value that is wrong.
+local function member_state(members, result, totals, refs, names, tie, incremental, negative)
+  local zs, ts, refused = zmembers_of(members, names, tie)
+  if not zs then return nil, refused end
+  local total
+  total, refused = totals_of(incremental, result, totals, names, zs)
+  if not total then return nil, refused end
+  local held_by = {}
+  if negative then
+    held_by, refused = integers_of(refs, names, 0)
+    if not held_by then return nil, refused end
+  end
+  for i = 1, #names do held_by[i] = held_by[i] or 0 end
+  return { z = zs, t = ts, total = total, refs = held_by }
+end
