@@ -1,5 +1,5 @@
-//! Applying events: the bounded `apply.lua` calls ([`APPLY_CHUNK`] events each) and the
-//! registry of a scoped board's scopes.
+//! Applying events: chains of bounded `fold.lua` calls, and `apply.lua` calls of at most
+//! [`APPLY_CHUNK`] events judged one by one where a fold cannot judge them.
 
 use std::collections::{HashMap, HashSet};
 
@@ -254,70 +254,28 @@ pub fn fold_call(
     events: &[ApplyEvent],
     now: i64,
 ) -> FoldCall {
-    let mut slices: Vec<i64> = Vec::new();
-    let mut slice_index: HashMap<i64, usize> = HashMap::new();
-    let mut members: Vec<&str> = Vec::new();
-    let mut member_index: HashMap<&str, usize> = HashMap::new();
-    // (member, slice) -> group: sum, sum of absolute values, newest time.
-    let mut groups: Vec<(usize, usize, i64, i64, i64)> = Vec::new();
-    let mut group_index: HashMap<(usize, usize), usize> = HashMap::new();
-    let mut slice_of = Vec::with_capacity(events.len());
-    for e in events {
-        let n = board.slice_of(e.ts);
-        let s = *slice_index.entry(n).or_insert_with(|| {
-            slices.push(n);
-            slices.len() - 1
-        });
-        let m = *member_index.entry(e.member.as_str()).or_insert_with(|| {
-            members.push(e.member.as_str());
-            members.len() - 1
-        });
-        let g = *group_index.entry((m, s)).or_insert_with(|| {
-            groups.push((m, s, 0, 0, e.ts));
-            groups.len() - 1
-        });
-        let group = &mut groups[g];
-        group.2 = group.2.saturating_add(e.amount);
-        group.3 = group.3.saturating_add(e.amount.saturating_abs());
-        group.4 = group.4.max(e.ts);
-        slice_of.push(s);
-    }
-    let mut counts = vec![0usize; slices.len()];
-    for &s in &slice_of {
-        counts[s] += 1;
-    }
-    // The digests grouped by slice, in the slice table's order.
-    let mut blob = vec![0u8; 16 * events.len()];
-    let mut offset = Vec::with_capacity(slices.len());
-    let mut at = 0;
-    for &c in &counts {
-        offset.push(at);
-        at += 16 * c;
-    }
-    for (e, &s) in events.iter().zip(&slice_of) {
-        blob[offset[s]..offset[s] + 16].copy_from_slice(&id_digest(&e.id));
-        offset[s] += 16;
-    }
+    let grouped = Grouped::of(board, events);
+    let (blob, counts) = digests_by_slice(events, &grouped.slice_of, grouped.slices.len());
     let (keys, mut args) = call_head(
         board,
         k,
         fingerprint,
-        &slices,
-        members.len(),
-        groups.len(),
+        &grouped.slices,
+        grouped.members.len(),
+        grouped.groups.len(),
         now,
     );
     args.push(Value::Bytes(blob.into()));
-    let cost = events.len() * FOLD_EVENT_COST + groups.len() * FOLD_GROUP_COST;
-    for (&n, &c) in slices.iter().zip(&counts) {
+    let cost = events.len() * FOLD_EVENT_COST + grouped.groups.len() * FOLD_GROUP_COST;
+    for (&n, &c) in grouped.slices.iter().zip(&counts) {
         args.extend([
             Value::from(n),
             Value::from(board.forget_at(n)),
             Value::from(c as i64),
         ]);
     }
-    args.extend(members.iter().map(|&m| Value::from(m)));
-    for (m, s, sum, abs, newest) in groups {
+    args.extend(grouped.members.iter().map(|&m| Value::from(m)));
+    for (m, s, sum, abs, newest) in grouped.groups {
         args.extend([
             Value::from(m as i64 + 1),
             Value::from(s as i64 + 1),
@@ -329,9 +287,95 @@ pub fn fold_call(
     FoldCall {
         keys,
         args,
-        slice_of,
+        slice_of: grouped.slice_of,
         cost,
     }
+}
+
+/// A fold call's events aggregated per (member, slice), in order of first appearance.
+struct Grouped<'a> {
+    /// The slices the events fall in.
+    slices: Vec<i64>,
+    /// The members the events name.
+    members: Vec<&'a str>,
+    /// (member index, slice index, sum, sum of absolute values, newest time).
+    groups: Vec<(usize, usize, i64, i64, i64)>,
+    /// Each event's slice index.
+    slice_of: Vec<usize>,
+}
+
+impl<'a> Grouped<'a> {
+    fn of(board: &Board, events: &'a [ApplyEvent]) -> Grouped<'a> {
+        let mut grouped = Grouped {
+            slices: Vec::new(),
+            members: Vec::new(),
+            groups: Vec::new(),
+            slice_of: Vec::with_capacity(events.len()),
+        };
+        let mut slice_index: HashMap<i64, usize> = HashMap::new();
+        let mut member_index: HashMap<&str, usize> = HashMap::new();
+        let mut group_index: HashMap<(usize, usize), usize> = HashMap::new();
+        for e in events {
+            let n = board.slice_of(e.ts);
+            let s = *slice_index.entry(n).or_insert_with(|| {
+                grouped.slices.push(n);
+                grouped.slices.len() - 1
+            });
+            let m = *member_index.entry(e.member.as_str()).or_insert_with(|| {
+                grouped.members.push(e.member.as_str());
+                grouped.members.len() - 1
+            });
+            let g = *group_index.entry((m, s)).or_insert_with(|| {
+                grouped.groups.push((m, s, 0, 0, e.ts));
+                grouped.groups.len() - 1
+            });
+            let group = &mut grouped.groups[g];
+            group.2 = group.2.saturating_add(e.amount);
+            group.3 = group.3.saturating_add(e.amount.saturating_abs());
+            group.4 = group.4.max(e.ts);
+            grouped.slice_of.push(s);
+        }
+        grouped
+    }
+}
+
+/// The events' id digests grouped by slice, in the slice table's order, and the number of
+/// events per slice.
+fn digests_by_slice(
+    events: &[ApplyEvent],
+    slice_of: &[usize],
+    slices: usize,
+) -> (Vec<u8>, Vec<usize>) {
+    let mut counts = vec![0usize; slices];
+    for &s in slice_of {
+        counts[s] += 1;
+    }
+    let mut blob = vec![0u8; 16 * events.len()];
+    let mut offset = Vec::with_capacity(slices);
+    let mut at = 0;
+    for &c in &counts {
+        offset.push(at);
+        at += 16 * c;
+    }
+    for (e, &s) in events.iter().zip(slice_of) {
+        blob[offset[s]..offset[s] + 16].copy_from_slice(&id_digest(&e.id));
+        offset[s] += 16;
+    }
+    (blob, counts)
+}
+
+/// One instance's apply, as every call of it sees it.
+struct Target<'a> {
+    /// The one connection every call of the instance goes on (stream order).
+    client: &'a Client,
+    /// The board.
+    board: &'a Board,
+    /// The instance's keys.
+    k: InstanceKeys,
+    /// The board's settings pin.
+    fingerprint: String,
+    /// The time the events are judged by.
+    now: i64,
 }
 
 impl Store {
@@ -351,75 +395,6 @@ impl Store {
             known.retain(|_, at| at.elapsed() < LEGACY_MEMORY);
             known.insert(seen.to_string(), std::time::Instant::now());
         }
-    }
-
-    /// Records scope values of a scoped board in its registry (score: newest slice seen).
-    /// Runs before the apply so that no instance holding data is ever unregistered.
-    pub async fn register_scopes(
-        &self,
-        board: &Board,
-        scopes: &[(String, i64)],
-    ) -> Result<(), StoreError> {
-        if scopes.is_empty() {
-            return Ok(());
-        }
-        let args: Vec<Value> = ["GT".into()]
-            .into_iter()
-            .chain(
-                scopes
-                    .iter()
-                    .flat_map(|(scope, n)| [Value::from(*n), Value::from(scope.as_str())]),
-            )
-            .collect();
-        let key = self.keys.scopes(&board.name);
-        let _: Value = self
-            .client()
-            .custom(
-                CustomCommand::new_static("ZADD", ClusterHash::FirstKey, false),
-                [vec![Value::from(key)], args].concat(),
-            )
-            .await?;
-        Ok(())
-    }
-
-    /// Every registered scope of a scoped board.
-    pub async fn scopes(&self, board: &Board) -> Result<Vec<String>, StoreError> {
-        let key = self.keys.scopes(&board.name);
-        let mut out = Vec::new();
-        let mut cursor = "0".to_string();
-        loop {
-            let (next, page) = self.scan("ZSCAN", &key, &cursor, 1000).await?;
-            out.extend(page.into_iter().map(|(scope, _)| scope));
-            if next == "0" {
-                break;
-            }
-            cursor = next;
-        }
-        out.sort();
-        out.dedup();
-        Ok(out)
-    }
-
-    /// Removes a scope from the registry if its newest slice is at or below `watermark`
-    /// (race-free: an apply registers its slice first, with a higher score).
-    pub async fn unregister_scope(
-        &self,
-        board: &Board,
-        scope: &str,
-        watermark: i64,
-    ) -> Result<bool, StoreError> {
-        let key = self.keys.scopes(&board.name);
-        let removed: i64 = self
-            .client()
-            .eval(
-                "local s = redis.call('ZSCORE', KEYS[1], ARGV[1]) \
-                 if s and tonumber(s) <= tonumber(ARGV[2]) then return redis.call('ZREM', KEYS[1], ARGV[1]) end \
-                 return 0",
-                vec![key],
-                vec![Value::from(scope), Value::from(watermark)],
-            )
-            .await?;
-        Ok(removed == 1)
     }
 
     /// Applies `events` to one instance, in stream order, as a sequence of bounded atomic
@@ -443,119 +418,138 @@ impl Store {
         // One connection for every call of the instance: the calls must run in stream
         // order (the first of two events with one id wins).
         let client = self.client();
-        let mut now = now;
-        if let Some(scope) = scope {
-            let newest = events
-                .iter()
-                .map(|e| board.slice_of(e.ts))
-                .max()
-                .unwrap_or_default();
-            // The instance may be one that no roll visits (its scope left the registry), so
-            // it is judged against the board's watermark too, read after the registration:
-            // a roll that raised it before that read is seen here; one that raised it after
-            // lists the scope and rolls the instance itself.
-            let pipeline = fred::clients::Pipeline::from(self.once(client));
-            let _: () = pipeline
-                .custom(
-                    CustomCommand::new_static("ZADD", ClusterHash::FirstKey, false),
-                    vec![
-                        Value::from(self.keys.scopes(&board.name)),
-                        "GT".into(),
-                        Value::from(newest),
-                        Value::from(scope),
-                    ],
-                )
-                .await?;
-            let _: () = pipeline
-                .hmget(
-                    self.keys.window(&board.name),
-                    vec!["expired_through", "last_roll"],
-                )
-                .await?;
-            let (_, (floor, rolled)): (Value, (Option<String>, Option<String>)) =
-                pipeline.all().await?;
-            if let Some(floor) = parse_floor(floor)? {
-                now = now.max(board.horizon_time(floor));
+        let now = match scope {
+            Some(scope) => {
+                self.register_scope(client, board, scope, events, now)
+                    .await?
             }
-            // Time never goes back: the board's last roll time is a floor too (the
-            // instance's own is read by the script).
-            if let Some(rolled) = rolled {
-                // As the scripts write it (no '+', no leading zero), as floor.lua reads it.
-                let parsed = rolled
-                    .parse::<i64>()
-                    .ok()
-                    .filter(|n| n.to_string() == rolled);
-                let rolled = parsed.ok_or_else(|| {
-                    reply_err(format!(
-                        "ROLLBOARD corrupt: {} last_roll {rolled:?} is not an integer",
-                        self.keys.window(&board.name)
-                    ))
-                })?;
-                now = now.max(rolled);
-            }
-        }
+            None => now,
+        };
         let k = self.instance(board, scope);
-        let fingerprint = board.fingerprint();
+        let target = Target {
+            client,
+            board,
+            fingerprint: board.fingerprint(),
+            now,
+            k,
+        };
         let mut out = Vec::with_capacity(events.len());
-        let mut raw_ids = self.holds_legacy_seen(&k.seen());
+        let mut raw_ids = self.holds_legacy_seen(&target.k.seen());
         let mut rest = events;
         while !rest.is_empty() {
-            if raw_ids {
+            let judged = if raw_ids {
                 // An instance still holding raw ids goes event by event, as its layout
                 // requires.
-                let (chunk, tail) = rest.split_at(rest.len().min(APPLY_CHUNK));
-                rest = tail;
-                self.apply_exact(
-                    client,
-                    board,
-                    &k,
-                    &fingerprint,
-                    chunk,
-                    now,
-                    &mut raw_ids,
-                    &mut out,
-                )
-                .await?;
-                continue;
-            }
-            let chunks = fold_chunks(board, rest);
-            let replies = self
-                .fold_chained(client, board, &k, &fingerprint, &chunks, now)
-                .await;
-            // Events judged, from the front of `rest`.
-            let mut judged = 0;
-            for (chunk, reply) in chunks.iter().zip(replies) {
-                match reply? {
-                    Folded::Judged(outcomes) => out.extend(outcomes),
-                    // Judged event by event instead (the fold call wrote nothing); the
-                    // calls after it did not run and are sent again.
-                    Folded::Slow => {
-                        judged += chunk.len();
-                        for part in chunk.chunks(APPLY_CHUNK) {
-                            self.apply_exact(
-                                client,
-                                board,
-                                &k,
-                                &fingerprint,
-                                part,
-                                now,
-                                &mut raw_ids,
-                                &mut out,
-                            )
-                            .await?;
-                        }
-                        break;
-                    }
-                    Folded::NotRun => break,
-                }
-                judged += chunk.len();
-            }
-            if judged == 0 {
-                return Err(reply_err("fold: the first call of a chain did not run"));
-            }
+                let chunk = &rest[..rest.len().min(APPLY_CHUNK)];
+                self.apply_exact(&target, chunk, &mut raw_ids, &mut out)
+                    .await?;
+                chunk.len()
+            } else {
+                self.fold_some(&target, rest, &mut raw_ids, &mut out)
+                    .await?
+            };
             rest = &rest[judged..];
         }
         Ok(out)
+    }
+
+    /// Registers `scope` in its board's registry (score: the newest slice of `events`)
+    /// and returns the time to judge the events by: `now`, raised to the board's
+    /// watermark and last roll.
+    ///
+    /// The instance may be one that no roll visits (its scope left the registry), so it
+    /// is judged against the board's watermark too, read after the registration: a roll
+    /// that raised it before that read is seen here; one that raised it after lists the
+    /// scope and rolls the instance itself.
+    async fn register_scope(
+        &self,
+        client: &Client,
+        board: &Board,
+        scope: &str,
+        events: &[ApplyEvent],
+        now: i64,
+    ) -> Result<i64, StoreError> {
+        let newest = events
+            .iter()
+            .map(|e| board.slice_of(e.ts))
+            .max()
+            .unwrap_or_default();
+        let pipeline = fred::clients::Pipeline::from(self.once(client));
+        let _: () = pipeline
+            .custom(
+                CustomCommand::new_static("ZADD", ClusterHash::FirstKey, false),
+                vec![
+                    Value::from(self.keys.scopes(&board.name)),
+                    "GT".into(),
+                    Value::from(newest),
+                    Value::from(scope),
+                ],
+            )
+            .await?;
+        let _: () = pipeline
+            .hmget(
+                self.keys.window(&board.name),
+                vec!["expired_through", "last_roll"],
+            )
+            .await?;
+        let (_, (floor, rolled)): (Value, (Option<String>, Option<String>)) =
+            pipeline.all().await?;
+        let mut now = now;
+        if let Some(floor) = parse_floor(floor)? {
+            now = now.max(board.horizon_time(floor));
+        }
+        // Time never goes back: the board's last roll time is a floor too (the instance's
+        // own is read by the script).
+        if let Some(rolled) = rolled {
+            // As the scripts write it (no '+', no leading zero), as floor.lua reads it.
+            let parsed = rolled
+                .parse::<i64>()
+                .ok()
+                .filter(|n| n.to_string() == rolled);
+            let rolled = parsed.ok_or_else(|| {
+                reply_err(format!(
+                    "ROLLBOARD corrupt: {} last_roll {rolled:?} is not an integer",
+                    self.keys.window(&board.name)
+                ))
+            })?;
+            now = now.max(rolled);
+        }
+        Ok(now)
+    }
+
+    /// Folds the front of `rest` in one chain of `fold.lua` calls; returns how many events
+    /// were judged (at least one), their outcomes appended to `out`.
+    async fn fold_some(
+        &self,
+        target: &Target<'_>,
+        rest: &[ApplyEvent],
+        raw_ids: &mut bool,
+        out: &mut Vec<Outcome>,
+    ) -> Result<usize, StoreError> {
+        let chunks = fold_chunks(target.board, rest);
+        let replies = self.fold_chained(target, &chunks).await;
+        // Events judged, from the front of `rest`.
+        let mut judged = 0;
+        for (chunk, reply) in chunks.iter().zip(replies) {
+            match reply? {
+                Folded::Judged(outcomes) => out.extend(outcomes),
+                // Judged event by event instead (the fold call wrote nothing); the calls
+                // after it did not run and are sent again.
+                Folded::Slow => {
+                    judged += chunk.len();
+                    for part in chunk.chunks(APPLY_CHUNK) {
+                        self.apply_exact(target, part, raw_ids, out).await?;
+                    }
+                    break;
+                }
+                Folded::NotRun => break,
+            }
+            judged += chunk.len();
+        }
+        if judged == 0 {
+            return Err(reply_err("fold: the first call of a chain did not run"));
+        }
+        Ok(judged)
     }
 
     /// Sends one `fold.lua` call per chunk at once, on `client`, chained so that each runs
@@ -564,14 +558,17 @@ impl Store {
     /// the calls after it answer `NotRun`, having written nothing.
     async fn fold_chained(
         &self,
-        client: &Client,
-        board: &Board,
-        k: &InstanceKeys,
-        fingerprint: &str,
+        target: &Target<'_>,
         chunks: &[&[ApplyEvent]],
-        now: i64,
     ) -> Vec<Result<Folded, StoreError>> {
-        let call = |chunk| fold_call(board, k, fingerprint, chunk, now);
+        let Target {
+            client,
+            board,
+            k,
+            fingerprint,
+            now,
+        } = target;
+        let call = |chunk| fold_call(board, k, fingerprint, chunk, *now);
         if let [chunk] = chunks {
             return vec![self.fold(client, call(chunk)).await];
         }
@@ -624,20 +621,22 @@ impl Store {
 
     /// One `apply.lua` call of at most [`APPLY_CHUNK`] events, judged one by one; the
     /// outcomes are appended to `out`.
-    #[allow(clippy::too_many_arguments)]
     async fn apply_exact(
         &self,
-        client: &Client,
-        board: &Board,
-        k: &InstanceKeys,
-        fingerprint: &str,
+        target: &Target<'_>,
         chunk: &[ApplyEvent],
-        now: i64,
         raw_ids: &mut bool,
         out: &mut Vec<Outcome>,
     ) -> Result<(), StoreError> {
+        let Target {
+            client,
+            board,
+            k,
+            fingerprint,
+            now,
+        } = target;
         let reply = loop {
-            let (keys, args) = apply_call(board, k, fingerprint, chunk, now, *raw_ids);
+            let (keys, args) = apply_call(board, k, fingerprint, chunk, *now, *raw_ids);
             let call = self.evalsha_once(&self.scripts.apply, client, keys, args);
             match self
                 .bounded(FOLD_BUDGET as u32, self.timed(&self.scripts.apply, call))

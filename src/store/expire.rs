@@ -5,8 +5,7 @@ use fred::prelude::*;
 use fred::types::{ClusterHash, CustomCommand};
 
 use super::{
-    as_array, as_i64, as_string, mode_flag, negative_flag, parse_floor, reply_err, tie_flag, Store,
-    StoreError,
+    as_array, as_i64, as_string, mode_flag, negative_flag, reply_err, tie_flag, Store, StoreError,
 };
 use crate::domain::board::Board;
 
@@ -64,15 +63,6 @@ impl Store {
             )
             .await?;
         as_i64(&v).ok_or_else(|| reply_err("floor: not a number"))
-    }
-
-    /// The board's own watermark, if a roll ever set it.
-    pub async fn floor(&self, board: &Board) -> Result<Option<i64>, StoreError> {
-        let v: Option<String> = self
-            .client()
-            .hget(self.keys.window(&board.name), "expired_through")
-            .await?;
-        parse_floor(v)
     }
 
     /// Raises the instance's watermark to at least `target`; returns the watermark and the

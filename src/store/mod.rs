@@ -35,6 +35,7 @@ mod lease;
 pub mod lua;
 mod query;
 mod replicas;
+mod scopes;
 mod stage;
 
 pub use apply::{

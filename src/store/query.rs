@@ -37,35 +37,7 @@ impl Store {
         let k = self.instance(board, scope);
         let keys = vec![k.meta(), k.result(), self.lookup(board, &k)];
         args.insert(1, Value::from(tie_flag(board)));
-        let client = self.reader();
-        let snapshot = self.timed(
-            &self.scripts.query,
-            Box::pin(super::redirected(|| {
-                let query = &self.scripts.query;
-                query.evalsha_with_reload(client, keys.clone(), args.clone())
-            })),
-        );
-        // A scoped instance follows the board's watermark too (see [`Store::raise_floor`]);
-        // both reads go out together on one connection, so this costs no extra round trip.
-        // The watermark lives in another slot, which may move on its own: it is retried
-        // like the script call.
-        let (out, floor, board_rolled) = if scope.is_some() {
-            let window = self.keys.window(&board.name);
-            let floor = Box::pin(super::redirected(|| {
-                client.hmget::<(Option<String>, Option<String>), _, _>(
-                    window.as_str(),
-                    vec!["expired_through", "last_roll"],
-                )
-            }));
-            let (out, (floor, rolled)) = tokio::try_join!(snapshot, floor)?;
-            (
-                out,
-                parse_floor(floor)?,
-                rolled.and_then(|t| t.parse::<i64>().ok()),
-            )
-        } else {
-            (snapshot.await?, None, None)
-        };
+        let (out, floor, board_rolled) = self.snapshot(board, scope, keys, args).await?;
         let out = as_array(out).ok_or_else(|| reply_err("query: not an array"))?;
         let mut it = out.into_iter();
         let expired = it.next().as_ref().and_then(as_i64).max(floor);
@@ -90,31 +62,7 @@ impl Store {
             Mode::Resummarize => summed,
         };
         let (window_from, window_to) = board.live_range(now, expired);
-        let mut entries = Vec::with_capacity(rows.len() / 2);
-        let mut rows = rows.into_iter();
-        while let (Some(z), Some(s)) = (rows.next(), rows.next()) {
-            let total = score(&s)
-                .ok_or_else(|| reply_err(format!("query: score {s:?} is not an exact integer")))?;
-            let z = as_string(z).ok_or_else(|| reply_err("query: member is not text"))?;
-            let (member, last_ts) = decode_member(board.tie_break, &z);
-            let rank = start + entries.len() as u64 + 1;
-            let competition_rank = match entries.last() {
-                None => first_competition,
-                Some(Entry {
-                    total: prev,
-                    competition_rank,
-                    ..
-                }) if *prev == total => *competition_rank,
-                Some(_) => rank,
-            };
-            entries.push(Entry {
-                rank,
-                competition_rank,
-                member,
-                total,
-                last_ts,
-            });
-        }
+        let entries = entries(board, rows, start, first_competition)?;
         Ok(Snapshot {
             count,
             rank: u64::try_from(rank).ok().map(|r| r + 1),
@@ -123,6 +71,46 @@ impl Store {
             as_of,
             entries,
         })
+    }
+
+    /// The query's script call and, for a scoped instance, the board's watermark and last
+    /// roll read beside it.
+    ///
+    /// A scoped instance follows the board's watermark too (see [`Store::raise_floor`]);
+    /// both reads go out together on one connection, so this costs no extra round trip.
+    /// The watermark lives in another slot, which may move on its own: it is retried like
+    /// the script call.
+    async fn snapshot(
+        &self,
+        board: &Board,
+        scope: Option<&str>,
+        keys: Vec<String>,
+        args: Vec<Value>,
+    ) -> Result<(Value, Option<i64>, Option<i64>), StoreError> {
+        let client = self.reader();
+        let snapshot = self.timed(
+            &self.scripts.query,
+            Box::pin(super::redirected(|| {
+                let query = &self.scripts.query;
+                query.evalsha_with_reload(client, keys.clone(), args.clone())
+            })),
+        );
+        if scope.is_none() {
+            return Ok((snapshot.await?, None, None));
+        }
+        let window = self.keys.window(&board.name);
+        let floor = Box::pin(super::redirected(|| {
+            client.hmget::<(Option<String>, Option<String>), _, _>(
+                window.as_str(),
+                vec!["expired_through", "last_roll"],
+            )
+        }));
+        let (out, (floor, rolled)) = tokio::try_join!(snapshot, floor)?;
+        Ok((
+            out,
+            parse_floor(floor)?,
+            rolled.and_then(|t| t.parse::<i64>().ok()),
+        ))
     }
 
     fn page(board: &Board, scope: Option<&str>, snap: Snapshot) -> Page {
@@ -222,4 +210,40 @@ impl Store {
         }
         Ok(Ok(Self::page(board, scope, snap)))
     }
+}
+
+/// The entries of a page from the script's `member, score` rows: ranks from `start + 1`,
+/// competition ranks from the first row's (`first_competition`), shared by equal totals.
+fn entries(
+    board: &Board,
+    rows: Vec<Value>,
+    start: u64,
+    first_competition: u64,
+) -> Result<Vec<Entry>, StoreError> {
+    let mut entries = Vec::with_capacity(rows.len() / 2);
+    let mut rows = rows.into_iter();
+    while let (Some(z), Some(s)) = (rows.next(), rows.next()) {
+        let total = score(&s)
+            .ok_or_else(|| reply_err(format!("query: score {s:?} is not an exact integer")))?;
+        let z = as_string(z).ok_or_else(|| reply_err("query: member is not text"))?;
+        let (member, last_ts) = decode_member(board.tie_break, &z);
+        let rank = start + entries.len() as u64 + 1;
+        let competition_rank = match entries.last() {
+            None => first_competition,
+            Some(Entry {
+                total: prev,
+                competition_rank,
+                ..
+            }) if *prev == total => *competition_rank,
+            Some(_) => rank,
+        };
+        entries.push(Entry {
+            rank,
+            competition_rank,
+            member,
+            total,
+            last_ts,
+        });
+    }
+    Ok(entries)
 }
