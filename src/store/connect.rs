@@ -243,6 +243,48 @@ fn describe_denied(probes: &[Vec<String>], denied: &[&Vec<String>]) -> Vec<Strin
     out
 }
 
+/// A probe: one command's words.
+fn words(list: &[&str]) -> Vec<String> {
+    list.iter().map(|w| w.to_string()).collect()
+}
+
+/// The probes of the stream commands (intake, consumer, trimming, dead letters).
+fn stream_probes(stream: &str, dead_letter: &str) -> Vec<Vec<String>> {
+    let sha = "0".repeat(40);
+    vec![
+        words(&["PING"]),
+        words(&["TIME"]),
+        words(&["SCRIPT", "LOAD", "return 1"]),
+        words(&["SCRIPT", "EXISTS", &sha]),
+        words(&["MULTI"]),
+        words(&["EXEC"]),
+        words(&[
+            "XREADGROUP",
+            "GROUP",
+            "g",
+            "c",
+            "COUNT",
+            "1",
+            "STREAMS",
+            stream,
+            ">",
+        ]),
+        words(&["XACK", stream, "g", "0-1"]),
+        words(&["XAUTOCLAIM", stream, "g", "c", "0", "0-0"]),
+        words(&["XADD", stream, "*", "f", "v"]),
+        words(&["XGROUP", "CREATE", stream, "g", "0", "MKSTREAM"]),
+        words(&["XINFO", "GROUPS", stream]),
+        words(&["XADD", dead_letter, "*", "f", "v"]),
+        // A clean exit removes its consumer when it holds nothing pending.
+        words(&["XPENDING", stream, "g", "-", "+", "1", "c"]),
+        words(&["XGROUP", "DELCONSUMER", stream, "g", "c"]),
+        words(&["XTRIM", stream, "MINID", "~", "0-1"]),
+        words(&["XLEN", stream]),
+        words(&["XADD", dead_letter, "MAXLEN", "~", "1", "*", "f", "v"]),
+        words(&["XLEN", dead_letter]),
+    ]
+}
+
 impl Store {
     fn builder(url: &str, reconnect: Reconnect) -> Result<Builder, StoreError> {
         Self::builder_tls(url, None, reconnect)
@@ -580,40 +622,39 @@ impl Store {
         stream: &str,
         dead_letter: &str,
     ) -> Result<Vec<String>, StoreError> {
-        let words = |list: &[&str]| list.iter().map(|w| w.to_string()).collect::<Vec<_>>();
+        let mut probes = stream_probes(stream, dead_letter);
+        probes.extend(self.job_probes());
+        probes.extend(self.board_probes(boards));
+        let mut args: Vec<Value> = Vec::new();
+        for probe in &probes {
+            args.push(Value::from(probe.len() as i64));
+            args.extend(probe.iter().map(|w| Value::from(w.as_str())));
+        }
+        let status: Vec<i64> = self.client().eval(PERMISSION_PROBE, (), args).await?;
+        if status.len() != probes.len() {
+            return Err(reply_err(
+                "permission probe: one status per command expected",
+            ));
+        }
+        let known: Vec<Vec<String>> = probes
+            .iter()
+            .zip(&status)
+            .filter(|(_, s)| **s != 2)
+            .map(|(p, _)| p.clone())
+            .collect();
+        let denied: Vec<&Vec<String>> = probes
+            .iter()
+            .zip(&status)
+            .filter(|(_, s)| **s == 0)
+            .map(|(p, _)| p)
+            .collect();
+        Ok(describe_denied(&known, &denied))
+    }
+
+    /// The probes of the daemon's own commands (lease, replica confirmation).
+    fn job_probes(&self) -> Vec<Vec<String>> {
         let sha = "0".repeat(40);
-        let mut probes: Vec<Vec<String>> = vec![
-            words(&["PING"]),
-            words(&["TIME"]),
-            words(&["SCRIPT", "LOAD", "return 1"]),
-            words(&["SCRIPT", "EXISTS", &sha]),
-            words(&["MULTI"]),
-            words(&["EXEC"]),
-            words(&[
-                "XREADGROUP",
-                "GROUP",
-                "g",
-                "c",
-                "COUNT",
-                "1",
-                "STREAMS",
-                stream,
-                ">",
-            ]),
-            words(&["XACK", stream, "g", "0-1"]),
-            words(&["XAUTOCLAIM", stream, "g", "c", "0", "0-0"]),
-            words(&["XADD", stream, "*", "f", "v"]),
-            words(&["XGROUP", "CREATE", stream, "g", "0", "MKSTREAM"]),
-            words(&["XINFO", "GROUPS", stream]),
-            words(&["XADD", dead_letter, "*", "f", "v"]),
-            // A clean exit removes its consumer when it holds nothing pending.
-            words(&["XPENDING", stream, "g", "-", "+", "1", "c"]),
-            words(&["XGROUP", "DELCONSUMER", stream, "g", "c"]),
-            words(&["XTRIM", stream, "MINID", "~", "0-1"]),
-            words(&["XLEN", stream]),
-            words(&["XADD", dead_letter, "MAXLEN", "~", "1", "*", "f", "v"]),
-            words(&["XLEN", dead_letter]),
-        ];
+        let mut probes = Vec::new();
         // Each tick of a scheduled job runs under a lease (`lease.lua`).
         for job in ["roll", "resummarize"] {
             let (lease, tick) = (self.keys.lease(job), self.keys.lease_tick(job));
@@ -636,6 +677,13 @@ impl Store {
                 words(&["ROLE"]),
             ]);
         }
+        probes
+    }
+
+    /// The probes of every command the scripts and the roll run on each board's keys.
+    fn board_probes(&self, boards: &[Board]) -> Vec<Vec<String>> {
+        let sha = "0".repeat(40);
+        let mut probes = Vec::new();
         let lua = script_commands();
         for board in boards {
             let k = self.instance(board, None);
@@ -665,30 +713,7 @@ impl Store {
                 words(&["UNLINK", &meta]),
             ]);
         }
-        let mut args: Vec<Value> = Vec::new();
-        for probe in &probes {
-            args.push(Value::from(probe.len() as i64));
-            args.extend(probe.iter().map(|w| Value::from(w.as_str())));
-        }
-        let status: Vec<i64> = self.client().eval(PERMISSION_PROBE, (), args).await?;
-        if status.len() != probes.len() {
-            return Err(reply_err(
-                "permission probe: one status per command expected",
-            ));
-        }
-        let known: Vec<Vec<String>> = probes
-            .iter()
-            .zip(&status)
-            .filter(|(_, s)| **s != 2)
-            .map(|(p, _)| p.clone())
-            .collect();
-        let denied: Vec<&Vec<String>> = probes
-            .iter()
-            .zip(&status)
-            .filter(|(_, s)| **s == 0)
-            .map(|(p, _)| p)
-            .collect();
-        Ok(describe_denied(&known, &denied))
+        probes
     }
 
     /// Whether a pooled connection is up (all of them are down while Redis is unreachable).

@@ -39,6 +39,34 @@ const SYNC_KEY_TTL_MS: &str = "60000";
 /// replicas are connected (`min-replicas-to-write`), so it is treated as an outage.
 pub const NOREPLICAS: &str = "NOREPLICAS";
 
+/// The nodes that hold `keys`, each with one slot it serves that the keys fall in (one
+/// entry, named `""`, on a single server).
+async fn nodes_of<S: AsRef<str>>(
+    client: &Client,
+    keys: &[S],
+) -> Result<BTreeMap<String, Option<u16>>, StoreError> {
+    let mut nodes: BTreeMap<String, Option<u16>> = BTreeMap::new();
+    if !client.is_clustered() {
+        nodes.insert(String::new(), None);
+        return Ok(nodes);
+    }
+    if client.cached_cluster_state().is_none() {
+        client.wait_for_connect().await?;
+    }
+    let state = client
+        .cached_cluster_state()
+        .ok_or_else(|| reply_err("no cluster routing table after connecting"))?;
+    for key in keys {
+        let slot = ClusterRouting::hash_key(key.as_ref().as_bytes());
+        let node = state
+            .get_server(slot)
+            .map(|s| s.to_string())
+            .unwrap_or_default();
+        nodes.entry(node).or_insert(Some(slot));
+    }
+    Ok(nodes)
+}
+
 /// A hash tag whose slot is `slot`: the smallest decimal number that hashes there.
 fn tag_for_slot(slot: u16) -> String {
     (0u32..)
@@ -186,94 +214,89 @@ impl Store {
         }
         // One connection per node: the tiny write and the WAIT travel on the same one.
         let client = self.client();
-        // node -> one slot it serves that the batch wrote to
-        let mut nodes: BTreeMap<String, Option<u16>> = BTreeMap::new();
-        if client.is_clustered() {
-            if client.cached_cluster_state().is_none() {
-                client.wait_for_connect().await?;
-            }
-            let state = client
-                .cached_cluster_state()
-                .ok_or_else(|| reply_err("no cluster routing table after connecting"))?;
-            for key in keys {
-                let slot = ClusterRouting::hash_key(key.as_ref().as_bytes());
-                let node = state
-                    .get_server(slot)
-                    .map(|s| s.to_string())
-                    .unwrap_or_default();
-                nodes.entry(node).or_insert(Some(slot));
-            }
-        } else {
-            nodes.insert(String::new(), None);
-        }
+        let nodes = nodes_of(client, keys).await?;
+        try_join_all(
+            nodes
+                .into_iter()
+                .map(|(node, slot)| self.confirm_node(client, node, slot, wanted)),
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Waits until `wanted` replicas of `node` hold every write made on it so far: a tiny
+    /// write to the slot `slot` (any slot of a single server: `None`), then `WAIT`.
+    async fn confirm_node(
+        &self,
+        client: &Client,
+        node: String,
+        slot: Option<u16>,
+        wanted: u32,
+    ) -> Result<(), StoreError> {
         let timeout_ms = self.durability.timeout.as_millis().max(1) as i64;
-        try_join_all(nodes.into_iter().map(|(node, slot)| async move {
-            let (key, route) = match slot {
-                Some(slot) => (
-                    self.keys.sync(Some(&tag_for_slot(slot))),
-                    ClusterHash::Custom(slot),
-                ),
-                None => (self.keys.sync(None), ClusterHash::FirstKey),
-            };
-            // Written once, on a connection that is up now, or not at all. The client would
-            // otherwise hold the pipeline through a reconnect, or resend it after one (and
-            // follow MOVED / ASK), and after a failover the new connection leads to the
-            // replica that took over: it confirms there, once it has a replica of its own,
-            // writes that died with the old master. A confirmation cut short fails instead
-            // (an outage: the batch is applied again, on the new master, and confirmed there).
-            let pipeline = client.pipeline();
-            let sent = pipeline.with_options(&Options {
-                fail_fast: true,
-                ..send_once()
-            });
-            let _: () = sent
-                .custom(
-                    CustomCommand::new_static("SET", ClusterHash::FirstKey, false),
-                    vec![key.as_str(), "1", "PX", SYNC_KEY_TTL_MS],
-                )
-                .await?;
-            let _: () = sent
-                .custom(
-                    CustomCommand::new("WAIT", route, false),
-                    vec![i64::from(wanted), timeout_ms],
-                )
-                .await?;
-            let node_name = if node.is_empty() {
-                "redis"
-            } else {
-                node.as_str()
-            };
-            let (_, acked): (Value, i64) = pipeline.all().await.map_err(|e| {
-                // A MOVED or ASK for the tiny write (a slot moving) needs a second write,
-                // which `max_attempts` refuses: retried later as an outage, with fresh routing.
-                if e.kind() == &fred::error::ErrorKind::Unknown
-                    && e.details().starts_with("Too many failed write attempts")
-                {
-                    StoreError::Redis(fred::error::Error::new(
-                        fred::error::ErrorKind::Unknown,
-                        format!(
-                            "{NOREPLICAS} the confirmation write to {node_name} was redirected \
-                             before its WAIT ({e}); nothing was confirmed"
-                        ),
-                    ))
-                } else {
-                    StoreError::Redis(e)
-                }
-            })?;
-            if acked < i64::from(wanted) {
-                return Err(StoreError::Redis(fred::error::Error::new(
+        let (key, route) = match slot {
+            Some(slot) => (
+                self.keys.sync(Some(&tag_for_slot(slot))),
+                ClusterHash::Custom(slot),
+            ),
+            None => (self.keys.sync(None), ClusterHash::FirstKey),
+        };
+        // Written once, on a connection that is up now, or not at all. The client would
+        // otherwise hold the pipeline through a reconnect, or resend it after one (and
+        // follow MOVED / ASK), and after a failover the new connection leads to the
+        // replica that took over: it confirms there, once it has a replica of its own,
+        // writes that died with the old master. A confirmation cut short fails instead
+        // (an outage: the batch is applied again, on the new master, and confirmed there).
+        let pipeline = client.pipeline();
+        let sent = pipeline.with_options(&Options {
+            fail_fast: true,
+            ..send_once()
+        });
+        let _: () = sent
+            .custom(
+                CustomCommand::new_static("SET", ClusterHash::FirstKey, false),
+                vec![key.as_str(), "1", "PX", SYNC_KEY_TTL_MS],
+            )
+            .await?;
+        let _: () = sent
+            .custom(
+                CustomCommand::new("WAIT", route, false),
+                vec![i64::from(wanted), timeout_ms],
+            )
+            .await?;
+        let node_name = if node.is_empty() {
+            "redis"
+        } else {
+            node.as_str()
+        };
+        let (_, acked): (Value, i64) = pipeline.all().await.map_err(|e| {
+            // A MOVED or ASK for the tiny write (a slot moving) needs a second write,
+            // which `max_attempts` refuses: retried later as an outage, with fresh routing.
+            if e.kind() == &fred::error::ErrorKind::Unknown
+                && e.details().starts_with("Too many failed write attempts")
+            {
+                StoreError::Redis(fred::error::Error::new(
                     fred::error::ErrorKind::Unknown,
                     format!(
-                        "{NOREPLICAS} {acked} of the {wanted} replica(s) required \
-                         (redis.min_replicas_acked) acknowledged the writes to {} within \
-                         {timeout_ms} ms; nothing was confirmed",
-                        node_name
+                        "{NOREPLICAS} the confirmation write to {node_name} was redirected \
+                         before its WAIT ({e}); nothing was confirmed"
                     ),
-                )));
+                ))
+            } else {
+                StoreError::Redis(e)
             }
-            Ok(())
-        }))
-        .await?;
+        })?;
+        if acked < i64::from(wanted) {
+            return Err(StoreError::Redis(fred::error::Error::new(
+                fred::error::ErrorKind::Unknown,
+                format!(
+                    "{NOREPLICAS} {acked} of the {wanted} replica(s) required \
+                     (redis.min_replicas_acked) acknowledged the writes to {} within \
+                     {timeout_ms} ms; nothing was confirmed",
+                    node_name
+                ),
+            )));
+        }
         Ok(())
     }
 }
