@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::TlsFiles;
+use super::redis::TlsFiles;
 
 /// A TLS file that cannot be used, with the setting that names it.
 #[derive(Debug, thiserror::Error)]
