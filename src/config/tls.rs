@@ -1,9 +1,10 @@
 //! The TLS side of `[redis]`: the CA, client certificate and key files, read and checked
 //! into the rustls client configuration the connections use.
 
+use std::path::Path;
 use std::sync::Arc;
 
-use super::TlsFiles;
+use super::redis::TlsFiles;
 
 /// A TLS file that cannot be used, with the setting that names it.
 #[derive(Debug, thiserror::Error)]
@@ -22,40 +23,9 @@ pub struct TlsError {
 /// is presented when one is given (mutual TLS).
 pub fn tls_client_config(files: &TlsFiles) -> Result<rustls::ClientConfig, TlsError> {
     use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    use rustls::pki_types::PrivateKeyDer;
 
-    let fail = |key: &'static str, path: &std::path::Path, reason: String| TlsError {
-        key,
-        path: path.to_path_buf(),
-        reason,
-    };
-    let certs = |key: &'static str, path: &std::path::Path| {
-        let certs = CertificateDer::pem_file_iter(path)
-            .and_then(|it| it.collect::<Result<Vec<_>, _>>())
-            .map_err(|e| fail(key, path, format!("cannot read PEM certificates: {e}")))?;
-        if certs.is_empty() {
-            return Err(fail(key, path, "holds no PEM certificate".into()));
-        }
-        Ok(certs)
-    };
-    let mut roots = rustls::RootCertStore::empty();
-    match &files.ca_file {
-        Some(path) => {
-            for cert in certs("redis.tls_ca_file", path)? {
-                roots.add(cert).map_err(|e| {
-                    fail(
-                        "redis.tls_ca_file",
-                        path,
-                        format!("not a CA certificate: {e}"),
-                    )
-                })?;
-            }
-        }
-        None => {
-            let native = rustls_native_certs::load_native_certs();
-            roots.add_parsable_certificates(native.certs);
-        }
-    }
+    let roots = roots(files.ca_file.as_deref())?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
@@ -86,5 +56,53 @@ pub fn tls_client_config(files: &TlsFiles) -> Result<rustls::ClientConfig, TlsEr
             })
         }
         _ => Ok(builder.with_no_client_auth()),
+    }
+}
+
+/// The certificates the server's must chain to: those of the CA file, else the system's.
+fn roots(ca_file: Option<&Path>) -> Result<rustls::RootCertStore, TlsError> {
+    let mut roots = rustls::RootCertStore::empty();
+    match ca_file {
+        Some(path) => {
+            for cert in certs("redis.tls_ca_file", path)? {
+                roots.add(cert).map_err(|e| {
+                    fail(
+                        "redis.tls_ca_file",
+                        path,
+                        format!("not a CA certificate: {e}"),
+                    )
+                })?;
+            }
+        }
+        None => {
+            let native = rustls_native_certs::load_native_certs();
+            roots.add_parsable_certificates(native.certs);
+        }
+    }
+    Ok(roots)
+}
+
+/// The PEM certificates in the file `path` (at least one), named by `key`.
+fn certs(
+    key: &'static str,
+    path: &Path,
+) -> Result<Vec<rustls::pki_types::CertificateDer<'static>>, TlsError> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::CertificateDer;
+
+    let certs = CertificateDer::pem_file_iter(path)
+        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| fail(key, path, format!("cannot read PEM certificates: {e}")))?;
+    if certs.is_empty() {
+        return Err(fail(key, path, "holds no PEM certificate".into()));
+    }
+    Ok(certs)
+}
+
+fn fail(key: &'static str, path: &Path, reason: String) -> TlsError {
+    TlsError {
+        key,
+        path: path.to_path_buf(),
+        reason,
     }
 }
