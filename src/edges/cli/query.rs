@@ -1,0 +1,133 @@
+//! `rollboard top|rank|around`: the read commands, answered at Redis's clock, and the
+//! checks of their board, scope and member arguments.
+
+use super::connect::connect;
+use super::output::print_page;
+use super::time::{as_of, show_time};
+use super::{Usage, EXIT_NOT_FOUND};
+use crate::config::Settings;
+use crate::domain::board::Board;
+use crate::domain::event::check_name;
+use crate::domain::ranking::{format_total, MemberRank};
+
+/// Looks up a board and checks the scope argument against it.
+pub fn resolve_board<'a>(
+    settings: &'a Settings,
+    name: &str,
+    scope: Option<&str>,
+) -> Result<&'a Board, Usage> {
+    let board = settings
+        .board(name)
+        .ok_or_else(|| Usage(format!("unknown board {name:?}")))?;
+    match (&board.scope, scope) {
+        (Some(field), None) => Err(Usage(format!(
+            "board {name} is scoped by `{field}`: give --scope"
+        ))),
+        (None, Some(_)) => Err(Usage(format!("board {name} is not scoped: drop --scope"))),
+        (_, Some(s)) => check_name(s.as_bytes())
+            .map(|_| board)
+            .map_err(|why| Usage(format!("scope {why}"))),
+        _ => Ok(board),
+    }
+}
+
+fn check_member(member: &str) -> Result<(), Usage> {
+    check_name(member.as_bytes())
+        .map(|_| ())
+        .map_err(|why| Usage(format!("member {why}")))
+}
+
+/// `top`: one page of the board's ranking.
+pub(super) async fn top(
+    settings: &Settings,
+    board: &str,
+    scope: Option<&str>,
+    limit: u64,
+    offset: u64,
+    json: bool,
+) -> anyhow::Result<u8> {
+    let board = resolve_board(settings, board, scope)?;
+    let store = connect(settings).await?;
+    let now = store.time_ms().await?;
+    let page = store.top(board, scope, offset, limit, now).await?;
+    print_page(&page, json)?;
+    Ok(0)
+}
+
+/// `rank`: one member's rank (exit 3 when it is not on the board).
+pub(super) async fn rank(
+    settings: &Settings,
+    board: &str,
+    member: &str,
+    scope: Option<&str>,
+    json: bool,
+) -> anyhow::Result<u8> {
+    let board = resolve_board(settings, board, scope)?;
+    check_member(member)?;
+    let store = connect(settings).await?;
+    let now = store.time_ms().await?;
+    let rank = store.rank(board, scope, member, now).await?;
+    let found = rank.is_ranked();
+    if json && found {
+        println!("{}", serde_json::to_string(&rank)?);
+    } else if json {
+        println!("{}", rank.not_on_board());
+    } else {
+        print_rank(&rank);
+    }
+    Ok(if found { 0 } else { EXIT_NOT_FOUND })
+}
+
+/// The text line of `rank`.
+fn print_rank(rank: &MemberRank) {
+    if let (Some(r), Some(c), Some(t)) = (rank.rank, rank.competition_rank, rank.total) {
+        println!(
+            "{} rank {r} (competition rank {c}) of {} on {}: total {}{}{}",
+            rank.member,
+            rank.count,
+            rank.board,
+            format_total(t, rank.scale),
+            rank.last_ts
+                .map(|ts| format!(", last {}", show_time(ts)))
+                .unwrap_or_default(),
+            as_of(rank.as_of)
+        );
+    } else {
+        println!(
+            "{} is not on {} ({} ranked)",
+            rank.member, rank.board, rank.count
+        );
+    }
+}
+
+/// `around`: the entries on each side of one member (exit 3 when it is not on the board).
+pub(super) async fn around(
+    settings: &Settings,
+    board: &str,
+    member: &str,
+    scope: Option<&str>,
+    radius: u64,
+    json: bool,
+) -> anyhow::Result<u8> {
+    let board = resolve_board(settings, board, scope)?;
+    check_member(member)?;
+    let store = connect(settings).await?;
+    let now = store.time_ms().await?;
+    match store.around(board, scope, member, radius, now).await? {
+        Ok(page) => {
+            print_page(&page, json)?;
+            Ok(0)
+        }
+        Err(missing) => {
+            if json {
+                println!("{}", missing.not_on_board());
+            } else {
+                println!(
+                    "{} is not on {} ({} ranked)",
+                    missing.member, missing.board, missing.count
+                );
+            }
+            Ok(EXIT_NOT_FOUND)
+        }
+    }
+}

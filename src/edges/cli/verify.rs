@@ -1,0 +1,184 @@
+//! `rollboard verify|rebuild`: stored rankings checked against their slices (a summary
+//! line naming the command that repairs each differing instance), and rebuilt from them.
+
+use super::connect::connect;
+use super::output::{shell_word, Progress};
+use super::query::resolve_board;
+use super::Usage;
+use crate::config::Settings;
+use crate::domain::board::Board;
+use crate::domain::ranking::format_total;
+use crate::roll;
+
+/// `rebuild`: recomputes the rankings of every instance of `board` (or of one scope).
+pub(super) async fn rebuild(
+    settings: &Settings,
+    board: &str,
+    scope: Option<String>,
+) -> anyhow::Result<u8> {
+    let b = settings
+        .board(board)
+        .ok_or_else(|| Usage(format!("unknown board {board:?}")))?;
+    if scope.is_some() {
+        resolve_board(settings, board, scope.as_deref())?;
+    }
+    let store = connect(settings).await?;
+    let scopes = match scope {
+        Some(s) => vec![Some(s)],
+        None => roll::instances(&store, b).await?,
+    };
+    let (mut instances, mut repaired, mut changed) = (0u64, 0u64, 0u64);
+    for scope in scopes {
+        let rebuilt = roll::rebuild(&store, b, scope.as_deref(), settings.schedule.chunk).await?;
+        let label = scope.map(|s| format!(" [{s}]")).unwrap_or_default();
+        println!(
+            "{}{label}: rebuilt, {} member(s), {} changed",
+            b.name, rebuilt.members, rebuilt.changed
+        );
+        if !rebuilt.estimated.is_empty() {
+            println!(
+                "{}{label}: the tie-break time of {} member(s) was lost and is now the end of their newest slice: {}",
+                b.name,
+                rebuilt.estimated.len(),
+                rebuilt.estimated.join(", ")
+            );
+        }
+        instances += 1;
+        changed += rebuilt.changed;
+        repaired += u64::from(rebuilt.changed > 0 || !rebuilt.estimated.is_empty());
+    }
+    println!(
+        "rebuilt {instances} instance(s) of {}: {repaired} repaired, {changed} member(s) changed",
+        b.name
+    );
+    Ok(0)
+}
+
+/// `verify`: checks every instance of every board (or of `board`); exit 1 when one fails.
+pub(super) async fn verify(
+    settings: &Settings,
+    board: Option<String>,
+    strict: bool,
+    json: bool,
+) -> anyhow::Result<u8> {
+    if let Some(name) = &board {
+        settings
+            .board(name)
+            .ok_or_else(|| Usage(format!("unknown board {name:?}")))?;
+    }
+    let store = connect(settings).await?;
+    let mut all = Vec::new();
+    for b in settings
+        .boards
+        .iter()
+        .filter(|b| board.as_ref().is_none_or(|n| *n == b.name))
+    {
+        for scope in roll::instances(&store, b).await? {
+            all.push((b, scope));
+        }
+    }
+    let mut progress = Progress::new(all.len());
+    let mut summary = VerifySummary::default();
+    for (b, scope) in all {
+        let v = roll::verify(&store, b, scope.as_deref(), settings.schedule.chunk).await?;
+        summary.add(&v, strict);
+        progress.step(summary.differing);
+        if json {
+            println!("{}", serde_json::to_string(&v)?);
+        } else {
+            print_verified(&v, b, strict);
+        }
+    }
+    progress.done();
+    if json {
+        println!("{}", serde_json::json!({ "summary": summary }));
+    } else {
+        println!("{}", summary.line());
+    }
+    Ok(u8::from(summary.failing > 0))
+}
+
+/// The text lines of one verified instance: its verdict, then one line per difference.
+fn print_verified(v: &roll::Verified, b: &Board, strict: bool) {
+    let label = v
+        .scope
+        .as_deref()
+        .map(|s| format!(" [{s}]"))
+        .unwrap_or_default();
+    let verdict = match (v.differences.is_empty(), v.fails(strict)) {
+        (true, _) => "ok".to_string(),
+        (false, true) => format!("DRIFT in {} member(s)", v.differences.len()),
+        (false, false) => format!(
+            "behind its slices by {} member(s), {} unit(s)",
+            v.differences.len(),
+            v.amount_behind
+        ),
+    };
+    println!(
+        "{}{label} ({}): {} member(s), {verdict}",
+        v.board, v.mode, v.members
+    );
+    for d in &v.differences {
+        let show = |t: Option<i64>| {
+            t.map(|t| format_total(t, b.scale))
+                .unwrap_or_else(|| "-".into())
+        };
+        println!(
+            "  {}: slices {} stored {}",
+            d.member,
+            show(d.expected),
+            show(d.stored)
+        );
+    }
+}
+
+/// What `verify` found over every instance it checked: its last output line (a
+/// `{"summary": ...}` line with `--json`).
+#[derive(Debug, Default, serde::Serialize)]
+struct VerifySummary {
+    /// Instances checked.
+    instances: u64,
+    /// Instances whose stored ranking differs from their slices.
+    differing: u64,
+    /// Of those, the ones that fail the check (drift; with `--strict`, lag too).
+    failing: u64,
+    /// Members that differ, over every instance.
+    members_differing: u64,
+    /// The commands that repair the differing instances.
+    repair: Vec<String>,
+}
+
+impl VerifySummary {
+    fn add(&mut self, v: &roll::Verified, strict: bool) {
+        self.instances += 1;
+        if v.differences.is_empty() {
+            return;
+        }
+        self.differing += 1;
+        self.failing += u64::from(v.fails(strict));
+        self.members_differing += v.differences.len() as u64;
+        let scope = v
+            .scope
+            .as_deref()
+            .map(|s| format!(" --scope {}", shell_word(s)))
+            .unwrap_or_default();
+        self.repair
+            .push(format!("rollboard rebuild {}{scope}", shell_word(&v.board)));
+    }
+
+    fn line(&self) -> String {
+        let head = format!(
+            "verified {} instance(s): {} differing ({} member(s)), {} failing",
+            self.instances, self.differing, self.members_differing, self.failing
+        );
+        match self.repair.as_slice() {
+            [] => head,
+            [one] => format!("{head}; repair with: {one}"),
+            many => format!(
+                "{head}; repair with: {} (and {} more, see above)",
+                many[0],
+                many.len() - 1
+            ),
+        }
+    }
+}

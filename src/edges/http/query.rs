@@ -1,0 +1,172 @@
+//! The query routes (`/v1/boards...`): the boards, a board's top, one member's rank and
+//! the entries around it, answered at Redis's clock, and the checks of their path and
+//! query parameters.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, RawQuery, State};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+
+use super::error::{redis, ApiError, ApiResult};
+use super::params::params;
+use super::AppState;
+use crate::domain::board::Board;
+use crate::domain::event::check_name;
+
+fn board<'a>(state: &'a AppState, name: &str) -> ApiResult<&'a Board> {
+    state.settings.board(name).ok_or_else(|| {
+        ApiError::NotFound(format!(
+            "unknown board {}",
+            crate::domain::event::shown(name.as_bytes())
+        ))
+    })
+}
+
+fn scope_of<'a>(board: &Board, params: &'a HashMap<String, String>) -> ApiResult<Option<&'a str>> {
+    let scope = params.get("scope").map(String::as_str);
+    match (&board.scope, scope) {
+        (Some(field), None) => Err(ApiError::BadRequest(format!(
+            "board {} is scoped by `{field}`: give ?scope=",
+            board.name
+        ))),
+        (None, Some(_)) => Err(ApiError::BadRequest(format!(
+            "board {} is not scoped: drop ?scope=",
+            board.name
+        ))),
+        (_, Some(s)) => check_name(s.as_bytes())
+            .map(Some)
+            .map_err(|why| ApiError::BadRequest(format!("scope {why}"))),
+        _ => Ok(None),
+    }
+}
+
+fn number(
+    params: &HashMap<String, String>,
+    name: &str,
+    default: u64,
+    range: std::ops::RangeInclusive<u64>,
+) -> ApiResult<u64> {
+    let Some(text) = params.get(name) else {
+        return Ok(default);
+    };
+    // The value is not echoed: it can be arbitrarily long.
+    text.parse::<u64>()
+        .ok()
+        .filter(|n| range.contains(n))
+        .ok_or_else(|| {
+            let to = match *range.end() {
+                u64::MAX => String::new(),
+                end => format!(" to {end}"),
+            };
+            ApiError::BadRequest(format!(
+                "{name} must be an integer from {}{to}",
+                range.start(),
+            ))
+        })
+}
+
+/// The path parameters, or a JSON 400 when they cannot be decoded (e.g. invalid UTF-8).
+fn path<T>(extracted: Result<Path<T>, PathRejection>) -> ApiResult<T> {
+    // The rejection's own text quotes the segment, which can be long: not echoed.
+    extracted.map(|Path(value)| value).map_err(|_| {
+        ApiError::BadRequest("invalid path: a segment is not UTF-8 once percent-decoded".into())
+    })
+}
+
+fn member_of(member: &str) -> ApiResult<&str> {
+    check_name(member.as_bytes()).map_err(|why| ApiError::BadRequest(format!("member {why}")))
+}
+
+/// `GET /v1/boards`: every configured board and its settings.
+pub(super) async fn boards(
+    State(state): State<Arc<AppState>>,
+    RawQuery(query): RawQuery,
+) -> ApiResult<Json<Value>> {
+    params(query, &[])?;
+    let list: Vec<Value> = state
+        .settings
+        .boards
+        .iter()
+        .map(|b| {
+            json!({
+                "name": b.name, "member": b.member, "scope": b.scope, "amount": b.amount,
+                "scale": b.scale, "window_ms": b.window_ms, "slice_ms": b.slice_ms,
+                "mode": b.mode.as_str(), "tie_break": b.tie_break.as_str(),
+                "allow_negative": b.allow_negative,
+            })
+        })
+        .collect();
+    Ok(Json(json!({ "boards": list })))
+}
+
+/// `GET /v1/boards/{board}/top`: one page of the ranking.
+pub(super) async fn top(
+    State(state): State<Arc<AppState>>,
+    name: Result<Path<String>, PathRejection>,
+    RawQuery(query): RawQuery,
+) -> ApiResult<Response> {
+    let name = path(name)?;
+    let params = params(query, &["limit", "offset", "scope"])?;
+    let b = board(&state, &name)?;
+    let scope = scope_of(b, &params)?;
+    let limit = number(&params, "limit", 10, 1..=1000)?;
+    let offset = number(&params, "offset", 0, 0..=u64::MAX)?;
+    let page = redis(
+        &state,
+        state.store.top(b, scope, offset, limit, state.clock.now()),
+    )
+    .await?;
+    Ok(Json(page).into_response())
+}
+
+/// `GET /v1/boards/{board}/members/{member}`: one member's rank (404 when not on the board).
+pub(super) async fn rank(
+    State(state): State<Arc<AppState>>,
+    names: Result<Path<(String, String)>, PathRejection>,
+    RawQuery(query): RawQuery,
+) -> ApiResult<Response> {
+    let (name, member) = path(names)?;
+    let params = params(query, &["scope"])?;
+    let b = board(&state, &name)?;
+    let scope = scope_of(b, &params)?;
+    let member = member_of(&member)?;
+    let rank = redis(
+        &state,
+        state.store.rank(b, scope, member, state.clock.now()),
+    )
+    .await?;
+    if !rank.is_ranked() {
+        return Err(ApiError::NotOnBoard(rank.not_on_board()));
+    }
+    Ok(Json(rank).into_response())
+}
+
+/// `GET /v1/boards/{board}/members/{member}/around`: the entries on each side of one
+/// member (404 when not on the board).
+pub(super) async fn around(
+    State(state): State<Arc<AppState>>,
+    names: Result<Path<(String, String)>, PathRejection>,
+    RawQuery(query): RawQuery,
+) -> ApiResult<Response> {
+    let (name, member) = path(names)?;
+    let params = params(query, &["radius", "scope"])?;
+    let b = board(&state, &name)?;
+    let scope = scope_of(b, &params)?;
+    let member = member_of(&member)?;
+    let radius = number(&params, "radius", 5, 0..=100)?;
+    match redis(
+        &state,
+        state
+            .store
+            .around(b, scope, member, radius, state.clock.now()),
+    )
+    .await?
+    {
+        Ok(page) => Ok(Json(page).into_response()),
+        Err(missing) => Err(ApiError::NotOnBoard(missing.not_on_board())),
+    }
+}
