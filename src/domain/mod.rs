@@ -6,5 +6,6 @@ pub mod clock;
 pub mod event;
 pub mod keys;
 pub mod partition;
+pub mod period;
 pub mod ranking;
 pub mod roles;
