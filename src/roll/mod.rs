@@ -1,11 +1,11 @@
 //! Keeping the window rolling (docs/design.md, *Writes*): incremental expiry, resummarize,
 //! rebuild and verify. Every function takes `now` as a parameter.
 //!
-//! * [`expire`]: one instance rolled: watermark raised, dead slices expired, due
-//!   idempotency keys forgotten ([`roll_instance`]).
-//! * [`resummarize`](mod@resummarize): the live slices summed again and swapped in whole.
-//! * [`verify`](mod@verify): an instance's ranking compared with its slices, or rebuilt
-//!   from them.
+//! * `expire.rs`: one instance rolled: watermark raised, dead slices expired, due
+//!   idempotency keys forgotten ([`roll_instance`], [`expire_fields`]).
+//! * `resummarize.rs`: the live slices summed again and swapped in whole ([`resummarize`]).
+//! * `verify.rs`: an instance's ranking compared with its slices ([`verify`]), or rebuilt
+//!   from them ([`rebuild`]).
 //!
 //! This file holds the jobs: [`run_once`] over the boards, [`roll_board`] over the
 //! instances of one board.
