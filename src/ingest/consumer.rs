@@ -1,7 +1,7 @@
 //! The Redis Stream consumer: read a batch with XREADGROUP, validate, group by board
 //! instance, apply (one script call per instance, pipelined), dead-letter what is
-//! malformed, and XACK only after all of that succeeded. The stream commands themselves
-//! live in [`crate::ingest::stream`].
+//! malformed, and XACK only after all of that succeeded. The stages of one batch live in
+//! [`crate::ingest::batch`], the stream commands themselves in [`crate::ingest::stream`].
 //!
 //! One [`Ingest`] reads one stream key (one partition, see `ingest.partitions`) with its own
 //! reader connection; the daemon runs one per partition, so every daemon reads every
@@ -23,27 +23,24 @@
 //! consumer name that never comes back (a replaced pod) would otherwise leave its last
 //! batch to wait for another replica's `claim_idle`.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fred::prelude::*;
-use futures_util::future::join_all;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
+
+pub use crate::ingest::batch::{process_batch, Held, APPLY_ATTEMPTS};
 
 use crate::config::IngestSettings;
 use crate::domain::board::Board;
 use crate::domain::clock::Clock;
-use crate::domain::event::{parse_entry, Reason, Rejection};
 use crate::ingest::stream::{self, ensure_group};
-use crate::ingest::stream::{group_info, DeadLetter, Entry};
-use crate::metrics::{Metrics, Skip};
-use crate::store::{ApplyEvent, Outcome, Store, StoreError};
-
-/// A board instance: board index and scope value.
-type Instance = (usize, Option<String>);
+use crate::ingest::stream::{group_info, Entry};
+use crate::metrics::Metrics;
+use crate::store::{Store, StoreError};
 
 /// Rounds of the drain before exiting; each reads up to one batch of this consumer's own
 /// pending entries (normally there are none left).
@@ -135,6 +132,64 @@ impl Holding {
     }
 }
 
+/// The wait after the first failed (or stalled) step in a row; doubled up to
+/// [`BACKOFF_MAX`].
+const BACKOFF_FIRST: Duration = Duration::from_millis(100);
+/// The longest wait after a failed (or stalled) step.
+const BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// What the consumer loop carries from one step to the next.
+struct Progress {
+    /// A pass over this consumer's own pending entries goes on: they are read before new ones.
+    backlog: bool,
+    /// Where the pass goes on: after this entry (`0`: from the start).
+    pass: String,
+    /// Entries held by an outage, and when to try them again.
+    holding: Holding,
+    /// The wait after the next failed (or stalled) step.
+    backoff: Duration,
+    /// When idle entries were last claimed.
+    last_claim: Option<Instant>,
+    /// A batch read while the previous one was applied: the next step processes it.
+    ahead: Option<Vec<Entry>>,
+    /// When the stream was last trimmed.
+    last_trim: Option<Instant>,
+}
+
+impl Progress {
+    /// The loop's start: a pass over the own pending entries first.
+    fn new() -> Self {
+        Progress {
+            backlog: true,
+            pass: "0".to_string(),
+            holding: Holding::new(),
+            backoff: BACKOFF_FIRST,
+            last_claim: None,
+            ahead: None,
+            last_trim: None,
+        }
+    }
+
+    /// Starts a pass over the own pending entries from the first.
+    fn restart_pass(&mut self) {
+        self.backlog = true;
+        self.pass = "0".to_string();
+    }
+}
+
+/// Waits `backoff`, then doubles it (up to [`BACKOFF_MAX`]); false when `cancel` fired
+/// first.
+async fn back_off(backoff: &mut Duration, cancel: &CancellationToken) -> bool {
+    // Cancel-safe: nothing is in flight during the back-off, and both futures can be
+    // dropped at any point.
+    tokio::select! {
+        _ = cancel.cancelled() => return false,
+        _ = tokio::time::sleep(*backoff) => {}
+    }
+    *backoff = (*backoff * 2).min(BACKOFF_MAX);
+    true
+}
+
 impl Ingest {
     /// A consumer reading the first partition with its own connection `reader`
     /// (XREADGROUP blocks it); see [`Ingest::reading`] for the others.
@@ -193,103 +248,111 @@ impl Ingest {
     /// clean exit leaves nothing of ours pending.
     pub async fn run(self, cancel: CancellationToken) {
         let reconnects = self.watch_reconnects();
-        let mut backlog = true;
-        let mut pass = "0".to_string();
-        let mut holding = Holding::new();
-        let mut backoff = Duration::from_millis(100);
-        let mut last_claim: Option<Instant> = None;
-        let mut ahead: Option<Vec<Entry>> = None;
-        let mut last_trim: Option<Instant> = None;
+        let mut progress = Progress::new();
         while !cancel.is_cancelled() {
-            let stepped = self
-                .step(
-                    (&mut backlog, &mut pass),
-                    &mut holding,
-                    &mut last_claim,
-                    &mut ahead,
-                    &cancel,
-                )
-                .await;
-            match stepped {
-                Ok(_) if holding.stalled => {
-                    holding.stalled = false;
-                    self.metrics
-                        .consumer_step(holding.error.as_ref().map(|e| e as _));
-                    if let Some(e) = &holding.error {
-                        self.metrics.redis_error(e);
-                        warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "consumer step met an outage; nothing unapplied was acked");
-                    }
-                    // Cancel-safe, as the back-off after an error below.
-                    tokio::select! {
-                        _ = cancel.cancelled() => break,
-                        _ = tokio::time::sleep(backoff) => {}
-                    }
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
-                }
-                Ok(busy) => {
-                    backoff = Duration::from_millis(100);
-                    self.metrics
-                        .consumer_step(holding.error.as_ref().map(|e| e as _));
-                    if last_trim.is_none_or(|t| t.elapsed() >= TRIM_EVERY) {
-                        self.trim().await;
-                        last_trim = Some(Instant::now());
-                    }
-                    if self.retired && !busy && !backlog {
-                        match self.finished().await {
-                            Ok(true) => {
-                                info!(stream = %self.stream, "retired partition drained");
-                                // No consumer reads it after this one: trim what it acked
-                                // last, whatever the time since the previous trim.
-                                self.trim().await;
-                                break;
-                            }
-                            Ok(false) => {}
-                            Err(e) => self.metrics.redis_error(&e),
-                        }
-                    }
-                }
-                Err(e) => {
-                    ahead = None;
-                    self.metrics.redis_error(&e);
-                    self.metrics.consumer_step(Some(&e));
-                    if e.to_string().contains("NOGROUP") {
-                        self.group_ready.store(false, Ordering::SeqCst);
-                    }
-                    warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "consumer step failed; nothing unapplied was acked");
-                    // Whatever was read stays pending for us: re-read it before new entries.
-                    backlog = true;
-                    pass = "0".to_string();
-                    // Cancel-safe: nothing is in flight during the back-off, and both
-                    // futures can be dropped at any point.
-                    tokio::select! {
-                        _ = cancel.cancelled() => break,
-                        _ = tokio::time::sleep(backoff) => {}
-                    }
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
-                }
+            let stepped = self.step(&mut progress, &cancel).await;
+            let go_on = match stepped {
+                Ok(_) if progress.holding.stalled => self.stalled(&mut progress, &cancel).await,
+                Ok(busy) => self.stepped(&mut progress, busy).await,
+                Err(e) => self.failed(&mut progress, e, &cancel).await,
+            };
+            if !go_on {
+                break;
             }
         }
-        // A batch read ahead just before the signal is finished too, not left to redelivery.
-        if let Some(entries) = ahead {
-            match self.process(entries).await {
-                Ok(held) if held.entries > 0 => {
-                    warn!(
-                        entries = held.entries,
-                        "part of the last batch met an outage; it stays pending and is redelivered"
-                    );
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    self.metrics.redis_error(&e);
-                    warn!(error = %e, "last batch not applied; it stays pending and is redelivered");
-                }
-            }
-        }
+        self.finish_ahead(progress.ahead).await;
         self.drain().await;
         reconnects.abort();
         info!("consumer stopped");
     }
 
+    /// After a step whose batch held every entry it had: waits as after a failed step.
+    /// False when the loop ends.
+    async fn stalled(&self, progress: &mut Progress, cancel: &CancellationToken) -> bool {
+        let holding = &mut progress.holding;
+        holding.stalled = false;
+        self.metrics
+            .consumer_step(holding.error.as_ref().map(|e| e as _));
+        if let Some(e) = &holding.error {
+            self.metrics.redis_error(e);
+            warn!(error = %e, retry_in_ms = progress.backoff.as_millis() as u64, "consumer step met an outage; nothing unapplied was acked");
+        }
+        back_off(&mut progress.backoff, cancel).await
+    }
+
+    /// After a step that went through (`busy`: it had something to do): trims when due,
+    /// and leaves a retired partition once it is finished. False when the loop ends.
+    async fn stepped(&self, progress: &mut Progress, busy: bool) -> bool {
+        progress.backoff = BACKOFF_FIRST;
+        self.metrics
+            .consumer_step(progress.holding.error.as_ref().map(|e| e as _));
+        if progress.last_trim.is_none_or(|t| t.elapsed() >= TRIM_EVERY) {
+            self.trim().await;
+            progress.last_trim = Some(Instant::now());
+        }
+        if self.retired && !busy && !progress.backlog {
+            return !self.retired_drained().await;
+        }
+        true
+    }
+
+    /// After a failed step: whatever was read stays pending for us, and is re-read before
+    /// new entries after a back-off. False when the loop ends.
+    async fn failed(
+        &self,
+        progress: &mut Progress,
+        e: StoreError,
+        cancel: &CancellationToken,
+    ) -> bool {
+        progress.ahead = None;
+        self.metrics.redis_error(&e);
+        self.metrics.consumer_step(Some(&e));
+        if e.to_string().contains("NOGROUP") {
+            self.group_ready.store(false, Ordering::SeqCst);
+        }
+        warn!(error = %e, retry_in_ms = progress.backoff.as_millis() as u64, "consumer step failed; nothing unapplied was acked");
+        // Whatever was read stays pending for us: re-read it before new entries.
+        progress.restart_pass();
+        back_off(&mut progress.backoff, cancel).await
+    }
+
+    /// Whether this retired partition is finished; if so, trims it a last time.
+    async fn retired_drained(&self) -> bool {
+        match self.finished().await {
+            Ok(true) => {
+                info!(stream = %self.stream, "retired partition drained");
+                // No consumer reads it after this one: trim what it acked last, whatever
+                // the time since the previous trim.
+                self.trim().await;
+                true
+            }
+            Ok(false) => false,
+            Err(e) => {
+                self.metrics.redis_error(&e);
+                false
+            }
+        }
+    }
+
+    /// A batch read ahead just before the signal is finished too, not left to redelivery.
+    async fn finish_ahead(&self, ahead: Option<Vec<Entry>>) {
+        let Some(entries) = ahead else {
+            return;
+        };
+        match self.process(entries).await {
+            Ok(held) if held.entries > 0 => {
+                warn!(
+                    entries = held.entries,
+                    "part of the last batch met an outage; it stays pending and is redelivered"
+                );
+            }
+            Ok(_) => {}
+            Err(e) => {
+                self.metrics.redis_error(&e);
+                warn!(error = %e, "last batch not applied; it stays pending and is redelivered");
+            }
+        }
+    }
     /// Flags every (re)connection of the reader: a reply lost with the old connection may
     /// have carried entries that are now pending for this consumer, so the next step reads
     /// its own pending list first.
@@ -360,15 +423,12 @@ impl Ingest {
         );
     }
 
-    /// One step: a batch of the own pending entries while `backlog` is set (a pass from
-    /// the entry after `pass`, see [`Holding`]), else a claim when due and one batch of new
-    /// entries. Returns whether there was anything to do.
+    /// One step: a batch of the own pending entries while a pass over them goes on (see
+    /// [`Holding`]), else a claim when due and one batch of new entries. Returns whether
+    /// there was anything to do.
     async fn step(
         &self,
-        (backlog, pass): (&mut bool, &mut String),
-        holding: &mut Holding,
-        last_claim: &mut Option<Instant>,
-        ahead: &mut Option<Vec<Entry>>,
+        progress: &mut Progress,
         cancel: &CancellationToken,
     ) -> Result<bool, StoreError> {
         if !self.group_ready.load(Ordering::SeqCst) {
@@ -376,46 +436,72 @@ impl Ingest {
             self.group_ready.store(true, Ordering::SeqCst);
         }
         if self.reader_reconnected.swap(false, Ordering::SeqCst) {
-            *backlog = true;
-            *pass = "0".to_string();
+            progress.restart_pass();
         }
         // Entries held by an outage are tried again in a pass over the own pending entries,
         // never while a batch read ahead (pending for us as well) waits to be processed.
-        if !*backlog && ahead.is_none() && holding.due() {
-            holding.retry_at = None;
-            *backlog = true;
-            *pass = "0".to_string();
+        if !progress.backlog && progress.ahead.is_none() && progress.holding.due() {
+            progress.holding.retry_at = None;
+            progress.restart_pass();
         }
-        if *backlog {
-            let entries = self.read(pass, None).await?;
-            match entries.last() {
-                None => {
-                    *backlog = false;
-                    *pass = "0".to_string();
-                    holding.pass_ended();
-                }
-                Some(last) => {
-                    // Held entries stay pending: the pass goes on after them, not again.
-                    let last = last.id.clone();
-                    debug!(entries = entries.len(), "re-processing own pending entries");
-                    holding.note(self.process(entries).await?);
-                    // A pass is paced by its own back-off, not batch by batch: the entries
-                    // after the held ones, and the new ones after the pass, wait for it.
-                    holding.stalled = false;
-                    *pass = last;
-                }
-            }
+        if progress.backlog {
+            self.pass_step(progress).await?;
             return Ok(true);
         }
+        self.claim_when_due(progress).await?;
+        self.new_step(progress, cancel).await
+    }
+
+    /// One batch of the pass over the own pending entries, from the entry after
+    /// `progress.pass`; the pass ends when there is none left.
+    async fn pass_step(&self, progress: &mut Progress) -> Result<(), StoreError> {
+        let entries = self.read(&progress.pass, None).await?;
+        let Some(last) = entries.last() else {
+            progress.backlog = false;
+            progress.pass = "0".to_string();
+            progress.holding.pass_ended();
+            return Ok(());
+        };
+        // Held entries stay pending: the pass goes on after them, not again.
+        let last = last.id.clone();
+        debug!(entries = entries.len(), "re-processing own pending entries");
+        progress.holding.note(self.process(entries).await?);
+        // A pass is paced by its own back-off, not batch by batch: the entries after the
+        // held ones, and the new ones after the pass, wait for it.
+        progress.holding.stalled = false;
+        progress.pass = last;
+        Ok(())
+    }
+
+    /// Claims idle entries of other consumers, at most every half `claim_idle`.
+    async fn claim_when_due(&self, progress: &mut Progress) -> Result<(), StoreError> {
         let claim_every = (self.settings.claim_idle / 2).max(Duration::from_millis(100));
-        if last_claim.is_none_or(|t| t.elapsed() >= claim_every) {
+        if progress
+            .last_claim
+            .is_none_or(|t| t.elapsed() >= claim_every)
+        {
             // The batch read ahead is ours and about to be processed: a claim must not
             // process it a second time (it may have been idle past claim_idle while the
             // previous batch was applied, or retried).
-            let held: HashSet<&str> = ahead.iter().flatten().map(|e| e.id.as_str()).collect();
-            self.claim(&held, holding).await?;
-            *last_claim = Some(Instant::now());
+            let held: HashSet<&str> = progress
+                .ahead
+                .iter()
+                .flatten()
+                .map(|e| e.id.as_str())
+                .collect();
+            self.claim(&held, &mut progress.holding).await?;
+            progress.last_claim = Some(Instant::now());
         }
+        Ok(())
+    }
+
+    /// One batch of new entries (the one read ahead, if any), processed while the next
+    /// is read. Returns whether there was one.
+    async fn new_step(
+        &self,
+        progress: &mut Progress,
+        cancel: &CancellationToken,
+    ) -> Result<bool, StoreError> {
         let block = self.settings.block.as_millis() as u64;
         // Deliberately not raced against `cancel`: `XREADGROUP >` is not cancel-safe. Once it
         // is sent, Redis may deliver entries into this consumer's pending list at any moment;
@@ -429,7 +515,7 @@ impl Ingest {
             }
             self.read(">", Some(block)).await
         };
-        let entries = match ahead.take() {
+        let entries = match progress.ahead.take() {
             Some(entries) => entries,
             None => read_new().await?,
         };
@@ -440,14 +526,13 @@ impl Ingest {
         // side to fetch and decode it. If anything fails, both batches stay pending for
         // this consumer and are re-read as backlog.
         let (processed, next) = tokio::join!(self.process(entries), read_new());
-        holding.note(processed?);
+        progress.holding.note(processed?);
         let next = next?;
         if !next.is_empty() {
-            *ahead = Some(next);
+            progress.ahead = Some(next);
         }
         Ok(true)
     }
-
     /// Whether a retired partition is finished: nothing of the group pending there and
     /// nothing undelivered.
     async fn finished(&self) -> Result<bool, StoreError> {
@@ -534,301 +619,4 @@ impl Ingest {
         }
         outcome
     }
-}
-
-/// The whole of one batch of `stream`, independent of how it was read: validate, apply,
-/// dead-letter, ack. Returns after the XACK; on error nothing is acked. An event one of
-/// whose instances met an outage is neither acked nor dead-lettered: its entry stays
-/// pending (see [`Held`]) while the rest of the batch is acked, so that one master out of
-/// service holds back only the events that touch it.
-pub async fn process_batch(
-    store: &Store,
-    boards: &[Board],
-    settings: &IngestSettings,
-    metrics: &Metrics,
-    stream: &str,
-    entries: &[Entry],
-    now: i64,
-) -> Result<Held, StoreError> {
-    // (position in the batch, dead letter): written in stream order.
-    let mut dead: Vec<(usize, DeadLetter)> = Vec::new();
-    let mut events = Vec::new();
-    for (position, entry) in entries.iter().enumerate() {
-        let Some(fields) = &entry.fields else {
-            warn!(id = %entry.id, "pending entry was deleted from the stream; acking it");
-            continue;
-        };
-        match parse_entry(
-            fields,
-            stream,
-            &settings.stream,
-            &entry.id,
-            boards,
-            now,
-            settings.max_future_ms,
-        ) {
-            Ok(event) => events.push((position, entry, event)),
-            Err(rejection) => dead.push((
-                position,
-                DeadLetter {
-                    fields: fields.clone(),
-                    source_id: entry.id.clone(),
-                    source_stream: stream.to_string(),
-                    rejection,
-                },
-            )),
-        }
-    }
-
-    // One batch per board instance, events in stream order; remember where each went.
-    let mut groups: BTreeMap<Instance, Vec<(usize, ApplyEvent)>> = BTreeMap::new();
-    for (k, (_, _, event)) in events.iter().enumerate() {
-        for u in &event.updates {
-            groups.entry((u.board, u.scope.clone())).or_default().push((
-                k,
-                ApplyEvent {
-                    id: event.id.clone(),
-                    ts: event.ts,
-                    member: u.member.clone(),
-                    amount: u.amount,
-                },
-            ));
-        }
-    }
-    let batches: Vec<(&Board, Option<&str>, Vec<ApplyEvent>)> = groups
-        .iter()
-        .map(|((b, scope), evs)| {
-            (
-                &boards[*b],
-                scope.as_deref(),
-                evs.iter().map(|(_, e)| e.clone()).collect(),
-            )
-        })
-        .collect();
-    let outcomes = apply_with_retries(store, metrics, &batches, now).await;
-    // The dead letter of valid event `k` (its position in the batch first, for ordering).
-    let letter = |k: usize, reason: Reason, detail: String| {
-        let (position, entry, _) = events[k];
-        (
-            position,
-            DeadLetter {
-                fields: entry.fields.clone().unwrap_or_default(),
-                source_id: entry.id.clone(),
-                source_stream: stream.to_string(),
-                rejection: Rejection::new(reason, detail),
-            },
-        )
-    };
-
-    // Valid events left pending by an outage of one of their instances, and that outage.
-    let mut held = vec![false; events.len()];
-    let mut held_by: Option<StoreError> = None;
-    let mut late = vec![0usize; events.len()];
-    let mut late_boards: Vec<Vec<&str>> = vec![Vec::new(); events.len()];
-    let mut tally: BTreeMap<&str, [u64; 3]> = BTreeMap::new();
-    for (((b, scope), evs), results) in groups.iter().zip(&outcomes) {
-        let board = &boards[*b];
-        let instance = stream::instance_label(&board.name, scope.as_deref());
-        let results = match results {
-            Ok(results) => results,
-            Err(outage) if outage.is_outage() => {
-                warn!(board = %board.name, scope = scope.as_deref(), events = evs.len(), error = %outage, "apply of a board instance met an outage; its events stay pending and are retried");
-                for (k, _) in evs {
-                    held[*k] = true;
-                }
-                held_by.get_or_insert_with(|| outage.clone());
-                continue;
-            }
-            Err(failure) => {
-                let how = if metrics.is_failing(&board.name, scope.as_deref()) {
-                    "again"
-                } else {
-                    "through every retry"
-                };
-                metrics.apply_gave_up(&board.name, scope.as_deref(), evs.len());
-                for (k, _) in evs {
-                    dead.push(letter(
-                        *k,
-                        Reason::ApplyFailed,
-                        format!(
-                            "{instance}: apply failed {how}: {failure}; applied to the other boards only"
-                        ),
-                    ));
-                }
-                continue;
-            }
-        };
-        let counts = tally.entry(board.name.as_str()).or_default();
-        for ((k, _), outcome) in evs.iter().zip(results) {
-            match outcome {
-                Outcome::Applied => counts[0] += 1,
-                Outcome::Duplicate => counts[1] += 1,
-                Outcome::Late => {
-                    counts[2] += 1;
-                    late[*k] += 1;
-                    late_boards[*k].push(board.name.as_str());
-                }
-                Outcome::Overflow => dead.push(letter(
-                    *k,
-                    Reason::Overflow,
-                    format!(
-                        "{instance}: the total would pass 2^53-1; applied to the other boards only"
-                    ),
-                )),
-            }
-        }
-    }
-    for (name, [applied, duplicate, late]) in &tally {
-        metrics.applied(name, *applied);
-        metrics.skipped(name, Skip::Duplicate, *duplicate);
-        metrics.skipped(name, Skip::Late, *late);
-    }
-    for (k, (_, _, event)) in events.iter().enumerate() {
-        if !held[k] && late[k] > 0 && late[k] == event.updates.len() {
-            dead.push(letter(
-                k,
-                Reason::Late,
-                format!(
-                    "ts {} is outside the window of every board it matches ({})",
-                    event.ts,
-                    late_boards[k].join(", ")
-                ),
-            ));
-        }
-    }
-    // A held event is dead-lettered (overflow, apply_failed) only once it is applied
-    // everywhere else, by the try that acks it: a letter now would be written again then.
-    let held_at: HashSet<usize> = events
-        .iter()
-        .zip(&held)
-        .filter(|(_, held)| **held)
-        .map(|((position, _, _), _)| *position)
-        .collect();
-    dead.retain(|(position, _)| !held_at.contains(position));
-    dead.sort_by_key(|(position, _)| *position);
-    let dead: Vec<DeadLetter> = dead.into_iter().map(|(_, d)| d).collect();
-
-    if !dead.is_empty() {
-        stream::dead_letter(store.client(), settings, &dead).await?;
-        for d in &dead {
-            warn!(source_id = %d.source_id, source_stream = %d.source_stream, reason = %d.rejection.reason, detail = %d.rejection.detail, "event dead-lettered");
-            metrics.dead_lettered(d.rejection.reason);
-        }
-    }
-    // Every entry but those of a held event: those stay pending, to be applied later.
-    let held_ids: HashSet<&str> = events
-        .iter()
-        .zip(&held)
-        .filter(|(_, held)| **held)
-        .map(|((_, entry, _), _)| entry.id.as_str())
-        .collect();
-    let acked: Vec<&str> = entries
-        .iter()
-        .map(|e| e.id.as_str())
-        .filter(|id| !held_ids.contains(id))
-        .collect();
-    if !acked.is_empty() {
-        // Nothing is acked before enough replicas hold what this batch wrote.
-        // (The instances, and the registry of each scope the batch registered; not those
-        // that met an outage: they wrote nothing, and their master may be out of reach.)
-        let mut written: Vec<String> = groups
-            .keys()
-            .zip(&outcomes)
-            .filter(|(_, outcome)| !outcome.as_ref().is_err_and(StoreError::is_outage))
-            .flat_map(|((b, scope), _)| {
-                let board = &boards[*b];
-                let registry = scope.as_ref().map(|_| store.keys().scopes(&board.name));
-                std::iter::once(store.instance(board, scope.as_deref()).meta()).chain(registry)
-            })
-            .collect();
-        if !dead.is_empty() {
-            written.push(settings.dead_letter_stream.clone());
-        }
-        store.confirm_writes(&written).await?;
-        stream::ack(store.client(), settings, stream, &acked).await?;
-    }
-    Ok(Held {
-        entries: held_ids.len(),
-        acked: acked.len(),
-        error: held_by,
-    })
-}
-
-/// What a batch left pending because an instance it touched met an outage.
-#[derive(Debug, Default)]
-pub struct Held {
-    /// Entries left pending (not acked, not dead-lettered), to be applied later.
-    pub entries: usize,
-    /// Entries acked.
-    pub acked: usize,
-    /// The first outage met, when any entry was held.
-    pub error: Option<StoreError>,
-}
-
-/// Attempts an instance's apply gets when it fails for a reason other than an outage,
-/// before its events are dead-lettered (`apply_failed`). An instance that already failed
-/// this way gets one attempt per batch until it succeeds again, so a broken board holds
-/// the other boards' events back for at most one retry sequence.
-pub const APPLY_ATTEMPTS: u32 = 5;
-/// Wait before the first retry; doubled for each next one (0.1 + 0.2 + 0.4 + 0.8 s).
-const RETRY_DELAY: Duration = Duration::from_millis(100);
-
-/// Applies every instance's share of a batch, concurrently; the outcome of each, in
-/// order. An outage ([`StoreError::is_outage`]: Redis unreachable, out of memory, unable
-/// to persist, a replica, ...) is returned at once in its instance's place: the caller
-/// leaves that instance's events pending, never dead-letters them. Any other failure
-/// proves the instance's data wrong; it is retried (see [`APPLY_ATTEMPTS`]) and then
-/// returned in the instance's place, for its events to be dead-lettered.
-async fn apply_with_retries(
-    store: &Store,
-    metrics: &Metrics,
-    batches: &[(&Board, Option<&str>, Vec<ApplyEvent>)],
-    now: i64,
-) -> Vec<Result<Vec<Outcome>, StoreError>> {
-    let mut results: Vec<Option<Result<Vec<Outcome>, StoreError>>> =
-        batches.iter().map(|_| None).collect();
-    let mut todo: Vec<usize> = (0..batches.len()).collect();
-    let mut delay = RETRY_DELAY;
-    for attempt in 1..=APPLY_ATTEMPTS {
-        let outs = join_all(todo.iter().map(|&i| {
-            let (board, scope, events) = &batches[i];
-            store.apply(board, *scope, events, now)
-        }))
-        .await;
-        let mut again = Vec::new();
-        for (i, out) in todo.iter().copied().zip(outs) {
-            let (board, scope, _) = &batches[i];
-            match out {
-                Ok(outcomes) => {
-                    metrics.apply_ok(&board.name, *scope);
-                    results[i] = Some(Ok(outcomes));
-                }
-                // Not retried here: Redis (or the one master holding this instance) cannot
-                // serve it now, and the instance's events stay pending for a later try.
-                Err(e) if e.is_outage() => results[i] = Some(Err(e)),
-                Err(e) => {
-                    metrics.apply_failed(&board.name, *scope, &e);
-                    if attempt == APPLY_ATTEMPTS || metrics.is_failing(&board.name, *scope) {
-                        results[i] = Some(Err(e));
-                    } else {
-                        again.push(i);
-                    }
-                }
-            }
-        }
-        if again.is_empty() {
-            break;
-        }
-        tokio::time::sleep(delay).await;
-        delay *= 2;
-        todo = again;
-    }
-    results
-        .into_iter()
-        .map(|r| r.unwrap_or_else(|| Err(reply_missing())))
-        .collect()
-}
-
-fn reply_missing() -> StoreError {
-    StoreError::Reply("apply: no attempt was made".into())
 }

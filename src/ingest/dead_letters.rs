@@ -28,7 +28,7 @@ use fred::prelude::*;
 
 use crate::config::IngestSettings;
 use crate::domain::board::Board;
-use crate::domain::event::{parse_entry, Field, Reason, Rejection};
+use crate::domain::event::{parse_entry, Event, Field, Reason, Rejection};
 use crate::ingest::stream::{self, instance_label, refused_by, DeadLetter, RESERVED};
 use crate::store::{redirected, ApplyEvent, Outcome, Store, StoreError};
 
@@ -286,6 +286,9 @@ impl Target<'_> {
     }
 }
 
+/// The one instance (board name, scope) a letter goes to, when only one refused it.
+type Only<'l> = Option<(&'l String, &'l Option<String>)>;
+
 /// Replays letters against the configured boards.
 pub struct Replayer<'a> {
     store: &'a Store,
@@ -330,49 +333,11 @@ impl<'a> Replayer<'a> {
     /// The instances `letter` goes to, each with the event as the consumer applied it, or
     /// why it cannot go anywhere.
     fn targets(&self, letter: &Letter) -> Result<Vec<Target<'a>>, String> {
-        let source_stream = letter
-            .source_stream
-            .as_deref()
-            .unwrap_or(&self.ingest.stream);
-        let primary = if self.bare_keys {
-            source_stream
-        } else {
-            &self.ingest.stream
-        };
-        let parse = |boards: &[Board]| {
-            parse_entry(
-                &letter.fields,
-                source_stream,
-                primary,
-                &letter.source_id,
-                boards,
-                self.now,
-                self.ingest.max_future_ms,
-            )
-            .map_err(|r| r.to_string())
-        };
-        let (boards, only) = match letter.reason() {
-            None => return Err(format!("unknown reason {:?}", letter.reason)),
-            Some(Reason::Overflow | Reason::ApplyFailed) => {
-                let (name, scope) = letter
-                    .refused_by
-                    .as_ref()
-                    .ok_or("its detail names no board instance")?;
-                let board = self
-                    .boards
-                    .iter()
-                    .find(|b| &b.name == name)
-                    .ok_or_else(|| format!("board {name} is not configured"))?;
-                // Validated for the refusing board alone: the others have it already, and
-                // may have changed since.
-                (std::slice::from_ref(board), Some((name, scope)))
-            }
-            Some(_) => (self.boards, None),
-        };
+        let (boards, only) = self.judged_by(letter)?;
         if letter.source_id.is_empty() {
             return Err("the letter has no source_id".into());
         }
-        let event = parse(boards)?;
+        let event = self.parse(letter, boards)?;
         let targets: Vec<Target> = event
             .updates
             .into_iter()
@@ -395,6 +360,52 @@ impl<'a> Replayer<'a> {
             ));
         }
         Ok(targets)
+    }
+
+    /// The boards `letter` is validated for, and the one instance it goes to when a single
+    /// instance refused it (`overflow`, `apply_failed`); or why it cannot be replayed.
+    fn judged_by<'l>(&self, letter: &'l Letter) -> Result<(&'a [Board], Only<'l>), String> {
+        match letter.reason() {
+            None => Err(format!("unknown reason {:?}", letter.reason)),
+            Some(Reason::Overflow | Reason::ApplyFailed) => {
+                let (name, scope) = letter
+                    .refused_by
+                    .as_ref()
+                    .ok_or("its detail names no board instance")?;
+                let board = self
+                    .boards
+                    .iter()
+                    .find(|b| &b.name == name)
+                    .ok_or_else(|| format!("board {name} is not configured"))?;
+                // Validated for the refusing board alone: the others have it already, and
+                // may have changed since.
+                Ok((std::slice::from_ref(board), Some((name, scope))))
+            }
+            Some(_) => Ok((self.boards, None)),
+        }
+    }
+
+    /// The letter's event validated again for `boards`, keyed as the consumer keyed it.
+    fn parse(&self, letter: &Letter, boards: &[Board]) -> Result<Event, String> {
+        let source_stream = letter
+            .source_stream
+            .as_deref()
+            .unwrap_or(&self.ingest.stream);
+        let primary = if self.bare_keys {
+            source_stream
+        } else {
+            &self.ingest.stream
+        };
+        parse_entry(
+            &letter.fields,
+            source_stream,
+            primary,
+            &letter.source_id,
+            boards,
+            self.now,
+            self.ingest.max_future_ms,
+        )
+        .map_err(|r| r.to_string())
     }
 
     /// Replays every letter of the dead-letter stream that `selection` takes, oldest first,
@@ -433,90 +444,67 @@ impl<'a> Replayer<'a> {
         if self.dry_run {
             return Ok(Replay::Would(targets.iter().map(Target::label).collect()));
         }
-        let mut applied = Vec::new();
-        let mut taken = Vec::new();
-        let mut refusals = Vec::new();
-        let mut letters = Vec::new();
-        let mut relettered = Vec::new();
+        let mut tried = Tried::default();
         for t in &targets {
-            let outcome = match self
-                .store
-                .apply(
-                    t.board,
-                    t.scope.as_deref(),
-                    std::slice::from_ref(&t.event),
-                    self.now,
-                )
-                .await
-            {
-                // Redis as a whole is failing: stop, the letter stays for the next run.
-                Err(e) if e.is_outage() => return Err(e),
-                outcome => outcome,
-            };
-            let refused = |reason: Reason, detail: String| {
-                (
-                    format!("{reason}: {detail}"),
-                    Rejection::new(reason, detail),
-                )
-            };
-            let refusal = match outcome.as_deref() {
-                Ok([Outcome::Applied]) => {
-                    applied.push(t.label());
-                    taken.push(t);
-                    continue;
-                }
-                Ok([Outcome::Duplicate]) => {
-                    taken.push(t);
-                    continue;
-                }
-                Ok([Outcome::Late]) => {
-                    refusals.push(format!(
-                        "late: ts {} is outside the window of {}",
-                        t.event.ts,
-                        t.label()
-                    ));
-                    continue;
-                }
-                Ok([Outcome::Overflow]) => refused(
-                    Reason::Overflow,
-                    format!(
-                        "{}: the total would pass 2^53-1; applied to the other boards only",
-                        t.label()
-                    ),
-                ),
-                Ok(other) => {
-                    return Err(StoreError::Reply(format!(
-                        "apply: one outcome expected, got {other:?}"
-                    )))
-                }
-                Err(e) => refused(
-                    Reason::ApplyFailed,
-                    format!(
-                        "{}: apply failed on replay: {e}; applied to the other boards only",
-                        t.label()
-                    ),
-                ),
-            };
-            refusals.push(refusal.0);
-            relettered.push(format!("{} {}", refusal.1.reason, t.label()));
-            letters.push(DeadLetter {
-                fields: letter.fields.clone(),
-                source_id: letter.source_id.clone(),
-                source_stream: letter
-                    .source_stream
-                    .clone()
-                    .unwrap_or_else(|| self.ingest.stream.clone()),
-                rejection: refusal.1,
-            });
+            let outcome = self.apply(t).await?;
+            if let Some(rejection) = tried.note(t, outcome)? {
+                tried.letters.push(self.reletter(letter, rejection));
+            }
         }
-        if taken.is_empty() {
-            return Ok(Replay::Refused(refusals.join("; ")));
+        if tried.taken.is_empty() {
+            return Ok(Replay::Refused(tried.refusals.join("; ")));
         }
+        self.take(letter, &tried).await?;
+        if tried.applied.is_empty() {
+            return Ok(Replay::Duplicate);
+        }
+        Ok(Replay::Replayed {
+            applied: tried.applied,
+            relettered: tried.relettered,
+        })
+    }
+
+    /// Applies the letter's event to one instance; an outage is returned as the error
+    /// (Redis as a whole is failing: the letter stays for the next run), any other
+    /// failure as the outcome.
+    async fn apply(&self, t: &Target<'_>) -> Result<Result<Vec<Outcome>, StoreError>, StoreError> {
+        let outcome = self
+            .store
+            .apply(
+                t.board,
+                t.scope.as_deref(),
+                std::slice::from_ref(&t.event),
+                self.now,
+            )
+            .await;
+        match outcome {
+            Err(e) if e.is_outage() => Err(e),
+            outcome => Ok(outcome),
+        }
+    }
+
+    /// A new letter for the event of `letter`, refused by one instance on replay.
+    fn reletter(&self, letter: &Letter, rejection: Rejection) -> DeadLetter {
+        DeadLetter {
+            fields: letter.fields.clone(),
+            source_id: letter.source_id.clone(),
+            source_stream: letter
+                .source_stream
+                .clone()
+                .unwrap_or_else(|| self.ingest.stream.clone()),
+            rejection,
+        }
+    }
+
+    /// Settles a letter some instance took: writes the new letters of the instances that
+    /// refused it, waits until enough replicas hold all that was written, then deletes it.
+    async fn take(&self, letter: &Letter, tried: &Tried<'_, '_>) -> Result<(), StoreError> {
         // As the consumer: the instances that refused the event get letters of their own,
         // written before this one is deleted. A crash in between leaves both; a new run
         // writes the new ones again, and every copy names the event by the same key, so
         // replaying them all still counts it once per instance.
-        let mut written: Vec<String> = taken
+        let mut written: Vec<String> = tried
+            .taken
             .iter()
             .flat_map(|t| {
                 let registry = t
@@ -527,21 +515,89 @@ impl<'a> Replayer<'a> {
                     .chain(registry)
             })
             .collect();
-        if !letters.is_empty() {
-            stream::dead_letter(self.store.client(), self.ingest, &letters).await?;
+        if !tried.letters.is_empty() {
+            stream::dead_letter(self.store.client(), self.ingest, &tried.letters).await?;
             written.push(self.ingest.dead_letter_stream.clone());
         }
         self.store.confirm_writes(&written).await?;
         let stream = self.ingest.dead_letter_stream.as_str();
         let _: i64 =
             redirected(|| self.store.client().xdel(stream, letter.entry_id.as_str())).await?;
-        if applied.is_empty() {
-            return Ok(Replay::Duplicate);
-        }
-        Ok(Replay::Replayed {
-            applied,
-            relettered,
-        })
+        Ok(())
+    }
+}
+
+/// What the instances a letter went to made of it.
+#[derive(Default)]
+struct Tried<'t, 'b> {
+    /// The instances that counted it now.
+    applied: Vec<String>,
+    /// The instances that counted it, now or before.
+    taken: Vec<&'t Target<'b>>,
+    /// Why each instance that did not count it refused it.
+    refusals: Vec<String>,
+    /// New letters for the instances that refused it for good.
+    letters: Vec<DeadLetter>,
+    /// The reason and instance of each new letter (`overflow board b`).
+    relettered: Vec<String>,
+}
+
+impl<'t, 'b> Tried<'t, 'b> {
+    /// Notes what the apply to `t` said; the rejection to write a new letter for, when
+    /// `t` refused the event as the consumer would have dead-lettered it.
+    fn note(
+        &mut self,
+        t: &'t Target<'b>,
+        outcome: Result<Vec<Outcome>, StoreError>,
+    ) -> Result<Option<Rejection>, StoreError> {
+        let refused = |reason: Reason, detail: String| {
+            (
+                format!("{reason}: {detail}"),
+                Rejection::new(reason, detail),
+            )
+        };
+        let refusal = match outcome.as_deref() {
+            Ok([Outcome::Applied]) => {
+                self.applied.push(t.label());
+                self.taken.push(t);
+                return Ok(None);
+            }
+            Ok([Outcome::Duplicate]) => {
+                self.taken.push(t);
+                return Ok(None);
+            }
+            Ok([Outcome::Late]) => {
+                self.refusals.push(format!(
+                    "late: ts {} is outside the window of {}",
+                    t.event.ts,
+                    t.label()
+                ));
+                return Ok(None);
+            }
+            Ok([Outcome::Overflow]) => refused(
+                Reason::Overflow,
+                format!(
+                    "{}: the total would pass 2^53-1; applied to the other boards only",
+                    t.label()
+                ),
+            ),
+            Ok(other) => {
+                return Err(StoreError::Reply(format!(
+                    "apply: one outcome expected, got {other:?}"
+                )))
+            }
+            Err(e) => refused(
+                Reason::ApplyFailed,
+                format!(
+                    "{}: apply failed on replay: {e}; applied to the other boards only",
+                    t.label()
+                ),
+            ),
+        };
+        self.refusals.push(refusal.0);
+        self.relettered
+            .push(format!("{} {}", refusal.1.reason, t.label()));
+        Ok(Some(refusal.1))
     }
 }
 

@@ -4,9 +4,13 @@
 //!
 //! * [`stream`]: the stream commands (append, read, claim, ack, trim, group state).
 //! * [`intake`]: one path from a request body or an input line to appended entries.
-//! * [`consumer`]: the consumer loop: read, group, apply, ack, reclaim, dead-letter.
+//! * [`consumer`]: the consumer loop: read, reclaim, process, trim, hold back on an outage,
+//!   drain on shutdown.
+//! * [`batch`]: one batch in stages: parse, group per board instance, apply, settle,
+//!   dead-letter, ack.
 //! * [`dead_letters`]: the dead-letter stream read back and replayed.
 
+pub mod batch;
 pub mod consumer;
 pub mod dead_letters;
 pub mod intake;

@@ -1,0 +1,217 @@
+//! Incremental expiry of one board instance: raise its watermark, expire every dead slice
+//! in bounded chunks, forget the idempotency keys that are due, and drop an emptied scope.
+//!
+//! Expiry is exactly-once by construction: the watermark is raised before a slice is
+//! touched (so no event can land in it), the worker only *lists* field names with HSCAN,
+//! and each chunk script reads, subtracts and deletes those fields atomically, skipping
+//! any that a concurrent or crashed roller already handled.
+
+use futures_util::StreamExt;
+use tokio_util::sync::CancellationToken;
+
+use crate::domain::board::{Board, Mode};
+use crate::roll::resummarize::resummarize;
+use crate::roll::{Report, RollError};
+use crate::store::{Store, EXPIRE_CALL_FIELDS, TRIM_CALL_IDS, TRIM_CALL_LOG};
+
+/// Expiry calls of one instance in flight at once: Redis runs the next while the worker
+/// reads a reply, yet other clients' commands still get in between two bounded calls.
+const EXPIRE_CALLS_IN_FLIGHT: usize = 2;
+
+/// Rolls one instance: raise the watermark to at least `target` (the board's watermark
+/// after [`Store::raise_floor`] at `now`), expire every dead slice in chunks (oldest
+/// first, catching up on any missed run), forget due idempotency keys, and for
+/// resummarize boards rebuild the ranking from the live slices.
+#[allow(clippy::too_many_arguments)]
+pub async fn roll_instance(
+    store: &Store,
+    board: &Board,
+    scope: Option<&str>,
+    now: i64,
+    target: i64,
+    chunk: usize,
+    cancel: &CancellationToken,
+    report: &mut Report,
+) -> Result<(), RollError> {
+    report.instances += 1;
+    let (watermark, dead) = store.raise_watermark(board, scope, target, now).await?;
+    report.expired_through = Some(watermark);
+    for n in dead {
+        expire_slice(store, board, scope, n, now, chunk, cancel, report).await?;
+    }
+    forget_seen(store, board, scope, now, chunk, cancel, report).await?;
+    if board.mode == Mode::Resummarize
+        && resummarize(store, board, scope, watermark, now, chunk).await?
+    {
+        report.resummed += 1;
+    }
+    if let Some(scope) = scope {
+        if store.cleanup(board, Some(scope)).await?
+            && store.unregister_scope(board, scope, watermark).await?
+        {
+            report.scopes_removed += 1;
+        }
+    }
+    Ok(())
+}
+
+/// Forgets the idempotency keys of every registered slice whose ids may be forgotten at
+/// `now`, draining each slice's forget log in bounded calls, and the legacy raw ids that
+/// are due. (A dead slice's log is drained by [`expire_slice`] before it drops the slice.)
+async fn forget_seen(
+    store: &Store,
+    board: &Board,
+    scope: Option<&str>,
+    now: i64,
+    chunk: usize,
+    cancel: &CancellationToken,
+    report: &mut Report,
+) -> Result<(), RollError> {
+    let per_call = chunk.clamp(1, TRIM_CALL_IDS);
+    let mut due = store
+        .forgettable_slices(board, scope, now)
+        .await?
+        .into_iter();
+    let mut slice = due.next();
+    loop {
+        let trimmed = store.trim_seen(board, scope, slice, now, per_call).await?;
+        report.ids_forgotten += trimmed.legacy + trimmed.digests;
+        if trimmed.taken < TRIM_CALL_LOG as u64 {
+            slice = due.next();
+        }
+        if slice.is_none() && trimmed.legacy < per_call as u64 {
+            return Ok(());
+        }
+        if cancel.is_cancelled() {
+            return Err(RollError::Cancelled);
+        }
+    }
+}
+
+/// Expires dead slice `n` whole: its fields, then its idempotency keys, then its
+/// registration.
+#[allow(clippy::too_many_arguments)]
+async fn expire_slice(
+    store: &Store,
+    board: &Board,
+    scope: Option<&str>,
+    n: i64,
+    now: i64,
+    chunk: usize,
+    cancel: &CancellationToken,
+    report: &mut Report,
+) -> Result<(), RollError> {
+    // One full HSCAN pass returns every field present for its whole duration, and no field
+    // can be added (the watermark is above n), so a pass normally empties the slice; the
+    // loop only repeats when a concurrent roller raced us on the same fields.
+    loop {
+        expire_pass(store, board, scope, n, chunk, cancel, report).await?;
+        // The slice's idempotency keys go before its registration: the forget log is
+        // found through the registry.
+        forget_slice(store, board, scope, n, now, chunk, cancel, report).await?;
+        if store.drop_slice(board, scope, n).await? {
+            report.slices_expired += 1;
+            return Ok(());
+        }
+    }
+}
+
+/// One full HSCAN pass over dead slice `n`, expiring each page's fields.
+#[allow(clippy::too_many_arguments)]
+async fn expire_pass(
+    store: &Store,
+    board: &Board,
+    scope: Option<&str>,
+    n: i64,
+    chunk: usize,
+    cancel: &CancellationToken,
+    report: &mut Report,
+) -> Result<(), RollError> {
+    let key = store.instance(board, scope).slice(n);
+    let mut cursor = "0".to_string();
+    loop {
+        if cancel.is_cancelled() {
+            return Err(RollError::Cancelled);
+        }
+        let (next, page) = store.scan("HSCAN", &key, &cursor, chunk).await?;
+        let names: Vec<String> = page.into_iter().map(|(member, _)| member).collect();
+        expire_fields(
+            store,
+            board,
+            scope,
+            n,
+            &names,
+            EXPIRE_CALL_FIELDS,
+            cancel,
+            report,
+        )
+        .await?;
+        if next == "0" {
+            return Ok(());
+        }
+        cursor = next;
+    }
+}
+
+/// Drains the forget log of dead slice `n` in bounded calls.
+#[allow(clippy::too_many_arguments)]
+async fn forget_slice(
+    store: &Store,
+    board: &Board,
+    scope: Option<&str>,
+    n: i64,
+    now: i64,
+    chunk: usize,
+    cancel: &CancellationToken,
+    report: &mut Report,
+) -> Result<(), RollError> {
+    let per_call = chunk.clamp(1, TRIM_CALL_IDS);
+    loop {
+        let trimmed = store
+            .trim_seen(board, scope, Some(n), now, per_call)
+            .await?;
+        report.ids_forgotten += trimmed.legacy + trimmed.digests;
+        if trimmed.taken < TRIM_CALL_LOG as u64 {
+            return Ok(());
+        }
+        if cancel.is_cancelled() {
+            return Err(RollError::Cancelled);
+        }
+    }
+}
+
+/// Expires the fields `names` of dead slice `n` in script calls of at most `per_call`
+/// fields each, a few in flight at once. Each call claims its fields atomically, so the
+/// order of the calls does not matter and a stop between two of them (cancellation, a
+/// crash, a failed call) leaves every field either expired once or still in the slice for
+/// the next roll.
+#[allow(clippy::too_many_arguments)]
+pub async fn expire_fields(
+    store: &Store,
+    board: &Board,
+    scope: Option<&str>,
+    n: i64,
+    names: &[String],
+    per_call: usize,
+    cancel: &CancellationToken,
+    report: &mut Report,
+) -> Result<(), RollError> {
+    // Collected first: a lazily mapped stream of borrowing futures is not provably `Send`
+    // to the spawned job that awaits it.
+    let calls: Vec<_> = names
+        .chunks(per_call.max(1))
+        .map(|part| async move {
+            if cancel.is_cancelled() {
+                return Err(RollError::Cancelled);
+            }
+            Ok(store.expire_chunk(board, scope, n, part).await?)
+        })
+        .collect();
+    let mut calls = futures_util::stream::iter(calls).buffered(EXPIRE_CALLS_IN_FLIGHT);
+    while let Some(done) = calls.next().await {
+        let done = done?;
+        report.fields_expired += done.fields;
+        report.members_removed += done.members_removed;
+    }
+    Ok(())
+}

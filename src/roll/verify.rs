@@ -1,0 +1,249 @@
+//! Checking and repairing an instance's derived state against its slices: [`verify`]
+//! compares the stored ranking with the sums, [`rebuild`] recomputes and swaps it in.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::Serialize;
+
+use crate::domain::board::{Board, Mode};
+use crate::roll::resummarize::{ranking_targets, replace, staged, sum_slices};
+use crate::roll::RollError;
+use crate::store::{StageTargets, Staged, Store, SwapCheck};
+
+/// Most times a gen-checked recomputation is retried while ingest keeps changing it.
+const MAX_ATTEMPTS: usize = 8;
+
+/// What a rebuild of one instance did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Rebuilt {
+    /// Members with slice data (all now ranked by their exact totals).
+    pub members: u64,
+    /// Members whose stored total the rebuild changed (added, removed or corrected).
+    pub changed: u64,
+    /// Members whose tie-break time was lost and is now estimated (see [`rebuild`]).
+    pub estimated: Vec<String>,
+}
+
+/// One member whose stored total differs from its slices.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Drift {
+    /// The member.
+    pub member: String,
+    /// Total over the live slices (null: in no live slice).
+    pub expected: Option<i64>,
+    /// Total in the stored ranking (null: not stored).
+    pub stored: Option<i64>,
+}
+
+/// The outcome of verifying one instance.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Verified {
+    /// Board name.
+    pub board: String,
+    /// Scope value.
+    pub scope: Option<String>,
+    /// `incremental` or `resummarize`.
+    pub mode: &'static str,
+    /// Members compared.
+    pub members: u64,
+    /// Every difference (incremental: drift; resummarize: how far behind the result is).
+    pub differences: Vec<Drift>,
+    /// Sum of the absolute differences, in minor units.
+    pub amount_behind: i128,
+}
+
+impl Verified {
+    /// Whether this instance fails verification (`strict` also fails lagging resummarize).
+    pub fn fails(&self, strict: bool) -> bool {
+        !self.differences.is_empty() && (strict || self.mode == Mode::Incremental.as_str())
+    }
+}
+
+/// Recomputes an instance's derived state from its slices and the tie-break times in
+/// `members`: on incremental boards the ranking holds every slice field not yet expired
+/// (a roll cancelled between chunks leaves a dead slice partly subtracted, and the next
+/// roll finishes it), so it is the sum of every registered slice; on resummarize boards the
+/// ranking is the sum of the live slices and the `totals` bookkeeping that of every slice.
+/// Retries while ingest changes the instance underneath.
+///
+/// A member that holds slice data but has lost its `members` entry (the source of its
+/// tie-break time) is restored with the last millisecond of its newest slice as that
+/// time, and listed in [`Rebuilt::estimated`]: its total is exact, its place among equal
+/// totals may not be.
+pub async fn rebuild(
+    store: &Store,
+    board: &Board,
+    scope: Option<&str>,
+    chunk: usize,
+) -> Result<Rebuilt, RollError> {
+    // A member repaired by an attempt whose swap was refused (the repair itself moves
+    // `gen`) is known to `members` at the next attempt: it counts as estimated all the same.
+    let mut estimated_all: Vec<String> = Vec::new();
+    for _ in 0..MAX_ATTEMPTS {
+        let (watermark, gen) = store.meta(board, scope).await?;
+        let every = staged(
+            board,
+            sum_slices(store, board, scope, None, chunk).await?,
+            true,
+        )?;
+        let before: BTreeMap<String, i64> = store
+            .result_entries(board, scope)
+            .await?
+            .into_iter()
+            .collect();
+        let (swapped, estimated, ranked) = match board.mode {
+            Mode::Incremental => swap_every(store, board, scope, &every, &gen, chunk).await?,
+            Mode::Resummarize => {
+                swap_live(store, board, scope, &every, (watermark, &gen), chunk).await?
+            }
+        };
+        estimated_all.extend(estimated);
+        if swapped {
+            estimated_all.sort();
+            estimated_all.dedup();
+            let (changed, _) = drift(&ranked, &before);
+            return Ok(Rebuilt {
+                members: every.len() as u64,
+                changed: changed.len() as u64,
+                estimated: estimated_all,
+            });
+        }
+    }
+    Err(RollError::Busy(board.name.clone()))
+}
+
+/// Whether a rebuild's swap landed, the members it restored, and the ranking it swapped
+/// in (member -> total).
+type Swapped = (bool, Vec<String>, BTreeMap<String, i64>);
+
+/// The rebuild of an incremental instance: every registered slice, summed, becomes the
+/// ranking, unless `gen` moved since it was read.
+async fn swap_every(
+    store: &Store,
+    board: &Board,
+    scope: Option<&str>,
+    every: &[Staged],
+    gen: &str,
+    chunk: usize,
+) -> Result<Swapped, RollError> {
+    let targets = StageTargets {
+        result: true,
+        refs: board.allow_negative,
+        ..StageTargets::default()
+    };
+    let check = SwapCheck {
+        gen: Some(gen),
+        ..SwapCheck::default()
+    };
+    let (swapped, estimated) =
+        replace(store, board, scope, &[(targets, every)], chunk, check).await?;
+    Ok((swapped, estimated, totals(every, false)))
+}
+
+/// The rebuild of a resummarize instance: every registered slice becomes the `totals`
+/// bookkeeping and the live slices (above the watermark read with `gen`) the ranking.
+async fn swap_live(
+    store: &Store,
+    board: &Board,
+    scope: Option<&str>,
+    every: &[Staged],
+    (watermark, gen): (Option<i64>, &str),
+    chunk: usize,
+) -> Result<Swapped, RollError> {
+    let live = staged(
+        board,
+        sum_slices(store, board, scope, watermark, chunk).await?,
+        true,
+    )?;
+    let bookkeeping = StageTargets {
+        refs: board.allow_negative,
+        totals: true,
+        ..StageTargets::default()
+    };
+    // The swap records `gen` as the sum's (it is current when the check passes), so a run
+    // that summed before it is refused; no run time is recorded, so the next resummarize
+    // run sums again all the same.
+    let check = SwapCheck {
+        gen: Some(gen),
+        watermark,
+        summed_at: None,
+    };
+    let parts = [(bookkeeping, every), (ranking_targets(), live.as_slice())];
+    let (swapped, estimated) = replace(store, board, scope, &parts, chunk, check).await?;
+    Ok((swapped, estimated, totals(&live, true)))
+}
+
+/// Member -> total of `rows` (with `positive`, only positive totals: what a ranking holds).
+fn totals(rows: &[Staged], positive: bool) -> BTreeMap<String, i64> {
+    rows.iter()
+        .filter(|r| !positive || r.total > 0)
+        .map(|r| (r.member.clone(), r.total))
+        .collect()
+}
+
+/// Compares an instance's stored ranking with its slices: on incremental boards with the
+/// sum of every registered slice (fields of dead slices count until their chunk is
+/// expired), on resummarize boards with the sum of the live slices.
+pub async fn verify(
+    store: &Store,
+    board: &Board,
+    scope: Option<&str>,
+    chunk: usize,
+) -> Result<Verified, RollError> {
+    for _ in 0..MAX_ATTEMPTS {
+        let (watermark, gen) = store.meta(board, scope).await?;
+        let above = match board.mode {
+            Mode::Incremental => None,
+            Mode::Resummarize => watermark,
+        };
+        let sums = staged(
+            board,
+            sum_slices(store, board, scope, above, chunk).await?,
+            false,
+        )?;
+        let stored: BTreeMap<String, i64> = store
+            .result_entries(board, scope)
+            .await?
+            .into_iter()
+            .collect();
+        if store.meta(board, scope).await?.1 != gen && board.mode == Mode::Incremental {
+            continue;
+        }
+        let expected = totals(&sums, board.mode == Mode::Resummarize);
+        let names = expected
+            .keys()
+            .chain(stored.keys())
+            .collect::<BTreeSet<_>>()
+            .len();
+        let (differences, amount_behind) = drift(&expected, &stored);
+        return Ok(Verified {
+            board: board.name.clone(),
+            scope: scope.map(str::to_string),
+            mode: board.mode.as_str(),
+            members: names as u64,
+            differences,
+            amount_behind,
+        });
+    }
+    Err(RollError::Busy(board.name.clone()))
+}
+
+/// Every member whose total differs between `expected` and `stored`, and the sum of the
+/// absolute differences.
+fn drift(expected: &BTreeMap<String, i64>, stored: &BTreeMap<String, i64>) -> (Vec<Drift>, i128) {
+    let mut differences = Vec::new();
+    let mut amount: i128 = 0;
+    let names: BTreeSet<&String> = expected.keys().chain(stored.keys()).collect();
+    for member in names {
+        let (e, s) = (expected.get(member).copied(), stored.get(member).copied());
+        if e != s {
+            amount += (i128::from(e.unwrap_or(0)) - i128::from(s.unwrap_or(0))).abs();
+            differences.push(Drift {
+                member: member.clone(),
+                expected: e,
+                stored: s,
+            });
+        }
+    }
+    (differences, amount)
+}
