@@ -95,17 +95,18 @@ impl Board {
         ts.div_euclid(self.slice_ms)
     }
 
-    /// The last dead slice at `now` given the stored watermark: slices at or below it are
-    /// outside the window.
-    pub fn horizon(&self, now: i64, expired_through: Option<i64>) -> i64 {
+    /// The watermark at `now`: the last dead slice, slices at or below it being outside the
+    /// window: the stored watermark (the `expired_through` field) or the clock's, whichever
+    /// is later.
+    pub fn watermark_at(&self, now: i64, stored: Option<i64>) -> i64 {
         let by_clock = self.slice_of(now) - self.slices_in_window();
-        expired_through.map_or(by_clock, |w| w.max(by_clock))
+        stored.map_or(by_clock, |w| w.max(by_clock))
     }
 
-    /// The earliest time at which the clock alone puts the horizon at `expired_through`:
+    /// The earliest time at which the clock alone puts the watermark at `watermark`:
     /// judging events at this time or later is judging them against that watermark.
-    pub fn horizon_time(&self, expired_through: i64) -> i64 {
-        expired_through
+    pub fn time_of_watermark(&self, watermark: i64) -> i64 {
+        watermark
             .saturating_add(self.slices_in_window())
             .saturating_mul(self.slice_ms)
     }
@@ -115,12 +116,12 @@ impl Board {
     /// is forgotten only once events of its slice can no longer be applied.
     pub fn is_late(&self, ts: i64, now: i64, expired_through: Option<i64>) -> bool {
         let slice = self.slice_of(ts);
-        slice <= self.horizon(now, expired_through) || slice <= self.forgettable_through(now)
+        slice <= self.watermark_at(now, expired_through) || slice <= self.forgettable_through(now)
     }
 
     /// Start (inclusive) and end (exclusive) of the live range in epoch ms.
     pub fn live_range(&self, now: i64, expired_through: Option<i64>) -> (i64, i64) {
-        let from = (self.horizon(now, expired_through) + 1) * self.slice_ms;
+        let from = (self.watermark_at(now, expired_through) + 1) * self.slice_ms;
         (from, from + self.window_ms)
     }
 
@@ -281,9 +282,9 @@ mod tests {
         assert!(!b.is_late(7_000, now, Some(2)));
         assert_eq!(b.live_range(now, Some(8)), (9_000, 13_000));
         // The clock reaches a watermark at the start of the slice N after it.
-        assert_eq!(b.horizon_time(8), 12_000);
-        assert_eq!(b.horizon(b.horizon_time(8), None), 8);
-        assert_eq!(b.horizon(b.horizon_time(8) - 1, None), 7);
+        assert_eq!(b.time_of_watermark(8), 12_000);
+        assert_eq!(b.watermark_at(b.time_of_watermark(8), None), 8);
+        assert_eq!(b.watermark_at(b.time_of_watermark(8) - 1, None), 7);
     }
 
     #[test]

@@ -242,8 +242,11 @@ pub fn parse_ts(value: &[u8]) -> Result<i64, String> {
     Ok(ts)
 }
 
-/// Validates the time-independent parts of an event against every board it matches.
-pub fn validate(fields: &[Field], boards: &[Board]) -> Result<Validated, Rejection> {
+/// The boards whose member, amount and scope fields the event has, with their indexes.
+fn matched_boards<'b>(
+    fields: &[Field],
+    boards: &'b [Board],
+) -> Result<Vec<(usize, &'b Board)>, Rejection> {
     let matched: Vec<(usize, &Board)> = boards
         .iter()
         .enumerate()
@@ -261,6 +264,33 @@ pub fn validate(fields: &[Field], boards: &[Board]) -> Result<Validated, Rejecti
             "the event matches no board (member, amount or scope field missing)",
         ));
     }
+    Ok(matched)
+}
+
+/// The event's `id`, if it has one: 1 to [`MAX_ID_BYTES`] bytes of UTF-8.
+fn id_of(fields: &[Field]) -> Result<Option<String>, Rejection> {
+    Ok(match field(fields, "id") {
+        None => None,
+        Some(raw) => {
+            let text = std::str::from_utf8(raw)
+                .map_err(|_| Rejection::new(Reason::Id, "field `id` is not valid UTF-8"))?;
+            if text.is_empty() || text.len() > MAX_ID_BYTES {
+                return Err(Rejection::new(
+                    Reason::Id,
+                    format!(
+                        "field `id` is {} bytes long, it must be 1 to {MAX_ID_BYTES}",
+                        text.len()
+                    ),
+                ));
+            }
+            Some(text.to_string())
+        }
+    })
+}
+
+/// Validates the time-independent parts of an event against every board it matches.
+pub fn validate(fields: &[Field], boards: &[Board]) -> Result<Validated, Rejection> {
+    let matched = matched_boards(fields, boards)?;
     let name_of = |name: &str, reason: Reason| -> Result<String, Rejection> {
         let value = field(fields, name).unwrap_or_default();
         check_name(value)
@@ -278,23 +308,7 @@ pub fn validate(fields: &[Field], boards: &[Board]) -> Result<Validated, Rejecti
             None => None,
         });
     }
-    let id = match field(fields, "id") {
-        None => None,
-        Some(raw) => {
-            let text = std::str::from_utf8(raw)
-                .map_err(|_| Rejection::new(Reason::Id, "field `id` is not valid UTF-8"))?;
-            if text.is_empty() || text.len() > MAX_ID_BYTES {
-                return Err(Rejection::new(
-                    Reason::Id,
-                    format!(
-                        "field `id` is {} bytes long, it must be 1 to {MAX_ID_BYTES}",
-                        text.len()
-                    ),
-                ));
-            }
-            Some(text.to_string())
-        }
-    };
+    let id = id_of(fields)?;
     let mut amounts = Vec::with_capacity(matched.len());
     for (_, b) in &matched {
         let raw = field(fields, &b.amount).unwrap_or_default();

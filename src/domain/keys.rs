@@ -320,6 +320,13 @@ impl InstanceKeys {
     }
 }
 
+/// A token no other, in this process or another, is taken for: a v7 UUID (time, counter
+/// and random bits) as 32 hex digits, so it holds no `:`. It names scratch keys and
+/// chains of calls.
+pub fn unique_token() -> String {
+    uuid::Uuid::now_v7().simple().to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

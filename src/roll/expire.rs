@@ -19,7 +19,7 @@ use crate::store::{Store, EXPIRE_CALL_FIELDS, TRIM_CALL_IDS, TRIM_CALL_LOG};
 const EXPIRE_CALLS_IN_FLIGHT: usize = 2;
 
 /// Rolls one instance: raise the watermark to at least `target` (the board's watermark
-/// after [`Store::raise_floor`] at `now`), expire every dead slice in chunks (oldest
+/// after [`Store::raise_board_watermark`] at `now`), expire every dead slice in chunks (oldest
 /// first, catching up on any missed run), forget due idempotency keys, and for
 /// resummarize boards rebuild the ranking from the live slices.
 #[allow(clippy::too_many_arguments)]

@@ -211,7 +211,7 @@ pub async fn roll_board(
     cancel: &CancellationToken,
 ) -> Result<Report, RollError> {
     let target = store
-        .raise_floor(board, board.slice_of(now) - board.slices_in_window(), now)
+        .raise_board_watermark(board, board.slice_of(now) - board.slices_in_window(), now)
         .await?;
     let outcomes: Vec<(Option<String>, Result<Report, RollError>)> =
         futures_util::stream::iter(instances(store, board).await?)

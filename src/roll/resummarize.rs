@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, HashMap};
 use tracing::debug;
 
 use crate::domain::board::{Board, MAX_TOTAL};
+use crate::domain::keys::unique_token;
 use crate::roll::RollError;
 use crate::store::{StageTargets, Staged, Store, StoreError, SwapCheck, STAGE_CALL_ROWS};
 
@@ -92,12 +93,6 @@ pub(crate) fn staged(board: &Board, sums: Sums, repair: bool) -> Result<Vec<Stag
         .collect()
 }
 
-/// The token naming the scratch keys of one run: a v7 UUID (time, counter and random
-/// bits), so that no other run's, in this process or another, is taken for it.
-fn token() -> String {
-    uuid::Uuid::now_v7().simple().to_string()
-}
-
 /// Writes each part's rows into the scratch keys of one run and swaps them all in at
 /// once; false when the swap was refused (see [`SwapCheck`]). Also returns the members
 /// whose lost `members` entry was restored (see [`Staged::fallback_ts`]).
@@ -109,7 +104,7 @@ pub(crate) async fn replace(
     chunk: usize,
     check: SwapCheck<'_>,
 ) -> Result<(bool, Vec<String>), StoreError> {
-    let token = token();
+    let token = unique_token();
     let mut all = StageTargets::default();
     let mut repaired = Vec::new();
     let outcome = async {

@@ -8,10 +8,11 @@ use fred::types::{ClusterHash, CustomCommand};
 use futures_util::future::join_all;
 
 use super::{
-    as_array, as_i64, mode_flag, negative_flag, parse_floor, reply_err, tie_flag, Store, StoreError,
+    as_array, as_i64, mode_flag, negative_flag, parse_watermark, reply_err, tie_flag, Store,
+    StoreError,
 };
 use crate::domain::board::Board;
-use crate::domain::keys::InstanceKeys;
+use crate::domain::keys::{unique_token, InstanceKeys};
 
 /// What became of one event at one board instance.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -207,12 +208,6 @@ enum Folded {
     Slow,
     /// It did not run: the call it was chained after was not judged (nothing was written).
     NotRun,
-}
-
-/// A chain token (see [`FoldCall::chained`]): a v7 UUID (time, counter and random bits),
-/// so that no other call's token, in this process or another, is taken for it.
-fn chain_token() -> String {
-    uuid::Uuid::now_v7().simple().to_string()
 }
 
 /// `events` cut into the chunks of successive [`fold_call`]s (see [`fold_chunk_len`]).
@@ -492,11 +487,11 @@ impl Store {
                 vec!["expired_through", "last_roll"],
             )
             .await?;
-        let (_, (floor, rolled)): (Value, (Option<String>, Option<String>)) =
+        let (_, (watermark, rolled)): (Value, (Option<String>, Option<String>)) =
             pipeline.all().await?;
         let mut now = now;
-        if let Some(floor) = parse_floor(floor)? {
-            now = now.max(board.horizon_time(floor));
+        if let Some(watermark) = parse_watermark(watermark)? {
+            now = now.max(board.time_of_watermark(watermark));
         }
         // Time never goes back: the board's last roll time is a floor too (the instance's
         // own is read by the script).
@@ -572,7 +567,7 @@ impl Store {
         if let [chunk] = chunks {
             return vec![self.fold(client, call(chunk)).await];
         }
-        let tokens: Vec<String> = chunks.iter().map(|_| chain_token()).collect();
+        let tokens: Vec<String> = chunks.iter().map(|_| unique_token()).collect();
         join_all(chunks.iter().enumerate().map(|(i, &chunk)| {
             let after = i.checked_sub(1).map(|p| tokens[p].as_str());
             self.fold(client, call(chunk).chained(after, &tokens[i]))

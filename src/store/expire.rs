@@ -49,7 +49,7 @@ impl Store {
     /// Raises the board's own watermark (see
     /// [`Keys::window`](crate::domain::keys::Keys::window)) to at least `target`; returns it. Every
     /// roll does this before it touches an instance.
-    pub async fn raise_floor(
+    pub async fn raise_board_watermark(
         &self,
         board: &Board,
         target: i64,

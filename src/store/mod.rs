@@ -444,7 +444,7 @@ fn reply_err(what: impl Into<String>) -> StoreError {
 }
 
 /// Reads a board's watermark as stored by `floor.lua`.
-fn parse_floor(v: Option<String>) -> Result<Option<i64>, StoreError> {
+fn parse_watermark(v: Option<String>) -> Result<Option<i64>, StoreError> {
     v.map(|w| {
         w.parse()
             .map_err(|_| reply_err(format!("board watermark {w:?} is not a number")))

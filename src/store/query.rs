@@ -3,7 +3,7 @@
 use fred::prelude::*;
 
 use super::{
-    as_array, as_i64, as_string, parse_floor, reply_err, score, tie_flag, Store, StoreError,
+    as_array, as_i64, as_string, parse_watermark, reply_err, score, tie_flag, Store, StoreError,
 };
 use crate::domain::board::{Board, Mode};
 use crate::domain::keys::InstanceKeys;
@@ -37,10 +37,10 @@ impl Store {
         let k = self.instance(board, scope);
         let keys = vec![k.meta(), k.result(), self.lookup(board, &k)];
         args.insert(1, Value::from(tie_flag(board)));
-        let (out, floor, board_rolled) = self.snapshot(board, scope, keys, args).await?;
+        let (out, board_watermark, board_rolled) = self.snapshot(board, scope, keys, args).await?;
         let out = as_array(out).ok_or_else(|| reply_err("query: not an array"))?;
         let mut it = out.into_iter();
-        let expired = it.next().as_ref().and_then(as_i64).max(floor);
+        let expired = it.next().as_ref().and_then(as_i64).max(board_watermark);
         let mut num = || {
             it.next()
                 .as_ref()
@@ -76,7 +76,7 @@ impl Store {
     /// The query's script call and, for a scoped instance, the board's watermark and last
     /// roll read beside it.
     ///
-    /// A scoped instance follows the board's watermark too (see [`Store::raise_floor`]);
+    /// A scoped instance follows the board's watermark too (see [`Store::raise_board_watermark`]);
     /// both reads go out together on one connection, so this costs no extra round trip.
     /// The watermark lives in another slot, which may move on its own: it is retried like
     /// the script call.
@@ -99,16 +99,16 @@ impl Store {
             return Ok((snapshot.await?, None, None));
         }
         let window = self.keys.window(&board.name);
-        let floor = Box::pin(super::redirected(|| {
+        let board_watermark = Box::pin(super::redirected(|| {
             client.hmget::<(Option<String>, Option<String>), _, _>(
                 window.as_str(),
                 vec!["expired_through", "last_roll"],
             )
         }));
-        let (out, (floor, rolled)) = tokio::try_join!(snapshot, floor)?;
+        let (out, (watermark, rolled)) = tokio::try_join!(snapshot, board_watermark)?;
         Ok((
             out,
-            parse_floor(floor)?,
+            parse_watermark(watermark)?,
             rolled.and_then(|t| t.parse::<i64>().ok()),
         ))
     }

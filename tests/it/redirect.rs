@@ -453,7 +453,10 @@ async fn a_scoped_query_after_the_watermark_moved_answers_at_once() {
         .apply(&scoped, Some("r1"), &[ev("a", NOW - 10, "ann", 5)], NOW)
         .await
         .expect("apply");
-    let floor = store.raise_floor(&scoped, 1, NOW).await.expect("floor");
+    let floor = store
+        .raise_board_watermark(&scoped, 1, NOW)
+        .await
+        .expect("floor");
     let window = store.keys().window(&scoped.name);
     let instance = store.instance(&scoped, Some("r1")).meta();
     assert_ne!(
@@ -488,18 +491,24 @@ async fn a_roll_script_on_a_moving_slot_runs_once_where_the_key_is() {
     let client = store.client().clone();
     let b = board("rolled");
     let window = store.keys().window(&b.name);
-    assert_eq!(store.raise_floor(&b, 100, NOW).await.expect("floor"), 100);
+    assert_eq!(
+        store
+            .raise_board_watermark(&b, 100, NOW)
+            .await
+            .expect("floor"),
+        100
+    );
     let moving = Moving::begin(&cluster, &client, &window);
     assert_eq!(
         store
-            .raise_floor(&b, 200, NOW)
+            .raise_board_watermark(&b, 200, NOW)
             .await
             .expect("on the source"),
         200
     );
     moving.migrate(&[&window]);
     let error = store
-        .raise_floor(&b, 300, NOW)
+        .raise_board_watermark(&b, 300, NOW)
         .await
         .expect_err("moved while the slot moves");
     assert!(error.is_outage(), "{error}");
@@ -511,7 +520,7 @@ async fn a_roll_script_on_a_moving_slot_runs_once_where_the_key_is() {
     );
     assert_eq!(
         store
-            .raise_floor(&b, 300, NOW)
+            .raise_board_watermark(&b, 300, NOW)
             .await
             .expect("on the target"),
         300

@@ -125,7 +125,7 @@ async fn a_corrupt_board_last_roll_fails_applies_and_rolls_of_a_scoped_board() {
             .expect_err(&format!("board last_roll {value:?} was ignored"));
         assert!(e.to_string().contains("last_roll"), "{value:?}: {e}");
         let e = store
-            .raise_floor(&b, b.slice_of(now) - 10, now)
+            .raise_board_watermark(&b, b.slice_of(now) - 10, now)
             .await
             .expect_err(&format!("board last_roll {value:?} was overwritten"));
         assert!(e.to_string().contains("ROLLBOARD"), "{value:?}: {e}");

@@ -15,6 +15,7 @@ use super::Shared;
 use crate::config::Settings;
 use crate::domain::board::{Board, Mode};
 use crate::domain::clock::Clock;
+use crate::domain::keys::unique_token;
 use crate::metrics::Metrics;
 use crate::roll::{self, Job, RollError};
 use crate::store::{Lease, Store, StoreError};
@@ -60,16 +61,12 @@ fn tick_of(now: i64) -> i64 {
     (now + 500).div_euclid(1_000) * 1_000
 }
 
-/// A token unique to this process: host, process id and a random part.
+/// A token unique to this process: host, process id and a [`unique_token`].
 fn process_token() -> String {
     let host = hostname::get()
         .map(|h| h.to_string_lossy().into_owned())
         .unwrap_or_default();
-    format!(
-        "{host}:{}:{}",
-        std::process::id(),
-        uuid::Uuid::now_v7().simple()
-    )
+    format!("{host}:{}:{}", std::process::id(), unique_token())
 }
 
 /// Schedules both jobs on their cron expressions and runs each once now, every run on the

@@ -58,7 +58,7 @@ local with_ids = #ARGV >= event_base + 6 * E
 
 -- Phase 1: read and check.
 local stored = read_meta(meta)
-local now, horizon, refused = gate(meta, stored, settings, tonumber(ARGV[1]), tonumber(ARGV[3]),
+local now, watermark, refused = gate(meta, stored, settings, tonumber(ARGV[1]), tonumber(ARGV[3]),
   tonumber(ARGV[2]))
 if refused then return refused end
 
@@ -79,7 +79,7 @@ for e = 1, E do
   local b = event_base + (e - 1) * 5
   local s = tonumber(ARGV[b + 2])
   -- Late too once the slice's ids may be forgotten: see fold.lua.
-  if slice_no[s] <= horizon or forget[s] <= now then
+  if slice_no[s] <= watermark or forget[s] <= now then
     status[e] = 2
   else
     if #ARGV[b + 1] ~= DIGEST then return fail('bad digest for event ' .. e) end

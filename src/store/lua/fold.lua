@@ -55,7 +55,7 @@ local sub, format = string.sub, string.format
 -- Phase 1: read and check.
 local stored = read_meta(meta)
 if after ~= '' and stored.chain ~= after then return { 3 } end
-local now, horizon, refused = gate(meta, stored, settings, tonumber(ARGV[1]), tonumber(ARGV[3]),
+local now, watermark, refused = gate(meta, stored, settings, tonumber(ARGV[1]), tonumber(ARGV[3]),
   tonumber(ARGV[2]))
 if refused then return refused end
 -- Answers `reply` for a call whose events are judged, leaving its chain token.
@@ -77,7 +77,7 @@ for i = 1, S do
   last[i] = at - 1
   -- Late too once the slice's ids may be forgotten (a `dedup_window` duration): an id is
   -- forgotten only once events of its slice can no longer be applied.
-  if n <= horizon or tonumber(ARGV[b + 2]) <= now then
+  if n <= watermark or tonumber(ARGV[b + 2]) <= now then
     late[i] = true
     out[#out + 1] = i
   else

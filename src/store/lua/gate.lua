@@ -21,7 +21,7 @@ local function read_meta(meta)
   return { expired_through = v[1], settings = v[2], gen = v[3], last_roll = v[4], chain = v[5] }
 end
 
--- The time the events are judged at and the horizon (the newest slice whose events are
+-- The time the events are judged at and the watermark (the newest slice whose events are
 -- late), for a board of `per_window` slices of `width` ms, given `stored` (read_meta); or
 -- nil, nil and the error when `stored` holds a number that is not one or the settings of
 -- another board definition.
@@ -39,13 +39,13 @@ local function gate(meta, stored, settings, now, width, per_window)
   end
   local refused = settings_refused(stored.settings, settings)
   if refused then return nil, nil, refused end
-  local horizon = math.floor(now / width) - per_window
+  local watermark = math.floor(now / width) - per_window
   if stored.expired_through then
     local w = integer(stored.expired_through)
     if not w then return nil, nil, fail('corrupt: ' .. meta .. ' expired_through is not an integer') end
-    if w > horizon then horizon = w end
+    if w > watermark then watermark = w end
   end
-  return now, horizon
+  return now, watermark
 end
 
 -- Phase 2's first write: pins the caller's settings on an instance that has none yet.
