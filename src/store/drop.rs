@@ -177,13 +177,30 @@ impl Store {
             board: board.to_string(),
             ..BoardKeys::default()
         };
-        // Registries and fixed names.
-        let candidates: Vec<String> = self
-            .keys
-            .records(board)
-            .into_iter()
-            .map(|(key, _)| key)
-            .collect();
+        self.find_fixed_keys(board, &mut found).await?;
+        for scope in &self.registered_instances(board).await? {
+            self.find_instance_keys(board, scope.as_deref(), &mut found)
+                .await?;
+        }
+        self.find_scanned_keys(board, &mut found).await?;
+        Ok(found)
+    }
+
+    /// The board's registries and fixed names that exist.
+    async fn find_fixed_keys(&self, board: &str, found: &mut BoardKeys) -> Result<(), StoreError> {
+        for (key, _) in self.keys.records(board) {
+            if let Some(kind) = self.keys.board_key(board, &key) {
+                let exists: i64 = self.client().exists(key.as_str()).await?;
+                if exists > 0 {
+                    found.add(key, kind);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The unscoped instance and every scope in the board's registry, each once.
+    async fn registered_instances(&self, board: &str) -> Result<Vec<Option<String>>, StoreError> {
         let mut instances: Vec<Option<String>> = vec![None];
         let mut cursor = "0".to_string();
         loop {
@@ -199,46 +216,55 @@ impl Store {
         // ZSCAN may return an element more than once.
         instances.sort();
         instances.dedup();
-        for key in candidates {
-            if let Some(kind) = self.keys.board_key(board, &key) {
-                let exists: i64 = self.client().exists(key.as_str()).await?;
-                if exists > 0 {
-                    found.add(key, kind);
-                }
-            }
-        }
-        for scope in &instances {
-            let k = self.keys.instance(board, scope.as_deref());
-            let slices: Vec<String> = self
-                .client()
-                .zrange(k.slices(), 0, -1, None, false, None, false)
-                .await?;
-            let mut keys = k.apply_keys();
-            keys.push(k.ranked());
-            for n in slices.iter().filter_map(|n| n.parse::<i64>().ok()) {
-                keys.extend([k.slice(n), k.seen_log(n)]);
-            }
-            // Read back like the scanned names: only keys of this board are listed.
-            let keys: Vec<(String, BoardKey)> = keys
-                .into_iter()
-                .filter_map(|key| self.keys.board_key(board, &key).map(|kind| (key, kind)))
-                .collect();
-            // One slot (the instance's hash tag), so one pipeline to one node.
-            let exists: Vec<i64> = redirected(|| async {
-                let pipeline = self.client().pipeline();
-                for (key, _) in &keys {
-                    let _: () = pipeline.exists(key.as_str()).await?;
-                }
-                pipeline.all().await
-            })
+        Ok(instances)
+    }
+
+    /// The keys of one instance that exist: its fixed keys and those of its registered
+    /// slices.
+    async fn find_instance_keys(
+        &self,
+        board: &str,
+        scope: Option<&str>,
+        found: &mut BoardKeys,
+    ) -> Result<(), StoreError> {
+        let k = self.keys.instance(board, scope);
+        let slices: Vec<String> = self
+            .client()
+            .zrange(k.slices(), 0, -1, None, false, None, false)
             .await?;
-            for ((key, kind), n) in keys.into_iter().zip(exists) {
-                if n > 0 {
-                    found.add(key, kind);
-                }
+        let mut keys = k.apply_keys();
+        keys.push(k.ranked());
+        for n in slices.iter().filter_map(|n| n.parse::<i64>().ok()) {
+            keys.extend([k.slice(n), k.seen_log(n)]);
+        }
+        // Read back like the scanned names: only keys of this board are listed.
+        let keys: Vec<(String, BoardKey)> = keys
+            .into_iter()
+            .filter_map(|key| self.keys.board_key(board, &key).map(|kind| (key, kind)))
+            .collect();
+        // One slot (the instance's hash tag), so one pipeline to one node.
+        let exists: Vec<i64> = redirected(|| async {
+            let pipeline = self.client().pipeline();
+            for (key, _) in &keys {
+                let _: () = pipeline.exists(key.as_str()).await?;
+            }
+            pipeline.all().await
+        })
+        .await?;
+        for ((key, kind), n) in keys.into_iter().zip(exists) {
+            if n > 0 {
+                found.add(key, kind);
             }
         }
-        // The scan, for what no registry names.
+        Ok(())
+    }
+
+    /// The scan, for what no registry names.
+    async fn find_scanned_keys(
+        &self,
+        board: &str,
+        found: &mut BoardKeys,
+    ) -> Result<(), StoreError> {
         for pattern in self.keys.board_patterns(board) {
             let (keys, not_text) = self.scan_keys(&pattern).await?;
             found.unrecognized.extend(not_text);
@@ -257,7 +283,7 @@ impl Store {
                 }
             }
         }
-        Ok(found)
+        Ok(())
     }
 
     /// Deletes `found` (from [`Store::board_keys`]) with `UNLINK` calls of at most
