@@ -7,7 +7,7 @@ use super::{
 };
 use crate::domain::board::{Board, Mode};
 use crate::domain::keys::InstanceKeys;
-use crate::domain::ranking::{decode_member, Entry, MemberRank, Page};
+use crate::domain::ranking::{decode_member, Entry, MemberRank, Page, Percentile};
 
 struct Snapshot {
     count: u64,
@@ -62,7 +62,7 @@ impl Store {
             Mode::Resummarize => summed,
         };
         let (window_from, window_to) = board.live_range(now, expired);
-        let entries = entries(board, rows, start, first_competition)?;
+        let entries = entries(board, rows, start, first_competition, count)?;
         Ok(Snapshot {
             count,
             rank: u64::try_from(rank).ok().map(|r| r + 1),
@@ -143,6 +143,7 @@ impl Store {
             member: member.to_string(),
             rank: entry.as_ref().map(|e| e.rank),
             competition_rank: entry.as_ref().map(|e| e.competition_rank),
+            percentile: entry.as_ref().map(|e| e.percentile),
             total: entry.as_ref().map(|e| e.total),
             last_ts: entry.and_then(|e| e.last_ts),
         }
@@ -213,12 +214,14 @@ impl Store {
 }
 
 /// The entries of a page from the script's `member, score` rows: ranks from `start + 1`,
-/// competition ranks from the first row's (`first_competition`), shared by equal totals.
+/// competition ranks from the first row's (`first_competition`), shared by equal totals;
+/// percentiles among the snapshot's `count` ranked members.
 fn entries(
     board: &Board,
     rows: Vec<Value>,
     start: u64,
     first_competition: u64,
+    count: u64,
 ) -> Result<Vec<Entry>, StoreError> {
     let mut entries = Vec::with_capacity(rows.len() / 2);
     let mut rows = rows.into_iter();
@@ -237,9 +240,12 @@ fn entries(
             }) if *prev == total => *competition_rank,
             Some(_) => rank,
         };
+        let percentile = Percentile::of(rank, count)
+            .ok_or_else(|| reply_err(format!("query: rank {rank} beyond count {count}")))?;
         entries.push(Entry {
             rank,
             competition_rank,
+            percentile,
             member,
             total,
             last_ts,

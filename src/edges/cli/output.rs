@@ -36,21 +36,24 @@ pub(super) fn print_page(page: &Page, json: bool) -> anyhow::Result<()> {
         .max(6);
     writeln!(
         out,
-        "{:>6} {:>6}  {:<width$}  {:>20}  LAST",
-        "RANK", "COMP", "MEMBER", "TOTAL"
+        "{:>6} {:>6} {:>6}  {:<width$}  {:>20}  LAST",
+        "RANK", "COMP", "PCTL", "MEMBER", "TOTAL"
     )?;
     for Entry {
         rank,
         competition_rank,
+        percentile,
         member,
         total,
         last_ts,
+        ..
     } in &page.entries
     {
         let last = last_ts.map(show_time).unwrap_or_else(|| "-".into());
         writeln!(
             out,
-            "{rank:>6} {competition_rank:>6}  {member:<width$}  {:>20}  {last}",
+            "{rank:>6} {competition_rank:>6} {:>6}  {member:<width$}  {:>20}  {last}",
+            percentile.to_string(),
             format_total(*total, page.scale)
         )?;
     }

@@ -81,8 +81,9 @@ pub(super) async fn rank(
 /// The text line of `rank`.
 fn print_rank(rank: &MemberRank) {
     if let (Some(r), Some(c), Some(t)) = (rank.rank, rank.competition_rank, rank.total) {
+        let percentile = rank.percentile.map(|p| p.to_string()).unwrap_or_default();
         println!(
-            "{} rank {r} (competition rank {c}) of {} on {}: total {}{}{}",
+            "{} rank {r} (competition rank {c}) of {} on {}, percentile {percentile}: total {}{}{}",
             rank.member,
             rank.count,
             rank.board,
