@@ -98,6 +98,10 @@ pub struct Entry {
     pub rank: u64,
     /// 1 + number of members with a strictly greater total.
     pub competition_rank: u64,
+    /// 1 + number of distinct totals strictly greater (1, 1, 2); on `dense_rank` boards
+    /// only, absent from the answers of others.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dense_rank: Option<u64>,
     /// Share of ranked members placed below this one ([`Percentile`]).
     pub percentile: Percentile,
     /// The member.
@@ -156,6 +160,10 @@ pub struct MemberRank {
     pub rank: Option<u64>,
     /// Competition rank, null when the member is not on the board.
     pub competition_rank: Option<u64>,
+    /// Dense rank on `dense_rank` boards (`Some`, holding null when the member is not on
+    /// the board); absent from the answers of other boards (`None`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dense_rank: Option<Option<u64>>,
     /// Share of ranked members placed below this one, null when it is not on the board.
     pub percentile: Option<Percentile>,
     /// Exact total, null when the member is not on the board.
@@ -189,6 +197,50 @@ impl MemberRank {
         }
         value
     }
+}
+
+/// One member of a subset answer ([`Subset`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SubsetEntry {
+    /// The member.
+    pub member: String,
+    /// 1-based position on the whole board, null when the member is not on the board.
+    pub rank: Option<u64>,
+    /// Competition rank on the whole board, null when not on the board.
+    pub competition_rank: Option<u64>,
+    /// Dense rank on the whole board, as in [`MemberRank::dense_rank`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dense_rank: Option<Option<u64>>,
+    /// 1-based position among the ranked members asked for, in the board's order; null
+    /// when not on the board.
+    pub subset_rank: Option<u64>,
+    /// Exact total, null when not on the board.
+    pub total: Option<i64>,
+    /// Share of the board's ranked members placed below this one, null when not on it.
+    pub percentile: Option<Percentile>,
+}
+
+/// Several members re-ranked among themselves, from one snapshot (`POST .../ranks`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Subset {
+    /// Board name.
+    pub board: String,
+    /// Scope value, for scoped boards.
+    pub scope: Option<String>,
+    /// The board's window, as a duration (`7d`).
+    pub window: String,
+    /// Decimal places of `total`.
+    pub scale: u32,
+    /// Number of ranked members of the whole board.
+    pub count: u64,
+    /// Start of the live range, epoch ms.
+    pub window_from: i64,
+    /// End of the live range, epoch ms.
+    pub window_to: i64,
+    /// When the ranking last changed, epoch ms (as in [`Page::as_of`]).
+    pub as_of: Option<i64>,
+    /// The ranked members asked for, best first, then the others in the order asked.
+    pub entries: Vec<SubsetEntry>,
 }
 
 /// Formats a total in minor units as a decimal with `scale` fraction digits.
