@@ -835,6 +835,7 @@ fn board(name: &str, n: i64, window_ms: i64) -> Board {
         mode: Mode::Incremental,
         tie_break: TieBreak::Earliest,
         allow_negative: false,
+        dense_rank: false,
         dedup: Dedup::Window,
     }
 }

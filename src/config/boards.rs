@@ -46,6 +46,9 @@ pub(super) struct RawBoard {
     /// `allow_negative`: whether amounts below zero are accepted.
     #[serde(default)]
     allow_negative: bool,
+    /// `dense_rank`: whether answers carry a dense rank (1, 1, 2), kept exact on every write.
+    #[serde(default)]
+    dense_rank: bool,
 }
 
 fn default_amount() -> String {
@@ -140,6 +143,7 @@ impl RawBoard {
             window_ms,
             slice_ms,
             allow_negative: self.allow_negative,
+            dense_rank: self.dense_rank,
             dedup,
         })
     }

@@ -80,6 +80,8 @@ pub struct Board {
     pub tie_break: TieBreak,
     /// Whether negative amounts (refunds) are accepted.
     pub allow_negative: bool,
+    /// Whether answers carry `dense_rank`, kept exact by a ZSet of the distinct totals.
+    pub dense_rank: bool,
     /// How long idempotency keys are remembered.
     pub dedup: Dedup,
 }
@@ -148,15 +150,24 @@ impl Board {
 
     /// The settings that shape this board's keys and scores, as (name, value) pairs in a
     /// fixed order: a board whose stored settings differ must be rebuilt or renamed.
-    pub fn shaping_settings(&self) -> [(&'static str, String); 6] {
-        [
+    /// A setting of [`DEFAULTED_SETTINGS`] is listed only away from its default, so the
+    /// settings (and the fingerprint) of a board that leaves it alone are those it had
+    /// before the setting existed.
+    pub fn shaping_settings(&self) -> Vec<(&'static str, String)> {
+        let mut settings = vec![
             ("mode", self.mode.as_str().to_string()),
             ("tie_break", self.tie_break.as_str().to_string()),
             ("allow_negative", self.allow_negative.to_string()),
             ("scale", self.scale.to_string()),
             ("window", format!("{}ms", self.window_ms)),
             ("slice", format!("{}ms", self.slice_ms)),
-        ]
+        ];
+        if self.dense_rank {
+            // The distinct totals exist only for data written with it: turning it on or
+            // off over existing data needs a rebuild, like the settings above.
+            settings.push(("dense_rank", "true".into()));
+        }
+        settings
     }
 
     /// The settings pinned when the board's data is first written: the shaping settings
@@ -165,7 +176,7 @@ impl Board {
     /// data, so it is refused like the others. `scope` is not part of the instances'
     /// [`Board::fingerprint`]: every key of an instance already says whether it is scoped.
     pub fn pinned_settings(&self) -> Vec<(&'static str, String)> {
-        let mut pinned = self.shaping_settings().to_vec();
+        let mut pinned = self.shaping_settings();
         pinned.push(("scope", self.scope.clone().unwrap_or_default()));
         pinned
     }
@@ -192,6 +203,10 @@ impl fmt::Display for Board {
     }
 }
 
+/// The shaping settings added after boards were first pinned, with the value that a
+/// stored record or fingerprint without them stands for (see [`Board::shaping_settings`]).
+pub const DEFAULTED_SETTINGS: [(&str, &str); 1] = [("dense_rank", "false")];
+
 /// Whether `name` is a valid board name, `[a-z0-9_-]{1,64}`: the key schema relies on board
 /// names holding no `:`, `{`, `}` or glob character.
 pub fn is_board_name(name: &str) -> bool {
@@ -199,6 +214,22 @@ pub fn is_board_name(name: &str) -> bool {
         && name
             .bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
+}
+
+/// Formats a duration in milliseconds in the largest unit that divides it (`7d`, `90m`,
+/// `1500ms`): [`parse_duration_ms`] reads it back.
+pub fn format_duration_ms(ms: i64) -> String {
+    for (unit, factor) in [
+        ("d", 86_400_000),
+        ("h", 3_600_000),
+        ("m", 60_000),
+        ("s", 1_000),
+    ] {
+        if ms != 0 && ms % factor == 0 {
+            return format!("{}{unit}", ms / factor);
+        }
+    }
+    format!("{ms}ms")
 }
 
 /// Parses a duration of the form `500ms`, `30s`, `5m`, `6h`, `7d` into milliseconds.
@@ -236,8 +267,24 @@ mod tests {
             mode: Mode::Incremental,
             tie_break: TieBreak::Earliest,
             allow_negative: false,
+            dense_rank: false,
             dedup: Dedup::Window,
         }
+    }
+
+    #[test]
+    fn dense_rank_leaves_the_fingerprint_of_other_boards_alone() {
+        let mut b = board(4_000, 1_000);
+        assert_eq!(
+            b.fingerprint(),
+            "mode=incremental,tie_break=earliest,allow_negative=false,scale=0,window=4000ms,slice=1000ms"
+        );
+        b.dense_rank = true;
+        assert_eq!(
+            b.fingerprint(),
+            "mode=incremental,tie_break=earliest,allow_negative=false,scale=0,window=4000ms,slice=1000ms,dense_rank=true"
+        );
+        assert_eq!(b.pinned_settings().last(), Some(&("scope", String::new())));
     }
 
     #[test]
@@ -258,6 +305,20 @@ mod tests {
             "99999999999999999999d",
         ] {
             assert_eq!(parse_duration_ms(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn durations_format_in_the_largest_unit() {
+        for (ms, text) in [
+            (604_800_000, "7d"),
+            (90_000_000, "25h"),
+            (5_400_000, "90m"),
+            (30_000, "30s"),
+            (1_500, "1500ms"),
+        ] {
+            assert_eq!(format_duration_ms(ms), text);
+            assert_eq!(parse_duration_ms(text), Some(ms));
         }
     }
 

@@ -484,6 +484,7 @@ mod tests {
             mode: Mode::Incremental,
             tie_break: TieBreak::Earliest,
             allow_negative: neg,
+            dense_rank: false,
             dedup: Dedup::Window,
         }
     }

@@ -172,6 +172,8 @@ pub enum KeyKind {
     Refs,
     /// [`InstanceKeys::totals`].
     Totals,
+    /// [`InstanceKeys::dense`].
+    Dense,
     /// [`InstanceKeys::slice`].
     Slice,
     /// [`InstanceKeys::scratch`], and the trash keys a swap renames live values to.
@@ -198,6 +200,7 @@ impl KeyKind {
             KeyKind::SeenLog => "seen:<n>",
             KeyKind::Refs => "refs",
             KeyKind::Totals => "totals",
+            KeyKind::Dense => "dense",
             KeyKind::Slice => "slice:<n>",
             KeyKind::Scratch => "tmp",
             KeyKind::Scopes => "scopes",
@@ -219,6 +222,7 @@ impl KeyKind {
             "seen:ids" => KeyKind::SeenTable,
             "refs" => KeyKind::Refs,
             "totals" => KeyKind::Totals,
+            "dense" => KeyKind::Dense,
             _ => match suffix.split_once(':')? {
                 ("slice", n) if number(n) => KeyKind::Slice,
                 ("seen", n) if number(n) => KeyKind::SeenLog,
@@ -292,6 +296,13 @@ impl InstanceKeys {
     /// Hash: member -> exact live total (resummarize boards, for the overflow check).
     pub fn totals(&self) -> String {
         self.key("totals")
+    }
+
+    /// ZSet of the distinct totals above 0 that ranked members hold, each scored by itself
+    /// (member: the total in decimal), on `dense_rank` boards only: a member's dense rank
+    /// is 1 + the number of its entries above the member's total.
+    pub fn dense(&self) -> String {
+        self.key("dense")
     }
 
     /// The fixed KEYS of `apply.lua`, in its order (the batch's slice keys and then their

@@ -42,6 +42,55 @@ pub fn decode_member(tie: TieBreak, zmember: &str) -> (String, Option<i64>) {
     }
 }
 
+/// The share of ranked members placed strictly below a member, in percent, rounded down
+/// to hundredths: `100 * (count - rank) / count` (the top member of 200 is 99.5).
+///
+/// Held as an integer of hundredths, computed with integers only, so no float ever rounds
+/// it up across a boundary; it is written as a JSON number with at most two decimals.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Percentile(u32);
+
+impl Percentile {
+    /// The percentile of position `rank` (1-based) among `count` ranked members; `None`
+    /// when `rank` is not in `1..=count`.
+    pub fn of(rank: u64, count: u64) -> Option<Percentile> {
+        if rank == 0 || rank > count {
+            return None;
+        }
+        let below = u128::from(count - rank) * 10_000 / u128::from(count);
+        // below <= 10_000: (count - rank) < count.
+        Some(Percentile(below as u32))
+    }
+
+    /// The value in hundredths of a percent (99.5 is 9950).
+    pub fn hundredths(self) -> u32 {
+        self.0
+    }
+}
+
+impl std::fmt::Display for Percentile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (whole, part) = (self.0 / 100, self.0 % 100);
+        match part {
+            0 => write!(f, "{whole}"),
+            p if p % 10 == 0 => write!(f, "{whole}.{}", p / 10),
+            p => write!(f, "{whole}.{p:02}"),
+        }
+    }
+}
+
+impl Serialize for Percentile {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        // serde_json keeps a number's text as written (arbitrary precision): the digits
+        // of the exact value, never a float's.
+        let number: serde_json::Number = self
+            .to_string()
+            .parse()
+            .map_err(serde::ser::Error::custom)?;
+        number.serialize(serializer)
+    }
+}
+
 /// One ranked member.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Entry {
@@ -49,6 +98,12 @@ pub struct Entry {
     pub rank: u64,
     /// 1 + number of members with a strictly greater total.
     pub competition_rank: u64,
+    /// 1 + number of distinct totals strictly greater (1, 1, 2); on `dense_rank` boards
+    /// only, absent from the answers of others.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dense_rank: Option<u64>,
+    /// Share of ranked members placed below this one ([`Percentile`]).
+    pub percentile: Percentile,
     /// The member.
     pub member: String,
     /// Exact total in the board's minor units.
@@ -105,6 +160,12 @@ pub struct MemberRank {
     pub rank: Option<u64>,
     /// Competition rank, null when the member is not on the board.
     pub competition_rank: Option<u64>,
+    /// Dense rank on `dense_rank` boards (`Some`, holding null when the member is not on
+    /// the board); absent from the answers of other boards (`None`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dense_rank: Option<Option<u64>>,
+    /// Share of ranked members placed below this one, null when it is not on the board.
+    pub percentile: Option<Percentile>,
     /// Exact total, null when the member is not on the board.
     pub total: Option<i64>,
     /// Latest live contribution time.
@@ -136,6 +197,50 @@ impl MemberRank {
         }
         value
     }
+}
+
+/// One member of a subset answer ([`Subset`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SubsetEntry {
+    /// The member.
+    pub member: String,
+    /// 1-based position on the whole board, null when the member is not on the board.
+    pub rank: Option<u64>,
+    /// Competition rank on the whole board, null when not on the board.
+    pub competition_rank: Option<u64>,
+    /// Dense rank on the whole board, as in [`MemberRank::dense_rank`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dense_rank: Option<Option<u64>>,
+    /// 1-based position among the ranked members asked for, in the board's order; null
+    /// when not on the board.
+    pub subset_rank: Option<u64>,
+    /// Exact total, null when not on the board.
+    pub total: Option<i64>,
+    /// Share of the board's ranked members placed below this one, null when not on it.
+    pub percentile: Option<Percentile>,
+}
+
+/// Several members re-ranked among themselves, from one snapshot (`POST .../ranks`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Subset {
+    /// Board name.
+    pub board: String,
+    /// Scope value, for scoped boards.
+    pub scope: Option<String>,
+    /// The board's window, as a duration (`7d`).
+    pub window: String,
+    /// Decimal places of `total`.
+    pub scale: u32,
+    /// Number of ranked members of the whole board.
+    pub count: u64,
+    /// Start of the live range, epoch ms.
+    pub window_from: i64,
+    /// End of the live range, epoch ms.
+    pub window_to: i64,
+    /// When the ranking last changed, epoch ms (as in [`Page::as_of`]).
+    pub as_of: Option<i64>,
+    /// The ranked members asked for, best first, then the others in the order asked.
+    pub entries: Vec<SubsetEntry>,
 }
 
 /// Formats a total in minor units as a decimal with `scale` fraction digits.
@@ -180,6 +285,66 @@ mod tests {
         let old = encode_member(TieBreak::Latest, "a", 1_000);
         let new = encode_member(TieBreak::Latest, "b", 2_000);
         assert!(new > old, "latest: the newer contribution sorts higher");
+    }
+
+    fn shown(rank: u64, count: u64) -> String {
+        Percentile::of(rank, count)
+            .map(|p| p.to_string())
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn percentiles_round_down_at_every_boundary() {
+        assert_eq!(shown(1, 200), "99.5");
+        assert_eq!(shown(200, 200), "0");
+        assert_eq!(shown(1, 1), "0");
+        assert_eq!(shown(1, 2), "50");
+        assert_eq!(shown(1, 3), "66.66", "2/3 rounds down, never up to 66.67");
+        assert_eq!(shown(2, 3), "33.33");
+        assert_eq!(shown(1, 10_000), "99.99");
+        assert_eq!(shown(1, 10_001), "99.99", "99.990000999 rounds down");
+        assert_eq!(shown(1, 20_001), "99.99");
+        assert_eq!(
+            shown(1, 1_000_000),
+            "99.99",
+            "99.9999 rounds down, never to 100"
+        );
+        assert_eq!(shown(11, 100), "89");
+        assert_eq!(shown(2, 20), "90");
+        assert_eq!(shown(96, 100), "4");
+        assert_eq!(shown(10, 101), "90.09");
+        assert_eq!(shown(1, u64::MAX), "99.99");
+        assert_eq!(shown(u64::MAX - 1, u64::MAX), "0");
+        assert_eq!(Percentile::of(0, 5), None);
+        assert_eq!(Percentile::of(6, 5), None);
+        assert_eq!(Percentile::of(1, 0), None);
+    }
+
+    #[test]
+    fn percentiles_agree_with_exact_fractions() {
+        for count in 1..=300u64 {
+            for rank in 1..=count {
+                let h = Percentile::of(rank, count).map(Percentile::hundredths);
+                let h = u64::from(h.unwrap_or(u32::MAX));
+                // h/100 <= 100 (count - rank)/count < (h + 1)/100, in integers.
+                assert!(h * count <= 10_000 * (count - rank), "{rank}/{count}");
+                assert!(10_000 * (count - rank) < (h + 1) * count, "{rank}/{count}");
+            }
+        }
+    }
+
+    #[test]
+    fn percentiles_serialize_as_numbers_with_at_most_two_decimals() {
+        let json =
+            |rank, count| serde_json::to_string(&Percentile::of(rank, count)).unwrap_or_default();
+        assert_eq!(json(1, 200), "99.5");
+        assert_eq!(json(2, 3), "33.33");
+        assert_eq!(json(10, 101), "90.09");
+        assert_eq!(json(1, 2), "50");
+        assert_eq!(json(3, 3), "0");
+        assert_eq!(json(4, 3), "null");
+        let value: serde_json::Value = serde_json::from_str(&json(1, 200)).unwrap_or_default();
+        assert_eq!(value.as_f64(), Some(99.5));
     }
 
     #[test]

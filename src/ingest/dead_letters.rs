@@ -627,6 +627,7 @@ mod tests {
             mode: Mode::Incremental,
             tie_break: TieBreak::Earliest,
             allow_negative: false,
+            dense_rank: false,
             dedup: Dedup::Window,
         }
     }

@@ -50,12 +50,17 @@ pub struct Verified {
     pub differences: Vec<Drift>,
     /// Sum of the absolute differences, in minor units.
     pub amount_behind: i128,
+    /// On `dense_rank` boards: each total that the stored distinct totals hold while no
+    /// ranked member does, or lack while one does (a recount of the stored ranking).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub dense_drift: Vec<i64>,
 }
 
 impl Verified {
     /// Whether this instance fails verification (`strict` also fails lagging resummarize).
     pub fn fails(&self, strict: bool) -> bool {
-        !self.differences.is_empty() && (strict || self.mode == Mode::Incremental.as_str())
+        (!self.differences.is_empty() && (strict || self.mode == Mode::Incremental.as_str()))
+            || !self.dense_drift.is_empty()
     }
 }
 
@@ -190,7 +195,7 @@ pub async fn verify(
     scope: Option<&str>,
     chunk: usize,
 ) -> Result<Verified, RollError> {
-    for _ in 0..MAX_ATTEMPTS {
+    for attempt in 0..MAX_ATTEMPTS {
         let (watermark, gen) = store.meta(board, scope).await?;
         let above = match board.mode {
             Mode::Incremental => None,
@@ -206,9 +211,27 @@ pub async fn verify(
             .await?
             .into_iter()
             .collect();
+        let distinct = if board.dense_rank {
+            store.dense_entries(board, scope).await?
+        } else {
+            Vec::new()
+        };
         if store.meta(board, scope).await?.1 != gen && board.mode == Mode::Incremental {
             continue;
         }
+        let dense_drift = if board.dense_rank {
+            let held: BTreeSet<i64> = stored.values().copied().filter(|t| *t > 0).collect();
+            let kept: BTreeSet<i64> = distinct.into_iter().collect();
+            let drift: Vec<i64> = held.symmetric_difference(&kept).copied().collect();
+            // A resummarize swap between the two reads above moves both keys at once:
+            // read them again rather than report a difference that never was.
+            if !drift.is_empty() && attempt + 1 < MAX_ATTEMPTS {
+                continue;
+            }
+            drift
+        } else {
+            Vec::new()
+        };
         let expected = totals(&sums, board.mode == Mode::Resummarize);
         let names = expected
             .keys()
@@ -223,6 +246,7 @@ pub async fn verify(
             members: names as u64,
             differences,
             amount_behind,
+            dense_drift,
         });
     }
     Err(RollError::Busy(board.name.clone()))

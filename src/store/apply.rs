@@ -72,7 +72,7 @@ pub fn id_digest(id: &str) -> [u8; 16] {
 const LEGACY_MEMORY: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// What `apply.lua` and `fold.lua` calls share: the KEYS (the instance's fixed keys, then
-/// each slice's Hash and forget log) and the first eleven ARGV, `count` being the events of
+/// each slice's Hash and forget log, then on a `dense_rank` board its distinct totals) and the first eleven ARGV, `count` being the events of
 /// an `apply.lua` call or the groups of a `fold.lua` one.
 fn call_head(
     board: &Board,
@@ -86,6 +86,7 @@ fn call_head(
     let mut keys = k.apply_keys();
     keys.extend(slices.iter().map(|&n| k.slice(n)));
     keys.extend(slices.iter().map(|&n| k.seen_log(n)));
+    keys.extend(board.dense_rank.then(|| k.dense()));
     let mut args: Vec<Value> = Vec::with_capacity(12 + 3 * slices.len() + members + 5 * count);
     args.extend([
         Value::from(now),

@@ -14,7 +14,7 @@ use super::{reply_err, Scripts, Store, StoreError};
 use crate::config::tls::tls_client_config;
 use crate::config::Durability;
 use crate::config::{RedisSettings, TlsFiles};
-use crate::domain::board::Board;
+use crate::domain::board::{Board, DEFAULTED_SETTINGS};
 use crate::domain::keys::Keys;
 use crate::metrics::Metrics;
 
@@ -188,6 +188,33 @@ fn shown(value: &str) -> &str {
 pub struct Conflicts(pub Vec<Conflict>);
 
 /// The (setting, value) pairs of a fingerprint written by [`Board::fingerprint`].
+/// A stored record of settings (not empty) completed with the value each setting of
+/// [`DEFAULTED_SETTINGS`] it lacks stands for: it was written before the setting existed,
+/// or by a board that left it at its default.
+fn with_defaults(stored: &mut HashMap<String, String>) {
+    if stored.is_empty() {
+        return;
+    }
+    for (setting, default) in DEFAULTED_SETTINGS {
+        stored
+            .entry(setting.to_string())
+            .or_insert_with(|| default.to_string());
+    }
+}
+
+/// The settings a board wants pinned, completed likewise: a board at the default of a
+/// setting of [`DEFAULTED_SETTINGS`] wants that default, so data written with another
+/// value is refused.
+fn with_defaults_wanted(wanted: &[(&'static str, String)]) -> Vec<(&'static str, String)> {
+    let mut out = wanted.to_vec();
+    for (setting, default) in DEFAULTED_SETTINGS {
+        if !out.iter().any(|(s, _)| *s == setting) {
+            out.push((setting, default.to_string()));
+        }
+    }
+    out
+}
+
 fn parse_fingerprint(text: &str) -> HashMap<String, String> {
     text.split(',')
         .filter_map(|pair| pair.split_once('='))
@@ -504,7 +531,8 @@ impl Store {
                 }
             }
             let before = conflicts.len();
-            for (setting, configured) in &wanted {
+            with_defaults(&mut stored);
+            for (setting, configured) in with_defaults_wanted(&wanted).iter() {
                 match stored.get(*setting) {
                     Some(v) if v != configured => conflicts.push(Conflict {
                         board: board.name.clone(),
@@ -526,7 +554,7 @@ impl Store {
                 // The record as it is after the write: another process that checked at the
                 // same moment with other settings may have written it first, and then this
                 // one must refuse.
-                let recorded: HashMap<String, String> = self
+                let mut recorded: HashMap<String, String> = self
                     .client()
                     .eval(
                         "if redis.call('EXISTS', KEYS[1]) == 0 then redis.call('HSET', KEYS[1], unpack(ARGV)) \
@@ -536,7 +564,8 @@ impl Store {
                         args,
                     )
                     .await?;
-                for (setting, configured) in &wanted {
+                with_defaults(&mut recorded);
+                for (setting, configured) in with_defaults_wanted(&wanted).iter() {
                     match recorded.get(*setting) {
                         Some(v) if v != configured => conflicts.push(Conflict {
                             board: board.name.clone(),
@@ -712,6 +741,10 @@ impl Store {
                 words(&["DEL", &meta]),
                 words(&["UNLINK", &meta]),
             ]);
+            if board.dense_rank {
+                // `verify` reads the distinct totals back.
+                probes.push(words(&["ZSCAN", &k.dense(), "0"]));
+            }
         }
         probes
     }

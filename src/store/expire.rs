@@ -150,7 +150,7 @@ impl Store {
         members: &[String],
     ) -> Result<Expired, StoreError> {
         let k = self.instance(board, scope);
-        let keys = vec![
+        let mut keys = vec![
             k.meta(),
             k.result(),
             k.members(),
@@ -158,6 +158,7 @@ impl Store {
             k.totals(),
             k.slice(n),
         ];
+        keys.extend(board.dense_rank.then(|| k.dense()));
         let args: Vec<Value> = [
             Value::from(mode_flag(board)),
             Value::from(negative_flag(board)),

@@ -1,13 +1,16 @@
-//! The reads: top, rank and around, each one `query.lua` call decoded into a page.
+//! The reads: top, rank, around and a subset's ranks, each one `query.lua` call decoded
+//! into a page.
 
 use fred::prelude::*;
 
 use super::{
     as_array, as_i64, as_string, parse_watermark, reply_err, score, tie_flag, Store, StoreError,
 };
-use crate::domain::board::{Board, Mode};
+use crate::domain::board::{format_duration_ms, Board, Mode};
 use crate::domain::keys::InstanceKeys;
-use crate::domain::ranking::{decode_member, Entry, MemberRank, Page};
+use crate::domain::ranking::{
+    decode_member, Entry, MemberRank, Page, Percentile, Subset, SubsetEntry,
+};
 
 struct Snapshot {
     count: u64,
@@ -16,6 +19,8 @@ struct Snapshot {
     window_to: i64,
     as_of: Option<i64>,
     entries: Vec<Entry>,
+    /// The rows of a `ranks` call, undecoded (empty for the other calls).
+    subset: Vec<Value>,
 }
 
 impl Store {
@@ -35,7 +40,9 @@ impl Store {
         now: i64,
     ) -> Result<Snapshot, StoreError> {
         let k = self.instance(board, scope);
-        let keys = vec![k.meta(), k.result(), self.lookup(board, &k)];
+        let mut keys = vec![k.meta(), k.result(), self.lookup(board, &k)];
+        keys.extend(board.dense_rank.then(|| k.dense()));
+        let subset = args.first().and_then(|op| op.as_str()).as_deref() == Some("ranks");
         args.insert(1, Value::from(tie_flag(board)));
         let (out, board_watermark, board_rolled) = self.snapshot(board, scope, keys, args).await?;
         let out = as_array(out).ok_or_else(|| reply_err("query: not an array"))?;
@@ -54,6 +61,9 @@ impl Store {
         let rows = it.next().and_then(as_array).unwrap_or_default();
         let mut stamp = || it.next().as_ref().and_then(as_i64);
         let (rolled, changed, summed) = (stamp(), stamp(), stamp());
+        let first_dense = stamp()
+            .and_then(|d| u64::try_from(d).ok())
+            .filter(|_| board.dense_rank);
         // When the ranking last changed: an incremental ranking changes with every apply
         // and every roll (the board's own, for a scope); a resummarize ranking only when a
         // run swaps in a new sum.
@@ -62,7 +72,16 @@ impl Store {
             Mode::Resummarize => summed,
         };
         let (window_from, window_to) = board.live_range(now, expired);
-        let entries = entries(board, rows, start, first_competition)?;
+        let (entries, subset) = if subset {
+            (Vec::new(), rows)
+        } else {
+            let first = Firsts {
+                start,
+                competition: first_competition,
+                dense: first_dense,
+            };
+            (entries(board, rows, first, count)?, Vec::new())
+        };
         Ok(Snapshot {
             count,
             rank: u64::try_from(rank).ok().map(|r| r + 1),
@@ -70,6 +89,7 @@ impl Store {
             window_to,
             as_of,
             entries,
+            subset,
         })
     }
 
@@ -143,6 +163,10 @@ impl Store {
             member: member.to_string(),
             rank: entry.as_ref().map(|e| e.rank),
             competition_rank: entry.as_ref().map(|e| e.competition_rank),
+            dense_rank: board
+                .dense_rank
+                .then(|| entry.as_ref().and_then(|e| e.dense_rank)),
+            percentile: entry.as_ref().map(|e| e.percentile),
             total: entry.as_ref().map(|e| e.total),
             last_ts: entry.and_then(|e| e.last_ts),
         }
@@ -186,6 +210,28 @@ impl Store {
         Ok(Self::member_rank(board, scope, member, snap))
     }
 
+    /// The ranks of `members` (one listed twice is answered once) on the board and among themselves, in
+    /// one script call: the ranked ones in the board's order, then the others as listed.
+    pub async fn ranks(
+        &self,
+        board: &Board,
+        scope: Option<&str>,
+        members: &[&str],
+        now: i64,
+    ) -> Result<Subset, StoreError> {
+        let mut seen = std::collections::HashSet::new();
+        let members: Vec<&str> = members
+            .iter()
+            .copied()
+            .filter(|m| seen.insert(*m))
+            .collect();
+        let mut args: Vec<Value> = Vec::with_capacity(members.len() + 1);
+        args.push("ranks".into());
+        args.extend(members.iter().map(|&m| Value::from(m)));
+        let snap = self.query(board, scope, args, now).await?;
+        subset(board, scope, &members, snap)
+    }
+
     /// The entries from `rank - radius` to `rank + radius` around `member`; when the
     /// member is not on the board, its rank answer instead (rank fields null), so that
     /// "not on the board" has the one shape of [`Store::rank`]'s.
@@ -212,14 +258,102 @@ impl Store {
     }
 }
 
+/// The subset answer from the script's `ranks` rows (five per member asked, in order).
+fn subset(
+    board: &Board,
+    scope: Option<&str>,
+    members: &[&str],
+    snap: Snapshot,
+) -> Result<Subset, StoreError> {
+    let count = snap.count;
+    let mut ranked = Vec::new();
+    let mut unranked = Vec::new();
+    let mut rows = snap.subset.into_iter();
+    for member in members {
+        let mut field = || rows.next().ok_or_else(|| reply_err("query: missing row"));
+        let (rank, z, s, competition, dense) = (field()?, field()?, field()?, field()?, field()?);
+        let rank = as_i64(&rank).and_then(|r| u64::try_from(r).ok());
+        let not_ranked = SubsetEntry {
+            member: member.to_string(),
+            rank: None,
+            competition_rank: None,
+            dense_rank: board.dense_rank.then_some(None),
+            subset_rank: None,
+            total: None,
+            percentile: None,
+        };
+        let Some(rank) = rank.map(|r| r + 1) else {
+            unranked.push(not_ranked);
+            continue;
+        };
+        let total = score(&s)
+            .ok_or_else(|| reply_err(format!("query: score {s:?} is not an exact integer")))?;
+        let z = as_string(z).ok_or_else(|| reply_err("query: member is not text"))?;
+        let (decoded, _) = decode_member(board.tie_break, &z);
+        if decoded != *member {
+            return Err(reply_err(format!(
+                "query: {member:?} read back as {decoded:?}"
+            )));
+        }
+        let percentile = Percentile::of(rank, count)
+            .ok_or_else(|| reply_err(format!("query: rank {rank} beyond count {count}")))?;
+        ranked.push(SubsetEntry {
+            rank: Some(rank),
+            competition_rank: as_i64(&competition).and_then(|c| u64::try_from(c).ok()),
+            dense_rank: board
+                .dense_rank
+                .then(|| as_i64(&dense).and_then(|d| u64::try_from(d).ok())),
+            total: Some(total),
+            percentile: Some(percentile),
+            ..not_ranked
+        });
+    }
+    // The board's position orders the subset exactly as the board does (total, then the
+    // tie-break, then the member's bytes).
+    ranked.sort_by_key(|e| e.rank);
+    for (i, e) in ranked.iter_mut().enumerate() {
+        e.subset_rank = Some(i as u64 + 1);
+    }
+    ranked.extend(unranked);
+    Ok(Subset {
+        board: board.name.clone(),
+        scope: scope.map(str::to_string),
+        window: format_duration_ms(board.window_ms),
+        scale: board.scale,
+        count,
+        window_from: snap.window_from,
+        window_to: snap.window_to,
+        as_of: snap.as_of,
+        entries: ranked,
+    })
+}
+
+/// What a page's first row is, by the script's answer.
+struct Firsts {
+    /// Its 0-based position.
+    start: u64,
+    /// Its competition rank.
+    competition: u64,
+    /// Its dense rank, on `dense_rank` boards.
+    dense: Option<u64>,
+}
+
 /// The entries of a page from the script's `member, score` rows: ranks from `start + 1`,
-/// competition ranks from the first row's (`first_competition`), shared by equal totals.
+/// competition ranks from the first row's, shared by equal totals; dense ranks from the
+/// first row's, one more at each lower total (a page holds every member between its
+/// first and last row, so every distinct total between them is on it); percentiles among
+/// the snapshot's `count` ranked members.
 fn entries(
     board: &Board,
     rows: Vec<Value>,
-    start: u64,
-    first_competition: u64,
+    first: Firsts,
+    count: u64,
 ) -> Result<Vec<Entry>, StoreError> {
+    let Firsts {
+        start,
+        competition: first_competition,
+        dense: first_dense,
+    } = first;
     let mut entries = Vec::with_capacity(rows.len() / 2);
     let mut rows = rows.into_iter();
     while let (Some(z), Some(s)) = (rows.next(), rows.next()) {
@@ -237,9 +371,18 @@ fn entries(
             }) if *prev == total => *competition_rank,
             Some(_) => rank,
         };
+        let dense_rank = match entries.last() {
+            None => first_dense,
+            Some(prev) if prev.total == total => prev.dense_rank,
+            Some(prev) => prev.dense_rank.map(|d| d + 1),
+        };
+        let percentile = Percentile::of(rank, count)
+            .ok_or_else(|| reply_err(format!("query: rank {rank} beyond count {count}")))?;
         entries.push(Entry {
             rank,
             competition_rank,
+            dense_rank,
+            percentile,
             member,
             total,
             last_ts,

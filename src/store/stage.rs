@@ -58,11 +58,15 @@ impl StageTargets {
         .collect()
     }
 
-    /// The (scratch, live) key pairs these targets replace.
-    fn pairs(self, k: &InstanceKeys, token: &str) -> Vec<(String, String)> {
+    /// The (scratch, live) key pairs these targets replace; a ranking of a board with
+    /// `dense` rank comes with its distinct totals.
+    fn pairs(self, k: &InstanceKeys, token: &str, dense: bool) -> Vec<(String, String)> {
         let mut out = Vec::new();
         if self.result {
             out.push((k.scratch(token, "result"), k.result()));
+        }
+        if self.result && dense {
+            out.push((k.scratch(token, "dense"), k.dense()));
         }
         if self.ranked {
             out.push((k.scratch(token, "ranked"), k.ranked()));
@@ -205,7 +209,7 @@ impl Store {
         rows: &[Staged],
     ) -> Result<(u64, Vec<String>), StoreError> {
         let k = self.instance(board, scope);
-        let keys = vec![
+        let mut keys = vec![
             k.members(),
             k.scratch(token, "result"),
             k.scratch(token, "ranked"),
@@ -214,6 +218,7 @@ impl Store {
             k.scratch(token, "marker"),
             k.meta(),
         ];
+        keys.extend((board.dense_rank && targets.result).then(|| k.scratch(token, "dense")));
         let mut args: Vec<Value> = vec![
             targets.flags().into(),
             SCRATCH_TTL_MS.into(),
@@ -261,7 +266,7 @@ impl Store {
         let k = self.instance(board, scope);
         let mut keys = vec![k.meta(), k.scratch(token, "marker")];
         let mut trash = Vec::new();
-        for (scratch, live) in targets.pairs(&k, token) {
+        for (scratch, live) in targets.pairs(&k, token, board.dense_rank) {
             let old = format!("{scratch}:old");
             keys.extend([scratch, live, old.clone()]);
             trash.push(old);
@@ -295,8 +300,10 @@ impl Store {
         token: &str,
     ) -> Result<(), StoreError> {
         let k = self.instance(board, scope);
+        let dense = board.dense_rank.then_some("dense");
         let keys: Vec<String> = ["result", "ranked", "refs", "totals", "marker"]
-            .iter()
+            .into_iter()
+            .chain(dense)
             .map(|w| k.scratch(token, w))
             .collect();
         // UNLINK: a scratch copy of a large ranking is freed in the background.
@@ -308,7 +315,7 @@ impl Store {
     /// (its `meta` stays, so its watermark keeps judging late events); true when done.
     pub async fn cleanup(&self, board: &Board, scope: Option<&str>) -> Result<bool, StoreError> {
         let k = self.instance(board, scope);
-        let keys = vec![
+        let mut keys = vec![
             k.slices(),
             k.seen(),
             k.result(),
@@ -318,8 +325,34 @@ impl Store {
             k.refs(),
             k.totals(),
         ];
+        keys.extend(board.dense_rank.then(|| k.dense()));
         let v = self.eval(&self.scripts.cleanup, keys, Vec::new()).await?;
         Ok(as_i64(&v) == Some(1))
+    }
+
+    /// Every total the distinct totals of a `dense_rank` instance hold (see
+    /// [`InstanceKeys::dense`]).
+    pub async fn dense_entries(
+        &self,
+        board: &Board,
+        scope: Option<&str>,
+    ) -> Result<Vec<i64>, StoreError> {
+        let k = self.instance(board, scope);
+        let mut out = Vec::new();
+        let mut cursor = "0".to_string();
+        loop {
+            let (next, page) = self.scan("ZSCAN", &k.dense(), &cursor, 1000).await?;
+            for (t, s) in page {
+                let total = score(&Value::from(s.as_str()))
+                    .filter(|total| total.to_string() == t)
+                    .ok_or_else(|| reply_err(format!("{}: {t:?} scored {s:?}", k.dense())))?;
+                out.push(total);
+            }
+            if next == "0" {
+                return Ok(out);
+            }
+            cursor = next;
+        }
     }
 
     /// Every (member, total) pair of the stored ranking ZSet, decoded.

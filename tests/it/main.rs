@@ -29,6 +29,7 @@ mod partitions;
 mod pinned_settings;
 mod prometheus;
 mod proxy;
+mod rank_answers;
 mod redirect;
 mod resummarize_races;
 mod resummarize_skips_unchanged_instances;

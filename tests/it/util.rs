@@ -199,6 +199,7 @@ pub fn board(name: &str, slice: i64, n: i64) -> Board {
         mode: Mode::Incremental,
         tie_break: TieBreak::Earliest,
         allow_negative: false,
+        dense_rank: false,
         dedup: Dedup::Window,
     }
 }

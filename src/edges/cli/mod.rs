@@ -82,12 +82,15 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Show the rank of one member (exit 3 when it is not on the board).
+    /// Show the rank of one member (exit 3 when it is not on the board), or of several on
+    /// the board and among themselves (exit 3 when none is on the board).
     Rank {
         /// Board name.
         board: String,
-        /// Member.
-        member: String,
+        /// Member; several (up to 1000) answer each one's rank on the board and among
+        /// them, from one snapshot.
+        #[arg(required = true, num_args = 1..)]
+        members: Vec<String>,
         /// Scope value (required for scoped boards).
         #[arg(long)]
         scope: Option<String>,
@@ -231,10 +234,13 @@ async fn dispatch(settings: &Settings, command: Command) -> anyhow::Result<u8> {
         } => query::top(settings, &board, scope.as_deref(), limit, offset, json).await,
         Command::Rank {
             board,
-            member,
+            members,
             scope,
             json,
-        } => query::rank(settings, &board, &member, scope.as_deref(), json).await,
+        } => match members.as_slice() {
+            [member] => query::rank(settings, &board, member, scope.as_deref(), json).await,
+            _ => query::ranks(settings, &board, &members, scope.as_deref(), json).await,
+        },
         Command::Around {
             board,
             member,

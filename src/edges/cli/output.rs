@@ -34,23 +34,33 @@ pub(super) fn print_page(page: &Page, json: bool) -> anyhow::Result<()> {
         .max()
         .unwrap_or(6)
         .max(6);
+    let dense = page.entries.iter().any(|e| e.dense_rank.is_some());
     writeln!(
         out,
-        "{:>6} {:>6}  {:<width$}  {:>20}  LAST",
-        "RANK", "COMP", "MEMBER", "TOTAL"
+        "{:>6} {:>6}{} {:>6}  {:<width$}  {:>20}  LAST",
+        "RANK",
+        "COMP",
+        if dense { "  DENSE" } else { "" },
+        "PCTL",
+        "MEMBER",
+        "TOTAL"
     )?;
     for Entry {
         rank,
         competition_rank,
+        dense_rank,
+        percentile,
         member,
         total,
         last_ts,
     } in &page.entries
     {
         let last = last_ts.map(show_time).unwrap_or_else(|| "-".into());
+        let dense = dense_rank.map(|d| format!(" {d:>6}")).unwrap_or_default();
         writeln!(
             out,
-            "{rank:>6} {competition_rank:>6}  {member:<width$}  {:>20}  {last}",
+            "{rank:>6} {competition_rank:>6}{dense} {:>6}  {member:<width$}  {:>20}  {last}",
+            percentile.to_string(),
             format_total(*total, page.scale)
         )?;
     }

@@ -8,7 +8,7 @@ use super::{Usage, EXIT_NOT_FOUND};
 use crate::config::Settings;
 use crate::domain::board::Board;
 use crate::domain::event::check_name;
-use crate::domain::ranking::{format_total, MemberRank};
+use crate::domain::ranking::{format_total, MemberRank, Subset};
 
 /// Looks up a board and checks the scope argument against it.
 pub fn resolve_board<'a>(
@@ -81,8 +81,14 @@ pub(super) async fn rank(
 /// The text line of `rank`.
 fn print_rank(rank: &MemberRank) {
     if let (Some(r), Some(c), Some(t)) = (rank.rank, rank.competition_rank, rank.total) {
+        let percentile = rank.percentile.map(|p| p.to_string()).unwrap_or_default();
+        let dense = rank
+            .dense_rank
+            .flatten()
+            .map(|d| format!(", dense rank {d}"))
+            .unwrap_or_default();
         println!(
-            "{} rank {r} (competition rank {c}) of {} on {}: total {}{}{}",
+            "{} rank {r} (competition rank {c}{dense}) of {} on {}, percentile {percentile}: total {}{}{}",
             rank.member,
             rank.count,
             rank.board,
@@ -96,6 +102,97 @@ fn print_rank(rank: &MemberRank) {
         println!(
             "{} is not on {} ({} ranked)",
             rank.member, rank.board, rank.count
+        );
+    }
+}
+
+/// Most members one `rank` asks for.
+const MAX_RANKS_MEMBERS: usize = 1000;
+
+/// `rank` with several members: each one's rank on the board and among them, from one
+/// snapshot (exit 3 when none of them is on the board).
+pub(super) async fn ranks(
+    settings: &Settings,
+    board: &str,
+    members: &[String],
+    scope: Option<&str>,
+    json: bool,
+) -> anyhow::Result<u8> {
+    let board = resolve_board(settings, board, scope)?;
+    if members.len() > MAX_RANKS_MEMBERS {
+        return Err(Usage(format!(
+            "rank takes at most {MAX_RANKS_MEMBERS} members, not {}",
+            members.len()
+        ))
+        .into());
+    }
+    for member in members {
+        check_member(member)?;
+    }
+    let store = connect(settings).await?;
+    let now = store.time_ms().await?;
+    let names: Vec<&str> = members.iter().map(String::as_str).collect();
+    let subset = store.ranks(board, scope, &names, now).await?;
+    if json {
+        println!("{}", serde_json::to_string(&subset)?);
+    } else {
+        print_subset(&subset);
+    }
+    let found = subset.entries.iter().any(|e| e.rank.is_some());
+    Ok(if found { 0 } else { EXIT_NOT_FOUND })
+}
+
+/// The table of `rank` with several members.
+fn print_subset(subset: &Subset) {
+    let scope = subset
+        .scope
+        .as_deref()
+        .map(|s| format!(" [{s}]"))
+        .unwrap_or_default();
+    println!(
+        "{}{scope}: {} ranked, window {} .. {}{}",
+        subset.board,
+        subset.count,
+        show_time(subset.window_from),
+        show_time(subset.window_to),
+        as_of(subset.as_of)
+    );
+    let width = subset
+        .entries
+        .iter()
+        .map(|e| e.member.chars().count())
+        .max()
+        .unwrap_or(6)
+        .max(6);
+    let dense = subset.entries.iter().any(|e| e.dense_rank.is_some());
+    println!(
+        "{:>6} {:>6} {:>6}{}  {:>6}  {:<width$}  {:>20}",
+        "SUB",
+        "RANK",
+        "COMP",
+        if dense { "  DENSE" } else { "" },
+        "PCTL",
+        "MEMBER",
+        "TOTAL"
+    );
+    let show = |n: Option<u64>| n.map_or_else(|| "-".to_string(), |n| n.to_string());
+    for e in &subset.entries {
+        let dense = match e.dense_rank {
+            Some(d) => format!(" {:>6}", show(d)),
+            None => String::new(),
+        };
+        println!(
+            "{:>6} {:>6} {:>6}{dense}  {:>6}  {:<width$}  {:>20}",
+            show(e.subset_rank),
+            show(e.rank),
+            show(e.competition_rank),
+            e.percentile
+                .map_or_else(|| "-".to_string(), |p| p.to_string()),
+            e.member,
+            e.total.map_or_else(
+                || "not on the board".to_string(),
+                |t| format_total(t, subset.scale)
+            ),
         );
     }
 }

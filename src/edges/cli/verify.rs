@@ -106,6 +106,10 @@ fn print_verified(v: &roll::Verified, b: &Board, strict: bool) {
         .map(|s| format!(" [{s}]"))
         .unwrap_or_default();
     let verdict = match (v.differences.is_empty(), v.fails(strict)) {
+        (true, true) => format!(
+            "DENSE RANKS wrong: {} distinct total(s) differ from a recount",
+            v.dense_drift.len()
+        ),
         (true, _) => "ok".to_string(),
         (false, true) => format!("DRIFT in {} member(s)", v.differences.len()),
         (false, false) => format!(
@@ -151,7 +155,7 @@ struct VerifySummary {
 impl VerifySummary {
     fn add(&mut self, v: &roll::Verified, strict: bool) {
         self.instances += 1;
-        if v.differences.is_empty() {
+        if v.differences.is_empty() && v.dense_drift.is_empty() {
             return;
         }
         self.differing += 1;

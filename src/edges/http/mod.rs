@@ -305,6 +305,10 @@ fn query_routes(state: &AppState) -> Router<Arc<AppState>> {
         .route("/v1/boards", get(query::boards).layer(reader()))
         .route("/v1/boards/{board}/top", get(query::top).layer(reader()))
         .route(
+            "/v1/boards/{board}/ranks",
+            post(query::ranks).layer(reader()),
+        )
+        .route(
             "/v1/boards/{board}/members/{member}",
             get(query::rank).layer(reader()),
         )

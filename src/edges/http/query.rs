@@ -1,11 +1,12 @@
-//! The query routes (`/v1/boards...`): the boards, a board's top, one member's rank and
-//! the entries around it, answered at Redis's clock, and the checks of their path and
-//! query parameters.
+//! The query routes (`/v1/boards...`): the boards, a board's top, one member's rank, the
+//! entries around it and the ranks of a list of members, answered at Redis's clock, and
+//! the checks of their path, query parameters and body.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use axum::extract::rejection::PathRejection;
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, PathRejection};
 use axum::extract::{Path, RawQuery, State};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -14,7 +15,7 @@ use serde_json::{json, Value};
 use super::error::{redis, ApiError, ApiResult};
 use super::params::params;
 use super::AppState;
-use crate::domain::board::Board;
+use crate::domain::board::{parse_duration_ms, Board};
 use crate::domain::event::check_name;
 
 fn board<'a>(state: &'a AppState, name: &str) -> ApiResult<&'a Board> {
@@ -169,4 +170,94 @@ pub(super) async fn around(
         Ok(page) => Ok(Json(page).into_response()),
         Err(missing) => Err(ApiError::NotOnBoard(missing.not_on_board())),
     }
+}
+
+/// Most members one `POST .../ranks` asks for.
+pub const MAX_RANKS_MEMBERS: usize = 1000;
+
+/// The body of `POST /v1/boards/{board}/ranks`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RanksBody {
+    /// The members, 1 to [`MAX_RANKS_MEMBERS`].
+    members: Vec<String>,
+    /// The scope, for a scoped board.
+    #[serde(default)]
+    scope: Option<String>,
+    /// The window: the board's own (the only one it has) or absent.
+    #[serde(default)]
+    window: Option<String>,
+}
+
+/// `POST /v1/boards/{board}/ranks`: the ranks of a list of members on the board and among
+/// themselves, from one snapshot.
+pub(super) async fn ranks(
+    State(state): State<Arc<AppState>>,
+    name: Result<Path<String>, PathRejection>,
+    RawQuery(query): RawQuery,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<Response> {
+    let name = path(name)?;
+    params(query, &[])?;
+    let b = board(&state, &name)?;
+    let body = body.map_err(|_| ApiError::BadRequest("cannot read the body".into()))?;
+    // serde's own message may quote a value of the body, which can be long: only where.
+    let body: RanksBody = serde_json::from_slice(&body).map_err(|e| {
+        let what = match e.classify() {
+            serde_json::error::Category::Data => "is not",
+            _ => "is not JSON, so not",
+        };
+        ApiError::BadRequest(format!(
+            "the body {what} {{\"members\": [strings], \"scope\": string, \"window\": string}} \
+             (line {} column {})",
+            e.line(),
+            e.column()
+        ))
+    })?;
+    match (&b.scope, &body.scope) {
+        (Some(field), None) => {
+            return Err(ApiError::BadRequest(format!(
+                "board {} is scoped by `{field}`: give \"scope\" in the body",
+                b.name
+            )))
+        }
+        (None, Some(_)) => {
+            return Err(ApiError::BadRequest(format!(
+                "board {} is not scoped: drop \"scope\" from the body",
+                b.name
+            )))
+        }
+        _ => {}
+    }
+    let mut scoped = HashMap::new();
+    if let Some(scope) = body.scope {
+        scoped.insert("scope".to_string(), scope);
+    }
+    let scope = scope_of(b, &scoped)?;
+    if let Some(window) = &body.window {
+        if parse_duration_ms(window) != Some(b.window_ms) {
+            return Err(ApiError::BadRequest(format!(
+                "board {} has one window, {}: window must be it or absent",
+                b.name,
+                crate::domain::board::format_duration_ms(b.window_ms)
+            )));
+        }
+    }
+    if body.members.is_empty() || body.members.len() > MAX_RANKS_MEMBERS {
+        return Err(ApiError::BadRequest(format!(
+            "members must list 1 to {MAX_RANKS_MEMBERS} members, not {}",
+            body.members.len()
+        )));
+    }
+    for (i, member) in body.members.iter().enumerate() {
+        check_name(member.as_bytes())
+            .map_err(|why| ApiError::BadRequest(format!("members[{i}] {why}")))?;
+    }
+    let members: Vec<&str> = body.members.iter().map(String::as_str).collect();
+    let subset = redis(
+        &state,
+        state.store.ranks(b, scope, &members, state.clock.now()),
+    )
+    .await?;
+    Ok(Json(subset).into_response())
 }

@@ -13,6 +13,8 @@
 -- KEYS[8] seen:ids  Hash  the digest table (layout in digest.lua)
 -- KEYS[9..8+S]     the slice Hashes of the chunk, in the order of the slice table below
 -- KEYS[9+S..8+2S]  the forget logs `seen:<n>` (Lists) of the same slices
+-- KEYS[9+2S]       dense  ZSet  distinct totals above 0 (dense_rank boards only; absent
+--                        elsewhere), kept in step with `result` (members.lua dense_update)
 --
 -- ARGV[1] now (epoch ms)      ARGV[2] slices per window N   ARGV[3] slice width (ms)
 -- ARGV[4] 'i' incremental | 'r' resummarize                 ARGV[5] tie: 'e' | 'l' | 'n'
@@ -52,6 +54,8 @@
 local meta, result, members, slices, seen, refs, totals, table_key = instance_keys()
 local incremental, tie, negative, settings = board_flags()
 local S, M, E = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
+-- A dense_rank board's distinct totals, after the slice keys (nil on other boards).
+local dense = KEYS[9 + 2 * S]
 local forgotten_through = tonumber(ARGV[11]) % WRAP
 local slice_base, member_base, event_base = 11, 11 + 2 * S, 11 + 2 * S + M
 local with_ids = #ARGV >= event_base + 6 * E
@@ -231,6 +235,6 @@ for i = 1, M do
       st.total0, st.total, st.refs0, st.refs)
   end
 end
-write_members(w, members, result, totals, refs, negative)
+write_members(w, members, result, totals, refs, negative, dense)
 write_meta(meta, stored, now)
 return status

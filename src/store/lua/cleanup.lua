@@ -3,8 +3,8 @@
 --
 -- KEYS[1] slices  ZSet  registry of slice numbers (must be empty)
 -- KEYS[2] seen    ZSet  legacy raw idempotency keys (must be empty: the roll trims them)
--- KEYS[3..]       the instance's derived keys (result, members, ranked, refs, totals, and
---                 the digest table `seen:ids`)
+-- KEYS[3..]       the instance's derived keys (result, members, ranked, refs, totals, the
+--                 digest table `seen:ids`, and `dense` on dense_rank boards)
 --
 -- The digest table holds nothing more once the registry is empty: apply.lua logs every
 -- digest it remembers in the forget log of a slice it registers in the same call, and the

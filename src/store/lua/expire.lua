@@ -6,6 +6,7 @@
 -- KEYS[4] refs     Hash  member -> live slices holding it (allow_negative boards)
 -- KEYS[5] totals   Hash  member -> exact live total (resummarize boards)
 -- KEYS[6] slice    Hash  the dead slice: member -> amount
+-- KEYS[7] dense    ZSet  distinct totals above 0 (dense_rank boards only; absent elsewhere)
 --
 -- ARGV[1] 'i' incremental | 'r' resummarize   ARGV[2] '1' if negatives are allowed
 -- ARGV[3] settings fingerprint of the caller's board definition
@@ -23,6 +24,7 @@
 -- Scores stay integers below 2^53, so they are exact in Lua's doubles.
 -- Returns { fields expired, members that left the instance }.
 local meta, result, members, refs, totals, slice = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local dense = KEYS[7]
 local incremental = ARGV[1] == 'i'
 local negative = ARGV[2] == '1'
 local tie = ARGV[4]
@@ -60,6 +62,7 @@ local zs, total, count = before.z, before.total, before.refs
 -- Work out each member's new state.
 local gone_names, gone_z = {}, {}
 local scores_out, totals_out, refs_out = {}, {}, {}
+local dense_left, dense_entered = {}, {}
 for i, m in ipairs(claimed) do
   local left = total[i] - amount[i]
   local gone
@@ -69,6 +72,10 @@ for i, m in ipairs(claimed) do
     gone = true
   else
     gone = left <= 0
+  end
+  if incremental and zs[i] and (gone or left ~= total[i]) then
+    if total[i] > 0 then dense_left[#dense_left + 1] = string.format('%d', total[i]) end
+    if not gone and left > 0 then dense_entered[#dense_entered + 1] = string.format('%d', left) end
   end
   if gone then
     gone_names[#gone_names + 1] = m
@@ -95,6 +102,7 @@ variadic('HDEL', slice, claimed)
 if incremental then
   variadic('ZADD', result, scores_out)
   variadic('ZREM', result, gone_z)
+  dense_update(dense, result, dense_left, dense_entered)
 else
   variadic('HSET', totals, totals_out)
   variadic('HDEL', totals, gone_names)

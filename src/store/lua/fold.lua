@@ -11,7 +11,7 @@
 -- id twice in one chunk (a chunk with a repeated id goes to `apply.lua` directly).
 --
 -- KEYS: as `apply.lua` (meta, result, members, slices, seen, refs, totals, seen:ids, then
--- the S slice Hashes and the S forget logs).
+-- the S slice Hashes and the S forget logs, then `dense` on dense_rank boards only).
 --
 -- ARGV[1] now (epoch ms)      ARGV[2] slices per window N   ARGV[3] slice width (ms)
 -- ARGV[4] 'i' incremental | 'r' resummarize                 ARGV[5] tie: 'e' | 'l' | 'n'
@@ -45,6 +45,8 @@
 local meta, result, members, slices, seen, refs, totals, table_key = instance_keys()
 local incremental, tie, negative, settings = board_flags()
 local S, M, G = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
+-- A dense_rank board's distinct totals, after the slice keys (nil on other boards).
+local dense = KEYS[9 + 2 * S]
 local forgotten_through = tonumber(ARGV[11]) % WRAP
 local blob = ARGV[12]
 local slice_base, member_base = 12, 12 + 3 * S
@@ -261,6 +263,6 @@ for i = 1, M do
       total0[i], total[i], refs0[i], refs_new[i])
   end
 end
-write_members(w, members, result, totals, refs, negative)
+write_members(w, members, result, totals, refs, negative, dense)
 write_meta(meta, stored, now, token)
 return out

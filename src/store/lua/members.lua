@@ -106,6 +106,27 @@ local function totals_of(incremental, result, totals, names, zs)
   return out
 end
 
+-- Keeps `dense` (dense_rank boards only, nil elsewhere: nothing is done) in step with
+-- `result` once `result` is written: a ZSet of the distinct totals above 0 that members of
+-- `result` hold, each scored by itself (member: the total in decimal, '%d'). Every total in
+-- `entered` (held by a member now) is added; every one of `left` (held by a member before
+-- the call) that no member of `result` holds any more is removed. Totals are exact
+-- integers below 2^53, so a score and `ZCOUNT result t t` are exact too.
+local function dense_update(dense, result, left, entered)
+  if not dense then return end
+  local added = {}
+  for _, t in ipairs(entered) do
+    added[#added + 1] = t
+    added[#added + 1] = t
+  end
+  variadic('ZADD', dense, added)
+  local gone = {}
+  for _, t in ipairs(left) do
+    if redis.call('ZCOUNT', result, t, t) == 0 then gone[#gone + 1] = t end
+  end
+  variadic('ZREM', dense, gone)
+end
+
 -- The state of each of `names` before the call, read and checked in this order: `z` and
 -- `t`, its ZSet member and tie-break time (zmembers_of), `total` (totals_of) and `refs`,
 -- the number of slices holding it (0 for none, and for every member on a board that does

@@ -5,39 +5,43 @@
 -- KEYS[2] result  ZSet  zmember -> exact total
 -- KEYS[3] lookup  Hash  member -> the tie-break time of its ZSet member: `members` on
 --                       incremental boards, `ranked` (as last resummarized) on resummarize
+-- KEYS[4] dense   ZSet  the distinct totals above 0, each scored by itself (dense_rank
+--                       boards only; absent elsewhere, and no dense rank is read)
 --
--- ARGV[1] 'top' | 'rank' | 'around'
+-- ARGV[1] 'top' | 'rank' | 'around' | 'ranks'
 -- ARGV[2] the board's tie-break: 'e' | 'l' | 'n'
 -- top:    ARGV[3] offset, ARGV[4] limit
 -- rank:   ARGV[3] member
 -- around: ARGV[3] member, ARGV[4] radius
+-- ranks:  ARGV[3..] members (each at most once)
 --
 -- Only totals above 0 are ranked; they sort before every other entry of the ZSet, so
--- index positions below `count` are exactly the ranked members.
+-- index positions below `count` are exactly the ranked members. A dense rank is 1 + the
+-- number of distinct totals strictly above the member's (ZCOUNT on `dense`).
 -- Returns { expired_through | false, count, 0-based rank of the member | -1,
 --           competition rank of the first row | 0, 0-based index of the first row,
---           { zmember, score, zmember, score, ... },
---           last_roll | false, changed_ms | false, summed_ms | false }.
-local meta, result, lookup = KEYS[1], KEYS[2], KEYS[3]
+--           rows, last_roll | false, changed_ms | false, summed_ms | false,
+--           dense rank of the first row | 0 }.
+-- rows: top, rank, around: { zmember, score, zmember, score, ... }; ranks: per member
+-- asked, in order, { 0-based rank | -1, zmember | false, score | false,
+-- competition rank | 0, dense rank | 0 }, flattened.
+local meta, result, lookup, dense = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local stamps = redis.call('HMGET', meta, 'expired_through', 'last_roll', 'changed_ms', 'summed_ms')
 local expired = stamps[1]
 local count = redis.call('ZCOUNT', result, '(0', '+inf')
-local function answer(rank, first, start, rows)
-  return { expired, count, rank, first, start, rows, stamps[2], stamps[3], stamps[4] }
+local function answer(rank, first, start, rows, first_dense)
+  return { expired, count, rank, first, start, rows, stamps[2], stamps[3], stamps[4],
+    first_dense or 0 }
 end
-local op = ARGV[1]
-local rank = -1
-local start, stop
-if op == 'top' then
-  start = tonumber(ARGV[3])
-  stop = start + tonumber(ARGV[4]) - 1
-else
-  local member, tie = ARGV[3], ARGV[2]
-  local LIMIT = 9007199254740991
+local LIMIT = 9007199254740991
+local tie = ARGV[2]
+
+-- The ZSet member of `member` as the lookup records it (nil: not recorded), or an error.
+-- A lookup value is the tie-break time, or (written by an older version) the member's
+-- whole ZSet member. Anything else is refused: it would rank the member wrongly, or as
+-- another member.
+local function zmember(member)
   local v = redis.call('HGET', lookup, member)
-  -- A lookup value is the tie-break time, or (written by an older version) the member's
-  -- whole ZSet member. Anything else is refused: it would rank the member wrongly, or as
-  -- another member.
   local z = v
   if v and tie == 'n' then
     z = member
@@ -48,9 +52,49 @@ else
   elseif v and not (string.sub(v, 17) == ':' .. member
       and string.find(v, '^%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d:')
       and tonumber(string.sub(v, 1, 16)) <= LIMIT) then
-    return redis.error_reply('ROLLBOARD corrupt: ' .. lookup .. ' holds ' .. v .. ' for ' ..
+    return nil, redis.error_reply('ROLLBOARD corrupt: ' .. lookup .. ' holds ' .. v .. ' for ' ..
       member)
   end
+  return z
+end
+
+-- 1 + the number of distinct totals above `score` (0 on a board without dense rank).
+local function dense_rank(score)
+  if not dense then return 0 end
+  return redis.call('ZCOUNT', dense, '(' .. score, '+inf') + 1
+end
+
+local op = ARGV[1]
+if op == 'ranks' then
+  local rows = {}
+  for i = 3, #ARGV do
+    local z, refused = zmember(ARGV[i])
+    if refused then return refused end
+    local score = z and redis.call('ZSCORE', result, z)
+    if score and tonumber(score) > 0 then
+      rows[#rows + 1] = redis.call('ZREVRANK', result, z)
+      rows[#rows + 1] = z
+      rows[#rows + 1] = score
+      rows[#rows + 1] = redis.call('ZCOUNT', result, '(' .. score, '+inf') + 1
+      rows[#rows + 1] = dense_rank(score)
+    else
+      rows[#rows + 1] = -1
+      rows[#rows + 1] = false
+      rows[#rows + 1] = false
+      rows[#rows + 1] = 0
+      rows[#rows + 1] = 0
+    end
+  end
+  return answer(-1, 0, 0, rows)
+end
+local rank = -1
+local start, stop
+if op == 'top' then
+  start = tonumber(ARGV[3])
+  stop = start + tonumber(ARGV[4]) - 1
+else
+  local z, refused = zmember(ARGV[3])
+  if refused then return refused end
   local score = z and redis.call('ZSCORE', result, z)
   if not score or tonumber(score) <= 0 then
     return answer(-1, 0, 0, {})
@@ -68,4 +112,4 @@ if stop >= count then stop = count - 1 end
 if start > stop then return answer(rank, 0, start, {}) end
 local rows = redis.call('ZREVRANGE', result, start, stop, 'WITHSCORES')
 local first = redis.call('ZCOUNT', result, '(' .. rows[2], '+inf') + 1
-return answer(rank, first, start, rows)
+return answer(rank, first, start, rows, dense_rank(rows[2]))

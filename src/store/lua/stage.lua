@@ -7,6 +7,8 @@
 -- KEYS[5] totals   Hash  scratch live totals:    member -> total   (flag 't')
 -- KEYS[6] marker   String  this run's marker, checked and removed by swap.lua
 -- KEYS[7] meta     Hash  the instance's `gen`, bumped by a repair (below)
+-- KEYS[8] dense    ZSet  scratch distinct totals above 0 of the scratch ranking (flag 'r'
+--                        on dense_rank boards only; absent elsewhere)
 --
 -- ARGV[1] flags: any of 'r', 'n', 'f', 't'; 'p' writes result/ranked only for totals > 0
 -- ARGV[2] time to live of the scratch keys (ms), so a crashed run leaves nothing behind
@@ -38,7 +40,7 @@ end
 local zs, _, refused = zmembers_of(KEYS[1], names, tie)
 if not zs then return refused end
 local skipped, repaired = 0, {}
-local fixed, ranking, ranked, refs, totals = {}, {}, {}, {}, {}
+local fixed, ranking, ranked, refs, totals, distinct = {}, {}, {}, {}, {}, {}
 for i, r in ipairs(rows) do r.z = zs[i] end
 for _, r in ipairs(rows) do
   if not r.z and r.fallback ~= '' then
@@ -55,6 +57,10 @@ for _, r in ipairs(rows) do
       ranking[#ranking + 1] = r.z
       ranked[#ranked + 1] = r.m
       ranked[#ranked + 1] = stored_of(r.z, tie)
+      if tonumber(r.total) > 0 then
+        distinct[#distinct + 1] = r.total
+        distinct[#distinct + 1] = r.total
+      end
     end
     refs[#refs + 1] = r.m
     refs[#refs + 1] = r.refs
@@ -70,8 +76,11 @@ if has('r') and #ranking > 0 then redis.call('ZADD', KEYS[2], unpack(ranking)) e
 if has('n') and #ranked > 0 then redis.call('HSET', KEYS[3], unpack(ranked)) end
 if has('f') and #refs > 0 then redis.call('HSET', KEYS[4], unpack(refs)) end
 if has('t') and #totals > 0 then redis.call('HSET', KEYS[5], unpack(totals)) end
-for k = 2, 5 do
-  if redis.call('EXISTS', KEYS[k]) == 1 then redis.call('PEXPIRE', KEYS[k], ARGV[2]) end
+local dense = has('r') and KEYS[8]
+if dense and #distinct > 0 then redis.call('ZADD', dense, unpack(distinct)) end
+local scratch = { KEYS[2], KEYS[3], KEYS[4], KEYS[5], dense or nil }
+for _, key in ipairs(scratch) do
+  if redis.call('EXISTS', key) == 1 then redis.call('PEXPIRE', key, ARGV[2]) end
 end
 redis.call('SET', KEYS[6], '1', 'PX', ARGV[2])
 return { skipped, repaired }

@@ -18,7 +18,7 @@ end
 -- The member writes of one call, collected by member_changed and written by
 -- write_members.
 local function member_writes()
-  return { moved = {}, removed = {}, added = {}, totals = {}, refs = {} }
+  return { moved = {}, removed = {}, added = {}, totals = {}, refs = {}, left = {}, entered = {} }
 end
 
 -- Collects in `w` the writes of member `name`, from ZSet member `z0`, total `total0` and
@@ -35,6 +35,11 @@ local function member_changed(w, incremental, name, z0, z, stored, total0, total
       w.added[#w.added + 1] = string.format('%d', total)
       w.added[#w.added + 1] = z
     end
+    -- For dense_update: the distinct totals a member left and entered.
+    if total ~= total0 then
+      if total0 > 0 then w.left[#w.left + 1] = string.format('%d', total0) end
+      if total > 0 then w.entered[#w.entered + 1] = string.format('%d', total) end
+    end
   elseif total ~= total0 or not z0 then
     w.totals[#w.totals + 1] = name
     w.totals[#w.totals + 1] = string.format('%d', total)
@@ -45,11 +50,13 @@ local function member_changed(w, incremental, name, z0, z, stored, total0, total
   end
 end
 
--- Writes what member_changed collected in `w`.
-local function write_members(w, members, result, totals, refs, negative)
+-- Writes what member_changed collected in `w`; with `dense` (a dense_rank board's distinct
+-- totals, nil otherwise), keeps it in step with `result` (dense_update).
+local function write_members(w, members, result, totals, refs, negative, dense)
   variadic('HSET', members, w.moved)
   variadic('ZREM', result, w.removed)
   variadic('ZADD', result, w.added)
+  dense_update(dense, result, w.left, w.entered)
   variadic('HSET', totals, w.totals)
   if negative then variadic('HSET', refs, w.refs) end
 end
