@@ -836,6 +836,7 @@ fn board(name: &str, n: i64, window_ms: i64) -> Board {
         tie_break: TieBreak::Earliest,
         allow_negative: false,
         dedup: Dedup::Window,
+        period: None,
     }
 }
 

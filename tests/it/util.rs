@@ -200,6 +200,7 @@ pub fn board(name: &str, slice: i64, n: i64) -> Board {
         tie_break: TieBreak::Earliest,
         allow_negative: false,
         dedup: Dedup::Window,
+        period: None,
     }
 }
 
