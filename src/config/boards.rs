@@ -218,7 +218,11 @@ impl RawBoard {
         }
         let week_start = match &self.week_start {
             Some(day) => parse_weekday(day).ok_or_else(|| {
-                invalid(key("week_start"), day, "expected monday, tuesday, ..., sunday")
+                invalid(
+                    key("week_start"),
+                    day,
+                    "expected monday, tuesday, ..., sunday",
+                )
             })?,
             None => chrono::Weekday::Mon,
         };
@@ -384,7 +388,9 @@ mod tests {
         let text = format!(
             "{PERIOD}time_zone = \"Europe/Berlin\"\nweek_start = \"sunday\"\nperiod_grace = \"10m\"\nkeep_periods = 3\n"
         );
-        let c = crate::config::Settings::from_toml(&text).expect("valid").boards[0]
+        let c = crate::config::Settings::from_toml(&text)
+            .expect("valid")
+            .boards[0]
             .period
             .expect("a period board");
         assert_eq!(c.period, Period::Week(chrono::Weekday::Sun));
@@ -395,19 +401,51 @@ mod tests {
     #[test]
     fn period_refusals_name_key_and_value() {
         let cases = [
-            (PERIOD.replace("week", "fortnight"), "boards[0].period", "fortnight"),
-            (format!("{PERIOD}time_zone = \"Mars/Olympus\"\n"), "boards[0].time_zone", "Mars/Olympus"),
-            (format!("{PERIOD}week_start = \"funday\"\n"), "boards[0].week_start", "funday"),
+            (
+                PERIOD.replace("week", "fortnight"),
+                "boards[0].period",
+                "fortnight",
+            ),
+            (
+                format!("{PERIOD}time_zone = \"Mars/Olympus\"\n"),
+                "boards[0].time_zone",
+                "Mars/Olympus",
+            ),
+            (
+                format!("{PERIOD}week_start = \"funday\"\n"),
+                "boards[0].week_start",
+                "funday",
+            ),
             (
                 PERIOD.replace("week", "day") + "week_start = \"sunday\"\n",
                 "boards[0].week_start",
                 "weekly",
             ),
-            (format!("{PERIOD}window = \"7d\"\n"), "boards[0].window", "no window"),
-            (format!("{PERIOD}period_grace = \"1500ms\"\n"), "boards[0].period_grace", "whole number"),
-            (format!("{PERIOD}keep_periods = -1\n"), "boards[0].keep_periods", "-1"),
-            (format!("{PERIOD}mode = \"resummarize\"\n"), "boards[0].mode", "incremental"),
-            (format!("{BOARD}time_zone = \"UTC\"\n"), "boards[0].time_zone", "period"),
+            (
+                format!("{PERIOD}window = \"7d\"\n"),
+                "boards[0].window",
+                "no window",
+            ),
+            (
+                format!("{PERIOD}period_grace = \"1500ms\"\n"),
+                "boards[0].period_grace",
+                "whole number",
+            ),
+            (
+                format!("{PERIOD}keep_periods = -1\n"),
+                "boards[0].keep_periods",
+                "-1",
+            ),
+            (
+                format!("{PERIOD}mode = \"resummarize\"\n"),
+                "boards[0].mode",
+                "incremental",
+            ),
+            (
+                format!("{BOARD}time_zone = \"UTC\"\n"),
+                "boards[0].time_zone",
+                "period",
+            ),
             (
                 "[[boards]]\nname = \"r\"\nmember = \"room\"\nslice = \"6h\"\n".to_string(),
                 "boards[0].window",

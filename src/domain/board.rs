@@ -194,7 +194,10 @@ impl Calendar {
             Some(day) => format!("week:{day}"),
             None => self.period_name().to_string(),
         };
-        [("period", period), ("time_zone", self.zone.name().to_string())]
+        [
+            ("period", period),
+            ("time_zone", self.zone.name().to_string()),
+        ]
     }
 }
 
@@ -280,8 +283,13 @@ impl Board {
         slice <= self.watermark_at(now, expired_through) || slice <= self.forgettable_through(now)
     }
 
-    /// Start (inclusive) and end (exclusive) of the live range in epoch ms.
+    /// Start (inclusive) and end (exclusive) of the live range in epoch ms; on a period
+    /// board, the current period.
     pub fn live_range(&self, now: i64, expired_through: Option<i64>) -> (i64, i64) {
+        if let Some(calendar) = &self.period {
+            let span = calendar.span_at(now);
+            return (span.start_ms, span.end_ms);
+        }
         let from = (self.watermark_at(now, expired_through) + 1) * self.slice_ms;
         (from, from + self.window_ms)
     }

@@ -404,7 +404,10 @@ mod tests {
         let keys = Keys::new("rb");
         let month = keys.instance("tips_month", Some(&period_instance(None, "2026-11")));
         assert_eq!(month.result(), "rb:{tips_month:@2026-11}:result");
-        let fans = keys.instance("fans_week", Some(&period_instance(Some("room42"), "2026-W48")));
+        let fans = keys.instance(
+            "fans_week",
+            Some(&period_instance(Some("room42"), "2026-W48")),
+        );
         assert_eq!(fans.meta(), "rb:{fans_week:room42@2026-W48}:meta");
         assert_eq!(
             keys.board_key("tips_month", &month.slice(7)),

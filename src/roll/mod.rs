@@ -194,11 +194,7 @@ pub async fn run_once(
         .iter()
         .filter(|b| job.covers(b) && only.is_none_or(|o| o == b.name))
     {
-        let report = match &board.period {
-            Some(calendar) => roll_periods(store, board, calendar, now).await?,
-            None => roll_board(store, board, now, chunk, cancel).await?,
-        };
-        reports.push(report);
+        reports.push(roll_board(store, board, now, chunk, cancel).await?);
     }
     Ok(reports)
 }
@@ -236,7 +232,8 @@ pub async fn roll_periods(
     Ok(report)
 }
 
-/// Rolls every instance of one board at `now`, a few instances at a time. An instance
+/// Rolls every instance of one board at `now`, a few instances at a time (a period board:
+/// [`roll_periods`]). An instance
 /// that fails is logged and counted in [`Report::instances_failed`] without stopping the
 /// others; only cancellation stops the whole board.
 ///
@@ -250,6 +247,9 @@ pub async fn roll_board(
     chunk: usize,
     cancel: &CancellationToken,
 ) -> Result<Report, RollError> {
+    if let Some(calendar) = &board.period {
+        return roll_periods(store, board, calendar, now).await;
+    }
     let target = store
         .raise_board_watermark(board, board.slice_of(now) - board.slices_in_window(), now)
         .await?;
