@@ -400,13 +400,22 @@ async fn seed_days(store: &Store, board: &Board, now: i64) -> (String, String) {
     let c = board.period.expect("period");
     let today = c.span_at(now);
     let yesterday = c.period.previous(c.zone, &today);
-    let tips = [
+    // Yesterday's tips as they arrived yesterday (its grace may be over by now).
+    let early = [
         ev("y1", yesterday.start_ms + 1, "alice", 7),
         ev("y2", yesterday.start_ms + 2, "bob", 9),
-        ev("t1", today.start_ms + 1, "alice", 3),
     ];
     store
-        .apply(board, Some("room1"), &tips, now)
+        .apply(board, Some("room1"), &early, yesterday.start_ms + 3)
+        .await
+        .expect("apply");
+    store
+        .apply(
+            board,
+            Some("room1"),
+            &[ev("t1", today.start_ms + 1, "alice", 3)],
+            now,
+        )
         .await
         .expect("apply");
     (today.id, yesterday.id)
