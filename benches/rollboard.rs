@@ -837,6 +837,7 @@ fn board(name: &str, n: i64, window_ms: i64) -> Board {
         allow_negative: false,
         dense_rank: false,
         dedup: Dedup::Window,
+        period: None,
     }
 }
 

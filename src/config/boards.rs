@@ -1,5 +1,5 @@
-//! `[[boards]]`: each board's event fields, window and slice, mode and tie break, validated
-//! into a [`Board`]; and the checks across boards (distinct names, slices the digest table
+//! `[[boards]]`: each board's event fields, window and slice (or calendar period), mode and
+//! tie break, validated into a [`Board`]; and the checks across boards (distinct names, slices the digest table
 //! can tell apart).
 
 use std::collections::HashSet;
@@ -7,8 +7,22 @@ use std::collections::HashSet;
 use serde::Deserialize;
 
 use super::error::{invalid, ConfigError};
-use super::values::{non_empty, positive_duration};
-use crate::domain::board::{is_board_name, Board, Dedup, Mode, TieBreak};
+use super::values::{duration, non_empty, positive_duration};
+use crate::domain::board::{
+    is_board_name, parse_weekday, Board, Calendar, Dedup, Mode, TieBreak, PERIOD_TICK_MS,
+};
+use crate::domain::period::Period;
+
+/// `period_grace` when not given: a tip buffered a few minutes across midnight still counts
+/// for the day it happened.
+pub const DEFAULT_PERIOD_GRACE: &str = "5m";
+/// `keep_periods` when not given.
+pub const DEFAULT_KEEP_PERIODS: i64 = 12;
+/// Most archives a period board may keep.
+pub const MAX_KEEP_PERIODS: i64 = 10_000;
+/// Longest `period_grace`: a year keeps a period's one slice number within the digest
+/// table's reach (see [`MAX_SLICES_REACHED`]; it counts seconds on a period board).
+const MAX_PERIOD_GRACE_MS: i64 = 366 * 86_400_000;
 
 /// Most slices a board's window and `ingest.max_future` may span together: the digest
 /// table tags each remembered id with its slice number mod 2^32 and counts it while the
@@ -33,10 +47,27 @@ pub(super) struct RawBoard {
     /// `scale`: decimal places of the amount.
     #[serde(default)]
     scale: i64,
-    /// `window`: how far back the board counts.
-    window: String,
-    /// `slice`: the window's granularity.
-    slice: String,
+    /// `window`: how far back the board counts (not on a period board).
+    #[serde(default)]
+    window: Option<String>,
+    /// `slice`: the window's granularity (not on a period board).
+    #[serde(default)]
+    slice: Option<String>,
+    /// `period`: `day`, `week` or `month`: a calendar-period board instead of a window.
+    #[serde(default)]
+    period: Option<String>,
+    /// `time_zone`: the IANA zone of the periods (default `UTC`).
+    #[serde(default)]
+    time_zone: Option<String>,
+    /// `week_start`: the first day of a week (default `monday`).
+    #[serde(default)]
+    week_start: Option<String>,
+    /// `period_grace`: how long a closed period still takes late events.
+    #[serde(default)]
+    period_grace: Option<String>,
+    /// `keep_periods`: closed periods kept.
+    #[serde(default)]
+    keep_periods: Option<i64>,
     /// `mode`: `incremental` or `resummarize`.
     #[serde(default = "default_mode")]
     mode: String,
@@ -131,7 +162,19 @@ impl RawBoard {
                 "must be between 0 and 15",
             ));
         }
-        let (window_ms, slice_ms) = self.span(&key)?;
+        let period = self.calendar(&key)?;
+        let (window_ms, slice_ms) = match period {
+            // One slice per period instance, numbered in seconds (see `Calendar::slice_of`).
+            Some(_) => (PERIOD_TICK_MS, PERIOD_TICK_MS),
+            None => self.span(&key)?,
+        };
+        if period.is_some() && self.mode != "incremental" {
+            return Err(invalid(
+                key("mode"),
+                &self.mode,
+                "a period board is incremental (it never subtracts, nothing to re-sum)",
+            ));
+        }
         Ok(Board {
             mode: self.mode(&key)?,
             tie_break: self.tie_break(&key)?,
@@ -145,7 +188,90 @@ impl RawBoard {
             allow_negative: self.allow_negative,
             dense_rank: self.dense_rank,
             dedup,
+            period,
         })
+    }
+
+    /// `period`, `time_zone`, `week_start`, `period_grace` and `keep_periods`: a calendar
+    /// for a period board (which has no `window` or `slice`); none of them elsewhere.
+    fn calendar(&self, key: &impl Fn(&str) -> String) -> Result<Option<Calendar>, ConfigError> {
+        let Some(period) = &self.period else {
+            let given = [
+                ("time_zone", self.time_zone.is_some()),
+                ("week_start", self.week_start.is_some()),
+                ("period_grace", self.period_grace.is_some()),
+                ("keep_periods", self.keep_periods.is_some()),
+            ];
+            if let Some((name, _)) = given.into_iter().find(|(_, given)| *given) {
+                return Err(invalid(
+                    key(name),
+                    "",
+                    "only a board with a period (day, week or month) takes it",
+                ));
+            }
+            return Ok(None);
+        };
+        for (name, given) in [("window", &self.window), ("slice", &self.slice)] {
+            if let Some(value) = given {
+                return Err(invalid(
+                    key(name),
+                    value,
+                    "a period board has no window or slice: it counts from the start of the period",
+                ));
+            }
+        }
+        let week_start = match &self.week_start {
+            Some(day) => parse_weekday(day).ok_or_else(|| {
+                invalid(
+                    key("week_start"),
+                    day,
+                    "expected monday, tuesday, ..., sunday",
+                )
+            })?,
+            None => chrono::Weekday::Mon,
+        };
+        if self.week_start.is_some() && period != "week" {
+            return Err(invalid(
+                key("week_start"),
+                self.week_start.as_deref().unwrap_or_default(),
+                "only a weekly board (period = \"week\") takes it",
+            ));
+        }
+        let period = Period::parse(period, week_start)
+            .ok_or_else(|| invalid(key("period"), period, "expected day, week or month"))?;
+        let zone = match &self.time_zone {
+            Some(name) => name.parse::<chrono_tz::Tz>().map_err(|_| {
+                invalid(
+                    key("time_zone"),
+                    name,
+                    "not an IANA time zone such as UTC or Europe/Berlin",
+                )
+            })?,
+            None => chrono_tz::UTC,
+        };
+        let grace_text = self.period_grace.as_deref().unwrap_or(DEFAULT_PERIOD_GRACE);
+        let grace_ms = duration(&key("period_grace"), grace_text)?;
+        if grace_ms % PERIOD_TICK_MS != 0 || grace_ms > MAX_PERIOD_GRACE_MS {
+            return Err(invalid(
+                key("period_grace"),
+                grace_text,
+                "must be a whole number of seconds, at most 366d",
+            ));
+        }
+        let keep = self.keep_periods.unwrap_or(DEFAULT_KEEP_PERIODS);
+        if !(0..=MAX_KEEP_PERIODS).contains(&keep) {
+            return Err(invalid(
+                key("keep_periods"),
+                keep.to_string(),
+                format!("must be between 0 and {MAX_KEEP_PERIODS}"),
+            ));
+        }
+        Ok(Some(Calendar {
+            period,
+            zone,
+            grace_ms,
+            keep: keep as u32,
+        }))
     }
 
     /// `member`, `amount` and `scope`: given, and three different fields.
@@ -175,13 +301,26 @@ impl RawBoard {
 
     /// `window` and `slice` in ms: the window a whole number of slices.
     fn span(&self, key: &impl Fn(&str) -> String) -> Result<(i64, i64), ConfigError> {
-        let window_ms = positive_duration(&key("window"), &self.window)?;
-        let slice_ms = positive_duration(&key("slice"), &self.slice)?;
+        let required = |name: &str, value: &Option<String>| {
+            value.clone().ok_or_else(|| {
+                invalid(
+                    key(name),
+                    "",
+                    "required (or give the board a period: day, week or month)",
+                )
+            })
+        };
+        let (window, slice) = (
+            required("window", &self.window)?,
+            required("slice", &self.slice)?,
+        );
+        let window_ms = positive_duration(&key("window"), &window)?;
+        let slice_ms = positive_duration(&key("slice"), &slice)?;
         if window_ms % slice_ms != 0 {
             return Err(invalid(
                 key("window"),
-                &self.window,
-                format!("must be a whole multiple of the slice ({})", self.slice),
+                &window,
+                format!("must be a whole multiple of the slice ({slice})"),
             ));
         }
         Ok((window_ms, slice_ms))
@@ -237,6 +376,90 @@ mod tests {
         assert!(e.contains("boards[0].mode") && e.contains("fast"), "{e}");
         let e = refusal(&format!("{BOARD}bogus = 1\n"));
         assert!(e.contains("bogus"), "{e}");
+    }
+
+    const PERIOD: &str = "[[boards]]\nname = \"p\"\nmember = \"room\"\nperiod = \"week\"\n";
+
+    #[test]
+    fn period_boards_take_defaults_and_their_own_keys() {
+        use crate::domain::period::Period;
+        let s = crate::config::Settings::from_toml(PERIOD).expect("valid");
+        let c = s.boards[0].period.expect("a period board");
+        assert_eq!(c.period, Period::Week(chrono::Weekday::Mon));
+        assert_eq!(c.zone, chrono_tz::UTC);
+        assert_eq!(c.grace_ms, 300_000);
+        assert_eq!(c.keep, 12);
+        let text = format!(
+            "{PERIOD}time_zone = \"Europe/Berlin\"\nweek_start = \"sunday\"\nperiod_grace = \"10m\"\nkeep_periods = 3\n"
+        );
+        let c = crate::config::Settings::from_toml(&text)
+            .expect("valid")
+            .boards[0]
+            .period
+            .expect("a period board");
+        assert_eq!(c.period, Period::Week(chrono::Weekday::Sun));
+        assert_eq!(c.zone, chrono_tz::Europe::Berlin);
+        assert_eq!((c.grace_ms, c.keep), (600_000, 3));
+    }
+
+    #[test]
+    fn period_refusals_name_key_and_value() {
+        let cases = [
+            (
+                PERIOD.replace("week", "fortnight"),
+                "boards[0].period",
+                "fortnight",
+            ),
+            (
+                format!("{PERIOD}time_zone = \"Mars/Olympus\"\n"),
+                "boards[0].time_zone",
+                "Mars/Olympus",
+            ),
+            (
+                format!("{PERIOD}week_start = \"funday\"\n"),
+                "boards[0].week_start",
+                "funday",
+            ),
+            (
+                PERIOD.replace("week", "day") + "week_start = \"sunday\"\n",
+                "boards[0].week_start",
+                "weekly",
+            ),
+            (
+                format!("{PERIOD}window = \"7d\"\n"),
+                "boards[0].window",
+                "no window",
+            ),
+            (
+                format!("{PERIOD}period_grace = \"1500ms\"\n"),
+                "boards[0].period_grace",
+                "whole number",
+            ),
+            (
+                format!("{PERIOD}keep_periods = -1\n"),
+                "boards[0].keep_periods",
+                "-1",
+            ),
+            (
+                format!("{PERIOD}mode = \"resummarize\"\n"),
+                "boards[0].mode",
+                "incremental",
+            ),
+            (
+                format!("{BOARD}time_zone = \"UTC\"\n"),
+                "boards[0].time_zone",
+                "period",
+            ),
+            (
+                "[[boards]]\nname = \"r\"\nmember = \"room\"\nslice = \"6h\"\n".to_string(),
+                "boards[0].window",
+                "required",
+            ),
+        ];
+        for (text, key, detail) in cases {
+            let e = refusal(&text);
+            assert!(e.contains(key) && e.contains(detail), "{text}: {e}");
+        }
     }
 
     #[test]

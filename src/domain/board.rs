@@ -1,8 +1,17 @@
 //! Board definitions and the window arithmetic of docs/design.md (*Window and order*), as pure functions.
 //!
 //! Time is always a parameter (epoch milliseconds); nothing here reads the clock.
+//!
+//! A calendar-period board ([`Calendar`]) keeps one instance per period, each holding one
+//! slice that lives until the period's end plus its grace: the same window arithmetic then
+//! judges its events late exactly when the grace has passed (see [`Calendar::slice_of`]).
 
 use std::fmt;
+
+use chrono::Weekday;
+use chrono_tz::Tz;
+
+use super::period::{Period, Span};
 
 /// Largest magnitude an amount or a total may have: 2^53 - 1, exact in a double.
 pub const MAX_TOTAL: i64 = (1 << 53) - 1;
@@ -84,6 +93,157 @@ pub struct Board {
     pub dense_rank: bool,
     /// How long idempotency keys are remembered.
     pub dedup: Dedup,
+    /// The calendar period of a period board (`None`: a rolling window).
+    pub period: Option<Calendar>,
+}
+
+/// Width of the clock's slices on a period board: its slice numbers count seconds, so a
+/// period's one slice is numbered by the second at which its grace ends.
+pub const PERIOD_TICK_MS: i64 = 1_000;
+
+/// How a period board cuts time: a day, week or month in a time zone, each period's
+/// archive open to late events for `grace_ms` after its end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Calendar {
+    /// Day, week (from its first weekday) or month.
+    pub period: Period,
+    /// The IANA zone whose midnights bound the periods.
+    pub zone: Tz,
+    /// How long after its end a closed period still takes events (a whole number of
+    /// seconds).
+    pub grace_ms: i64,
+    /// Closed periods kept besides the current one.
+    pub keep: u32,
+}
+
+/// Which period a query asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PeriodSelector {
+    /// The period holding `now`.
+    Current,
+    /// The period before it.
+    Previous,
+    /// The period with this id.
+    Id(String),
+}
+
+impl PeriodSelector {
+    /// `current`, `previous` or a period id (checked against the board by
+    /// [`Calendar::select`]).
+    pub fn parse(text: &str) -> PeriodSelector {
+        match text {
+            "current" => PeriodSelector::Current,
+            "previous" => PeriodSelector::Previous,
+            id => PeriodSelector::Id(id.to_string()),
+        }
+    }
+}
+
+impl Calendar {
+    /// The period holding the instant `ts`.
+    pub fn span_at(&self, ts: i64) -> Span {
+        self.period.span_at(self.zone, ts)
+    }
+
+    /// The period `selector` names at `now`, or `None` for an id that names no period of
+    /// this board.
+    pub fn select(&self, selector: &PeriodSelector, now: i64) -> Option<Span> {
+        match selector {
+            PeriodSelector::Current => Some(self.span_at(now)),
+            PeriodSelector::Previous => Some(self.period.previous(self.zone, &self.span_at(now))),
+            PeriodSelector::Id(id) => self.period.parse_id(self.zone, id),
+        }
+    }
+
+    /// The number of the one slice of `span`'s instance: the last second before the grace
+    /// ends. With [`PERIOD_TICK_MS`]-wide slices and a window of one, the slice leaves the
+    /// window (its events are late, its ids forgettable) exactly when
+    /// `end_ms + grace_ms <= now`; period bounds and the grace are whole seconds.
+    pub fn slice_of_span(&self, span: &Span) -> i64 {
+        (span.end_ms + self.grace_ms).div_euclid(PERIOD_TICK_MS) - 1
+    }
+
+    /// The slice number of the period holding `ts` ([`Calendar::slice_of_span`]).
+    pub fn slice_of(&self, ts: i64) -> i64 {
+        self.slice_of_span(&self.span_at(ts))
+    }
+
+    /// Whether `span` is closed for good at `now`: its grace has passed.
+    pub fn is_sealed(&self, span: &Span, now: i64) -> bool {
+        span.end_ms + self.grace_ms <= now
+    }
+
+    /// The config spelling of the period (`day`, `week`, `month`).
+    pub fn period_name(&self) -> &'static str {
+        match self.period {
+            Period::Day => "day",
+            Period::Week(_) => "week",
+            Period::Month => "month",
+        }
+    }
+
+    /// The first day of a week (`monday`, ...), for a weekly board.
+    pub fn week_start(&self) -> Option<&'static str> {
+        match self.period {
+            Period::Week(day) => Some(weekday_name(day)),
+            _ => None,
+        }
+    }
+
+    /// What shapes the board's instances: the period (with its first weekday) and zone.
+    fn shaping(&self) -> [(&'static str, String); 2] {
+        let period = match self.week_start() {
+            Some(day) => format!("week:{day}"),
+            None => self.period_name().to_string(),
+        };
+        [
+            ("period", period),
+            ("time_zone", self.zone.name().to_string()),
+        ]
+    }
+}
+
+/// The instance name of one period of a period board: `@<id>`, or `<scope>@<id>` on a
+/// scoped board. It is the instance's scope in the key schema (`rb:{tips:@2026-11}:...`),
+/// so a period's keys share one hash tag; period ids hold no `@`, so the last `@` splits it.
+pub fn period_instance(scope: Option<&str>, period_id: &str) -> String {
+    format!("{}@{period_id}", scope.unwrap_or(""))
+}
+
+/// The scope part of a period instance name (`None` for an unscoped board's).
+pub fn scope_of_period_instance(instance: &str) -> Option<&str> {
+    instance
+        .rsplit_once('@')
+        .map(|(scope, _)| scope)
+        .filter(|s| !s.is_empty())
+}
+
+/// `monday` ... `sunday`.
+pub fn weekday_name(day: Weekday) -> &'static str {
+    match day {
+        Weekday::Mon => "monday",
+        Weekday::Tue => "tuesday",
+        Weekday::Wed => "wednesday",
+        Weekday::Thu => "thursday",
+        Weekday::Fri => "friday",
+        Weekday::Sat => "saturday",
+        Weekday::Sun => "sunday",
+    }
+}
+
+/// Parses `monday` ... `sunday`.
+pub fn parse_weekday(text: &str) -> Option<Weekday> {
+    [
+        Weekday::Mon,
+        Weekday::Tue,
+        Weekday::Wed,
+        Weekday::Thu,
+        Weekday::Fri,
+        Weekday::Sat,
+        Weekday::Sun,
+    ]
+    .into_iter()
+    .find(|d| weekday_name(*d) == text)
 }
 
 impl Board {
@@ -92,16 +252,20 @@ impl Board {
         self.window_ms / self.slice_ms
     }
 
-    /// The slice an event time falls into: `floor(ts / slice_ms)`.
+    /// The slice an event time falls into: `floor(ts / slice_ms)`; on a period board the
+    /// one slice of the period holding `ts` ([`Calendar::slice_of`]).
     pub fn slice_of(&self, ts: i64) -> i64 {
-        ts.div_euclid(self.slice_ms)
+        match &self.period {
+            Some(calendar) => calendar.slice_of(ts),
+            None => ts.div_euclid(self.slice_ms),
+        }
     }
 
     /// The watermark at `now`: the last dead slice, slices at or below it being outside the
     /// window: the stored watermark (the `expired_through` field) or the clock's, whichever
     /// is later.
     pub fn watermark_at(&self, now: i64, stored: Option<i64>) -> i64 {
-        let by_clock = self.slice_of(now) - self.slices_in_window();
+        let by_clock = now.div_euclid(self.slice_ms) - self.slices_in_window();
         stored.map_or(by_clock, |w| w.max(by_clock))
     }
 
@@ -121,8 +285,13 @@ impl Board {
         slice <= self.watermark_at(now, expired_through) || slice <= self.forgettable_through(now)
     }
 
-    /// Start (inclusive) and end (exclusive) of the live range in epoch ms.
+    /// Start (inclusive) and end (exclusive) of the live range in epoch ms; on a period
+    /// board, the current period.
     pub fn live_range(&self, now: i64, expired_through: Option<i64>) -> (i64, i64) {
+        if let Some(calendar) = &self.period {
+            let span = calendar.span_at(now);
+            return (span.start_ms, span.end_ms);
+        }
         let from = (self.watermark_at(now, expired_through) + 1) * self.slice_ms;
         (from, from + self.window_ms)
     }
@@ -150,18 +319,25 @@ impl Board {
 
     /// The settings that shape this board's keys and scores, as (name, value) pairs in a
     /// fixed order: a board whose stored settings differ must be rebuilt or renamed.
-    /// A setting of [`DEFAULTED_SETTINGS`] is listed only away from its default, so the
-    /// settings (and the fingerprint) of a board that leaves it alone are those it had
-    /// before the setting existed.
+    /// A period board has `period` and `time_zone` where a rolling one has `window` and
+    /// `slice` (the grace and the archives kept change no key or score). A setting of
+    /// [`DEFAULTED_SETTINGS`] is listed only away from its default, so the settings (and
+    /// the fingerprint) of a board that leaves it alone are those it had before the
+    /// setting existed.
     pub fn shaping_settings(&self) -> Vec<(&'static str, String)> {
         let mut settings = vec![
             ("mode", self.mode.as_str().to_string()),
             ("tie_break", self.tie_break.as_str().to_string()),
             ("allow_negative", self.allow_negative.to_string()),
             ("scale", self.scale.to_string()),
-            ("window", format!("{}ms", self.window_ms)),
-            ("slice", format!("{}ms", self.slice_ms)),
         ];
+        match &self.period {
+            Some(calendar) => settings.extend(calendar.shaping()),
+            None => settings.extend([
+                ("window", format!("{}ms", self.window_ms)),
+                ("slice", format!("{}ms", self.slice_ms)),
+            ]),
+        }
         if self.dense_rank {
             // The distinct totals exist only for data written with it: turning it on or
             // off over existing data needs a rebuild, like the settings above.
@@ -269,6 +445,7 @@ mod tests {
             allow_negative: false,
             dense_rank: false,
             dedup: Dedup::Window,
+            period: None,
         }
     }
 

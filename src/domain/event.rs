@@ -486,6 +486,7 @@ mod tests {
             allow_negative: neg,
             dense_rank: false,
             dedup: Dedup::Window,
+            period: None,
         }
     }
 

@@ -33,6 +33,12 @@ impl Keys {
         format!("{}:board:{}:scopes", self.prefix, board)
     }
 
+    /// Registry of the periods of a period board (ZSet: period id -> its start, epoch
+    /// ms): the archives a query may name and the roll deletes beyond `keep_periods`.
+    pub fn periods(&self, board: &str) -> String {
+        format!("{}:board:{}:periods", self.prefix, board)
+    }
+
     /// The board's own watermark (Hash: `expired_through`, `last_roll`), raised by every
     /// roll of the board before its instances. It holds for every instance, including
     /// those no roll visits any more (scopes that emptied and left the registry).
@@ -45,12 +51,14 @@ impl Keys {
         format!("{}:board:{}:settings", self.prefix, board)
     }
 
-    /// The board-level records of `board` (scope registry, watermark, settings), with
-    /// their kinds: the keys of a board that are not under an instance's hash tag.
-    pub fn records(&self, board: &str) -> [(String, KeyKind); 3] {
+    /// The board-level records of `board` (scope registry, watermark, settings, period
+    /// registry), with their kinds: the keys of a board that are not under an instance's
+    /// hash tag.
+    pub fn records(&self, board: &str) -> [(String, KeyKind); 4] {
         [
             (self.window(board), KeyKind::Window),
             (self.settings(board), KeyKind::Settings),
+            (self.periods(board), KeyKind::Periods),
             (self.scopes(board), KeyKind::Scopes),
         ]
     }
@@ -182,6 +190,8 @@ pub enum KeyKind {
     Scopes,
     /// [`Keys::window`].
     Window,
+    /// [`Keys::periods`].
+    Periods,
     /// [`Keys::settings`].
     Settings,
 }
@@ -205,6 +215,7 @@ impl KeyKind {
             KeyKind::Scratch => "tmp",
             KeyKind::Scopes => "scopes",
             KeyKind::Window => "window",
+            KeyKind::Periods => "periods",
             KeyKind::Settings => "settings",
         }
     }
@@ -395,6 +406,31 @@ mod tests {
         assert_eq!(keys.scopes("fans_7d"), "lb:board:fans_7d:scopes");
         assert_eq!(keys.settings("fans_7d"), "lb:board:fans_7d:settings");
         assert_eq!(keys.window("fans_7d"), "lb:board:fans_7d:window");
+        assert_eq!(keys.periods("fans_7d"), "lb:board:fans_7d:periods");
+    }
+
+    #[test]
+    fn period_instances_are_pinned_and_read_back() {
+        use crate::domain::board::period_instance;
+        let keys = Keys::new("rb");
+        let month = keys.instance("tips_month", Some(&period_instance(None, "2026-11")));
+        assert_eq!(month.result(), "rb:{tips_month:@2026-11}:result");
+        let fans = keys.instance(
+            "fans_week",
+            Some(&period_instance(Some("room42"), "2026-W48")),
+        );
+        assert_eq!(fans.meta(), "rb:{fans_week:room42@2026-W48}:meta");
+        assert_eq!(
+            keys.board_key("tips_month", &month.slice(7)),
+            Some(BoardKey::Instance {
+                scope: Some("@2026-11".into()),
+                kind: KeyKind::Slice
+            })
+        );
+        assert_eq!(
+            keys.board_key("tips_month", "rb:board:tips_month:periods"),
+            Some(BoardKey::Record(KeyKind::Periods))
+        );
     }
 
     #[test]

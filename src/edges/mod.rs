@@ -4,4 +4,5 @@
 pub mod cli;
 pub mod daemon;
 pub mod http;
+pub mod periods;
 pub mod shutdown;

@@ -6,14 +6,14 @@
 //! An instance that meets an outage keeps only its own events pending ([`Held`]); the rest
 //! of the batch is acked.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::time::Duration;
 
 use futures_util::future::join_all;
 use tracing::warn;
 
 use crate::config::IngestSettings;
-use crate::domain::board::Board;
+use crate::domain::board::{period_instance, Board};
 use crate::domain::event::{parse_entry, Event, Reason, Rejection};
 use crate::ingest::stream::{self, DeadLetter, Entry};
 use crate::metrics::{Metrics, Skip};
@@ -351,15 +351,31 @@ impl<'a> Batch<'a> {
     /// that met an outage (they wrote nothing, and their master may be out of reach).
     fn written(&self, (groups, outcomes): (&Groups, &[Applied])) -> Vec<String> {
         groups
-            .keys()
+            .iter()
             .zip(outcomes)
             .filter(|(_, outcome)| !outcome.as_ref().is_err_and(StoreError::is_outage))
-            .flat_map(|((b, scope), _)| {
+            .flat_map(|(((b, scope), evs), _)| {
                 let board = &self.boards[*b];
                 let registry = scope
                     .as_ref()
                     .map(|_| self.store.keys().scopes(&board.name));
-                std::iter::once(self.store.instance(board, scope.as_deref()).meta()).chain(registry)
+                let Some(calendar) = &board.period else {
+                    return std::iter::once(self.store.instance(board, scope.as_deref()).meta())
+                        .chain(registry)
+                        .collect::<Vec<_>>();
+                };
+                // A period board's events went to the instance of their period, each
+                // registered in the board's instance and period registries.
+                let ids: BTreeSet<String> =
+                    evs.iter().map(|(_, e)| calendar.span_at(e.ts).id).collect();
+                let keys = self.store.keys();
+                ids.iter()
+                    .map(|id| {
+                        let instance = period_instance(scope.as_deref(), id);
+                        self.store.instance(board, Some(&instance)).meta()
+                    })
+                    .chain([keys.scopes(&board.name), keys.periods(&board.name)])
+                    .collect()
             })
             .collect()
     }

@@ -629,6 +629,7 @@ mod tests {
             allow_negative: false,
             dense_rank: false,
             dedup: Dedup::Window,
+            period: None,
         }
     }
 

@@ -9,8 +9,9 @@ use crate::config::tokens::{Observer, Reload};
 
 /// The route templates of the HTTP API (the `route` label values of
 /// `rollboard_http_request_duration_seconds`): never raw paths.
-pub const HTTP_ROUTES: [&str; 9] = [
+pub const HTTP_ROUTES: [&str; 10] = [
     "/v1/boards",
+    "/v1/boards/{board}",
     "/v1/boards/{board}/top",
     "/v1/boards/{board}/ranks",
     "/v1/boards/{board}/members/{member}",

@@ -25,7 +25,7 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
-use crate::domain::board::{Board, Mode};
+use crate::domain::board::{Board, Calendar, Mode};
 use crate::metrics::Rolled;
 use crate::store::{Store, StoreError};
 
@@ -73,6 +73,8 @@ pub struct Report {
     pub ids_forgotten: u64,
     /// Scopes dropped from the registry because their instance emptied.
     pub scopes_removed: u64,
+    /// Closed periods deleted beyond `keep_periods` (period boards).
+    pub periods_removed: u64,
     /// Resummarize instances whose live slices were summed again (the others had not
     /// changed since their ranking was summed, and kept it).
     pub resummed: u64,
@@ -167,9 +169,10 @@ impl Job {
     }
 }
 
-/// The instances of a board: its scopes, or the one unscoped instance.
+/// The instances of a board: its scopes, or the one unscoped instance; on a period board
+/// every registered instance (one per period, and per scope).
 pub async fn instances(store: &Store, board: &Board) -> Result<Vec<Option<String>>, StoreError> {
-    if board.is_scoped() {
+    if board.is_scoped() || board.period.is_some() {
         Ok(store.scopes(board).await?.into_iter().map(Some).collect())
     } else {
         Ok(vec![None])
@@ -196,7 +199,41 @@ pub async fn run_once(
     Ok(reports)
 }
 
-/// Rolls every instance of one board at `now`, a few instances at a time. An instance
+/// The roll of a period board at `now`: nothing expires (a period is closed by the
+/// clock, its archive read-only once its grace has passed); the archives beyond
+/// `keep_periods` are deleted.
+pub async fn roll_periods(
+    store: &Store,
+    board: &Board,
+    calendar: &Calendar,
+    now: i64,
+) -> Result<Report, RollError> {
+    let current = calendar.span_at(now);
+    let mut report = Report {
+        board: board.name.clone(),
+        mode: board.mode.as_str(),
+        window_from: Some(current.start_ms),
+        window_to: Some(current.end_ms),
+        ..Report::default()
+    };
+    match store.forget_periods(board, calendar, now).await {
+        Ok(forgotten) => {
+            report.instances = forgotten.instances;
+            report.periods_removed = forgotten.periods.len() as u64;
+        }
+        // Like a failed instance: counted, and the next run deletes what is left.
+        Err(e) => {
+            warn!(board = %board.name, error = %e, "closed periods not deleted; the next run retries");
+            report.instances_failed = 1;
+            report.first_error = Some(e.to_string());
+            *report.redis_errors.entry(e.kind()).or_default() += 1;
+        }
+    }
+    Ok(report)
+}
+
+/// Rolls every instance of one board at `now`, a few instances at a time (a period board:
+/// [`roll_periods`]). An instance
 /// that fails is logged and counted in [`Report::instances_failed`] without stopping the
 /// others; only cancellation stops the whole board.
 ///
@@ -210,6 +247,9 @@ pub async fn roll_board(
     chunk: usize,
     cancel: &CancellationToken,
 ) -> Result<Report, RollError> {
+    if let Some(calendar) = &board.period {
+        return roll_periods(store, board, calendar, now).await;
+    }
     let target = store
         .raise_board_watermark(board, board.slice_of(now) - board.slices_in_window(), now)
         .await?;

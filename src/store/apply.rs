@@ -401,7 +401,27 @@ impl Store {
     /// answer `Duplicate` for their events the next time. The calls are sent at once, on
     /// one connection, each chained after the one before it (it runs only once that one's
     /// events were judged): Redis does not wait for this side between them.
+    ///
+    /// On a period board the events are split by period first, each period an instance
+    /// of its own (see `periods.rs`).
     pub async fn apply(
+        &self,
+        board: &Board,
+        scope: Option<&str>,
+        events: &[ApplyEvent],
+        now: i64,
+    ) -> Result<Vec<Outcome>, StoreError> {
+        match &board.period {
+            Some(calendar) if !events.is_empty() => {
+                self.apply_periods(board, calendar, scope, events, now)
+                    .await
+            }
+            _ => self.apply_instance(board, scope, events, now).await,
+        }
+    }
+
+    /// [`Store::apply`] to the one instance `scope` names.
+    pub(super) async fn apply_instance(
         &self,
         board: &Board,
         scope: Option<&str>,

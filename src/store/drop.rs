@@ -392,7 +392,7 @@ mod tests {
             found.add(key, BoardKey::Record(kind));
         }
         let all = found.keys();
-        assert_eq!(all.len(), 3 * 151 + 3);
+        assert_eq!(all.len(), 3 * 151 + 4);
         assert_eq!(all.last().map(String::as_str), Some("rb:board:tips:scopes"));
         for clustered in [false, true] {
             let batches = unlink_batches(all.clone(), clustered);

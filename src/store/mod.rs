@@ -33,6 +33,7 @@ mod drop;
 mod expire;
 mod lease;
 pub mod lua;
+mod periods;
 mod query;
 mod replicas;
 mod scopes;
@@ -46,6 +47,7 @@ pub use connect::{script_commands, Conflict, Conflicts, Denied, Reconnect, Refus
 pub use drop::{scan_denied, BoardKeys, UNLINK_BATCH};
 pub use expire::{Expired, Trimmed, EXPIRE_CALL_FIELDS, TRIM_CALL_IDS, TRIM_CALL_LOG};
 pub use lease::{Lease, TICK_RECORD};
+pub use periods::{ForgottenPeriods, PeriodState, PERIOD_DELETE_MARGIN_MS};
 pub use replicas::NOREPLICAS;
 pub use stage::{
     StageTargets, Staged, Summed, SwapCheck, RESUM_AT_LEAST_EVERY_MS, STAGE_CALL_ROWS,

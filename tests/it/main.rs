@@ -26,6 +26,7 @@ mod operator_metrics;
 mod operator_typos_racing_rolls_and_hostile_clients;
 mod outage_classes;
 mod partitions;
+mod periods;
 mod pinned_settings;
 mod prometheus;
 mod proxy;

@@ -201,6 +201,7 @@ pub fn board(name: &str, slice: i64, n: i64) -> Board {
         allow_negative: false,
         dense_rank: false,
         dedup: Dedup::Window,
+        period: None,
     }
 }
 

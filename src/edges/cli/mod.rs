@@ -19,6 +19,7 @@ mod connect;
 pub mod dead_letters;
 mod drop_board;
 mod output;
+mod periods;
 mod query;
 mod roll;
 mod send;
@@ -78,6 +79,10 @@ pub enum Command {
         /// Entries to skip.
         #[arg(long, default_value_t = 0)]
         offset: u64,
+        /// Period of a period board: current (default), previous or an id (2026-11-26,
+        /// 2026-W48, 2026-11).
+        #[arg(long)]
+        period: Option<String>,
         /// Machine-readable output.
         #[arg(long)]
         json: bool,
@@ -94,6 +99,10 @@ pub enum Command {
         /// Scope value (required for scoped boards).
         #[arg(long)]
         scope: Option<String>,
+        /// Period of a period board: current (default), previous or an id (2026-11-26,
+        /// 2026-W48, 2026-11).
+        #[arg(long)]
+        period: Option<String>,
         /// Machine-readable output.
         #[arg(long)]
         json: bool,
@@ -110,6 +119,10 @@ pub enum Command {
         /// Entries on each side (0 to 100).
         #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(0..=100))]
         radius: u64,
+        /// Period of a period board: current (default), previous or an id (2026-11-26,
+        /// 2026-W48, 2026-11).
+        #[arg(long)]
+        period: Option<String>,
         /// Machine-readable output.
         #[arg(long)]
         json: bool,
@@ -230,24 +243,36 @@ async fn dispatch(settings: &Settings, command: Command) -> anyhow::Result<u8> {
             scope,
             limit,
             offset,
+            period,
             json,
-        } => query::top(settings, &board, scope.as_deref(), limit, offset, json).await,
+        } => {
+            let target = (scope.as_deref(), period.as_deref());
+            query::top(settings, &board, target, limit, offset, json).await
+        }
         Command::Rank {
             board,
             members,
             scope,
+            period,
             json,
-        } => match members.as_slice() {
-            [member] => query::rank(settings, &board, member, scope.as_deref(), json).await,
-            _ => query::ranks(settings, &board, &members, scope.as_deref(), json).await,
-        },
+        } => {
+            let target = (scope.as_deref(), period.as_deref());
+            match members.as_slice() {
+                [member] => query::rank(settings, &board, member, target, json).await,
+                _ => query::ranks(settings, &board, &members, target, json).await,
+            }
+        }
         Command::Around {
             board,
             member,
             scope,
             radius,
+            period,
             json,
-        } => query::around(settings, &board, &member, scope.as_deref(), radius, json).await,
+        } => {
+            let target = (scope.as_deref(), period.as_deref());
+            query::around(settings, &board, &member, target, radius, json).await
+        }
         Command::Send { file } => send::send(settings, file).await,
         Command::DropBoard {
             board,

@@ -2,7 +2,7 @@
 //! checks of their board, scope and member arguments.
 
 use super::connect::connect;
-use super::output::print_page;
+use super::periods::{period_of, period_rank, print_period_page};
 use super::time::{as_of, show_time};
 use super::{Usage, EXIT_NOT_FOUND};
 use crate::config::Settings;
@@ -37,20 +37,25 @@ fn check_member(member: &str) -> Result<(), Usage> {
         .map_err(|why| Usage(format!("member {why}")))
 }
 
-/// `top`: one page of the board's ranking.
+/// `top`: one page of the board's ranking (of one period on a period board).
 pub(super) async fn top(
     settings: &Settings,
     board: &str,
-    scope: Option<&str>,
+    (scope, period): (Option<&str>, Option<&str>),
     limit: u64,
     offset: u64,
     json: bool,
 ) -> anyhow::Result<u8> {
     let board = resolve_board(settings, board, scope)?;
+    // A bad --period is a usage error before any connection (ids need no clock).
+    period_of(board, scope, period, 0)?;
     let store = connect(settings).await?;
     let now = store.time_ms().await?;
-    let page = store.top(board, scope, offset, limit, now).await?;
-    print_page(&page, json)?;
+    let selected = period_of(board, scope, period, now)?;
+    let page = store
+        .top(board, selected.instance(scope), offset, limit, now)
+        .await?;
+    print_period_page(page, &selected, scope, json)?;
     Ok(0)
 }
 
@@ -59,19 +64,23 @@ pub(super) async fn rank(
     settings: &Settings,
     board: &str,
     member: &str,
-    scope: Option<&str>,
+    (scope, period): (Option<&str>, Option<&str>),
     json: bool,
 ) -> anyhow::Result<u8> {
     let board = resolve_board(settings, board, scope)?;
     check_member(member)?;
+    // A bad --period is a usage error before any connection (ids need no clock).
+    period_of(board, scope, period, 0)?;
     let store = connect(settings).await?;
     let now = store.time_ms().await?;
-    let rank = store.rank(board, scope, member, now).await?;
+    let selected = period_of(board, scope, period, now)?;
+    let rank = store
+        .rank(board, selected.instance(scope), member, now)
+        .await?;
     let found = rank.is_ranked();
-    if json && found {
-        println!("{}", serde_json::to_string(&rank)?);
-    } else if json {
-        println!("{}", rank.not_on_board());
+    let (rank, answer) = period_rank(rank, &selected, scope);
+    if json {
+        println!("{answer}");
     } else {
         print_rank(&rank);
     }
@@ -115,10 +124,12 @@ pub(super) async fn ranks(
     settings: &Settings,
     board: &str,
     members: &[String],
-    scope: Option<&str>,
+    (scope, period): (Option<&str>, Option<&str>),
     json: bool,
 ) -> anyhow::Result<u8> {
     let board = resolve_board(settings, board, scope)?;
+    // A bad --period is a usage error before any connection (ids need no clock).
+    period_of(board, scope, period, 0)?;
     if members.len() > MAX_RANKS_MEMBERS {
         return Err(Usage(format!(
             "rank takes at most {MAX_RANKS_MEMBERS} members, not {}",
@@ -131,8 +142,13 @@ pub(super) async fn ranks(
     }
     let store = connect(settings).await?;
     let now = store.time_ms().await?;
+    let selected = period_of(board, scope, period, now)?;
     let names: Vec<&str> = members.iter().map(String::as_str).collect();
-    let subset = store.ranks(board, scope, &names, now).await?;
+    let mut subset = store
+        .ranks(board, selected.instance(scope), &names, now)
+        .await?;
+    // A period's instance is the board's period, not a scope of its own.
+    subset.scope = scope.map(str::to_string);
     if json {
         println!("{}", serde_json::to_string(&subset)?);
     } else {
@@ -202,22 +218,27 @@ pub(super) async fn around(
     settings: &Settings,
     board: &str,
     member: &str,
-    scope: Option<&str>,
+    (scope, period): (Option<&str>, Option<&str>),
     radius: u64,
     json: bool,
 ) -> anyhow::Result<u8> {
     let board = resolve_board(settings, board, scope)?;
     check_member(member)?;
+    // A bad --period is a usage error before any connection (ids need no clock).
+    period_of(board, scope, period, 0)?;
     let store = connect(settings).await?;
     let now = store.time_ms().await?;
-    match store.around(board, scope, member, radius, now).await? {
+    let selected = period_of(board, scope, period, now)?;
+    let instance = selected.instance(scope);
+    match store.around(board, instance, member, radius, now).await? {
         Ok(page) => {
-            print_page(&page, json)?;
+            print_period_page(page, &selected, scope, json)?;
             Ok(0)
         }
         Err(missing) => {
+            let (missing, answer) = period_rank(missing, &selected, scope);
             if json {
-                println!("{}", missing.not_on_board());
+                println!("{answer}");
             } else {
                 println!(
                     "{} is not on {} ({} ranked)",

@@ -51,11 +51,14 @@ fn print_reports(reports: Vec<Report>) -> u8 {
     // Exit 75 when every failure was an outage: then running it again may succeed.
     let mut only_outages = true;
     for r in reports {
-        let resummed = if r.mode == Mode::Resummarize.as_str() {
+        let mut resummed = if r.mode == Mode::Resummarize.as_str() {
             format!(", {} re-summed", r.resummed)
         } else {
             String::new()
         };
+        if r.periods_removed > 0 {
+            resummed += &format!(", {} closed period(s) deleted", r.periods_removed);
+        }
         println!(
             "{} ({}): {} instance(s), {} slice(s) expired, {} member(s) removed, {} id(s) forgotten{resummed}",
             r.board, r.mode, r.instances, r.slices_expired, r.members_removed, r.ids_forgotten

@@ -51,6 +51,7 @@ use crate::metrics::Metrics;
 use crate::store::Store;
 
 mod auth;
+mod board;
 mod error;
 mod health;
 mod intake;
@@ -303,6 +304,7 @@ fn query_routes(state: &AppState) -> Router<Arc<AppState>> {
     let reader = || axum::middleware::from_fn_with_state(tokens.query.clone(), auth::bearer);
     Router::new()
         .route("/v1/boards", get(query::boards).layer(reader()))
+        .route("/v1/boards/{board}", get(board::board).layer(reader()))
         .route("/v1/boards/{board}/top", get(query::top).layer(reader()))
         .route(
             "/v1/boards/{board}/ranks",

@@ -17,6 +17,7 @@ use super::params::params;
 use super::AppState;
 use crate::domain::board::{parse_duration_ms, Board};
 use crate::domain::event::check_name;
+use crate::edges::periods::{select, Selected};
 
 fn board<'a>(state: &'a AppState, name: &str) -> ApiResult<&'a Board> {
     state.settings.board(name).ok_or_else(|| {
@@ -43,6 +44,20 @@ fn scope_of<'a>(board: &Board, params: &'a HashMap<String, String>) -> ApiResult
             .map_err(|why| ApiError::BadRequest(format!("scope {why}"))),
         _ => Ok(None),
     }
+}
+
+/// Redis's clock now, and the period `?period=` names on a period board (see
+/// [`crate::edges::periods::select`]).
+fn period_of(
+    state: &AppState,
+    board: &Board,
+    scope: Option<&str>,
+    params: &HashMap<String, String>,
+) -> ApiResult<(i64, Selected)> {
+    let now = state.clock.now();
+    let period = params.get("period").map(String::as_str);
+    let selected = select(board, scope, period, now).map_err(ApiError::BadRequest)?;
+    Ok((now, selected))
 }
 
 fn number(
@@ -101,6 +116,7 @@ pub(super) async fn boards(
             })
         })
         .collect();
+    let list = super::board::with_calendars(&state.settings.boards, list);
     Ok(Json(json!({ "boards": list })))
 }
 
@@ -111,17 +127,20 @@ pub(super) async fn top(
     RawQuery(query): RawQuery,
 ) -> ApiResult<Response> {
     let name = path(name)?;
-    let params = params(query, &["limit", "offset", "scope"])?;
+    let params = params(query, &["limit", "offset", "scope", "period"])?;
     let b = board(&state, &name)?;
     let scope = scope_of(b, &params)?;
     let limit = number(&params, "limit", 10, 1..=1000)?;
     let offset = number(&params, "offset", 0, 0..=u64::MAX)?;
+    let (now, period) = period_of(&state, b, scope, &params)?;
     let page = redis(
         &state,
-        state.store.top(b, scope, offset, limit, state.clock.now()),
+        state
+            .store
+            .top(b, period.instance(scope), offset, limit, now),
     )
     .await?;
-    Ok(Json(page).into_response())
+    Ok(Json(period.relabel(json!(page), scope)).into_response())
 }
 
 /// `GET /v1/boards/{board}/members/{member}`: one member's rank (404 when not on the board).
@@ -131,19 +150,22 @@ pub(super) async fn rank(
     RawQuery(query): RawQuery,
 ) -> ApiResult<Response> {
     let (name, member) = path(names)?;
-    let params = params(query, &["scope"])?;
+    let params = params(query, &["scope", "period"])?;
     let b = board(&state, &name)?;
     let scope = scope_of(b, &params)?;
     let member = member_of(&member)?;
+    let (now, period) = period_of(&state, b, scope, &params)?;
     let rank = redis(
         &state,
-        state.store.rank(b, scope, member, state.clock.now()),
+        state.store.rank(b, period.instance(scope), member, now),
     )
     .await?;
     if !rank.is_ranked() {
-        return Err(ApiError::NotOnBoard(rank.not_on_board()));
+        return Err(ApiError::NotOnBoard(
+            period.relabel(rank.not_on_board(), scope),
+        ));
     }
-    Ok(Json(rank).into_response())
+    Ok(Json(period.relabel(json!(rank), scope)).into_response())
 }
 
 /// `GET /v1/boards/{board}/members/{member}/around`: the entries on each side of one
@@ -154,21 +176,24 @@ pub(super) async fn around(
     RawQuery(query): RawQuery,
 ) -> ApiResult<Response> {
     let (name, member) = path(names)?;
-    let params = params(query, &["radius", "scope"])?;
+    let params = params(query, &["radius", "scope", "period"])?;
     let b = board(&state, &name)?;
     let scope = scope_of(b, &params)?;
     let member = member_of(&member)?;
     let radius = number(&params, "radius", 5, 0..=100)?;
+    let (now, period) = period_of(&state, b, scope, &params)?;
     match redis(
         &state,
         state
             .store
-            .around(b, scope, member, radius, state.clock.now()),
+            .around(b, period.instance(scope), member, radius, now),
     )
     .await?
     {
-        Ok(page) => Ok(Json(page).into_response()),
-        Err(missing) => Err(ApiError::NotOnBoard(missing.not_on_board())),
+        Ok(page) => Ok(Json(period.relabel(json!(page), scope)).into_response()),
+        Err(missing) => Err(ApiError::NotOnBoard(
+            period.relabel(missing.not_on_board(), scope),
+        )),
     }
 }
 

@@ -1,0 +1,105 @@
+//! The `period` of a query on a calendar-period board (`period=` over HTTP, `--period` on
+//! the command line): which period instance it reads, and the answer relabelled with the
+//! board's own scope, the period's id and its bounds.
+
+use serde_json::Value;
+
+use crate::domain::board::{period_instance, Board, PeriodSelector};
+use crate::domain::period::Span;
+
+/// The period a query reads: on a period board, the instance of the chosen period (the
+/// current one unless named); elsewhere nothing.
+#[derive(Debug, Clone, Default)]
+pub struct Selected {
+    /// The instance name to read (see [`period_instance`]).
+    instance: Option<String>,
+    /// The period.
+    span: Option<Span>,
+}
+
+/// Resolves `period` (`current`, `previous` or an id) for `board` at `now`: a usage
+/// error (HTTP 400) for a period on a board without one, or an id that names no period.
+pub fn select(
+    board: &Board,
+    scope: Option<&str>,
+    period: Option<&str>,
+    now: i64,
+) -> Result<Selected, String> {
+    let Some(calendar) = &board.period else {
+        return match period {
+            Some(_) => Err(format!(
+                "board {} has no calendar period: drop the period",
+                board.name
+            )),
+            None => Ok(Selected::default()),
+        };
+    };
+    let selector = PeriodSelector::parse(period.unwrap_or("current"));
+    let span = calendar.select(&selector, now).ok_or_else(|| {
+        let example = calendar.span_at(now).id;
+        format!(
+            "period must be current, previous or a {} id such as {example}",
+            calendar.period_name()
+        )
+    })?;
+    Ok(Selected {
+        instance: Some(period_instance(scope, &span.id)),
+        span: Some(span),
+    })
+}
+
+impl Selected {
+    /// The instance to pass to the store in place of the scope.
+    pub fn instance<'a>(&'a self, scope: Option<&'a str>) -> Option<&'a str> {
+        self.instance.as_deref().or(scope)
+    }
+
+    /// The period read, if the board has periods.
+    pub fn span(&self) -> Option<&Span> {
+        self.span.as_ref()
+    }
+
+    /// An answer (a page, a rank) as JSON, relabelled: its `scope` the board's scope
+    /// value, `window_from`/`window_to` the period's bounds, and `period` its id.
+    pub fn relabel(&self, mut answer: Value, scope: Option<&str>) -> Value {
+        let (Some(span), Value::Object(fields)) = (&self.span, &mut answer) else {
+            return answer;
+        };
+        fields.insert("scope".into(), scope.into());
+        fields.insert("period".into(), span.id.clone().into());
+        fields.insert("window_from".into(), span.start_ms.into());
+        fields.insert("window_to".into(), span.end_ms.into());
+        if let Some(Value::String(error)) = fields.get_mut("error") {
+            if let Some(instance) = &self.instance {
+                let shown = match scope {
+                    Some(s) => format!("{s:?}"),
+                    None => String::new(),
+                };
+                *error = error.replace(&format!(" (scope {instance:?})"), "");
+                error.push_str(&format!(" (period {}", span.id));
+                if !shown.is_empty() {
+                    error.push_str(&format!(", scope {shown}"));
+                }
+                error.push(')');
+            }
+        }
+        answer
+    }
+}
+
+/// A board's description with its calendar, for a period board: `period`, `time_zone`,
+/// `week_start` (weekly boards), `period_grace_ms` and `keep_periods`, and no window or
+/// slice (`null`).
+pub fn describe(board: &Board, mut description: Value) -> Value {
+    let (Some(calendar), Value::Object(fields)) = (&board.period, &mut description) else {
+        return description;
+    };
+    fields.insert("window_ms".into(), Value::Null);
+    fields.insert("slice_ms".into(), Value::Null);
+    fields.insert("period".into(), calendar.period_name().into());
+    fields.insert("time_zone".into(), calendar.zone.name().into());
+    fields.insert("week_start".into(), calendar.week_start().into());
+    fields.insert("period_grace_ms".into(), calendar.grace_ms.into());
+    fields.insert("keep_periods".into(), calendar.keep.into());
+    description
+}
