@@ -1,0 +1,4 @@
+//! The command line: exit statuses, configuration precedence, JSON shapes, `send` and `drop-board`.
+
+mod drop_board;
+mod exit_codes_precedence_and_shapes;

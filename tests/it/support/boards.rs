@@ -1,0 +1,250 @@
+//! Boards, events and what a board instance holds: board and event builders, key snapshots,
+//! the digest table's entries and logs, rolling every instance, totals and Redis's clock.
+
+use std::time::Duration;
+
+use rollboard::board::{Board, Dedup, Mode, TieBreak};
+use rollboard::store::{ApplyEvent, Store};
+
+use crate::support::*;
+
+/// An event for `Store::apply`.
+pub fn ev(id: &str, ts: i64, member: &str, amount: i64) -> ApplyEvent {
+    ApplyEvent {
+        id: id.into(),
+        ts,
+        member: member.into(),
+        amount,
+    }
+}
+
+/// A board with small slices for tests: `slice` ms wide, `n` slices per window.
+pub fn board(name: &str, slice: i64, n: i64) -> Board {
+    Board {
+        name: name.into(),
+        member: "user".into(),
+        scope: None,
+        amount: "amount".into(),
+        scale: 0,
+        window_ms: slice * n,
+        slice_ms: slice,
+        mode: Mode::Incremental,
+        tie_break: TieBreak::Earliest,
+        allow_negative: false,
+        dedup: Dedup::Window,
+    }
+}
+
+/// The four shapes of board a script can run for (incremental or resummarize, with or
+/// without refunds, each tie-break), `slice` ms wide, `n` slices per window.
+pub fn variants(slice: i64, n: i64) -> Vec<Board> {
+    let inc = board("inc", slice, n);
+    let mut inc_neg = board("incneg", slice, n);
+    inc_neg.allow_negative = true;
+    inc_neg.tie_break = TieBreak::Latest;
+    let mut res = board("res", slice, n);
+    res.mode = Mode::Resummarize;
+    let mut res_neg = board("resneg", slice, n);
+    res_neg.mode = Mode::Resummarize;
+    res_neg.allow_negative = true;
+    res_neg.tie_break = TieBreak::None;
+    vec![inc, inc_neg, res, res_neg]
+}
+
+/// Every key under an unscoped board's hash tag with its DUMP, to prove a call wrote
+/// nothing.
+pub async fn snapshot(store: &Store, board: &Board) -> std::collections::BTreeMap<String, Vec<u8>> {
+    use fred::prelude::*;
+    use fred::types::{ClusterHash, CustomCommand};
+    let pattern = format!("rb:{{{}}}:*", board.name);
+    let keys: Vec<String> = store
+        .client()
+        .custom(
+            CustomCommand::new_static("KEYS", ClusterHash::Random, false),
+            vec![pattern],
+        )
+        .await
+        .expect("keys");
+    let mut out = std::collections::BTreeMap::new();
+    for key in keys {
+        let dump: Value = store
+            .client()
+            .custom(
+                CustomCommand::new_static("DUMP", ClusterHash::FirstKey, false),
+                vec![key.clone()],
+            )
+            .await
+            .expect("dump");
+        let bytes = match dump {
+            Value::Bytes(b) => b.to_vec(),
+            Value::String(s) => s.as_bytes().to_vec(),
+            other => format!("{other:?}").into_bytes(),
+        };
+        out.insert(key, bytes);
+    }
+    out
+}
+
+/// The boards of [`BOARDS`], validated.
+pub fn test_boards() -> Vec<Board> {
+    rollboard::config::Settings::from_toml(BOARDS)
+        .expect("test boards")
+        .boards
+}
+
+/// One entry of an instance's digest table: the id's digest and its slice (mod 2^32).
+pub type SeenEntry = ([u8; 16], u32);
+
+/// Reads the digest table of an instance (the linear hash described in `apply.lua`) and
+/// checks its invariants: the state fields, every bucket named by an address below
+/// 2^L + p holding whole 20-byte entries whose digests all address that bucket, and `#n`
+/// equal to the entries held. Returns every entry.
+pub async fn seen_table(store: &Store, board: &Board, scope: Option<&str>) -> Vec<SeenEntry> {
+    use fred::prelude::*;
+    let key = store.instance(board, scope).seen_table();
+    let fields: std::collections::HashMap<String, Vec<u8>> =
+        store.client().hgetall(&key).await.expect("hgetall");
+    if fields.is_empty() {
+        return Vec::new();
+    }
+    let number = |f: &str| -> u64 {
+        let v = fields.get(f).unwrap_or_else(|| panic!("{key} has no {f}"));
+        std::str::from_utf8(v).unwrap().parse().unwrap()
+    };
+    let (level, split, held) = (number("#L"), number("#p"), number("#n"));
+    assert!(split < 1 << level, "{key}: #p {split} with #L {level}");
+    let mut out = Vec::new();
+    for (field, value) in &fields {
+        if field.starts_with('#') {
+            continue;
+        }
+        let a: u64 = field
+            .parse()
+            .unwrap_or_else(|_| panic!("{key}: field {field}"));
+        assert!(a < (1 << level) + split, "{key}: bucket {a} past the table");
+        assert!(!value.is_empty(), "{key}: empty bucket {a} kept");
+        assert_eq!(
+            value.len() % 20,
+            0,
+            "{key}: bucket {a} of {} bytes",
+            value.len()
+        );
+        for entry in value.chunks(20) {
+            let h = u64::from(u32::from_be_bytes(entry[..4].try_into().unwrap()));
+            let mut addr = h % (1 << level);
+            if addr < split {
+                addr = h % (1 << (level + 1));
+            }
+            assert_eq!(addr, a, "{key}: an entry of bucket {a} addresses {addr}");
+            out.push((
+                entry[..16].try_into().unwrap(),
+                u32::from_be_bytes(entry[16..].try_into().unwrap()),
+            ));
+        }
+    }
+    assert_eq!(out.len() as u64, held, "{key}: #n");
+    out
+}
+
+/// Whether the instance remembers `id` as applied in slice `n`.
+pub async fn remembers(
+    store: &Store,
+    board: &Board,
+    scope: Option<&str>,
+    id: &str,
+    n: i64,
+) -> bool {
+    let digest = rollboard::store::id_digest(id);
+    seen_table(store, board, scope)
+        .await
+        .contains(&(digest, n.rem_euclid(1 << 32) as u32))
+}
+
+/// The instance's forget-log keys (`seen:<n>`) that exist.
+pub async fn seen_logs(store: &Store, board: &Board, scope: Option<&str>) -> Vec<String> {
+    use fred::prelude::*;
+    use fred::types::{ClusterHash, CustomCommand};
+    let table = store.instance(board, scope).seen_table();
+    let pattern = format!("{}:*", table.trim_end_matches(":ids"));
+    let mut keys: Vec<String> = store
+        .client()
+        .custom(
+            CustomCommand::new_static("KEYS", ClusterHash::Random, false),
+            vec![pattern],
+        )
+        .await
+        .expect("keys");
+    keys.retain(|k| k != &table);
+    keys.sort();
+    keys
+}
+
+/// Runs both jobs once at `now` over `boards` (`schedule.chunk` = `chunk`) and checks
+/// that every instance was rolled.
+pub async fn roll_all(
+    store: &Store,
+    boards: &[Board],
+    now: i64,
+    chunk: usize,
+) -> Vec<rollboard::roll::Report> {
+    let reports = rollboard::roll::run_once(
+        store,
+        boards,
+        rollboard::roll::Job::All,
+        None,
+        now,
+        chunk,
+        &tokio_util::sync::CancellationToken::new(),
+    )
+    .await
+    .expect("roll");
+    for r in &reports {
+        assert_eq!(r.instances_failed, 0, "{}: {:?}", r.board, r.first_error);
+    }
+    reports
+}
+
+/// Ingest settings for `process_batch` called directly: `stream` in `partitions`
+/// partitions, the default group and dead-letter stream.
+pub fn ingest_settings(stream: &str, partitions: usize) -> rollboard::config::IngestSettings {
+    rollboard::config::IngestSettings {
+        stream: stream.into(),
+        partitions,
+        group: "rollboard".into(),
+        consumer: "c1".into(),
+        batch_size: 100,
+        block: Duration::from_millis(100),
+        claim_idle: Duration::from_secs(30),
+        dead_letter_stream: "rb:events:dead".into(),
+        dead_letter_max_len: 100_000,
+        retain: Duration::from_secs(60),
+        max_future_ms: 60_000,
+    }
+}
+
+/// One stream entry `id` with `fields`.
+pub fn entry(id: &str, fields: &[(&str, &str)]) -> rollboard::ingest::Entry {
+    rollboard::ingest::Entry {
+        id: id.into(),
+        fields: Some(
+            fields
+                .iter()
+                .map(|(k, v)| (k.as_bytes().to_vec(), v.as_bytes().to_vec()))
+                .collect(),
+        ),
+    }
+}
+
+/// The total of `member` on the unscoped instance of `board` at `now`.
+pub async fn total_at(store: &Store, board: &Board, member: &str, now: i64) -> Option<i64> {
+    store
+        .rank(board, None, member, now)
+        .await
+        .expect("rank")
+        .total
+}
+
+/// Redis's clock (`TIME`), in epoch ms: the time rollboard judges by.
+pub async fn redis_now(store: &Store) -> i64 {
+    store.time_ms().await.expect("TIME")
+}

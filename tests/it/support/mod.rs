@@ -1,0 +1,27 @@
+//! Fixtures shared by every test: a real redis-server (and cluster, and ACL/TLS server),
+//! the daemon and CLI as child processes, configuration files, events, waits and
+//! assertions against the in-memory model, and a fault-injecting proxy.
+
+mod acl;
+mod boards;
+mod cli;
+mod cluster;
+mod config;
+mod daemon;
+mod events;
+mod instances;
+pub mod model;
+pub mod proxy;
+mod redis;
+mod wait;
+
+pub use acl::*;
+pub use boards::*;
+pub use cli::*;
+pub use cluster::*;
+pub use config::*;
+pub use daemon::*;
+pub use events::*;
+pub use instances::*;
+pub use redis::*;
+pub use wait::*;
