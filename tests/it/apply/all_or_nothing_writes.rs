@@ -1,9 +1,8 @@
-//! The two-phase apply and expiry scripts, the board-settings gate and the
-//! consumer's per-instance retries: each test tries one way of losing or double-counting
-//! money and checks the exact state against the in-memory model.
+//! The two-phase apply and expiry scripts and the consumer's per-instance retries: each
+//! test tries one way of losing or double-counting money and checks the exact state against
+//! the in-memory model.
 
 use std::collections::HashMap;
-use std::process::Command;
 use std::time::Duration;
 
 use fred::prelude::*;
@@ -13,10 +12,7 @@ use rollboard::store::{ApplyEvent, Outcome, Store, APPLY_CHUNK};
 use tokio_util::sync::CancellationToken;
 
 use crate::support::model::{assert_matches, Instance};
-use crate::support::{
-    assert_state, drained, ev, free_port, models_of_entries, snapshot, test_boards, wait_for,
-    write_config, xadd_all, Daemon, Fields, RedisServer,
-};
+use crate::support::*;
 
 const SLICE: i64 = 1_000;
 /// Slices per window of the boards below: wide enough for events in many slices.
@@ -563,77 +559,4 @@ async fn a_board_whose_result_key_is_broken_dead_letters_its_events() {
     );
     assert_stream_model(&store, &boards).await;
     assert_eq!(daemon.terminate().await.code(), Some(0));
-}
-
-#[tokio::test]
-async fn every_shaping_edit_is_refused_and_others_are_accepted() {
-    let redis = RedisServer::start();
-    let dir = tempfile::tempdir().expect("dir");
-    let port = free_port();
-    let config = write_config(dir.path(), &redis, port, "a", "");
-    let run = |config: &std::path::Path, args: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_rollboard"))
-            .arg("--config")
-            .arg(config)
-            .args(args)
-            .env_remove("ROLLBOARD_CONFIG")
-            .output()
-            .expect("run rollboard")
-    };
-    let out = run(&config, &["verify"]);
-    assert_eq!(out.status.code(), Some(0), "{out:?}");
-    let original = std::fs::read_to_string(&config).expect("read");
-    let edit = |name: &str, from: &str, to: &str| {
-        assert!(original.contains(from), "{from}");
-        let path = dir.path().join(format!("{name}.toml"));
-        std::fs::write(&path, original.replacen(from, to, 1)).expect("write");
-        path
-    };
-    // (setting, edit): each shapes keys or scores of tips_24h or rooms_7d.
-    let refused = [
-        ("scale", edit("scale", "scale = 2", "scale = 3")),
-        ("slice", edit("slice", "slice = \"6h\"", "slice = \"3h\"")),
-        (
-            "window",
-            edit("window", "window = \"24h\"", "window = \"48h\""),
-        ),
-        (
-            "mode",
-            edit(
-                "mode",
-                "tie_break = \"latest\"",
-                "tie_break = \"latest\"\nmode = \"resummarize\"",
-            ),
-        ),
-        (
-            "allow_negative",
-            edit("neg", "allow_negative = true", "allow_negative = false"),
-        ),
-    ];
-    for (setting, path) in &refused {
-        for args in [&["verify"][..], &["run"]] {
-            let out = run(path, args);
-            let err = String::from_utf8_lossy(&out.stderr);
-            assert_eq!(out.status.code(), Some(64), "{setting} {args:?}: {err}");
-            assert!(
-                err.contains(&format!(": {setting} is ")),
-                "{setting}: {err}"
-            );
-        }
-    }
-    // The same window written another way, and a new board: nothing to refuse.
-    let accepted = [
-        edit("same", "window = \"7d\"", "window = \"168h\""),
-        edit(
-            "added",
-            "[[boards]]",
-            "[[boards]]\nname = \"new_board\"\nmember = \"player\"\nwindow = \"1h\"\nslice = \"1m\"\n\n[[boards]]",
-        ),
-    ];
-    for path in &accepted {
-        let out = run(path, &["verify"]);
-        assert_eq!(out.status.code(), Some(0), "{out:?}");
-    }
-    let out = run(&config, &["verify"]);
-    assert_eq!(out.status.code(), Some(0), "the original config still runs");
 }

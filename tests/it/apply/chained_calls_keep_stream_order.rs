@@ -13,9 +13,7 @@ use rollboard::store::{fold_call, fold_chunks, ApplyEvent, Outcome, Reconnect, S
 use tokio_util::sync::CancellationToken;
 
 use crate::support::proxy::Proxy;
-use crate::support::{contents, shaped, twin};
-use crate::support::{ev, snapshot, RedisServer};
-use crate::support::{evalsha_calls, sha};
+use crate::support::*;
 
 const SLICE: i64 = 1_000;
 const NOW: i64 = 1_000_000;

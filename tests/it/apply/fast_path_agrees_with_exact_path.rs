@@ -11,8 +11,7 @@ use rollboard::board::{Board, Mode, TieBreak, MAX_TOTAL};
 use rollboard::query::{decode_member, encode_member};
 use rollboard::store::{apply_call, ApplyEvent, Outcome, Store, APPLY_CHUNK};
 
-use crate::support::{contents, shaped, twin};
-use crate::support::{ev, variants, RedisServer};
+use crate::support::*;
 
 const SLICE: i64 = 1_000;
 const N: i64 = 4;

@@ -10,7 +10,7 @@ use rollboard::query::encode_member;
 use rollboard::roll;
 use rollboard::store::{ApplyEvent, Store};
 
-use crate::support::{board, ev, snapshot, RedisServer};
+use crate::support::*;
 
 const SLICE: i64 = 1_000;
 const N: i64 = 4;

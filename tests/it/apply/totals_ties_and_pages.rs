@@ -1,5 +1,6 @@
-//! The storage engine: apply, dedup, lateness, overflow, ordering and queries, against a
-//! real Redis and the in-memory model.
+//! Applying events: exact totals readable with plain `ZREVRANGE`, ties to whoever got
+//! there first, pages and neighbourhoods, refunds, scoped instances, and concurrent batches,
+//! against a real Redis and the in-memory model.
 
 use std::collections::HashMap;
 
@@ -9,7 +10,7 @@ use rollboard::board::{Board, Mode, TieBreak, MAX_TOTAL};
 use rollboard::store::{ApplyEvent, Outcome, Store};
 
 use crate::support::model::{assert_matches, Instance};
-use crate::support::{board, ev, remembers, RedisServer};
+use crate::support::*;
 
 const HOUR: i64 = 3_600_000;
 const NOW: i64 = 1_763_700_000_000;
@@ -71,63 +72,6 @@ async fn totals_are_exact_and_readable_with_plain_zrevrange() {
             .trim(),
         "1500"
     );
-}
-
-#[tokio::test]
-async fn a_redelivered_batch_changes_nothing() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
-    let b = board("rooms", HOUR, 24);
-    let batch = [
-        ev("a", NOW, "x", 5),
-        ev("b", NOW, "y", 7),
-        ev("a", NOW, "x", 5),
-    ];
-    let first = store.apply(&b, None, &batch, NOW).await.unwrap();
-    assert_eq!(
-        first,
-        vec![Outcome::Applied, Outcome::Applied, Outcome::Duplicate]
-    );
-    let before = redis.cli(&["ZREVRANGE", "rb:{rooms}:result", "0", "-1", "WITHSCORES"]);
-    let again = store.apply(&b, None, &batch, NOW).await.unwrap();
-    assert_eq!(again, vec![Outcome::Duplicate; 3]);
-    assert_eq!(
-        redis.cli(&["ZREVRANGE", "rb:{rooms}:result", "0", "-1", "WITHSCORES"]),
-        before
-    );
-    // Same key, other fields (even another slice): still a duplicate, the first one wins.
-    let other = store
-        .apply(&b, None, &[ev("b", NOW - 2 * HOUR, "z", 100)], NOW)
-        .await
-        .unwrap();
-    assert_eq!(other, vec![Outcome::Duplicate]);
-    assert_eq!(store.rank(&b, None, "z", NOW).await.unwrap().rank, None);
-}
-
-#[tokio::test]
-async fn late_events_are_rejected_before_duplicates() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
-    let b = board("rooms", HOUR, 4);
-    // Live slices at NOW: slice_of(NOW) - 3 ..= slice_of(NOW).
-    let edge = (b.slice_of(NOW) - 3) * HOUR;
-    let out = store
-        .apply(
-            &b,
-            None,
-            &[ev("1", edge, "x", 1), ev("2", edge - 1, "x", 1)],
-            NOW,
-        )
-        .await
-        .unwrap();
-    assert_eq!(out, vec![Outcome::Applied, Outcome::Late]);
-    // A copy of an applied event that is now late is late, not a duplicate.
-    let later = NOW + HOUR;
-    let out = store
-        .apply(&b, None, &[ev("1", edge, "x", 1)], later)
-        .await
-        .unwrap();
-    assert_eq!(out, vec![Outcome::Late]);
 }
 
 #[tokio::test]
@@ -335,34 +279,6 @@ async fn scoped_instances_are_independent_and_registered() {
             ])
             .trim(),
         "7"
-    );
-}
-
-#[tokio::test]
-async fn dedup_window_duration_refuses_as_late_once_it_may_forget() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
-    let mut b = board("rooms", HOUR, 24);
-    b.dedup = rollboard::board::Dedup::AfterSlice(60_000);
-    let ts = b.slice_of(NOW) * HOUR; // start of the current slice
-    store
-        .apply(&b, None, &[ev("k", ts, "x", 1)], NOW)
-        .await
-        .unwrap();
-    let slice_end = ts + HOUR;
-    let out = store
-        .apply(&b, None, &[ev("k", ts, "x", 1)], slice_end + 59_999)
-        .await
-        .unwrap();
-    assert_eq!(out, vec![Outcome::Duplicate]);
-    let out = store
-        .apply(&b, None, &[ev("k", ts, "x", 1)], slice_end + 60_000)
-        .await
-        .unwrap();
-    assert_eq!(
-        out,
-        vec![Outcome::Late],
-        "remembered for exactly 1 minute after its slice, then refused as late: never counted again"
     );
 }
 

@@ -16,8 +16,7 @@ use rollboard::query::Page;
 use rollboard::roll::Verified;
 use rollboard::store::Store;
 
-use crate::support::{board, entry, ingest_settings, roll_all, RedisServer};
-use crate::support::{rollboard, stderr, stdout};
+use crate::support::*;
 
 const SLICE: i64 = 60_000;
 const N: i64 = 10;

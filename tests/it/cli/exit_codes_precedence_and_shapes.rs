@@ -3,8 +3,7 @@
 
 use fred::prelude::*;
 
-use crate::support::{rollboard, stderr, stdout};
-use crate::support::{write_config, RedisServer};
+use crate::support::*;
 
 #[test]
 fn invalid_configuration_exits_64_naming_the_key() {
@@ -238,65 +237,5 @@ async fn send_appends_all_or_nothing_and_lists_every_bad_line() {
     assert_eq!(
         entries[1].1["value"], "12.50",
         "numbers are taken exactly as written"
-    );
-}
-
-#[tokio::test]
-async fn a_roll_too_far_ahead_is_refused_unless_forced() {
-    let redis = RedisServer::start();
-    let dir = tempfile::tempdir().expect("dir");
-    let config = write_config(dir.path(), &redis, 1, "a", "");
-    let now = rollboard::cli::now_ms();
-    // A century, or a day, ahead of Redis's clock is a typo.
-    for at in [
-        (now + 100 * 365 * 86_400_000).to_string(),
-        (now + 86_400_000).to_string(),
-    ] {
-        let out = rollboard(Some(&config), &["roll", "--at", &at], &[]);
-        assert_eq!(out.status.code(), Some(2), "{at}: {}", stderr(&out));
-        assert!(
-            stderr(&out).contains("Redis's clock") && stderr(&out).contains("--force"),
-            "{}",
-            stderr(&out)
-        );
-    }
-    assert_eq!(
-        redis.cli(&["EXISTS", "rb:{rooms_7d}:meta"]).trim(),
-        "0",
-        "a refused roll touched nothing"
-    );
-    // Not even a minute ahead of Redis's clock (within ingest.max_future): it would expire
-    // and forget for good what is still live by every other clock.
-    let out = rollboard(
-        Some(&config),
-        &["roll", "--at", &(now + 60_000).to_string()],
-        &[],
-    );
-    assert_eq!(
-        out.status.code(),
-        Some(2),
-        "a minute ahead: {}",
-        stderr(&out)
-    );
-    let out = rollboard(
-        Some(&config),
-        &["roll", "--at", &(now - 60_000).to_string()],
-        &[],
-    );
-    assert!(out.status.success(), "a minute ago: {}", stderr(&out));
-    let at = now + 86_400_000;
-    let out = rollboard(
-        Some(&config),
-        &["roll", "--at", &at.to_string(), "--force"],
-        &[],
-    );
-    assert!(out.status.success(), "forced: {}", stderr(&out));
-    let out = rollboard(Some(&config), &["top", "rooms_7d", "--json"], &[]);
-    let page: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("json");
-    let six_hours = 6 * 3_600_000;
-    assert_eq!(
-        page["window_from"].as_i64(),
-        Some((at / six_hours + 1) * six_hours - 7 * 86_400_000),
-        "the forced roll moved the window"
     );
 }

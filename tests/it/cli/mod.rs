@@ -2,3 +2,4 @@
 
 mod drop_board;
 mod exit_codes_precedence_and_shapes;
+mod send_all_or_nothing;

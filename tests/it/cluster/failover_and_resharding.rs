@@ -7,8 +7,7 @@ use std::time::Duration;
 
 use rollboard::store::{Reconnect, Store};
 
-use crate::support::{cli, RedisCluster};
-use crate::support::{free_port, Fields};
+use crate::support::*;
 
 /// The fixture itself: six nodes, three masters with 16384 slots between them, each with
 /// a synced replica; a killed master's replica takes over and the killed node rejoins.

@@ -14,8 +14,7 @@ use rollboard::event::Field;
 use rollboard::store::{Reconnect, Store, StoreError};
 use rollboard::stream;
 
-use crate::support::{cli, RedisCluster};
-use crate::support::{ev, wait_for};
+use crate::support::*;
 
 const NOW: i64 = 1_000_000;
 

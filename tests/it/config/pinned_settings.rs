@@ -1,10 +1,18 @@
-//! The settings that shape a board's keys and scores are pinned by its data: a daemon or
-//! CLI whose configuration disagrees refuses to start (exit 64, naming the setting), and a
-//! refusing daemon never opens a listener a probe could pass on.
+//! The settings that shape a board's keys and scores are pinned by its data: every shaping
+//! edit is refused before anything is written, a daemon or CLI whose configuration
+//! disagrees refuses to start (exit 64, naming the setting), and a refusing daemon never
+//! opens a listener a probe could pass on.
 
-use std::process::Output;
+use std::process::{Command, Output};
+
+use fred::prelude::*;
+use rollboard::board::TieBreak;
+use rollboard::roll::{self, Job};
+use tokio_util::sync::CancellationToken;
 
 use crate::support::*;
+
+const NOW: i64 = 1_000_000;
 
 /// `config` with `from` replaced by `to` once, written beside it as `name.toml`.
 fn edited(config: &std::path::Path, name: &str, from: &str, to: &str) -> std::path::PathBuf {
@@ -161,4 +169,179 @@ async fn a_daemon_refusing_its_board_settings_never_opens_a_listener() {
     redis.restart();
     let status = daemon.wait_exit().await;
     assert_eq!(status.code(), Some(64), "{status:?}");
+}
+
+#[tokio::test]
+async fn a_board_whose_settings_changed_is_refused_before_anything_is_written() {
+    let redis = RedisServer::start();
+    let store = redis.store("rb").await;
+    let mut none = board("tips", SLICE, 4);
+    none.tie_break = TieBreak::None;
+    store
+        .apply(&none, None, &[ev("1", NOW, "a", 5)], NOW)
+        .await
+        .expect("apply");
+    let mut earliest = none.clone();
+    earliest.tie_break = TieBreak::Earliest;
+    let before = snapshot(&store, &none).await;
+    let err = store
+        .apply(
+            &earliest,
+            None,
+            &[ev("2", NOW, "a", 3), ev("3", NOW, "b", 4)],
+            NOW,
+        )
+        .await
+        .expect_err("refused");
+    assert!(err.to_string().contains("tie_break=none"), "{err}");
+    assert_eq!(snapshot(&store, &none).await, before);
+    let err = roll::run_once(
+        &store,
+        std::slice::from_ref(&earliest),
+        Job::All,
+        None,
+        NOW + 10 * SLICE,
+        10,
+        &CancellationToken::new(),
+    )
+    .await
+    .expect("roll runs")
+    .remove(0);
+    assert_eq!(err.instances_failed, 1, "the roll refuses too");
+    assert_eq!(snapshot(&store, &none).await, before);
+    // No board-level record yet: the instance's own fingerprint is checked, and nothing
+    // is recorded for a conflicting configuration.
+    let conflicts = store
+        .check_settings(std::slice::from_ref(&earliest))
+        .await
+        .expect("check");
+    assert_eq!(conflicts.len(), 1);
+    assert_eq!(conflicts[0].key, "rb:{tips}:meta");
+    assert_eq!(
+        store
+            .client()
+            .exists::<i64, _>("rb:board:tips:settings")
+            .await
+            .expect("exists"),
+        0
+    );
+    assert_eq!(
+        store.check_settings(&[none.clone()]).await.expect("check"),
+        []
+    );
+    let conflicts = store.check_settings(&[earliest]).await.expect("check");
+    assert_eq!(conflicts.len(), 1);
+    assert_eq!(conflicts[0].setting, "tie_break");
+    assert_eq!(conflicts[0].stored, "none");
+    assert_eq!(conflicts[0].configured, "earliest");
+}
+
+#[tokio::test]
+async fn the_cli_and_the_daemon_exit_64_naming_a_changed_setting() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().expect("dir");
+    let port = crate::support::free_port();
+    let config = write_config(dir.path(), &redis, port, "a", "");
+    let run = |config: &std::path::Path, args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_rollboard"))
+            .arg("--config")
+            .arg(config)
+            .args(args)
+            .env_remove("ROLLBOARD_CONFIG")
+            .output()
+            .expect("run rollboard")
+    };
+    let out = run(&config, &["top", "rooms_7d"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    // Same boards, but tips_24h now breaks ties by the earliest time and slices by 2h.
+    let text = std::fs::read_to_string(&config)
+        .expect("read")
+        .replace("tie_break = \"latest\"", "tie_break = \"earliest\"");
+    let changed = dir.path().join("changed.toml");
+    std::fs::write(&changed, text).expect("write");
+    for args in [&["top", "rooms_7d"][..], &["verify"], &["run"]] {
+        let out = run(&changed, args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {err}");
+        assert!(
+            err.contains("board tips_24h: tie_break is earliest") && err.contains("latest"),
+            "{args:?}: {err}"
+        );
+        assert!(err.contains("new name"), "says the way out: {err}");
+    }
+    let out = run(&config, &["verify"]);
+    assert_eq!(out.status.code(), Some(0), "the original config still runs");
+}
+
+#[tokio::test]
+async fn every_shaping_edit_is_refused_and_others_are_accepted() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().expect("dir");
+    let port = free_port();
+    let config = write_config(dir.path(), &redis, port, "a", "");
+    let run = |config: &std::path::Path, args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_rollboard"))
+            .arg("--config")
+            .arg(config)
+            .args(args)
+            .env_remove("ROLLBOARD_CONFIG")
+            .output()
+            .expect("run rollboard")
+    };
+    let out = run(&config, &["verify"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let original = std::fs::read_to_string(&config).expect("read");
+    let edit = |name: &str, from: &str, to: &str| {
+        assert!(original.contains(from), "{from}");
+        let path = dir.path().join(format!("{name}.toml"));
+        std::fs::write(&path, original.replacen(from, to, 1)).expect("write");
+        path
+    };
+    // (setting, edit): each shapes keys or scores of tips_24h or rooms_7d.
+    let refused = [
+        ("scale", edit("scale", "scale = 2", "scale = 3")),
+        ("slice", edit("slice", "slice = \"6h\"", "slice = \"3h\"")),
+        (
+            "window",
+            edit("window", "window = \"24h\"", "window = \"48h\""),
+        ),
+        (
+            "mode",
+            edit(
+                "mode",
+                "tie_break = \"latest\"",
+                "tie_break = \"latest\"\nmode = \"resummarize\"",
+            ),
+        ),
+        (
+            "allow_negative",
+            edit("neg", "allow_negative = true", "allow_negative = false"),
+        ),
+    ];
+    for (setting, path) in &refused {
+        for args in [&["verify"][..], &["run"]] {
+            let out = run(path, args);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(64), "{setting} {args:?}: {err}");
+            assert!(
+                err.contains(&format!(": {setting} is ")),
+                "{setting}: {err}"
+            );
+        }
+    }
+    // The same window written another way, and a new board: nothing to refuse.
+    let accepted = [
+        edit("same", "window = \"7d\"", "window = \"168h\""),
+        edit(
+            "added",
+            "[[boards]]",
+            "[[boards]]\nname = \"new_board\"\nmember = \"player\"\nwindow = \"1h\"\nslice = \"1m\"\n\n[[boards]]",
+        ),
+    ];
+    for path in &accepted {
+        let out = run(path, &["verify"]);
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+    }
+    let out = run(&config, &["verify"]);
+    assert_eq!(out.status.code(), Some(0), "the original config still runs");
 }

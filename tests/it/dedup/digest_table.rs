@@ -12,7 +12,7 @@ use rollboard::store::{ApplyEvent, Outcome, Store};
 use tokio_util::sync::CancellationToken;
 
 use crate::support::model::{assert_matches, Instance};
-use crate::support::{board, ev, remembers, seen_logs, seen_table, snapshot, RedisServer};
+use crate::support::*;
 
 const SLICE: i64 = 1_000;
 const NOW: i64 = 1_000_000;

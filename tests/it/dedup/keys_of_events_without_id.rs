@@ -11,23 +11,10 @@ use rollboard::ingest::{process_batch, Entry};
 use rollboard::metrics::Metrics;
 use rollboard::store::{Outcome, Store};
 
-use crate::support::{
-    board, drained_streams, entry, free_port, ingest_settings, partitioned_config, roll_all,
-    test_boards, total_at, Daemon, RedisServer,
-};
+use crate::support::*;
 
 fn now_ms() -> i64 {
     rollboard::cli::now_ms()
-}
-
-type Letter = (String, HashMap<String, String>);
-
-async fn letters(store: &Store) -> Vec<Letter> {
-    store
-        .client()
-        .xrange("rb:events:dead", "-", "+", None)
-        .await
-        .expect("xrange")
 }
 
 /// The README's replay ("A board that keeps failing") of one `apply_failed` dead letter:
@@ -443,111 +430,6 @@ async fn a_pending_tip_without_id_claimed_after_a_change_of_partitions_counts_on
     }
     let dead: i64 = store.client().xlen("rb:events:dead").await.expect("xlen");
     assert_eq!(dead, 0);
-}
-
-/// The bound at its edge where `ingest.max_future` is not a multiple of the slice: with
-/// `slice = 7ms` and `max_future = 300s` (42857 slices and 1 ms), the largest accepted
-/// window has `MAX_SLICES_REACHED - 42857` slices, and a tip exactly `max_future` ahead of
-/// a clock in the last millisecond of its slice lands 42858 slices above it, one more than
-/// the configuration counted. Through `process_batch` (which judges `future`) its
-/// redelivery is still recognised, and so is one of a tip in the oldest live slice; with
-/// `dedup_window = "1h"` too (for the newest; the oldest is past the hour, so its ids may
-/// be forgotten and it is refused as late).
-#[tokio::test]
-async fn the_largest_window_with_a_max_future_not_a_multiple_of_the_slice_counts_once() {
-    use rollboard::config::{Settings, MAX_SLICES_REACHED};
-    for dedup in ["window", "1h"] {
-        let n = MAX_SLICES_REACHED - 42_857;
-        let text = |slices: i64| {
-            format!(
-                "[ingest]\nmax_future = \"300s\"\ndedup_window = \"{dedup}\"\n[[boards]]\nname = \"edge\"\nmember = \"user\"\nwindow = \"{}ms\"\nslice = \"7ms\"\n",
-                slices * 7
-            )
-        };
-        let error = Settings::from_toml(&text(n + 1))
-            .map(|_| ())
-            .expect_err("one slice more is refused")
-            .to_string();
-        assert!(error.contains("too narrow"), "{error}");
-        let settings = Settings::from_toml(&text(n)).expect("the largest window");
-        let boards = settings.boards.clone();
-        let board = boards[0].clone();
-        assert_eq!(board.slices_in_window(), n);
-        let mut ingest_settings = ingest_settings("rb:events", 1);
-        ingest_settings.max_future_ms = settings.ingest.max_future_ms;
-        assert_eq!(ingest_settings.max_future_ms, 300_000);
-
-        let redis = RedisServer::start();
-        let store = redis.store("rb").await;
-        let metrics = Metrics::new(&boards);
-        // The last millisecond of a slice.
-        let now = 1_763_700_000_000i64 / 7 * 7 + 6;
-        let ahead = now + 300_000;
-        assert_eq!(board.slice_of(ahead), board.slice_of(now) + 42_858);
-        let oldest = (board.slice_of(now) - n + 1) * 7;
-        let batch = [
-            entry(
-                &format!("{now}-0"),
-                &[
-                    ("user", "u1"),
-                    ("amount", "5"),
-                    ("ts", &ahead.to_string()),
-                    ("id", "ahead"),
-                ],
-            ),
-            entry(
-                &format!("{now}-1"),
-                &[
-                    ("user", "u2"),
-                    ("amount", "7"),
-                    ("ts", &oldest.to_string()),
-                    ("id", "oldest"),
-                ],
-            ),
-        ];
-        for delivery in 0..3 {
-            process_batch(
-                &store,
-                &boards,
-                &ingest_settings,
-                &metrics,
-                "rb:events",
-                &batch,
-                now,
-            )
-            .await
-            .expect("batch");
-            // With "1h" the oldest slice is past the hour: its ids may be forgotten, so its
-            // tip is refused as late at every delivery, never counted.
-            let refused = if dedup == "window" { 0 } else { delivery + 1 };
-            assert_eq!(
-                letters(&store).await.len(),
-                refused,
-                "{dedup}: dead-lettered"
-            );
-            assert_eq!(
-                total_at(&store, &board, "u1", now).await,
-                Some(5),
-                "{dedup} delivery {delivery}: the tip max_future ahead counts once"
-            );
-            assert_eq!(
-                total_at(&store, &board, "u2", now).await,
-                (dedup == "window").then_some(7),
-                "{dedup} delivery {delivery}: the tip in the oldest slice counts at most once"
-            );
-        }
-        // The same through the store, for the outcome.
-        let again = store
-            .apply(
-                &board,
-                None,
-                &[crate::support::ev("ahead", ahead, "u1", 5)],
-                now,
-            )
-            .await
-            .expect("apply");
-        assert_eq!(again, [Outcome::Duplicate], "{dedup}");
-    }
 }
 
 /// Towards one partition, with a stream name holding `/` and braces (allowed with one

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::support::{free_port, wait_for, Daemon, RedisServer};
+use crate::support::*;
 
 /// Where the deploy files live.
 fn deploy() -> PathBuf {

@@ -20,11 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::support::model::{assert_matches, Instance};
 use crate::support::proxy::Proxy;
-use crate::support::{
-    assert_state, drained, ev, free_port, test_boards, variants, wait_for, write_config_url,
-    xadd_all, Daemon, Fields, RedisServer,
-};
-use crate::support::{evalsha_calls, sha};
+use crate::support::*;
 
 const HOUR: i64 = 3_600_000;
 

@@ -13,12 +13,7 @@ use fred::prelude::*;
 use rollboard::ingest::group_info;
 use rollboard::store::Store;
 
-use crate::support::{
-    assert_state, drained, free_port, test_boards, wait_for, write_config_url, xadd_all, Daemon,
-    Fields, RedisServer,
-};
-use crate::support::{cli, RedisCluster};
-use crate::support::{models, payment, tip};
+use crate::support::*;
 
 /// A board instance: board index and scope.
 type Instance = (usize, Option<String>);

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::support::{free_port, wait_for, write_config, Daemon, RedisServer};
+use crate::support::*;
 
 /// A config of the test boards whose roll and resummarize jobs do not tick during a test
 /// (once a year, at midnight on January 1st).

@@ -1,39 +1,14 @@
-//! What an operator expects of a running rollboard, against a real redis-server and the
-//! real binary: a known outage answers 503 at once, a misspelt query parameter is named,
-//! "not on the board" has one shape over HTTP and the CLI, every answer says how fresh it
-//! is (`as_of`), configuration errors name their source, logs name the Redis host without
-//! its password or colour codes, and `verify`/`rebuild` say what they found and repaired.
+//! What an operator expects of the API: a known outage answers 503 at once, a misspelt query
+//! parameter is named, "not on the board" has one shape over HTTP and the CLI, every answer
+//! says how fresh it is (`as_of`), and logs name the Redis host without its password or
+//! colour codes.
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use fred::prelude::*;
-use rollboard::store::Store;
 use serde_json::Value;
 
-use crate::support::{
-    drained, free_port, redis_now, test_boards, wait_for, write_config, write_config_url, Daemon,
-    RedisServer,
-};
-use crate::support::{rollboard, stderr, stdout};
-
-/// POSTs `body` to the intake; status, `Retry-After` and body.
-async fn post(daemon: &Daemon, body: &str) -> (u16, Option<String>, String) {
-    let answer = reqwest::Client::new()
-        .post(format!("{}/v1/events", daemon.base))
-        .header("content-type", "application/json")
-        .body(body.to_string())
-        .send()
-        .await
-        .expect("POST /v1/events");
-    let status = answer.status().as_u16();
-    let retry = answer
-        .headers()
-        .get("retry-after")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string);
-    (status, retry, answer.text().await.unwrap_or_default())
-}
+use crate::support::*;
 
 /// GET `path`; status, `Retry-After` and body.
 async fn get(daemon: &Daemon, path: &str) -> (u16, Option<String>, String) {
@@ -47,35 +22,6 @@ async fn get(daemon: &Daemon, path: &str) -> (u16, Option<String>, String) {
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
     (status, retry, answer.text().await.unwrap_or_default())
-}
-
-fn json(text: &str) -> Value {
-    serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
-}
-
-/// A daemon on a fresh redis-server with one tip to room r1 applied (rooms_7d, fans_7d).
-async fn with_one_tip() -> (
-    RedisServer,
-    Store,
-    tempfile::TempDir,
-    std::path::PathBuf,
-    Daemon,
-) {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
-    let dir = tempfile::tempdir().expect("temp dir");
-    let port = free_port();
-    let config = write_config(dir.path(), &redis, port, "ops", "");
-    let daemon = Daemon::start(&config, port).await;
-    let now = redis_now(&store).await;
-    let (status, _, body) = post(
-        &daemon,
-        &format!(r#"{{"id":"t1","ts":{now},"room":"r1","user":"u1","amount":"5"}}"#),
-    )
-    .await;
-    assert_eq!(status, 202, "{body}");
-    assert!(drained(&store).await, "the tip was not applied");
-    (redis, store, dir, config, daemon)
 }
 
 /// With redis-server gone, the query routes and the intake answer 503 with `Retry-After`
@@ -344,76 +290,6 @@ async fn every_query_answer_carries_as_of() {
     assert_eq!(json(&body)["as_of"], Value::Null, "{body}");
 }
 
-fn config_with(dir: &Path, extra: &str) -> std::path::PathBuf {
-    write_config_url(dir, "redis://127.0.0.1:1", 1, "cfg", extra)
-}
-
-/// A configuration error names the environment variable that set the key, or the file.
-#[test]
-fn configuration_errors_name_where_the_value_came_from() {
-    let dir = tempfile::tempdir().expect("dir");
-    let config = config_with(dir.path(), "");
-    let shown = config.display().to_string();
-    let cases: [(&[(&str, &str)], &str); 4] = [
-        (
-            &[("ROLLBOARD__SCHEDULE__CHUNK", "0")],
-            "(set by environment variable ROLLBOARD__SCHEDULE__CHUNK)",
-        ),
-        (
-            &[("ROLLBOARD__SCHEDULE__CHUNK", "many")],
-            "environment variable ROLLBOARD__SCHEDULE__CHUNK: invalid type",
-        ),
-        (
-            &[("ROLLBOARD__HTTP__LISTN", "127.0.0.1:1")],
-            "environment variable ROLLBOARD__HTTP__LISTN: unknown field `listn`",
-        ),
-        (
-            &[("ROLLBOARD__HTTP__LISTEN", "nowhere")],
-            "`http.listen` = \"nowhere\": not a socket address",
-        ),
-    ];
-    for (env, expected) in cases {
-        let out = rollboard(Some(&config), &["top", "rooms_7d"], env);
-        assert_eq!(out.status.code(), Some(64), "{env:?}: {}", stderr(&out));
-        assert!(stderr(&out).contains(expected), "{env:?}: {}", stderr(&out));
-        assert!(
-            !stderr(&out).contains(&shown) || expected.contains(&shown),
-            "{env:?}: blames the file: {}",
-            stderr(&out)
-        );
-    }
-    let out = rollboard(
-        Some(&config),
-        &["top", "rooms_7d"],
-        &[("ROLLBOARD__HTTP__LISTEN", "nowhere")],
-    );
-    assert!(stderr(&out).contains("(set by environment variable ROLLBOARD__HTTP__LISTEN)"));
-    // The same mistakes in the file name the file.
-    let bad = config_with(dir.path(), "");
-    let text = std::fs::read_to_string(&bad)
-        .expect("read")
-        .replace("[schedule]\n", "[schedule]\nchunk = 0\n");
-    std::fs::write(&bad, text).expect("write");
-    let out = rollboard(Some(&bad), &["top", "rooms_7d"], &[]);
-    assert_eq!(out.status.code(), Some(64));
-    assert!(
-        stderr(&out).contains(&format!("(set by file {})", bad.display())),
-        "{}",
-        stderr(&out)
-    );
-    let text = std::fs::read_to_string(&bad)
-        .expect("read")
-        .replace("chunk = 0", "chunk = \"many\"");
-    std::fs::write(&bad, text).expect("write");
-    let out = rollboard(Some(&bad), &["top", "rooms_7d"], &[]);
-    assert_eq!(out.status.code(), Some(64));
-    assert!(
-        stderr(&out).contains(&format!("{}: invalid type", bad.display())),
-        "{}",
-        stderr(&out)
-    );
-}
-
 /// The daemon's logs name the Redis host and port (never the password) at start and while
 /// it cannot connect, and carry no colour codes when they go to a file.
 #[tokio::test]
@@ -465,99 +341,4 @@ async fn logs_name_the_redis_host_without_the_password_or_colour() {
         !logs.contains('\u{1b}'),
         "colour codes in a log file:\n{logs}"
     );
-}
-
-/// `verify` ends with a summary (instances, differing, the command that repairs them),
-/// in text and as the last `--json` line; `rebuild` says what it changed; stderr stays
-/// empty for a short run.
-#[tokio::test]
-async fn verify_summarises_and_rebuild_says_what_it_repaired() {
-    let (_redis, store, _dir, config, daemon) = with_one_tip().await;
-    let fans = test_boards()
-        .into_iter()
-        .find(|b| b.name == "fans_7d")
-        .expect("fans");
-    // The resummarize run has summed the tip.
-    let summed = wait_for(Duration::from_secs(10), || async {
-        rollboard::roll::verify(&store, &fans, Some("r1"), 100)
-            .await
-            .is_ok_and(|v| v.differences.is_empty())
-    })
-    .await;
-    assert!(summed);
-    daemon.terminate().await;
-    let out = rollboard(Some(&config), &["verify"], &[]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let text = stdout(&out);
-    let last = text.lines().last().expect("output");
-    // rooms_7d, tips_24h (unscoped: always checked) and fans_7d's one scope.
-    assert_eq!(
-        last,
-        "verified 3 instance(s): 0 differing (0 member(s)), 0 failing"
-    );
-    assert_eq!(stderr(&out), "", "no progress lines for a short run");
-
-    // Drift by hand: r1's stored total is raised by 3.
-    let rooms = test_boards()
-        .into_iter()
-        .find(|b| b.name == "rooms_7d")
-        .expect("rooms");
-    let result = store.instance(&rooms, None).result();
-    let members: Vec<String> = store
-        .client()
-        .zrange(result.as_str(), 0, -1, None, false, None, false)
-        .await
-        .expect("ZRANGE");
-    assert_eq!(members.len(), 1);
-    let _: f64 = store
-        .client()
-        .zincrby(result.as_str(), 3.0, members[0].as_str())
-        .await
-        .expect("ZINCRBY");
-    let out = rollboard(Some(&config), &["verify"], &[]);
-    assert_eq!(out.status.code(), Some(1));
-    let text = stdout(&out);
-    assert!(text.contains("r1: slices 5 stored 8"), "{text}");
-    assert_eq!(
-        text.lines().last(),
-        Some(
-            "verified 3 instance(s): 1 differing (1 member(s)), 1 failing; \
-             repair with: rollboard rebuild rooms_7d"
-        ),
-        "{text}"
-    );
-    let out = rollboard(Some(&config), &["verify", "--json"], &[]);
-    assert_eq!(out.status.code(), Some(1));
-    let lines: Vec<Value> = stdout(&out).lines().map(json).collect();
-    assert_eq!(lines.len(), 4, "three instances and the summary");
-    assert_eq!(lines[0]["board"], "rooms_7d");
-    assert_eq!(lines[0]["differences"][0]["member"], "r1");
-    assert_eq!(lines[0]["differences"][0]["expected"], 5);
-    assert_eq!(lines[0]["differences"][0]["stored"], 8);
-    assert_eq!(
-        lines[3],
-        serde_json::json!({"summary": {
-            "instances": 3, "differing": 1, "failing": 1, "members_differing": 1,
-            "repair": ["rollboard rebuild rooms_7d"],
-        }})
-    );
-    assert_eq!(stderr(&out), "");
-
-    let out = rollboard(Some(&config), &["rebuild", "rooms_7d"], &[]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    assert_eq!(
-        stdout(&out),
-        "rooms_7d: rebuilt, 1 member(s), 1 changed\n\
-         rebuilt 1 instance(s) of rooms_7d: 1 repaired, 1 member(s) changed\n"
-    );
-    let out = rollboard(Some(&config), &["rebuild", "fans_7d"], &[]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    assert_eq!(
-        stdout(&out),
-        "fans_7d [r1]: rebuilt, 1 member(s), 0 changed\n\
-         rebuilt 1 instance(s) of fans_7d: 0 repaired, 0 member(s) changed\n"
-    );
-    let out = rollboard(Some(&config), &["verify"], &[]);
-    assert_eq!(out.status.code(), Some(0));
-    assert!(stdout(&out).ends_with("3 instance(s): 0 differing (0 member(s)), 0 failing\n"));
 }

@@ -1,152 +1,12 @@
-//! What a slow, greedy or careless client gets: bounded `send` memory and clear line
-//! errors, HTTP timeouts and limits, a prompt shutdown, and one JSON error shape.
+//! What a slow, greedy or careless HTTP client gets: timeouts, connection and intake caps, a
+//! prompt shutdown, and one JSON error shape.
 
-use std::io::Write;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use fred::prelude::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::support::{free_port, write_config, Daemon, RedisServer};
-
-fn rollboard() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_rollboard"));
-    cmd.env_remove("ROLLBOARD_CONFIG");
-    cmd
-}
-
-async fn xlen(redis: &RedisServer) -> i64 {
-    let store = redis.store("rb").await;
-    store.client().xlen("rb:events").await.expect("xlen")
-}
-
-#[tokio::test]
-async fn send_memory_is_bounded_by_a_batch_not_by_the_input() {
-    let redis = RedisServer::start();
-    let dir = tempfile::tempdir().expect("dir");
-    let config = write_config(dir.path(), &redis, 1, "a", "");
-    let file = dir.path().join("events.jsonl");
-    let mut out = std::io::BufWriter::new(std::fs::File::create(&file).expect("create"));
-    const EVENTS: usize = 200_000;
-    for i in 0..EVENTS {
-        writeln!(
-            out,
-            r#"{{"room":"room{}","amount":{},"id":"e{i}"}}"#,
-            i % 5000,
-            1 + i % 7
-        )
-        .expect("write");
-    }
-    out.flush().expect("flush");
-    drop(out);
-    let run = Command::new("/usr/bin/time")
-        .arg("-v")
-        .arg(env!("CARGO_BIN_EXE_rollboard"))
-        .arg("--config")
-        .arg(&config)
-        .arg("send")
-        .arg(&file)
-        .env_remove("ROLLBOARD_CONFIG")
-        .output()
-        .expect("/usr/bin/time");
-    let err = String::from_utf8_lossy(&run.stderr);
-    assert!(run.status.success(), "{err}");
-    let peak_kb: u64 = err
-        .lines()
-        .find_map(|l| {
-            l.trim()
-                .strip_prefix("Maximum resident set size (kbytes): ")
-        })
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no peak RSS in: {err}"));
-    assert!(
-        peak_kb < 100 * 1024,
-        "send of {EVENTS} events peaked at {peak_kb} kB"
-    );
-    assert_eq!(xlen(&redis).await, EVENTS as i64);
-}
-
-#[tokio::test]
-async fn send_names_long_and_non_utf8_lines_and_keeps_all_or_nothing() {
-    let redis = RedisServer::start();
-    let dir = tempfile::tempdir().expect("dir");
-    let config = write_config(dir.path(), &redis, 1, "a", "");
-    let send = |input: &[u8]| {
-        let mut child = rollboard()
-            .arg("--config")
-            .arg(&config)
-            .arg("send")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn send");
-        let mut stdin = child.stdin.take().expect("stdin");
-        let input = input.to_vec();
-        // The child may stop reading at an over-long line; a broken pipe is fine then.
-        let writer = std::thread::spawn(move || {
-            let _ = stdin.write_all(&input);
-        });
-        let out = child.wait_with_output().expect("send");
-        let _ = writer.join();
-        (
-            out.status.code(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    };
-    let good = "{\"room\":\"r1\",\"amount\":5}\n";
-
-    // Not UTF-8 on line 3, a line over the limit on line 5: both named, nothing appended.
-    let mut input = format!("\u{feff}{good}{good}").into_bytes();
-    input.extend_from_slice(b"{\"room\":\"r\xff\",\"amount\":5}\n");
-    input.extend_from_slice(good.as_bytes());
-    input.extend(std::iter::repeat_n(b'x', 2 << 20));
-    input.push(b'\n');
-    let (code, err) = send(&input);
-    assert_eq!(code, Some(1), "{err}");
-    assert!(err.contains("line 3: not UTF-8"), "{err}");
-    assert!(err.contains("line 5: longer than"), "{err}");
-    assert!(
-        !err.contains("line 1:") && !err.contains("line 4:"),
-        "{err}"
-    );
-    assert!(
-        err.len() < 2_000,
-        "the long line is not echoed: {}",
-        err.len()
-    );
-
-    // A repeated key is refused, not last-one-wins; an invalid last line appends nothing.
-    let input = format!("{good}{good}{{\"room\":\"r1\",\"amount\":1,\"amount\":1000}}\n");
-    let (code, err) = send(input.as_bytes());
-    assert_eq!(code, Some(1), "{err}");
-    assert!(
-        err.contains("line 3:") && err.contains("more than once"),
-        "{err}"
-    );
-    assert_eq!(xlen(&redis).await, 0, "nothing appended");
-
-    // A byte-order mark is accepted; CRLF line ends too.
-    let input = format!("\u{feff}{good}{}", good.replace('\n', "\r\n"));
-    let (code, err) = send(input.as_bytes());
-    assert_eq!(code, Some(0), "{err}");
-    assert_eq!(xlen(&redis).await, 2);
-}
-
-async fn daemon_with(extra: &str) -> (RedisServer, tempfile::TempDir, Daemon) {
-    let redis = RedisServer::start();
-    let dir = tempfile::tempdir().expect("dir");
-    let port = free_port();
-    let config = write_config(dir.path(), &redis, port, "a", extra);
-    let daemon = Daemon::start(&config, port).await;
-    (redis, dir, daemon)
-}
-
-fn addr(daemon: &Daemon) -> String {
-    daemon.base.trim_start_matches("http://").to_string()
-}
+use crate::support::*;
 
 /// Whether the server closed `conn` (EOF or reset) within `limit`.
 async fn closed_within(conn: &mut TcpStream, limit: Duration) -> bool {
@@ -164,7 +24,7 @@ async fn closed_within(conn: &mut TcpStream, limit: Duration) -> bool {
 
 #[tokio::test]
 async fn a_slow_loris_is_cut_off_and_connections_are_capped() {
-    let (_redis, _dir, daemon) =
+    let (_redis, _dir, daemon, _config) =
         daemon_with("header_timeout = \"1s\"\nmax_connections = 2\n").await;
     // One header byte per 500 ms: cut off after the 1 s header timeout.
     let mut slow = TcpStream::connect(addr(&daemon)).await.expect("connect");
@@ -211,7 +71,7 @@ async fn a_slow_loris_is_cut_off_and_connections_are_capped() {
 
 #[tokio::test]
 async fn slow_uploads_time_out_intake_is_capped_and_shutdown_is_prompt() {
-    let (_redis, _dir, daemon) =
+    let (_redis, _dir, daemon, _config) =
         daemon_with("request_timeout = \"10s\"\nmax_concurrent_intake = 1\n").await;
     let half_sent = |extra: &'static str| {
         let addr = addr(&daemon);
@@ -284,7 +144,7 @@ async fn slow_uploads_time_out_intake_is_capped_and_shutdown_is_prompt() {
 
 #[tokio::test]
 async fn every_error_is_json_with_the_right_status() {
-    let (redis, _dir, daemon) = daemon_with("").await;
+    let (redis, _dir, daemon, _config) = daemon_with("").await;
     let client = reqwest::Client::new();
     let json_error = |status: u16, body: &str, context: &str| {
         let value: serde_json::Value = serde_json::from_str(body)
@@ -360,7 +220,11 @@ async fn every_error_is_json_with_the_right_status() {
     assert_eq!(r.status().as_u16(), 400);
     let body: serde_json::Value = r.json().await.expect("json");
     assert_eq!(body["invalid"][0]["index"], 1, "{body}");
-    assert_eq!(xlen(&redis).await, 0, "a repeated key appends nothing");
+    assert_eq!(
+        xlen(&redis, "rb:events").await,
+        0,
+        "a repeated key appends nothing"
+    );
 
     // Data rollboard did not write where it expects its stream: a 500 naming the problem,
     // not a 503 (Redis is up).
@@ -375,50 +239,4 @@ async fn every_error_is_json_with_the_right_status() {
         body.contains("WRONGTYPE") && body.contains("not an outage"),
         "{body}"
     );
-}
-
-#[test]
-fn a_binary_config_is_not_shown_and_its_path_is_named_once() {
-    let dir = tempfile::tempdir().expect("dir");
-    let path = dir.path().join("binary.toml");
-    let bytes: Vec<u8> = (0..4096u32).map(|i| (i * 7919 % 251) as u8).collect();
-    std::fs::write(&path, &bytes).expect("write");
-    let out = rollboard()
-        .arg("--config")
-        .arg(&path)
-        .args(["top", "x"])
-        .output()
-        .expect("run");
-    assert_eq!(out.status.code(), Some(64));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(err.matches("binary.toml").count(), 1, "{err}");
-    assert!(err.len() < 300, "{err}");
-    std::fs::write(
-        &path,
-        "[ingest]\nbatch_size = 99999999999999999999\n[[boards]]\nname = \"r\"\nmember = \"m\"\nwindow = \"10000000000d\"\nslice = \"1d\"\n",
-    )
-    .expect("write");
-    let out = rollboard()
-        .arg("--config")
-        .arg(&path)
-        .args(["top", "r"])
-        .output()
-        .expect("run");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(64));
-    assert!(err.contains("batch_size"), "{err}");
-    std::fs::write(
-        &path,
-        "[[boards]]\nname = \"r\"\nmember = \"m\"\nwindow = \"10000000000d\"\nslice = \"1d\"\n",
-    )
-    .expect("write");
-    let out = rollboard()
-        .arg("--config")
-        .arg(&path)
-        .args(["top", "r"])
-        .output()
-        .expect("run");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(64));
-    assert!(err.contains("boards[0].window"), "{err}");
 }

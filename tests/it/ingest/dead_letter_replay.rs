@@ -15,11 +15,7 @@ use rollboard::ingest::process_batch;
 use rollboard::metrics::Metrics;
 use rollboard::store::Store;
 
-use crate::support::{
-    board, entry, ev, ingest_settings, remembers, roll_all, test_boards, total_at, write_config,
-    xadd_all, RedisServer,
-};
-use crate::support::{rollboard, stderr, stdout};
+use crate::support::*;
 
 type Letter = (String, HashMap<String, String>);
 

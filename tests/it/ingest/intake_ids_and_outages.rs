@@ -12,9 +12,7 @@ use rollboard::store::Store;
 use serde_json::json;
 
 use crate::support::proxy::Proxy;
-use crate::support::{
-    drained, free_port, wait_for, write_config, write_config_url, Daemon, RedisServer, BOARDS,
-};
+use crate::support::*;
 
 type Entries = Vec<(String, HashMap<String, String>)>;
 

@@ -8,10 +8,7 @@ use std::time::Duration;
 use fred::prelude::*;
 use rollboard::store::Store;
 
-use crate::support::{
-    assert_state, drained_streams, free_port, partitioned_config, test_boards, wait_for, xadd_all,
-    Daemon, Fields, RedisServer,
-};
+use crate::support::*;
 
 type Entries = Vec<(String, HashMap<String, String>)>;
 

@@ -9,11 +9,7 @@ use fred::prelude::*;
 use rollboard::store::Store;
 use rollboard::stream::StreamId;
 
-use crate::support::{
-    assert_state, drained, drained_streams, free_port, test_boards, wait_for, write_config,
-    xadd_all, Daemon, Fields, RedisServer,
-};
-use crate::support::{models, tip};
+use crate::support::*;
 
 const STREAM: &str = "rb:events";
 const DEAD: &str = "rb:events:dead";

@@ -11,7 +11,7 @@ use rollboard::store::{ApplyEvent, StageTargets, Staged, Store, STAGE_CALL_ROWS,
 use tokio_util::sync::CancellationToken;
 
 use crate::support::model::{assert_matches, Instance};
-use crate::support::{board, ev, seen_logs, seen_table, RedisServer};
+use crate::support::*;
 
 const HOUR: i64 = 3_600_000;
 const T0: i64 = 1_763_700_000_000 / HOUR * HOUR;

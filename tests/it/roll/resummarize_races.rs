@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::support::model::{assert_matches, Instance};
 use crate::support::proxy::Proxy;
-use crate::support::{board, ev, roll_all, RedisServer};
+use crate::support::*;
 
 const HOUR: i64 = 3_600_000;
 const DAY: i64 = 24 * HOUR;

@@ -7,7 +7,7 @@ use rollboard::roll;
 use rollboard::store::{ApplyEvent, Outcome, StageTargets, Staged, Store, SwapCheck};
 
 use crate::support::model::{assert_matches, Instance};
-use crate::support::{board, ev, roll_all, RedisServer};
+use crate::support::*;
 
 const HOUR: i64 = 3_600_000;
 const DAY: i64 = 24 * HOUR;

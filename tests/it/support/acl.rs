@@ -77,7 +77,7 @@ impl Drop for Server {
 
 /// The shipped ACL file with the placeholder hash replaced by [`PASSWORD`]'s, each rule in
 /// `drop` removed.
-fn acl_file(dir: &Path, drop: &[&str]) -> PathBuf {
+pub fn acl_file(dir: &Path, drop: &[&str]) -> PathBuf {
     let shipped = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/deploy/redis/users.acl"

@@ -4,7 +4,9 @@
 use std::time::Duration;
 
 use rollboard::board::{Board, Dedup, Mode, TieBreak};
+use rollboard::roll::{self, Job};
 use rollboard::store::{ApplyEvent, Store};
+use tokio_util::sync::CancellationToken;
 
 use crate::support::*;
 
@@ -247,4 +249,29 @@ pub async fn total_at(store: &Store, board: &Board, member: &str, now: i64) -> O
 /// Redis's clock (`TIME`), in epoch ms: the time rollboard judges by.
 pub async fn redis_now(store: &Store) -> i64 {
     store.time_ms().await.expect("TIME")
+}
+
+pub const HOUR: i64 = 3_600_000;
+
+pub const DAY: i64 = 24 * HOUR;
+
+pub const T0: i64 = 1_763_700_000_000;
+
+pub fn now_ms() -> i64 {
+    rollboard::cli::now_ms()
+}
+
+pub async fn roll_once(store: &Store, board: &Board, now: i64) -> roll::Report {
+    roll::run_once(
+        store,
+        std::slice::from_ref(board),
+        Job::All,
+        None,
+        now,
+        3,
+        &CancellationToken::new(),
+    )
+    .await
+    .expect("roll")
+    .remove(0)
 }

@@ -16,13 +16,13 @@ use crate::support::free_port;
 pub const NODE_TIMEOUT_MS: u64 = 1000;
 
 /// One `redis-server` of the cluster.
-struct Node {
+pub struct Node {
     port: u16,
     child: Option<Child>,
     dir: tempfile::TempDir,
 }
 
-fn spawn_node(port: u16, dir: &std::path::Path) -> Child {
+pub fn spawn_node(port: u16, dir: &std::path::Path) -> Child {
     Command::new("redis-server")
         .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
         .args(["--cluster-enabled", "yes"])
@@ -50,7 +50,7 @@ fn spawn_node(port: u16, dir: &std::path::Path) -> Child {
 }
 
 /// A free port whose cluster bus port (port + 10000) is free as well.
-fn free_node_port() -> u16 {
+pub fn free_node_port() -> u16 {
     loop {
         let port = free_port();
         if TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
@@ -86,7 +86,7 @@ pub struct NodeInfo {
     pub slots: usize,
 }
 
-fn parse_nodes(text: &str) -> Vec<NodeInfo> {
+pub fn parse_nodes(text: &str) -> Vec<NodeInfo> {
     text.lines()
         .filter_map(|line| {
             let f: Vec<&str> = line.split_whitespace().collect();

@@ -4,6 +4,9 @@
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use fred::prelude::*;
+use rollboard::store::Store;
+
 use crate::support::*;
 
 /// A `rollboard run` child process.
@@ -168,4 +171,41 @@ impl Daemon {
             })
             .sum()
     }
+}
+
+pub async fn xlen(redis: &RedisServer, key: &str) -> i64 {
+    let store = redis.store("rb").await;
+    store.client().xlen(key).await.expect("xlen")
+}
+
+pub async fn daemon_with(
+    extra: &str,
+) -> (RedisServer, tempfile::TempDir, Daemon, std::path::PathBuf) {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().expect("dir");
+    let port = free_port();
+    let config = write_config(dir.path(), &redis, port, "a", extra);
+    let daemon = Daemon::start(&config, port).await;
+    (redis, dir, daemon, config)
+}
+
+pub fn addr(daemon: &Daemon) -> String {
+    daemon.base.trim_start_matches("http://").to_string()
+}
+
+pub async fn setup(
+    consumer: &str,
+) -> (
+    RedisServer,
+    Store,
+    tempfile::TempDir,
+    std::path::PathBuf,
+    u16,
+) {
+    let redis = RedisServer::start();
+    let store = redis.store("rb").await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let port = free_port();
+    let config = write_config(dir.path(), &redis, port, consumer, "");
+    (redis, store, dir, config, port)
 }

@@ -2,13 +2,12 @@
 //! against the in-memory model of what was appended.
 
 use std::collections::HashMap;
-use std::time::Duration;
 
-use rollboard::board::{Board, Mode};
+use fred::prelude::*;
+use rollboard::board::Board;
 use rollboard::store::{ApplyEvent, Store};
 
 use crate::support::model::Instance;
-use crate::support::*;
 
 /// The fields of one stream entry, in order.
 pub type Fields = Vec<(String, String)>;
@@ -58,100 +57,6 @@ pub fn models_of_entries(
         }
     }
     out
-}
-
-/// Checks every instance against its model; resummarize instances once the job (every
-/// second in the test config) has run since their last event.
-pub async fn assert_state(
-    store: &Store,
-    boards: &[Board],
-    models: &std::collections::HashMap<(usize, Option<String>), crate::support::model::Instance>,
-    now: i64,
-) {
-    assert_state_or(store, boards, models, now, String::new).await;
-}
-
-/// [`assert_state`], with `context` (a daemon's log, say) in the message when a
-/// resummarize instance never catches up.
-pub async fn assert_state_or(
-    store: &Store,
-    boards: &[Board],
-    models: &std::collections::HashMap<(usize, Option<String>), crate::support::model::Instance>,
-    now: i64,
-    context: impl Fn() -> String,
-) {
-    for ((b, scope), model) in models {
-        let board = &boards[*b];
-        if board.mode == Mode::Resummarize {
-            let expected = model.ranking(board);
-            let ranked = || async {
-                let page = store
-                    .top(board, scope.as_deref(), 0, 1000, now)
-                    .await
-                    .expect("top");
-                page.entries
-                    .iter()
-                    .map(|e| (e.member.clone(), e.total, e.last_ts))
-                    .collect::<Vec<_>>()
-            };
-            let caught_up = wait_for(Duration::from_secs(10), || async {
-                ranked().await == expected
-            })
-            .await;
-            if !caught_up {
-                let got = ranked().await;
-                let differ: Vec<_> = expected
-                    .iter()
-                    .filter(|e| !got.contains(e))
-                    .take(5)
-                    .collect();
-                let (meta, _) = store.meta(board, scope.as_deref()).await.expect("meta");
-                let sums =
-                    live_sums(store, board, scope.as_deref(), meta.unwrap_or(i64::MIN)).await;
-                let slices_differ: Vec<_> = expected
-                    .iter()
-                    .filter(|(m, total, _)| sums.get(m) != Some(total))
-                    .take(5)
-                    .map(|(m, total, _)| (m, total, sums.get(m)))
-                    .collect();
-                panic!(
-                    "resummarize board {}{scope:?} never caught up: {} ranked, {} expected, \
-                     expected but not ranked (first 5): {differ:?}; the live slices (above \
-                     {meta:?}) differ from the model for (member, model, slices; first 5): \
-                     {slices_differ:?}\n{}",
-                    board.name,
-                    got.len(),
-                    expected.len(),
-                    context()
-                );
-            }
-        }
-        crate::support::model::assert_matches(store, board, scope.as_deref(), model, now).await;
-    }
-}
-
-/// Each member's total over the live slices (those registered above `watermark`).
-async fn live_sums(
-    store: &Store,
-    board: &Board,
-    scope: Option<&str>,
-    watermark: i64,
-) -> std::collections::HashMap<String, i64> {
-    let k = store.instance(board, scope);
-    let mut sums = std::collections::HashMap::new();
-    for n in store
-        .live_slices(board, scope, watermark)
-        .await
-        .expect("live slices")
-    {
-        use fred::interfaces::HashesInterface;
-        let fields: std::collections::HashMap<String, i64> =
-            store.client().hgetall(k.slice(n)).await.expect("slice");
-        for (member, amount) in fields {
-            *sums.entry(member).or_default() += amount;
-        }
-    }
-    sums
 }
 
 /// A tip to a room; matches rooms_7d and fans_7d.
@@ -221,4 +126,65 @@ impl SplitMix {
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
         z ^ (z >> 31)
     }
+}
+
+/// POSTs `events` to `/v1/events` as one JSON array; the status.
+pub async fn post_events(base: &str, events: &[Fields]) -> u16 {
+    let body: Vec<serde_json::Map<String, serde_json::Value>> = events
+        .iter()
+        .map(|f| {
+            f.iter()
+                .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+                .collect()
+        })
+        .collect();
+    reqwest::Client::new()
+        .post(format!("{base}/v1/events"))
+        .json(&body)
+        .send()
+        .await
+        .expect("post")
+        .status()
+        .as_u16()
+}
+
+pub fn spread_tip(i: usize, now: i64) -> Fields {
+    vec![
+        ("room".into(), format!("room{}", i % 97)),
+        ("user".into(), format!("u{}", i % 31)),
+        ("amount".into(), (1 + i % 7).to_string()),
+        ("id".into(), format!("s{i}")),
+        ("ts".into(), (now - (i as i64 * 331) % 600_000).to_string()),
+    ]
+}
+
+pub type Letter = (String, HashMap<String, String>);
+
+pub async fn letters(store: &Store) -> Vec<Letter> {
+    store
+        .client()
+        .xrange("rb:events:dead", "-", "+", None)
+        .await
+        .expect("xrange")
+}
+
+/// JSON lines of `n` tips to rooms r0..r2, each 1..=3.
+pub fn tips(prefix: &str, n: usize) -> String {
+    let now = rollboard::cli::now_ms();
+    (0..n)
+        .map(|i| {
+            format!(
+                "{{\"room\":\"r{}\",\"user\":\"u{}\",\"amount\":{},\"id\":\"{prefix}{i}\",\"ts\":{}}}\n",
+                i % 3,
+                i % 5,
+                1 + i % 3,
+                now - 1_000 - i as i64
+            )
+        })
+        .collect()
+}
+
+/// What `n` [`tips`] add up to.
+pub fn tips_total(n: usize) -> i64 {
+    (0..n).map(|i| 1 + (i % 3) as i64).sum()
 }

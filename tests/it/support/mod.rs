@@ -3,12 +3,14 @@
 //! assertions against the in-memory model, and a fault-injecting proxy.
 
 mod acl;
+mod asserts;
 mod boards;
 mod cli;
 mod cluster;
 mod config;
 mod daemon;
 mod events;
+mod http;
 mod instances;
 pub mod model;
 pub mod proxy;
@@ -16,12 +18,14 @@ mod redis;
 mod wait;
 
 pub use acl::*;
+pub use asserts::*;
 pub use boards::*;
 pub use cli::*;
 pub use cluster::*;
 pub use config::*;
 pub use daemon::*;
 pub use events::*;
+pub use http::*;
 pub use instances::*;
 pub use redis::*;
 pub use wait::*;

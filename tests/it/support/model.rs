@@ -8,7 +8,7 @@ use rollboard::store::{ApplyEvent, Outcome};
 
 /// One applied event at one instance.
 #[derive(Debug, Clone)]
-struct Applied {
+pub struct Applied {
     slice: i64,
     ts: i64,
     member: String,

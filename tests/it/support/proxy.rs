@@ -37,7 +37,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 /// An armed cut: the pattern to look for and how many connections are still to be cut.
-struct Cut {
+pub struct Cut {
     pattern: Vec<u8>,
     remaining: usize,
     /// Occurrences still to be let through before the first cut.
@@ -45,7 +45,7 @@ struct Cut {
 }
 
 /// What the test controls, shared with every connection task.
-struct Shared {
+pub struct Shared {
     /// `true` while blackholed.
     blackhole: watch::Sender<bool>,
     /// Replaced by [`Proxy::close_all`]; a connection ends when the token it started with fires.
@@ -62,7 +62,7 @@ struct Shared {
 }
 
 /// An armed hold: the pattern, occurrences still to let through, and the test's handle.
-struct ArmedHold {
+pub struct ArmedHold {
     pattern: Vec<u8>,
     skip: usize,
     hold: Arc<Hold>,
@@ -270,7 +270,7 @@ impl Drop for Proxy {
     }
 }
 
-async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, stop: CancellationToken) {
+pub async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, stop: CancellationToken) {
     loop {
         let client = tokio::select! {
             _ = stop.cancelled() => return,
@@ -294,18 +294,18 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, stop: Cancellat
 }
 
 /// Waits until the blackhole is off (at once when it is).
-async fn open(blackhole: &mut watch::Receiver<bool>) {
+pub async fn open(blackhole: &mut watch::Receiver<bool>) {
     // An error means the proxy is gone; the connection ends with it anyway.
     let _ = blackhole.wait_for(|on| !*on).await;
 }
 
 /// Waits until the blackhole is on (at once when it is); cancel safe.
-async fn shut(blackhole: &mut watch::Receiver<bool>) {
+pub async fn shut(blackhole: &mut watch::Receiver<bool>) {
     let _ = blackhole.wait_for(|on| *on).await;
 }
 
 /// Forwards one connection until either side closes, an I/O error, or a cut.
-async fn serve(mut client: TcpStream, shared: &Shared) {
+pub async fn serve(mut client: TcpStream, shared: &Shared) {
     let mut blackhole = shared.blackhole.subscribe();
     open(&mut blackhole).await;
     let Ok(mut server) = TcpStream::connect(("127.0.0.1", shared.upstream)).await else {

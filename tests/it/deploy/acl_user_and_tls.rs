@@ -1,14 +1,13 @@
 //! Security as an operator deploys it: the shipped least-privilege ACL user (and a clear
 //! refusal when a permission is missing), `rediss://` with a verified server certificate and
-//! mutual TLS, and bearer tokens on the HTTP roles.
+//! mutual TLS, and passwords that never show in errors or logs.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use crate::support::{acl_server, acl_url, Server, PASSWORD};
-use crate::support::{free_port, wait_for, write_config_url, Daemon, RedisServer, BOARDS};
+use crate::support::*;
 
 fn rollboard(config: &Path, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_rollboard"))
@@ -52,22 +51,6 @@ fn text(out: &Output) -> String {
     )
 }
 
-/// JSON lines of `n` tips to rooms r0..r2, each 1..=3.
-fn tips(prefix: &str, n: usize) -> String {
-    let now = rollboard::cli::now_ms();
-    (0..n)
-        .map(|i| {
-            format!(
-                "{{\"room\":\"r{}\",\"user\":\"u{}\",\"amount\":{},\"id\":\"{prefix}{i}\",\"ts\":{}}}\n",
-                i % 3,
-                i % 5,
-                1 + i % 3,
-                now - 1_000 - i as i64
-            )
-        })
-        .collect()
-}
-
 /// The sum of the totals on the first page of `rooms_7d`, as the CLI reports it.
 fn rooms_total(config: &Path) -> Option<i64> {
     let out = rollboard(config, &["top", "rooms_7d", "--json", "--limit", "100"]);
@@ -80,11 +63,6 @@ fn rooms_total(config: &Path) -> Option<i64> {
         .iter()
         .map(|e| e["total"].as_i64())
         .sum()
-}
-
-/// What `n` [`tips`] add up to.
-fn tips_total(n: usize) -> i64 {
-    (0..n).map(|i| 1 + (i % 3) as i64).sum()
 }
 
 #[tokio::test]
@@ -491,162 +469,4 @@ async fn passwords_in_the_url_never_show_in_errors_or_logs() {
     let out = rollboard(&bad, &["top", "rooms_7d"]);
     assert_eq!(out.status.code(), Some(64), "{}", text(&out));
     assert!(!text(&out).contains(PASSWORD), "{}", text(&out));
-}
-
-#[tokio::test]
-async fn bearer_tokens_guard_the_intake_and_the_queries() {
-    let redis = RedisServer::start();
-    let dir = tempfile::tempdir().expect("dir");
-    let (producer, reader) = ("producer-token-41f9", "reader-token-8c2d");
-    let producer_file = dir.path().join("producer.token");
-    std::fs::write(&producer_file, format!("{producer}\n")).expect("write token");
-    let reader_file = dir.path().join("reader.token");
-    std::fs::write(&reader_file, reader).expect("write token");
-    let http_port = free_port();
-    let config = write_config_url(
-        dir.path(),
-        &redis.url(),
-        http_port,
-        "auth",
-        &format!(
-            "intake_token_file = \"{}\"\nquery_token_file = \"{}\"",
-            producer_file.display(),
-            reader_file.display()
-        ),
-    );
-    let daemon = Daemon::start(&config, http_port).await;
-    let client = reqwest::Client::new();
-    let events = format!("[{}]", tips("auth", 3).trim().replace('\n', ","));
-    let post = |auth: Option<String>| {
-        let mut request = client
-            .post(format!("{}/v1/events", daemon.base))
-            .header("content-type", "application/json")
-            .body(events.clone());
-        if let Some(auth) = auth {
-            request = request.header("authorization", auth);
-        }
-        request.send()
-    };
-
-    for auth in [
-        None,
-        Some(format!("Bearer {reader}")),
-        Some(format!("Bearer {producer}x")),
-        Some(format!("Basic {producer}")),
-        Some("Bearer ".to_string()),
-    ] {
-        let response = post(auth.clone()).await.expect("post");
-        assert_eq!(response.status().as_u16(), 401, "{auth:?}");
-        let challenge = response
-            .headers()
-            .get("www-authenticate")
-            .expect("WWW-Authenticate")
-            .to_str()
-            .expect("ascii")
-            .to_string();
-        assert!(challenge.starts_with("Bearer"), "{challenge}");
-        let body: serde_json::Value = response.json().await.expect("json");
-        assert!(body["error"].is_string(), "{body}");
-    }
-    let response = post(Some(format!("bearer {producer}")))
-        .await
-        .expect("post");
-    assert_eq!(response.status().as_u16(), 202);
-
-    let top = format!("{}/v1/boards/rooms_7d/top", daemon.base);
-    let response = client.get(&top).send().await.expect("get");
-    assert_eq!(response.status().as_u16(), 401);
-    assert!(response.headers().contains_key("www-authenticate"));
-    let response = client
-        .get(&top)
-        .bearer_auth(producer)
-        .send()
-        .await
-        .expect("get");
-    assert_eq!(
-        response.status().as_u16(),
-        401,
-        "the producer is not a reader"
-    );
-    let applied = wait_for(Duration::from_secs(20), || async {
-        let response = client.get(&top).bearer_auth(reader).send().await;
-        match response {
-            Ok(r) if r.status().as_u16() == 200 => r
-                .json::<serde_json::Value>()
-                .await
-                .is_ok_and(|page| page["count"] == 3),
-            _ => false,
-        }
-    })
-    .await;
-    assert!(applied, "{}", daemon.logs());
-
-    // No operator token configured: /metrics is open, and the probes always are.
-    assert_eq!(daemon.get("/metrics").await.0, 200);
-    assert_eq!(daemon.get("/healthz").await.0, 200);
-    assert_eq!(daemon.get("/readyz").await.0, 200);
-
-    let logs = daemon.logs();
-    assert!(!logs.contains(producer) && !logs.contains(reader), "{logs}");
-    daemon.terminate().await;
-}
-
-#[tokio::test]
-async fn the_operator_token_from_the_environment_guards_metrics() {
-    let redis = RedisServer::start();
-    let dir = tempfile::tempdir().expect("dir");
-    let http_port = free_port();
-    let config = write_config_url(dir.path(), &redis.url(), http_port, "operator", "");
-    let token = "operator-token-from-env-5e1";
-    let log = dir.path().join("operator.log");
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_rollboard"))
-        .arg("--config")
-        .arg(&config)
-        .arg("run")
-        .env_remove("ROLLBOARD_CONFIG")
-        .env("ROLLBOARD_METRICS_TOKEN", token)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).expect("log file"))
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn rollboard run");
-    let base = format!("http://127.0.0.1:{http_port}");
-    let client = reqwest::Client::new();
-    let up = wait_for(Duration::from_secs(20), || async {
-        client
-            .get(format!("{base}/readyz"))
-            .send()
-            .await
-            .is_ok_and(|r| r.status().is_success())
-    })
-    .await;
-    assert!(up, "{}", std::fs::read_to_string(&log).unwrap_or_default());
-
-    let metrics = format!("{base}/metrics");
-    let response = client.get(&metrics).send().await.expect("get");
-    assert_eq!(response.status().as_u16(), 401);
-    assert!(response.headers().contains_key("www-authenticate"));
-    let response = client
-        .get(&metrics)
-        .bearer_auth(token)
-        .send()
-        .await
-        .expect("get");
-    assert_eq!(response.status().as_u16(), 200);
-    assert!(response
-        .text()
-        .await
-        .expect("body")
-        .contains("rollboard_events_applied_total"));
-    // Only /metrics is the operator's: the other roles have no token here.
-    let top = client
-        .get(format!("{base}/v1/boards/rooms_7d/top"))
-        .send()
-        .await
-        .expect("get");
-    assert_eq!(top.status().as_u16(), 200);
-
-    child.kill().await.expect("kill");
-    let logs = std::fs::read_to_string(&log).unwrap_or_default();
-    assert!(!logs.contains(token), "{logs}");
 }

@@ -1,13 +1,15 @@
-//! Safe by default, as an operator runs it: bearer tokens rotated through their files while
-//! clients keep posting (a Kubernetes Secret's symlink swap, SIGHUP, a file that breaks),
-//! the refusal of an anonymous intake off loopback, and the admin listener.
+//! Bearer tokens as an operator runs them: tokens guarding the intake, the queries and the
+//! metrics; tokens rotated through their files while clients keep posting (a Kubernetes
+//! Secret's symlink swap, SIGHUP, a file that breaks); the refusal of an anonymous intake off
+//! loopback; and the admin listener.
 
 use std::path::{Path, PathBuf};
+use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::support::{free_port, run_rollboard, wait_for, write_config, Daemon, RedisServer};
+use crate::support::*;
 
 /// A directory laid out as the kubelet mounts a Secret: `<key>` is a symlink to
 /// `..data/<key>`, `..data` a symlink to a timestamped directory; an update writes a new
@@ -355,4 +357,162 @@ async fn admin_listen_serves_metrics_and_probes_and_the_api_port_does_not() {
     assert_eq!(post(&client, &api, None, "adm-1").await, 401);
     assert!(admin.logs().contains("admin http listening"));
     assert!(admin.terminate().await.success());
+}
+
+#[tokio::test]
+async fn bearer_tokens_guard_the_intake_and_the_queries() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().expect("dir");
+    let (producer, reader) = ("producer-token-41f9", "reader-token-8c2d");
+    let producer_file = dir.path().join("producer.token");
+    std::fs::write(&producer_file, format!("{producer}\n")).expect("write token");
+    let reader_file = dir.path().join("reader.token");
+    std::fs::write(&reader_file, reader).expect("write token");
+    let http_port = free_port();
+    let config = write_config_url(
+        dir.path(),
+        &redis.url(),
+        http_port,
+        "auth",
+        &format!(
+            "intake_token_file = \"{}\"\nquery_token_file = \"{}\"",
+            producer_file.display(),
+            reader_file.display()
+        ),
+    );
+    let daemon = Daemon::start(&config, http_port).await;
+    let client = reqwest::Client::new();
+    let events = format!("[{}]", tips("auth", 3).trim().replace('\n', ","));
+    let post = |auth: Option<String>| {
+        let mut request = client
+            .post(format!("{}/v1/events", daemon.base))
+            .header("content-type", "application/json")
+            .body(events.clone());
+        if let Some(auth) = auth {
+            request = request.header("authorization", auth);
+        }
+        request.send()
+    };
+
+    for auth in [
+        None,
+        Some(format!("Bearer {reader}")),
+        Some(format!("Bearer {producer}x")),
+        Some(format!("Basic {producer}")),
+        Some("Bearer ".to_string()),
+    ] {
+        let response = post(auth.clone()).await.expect("post");
+        assert_eq!(response.status().as_u16(), 401, "{auth:?}");
+        let challenge = response
+            .headers()
+            .get("www-authenticate")
+            .expect("WWW-Authenticate")
+            .to_str()
+            .expect("ascii")
+            .to_string();
+        assert!(challenge.starts_with("Bearer"), "{challenge}");
+        let body: serde_json::Value = response.json().await.expect("json");
+        assert!(body["error"].is_string(), "{body}");
+    }
+    let response = post(Some(format!("bearer {producer}")))
+        .await
+        .expect("post");
+    assert_eq!(response.status().as_u16(), 202);
+
+    let top = format!("{}/v1/boards/rooms_7d/top", daemon.base);
+    let response = client.get(&top).send().await.expect("get");
+    assert_eq!(response.status().as_u16(), 401);
+    assert!(response.headers().contains_key("www-authenticate"));
+    let response = client
+        .get(&top)
+        .bearer_auth(producer)
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(
+        response.status().as_u16(),
+        401,
+        "the producer is not a reader"
+    );
+    let applied = wait_for(Duration::from_secs(20), || async {
+        let response = client.get(&top).bearer_auth(reader).send().await;
+        match response {
+            Ok(r) if r.status().as_u16() == 200 => r
+                .json::<serde_json::Value>()
+                .await
+                .is_ok_and(|page| page["count"] == 3),
+            _ => false,
+        }
+    })
+    .await;
+    assert!(applied, "{}", daemon.logs());
+
+    // No operator token configured: /metrics is open, and the probes always are.
+    assert_eq!(daemon.get("/metrics").await.0, 200);
+    assert_eq!(daemon.get("/healthz").await.0, 200);
+    assert_eq!(daemon.get("/readyz").await.0, 200);
+
+    let logs = daemon.logs();
+    assert!(!logs.contains(producer) && !logs.contains(reader), "{logs}");
+    daemon.terminate().await;
+}
+
+#[tokio::test]
+async fn the_operator_token_from_the_environment_guards_metrics() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().expect("dir");
+    let http_port = free_port();
+    let config = write_config_url(dir.path(), &redis.url(), http_port, "operator", "");
+    let token = "operator-token-from-env-5e1";
+    let log = dir.path().join("operator.log");
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_rollboard"))
+        .arg("--config")
+        .arg(&config)
+        .arg("run")
+        .env_remove("ROLLBOARD_CONFIG")
+        .env("ROLLBOARD_METRICS_TOKEN", token)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log file"))
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn rollboard run");
+    let base = format!("http://127.0.0.1:{http_port}");
+    let client = reqwest::Client::new();
+    let up = wait_for(Duration::from_secs(20), || async {
+        client
+            .get(format!("{base}/readyz"))
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success())
+    })
+    .await;
+    assert!(up, "{}", std::fs::read_to_string(&log).unwrap_or_default());
+
+    let metrics = format!("{base}/metrics");
+    let response = client.get(&metrics).send().await.expect("get");
+    assert_eq!(response.status().as_u16(), 401);
+    assert!(response.headers().contains_key("www-authenticate"));
+    let response = client
+        .get(&metrics)
+        .bearer_auth(token)
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(response.status().as_u16(), 200);
+    assert!(response
+        .text()
+        .await
+        .expect("body")
+        .contains("rollboard_events_applied_total"));
+    // Only /metrics is the operator's: the other roles have no token here.
+    let top = client
+        .get(format!("{base}/v1/boards/rooms_7d/top"))
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(top.status().as_u16(), 200);
+
+    child.kill().await.expect("kill");
+    let logs = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(!logs.contains(token), "{logs}");
 }

@@ -1,0 +1,42 @@
+//! One call in flight per instance: a scoped board spread over many rooms, fed through
+//! HTTP, still counts every tip exactly.
+
+use crate::support::*;
+
+#[tokio::test]
+async fn one_call_in_flight_with_a_scoped_board_over_many_rooms_counts_exactly() {
+    let redis = RedisServer::start();
+    let store = redis.store("rb").await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let port = free_port();
+    let config = write_config(dir.path(), &redis, port, "a", "");
+    let text = std::fs::read_to_string(&config).expect("read config");
+    std::fs::write(
+        &config,
+        text.replacen("[redis]\n", "[redis]\nmax_calls_in_flight = 1\n", 1),
+    )
+    .expect("write config");
+    let daemon = Daemon::start(&config, port).await;
+    let now = now_ms();
+    let events: Vec<Fields> = (0..2000).map(|i| spread_tip(i, now)).collect();
+    xadd_all(store.client(), "rb:events", &events[..1500]).await;
+    assert_eq!(post_events(&daemon.base, &events[1500..]).await, 202);
+    // A query answers while the daemon works through the batches.
+    let (status, _) = daemon.get("/v1/boards/fans_7d/top?scope=room3").await;
+    assert_eq!(status, 200);
+    assert!(
+        drained(&store).await,
+        "stream never drained; log:\n{}",
+        daemon.logs()
+    );
+    let boards = test_boards();
+    let now = now_ms();
+    assert_state(&store, &boards, &models(&events, &boards, now), now).await;
+    assert_eq!(
+        daemon
+            .metric("rollboard_events_applied_total", &[("board", "rooms_7d")])
+            .await,
+        2000.0
+    );
+    assert!(daemon.terminate().await.success());
+}

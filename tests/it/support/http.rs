@@ -1,0 +1,54 @@
+//! Talking to the daemon's HTTP API: a raw POST with its `Retry-After`, JSON bodies, and a
+//! daemon that has applied one tip.
+
+use rollboard::store::Store;
+use serde_json::Value;
+
+use crate::support::*;
+
+/// POSTs `body` to the intake; status, `Retry-After` and body.
+pub async fn post(daemon: &Daemon, body: &str) -> (u16, Option<String>, String) {
+    let answer = reqwest::Client::new()
+        .post(format!("{}/v1/events", daemon.base))
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await
+        .expect("POST /v1/events");
+    let status = answer.status().as_u16();
+    let retry = answer
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    (status, retry, answer.text().await.unwrap_or_default())
+}
+
+pub fn json(text: &str) -> Value {
+    serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
+}
+
+/// A daemon on a fresh redis-server with one tip to room r1 applied (rooms_7d, fans_7d).
+pub async fn with_one_tip() -> (
+    RedisServer,
+    Store,
+    tempfile::TempDir,
+    std::path::PathBuf,
+    Daemon,
+) {
+    let redis = RedisServer::start();
+    let store = redis.store("rb").await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let port = free_port();
+    let config = write_config(dir.path(), &redis, port, "ops", "");
+    let daemon = Daemon::start(&config, port).await;
+    let now = redis_now(&store).await;
+    let (status, _, body) = post(
+        &daemon,
+        &format!(r#"{{"id":"t1","ts":{now},"room":"r1","user":"u1","amount":"5"}}"#),
+    )
+    .await;
+    assert_eq!(status, 202, "{body}");
+    assert!(drained(&store).await, "the tip was not applied");
+    (redis, store, dir, config, daemon)
+}
