@@ -70,8 +70,7 @@ async fn assert_model(store: &Store, board: &Board, model: &mut Instance, now: i
 // slices that the ranking never counted. Phase 1 now reads every key phase 2 writes.
 #[tokio::test]
 async fn a_failed_apply_of_new_members_writes_nothing() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (_redis, store) = RedisServer::start_with_store("rb").await;
     let mut wrote = Vec::new();
     for b in variants() {
         let k = store.instance(&b, None);
@@ -234,8 +233,7 @@ fn long_instance(board: &Board) -> Vec<ApplyEvent> {
 
 #[tokio::test]
 async fn long_instances_across_apply_calls_equal_the_model_through_every_roll() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (_redis, store) = RedisServer::start_with_store("rb").await;
     for b in variants() {
         for chunk in [1usize, 2, 1000] {
             let _: () = store.client().flushall(false).await.expect("flush");
@@ -361,11 +359,8 @@ fn tips(from: usize, to: usize, now: i64) -> Vec<Fields> {
 
 #[tokio::test]
 async fn a_broken_scoped_instance_is_dead_lettered_and_its_replay_counts_once() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
-    let dir = tempfile::tempdir().expect("dir");
-    let port = free_port();
-    let config = write_config(dir.path(), &redis, port, "a", "");
+    let (redis, store) = RedisServer::start_with_store("rb").await;
+    let (_dir, port, config) = config_for(&redis, "a", "");
     let daemon = Daemon::start(&config, port).await;
     let boards = test_boards();
     let now = rollboard::cli::now_ms();
@@ -500,11 +495,8 @@ async fn a_broken_scoped_instance_is_dead_lettered_and_its_replay_counts_once() 
 // dead letters were all duplicates and their money never reached the ranking.
 #[tokio::test]
 async fn a_board_whose_result_key_is_broken_dead_letters_its_events() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
-    let dir = tempfile::tempdir().expect("dir");
-    let port = free_port();
-    let config = write_config(dir.path(), &redis, port, "a", "");
+    let (redis, store) = RedisServer::start_with_store("rb").await;
+    let (_dir, port, config) = config_for(&redis, "a", "");
     let daemon = Daemon::start(&config, port).await;
     let boards = test_boards();
     let tips_24h = &boards[2];

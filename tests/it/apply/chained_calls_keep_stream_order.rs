@@ -204,8 +204,7 @@ async fn roll_at(store: &Store, board: &Board, now: i64) {
 /// everything equals the calls and the roll in that order, one at a time.
 #[tokio::test]
 async fn a_roll_between_two_chained_calls_is_seen_as_between_them() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (_redis, store) = RedisServer::start_with_store("rb").await;
     for shape in 0..4 {
         let board = shaped(shape);
         let control = twin(&board);
@@ -265,8 +264,7 @@ async fn a_roll_between_two_chained_calls_is_seen_as_between_them() {
 /// turn with the outcomes observed).
 #[tokio::test]
 async fn a_roll_racing_a_chain_splits_it_in_stream_order() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (redis, store) = RedisServer::start_with_store("rb").await;
     let roller = redis.store("rb").await;
     for round in 0..6i64 {
         let mut board = shaped(round as usize % 4);
@@ -407,8 +405,7 @@ async fn two_stores_chaining_on_one_instance_count_each_id_once_and_finish() {
 /// of order; the calls still take effect in order, and only once.
 #[tokio::test]
 async fn a_chain_after_script_flush_reloads_and_applies_in_order() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (redis, store) = RedisServer::start_with_store("rb").await;
     let board = shaped(0);
     let control = twin(&board);
     let mut events = numbered("s", 40, NOW - 900);
@@ -481,8 +478,7 @@ async fn a_long_chain_with_one_call_in_flight_finishes_and_agrees() {
 /// short dedup windows): the same outcomes and data as the calls in turn.
 #[tokio::test]
 async fn late_duplicate_and_overflowing_calls_mid_chain_agree_with_calls_in_turn() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (_redis, store) = RedisServer::start_with_store("rb").await;
     for shape in 0..8 {
         let board = shaped(shape);
         let control = twin(&board);
@@ -567,8 +563,7 @@ async fn late_duplicate_and_overflowing_calls_mid_chain_agree_with_calls_in_turn
 /// token.
 #[tokio::test]
 async fn an_all_late_chain_counts_nothing() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (_redis, store) = RedisServer::start_with_store("rb").await;
     let board = shaped(0);
     let events = segments(&["a", "b", "c"], NOW - 10 * SLICE);
     assert_calls(&board, &events, 3);
@@ -593,8 +588,7 @@ async fn an_all_late_chain_counts_nothing() {
 /// of a chain runs whatever it holds.
 #[tokio::test]
 async fn a_chain_field_set_by_hand_does_not_hold_a_batch_back() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (_redis, store) = RedisServer::start_with_store("rb").await;
     let board = shaped(1);
     let control = twin(&board);
     let k = store.instance(&board, None);
@@ -629,8 +623,7 @@ async fn a_chain_field_set_by_hand_does_not_hold_a_batch_back() {
 /// is written.
 #[tokio::test]
 async fn a_meta_key_of_the_wrong_type_fails_the_chain_writing_nothing() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (_redis, store) = RedisServer::start_with_store("rb").await;
     let board = shaped(0);
     let control = twin(&board);
     for b in [&board, &control] {
@@ -657,8 +650,7 @@ async fn a_meta_key_of_the_wrong_type_fails_the_chain_writing_nothing() {
 /// legacy ZSet holds are duplicates, in every call after.
 #[tokio::test]
 async fn a_legacy_seen_zset_found_mid_chain_is_honoured_from_there() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (redis, store) = RedisServer::start_with_store("rb").await;
     let board = shaped(0);
     let control = twin(&board);
     let live = NOW - 200;
@@ -720,8 +712,7 @@ async fn corrupt_field(store: &Store, board: &Board, ts: i64, member: &str) {
 /// only the first is counted.
 #[tokio::test]
 async fn a_slow_call_then_a_failing_call_stop_where_the_calls_in_turn_stop() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (_redis, store) = RedisServer::start_with_store("rb").await;
     for (case, failing) in [(0, 2usize), (1, 1)] {
         let mut board = shaped(case);
         board.name = format!("stop{case}");
@@ -771,8 +762,7 @@ async fn a_slow_call_then_a_failing_call_stop_where_the_calls_in_turn_stop() {
 /// anything is written.
 #[tokio::test]
 async fn a_gen_redis_cannot_increment_fails_chained_and_unchained_calls_alike() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (_redis, store) = RedisServer::start_with_store("rb").await;
     for (case, gen) in ["1e3", "007", "+5", "0x10"].iter().enumerate() {
         let mut board = shaped(case % 4);
         board.name = format!("gen{case}");
@@ -923,8 +913,7 @@ async fn two_chains_on_one_connection_count_each_id_once_and_finish() {
 /// goes through once memory is back.
 #[tokio::test]
 async fn at_maxmemory_a_redelivered_chain_fails_as_calls_in_turn_do() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (redis, store) = RedisServer::start_with_store("rb").await;
     let board = shaped(0);
     let control = twin(&board);
     let events = segments(&["a", "b", "c"], NOW - 100);

@@ -106,8 +106,7 @@ async fn assert_model(store: &Store, board: &Board, model: &mut Instance, now: i
 
 #[tokio::test]
 async fn an_apply_that_fails_on_any_key_writes_nothing_and_its_retry_counts_every_event() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (_redis, store) = RedisServer::start_with_store("rb").await;
     let mut calls = 0;
     for seed in 0..6u64 {
         for board in variants() {
@@ -155,8 +154,7 @@ async fn an_apply_that_fails_on_any_key_writes_nothing_and_its_retry_counts_ever
 
 #[tokio::test]
 async fn an_expiry_that_fails_on_any_key_writes_nothing_and_the_next_roll_finishes() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (_redis, store) = RedisServer::start_with_store("rb").await;
     for seed in 0..4u64 {
         for board in variants() {
             let _: () = store.client().flushall(false).await.expect("flush");
@@ -264,20 +262,13 @@ async fn refunds_roll_cleanly(store: &Store, board: &Board, plan: &[(u8, i64, i6
 
 #[test]
 fn refunds_that_cancel_their_tips_exactly_roll_without_a_failure() {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let redis = RedisServer::start();
-    let store = rt.block_on(redis.store("rb"));
+    let rt = runtime();
+    let (_redis, store) = rt.block_on(RedisServer::start_with_store("rb"));
     let boards: Vec<Board> = variants()
         .into_iter()
         .filter(|b| b.allow_negative)
         .collect();
-    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
-        cases: 48,
-        ..ProptestConfig::default()
-    });
+    let mut runner = proptest_runner(48);
     runner
         .run(&cancelling(), |plan| {
             rt.block_on(async {

@@ -81,12 +81,8 @@ fn batches() -> impl Strategy<Value = (usize, Vec<Batch>)> {
 #[test]
 fn the_fast_path_agrees_with_the_event_by_event_script() {
     let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let redis = RedisServer::start();
-    let store = rt.block_on(redis.store("rb"));
-    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
-        cases: 48,
-        ..ProptestConfig::default()
-    });
+    let (_redis, store) = rt.block_on(RedisServer::start_with_store("rb"));
+    let mut runner = proptest_runner(48);
     runner
         .run(&batches(), |(shape, batches)| {
             rt.block_on(async {
@@ -208,12 +204,8 @@ fn redelivery_and_mixed_batches_count_once() {
 #[test]
 fn a_batch_cut_short_at_any_point_and_redelivered_counts_once() {
     let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let redis = RedisServer::start();
-    let store = rt.block_on(redis.store("rb"));
-    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
-        cases: 32,
-        ..ProptestConfig::default()
-    });
+    let (_redis, store) = rt.block_on(RedisServer::start_with_store("rb"));
+    let mut runner = proptest_runner(32);
     let cases = (batches(), any::<prop::sample::Index>());
     runner
         .run(&cases, |((shape, batches), cut)| {
@@ -387,8 +379,7 @@ async fn answers(store: &Store, board: &Board, now: i64) -> Vec<String> {
 #[tokio::test]
 async fn members_written_by_an_older_version_are_read_as_before() {
     use rollboard::roll::{self, Job};
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (_redis, store) = RedisServer::start_with_store("rb").await;
     for shape in 0..4 {
         let board = shaped(shape);
         let control = twin(&board);
@@ -475,8 +466,7 @@ async fn members_written_by_an_older_version_are_read_as_before() {
 /// it has been, so an id repeated in a later call is the duplicate, as in stream order.
 #[tokio::test]
 async fn a_slow_call_holds_back_the_calls_chained_after_it() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (_redis, store) = RedisServer::start_with_store("rb").await;
     for shape in 0..4 {
         let board = shaped(shape);
         let control = twin(&board);
@@ -526,8 +516,7 @@ async fn a_slow_call_holds_back_the_calls_chained_after_it() {
 /// own.
 #[tokio::test]
 async fn a_chained_call_runs_only_after_the_token_before_it() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (_redis, store) = RedisServer::start_with_store("rb").await;
     let board = shaped(0);
     let k = store.instance(&board, None);
     let fingerprint = board.fingerprint();

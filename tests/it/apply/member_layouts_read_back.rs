@@ -136,8 +136,7 @@ async fn settle(store: &Store, b: &Board) {
 /// layout, through verify and rebuild, and after further events move some times.
 #[tokio::test]
 async fn extreme_times_and_digit_names_read_back_in_both_layouts() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (_redis, store) = RedisServer::start_with_store("rb").await;
     let names = [
         "x",
         "7",
@@ -213,8 +212,7 @@ async fn extreme_times_and_digit_names_read_back_in_both_layouts() {
 /// other member's total is taken for this one's.
 #[tokio::test]
 async fn corrupt_members_values_are_refused() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (_redis, store) = RedisServer::start_with_store("rb").await;
     const NOW: i64 = 1_000_000;
     let bad = [
         "abc".to_string(),
@@ -314,8 +312,7 @@ async fn corrupt_members_values_are_refused() {
 /// readable and writable afterwards, on every tie-break.
 #[tokio::test]
 async fn a_lost_entry_restored_in_the_last_slice_stays_readable() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (_redis, store) = RedisServer::start_with_store("rb").await;
     let now = LIMIT;
     for b in boards() {
         let k = store.instance(&b, None);

@@ -5,11 +5,8 @@ use crate::support::*;
 
 #[tokio::test]
 async fn one_call_in_flight_with_a_scoped_board_over_many_rooms_counts_exactly() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
-    let dir = tempfile::tempdir().expect("temp dir");
-    let port = free_port();
-    let config = write_config(dir.path(), &redis, port, "a", "");
+    let (redis, store) = RedisServer::start_with_store("rb").await;
+    let (_dir, port, config) = config_for(&redis, "a", "");
     let text = std::fs::read_to_string(&config).expect("read config");
     std::fs::write(
         &config,

@@ -15,17 +15,9 @@ use crate::support::*;
 const HOUR: i64 = 3_600_000;
 const NOW: i64 = 1_763_700_000_000;
 
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime")
-}
-
 #[tokio::test]
 async fn totals_are_exact_and_readable_with_plain_zrevrange() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (redis, store) = RedisServer::start_with_store("rb").await;
     let b = board("rooms", HOUR, 168);
     let out = store
         .apply(
@@ -76,8 +68,7 @@ async fn totals_are_exact_and_readable_with_plain_zrevrange() {
 
 #[tokio::test]
 async fn ties_go_to_whoever_got_there_first() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (_redis, store) = RedisServer::start_with_store("rb").await;
     for (tie, expected) in [
         (TieBreak::Earliest, ["early", "late", "zz", "aa"]),
         (TieBreak::Latest, ["late", "early", "zz", "aa"]),
@@ -113,8 +104,7 @@ async fn ties_go_to_whoever_got_there_first() {
 
 #[tokio::test]
 async fn a_later_tip_moves_the_tie_break_time() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (_redis, store) = RedisServer::start_with_store("rb").await;
     let b = board("rooms", HOUR, 24);
     store
         .apply(
@@ -147,8 +137,7 @@ async fn a_later_tip_moves_the_tie_break_time() {
 
 #[tokio::test]
 async fn pages_and_neighbourhoods() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (_redis, store) = RedisServer::start_with_store("rb").await;
     let b = board("rooms", HOUR, 24);
     let events: Vec<ApplyEvent> = (1..=25)
         .map(|i| ev(&i.to_string(), NOW - i, &format!("m{i:02}"), i))
@@ -197,8 +186,7 @@ async fn pages_and_neighbourhoods() {
 
 #[tokio::test]
 async fn refunds_take_a_member_off_and_back_on_with_its_exact_total() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (_redis, store) = RedisServer::start_with_store("rb").await;
     let mut b = board("tips", HOUR, 24);
     b.allow_negative = true;
     b.scale = 2;
@@ -233,8 +221,7 @@ async fn refunds_take_a_member_off_and_back_on_with_its_exact_total() {
 
 #[tokio::test]
 async fn scoped_instances_are_independent_and_registered() {
-    let redis = RedisServer::start();
-    let store = redis.store("lb").await;
+    let (redis, store) = RedisServer::start_with_store("lb").await;
     let mut b = board("fans", HOUR, 24);
     b.scope = Some("room".into());
     store
@@ -406,13 +393,9 @@ async fn run_case(store: &Store, case: &Case) {
 
 #[test]
 fn the_store_behaves_like_the_model() {
-    let rt = rt();
-    let redis = RedisServer::start();
-    let store = rt.block_on(redis.store("rb"));
-    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
-        cases: 96,
-        ..ProptestConfig::default()
-    });
+    let rt = runtime();
+    let (_redis, store) = rt.block_on(RedisServer::start_with_store("rb"));
+    let mut runner = proptest_runner(96);
     runner
         .run(&case(), |case| {
             rt.block_on(async {

@@ -263,8 +263,7 @@ allow_negative = true
 
 #[tokio::test]
 async fn dropping_a_board_deletes_exactly_its_keys_and_leaves_boards_with_the_same_start() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (redis, store) = RedisServer::start_with_store("rb").await;
     let (survivors, now) = fill_lookalikes(&store).await;
     let dir = tempfile::tempdir().expect("dir");
     let config = config(dir.path(), &redis.url(), LOOKALIKES);
@@ -342,8 +341,7 @@ async fn dropping_a_board_deletes_exactly_its_keys_and_leaves_boards_with_the_sa
 
 #[tokio::test]
 async fn a_configured_board_is_refused_without_force_and_names_must_be_board_names() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (redis, store) = RedisServer::start_with_store("rb").await;
     let (survivors, now) = fill_lookalikes(&store).await;
     let dir = tempfile::tempdir().expect("dir");
     let config = config(dir.path(), &redis.url(), &format!("{TIPS}{LOOKALIKES}"));

@@ -66,8 +66,7 @@ async fn deliver(
 #[tokio::test]
 async fn a_redelivered_tip_after_a_forced_roll_ahead_is_never_counted_twice() {
     const MINUTE: i64 = 60_000;
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (_redis, store) = RedisServer::start_with_store("rb").await;
     let b = forgetful(MINUTE, MINUTE);
     let boards = vec![b.clone()];
     let t = 1_763_700_000_000 + 30_000;
@@ -109,8 +108,7 @@ async fn a_redelivered_tip_after_a_forced_roll_ahead_is_never_counted_twice() {
 #[tokio::test]
 async fn a_tip_whose_ids_may_be_forgotten_is_late_not_counted_again() {
     const MINUTE: i64 = 60_000;
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (_redis, store) = RedisServer::start_with_store("rb").await;
     let b = forgetful(MINUTE, MINUTE);
     let boards = vec![b.clone()];
     let t = 1_763_700_000_000 + 30_000;
@@ -355,12 +353,8 @@ const EVENTS: usize = 40;
 #[test]
 fn replicas_with_clocks_skewed_at_random_count_every_event_once() {
     use fred::prelude::*;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let redis = RedisServer::start();
-    let store = rt.block_on(redis.store("rb"));
+    let rt = runtime();
+    let (_redis, store) = rt.block_on(RedisServer::start_with_store("rb"));
     let mut runner = proptest::test_runner::TestRunner::new(proptest::test_runner::Config {
         cases: 16,
         ..proptest::test_runner::Config::default()

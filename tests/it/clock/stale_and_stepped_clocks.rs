@@ -214,8 +214,7 @@ async fn a_replay_on_a_host_whose_clock_runs_ahead_never_counts_a_remembered_tip
 async fn the_forget_edge_is_judged_alike_by_the_fast_and_the_exact_path() {
     use rollboard::board::Dedup;
     use rollboard::store::Outcome::{Applied, Duplicate, Late};
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (_redis, store) = RedisServer::start_with_store("rb").await;
     const SLICE: i64 = 60_000;
     let base = 1_763_700_000_000 / SLICE * SLICE;
     for ms in [0, 1, 30_000] {

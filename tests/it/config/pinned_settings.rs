@@ -103,9 +103,7 @@ async fn adding_or_removing_a_scope_is_refused_like_every_shaping_setting() {
 #[tokio::test]
 async fn a_scope_change_is_refused_on_data_recorded_before_scope_was_pinned() {
     let redis = RedisServer::start();
-    let dir = tempfile::tempdir().expect("dir");
-    let port = free_port();
-    let config = write_config(dir.path(), &redis, port, "a", "");
+    let (_dir, port, config) = config_for(&redis, "a", "");
     let daemon = Daemon::start(&config, port).await;
     fill(&config);
     let store = redis.store("rb").await;
@@ -151,9 +149,7 @@ async fn a_scope_change_is_refused_on_data_recorded_before_scope_was_pinned() {
 #[tokio::test]
 async fn a_daemon_refusing_its_board_settings_never_opens_a_listener() {
     let mut redis = RedisServer::start_persistent();
-    let dir = tempfile::tempdir().expect("dir");
-    let port = free_port();
-    let config = write_config(dir.path(), &redis, port, "a", "");
+    let (_dir, port, config) = config_for(&redis, "a", "");
     let out = run_rollboard(&config, &["verify"]);
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     let changed = edited(&config, "changed", "slice = \"6h\"", "slice = \"3h\"");
@@ -173,8 +169,7 @@ async fn a_daemon_refusing_its_board_settings_never_opens_a_listener() {
 
 #[tokio::test]
 async fn a_board_whose_settings_changed_is_refused_before_anything_is_written() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (_redis, store) = RedisServer::start_with_store("rb").await;
     let mut none = board("tips", SLICE, 4);
     none.tie_break = TieBreak::None;
     store
@@ -276,9 +271,7 @@ async fn the_cli_and_the_daemon_exit_64_naming_a_changed_setting() {
 #[tokio::test]
 async fn every_shaping_edit_is_refused_and_others_are_accepted() {
     let redis = RedisServer::start();
-    let dir = tempfile::tempdir().expect("dir");
-    let port = free_port();
-    let config = write_config(dir.path(), &redis, port, "a", "");
+    let (dir, _port, config) = config_for(&redis, "a", "");
     let run = |config: &std::path::Path, args: &[&str]| {
         Command::new(env!("CARGO_BIN_EXE_rollboard"))
             .arg("--config")

@@ -17,13 +17,6 @@ use crate::support::*;
 const SLICE: i64 = 1_000;
 const NOW: i64 = 1_000_000;
 
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
 /// A small deterministic generator, so a failing seed can be replayed.
 struct Lcg(u64);
 
@@ -80,13 +73,9 @@ fn expected_entries(b: &Board, applied: &[(String, i64)], now: i64) -> Vec<([u8;
 
 #[test]
 fn the_digest_table_splits_through_thousands_of_ids_and_keeps_its_invariants() {
-    let rt = rt();
-    let redis = RedisServer::start();
-    let store = rt.block_on(redis.store("rb"));
-    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
-        cases: 6,
-        ..ProptestConfig::default()
-    });
+    let rt = runtime();
+    let (_redis, store) = rt.block_on(RedisServer::start_with_store("rb"));
+    let mut runner = proptest_runner(6);
     runner
         .run(
             &(any::<u64>(), 2_000usize..4_000, 1u64..3),
@@ -145,13 +134,9 @@ fn the_digest_table_splits_through_thousands_of_ids_and_keeps_its_invariants() {
 
 #[test]
 fn a_batch_split_into_calls_and_replayed_after_a_crash_counts_every_event_once() {
-    let rt = rt();
-    let redis = RedisServer::start();
-    let store = rt.block_on(redis.store("rb"));
-    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
-        cases: 24,
-        ..ProptestConfig::default()
-    });
+    let rt = runtime();
+    let (_redis, store) = rt.block_on(RedisServer::start_with_store("rb"));
+    let mut runner = proptest_runner(24);
     runner
         .run(
             &(
@@ -195,8 +180,7 @@ fn a_batch_split_into_calls_and_replayed_after_a_crash_counts_every_event_once()
 
 #[tokio::test]
 async fn digests_are_forgotten_with_their_slices_and_nothing_is_left_behind() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (_redis, store) = RedisServer::start_with_store("rb").await;
     for dedup in [Dedup::Window, Dedup::AfterSlice(SLICE / 2)] {
         let _: () = store.client().flushall(false).await.unwrap();
         let mut b = board("fg", SLICE, 4);
@@ -259,8 +243,7 @@ async fn digests_are_forgotten_with_their_slices_and_nothing_is_left_behind() {
 
 #[tokio::test]
 async fn a_scope_that_empties_leaves_no_digest_table_behind() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (_redis, store) = RedisServer::start_with_store("rb").await;
     let mut b = board("sc", SLICE, 4);
     b.scope = Some("room".into());
     store
@@ -279,8 +262,7 @@ async fn a_scope_that_empties_leaves_no_digest_table_behind() {
 
 #[tokio::test]
 async fn an_instance_still_holding_the_old_seen_zset_counts_nothing_twice() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (redis, store) = RedisServer::start_with_store("rb").await;
     let b = board("up", SLICE, 4);
     let k = store.instance(&b, None);
     let mut rng = Lcg(11);
@@ -360,8 +342,7 @@ fn seen_count(outcomes: &[Outcome]) -> usize {
 
 #[tokio::test]
 async fn a_broken_digest_table_fails_the_call_before_anything_is_written() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (_redis, store) = RedisServer::start_with_store("rb").await;
     let b = board("br", SLICE, 4);
     let table = store.instance(&b, None).seen_table();
     let mut rng = Lcg(5);
@@ -431,7 +412,7 @@ async fn a_broken_digest_table_fails_the_call_before_anything_is_written() {
 /// inside a digest, or across a digest and the next tag, belong to other entries and stay.
 #[test]
 fn a_slice_tag_inside_a_digest_is_not_taken_for_an_entry_of_the_slice() {
-    let rt = rt();
+    let rt = runtime();
     let redis = RedisServer::start();
     rt.block_on(async {
         let store = redis.store("rb").await;

@@ -65,8 +65,7 @@ async fn append_under_one_entry_id(
 /// by the bare entry ID, the second tip was taken for a copy of the first and dropped.
 #[tokio::test]
 async fn tips_without_id_on_two_partitions_with_equal_entry_ids_both_count() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (redis, store) = RedisServer::start_with_store("rb").await;
     let dir = tempfile::tempdir().expect("tempdir");
     let port = free_port();
     let daemon = Daemon::start(&partitioned_config(dir.path(), &redis, port, "a", 2), port).await;
@@ -103,8 +102,7 @@ async fn tips_without_id_on_two_partitions_with_equal_entry_ids_both_count() {
 /// one of them was lost.
 #[tokio::test]
 async fn a_tip_on_the_retired_stream_and_one_on_a_partition_with_equal_entry_ids_both_count() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (redis, store) = RedisServer::start_with_store("rb").await;
     let dir = tempfile::tempdir().expect("tempdir");
     let port = free_port();
     let daemon = Daemon::start(&partitioned_config(dir.path(), &redis, port, "a", 2), port).await;
@@ -143,8 +141,7 @@ async fn a_tip_on_the_retired_stream_and_one_on_a_partition_with_equal_entry_ids
 /// same event.
 #[tokio::test]
 async fn a_replayed_apply_failed_event_without_ts_keeps_its_original_time() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (_redis, store) = RedisServer::start_with_store("rb").await;
     const SLICE: i64 = 1_000;
     let a = board("a", SLICE, 4);
     let b = board("b", SLICE, 4);
@@ -247,11 +244,8 @@ async fn a_replayed_apply_failed_event_without_ts_keeps_its_original_time() {
 /// dead letter is written, and so on without end.
 #[tokio::test]
 async fn a_dead_letter_stream_named_like_another_layouts_partition_is_refused_or_left_alone() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let port = free_port();
-    let path = write_config(dir.path(), &redis, port, "a", "");
+    let (redis, store) = RedisServer::start_with_store("rb").await;
+    let (_dir, port, path) = config_for(&redis, "a", "");
     let text = std::fs::read_to_string(&path)
         .expect("read config")
         .replacen(

@@ -80,8 +80,7 @@ async fn break_board(store: &Store, b: &Board) -> String {
 async fn the_readme_replay_keeps_key_and_time_on_the_bare_stream_and_a_partition() {
     const SLICE: i64 = 1_000;
     for (partitions, stream) in [(1usize, "rb:events"), (2, "rb:events:{1}")] {
-        let redis = RedisServer::start();
-        let store = redis.store("rb").await;
+        let (_redis, store) = RedisServer::start_with_store("rb").await;
         let a = board("a", SLICE, 4);
         let b = board("b", SLICE, 4);
         let boards = vec![a.clone(), b.clone()];
@@ -200,8 +199,7 @@ async fn the_readme_replay_keeps_key_and_time_on_the_bare_stream_and_a_partition
 #[tokio::test]
 async fn the_readme_replay_of_a_tip_from_a_long_named_partition_is_counted() {
     const SLICE: i64 = 1_000;
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (_redis, store) = RedisServer::start_with_store("rb").await;
     let a = board("a", SLICE, 4);
     let b = board("b", SLICE, 4);
     let boards = vec![a.clone(), b.clone()];
@@ -385,8 +383,7 @@ async fn room_total(store: &Store, room: &str) -> Option<i64> {
 /// 1 (its own).
 #[tokio::test]
 async fn a_pending_tip_without_id_claimed_after_a_change_of_partitions_counts_once() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (redis, store) = RedisServer::start_with_store("rb").await;
     let dir = tempfile::tempdir().expect("tempdir");
 
     applied_then_crashed(&store, "rb:events", 1, "bare-1to2", 3).await;
@@ -409,8 +406,7 @@ async fn a_pending_tip_without_id_claimed_after_a_change_of_partitions_counts_on
     }
 
     // The same, towards one partition.
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (redis, store) = RedisServer::start_with_store("rb").await;
     applied_then_crashed(&store, "rb:events:{1}", 2, "p1-2to1", 6).await;
     applied_then_crashed(&store, "rb:events", 1, "bare-1to1", 7).await;
     let port = free_port();
@@ -439,8 +435,7 @@ async fn a_pending_tip_without_id_claimed_after_a_change_of_partitions_counts_on
 #[tokio::test]
 async fn tips_without_id_sharing_an_entry_id_on_a_slashed_stream_and_its_retired_partitions() {
     const SLICE: i64 = 1_000;
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (_redis, store) = RedisServer::start_with_store("rb").await;
     let a = board("a", SLICE, 4);
     let boards = vec![a.clone()];
     let metrics = Metrics::new(&boards);
@@ -489,8 +484,7 @@ async fn tips_without_id_sharing_an_entry_id_on_a_slashed_stream_and_its_retired
 #[tokio::test]
 async fn a_dead_letter_from_a_partition_written_before_the_upgrade_replays_once() {
     const SLICE: i64 = 1_000;
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (_redis, store) = RedisServer::start_with_store("rb").await;
     let a = board("a", SLICE, 4);
     let b = board("b", SLICE, 4);
     let boards = vec![a.clone(), b.clone()];
@@ -559,8 +553,7 @@ async fn a_dead_letter_from_a_partition_written_before_the_upgrade_replays_once(
 async fn the_readme_replay_within_a_dedup_window_duration_counts_once() {
     use rollboard::board::Dedup;
     const SLICE: i64 = 1_000;
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (_redis, store) = RedisServer::start_with_store("rb").await;
     let mut a = board("a", SLICE, 4);
     let mut b = board("b", SLICE, 4);
     a.dedup = Dedup::AfterSlice(1_000);
@@ -620,8 +613,7 @@ async fn the_readme_replay_within_a_dedup_window_duration_counts_once() {
 /// dead-lettered again.
 #[tokio::test]
 async fn a_partitioned_daemon_replays_dead_letters_of_tips_without_id_once() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (redis, store) = RedisServer::start_with_store("rb").await;
     let dir = tempfile::tempdir().expect("tempdir");
     let port = free_port();
     let daemon = Daemon::start(&partitioned_config(dir.path(), &redis, port, "a", 2), port).await;

@@ -76,8 +76,7 @@ slice = "1ms"
     let board = settings.boards[0].clone();
     let n = board.slices_in_window();
     assert_eq!(n, rollboard::config::MAX_SLICES_REACHED);
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (_redis, store) = RedisServer::start_with_store("rb").await;
     let now = 1_763_700_000_000;
     let newest = crate::support::ev("newest", now, "u1", 5);
     let oldest = crate::support::ev("oldest", now - n + 1, "u2", 7);
@@ -163,8 +162,7 @@ slice = "1ms"
         board.slices_in_window() + 300_000,
         rollboard::config::MAX_SLICES_REACHED
     );
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (_redis, store) = RedisServer::start_with_store("rb").await;
     let now = 1_763_700_000_000;
     // As far ahead as the default max_future of 5 minutes allows.
     let ahead = crate::support::ev("ahead", now + 300_000, "u1", 5);
@@ -220,8 +218,7 @@ async fn the_largest_window_with_a_max_future_not_a_multiple_of_the_slice_counts
         ingest_settings.max_future_ms = settings.ingest.max_future_ms;
         assert_eq!(ingest_settings.max_future_ms, 300_000);
 
-        let redis = RedisServer::start();
-        let store = redis.store("rb").await;
+        let (_redis, store) = RedisServer::start_with_store("rb").await;
         let metrics = Metrics::new(&boards);
         // The last millisecond of a slice.
         let now = 1_763_700_000_000i64 / 7 * 7 + 6;

@@ -9,8 +9,7 @@ const NOW: i64 = 1_763_700_000_000;
 
 #[tokio::test]
 async fn a_redelivered_batch_changes_nothing() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (redis, store) = RedisServer::start_with_store("rb").await;
     let b = board("rooms", HOUR, 24);
     let batch = [
         ev("a", NOW, "x", 5),
@@ -40,8 +39,7 @@ async fn a_redelivered_batch_changes_nothing() {
 
 #[tokio::test]
 async fn late_events_are_rejected_before_duplicates() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (_redis, store) = RedisServer::start_with_store("rb").await;
     let b = board("rooms", HOUR, 4);
     // Live slices at NOW: slice_of(NOW) - 3 ..= slice_of(NOW).
     let edge = (b.slice_of(NOW) - 3) * HOUR;
@@ -66,8 +64,7 @@ async fn late_events_are_rejected_before_duplicates() {
 
 #[tokio::test]
 async fn dedup_window_duration_refuses_as_late_once_it_may_forget() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (_redis, store) = RedisServer::start_with_store("rb").await;
     let mut b = board("rooms", HOUR, 24);
     b.dedup = rollboard::board::Dedup::AfterSlice(60_000);
     let ts = b.slice_of(NOW) * HOUR; // start of the current slice

@@ -65,8 +65,7 @@ async fn seed_table(client: &Client, table: &str, log: &str, bucket: &[u8], held
 
 #[tokio::test]
 async fn trim_seen_drops_only_aligned_tags_whatever_the_digests_hold() {
-    let redis = RedisServer::start();
-    let store = redis.store("t").await;
+    let (_redis, store) = RedisServer::start_with_store("t").await;
     let client = store.client();
     let tag: u32 = 0x0A0B_0C0D;
     let tb = tag.to_be_bytes();
@@ -135,8 +134,7 @@ async fn trim_seen_drops_only_aligned_tags_whatever_the_digests_hold() {
 
 #[tokio::test]
 async fn trim_seen_deletes_a_bucket_of_only_the_slice_and_leaves_an_empty_one_alone() {
-    let redis = RedisServer::start();
-    let store = redis.store("t").await;
+    let (_redis, store) = RedisServer::start_with_store("t").await;
     let client = store.client();
     let tag: u32 = 0xFFFF_FFFF;
     // Slice numbers wrap at 2^32: n = 2^32 + tag forgets the same tag.
@@ -197,8 +195,7 @@ async fn trim_seen_deletes_a_bucket_of_only_the_slice_and_leaves_an_empty_one_al
 
 #[tokio::test]
 async fn trim_seen_agrees_with_an_entry_by_entry_decode_on_random_buckets() {
-    let redis = RedisServer::start();
-    let store = redis.store("t").await;
+    let (_redis, store) = RedisServer::start_with_store("t").await;
     let client = store.client();
     let tag: u32 = 0x0A0B_0A0B;
     let bytes = [0x0Au8, 0x0B, 0x0A, 0x0B, 0x00];

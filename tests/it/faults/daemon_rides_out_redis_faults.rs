@@ -15,9 +15,7 @@ use crate::support::*;
 async fn a_redis_restart_turns_readyz_503_then_200_and_loses_nothing() {
     let mut redis = RedisServer::start_persistent();
     let store_url = redis.url();
-    let dir = tempfile::tempdir().expect("temp dir");
-    let port = free_port();
-    let config = write_config(dir.path(), &redis, port, "a", "");
+    let (_dir, port, config) = config_for(&redis, "a", "");
     let daemon = Daemon::start(&config, port).await;
     let ready = |want: u16| {
         let daemon = &daemon;
@@ -220,9 +218,7 @@ async fn connections_cut_after_scripts_and_acks_reach_redis_lose_nothing_and_dou
 #[tokio::test]
 async fn a_roll_without_redis_is_counted_as_failed_and_not_as_done() {
     let mut redis = RedisServer::start_persistent();
-    let dir = tempfile::tempdir().expect("temp dir");
-    let port = free_port();
-    let config = write_config(dir.path(), &redis, port, "a", "");
+    let (_dir, port, config) = config_for(&redis, "a", "");
     let text = std::fs::read_to_string(&config).expect("config");
     std::fs::write(
         &config,
@@ -321,9 +317,7 @@ fn connected_clients(redis: &RedisServer) -> usize {
 #[tokio::test]
 async fn readyz_recovers_and_every_connection_counts_its_reconnect_after_an_outage() {
     let mut redis = RedisServer::start_persistent();
-    let dir = tempfile::tempdir().expect("temp dir");
-    let port = free_port();
-    let config = write_config(dir.path(), &redis, port, "a", "");
+    let (_dir, port, config) = config_for(&redis, "a", "");
     let daemon = Daemon::start(&config, port).await;
     let ready = |want: u16| {
         let daemon = &daemon;

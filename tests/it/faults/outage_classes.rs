@@ -410,8 +410,7 @@ async fn an_unrecognised_error_holds_the_events_until_it_clears() {
 /// script named after it): the apply fails as bad data, not as an outage.
 #[tokio::test]
 async fn wrongtype_met_inside_a_script_is_bad_data() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (_redis, store) = RedisServer::start_with_store("rb").await;
     let board = test_boards().remove(0);
     let meta = store.instance(&board, None).meta();
     let _: () = store

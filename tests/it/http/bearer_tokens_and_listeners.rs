@@ -271,9 +271,7 @@ async fn an_emptied_or_removed_token_file_keeps_the_last_tokens() {
 #[tokio::test]
 async fn an_anonymous_intake_off_loopback_is_refused_unless_allowed() {
     let redis = RedisServer::start();
-    let dir = tempfile::tempdir().expect("dir");
-    let http_port = free_port();
-    let config = write_config(dir.path(), &redis, http_port, "anon", "");
+    let (_dir, http_port, config) = config_for(&redis, "anon", "");
     let text = std::fs::read_to_string(&config).expect("config");
     let loopback = format!("listen = \"127.0.0.1:{http_port}\"");
     assert!(text.contains(&loopback));

@@ -148,9 +148,7 @@ async fn window_gauges_build_info_and_process_metrics_show_from_the_first_scrape
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_and_intake_counters_follow_the_answers_given() {
     let mut redis = RedisServer::start();
-    let dir = tempfile::tempdir().expect("temp dir");
-    let port = free_port();
-    let config = write_config(dir.path(), &redis, port, "c1", "");
+    let (_dir, port, config) = config_for(&redis, "c1", "");
     let daemon = Daemon::start(&config, port).await;
     let client = reqwest::Client::new();
     let events = format!("{}/v1/events", daemon.base);

@@ -7,11 +7,8 @@ use crate::support::*;
 
 #[tokio::test]
 async fn queries_answer_while_the_daemon_ingests_a_backlog_and_rolls() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
-    let dir = tempfile::tempdir().expect("temp dir");
-    let port = free_port();
-    let config = write_config(dir.path(), &redis, port, "a", "");
+    let (redis, store) = RedisServer::start_with_store("rb").await;
+    let (_dir, port, config) = config_for(&redis, "a", "");
     let now = now_ms();
     let events: Vec<Fields> = (0..12_000).map(|i| spread_tip(i, now)).collect();
     xadd_all(store.client(), "rb:events", &events).await;

@@ -75,8 +75,7 @@ async fn standing(
 #[tokio::test]
 async fn an_overflow_letter_counts_once_on_the_refusing_instance_and_never_again_elsewhere() {
     const SLICE: i64 = 1_000;
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (_redis, store) = RedisServer::start_with_store("rb").await;
     let mut fans = board("fans", SLICE, 4);
     fans.scope = Some("room".into());
     fans.allow_negative = true;
@@ -173,8 +172,7 @@ async fn an_overflow_letter_counts_once_on_the_refusing_instance_and_never_again
 #[tokio::test]
 async fn an_apply_failed_letter_stays_until_its_board_is_repaired_and_then_counts_there_once() {
     const SLICE: i64 = 1_000;
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (_redis, store) = RedisServer::start_with_store("rb").await;
     let a = board("a", SLICE, 4);
     let b = board("b", SLICE, 4);
     let boards = vec![a.clone(), b.clone()];
@@ -233,8 +231,7 @@ async fn an_apply_failed_letter_stays_until_its_board_is_repaired_and_then_count
 #[tokio::test]
 async fn a_revalidated_letter_refused_by_one_instance_leaves_a_letter_for_that_instance_only() {
     const SLICE: i64 = 1_000;
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (_redis, store) = RedisServer::start_with_store("rb").await;
     let a = board("a", SLICE, 4);
     let mut b = board("b", SLICE, 4);
     b.allow_negative = true;
@@ -317,8 +314,7 @@ async fn a_revalidated_letter_refused_by_one_instance_leaves_a_letter_for_that_i
 /// fixed copy appended, the bad one deleted) is applied to every board it matches.
 #[tokio::test]
 async fn letters_refused_as_a_whole_are_selected_by_board_and_reason_and_stay_while_invalid() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (_redis, store) = RedisServer::start_with_store("rb").await;
     let boards = test_boards();
     let rooms = boards[0].clone();
     let metrics = Metrics::new(&boards);
@@ -524,8 +520,7 @@ async fn the_dead_letters_command_lists_and_replays_an_overflow_to_its_board_onl
 /// the entries named.
 #[tokio::test]
 async fn replay_reads_every_page_once_and_takes_given_entries_only() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (_redis, store) = RedisServer::start_with_store("rb").await;
     let boards = test_boards();
     let settings = ingest_settings("rb:events", 1);
     let now = rollboard::cli::now_ms();

@@ -113,8 +113,7 @@ async fn hold_as_b(store: &Store, copies: &[Fields]) {
 
 #[tokio::test]
 async fn two_daemons_share_three_partitions_and_a_killed_one_loses_nothing() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (redis, store) = RedisServer::start_with_store("rb").await;
     let dir = tempfile::tempdir().expect("temp dir");
     let (port_a, port_b) = (free_port(), free_port());
     let config_a = partitioned_config(dir.path(), &redis, port_a, "a", 3);
@@ -192,8 +191,7 @@ async fn two_daemons_share_three_partitions_and_a_killed_one_loses_nothing() {
 
 #[tokio::test]
 async fn a_copy_on_another_partition_is_a_duplicate() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (redis, store) = RedisServer::start_with_store("rb").await;
     let dir = tempfile::tempdir().expect("temp dir");
     let port = free_port();
     let cfg = partitioned_config(dir.path(), &redis, port, "a", 3);
@@ -224,8 +222,7 @@ async fn a_copy_on_another_partition_is_a_duplicate() {
 
 #[tokio::test]
 async fn send_and_post_append_to_the_partition_the_rule_names() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (redis, store) = RedisServer::start_with_store("rb").await;
     let dir = tempfile::tempdir().expect("temp dir");
     let port = free_port();
     let cfg = partitioned_config(dir.path(), &redis, port, "a", 3);
@@ -296,8 +293,7 @@ async fn send_and_post_append_to_the_partition_the_rule_names() {
 
 #[tokio::test]
 async fn dead_letters_name_their_partition() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (redis, store) = RedisServer::start_with_store("rb").await;
     let dir = tempfile::tempdir().expect("temp dir");
     let port = free_port();
     let cfg = partitioned_config(dir.path(), &redis, port, "a", 3);
@@ -358,8 +354,7 @@ async fn dead_letters_name_their_partition() {
 
 #[tokio::test]
 async fn changing_the_partition_count_drains_the_old_layout() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (redis, store) = RedisServer::start_with_store("rb").await;
     let dir = tempfile::tempdir().expect("temp dir");
     let port = free_port();
     let now = now_ms();

@@ -113,8 +113,7 @@ async fn assert_exact(store: &Store, events: &[Fields], daemon: &Daemon) {
 
 #[tokio::test]
 async fn with_no_retention_acked_entries_are_trimmed_away() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (redis, store) = RedisServer::start_with_store("rb").await;
     let dir = tempfile::tempdir().expect("temp dir");
     let port = free_port();
     let daemon = Daemon::start(
@@ -145,8 +144,7 @@ async fn with_no_retention_acked_entries_are_trimmed_away() {
 
 #[tokio::test]
 async fn entries_pending_in_the_group_are_kept_until_another_consumer_applies_them() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (redis, store) = RedisServer::start_with_store("rb").await;
     let dir = tempfile::tempdir().expect("temp dir");
     let now = now_ms();
     let events: Vec<Fields> = (0..2000).map(|i| tip(i, now)).collect();
@@ -217,8 +215,7 @@ async fn entries_pending_in_the_group_are_kept_until_another_consumer_applies_th
 
 #[tokio::test]
 async fn a_killed_consumers_pending_entries_survive_and_are_applied_by_another() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (redis, store) = RedisServer::start_with_store("rb").await;
     let dir = tempfile::tempdir().expect("temp dir");
     let now = now_ms();
     let events: Vec<Fields> = (0..40_000).map(|i| tip(i, now)).collect();
@@ -290,8 +287,7 @@ async fn a_killed_consumers_pending_entries_survive_and_are_applied_by_another()
 
 #[tokio::test]
 async fn entries_another_group_has_not_read_or_acked_are_kept() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (redis, store) = RedisServer::start_with_store("rb").await;
     let dir = tempfile::tempdir().expect("temp dir");
     redis.cli(&["XGROUP", "CREATE", STREAM, "other", "0", "MKSTREAM"]);
     let port = free_port();
@@ -354,8 +350,7 @@ async fn entries_another_group_has_not_read_or_acked_are_kept() {
 
 #[tokio::test]
 async fn two_replicas_trimming_at_once_lose_and_double_nothing() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (redis, store) = RedisServer::start_with_store("rb").await;
     let dir = tempfile::tempdir().expect("temp dir");
     let (port_a, port_b) = (free_port(), free_port());
     let a = Daemon::start(
@@ -387,8 +382,7 @@ async fn two_replicas_trimming_at_once_lose_and_double_nothing() {
 
 #[tokio::test]
 async fn retain_keeps_that_much_acked_history() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (redis, store) = RedisServer::start_with_store("rb").await;
     let dir = tempfile::tempdir().expect("temp dir");
     let now = now_ms();
     // 1000 entries stamped two hours ago (explicit IDs), then 1000 stamped now.
@@ -431,8 +425,7 @@ async fn retain_keeps_that_much_acked_history() {
 
 #[tokio::test]
 async fn the_dead_letter_stream_stays_near_its_cap_and_lengths_are_reported() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (redis, store) = RedisServer::start_with_store("rb").await;
     let dir = tempfile::tempdir().expect("temp dir");
     let port = free_port();
     let daemon = Daemon::start(
@@ -511,8 +504,7 @@ async fn append_partitioned(store: &Store, events: &[Fields]) -> Vec<String> {
 
 #[tokio::test]
 async fn every_partition_is_trimmed_and_so_is_a_retired_layout_while_it_drains() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (redis, store) = RedisServer::start_with_store("rb").await;
     let dir = tempfile::tempdir().expect("temp dir");
     let now = now_ms();
     let events: Vec<Fields> = (0..3000).map(|i| tip(i, now)).collect();

@@ -455,8 +455,7 @@ async fn a_clean_exit_removes_its_consumer_from_every_partition() {
 /// once it holds none it is removed.
 #[tokio::test]
 async fn a_consumer_with_pending_entries_is_kept() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (redis, store) = RedisServer::start_with_store("rb").await;
     let client = store.client();
     let _: String = client
         .xgroup_create("s", "g", "0", true)
@@ -492,8 +491,7 @@ async fn a_consumer_with_pending_entries_is_kept() {
 /// under a holder's own token (a lost reply) is taken back by that holder alone.
 #[tokio::test]
 async fn the_lease_runs_each_tick_once() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (redis, store) = RedisServer::start_with_store("rb").await;
     let ttl = Duration::from_secs(5);
     let t = 1_700_000_000_000;
     let a = store

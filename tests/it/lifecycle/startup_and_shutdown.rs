@@ -129,8 +129,7 @@ fn ids_of(events: &[Fields]) -> Vec<&str> {
 
 #[tokio::test]
 async fn sigterm_during_an_intake_upload_confirms_or_refuses_and_loses_nothing() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (redis, store) = RedisServer::start_with_store("rb").await;
     let (_dir, config, port, daemon) = ready_daemon(&redis).await;
     let now = now_ms();
     let body = format!(
@@ -173,9 +172,7 @@ async fn without_redis_at_start_no_listener_opens_until_the_checks_pass_then_it_
     let mut redis = RedisServer::start_persistent();
     redis.kill();
     let store_url = redis.url();
-    let dir = tempfile::tempdir().expect("temp dir");
-    let port = free_port();
-    let config = write_config(dir.path(), &redis, port, "a", "");
+    let (_dir, port, config) = config_for(&redis, "a", "");
     let daemon = Daemon::spawn(&config, port);
     daemon.wait_log("cannot connect to redis yet").await;
     // The board settings are not checked yet: no probe may pass.
@@ -220,9 +217,7 @@ async fn without_redis_at_start_no_listener_opens_until_the_checks_pass_then_it_
 async fn sigterm_while_redis_never_came_exits_0_without_waiting_for_it() {
     let mut redis = RedisServer::start();
     redis.kill();
-    let dir = tempfile::tempdir().expect("temp dir");
-    let port = free_port();
-    let config = write_config(dir.path(), &redis, port, "a", "");
+    let (_dir, port, config) = config_for(&redis, "a", "");
     let daemon = Daemon::spawn(&config, port);
     daemon.wait_log("cannot connect to redis yet").await;
     let started = std::time::Instant::now();
@@ -237,8 +232,7 @@ async fn sigterm_while_redis_never_came_exits_0_without_waiting_for_it() {
 
 #[tokio::test]
 async fn while_a_request_drains_at_shutdown_new_connections_are_refused() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (redis, store) = RedisServer::start_with_store("rb").await;
     let (_dir, _, port, daemon) = ready_daemon(&redis).await;
     let now = now_ms();
     let body = format!(r#"{{"room":"r5","user":"u5","amount":"2","id":"drain-1","ts":"{now}"}}"#);
@@ -264,8 +258,7 @@ async fn while_a_request_drains_at_shutdown_new_connections_are_refused() {
 
 #[tokio::test]
 async fn sigterm_while_an_intake_waits_on_a_slow_redis_exits_0_and_appends_at_most_once() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (redis, store) = RedisServer::start_with_store("rb").await;
     let proxy = crate::support::proxy::Proxy::start(redis.port).await;
     let dir = tempfile::tempdir().expect("temp dir");
     let port = free_port();

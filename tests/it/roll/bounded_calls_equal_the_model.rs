@@ -167,16 +167,9 @@ async fn run_case(store: &Store, case: &Case) {
 
 #[test]
 fn expiry_split_at_random_points_with_crashes_between_calls_equals_the_model() {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let redis = RedisServer::start();
-    let store = rt.block_on(redis.store("rb"));
-    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
-        cases: 48,
-        ..ProptestConfig::default()
-    });
+    let rt = runtime();
+    let (_redis, store) = rt.block_on(RedisServer::start_with_store("rb"));
+    let mut runner = proptest_runner(48);
     runner
         .run(&cases(), |case| {
             rt.block_on(async {
@@ -349,16 +342,9 @@ async fn run_swap_case(redis: &RedisServer, store: &Store, case: &SwapCase) {
 
 #[test]
 fn resummarize_cut_at_random_points_with_ingest_between_calls_equals_the_model() {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let redis = RedisServer::start();
-    let store = rt.block_on(redis.store("rb"));
-    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
-        cases: 48,
-        ..ProptestConfig::default()
-    });
+    let rt = runtime();
+    let (redis, store) = rt.block_on(RedisServer::start_with_store("rb"));
+    let mut runner = proptest_runner(48);
     runner
         .run(&swap_cases(), |case| {
             rt.block_on(async {
@@ -372,8 +358,7 @@ fn resummarize_cut_at_random_points_with_ingest_between_calls_equals_the_model()
 
 #[tokio::test]
 async fn large_instances_are_staged_trimmed_and_swapped_in_bounded_calls() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (redis, store) = RedisServer::start_with_store("rb").await;
     let members = 2 * STAGE_CALL_ROWS + TRIM_CALL_IDS + 7;
     for mode in [Mode::Incremental, Mode::Resummarize] {
         let mut b = board(&format!("big_{}", mode.as_str()), HOUR, 2);

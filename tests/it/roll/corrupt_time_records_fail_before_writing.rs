@@ -21,8 +21,7 @@ const CORRUPT_TIMES: [&str; 7] = ["soon", "", "1e15", "0x10", "17.5", "inf", " 4
 
 #[tokio::test]
 async fn a_corrupt_last_roll_fails_every_script_of_the_instance_before_it_writes() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (_redis, store) = RedisServer::start_with_store("rb").await;
     let b = board("corrupt", 60_000, 10);
     let now = redis_now(&store).await;
     for value in CORRUPT_TIMES {
@@ -74,8 +73,7 @@ async fn a_corrupt_last_roll_fails_every_script_of_the_instance_before_it_writes
 
 #[tokio::test]
 async fn a_corrupt_expired_through_fails_the_roll_before_it_writes() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (_redis, store) = RedisServer::start_with_store("rb").await;
     let b = board("corrupt", 60_000, 10);
     let now = redis_now(&store).await;
     for value in ["soon", "", "1e3", "0x10", "17.5"] {
@@ -101,8 +99,7 @@ async fn a_corrupt_expired_through_fails_the_roll_before_it_writes() {
 /// and the roll, never be skipped.
 #[tokio::test]
 async fn a_corrupt_board_last_roll_fails_applies_and_rolls_of_a_scoped_board() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (_redis, store) = RedisServer::start_with_store("rb").await;
     let mut b = board("scoped", 60_000, 10);
     b.scope = Some("room".into());
     let now = redis_now(&store).await;

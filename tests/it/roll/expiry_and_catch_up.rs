@@ -14,8 +14,7 @@ use crate::support::*;
 
 #[tokio::test]
 async fn expiry_subtracts_each_dead_slice_and_forgets_its_members() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (redis, store) = RedisServer::start_with_store("rb").await;
     let b = board("rooms", HOUR, 3);
     let s0 = b.slice_of(T0) * HOUR;
     let events = [
@@ -76,8 +75,7 @@ async fn expiry_subtracts_each_dead_slice_and_forgets_its_members() {
 
 #[tokio::test]
 async fn a_roll_at_an_earlier_time_changes_nothing() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (redis, store) = RedisServer::start_with_store("rb").await;
     let b = board("rooms", HOUR, 3);
     store
         .apply(&b, None, &[ev("1", T0, "a", 5)], T0)
@@ -103,8 +101,7 @@ async fn a_roll_at_an_earlier_time_changes_nothing() {
 
 #[tokio::test]
 async fn late_events_never_land_in_a_dead_slice() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (redis, store) = RedisServer::start_with_store("rb").await;
     let b = board("rooms", HOUR, 4);
     store
         .apply(&b, None, &[ev("1", T0, "a", 5)], T0)
@@ -133,8 +130,7 @@ async fn late_events_never_land_in_a_dead_slice() {
 
 #[tokio::test]
 async fn catch_up_after_ten_days_equals_the_model() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (_redis, store) = RedisServer::start_with_store("rb").await;
     let mut inc = board("inc", HOUR, 72);
     inc.allow_negative = true;
     let mut res = board("res", 6 * HOUR, 4 * 7);
@@ -235,8 +231,7 @@ fn config_file(dir: &std::path::Path, url: &str, chunk: usize) -> std::path::Pat
 
 #[tokio::test]
 async fn a_roll_killed_mid_slice_then_rerun_ends_in_the_model_state() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (redis, store) = RedisServer::start_with_store("rb").await;
     let b = board("rooms", HOUR, 2);
     let mut model = Instance::default();
     let n = 60_000;
@@ -289,8 +284,7 @@ async fn a_roll_killed_mid_slice_then_rerun_ends_in_the_model_state() {
 
 #[tokio::test]
 async fn an_emptied_scope_leaves_the_registry_and_redis() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (redis, store) = RedisServer::start_with_store("rb").await;
     let mut b = board("fans", HOUR, 2);
     b.scope = Some("room".into());
     b.mode = Mode::Resummarize;
@@ -444,16 +438,9 @@ async fn run_steps(store: &Store, steps: &[(Step, i64)]) {
 
 #[test]
 fn rolls_interleaved_with_events_behave_like_the_model() {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let redis = RedisServer::start();
-    let store = rt.block_on(redis.store("rb"));
-    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
-        cases: 64,
-        ..ProptestConfig::default()
-    });
+    let rt = runtime();
+    let (_redis, store) = rt.block_on(RedisServer::start_with_store("rb"));
+    let mut runner = proptest_runner(64);
     runner
         .run(&steps(), |steps| {
             rt.block_on(async {

@@ -13,8 +13,7 @@ use crate::support::*;
 #[tokio::test]
 async fn a_swap_that_runs_twice_changes_nothing_the_second_time() {
     use rollboard::store::{StageTargets, Staged, SwapCheck};
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (_redis, store) = RedisServer::start_with_store("rb").await;
     let mut b = board("res", HOUR, 3);
     b.mode = Mode::Resummarize;
     store
@@ -56,8 +55,7 @@ async fn a_swap_that_runs_twice_changes_nothing_the_second_time() {
 
 #[tokio::test]
 async fn resummarize_tracks_new_events_only_at_its_runs() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (redis, store) = RedisServer::start_with_store("rb").await;
     let mut b = board("res", HOUR, 3);
     b.mode = Mode::Resummarize;
     store
@@ -97,8 +95,7 @@ fn calls(redis: &RedisServer, command: &str) -> u64 {
 
 #[tokio::test]
 async fn a_resummarize_instance_that_did_not_change_keeps_its_ranking_without_a_sum() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (redis, store) = RedisServer::start_with_store("rb").await;
     let mut b = board("res", HOUR, 3);
     b.mode = Mode::Resummarize;
     let boards = std::slice::from_ref(&b);
@@ -165,8 +162,7 @@ async fn a_resummarize_instance_that_did_not_change_keeps_its_ranking_without_a_
 #[tokio::test]
 async fn an_unchanged_resummarize_ranking_is_summed_again_after_an_hour() {
     use rollboard::store::RESUM_AT_LEAST_EVERY_MS as EVERY;
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (redis, store) = RedisServer::start_with_store("rb").await;
     let mut b = board("daily", DAY, 7);
     b.mode = Mode::Resummarize;
     let boards = std::slice::from_ref(&b);
@@ -190,8 +186,7 @@ async fn an_unchanged_resummarize_ranking_is_summed_again_after_an_hour() {
 #[tokio::test]
 async fn a_sum_read_before_a_newer_one_of_the_same_window_is_not_swapped_over_it() {
     use rollboard::store::{StageTargets, Staged, SwapCheck};
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (_redis, store) = RedisServer::start_with_store("rb").await;
     let mut b = board("race", HOUR, 3);
     b.mode = Mode::Resummarize;
     let s0 = T0 / HOUR * HOUR;
@@ -279,8 +274,7 @@ async fn a_scoped_resummarize_refund_board_rolls_to_empty_and_comes_back() {
     b.allow_negative = true;
     b.tie_break = TieBreak::None;
     let boards = vec![b.clone()];
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (_redis, store) = RedisServer::start_with_store("rb").await;
     let s0: i64 = 1_000;
     let at = |slice: i64| slice * SLICE + 100;
     let ev = crate::support::ev;

@@ -66,8 +66,7 @@ fn row(member: &str, total: i64) -> Staged {
 /// older `gen`, never the current one, so the lag did not last the hour a skip allows).
 #[tokio::test]
 async fn a_sum_read_before_a_rebuild_is_not_swapped_over_the_rebuilt_ranking() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (_redis, store) = RedisServer::start_with_store("rb").await;
     // Day-wide slices: the watermark stays put for the whole test, as it does within a slice.
     let b = resummarize("reb", DAY, 7);
     let boards = std::slice::from_ref(&b);

@@ -58,8 +58,7 @@ fn row(member: &str, total: i64) -> Staged {
 /// for current, and the runs that follow from skipping the instance for up to an hour).
 #[tokio::test]
 async fn a_member_repaired_by_rebuild_is_not_lost_to_a_racing_run_for_an_hour() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (redis, store) = RedisServer::start_with_store("rb").await;
     // Day-wide slices: the watermark stays put for the whole test, as it does within a slice.
     let b = resummarize("res", DAY, 7);
     let boards = std::slice::from_ref(&b);
@@ -148,8 +147,7 @@ async fn a_member_repaired_by_rebuild_is_not_lost_to_a_racing_run_for_an_hour() 
 /// ranking without the member for up to an hour).
 #[tokio::test]
 async fn a_member_restored_by_an_interrupted_rebuild_is_ranked_at_the_next_run() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (redis, store) = RedisServer::start_with_store("rb").await;
     let b = resummarize("res", DAY, 7);
     let boards = std::slice::from_ref(&b);
     let d0 = T0 / DAY * DAY;
@@ -194,8 +192,7 @@ async fn a_member_restored_by_an_interrupted_rebuild_is_ranked_at_the_next_run()
 /// the re-entry is summed at the same watermark.
 #[tokio::test]
 async fn a_scope_cleaned_up_and_back_at_the_same_watermark_is_summed() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (_redis, store) = RedisServer::start_with_store("rb").await;
     let mut b = resummarize("fans", HOUR, 3);
     b.scope = Some("room".into());
     let boards = std::slice::from_ref(&b);
@@ -250,8 +247,7 @@ async fn a_scope_cleaned_up_and_back_at_the_same_watermark_is_summed() {
 /// still a change (`gen` moves), so the next run shows the new time and order.
 #[tokio::test]
 async fn a_tie_break_time_that_moves_without_a_total_change_is_shown_at_the_next_run() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (_redis, store) = RedisServer::start_with_store("rb").await;
     let mut b = resummarize("neg", HOUR, 3);
     b.allow_negative = true;
     b.tie_break = TieBreak::Latest;
@@ -301,8 +297,7 @@ async fn a_tie_break_time_that_moves_without_a_total_change_is_shown_at_the_next
 /// and the run after it leaves the ranking as it is, equal to the model.
 #[tokio::test]
 async fn a_batch_of_many_calls_is_summed_whole_and_its_redelivery_changes_nothing() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (_redis, store) = RedisServer::start_with_store("rb").await;
     let b = resummarize("big", HOUR, 3);
     let boards = std::slice::from_ref(&b);
     let s0 = T0 / HOUR * HOUR;
@@ -336,8 +331,7 @@ async fn a_batch_of_many_calls_is_summed_whole_and_its_redelivery_changes_nothin
 /// next run trusts.
 #[tokio::test]
 async fn a_sum_record_that_is_not_a_number_is_summed_over() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (redis, store) = RedisServer::start_with_store("rb").await;
     let b = resummarize("odd", DAY, 7);
     let boards = std::slice::from_ref(&b);
     let d0 = T0 / DAY * DAY;
@@ -378,8 +372,7 @@ async fn a_sum_record_that_is_not_a_number_is_summed_over() {
 /// the runs after it skip with a ranking equal to the model.
 #[tokio::test]
 async fn a_watermark_lowered_by_the_readme_procedure_is_summed_and_then_kept() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (redis, store) = RedisServer::start_with_store("rb").await;
     let b = resummarize("fans_7d", HOUR, 3);
     let boards = std::slice::from_ref(&b);
     let s0 = T0 / HOUR * HOUR;
@@ -483,8 +476,7 @@ async fn two_replicas_racing_with_ingest_end_equal_to_the_model() {
 #[tokio::test]
 async fn rolls_at_an_earlier_time_skip_or_sum_above_the_current_watermark() {
     use rollboard::store::RESUM_AT_LEAST_EVERY_MS as EVERY;
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (_redis, store) = RedisServer::start_with_store("rb").await;
     let b = resummarize("past", HOUR, 3);
     let boards = std::slice::from_ref(&b);
     let s0 = T0 / HOUR * HOUR;

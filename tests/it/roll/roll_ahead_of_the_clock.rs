@@ -18,8 +18,7 @@ use crate::support::*;
 /// slice that the roll killed stays ranked.
 #[tokio::test]
 async fn a_scope_first_seen_after_or_during_a_roll_ahead_follows_it() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (_redis, store) = RedisServer::start_with_store("rb").await;
     let cancel = CancellationToken::new();
     for mode in [Mode::Incremental, Mode::Resummarize] {
         let mut b = board(&format!("fresh_{}", mode.as_str()), HOUR, 3);
@@ -280,8 +279,7 @@ async fn roll_ahead_of_the_clock_is_refused_in_both_spellings() {
 
 #[tokio::test]
 async fn a_roll_ahead_of_the_clock_moves_every_instance_even_cleaned_up_ones() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (_redis, store) = RedisServer::start_with_store("rb").await;
     for mode in [Mode::Incremental, Mode::Resummarize] {
         let mut b = board(&format!("fans_{}", mode.as_str()), HOUR, 3);
         b.scope = Some("room".into());

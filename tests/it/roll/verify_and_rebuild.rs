@@ -112,8 +112,7 @@ async fn verify_summarises_and_rebuild_says_what_it_repaired() {
 
 #[tokio::test]
 async fn verify_finds_drift_and_rebuild_repairs_it() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (redis, store) = RedisServer::start_with_store("rb").await;
     let mut b = board("rooms", HOUR, 24);
     b.tie_break = TieBreak::Latest;
     let events: Vec<ApplyEvent> = (0..50)
@@ -203,8 +202,7 @@ async fn verify_finds_drift_and_rebuild_repairs_it() {
 
 #[tokio::test]
 async fn verify_and_rebuild_see_a_slice_that_a_cancelled_roll_left_behind() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (_redis, store) = RedisServer::start_with_store("rb").await;
     let b = board("rooms", HOUR, 2);
     let events = [
         ev("1", T0, "alice", 10),
@@ -242,8 +240,7 @@ async fn verify_and_rebuild_see_a_slice_that_a_cancelled_roll_left_behind() {
 
 #[tokio::test]
 async fn rebuild_repairs_every_difference_verify_lists() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
+    let (_redis, store) = RedisServer::start_with_store("rb").await;
     for board in variants(SLICE, 4) {
         let _: () = store.client().flushall(false).await.expect("flush");
         let events = vec![

@@ -77,3 +77,15 @@ pub fn partitioned_config(
     std::fs::write(&path, text).expect("write config");
     path
 }
+
+/// A temp dir, a free HTTP port and a configuration written there by [`write_config`].
+pub fn config_for(
+    redis: &RedisServer,
+    consumer: &str,
+    extra: &str,
+) -> (tempfile::TempDir, u16, std::path::PathBuf) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let port = free_port();
+    let config = write_config(dir.path(), redis, port, consumer, extra);
+    (dir, port, config)
+}

@@ -195,3 +195,12 @@ pub fn evalsha_calls(redis: &RedisServer) -> u64 {
         .and_then(|rest| rest.split(',').next())
         .map_or(0, |n| n.parse().expect("calls"))
 }
+
+impl RedisServer {
+    /// Starts a server and connects a store to it with key prefix `prefix`.
+    pub async fn start_with_store(prefix: &str) -> (RedisServer, Store) {
+        let redis = RedisServer::start();
+        let store = redis.store(prefix).await;
+        (redis, store)
+    }
+}
