@@ -5,7 +5,6 @@
 use fred::prelude::*;
 use proptest::prelude::*;
 use rollboard::board::{Board, Mode};
-use rollboard::roll::{self};
 use rollboard::store::{ApplyEvent, Outcome, Store};
 
 use crate::support::model::{assert_matches, Instance};
@@ -100,8 +99,8 @@ async fn assert_model(store: &Store, board: &Board, model: &mut Instance, now: i
         model.roll(board, now);
     }
     assert_matches(store, board, None, model, now).await;
-    let v = roll::verify(store, board, None, 100).await.expect("verify");
-    assert!(v.differences.is_empty(), "{:?}", v.differences);
+    let d = verify_differences(store, board, None).await;
+    assert!(d.is_empty(), "{:?}", d);
 }
 
 #[tokio::test]
@@ -207,10 +206,8 @@ async fn an_expiry_that_fails_on_any_key_writes_nothing_and_the_next_roll_finish
             assert_eq!(report.instances_failed, 0, "{:?}", report.first_error);
             model.roll(&board, later);
             assert_matches(&store, &board, None, &model, later).await;
-            let v = roll::verify(&store, &board, None, 100)
-                .await
-                .expect("verify");
-            assert!(v.differences.is_empty(), "{:?}", v.differences);
+            let d = verify_differences(&store, &board, None).await;
+            assert!(d.is_empty(), "{:?}", d);
         }
     }
 }
@@ -248,8 +245,8 @@ async fn refunds_roll_cleanly(store: &Store, board: &Board, plan: &[(u8, i64, i6
         );
         model.roll(board, now);
         assert_matches(store, board, None, &model, now).await;
-        let v = roll::verify(store, board, None, 100).await.expect("verify");
-        assert!(v.differences.is_empty(), "{:?}", v.differences);
+        let d = verify_differences(store, board, None).await;
+        assert!(d.is_empty(), "{:?}", d);
         now += SLICE;
     }
     // Everything has left the window: nothing may stay behind.

@@ -112,11 +112,7 @@ async fn fill_lookalikes(store: &Store) -> (Vec<Board>, i64) {
         "rb:{tips:a:b}:tmp:18f00d:ranked:old",
         "rb:{tips}:not-ours",
     ] {
-        let _: () = store
-            .client()
-            .set(key, "x", None, None, false)
-            .await
-            .expect("set");
+        set_string(store, key, "x").await;
     }
     let gone = store.instance(&tips, Some("gone"));
     let exists: i64 = store.client().exists(gone.meta()).await.expect("exists");

@@ -2,7 +2,7 @@
 //! and memory bounded by a batch rather than by the input.
 
 use std::io::Write;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use crate::support::*;
 
@@ -187,11 +187,7 @@ async fn send_names_long_and_non_utf8_lines_and_keeps_all_or_nothing() {
             .arg("--config")
             .arg(&config)
             .arg("send")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn send");
+            .spawn_piped("spawn send");
         let mut stdin = child.stdin.take().expect("stdin");
         let input = input.to_vec();
         // The child may stop reading at an over-long line; a broken pipe is fine then.

@@ -3,7 +3,7 @@
 //! disagrees refuses to start (exit 64, naming the setting), and a refusing daemon never
 //! opens a listener a probe could pass on.
 
-use std::process::{Command, Output};
+use std::process::Output;
 
 use fred::prelude::*;
 use rollboard::board::TieBreak;
@@ -237,15 +237,7 @@ async fn the_cli_and_the_daemon_exit_64_naming_a_changed_setting() {
     let dir = tempfile::tempdir().expect("dir");
     let port = crate::support::free_port();
     let config = write_config(dir.path(), &redis, port, "a", "");
-    let run = |config: &std::path::Path, args: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_rollboard"))
-            .arg("--config")
-            .arg(config)
-            .args(args)
-            .env_remove("ROLLBOARD_CONFIG")
-            .output()
-            .expect("run rollboard")
-    };
+    let run = run_rollboard;
     let out = run(&config, &["top", "rooms_7d"]);
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     // Same boards, but tips_24h now breaks ties by the earliest time and slices by 2h.
@@ -272,15 +264,7 @@ async fn the_cli_and_the_daemon_exit_64_naming_a_changed_setting() {
 async fn every_shaping_edit_is_refused_and_others_are_accepted() {
     let redis = RedisServer::start();
     let (dir, _port, config) = config_for(&redis, "a", "");
-    let run = |config: &std::path::Path, args: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_rollboard"))
-            .arg("--config")
-            .arg(config)
-            .args(args)
-            .env_remove("ROLLBOARD_CONFIG")
-            .output()
-            .expect("run rollboard")
-    };
+    let run = run_rollboard;
     let out = run(&config, &["verify"]);
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     let original = std::fs::read_to_string(&config).expect("read");

@@ -152,11 +152,7 @@ async fn a_replayed_apply_failed_event_without_ts_keeps_its_original_time() {
 
     // Board b is broken (a key of the wrong type): its share is dead-lettered.
     let result_b = store.instance(&b, None).result();
-    let _: () = store
-        .client()
-        .set(result_b.as_str(), "x", None, None, false)
-        .await
-        .expect("set");
+    set_string(&store, &result_b, "x").await;
     let original = entry(&format!("{t0}-0"), &[("user", "u1"), ("amount", "5")]);
     process_batch(
         &store,
@@ -273,11 +269,7 @@ async fn a_dead_letter_stream_named_like_another_layouts_partition_is_refused_or
         .find(|b| b.name == "fans_7d")
         .expect("fans_7d");
     let meta = store.instance(&fans, Some("r1")).meta();
-    let _: () = store
-        .client()
-        .set(meta.as_str(), "x", None, None, false)
-        .await
-        .expect("set");
+    set_string(&store, &meta, "x").await;
     let daemon = Daemon::start(&path, port).await;
     let _: String = store
         .client()

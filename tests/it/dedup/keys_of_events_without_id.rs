@@ -62,11 +62,7 @@ fn replay_entry(letter: &HashMap<String, String>, primary: &str, id: &str) -> En
 /// it gets is dead-lettered `apply_failed`; returns the key, to delete for the repair.
 async fn break_board(store: &Store, b: &Board) -> String {
     let key = store.instance(b, None).result();
-    let _: () = store
-        .client()
-        .set(key.as_str(), "x", None, None, false)
-        .await
-        .expect("set");
+    set_string(store, &key, "x").await;
     key
 }
 

@@ -28,11 +28,7 @@ fn rollboard_stdin(config: &Path, args: &[&str], input: &str) -> Output {
         .arg(config)
         .args(args)
         .env_remove("ROLLBOARD_CONFIG")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn rollboard");
+        .spawn_piped("spawn rollboard");
     child
         .stdin
         .take()

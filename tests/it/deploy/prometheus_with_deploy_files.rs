@@ -369,11 +369,7 @@ async fn prometheus_scrapes_the_daemon_with_the_deploy_files() {
     let (_, body) = daemon.get("/metrics").await;
     let mut check = Command::new("promtool")
         .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("promtool");
+        .spawn_piped("promtool");
     {
         use std::io::Write;
         let mut stdin = check.stdin.take().expect("stdin");

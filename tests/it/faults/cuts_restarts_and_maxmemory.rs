@@ -353,15 +353,8 @@ async fn roll_calls_cut_at_random_points_end_in_the_model_state() {
         assert!(proxy.cuts() >= 1, "no cut made (seed {seed})");
         for (b, board) in boards.iter().enumerate() {
             assert_matches(&direct, board, None, &models[b], rolled_at).await;
-            let v = roll::verify(&direct, board, None, 100)
-                .await
-                .expect("verify");
-            assert!(
-                v.differences.is_empty(),
-                "{} (seed {seed}): {:?}",
-                board.name,
-                v.differences
-            );
+            let d = verify_differences(&direct, board, None).await;
+            assert!(d.is_empty(), "{} (seed {seed}): {:?}", board.name, d);
             if !board.allow_negative {
                 // Tips of 1: the totals count the events still in the window.
                 total.sent += models[b].totals().values().map(|t| t.0).sum::<i64>();
@@ -491,10 +484,8 @@ async fn an_apply_call_cut_after_it_reached_redis_is_not_resent() {
         .collect();
     assert_eq!(again, expected);
     assert_matches(&store, &board, None, &model, now).await;
-    let report = roll::verify(&store, &board, None, 100)
-        .await
-        .expect("verify");
-    assert!(report.differences.is_empty(), "{:?}", report.differences);
+    let d = verify_differences(&store, &board, None).await;
+    assert!(d.is_empty(), "{:?}", d);
 }
 
 /// 20-50 ms added to every chunk both ways while the daemon ingests and resummarizes
@@ -748,15 +739,8 @@ async fn redis_restarted_during_a_roll_ends_in_the_model_state() {
     };
     for (b, board) in boards.iter().enumerate() {
         assert_matches(&direct, board, None, &models[b], rolled_at).await;
-        let v = roll::verify(&direct, board, None, 100)
-            .await
-            .expect("verify");
-        assert!(
-            v.differences.is_empty(),
-            "{}: {:?}",
-            board.name,
-            v.differences
-        );
+        let d = verify_differences(&direct, board, None).await;
+        assert!(d.is_empty(), "{}: {:?}", board.name, d);
         figures
             .count(&direct, board, None, &models[b], rolled_at)
             .await;

@@ -201,15 +201,8 @@ async fn connections_cut_after_scripts_and_acks_reach_redis_lose_nothing_and_dou
             .await
             .expect("instances")
         {
-            let v = rollboard::roll::verify(&store, &board, scope.as_deref(), 100)
-                .await
-                .expect("verify");
-            assert!(
-                v.differences.is_empty(),
-                "{}: {:?}",
-                board.name,
-                v.differences
-            );
+            let d = verify_differences(&store, &board, scope.as_deref()).await;
+            assert!(d.is_empty(), "{}: {:?}", board.name, d);
         }
     }
     assert!(daemon.terminate().await.success());

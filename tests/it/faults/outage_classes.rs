@@ -413,11 +413,7 @@ async fn wrongtype_met_inside_a_script_is_bad_data() {
     let (_redis, store) = RedisServer::start_with_store("rb").await;
     let board = test_boards().remove(0);
     let meta = store.instance(&board, None).meta();
-    let _: () = store
-        .client()
-        .set(meta.as_str(), "x", None, None, false)
-        .await
-        .expect("set");
+    set_string(&store, &meta, "x").await;
     let now = rollboard::cli::now_ms();
     let error = store
         .apply(

@@ -180,11 +180,7 @@ async fn an_apply_failed_letter_stays_until_its_board_is_repaired_and_then_count
     let settings = ingest_settings("rb:events", 1);
     let t0: i64 = 1_000_500;
     let broken = store.instance(&b, None).result();
-    let _: () = store
-        .client()
-        .set(broken.as_str(), "x", None, None, false)
-        .await
-        .expect("break b");
+    set_string(&store, &broken, "x").await;
     let tip = entry(
         &format!("{t0}-0"),
         &[("user", "u1"), ("amount", "5"), ("id", "tip-1")],

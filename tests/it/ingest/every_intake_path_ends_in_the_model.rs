@@ -25,20 +25,7 @@ async fn events_from_the_stream_send_and_http_end_in_the_model_state() {
         .collect();
     let file = dir.path().join("events.jsonl");
     std::fs::write(&file, lines.join("\n")).expect("write events");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rollboard"))
-        .args([
-            "--config",
-            config.to_str().expect("path"),
-            "send",
-            file.to_str().expect("path"),
-        ])
-        .output()
-        .expect("send");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    send_file(&config, &file);
     // Through HTTP, as one array.
     let body: Vec<HashMap<String, String>> = events[700..]
         .iter()

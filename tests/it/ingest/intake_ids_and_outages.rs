@@ -168,19 +168,7 @@ async fn send_gives_each_event_without_an_id_its_own_and_keeps_given_ids() {
     )
     .expect("write");
     for _ in 0..2 {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_rollboard"))
-            .arg("--config")
-            .arg(&config)
-            .arg("send")
-            .arg(&file)
-            .env_remove("ROLLBOARD_CONFIG")
-            .output()
-            .expect("run rollboard send");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        send_file(&config, &file);
     }
     let entries: Entries = store
         .client()

@@ -239,19 +239,7 @@ async fn send_and_post_append_to_the_partition_the_rule_names() {
     let lines: Vec<String> = (0..60).map(|i| json(i).to_string()).collect();
     let file = dir.path().join("events.jsonl");
     std::fs::write(&file, lines.join("\n")).expect("write events");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rollboard"))
-        .arg("--config")
-        .arg(&cfg)
-        .arg("send")
-        .arg(&file)
-        .env_remove("ROLLBOARD_CONFIG")
-        .output()
-        .expect("run rollboard send");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = send_file(&cfg, &file);
     assert_eq!(
         String::from_utf8_lossy(&out.stdout).trim(),
         "appended 60 event(s) to rb:events:{0..2}"

@@ -287,15 +287,8 @@ async fn rebuild_repairs_every_difference_verify_lists() {
             .await
             .expect("rebuild");
         assert_eq!(rebuilt.estimated, ["b"], "{}", board.name);
-        let v = roll::verify(&store, &board, None, 100)
-            .await
-            .expect("verify");
-        assert!(
-            v.differences.is_empty(),
-            "{}: {:?}",
-            board.name,
-            v.differences
-        );
+        let d = verify_differences(&store, &board, None).await;
+        assert!(d.is_empty(), "{}: {:?}", board.name, d);
         let totals: Vec<(String, Option<i64>)> = {
             let mut out = Vec::new();
             for m in ["a", "b", "c"] {

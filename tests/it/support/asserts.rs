@@ -125,3 +125,15 @@ pub async fn live_sums(
     }
     sums
 }
+
+/// What `verify` finds wrong with one instance (100 members a call).
+pub async fn verify_differences(
+    store: &Store,
+    board: &Board,
+    scope: Option<&str>,
+) -> Vec<rollboard::roll::Drift> {
+    roll::verify(store, board, scope, 100)
+        .await
+        .expect("verify")
+        .differences
+}

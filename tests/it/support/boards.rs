@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use fred::prelude::*;
 use rollboard::board::{Board, Dedup, Mode, TieBreak};
 use rollboard::roll::{self, Job};
 use rollboard::store::{ApplyEvent, Store};
@@ -274,4 +275,13 @@ pub async fn roll_once(store: &Store, board: &Board, now: i64) -> roll::Report {
     .await
     .expect("roll")
     .remove(0)
+}
+
+/// Sets `key` to the string `value` (a key of the wrong type breaks the scripts using it).
+pub async fn set_string(store: &Store, key: &str, value: &str) {
+    let _: () = store
+        .client()
+        .set(key, value, None, None, false)
+        .await
+        .expect("set");
 }

@@ -2,7 +2,7 @@
 
 use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 
 /// Runs the `rollboard` binary with `--config config` and `args`, ignoring any
 /// `ROLLBOARD_CONFIG` of the test's environment.
@@ -71,4 +71,37 @@ pub fn rollboard_command() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_rollboard"));
     cmd.env_remove("ROLLBOARD_CONFIG");
     cmd
+}
+
+/// Fails the test unless `out` exited 0, showing `what`, stdout and stderr.
+pub fn assert_success(out: &Output, what: &str) {
+    assert!(
+        out.status.success(),
+        "{what}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `rollboard --config <config> send <file>`, which must succeed; its output.
+pub fn send_file(config: &Path, file: &Path) -> Output {
+    let out = run_rollboard(config, &["send", file.to_str().expect("utf-8 path")]);
+    assert_success(&out, "send");
+    out
+}
+
+/// Spawning a command with stdin, stdout and stderr all piped.
+pub trait SpawnPiped {
+    /// Spawns with every standard stream piped; `what` names the command if that fails.
+    fn spawn_piped(&mut self, what: &str) -> Child;
+}
+
+impl SpawnPiped for Command {
+    fn spawn_piped(&mut self, what: &str) -> Child {
+        self.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect(what)
+    }
 }
