@@ -12,7 +12,6 @@ use rollboard::store::{ApplyEvent, Outcome, Store};
 use crate::support::model::{assert_matches, Instance};
 use crate::support::*;
 
-const HOUR: i64 = 3_600_000;
 const NOW: i64 = 1_763_700_000_000;
 
 #[tokio::test]

@@ -13,10 +13,6 @@ use rollboard::store::Store;
 
 use crate::support::*;
 
-fn now_ms() -> i64 {
-    rollboard::cli::now_ms()
-}
-
 /// The exact total of `member` on the unscoped board `name` (None when not ranked).
 async fn total(store: &Store, name: &str, scope: Option<&str>, member: &str) -> Option<i64> {
     let boards = test_boards();

@@ -13,10 +13,6 @@ use rollboard::store::{Outcome, Store};
 
 use crate::support::*;
 
-fn now_ms() -> i64 {
-    rollboard::cli::now_ms()
-}
-
 /// The README's replay ("A board that keeps failing") of one `apply_failed` dead letter:
 /// the original fields (reserved names dropped, `orig.*` renamed back), `id` set to
 /// `source_id` on `ingest.stream` or `<source_stream>/<source_id>` elsewhere when it had

@@ -22,12 +22,6 @@ use crate::support::model::{assert_matches, Instance};
 use crate::support::proxy::Proxy;
 use crate::support::*;
 
-const HOUR: i64 = 3_600_000;
-
-fn now_ms() -> i64 {
-    rollboard::cli::now_ms()
-}
-
 /// A small xorshift generator; the seed is printed with every failure.
 struct Dice(u64);
 

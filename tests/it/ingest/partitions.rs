@@ -12,10 +12,6 @@ use crate::support::*;
 
 type Entries = Vec<(String, HashMap<String, String>)>;
 
-fn now_ms() -> i64 {
-    rollboard::cli::now_ms()
-}
-
 /// The key of partition `p` of 3.
 fn key(p: usize) -> String {
     format!("rb:events:{{{p}}}")

@@ -17,10 +17,6 @@ const DEAD: &str = "rb:events:dead";
 /// so a trimmed stream keeps up to one node more than the bound asks.
 const NODE: i64 = 100;
 
-fn now_ms() -> i64 {
-    rollboard::cli::now_ms()
-}
-
 /// A daemon config with `ingest` lines added to its `[ingest]` section.
 fn config(
     dir: &std::path::Path,

@@ -13,7 +13,6 @@ use tokio_util::sync::CancellationToken;
 use crate::support::model::{assert_matches, Instance};
 use crate::support::*;
 
-const HOUR: i64 = 3_600_000;
 const T0: i64 = 1_763_700_000_000 / HOUR * HOUR;
 
 async fn roll_all(store: &Store, b: &Board, now: i64, chunk: usize) -> Report {

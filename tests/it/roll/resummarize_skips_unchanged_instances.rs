@@ -2,51 +2,12 @@
 //! `summed_gen`, `summed_through`, `summed_ms` in `meta`) and the swap's refusal of a sum
 //! read at an older `gen` above the same watermark.
 
-use rollboard::board::{Board, Mode, TieBreak};
+use rollboard::board::TieBreak;
 use rollboard::roll;
-use rollboard::store::{ApplyEvent, Outcome, StageTargets, Staged, Store, SwapCheck};
+use rollboard::store::{ApplyEvent, Outcome, SwapCheck};
 
 use crate::support::model::{assert_matches, Instance};
 use crate::support::*;
-
-const HOUR: i64 = 3_600_000;
-const DAY: i64 = 24 * HOUR;
-const T0: i64 = 1_763_700_000_000;
-
-fn resummarize(name: &str, slice: i64, n: i64) -> Board {
-    let mut b = board(name, slice, n);
-    b.mode = Mode::Resummarize;
-    b
-}
-
-async fn apply_model(
-    store: &Store,
-    b: &Board,
-    scope: Option<&str>,
-    model: &mut Instance,
-    events: &[ApplyEvent],
-    now: i64,
-) {
-    let expected: Vec<Outcome> = events.iter().map(|e| model.apply(b, e, now)).collect();
-    assert_eq!(store.apply(b, scope, events, now).await.unwrap(), expected);
-}
-
-const RANKING: StageTargets = StageTargets {
-    result: true,
-    ranked: true,
-    refs: false,
-    totals: false,
-    positive_only: true,
-};
-
-fn row(member: &str, total: i64) -> Staged {
-    Staged {
-        member: member.into(),
-        total,
-        slices: 1,
-        fallback_ts: None,
-    }
-}
 
 /// `rollboard rebuild` restores a member whose `members` entry (its tie-break time) was
 /// lost: stage.lua writes the fallback time into `members` and moves `gen`, and rebuild's

@@ -6,7 +6,9 @@ use std::time::Duration;
 use fred::prelude::*;
 use rollboard::board::{Board, Dedup, Mode, TieBreak};
 use rollboard::roll::{self, Job};
-use rollboard::store::{ApplyEvent, Store};
+use rollboard::store::{ApplyEvent, Outcome, StageTargets, Staged, Store};
+
+use crate::support::model::Instance;
 use tokio_util::sync::CancellationToken;
 
 use crate::support::*;
@@ -284,4 +286,43 @@ pub async fn set_string(store: &Store, key: &str, value: &str) {
         .set(key, value, None, None, false)
         .await
         .expect("set");
+}
+
+/// A board of `Mode::Resummarize`.
+pub fn resummarize(name: &str, slice: i64, n: i64) -> Board {
+    let mut b = board(name, slice, n);
+    b.mode = Mode::Resummarize;
+    b
+}
+
+/// Applies `events` to the store and the model at `now`; the outcomes must agree.
+pub async fn apply_model(
+    store: &Store,
+    b: &Board,
+    scope: Option<&str>,
+    model: &mut Instance,
+    events: &[ApplyEvent],
+    now: i64,
+) {
+    let expected: Vec<Outcome> = events.iter().map(|e| model.apply(b, e, now)).collect();
+    assert_eq!(store.apply(b, scope, events, now).await.unwrap(), expected);
+}
+
+/// The targets of a resummarize run's ranking (as `roll::resummarize` stages them).
+pub const RANKING: StageTargets = StageTargets {
+    result: true,
+    ranked: true,
+    refs: false,
+    totals: false,
+    positive_only: true,
+};
+
+/// A staged row of `member` with `total`, from one slice.
+pub fn row(member: &str, total: i64) -> Staged {
+    Staged {
+        member: member.into(),
+        total,
+        slices: 1,
+        fallback_ts: None,
+    }
 }
