@@ -31,19 +31,11 @@ async fn a_sum_read_before_a_rebuild_is_not_swapped_over_the_rebuilt_ranking() {
     let boards = std::slice::from_ref(&b);
     let d0 = T0 / DAY * DAY;
     let mut model = Instance::default();
-    apply_model(&store, &b, None, &mut model, &[ev("1", d0, "a", 5)], d0).await;
+    apply_model(&store, &b, &mut model, &[ev("1", d0, "a", 5)], d0).await;
     assert_eq!(roll_all(&store, boards, d0, 10).await[0].resummed, 1);
 
     // Replica A's run: b's event moved `gen`, so it reads the record and sums (a 5, b 3).
-    apply_model(
-        &store,
-        &b,
-        None,
-        &mut model,
-        &[ev("2", d0 + 1, "b", 3)],
-        d0 + 1,
-    )
-    .await;
+    apply_model(&store, &b, &mut model, &[ev("2", d0 + 1, "b", 3)], d0 + 1).await;
     let before = store.summed(&b, None).await.unwrap();
     assert_ne!(before.summed_gen.as_deref(), Some(before.gen.as_str()));
     let watermark = before.summed_through.expect("summed once");
@@ -53,15 +45,7 @@ async fn a_sum_read_before_a_rebuild_is_not_swapped_over_the_rebuilt_ranking() {
         .unwrap();
 
     // c's event, then the operator's rebuild: the ranking holds all three.
-    apply_model(
-        &store,
-        &b,
-        None,
-        &mut model,
-        &[ev("3", d0 + 2, "c", 4)],
-        d0 + 2,
-    )
-    .await;
+    apply_model(&store, &b, &mut model, &[ev("3", d0 + 2, "c", 4)], d0 + 2).await;
     roll::rebuild(&store, &b, None, 100).await.unwrap();
     assert_matches(&store, &b, None, &model, d0 + 3).await;
 
@@ -144,7 +128,7 @@ async fn big_slice(store: &Store, b: &Board, model: &mut Instance, n: i64) -> Sh
         .map(|i| ev(&format!("e{i}"), ts + i as i64, &member(i), amount(i)))
         .collect();
     for part in events.chunks(200) {
-        apply_model(store, b, None, model, part, ts + MEMBERS as i64).await;
+        apply_model(store, b, model, part, ts + MEMBERS as i64).await;
     }
     let key = store.instance(b, None).slice(n);
     let mut pages: Vec<(String, Vec<String>)> = Vec::new();
@@ -289,15 +273,7 @@ async fn a_slice_expired_under_a_resummarize_sum_is_never_counted_twice() {
     let mut model = Instance::default();
     let shrink = big_slice(&direct, &b, &mut model, n).await;
     let later = (n + 1) * HOUR;
-    apply_model(
-        &direct,
-        &b,
-        None,
-        &mut model,
-        &[ev("z", later, "z", 9)],
-        later,
-    )
-    .await;
+    apply_model(&direct, &b, &mut model, &[ev("z", later, "z", 9)], later).await;
 
     // The run's clock is a millisecond before slice n leaves the window, the other
     // replica's at that moment.

@@ -159,7 +159,7 @@ async fn a_scope_cleaned_up_and_back_at_the_same_watermark_is_summed() {
     let boards = std::slice::from_ref(&b);
     let s0 = T0 / HOUR * HOUR;
     let mut model = Instance::default();
-    apply_model(
+    apply_scoped_model(
         &store,
         &b,
         Some("r"),
@@ -182,7 +182,7 @@ async fn a_scope_cleaned_up_and_back_at_the_same_watermark_is_summed() {
     assert_eq!(record.summed_gen.as_deref(), Some(record.gen.as_str()));
 
     // Back within the same slice (same watermark): summed again, equal to the model.
-    apply_model(
+    apply_scoped_model(
         &store,
         &b,
         Some("r"),
@@ -218,7 +218,6 @@ async fn a_tie_break_time_that_moves_without_a_total_change_is_shown_at_the_next
     apply_model(
         &store,
         &b,
-        None,
         &mut model,
         &[ev("1", s0, "a", 5), ev("2", s0 + 10, "b", 5)],
         s0 + 10,
@@ -236,7 +235,6 @@ async fn a_tie_break_time_that_moves_without_a_total_change_is_shown_at_the_next
     apply_model(
         &store,
         &b,
-        None,
         &mut model,
         &[ev("3", s0 + 20, "a", 3), ev("4", s0 + 21, "a", -3)],
         s0 + 21,
@@ -274,14 +272,14 @@ async fn a_batch_of_many_calls_is_summed_whole_and_its_redelivery_changes_nothin
             )
         })
         .collect();
-    apply_model(&store, &b, None, &mut model, &events, s0 + 1).await;
+    apply_model(&store, &b, &mut model, &events, s0 + 1).await;
     let gen = store.summed(&b, None).await.unwrap().gen;
     assert!(gen.parse::<u64>().unwrap() > 1, "several calls: gen {gen}");
     assert_eq!(roll_all(&store, boards, s0 + 2, 10).await[0].resummed, 1);
     model.roll(&b, s0 + 2);
     assert_matches(&store, &b, None, &model, s0 + 2).await;
 
-    apply_model(&store, &b, None, &mut model, &events, s0 + 3).await;
+    apply_model(&store, &b, &mut model, &events, s0 + 3).await;
     assert_eq!(store.summed(&b, None).await.unwrap().gen, gen);
     assert_eq!(roll_all(&store, boards, s0 + 4, 10).await[0].resummed, 0);
     assert_matches(&store, &b, None, &model, s0 + 4).await;
@@ -297,7 +295,7 @@ async fn a_sum_record_that_is_not_a_number_is_summed_over() {
     let boards = std::slice::from_ref(&b);
     let d0 = T0 / DAY * DAY;
     let mut model = Instance::default();
-    apply_model(&store, &b, None, &mut model, &[ev("1", d0, "a", 5)], d0).await;
+    apply_model(&store, &b, &mut model, &[ev("1", d0, "a", 5)], d0).await;
     roll_all(&store, boards, d0, 10).await;
     let slice = format!("rb:{{odd}}:slice:{}", b.slice_of(d0));
     for (field, value) in [
@@ -364,7 +362,6 @@ async fn a_watermark_lowered_by_the_readme_procedure_is_summed_and_then_kept() {
     apply_model(
         &store,
         &b,
-        None,
         &mut model,
         &[ev("1", s0, "a", 5), ev("2", s0 + 1, "b", 6)],
         s0 + 1,
@@ -442,17 +439,9 @@ async fn rolls_at_an_earlier_time_skip_or_sum_above_the_current_watermark() {
     let boards = std::slice::from_ref(&b);
     let s0 = T0 / HOUR * HOUR;
     let mut model = Instance::default();
-    apply_model(&store, &b, None, &mut model, &[ev("1", s0, "a", 5)], s0).await;
+    apply_model(&store, &b, &mut model, &[ev("1", s0, "a", 5)], s0).await;
     let clock = s0 + 3 * HOUR + 5;
-    apply_model(
-        &store,
-        &b,
-        None,
-        &mut model,
-        &[ev("2", clock, "b", 4)],
-        clock,
-    )
-    .await;
+    apply_model(&store, &b, &mut model, &[ev("2", clock, "b", 4)], clock).await;
     roll_all(&store, boards, clock, 10).await;
     model.roll(&b, clock);
     assert_matches(&store, &b, None, &model, clock).await;
@@ -469,7 +458,6 @@ async fn rolls_at_an_earlier_time_skip_or_sum_above_the_current_watermark() {
     apply_model(
         &store,
         &b,
-        None,
         &mut model,
         &[ev("3", clock + 1, "a", 1)],
         clock + 1,

@@ -295,8 +295,20 @@ pub fn resummarize(name: &str, slice: i64, n: i64) -> Board {
     b
 }
 
-/// Applies `events` to the store and the model at `now`; the outcomes must agree.
+/// Applies `events` to the store's unscoped instance and to the model at `now`; the
+/// outcomes must agree.
 pub async fn apply_model(
+    store: &Store,
+    b: &Board,
+    model: &mut Instance,
+    events: &[ApplyEvent],
+    now: i64,
+) {
+    apply_scoped_model(store, b, None, model, events, now).await;
+}
+
+/// As [`apply_model`], for the instance of `scope`.
+pub async fn apply_scoped_model(
     store: &Store,
     b: &Board,
     scope: Option<&str>,
