@@ -82,7 +82,7 @@ async fn a_failed_apply_of_new_members_writes_nothing() {
             for e in &first {
                 model.apply(&b, e, NOW);
             }
-            store.apply(&b, None, &first, NOW).await.expect("apply");
+            apply_events(&store, &b, &first, NOW).await;
             if what == "meta.gen" {
                 let _: () = store
                     .client()
@@ -125,7 +125,7 @@ async fn a_failed_apply_of_new_members_writes_nothing() {
                     .expect("rename");
             }
             let expected: Vec<Outcome> = events.iter().map(|e| model.apply(&b, e, NOW)).collect();
-            let got = store.apply(&b, None, &events, NOW).await.expect("apply");
+            let got = apply_events(&store, &b, &events, NOW).await;
             if got != expected {
                 // Listed for the report; a resummarize ranking also lags until its next roll.
                 let v = roll::verify(&store, &b, None, 100).await.expect("verify");
@@ -232,7 +232,7 @@ async fn long_instances_across_apply_calls_equal_the_model_through_every_roll() 
             assert!(events.len() > 2 * APPLY_CHUNK);
             let mut model = Instance::default();
             let expected: Vec<Outcome> = events.iter().map(|e| model.apply(&b, e, NOW)).collect();
-            let got = store.apply(&b, None, &events, NOW).await.expect("apply");
+            let got = apply_events(&store, &b, &events, NOW).await;
             if let Some(i) = (0..events.len()).find(|&i| got[i] != expected[i]) {
                 panic!(
                     "{}: event {i} {:?}: stored {:?}, model {:?}",
@@ -251,7 +251,7 @@ async fn long_instances_across_apply_calls_equal_the_model_through_every_roll() 
             // Redelivered as a whole: what was applied is a duplicate now, and an event
             // that overflowed is judged again against the new totals.
             let expected: Vec<Outcome> = events.iter().map(|e| model.apply(&b, e, NOW)).collect();
-            let again = store.apply(&b, None, &events, NOW).await.expect("apply");
+            let again = apply_events(&store, &b, &events, NOW).await;
             assert_eq!(again, expected, "{}: redelivered", b.name);
             assert_model(&store, &b, &mut model, NOW, chunk).await;
             // Roll through the whole window, a few slices at a time.

@@ -137,10 +137,7 @@ async fn a_chain_cut_after_its_first_calls_leaves_a_prefix_and_redelivery_comple
             contents(&direct, &control).await,
             "after the cut at {nth}"
         );
-        let again = store
-            .apply(&board, None, &events, NOW)
-            .await
-            .expect("again");
+        let again = apply_events(&store, &board, &events, NOW).await;
         let expected: Vec<Outcome> = (0..events.len())
             .map(|i| {
                 if i < landed * SEG {
@@ -242,9 +239,9 @@ async fn a_roll_between_two_chained_calls_is_seen_as_between_them() {
         let (r2, o2) = run(c2).await;
         assert_eq!(r2[0], 0, "{}: the second call ran: {r2:?}", board.name);
 
-        let e1 = store.apply(&control, None, &first, NOW).await.expect("1");
+        let e1 = apply_events(&store, &control, &first, NOW).await;
         roll_at(&store, &control, NOW + 2 * SLICE).await;
-        let e2 = store.apply(&control, None, &second, NOW).await.expect("2");
+        let e2 = apply_events(&store, &control, &second, NOW).await;
         assert_eq!(o1.as_deref(), Some(&e1[..]), "{}", board.name);
         assert_eq!(o2.as_deref(), Some(&e2[..]), "{}", board.name);
         let late = e2.iter().filter(|o| **o == Outcome::Late).count();
@@ -416,10 +413,7 @@ async fn a_chain_after_script_flush_reloads_and_applies_in_order() {
     assert_eq!(chunks.len(), 40);
     for pass in 0..2 {
         redis.cli(&["SCRIPT", "FLUSH"]);
-        let got = store
-            .apply(&board, None, &events, NOW)
-            .await
-            .expect("apply");
+        let got = apply_events(&store, &board, &events, NOW).await;
         redis.cli(&["SCRIPT", "FLUSH"]);
         let (want, err) = in_turn(&store, &control, &events, NOW).await;
         assert!(err.is_none());
@@ -520,13 +514,10 @@ async fn late_duplicate_and_overflowing_calls_mid_chain_agree_with_calls_in_turn
         events.extend(segment("f", live, 1));
         assert_calls(&board, &events, 6);
         for b in [&board, &control] {
-            let o = store.apply(b, None, &dups, NOW).await.expect("before");
+            let o = apply_events(&store, b, &dups, NOW).await;
             assert!(o.iter().all(|o| *o == Outcome::Applied));
         }
-        let got = store
-            .apply(&board, None, &events, NOW)
-            .await
-            .expect("apply");
+        let got = apply_events(&store, &board, &events, NOW).await;
         let (want, err) = in_turn(&store, &control, &events, NOW).await;
         assert!(err.is_none(), "{err:?}");
         assert_eq!(got, want, "{}", board.name);
@@ -567,10 +558,7 @@ async fn an_all_late_chain_counts_nothing() {
     let board = shaped(0);
     let events = segments(&["a", "b", "c"], NOW - 10 * SLICE);
     assert_calls(&board, &events, 3);
-    let got = store
-        .apply(&board, None, &events, NOW)
-        .await
-        .expect("apply");
+    let got = apply_events(&store, &board, &events, NOW).await;
     assert!(got.iter().all(|o| *o == Outcome::Late));
     let k = store.instance(&board, None);
     for key in [k.result(), k.members(), k.slices(), k.totals()] {
@@ -599,10 +587,7 @@ async fn a_chain_field_set_by_hand_does_not_hold_a_batch_back() {
             .await
             .expect("HSET");
         let events = numbered(&format!("h{round}-"), 4, NOW - 100);
-        let got = store
-            .apply(&board, None, &events, NOW)
-            .await
-            .expect("apply");
+        let got = apply_events(&store, &board, &events, NOW).await;
         assert!(got.iter().all(|o| *o == Outcome::Applied), "{value:?}");
         let (want, _) = in_turn(&store, &control, &events, NOW).await;
         assert_eq!(got, want);
@@ -666,10 +651,7 @@ async fn a_legacy_seen_zset_found_mid_chain_is_honoured_from_there() {
             redis.cli(&["ZADD", &seen, &forget, id]);
         }
     }
-    let got = store
-        .apply(&board, None, &events, NOW)
-        .await
-        .expect("apply");
+    let got = apply_events(&store, &board, &events, NOW).await;
     let (want, err) = in_turn(&store, &control, &events, NOW).await;
     assert!(err.is_none(), "{err:?}");
     assert_eq!(got, want);
@@ -723,10 +705,7 @@ async fn a_slow_call_then_a_failing_call_stop_where_the_calls_in_turn_stop() {
         let tag = ["a", "b", "c", "d"][failing];
         for b in [&board, &control] {
             // One id of call 1 seen before: call 1 goes to apply.lua.
-            let o = store
-                .apply(b, None, &events[SEG + 4..SEG + 5], NOW)
-                .await
-                .expect("before");
+            let o = apply_events(&store, b, &events[SEG + 4..SEG + 5], NOW).await;
             assert_eq!(o, [Outcome::Applied]);
             corrupt_field(&store, b, live, &format!("{tag}m5")).await;
         }
@@ -822,10 +801,7 @@ async fn a_chain_across_a_cluster_failover_counts_each_event_once() {
     let board = shaped(0);
     let control = twin(&board);
     for b in [&board, &control] {
-        store
-            .apply(b, None, &[ev("w", NOW - 10, "w", 1)], NOW)
-            .await
-            .expect("warm-up");
+        apply_events(&store, b, &[ev("w", NOW - 10, "w", 1)], NOW).await;
     }
     let events = numbered("f", 30, NOW - 400);
     let master = owner(store.client(), &store.instance(&board, None).meta());
@@ -920,7 +896,7 @@ async fn at_maxmemory_a_redelivered_chain_fails_as_calls_in_turn_do() {
     let mut late = segments(&["x", "y"], NOW - 10 * SLICE);
     late.extend(segment("z", NOW - 10 * SLICE, 1));
     for b in [&board, &control] {
-        store.apply(b, None, &events, NOW).await.expect("first");
+        apply_events(&store, b, &events, NOW).await;
     }
     redis.cli(&["CONFIG", "SET", "maxmemory-policy", "noeviction"]);
     redis.cli(&["CONFIG", "SET", "maxmemory", "1"]);
@@ -932,11 +908,8 @@ async fn at_maxmemory_a_redelivered_chain_fails_as_calls_in_turn_do() {
         assert!(err.is_some_and(|e| e.to_string().contains("OOM")));
     }
     redis.cli(&["CONFIG", "SET", "maxmemory", "0"]);
-    let again = store
-        .apply(&board, None, &events, NOW)
-        .await
-        .expect("again");
+    let again = apply_events(&store, &board, &events, NOW).await;
     assert!(again.iter().all(|o| *o == Outcome::Duplicate));
-    let late = store.apply(&board, None, &late, NOW).await.expect("late");
+    let late = apply_events(&store, &board, &late, NOW).await;
     assert!(late.iter().all(|o| *o == Outcome::Late));
 }

@@ -116,7 +116,7 @@ async fn an_apply_that_fails_on_any_key_writes_nothing_and_its_retry_counts_ever
             for e in &first {
                 model.apply(&board, e, NOW);
             }
-            store.apply(&board, None, &first, NOW).await.expect("apply");
+            apply_events(&store, &board, &first, NOW).await;
             let second = batch(&mut rng, &board, "b1", 12);
             for key in apply_keys(&store, &board, &second) {
                 let before = snapshot(&store, &board).await;
@@ -140,10 +140,7 @@ async fn an_apply_that_fails_on_any_key_writes_nothing_and_its_retry_counts_ever
             }
             let expected: Vec<Outcome> =
                 second.iter().map(|e| model.apply(&board, e, NOW)).collect();
-            let got = store
-                .apply(&board, None, &second, NOW)
-                .await
-                .expect("apply");
+            let got = apply_events(&store, &board, &second, NOW).await;
             assert_eq!(got, expected, "seed {seed} {}", board.name);
             assert_model(&store, &board, &mut model, NOW).await;
         }
@@ -163,10 +160,7 @@ async fn an_expiry_that_fails_on_any_key_writes_nothing_and_the_next_roll_finish
             for e in &events {
                 model.apply(&board, e, NOW);
             }
-            store
-                .apply(&board, None, &events, NOW)
-                .await
-                .expect("apply");
+            apply_events(&store, &board, &events, NOW).await;
             // Two slices later the older of the two batch slices is dead.
             let later = NOW + 4 * SLICE;
             let k = store.instance(&board, None);
@@ -233,7 +227,7 @@ async fn refunds_roll_cleanly(store: &Store, board: &Board, plan: &[(u8, i64, i6
         }
     }
     let expected: Vec<Outcome> = events.iter().map(|e| model.apply(board, e, NOW)).collect();
-    let got = store.apply(board, None, &events, NOW).await.expect("apply");
+    let got = apply_events(store, board, &events, NOW).await;
     assert_eq!(got, expected);
     let mut now = NOW;
     for _ in 0..6 {

@@ -90,10 +90,7 @@ fn the_fast_path_agrees_with_the_event_by_event_script() {
                 let board = shaped(shape);
                 let exact = twin(&board);
                 for (events, now) in &batches {
-                    let fast = store
-                        .apply(&board, None, events, *now)
-                        .await
-                        .expect("apply");
+                    let fast = apply_events(&store, &board, events, *now).await;
                     let slow = apply_exact(&store, &exact, events, *now).await;
                     if let Some(i) = (0..events.len()).find(|&i| fast[i] != slow[i]) {
                         panic!(
@@ -135,20 +132,14 @@ fn redelivery_and_mixed_batches_count_once() {
                 )
             })
             .collect();
-        let first = store
-            .apply(&board, None, &events, NOW)
-            .await
-            .expect("apply");
+        let first = apply_events(&store, &board, &events, NOW).await;
         assert!(first.iter().all(|o| *o == Outcome::Applied));
         let gen_before: i64 = store
             .client()
             .hget(store.instance(&board, None).meta(), "gen")
             .await
             .expect("gen");
-        let again = store
-            .apply(&board, None, &events, NOW)
-            .await
-            .expect("again");
+        let again = apply_events(&store, &board, &events, NOW).await;
         assert!(again.iter().all(|o| *o == Outcome::Duplicate));
         let gen_after: i64 = store
             .client()
@@ -166,7 +157,7 @@ fn redelivery_and_mixed_batches_count_once() {
                 }
             })
             .collect();
-        let got = store.apply(&board, None, &mixed, NOW).await.expect("mixed");
+        let got = apply_events(&store, &board, &mixed, NOW).await;
         for (i, o) in got.iter().enumerate() {
             let expected = if i % 2 == 0 {
                 Outcome::Duplicate
@@ -223,17 +214,11 @@ fn a_batch_cut_short_at_any_point_and_redelivered_counts_once() {
                             ..e.clone()
                         })
                         .collect();
-                    let expected = store.apply(&once, None, events, *now).await.expect("once");
+                    let expected = apply_events(&store, &once, events, *now).await;
                     let at = cut.index(events.len() + 1);
-                    let first = store
-                        .apply(&board, None, &events[..at], *now)
-                        .await
-                        .expect("prefix");
+                    let first = apply_events(&store, &board, &events[..at], *now).await;
                     assert_eq!(first, expected[..at], "{}: the prefix", board.name);
-                    let again = store
-                        .apply(&board, None, events, *now)
-                        .await
-                        .expect("again");
+                    let again = apply_events(&store, &board, events, *now).await;
                     for (i, (got, want)) in again.iter().zip(&expected).enumerate() {
                         let want = if i < at && *want == Outcome::Applied {
                             Outcome::Duplicate
@@ -308,7 +293,7 @@ fn concurrent_overlapping_batches_count_each_id_once() {
                         board.name
                     );
                 }
-                let single = store.apply(&once, None, &events, now).await.expect("once");
+                let single = apply_events(&store, &once, &events, now).await;
                 assert!(single.iter().all(|o| *o == Outcome::Applied));
             }
             let (got, want) = (
@@ -400,11 +385,8 @@ async fn members_written_by_an_older_version_are_read_as_before() {
         let mut third = second[..10].to_vec();
         third.push(ev("c0", NOW - 100, "m1", 4));
         for batch in [&first, &second, &third] {
-            let outcomes = store.apply(&board, None, batch, NOW).await.expect("apply");
-            let expected = store
-                .apply(&control, None, batch, NOW)
-                .await
-                .expect("apply");
+            let outcomes = apply_events(&store, &board, batch, NOW).await;
+            let expected = apply_events(&store, &control, batch, NOW).await;
             assert_eq!(outcomes, expected, "{}", board.name);
             if std::ptr::eq(batch, &first) {
                 let members = store.instance(&board, None).members();
@@ -483,16 +465,10 @@ async fn a_slow_call_holds_back_the_calls_chained_after_it() {
         assert_eq!(chunks[1][0].member, "late-copy");
         // One id of the first call is remembered already: that call goes event by event.
         for b in [&board, &control] {
-            let seen = store
-                .apply(b, None, &events[3..4], NOW)
-                .await
-                .expect("apply one");
+            let seen = apply_events(&store, b, &events[3..4], NOW).await;
             assert_eq!(seen, [Outcome::Applied]);
         }
-        let outcomes = store
-            .apply(&board, None, &events, NOW)
-            .await
-            .expect("apply");
+        let outcomes = apply_events(&store, &board, &events, NOW).await;
         let expected = apply_exact(&store, &control, &events, NOW).await;
         assert_eq!(outcomes, expected, "shape {shape}");
         assert_eq!(outcomes[3], Outcome::Duplicate);

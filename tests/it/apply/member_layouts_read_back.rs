@@ -162,7 +162,7 @@ async fn extreme_times_and_digit_names_read_back_in_both_layouts() {
             // The newest time at the very top end of the range (LIMIT on the high side).
             first.push(ev("top", now, "7", 5));
             fold_into(&mut model, &first);
-            store.apply(&b, None, &first, now).await.expect("apply");
+            apply_events(&store, &b, &first, now).await;
             settle(&store, &b).await;
             check(&store, &b, now, &model, &format!("{end}: written")).await;
             write_old_all(&store, &b, 1).await;
@@ -183,14 +183,14 @@ async fn extreme_times_and_digit_names_read_back_in_both_layouts() {
                 ev("s3", now, "0000000000000000", 3),
             ];
             fold_into(&mut model, &second);
-            store.apply(&b, None, &second, now).await.expect("apply");
+            apply_events(&store, &b, &second, now).await;
             let third = vec![
                 ev("t1", now, "00", 3),
                 ev("t1", now, "00", 3),
                 ev("t2", base, "x", 3),
             ];
             fold_into(&mut model, &[third[0].clone(), third[2].clone()]);
-            store.apply(&b, None, &third, now).await.expect("apply");
+            apply_events(&store, &b, &third, now).await;
             settle(&store, &b).await;
             check(
                 &store,
@@ -242,7 +242,7 @@ async fn corrupt_members_values_are_refused() {
             ev("a2", NOW - 20, "other", 9),
             ev("a3", NOW - 20, "m:x", 2),
         ];
-        store.apply(&b, None, &first, NOW).await.expect("apply");
+        apply_events(&store, &b, &first, NOW).await;
         settle(&store, &b).await;
         let lookups = if b.mode == Mode::Resummarize {
             vec![k.members(), k.ranked()]
@@ -317,7 +317,7 @@ async fn a_lost_entry_restored_in_the_last_slice_stays_readable() {
     for b in boards() {
         let k = store.instance(&b, None);
         let first = vec![ev("a1", now - 3, "m", 4), ev("a2", now - 2_500, "n", 4)];
-        store.apply(&b, None, &first, now).await.expect("apply");
+        apply_events(&store, &b, &first, now).await;
         let _: i64 = store.client().hdel(k.members(), "m").await.expect("hdel");
         let r = roll::rebuild(&store, &b, None, 7).await.expect("rebuild");
         assert_eq!(r.estimated, vec!["m".to_string()], "{}", b.name);

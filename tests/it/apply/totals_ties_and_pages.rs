@@ -18,19 +18,17 @@ const NOW: i64 = 1_763_700_000_000;
 async fn totals_are_exact_and_readable_with_plain_zrevrange() {
     let (redis, store) = RedisServer::start_with_store("rb").await;
     let b = board("rooms", HOUR, 168);
-    let out = store
-        .apply(
-            &b,
-            None,
-            &[
-                ev("1", NOW, "room42", 1500),
-                ev("2", NOW + 1, "room7", MAX_TOTAL - 1),
-                ev("3", NOW + 2, "room7", 1),
-            ],
-            NOW,
-        )
-        .await
-        .unwrap();
+    let out = apply_events(
+        &store,
+        &b,
+        &[
+            ev("1", NOW, "room42", 1500),
+            ev("2", NOW + 1, "room7", MAX_TOTAL - 1),
+            ev("3", NOW + 2, "room7", 1),
+        ],
+        NOW,
+    )
+    .await;
     assert_eq!(out, vec![Outcome::Applied; 3]);
     let raw = redis.cli(&["ZREVRANGE", "rb:{rooms}:result", "0", "-1", "WITHSCORES"]);
     let lines: Vec<&str> = raw.lines().collect();
@@ -42,10 +40,7 @@ async fn totals_are_exact_and_readable_with_plain_zrevrange() {
     let r = store.rank(&b, None, "room7", NOW).await.unwrap();
     assert_eq!(r.total, Some(MAX_TOTAL));
     // One more unit would pass 2^53 - 1: refused, nothing changes, the id is not remembered.
-    let out = store
-        .apply(&b, None, &[ev("4", NOW + 3, "room7", 1)], NOW)
-        .await
-        .unwrap();
+    let out = apply_events(&store, &b, &[ev("4", NOW + 3, "room7", 1)], NOW).await;
     assert_eq!(out, vec![Outcome::Overflow]);
     assert_eq!(
         store.rank(&b, None, "room7", NOW).await.unwrap().total,
@@ -81,7 +76,7 @@ async fn ties_go_to_whoever_got_there_first() {
             ev("3", NOW - 3_000, "zz", 4),
             ev("4", NOW - 3_000, "aa", 4),
         ];
-        store.apply(&b, None, &events, NOW).await.unwrap();
+        apply_events(&store, &b, &events, NOW).await;
         let page = store.top(&b, None, 0, 10, NOW).await.unwrap();
         let got: Vec<&str> = page.entries.iter().map(|e| e.member.as_str()).collect();
         if tie == TieBreak::None {
@@ -105,29 +100,21 @@ async fn ties_go_to_whoever_got_there_first() {
 async fn a_later_tip_moves_the_tie_break_time() {
     let (_redis, store) = RedisServer::start_with_store("rb").await;
     let b = board("rooms", HOUR, 24);
-    store
-        .apply(
-            &b,
-            None,
-            &[ev("1", NOW - 9_000, "a", 5), ev("2", NOW - 5_000, "b", 10)],
-            NOW,
-        )
-        .await
-        .unwrap();
+    apply_events(
+        &store,
+        &b,
+        &[ev("1", NOW - 9_000, "a", 5), ev("2", NOW - 5_000, "b", 10)],
+        NOW,
+    )
+    .await;
     // a reaches 10 later than b did: b keeps first place.
-    store
-        .apply(&b, None, &[ev("3", NOW - 1_000, "a", 5)], NOW)
-        .await
-        .unwrap();
+    apply_events(&store, &b, &[ev("3", NOW - 1_000, "a", 5)], NOW).await;
     let page = store.top(&b, None, 0, 10, NOW).await.unwrap();
     assert_eq!(page.entries[0].member, "b");
     assert_eq!(page.entries[1].member, "a");
     assert_eq!(page.entries[1].last_ts, Some(NOW - 1_000));
     // An older event does not move the time back.
-    store
-        .apply(&b, None, &[ev("4", NOW - 20_000, "a", 1)], NOW)
-        .await
-        .unwrap();
+    apply_events(&store, &b, &[ev("4", NOW - 20_000, "a", 1)], NOW).await;
     assert_eq!(
         store.rank(&b, None, "a", NOW).await.unwrap().last_ts,
         Some(NOW - 1_000)
@@ -141,7 +128,7 @@ async fn pages_and_neighbourhoods() {
     let events: Vec<ApplyEvent> = (1..=25)
         .map(|i| ev(&i.to_string(), NOW - i, &format!("m{i:02}"), i))
         .collect();
-    store.apply(&b, None, &events, NOW).await.unwrap();
+    apply_events(&store, &b, &events, NOW).await;
     let page = store.top(&b, None, 10, 10, NOW).await.unwrap();
     assert_eq!(page.count, 25);
     assert_eq!(page.entries.len(), 10);
@@ -189,27 +176,19 @@ async fn refunds_take_a_member_off_and_back_on_with_its_exact_total() {
     let mut b = board("tips", HOUR, 24);
     b.allow_negative = true;
     b.scale = 2;
-    store
-        .apply(
-            &b,
-            None,
-            &[ev("1", NOW - 10, "u", 500), ev("2", NOW - 9, "v", 100)],
-            NOW,
-        )
-        .await
-        .unwrap();
-    store
-        .apply(&b, None, &[ev("3", NOW - 8, "u", -700)], NOW)
-        .await
-        .unwrap();
+    apply_events(
+        &store,
+        &b,
+        &[ev("1", NOW - 10, "u", 500), ev("2", NOW - 9, "v", 100)],
+        NOW,
+    )
+    .await;
+    apply_events(&store, &b, &[ev("3", NOW - 8, "u", -700)], NOW).await;
     let page = store.top(&b, None, 0, 10, NOW).await.unwrap();
     assert_eq!(page.count, 1);
     assert_eq!(page.entries[0].member, "v");
     assert_eq!(store.rank(&b, None, "u", NOW).await.unwrap().rank, None);
-    store
-        .apply(&b, None, &[ev("4", NOW - 7, "u", 250)], NOW)
-        .await
-        .unwrap();
+    apply_events(&store, &b, &[ev("4", NOW - 7, "u", 250)], NOW).await;
     let r = store.rank(&b, None, "u", NOW).await.unwrap();
     assert_eq!(
         (r.rank, r.total, r.last_ts),
@@ -223,14 +202,8 @@ async fn scoped_instances_are_independent_and_registered() {
     let (redis, store) = RedisServer::start_with_store("lb").await;
     let mut b = board("fans", HOUR, 24);
     b.scope = Some("room".into());
-    store
-        .apply(&b, Some("r1"), &[ev("1", NOW, "alice", 5)], NOW)
-        .await
-        .unwrap();
-    store
-        .apply(&b, Some("r2"), &[ev("1", NOW, "alice", 7)], NOW)
-        .await
-        .unwrap();
+    apply_events_in(&store, &b, "r1", &[ev("1", NOW, "alice", 5)], NOW).await;
+    apply_events_in(&store, &b, "r2", &[ev("1", NOW, "alice", 7)], NOW).await;
     assert_eq!(
         store
             .rank(&b, Some("r1"), "alice", NOW)
@@ -295,7 +268,7 @@ async fn concurrent_overlapping_batches_end_in_the_model_state() {
         let mine: Vec<ApplyEvent> = events.iter().skip(worker * 50).take(250).cloned().collect();
         tasks.push(tokio::spawn(async move {
             for chunk in mine.chunks(17 + worker * 5) {
-                store.apply(&b, None, chunk, NOW).await.expect("apply");
+                apply_events(&store, &b, chunk, NOW).await;
             }
         }));
     }

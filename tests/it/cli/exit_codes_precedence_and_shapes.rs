@@ -104,10 +104,7 @@ async fn queries_answer_with_the_documented_shapes_and_statuses() {
             amount: *a,
         })
         .collect();
-    store
-        .apply(&board[0], None, &events, now)
-        .await
-        .expect("apply");
+    apply_events(&store, &board[0], &events, now).await;
 
     let out = rollboard(Some(&config), &["top", "rooms_7d", "--json"], &[]);
     assert!(out.status.success());

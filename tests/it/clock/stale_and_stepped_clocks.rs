@@ -152,10 +152,7 @@ async fn a_replay_on_a_host_whose_clock_runs_ahead_never_counts_a_remembered_tip
     .boards
     .remove(0);
     let now = redis_now(&store).await;
-    let applied = store
-        .apply(&b, None, &[ev("tip-x", now - 5 * 60_000, "u1", 7)], now)
-        .await
-        .expect("apply");
+    let applied = apply_events(&store, &b, &[ev("tip-x", now - 5 * 60_000, "u1", 7)], now).await;
     assert_eq!(applied, vec![rollboard::store::Outcome::Applied]);
     let later = (now + 4 * 60_000).to_string();
     let _: String = store
@@ -226,23 +223,15 @@ async fn the_forget_edge_is_judged_alike_by_the_fast_and_the_exact_path() {
             let _: () = store.client().flushall(false).await.expect("flushall");
             // A duplicate to send with the second chunk: a live slice's id, applied once.
             let live = edge + 2 * SLICE;
-            store
-                .apply(&b, None, &[ev("old", live, "u2", 1)], now)
-                .await
-                .expect("seed");
-            let fast = store
-                .apply(&b, None, &[ev("a", ts, "u1", 5)], now)
-                .await
-                .expect("fold");
-            let exact = store
-                .apply(
-                    &b,
-                    None,
-                    &[ev("old", live, "u2", 1), ev("b", ts, "u1", 5)],
-                    now,
-                )
-                .await
-                .expect("apply");
+            apply_events(&store, &b, &[ev("old", live, "u2", 1)], now).await;
+            let fast = apply_events(&store, &b, &[ev("a", ts, "u1", 5)], now).await;
+            let exact = apply_events(
+                &store,
+                &b,
+                &[ev("old", live, "u2", 1), ev("b", ts, "u1", 5)],
+                now,
+            )
+            .await;
             assert_eq!(fast, vec![expected], "dedup {ms} ms, now {now}: fold");
             assert_eq!(
                 exact,

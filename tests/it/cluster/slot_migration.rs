@@ -385,23 +385,18 @@ async fn a_query_of_a_moving_instance_is_right_or_an_outage() {
     let keys = store.keys().clone();
     let moved = board("moved");
     let k = store.instance(&moved, None);
-    store
-        .apply(
-            &moved,
-            None,
-            &[ev("a", NOW - 10, "ann", 5), ev("b", NOW - 5, "bob", 7)],
-            NOW,
-        )
-        .await
-        .expect("apply");
+    apply_events(
+        &store,
+        &moved,
+        &[ev("a", NOW - 10, "ann", 5), ev("b", NOW - 5, "bob", 7)],
+        NOW,
+    )
+    .await;
     let moving = Moving::begin(&cluster, &client, &k.meta());
     let staying = board(&name_on(&client, moving.target, "stay", |n| {
         keys.instance(n, None).meta()
     }));
-    store
-        .apply(&staying, None, &[ev("c", NOW - 10, "cid", 3)], NOW)
-        .await
-        .expect("apply");
+    apply_events(&store, &staying, &[ev("c", NOW - 10, "cid", 3)], NOW).await;
     let want = vec![("bob".to_string(), 7), ("ann".to_string(), 5)];
     // The slot is only marked, the keys are all on the source: no redirection.
     assert_eq!(top(&store, &moved, None).await.expect("top"), want);
@@ -448,10 +443,7 @@ async fn a_scoped_query_after_the_watermark_moved_answers_at_once() {
     let client = store.client().clone();
     let mut scoped = board("rooms");
     scoped.scope = Some("room".into());
-    store
-        .apply(&scoped, Some("r1"), &[ev("a", NOW - 10, "ann", 5)], NOW)
-        .await
-        .expect("apply");
+    apply_events_in(&store, &scoped, "r1", &[ev("a", NOW - 10, "ann", 5)], NOW).await;
     let floor = store.raise_floor(&scoped, 1, NOW).await.expect("floor");
     let window = store.keys().window(&scoped.name);
     let instance = store.instance(&scoped, Some("r1")).meta();
@@ -747,10 +739,7 @@ async fn an_apply_across_a_slot_move_counts_each_event_once() {
     let cluster = RedisCluster::start();
     let store = cluster.store().await;
     let b = board("applied");
-    store
-        .apply(&b, None, &[ev("a0", NOW - 500, "x", 10)], NOW)
-        .await
-        .expect("apply");
+    apply_events(&store, &b, &[ev("a0", NOW - 500, "x", 10)], NOW).await;
     let moving = Moving::begin(&cluster, store.client(), &store.instance(&b, None).meta());
     moving.migrate_all();
     let batch = [ev("a1", NOW - 400, "x", 5), ev("a2", NOW - 300, "y", 7)];

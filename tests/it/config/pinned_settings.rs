@@ -172,10 +172,7 @@ async fn a_board_whose_settings_changed_is_refused_before_anything_is_written() 
     let (_redis, store) = RedisServer::start_with_store("rb").await;
     let mut none = board("tips", SLICE, 4);
     none.tie_break = TieBreak::None;
-    store
-        .apply(&none, None, &[ev("1", NOW, "a", 5)], NOW)
-        .await
-        .expect("apply");
+    apply_events(&store, &none, &[ev("1", NOW, "a", 5)], NOW).await;
     let mut earliest = none.clone();
     earliest.tie_break = TieBreak::Earliest;
     let before = snapshot(&store, &none).await;

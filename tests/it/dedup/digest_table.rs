@@ -95,7 +95,7 @@ fn the_digest_table_splits_through_thousands_of_ids_and_keeps_its_invariants() {
                             let part = &batch[at..end];
                             let want: Vec<Outcome> =
                                 part.iter().map(|e| model.apply(&b, e, NOW)).collect();
-                            let got = store.apply(&b, None, part, NOW).await.unwrap();
+                            let got = apply_events(&store, &b, part, NOW).await;
                             assert_eq!(got, want, "seed {seed}");
                             for (e, o) in part.iter().zip(&got) {
                                 if *o == Outcome::Applied {
@@ -164,11 +164,11 @@ fn a_batch_split_into_calls_and_replayed_after_a_crash_counts_every_event_once()
                         let part = &batch[w[0]..w[1]];
                         let want: Vec<Outcome> =
                             part.iter().map(|e| model.apply(&b, e, NOW)).collect();
-                        assert_eq!(store.apply(&b, None, part, NOW).await.unwrap(), want);
+                        assert_eq!(apply_events(&store, &b, part, NOW).await, want);
                     }
                     let want: Vec<Outcome> =
                         batch.iter().map(|e| model.apply(&b, e, NOW)).collect();
-                    assert_eq!(store.apply(&b, None, &batch, NOW).await.unwrap(), want);
+                    assert_eq!(apply_events(&store, &b, &batch, NOW).await, want);
                     assert_matches(&store, &b, None, &model, NOW).await;
                     seen_table(&store, &b, None).await;
                 });
@@ -195,7 +195,7 @@ async fn digests_are_forgotten_with_their_slices_and_nothing_is_left_behind() {
                 applied.push((e.id.clone(), b.slice_of(e.ts)));
             }
         }
-        store.apply(&b, None, &batch, NOW).await.unwrap();
+        apply_events(&store, &b, &batch, NOW).await;
         // The ids remembered: applied in a slice whose ids could not be forgotten yet.
         let mut remembered = applied
             .iter()
@@ -220,7 +220,7 @@ async fn digests_are_forgotten_with_their_slices_and_nothing_is_left_behind() {
             want_logs.dedup();
             assert_eq!(seen_logs(&store, &b, None).await, want_logs, "{dedup:?}");
             let want: Vec<Outcome> = batch.iter().map(|e| model.apply(&b, e, now)).collect();
-            let got = store.apply(&b, None, &batch, now).await.unwrap();
+            let got = apply_events(&store, &b, &batch, now).await;
             assert_eq!(got, want, "{dedup:?} redelivered at {now}");
             for (e, o) in batch.iter().zip(&got) {
                 if *o == Outcome::Applied {
@@ -246,10 +246,7 @@ async fn a_scope_that_empties_leaves_no_digest_table_behind() {
     let (_redis, store) = RedisServer::start_with_store("rb").await;
     let mut b = board("sc", SLICE, 4);
     b.scope = Some("room".into());
-    store
-        .apply(&b, Some("r1"), &[ev("x", NOW, "a", 5)], NOW)
-        .await
-        .unwrap();
+    apply_events_in(&store, &b, "r1", &[ev("x", NOW, "a", 5)], NOW).await;
     assert!(remembers(&store, &b, Some("r1"), "x", b.slice_of(NOW)).await);
     roll_at(&store, &b, NOW + 10 * SLICE).await;
     let table = store.instance(&b, Some("r1")).seen_table();
@@ -271,7 +268,7 @@ async fn an_instance_still_holding_the_old_seen_zset_counts_nothing_twice() {
     for e in &old {
         model.apply(&b, e, NOW);
     }
-    store.apply(&b, None, &old, NOW).await.unwrap();
+    apply_events(&store, &b, &old, NOW).await;
     // Turn the instance into the layout before digests: the raw ids in one ZSet scored
     // by the time each may be forgotten, no digest table, no forget logs.
     let mut zadd: Vec<Value> = Vec::new();
@@ -312,7 +309,7 @@ async fn an_instance_still_holding_the_old_seen_zset_counts_nothing_twice() {
     );
     let want: Vec<Outcome> = again.iter().map(|e| model.apply(&b, e, NOW)).collect();
     assert!(want[..old.len()].iter().all(|o| *o == Outcome::Duplicate));
-    assert_eq!(store.apply(&b, None, &again, NOW).await.unwrap(), want);
+    assert_eq!(apply_events(&store, &b, &again, NOW).await, want);
     let new_ids = seen_count(&want);
     assert_matches(&store, &b, None, &model, NOW).await;
     assert_ne!(snapshot(&store, &b).await, before);
@@ -324,7 +321,7 @@ async fn an_instance_still_holding_the_old_seen_zset_counts_nothing_twice() {
     // nothing twice.
     let other = redis.store("rb").await;
     let want: Vec<Outcome> = again.iter().map(|e| model.apply(&b, e, NOW)).collect();
-    assert_eq!(other.apply(&b, None, &again, NOW).await.unwrap(), want);
+    assert_eq!(apply_events(&other, &b, &again, NOW).await, want);
     assert_matches(&store, &b, None, &model, NOW).await;
 
     // The roll drains the old ZSet when its ids are due, and it is gone.
@@ -351,7 +348,7 @@ async fn a_broken_digest_table_fails_the_call_before_anything_is_written() {
     for e in &first {
         model.apply(&b, e, NOW);
     }
-    store.apply(&b, None, &first, NOW).await.unwrap();
+    apply_events(&store, &b, &first, NOW).await;
     let second = events(&mut rng, 200, 600, 2);
     let bucket: String = {
         let fields: Vec<String> = store.client().hkeys(&table).await.unwrap();
@@ -403,7 +400,7 @@ async fn a_broken_digest_table_fails_the_call_before_anything_is_written() {
         .unwrap();
     // Repaired, the failed calls are retried and count exactly what the model does.
     let want: Vec<Outcome> = retry.iter().map(|e| model.apply(&b, e, NOW)).collect();
-    assert_eq!(store.apply(&b, None, &retry, NOW).await.unwrap(), want);
+    assert_eq!(apply_events(&store, &b, &retry, NOW).await, want);
     assert_matches(&store, &b, None, &model, NOW).await;
     seen_table(&store, &b, None).await;
 }

@@ -485,10 +485,13 @@ async fn a_dead_letter_from_a_partition_written_before_the_upgrade_replays_once(
     let t0: i64 = 1_764_000_000_500;
     let source_id = format!("{t0}-0");
     // The old version: board a counted the tip under the bare entry ID, board b failed.
-    let first = store
-        .apply(&a, None, &[crate::support::ev(&source_id, t0, "u1", 5)], t0)
-        .await
-        .expect("old apply");
+    let first = apply_events(
+        &store,
+        &a,
+        &[crate::support::ev(&source_id, t0, "u1", 5)],
+        t0,
+    )
+    .await;
     assert_eq!(first, [Outcome::Applied]);
     let _: String = store
         .client()

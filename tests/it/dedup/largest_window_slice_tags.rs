@@ -81,17 +81,14 @@ slice = "1ms"
     let newest = crate::support::ev("newest", now, "u1", 5);
     let oldest = crate::support::ev("oldest", now - n + 1, "u2", 7);
     let batch = [newest.clone(), oldest.clone()];
-    let first = store.apply(&board, None, &batch, now).await.expect("apply");
+    let first = apply_events(&store, &board, &batch, now).await;
     assert_eq!(first, [Outcome::Applied, Outcome::Applied]);
     for _ in 0..2 {
-        let again = store.apply(&board, None, &batch, now).await.expect("again");
+        let again = apply_events(&store, &board, &batch, now).await;
         assert_eq!(again, [Outcome::Duplicate, Outcome::Duplicate]);
         // One at a time too (apply.lua's path when a call holds a duplicate and a new one).
         let fresh = crate::support::ev("fresh", now, "u1", 1);
-        let mixed = store
-            .apply(&board, None, &[oldest.clone(), fresh], now)
-            .await
-            .expect("mixed");
+        let mixed = apply_events(&store, &board, &[oldest.clone(), fresh], now).await;
         assert_eq!(mixed[0], Outcome::Duplicate);
     }
     assert_eq!(
@@ -121,15 +118,9 @@ slice = "1ms"
             .total,
         None
     );
-    let copy = store
-        .apply(&board, None, std::slice::from_ref(&oldest), later)
-        .await
-        .expect("copy");
+    let copy = apply_events(&store, &board, std::slice::from_ref(&oldest), later).await;
     assert_eq!(copy, [Outcome::Late]);
-    let copy = store
-        .apply(&board, None, std::slice::from_ref(&newest), later)
-        .await
-        .expect("copy");
+    let copy = apply_events(&store, &board, std::slice::from_ref(&newest), later).await;
     assert_eq!(copy, [Outcome::Duplicate]);
     assert_eq!(
         store
@@ -166,15 +157,9 @@ slice = "1ms"
     let now = 1_763_700_000_000;
     // As far ahead as the default max_future of 5 minutes allows.
     let ahead = crate::support::ev("ahead", now + 300_000, "u1", 5);
-    let first = store
-        .apply(&board, None, std::slice::from_ref(&ahead), now)
-        .await
-        .expect("apply");
+    let first = apply_events(&store, &board, std::slice::from_ref(&ahead), now).await;
     assert_eq!(first, [Outcome::Applied]);
-    let again = store
-        .apply(&board, None, std::slice::from_ref(&ahead), now)
-        .await
-        .expect("again");
+    let again = apply_events(&store, &board, std::slice::from_ref(&ahead), now).await;
     assert_eq!(
         store
             .rank(&board, None, "u1", now)
@@ -277,15 +262,13 @@ async fn the_largest_window_with_a_max_future_not_a_multiple_of_the_slice_counts
             );
         }
         // The same through the store, for the outcome.
-        let again = store
-            .apply(
-                &board,
-                None,
-                &[crate::support::ev("ahead", ahead, "u1", 5)],
-                now,
-            )
-            .await
-            .expect("apply");
+        let again = apply_events(
+            &store,
+            &board,
+            &[crate::support::ev("ahead", ahead, "u1", 5)],
+            now,
+        )
+        .await;
         assert_eq!(again, [Outcome::Duplicate], "{dedup}");
     }
 }

@@ -329,10 +329,7 @@ async fn roll_calls_cut_at_random_points_end_in_the_model_state() {
             for e in &events {
                 models[b].apply(board, e, applied_at);
             }
-            direct
-                .apply(board, None, &events, applied_at)
-                .await
-                .expect("apply");
+            apply_events(&direct, board, &events, applied_at).await;
             models[b].roll(board, rolled_at);
         }
         // Two incremental boards make ~56 expiry calls each; the other scripts run a few
@@ -443,10 +440,7 @@ async fn an_apply_call_cut_after_it_reached_redis_is_not_resent() {
     }
     // A first apply elsewhere loads the script (a NOSCRIPT answer counts as a call).
     let warm = crate::support::board("warm", HOUR, 24);
-    store
-        .apply(&warm, None, &[ev("w", now, "m", 1)], now)
-        .await
-        .expect("warm-up apply");
+    apply_events(&store, &warm, &[ev("w", now, "m", 1)], now).await;
     let before = evalsha_calls(&redis);
     proxy.cut_at(&sha("fold"), 2, 1);
     let failed = store.apply(&board, None, &events, now).await;
@@ -463,10 +457,7 @@ async fn an_apply_call_cut_after_it_reached_redis_is_not_resent() {
     assert_eq!(sent, reached as u64, "a call was sent again");
     let landed = chunks[..reached].iter().map(|c| c.len()).sum::<usize>();
     // The batch applied again, as a whole: the two calls that ran are duplicates.
-    let again = store
-        .apply(&board, None, &events, now)
-        .await
-        .expect("apply again");
+    let again = apply_events(&store, &board, &events, now).await;
     let expected: Vec<Outcome> = (0..70)
         .map(|i| {
             if i < landed {
@@ -680,10 +671,7 @@ async fn redis_restarted_during_a_roll_ends_in_the_model_state() {
         for e in &events {
             models[b].apply(board, e, applied_at);
         }
-        direct
-            .apply(board, None, &events, applied_at)
-            .await
-            .expect("apply");
+        apply_events(&direct, board, &events, applied_at).await;
         models[b].roll(board, rolled_at);
         sent += models[b].totals().values().map(|t| t.0).sum::<i64>();
     }

@@ -90,15 +90,14 @@ async fn an_overflow_letter_counts_once_on_the_refusing_instance_and_never_again
     // Quotes and a backslash: the scope is read back from the letter's detail.
     let scope = "r \"1\" \\";
     let t0: i64 = 1_000_500;
-    store
-        .apply(
-            &fans,
-            Some(scope),
-            &[ev("big", t0 - 100, "u1", MAX_TOTAL - 10)],
-            t0,
-        )
-        .await
-        .expect("near the limit");
+    apply_events_in(
+        &store,
+        &fans,
+        scope,
+        &[ev("big", t0 - 100, "u1", MAX_TOTAL - 10)],
+        t0,
+    )
+    .await;
     let tip = entry(
         &format!("{t0}-0"),
         &[("user", "u1"), ("room", scope), ("amount", "100")],
@@ -120,15 +119,14 @@ async fn an_overflow_letter_counts_once_on_the_refusing_instance_and_never_again
     assert_eq!(total_at(&store, &users, "u1", t0).await, Some(100));
 
     // Room on the refusing instance: a refund.
-    store
-        .apply(
-            &fans,
-            Some(scope),
-            &[ev("refund", t0 - 50, "u1", -1000)],
-            t0,
-        )
-        .await
-        .expect("refund");
+    apply_events_in(
+        &store,
+        &fans,
+        scope,
+        &[ev("refund", t0 - 50, "u1", -1000)],
+        t0,
+    )
+    .await;
     let t1 = t0 + SLICE;
     roll_all(&store, &boards, t1, 100).await;
     let key = format!("{stream}/{t0}-0");
@@ -235,10 +233,7 @@ async fn a_revalidated_letter_refused_by_one_instance_leaves_a_letter_for_that_i
     let metrics = Metrics::new(&boards);
     let settings = ingest_settings("rb:events", 1);
     let t0: i64 = 1_000_500;
-    store
-        .apply(&b, None, &[ev("big", t0 - 100, "u1", MAX_TOTAL - 10)], t0)
-        .await
-        .expect("near the limit");
+    apply_events(&store, &b, &[ev("big", t0 - 100, "u1", MAX_TOTAL - 10)], t0).await;
     let bad = entry(
         &format!("{t0}-0"),
         &[("user", "u1"), ("amount", "1x"), ("id", "tip-9")],
@@ -288,10 +283,7 @@ async fn a_revalidated_letter_refused_by_one_instance_leaves_a_letter_for_that_i
     assert!(left[0].1["detail"].starts_with("board b: "), "{left:?}");
     assert_eq!(left[0].1["id"], "tip-9");
 
-    store
-        .apply(&b, None, &[ev("refund", t0 - 50, "u1", -1000)], t0)
-        .await
-        .expect("refund");
+    apply_events(&store, &b, &[ev("refund", t0 - 50, "u1", -1000)], t0).await;
     assert_eq!(
         replay(&store, &boards, &settings, &everything, t0).await,
         counts(1, 0, 0)
@@ -423,15 +415,13 @@ async fn the_dead_letters_command_lists_and_replays_an_overflow_to_its_board_onl
     let settings = ingest_settings("rb:events", 1);
     let now = rollboard::cli::now_ms();
     // u1 on tips_24h (scale 2, refunds allowed) 50 minor units below the limit.
-    store
-        .apply(
-            &tips,
-            None,
-            &[ev("big", now - 1000, "u1", MAX_TOTAL - 50)],
-            now,
-        )
-        .await
-        .expect("near the limit");
+    apply_events(
+        &store,
+        &tips,
+        &[ev("big", now - 1000, "u1", MAX_TOTAL - 50)],
+        now,
+    )
+    .await;
     let old = (now - 8 * 86_400_000).to_string();
     let batch = [
         entry(
@@ -460,10 +450,7 @@ async fn the_dead_letters_command_lists_and_replays_an_overflow_to_its_board_onl
     .await
     .expect("batch");
     assert_eq!(total_at(&store, &rooms, "r1", now).await, Some(3));
-    store
-        .apply(&tips, None, &[ev("refund", now - 500, "u1", -1000)], now)
-        .await
-        .expect("refund");
+    apply_events(&store, &tips, &[ev("refund", now - 500, "u1", -1000)], now).await;
 
     let run = |args: &[&str]| rollboard(Some(&config), args, &[]);
     let out = run(&["dead-letters", "list", "--json"]);

@@ -109,7 +109,7 @@ async fn run_case(store: &Store, case: &Case) {
     for e in &events {
         model.apply(&b, e, now);
     }
-    store.apply(&b, None, &events, now).await.unwrap();
+    apply_events(store, &b, &events, now).await;
 
     // A roll that raised the watermark, then expired the first slice in calls of random
     // sizes and died after `stop` of them.
@@ -253,7 +253,7 @@ async fn run_swap_case(redis: &RedisServer, store: &Store, case: &SwapCase) {
     for e in &before {
         model.apply(&b, e, now);
     }
-    store.apply(&b, None, &before, now).await.unwrap();
+    apply_events(store, &b, &before, now).await;
     roll_all(store, &b, now, case.chunk).await;
     assert_matches(store, &b, None, &model, now).await;
     let shown = model.clone();
@@ -292,10 +292,7 @@ async fn run_swap_case(redis: &RedisServer, store: &Store, case: &SwapCase) {
         store.stage(&b, None, "cut", targets, part).await.unwrap();
         if let Some(e) = next.next() {
             let expected = model.apply(&b, e, now);
-            let got = store
-                .apply(&b, None, std::slice::from_ref(e), now)
-                .await
-                .unwrap();
+            let got = apply_events(store, &b, std::slice::from_ref(e), now).await;
             assert_eq!(got, vec![expected], "{e:?}");
         }
         // Readers see the last complete run's ranking, untouched by the cut one.
@@ -312,10 +309,7 @@ async fn run_swap_case(redis: &RedisServer, store: &Store, case: &SwapCase) {
     // Events applied after the cut run are not shown until a complete run.
     for e in next {
         let expected = model.apply(&b, e, now);
-        let got = store
-            .apply(&b, None, std::slice::from_ref(e), now)
-            .await
-            .unwrap();
+        let got = apply_events(store, &b, std::slice::from_ref(e), now).await;
         assert_eq!(got, vec![expected], "{e:?}");
     }
     assert_matches(store, &b, None, &shown, now).await;
@@ -377,7 +371,7 @@ async fn large_instances_are_staged_trimmed_and_swapped_in_bounded_calls() {
         for e in &events {
             model.apply(&b, e, s0);
         }
-        store.apply(&b, None, &events, s0).await.unwrap();
+        apply_events(&store, &b, &events, s0).await;
         // A default-sized chunk: the stage calls are split below it.
         roll_all(&store, &b, s0, 1000).await;
         assert_matches(&store, &b, None, &model, s0).await;

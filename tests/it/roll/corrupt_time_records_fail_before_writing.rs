@@ -26,10 +26,7 @@ async fn a_corrupt_last_roll_fails_every_script_of_the_instance_before_it_writes
     let now = redis_now(&store).await;
     for value in CORRUPT_TIMES {
         let _: () = store.client().flushall(false).await.expect("flushall");
-        let applied = store
-            .apply(&b, None, &[ev("first", now, "u1", 5)], now)
-            .await
-            .expect("first apply");
+        let applied = apply_events(&store, &b, &[ev("first", now, "u1", 5)], now).await;
         assert_eq!(applied, vec![rollboard::store::Outcome::Applied]);
         let meta = store.instance(&b, None).meta();
         hset(&store, &meta, "last_roll", value).await;
@@ -78,10 +75,7 @@ async fn a_corrupt_expired_through_fails_the_roll_before_it_writes() {
     let now = redis_now(&store).await;
     for value in ["soon", "", "1e3", "0x10", "17.5"] {
         let _: () = store.client().flushall(false).await.expect("flushall");
-        store
-            .apply(&b, None, &[ev("first", now, "u1", 5)], now)
-            .await
-            .expect("first apply");
+        apply_events(&store, &b, &[ev("first", now, "u1", 5)], now).await;
         let meta = store.instance(&b, None).meta();
         hset(&store, &meta, "expired_through", value).await;
         let before = snapshot(&store, &b).await;
@@ -105,10 +99,7 @@ async fn a_corrupt_board_last_roll_fails_applies_and_rolls_of_a_scoped_board() {
     let now = redis_now(&store).await;
     for value in CORRUPT_TIMES {
         let _: () = store.client().flushall(false).await.expect("flushall");
-        store
-            .apply(&b, Some("r1"), &[ev("first", now, "u1", 5)], now)
-            .await
-            .expect("first apply");
+        apply_events_in(&store, &b, "r1", &[ev("first", now, "u1", 5)], now).await;
         let window = store.keys().window(&b.name);
         hset(&store, &window, "last_roll", value).await;
         let e = store

@@ -23,7 +23,7 @@ async fn expiry_subtracts_each_dead_slice_and_forgets_its_members() {
         ev("3", s0 + HOUR, "b", 2),
         ev("4", s0 + 2 * HOUR, "c", 1),
     ];
-    store.apply(&b, None, &events, s0 + 2 * HOUR).await.unwrap();
+    apply_events(&store, &b, &events, s0 + 2 * HOUR).await;
     let mut model = Instance::default();
     for e in &events {
         model.apply(&b, e, s0 + 2 * HOUR);
@@ -77,10 +77,7 @@ async fn expiry_subtracts_each_dead_slice_and_forgets_its_members() {
 async fn a_roll_at_an_earlier_time_changes_nothing() {
     let (redis, store) = RedisServer::start_with_store("rb").await;
     let b = board("rooms", HOUR, 3);
-    store
-        .apply(&b, None, &[ev("1", T0, "a", 5)], T0)
-        .await
-        .unwrap();
+    apply_events(&store, &b, &[ev("1", T0, "a", 5)], T0).await;
     roll_all(&store, std::slice::from_ref(&b), T0 + 10 * HOUR, 10).await;
     let w = redis.cli(&["HGET", "rb:{rooms}:meta", "expired_through"]);
     roll_all(&store, std::slice::from_ref(&b), T0, 10).await;
@@ -103,21 +100,16 @@ async fn a_roll_at_an_earlier_time_changes_nothing() {
 async fn late_events_never_land_in_a_dead_slice() {
     let (redis, store) = RedisServer::start_with_store("rb").await;
     let b = board("rooms", HOUR, 4);
-    store
-        .apply(&b, None, &[ev("1", T0, "a", 5)], T0)
-        .await
-        .unwrap();
+    apply_events(&store, &b, &[ev("1", T0, "a", 5)], T0).await;
     // A roll ahead of the clock raises the watermark past slice_of(T0).
     roll_all(&store, std::slice::from_ref(&b), T0 + 5 * HOUR, 10).await;
-    let out = store
-        .apply(
-            &b,
-            None,
-            &[ev("2", T0, "a", 5), ev("3", T0 + 2 * HOUR, "a", 1)],
-            T0,
-        )
-        .await
-        .unwrap();
+    let out = apply_events(
+        &store,
+        &b,
+        &[ev("2", T0, "a", 5), ev("3", T0 + 2 * HOUR, "a", 1)],
+        T0,
+    )
+    .await;
     assert_eq!(out, vec![Outcome::Late, Outcome::Applied]);
     assert_eq!(
         redis
@@ -194,7 +186,7 @@ async fn two_rollers_subtract_every_amount_exactly_once() {
         .map(|i| ev(&format!("l{i}"), T0 + HOUR, &format!("m{i}"), 10))
         .collect();
     for chunk in dead.chunks(500).chain(live.chunks(500)) {
-        let out = setup.apply(&b, None, chunk, T0 + HOUR).await.unwrap();
+        let out = apply_events(&setup, &b, chunk, T0 + HOUR).await;
         assert!(out.iter().all(|o| *o == Outcome::Applied));
         for e in chunk {
             model.apply(&b, e, T0 + HOUR);
@@ -242,7 +234,7 @@ async fn a_roll_killed_mid_slice_then_rerun_ends_in_the_model_state() {
         .map(|i| ev(&format!("l{i}"), T0 + HOUR, &format!("m{i}"), 3))
         .collect();
     for chunk in dead.chunks(1000).chain(live.chunks(1000)) {
-        store.apply(&b, None, chunk, T0 + HOUR).await.unwrap();
+        apply_events(&store, &b, chunk, T0 + HOUR).await;
         for e in chunk {
             model.apply(&b, e, T0 + HOUR);
         }
@@ -288,19 +280,15 @@ async fn an_emptied_scope_leaves_the_registry_and_redis() {
     let mut b = board("fans", HOUR, 2);
     b.scope = Some("room".into());
     b.mode = Mode::Resummarize;
-    store
-        .apply(&b, Some("old"), &[ev("1", T0, "u", 1)], T0)
-        .await
-        .unwrap();
-    store
-        .apply(
-            &b,
-            Some("new"),
-            &[ev("2", T0 + 3 * HOUR, "u", 1)],
-            T0 + 3 * HOUR,
-        )
-        .await
-        .unwrap();
+    apply_events_in(&store, &b, "old", &[ev("1", T0, "u", 1)], T0).await;
+    apply_events_in(
+        &store,
+        &b,
+        "new",
+        &[ev("2", T0 + 3 * HOUR, "u", 1)],
+        T0 + 3 * HOUR,
+    )
+    .await;
     let reports = roll_all(&store, std::slice::from_ref(&b), T0 + 3 * HOUR, 10).await;
     assert_eq!(reports[0].scopes_removed, 1);
     assert_eq!(store.scopes(&b).await.unwrap(), ["new"]);
@@ -318,10 +306,7 @@ async fn an_emptied_scope_leaves_the_registry_and_redis() {
         1
     );
     // A copy of the old event, even judged at an old clock, is late: time never goes back.
-    let out = store
-        .apply(&b, Some("old"), &[ev("1", T0, "u", 1)], T0)
-        .await
-        .unwrap();
+    let out = apply_events_in(&store, &b, "old", &[ev("1", T0, "u", 1)], T0).await;
     assert_eq!(out, vec![Outcome::Late]);
 }
 

@@ -16,10 +16,7 @@ async fn a_swap_that_runs_twice_changes_nothing_the_second_time() {
     let (_redis, store) = RedisServer::start_with_store("rb").await;
     let mut b = board("res", HOUR, 3);
     b.mode = Mode::Resummarize;
-    store
-        .apply(&b, None, &[ev("1", T0, "a", 5)], T0)
-        .await
-        .unwrap();
+    apply_events(&store, &b, &[ev("1", T0, "a", 5)], T0).await;
     let targets = StageTargets {
         result: true,
         ranked: true,
@@ -58,10 +55,7 @@ async fn resummarize_tracks_new_events_only_at_its_runs() {
     let (redis, store) = RedisServer::start_with_store("rb").await;
     let mut b = board("res", HOUR, 3);
     b.mode = Mode::Resummarize;
-    store
-        .apply(&b, None, &[ev("1", T0, "a", 5)], T0)
-        .await
-        .unwrap();
+    apply_events(&store, &b, &[ev("1", T0, "a", 5)], T0).await;
     assert_eq!(
         store.top(&b, None, 0, 10, T0).await.unwrap().count,
         0,
@@ -69,10 +63,7 @@ async fn resummarize_tracks_new_events_only_at_its_runs() {
     );
     roll_all(&store, std::slice::from_ref(&b), T0, 10).await;
     assert_eq!(store.rank(&b, None, "a", T0).await.unwrap().total, Some(5));
-    store
-        .apply(&b, None, &[ev("2", T0 + 1, "a", 5)], T0)
-        .await
-        .unwrap();
+    apply_events(&store, &b, &[ev("2", T0 + 1, "a", 5)], T0).await;
     let lag = roll::verify(&store, &b, None, 10).await.unwrap();
     assert_eq!((lag.differences.len(), lag.amount_behind), (1, 5));
     assert!(!lag.fails(false) && lag.fails(true));
@@ -103,7 +94,7 @@ async fn a_resummarize_instance_that_did_not_change_keeps_its_ranking_without_a_
     let mut model = Instance::default();
     let apply = async |model: &mut Instance, events: &[ApplyEvent], now: i64| {
         let expected: Vec<Outcome> = events.iter().map(|e| model.apply(&b, e, now)).collect();
-        assert_eq!(store.apply(&b, None, events, now).await.unwrap(), expected);
+        assert_eq!(apply_events(&store, &b, events, now).await, expected);
     };
     let run = async |now: i64| {
         let before = calls(&redis, "hscan");
@@ -167,10 +158,7 @@ async fn an_unchanged_resummarize_ranking_is_summed_again_after_an_hour() {
     b.mode = Mode::Resummarize;
     let boards = std::slice::from_ref(&b);
     let d0 = T0 / DAY * DAY;
-    store
-        .apply(&b, None, &[ev("1", d0, "a", 5)], d0)
-        .await
-        .unwrap();
+    apply_events(&store, &b, &[ev("1", d0, "a", 5)], d0).await;
     let resummed = async |now| roll_all(&store, boards, now, 10).await[0].resummed;
     assert_eq!(resummed(d0).await, 1);
     assert_eq!(resummed(d0 + EVERY - 1).await, 0, "within the hour");
@@ -190,10 +178,7 @@ async fn a_sum_read_before_a_newer_one_of_the_same_window_is_not_swapped_over_it
     let mut b = board("race", HOUR, 3);
     b.mode = Mode::Resummarize;
     let s0 = T0 / HOUR * HOUR;
-    store
-        .apply(&b, None, &[ev("1", s0, "a", 5)], s0)
-        .await
-        .unwrap();
+    apply_events(&store, &b, &[ev("1", s0, "a", 5)], s0).await;
     roll_all(&store, std::slice::from_ref(&b), s0, 10).await;
     let targets = StageTargets {
         result: true,
@@ -213,10 +198,7 @@ async fn a_sum_read_before_a_newer_one_of_the_same_window_is_not_swapped_over_it
         .stage(&b, None, "slow", targets, &[row(5)])
         .await
         .unwrap();
-    store
-        .apply(&b, None, &[ev("2", s0 + 1, "a", 4)], s0 + 1)
-        .await
-        .unwrap();
+    apply_events(&store, &b, &[ev("2", s0 + 1, "a", 4)], s0 + 1).await;
     roll_all(&store, std::slice::from_ref(&b), s0 + 1, 10).await;
     let fast = store.summed(&b, None).await.unwrap();
     assert_ne!(fast.gen, slow.gen);

@@ -24,24 +24,19 @@ async fn a_member_repaired_by_rebuild_is_not_lost_to_a_racing_run_for_an_hour() 
     let b = resummarize("res", DAY, 7);
     let boards = std::slice::from_ref(&b);
     let d0 = T0 / DAY * DAY;
-    store
-        .apply(
-            &b,
-            None,
-            &[ev("1", d0, "a", 5), ev("2", d0 + 1, "x", 7)],
-            d0,
-        )
-        .await
-        .unwrap();
+    apply_events(
+        &store,
+        &b,
+        &[ev("1", d0, "a", 5), ev("2", d0 + 1, "x", 7)],
+        d0,
+    )
+    .await;
     assert_eq!(roll_all(&store, boards, d0, 10).await[0].resummed, 1);
     assert_eq!(store.rank(&b, None, "x", d0).await.unwrap().total, Some(7));
 
     // x's tie-break time is lost (the case `rebuild` repairs), and another event arrives.
     redis.cli(&["HDEL", "rb:{res}:members", "x"]);
-    store
-        .apply(&b, None, &[ev("3", d0 + 2, "y", 3)], d0 + 2)
-        .await
-        .unwrap();
+    apply_events(&store, &b, &[ev("3", d0 + 2, "y", 3)], d0 + 2).await;
 
     // Replica A's run starts: gen moved, so it sums (a 5, x 7, y 3) and stages; x is
     // skipped, `members` does not know it.
@@ -112,18 +107,12 @@ async fn a_member_restored_by_an_interrupted_rebuild_is_ranked_at_the_next_run()
     let b = resummarize("res", DAY, 7);
     let boards = std::slice::from_ref(&b);
     let d0 = T0 / DAY * DAY;
-    store
-        .apply(&b, None, &[ev("1", d0, "x", 7)], d0)
-        .await
-        .unwrap();
+    apply_events(&store, &b, &[ev("1", d0, "x", 7)], d0).await;
     roll_all(&store, boards, d0, 10).await;
     // x's tie-break time is lost; an event of another member makes the next run sum,
     // without x (`members` does not know it).
     redis.cli(&["HDEL", "rb:{res}:members", "x"]);
-    store
-        .apply(&b, None, &[ev("2", d0 + 1, "a", 5)], d0 + 1)
-        .await
-        .unwrap();
+    apply_events(&store, &b, &[ev("2", d0 + 1, "a", 5)], d0 + 1).await;
     assert_eq!(roll_all(&store, boards, d0 + 2, 10).await[0].resummed, 1);
     assert_eq!(store.rank(&b, None, "x", d0 + 2).await.unwrap().total, None);
 
@@ -335,10 +324,7 @@ async fn a_watermark_lowered_by_the_readme_procedure_is_summed_and_then_kept() {
     let b = resummarize("fans_7d", HOUR, 3);
     let boards = std::slice::from_ref(&b);
     let s0 = T0 / HOUR * HOUR;
-    store
-        .apply(&b, None, &[ev("1", s0, "a", 5)], s0)
-        .await
-        .unwrap();
+    apply_events(&store, &b, &[ev("1", s0, "a", 5)], s0).await;
     roll_all(&store, boards, s0, 10).await;
     let ahead = s0 + 10 * HOUR;
     roll_all(&store, boards, ahead, 10).await;

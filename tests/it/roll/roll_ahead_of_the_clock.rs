@@ -106,10 +106,7 @@ async fn a_scope_first_seen_after_or_during_a_roll_ahead_follows_it() {
             "round {round} ({applied:?}): a dead slice stayed ranked: {page:?}"
         );
         assert_eq!(page.window_from, (s0 + 8) * HOUR, "round {round}");
-        let again = store
-            .apply(&b, Some("new"), &[ev("z", clock, "v", 1)], clock)
-            .await
-            .unwrap();
+        let again = apply_events_in(&store, &b, "new", &[ev("z", clock, "v", 1)], clock).await;
         assert_eq!(again, [Outcome::Late], "round {round}");
         // A second roll at the same time leaves no slice behind in the instance.
         roll::roll_board(&store, &b, ahead, 10, &cancel)
@@ -288,14 +285,8 @@ async fn a_roll_ahead_of_the_clock_moves_every_instance_even_cleaned_up_ones() {
         let clock = (s0 + 3) * HOUR;
         // `gone` holds one old event and is cleaned up by the roll at the clock; `kept` keeps
         // a live one and stays registered.
-        store
-            .apply(&b, Some("gone"), &[ev("1", s0 * HOUR, "u", 1)], s0 * HOUR)
-            .await
-            .unwrap();
-        store
-            .apply(&b, Some("kept"), &[ev("2", clock, "u", 1)], clock)
-            .await
-            .unwrap();
+        apply_events_in(&store, &b, "gone", &[ev("1", s0 * HOUR, "u", 1)], s0 * HOUR).await;
+        apply_events_in(&store, &b, "kept", &[ev("2", clock, "u", 1)], clock).await;
         roll_all(&store, std::slice::from_ref(&b), clock, 10).await;
         assert_eq!(store.scopes(&b).await.unwrap(), ["kept"], "{b}");
 
@@ -312,13 +303,13 @@ async fn a_roll_ahead_of_the_clock_moves_every_instance_even_cleaned_up_ones() {
             );
             let late = ev(&format!("late-{scope}"), (s0 + 7) * HOUR, "v", 1);
             assert_eq!(
-                store.apply(&b, Some(scope), &[late], clock).await.unwrap(),
+                apply_events_in(&store, &b, scope, &[late], clock).await,
                 [Outcome::Late],
                 "{b} [{scope}]: a slice the roll at {ahead} expired"
             );
             let live = ev(&format!("live-{scope}"), (s0 + 8) * HOUR, "v", 1);
             assert_eq!(
-                store.apply(&b, Some(scope), &[live], clock).await.unwrap(),
+                apply_events_in(&store, &b, scope, &[live], clock).await,
                 [Outcome::Applied],
                 "{b} [{scope}]: the first live slice"
             );

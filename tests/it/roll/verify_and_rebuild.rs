@@ -125,7 +125,7 @@ async fn verify_finds_drift_and_rebuild_repairs_it() {
             )
         })
         .collect();
-    store.apply(&b, None, &events, T0).await.unwrap();
+    apply_events(&store, &b, &events, T0).await;
     let mut model = Instance::default();
     for e in &events {
         model.apply(&b, e, T0);
@@ -209,7 +209,7 @@ async fn verify_and_rebuild_see_a_slice_that_a_cancelled_roll_left_behind() {
         ev("2", T0 + HOUR, "alice", 5),
         ev("3", T0 + HOUR, "bob", 3),
     ];
-    store.apply(&b, None, &events, T0 + HOUR).await.unwrap();
+    apply_events(&store, &b, &events, T0 + HOUR).await;
     let mut model = Instance::default();
     for e in &events {
         model.apply(&b, e, T0 + HOUR);
@@ -249,10 +249,7 @@ async fn rebuild_repairs_every_difference_verify_lists() {
             ev("3", NOW - SLICE, "c", 9),
             ev("4", NOW - SLICE, "b", 2),
         ];
-        store
-            .apply(&board, None, &events, NOW)
-            .await
-            .expect("apply");
+        apply_events(&store, &board, &events, NOW).await;
         roll_once(&store, &board, NOW).await;
         let k = store.instance(&board, None);
         let c = store.client();
@@ -308,10 +305,7 @@ async fn rebuild_repairs_every_difference_verify_lists() {
             board.name
         );
         // New events for the repaired member count on top of the repaired total.
-        store
-            .apply(&board, None, &[ev("5", NOW, "b", 1)], NOW)
-            .await
-            .expect("apply");
+        apply_events(&store, &board, &[ev("5", NOW, "b", 1)], NOW).await;
         roll_once(&store, &board, NOW).await;
         let r = store.rank(&board, None, "b", NOW).await.expect("rank");
         assert_eq!(r.total, Some(10), "{}", board.name);

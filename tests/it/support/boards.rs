@@ -338,3 +338,27 @@ pub fn row(member: &str, total: i64) -> Staged {
         fallback_ts: None,
     }
 }
+
+/// Applies `events` to the unscoped instance of `b` at `now`; the outcomes.
+pub async fn apply_events(
+    store: &Store,
+    b: &Board,
+    events: &[ApplyEvent],
+    now: i64,
+) -> Vec<Outcome> {
+    store.apply(b, None, events, now).await.expect("apply")
+}
+
+/// Applies `events` to the instance of `b` for `scope` at `now`; the outcomes.
+pub async fn apply_events_in(
+    store: &Store,
+    b: &Board,
+    scope: &str,
+    events: &[ApplyEvent],
+    now: i64,
+) -> Vec<Outcome> {
+    store
+        .apply(b, Some(scope), events, now)
+        .await
+        .expect("apply")
+}
