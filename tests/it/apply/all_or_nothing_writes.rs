@@ -388,12 +388,7 @@ async fn a_broken_scoped_instance_is_dead_lettered_and_its_replay_counts_once() 
     assert_eq!(status, 200, "the other boards still work: {body}");
     let ready: serde_json::Value = serde_json::from_str(&body).expect("json");
     assert_eq!(ready["failing_boards"], serde_json::json!(["fans_7d"]));
-    assert_eq!(
-        daemon
-            .metric("rollboard_board_apply_failing", &[("board", "fans_7d")])
-            .await,
-        1.0
-    );
+    assert_metrics(&daemon, &["rollboard_board_apply_failing{board=fans_7d} 1"]).await;
     // rooms_7d counted every tip, r1's included; fans_7d of r2 every r2 tip.
     let rooms = &boards[0];
     let mut rooms_model = Instance::default();

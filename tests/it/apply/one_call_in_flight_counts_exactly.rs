@@ -21,19 +21,11 @@ async fn one_call_in_flight_with_a_scoped_board_over_many_rooms_counts_exactly()
     // A query answers while the daemon works through the batches.
     let (status, _) = daemon.get("/v1/boards/fans_7d/top?scope=room3").await;
     assert_eq!(status, 200);
-    assert!(
-        drained(&store).await,
-        "stream never drained; log:\n{}",
-        daemon.logs()
-    );
-    let boards = test_boards();
-    let now = now_ms();
-    assert_state(&store, &boards, &models(&events, &boards, now), now).await;
-    assert_eq!(
-        daemon
-            .metric("rollboard_events_applied_total", &[("board", "rooms_7d")])
-            .await,
-        2000.0
-    );
+    assert_drained_into_model(&store, &events, &daemon).await;
+    assert_metrics(
+        &daemon,
+        &["rollboard_events_applied_total{board=rooms_7d} 2000"],
+    )
+    .await;
     assert!(daemon.terminate().await.success());
 }

@@ -207,12 +207,7 @@ fn short_window_config(
 /// (preloaded directly, so that signals reach the daemon itself). The monotonic clock stays
 /// real, so its timers run as usual.
 fn skewed_daemon(config: &std::path::Path, port: u16, offset: &str) -> Daemon {
-    let library = std::fs::read_dir("/usr/lib")
-        .expect("/usr/lib")
-        .filter_map(Result::ok)
-        .map(|d| d.path().join("faketime/libfaketimeMT.so.1"))
-        .find(|p| p.exists())
-        .expect("libfaketime (scripts/ensure-faketime installs it)");
+    let library = faketime_library();
     let env = [
         ("LD_PRELOAD", library.display().to_string()),
         ("FAKETIME", offset.to_string()),

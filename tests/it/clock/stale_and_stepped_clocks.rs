@@ -12,12 +12,7 @@ use crate::support::*;
 /// libfaketime (preloaded directly, so that signals reach the daemon itself), its offset read
 /// from `file` on every call: writing the file steps the daemon's clock as NTP would.
 fn stepping_clock(file: &std::path::Path) -> Vec<(&'static str, String)> {
-    let library = std::fs::read_dir("/usr/lib")
-        .expect("/usr/lib")
-        .filter_map(Result::ok)
-        .map(|d| d.path().join("faketime/libfaketimeMT.so.1"))
-        .find(|p| p.exists())
-        .expect("libfaketime (scripts/ensure-faketime installs it)");
+    let library = faketime_library();
     vec![
         ("LD_PRELOAD", library.display().to_string()),
         ("FAKETIME_TIMESTAMP_FILE", file.display().to_string()),
@@ -178,12 +173,7 @@ async fn a_replay_on_a_host_whose_clock_runs_ahead_never_counts_a_remembered_tip
         )
         .await
         .expect("xadd");
-    let library = std::fs::read_dir("/usr/lib")
-        .expect("/usr/lib")
-        .filter_map(Result::ok)
-        .map(|d| d.path().join("faketime/libfaketimeMT.so.1"))
-        .find(|p| p.exists())
-        .expect("libfaketime");
+    let library = faketime_library();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_rollboard"))
         .arg("--config")
         .arg(&config)

@@ -77,16 +77,7 @@ async fn core_flows_on_a_cluster_equal_the_model() {
     std::fs::write(&file, lines.join("\n")).expect("write events");
     let out = rollboard(Some(&config), &["send", file.to_str().expect("path")], &[]);
     assert!(out.status.success(), "{}", crate::support::stderr(&out));
-    let body: Vec<HashMap<String, String>> = events[800..]
-        .iter()
-        .map(|f| f.iter().cloned().collect())
-        .collect();
-    let r = reqwest::Client::new()
-        .post(format!("{}/v1/events", daemon.base))
-        .json(&body)
-        .send()
-        .await
-        .expect("post");
+    let r = post_fields(&daemon.base, &events[800..]).await;
     let status = r.status().as_u16();
     assert_eq!(status, 202, "{}", r.text().await.unwrap_or_default());
     assert!(
@@ -296,18 +287,12 @@ async fn resharding_under_load_equals_the_model() {
 
 /// How many masters the failover test kills (`ROLLBOARD_FAILOVER_RUNS`).
 fn failover_runs() -> usize {
-    std::env::var("ROLLBOARD_FAILOVER_RUNS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(5)
+    env_count("ROLLBOARD_FAILOVER_RUNS", 5)
 }
 
 /// The failover test's seed: `ROLLBOARD_FAILOVER_SEED`, else the clock.
 fn failover_seed() -> u64 {
-    std::env::var("ROLLBOARD_FAILOVER_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| rollboard::cli::now_ms() as u64)
+    env_seed("ROLLBOARD_FAILOVER_SEED")
 }
 
 /// POSTs `events` to the daemon until it answers 202 (a producer that retries with its own
@@ -540,14 +525,7 @@ async fn without_enough_replicas_nothing_is_acked_or_confirmed() {
     assert!(pending > 0, "entries were acked without a replica");
 
     let more: Vec<Fields> = (300..310).map(|i| tip(i, now)).collect();
-    let body: Vec<HashMap<String, String>> =
-        more.iter().map(|f| f.iter().cloned().collect()).collect();
-    let r = reqwest::Client::new()
-        .post(format!("{}/v1/events", daemon.base))
-        .json(&body)
-        .send()
-        .await
-        .expect("post");
+    let r = post_fields(&daemon.base, &more).await;
     assert_eq!(r.status().as_u16(), 503);
     let error: serde_json::Value = r.json().await.expect("json error");
     let message = error["error"].as_str().unwrap_or_default();

@@ -17,19 +17,6 @@ use crate::support::*;
 const SLICE: i64 = 1_000;
 const NOW: i64 = 1_000_000;
 
-/// A small deterministic generator, so a failing seed can be replayed.
-struct Lcg(u64);
-
-impl Lcg {
-    fn next(&mut self, below: u64) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        (self.0 >> 33) % below
-    }
-}
-
 /// `len` events with ids drawn from `ids` distinct ones (so many repeat), members a..h,
 /// in the `slices` newest slices before `NOW`.
 fn events(rng: &mut Lcg, len: usize, ids: u64, slices: u64) -> Vec<ApplyEvent> {

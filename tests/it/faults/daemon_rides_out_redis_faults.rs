@@ -109,18 +109,14 @@ async fn a_board_whose_apply_keeps_failing_is_reported_and_holds_no_other_board(
             .await,
         tips.len() as f64
     );
-    assert_eq!(
-        daemon
-            .metric("rollboard_board_apply_failing", &[("board", "rooms_7d")])
-            .await,
-        1.0
-    );
-    assert_eq!(
-        daemon
-            .metric("rollboard_board_apply_failing", &[("board", "fans_7d")])
-            .await,
-        0.0
-    );
+    assert_metrics(
+        &daemon,
+        &[
+            "rollboard_board_apply_failing{board=rooms_7d} 1",
+            "rollboard_board_apply_failing{board=fans_7d} 0",
+        ],
+    )
+    .await;
     let (status, body) = daemon.get("/readyz").await;
     assert_eq!(status, 200, "{body}");
     let ready: serde_json::Value = serde_json::from_str(&body).expect("json");
@@ -327,10 +323,7 @@ async fn readyz_recovers_and_every_connection_counts_its_reconnect_after_an_outa
     assert_eq!(status, 200);
     let before = connected_clients(&redis);
     assert!(before >= 4, "{before} connections");
-    assert_eq!(
-        daemon.metric("rollboard_redis_reconnects_total", &[]).await,
-        0.0
-    );
+    assert_metrics(&daemon, &["rollboard_redis_reconnects_total 0"]).await;
     redis.kill();
     assert!(ready(503).await, "readyz stayed up without redis");
     let (status, _) = daemon.get("/v1/boards/rooms_7d/top").await;

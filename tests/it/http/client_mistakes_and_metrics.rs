@@ -115,26 +115,11 @@ async fn metrics_parse_and_count_what_was_applied() {
     let daemon = Daemon::start(&config, port).await;
     let (status, body) = daemon.get("/metrics").await;
     assert_eq!(status, 200);
-    for family in [
-        "rollboard_events_applied_total",
-        "rollboard_events_skipped_total",
-        "rollboard_events_dead_lettered_total",
-        "rollboard_batch_events",
-        "rollboard_apply_duration_seconds",
-        "rollboard_roll_duration_seconds",
-        "rollboard_slices_expired_total",
-        "rollboard_members_removed_total",
-        "rollboard_last_roll_timestamp_seconds",
-        "rollboard_consumer_pending",
-        "rollboard_consumer_lag",
-        "rollboard_redis_errors_total",
-        "rollboard_redis_reconnects_total",
-        "rollboard_roll_failures_total",
-        "rollboard_window_start_timestamp_seconds",
-        "rollboard_window_end_timestamp_seconds",
+    let more = [
         "rollboard_script_duration_seconds",
         "rollboard_http_request_duration_seconds",
-    ] {
+    ];
+    for family in METRIC_FAMILIES.iter().chain(&more) {
         assert!(
             body.contains(&format!("# HELP {family} ")),
             "{family} registered with help text"

@@ -116,12 +116,7 @@ async fn window_gauges_build_info_and_process_metrics_show_from_the_first_scrape
             "{board}: window end {end}, expected the end of the slice of {before}..{after}"
         );
     }
-    assert_eq!(
-        daemon
-            .metric("rollboard_job_runs_total", &[("job", "roll")])
-            .await,
-        0.0
-    );
+    assert_metrics(&daemon, &["rollboard_job_runs_total{job=roll} 0"]).await;
 
     let commit = expected_commit();
     assert_eq!(

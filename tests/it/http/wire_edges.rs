@@ -298,24 +298,7 @@ async fn every_metric_family_is_there_at_start_up() {
     let (_redis, _dir, daemon, _config) = daemon_with("").await;
     let (status, body) = daemon.get("/metrics").await;
     assert_eq!(status, 200);
-    for family in [
-        "rollboard_events_applied_total",
-        "rollboard_events_skipped_total",
-        "rollboard_events_dead_lettered_total",
-        "rollboard_batch_events",
-        "rollboard_apply_duration_seconds",
-        "rollboard_roll_duration_seconds",
-        "rollboard_slices_expired_total",
-        "rollboard_members_removed_total",
-        "rollboard_last_roll_timestamp_seconds",
-        "rollboard_consumer_pending",
-        "rollboard_consumer_lag",
-        "rollboard_redis_errors_total",
-        "rollboard_redis_reconnects_total",
-        "rollboard_roll_failures_total",
-        "rollboard_window_start_timestamp_seconds",
-        "rollboard_window_end_timestamp_seconds",
-    ] {
+    for family in METRIC_FAMILIES {
         assert!(
             body.contains(&format!("# HELP {family} ")),
             "{family} has no help text at start-up"

@@ -27,41 +27,20 @@ async fn events_from_the_stream_send_and_http_end_in_the_model_state() {
     std::fs::write(&file, lines.join("\n")).expect("write events");
     send_file(&config, &file);
     // Through HTTP, as one array.
-    let body: Vec<HashMap<String, String>> = events[700..]
-        .iter()
-        .map(|f| f.iter().cloned().collect())
-        .collect();
-    let r = reqwest::Client::new()
-        .post(format!("{}/v1/events", daemon.base))
-        .json(&body)
-        .send()
-        .await
-        .expect("post");
+    let r = post_fields(&daemon.base, &events[700..]).await;
     assert_eq!(r.status().as_u16(), 202);
     // Redelivering the same events changes nothing.
     xadd_all(store.client(), "rb:events", &events[..50]).await;
     events.truncate(800);
     assert_drained_into_model(&store, &events, &daemon).await;
-    assert_eq!(
-        daemon
-            .metric("rollboard_events_applied_total", &[("board", "rooms_7d")])
-            .await,
-        600.0
-    );
-    assert_eq!(
-        daemon
-            .metric("rollboard_events_applied_total", &[("board", "tips_24h")])
-            .await,
-        200.0
-    );
-    assert_eq!(
-        daemon
-            .metric(
-                "rollboard_events_skipped_total",
-                &[("board", "rooms_7d"), ("reason", "duplicate")]
-            )
-            .await,
-        50.0
-    );
+    assert_metrics(
+        &daemon,
+        &[
+            "rollboard_events_applied_total{board=rooms_7d} 600",
+            "rollboard_events_applied_total{board=tips_24h} 200",
+            "rollboard_events_skipped_total{board=rooms_7d,reason=duplicate} 50",
+        ],
+    )
+    .await;
     assert!(daemon.terminate().await.success());
 }

@@ -102,28 +102,13 @@ async fn every_malformed_kind_is_dead_lettered_with_its_reason() {
             .total,
         Some(9_007_199_254_740_991)
     );
-    assert_eq!(
-        daemon
-            .metric(
-                "rollboard_events_dead_lettered_total",
-                &[("reason", "late")]
-            )
-            .await,
-        1.0
-    );
-    assert_eq!(
-        daemon
-            .metric("rollboard_events_dead_lettered_total", &[])
-            .await,
-        9.0
-    );
-    assert_eq!(
-        daemon
-            .metric(
-                "rollboard_events_skipped_total",
-                &[("board", "rooms_7d"), ("reason", "late")]
-            )
-            .await,
-        1.0
-    );
+    assert_metrics(
+        &daemon,
+        &[
+            "rollboard_events_dead_lettered_total{reason=late} 1",
+            "rollboard_events_dead_lettered_total 9",
+            "rollboard_events_skipped_total{board=rooms_7d,reason=late} 1",
+        ],
+    )
+    .await;
 }

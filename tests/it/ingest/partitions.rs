@@ -26,20 +26,6 @@ fn rule(id: &str, n: usize) -> usize {
     (crc32fast::hash(id.as_bytes()) % n as u32) as usize
 }
 
-/// A tip to a room; matches rooms_7d and fans_7d.
-fn tip(i: usize, now: i64) -> Fields {
-    vec![
-        ("room".into(), format!("r{}", i % 7)),
-        ("user".into(), format!("u{}", i % 23)),
-        ("amount".into(), (1 + i % 9).to_string()),
-        ("id".into(), format!("t{i}")),
-        (
-            "ts".into(),
-            (now - (i as i64 * 997) % 3_000_000).to_string(),
-        ),
-    ]
-}
-
 fn id_of(fields: &Fields) -> &str {
     fields
         .iter()
@@ -198,21 +184,14 @@ async fn a_copy_on_another_partition_is_a_duplicate() {
     append_to(&store, &events, |_, e| key((rule(id_of(e), 3) + 1) % 3)).await;
     assert!(drained_streams(&store, &keys(3)).await);
     assert_model(&store, &events).await;
-    assert_eq!(
-        daemon
-            .metric("rollboard_events_applied_total", &[("board", "rooms_7d")])
-            .await,
-        900.0
-    );
-    assert_eq!(
-        daemon
-            .metric(
-                "rollboard_events_skipped_total",
-                &[("board", "rooms_7d"), ("reason", "duplicate")]
-            )
-            .await,
-        900.0
-    );
+    assert_metrics(
+        &daemon,
+        &[
+            "rollboard_events_applied_total{board=rooms_7d} 900",
+            "rollboard_events_skipped_total{board=rooms_7d,reason=duplicate} 900",
+        ],
+    )
+    .await;
     assert!(daemon.terminate().await.success());
 }
 
@@ -419,16 +398,7 @@ async fn three_partitions_on_a_cluster_sit_in_distinct_slots_and_equal_the_model
     let now = now_ms();
     let events: Vec<Fields> = (0..1500).map(|i| tip(i, now)).collect();
     append_to(&store, &events[..1000], |_, e| key(rule(id_of(e), 3))).await;
-    let body: Vec<HashMap<String, String>> = events[1000..]
-        .iter()
-        .map(|f| f.iter().cloned().collect())
-        .collect();
-    let r = reqwest::Client::new()
-        .post(format!("{}/v1/events", daemon.base))
-        .json(&body)
-        .send()
-        .await
-        .expect("post");
+    let r = post_fields(&daemon.base, &events[1000..]).await;
     assert_eq!(r.status().as_u16(), 202);
     assert!(
         drained_streams(&store, &keys(3)).await,

@@ -95,18 +95,6 @@ async fn assert_kept(store: &Store, ids: &[String]) {
     );
 }
 
-/// Every instance holds exactly the model of `events`.
-async fn assert_exact(store: &Store, events: &[Fields], daemon: &Daemon) {
-    assert!(
-        drained(store).await,
-        "never drained; log:\n{}",
-        daemon.logs()
-    );
-    let boards = test_boards();
-    let now = now_ms();
-    assert_state(store, &boards, &models(events, &boards, now), now).await;
-}
-
 #[tokio::test]
 async fn with_no_retention_acked_entries_are_trimmed_away() {
     let (redis, store) = RedisServer::start_with_store("rb").await;
@@ -120,7 +108,7 @@ async fn with_no_retention_acked_entries_are_trimmed_away() {
     let now = now_ms();
     let events: Vec<Fields> = (0..3000).map(|i| tip(i, now)).collect();
     xadd_all(store.client(), STREAM, &events).await;
-    assert_exact(&store, &events, &daemon).await;
+    assert_drained_into_model(&store, &events, &daemon).await;
     assert!(
         shrinks_to(&store, STREAM, 0).await,
         "acked entries never trimmed: {} left; log:\n{}",
@@ -204,7 +192,7 @@ async fn entries_pending_in_the_group_are_kept_until_another_consumer_applies_th
         port_b,
     )
     .await;
-    assert_exact(&store, &events[500..], &b).await;
+    assert_drained_into_model(&store, &events[500..], &b).await;
     assert!(shrinks_to(&store, STREAM, 0).await, "log:\n{}", b.logs());
     assert!(b.terminate().await.success());
 }
@@ -276,7 +264,7 @@ async fn a_killed_consumers_pending_entries_survive_and_are_applied_by_another()
         port_b,
     )
     .await;
-    assert_exact(&store, events, &b).await;
+    assert_drained_into_model(&store, events, &b).await;
     assert!(shrinks_to(&store, STREAM, 0).await, "log:\n{}", b.logs());
     assert!(b.terminate().await.success());
 }
@@ -295,7 +283,7 @@ async fn entries_another_group_has_not_read_or_acked_are_kept() {
     let now = now_ms();
     let events: Vec<Fields> = (0..2000).map(|i| tip(i, now)).collect();
     let ids = append(&store, &events).await;
-    assert_exact(&store, &events, &daemon).await;
+    assert_drained_into_model(&store, &events, &daemon).await;
     // `other` has read nothing: rollboard has acked all, yet every entry stays.
     let other = |count: &str| {
         redis.cli(&[
@@ -364,7 +352,7 @@ async fn two_replicas_trimming_at_once_lose_and_double_nothing() {
     for chunk in events.chunks(1000) {
         xadd_all(store.client(), STREAM, chunk).await;
     }
-    assert_exact(&store, &events, &a).await;
+    assert_drained_into_model(&store, &events, &a).await;
     assert!(shrinks_to(&store, STREAM, 0).await, "log:\n{}", a.logs());
     let trimmed = a
         .metric("rollboard_stream_trimmed_total", &[("stream", STREAM)])
@@ -404,7 +392,7 @@ async fn retain_keeps_that_much_acked_history() {
         port,
     )
     .await;
-    assert_exact(&store, &events, &daemon).await;
+    assert_drained_into_model(&store, &events, &daemon).await;
     assert!(
         shrinks_to(&store, STREAM, 1000 + NODE).await,
         "history older than retain never trimmed; log:\n{}",
@@ -442,15 +430,11 @@ async fn the_dead_letter_stream_stays_near_its_cap_and_lengths_are_reported() {
     }
     xadd_all(store.client(), STREAM, &events).await;
     assert!(drained(&store).await, "log:\n{}", daemon.logs());
-    assert_eq!(
-        daemon
-            .metric(
-                "rollboard_events_dead_lettered_total",
-                &[("reason", "amount")]
-            )
-            .await,
-        500.0
-    );
+    assert_metrics(
+        &daemon,
+        &["rollboard_events_dead_lettered_total{reason=amount} 500"],
+    )
+    .await;
     let letters = xlen(&store, DEAD).await;
     assert!((300..300 + NODE).contains(&letters), "{letters} letters");
     // The newest letters are the ones kept.
@@ -460,12 +444,7 @@ async fn the_dead_letter_stream_stays_near_its_cap_and_lengths_are_reported() {
         .await
         .expect("xrevrange");
     assert_eq!(last[0].1.get("id").map(String::as_str), Some("t998"));
-    assert_eq!(
-        daemon
-            .metric("rollboard_stream_max_length", &[("stream", DEAD)])
-            .await,
-        300.0
-    );
+    assert_metrics(&daemon, &["rollboard_stream_max_length 300"]).await;
     // The poller (every 5 s) reports what XLEN says, for the intake and the letters.
     let reported = wait_for(Duration::from_secs(20), || async {
         daemon

@@ -120,18 +120,12 @@ async fn sigterm_under_load_exits_0_and_loses_nothing() {
 
 /// How many SIGTERM points the randomized shutdown test tries (`ROLLBOARD_SIGTERM_RUNS`).
 fn sigterm_runs() -> usize {
-    std::env::var("ROLLBOARD_SIGTERM_RUNS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(10)
+    env_count("ROLLBOARD_SIGTERM_RUNS", 10)
 }
 
 /// The seed of the randomized shutdown test: `ROLLBOARD_SIGTERM_SEED`, else the clock.
 fn sigterm_seed() -> u64 {
-    std::env::var("ROLLBOARD_SIGTERM_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| now_ms() as u64)
+    env_seed("ROLLBOARD_SIGTERM_SEED")
 }
 
 /// The last lines of a daemon log, for failure messages.

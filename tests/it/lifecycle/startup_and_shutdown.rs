@@ -148,14 +148,7 @@ async fn sigterm_during_an_intake_upload_confirms_or_refuses_and_loses_nothing()
         assert_eq!(ids, vec!["late-1", "late-2"], "confirmed but not appended");
         // The next daemon applies what the stopping one confirmed.
         let daemon = Daemon::start(&config, port).await;
-        assert!(
-            drained(&store).await,
-            "stream never drained; log:\n{}",
-            daemon.logs()
-        );
-        let boards = test_boards();
-        let now = now_ms();
-        assert_state(&store, &boards, &models(&entries, &boards, now), now).await;
+        assert_drained_into_model(&store, &entries, &daemon).await;
         assert!(daemon.terminate().await.success());
     } else {
         assert!(ids.is_empty(), "refused ({reply:?}) but appended {ids:?}");
@@ -197,19 +190,9 @@ async fn without_redis_at_start_no_listener_opens_until_the_checks_pass_then_it_
     let store = Store::connect(&store_url, "rb", 1, rollboard::store::Reconnect::Never)
         .await
         .expect("connect");
-    assert!(
-        drained(&store).await,
-        "stream never drained; log:\n{}",
-        daemon.logs()
-    );
-    let boards = test_boards();
-    let now = now_ms();
-    assert_state(&store, &boards, &models(&events, &boards, now), now).await;
+    assert_drained_into_model(&store, &events, &daemon).await;
     // A first connection is no reconnect, however late it comes.
-    assert_eq!(
-        daemon.metric("rollboard_redis_reconnects_total", &[]).await,
-        0.0
-    );
+    assert_metrics(&daemon, &["rollboard_redis_reconnects_total 0"]).await;
     assert!(daemon.terminate().await.success());
 }
 

@@ -9,6 +9,8 @@ use rollboard::store::Store;
 
 use crate::support::*;
 
+/// Waits until the group has taken everything, then checks every instance against the
+/// model of `events`.
 pub async fn assert_drained_into_model(store: &Store, events: &[Fields], daemon: &Daemon) {
     assert!(
         drained(store).await,
@@ -20,6 +22,7 @@ pub async fn assert_drained_into_model(store: &Store, events: &[Fields], daemon:
     assert_state(store, &boards, &models(events, &boards, now), now).await;
 }
 
+/// `verify` finds nothing wrong with the instance.
 pub async fn assert_verified(store: &Store, board: &Board, scope: Option<&str>) {
     let v = roll::verify(store, board, scope, 100)
         .await
@@ -136,4 +139,21 @@ pub async fn verify_differences(
         .await
         .expect("verify")
         .differences
+}
+
+/// Each `name{label=value,...} reading`: the daemon's metric `name` with those labels
+/// reads `reading`.
+pub async fn assert_metrics(daemon: &Daemon, expected: &[&str]) {
+    for line in expected {
+        let (series, want) = line.rsplit_once(' ').expect("a series and a reading");
+        let (name, labels) = series.split_once('{').unwrap_or((series, "}"));
+        let labels: Vec<(&str, &str)> = labels
+            .trim_end_matches('}')
+            .split(',')
+            .filter(|l| !l.is_empty())
+            .map(|l| l.split_once('=').expect("label=value"))
+            .collect();
+        let want: f64 = want.parse().expect("a reading");
+        assert_eq!(daemon.metric(name, &labels).await, want, "{line}");
+    }
 }

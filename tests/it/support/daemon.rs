@@ -209,3 +209,23 @@ pub async fn setup(
     let config = write_config(dir.path(), &redis, port, consumer, "");
     (redis, store, dir, config, port)
 }
+
+/// The metric families a daemon registers (with help text) at start-up.
+pub const METRIC_FAMILIES: &[&str] = &[
+    "rollboard_events_applied_total",
+    "rollboard_events_skipped_total",
+    "rollboard_events_dead_lettered_total",
+    "rollboard_batch_events",
+    "rollboard_apply_duration_seconds",
+    "rollboard_roll_duration_seconds",
+    "rollboard_slices_expired_total",
+    "rollboard_members_removed_total",
+    "rollboard_last_roll_timestamp_seconds",
+    "rollboard_consumer_pending",
+    "rollboard_consumer_lag",
+    "rollboard_redis_errors_total",
+    "rollboard_redis_reconnects_total",
+    "rollboard_roll_failures_total",
+    "rollboard_window_start_timestamp_seconds",
+    "rollboard_window_end_timestamp_seconds",
+];

@@ -114,22 +114,13 @@ pub fn models(
     models_of_entries(&entries, boards, now)
 }
 
-/// A small deterministic generator (splitmix64), so that a failing run can be replayed
-/// from the seed it prints.
-pub struct SplitMix(pub u64);
-
-impl SplitMix {
-    pub fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-}
-
 /// POSTs `events` to `/v1/events` as one JSON array; the status.
 pub async fn post_events(base: &str, events: &[Fields]) -> u16 {
+    post_fields(base, events).await.status().as_u16()
+}
+
+/// Posts `events` to `POST /v1/events` as one JSON array of objects; the answer.
+pub async fn post_fields(base: &str, events: &[Fields]) -> reqwest::Response {
     let body: Vec<serde_json::Map<String, serde_json::Value>> = events
         .iter()
         .map(|f| {
@@ -144,8 +135,6 @@ pub async fn post_events(base: &str, events: &[Fields]) -> u16 {
         .send()
         .await
         .expect("post")
-        .status()
-        .as_u16()
 }
 
 pub fn spread_tip(i: usize, now: i64) -> Fields {

@@ -18,3 +18,32 @@ pub fn proptest_runner(cases: u32) -> TestRunner {
         ..Config::default()
     })
 }
+
+/// A small deterministic generator, so a failing seed can be replayed.
+pub struct Lcg(pub u64);
+
+impl Lcg {
+    /// The next number below `below`.
+    pub fn next(&mut self, below: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (self.0 >> 33) % below
+    }
+}
+
+/// A small deterministic generator (splitmix64), so that a failing run can be replayed
+/// from the seed it prints.
+pub struct SplitMix(pub u64);
+
+impl SplitMix {
+    /// The next number.
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+}
