@@ -80,37 +80,30 @@ fn batches() -> impl Strategy<Value = (usize, Vec<Batch>)> {
 
 #[test]
 fn the_fast_path_agrees_with_the_event_by_event_script() {
-    let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let (_redis, store) = rt.block_on(RedisServer::start_with_store("rb"));
-    let mut runner = proptest_runner(48);
-    runner
-        .run(&batches(), |(shape, batches)| {
-            rt.block_on(async {
-                let _: () = store.client().flushall(false).await.expect("flushall");
-                let board = shaped(shape);
-                let exact = twin(&board);
-                for (events, now) in &batches {
-                    let fast = apply_events(&store, &board, events, *now).await;
-                    let slow = apply_exact(&store, &exact, events, *now).await;
-                    if let Some(i) = (0..events.len()).find(|&i| fast[i] != slow[i]) {
-                        panic!(
-                            "{}: event {i} {:?} at {now}: fast path {:?}, apply.lua {:?}",
-                            board.name, events[i], fast[i], slow[i]
-                        );
-                    }
+    run_cases_threaded(
+        "fold.lua and apply.lua agree",
+        48,
+        &batches(),
+        async |store, (shape, batches)| {
+            let board = shaped(shape);
+            let exact = twin(&board);
+            for (events, now) in &batches {
+                let fast = apply_events(store, &board, events, *now).await;
+                let slow = apply_exact(store, &exact, events, *now).await;
+                if let Some(i) = (0..events.len()).find(|&i| fast[i] != slow[i]) {
+                    panic!(
+                        "{}: event {i} {:?} at {now}: fast path {:?}, apply.lua {:?}",
+                        board.name, events[i], fast[i], slow[i]
+                    );
                 }
-                let (a, b) = (
-                    contents(&store, &board).await,
-                    contents(&store, &exact).await,
-                );
-                for (part, values) in &a {
-                    assert_eq!(Some(values), b.get(part), "{}: {part}", board.name);
-                }
-                assert_eq!(a.len(), b.len());
-            });
-            Ok(())
-        })
-        .expect("fold.lua and apply.lua agree");
+            }
+            let (a, b) = (contents(store, &board).await, contents(store, &exact).await);
+            for (part, values) in &a {
+                assert_eq!(Some(values), b.get(part), "{}: {part}", board.name);
+            }
+            assert_eq!(a.len(), b.len());
+        },
+    );
 }
 
 /// A redelivered batch (every event a duplicate) is answered without a write, and a batch
@@ -194,53 +187,46 @@ fn redelivery_and_mixed_batches_count_once() {
 /// remembered, so a redelivery judges it again against the totals of that moment.)
 #[test]
 fn a_batch_cut_short_at_any_point_and_redelivered_counts_once() {
-    let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let (_redis, store) = rt.block_on(RedisServer::start_with_store("rb"));
-    let mut runner = proptest_runner(32);
     let cases = (batches(), any::<prop::sample::Index>());
-    runner
-        .run(&cases, |((shape, batches), cut)| {
-            rt.block_on(async {
-                let _: () = store.client().flushall(false).await.expect("flushall");
-                // Long dedup windows only: with a short one an id older than its window
-                // counts again by design, so a redelivery may too.
-                let board = shaped(shape % 4);
-                let once = twin(&board);
-                for (events, now) in &batches {
-                    let events: &Vec<ApplyEvent> = &events
-                        .iter()
-                        .map(|e| ApplyEvent {
-                            amount: e.amount.clamp(-6, 9),
-                            ..e.clone()
-                        })
-                        .collect();
-                    let expected = apply_events(&store, &once, events, *now).await;
-                    let at = cut.index(events.len() + 1);
-                    let first = apply_events(&store, &board, &events[..at], *now).await;
-                    assert_eq!(first, expected[..at], "{}: the prefix", board.name);
-                    let again = apply_events(&store, &board, events, *now).await;
-                    for (i, (got, want)) in again.iter().zip(&expected).enumerate() {
-                        let want = if i < at && *want == Outcome::Applied {
-                            Outcome::Duplicate
-                        } else {
-                            *want
-                        };
-                        assert_eq!(
-                            *got, want,
-                            "{}: event {i} {:?} (cut at {at})",
-                            board.name, events[i]
-                        );
-                    }
+    run_cases_threaded(
+        "a redelivered batch counts once",
+        32,
+        &cases,
+        async |store, ((shape, batches), cut)| {
+            // Long dedup windows only: with a short one an id older than its window
+            // counts again by design, so a redelivery may too.
+            let board = shaped(shape % 4);
+            let once = twin(&board);
+            for (events, now) in &batches {
+                let events: &Vec<ApplyEvent> = &events
+                    .iter()
+                    .map(|e| ApplyEvent {
+                        amount: e.amount.clamp(-6, 9),
+                        ..e.clone()
+                    })
+                    .collect();
+                let expected = apply_events(store, &once, events, *now).await;
+                let at = cut.index(events.len() + 1);
+                let first = apply_events(store, &board, &events[..at], *now).await;
+                assert_eq!(first, expected[..at], "{}: the prefix", board.name);
+                let again = apply_events(store, &board, events, *now).await;
+                for (i, (got, want)) in again.iter().zip(&expected).enumerate() {
+                    let want = if i < at && *want == Outcome::Applied {
+                        Outcome::Duplicate
+                    } else {
+                        *want
+                    };
+                    assert_eq!(
+                        *got, want,
+                        "{}: event {i} {:?} (cut at {at})",
+                        board.name, events[i]
+                    );
                 }
-                let (a, b) = (
-                    contents(&store, &board).await,
-                    contents(&store, &once).await,
-                );
-                assert_eq!(a, b, "{}", board.name);
-            });
-            Ok(())
-        })
-        .expect("a redelivered batch counts once");
+            }
+            let (a, b) = (contents(store, &board).await, contents(store, &once).await);
+            assert_eq!(a, b, "{}", board.name);
+        },
+    );
 }
 
 /// Two consumers applying overlapping batches to one instance at the same time (a batch

@@ -4,7 +4,6 @@
 
 use std::collections::HashMap;
 
-use fred::prelude::*;
 use proptest::prelude::*;
 use rollboard::board::{Board, Mode, TieBreak, MAX_TOTAL};
 use rollboard::store::{ApplyEvent, Outcome, Store};
@@ -365,16 +364,7 @@ async fn run_case(store: &Store, case: &Case) {
 
 #[test]
 fn the_store_behaves_like_the_model() {
-    let rt = runtime();
-    let (_redis, store) = rt.block_on(RedisServer::start_with_store("rb"));
-    let mut runner = proptest_runner(96);
-    runner
-        .run(&case(), |case| {
-            rt.block_on(async {
-                let _: () = store.client().flushall(false).await.expect("flushall");
-                run_case(&store, &case).await;
-            });
-            Ok(())
-        })
-        .expect("model equivalence");
+    run_cases(96, &case(), async |store, case| {
+        run_case(store, &case).await;
+    });
 }

@@ -166,18 +166,9 @@ async fn run_case(store: &Store, case: &Case) {
 
 #[test]
 fn expiry_split_at_random_points_with_crashes_between_calls_equals_the_model() {
-    let rt = runtime();
-    let (_redis, store) = rt.block_on(RedisServer::start_with_store("rb"));
-    let mut runner = proptest_runner(48);
-    runner
-        .run(&cases(), |case| {
-            rt.block_on(async {
-                let _: () = store.client().flushall(false).await.unwrap();
-                run_case(&store, &case).await;
-            });
-            Ok(())
-        })
-        .expect("model equivalence");
+    run_cases(48, &cases(), async |store, case| {
+        run_case(store, &case).await;
+    });
 }
 
 /// One case of a resummarize run cut short: events over two live slices and a complete

@@ -423,16 +423,7 @@ async fn run_steps(store: &Store, steps: &[(Step, i64)]) {
 
 #[test]
 fn rolls_interleaved_with_events_behave_like_the_model() {
-    let rt = runtime();
-    let (_redis, store) = rt.block_on(RedisServer::start_with_store("rb"));
-    let mut runner = proptest_runner(64);
-    runner
-        .run(&steps(), |steps| {
-            rt.block_on(async {
-                let _: () = store.client().flushall(false).await.unwrap();
-                run_steps(&store, &steps).await;
-            });
-            Ok(())
-        })
-        .expect("model equivalence");
+    run_cases(64, &steps(), async |store, steps| {
+        run_steps(store, &steps).await;
+    });
 }

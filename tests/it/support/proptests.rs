@@ -1,7 +1,12 @@
 //! What a property test runs on: a current-thread runtime to drive async code from inside
 //! proptest's closures, and a runner with a given number of cases.
 
+use fred::prelude::*;
+use proptest::strategy::Strategy;
 use proptest::test_runner::{Config, TestRunner};
+use rollboard::store::Store;
+
+use crate::support::RedisServer;
 
 /// A current-thread runtime with I/O and time enabled.
 pub fn runtime() -> tokio::runtime::Runtime {
@@ -46,4 +51,41 @@ impl SplitMix {
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
         z ^ (z >> 31)
     }
+}
+
+/// Runs `cases` cases of `strategy` against one redis-server, flushed before each case,
+/// on a current-thread runtime; `check` runs one case and panics where the store and the
+/// model differ.
+pub fn run_cases<S: Strategy>(cases: u32, strategy: &S, check: impl AsyncFn(&Store, S::Value)) {
+    run_cases_on(runtime(), "model equivalence", cases, strategy, check);
+}
+
+/// As [`run_cases`], on a multi-thread runtime; `what` names the property.
+pub fn run_cases_threaded<S: Strategy>(
+    what: &str,
+    cases: u32,
+    strategy: &S,
+    check: impl AsyncFn(&Store, S::Value),
+) {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    run_cases_on(rt, what, cases, strategy, check);
+}
+
+fn run_cases_on<S: Strategy>(
+    rt: tokio::runtime::Runtime,
+    what: &str,
+    cases: u32,
+    strategy: &S,
+    check: impl AsyncFn(&Store, S::Value),
+) {
+    let (_redis, store) = rt.block_on(RedisServer::start_with_store("rb"));
+    proptest_runner(cases)
+        .run(strategy, |value| {
+            rt.block_on(async {
+                let _: () = store.client().flushall(false).await.expect("flushall");
+                check(&store, value).await;
+            });
+            Ok(())
+        })
+        .expect(what);
 }
