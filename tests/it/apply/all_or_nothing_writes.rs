@@ -7,9 +7,8 @@ use std::time::Duration;
 
 use fred::prelude::*;
 use rollboard::board::{Board, Mode, MAX_TOTAL};
-use rollboard::roll::{self, Job};
+use rollboard::roll::{self};
 use rollboard::store::{ApplyEvent, Outcome, Store, APPLY_CHUNK};
-use tokio_util::sync::CancellationToken;
 
 use crate::support::model::{assert_matches, Instance};
 use crate::support::*;
@@ -24,27 +23,7 @@ fn variants() -> Vec<Board> {
 }
 
 async fn roll_at(store: &Store, board: &Board, now: i64, chunk: usize) {
-    let reports = roll::run_once(
-        store,
-        std::slice::from_ref(board),
-        Job::All,
-        None,
-        now,
-        chunk,
-        &CancellationToken::new(),
-    )
-    .await
-    .expect("roll");
-    assert_eq!(
-        reports[0].instances_failed, 0,
-        "{}: {:?}",
-        board.name, reports[0].first_error
-    );
-}
-
-async fn assert_verified(store: &Store, board: &Board) {
-    let d = verify_differences(store, board, None).await;
-    assert!(d.is_empty(), "verify {}: {:?}", board.name, d);
+    roll_all(store, std::slice::from_ref(board), now, chunk).await;
 }
 
 /// Compares with the model; resummarize boards are rolled (at `now`) first.
@@ -54,7 +33,7 @@ async fn assert_model(store: &Store, board: &Board, model: &mut Instance, now: i
         model.roll(board, now);
     }
     assert_matches(store, board, None, model, now).await;
-    assert_verified(store, board).await;
+    assert_verified(store, board, None).await;
 }
 
 // Guards a break this test found: apply.lua used to type-check `result` only through
@@ -261,7 +240,7 @@ async fn long_instances_across_apply_calls_equal_the_model_through_every_roll() 
                 roll_at(&store, &b, now, chunk).await;
                 model.roll(&b, now);
                 assert_matches(&store, &b, None, &model, now).await;
-                assert_verified(&store, &b).await;
+                assert_verified(&store, &b, None).await;
             }
             let k = store.instance(&b, None);
             for key in [k.result(), k.members(), k.refs(), k.totals(), k.slices()] {

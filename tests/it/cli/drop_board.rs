@@ -182,18 +182,7 @@ async fn dump_all(store: &Store) -> BTreeMap<String, Vec<u8>> {
             out.insert(key, format!("hash {fields:?}").into_bytes());
             continue;
         }
-        let dump: Value = store
-            .client()
-            .custom(
-                CustomCommand::new_static("DUMP", ClusterHash::FirstKey, false),
-                vec![key.clone()],
-            )
-            .await
-            .expect("dump");
-        let bytes = match dump {
-            Value::Bytes(b) => b.to_vec(),
-            other => format!("{other:?}").into_bytes(),
-        };
+        let bytes = dump(store, &key).await;
         out.insert(key, bytes);
     }
     out

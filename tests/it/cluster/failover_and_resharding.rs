@@ -33,7 +33,7 @@ fn a_cluster_starts_fails_over_and_heals() {
 #[tokio::test]
 async fn core_flows_on_a_cluster_equal_the_model() {
     use crate::support::{assert_state, drained, test_boards, write_config_url, xadd_all, Daemon};
-    use crate::support::{models, payment, tip};
+    use crate::support::{models};
     use crate::support::{rollboard, stdout};
     use fred::prelude::*;
 
@@ -44,13 +44,7 @@ async fn core_flows_on_a_cluster_equal_the_model() {
     let config = write_config_url(dir.path(), &cluster.url(), port, "a", "");
     let boards = test_boards();
     let now = rollboard::cli::now_ms();
-    let event = |i: usize| {
-        if i % 4 == 0 {
-            payment(i, now)
-        } else {
-            tip(i, now)
-        }
-    };
+    let event = |i: usize| tip_or_payment(i, now, 0);
     let mut events: Vec<Fields> = (0..1000).map(event).collect();
 
     // Stream, send, HTTP; bad events are dead-lettered.
@@ -197,7 +191,7 @@ async fn resharding_under_load_equals_the_model() {
     use crate::support::{
         assert_state_or, drained, test_boards, write_config_url, xadd_all, Daemon,
     };
-    use crate::support::{models, payment, tip};
+    use crate::support::{models};
     use crate::support::{rollboard, stdout};
     use fred::prelude::*;
 
@@ -208,13 +202,7 @@ async fn resharding_under_load_equals_the_model() {
     let config = write_config_url(dir.path(), &cluster.url(), port, "a", "");
     let boards = test_boards();
     let now = rollboard::cli::now_ms();
-    let event = move |i: usize| {
-        if i % 4 == 0 {
-            payment(i, now)
-        } else {
-            tip(i, now)
-        }
-    };
+    let event = move |i: usize| tip_or_payment(i, now, 0);
     let daemon = Daemon::start(&config, port).await;
     // Appends 25 events every 50 ms until the resharding is over.
     let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -330,7 +318,7 @@ async fn post_until_accepted(http: &reqwest::Client, base: &str, events: &[Field
 #[tokio::test]
 async fn masters_killed_under_load_lose_nothing_acked() {
     use crate::support::{assert_state, drained, test_boards, write_config_url, Daemon};
-    use crate::support::{models, payment, tip, SplitMix};
+    use crate::support::{models, SplitMix};
     use crate::support::{rollboard, stderr, stdout};
 
     let runs = failover_runs();
@@ -353,13 +341,7 @@ async fn masters_killed_under_load_lose_nothing_acked() {
     }
     let boards = test_boards();
     let now = rollboard::cli::now_ms();
-    let event = move |i: usize| {
-        if i % 4 == 0 {
-            payment(i, now)
-        } else {
-            tip(i, now)
-        }
-    };
+    let event = move |i: usize| tip_or_payment(i, now, 0);
     let daemon = Daemon::start(&config, port).await;
     // Producers: 25 events per request, every 50 ms, each retried until accepted.
     let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -643,7 +625,7 @@ async fn frozen_replicas_then_a_dead_master(
     prefix: &str,
     replicas: u32,
 ) -> (RedisCluster, usize, usize) {
-    use crate::support::{models, payment, tip};
+    use crate::support::{models};
     use crate::support::{test_boards, wait_for, write_config_url, xadd_all, Daemon};
     use rollboard::ingest::group_info;
 
@@ -726,15 +708,7 @@ async fn frozen_replicas_then_a_dead_master(
         }
     }
     let now = rollboard::cli::now_ms();
-    let events: Vec<Fields> = (0..2000)
-        .map(|i| {
-            if i % 4 == 0 {
-                payment(i, now)
-            } else {
-                tip(i, now)
-            }
-        })
-        .collect();
+    let events: Vec<Fields> = (0..2000).map(|i| tip_or_payment(i, now, 0)).collect();
     xadd_all(store.client(), &stream, &events).await;
     let boards = test_boards();
     let applied = wait_for(Duration::from_secs(30), || async {

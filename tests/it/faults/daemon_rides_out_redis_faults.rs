@@ -163,15 +163,7 @@ async fn connections_cut_after_scripts_and_acks_reach_redis_lose_nothing_and_dou
     let port = free_port();
     let config = crate::support::write_config_url(dir.path(), &proxy.url(), port, "a", "");
     let now = now_ms();
-    let events: Vec<Fields> = (0..4000)
-        .map(|i| {
-            if i % 4 == 3 {
-                payment(i, now)
-            } else {
-                tip(i, now)
-            }
-        })
-        .collect();
+    let events: Vec<Fields> = (0..4000).map(|i| tip_or_payment(i, now, 3)).collect();
     xadd_all(store.client(), "rb:events", &events).await;
     let daemon = Daemon::start(&config, port).await;
     // Cut a connection right after an apply script, an XACK or an expiry chunk reached

@@ -82,15 +82,7 @@ async fn post(daemon: &Daemon, events: &[Fields]) -> (u16, Option<String>, Strin
         .send()
         .await
     {
-        Ok(r) => {
-            let status = r.status().as_u16();
-            let retry = r
-                .headers()
-                .get("retry-after")
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_string);
-            (status, retry, r.text().await.unwrap_or_default())
-        }
+        Ok(r) => answer_parts(r).await,
         Err(e) => (0, None, e.to_string()),
     }
 }

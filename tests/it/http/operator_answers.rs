@@ -10,20 +10,6 @@ use serde_json::Value;
 
 use crate::support::*;
 
-/// GET `path`; status, `Retry-After` and body.
-async fn get(daemon: &Daemon, path: &str) -> (u16, Option<String>, String) {
-    let answer = reqwest::get(format!("{}{path}", daemon.base))
-        .await
-        .expect("GET");
-    let status = answer.status().as_u16();
-    let retry = answer
-        .headers()
-        .get("retry-after")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string);
-    (status, retry, answer.text().await.unwrap_or_default())
-}
-
 /// With redis-server gone, the query routes and the intake answer 503 with `Retry-After`
 /// at once, instead of holding the client for the 5 s Redis timeout.
 #[tokio::test]

@@ -42,6 +42,23 @@ fn config(
     path
 }
 
+/// `XREADGROUP` of up to `count` new entries of [`STREAM`] for `consumer` of `group`.
+fn read_group(redis: &RedisServer, group: &str, consumer: &str, count: &str) -> String {
+    let args = format!("XREADGROUP GROUP {group} {consumer} COUNT {count} STREAMS {STREAM} >");
+    redis.cli(&args.split(' ').collect::<Vec<_>>())
+}
+
+/// A daemon started on a free port with [`config`].
+async fn trimming_daemon(
+    dir: &tempfile::TempDir,
+    redis: &RedisServer,
+    consumer: &str,
+    ingest: &str,
+) -> Daemon {
+    let port = free_port();
+    Daemon::start(&config(dir.path(), redis, port, consumer, ingest), port).await
+}
+
 async fn xlen(store: &Store, key: &str) -> i64 {
     store.client().xlen(key).await.expect("xlen")
 }
@@ -99,12 +116,7 @@ async fn assert_kept(store: &Store, ids: &[String]) {
 async fn with_no_retention_acked_entries_are_trimmed_away() {
     let (redis, store) = RedisServer::start_with_store("rb").await;
     let dir = tempfile::tempdir().expect("temp dir");
-    let port = free_port();
-    let daemon = Daemon::start(
-        &config(dir.path(), &redis, port, "a", "retain = \"0s\""),
-        port,
-    )
-    .await;
+    let daemon = trimming_daemon(&dir, &redis, "a", "retain = \"0s\"").await;
     let now = now_ms();
     let events: Vec<Fields> = (0..3000).map(|i| tip(i, now)).collect();
     xadd_all(store.client(), STREAM, &events).await;
@@ -134,19 +146,7 @@ async fn entries_pending_in_the_group_are_kept_until_another_consumer_applies_th
     let events: Vec<Fields> = (0..2000).map(|i| tip(i, now)).collect();
     let ids = append(&store, &events).await;
     redis.cli(&["XGROUP", "CREATE", STREAM, "rollboard", "0"]);
-    let read = |consumer: &str, count: &str| {
-        redis.cli(&[
-            "XREADGROUP",
-            "GROUP",
-            "rollboard",
-            consumer,
-            "COUNT",
-            count,
-            "STREAMS",
-            STREAM,
-            ">",
-        ])
-    };
+    let read = |consumer: &str, count: &str| read_group(&redis, "rollboard", consumer, count);
     // The oldest 500 stand for history acked long ago (not applied here), then a consumer
     // reads the next 150 and dies before acking them.
     read("early", "500");
@@ -155,18 +155,7 @@ async fn entries_pending_in_the_group_are_kept_until_another_consumer_applies_th
     redis.cli(&ack);
     read("ghost", "150");
     // `a` never claims within the test (claim_idle 1h): the ghost's entries stay pending.
-    let port_a = free_port();
-    let a = Daemon::start(
-        &config(
-            dir.path(),
-            &redis,
-            port_a,
-            "a",
-            "retain = \"0s\"\nclaim_idle = \"1h\"",
-        ),
-        port_a,
-    )
-    .await;
+    let a = trimming_daemon(&dir, &redis, "a", "retain = \"0s\"\nclaim_idle = \"1h\"").await;
     let rest_taken = wait_for(Duration::from_secs(60), || async {
         matches!(
             rollboard::ingest::group_info(store.client(), STREAM, "rollboard").await,
@@ -186,12 +175,7 @@ async fn entries_pending_in_the_group_are_kept_until_another_consumer_applies_th
 
     // Another replica takes the ghost's entries over and applies them: nothing lost,
     // nothing counted twice, and then the stream is trimmed empty.
-    let port_b = free_port();
-    let b = Daemon::start(
-        &config(dir.path(), &redis, port_b, "b", "retain = \"0s\""),
-        port_b,
-    )
-    .await;
+    let b = trimming_daemon(&dir, &redis, "b", "retain = \"0s\"").await;
     assert_drained_into_model(&store, &events[500..], &b).await;
     assert!(shrinks_to(&store, STREAM, 0).await, "log:\n{}", b.logs());
     assert!(b.terminate().await.success());
@@ -203,18 +187,7 @@ async fn a_killed_consumers_pending_entries_survive_and_are_applied_by_another()
     let dir = tempfile::tempdir().expect("temp dir");
     let now = now_ms();
     let events: Vec<Fields> = (0..40_000).map(|i| tip(i, now)).collect();
-    let port_a = free_port();
-    let a = Daemon::start(
-        &config(
-            dir.path(),
-            &redis,
-            port_a,
-            "a",
-            "retain = \"0s\"\nclaim_idle = \"2s\"",
-        ),
-        port_a,
-    )
-    .await;
+    let a = trimming_daemon(&dir, &redis, "a", "retain = \"0s\"\nclaim_idle = \"2s\"").await;
     // Traffic until `a` has trimmed and holds a batch: then it is killed mid-batch.
     let mut sent = 0;
     for chunk in events.chunks(500) {
@@ -252,18 +225,7 @@ async fn a_killed_consumers_pending_entries_survive_and_are_applied_by_another()
             "pending {id} trimmed"
         );
     }
-    let port_b = free_port();
-    let b = Daemon::start(
-        &config(
-            dir.path(),
-            &redis,
-            port_b,
-            "b",
-            "retain = \"0s\"\nclaim_idle = \"2s\"",
-        ),
-        port_b,
-    )
-    .await;
+    let b = trimming_daemon(&dir, &redis, "b", "retain = \"0s\"\nclaim_idle = \"2s\"").await;
     assert_drained_into_model(&store, events, &b).await;
     assert!(shrinks_to(&store, STREAM, 0).await, "log:\n{}", b.logs());
     assert!(b.terminate().await.success());
@@ -274,30 +236,13 @@ async fn entries_another_group_has_not_read_or_acked_are_kept() {
     let (redis, store) = RedisServer::start_with_store("rb").await;
     let dir = tempfile::tempdir().expect("temp dir");
     redis.cli(&["XGROUP", "CREATE", STREAM, "other", "0", "MKSTREAM"]);
-    let port = free_port();
-    let daemon = Daemon::start(
-        &config(dir.path(), &redis, port, "a", "retain = \"0s\""),
-        port,
-    )
-    .await;
+    let daemon = trimming_daemon(&dir, &redis, "a", "retain = \"0s\"").await;
     let now = now_ms();
     let events: Vec<Fields> = (0..2000).map(|i| tip(i, now)).collect();
     let ids = append(&store, &events).await;
     assert_drained_into_model(&store, &events, &daemon).await;
     // `other` has read nothing: rollboard has acked all, yet every entry stays.
-    let other = |count: &str| {
-        redis.cli(&[
-            "XREADGROUP",
-            "GROUP",
-            "other",
-            "o1",
-            "COUNT",
-            count,
-            "STREAMS",
-            STREAM,
-            ">",
-        ])
-    };
+    let other = |count: &str| read_group(&redis, "other", "o1", count);
     // It reads 1000 and acks the first 500; the trim follows its first pending entry.
     other("1000");
     let mut ack = vec!["XACK", STREAM, "other"];
@@ -386,12 +331,7 @@ async fn retain_keeps_that_much_acked_history() {
             .expect("xadd");
     }
     let recent = append(&store, &events[1000..]).await;
-    let port = free_port();
-    let daemon = Daemon::start(
-        &config(dir.path(), &redis, port, "a", "retain = \"1h\""),
-        port,
-    )
-    .await;
+    let daemon = trimming_daemon(&dir, &redis, "a", "retain = \"1h\"").await;
     assert_drained_into_model(&store, &events, &daemon).await;
     assert!(
         shrinks_to(&store, STREAM, 1000 + NODE).await,
@@ -411,16 +351,11 @@ async fn retain_keeps_that_much_acked_history() {
 async fn the_dead_letter_stream_stays_near_its_cap_and_lengths_are_reported() {
     let (redis, store) = RedisServer::start_with_store("rb").await;
     let dir = tempfile::tempdir().expect("temp dir");
-    let port = free_port();
-    let daemon = Daemon::start(
-        &config(
-            dir.path(),
-            &redis,
-            port,
-            "a",
-            "retain = \"0s\"\ndead_letter_max_len = 300",
-        ),
-        port,
+    let daemon = trimming_daemon(
+        &dir,
+        &redis,
+        "a",
+        "retain = \"0s\"\ndead_letter_max_len = 300",
     )
     .await;
     let now = now_ms();
@@ -485,18 +420,7 @@ async fn every_partition_is_trimmed_and_so_is_a_retired_layout_while_it_drains()
     let events: Vec<Fields> = (0..3000).map(|i| tip(i, now)).collect();
     let keys = append_partitioned(&store, &events[..1500]).await;
     // Three partitions: each is read and trimmed.
-    let port = free_port();
-    let three = Daemon::start(
-        &config(
-            dir.path(),
-            &redis,
-            port,
-            "a",
-            "retain = \"0s\"\npartitions = 3",
-        ),
-        port,
-    )
-    .await;
+    let three = trimming_daemon(&dir, &redis, "a", "retain = \"0s\"\npartitions = 3").await;
     assert!(
         drained_streams(&store, &keys).await,
         "log:\n{}",
@@ -512,12 +436,7 @@ async fn every_partition_is_trimmed_and_so_is_a_retired_layout_while_it_drains()
     assert!(three.terminate().await.success());
     // Back to one stream: the old partitions are retired, drained and trimmed empty.
     append_partitioned(&store, &events[1500..]).await;
-    let port = free_port();
-    let one = Daemon::start(
-        &config(dir.path(), &redis, port, "b", "retain = \"0s\""),
-        port,
-    )
-    .await;
+    let one = trimming_daemon(&dir, &redis, "b", "retain = \"0s\"").await;
     assert!(drained_streams(&store, &keys).await, "log:\n{}", one.logs());
     for key in &keys {
         let empty = wait_for(Duration::from_secs(30), || async {

@@ -13,15 +13,7 @@ use crate::support::*;
 async fn a_killed_daemon_restarted_loses_nothing_and_counts_nothing_twice() {
     let (_redis, store, _dir, config, port) = setup("a").await;
     let now = now_ms();
-    let events: Vec<Fields> = (0..8000)
-        .map(|i| {
-            if i % 4 == 0 {
-                payment(i, now)
-            } else {
-                tip(i, now)
-            }
-        })
-        .collect();
+    let events: Vec<Fields> = (0..8000).map(|i| tip_or_payment(i, now, 0)).collect();
     xadd_all(store.client(), "rb:events", &events).await;
     let daemon = Daemon::start(&config, port).await;
     let started = wait_for(Duration::from_secs(30), || async {
@@ -152,13 +144,7 @@ async fn sigterm_at_random_points_leaves_nothing_pending() {
     )
     .expect("write config");
     let now = now_ms();
-    let event = |i: usize| {
-        if i % 4 == 0 {
-            payment(i, now)
-        } else {
-            tip(i, now)
-        }
-    };
+    let event = |i: usize| tip_or_payment(i, now, 0);
     let mut events: Vec<Fields> = (0..BACKLOG).map(event).collect();
     xadd_all(store.client(), "rb:events", &events).await;
     let group = || async {

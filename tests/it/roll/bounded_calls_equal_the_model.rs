@@ -6,7 +6,7 @@
 use fred::prelude::*;
 use proptest::prelude::*;
 use rollboard::board::{Board, Mode, TieBreak};
-use rollboard::roll::{self, Job, Report, RollError};
+use rollboard::roll::{self, Report, RollError};
 use rollboard::store::{ApplyEvent, StageTargets, Staged, Store, STAGE_CALL_ROWS, TRIM_CALL_IDS};
 use tokio_util::sync::CancellationToken;
 
@@ -15,29 +15,11 @@ use crate::support::*;
 
 const T0: i64 = 1_763_700_000_000 / HOUR * HOUR;
 
-async fn roll_all(store: &Store, b: &Board, now: i64, chunk: usize) -> Report {
-    let reports = roll::run_once(
-        store,
-        std::slice::from_ref(b),
-        Job::All,
-        None,
-        now,
-        chunk,
-        &CancellationToken::new(),
-    )
-    .await
-    .expect("roll");
-    assert_eq!(
-        reports[0].instances_failed, 0,
-        "{:?}",
-        reports[0].first_error
-    );
-    reports[0].clone()
-}
-
-async fn assert_verified(store: &Store, b: &Board) {
-    let d = verify_differences(store, b, None).await;
-    assert!(d.is_empty(), "{}: {:?}", b.name, d);
+/// Rolls `b` alone; its report.
+async fn roll_one(store: &Store, b: &Board, now: i64, chunk: usize) -> Report {
+    roll_all(store, std::slice::from_ref(b), now, chunk)
+        .await
+        .remove(0)
 }
 
 /// Every field name of `key`, listed with HSCAN.
@@ -134,7 +116,7 @@ async fn run_case(store: &Store, case: &Case) {
         at += part.len();
         // Between two calls the instance is consistent: what is left of the dead slice
         // still counts, the rest is gone, member by member.
-        assert_verified(store, &b).await;
+        assert_verified(store, &b, None).await;
     }
     // A second roller, cancelled before any of its calls, changes nothing.
     let cancel = CancellationToken::new();
@@ -155,13 +137,13 @@ async fn run_case(store: &Store, case: &Case) {
         assert!(matches!(outcome, Err(RollError::Cancelled)), "{outcome:?}");
     }
     assert_eq!(report.fields_expired, 0);
-    assert_verified(store, &b).await;
+    assert_verified(store, &b, None).await;
 
     // The next roll finishes the slice: exactly the model.
-    roll_all(store, &b, later, 1 + case.sizes[0] * 7).await;
+    roll_one(store, &b, later, 1 + case.sizes[0] * 7).await;
     model.roll(&b, later);
     assert_matches(store, &b, None, &model, later).await;
-    assert_verified(store, &b).await;
+    assert_verified(store, &b, None).await;
 }
 
 #[test]
@@ -245,7 +227,7 @@ async fn run_swap_case(redis: &RedisServer, store: &Store, case: &SwapCase) {
         model.apply(&b, e, now);
     }
     apply_events(store, &b, &before, now).await;
-    roll_all(store, &b, now, case.chunk).await;
+    roll_one(store, &b, now, case.chunk).await;
     assert_matches(store, &b, None, &model, now).await;
     let shown = model.clone();
 
@@ -306,9 +288,9 @@ async fn run_swap_case(redis: &RedisServer, store: &Store, case: &SwapCase) {
     assert_matches(store, &b, None, &shown, now).await;
 
     // The next complete run shows exactly every event; it leaves none of its own keys.
-    roll_all(store, &b, now, case.chunk).await;
+    roll_one(store, &b, now, case.chunk).await;
     assert_matches(store, &b, None, &model, now).await;
-    assert_verified(store, &b).await;
+    assert_verified(store, &b, None).await;
     let left = redis.cli(&["KEYS", "rb:{cut}:tmp:*"]);
     let mut left: Vec<&str> = left.lines().filter(|l| !l.is_empty()).collect();
     left.sort_unstable();
@@ -318,10 +300,10 @@ async fn run_swap_case(redis: &RedisServer, store: &Store, case: &SwapCase) {
 
     // Past the older slice: the roll and the next run agree with the model.
     let later = s0 + 2 * HOUR;
-    roll_all(store, &b, later, case.chunk).await;
+    roll_one(store, &b, later, case.chunk).await;
     model.roll(&b, later);
     assert_matches(store, &b, None, &model, later).await;
-    assert_verified(store, &b).await;
+    assert_verified(store, &b, None).await;
 }
 
 #[test]
@@ -364,11 +346,11 @@ async fn large_instances_are_staged_trimmed_and_swapped_in_bounded_calls() {
         }
         apply_events(&store, &b, &events, s0).await;
         // A default-sized chunk: the stage calls are split below it.
-        roll_all(&store, &b, s0, 1000).await;
+        roll_one(&store, &b, s0, 1000).await;
         assert_matches(&store, &b, None, &model, s0).await;
         // Resummarize again over the ranking just swapped in: the old one is renamed away
         // and unlinked, nothing of the run is left behind.
-        roll_all(&store, &b, s0 + 1, 1000).await;
+        roll_one(&store, &b, s0 + 1, 1000).await;
         assert_matches(&store, &b, None, &model, s0 + 1).await;
         let pattern = format!("rb:{{{}}}:tmp:*", b.name);
         assert_eq!(redis.cli(&["KEYS", &pattern]).trim(), "", "{b}");
@@ -376,11 +358,11 @@ async fn large_instances_are_staged_trimmed_and_swapped_in_bounded_calls() {
         // Past the window: every member expires and every idempotency key is forgotten,
         // in more than one trim call.
         let gone = s0 + 3 * HOUR;
-        let report = roll_all(&store, &b, gone, 1000).await;
+        let report = roll_one(&store, &b, gone, 1000).await;
         assert_eq!(report.ids_forgotten, members as u64, "{b}");
         model.roll(&b, gone);
         assert_matches(&store, &b, None, &model, gone).await;
-        assert_verified(&store, &b).await;
+        assert_verified(&store, &b, None).await;
         assert_eq!(seen_table(&store, &b, None).await, vec![], "{b}");
         assert_eq!(
             seen_logs(&store, &b, None).await,

@@ -59,35 +59,44 @@ pub fn variants(slice: i64, n: i64) -> Vec<Board> {
 /// Every key under an unscoped board's hash tag with its DUMP, to prove a call wrote
 /// nothing.
 pub async fn snapshot(store: &Store, board: &Board) -> std::collections::BTreeMap<String, Vec<u8>> {
-    use fred::prelude::*;
-    use fred::types::{ClusterHash, CustomCommand};
     let pattern = format!("rb:{{{}}}:*", board.name);
-    let keys: Vec<String> = store
+    let mut out = std::collections::BTreeMap::new();
+    for key in keys_matching(store, &pattern).await {
+        let bytes = dump(store, &key).await;
+        out.insert(key, bytes);
+    }
+    out
+}
+
+/// The keys matching `pattern` (`KEYS`).
+pub async fn keys_matching(store: &Store, pattern: &str) -> Vec<String> {
+    use fred::types::{ClusterHash, CustomCommand};
+    store
         .client()
         .custom(
             CustomCommand::new_static("KEYS", ClusterHash::Random, false),
             vec![pattern],
         )
         .await
-        .expect("keys");
-    let mut out = std::collections::BTreeMap::new();
-    for key in keys {
-        let dump: Value = store
-            .client()
-            .custom(
-                CustomCommand::new_static("DUMP", ClusterHash::FirstKey, false),
-                vec![key.clone()],
-            )
-            .await
-            .expect("dump");
-        let bytes = match dump {
-            Value::Bytes(b) => b.to_vec(),
-            Value::String(s) => s.as_bytes().to_vec(),
-            other => format!("{other:?}").into_bytes(),
-        };
-        out.insert(key, bytes);
+        .expect("keys")
+}
+
+/// The `DUMP` of `key`.
+pub async fn dump(store: &Store, key: &str) -> Vec<u8> {
+    use fred::types::{ClusterHash, CustomCommand};
+    let dump: fred::types::Value = store
+        .client()
+        .custom(
+            CustomCommand::new_static("DUMP", ClusterHash::FirstKey, false),
+            vec![key],
+        )
+        .await
+        .expect("dump");
+    match dump {
+        fred::types::Value::Bytes(b) => b.to_vec(),
+        fred::types::Value::String(s) => s.as_bytes().to_vec(),
+        other => format!("{other:?}").into_bytes(),
     }
-    out
 }
 
 /// The boards of [`BOARDS`], validated.
@@ -167,18 +176,9 @@ pub async fn remembers(
 
 /// The instance's forget-log keys (`seen:<n>`) that exist.
 pub async fn seen_logs(store: &Store, board: &Board, scope: Option<&str>) -> Vec<String> {
-    use fred::prelude::*;
-    use fred::types::{ClusterHash, CustomCommand};
     let table = store.instance(board, scope).seen_table();
     let pattern = format!("{}:*", table.trim_end_matches(":ids"));
-    let mut keys: Vec<String> = store
-        .client()
-        .custom(
-            CustomCommand::new_static("KEYS", ClusterHash::Random, false),
-            vec![pattern],
-        )
-        .await
-        .expect("keys");
+    let mut keys = keys_matching(store, &pattern).await;
     keys.retain(|k| k != &table);
     keys.sort();
     keys

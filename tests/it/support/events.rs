@@ -177,3 +177,12 @@ pub fn tips(prefix: &str, n: usize) -> String {
 pub fn tips_total(n: usize) -> i64 {
     (0..n).map(|i| 1 + (i % 3) as i64).sum()
 }
+
+/// Event `i` of a mixed feed: a [`payment`] where `i % 4 == payment_at`, else a [`tip`].
+pub fn tip_or_payment(i: usize, now: i64, payment_at: usize) -> Fields {
+    if i % 4 == payment_at {
+        payment(i, now)
+    } else {
+        tip(i, now)
+    }
+}

@@ -15,6 +15,19 @@ pub async fn post(daemon: &Daemon, body: &str) -> (u16, Option<String>, String) 
         .send()
         .await
         .expect("POST /v1/events");
+    answer_parts(answer).await
+}
+
+/// GET `path`; status, `Retry-After` and body.
+pub async fn get(daemon: &Daemon, path: &str) -> (u16, Option<String>, String) {
+    let answer = reqwest::get(format!("{}{path}", daemon.base))
+        .await
+        .expect("GET");
+    answer_parts(answer).await
+}
+
+/// An answer's status, `Retry-After` and body.
+pub async fn answer_parts(answer: reqwest::Response) -> (u16, Option<String>, String) {
     let status = answer.status().as_u16();
     let retry = answer
         .headers()
