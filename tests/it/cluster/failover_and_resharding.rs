@@ -32,8 +32,8 @@ fn a_cluster_starts_fails_over_and_heals() {
 /// roll three days ahead (catch-up), `verify` and `rebuild`: every board equals the model.
 #[tokio::test]
 async fn core_flows_on_a_cluster_equal_the_model() {
+    use crate::support::models;
     use crate::support::{assert_state, drained, test_boards, write_config_url, xadd_all, Daemon};
-    use crate::support::{models};
     use crate::support::{rollboard, stdout};
     use fred::prelude::*;
 
@@ -188,10 +188,10 @@ async fn core_flows_on_a_cluster_equal_the_model() {
 /// and the daemon ingests and rolls: every board still equals the model, `verify` passes.
 #[tokio::test]
 async fn resharding_under_load_equals_the_model() {
+    use crate::support::models;
     use crate::support::{
         assert_state_or, drained, test_boards, write_config_url, xadd_all, Daemon,
     };
-    use crate::support::{models};
     use crate::support::{rollboard, stdout};
     use fred::prelude::*;
 
@@ -625,7 +625,7 @@ async fn frozen_replicas_then_a_dead_master(
     prefix: &str,
     replicas: u32,
 ) -> (RedisCluster, usize, usize) {
-    use crate::support::{models};
+    use crate::support::models;
     use crate::support::{test_boards, wait_for, write_config_url, xadd_all, Daemon};
     use rollboard::ingest::group_info;
 

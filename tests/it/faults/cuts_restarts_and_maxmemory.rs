@@ -245,12 +245,7 @@ async fn verify_cli(config: &Path) {
         .output()
         .await
         .expect("run rollboard verify");
-    assert!(
-        out.status.success(),
-        "verify failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out, "verify failed");
 }
 
 /// Rolls `boards` at `now` until a run rolls every instance; returns the failed runs.

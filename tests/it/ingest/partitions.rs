@@ -59,19 +59,7 @@ async fn assert_model(store: &Store, events: &[Fields]) {
 }
 
 fn verify(config: &std::path::Path) {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rollboard"))
-        .arg("--config")
-        .arg(config)
-        .args(["verify", "--strict"])
-        .env_remove("ROLLBOARD_CONFIG")
-        .output()
-        .expect("run rollboard verify");
-    assert!(
-        out.status.success(),
-        "verify: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&run_rollboard(config, &["verify", "--strict"]), "verify");
 }
 
 /// Reads entries as consumer `b` without acking them, on every partition: what a daemon

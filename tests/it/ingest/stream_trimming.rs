@@ -3,6 +3,7 @@
 //! another group, with several replicas at once; the dead-letter stream stays near its
 //! cap; `rollboard_stream_length` reports the real lengths. Totals stay exact throughout.
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use fred::prelude::*;
@@ -18,13 +19,7 @@ const DEAD: &str = "rb:events:dead";
 const NODE: i64 = 100;
 
 /// A daemon config with `ingest` lines added to its `[ingest]` section.
-fn config(
-    dir: &std::path::Path,
-    redis: &RedisServer,
-    port: u16,
-    consumer: &str,
-    ingest: &str,
-) -> std::path::PathBuf {
+fn config(dir: &Path, redis: &RedisServer, port: u16, consumer: &str, ingest: &str) -> PathBuf {
     let path = write_config(dir, redis, port, consumer, "");
     let text = std::fs::read_to_string(&path).expect("read config");
     // A key given here replaces the base config's line of that key.

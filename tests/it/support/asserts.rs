@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use rollboard::board::{Board, Mode};
-use rollboard::roll::{self};
+use rollboard::roll;
 use rollboard::store::Store;
 
 use crate::support::*;

@@ -7,10 +7,9 @@ use fred::prelude::*;
 use rollboard::board::{Board, Dedup, Mode, TieBreak};
 use rollboard::roll::{self, Job};
 use rollboard::store::{ApplyEvent, Outcome, StageTargets, Staged, Store};
-
-use crate::support::model::Instance;
 use tokio_util::sync::CancellationToken;
 
+use crate::support::model::Instance;
 use crate::support::*;
 
 /// An event for `Store::apply`.

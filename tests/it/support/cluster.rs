@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use rollboard::store::{Reconnect, Store};
 
-use crate::support::free_port;
+use crate::support::{assert_success, free_port};
 
 /// Milliseconds without an answer before the other nodes mark a node as failing.
 pub const NODE_TIMEOUT_MS: u64 = 1000;
@@ -141,12 +141,7 @@ impl RedisCluster {
             .args(["--cluster-replicas", "1", "--cluster-yes"])
             .output()
             .expect("redis-cli --cluster create");
-        assert!(
-            out.status.success(),
-            "cluster create failed: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert_success(&out, "cluster create failed");
         cluster.wait_healthy(Duration::from_secs(60));
         cluster
     }

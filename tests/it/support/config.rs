@@ -1,5 +1,7 @@
 //! Configuration files for the daemon and the CLI: the test boards and the settings around them.
 
+use std::path::{Path, PathBuf};
+
 use crate::support::*;
 
 /// The board definitions the daemon tests run with (as in config/rollboard.toml, with
@@ -32,23 +34,23 @@ allow_negative = true
 
 /// A config file for a daemon talking to `redis` and listening on `http_port`.
 pub fn write_config(
-    dir: &std::path::Path,
+    dir: &Path,
     redis: &RedisServer,
-    http_port: u16,
+    port: u16,
     consumer: &str,
     extra: &str,
-) -> std::path::PathBuf {
-    write_config_url(dir, &redis.url(), http_port, consumer, extra)
+) -> PathBuf {
+    write_config_url(dir, &redis.url(), port, consumer, extra)
 }
 
 /// As [`write_config`], for a daemon reaching Redis at `url` (e.g. through a [`crate::support::proxy::Proxy`]).
 pub fn write_config_url(
-    dir: &std::path::Path,
+    dir: &Path,
     url: &str,
     http_port: u16,
     consumer: &str,
     extra: &str,
-) -> std::path::PathBuf {
+) -> PathBuf {
     let path = dir.join(format!("rollboard-{consumer}.toml"));
     let text = format!(
         "[redis]\nurl = \"{url}\"\n[ingest]\nconsumer = \"{consumer}\"\nblock = \"100ms\"\nclaim_idle = \"1s\"\nbatch_size = 200\n\

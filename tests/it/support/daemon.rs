@@ -1,11 +1,13 @@
 //! `rollboard run` as a child process: started, probed, signalled, frozen, killed, and its
 //! logs and metrics read.
 
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use fred::prelude::*;
 use rollboard::store::Store;
+use tempfile::TempDir;
 
 use crate::support::*;
 
@@ -193,15 +195,7 @@ pub fn addr(daemon: &Daemon) -> String {
     daemon.base.trim_start_matches("http://").to_string()
 }
 
-pub async fn setup(
-    consumer: &str,
-) -> (
-    RedisServer,
-    Store,
-    tempfile::TempDir,
-    std::path::PathBuf,
-    u16,
-) {
+pub async fn setup(consumer: &str) -> (RedisServer, Store, TempDir, PathBuf, u16) {
     let redis = RedisServer::start();
     let store = redis.store("rb").await;
     let dir = tempfile::tempdir().expect("temp dir");

@@ -137,14 +137,17 @@ pub async fn post_fields(base: &str, events: &[Fields]) -> reqwest::Response {
         .expect("post")
 }
 
+/// A tip spread over 97 rooms and ten minutes.
 pub fn spread_tip(i: usize, now: i64) -> Fields {
-    vec![
-        ("room".into(), format!("room{}", i % 97)),
-        ("user".into(), format!("u{}", i % 31)),
-        ("amount".into(), (1 + i % 7).to_string()),
-        ("id".into(), format!("s{i}")),
-        ("ts".into(), (now - (i as i64 * 331) % 600_000).to_string()),
-    ]
+    let values = [
+        format!("room{}", i % 97),
+        format!("u{}", i % 31),
+        (1 + i % 7).to_string(),
+        format!("s{i}"),
+        (now - (i as i64 * 331) % 600_000).to_string(),
+    ];
+    let names = ["room", "user", "amount", "id", "ts"].map(String::from);
+    names.into_iter().zip(values).collect()
 }
 
 pub type Letter = (String, HashMap<String, String>);

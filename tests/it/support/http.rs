@@ -1,8 +1,11 @@
 //! Talking to the daemon's HTTP API: a raw POST with its `Retry-After`, JSON bodies, and a
 //! daemon that has applied one tip.
 
+use std::path::PathBuf;
+
 use rollboard::store::Store;
 use serde_json::Value;
+use tempfile::TempDir;
 
 use crate::support::*;
 
@@ -42,13 +45,7 @@ pub fn json(text: &str) -> Value {
 }
 
 /// A daemon on a fresh redis-server with one tip to room r1 applied (rooms_7d, fans_7d).
-pub async fn with_one_tip() -> (
-    RedisServer,
-    Store,
-    tempfile::TempDir,
-    std::path::PathBuf,
-    Daemon,
-) {
+pub async fn with_one_tip() -> (RedisServer, Store, TempDir, PathBuf, Daemon) {
     let redis = RedisServer::start();
     let store = redis.store("rb").await;
     let dir = tempfile::tempdir().expect("temp dir");
