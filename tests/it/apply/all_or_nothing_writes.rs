@@ -285,12 +285,8 @@ fn reappended(entry: &HashMap<String, String>) -> Fields {
 
 /// The stream's entries in order.
 async fn stream(store: &Store) -> Vec<(String, Fields)> {
-    let entries: Entries = store
-        .client()
-        .xrange("rb:events", "-", "+", None)
+    stream_entries(store, "rb:events")
         .await
-        .expect("xrange");
-    entries
         .into_iter()
         .map(|(id, f)| (id, f.into_iter().collect()))
         .collect()

@@ -82,9 +82,7 @@ fn assert_calls(board: &Board, events: &[ApplyEvent], calls: usize) {
 async fn a_chain_cut_after_its_first_calls_leaves_a_prefix_and_redelivery_completes_it() {
     let redis = RedisServer::start();
     let proxy = Proxy::start(redis.port).await;
-    let store = Store::connect(&proxy.url(), "rb", 1, Reconnect::Forever)
-        .await
-        .expect("connect");
+    let store = proxy.store().await;
     let direct = redis.store("rb").await;
     let tags = ["a", "b", "c", "d", "e", "f"];
     // Loads the script (a NOSCRIPT answer would count as an occurrence).
@@ -132,11 +130,13 @@ async fn a_chain_cut_after_its_first_calls_leaves_a_prefix_and_redelivery_comple
         eprintln!("cut at call {nth}: {landed} calls ran");
         let (first, err) = in_turn(&direct, &control, &events[..landed * SEG], NOW).await;
         assert!(err.is_none() && first.iter().all(|o| *o == Outcome::Applied));
-        assert_eq!(
-            contents(&direct, &board).await,
-            contents(&direct, &control).await,
-            "after the cut at {nth}"
-        );
+        assert_same_contents(
+            &direct,
+            &board,
+            &control,
+            &format!("after the cut at {nth}"),
+        )
+        .await;
         let again = apply_events(&store, &board, &events, NOW).await;
         let expected: Vec<Outcome> = (0..events.len())
             .map(|i| {
@@ -151,11 +151,13 @@ async fn a_chain_cut_after_its_first_calls_leaves_a_prefix_and_redelivery_comple
         let (rest, err) = in_turn(&direct, &control, &events, NOW).await;
         assert!(err.is_none());
         assert_eq!(rest, expected);
-        assert_eq!(
-            contents(&direct, &board).await,
-            contents(&direct, &control).await,
-            "after the redelivery ({nth})"
-        );
+        assert_same_contents(
+            &direct,
+            &board,
+            &control,
+            &format!("after the redelivery ({nth})"),
+        )
+        .await;
     }
 }
 
@@ -246,12 +248,7 @@ async fn a_roll_between_two_chained_calls_is_seen_as_between_them() {
         assert_eq!(o2.as_deref(), Some(&e2[..]), "{}", board.name);
         let late = e2.iter().filter(|o| **o == Outcome::Late).count();
         assert!(late > 0 && late < SEG, "{}: {e2:?}", board.name);
-        assert_eq!(
-            contents(&store, &board).await,
-            contents(&store, &control).await,
-            "{}",
-            board.name
-        );
+        assert_same_contents(&store, &board, &control, &board.name).await;
     }
 }
 
@@ -388,12 +385,7 @@ async fn two_stores_chaining_on_one_instance_count_each_id_once_and_finish() {
             let (o, err) = in_turn(&a, &control, &events, NOW).await;
             assert!(err.is_none() && o.iter().all(|o| *o == Outcome::Applied));
         }
-        assert_eq!(
-            contents(&a, &board).await,
-            contents(&a, &control).await,
-            "{}",
-            board.name
-        );
+        assert_same_contents(&a, &board, &control, &board.name).await;
     }
 }
 
@@ -435,10 +427,7 @@ async fn a_chain_after_script_flush_reloads_and_applies_in_order() {
         .await
         .expect("HGET");
     assert_eq!(copy, None, "the second copy of an id counted");
-    assert_eq!(
-        contents(&store, &board).await,
-        contents(&store, &control).await
-    );
+    assert_same_contents(&store, &board, &control, "").await;
 }
 
 /// A long chain with room for a single call in flight (every call waits for the one
@@ -461,10 +450,7 @@ async fn a_long_chain_with_one_call_in_flight_finishes_and_agrees() {
     assert!(err.is_none());
     assert_eq!(got, want);
     assert!(got.iter().all(|o| *o == Outcome::Applied));
-    assert_eq!(
-        contents(&store, &board).await,
-        contents(&store, &control).await
-    );
+    assert_same_contents(&store, &board, &control, "").await;
 }
 
 /// Mid-chain calls whose events are all late, all duplicates, or would pass 2^53 - 1 (sent
@@ -540,12 +526,7 @@ async fn late_duplicate_and_overflowing_calls_mid_chain_agree_with_calls_in_turn
             assert_eq!(*o, want, "{}: call 4 event {i}", board.name);
         }
         assert!(call(5).iter().all(|o| *o == Outcome::Applied));
-        assert_eq!(
-            contents(&store, &board).await,
-            contents(&store, &control).await,
-            "{}",
-            board.name
-        );
+        assert_same_contents(&store, &board, &control, &board.name).await;
     }
 }
 
@@ -598,10 +579,7 @@ async fn a_chain_field_set_by_hand_does_not_hold_a_batch_back() {
             "token {chain:?} after {value:?}"
         );
     }
-    assert_eq!(
-        contents(&store, &board).await,
-        contents(&store, &control).await
-    );
+    assert_same_contents(&store, &board, &control, "").await;
 }
 
 /// A `meta` key of the wrong type: the batch fails, as the calls in turn do, and nothing
@@ -665,10 +643,7 @@ async fn a_legacy_seen_zset_found_mid_chain_is_honoured_from_there() {
         };
         assert_eq!(*o, expected, "event {i} {e:?}");
     }
-    assert_eq!(
-        contents(&store, &board).await,
-        contents(&store, &control).await
-    );
+    assert_same_contents(&store, &board, &control, "").await;
 }
 
 /// Sets a slice field of `member` to a non-number in `board`'s instance (its slice
@@ -716,11 +691,7 @@ async fn a_slow_call_then_a_failing_call_stop_where_the_calls_in_turn_stop() {
         assert!(got.to_string().contains("corrupt"), "{got}");
         assert!(err.to_string().contains("corrupt"), "{err}");
         assert_eq!(done.len(), failing * SEG);
-        assert_eq!(
-            contents(&store, &board).await,
-            contents(&store, &control).await,
-            "case {case}"
-        );
+        assert_same_contents(&store, &board, &control, &format!("case {case}")).await;
         let counted: Option<String> = store
             .client()
             .hget(store.instance(&board, None).members(), "am0")
@@ -838,10 +809,7 @@ async fn a_chain_across_a_cluster_failover_counts_each_event_once() {
     }
     let (want, err) = in_turn(&store, &control, &events, NOW).await;
     assert!(err.is_none() && want.iter().all(|o| *o == Outcome::Applied));
-    assert_eq!(
-        contents(&store, &board).await,
-        contents(&store, &control).await
-    );
+    assert_same_contents(&store, &board, &control, "").await;
 }
 
 /// Two applies of the same batch to one instance at once through one store with a single
@@ -878,10 +846,7 @@ async fn two_chains_on_one_connection_count_each_id_once_and_finish() {
         let (o, err) = in_turn(&store, &control, &events, NOW).await;
         assert!(err.is_none() && o.iter().all(|o| *o == Outcome::Applied));
     }
-    assert_eq!(
-        contents(&store, &board).await,
-        contents(&store, &control).await
-    );
+    assert_same_contents(&store, &board, &control, "").await;
 }
 
 /// At `maxmemory` (noeviction) a redelivered batch fails as the calls in turn do (every

@@ -459,11 +459,7 @@ async fn a_slow_call_holds_back_the_calls_chained_after_it() {
         assert_eq!(outcomes, expected, "shape {shape}");
         assert_eq!(outcomes[3], Outcome::Duplicate);
         assert_eq!(outcomes[25], Outcome::Duplicate, "the later copy of e10");
-        assert_eq!(
-            contents(&store, &board).await,
-            contents(&store, &control).await,
-            "shape {shape}"
-        );
+        assert_same_contents(&store, &board, &control, &format!("shape {shape}")).await;
         let members: Option<String> = store
             .client()
             .hget(store.instance(&board, None).members(), "late-copy")

@@ -7,12 +7,7 @@ use crate::support::*;
 async fn one_call_in_flight_with_a_scoped_board_over_many_rooms_counts_exactly() {
     let (redis, store) = RedisServer::start_with_store("rb").await;
     let (_dir, port, config) = config_for(&redis, "a", "");
-    let text = std::fs::read_to_string(&config).expect("read config");
-    std::fs::write(
-        &config,
-        text.replacen("[redis]\n", "[redis]\nmax_calls_in_flight = 1\n", 1),
-    )
-    .expect("write config");
+    edit_config(&config, "[redis]\n", "[redis]\nmax_calls_in_flight = 1\n");
     let daemon = Daemon::start(&config, port).await;
     let now = now_ms();
     let events: Vec<Fields> = (0..2000).map(|i| spread_tip(i, now)).collect();

@@ -21,13 +21,8 @@ fn forgetful(slice: i64, dedup_ms: i64) -> rollboard::board::Board {
 
 /// Dead letters in `rb:events:dead`, as (reason, id) pairs.
 async fn letters(store: &rollboard::store::Store) -> Vec<(String, String)> {
-    use fred::prelude::*;
-    let entries: Vec<(String, HashMap<String, String>)> = store
-        .client()
-        .xrange("rb:events:dead", "-", "+", None)
+    crate::support::letters(store)
         .await
-        .expect("xrange");
-    entries
         .into_iter()
         .map(|(_, f)| {
             (

@@ -208,12 +208,7 @@ impl Rig {
         );
         let boards = test_boards();
         let now = now_ms();
-        let entries: Vec<(String, Fields)> = sent
-            .iter()
-            .enumerate()
-            .map(|(k, f)| (format!("{k}-0"), f.clone()))
-            .collect();
-        let models = crate::support::models_of_entries(&entries, &boards, now);
+        let models = models(sent, &boards, now);
         assert_state(&self.store, &boards, &models, now).await;
         let mut figures = Figures {
             sent: sent.len() as i64,
@@ -418,9 +413,7 @@ async fn cuts_mid_batch_mid_ack_and_mid_swap_lose_nothing_and_double_nothing() {
 async fn an_apply_call_cut_after_it_reached_redis_is_not_resent() {
     let redis = RedisServer::start();
     let proxy = Proxy::start(redis.port).await;
-    let store = Store::connect(&proxy.url(), "rb", 1, Reconnect::Forever)
-        .await
-        .expect("connect");
+    let store = proxy.store().await;
     let board = crate::support::board("cut_once", HOUR, 24);
     let now = now_ms();
     // 70 events of distinct members: three `fold.lua` calls; the second one is cut.

@@ -49,12 +49,7 @@ async fn append_to(store: &Store, events: &[Fields], place: impl Fn(usize, &Fiel
 async fn assert_model(store: &Store, events: &[Fields]) {
     let boards = test_boards();
     let now = now_ms();
-    let entries: Vec<(String, Fields)> = events
-        .iter()
-        .enumerate()
-        .map(|(k, f)| (format!("{k}-0"), f.clone()))
-        .collect();
-    let models = crate::support::models_of_entries(&entries, &boards, now);
+    let models = models(events, &boards, now);
     assert_state(store, &boards, &models, now).await;
 }
 
@@ -376,12 +371,7 @@ async fn three_partitions_on_a_cluster_sit_in_distinct_slots_and_equal_the_model
     let dir = tempfile::tempdir().expect("temp dir");
     let port = free_port();
     let path = write_config_url(dir.path(), &cluster.url(), port, "a", "");
-    let text = std::fs::read_to_string(&path).expect("read config");
-    std::fs::write(
-        &path,
-        text.replacen("[ingest]\n", "[ingest]\npartitions = 3\n", 1),
-    )
-    .expect("write config");
+    edit_config(&path, "[ingest]\n", "[ingest]\npartitions = 3\n");
     let daemon = Daemon::start(&path, port).await;
     let now = now_ms();
     let events: Vec<Fields> = (0..1500).map(|i| tip(i, now)).collect();

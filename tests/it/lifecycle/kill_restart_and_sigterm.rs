@@ -137,12 +137,7 @@ async fn sigterm_at_random_points_leaves_nothing_pending() {
     eprintln!("sigterm test: seed {seed} (ROLLBOARD_SIGTERM_SEED), {runs} runs");
     let mut rng = SplitMix(seed);
     let (_redis, store, _dir, config, port) = setup("a").await;
-    let text = std::fs::read_to_string(&config).expect("read config");
-    std::fs::write(
-        &config,
-        text.replace("batch_size = 200", "batch_size = 256"),
-    )
-    .expect("write config");
+    edit_config(&config, "batch_size = 200", "batch_size = 256");
     let now = now_ms();
     let event = |i: usize| tip_or_payment(i, now, 0);
     let mut events: Vec<Fields> = (0..BACKLOG).map(event).collect();

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use rollboard::store::{Reconnect, Store};
 
-use crate::support::{assert_success, free_port};
+use crate::support::{assert_success, free_port, SpawnIn};
 
 /// Milliseconds without an answer before the other nodes mark a node as failing.
 pub const NODE_TIMEOUT_MS: u64 = 1000;
@@ -41,12 +41,7 @@ pub fn spawn_node(port: u16, dir: &std::path::Path) -> Child {
             "0",
         ])
         .args(["--logfile", "redis.log"])
-        .arg("--dir")
-        .arg(dir)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("redis-server is installed (scripts/ensure-redis)")
+        .spawn_in(dir)
 }
 
 /// A free port whose cluster bus port (port + 10000) is free as well.

@@ -91,3 +91,10 @@ pub fn config_for(
     let config = write_config(dir.path(), redis, port, consumer, extra);
     (dir, port, config)
 }
+
+/// Rewrites the configuration at `path`, replacing the first `from` with `to`.
+pub fn edit_config(path: &Path, from: &str, to: &str) {
+    let text = std::fs::read_to_string(path).expect("read config");
+    assert!(text.contains(from), "{from} is in the config");
+    std::fs::write(path, text.replacen(from, to, 1)).expect("write config");
+}

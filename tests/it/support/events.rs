@@ -150,14 +150,21 @@ pub fn spread_tip(i: usize, now: i64) -> Fields {
     names.into_iter().zip(values).collect()
 }
 
+/// A stream entry: its ID and fields.
 pub type Letter = (String, HashMap<String, String>);
 
-pub async fn letters(store: &Store) -> Vec<Letter> {
+/// Every entry of the stream `key`, in order.
+pub async fn stream_entries(store: &Store, key: &str) -> Vec<Letter> {
     store
         .client()
-        .xrange("rb:events:dead", "-", "+", None)
+        .xrange(key, "-", "+", None)
         .await
         .expect("xrange")
+}
+
+/// The dead letters in `rb:events:dead`, in order.
+pub async fn letters(store: &Store) -> Vec<Letter> {
+    stream_entries(store, "rb:events:dead").await
 }
 
 /// JSON lines of `n` tips to rooms r0..r2, each 1..=3.

@@ -79,3 +79,12 @@ pub fn shaped(shape: usize) -> Board {
     }
     board
 }
+
+/// `board` and `control` hold the same data, their key names aside; `what` says where.
+pub async fn assert_same_contents(store: &Store, board: &Board, control: &Board, what: &str) {
+    assert_eq!(
+        contents(store, board).await,
+        contents(store, control).await,
+        "{what}"
+    );
+}

@@ -142,19 +142,13 @@ impl Shared {
     }
 
     fn hold_pattern_len(&self) -> usize {
-        self.hold
-            .lock()
-            .expect("hold lock")
-            .as_ref()
-            .map_or(0, |h| h.pattern.len())
+        let hold = self.hold.lock().expect("hold lock");
+        hold.as_ref().map_or(0, |h| h.pattern.len())
     }
 
     fn pattern_len(&self) -> usize {
-        self.cut
-            .lock()
-            .expect("cut lock")
-            .as_ref()
-            .map_or(0, |c| c.pattern.len())
+        let cut = self.cut.lock().expect("cut lock");
+        cut.as_ref().map_or(0, |c| c.pattern.len())
     }
 }
 
@@ -185,6 +179,15 @@ impl Proxy {
         let stop = CancellationToken::new();
         tokio::spawn(accept_loop(listener, shared.clone(), stop.clone()));
         Proxy { port, shared, stop }
+    }
+
+    /// A store (prefix `rb`, one call in flight, reconnecting) reaching Redis through the
+    /// proxy.
+    pub async fn store(&self) -> rollboard::store::Store {
+        use rollboard::store::{Reconnect, Store};
+        Store::connect(&self.url(), "rb", 1, Reconnect::Forever)
+            .await
+            .expect("connect")
     }
 
     /// The Redis URL that goes through the proxy.

@@ -50,12 +50,24 @@ pub fn spawn_redis(port: u16, dir: &std::path::Path, persistent: bool) -> Child 
             "",
         ])
         .args(["--appendonly", aof, "--appendfsync", "always"])
-        .arg("--dir")
-        .arg(dir)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("redis-server is installed (apt-get install redis-server)")
+        .spawn_in(dir)
+}
+
+/// Starting a `redis-server` command quietly in its own directory.
+pub trait SpawnIn {
+    /// Spawns with `--dir dir` and no output; panics when redis-server is missing.
+    fn spawn_in(&mut self, dir: &std::path::Path) -> Child;
+}
+
+impl SpawnIn for Command {
+    fn spawn_in(&mut self, dir: &std::path::Path) -> Child {
+        self.arg("--dir")
+            .arg(dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server is installed (scripts/ensure-redis)")
+    }
 }
 
 impl RedisServer {
