@@ -366,46 +366,15 @@ async fn a_broken_scoped_instance_is_dead_lettered_and_its_replay_counts_once() 
     assert_metrics(&daemon, &["rollboard_board_apply_failing{board=fans_7d} 1"]).await;
     // rooms_7d counted every tip, r1's included; fans_7d of r2 every r2 tip.
     let rooms = &boards[0];
-    let mut rooms_model = Instance::default();
-    let mut fans_r2 = Instance::default();
-    for (source, f) in stream(&store).await {
-        let raw: Vec<(Vec<u8>, Vec<u8>)> = f
-            .iter()
-            .map(|(a, b)| (a.clone().into_bytes(), b.clone().into_bytes()))
-            .collect();
-        let e = rollboard::event::parse(&raw, &source, &boards, now, 300_000).expect("valid");
-        for u in e.updates {
-            let a = ApplyEvent {
-                id: e.id.clone(),
-                ts: e.ts,
-                member: u.member,
-                amount: u.amount,
-            };
-            match (u.board, u.scope.as_deref()) {
-                (0, None) => {
-                    rooms_model.apply(rooms, &a, now);
-                }
-                (1, Some("r2")) => {
-                    fans_r2.apply(&boards[1], &a, now);
-                }
-                _ => {}
-            }
-        }
-    }
-    assert_matches(&store, rooms, None, &rooms_model, now).await;
+    let models = models_of_entries(&stream(&store).await, &boards, now);
+    let rooms_model = &models[&(0, None)];
+    let fans_r2 = &models[&(1, Some("r2".to_string()))];
+    assert_matches(&store, rooms, None, rooms_model, now).await;
     let fans = &boards[1];
     let expected = fans_r2.ranking(fans);
     assert!(
         wait_for(Duration::from_secs(10), || async {
-            let page = store
-                .top(fans, Some("r2"), 0, 1000, now)
-                .await
-                .expect("top");
-            page.entries
-                .iter()
-                .map(|e| (e.member.clone(), e.total, e.last_ts))
-                .collect::<Vec<_>>()
-                == expected
+            ranked(&store, fans, Some("r2"), now).await == expected
         })
         .await,
         "fans_7d r2 never caught up"

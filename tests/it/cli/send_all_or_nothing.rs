@@ -183,19 +183,7 @@ async fn send_names_long_and_non_utf8_lines_and_keeps_all_or_nothing() {
     let dir = tempfile::tempdir().expect("dir");
     let config = write_config(dir.path(), &redis, 1, "a", "");
     let send = |input: &[u8]| {
-        let mut child = rollboard_command()
-            .arg("--config")
-            .arg(&config)
-            .arg("send")
-            .spawn_piped("spawn send");
-        let mut stdin = child.stdin.take().expect("stdin");
-        let input = input.to_vec();
-        // The child may stop reading at an over-long line; a broken pipe is fine then.
-        let writer = std::thread::spawn(move || {
-            let _ = stdin.write_all(&input);
-        });
-        let out = child.wait_with_output().expect("send");
-        let _ = writer.join();
+        let out = send(&config, None, input);
         (
             out.status.code(),
             String::from_utf8_lossy(&out.stderr).into_owned(),

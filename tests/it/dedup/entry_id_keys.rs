@@ -267,17 +267,12 @@ async fn a_dead_letter_stream_named_like_another_layouts_partition_is_refused_or
     let meta = store.instance(&fans, Some("r1")).meta();
     set_string(&store, &meta, "x").await;
     let daemon = Daemon::start(&path, port).await;
-    let _: String = store
-        .client()
-        .xadd(
-            "rb:events",
-            false,
-            None,
-            "*",
-            vec![("room", "r1"), ("user", "u1"), ("amount", "5")],
-        )
-        .await
-        .expect("xadd");
+    xadd_one(
+        &store,
+        "rb:events",
+        vec![("room", "r1"), ("user", "u1"), ("amount", "5")],
+    )
+    .await;
     assert!(
         drained_streams(&store, &["rb:events".to_string()]).await,
         "the tip is processed"

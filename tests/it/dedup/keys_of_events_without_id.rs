@@ -277,17 +277,12 @@ async fn applied_then_crashed(
         .await
         .expect("xgroup create");
     let amount = amount.to_string();
-    let _: String = store
-        .client()
-        .xadd(
-            stream,
-            false,
-            None,
-            "*",
-            vec![("room", room), ("user", "u1"), ("amount", amount.as_str())],
-        )
-        .await
-        .expect("xadd");
+    xadd_one(
+        store,
+        stream,
+        vec![("room", room), ("user", "u1"), ("amount", amount.as_str())],
+    )
+    .await;
     let read: Value = store
         .client()
         .xreadgroup("rollboard", "dead", Some(10), None, false, stream, ">")
@@ -493,24 +488,19 @@ async fn a_dead_letter_from_a_partition_written_before_the_upgrade_replays_once(
     )
     .await;
     assert_eq!(first, [Outcome::Applied]);
-    let _: String = store
-        .client()
-        .xadd(
-            "rb:events:dead",
-            false,
-            None,
-            "*",
-            vec![
-                ("user", "u1"),
-                ("amount", "5"),
-                ("reason", "apply_failed"),
-                ("detail", "b: WRONGTYPE"),
-                ("source_id", source_id.as_str()),
-                ("source_stream", "rb:events:{1}"),
-            ],
-        )
-        .await
-        .expect("old dead letter");
+    xadd_one(
+        &store,
+        "rb:events:dead",
+        vec![
+            ("user", "u1"),
+            ("amount", "5"),
+            ("reason", "apply_failed"),
+            ("detail", "b: WRONGTYPE"),
+            ("source_id", source_id.as_str()),
+            ("source_stream", "rb:events:{1}"),
+        ],
+    )
+    .await;
     // After the upgrade, replayed as the README says for a letter written before it: the
     // bare `source_id` as its `id`.
     let dead = letters(&store).await;

@@ -59,16 +59,7 @@ pub async fn assert_state_or(
         let board = &boards[*b];
         if board.mode == Mode::Resummarize {
             let expected = model.ranking(board);
-            let ranked = || async {
-                let page = store
-                    .top(board, scope.as_deref(), 0, 1000, now)
-                    .await
-                    .expect("top");
-                page.entries
-                    .iter()
-                    .map(|e| (e.member.clone(), e.total, e.last_ts))
-                    .collect::<Vec<_>>()
-            };
+            let ranked = || ranked(store, board, scope.as_deref(), now);
             let caught_up = wait_for(Duration::from_secs(10), || async {
                 ranked().await == expected
             })
@@ -156,4 +147,18 @@ pub async fn assert_metrics(daemon: &Daemon, expected: &[&str]) {
         let want: f64 = want.parse().expect("a reading");
         assert_eq!(daemon.metric(name, &labels).await, want, "{line}");
     }
+}
+
+/// The first 1000 of an instance's ranking at `now`: member, total, tie-break time.
+pub async fn ranked(
+    store: &Store,
+    board: &Board,
+    scope: Option<&str>,
+    now: i64,
+) -> Vec<(String, i64, Option<i64>)> {
+    let page = store.top(board, scope, 0, 1000, now).await.expect("top");
+    page.entries
+        .iter()
+        .map(|e| (e.member.clone(), e.total, e.last_ts))
+        .collect()
 }

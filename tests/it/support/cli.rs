@@ -50,12 +50,7 @@ pub fn send(config: &std::path::Path, file: Option<&std::path::Path>, input: &[u
     if let Some(file) = file {
         cmd.arg(file);
     }
-    let mut child = cmd
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn send");
+    let mut child = cmd.spawn_piped("spawn send");
     let mut stdin = child.stdin.take().expect("stdin");
     let input = input.to_vec();
     // The child may stop reading at an over-long line; a broken pipe is fine then.

@@ -196,3 +196,12 @@ pub fn tip_or_payment(i: usize, now: i64, payment_at: usize) -> Fields {
         tip(i, now)
     }
 }
+
+/// Appends one entry of `fields` to the stream `key`; its ID.
+pub async fn xadd_one(store: &Store, key: &str, fields: Vec<(&str, &str)>) -> String {
+    store
+        .client()
+        .xadd(key, false, None, "*", fields)
+        .await
+        .expect("xadd")
+}
