@@ -178,10 +178,7 @@ async fn rig(persistent: bool, proxied: bool, edit: impl Fn(String) -> String) -
     let text = std::fs::read_to_string(&config).expect("config");
     std::fs::write(&config, edit(text)).expect("config");
     let daemon = Daemon::start(&config, port).await;
-    let ready = wait_for(Duration::from_secs(20), || async {
-        daemon.get("/readyz").await.0 == 200
-    })
-    .await;
+    let ready = daemon.readyz_becomes(200, Duration::from_secs(20)).await;
     assert!(ready, "daemon never got ready; log:\n{}", daemon.logs());
     Rig {
         redis,
@@ -514,10 +511,10 @@ async fn a_partition_shows_in_readyz_metrics_and_log_and_heals_by_itself() {
     proxy.blackhole(true);
     let partitioned = std::time::Instant::now();
     xadd_all(rig.store.client(), "rb:events", &sent[1000..]).await;
-    let unready = wait_for(Duration::from_secs(10), || async {
-        rig.daemon.get("/readyz").await.0 == 503
-    })
-    .await;
+    let unready = rig
+        .daemon
+        .readyz_becomes(503, Duration::from_secs(10))
+        .await;
     assert!(unready, "readyz never reported the partition");
     let counted = wait_for(Duration::from_secs(15), || async {
         rig.metric("rollboard_redis_errors_total", &[]).await > errors_before
@@ -540,10 +537,10 @@ async fn a_partition_shows_in_readyz_metrics_and_log_and_heals_by_itself() {
     assert!(long, "log:\n{}", rig.daemon.logs());
     eprintln!("partition lasted {:?}", partitioned.elapsed());
     proxy.blackhole(false);
-    let ready = wait_for(Duration::from_secs(30), || async {
-        rig.daemon.get("/readyz").await.0 == 200
-    })
-    .await;
+    let ready = rig
+        .daemon
+        .readyz_becomes(200, Duration::from_secs(30))
+        .await;
     assert!(ready, "never ready again; log:\n{}", rig.daemon.logs());
     let more = events("b2-", 0..500, now);
     xadd_all(rig.store.client(), "rb:events", &more).await;
@@ -601,10 +598,10 @@ async fn redis_restarted_with_aof_during_ingest_loses_and_doubles_nothing() {
         } else {
             rig.redis.restart();
         }
-        let ready = wait_for(Duration::from_secs(30), || async {
-            rig.daemon.get("/readyz").await.0 == 200
-        })
-        .await;
+        let ready = rig
+            .daemon
+            .readyz_becomes(200, Duration::from_secs(30))
+            .await;
         assert!(ready, "never ready again; log:\n{}", rig.daemon.logs());
     }
     let more = events("k2-", 0..300, now);

@@ -17,16 +17,8 @@ async fn a_redis_restart_turns_readyz_503_then_200_and_loses_nothing() {
     let store_url = redis.url();
     let (_dir, port, config) = config_for(&redis, "a", "");
     let daemon = Daemon::start(&config, port).await;
-    let ready = |want: u16| {
-        let daemon = &daemon;
-        async move {
-            wait_for(Duration::from_secs(30), || async {
-                daemon.get("/readyz").await.0 == want
-            })
-            .await
-        }
-    };
-    assert!(ready(200).await, "never ready; log:\n{}", daemon.logs());
+    let ready = daemon.readyz_becomes(200, Duration::from_secs(30)).await;
+    assert!(ready, "never ready; log:\n{}", daemon.logs());
     let now = now_ms();
     let events: Vec<Fields> = (0..1000).map(|i| tip(i, now)).collect();
     {
@@ -37,18 +29,16 @@ async fn a_redis_restart_turns_readyz_503_then_200_and_loses_nothing() {
         assert!(drained(&store).await);
     }
     redis.kill();
-    assert!(ready(503).await, "readyz stayed up without redis");
+    let unready = daemon.readyz_becomes(503, Duration::from_secs(30)).await;
+    assert!(unready, "readyz stayed up without redis");
     assert_eq!(
         daemon.get("/healthz").await.0,
         200,
         "the process itself is alive"
     );
     redis.restart();
-    assert!(
-        ready(200).await,
-        "never ready again; log:\n{}",
-        daemon.logs()
-    );
+    let ready = daemon.readyz_becomes(200, Duration::from_secs(30)).await;
+    assert!(ready, "never ready again; log:\n{}", daemon.logs());
     let store = Store::connect(&store_url, "rb", 1, rollboard::store::Reconnect::Never)
         .await
         .expect("connect");
@@ -143,13 +133,14 @@ async fn a_board_whose_apply_keeps_failing_is_reported_and_holds_no_other_board(
     xadd_all(c, "rb:events", &replay).await;
     assert!(drained(&store).await);
     assert_state(&store, &boards, &models(&everything, &boards, now), now).await;
-    let recovered = wait_for(Duration::from_secs(10), || async {
-        daemon
-            .metric("rollboard_board_apply_failing", &[("board", "rooms_7d")])
-            .await
-            == 0.0
-    })
-    .await;
+    let recovered = daemon
+        .metric_becomes(
+            "rollboard_board_apply_failing",
+            &[("board", "rooms_7d")],
+            0.0,
+            Duration::from_secs(10),
+        )
+        .await;
     assert!(recovered, "rooms_7d still reported failing");
     assert!(daemon.terminate().await.success());
 }
@@ -300,16 +291,8 @@ async fn readyz_recovers_and_every_connection_counts_its_reconnect_after_an_outa
     let mut redis = RedisServer::start_persistent();
     let (_dir, port, config) = config_for(&redis, "a", "");
     let daemon = Daemon::start(&config, port).await;
-    let ready = |want: u16| {
-        let daemon = &daemon;
-        async move {
-            wait_for(Duration::from_secs(30), || async {
-                daemon.get("/readyz").await.0 == want
-            })
-            .await
-        }
-    };
-    assert!(ready(200).await, "never ready; log:\n{}", daemon.logs());
+    let ready = daemon.readyz_becomes(200, Duration::from_secs(30)).await;
+    assert!(ready, "never ready; log:\n{}", daemon.logs());
     // A query, so that the HTTP store's read connection is open too.
     let (status, _) = daemon.get("/v1/boards/rooms_7d/top").await;
     assert_eq!(status, 200);
@@ -317,15 +300,13 @@ async fn readyz_recovers_and_every_connection_counts_its_reconnect_after_an_outa
     assert!(before >= 4, "{before} connections");
     assert_metrics(&daemon, &["rollboard_redis_reconnects_total 0"]).await;
     redis.kill();
-    assert!(ready(503).await, "readyz stayed up without redis");
+    let unready = daemon.readyz_becomes(503, Duration::from_secs(30)).await;
+    assert!(unready, "readyz stayed up without redis");
     let (status, _) = daemon.get("/v1/boards/rooms_7d/top").await;
     assert_eq!(status, 503, "a query without redis is refused");
     redis.restart();
-    assert!(
-        ready(200).await,
-        "never ready again; log:\n{}",
-        daemon.logs()
-    );
+    let ready = daemon.readyz_becomes(200, Duration::from_secs(30)).await;
+    assert!(ready, "never ready again; log:\n{}", daemon.logs());
     let (status, _) = daemon.get("/v1/boards/rooms_7d/top").await;
     assert_eq!(status, 200);
     let counted = wait_for(Duration::from_secs(30), || async {

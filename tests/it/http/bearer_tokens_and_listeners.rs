@@ -332,10 +332,7 @@ async fn admin_listen_serves_metrics_and_probes_and_the_api_port_does_not() {
             .map_or(0, |response| response.status().as_u16())
     };
 
-    let ready = wait_for(Duration::from_secs(20), || async {
-        admin.get("/readyz").await.0 == 200
-    })
-    .await;
+    let ready = admin.readyz_becomes(200, Duration::from_secs(20)).await;
     assert!(ready, "{}", admin.logs());
     let (status, body) = admin.get("/metrics").await;
     assert_eq!(status, 200);

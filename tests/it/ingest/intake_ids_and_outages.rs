@@ -25,10 +25,7 @@ async fn daemon_behind_proxy() -> (RedisServer, Proxy, Store, tempfile::TempDir,
     let port = free_port();
     let config = write_config_url(dir.path(), &proxy.url(), port, "a", "");
     let daemon = Daemon::start(&config, port).await;
-    let ready = wait_for(Duration::from_secs(20), || async {
-        daemon.get("/readyz").await.0 == 200
-    })
-    .await;
+    let ready = daemon.readyz_becomes(200, Duration::from_secs(20)).await;
     assert!(ready, "daemon never got ready; log:\n{}", daemon.logs());
     (redis, proxy, store, dir, daemon)
 }
@@ -211,10 +208,7 @@ async fn a_post_while_redis_is_unreachable_answers_503_with_a_json_error() {
     let body: serde_json::Value = serde_json::from_str(&body).expect("a JSON body");
     assert!(body["error"].is_string(), "{body}");
     proxy.blackhole(false);
-    let ready = wait_for(Duration::from_secs(30), || async {
-        daemon.get("/readyz").await.0 == 200
-    })
-    .await;
+    let ready = daemon.readyz_becomes(200, Duration::from_secs(30)).await;
     assert!(
         ready,
         "daemon never got ready again; log:\n{}",

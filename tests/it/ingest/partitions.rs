@@ -99,10 +99,7 @@ async fn two_daemons_share_three_partitions_and_a_killed_one_loses_nothing() {
     // group of the daemon is ready): a daemon still starting on a busy machine would
     // leave them all to the other.
     for (name, daemon) in [("a", &a), ("b", &b)] {
-        let ready = wait_for(Duration::from_secs(20), || async {
-            daemon.get("/readyz").await.0 == 200
-        })
-        .await;
+        let ready = daemon.readyz_becomes(200, Duration::from_secs(20)).await;
         assert!(ready, "{name} not ready; log:\n{}", daemon.logs());
     }
     append_to(&store, &events[..3000], placed).await;

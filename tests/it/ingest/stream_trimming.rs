@@ -122,13 +122,14 @@ async fn with_no_retention_acked_entries_are_trimmed_away() {
         xlen(&store, STREAM).await,
         daemon.logs()
     );
-    let trimmed = wait_for(Duration::from_secs(10), || async {
-        daemon
-            .metric("rollboard_stream_trimmed_total", &[("stream", STREAM)])
-            .await
-            == 3000.0
-    })
-    .await;
+    let trimmed = daemon
+        .metric_becomes(
+            "rollboard_stream_trimmed_total",
+            &[("stream", STREAM)],
+            3000.0,
+            Duration::from_secs(10),
+        )
+        .await;
     assert!(trimmed, "every entry is counted as trimmed once");
     assert!(daemon.terminate().await.success());
 }

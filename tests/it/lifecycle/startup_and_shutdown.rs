@@ -49,14 +49,8 @@ async fn ready_daemon(redis: &RedisServer) -> (tempfile::TempDir, std::path::Pat
     let port = free_port();
     let config = write_config(dir.path(), redis, port, "a", "");
     let daemon = Daemon::start(&config, port).await;
-    assert!(
-        wait_for(Duration::from_secs(30), || async {
-            daemon.get("/readyz").await.0 == 200
-        })
-        .await,
-        "never ready; log:\n{}",
-        daemon.logs()
-    );
+    let ready = daemon.readyz_becomes(200, Duration::from_secs(30)).await;
+    assert!(ready, "never ready; log:\n{}", daemon.logs());
     (dir, config, port, daemon)
 }
 
@@ -176,14 +170,8 @@ async fn without_redis_at_start_no_listener_opens_until_the_checks_pass_then_it_
     );
     assert_eq!(daemon.get("/readyz").await.0, 0);
     redis.restart();
-    assert!(
-        wait_for(Duration::from_secs(30), || async {
-            daemon.get("/readyz").await.0 == 200
-        })
-        .await,
-        "never ready; log:\n{}",
-        daemon.logs()
-    );
+    let ready = daemon.readyz_becomes(200, Duration::from_secs(30)).await;
+    assert!(ready, "never ready; log:\n{}", daemon.logs());
     let now = now_ms();
     let events: Vec<Fields> = (0..40).map(|i| spread_tip(i, now)).collect();
     assert_eq!(post_events(&daemon.base, &events).await, 202);
@@ -247,12 +235,7 @@ async fn sigterm_while_an_intake_waits_on_a_slow_redis_exits_0_and_appends_at_mo
     let port = free_port();
     let config = crate::support::write_config_url(dir.path(), &proxy.url(), port, "a", "");
     let daemon = Daemon::start(&config, port).await;
-    assert!(
-        wait_for(Duration::from_secs(30), || async {
-            daemon.get("/readyz").await.0 == 200
-        })
-        .await
-    );
+    assert!(daemon.readyz_becomes(200, Duration::from_secs(30)).await);
     // Every round trip to Redis now outlasts the HTTP drain (2 s).
     proxy.latency(Duration::from_millis(1500));
     let now = now_ms();

@@ -148,6 +148,22 @@ impl Daemon {
             .expect("wait")
     }
 
+    /// Waits up to `limit` for metric `name` with `labels` to read `want`; whether it did.
+    pub async fn metric_becomes(
+        &self,
+        name: &str,
+        labels: &[(&str, &str)],
+        want: f64,
+        limit: Duration,
+    ) -> bool {
+        wait_for(limit, || async { self.metric(name, labels).await == want }).await
+    }
+
+    /// Waits up to `limit` for `/readyz` to answer `want`; whether it did.
+    pub async fn readyz_becomes(&self, want: u16, limit: Duration) -> bool {
+        wait_for(limit, || async { self.get("/readyz").await.0 == want }).await
+    }
+
     /// GET a path, returning status and body.
     pub async fn get(&self, path: &str) -> (u16, String) {
         match reqwest::get(format!("{}{path}", self.base)).await {
