@@ -11,12 +11,7 @@ fn a_binary_config_is_not_shown_and_its_path_is_named_once() {
     let path = dir.path().join("binary.toml");
     let bytes: Vec<u8> = (0..4096u32).map(|i| (i * 7919 % 251) as u8).collect();
     std::fs::write(&path, &bytes).expect("write");
-    let out = rollboard_command()
-        .arg("--config")
-        .arg(&path)
-        .args(["top", "x"])
-        .output()
-        .expect("run");
+    let out = run_rollboard(&path, &["top", "x"]);
     assert_eq!(out.status.code(), Some(64));
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.matches("binary.toml").count(), 1, "{err}");
@@ -26,12 +21,7 @@ fn a_binary_config_is_not_shown_and_its_path_is_named_once() {
         "[ingest]\nbatch_size = 99999999999999999999\n[[boards]]\nname = \"r\"\nmember = \"m\"\nwindow = \"10000000000d\"\nslice = \"1d\"\n",
     )
     .expect("write");
-    let out = rollboard_command()
-        .arg("--config")
-        .arg(&path)
-        .args(["top", "r"])
-        .output()
-        .expect("run");
+    let out = run_rollboard(&path, &["top", "r"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(64));
     assert!(err.contains("batch_size"), "{err}");
@@ -40,12 +30,7 @@ fn a_binary_config_is_not_shown_and_its_path_is_named_once() {
         "[[boards]]\nname = \"r\"\nmember = \"m\"\nwindow = \"10000000000d\"\nslice = \"1d\"\n",
     )
     .expect("write");
-    let out = rollboard_command()
-        .arg("--config")
-        .arg(&path)
-        .args(["top", "r"])
-        .output()
-        .expect("run");
+    let out = run_rollboard(&path, &["top", "r"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(64));
     assert!(err.contains("boards[0].window"), "{err}");

@@ -29,6 +29,22 @@ async fn letters(store: &Store) -> Vec<Letter> {
         .expect("xrange")
 }
 
+/// The operator's correction of a letter: a copy with `amount` set in, the letter `id` out.
+async fn correct_amount(store: &Store, id: &str, letter: HashMap<String, String>, amount: &str) {
+    let mut fixed: Vec<(String, String)> = letter.into_iter().collect();
+    for (name, value) in &mut fixed {
+        if name == "amount" {
+            *value = amount.into();
+        }
+    }
+    let _: String = store
+        .client()
+        .xadd(DEAD, false, None, "*", fixed)
+        .await
+        .expect("xadd");
+    let _: i64 = store.client().xdel(DEAD, id).await.expect("xdel");
+}
+
 /// Replays what `selection` takes at `now`; the tally.
 async fn replay(
     store: &Store,
@@ -251,22 +267,7 @@ async fn a_revalidated_letter_refused_by_one_instance_leaves_a_letter_for_that_i
     .expect("batch");
     let (bad_id, letter) = letters(&store).await.remove(0);
     assert_eq!(letter["reason"], "amount");
-    let mut fixed: Vec<(String, String)> = letter.into_iter().collect();
-    for (name, value) in &mut fixed {
-        if name == "amount" {
-            *value = "100".into();
-        }
-    }
-    let _: String = store
-        .client()
-        .xadd(DEAD, false, None, "*", fixed)
-        .await
-        .expect("xadd");
-    let _: i64 = store
-        .client()
-        .xdel(DEAD, bad_id.as_str())
-        .await
-        .expect("xdel");
+    correct_amount(&store, &bad_id, letter, "100").await;
 
     let everything = Selection::default();
     let mut first = counts(1, 0, 0);
@@ -363,22 +364,7 @@ async fn letters_refused_as_a_whole_are_selected_by_board_and_reason_and_stay_wh
 
     // The operator corrects the amount letter: a fixed copy in, the bad one out.
     let (bad_id, bad) = &dead[2];
-    let mut fixed: Vec<(String, String)> = bad.clone().into_iter().collect();
-    for (name, value) in &mut fixed {
-        if name == "amount" {
-            *value = "7".into();
-        }
-    }
-    let _: String = store
-        .client()
-        .xadd(DEAD, false, None, "*", fixed)
-        .await
-        .expect("xadd");
-    let _: i64 = store
-        .client()
-        .xdel(DEAD, bad_id.as_str())
-        .await
-        .expect("xdel");
+    correct_amount(&store, bad_id, bad.clone(), "7").await;
 
     // rooms_7d: the late, member and corrected letters; no_board matches nothing.
     assert_eq!(

@@ -62,12 +62,6 @@ pub fn send(config: &std::path::Path, file: Option<&std::path::Path>, input: &[u
     out
 }
 
-pub fn rollboard_command() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_rollboard"));
-    cmd.env_remove("ROLLBOARD_CONFIG");
-    cmd
-}
-
 /// Fails the test unless `out` exited 0, showing `what`, stdout and stderr.
 pub fn assert_success(out: &Output, what: &str) {
     assert!(
