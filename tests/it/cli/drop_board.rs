@@ -10,7 +10,6 @@ use std::path::{Path, PathBuf};
 use fred::prelude::*;
 use fred::types::{ClusterHash, CustomCommand};
 use rollboard::board::{Board, Mode};
-use rollboard::ingest::process_batch;
 use rollboard::metrics::Metrics;
 use rollboard::query::Page;
 use rollboard::roll::Verified;
@@ -56,17 +55,10 @@ async fn fill(store: &Store, boards: &[Board], now: i64, rooms: &[&str], tag: &s
             )
         })
         .collect();
-    process_batch(
-        store,
-        boards,
-        &settings,
-        &metrics,
-        "rb:events",
-        &entries,
-        now,
-    )
-    .await
-    .expect("apply");
+    Consumer::new(store, boards, &settings, &metrics)
+        .process("rb:events", &entries, now)
+        .await
+        .expect("apply");
 }
 
 /// The board `tips` in every shape a dropped board may leave: an unscoped instance (the

@@ -6,7 +6,6 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use rollboard::board::Dedup;
-use rollboard::ingest::process_batch;
 use rollboard::metrics::Metrics;
 
 use crate::support::*;
@@ -42,17 +41,10 @@ async fn deliver(
 ) {
     let metrics = Metrics::new(boards);
     let settings = ingest_settings("rb:events", 1);
-    process_batch(
-        store,
-        boards,
-        &settings,
-        &metrics,
-        "rb:events",
-        entries,
-        now,
-    )
-    .await
-    .expect("batch");
+    Consumer::new(store, boards, &settings, &metrics)
+        .process("rb:events", entries, now)
+        .await
+        .expect("batch");
 }
 
 /// A forced roll ahead of the clock forgets the ids of slices that are still in the

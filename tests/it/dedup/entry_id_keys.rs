@@ -7,7 +7,6 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use fred::prelude::*;
-use rollboard::ingest::process_batch;
 use rollboard::metrics::Metrics;
 use rollboard::store::Store;
 
@@ -150,17 +149,10 @@ async fn a_replayed_apply_failed_event_without_ts_keeps_its_original_time() {
     let result_b = store.instance(&b, None).result();
     set_string(&store, &result_b, "x").await;
     let original = entry(&format!("{t0}-0"), &[("user", "u1"), ("amount", "5")]);
-    process_batch(
-        &store,
-        &boards,
-        &settings,
-        &metrics,
-        "rb:events",
-        &[original],
-        t0,
-    )
-    .await
-    .expect("first batch");
+    Consumer::new(&store, &boards, &settings, &metrics)
+        .process("rb:events", &[original], t0)
+        .await
+        .expect("first batch");
     assert_eq!(total_at(&store, &a, "u1", t0).await, Some(5));
     let letters: Vec<(String, HashMap<String, String>)> = store
         .client()
@@ -189,17 +181,10 @@ async fn a_replayed_apply_failed_event_without_ts_keeps_its_original_time() {
     fields.push(("ts", source_ts));
     let t1 = t0 + 2 * SLICE + SLICE / 2;
     let replay = entry(&format!("{t1}-0"), &fields);
-    process_batch(
-        &store,
-        &boards,
-        &settings,
-        &metrics,
-        "rb:events",
-        &[replay],
-        t1,
-    )
-    .await
-    .expect("replay");
+    Consumer::new(&store, &boards, &settings, &metrics)
+        .process("rb:events", &[replay], t1)
+        .await
+        .expect("replay");
     assert_eq!(
         total_at(&store, &a, "u1", t1).await,
         Some(5),

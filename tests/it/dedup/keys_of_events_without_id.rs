@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use fred::prelude::*;
 use rollboard::board::Board;
-use rollboard::ingest::{process_batch, Entry};
+use rollboard::ingest::{Entry};
 use rollboard::metrics::Metrics;
 use rollboard::store::{Outcome, Store};
 
@@ -92,7 +92,8 @@ async fn the_readme_replay_keeps_key_and_time_on_the_bare_stream_and_a_partition
                 &[("user", "u3"), ("amount", "7"), ("ts", &early.to_string())],
             ),
         ];
-        process_batch(&store, &boards, &settings, &metrics, stream, &originals, t0)
+        Consumer::new(&store, &boards, &settings, &metrics)
+            .process(stream, &originals, t0)
             .await
             .expect("first batch");
         let dead = letters(&store).await;
@@ -110,7 +111,8 @@ async fn the_readme_replay_keeps_key_and_time_on_the_bare_stream_and_a_partition
             .map(|(i, (_, l))| replay_entry(l, "rb:events", &format!("{t1}-{i}")))
             .collect();
         for delivery in 0..2 {
-            process_batch(&store, &boards, &settings, &metrics, stream, &replays, t1)
+            Consumer::new(&store, &boards, &settings, &metrics)
+                .process(stream, &replays, t1)
                 .await
                 .expect("replay");
             let now_dead = letters(&store).await;
@@ -214,17 +216,10 @@ async fn the_readme_replay_of_a_tip_from_a_long_named_partition_is_counted() {
     let t0: i64 = 1_764_000_000_500;
     let broken = break_board(&store, &b).await;
     let original = entry(&format!("{t0}-0"), &[("user", "u1"), ("amount", "5")]);
-    process_batch(
-        &store,
-        &boards,
-        &settings,
-        &metrics,
-        &stream,
-        &[original],
-        t0,
-    )
-    .await
-    .expect("first batch");
+    Consumer::new(&store, &boards, &settings, &metrics)
+        .process(&stream, &[original], t0)
+        .await
+        .expect("first batch");
     assert_eq!(total_at(&store, &a, "u1", t0).await, Some(5));
     let dead = letters(&store).await;
     assert_eq!(dead.len(), 1, "{dead:?}");
@@ -239,7 +234,8 @@ async fn the_readme_replay_of_a_tip_from_a_long_named_partition_is_counted() {
         longest + ":{1}/".len() + "1764000000500-0".len(),
         "{id:?}"
     );
-    process_batch(&store, &boards, &settings, &metrics, &stream, &[replay], t1)
+    Consumer::new(&store, &boards, &settings, &metrics)
+        .process(&stream, &[replay], t1)
         .await
         .expect("replay");
     let after = letters(&store).await;
@@ -313,17 +309,10 @@ async fn applied_then_crashed(
         .xgroup_create(stream, "shadow", "0", false)
         .await
         .expect("shadow group");
-    process_batch(
-        store,
-        &boards,
-        &shadow,
-        &metrics,
-        stream,
-        &entries,
-        now_ms(),
-    )
-    .await
-    .expect("applied before the crash");
+    Consumer::new(store, &boards, &shadow, &metrics)
+        .process(stream, &entries, now_ms())
+        .await
+        .expect("applied before the crash");
     let rooms = boards
         .iter()
         .find(|b| b.name == "rooms_7d")
@@ -447,7 +436,8 @@ async fn tips_without_id_sharing_an_entry_id_on_a_slashed_stream_and_its_retired
         };
         for (stream, user, amount) in order {
             let e = entry(&same, &[("user", user), ("amount", amount)]);
-            process_batch(&store, &boards, &settings, &metrics, stream, &[e], t0)
+            Consumer::new(&store, &boards, &settings, &metrics)
+                .process(stream, &[e], t0)
                 .await
                 .expect("batch");
         }
@@ -506,17 +496,10 @@ async fn a_dead_letter_from_a_partition_written_before_the_upgrade_replays_once(
     let dead = letters(&store).await;
     let t1 = t0 + SLICE;
     let replay = replay_entry(&dead[0].1, "rb:events:{1}", &format!("{t1}-0"));
-    process_batch(
-        &store,
-        &boards,
-        &settings,
-        &metrics,
-        "rb:events:{1}",
-        &[replay],
-        t1,
-    )
-    .await
-    .expect("replay");
+    Consumer::new(&store, &boards, &settings, &metrics)
+        .process("rb:events:{1}", &[replay], t1)
+        .await
+        .expect("replay");
     assert_eq!(
         total_at(&store, &b, "u1", t1).await,
         Some(5),
@@ -549,17 +532,10 @@ async fn the_readme_replay_within_a_dedup_window_duration_counts_once() {
     let t0: i64 = 1_764_000_000_500;
     let broken = break_board(&store, &b).await;
     let original = entry(&format!("{t0}-0"), &[("user", "u1"), ("amount", "5")]);
-    process_batch(
-        &store,
-        &boards,
-        &settings,
-        &metrics,
-        "rb:events:{0}",
-        &[original],
-        t0,
-    )
-    .await
-    .expect("first batch");
+    Consumer::new(&store, &boards, &settings, &metrics)
+        .process("rb:events:{0}", &[original], t0)
+        .await
+        .expect("first batch");
     let dead = letters(&store).await;
     assert_eq!(dead.len(), 1);
     let _: () = store.client().del(broken.as_str()).await.expect("repair");
@@ -567,17 +543,10 @@ async fn the_readme_replay_within_a_dedup_window_duration_counts_once() {
     let t1 = t0 + SLICE;
     roll_all(&store, &boards, t1, 100).await;
     let replay = replay_entry(&dead[0].1, "rb:events", &format!("{t1}-0"));
-    process_batch(
-        &store,
-        &boards,
-        &settings,
-        &metrics,
-        "rb:events:{0}",
-        &[replay],
-        t1,
-    )
-    .await
-    .expect("replay");
+    Consumer::new(&store, &boards, &settings, &metrics)
+        .process("rb:events:{0}", &[replay], t1)
+        .await
+        .expect("replay");
     assert_eq!(letters(&store).await.len(), 1, "not late");
     assert_eq!(
         total_at(&store, &b, "u1", t1).await,

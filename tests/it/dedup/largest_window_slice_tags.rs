@@ -2,7 +2,6 @@
 //! the configuration refuses a window the slice tags cannot serve, and the largest window
 //! recognises redeliveries at both of its ends.
 
-use rollboard::ingest::process_batch;
 use rollboard::metrics::Metrics;
 use rollboard::store::Outcome;
 
@@ -231,17 +230,10 @@ async fn the_largest_window_with_a_max_future_not_a_multiple_of_the_slice_counts
             ),
         ];
         for delivery in 0..3 {
-            process_batch(
-                &store,
-                &boards,
-                &ingest_settings,
-                &metrics,
-                "rb:events",
-                &batch,
-                now,
-            )
-            .await
-            .expect("batch");
+            Consumer::new(&store, &boards, &ingest_settings, &metrics)
+                .process("rb:events", &batch, now)
+                .await
+                .expect("batch");
             // With "1h" the oldest slice is past the hour: its ids may be forgotten, so its
             // tip is refused as late at every delivery, never counted.
             let refused = if dedup == "window" { 0 } else { delivery + 1 };

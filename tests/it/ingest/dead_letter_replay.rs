@@ -11,7 +11,6 @@ use rollboard::board::{Board, Dedup, MAX_TOTAL};
 use rollboard::config::IngestSettings;
 use rollboard::dead_letters::{Counts, Replayer, Selection};
 use rollboard::event::Reason;
-use rollboard::ingest::process_batch;
 use rollboard::metrics::Metrics;
 use rollboard::store::Store;
 
@@ -118,17 +117,10 @@ async fn an_overflow_letter_counts_once_on_the_refusing_instance_and_never_again
         &format!("{t0}-0"),
         &[("user", "u1"), ("room", scope), ("amount", "100")],
     );
-    process_batch(
-        &store,
-        &boards,
-        &settings,
-        &metrics,
-        stream,
-        std::slice::from_ref(&tip),
-        t0,
-    )
-    .await
-    .expect("batch");
+    Consumer::new(&store, &boards, &settings, &metrics)
+        .process(stream, std::slice::from_ref(&tip), t0)
+        .await
+        .expect("batch");
     let dead = letters(&store).await;
     assert_eq!(dead.len(), 1, "{dead:?}");
     assert_eq!(dead[0].1["reason"], "overflow");
@@ -199,17 +191,10 @@ async fn an_apply_failed_letter_stays_until_its_board_is_repaired_and_then_count
         &format!("{t0}-0"),
         &[("user", "u1"), ("amount", "5"), ("id", "tip-1")],
     );
-    process_batch(
-        &store,
-        &boards,
-        &settings,
-        &metrics,
-        "rb:events",
-        &[tip],
-        t0,
-    )
-    .await
-    .expect("batch");
+    Consumer::new(&store, &boards, &settings, &metrics)
+        .process("rb:events", &[tip], t0)
+        .await
+        .expect("batch");
     let dead = letters(&store).await;
     assert_eq!(dead.len(), 1, "{dead:?}");
     assert_eq!(dead[0].1["reason"], "apply_failed");
@@ -254,17 +239,10 @@ async fn a_revalidated_letter_refused_by_one_instance_leaves_a_letter_for_that_i
         &format!("{t0}-0"),
         &[("user", "u1"), ("amount", "1x"), ("id", "tip-9")],
     );
-    process_batch(
-        &store,
-        &boards,
-        &settings,
-        &metrics,
-        "rb:events",
-        &[bad],
-        t0,
-    )
-    .await
-    .expect("batch");
+    Consumer::new(&store, &boards, &settings, &metrics)
+        .process("rb:events", &[bad], t0)
+        .await
+        .expect("batch");
     let (bad_id, letter) = letters(&store).await.remove(0);
     assert_eq!(letter["reason"], "amount");
     correct_amount(&store, &bad_id, letter, "100").await;
@@ -328,17 +306,10 @@ async fn letters_refused_as_a_whole_are_selected_by_board_and_reason_and_stay_wh
         ),
         entry(&at(3), &[("user", "u5"), ("amount", "1")]),
     ];
-    process_batch(
-        &store,
-        &boards,
-        &settings,
-        &metrics,
-        "rb:events",
-        &batch,
-        now,
-    )
-    .await
-    .expect("batch");
+    Consumer::new(&store, &boards, &settings, &metrics)
+        .process("rb:events", &batch, now)
+        .await
+        .expect("batch");
     let dead = letters(&store).await;
     let reasons: Vec<&str> = dead.iter().map(|(_, l)| l["reason"].as_str()).collect();
     assert_eq!(reasons, ["late", "member", "amount", "no_board"]);
@@ -424,17 +395,10 @@ async fn the_dead_letters_command_lists_and_replays_an_overflow_to_its_board_onl
             &[("room", "r9"), ("amount", "5"), ("ts", &old)],
         ),
     ];
-    process_batch(
-        &store,
-        &boards,
-        &settings,
-        &metrics,
-        "rb:events",
-        &batch,
-        now,
-    )
-    .await
-    .expect("batch");
+    Consumer::new(&store, &boards, &settings, &metrics)
+        .process("rb:events", &batch, now)
+        .await
+        .expect("batch");
     assert_eq!(total_at(&store, &rooms, "r1", now).await, Some(3));
     apply_events(&store, &tips, &[ev("refund", now - 500, "u1", -1000)], now).await;
 

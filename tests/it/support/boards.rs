@@ -361,3 +361,40 @@ pub async fn apply_events_in(
         .await
         .expect("apply")
 }
+
+/// A consumer called directly, as the daemon's loop calls `process_batch`.
+pub struct Consumer<'a> {
+    store: &'a Store,
+    boards: &'a [Board],
+    settings: &'a rollboard::config::IngestSettings,
+    metrics: &'a rollboard::metrics::Metrics,
+}
+
+impl<'a> Consumer<'a> {
+    /// A consumer of `boards` in `store` with `settings`, counting into `metrics`.
+    pub fn new(
+        store: &'a Store,
+        boards: &'a [Board],
+        settings: &'a rollboard::config::IngestSettings,
+        metrics: &'a rollboard::metrics::Metrics,
+    ) -> Self {
+        Consumer {
+            store,
+            boards,
+            settings,
+            metrics,
+        }
+    }
+
+    /// Processes `batch`, read from `stream`, at `now`.
+    pub async fn process(
+        &self,
+        stream: &str,
+        batch: &[rollboard::ingest::Entry],
+        now: i64,
+    ) -> Result<rollboard::ingest::Held, rollboard::store::StoreError> {
+        let (store, boards, settings) = (self.store, self.boards, self.settings);
+        rollboard::ingest::process_batch(store, boards, settings, self.metrics, stream, batch, now)
+            .await
+    }
+}
