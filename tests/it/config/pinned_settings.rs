@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::support::*;
 
+const SLICE: i64 = 1_000;
 const NOW: i64 = 1_000_000;
 
 /// `config` with `from` replaced by `to` once, written beside it as `name.toml`.

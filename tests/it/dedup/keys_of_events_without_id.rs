@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use fred::prelude::*;
 use rollboard::board::Board;
-use rollboard::ingest::{Entry};
+use rollboard::ingest::Entry;
 use rollboard::metrics::Metrics;
 use rollboard::store::{Outcome, Store};
 

@@ -50,7 +50,7 @@ async fn a_redis_restart_turns_readyz_503_then_200_and_loses_nothing() {
 
 #[tokio::test]
 async fn a_board_whose_apply_keeps_failing_is_reported_and_holds_no_other_board() {
-    let (_redis, store, _dir, config, port) = setup("a").await;
+    let (_redis, store, _dir, config, port) = redis_and_config("a").await;
     let now = now_ms();
     let c = store.client();
     // rooms_7d's members hash is of the wrong type: every apply of that board fails.

@@ -35,7 +35,7 @@ async fn oversized_post(base: &str) -> u16 {
 
 #[tokio::test]
 async fn http_client_mistakes_are_400_or_404_with_a_json_error() {
-    let (_redis, store, _dir, config, port) = setup("a").await;
+    let (_redis, store, _dir, config, port) = redis_and_config("a").await;
     let daemon = Daemon::start(&config, port).await;
     for (path, status) in [
         ("/v1/boards/nope/top", 404),
@@ -111,7 +111,7 @@ async fn http_client_mistakes_are_400_or_404_with_a_json_error() {
 
 #[tokio::test]
 async fn metrics_parse_and_count_what_was_applied() {
-    let (_redis, store, _dir, config, port) = setup("a").await;
+    let (_redis, store, _dir, config, port) = redis_and_config("a").await;
     let daemon = Daemon::start(&config, port).await;
     let (status, body) = daemon.get("/metrics").await;
     assert_eq!(status, 200);

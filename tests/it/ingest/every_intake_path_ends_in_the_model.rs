@@ -7,7 +7,7 @@ use crate::support::*;
 
 #[tokio::test]
 async fn events_from_the_stream_send_and_http_end_in_the_model_state() {
-    let (_redis, store, dir, config, port) = setup("a").await;
+    let (_redis, store, dir, config, port) = redis_and_config("a").await;
     let daemon = Daemon::start(&config, port).await;
     let now = now_ms();
     let mut events: Vec<Fields> = (0..600)

@@ -8,7 +8,7 @@ use crate::support::*;
 
 #[tokio::test]
 async fn every_malformed_kind_is_dead_lettered_with_its_reason() {
-    let (redis, store, dir, _, port) = setup("a").await;
+    let (redis, store, dir, _, port) = redis_and_config("a").await;
     // A board whose scope field is no other board's member, so that `scope` is reachable.
     let extra = "[[boards]]\nname = \"channel_fans\"\nmember = \"fan\"\nscope = \"channel\"\namount = \"coins\"\nwindow = \"1d\"\nslice = \"1h\"\n";
     let config = write_config(dir.path(), &redis, port, "a", extra);

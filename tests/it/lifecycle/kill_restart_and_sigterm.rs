@@ -24,7 +24,7 @@ async fn rooms_ranked_soon(store: &rollboard::store::Store) -> bool {
 
 #[tokio::test]
 async fn a_killed_daemon_restarted_loses_nothing_and_counts_nothing_twice() {
-    let (_redis, store, _dir, config, port) = setup("a").await;
+    let (_redis, store, _dir, config, port) = redis_and_config("a").await;
     let now = now_ms();
     let events: Vec<Fields> = (0..8000).map(|i| tip_or_payment(i, now, 0)).collect();
     xadd_all(store.client(), "rb:events", &events).await;
@@ -47,7 +47,7 @@ async fn a_killed_daemon_restarted_loses_nothing_and_counts_nothing_twice() {
 
 #[tokio::test]
 async fn two_daemons_share_a_group_and_take_over_a_dead_ones_entries() {
-    let (redis, store, dir, config_a, port_a) = setup("a").await;
+    let (redis, store, dir, config_a, port_a) = redis_and_config("a").await;
     let port_b = free_port();
     let config_b = write_config(dir.path(), &redis, port_b, "b", "");
     let now = now_ms();
@@ -87,7 +87,7 @@ async fn two_daemons_share_a_group_and_take_over_a_dead_ones_entries() {
 
 #[tokio::test]
 async fn sigterm_under_load_exits_0_and_loses_nothing() {
-    let (_redis, store, _dir, config, port) = setup("a").await;
+    let (_redis, store, _dir, config, port) = redis_and_config("a").await;
     let now = now_ms();
     let events: Vec<Fields> = (0..6000).map(|i| tip(i, now)).collect();
     let daemon = Daemon::start(&config, port).await;
@@ -141,7 +141,7 @@ async fn sigterm_at_random_points_leaves_nothing_pending() {
     let seed = sigterm_seed();
     eprintln!("sigterm test: seed {seed} (ROLLBOARD_SIGTERM_SEED), {runs} runs");
     let mut rng = SplitMix(seed);
-    let (_redis, store, _dir, config, port) = setup("a").await;
+    let (_redis, store, _dir, config, port) = redis_and_config("a").await;
     edit_config(&config, "batch_size = 200", "batch_size = 256");
     let now = now_ms();
     let event = |i: usize| tip_or_payment(i, now, 0);
@@ -209,7 +209,7 @@ async fn sigterm_at_random_points_leaves_nothing_pending() {
 /// acked before a clean exit, not left for the next start or another replica's claim.
 #[tokio::test]
 async fn sigterm_drains_own_pending_entries_the_loop_never_saw() {
-    let (_redis, store, _dir, config, port) = setup("a").await;
+    let (_redis, store, _dir, config, port) = redis_and_config("a").await;
     let now = now_ms();
     let events: Vec<Fields> = (0..300).map(|i| tip(i, now)).collect();
     let daemon = Daemon::start(&config, port).await;

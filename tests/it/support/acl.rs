@@ -107,11 +107,13 @@ pub fn acl_file(dir: &Path, drop: &[&str]) -> PathBuf {
     path
 }
 
+/// A redis-server running the shipped ACL file, each rule in `drop` removed.
 pub fn acl_server(dir: &Path, drop: &[&str]) -> Server {
     let acl = acl_file(dir, drop);
     Server::start(&["--aclfile".to_string(), acl.display().to_string()], false)
 }
 
+/// The URL of the shipped ACL user on `server`.
 pub fn acl_url(server: &Server) -> String {
     format!("redis://rollboard:{PASSWORD}@127.0.0.1:{}", server.port)
 }

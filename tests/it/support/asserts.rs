@@ -97,7 +97,7 @@ pub async fn assert_state_or(
 }
 
 /// Each member's total over the live slices (those registered above `watermark`).
-pub async fn live_sums(
+async fn live_sums(
     store: &Store,
     board: &Board,
     scope: Option<&str>,

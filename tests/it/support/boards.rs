@@ -253,16 +253,21 @@ pub async fn redis_now(store: &Store) -> i64 {
     store.time_ms().await.expect("TIME")
 }
 
+/// An hour in milliseconds.
 pub const HOUR: i64 = 3_600_000;
 
+/// A day in milliseconds.
 pub const DAY: i64 = 24 * HOUR;
 
+/// A fixed point in time (November 2025) the tests start their windows from.
 pub const T0: i64 = 1_763_700_000_000;
 
+/// The host's clock in milliseconds, as the CLI reads it.
 pub fn now_ms() -> i64 {
     rollboard::cli::now_ms()
 }
 
+/// One run of every job of `board` at `now` (chunk 3); its report.
 pub async fn roll_once(store: &Store, board: &Board, now: i64) -> roll::Report {
     roll::run_once(
         store,

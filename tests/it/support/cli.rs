@@ -16,6 +16,7 @@ pub fn run_rollboard(config: &std::path::Path, args: &[&str]) -> std::process::O
         .expect("run rollboard")
 }
 
+/// `rollboard` with an optional `--config`, `args` and extra environment; its output.
 pub fn rollboard(config: Option<&Path>, args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_rollboard"));
     if let Some(config) = config {
@@ -28,14 +29,17 @@ pub fn rollboard(config: Option<&Path>, args: &[&str], env: &[(&str, &str)]) -> 
     cmd.output().expect("run rollboard")
 }
 
+/// A command's stdout as text.
 pub fn stdout(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// A command's stderr as text.
 pub fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
+/// Bytes as text, invalid UTF-8 replaced.
 pub fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }

@@ -16,13 +16,13 @@ use crate::support::{assert_success, free_port, SpawnIn};
 pub const NODE_TIMEOUT_MS: u64 = 1000;
 
 /// One `redis-server` of the cluster.
-pub struct Node {
+struct Node {
     port: u16,
     child: Option<Child>,
     dir: tempfile::TempDir,
 }
 
-pub fn spawn_node(port: u16, dir: &std::path::Path) -> Child {
+fn spawn_node(port: u16, dir: &std::path::Path) -> Child {
     Command::new("redis-server")
         .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
         .args(["--cluster-enabled", "yes"])
@@ -45,7 +45,7 @@ pub fn spawn_node(port: u16, dir: &std::path::Path) -> Child {
 }
 
 /// A free port whose cluster bus port (port + 10000) is free as well.
-pub fn free_node_port() -> u16 {
+fn free_node_port() -> u16 {
     loop {
         let port = free_port();
         if TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
@@ -81,7 +81,7 @@ pub struct NodeInfo {
     pub slots: usize,
 }
 
-pub fn parse_nodes(text: &str) -> Vec<NodeInfo> {
+fn parse_nodes(text: &str) -> Vec<NodeInfo> {
     text.lines()
         .filter_map(|line| {
             let f: Vec<&str> = line.split_whitespace().collect();

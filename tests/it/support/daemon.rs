@@ -191,11 +191,13 @@ impl Daemon {
     }
 }
 
+/// The length of stream `key`.
 pub async fn xlen(redis: &RedisServer, key: &str) -> i64 {
     let store = redis.store("rb").await;
     store.client().xlen(key).await.expect("xlen")
 }
 
+/// A fresh redis-server and a started daemon whose `[http]` section has `extra` lines.
 pub async fn daemon_with(
     extra: &str,
 ) -> (RedisServer, tempfile::TempDir, Daemon, std::path::PathBuf) {
@@ -207,11 +209,14 @@ pub async fn daemon_with(
     (redis, dir, daemon, config)
 }
 
+/// The daemon's HTTP address without the scheme, for raw connections.
 pub fn addr(daemon: &Daemon) -> String {
     daemon.base.trim_start_matches("http://").to_string()
 }
 
-pub async fn setup(consumer: &str) -> (RedisServer, Store, TempDir, PathBuf, u16) {
+/// A fresh redis-server, a store on it, and a daemon configuration for `consumer` on a free
+/// port (the daemon not started).
+pub async fn redis_and_config(consumer: &str) -> (RedisServer, Store, TempDir, PathBuf, u16) {
     let redis = RedisServer::start();
     let store = redis.store("rb").await;
     let dir = tempfile::tempdir().expect("temp dir");

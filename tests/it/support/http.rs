@@ -40,6 +40,7 @@ pub async fn answer_parts(answer: reqwest::Response) -> (u16, Option<String>, St
     (status, retry, answer.text().await.unwrap_or_default())
 }
 
+/// `text` parsed as JSON; panics naming the text when it is not.
 pub fn json(text: &str) -> Value {
     serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
 }

@@ -10,8 +10,8 @@ use rollboard::store::Store;
 use crate::support::{seen_logs, seen_table, variants};
 
 /// The slice length and window (in slices) of the boards [`shaped`] builds.
-pub const SLICE: i64 = 1_000;
-pub const N: i64 = 4;
+const SLICE: i64 = 1_000;
+const N: i64 = 4;
 
 /// The same board under another name: its instance has other keys, the same settings.
 pub fn twin(board: &Board) -> Board {

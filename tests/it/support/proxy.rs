@@ -273,7 +273,7 @@ impl Drop for Proxy {
     }
 }
 
-pub async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, stop: CancellationToken) {
+async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, stop: CancellationToken) {
     loop {
         let client = tokio::select! {
             _ = stop.cancelled() => return,
@@ -297,18 +297,18 @@ pub async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, stop: Cance
 }
 
 /// Waits until the blackhole is off (at once when it is).
-pub async fn open(blackhole: &mut watch::Receiver<bool>) {
+async fn open(blackhole: &mut watch::Receiver<bool>) {
     // An error means the proxy is gone; the connection ends with it anyway.
     let _ = blackhole.wait_for(|on| !*on).await;
 }
 
 /// Waits until the blackhole is on (at once when it is); cancel safe.
-pub async fn shut(blackhole: &mut watch::Receiver<bool>) {
+async fn shut(blackhole: &mut watch::Receiver<bool>) {
     let _ = blackhole.wait_for(|on| *on).await;
 }
 
 /// Forwards one connection until either side closes, an I/O error, or a cut.
-pub async fn serve(mut client: TcpStream, shared: &Shared) {
+async fn serve(mut client: TcpStream, shared: &Shared) {
     let mut blackhole = shared.blackhole.subscribe();
     open(&mut blackhole).await;
     let Ok(mut server) = TcpStream::connect(("127.0.0.1", shared.upstream)).await else {

@@ -38,7 +38,7 @@ pub fn free_port() -> u16 {
     panic!("no free loopback port in 20000-32767")
 }
 
-pub fn spawn_redis(port: u16, dir: &std::path::Path, persistent: bool) -> Child {
+fn spawn_redis(port: u16, dir: &std::path::Path, persistent: bool) -> Child {
     let aof = if persistent { "yes" } else { "no" };
     Command::new("redis-server")
         .args([
