@@ -224,11 +224,7 @@ async fn every_query_answer_carries_as_of() {
     }
     // A new apply moves it.
     let before = redis_now(&store).await;
-    let (status, _, body) = post(
-        &daemon,
-        &format!(r#"{{"id":"t2","ts":{before},"room":"r2","user":"u2","amount":"7"}}"#),
-    )
-    .await;
+    let (status, _, body) = post_tip(&daemon, "t2", before, "r2", "u2", "7").await;
     assert_eq!(status, 202, "{body}");
     assert!(drained(&store).await);
     let (_, _, body) = get(&daemon, "/v1/boards/rooms_7d/top").await;

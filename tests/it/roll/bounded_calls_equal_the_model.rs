@@ -64,6 +64,15 @@ fn cases() -> impl Strategy<Value = Case> {
         })
 }
 
+/// `amount` as a board takes it: as drawn when it takes refunds, else made positive.
+fn allowed(amount: i64, negative: bool) -> i64 {
+    if amount <= 0 && !negative {
+        1 - amount
+    } else {
+        amount
+    }
+}
+
 async fn run_case(store: &Store, case: &Case) {
     let mut b = board("split", HOUR, 2);
     b.allow_negative = case.negative;
@@ -74,11 +83,7 @@ async fn run_case(store: &Store, case: &Case) {
         .iter()
         .enumerate()
         .map(|(i, &(m, amount, second))| {
-            let amount = if amount <= 0 && !case.negative {
-                1 - amount
-            } else {
-                amount
-            };
+            let amount = allowed(amount, case.negative);
             let ts = if second {
                 s0 + HOUR + i as i64
             } else {
@@ -203,11 +208,7 @@ fn swap_events(case: &SwapCase, raw: &[(usize, i64, bool)], tag: &str, s0: i64) 
     raw.iter()
         .enumerate()
         .map(|(i, &(m, amount, second))| {
-            let amount = if amount <= 0 && !case.negative {
-                1 - amount
-            } else {
-                amount
-            };
+            let amount = allowed(amount, case.negative);
             let ts = s0 + i as i64 + if second { HOUR } else { 0 };
             ev(&format!("{tag}{i}"), ts, &format!("m{m:02}"), amount)
         })

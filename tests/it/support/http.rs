@@ -21,6 +21,20 @@ pub async fn post(daemon: &Daemon, body: &str) -> (u16, Option<String>, String) 
     answer_parts(answer).await
 }
 
+/// POSTs one tip (`amount` as a string); status, `Retry-After` and body.
+pub async fn post_tip(
+    daemon: &Daemon,
+    id: &str,
+    ts: i64,
+    room: &str,
+    user: &str,
+    amount: &str,
+) -> (u16, Option<String>, String) {
+    let body =
+        format!(r#"{{"id":"{id}","ts":{ts},"room":"{room}","user":"{user}","amount":"{amount}"}}"#);
+    post(daemon, &body).await
+}
+
 /// GET `path`; status, `Retry-After` and body.
 pub async fn get(daemon: &Daemon, path: &str) -> (u16, Option<String>, String) {
     let answer = reqwest::get(format!("{}{path}", daemon.base))
@@ -54,11 +68,7 @@ pub async fn with_one_tip() -> (RedisServer, Store, TempDir, PathBuf, Daemon) {
     let config = write_config(dir.path(), &redis, port, "ops", "");
     let daemon = Daemon::start(&config, port).await;
     let now = redis_now(&store).await;
-    let (status, _, body) = post(
-        &daemon,
-        &format!(r#"{{"id":"t1","ts":{now},"room":"r1","user":"u1","amount":"5"}}"#),
-    )
-    .await;
+    let (status, _, body) = post_tip(&daemon, "t1", now, "r1", "u1", "5").await;
     assert_eq!(status, 202, "{body}");
     assert!(drained(&store).await, "the tip was not applied");
     (redis, store, dir, config, daemon)
