@@ -96,15 +96,7 @@ async fn sigterm_under_load_exits_0_and_loses_nothing() {
         let events = events.clone();
         tokio::spawn(async move { xadd_all(&client, "rb:events", &events).await })
     };
-    let busy = wait_for(Duration::from_secs(30), || async {
-        store
-            .client()
-            .zcard::<i64, _>("rb:{rooms_7d}:result")
-            .await
-            .unwrap_or(0)
-            > 0
-    })
-    .await;
+    let busy = rooms_ranked_soon(&store).await;
     assert!(busy);
     let status = daemon.terminate().await;
     assert!(status.success(), "exit status {status:?}");
