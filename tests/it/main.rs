@@ -1,43 +1,17 @@
-//! Integration tests against a real redis-server (started per test by [`util::RedisServer`]).
+//! Integration tests against a real redis-server (started per test by
+//! [`support::RedisServer`]), one folder per behaviour; fixtures live in `support/`.
 
-mod apply_and_expiry_write_all_or_nothing;
-mod bounded;
-mod bounded_streams;
-mod chain;
+mod apply;
 mod cli;
 mod clock;
 mod cluster;
-mod daemon;
-mod dead_letters;
-mod drop_board;
-mod engine;
-mod entry_id_keys_and_slice_tag_bounds;
-mod failed_calls_refunds_and_drift_lose_nothing;
+mod config;
+mod dedup;
+mod deploy;
 mod faults;
-mod fold;
-mod http_edges;
-mod http_runtime_and_bounded_calls;
-mod intake;
-mod keys_of_events_without_id;
-mod layout;
-mod model;
-mod operator_behaviour;
-mod operator_metrics;
-mod operator_typos_racing_rolls_and_hostile_clients;
-mod outage_classes;
-mod partitions;
-mod periods;
-mod pinned_settings;
-mod prometheus;
-mod proxy;
-mod rank_answers;
-mod redirect;
-mod resummarize_races;
-mod resummarize_skips_unchanged_instances;
-mod roles;
+mod http;
+mod ingest;
+mod lifecycle;
+mod query;
 mod roll;
-mod security;
-mod seen;
-mod stale_clocks_and_corrupt_times;
-mod tokens;
-mod util;
+mod support;

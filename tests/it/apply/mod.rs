@@ -1,0 +1,9 @@
+//! Applying events: exact totals, ties and pages, the fast and the chained paths, and writes that land whole or not at all.
+
+mod all_or_nothing_writes;
+mod chained_calls_keep_stream_order;
+mod failed_calls_and_refunds_lose_nothing;
+mod fast_path_agrees_with_exact_path;
+mod member_layouts_read_back;
+mod one_call_in_flight_counts_exactly;
+mod totals_ties_and_pages;

@@ -1,0 +1,420 @@
+//! `rollboard drop-board`: it deletes every key of exactly one board (the unscoped
+//! instance, every scoped one, registered or not, leftover scratch keys and the board's
+//! records) and nothing of a board whose name merely starts the same way (`tips` against
+//! `tips_v2` and `tips_24h`), on one server and on a cluster; `--dry-run` deletes nothing;
+//! a configured board is refused without `--force`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use fred::prelude::*;
+use fred::types::{ClusterHash, CustomCommand};
+use rollboard::domain::board::{Board, Mode};
+use rollboard::domain::ranking::Page;
+use rollboard::metrics::Metrics;
+use rollboard::roll::Verified;
+use rollboard::store::Store;
+
+use crate::support::*;
+
+const SLICE: i64 = 60_000;
+const N: i64 = 10;
+
+/// Scope values that a glob or a hash tag could trip over.
+const ROOMS: [&str; 6] = ["lobby", "a:b", "x*", "{c}", "d}e", "tips:x"];
+
+/// A scoped resummarize board with refunds: every kind of instance key gets written.
+fn scoped(name: &str) -> Board {
+    let mut b = board(name, SLICE, N);
+    b.scope = Some("room".into());
+    b.mode = Mode::Resummarize;
+    b.allow_negative = true;
+    b
+}
+
+/// Applies `count` events through the consumer's batch path at `now`, one room of `rooms`
+/// each, to every board of `boards` they match.
+async fn fill(store: &Store, boards: &[Board], now: i64, rooms: &[&str], tag: &str, count: usize) {
+    let metrics = Metrics::new(boards);
+    let settings = ingest_settings("rb:events", 1);
+    let entries: Vec<_> = (0..count)
+        .map(|i| {
+            let ts = (now - (i as i64 % 3) * SLICE).to_string();
+            let (user, amount) = (format!("u{}", i % 7), (i % 5 + 1).to_string());
+            let id = format!("{tag}-{i}");
+            let room = rooms[i % rooms.len()];
+            entry(
+                &format!("{now}-{i}"),
+                &[
+                    ("user", &user),
+                    ("amount", &amount),
+                    ("room", room),
+                    ("ts", &ts),
+                    ("id", &id),
+                ],
+            )
+        })
+        .collect();
+    Consumer::new(store, boards, &settings, &metrics)
+        .process("rb:events", &entries, now)
+        .await
+        .expect("apply");
+}
+
+/// The board `tips` in every shape a dropped board may leave: an unscoped instance (the
+/// board was unscoped once), scoped instances (scope values with `:`, `*`, `{`, `}`), one
+/// instance whose scope left the registry (only its `meta` remains), leftover scratch keys
+/// of a recomputation that died, and a key under its hash tag that rollboard never writes.
+/// Beside it `tips_v2` (scoped, the same rooms and a room named `tips`) and `tips_24h`.
+/// Returns the boards that must survive, and the time.
+async fn fill_lookalikes(store: &Store) -> (Vec<Board>, i64) {
+    let now = rollboard::domain::clock::local_ms();
+    let (tips, tips_v2, tips_24h) = (
+        scoped("tips"),
+        scoped("tips_v2"),
+        board("tips_24h", SLICE, N),
+    );
+    let all = vec![tips.clone(), tips_v2.clone(), tips_24h.clone()];
+    let conflicts = store
+        .check_settings(&all)
+        .await
+        .expect("record the settings");
+    assert!(conflicts.is_empty(), "{conflicts:?}");
+    // A room whose data leaves the window: the roll cleans its instances up and takes the
+    // room out of the registries, leaving each instance's `meta`.
+    let old = now - 3 * N * SLICE;
+    fill(store, &all, old, &["gone"], "old", 10).await;
+    roll_all(store, &all, now, 100).await;
+    fill(
+        store,
+        &[board("tips", SLICE, N)],
+        now,
+        &["-"],
+        "unscoped",
+        20,
+    )
+    .await;
+    let mut rooms = ROOMS.to_vec();
+    fill(store, &all, now, &rooms, "now", 120).await;
+    rooms.push("tips");
+    fill(store, std::slice::from_ref(&tips_v2), now, &rooms, "v2", 40).await;
+    roll_all(store, &all, now, 100).await;
+    for key in [
+        "rb:{tips}:tmp:18f00d:result",
+        "rb:{tips:a:b}:tmp:18f00d:ranked:old",
+        "rb:{tips}:not-ours",
+    ] {
+        set_string(store, key, "x").await;
+    }
+    let gone = store.instance(&tips, Some("gone"));
+    let exists: i64 = store.client().exists(gone.meta()).await.expect("exists");
+    assert_eq!(exists, 1, "the emptied room keeps its meta");
+    let registered: Option<f64> = store
+        .client()
+        .zscore(store.keys().scopes("tips"), "gone")
+        .await
+        .expect("zscore");
+    assert_eq!(registered, None, "the emptied room left the registry");
+    (vec![tips_v2, tips_24h], now)
+}
+
+/// Whether `key` is one of the keys of `tips` that drop-board must delete.
+fn of_tips(key: &str) -> bool {
+    (key.starts_with("rb:{tips}:")
+        || key.starts_with("rb:{tips:")
+        || key.starts_with("rb:board:tips:"))
+        && key != "rb:{tips}:not-ours"
+}
+
+/// Every key of the server, with its DUMP (a Hash with its fields and values instead: the
+/// DUMP of a hashtable-encoded Hash lists its fields in the table's order, which a read
+/// can change while the table is being rehashed).
+async fn dump_all(store: &Store) -> BTreeMap<String, Vec<u8>> {
+    let mut keys = BTreeSet::new();
+    let mut cursor = "0".to_string();
+    loop {
+        let (next, page): (String, Vec<String>) = store
+            .client()
+            .custom(
+                CustomCommand::new_static("SCAN", ClusterHash::Random, false),
+                vec![cursor.as_str(), "COUNT", "1000"],
+            )
+            .await
+            .expect("scan");
+        keys.extend(page);
+        if next == "0" {
+            break;
+        }
+        cursor = next;
+    }
+    let mut out = BTreeMap::new();
+    for key in keys {
+        let kind: String = store
+            .client()
+            .custom(
+                CustomCommand::new_static("TYPE", ClusterHash::FirstKey, false),
+                vec![key.clone()],
+            )
+            .await
+            .expect("type");
+        if kind == "hash" {
+            let flat: Vec<Value> = store
+                .client()
+                .custom(
+                    CustomCommand::new_static("HGETALL", ClusterHash::FirstKey, false),
+                    vec![key.clone()],
+                )
+                .await
+                .expect("hgetall");
+            let bytes = |v: &Value| v.as_bytes().map(<[u8]>::to_vec).unwrap_or_default();
+            let fields: BTreeMap<Vec<u8>, Vec<u8>> = flat
+                .chunks(2)
+                .map(|pair| (bytes(&pair[0]), bytes(&pair[pair.len() - 1])))
+                .collect();
+            out.insert(key, format!("hash {fields:?}").into_bytes());
+            continue;
+        }
+        let bytes = dump(store, &key).await;
+        out.insert(key, bytes);
+    }
+    out
+}
+
+/// The top page and the verification of every instance of `boards`.
+async fn answers(store: &Store, boards: &[Board], now: i64) -> Vec<(Page, Verified)> {
+    let mut out = Vec::new();
+    for b in boards {
+        for scope in rollboard::roll::instances(store, b)
+            .await
+            .expect("instances")
+        {
+            let top = store
+                .top(b, scope.as_deref(), 0, 100, now)
+                .await
+                .expect("top");
+            let verified = rollboard::roll::verify(store, b, scope.as_deref(), 100)
+                .await
+                .expect("verify");
+            assert!(!top.entries.is_empty(), "{b} {scope:?} holds data");
+            assert!(verified.differences.is_empty(), "{verified:?}");
+            out.push((top, verified));
+        }
+    }
+    out
+}
+
+/// A config file for `url` naming `boards` (TOML `[[boards]]` tables).
+fn config(dir: &Path, url: &str, boards: &str) -> PathBuf {
+    let path = dir.join("rollboard.toml");
+    std::fs::write(&path, format!("[redis]\nurl = \"{url}\"\n{boards}")).expect("write config");
+    path
+}
+
+const LOOKALIKES: &str = r#"
+[[boards]]
+name = "tips_v2"
+member = "user"
+scope = "room"
+window = "10m"
+slice = "1m"
+mode = "resummarize"
+allow_negative = true
+
+[[boards]]
+name = "tips_24h"
+member = "user"
+window = "10m"
+slice = "1m"
+"#;
+
+const TIPS: &str = r#"
+[[boards]]
+name = "tips"
+member = "user"
+scope = "room"
+window = "10m"
+slice = "1m"
+mode = "resummarize"
+allow_negative = true
+"#;
+
+#[tokio::test]
+async fn dropping_a_board_deletes_exactly_its_keys_and_leaves_boards_with_the_same_start() {
+    let (redis, store) = RedisServer::start_with_store("rb").await;
+    let (survivors, now) = fill_lookalikes(&store).await;
+    let dir = tempfile::tempdir().expect("dir");
+    let config = config(dir.path(), &redis.url(), LOOKALIKES);
+    let before = dump_all(&store).await;
+    let answers_before = answers(&store, &survivors, now).await;
+    let doomed: BTreeSet<&String> = before.keys().filter(|k| of_tips(k)).collect();
+    for key in [
+        "rb:{tips}:result",
+        "rb:{tips:a:b}:result",
+        "rb:{tips:x*}:ranked",
+        "rb:{tips:{c}}:totals",
+        "rb:{tips:d}e}:refs",
+        "rb:{tips:tips:x}:seen:ids",
+        "rb:{tips:gone}:meta",
+        "rb:{tips}:tmp:18f00d:result",
+        "rb:{tips:a:b}:tmp:18f00d:ranked:old",
+        "rb:board:tips:scopes",
+        "rb:board:tips:window",
+        "rb:board:tips:settings",
+    ] {
+        assert!(
+            doomed.contains(&key.to_string()),
+            "{key} was written: {doomed:?}"
+        );
+    }
+
+    // --dry-run lists every key and deletes none.
+    let out = rollboard(Some(&config), &["drop-board", "tips", "--dry-run"], &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let listed = stdout(&out);
+    for key in &doomed {
+        assert!(listed.contains(key.as_str()), "{key} not listed:\n{listed}");
+    }
+    assert!(listed.contains("rb:{tips}:not-ours"), "{listed}");
+    assert!(listed.contains("nothing was deleted"), "{listed}");
+    assert_eq!(dump_all(&store).await, before, "a dry run deletes nothing");
+
+    let out = rollboard(Some(&config), &["drop-board", "tips"], &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let report = stdout(&out);
+    assert!(
+        report.contains(&format!(
+            "deleted {} of {} key(s)",
+            doomed.len(),
+            doomed.len()
+        )),
+        "{report}"
+    );
+    for instance in [
+        "(unscoped)",
+        "scope \"gone\"",
+        "scope \"d}e\"",
+        "scope \"x*\"",
+    ] {
+        assert!(report.contains(&format!("instance {instance}")), "{report}");
+    }
+    let expected: BTreeMap<String, Vec<u8>> =
+        before.into_iter().filter(|(k, _)| !of_tips(k)).collect();
+    assert_eq!(
+        dump_all(&store).await,
+        expected,
+        "exactly the keys of tips are gone"
+    );
+    assert_eq!(answers(&store, &survivors, now).await, answers_before);
+
+    // Nothing is left to find.
+    let out = rollboard(Some(&config), &["drop-board", "tips"], &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("deleted 0 of 0 key(s)"),
+        "{}",
+        stdout(&out)
+    );
+}
+
+#[tokio::test]
+async fn a_configured_board_is_refused_without_force_and_names_must_be_board_names() {
+    let (redis, store) = RedisServer::start_with_store("rb").await;
+    let (survivors, now) = fill_lookalikes(&store).await;
+    let dir = tempfile::tempdir().expect("dir");
+    let config = config(dir.path(), &redis.url(), &format!("{TIPS}{LOOKALIKES}"));
+    let before = dump_all(&store).await;
+
+    for args in [
+        &["drop-board", "tips"][..],
+        &["drop-board", "tips", "--dry-run"],
+    ] {
+        let out = rollboard(Some(&config), args, &[]);
+        assert_eq!(out.status.code(), Some(64), "{}", stderr(&out));
+        assert!(stderr(&out).contains("--force"), "{}", stderr(&out));
+    }
+    for name in ["tips*", "tips:x", "{tips}", "Tips", ""] {
+        let out = rollboard(Some(&config), &["drop-board", name], &[]);
+        assert_eq!(out.status.code(), Some(2), "{name}: {}", stderr(&out));
+    }
+    assert_eq!(dump_all(&store).await, before, "nothing was deleted");
+
+    let out = rollboard(Some(&config), &["drop-board", "tips", "--force"], &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let left: BTreeSet<String> = dump_all(&store).await.into_keys().collect();
+    let expected: BTreeSet<String> = before.into_keys().filter(|k| !of_tips(k)).collect();
+    assert_eq!(left, expected);
+    answers(&store, &survivors, now).await;
+}
+
+#[tokio::test]
+async fn dropping_a_board_on_a_cluster_scans_every_master() {
+    let cluster = crate::support::RedisCluster::start();
+    let store = cluster.store().await;
+    let (survivors, now) = fill_lookalikes(&store).await;
+    let keys = || -> BTreeSet<String> {
+        cluster
+            .masters()
+            .into_iter()
+            .flat_map(|port| {
+                crate::support::cli(port, &["--scan"])
+                    .lines()
+                    .map(str::to_string)
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    };
+    let before = keys();
+    let doomed: Vec<&String> = before.iter().filter(|k| of_tips(k)).collect();
+    let holders: BTreeSet<u16> = cluster
+        .masters()
+        .into_iter()
+        .filter(|port| {
+            crate::support::cli(*port, &["--scan", "--pattern", "rb:{tips:*"])
+                .lines()
+                .next()
+                .is_some()
+        })
+        .collect();
+    assert!(
+        holders.len() > 1,
+        "the instances of tips span masters: {holders:?}"
+    );
+    let answers_before = answers(&store, &survivors, now).await;
+    let dir = tempfile::tempdir().expect("dir");
+    let config = config(dir.path(), &cluster.url(), LOOKALIKES);
+
+    let out = rollboard(Some(&config), &["drop-board", "tips"], &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains(&format!(
+            "deleted {} of {} key(s)",
+            doomed.len(),
+            doomed.len()
+        )),
+        "{}",
+        stdout(&out)
+    );
+    let expected: BTreeSet<String> = before.iter().filter(|k| !of_tips(k)).cloned().collect();
+    assert_eq!(keys(), expected);
+    assert_eq!(answers(&store, &survivors, now).await, answers_before);
+}
+
+#[tokio::test]
+async fn the_shipped_redis_user_may_not_scan_so_drop_board_stops_before_deleting() {
+    let dir = tempfile::tempdir().expect("dir");
+    let redis = crate::support::acl_server(dir.path(), &[]);
+    let url = crate::support::acl_url(&redis);
+    let store = Store::connect(&url, "rb", 2, rollboard::store::Reconnect::Never)
+        .await
+        .expect("connect as the rollboard user");
+    let now = rollboard::domain::clock::local_ms();
+    fill(&store, &[scoped("tips")], now, &ROOMS, "acl", 30).await;
+    let config = config(dir.path(), &url, LOOKALIKES);
+
+    let out = rollboard(Some(&config), &["drop-board", "tips"], &[]);
+    assert_eq!(out.status.code(), Some(64), "{}", stderr(&out));
+    assert!(stderr(&out).contains("SCAN"), "{}", stderr(&out));
+    let members = store.instance(&scoped("tips"), Some("a:b")).members();
+    let exists: i64 = store.client().exists(members).await.expect("exists");
+    assert_eq!(exists, 1, "nothing was deleted");
+}

@@ -1,0 +1,4 @@
+//! The shipped deploy files: the ACL user, TLS, tokens, and Prometheus rules and dashboards.
+
+mod acl_user_and_tls;
+mod prometheus_with_deploy_files;

@@ -1,0 +1,5 @@
+//! Faults between rollboard and Redis: cut connections, restarts, memory limits and outage classes.
+
+mod cuts_restarts_and_maxmemory;
+mod daemon_rides_out_redis_faults;
+mod outage_classes;

@@ -1,0 +1,9 @@
+//! The HTTP API as clients meet it: answers and errors, wire edges, slow clients, metrics and tokens.
+
+mod bearer_tokens_and_listeners;
+mod client_mistakes_and_metrics;
+mod metrics_follow_answers;
+mod operator_answers;
+mod queries_during_ingest_and_rolls;
+mod slow_and_greedy_clients;
+mod wire_edges;

@@ -1,0 +1,8 @@
+//! Ingest from the stream: intake ids, partitions, stream trimming and the replay of dead letters.
+
+mod dead_letter_replay;
+mod every_intake_path_ends_in_the_model;
+mod intake_ids_and_outages;
+mod malformed_events_are_dead_lettered;
+mod partitions;
+mod stream_trimming;

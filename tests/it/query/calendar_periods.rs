@@ -1,0 +1,555 @@
+//! Calendar-period boards against a real Redis: each period ranks exactly its own events,
+//! closed periods take late events until their grace has passed and then dead-letter them,
+//! archives beyond `keep_periods` are deleted by the roll, and the queries name periods
+//! over HTTP and on the command line.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use chrono::TimeZone;
+use proptest::prelude::*;
+use rollboard::config::Settings;
+use rollboard::domain::board::{period_instance, Board, PeriodSelector};
+use rollboard::ingest::consumer::process_batch;
+use rollboard::metrics::Metrics;
+use rollboard::store::Store;
+
+use crate::support::*;
+
+const MINUTE: i64 = 60_000;
+const HOUR: i64 = 3_600_000;
+const DAY: i64 = 86_400_000;
+
+/// Three period boards over one event shape: Berlin days (10m grace), New York weeks
+/// from Sunday (1h grace) and Berlin months (no grace).
+const PERIOD_BOARDS: &str = r#"
+[[boards]]
+name = "berlin_day"
+member = "user"
+period = "day"
+time_zone = "Europe/Berlin"
+period_grace = "10m"
+keep_periods = 2
+
+[[boards]]
+name = "ny_week"
+member = "user"
+period = "week"
+time_zone = "America/New_York"
+week_start = "sunday"
+period_grace = "1h"
+
+[[boards]]
+name = "berlin_month"
+member = "user"
+period = "month"
+time_zone = "Europe/Berlin"
+period_grace = "0s"
+"#;
+
+fn period_boards() -> Vec<Board> {
+    Settings::from_toml(PERIOD_BOARDS).expect("valid").boards
+}
+
+/// Epoch ms of a local time in `zone`.
+fn local(zone: chrono_tz::Tz, text: &str) -> i64 {
+    let t = chrono::NaiveDateTime::parse_from_str(text, "%Y-%m-%d %H:%M").expect("time");
+    zone.from_local_datetime(&t)
+        .earliest()
+        .expect("exists")
+        .timestamp_millis()
+}
+
+/// Instants where periods turn awkwardly: DST changes in both zones, month ends, a leap day.
+fn anchors() -> Vec<i64> {
+    let berlin = chrono_tz::Europe::Berlin;
+    let ny = chrono_tz::America::New_York;
+    vec![
+        local(berlin, "2026-03-29 00:00"),
+        local(berlin, "2026-10-25 00:00"),
+        local(ny, "2026-03-08 00:00"),
+        local(ny, "2026-11-01 00:00"),
+        local(berlin, "2026-04-30 23:00"),
+        local(ny, "2026-12-31 23:00"),
+        local(berlin, "2028-02-29 00:00"),
+        local(ny, "2028-02-28 23:30"),
+    ]
+}
+
+/// The model of one board: per period id, the ids applied and each member's total and
+/// latest time.
+#[derive(Default)]
+struct Model {
+    seen: HashMap<String, HashSet<String>>,
+    totals: HashMap<String, BTreeMap<String, (i64, i64)>>,
+}
+
+impl Model {
+    /// Applies one event judged at `now`; whether it was late.
+    fn apply(&mut self, board: &Board, e: &Tip, now: i64) -> bool {
+        let c = board.period.expect("a period board");
+        let span = c.span_at(e.ts);
+        if span.end_ms + c.grace_ms <= now {
+            return true;
+        }
+        if self
+            .seen
+            .entry(span.id.clone())
+            .or_default()
+            .insert(e.id.clone())
+        {
+            let row = self
+                .totals
+                .entry(span.id)
+                .or_default()
+                .entry(e.member.clone())
+                .or_insert((0, i64::MIN));
+            row.0 += e.amount;
+            row.1 = row.1.max(e.ts);
+        }
+        false
+    }
+
+    /// The expected ranking of one period: total descending, earliest latest-time first,
+    /// then member name descending.
+    fn ranking(&self, id: &str) -> Vec<(String, i64, i64)> {
+        let mut rows: Vec<(String, i64, i64)> = self
+            .totals
+            .get(id)
+            .map(|m| m.iter().map(|(k, (t, ts))| (k.clone(), *t, *ts)).collect())
+            .unwrap_or_default();
+        rows.sort_by(|a, b| b.1.cmp(&a.1).then(a.2.cmp(&b.2)).then(b.0.cmp(&a.0)));
+        rows
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Tip {
+    id: String,
+    ts: i64,
+    member: String,
+    amount: i64,
+}
+
+/// A batch: tips, delivered at a time after each of them.
+type Batch = (Vec<Tip>, i64);
+
+/// Batches around one anchor each: tips days before it, just before it and just after it,
+/// delivered at once, within the boards' graces or after them; one tip in five is a
+/// redelivery of an earlier one.
+fn batches() -> impl Strategy<Value = Vec<Batch>> {
+    let anchor_count = anchors().len();
+    let offset = prop_oneof![-3 * DAY..-1, -30 * MINUTE..-1, 0..10 * MINUTE];
+    let tip = (offset, 0..4usize, 1..50i64, 0..5u8);
+    let delay = prop_oneof![0..15 * MINUTE, 0..2 * HOUR, 2 * HOUR..2 * DAY];
+    let batch = (0..anchor_count, proptest::collection::vec(tip, 1..6), delay);
+    proptest::collection::vec(batch, 1..10).prop_map(|raw| {
+        let anchors = anchors();
+        let mut sent: Vec<Tip> = Vec::new();
+        let mut out = Vec::new();
+        for (a, tips, delay) in raw {
+            let mut batch = Vec::new();
+            for (offset, m, amount, redeliver) in tips {
+                let tip = match sent.get(m * 7 % sent.len().max(1)) {
+                    Some(old) if redeliver == 0 => old.clone(),
+                    _ => Tip {
+                        id: format!("t{}", sent.len()),
+                        ts: anchors[a] + offset,
+                        member: format!("u{m}"),
+                        amount,
+                    },
+                };
+                sent.push(tip.clone());
+                batch.push(tip);
+            }
+            let newest = batch.iter().map(|t| t.ts).max().unwrap_or_default();
+            out.push((batch, newest.max(anchors[a] + delay)));
+        }
+        out
+    })
+}
+
+/// Dead letters of `rb:events:dead` with `reason`: their `id` fields.
+async fn dead_ids(store: &Store, reason: &str) -> Vec<String> {
+    use fred::prelude::*;
+    let entries: Vec<(String, HashMap<String, String>)> = store
+        .client()
+        .xrange("rb:events:dead", "-", "+", None)
+        .await
+        .expect("xrange");
+    entries
+        .into_iter()
+        .filter(|(_, f)| f.get("reason").map(String::as_str) == Some(reason))
+        .map(|(_, f)| f.get("id").cloned().unwrap_or_default())
+        .collect()
+}
+
+/// The ranking of one period instance as (member, total, last_ts).
+async fn stored(store: &Store, board: &Board, id: &str, now: i64) -> Vec<(String, i64, i64)> {
+    let instance = period_instance(None, id);
+    store
+        .top(board, Some(&instance), 0, 1000, now)
+        .await
+        .expect("top")
+        .entries
+        .into_iter()
+        .map(|e| (e.member, e.total, e.last_ts.expect("earliest keeps time")))
+        .collect()
+}
+
+async fn check_against_model(redis: &RedisServer, case: usize, batches: Vec<Batch>) {
+    let store = redis.store("rb").await;
+    redis.cli(&["FLUSHALL"]);
+    let boards = period_boards();
+    let metrics = Metrics::new(&boards);
+    let settings = ingest_settings("rb:events", 1);
+    let mut models: Vec<Model> = boards.iter().map(|_| Model::default()).collect();
+    let mut late_everywhere = Vec::new();
+    let mut entry_no = 0;
+    let mut last_now = 0;
+    for (tips, now) in &batches {
+        let mut entries = Vec::new();
+        for tip in tips {
+            entry_no += 1;
+            let ts = tip.ts.to_string();
+            let amount = tip.amount.to_string();
+            entries.push(entry(
+                &format!("{}-{entry_no}", 1_000 + entry_no),
+                &[
+                    ("id", tip.id.as_str()),
+                    ("ts", ts.as_str()),
+                    ("user", tip.member.as_str()),
+                    ("amount", amount.as_str()),
+                ],
+            ));
+            let late: Vec<bool> = boards
+                .iter()
+                .zip(models.iter_mut())
+                .map(|(b, m)| m.apply(b, tip, *now))
+                .collect();
+            if late.iter().all(|l| *l) {
+                late_everywhere.push(tip.id.clone());
+            }
+        }
+        process_batch(
+            &store,
+            &boards,
+            &settings,
+            &metrics,
+            "rb:events",
+            &entries,
+            *now,
+        )
+        .await
+        .expect("batch");
+        last_now = last_now.max(*now);
+    }
+    for (b, model) in boards.iter().zip(&models) {
+        let c = b.period.expect("period");
+        let mut ids: Vec<String> = model.totals.keys().cloned().collect();
+        for selector in [PeriodSelector::Current, PeriodSelector::Previous] {
+            ids.push(c.select(&selector, last_now).expect("span").id);
+        }
+        for id in ids {
+            assert_eq!(
+                stored(&store, b, &id, last_now).await,
+                model.ranking(&id),
+                "case {case}: board {} period {id}",
+                b.name
+            );
+        }
+    }
+    let mut dead = dead_ids(&store, "late").await;
+    dead.sort();
+    late_everywhere.sort();
+    assert_eq!(dead, late_everywhere, "case {case}: late dead letters");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 40, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// Random tips around DST changes in Berlin and New York, month ends and a leap day,
+    /// delivered in time, within the grace and after it, some redelivered: every period
+    /// (current, previous, each by id) ranks what the model says, and exactly the tips
+    /// late for every board are dead-lettered `late`.
+    #[test]
+    fn periods_rank_exactly_their_own_tips_and_late_ones_are_dead_lettered(batches in batches()) {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        static CASE: AtomicUsize = AtomicUsize::new(0);
+        thread_local! {
+            static REDIS: RedisServer = RedisServer::start();
+        }
+        let case = CASE.fetch_add(1, Ordering::Relaxed);
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("rt");
+        REDIS.with(|redis| rt.block_on(check_against_model(redis, case, batches)));
+    }
+}
+
+/// The grace, exactly: a closed day takes a tip until `end + grace` and refuses it from
+/// then on; the roll keeps `keep_periods` archives and deletes older ones (every key of
+/// their instances), newest first in `archived_periods`.
+#[tokio::test]
+async fn the_grace_ends_exactly_and_the_roll_keeps_only_keep_periods_archives() {
+    let redis = RedisServer::start();
+    let store = redis.store("rb").await;
+    let boards = period_boards();
+    let day = &boards[0];
+    let c = day.period.expect("period");
+    let first = c.span_at(local(chrono_tz::Europe::Berlin, "2026-10-24 12:00"));
+    let tip = |id: &str, ts: i64| ev(id, ts, "u1", 5);
+    let late_at = first.end_ms + c.grace_ms;
+    let out = store
+        .apply(day, None, &[tip("a", first.start_ms)], late_at - 1)
+        .await
+        .expect("apply");
+    assert_eq!(out, [rollboard::store::Outcome::Applied]);
+    let out = store
+        .apply(day, None, &[tip("b", first.end_ms - 1)], late_at)
+        .await
+        .expect("apply");
+    assert_eq!(out, [rollboard::store::Outcome::Late]);
+    // Four more days (the 25th is 25 hours long in Berlin).
+    let mut span = first.clone();
+    for i in 0..4 {
+        span = c.span_at(span.end_ms);
+        store
+            .apply(
+                day,
+                None,
+                &[tip(&format!("d{i}"), span.start_ms)],
+                span.start_ms,
+            )
+            .await
+            .expect("apply");
+    }
+    assert_eq!(span.id, "2026-10-28");
+    let now = span.start_ms + HOUR;
+    let state = store.period_state(day, &c, now).await.expect("state");
+    assert_eq!(state.current.id, "2026-10-28");
+    assert_eq!(state.archived, ["2026-10-27", "2026-10-26"]);
+    let reports = roll_all(&store, &boards, now, 100).await;
+    assert_eq!(reports[0].periods_removed, 2, "{reports:?}");
+    let keys = redis.cli(&["KEYS", "rb:{berlin_day:@2026-10-2[45]}*"]);
+    assert!(keys.trim().is_empty(), "deleted archives left keys: {keys}");
+    let kept = redis.cli(&["KEYS", "rb:{berlin_day:@2026-10-26}:result"]);
+    assert!(!kept.trim().is_empty());
+    let registry = redis.cli(&["ZRANGE", "rb:board:berlin_day:periods", "0", "-1"]);
+    assert_eq!(
+        registry.split_whitespace().collect::<Vec<_>>(),
+        ["2026-10-26", "2026-10-27", "2026-10-28"]
+    );
+    // A tip of a deleted period stays late and writes nothing.
+    let out = store
+        .apply(day, None, &[tip("again", first.start_ms)], now)
+        .await
+        .expect("apply");
+    assert_eq!(out, [rollboard::store::Outcome::Late]);
+    assert!(redis
+        .cli(&["KEYS", "rb:{berlin_day:@2026-10-24}*"])
+        .trim()
+        .is_empty());
+    // Verify reads each period instance.
+    for instance in rollboard::roll::instances(&store, day)
+        .await
+        .expect("instances")
+    {
+        let v = rollboard::roll::verify(&store, day, instance.as_deref(), 100)
+            .await
+            .expect("verify");
+        assert!(v.differences.is_empty(), "{v:?}");
+    }
+}
+
+/// Config refusals name the key: an unknown zone, period or week start exits 64.
+#[test]
+fn bad_period_settings_exit_64_naming_the_key() {
+    let dir = tempfile::tempdir().expect("dir");
+    let path = dir.path().join("bad.toml");
+    for (extra, key) in [
+        (
+            "period = \"day\"\ntime_zone = \"Europe/Atlantis\"\n",
+            "boards[0].time_zone",
+        ),
+        ("period = \"fortnight\"\n", "boards[0].period"),
+        (
+            "period = \"week\"\nweek_start = \"someday\"\n",
+            "boards[0].week_start",
+        ),
+        ("period = \"day\"\nwindow = \"7d\"\n", "boards[0].window"),
+    ] {
+        std::fs::write(
+            &path,
+            format!("[[boards]]\nname = \"p\"\nmember = \"m\"\n{extra}"),
+        )
+        .expect("write");
+        let out = run_rollboard(&path, &["top", "p"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{extra}: {err}");
+        assert!(err.contains(key), "{extra}: {err}");
+    }
+}
+
+/// Tips of today and yesterday (UTC days, the current clock) in a scoped period board.
+async fn seed_days(store: &Store, board: &Board, now: i64) -> (String, String) {
+    let c = board.period.expect("period");
+    let today = c.span_at(now);
+    let yesterday = c.period.previous(c.zone, &today);
+    // Yesterday's tips as they arrived yesterday (its grace may be over by now).
+    let early = [
+        ev("y1", yesterday.start_ms + 1, "alice", 7),
+        ev("y2", yesterday.start_ms + 2, "bob", 9),
+    ];
+    store
+        .apply(board, Some("room1"), &early, yesterday.start_ms + 3)
+        .await
+        .expect("apply");
+    store
+        .apply(
+            board,
+            Some("room1"),
+            &[ev("t1", today.start_ms + 1, "alice", 3)],
+            now,
+        )
+        .await
+        .expect("apply");
+    (today.id, yesterday.id)
+}
+
+const DAILY: &str = "[[boards]]\nname = \"daily\"\nmember = \"user\"\nscope = \"room\"\nperiod = \"day\"\nperiod_grace = \"1h\"\n";
+
+/// `period=` over HTTP: current by default, previous, an id; a bad id or a period on a
+/// rolling board is a 400; `GET /v1/boards/{board}` says where the board stands.
+#[tokio::test]
+async fn http_answers_periods_and_the_board_state() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().expect("dir");
+    let port = free_port();
+    let config = write_config(dir.path(), &redis, port, "p", DAILY);
+    let store = redis.store("rb").await;
+    let board = Settings::from_toml(DAILY).expect("valid").boards.remove(0);
+    let now = redis_now(&store).await;
+    // Near midnight UTC the test's "today" could turn while it runs.
+    if board.period.expect("period").span_at(now).end_ms - now < 2 * MINUTE {
+        tokio::time::sleep(std::time::Duration::from_millis(150_000)).await;
+    }
+    let now = redis_now(&store).await;
+    let (today, yesterday) = seed_days(&store, &board, now).await;
+    let daemon = Daemon::start(&config, port).await;
+
+    let (status, body) = daemon.get("/v1/boards/daily/top?scope=room1").await;
+    assert_eq!(status, 200, "{body}");
+    let page: serde_json::Value = serde_json::from_str(&body).expect("json");
+    assert_eq!(page["period"], today.as_str());
+    assert_eq!(page["scope"], "room1");
+    assert_eq!(page["entries"][0]["member"], "alice");
+    assert_eq!(page["entries"][0]["total"], 3);
+    let (status, body) = daemon
+        .get("/v1/boards/daily/top?scope=room1&period=previous")
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let page: serde_json::Value = serde_json::from_str(&body).expect("json");
+    assert_eq!(page["period"], yesterday.as_str());
+    assert_eq!(page["count"], 2);
+    assert_eq!(page["entries"][0]["member"], "bob");
+    let (status, body) = daemon
+        .get(&format!(
+            "/v1/boards/daily/members/alice?scope=room1&period={yesterday}"
+        ))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let rank: serde_json::Value = serde_json::from_str(&body).expect("json");
+    assert_eq!(
+        (rank["rank"].as_u64(), rank["total"].as_i64()),
+        (Some(2), Some(7))
+    );
+    let (status, body) = daemon.get("/v1/boards/daily/members/bob?scope=room1").await;
+    assert_eq!(status, 404, "{body}");
+    assert!(body.contains(&today) && !body.contains('@'), "{body}");
+    for bad in ["2026-13-01", "yesterday", "2026-W48"] {
+        let (status, body) = daemon
+            .get(&format!("/v1/boards/daily/top?scope=room1&period={bad}"))
+            .await;
+        assert_eq!(status, 400, "{bad}: {body}");
+    }
+    let (status, _) = daemon.get("/v1/boards/rooms_7d/top?period=current").await;
+    assert_eq!(status, 400);
+
+    let (status, body) = daemon.get("/v1/boards/daily").await;
+    assert_eq!(status, 200, "{body}");
+    let state: serde_json::Value = serde_json::from_str(&body).expect("json");
+    let span = board.period.expect("period").span_at(now);
+    assert_eq!(state["period"], "day");
+    assert_eq!(state["period_id"], today.as_str());
+    assert_eq!(state["period_start"], span.start_ms);
+    assert_eq!(state["next_reset"], span.end_ms);
+    assert_eq!(state["archived_periods"], serde_json::json!([yesterday]));
+    assert_eq!(state["window_ms"], serde_json::Value::Null);
+    let (status, body) = daemon.get("/v1/boards/rooms_7d").await;
+    assert_eq!(status, 200, "{body}");
+    assert!(!body.contains("period_id"), "{body}");
+    let (status, _) = daemon.get("/v1/boards/nope").await;
+    assert_eq!(status, 404);
+    daemon.kill().await;
+}
+
+/// `--period` on the command line, in the shapes of HTTP; a bad one is a usage error.
+#[tokio::test]
+async fn cli_takes_period() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().expect("dir");
+    let config = write_config(dir.path(), &redis, 1, "p", DAILY);
+    let store = redis.store("rb").await;
+    let board = Settings::from_toml(DAILY).expect("valid").boards.remove(0);
+    let now = redis_now(&store).await;
+    if board.period.expect("period").span_at(now).end_ms - now < 2 * MINUTE {
+        tokio::time::sleep(std::time::Duration::from_millis(150_000)).await;
+    }
+    let now = redis_now(&store).await;
+    let (today, yesterday) = seed_days(&store, &board, now).await;
+    let json = |args: &[&str]| {
+        let out = run_rollboard(&config, args);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        (
+            out.status.code(),
+            serde_json::from_str::<serde_json::Value>(&text).unwrap_or_default(),
+        )
+    };
+    let (code, page) = json(&["top", "daily", "--scope", "room1", "--json"]);
+    assert_eq!(code, Some(0));
+    assert_eq!(
+        (page["period"].as_str(), page["count"].as_u64()),
+        (Some(today.as_str()), Some(1))
+    );
+    let (code, page) = json(&[
+        "top", "daily", "--scope", "room1", "--period", &yesterday, "--json",
+    ]);
+    assert_eq!(code, Some(0));
+    assert_eq!(page["entries"][0]["member"], "bob");
+    let (code, rank) = json(&[
+        "rank", "daily", "bob", "--scope", "room1", "--period", "previous", "--json",
+    ]);
+    assert_eq!(code, Some(0));
+    assert_eq!(
+        (rank["rank"].as_u64(), rank["scope"].as_str()),
+        (Some(1), Some("room1"))
+    );
+    let (code, rank) = json(&["rank", "daily", "bob", "--scope", "room1", "--json"]);
+    assert_eq!(code, Some(3));
+    assert_eq!(rank["period"], today.as_str());
+    let (code, page) = json(&[
+        "around", "daily", "alice", "--scope", "room1", "--period", "previous", "--json",
+    ]);
+    assert_eq!(code, Some(0));
+    assert_eq!(page["entries"].as_array().map(Vec::len), Some(2));
+    let out = run_rollboard(&config, &["top", "daily", "--scope", "room1"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains(&format!("period {today}")));
+    for args in [
+        &["top", "daily", "--scope", "room1", "--period", "last-week"][..],
+        &["top", "rooms_7d", "--period", "current"][..],
+    ] {
+        assert_eq!(
+            run_rollboard(&config, args).status.code(),
+            Some(2),
+            "{args:?}"
+        );
+    }
+}

@@ -1,0 +1,429 @@
+//! Rolling the window: expiry, catch-up after days, rolls at earlier times, emptied scopes,
+//! killed and concurrent rollers, exactly once against a real Redis and the in-memory model.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use fred::prelude::*;
+use proptest::prelude::*;
+use rollboard::domain::board::{Board, Mode, TieBreak};
+use rollboard::store::{ApplyEvent, Outcome, Store};
+
+use crate::support::model::{assert_matches, Instance};
+use crate::support::*;
+
+#[tokio::test]
+async fn expiry_subtracts_each_dead_slice_and_forgets_its_members() {
+    let (redis, store) = RedisServer::start_with_store("rb").await;
+    let b = board("rooms", HOUR, 3);
+    let s0 = b.slice_of(T0) * HOUR;
+    let events = [
+        ev("1", s0, "a", 5),
+        ev("2", s0 + HOUR, "a", 7),
+        ev("3", s0 + HOUR, "b", 2),
+        ev("4", s0 + 2 * HOUR, "c", 1),
+    ];
+    apply_events(&store, &b, &events, s0 + 2 * HOUR).await;
+    let mut model = Instance::default();
+    for e in &events {
+        model.apply(&b, e, s0 + 2 * HOUR);
+    }
+    // At s0 + 3h the first slice leaves the window.
+    let reports = roll_all(&store, std::slice::from_ref(&b), s0 + 3 * HOUR, 2).await;
+    assert_eq!(
+        (
+            reports[0].slices_expired,
+            reports[0].fields_expired,
+            reports[0].members_removed
+        ),
+        (1, 1, 0)
+    );
+    model.roll(&b, s0 + 3 * HOUR);
+    assert_matches(&store, &b, None, &model, s0 + 3 * HOUR).await;
+    assert_eq!(
+        store
+            .rank(&b, None, "a", s0 + 3 * HOUR)
+            .await
+            .unwrap()
+            .total,
+        Some(7)
+    );
+    // Then the second: a and b leave the ranking and the members map.
+    let reports = roll_all(&store, std::slice::from_ref(&b), s0 + 4 * HOUR, 2).await;
+    assert_eq!(
+        (reports[0].slices_expired, reports[0].members_removed),
+        (1, 2)
+    );
+    model.roll(&b, s0 + 4 * HOUR);
+    assert_matches(&store, &b, None, &model, s0 + 4 * HOUR).await;
+    assert_eq!(redis.cli(&["HLEN", "rb:{rooms}:members"]).trim(), "1");
+    assert_eq!(redis.cli(&["ZCARD", "rb:{rooms}:slices"]).trim(), "1");
+    assert_eq!(
+        redis
+            .cli(&["EXISTS", &format!("rb:{{rooms}}:slice:{}", s0 / HOUR)])
+            .trim(),
+        "0"
+    );
+    assert_eq!(
+        redis
+            .cli(&["HGET", "rb:{rooms}:meta", "expired_through"])
+            .trim(),
+        (s0 / HOUR + 1).to_string()
+    );
+    assert_verified(&store, &b, None).await;
+}
+
+#[tokio::test]
+async fn a_roll_at_an_earlier_time_changes_nothing() {
+    let (redis, store) = RedisServer::start_with_store("rb").await;
+    let b = board("rooms", HOUR, 3);
+    apply_events(&store, &b, &[ev("1", T0, "a", 5)], T0).await;
+    roll_all(&store, std::slice::from_ref(&b), T0 + 10 * HOUR, 10).await;
+    let w = redis.cli(&["HGET", "rb:{rooms}:meta", "expired_through"]);
+    roll_all(&store, std::slice::from_ref(&b), T0, 10).await;
+    assert_eq!(
+        redis.cli(&["HGET", "rb:{rooms}:meta", "expired_through"]),
+        w
+    );
+    // An empty board still records its watermark.
+    let empty = board("empty", HOUR, 3);
+    roll_all(&store, std::slice::from_ref(&empty), T0, 10).await;
+    assert_eq!(
+        redis
+            .cli(&["HGET", "rb:{empty}:meta", "expired_through"])
+            .trim(),
+        (T0 / HOUR - 3).to_string()
+    );
+}
+
+#[tokio::test]
+async fn late_events_never_land_in_a_dead_slice() {
+    let (redis, store) = RedisServer::start_with_store("rb").await;
+    let b = board("rooms", HOUR, 4);
+    apply_events(&store, &b, &[ev("1", T0, "a", 5)], T0).await;
+    // A roll ahead of the clock raises the watermark past slice_of(T0).
+    roll_all(&store, std::slice::from_ref(&b), T0 + 5 * HOUR, 10).await;
+    let out = apply_events(
+        &store,
+        &b,
+        &[ev("2", T0, "a", 5), ev("3", T0 + 2 * HOUR, "a", 1)],
+        T0,
+    )
+    .await;
+    assert_eq!(out, vec![Outcome::Late, Outcome::Applied]);
+    assert_eq!(
+        redis
+            .cli(&["EXISTS", &format!("rb:{{rooms}}:slice:{}", T0 / HOUR)])
+            .trim(),
+        "0"
+    );
+    assert_eq!(store.rank(&b, None, "a", T0).await.unwrap().total, Some(1));
+}
+
+#[tokio::test]
+async fn catch_up_after_ten_days_equals_the_model() {
+    let (_redis, store) = RedisServer::start_with_store("rb").await;
+    let mut inc = board("inc", HOUR, 72);
+    inc.allow_negative = true;
+    let mut res = board("res", 6 * HOUR, 4 * 7);
+    res.mode = Mode::Resummarize;
+    res.scope = Some("room".into());
+    let boards = vec![inc, res];
+    let mut models: HashMap<(usize, Option<String>), Instance> = HashMap::new();
+    let mut i = 0;
+    for hour in 0..(10 * 24) {
+        let now = T0 + hour * HOUR;
+        for (bi, b) in boards.iter().enumerate() {
+            let scope = b.scope.as_ref().map(|_| format!("r{}", hour % 3));
+            let events: Vec<ApplyEvent> = (0..4)
+                .map(|k| {
+                    i += 1;
+                    let amount = if b.allow_negative && i % 9 == 0 {
+                        -2
+                    } else {
+                        1 + i % 4
+                    };
+                    ev(
+                        &format!("e{i}"),
+                        now - k * 600_000,
+                        &format!("m{}", (i * 7) % 11),
+                        amount,
+                    )
+                })
+                .collect();
+            let model = models.entry((bi, scope.clone())).or_default();
+            let expected: Vec<Outcome> = events.iter().map(|e| model.apply(b, e, now)).collect();
+            assert_eq!(
+                store
+                    .apply(b, scope.as_deref(), &events, now)
+                    .await
+                    .unwrap(),
+                expected
+            );
+        }
+    }
+    let end = T0 + 10 * DAY;
+    let reports = roll_all(&store, &boards, end, 7).await;
+    assert!(reports[0].slices_expired >= 10 * 24 - 72 - 1, "{reports:?}");
+    for ((bi, scope), model) in &mut models {
+        model.roll(&boards[*bi], end);
+        assert_matches(&store, &boards[*bi], scope.as_deref(), model, end).await;
+        assert_verified(&store, &boards[*bi], scope.as_deref()).await;
+    }
+}
+
+#[tokio::test]
+async fn two_rollers_subtract_every_amount_exactly_once() {
+    let redis = RedisServer::start();
+    let b = board("rooms", HOUR, 2);
+    let setup = redis.store("rb").await;
+    let mut model = Instance::default();
+    // 6000 members in the dead slice, 300 of them also live later.
+    let dead: Vec<ApplyEvent> = (0..6000)
+        .map(|i| ev(&format!("d{i}"), T0, &format!("m{i}"), 1 + i % 3))
+        .collect();
+    let live: Vec<ApplyEvent> = (0..300)
+        .map(|i| ev(&format!("l{i}"), T0 + HOUR, &format!("m{i}"), 10))
+        .collect();
+    for chunk in dead.chunks(500).chain(live.chunks(500)) {
+        let out = apply_events(&setup, &b, chunk, T0 + HOUR).await;
+        assert!(out.iter().all(|o| *o == Outcome::Applied));
+        for e in chunk {
+            model.apply(&b, e, T0 + HOUR);
+        }
+    }
+    let at = T0 + 2 * HOUR;
+    let mut tasks = Vec::new();
+    for chunk in [37usize, 50] {
+        let store = redis.store("rb").await;
+        let b = b.clone();
+        tasks.push(tokio::spawn(async move {
+            roll_all(&store, &[b], at, chunk).await
+        }));
+    }
+    let mut fields = 0;
+    for t in tasks {
+        fields += t.await.unwrap()[0].fields_expired;
+    }
+    assert_eq!(fields, 6000, "each field expired by exactly one roller");
+    model.roll(&b, at);
+    assert_matches(&setup, &b, None, &model, at).await;
+    assert_verified(&setup, &b, None).await;
+}
+
+fn config_file(dir: &std::path::Path, url: &str, chunk: usize) -> std::path::PathBuf {
+    let path = dir.join("rollboard.toml");
+    let text = format!(
+        "[redis]\nurl = \"{url}\"\n[schedule]\nchunk = {chunk}\n\
+         [[boards]]\nname = \"rooms\"\nmember = \"user\"\nwindow = \"2h\"\nslice = \"1h\"\n"
+    );
+    std::fs::write(&path, text).expect("config");
+    path
+}
+
+#[tokio::test]
+async fn a_roll_killed_mid_slice_then_rerun_ends_in_the_model_state() {
+    let (redis, store) = RedisServer::start_with_store("rb").await;
+    let b = board("rooms", HOUR, 2);
+    let mut model = Instance::default();
+    let n = 60_000;
+    let dead: Vec<ApplyEvent> = (0..n)
+        .map(|i| ev(&format!("d{i}"), T0, &format!("m{i}"), 1 + i % 5))
+        .collect();
+    let live: Vec<ApplyEvent> = (0..2000)
+        .map(|i| ev(&format!("l{i}"), T0 + HOUR, &format!("m{i}"), 3))
+        .collect();
+    for chunk in dead.chunks(1000).chain(live.chunks(1000)) {
+        apply_events(&store, &b, chunk, T0 + HOUR).await;
+        for e in chunk {
+            model.apply(&b, e, T0 + HOUR);
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_file(dir.path(), &redis.url(), 20);
+    let at = (T0 + 2 * HOUR).to_string();
+    let slice_key = format!("rb:{{rooms}}:slice:{}", T0 / HOUR);
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_rollboard"))
+        .args(["--config", config.to_str().unwrap(), "roll", "--at", &at])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn rollboard roll");
+    let client = store.client().clone();
+    let key = slice_key.clone();
+    let started = wait_for(Duration::from_secs(60), || {
+        let client = client.clone();
+        let key = key.clone();
+        async move { client.hlen::<i64, _>(&key).await.unwrap_or(0) < n - 500 }
+    })
+    .await;
+    assert!(started, "the roll never started expiring");
+    child.start_kill().expect("kill");
+    let _ = child.wait().await;
+    let left: i64 = store.client().hlen(&slice_key).await.unwrap();
+    assert!(left > 0, "killed too late to test a crash mid-slice");
+    // The result is now partly subtracted: rerun the roll.
+    let status = tokio::process::Command::new(env!("CARGO_BIN_EXE_rollboard"))
+        .args(["--config", config.to_str().unwrap(), "roll", "--at", &at])
+        .stdout(std::process::Stdio::null())
+        .status()
+        .await
+        .unwrap();
+    assert!(status.success());
+    model.roll(&b, T0 + 2 * HOUR);
+    assert_matches(&store, &b, None, &model, T0 + 2 * HOUR).await;
+    assert_verified(&store, &b, None).await;
+}
+
+#[tokio::test]
+async fn an_emptied_scope_leaves_the_registry_and_redis() {
+    let (redis, store) = RedisServer::start_with_store("rb").await;
+    let mut b = board("fans", HOUR, 2);
+    b.scope = Some("room".into());
+    b.mode = Mode::Resummarize;
+    apply_events_in(&store, &b, "old", &[ev("1", T0, "u", 1)], T0).await;
+    apply_events_in(
+        &store,
+        &b,
+        "new",
+        &[ev("2", T0 + 3 * HOUR, "u", 1)],
+        T0 + 3 * HOUR,
+    )
+    .await;
+    let reports = roll_all(&store, std::slice::from_ref(&b), T0 + 3 * HOUR, 10).await;
+    assert_eq!(reports[0].scopes_removed, 1);
+    assert_eq!(store.scopes(&b).await.unwrap(), ["new"]);
+    assert_eq!(
+        redis.cli(&["KEYS", "rb:{fans:old}*"]).trim(),
+        "rb:{fans:old}:meta",
+        "only the watermark stays"
+    );
+    assert_eq!(
+        store
+            .top(&b, Some("new"), 0, 10, T0 + 3 * HOUR)
+            .await
+            .unwrap()
+            .count,
+        1
+    );
+    // A copy of the old event, even judged at an old clock, is late: time never goes back.
+    let out = apply_events_in(&store, &b, "old", &[ev("1", T0, "u", 1)], T0).await;
+    assert_eq!(out, vec![Outcome::Late]);
+}
+
+#[derive(Debug, Clone)]
+enum Step {
+    Apply(usize, Option<String>, Vec<ApplyEvent>),
+    Roll,
+}
+
+fn model_boards() -> Vec<Board> {
+    let mut a = board("inc-e", 1_000, 4);
+    a.allow_negative = true;
+    let mut b = board("inc-l", 1_000, 3);
+    b.tie_break = TieBreak::Latest;
+    b.scope = Some("room".into());
+    let mut c = board("res-n", 500, 6);
+    c.mode = Mode::Resummarize;
+    c.tie_break = TieBreak::None;
+    c.allow_negative = true;
+    let mut d = board("res-e", 1_000, 2);
+    d.mode = Mode::Resummarize;
+    d.scope = Some("room".into());
+    vec![a, b, c, d]
+}
+
+fn steps() -> impl Strategy<Value = Vec<(Step, i64)>> {
+    let event = (
+        0u32..30,
+        -5_000i64..400,
+        0usize..5,
+        prop_oneof![4 => 1i64..6, 1 => -5i64..0],
+    );
+    let apply = (0usize..4, 0usize..2, prop::collection::vec(event, 1..8))
+        .prop_map(|(b, scope, events)| (b, scope, events));
+    let step = prop_oneof![3 => apply.prop_map(Some), 1 => Just(None)];
+    prop::collection::vec((step, 0i64..2_500), 1..16).prop_map(|raw| {
+        let boards = model_boards();
+        raw.into_iter()
+            .map(|(step, advance)| match step {
+                None => (Step::Roll, advance),
+                Some((b, scope, events)) => {
+                    let board = &boards[b];
+                    let scope = board.scope.as_ref().map(|_| format!("r{scope}"));
+                    let events = events
+                        .into_iter()
+                        .map(|(id, offset, m, amount)| {
+                            let amount = if amount < 0 && !board.allow_negative {
+                                -amount
+                            } else {
+                                amount
+                            };
+                            (
+                                format!("id{id}"),
+                                offset,
+                                ["a", "b", "c", "d", "e"][m].to_string(),
+                                amount,
+                            )
+                        })
+                        .map(|(id, offset, member, amount)| ApplyEvent {
+                            id,
+                            ts: offset,
+                            member,
+                            amount,
+                        })
+                        .collect();
+                    (Step::Apply(b, scope, events), advance)
+                }
+            })
+            .collect()
+    })
+}
+
+async fn run_steps(store: &Store, steps: &[(Step, i64)]) {
+    let boards = model_boards();
+    let mut models: HashMap<(usize, Option<String>), Instance> = HashMap::new();
+    let mut now: i64 = 100_000;
+    for (step, advance) in steps {
+        now += advance;
+        match step {
+            Step::Apply(b, scope, events) => {
+                let board = &boards[*b];
+                let events: Vec<ApplyEvent> = events
+                    .iter()
+                    .map(|e| ApplyEvent {
+                        ts: (now + e.ts).max(0),
+                        ..e.clone()
+                    })
+                    .collect();
+                let model = models.entry((*b, scope.clone())).or_default();
+                let expected: Vec<Outcome> =
+                    events.iter().map(|e| model.apply(board, e, now)).collect();
+                assert_eq!(
+                    store
+                        .apply(board, scope.as_deref(), &events, now)
+                        .await
+                        .unwrap(),
+                    expected
+                );
+                if board.mode == Mode::Incremental {
+                    assert_matches(store, board, scope.as_deref(), model, now).await;
+                }
+            }
+            Step::Roll => {
+                roll_all(store, &boards, now, 2).await;
+                for ((b, scope), model) in models.iter_mut() {
+                    model.roll(&boards[*b], now);
+                    assert_matches(store, &boards[*b], scope.as_deref(), model, now).await;
+                    assert_verified(store, &boards[*b], scope.as_deref()).await;
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn rolls_interleaved_with_events_behave_like_the_model() {
+    run_cases(64, &steps(), async |store, steps| {
+        run_steps(store, &steps).await;
+    });
+}

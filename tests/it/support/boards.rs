@@ -1,0 +1,415 @@
+//! Boards, events and what a board instance holds: board and event builders, key snapshots,
+//! the digest table's entries and logs, rolling every instance, totals and Redis's clock.
+
+use std::time::Duration;
+
+use fred::prelude::*;
+use rollboard::domain::board::{Board, Dedup, Mode, TieBreak};
+use rollboard::roll::{self, Job};
+use rollboard::store::{ApplyEvent, Outcome, StageTargets, Staged, Store};
+use tokio_util::sync::CancellationToken;
+
+use crate::support::model::Instance;
+use crate::support::*;
+
+/// An event for `Store::apply`.
+pub fn ev(id: &str, ts: i64, member: &str, amount: i64) -> ApplyEvent {
+    ApplyEvent {
+        id: id.into(),
+        ts,
+        member: member.into(),
+        amount,
+    }
+}
+
+/// A board with small slices for tests: `slice` ms wide, `n` slices per window.
+pub fn board(name: &str, slice: i64, n: i64) -> Board {
+    Board {
+        name: name.into(),
+        member: "user".into(),
+        scope: None,
+        amount: "amount".into(),
+        scale: 0,
+        window_ms: slice * n,
+        slice_ms: slice,
+        mode: Mode::Incremental,
+        tie_break: TieBreak::Earliest,
+        allow_negative: false,
+        dedup: Dedup::Window,
+        dense_rank: false,
+        period: None,
+    }
+}
+
+/// The four shapes of board a script can run for (incremental or resummarize, with or
+/// without refunds, each tie-break), `slice` ms wide, `n` slices per window.
+pub fn variants(slice: i64, n: i64) -> Vec<Board> {
+    let inc = board("inc", slice, n);
+    let mut inc_neg = board("incneg", slice, n);
+    inc_neg.allow_negative = true;
+    inc_neg.tie_break = TieBreak::Latest;
+    let mut res = board("res", slice, n);
+    res.mode = Mode::Resummarize;
+    let mut res_neg = board("resneg", slice, n);
+    res_neg.mode = Mode::Resummarize;
+    res_neg.allow_negative = true;
+    res_neg.tie_break = TieBreak::None;
+    vec![inc, inc_neg, res, res_neg]
+}
+
+/// Every key under an unscoped board's hash tag with its DUMP, to prove a call wrote
+/// nothing.
+pub async fn snapshot(store: &Store, board: &Board) -> std::collections::BTreeMap<String, Vec<u8>> {
+    let pattern = format!("rb:{{{}}}:*", board.name);
+    let mut out = std::collections::BTreeMap::new();
+    for key in keys_matching(store, &pattern).await {
+        let bytes = dump(store, &key).await;
+        out.insert(key, bytes);
+    }
+    out
+}
+
+/// The keys matching `pattern` (`KEYS`).
+pub async fn keys_matching(store: &Store, pattern: &str) -> Vec<String> {
+    use fred::types::{ClusterHash, CustomCommand};
+    store
+        .client()
+        .custom(
+            CustomCommand::new_static("KEYS", ClusterHash::Random, false),
+            vec![pattern],
+        )
+        .await
+        .expect("keys")
+}
+
+/// The `DUMP` of `key`.
+pub async fn dump(store: &Store, key: &str) -> Vec<u8> {
+    use fred::types::{ClusterHash, CustomCommand};
+    let dump: fred::types::Value = store
+        .client()
+        .custom(
+            CustomCommand::new_static("DUMP", ClusterHash::FirstKey, false),
+            vec![key],
+        )
+        .await
+        .expect("dump");
+    match dump {
+        fred::types::Value::Bytes(b) => b.to_vec(),
+        fred::types::Value::String(s) => s.as_bytes().to_vec(),
+        other => format!("{other:?}").into_bytes(),
+    }
+}
+
+/// The boards of [`BOARDS`], validated.
+pub fn test_boards() -> Vec<Board> {
+    rollboard::config::Settings::from_toml(BOARDS)
+        .expect("test boards")
+        .boards
+}
+
+/// One entry of an instance's digest table: the id's digest and its slice (mod 2^32).
+pub type SeenEntry = ([u8; 16], u32);
+
+/// Reads the digest table of an instance (the linear hash described in `apply.lua`) and
+/// checks its invariants: the state fields, every bucket named by an address below
+/// 2^L + p holding whole 20-byte entries whose digests all address that bucket, and `#n`
+/// equal to the entries held. Returns every entry.
+pub async fn seen_table(store: &Store, board: &Board, scope: Option<&str>) -> Vec<SeenEntry> {
+    use fred::prelude::*;
+    let key = store.instance(board, scope).seen_table();
+    let fields: std::collections::HashMap<String, Vec<u8>> =
+        store.client().hgetall(&key).await.expect("hgetall");
+    if fields.is_empty() {
+        return Vec::new();
+    }
+    let number = |f: &str| -> u64 {
+        let v = fields.get(f).unwrap_or_else(|| panic!("{key} has no {f}"));
+        std::str::from_utf8(v).unwrap().parse().unwrap()
+    };
+    let (level, split, held) = (number("#L"), number("#p"), number("#n"));
+    assert!(split < 1 << level, "{key}: #p {split} with #L {level}");
+    let mut out = Vec::new();
+    for (field, value) in &fields {
+        if field.starts_with('#') {
+            continue;
+        }
+        let a: u64 = field
+            .parse()
+            .unwrap_or_else(|_| panic!("{key}: field {field}"));
+        assert!(a < (1 << level) + split, "{key}: bucket {a} past the table");
+        assert!(!value.is_empty(), "{key}: empty bucket {a} kept");
+        assert_eq!(
+            value.len() % 20,
+            0,
+            "{key}: bucket {a} of {} bytes",
+            value.len()
+        );
+        for entry in value.chunks(20) {
+            let h = u64::from(u32::from_be_bytes(entry[..4].try_into().unwrap()));
+            let mut addr = h % (1 << level);
+            if addr < split {
+                addr = h % (1 << (level + 1));
+            }
+            assert_eq!(addr, a, "{key}: an entry of bucket {a} addresses {addr}");
+            out.push((
+                entry[..16].try_into().unwrap(),
+                u32::from_be_bytes(entry[16..].try_into().unwrap()),
+            ));
+        }
+    }
+    assert_eq!(out.len() as u64, held, "{key}: #n");
+    out
+}
+
+/// Whether the instance remembers `id` as applied in slice `n`.
+pub async fn remembers(
+    store: &Store,
+    board: &Board,
+    scope: Option<&str>,
+    id: &str,
+    n: i64,
+) -> bool {
+    let digest = rollboard::store::id_digest(id);
+    seen_table(store, board, scope)
+        .await
+        .contains(&(digest, n.rem_euclid(1 << 32) as u32))
+}
+
+/// The instance's forget-log keys (`seen:<n>`) that exist.
+pub async fn seen_logs(store: &Store, board: &Board, scope: Option<&str>) -> Vec<String> {
+    let table = store.instance(board, scope).seen_table();
+    let pattern = format!("{}:*", table.trim_end_matches(":ids"));
+    let mut keys = keys_matching(store, &pattern).await;
+    keys.retain(|k| k != &table);
+    keys.sort();
+    keys
+}
+
+/// Runs both jobs once at `now` over `boards` (`schedule.chunk` = `chunk`) and checks
+/// that every instance was rolled.
+pub async fn roll_all(
+    store: &Store,
+    boards: &[Board],
+    now: i64,
+    chunk: usize,
+) -> Vec<rollboard::roll::Report> {
+    let reports = rollboard::roll::run_once(
+        store,
+        boards,
+        rollboard::roll::Job::All,
+        None,
+        now,
+        chunk,
+        &tokio_util::sync::CancellationToken::new(),
+    )
+    .await
+    .expect("roll");
+    for r in &reports {
+        assert_eq!(r.instances_failed, 0, "{}: {:?}", r.board, r.first_error);
+    }
+    reports
+}
+
+/// Ingest settings for `process_batch` called directly: `stream` in `partitions`
+/// partitions, the default group and dead-letter stream.
+pub fn ingest_settings(stream: &str, partitions: usize) -> rollboard::config::IngestSettings {
+    rollboard::config::IngestSettings {
+        stream: stream.into(),
+        partitions,
+        group: "rollboard".into(),
+        consumer: "c1".into(),
+        batch_size: 100,
+        block: Duration::from_millis(100),
+        claim_idle: Duration::from_secs(30),
+        dead_letter_stream: "rb:events:dead".into(),
+        dead_letter_max_len: 100_000,
+        retain: Duration::from_secs(60),
+        max_future_ms: 60_000,
+    }
+}
+
+/// One stream entry `id` with `fields`.
+pub fn entry(id: &str, fields: &[(&str, &str)]) -> rollboard::ingest::stream::Entry {
+    rollboard::ingest::stream::Entry {
+        id: id.into(),
+        fields: Some(
+            fields
+                .iter()
+                .map(|(k, v)| (k.as_bytes().to_vec(), v.as_bytes().to_vec()))
+                .collect(),
+        ),
+    }
+}
+
+/// The total of `member` on the unscoped instance of `board` at `now`.
+pub async fn total_at(store: &Store, board: &Board, member: &str, now: i64) -> Option<i64> {
+    store
+        .rank(board, None, member, now)
+        .await
+        .expect("rank")
+        .total
+}
+
+/// Redis's clock (`TIME`), in epoch ms: the time rollboard judges by.
+pub async fn redis_now(store: &Store) -> i64 {
+    store.time_ms().await.expect("TIME")
+}
+
+/// An hour in milliseconds.
+pub const HOUR: i64 = 3_600_000;
+
+/// A day in milliseconds.
+pub const DAY: i64 = 24 * HOUR;
+
+/// A fixed point in time (November 2025) the tests start their windows from.
+pub const T0: i64 = 1_763_700_000_000;
+
+/// The host's clock in milliseconds, as the CLI reads it.
+pub fn now_ms() -> i64 {
+    rollboard::domain::clock::local_ms()
+}
+
+/// One run of every job of `board` at `now` (chunk 3); its report.
+pub async fn roll_once(store: &Store, board: &Board, now: i64) -> roll::Report {
+    roll::run_once(
+        store,
+        std::slice::from_ref(board),
+        Job::All,
+        None,
+        now,
+        3,
+        &CancellationToken::new(),
+    )
+    .await
+    .expect("roll")
+    .remove(0)
+}
+
+/// Sets `key` to the string `value` (a key of the wrong type breaks the scripts using it).
+pub async fn set_string(store: &Store, key: &str, value: &str) {
+    let _: () = store
+        .client()
+        .set(key, value, None, None, false)
+        .await
+        .expect("set");
+}
+
+/// A board of `Mode::Resummarize`.
+pub fn resummarize(name: &str, slice: i64, n: i64) -> Board {
+    let mut b = board(name, slice, n);
+    b.mode = Mode::Resummarize;
+    b
+}
+
+/// Applies `events` to the store's unscoped instance and to the model at `now`; the
+/// outcomes must agree.
+pub async fn apply_model(
+    store: &Store,
+    b: &Board,
+    model: &mut Instance,
+    events: &[ApplyEvent],
+    now: i64,
+) {
+    apply_scoped_model(store, b, None, model, events, now).await;
+}
+
+/// As [`apply_model`], for the instance of `scope`.
+pub async fn apply_scoped_model(
+    store: &Store,
+    b: &Board,
+    scope: Option<&str>,
+    model: &mut Instance,
+    events: &[ApplyEvent],
+    now: i64,
+) {
+    let expected: Vec<Outcome> = events.iter().map(|e| model.apply(b, e, now)).collect();
+    assert_eq!(store.apply(b, scope, events, now).await.unwrap(), expected);
+}
+
+/// The targets of a resummarize run's ranking (as `roll::resummarize` stages them).
+pub const RANKING: StageTargets = StageTargets {
+    result: true,
+    ranked: true,
+    refs: false,
+    totals: false,
+    positive_only: true,
+};
+
+/// A staged row of `member` with `total`, from one slice.
+pub fn row(member: &str, total: i64) -> Staged {
+    Staged {
+        member: member.into(),
+        total,
+        slices: 1,
+        fallback_ts: None,
+    }
+}
+
+/// Applies `events` to the unscoped instance of `b` at `now`; the outcomes.
+pub async fn apply_events(
+    store: &Store,
+    b: &Board,
+    events: &[ApplyEvent],
+    now: i64,
+) -> Vec<Outcome> {
+    store.apply(b, None, events, now).await.expect("apply")
+}
+
+/// Applies `events` to the instance of `b` for `scope` at `now`; the outcomes.
+pub async fn apply_events_in(
+    store: &Store,
+    b: &Board,
+    scope: &str,
+    events: &[ApplyEvent],
+    now: i64,
+) -> Vec<Outcome> {
+    store
+        .apply(b, Some(scope), events, now)
+        .await
+        .expect("apply")
+}
+
+/// A consumer called directly, as the daemon's loop calls `process_batch`.
+pub struct Consumer<'a> {
+    store: &'a Store,
+    boards: &'a [Board],
+    settings: &'a rollboard::config::IngestSettings,
+    metrics: &'a rollboard::metrics::Metrics,
+}
+
+impl<'a> Consumer<'a> {
+    /// A consumer of `boards` in `store` with `settings`, counting into `metrics`.
+    pub fn new(
+        store: &'a Store,
+        boards: &'a [Board],
+        settings: &'a rollboard::config::IngestSettings,
+        metrics: &'a rollboard::metrics::Metrics,
+    ) -> Self {
+        Consumer {
+            store,
+            boards,
+            settings,
+            metrics,
+        }
+    }
+
+    /// Processes `batch`, read from `stream`, at `now`.
+    pub async fn process(
+        &self,
+        stream: &str,
+        batch: &[rollboard::ingest::stream::Entry],
+        now: i64,
+    ) -> Result<rollboard::ingest::consumer::Held, rollboard::store::StoreError> {
+        let (store, boards, settings) = (self.store, self.boards, self.settings);
+        rollboard::ingest::consumer::process_batch(
+            store,
+            boards,
+            settings,
+            self.metrics,
+            stream,
+            batch,
+            now,
+        )
+        .await
+    }
+}

@@ -1,0 +1,100 @@
+//! Configuration files for the daemon and the CLI: the test boards and the settings around them.
+
+use std::path::{Path, PathBuf};
+
+use crate::support::*;
+
+/// The board definitions the daemon tests run with (as in config/rollboard.toml, with
+/// quick jobs and short timeouts).
+pub const BOARDS: &str = r#"
+[[boards]]
+name = "rooms_7d"
+member = "room"
+window = "7d"
+slice = "6h"
+
+[[boards]]
+name = "fans_7d"
+member = "user"
+scope = "room"
+window = "7d"
+slice = "1h"
+mode = "resummarize"
+
+[[boards]]
+name = "tips_24h"
+member = "user"
+amount = "value"
+scale = 2
+window = "24h"
+slice = "1h"
+tie_break = "latest"
+allow_negative = true
+"#;
+
+/// A config file for a daemon talking to `redis` and listening on `http_port`.
+pub fn write_config(
+    dir: &Path,
+    redis: &RedisServer,
+    port: u16,
+    consumer: &str,
+    extra: &str,
+) -> PathBuf {
+    write_config_url(dir, &redis.url(), port, consumer, extra)
+}
+
+/// As [`write_config`], for a daemon reaching Redis at `url` (e.g. through a [`crate::support::proxy::Proxy`]).
+pub fn write_config_url(
+    dir: &Path,
+    url: &str,
+    http_port: u16,
+    consumer: &str,
+    extra: &str,
+) -> PathBuf {
+    let path = dir.join(format!("rollboard-{consumer}.toml"));
+    let text = format!(
+        "[redis]\nurl = \"{url}\"\n[ingest]\nconsumer = \"{consumer}\"\nblock = \"100ms\"\nclaim_idle = \"1s\"\nbatch_size = 200\n\
+         [schedule]\nroll = \"*/2 * * * * *\"\nresummarize = \"* * * * * *\"\nlease = \"5s\"\n[http]\nlisten = \"127.0.0.1:{http_port}\"\n{extra}\n{BOARDS}"
+    );
+    std::fs::write(&path, text).expect("write config");
+    path
+}
+
+/// As [`write_config`], with `partitions` stream partitions.
+pub fn partitioned_config(
+    dir: &std::path::Path,
+    redis: &RedisServer,
+    port: u16,
+    consumer: &str,
+    partitions: usize,
+) -> std::path::PathBuf {
+    let path = write_config(dir, redis, port, consumer, "");
+    let text = std::fs::read_to_string(&path).expect("read config");
+    let text = text.replacen(
+        "[ingest]\n",
+        &format!("[ingest]\npartitions = {partitions}\n"),
+        1,
+    );
+    let path = dir.join(format!("rollboard-{consumer}-{partitions}.toml"));
+    std::fs::write(&path, text).expect("write config");
+    path
+}
+
+/// A temp dir, a free HTTP port and a configuration written there by [`write_config`].
+pub fn config_for(
+    redis: &RedisServer,
+    consumer: &str,
+    extra: &str,
+) -> (tempfile::TempDir, u16, std::path::PathBuf) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let port = free_port();
+    let config = write_config(dir.path(), redis, port, consumer, extra);
+    (dir, port, config)
+}
+
+/// Rewrites the configuration at `path`, replacing the first `from` with `to`.
+pub fn edit_config(path: &Path, from: &str, to: &str) {
+    let text = std::fs::read_to_string(path).expect("read config");
+    assert!(text.contains(from), "{from} is in the config");
+    std::fs::write(path, text.replacen(from, to, 1)).expect("write config");
+}

@@ -1,0 +1,90 @@
+//! Whole-instance comparisons: a board's twin under another name, an instance's contents
+//! without its key names, and the board shapes the fast and chained paths are tried on.
+
+use std::collections::BTreeMap;
+
+use fred::prelude::*;
+use rollboard::domain::board::{Board, Dedup};
+use rollboard::store::Store;
+
+use crate::support::{seen_logs, seen_table, variants};
+
+/// The slice length and window (in slices) of the boards [`shaped`] builds.
+const SLICE: i64 = 1_000;
+const N: i64 = 4;
+
+/// The same board under another name: its instance has other keys, the same settings.
+pub fn twin(board: &Board) -> Board {
+    let mut b = board.clone();
+    b.name = format!("{}-exact", board.name);
+    b
+}
+
+/// What an instance holds, its key names left out: every Hash, ZSet and List by suffix.
+pub async fn contents(store: &Store, board: &Board) -> BTreeMap<String, Vec<String>> {
+    let k = store.instance(board, None);
+    let c = store.client();
+    let mut out = BTreeMap::new();
+    let zset = |v: Vec<(String, f64)>| v.into_iter().map(|(m, s)| format!("{m}={s}")).collect();
+    let hash =
+        |v: BTreeMap<String, String>| v.into_iter().map(|(f, x)| format!("{f}={x}")).collect();
+    let result: Vec<(String, f64)> = c
+        .zrange(k.result(), 0, -1, None, false, None, true)
+        .await
+        .expect("result");
+    out.insert("result".to_string(), zset(result));
+    let slices: Vec<(String, f64)> = c
+        .zrange(k.slices(), 0, -1, None, false, None, true)
+        .await
+        .expect("slices");
+    for (n, _) in &slices {
+        let n: i64 = n.parse().expect("slice number");
+        let fields: BTreeMap<String, String> = c.hgetall(k.slice(n)).await.expect("slice");
+        out.insert(format!("slice:{n}"), hash(fields));
+    }
+    out.insert("slices".to_string(), zset(slices));
+    for (name, key) in [
+        ("members", k.members()),
+        ("totals", k.totals()),
+        ("refs", k.refs()),
+    ] {
+        let fields: BTreeMap<String, String> = c.hgetall(key).await.expect("hash");
+        out.insert(name.to_string(), hash(fields));
+    }
+    let mut entries: Vec<String> = seen_table(store, board, None)
+        .await
+        .into_iter()
+        .map(|e| format!("{e:?}"))
+        .collect();
+    entries.sort();
+    out.insert("seen".to_string(), entries);
+    for key in seen_logs(store, board, None).await {
+        let n = key.rsplit(':').next().expect("slice").to_string();
+        let entries: Vec<Vec<u8>> = c.lrange(&key, 0, -1).await.expect("log");
+        let mut entries: Vec<String> = entries.iter().map(|e| format!("{e:02x?}")).collect();
+        entries.sort();
+        out.insert(format!("seen log {n}"), entries);
+    }
+    out
+}
+
+/// Board shape `shape`: the four of [`variants`], then the same four remembering ids only
+/// half a slice past their slice's end (short dedup windows: ids forgotten while the slice
+/// is still live).
+pub fn shaped(shape: usize) -> Board {
+    let mut board = variants(SLICE, N)[shape % 4].clone();
+    if shape >= 4 {
+        board.dedup = Dedup::AfterSlice(SLICE / 2);
+        board.name = format!("{}-short", board.name);
+    }
+    board
+}
+
+/// `board` and `control` hold the same data, their key names aside; `what` says where.
+pub async fn assert_same_contents(store: &Store, board: &Board, control: &Board, what: &str) {
+    assert_eq!(
+        contents(store, board).await,
+        contents(store, control).await,
+        "{what}"
+    );
+}
