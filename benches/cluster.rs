@@ -1,5 +1,5 @@
 //! Capacity on Redis Cluster: a 3 + 3 cluster of `redis-server` processes started here (as
-//! the test fixture of tests/it/cluster.rs does), the release daemon (`rollboard run`, built
+//! the test fixture of tests/it/support/cluster.rs does), the release daemon (`rollboard run`, built
 //! by `cargo bench`) with the shipped boards (`rooms_7d`, unscoped; `fans_7d`, scoped by
 //! room) and `redis.min_replicas_acked` at its default (1: every master has a replica).
 //!

@@ -284,7 +284,7 @@ fn failover_seed() -> u64 {
 }
 
 /// POSTs `events` to the daemon until it answers 202 (a producer that retries with its own
-/// ids, as the README says); returns how many attempts were refused.
+/// ids, as docs/operations.md says); returns how many attempts were refused.
 async fn post_until_accepted(http: &reqwest::Client, base: &str, events: &[Fields]) -> u64 {
     let body: Vec<HashMap<String, String>> =
         events.iter().map(|f| f.iter().cloned().collect()).collect();

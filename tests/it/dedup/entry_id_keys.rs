@@ -1,6 +1,6 @@
 //! Idempotency keys taken from stream entry IDs across several stream keys: an event without
 //! an `id` read from a partition is keyed by the partition's key and its entry ID, the
-//! README's replay of dead letters restores `ts` too, and a dead-letter stream named like
+//! docs/operations.md's replay of dead letters restores `ts` too, and a dead-letter stream named like
 //! another layout's partition is refused or left alone.
 
 use std::collections::HashMap;
@@ -54,7 +54,7 @@ async fn append_under_one_entry_id(
 
 /// Two different tips appended without an `id` to two partitions in one millisecond (one
 /// producer, or two) get the same stream entry ID, `<ms>-0`: each
-/// stream numbers its own entries. The README allows such events ("one `XADD`ed without
+/// stream numbers its own entries. docs/operations.md allows such events ("one `XADD`ed without
 /// an `id` may go to any partition") and docs/design.md (*Events and boards*) makes the entry ID the
 /// idempotency key, and the key is remembered per board instance, across partitions: keyed
 /// by the bare entry ID, the second tip was taken for a copy of the first and dropped.
@@ -89,7 +89,7 @@ async fn tips_without_id_on_two_partitions_with_equal_entry_ids_both_count() {
     daemon.kill().await;
 }
 
-/// The same collision during a change of `ingest.partitions` from 1 to 2, which the README
+/// The same collision during a change of `ingest.partitions` from 1 to 2, which docs/operations.md
 /// calls safe "even while producers still use the old N": a producer still on the old
 /// layout appends to the bare stream while one on the new layout appends to a partition, in
 /// the same millisecond, neither with an `id`. The daemon drains the bare stream as a
@@ -125,7 +125,7 @@ async fn a_tip_on_the_retired_stream_and_one_on_a_partition_with_equal_entry_ids
     daemon.kill().await;
 }
 
-/// The README's replay of an `apply_failed` dead letter ("`XADD` each entry back ... with
+/// docs/operations.md's replay of an `apply_failed` dead letter ("`XADD` each entry back ... with
 /// its original fields ... and, for an entry without an `id` field, `id` set to its
 /// `source_id`") restores the idempotency key of an event that had no `id`, but not its
 /// time: an event without `ts` takes its time from the stream entry ID (docs/design.md, *Events and boards*),
@@ -163,7 +163,7 @@ async fn a_replayed_apply_failed_event_without_ts_keeps_its_original_time() {
     let letter = &letters[0].1;
     assert_eq!(letter["reason"], "apply_failed");
 
-    // Fixed, then replayed as the README says, two and a half slices later.
+    // Fixed, then replayed as docs/operations.md says, two and a half slices later.
     let _: () = store.client().del(result_b.as_str()).await.expect("del");
     let mut fields: Vec<(&str, &str)> = letter
         .iter()

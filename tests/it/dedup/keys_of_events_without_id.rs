@@ -1,5 +1,5 @@
 //! The idempotency key of an event without an `id` (`<stream>/<entry ID>` on
-//! any stream but `ingest.stream`), the README's replay of dead letters with it, and the
+//! any stream but `ingest.stream`), docs/operations.md's replay of dead letters with it, and the
 //! bound on the slices a window and `ingest.max_future` may span.
 
 use std::collections::HashMap;
@@ -13,7 +13,7 @@ use rollboard::store::{Outcome, Store};
 
 use crate::support::*;
 
-/// The README's replay ("A board that keeps failing") of one `apply_failed` dead letter:
+/// docs/operations.md's replay ("A board that keeps failing") of one `apply_failed` dead letter:
 /// the original fields (reserved names dropped, `orig.*` renamed back), `id` set to
 /// `source_id` on `ingest.stream` or `<source_stream>/<source_id>` elsewhere when it had
 /// none, `ts` set to the source_id's time when it had none.
@@ -62,7 +62,7 @@ async fn break_board(store: &Store, b: &Board) -> String {
     key
 }
 
-/// The README replay on the bare `ingest.stream` (one partition) and on a partition (two),
+/// docs/operations.md replay on the bare `ingest.stream` (one partition) and on a partition (two),
 /// for each of: no `id` and no `ts`, an `id` and no `ts`, no `id` and a `ts` (an earlier
 /// live slice). Replayed one and a half slices later, each event is a duplicate on the
 /// board that counted it and counted once on the repaired one (a second delivery of the
@@ -186,7 +186,7 @@ async fn the_readme_replay_keeps_key_and_time_on_the_bare_stream_and_a_partition
 }
 
 /// The key of an event without `id` on a partition is `<partition's key>/<entry ID>`, and
-/// the README's replay of an `apply_failed` dead letter sets `id` to exactly that string,
+/// docs/operations.md's replay of an `apply_failed` dead letter sets `id` to exactly that string,
 /// which may be at most 128 bytes. The configuration bounds `ingest.stream` so that it
 /// fits: the longest name allowed replays (the key of a 41-byte entry ID on partition 63
 /// would be 128 bytes), one byte more is refused.
@@ -454,7 +454,7 @@ async fn tips_without_id_sharing_an_entry_id_on_a_slashed_stream_and_its_retired
 
 /// An `apply_failed` dead letter from a partition written before the upgrade: the old
 /// version keyed an event without `id` there by its bare entry ID (the boards that counted
-/// it remember that key), so the README's replay gives such a letter `id` = `source_id`,
+/// it remember that key), so docs/operations.md's replay gives such a letter `id` = `source_id`,
 /// not `<source_stream>/<source_id>`. Replayed so, it is counted once on the board that
 /// failed and is a duplicate on the others. (The old version's effect is written out: its
 /// apply with the bare entry ID as the key, and its dead letter.)
@@ -491,7 +491,7 @@ async fn a_dead_letter_from_a_partition_written_before_the_upgrade_replays_once(
         ],
     )
     .await;
-    // After the upgrade, replayed as the README says for a letter written before it: the
+    // After the upgrade, replayed as docs/operations.md says for a letter written before it: the
     // bare `source_id` as its `id`.
     let dead = letters(&store).await;
     let t1 = t0 + SLICE;
@@ -513,7 +513,7 @@ async fn a_dead_letter_from_a_partition_written_before_the_upgrade_replays_once(
 }
 
 /// With `ingest.dedup_window` a duration, a board forgets an event's key that long after the
-/// event's slice ends, while the slice may still be in the window. The README's replay
+/// event's slice ends, while the slice may still be in the window. docs/operations.md's replay
 /// says so: replayed within that time, the event is a duplicate on the boards that had
 /// counted it and counted once on the board that failed (later it would count again on
 /// the others).
@@ -560,9 +560,9 @@ async fn the_readme_replay_within_a_dedup_window_duration_counts_once() {
     );
 }
 
-/// The README's replay end to end with a partitioned daemon: two tips without `id` on two
+/// docs/operations.md's replay end to end with a partitioned daemon: two tips without `id` on two
 /// partitions under one entry ID, dead-lettered `apply_failed` by a broken `rooms_7d` (and
-/// counted on `fans_7d`), are replayed as the README says to their `source_stream`: each
+/// counted on `fans_7d`), are replayed as docs/operations.md says to their `source_stream`: each
 /// is counted once on the repaired board, stays a duplicate on the other, and nothing is
 /// dead-lettered again.
 #[tokio::test]

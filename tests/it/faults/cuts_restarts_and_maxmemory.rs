@@ -5,7 +5,7 @@
 //! and `verify` finds nothing, without restarting the daemon.
 //!
 //! Every test prints its figures (`fault <name>: sent N applied N lost N doubled N`); the
-//! README's "Failure modes" section quotes them. Every event of the daemon tests is a tip of
+//! docs/operations.md's "Failure modes" section quotes them. Every event of the daemon tests is a tip of
 //! 1 to a room, so the totals of `rooms_7d` count events; every third one also carries a
 //! payment in cents (refunds included) for `tips_24h`, checked exactly against the model.
 

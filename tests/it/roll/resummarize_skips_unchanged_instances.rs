@@ -314,7 +314,7 @@ async fn a_sum_record_that_is_not_a_number_is_summed_over() {
     assert_eq!(redis.cli(&["KEYS", "rb:{odd}:tmp:*"]).trim(), "");
 }
 
-/// README "A watermark that is wrong": a forced roll far ahead records its sum above the
+/// docs/operations.md "A watermark that is wrong": a forced roll far ahead records its sum above the
 /// far watermark; the operator's script lowers the watermark and drops the record. The
 /// first run at the clock sums again (not refused), the events sent after it count, and
 /// the runs after it skip with a ranking equal to the model.
@@ -332,7 +332,7 @@ async fn a_watermark_lowered_by_the_readme_procedure_is_summed_and_then_kept() {
     assert_eq!(far.summed_through, Some(b.slice_of(ahead) - 3));
     assert_eq!(store.top(&b, None, 0, 10, s0).await.unwrap().count, 0);
 
-    // The README's script, at W = the clock's watermark.
+    // docs/operations.md's script, at W = the clock's watermark.
     let w = (b.slice_of(s0 + 1) - 3).to_string();
     let lower = "local w = tonumber(redis.call('HGET', KEYS[1], 'expired_through'))
       if w and w > tonumber(ARGV[1]) then
