@@ -9,6 +9,8 @@ use crate::config::Settings;
 use crate::domain::board::Board;
 use crate::domain::event::check_name;
 use crate::domain::ranking::{format_total, MemberRank, Subset};
+use crate::edges::periods::Selected;
+use crate::store::Store;
 
 /// Looks up a board and checks the scope argument against it.
 pub fn resolve_board<'a>(
@@ -31,6 +33,20 @@ pub fn resolve_board<'a>(
     }
 }
 
+/// Connects for a read of `board` and reads Redis's clock; the period it names (a bad
+/// `--period` is a usage error before any connection: ids need no clock).
+async fn open(
+    settings: &Settings,
+    board: &Board,
+    (scope, period): (Option<&str>, Option<&str>),
+) -> anyhow::Result<(Store, i64, Selected)> {
+    period_of(board, scope, period, 0)?;
+    let store = connect(settings).await?;
+    let now = store.time_ms().await?;
+    let selected = period_of(board, scope, period, now)?;
+    Ok((store, now, selected))
+}
+
 fn check_member(member: &str) -> Result<(), Usage> {
     check_name(member.as_bytes())
         .map(|_| ())
@@ -47,11 +63,7 @@ pub(super) async fn top(
     json: bool,
 ) -> anyhow::Result<u8> {
     let board = resolve_board(settings, board, scope)?;
-    // A bad --period is a usage error before any connection (ids need no clock).
-    period_of(board, scope, period, 0)?;
-    let store = connect(settings).await?;
-    let now = store.time_ms().await?;
-    let selected = period_of(board, scope, period, now)?;
+    let (store, now, selected) = open(settings, board, (scope, period)).await?;
     let page = store
         .top(board, selected.instance(scope), offset, limit, now)
         .await?;
@@ -69,11 +81,7 @@ pub(super) async fn rank(
 ) -> anyhow::Result<u8> {
     let board = resolve_board(settings, board, scope)?;
     check_member(member)?;
-    // A bad --period is a usage error before any connection (ids need no clock).
-    period_of(board, scope, period, 0)?;
-    let store = connect(settings).await?;
-    let now = store.time_ms().await?;
-    let selected = period_of(board, scope, period, now)?;
+    let (store, now, selected) = open(settings, board, (scope, period)).await?;
     let rank = store
         .rank(board, selected.instance(scope), member, now)
         .await?;
@@ -128,8 +136,6 @@ pub(super) async fn ranks(
     json: bool,
 ) -> anyhow::Result<u8> {
     let board = resolve_board(settings, board, scope)?;
-    // A bad --period is a usage error before any connection (ids need no clock).
-    period_of(board, scope, period, 0)?;
     if members.len() > MAX_RANKS_MEMBERS {
         return Err(Usage(format!(
             "rank takes at most {MAX_RANKS_MEMBERS} members, not {}",
@@ -140,9 +146,7 @@ pub(super) async fn ranks(
     for member in members {
         check_member(member)?;
     }
-    let store = connect(settings).await?;
-    let now = store.time_ms().await?;
-    let selected = period_of(board, scope, period, now)?;
+    let (store, now, selected) = open(settings, board, (scope, period)).await?;
     let names: Vec<&str> = members.iter().map(String::as_str).collect();
     let mut subset = store
         .ranks(board, selected.instance(scope), &names, now)
@@ -224,11 +228,7 @@ pub(super) async fn around(
 ) -> anyhow::Result<u8> {
     let board = resolve_board(settings, board, scope)?;
     check_member(member)?;
-    // A bad --period is a usage error before any connection (ids need no clock).
-    period_of(board, scope, period, 0)?;
-    let store = connect(settings).await?;
-    let now = store.time_ms().await?;
-    let selected = period_of(board, scope, period, now)?;
+    let (store, now, selected) = open(settings, board, (scope, period)).await?;
     let instance = selected.instance(scope);
     match store.around(board, instance, member, radius, now).await? {
         Ok(page) => {
