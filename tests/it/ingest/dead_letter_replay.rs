@@ -179,8 +179,7 @@ async fn an_overflow_letter_counts_once_on_the_refusing_instance_and_never_again
 async fn an_apply_failed_letter_stays_until_its_board_is_repaired_and_then_counts_there_once() {
     const SLICE: i64 = 1_000;
     let (_redis, store) = RedisServer::start_with_store("rb").await;
-    let a = board("a", SLICE, 4);
-    let b = board("b", SLICE, 4);
+    let (a, b) = boards_a_b(SLICE);
     let boards = vec![a.clone(), b.clone()];
     let metrics = Metrics::new(&boards);
     let settings = ingest_settings("rb:events", 1);
@@ -227,8 +226,7 @@ async fn an_apply_failed_letter_stays_until_its_board_is_repaired_and_then_count
 async fn a_revalidated_letter_refused_by_one_instance_leaves_a_letter_for_that_instance_only() {
     const SLICE: i64 = 1_000;
     let (_redis, store) = RedisServer::start_with_store("rb").await;
-    let a = board("a", SLICE, 4);
-    let mut b = board("b", SLICE, 4);
+    let (a, mut b) = boards_a_b(SLICE);
     b.allow_negative = true;
     let boards = vec![a.clone(), b.clone()];
     let metrics = Metrics::new(&boards);

@@ -41,6 +41,11 @@ pub fn board(name: &str, slice: i64, n: i64) -> Board {
     }
 }
 
+/// Boards "a" and "b", `slice` ms wide with four slices per window.
+pub fn boards_a_b(slice: i64) -> (Board, Board) {
+    (board("a", slice, 4), board("b", slice, 4))
+}
+
 /// The four shapes of board a script can run for (incremental or resummarize, with or
 /// without refunds, each tie-break), `slice` ms wide, `n` slices per window.
 pub fn variants(slice: i64, n: i64) -> Vec<Board> {
