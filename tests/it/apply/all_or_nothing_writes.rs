@@ -10,7 +10,7 @@ use rollboard::domain::board::{Board, Mode, MAX_TOTAL};
 use rollboard::roll::{self};
 use rollboard::store::{ApplyEvent, Outcome, Store, APPLY_CHUNK};
 
-use crate::support::model::{assert_matches, Instance};
+use crate::support::model::{assert_matches, assert_rolled_and_verified, Instance};
 use crate::support::*;
 
 const SLICE: i64 = 1_000;
@@ -238,9 +238,7 @@ async fn long_instances_across_apply_calls_equal_the_model_through_every_roll() 
             while now <= NOW + (N + 1) * SLICE {
                 now += 7 * SLICE;
                 roll_at(&store, &b, now, chunk).await;
-                model.roll(&b, now);
-                assert_matches(&store, &b, None, &model, now).await;
-                assert_verified(&store, &b, None).await;
+                assert_rolled_and_verified(&store, &b, &mut model, now).await;
             }
             let k = store.instance(&b, None);
             for key in [k.result(), k.members(), k.refs(), k.totals(), k.slices()] {

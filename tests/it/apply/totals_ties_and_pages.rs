@@ -199,8 +199,7 @@ async fn refunds_take_a_member_off_and_back_on_with_its_exact_total() {
 #[tokio::test]
 async fn scoped_instances_are_independent_and_registered() {
     let (redis, store) = RedisServer::start_with_store("lb").await;
-    let mut b = board("fans", HOUR, 24);
-    b.scope = Some("room".into());
+    let b = scoped(board("fans", HOUR, 24));
     apply_events_in(&store, &b, "r1", &[ev("1", NOW, "alice", 5)], NOW).await;
     apply_events_in(&store, &b, "r2", &[ev("1", NOW, "alice", 7)], NOW).await;
     assert_eq!(
@@ -293,8 +292,7 @@ struct Case {
 fn boards_for_model() -> Vec<Board> {
     let mut a = board("plain", 1_000, 4);
     a.tie_break = TieBreak::Earliest;
-    let mut s = board("scoped", 1_000, 3);
-    s.scope = Some("room".into());
+    let mut s = scoped(board("scoped", 1_000, 3));
     s.tie_break = TieBreak::Latest;
     s.allow_negative = true;
     let mut n = board("none", 500, 6);

@@ -309,11 +309,7 @@ async fn dropping_a_board_deletes_exactly_its_keys_and_leaves_boards_with_the_sa
     // Nothing is left to find.
     let out = rollboard(Some(&config), &["drop-board", "tips"], &[]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    assert!(
-        stdout(&out).contains("deleted 0 of 0 key(s)"),
-        "{}",
-        stdout(&out)
-    );
+    assert_contains(&stdout(&out), "deleted 0 of 0 key(s)");
 }
 
 #[tokio::test]

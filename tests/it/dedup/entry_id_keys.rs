@@ -7,7 +7,6 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use fred::prelude::*;
-use rollboard::metrics::Metrics;
 use rollboard::store::Store;
 
 use crate::support::*;
@@ -80,11 +79,8 @@ async fn tips_without_id_on_two_partitions_with_equal_entry_ids_both_count() {
     )
     .await;
     // Two tips to room r1: 5 + 7.
-    assert_eq!(
-        total(&store, "rooms_7d", None, "r1").await,
-        Some(12),
-        "rooms_7d r1"
-    );
+    let r1 = total(&store, "rooms_7d", None, "r1").await;
+    assert_eq!(r1, Some(12), "rooms_7d r1");
     daemon.kill().await;
 }
 
@@ -136,9 +132,7 @@ async fn a_tip_on_the_retired_stream_and_one_on_a_partition_with_equal_entry_ids
 async fn a_replayed_apply_failed_event_without_ts_keeps_its_original_time() {
     let (_redis, store) = RedisServer::start_with_store("rb").await;
     const SLICE: i64 = 1_000;
-    let (a, b) = boards_a_b(SLICE);
-    let boards = vec![a.clone(), b.clone()];
-    let metrics = Metrics::new(&boards);
+    let (a, b, boards, metrics) = boards_a_b_metered(SLICE);
     let settings = ingest_settings("rb:events", 1);
     let t0: i64 = 1_000_000;
 

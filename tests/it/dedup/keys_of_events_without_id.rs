@@ -73,9 +73,7 @@ async fn the_readme_replay_keeps_key_and_time_on_the_bare_stream_and_a_partition
     const SLICE: i64 = 1_000;
     for (partitions, stream) in [(1usize, "rb:events"), (2, "rb:events:{1}")] {
         let (_redis, store) = RedisServer::start_with_store("rb").await;
-        let (a, b) = boards_a_b(SLICE);
-        let boards = vec![a.clone(), b.clone()];
-        let metrics = Metrics::new(&boards);
+        let (a, b, boards, metrics) = boards_a_b_metered(SLICE);
         let settings = ingest_settings("rb:events", partitions);
         let t0: i64 = 1_000_500;
         let early = t0 - 1_500; // slice 999, live at t0 (slices 997..=1000)
@@ -193,9 +191,7 @@ async fn the_readme_replay_keeps_key_and_time_on_the_bare_stream_and_a_partition
 async fn the_readme_replay_of_a_tip_from_a_long_named_partition_is_counted() {
     const SLICE: i64 = 1_000;
     let (_redis, store) = RedisServer::start_with_store("rb").await;
-    let (a, b) = boards_a_b(SLICE);
-    let boards = vec![a.clone(), b.clone()];
-    let metrics = Metrics::new(&boards);
+    let (a, b, boards, metrics) = boards_a_b_metered(SLICE);
     let config = |stream: &str| {
         rollboard::config::Settings::from_toml(&format!(
             "[ingest]\npartitions = 2\nstream = \"{stream}\"\n[[boards]]\nname = \"a\"\nmember = \"user\"\nwindow = \"4s\"\nslice = \"1s\"\n"
@@ -443,9 +439,7 @@ async fn tips_without_id_sharing_an_entry_id_on_a_slashed_stream_and_its_retired
 async fn a_dead_letter_from_a_partition_written_before_the_upgrade_replays_once() {
     const SLICE: i64 = 1_000;
     let (_redis, store) = RedisServer::start_with_store("rb").await;
-    let (a, b) = boards_a_b(SLICE);
-    let boards = vec![a.clone(), b.clone()];
-    let metrics = Metrics::new(&boards);
+    let (a, b, boards, metrics) = boards_a_b_metered(SLICE);
     let settings = ingest_settings("rb:events", 2);
     let t0: i64 = 1_764_000_000_500;
     let source_id = format!("{t0}-0");

@@ -128,15 +128,8 @@ async fn connections_per_role_and_the_routes_of_each() {
             assert!(body.contains("query role"), "{body}");
             let (status, body) = daemon.get("/v1/boards/rooms_7d/top").await;
             assert_eq!(status, 404, "{body}");
-            let posted = client
-                .post(format!("{}/v1/events", daemon.base))
-                .header("content-type", "application/json")
-                .body("{}")
-                .send()
-                .await
-                .expect("post");
-            assert_eq!(posted.status().as_u16(), 404);
-            let body = posted.text().await.unwrap_or_default();
+            let (status, _, body) = post(&daemon, "{}").await;
+            assert_eq!(status, 404);
             assert!(body.contains("intake role"), "{body}");
             assert_eq!(daemon.get("/readyz").await.0, 200);
             assert_eq!(daemon.get("/healthz").await.0, 200);

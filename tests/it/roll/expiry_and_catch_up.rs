@@ -9,7 +9,7 @@ use proptest::prelude::*;
 use rollboard::domain::board::{Board, Mode, TieBreak};
 use rollboard::store::{ApplyEvent, Outcome, Store};
 
-use crate::support::model::{assert_matches, Instance};
+use crate::support::model::{assert_matches, assert_rolled_and_verified, Instance};
 use crate::support::*;
 
 #[tokio::test]
@@ -269,16 +269,13 @@ async fn a_roll_killed_mid_slice_then_rerun_ends_in_the_model_state() {
         .await
         .unwrap();
     assert!(status.success());
-    model.roll(&b, T0 + 2 * HOUR);
-    assert_matches(&store, &b, None, &model, T0 + 2 * HOUR).await;
-    assert_verified(&store, &b, None).await;
+    assert_rolled_and_verified(&store, &b, &mut model, T0 + 2 * HOUR).await;
 }
 
 #[tokio::test]
 async fn an_emptied_scope_leaves_the_registry_and_redis() {
     let (redis, store) = RedisServer::start_with_store("rb").await;
-    let mut b = board("fans", HOUR, 2);
-    b.scope = Some("room".into());
+    let mut b = scoped(board("fans", HOUR, 2));
     b.mode = Mode::Resummarize;
     apply_events_in(&store, &b, "old", &[ev("1", T0, "u", 1)], T0).await;
     apply_events_in(

@@ -250,8 +250,7 @@ async fn a_scoped_resummarize_refund_board_rolls_to_empty_and_comes_back() {
     use rollboard::domain::board::{Mode, TieBreak};
     use rollboard::store::Outcome;
     const SLICE: i64 = 1_000;
-    let mut b = board("fansneg", SLICE, 3);
-    b.scope = Some("room".into());
+    let mut b = scoped(board("fansneg", SLICE, 3));
     b.mode = Mode::Resummarize;
     b.allow_negative = true;
     b.tie_break = TieBreak::None;
