@@ -59,8 +59,7 @@ async fn append_under_one_entry_id(
 /// by the bare entry ID, the second tip was taken for a copy of the first and dropped.
 #[tokio::test]
 async fn tips_without_id_on_two_partitions_with_equal_entry_ids_both_count() {
-    let (redis, store) = RedisServer::start_with_store("rb").await;
-    let dir = tempfile::tempdir().expect("tempdir");
+    let (redis, store, dir) = RedisServer::start_with_store_and_dir("rb").await;
     let daemon = partitioned_daemon(dir.path(), &redis, "a", 2).await;
 
     append_under_one_entry_id(
@@ -92,8 +91,7 @@ async fn tips_without_id_on_two_partitions_with_equal_entry_ids_both_count() {
 /// one of them was lost.
 #[tokio::test]
 async fn a_tip_on_the_retired_stream_and_one_on_a_partition_with_equal_entry_ids_both_count() {
-    let (redis, store) = RedisServer::start_with_store("rb").await;
-    let dir = tempfile::tempdir().expect("tempdir");
+    let (redis, store, dir) = RedisServer::start_with_store_and_dir("rb").await;
     let daemon = partitioned_daemon(dir.path(), &redis, "a", 2).await;
 
     append_under_one_entry_id(

@@ -344,8 +344,7 @@ async fn room_total(store: &Store, room: &str) -> Option<i64> {
 /// 1 (its own).
 #[tokio::test]
 async fn a_pending_tip_without_id_claimed_after_a_change_of_partitions_counts_once() {
-    let (redis, store) = RedisServer::start_with_store("rb").await;
-    let dir = tempfile::tempdir().expect("tempdir");
+    let (redis, store, dir) = RedisServer::start_with_store_and_dir("rb").await;
 
     applied_then_crashed(&store, "rb:events", 1, "bare-1to2", 3).await;
     applied_then_crashed(&store, "rb:events:{1}", 2, "p1-2to2", 4).await;
@@ -522,8 +521,7 @@ async fn the_readme_replay_within_a_dedup_window_duration_counts_once() {
 /// dead-lettered again.
 #[tokio::test]
 async fn a_partitioned_daemon_replays_dead_letters_of_tips_without_id_once() {
-    let (redis, store) = RedisServer::start_with_store("rb").await;
-    let dir = tempfile::tempdir().expect("tempdir");
+    let (redis, store, dir) = RedisServer::start_with_store_and_dir("rb").await;
     let daemon = partitioned_daemon(dir.path(), &redis, "a", 2).await;
     let boards = test_boards();
     let rooms = boards

@@ -19,8 +19,7 @@ async fn a_redis_restart_turns_readyz_503_then_200_and_loses_nothing() {
     let daemon = Daemon::start(&config, port).await;
     let ready = daemon.readyz_becomes(200, Duration::from_secs(30)).await;
     assert!(ready, "never ready; log:\n{}", daemon.logs());
-    let now = now_ms();
-    let events: Vec<Fields> = (0..1000).map(|i| tip(i, now)).collect();
+    let events = tips_now(1000);
     {
         let store = Store::connect(&store_url, "rb", 1, rollboard::store::Reconnect::Never)
             .await
