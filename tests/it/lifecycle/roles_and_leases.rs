@@ -283,14 +283,7 @@ async fn each_tick_is_run_by_one_replica() {
 }
 
 /// A scoped incremental board: the roll visits every scope.
-const CROWD: &str = r#"
-[[boards]]
-name = "crowd"
-member = "user"
-scope = "room"
-window = "1h"
-slice = "1m"
-"#;
+const CROWD: &str = "\n[[boards]]\nname = \"crowd\"\nmember = \"user\"\nscope = \"room\"\nwindow = \"1h\"\nslice = \"1m\"\n";
 
 /// The holder of a roll's lease is killed mid-run: the lease is not released, expires
 /// within its time to live, and the other replica runs the ticks from then on.

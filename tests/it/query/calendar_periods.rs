@@ -21,30 +21,11 @@ const DAY: i64 = 86_400_000;
 
 /// Three period boards over one event shape: Berlin days (10m grace), New York weeks
 /// from Sunday (1h grace) and Berlin months (no grace).
-const PERIOD_BOARDS: &str = r#"
-[[boards]]
-name = "berlin_day"
-member = "user"
-period = "day"
-time_zone = "Europe/Berlin"
-period_grace = "10m"
-keep_periods = 2
-
-[[boards]]
-name = "ny_week"
-member = "user"
-period = "week"
-time_zone = "America/New_York"
-week_start = "sunday"
-period_grace = "1h"
-
-[[boards]]
-name = "berlin_month"
-member = "user"
-period = "month"
-time_zone = "Europe/Berlin"
-period_grace = "0s"
-"#;
+const PERIOD_BOARDS: &str = concat!(
+    "\n[[boards]]\nname = \"berlin_day\"\nmember = \"user\"\nperiod = \"day\"\ntime_zone = \"Europe/Berlin\"\nperiod_grace = \"10m\"\nkeep_periods = 2\n\n",
+    "[[boards]]\nname = \"ny_week\"\nmember = \"user\"\nperiod = \"week\"\ntime_zone = \"America/New_York\"\nweek_start = \"sunday\"\nperiod_grace = \"1h\"\n\n",
+    "[[boards]]\nname = \"berlin_month\"\nmember = \"user\"\nperiod = \"month\"\ntime_zone = \"Europe/Berlin\"\nperiod_grace = \"0s\"\n",
+);
 
 fn period_boards() -> Vec<Board> {
     Settings::from_toml(PERIOD_BOARDS).expect("valid").boards

@@ -222,14 +222,7 @@ fn boards_without_dense_rank_keep_no_distinct_totals() {
     });
 }
 
-const DENSE_BOARD: &str = r#"
-[[boards]]
-name = "dense_7d"
-member = "player"
-window = "7d"
-slice = "1h"
-dense_rank = true
-"#;
+const DENSE_BOARD: &str = "\n[[boards]]\nname = \"dense_7d\"\nmember = \"player\"\nwindow = \"7d\"\nslice = \"1h\"\ndense_rank = true\n";
 
 async fn post(
     daemon: &Daemon,
