@@ -202,22 +202,10 @@ async fn scoped_instances_are_independent_and_registered() {
     let b = scoped(board("fans", HOUR, 24));
     apply_events_in(&store, &b, "r1", &[ev("1", NOW, "alice", 5)], NOW).await;
     apply_events_in(&store, &b, "r2", &[ev("1", NOW, "alice", 7)], NOW).await;
-    assert_eq!(
-        store
-            .rank(&b, Some("r1"), "alice", NOW)
-            .await
-            .unwrap()
-            .total,
-        Some(5)
-    );
-    assert_eq!(
-        store
-            .rank(&b, Some("r2"), "alice", NOW)
-            .await
-            .unwrap()
-            .total,
-        Some(7)
-    );
+    for (scope, total) in [("r1", 5), ("r2", 7)] {
+        let rank = store.rank(&b, Some(scope), "alice", NOW).await.unwrap();
+        assert_eq!(rank.total, Some(total), "{scope}");
+    }
     assert_eq!(
         store.top(&b, Some("r3"), 0, 10, NOW).await.unwrap().count,
         0

@@ -243,6 +243,15 @@ async fn proxied(proxy: &Proxy) -> Store {
         .unwrap()
 }
 
+/// A redis-server, a proxy before it, a store straight to it and one through the proxy.
+async fn proxied_rig() -> (RedisServer, Proxy, Store, Store) {
+    let redis = RedisServer::start();
+    let proxy = Proxy::start(redis.port).await;
+    let direct = redis.store("rb").await;
+    let through = proxied(&proxy).await;
+    (redis, proxy, direct, through)
+}
+
 /// A resummarize run sums a slice that another replica, whose roll is a moment later and
 /// whose watermark reaches that slice, expires while the run pages through it with HSCAN;
 /// the expiry empties most of the slice, Redis shrinks the hashtable, and the HSCAN pages
@@ -263,10 +272,7 @@ async fn proxied(proxy: &Proxy) -> Store {
 /// HSCAN repeat nothing.
 #[tokio::test]
 async fn a_slice_expired_under_a_resummarize_sum_is_never_counted_twice() {
-    let redis = RedisServer::start();
-    let proxy = Proxy::start(redis.port).await;
-    let direct = redis.store("rb").await;
-    let run_store = proxied(&proxy).await;
+    let (_redis, proxy, direct, run_store) = proxied_rig().await;
     let b = resummarize("shrink", HOUR, 3);
     let boards = std::slice::from_ref(&b);
     let n = b.slice_of(T0);
@@ -317,10 +323,7 @@ async fn a_slice_expired_under_a_resummarize_sum_is_never_counted_twice() {
 /// total it reports as expected is above one the member had.
 #[tokio::test]
 async fn verify_counts_a_field_repeated_by_hscan_once() {
-    let redis = RedisServer::start();
-    let proxy = Proxy::start(redis.port).await;
-    let direct = redis.store("rb").await;
-    let verify_store = proxied(&proxy).await;
+    let (_redis, proxy, direct, verify_store) = proxied_rig().await;
     let b = resummarize("shrinkv", HOUR, 3);
     let n = b.slice_of(T0);
     let mut model = Instance::default();
