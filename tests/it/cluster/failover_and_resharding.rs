@@ -519,7 +519,6 @@ async fn without_enough_replicas_nothing_is_acked_or_confirmed() {
 #[tokio::test]
 async fn a_confirmation_cut_short_by_a_reconnect_confirms_nothing() {
     use crate::support::{wait_for, RedisServer};
-    use rollboard::config::Durability;
 
     let primary = RedisServer::start();
     let replica = RedisServer::start();
@@ -533,13 +532,8 @@ async fn a_confirmation_cut_short_by_a_reconnect_confirms_nothing() {
         .await,
         "the replica never synced"
     );
-    let store = Store::connect(&primary.url(), "rb", 1, Reconnect::Forever)
-        .await
-        .expect("connect")
-        .with_durability(Durability {
-            replicas: Some(1),
-            timeout: Duration::from_secs(10),
-        });
+    let store =
+        one_replica_store(&primary.url(), Reconnect::Forever, Duration::from_secs(10)).await;
     // (Fails fast until the pool is connected.)
     assert!(
         wait_for(Duration::from_secs(10), || async {

@@ -380,13 +380,8 @@ async fn a_query_of_a_moving_instance_is_right_or_an_outage() {
     let keys = store.keys().clone();
     let moved = board("moved");
     let k = store.instance(&moved, None);
-    apply_events(
-        &store,
-        &moved,
-        &[ev("a", NOW - 10, "ann", 5), ev("b", NOW - 5, "bob", 7)],
-        NOW,
-    )
-    .await;
+    let batch = [ev("a", NOW - 10, "ann", 5), ev("b", NOW - 5, "bob", 7)];
+    apply_events(&store, &moved, &batch, NOW).await;
     let moving = Moving::begin(&cluster, &client, &k.meta());
     let staying = board(&name_on(&client, moving.target, "stay", |n| {
         keys.instance(n, None).meta()
@@ -648,16 +643,9 @@ async fn a_blocked_stream_read_survives_its_stream_moving_away() {
 /// target while `WAIT` went to the source, whose replica confirmed them.)
 #[tokio::test]
 async fn an_append_confirmed_while_its_slot_moves_waits_for_the_replica_that_holds_it() {
-    use rollboard::config::Durability;
-
     let cluster = RedisCluster::start();
-    let store = Store::connect(&cluster.url(), "rb", 1, Reconnect::Never)
-        .await
-        .expect("connect")
-        .with_durability(Durability {
-            replicas: Some(1),
-            timeout: Duration::from_millis(300),
-        });
+    let store =
+        one_replica_store(&cluster.url(), Reconnect::Never, Duration::from_millis(300)).await;
     let client = store.client().clone();
     let settings = ingest(1);
     let key = "rb:events";
