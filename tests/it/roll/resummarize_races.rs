@@ -243,6 +243,17 @@ async fn proxied(proxy: &Proxy) -> Store {
         .unwrap()
 }
 
+/// Fails the test unless `inflated` is empty, counting the members `ranked` above any
+/// total they had and showing the first five.
+fn assert_none_inflated<T: std::fmt::Debug>(inflated: &[T], ranked: &str) {
+    assert!(
+        inflated.is_empty(),
+        "{} members {ranked} above any total they had, e.g. {:?}",
+        inflated.len(),
+        &inflated[..inflated.len().min(5)]
+    );
+}
+
 /// A redis-server, a proxy before it, a store straight to it and one through the proxy.
 async fn proxied_rig() -> (RedisServer, Proxy, Store, Store) {
     let redis = RedisServer::start();
@@ -299,12 +310,7 @@ async fn a_slice_expired_under_a_resummarize_sum_is_never_counted_twice() {
         .iter()
         .filter(|(m, t)| *t > amounts.get(m).copied().unwrap_or(9))
         .collect();
-    assert!(
-        inflated.is_empty(),
-        "{} members ranked above any total they had, e.g. {:?}",
-        inflated.len(),
-        &inflated[..inflated.len().min(5)]
-    );
+    assert_none_inflated(&inflated, "ranked");
 
     // Refused: nothing of the run's sum was swapped in.
     let record = direct.summed(&b, None).await.unwrap();
@@ -346,12 +352,7 @@ async fn verify_counts_a_field_repeated_by_hscan_once() {
         .iter()
         .filter(|d| d.expected > amounts.get(&d.member).copied())
         .collect();
-    assert!(
-        inflated.is_empty(),
-        "{} members expected above any total they had, e.g. {:?}",
-        inflated.len(),
-        &inflated[..inflated.len().min(5)]
-    );
+    assert_none_inflated(&inflated, "expected");
     // The fields the scan read before the expiry were all counted.
     assert!(verified.differences.len() >= shrink.visited.len() - 100);
 }
