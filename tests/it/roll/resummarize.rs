@@ -260,10 +260,11 @@ async fn a_scoped_resummarize_refund_board_rolls_to_empty_and_comes_back() {
     let at = |slice: i64| slice * SLICE + 100;
     let ev = crate::support::ev;
     let scope = Some("r1");
-    let totals = |now: i64| {
-        let store = &store;
-        let b = &b;
+    // Rolls every instance at `now`, then the scope's count and ranking.
+    let rolled_totals = |now: i64| {
+        let (store, b, boards) = (&store, &b, &boards);
         async move {
+            roll_all(store, boards, now, 100).await;
             let page = store.top(b, scope, 0, 10, now).await.expect("top");
             let ranked: Vec<(String, i64)> = page
                 .entries
@@ -289,38 +290,33 @@ async fn a_scoped_resummarize_refund_board_rolls_to_empty_and_comes_back() {
         .await
         .expect("apply");
     assert_eq!(out, [Outcome::Applied; 3]);
-    roll_all(&store, &boards, now, 100).await;
     assert_eq!(
-        totals(now).await,
+        rolled_totals(now).await,
         (1, vec![("u2".to_string(), 3)]),
         "u1 at exactly 0"
     );
 
     // s0 leaves the window: u1 is at -10 with one live slice.
     let now = at(s0 + 3);
-    roll_all(&store, &boards, now, 100).await;
-    assert_eq!(totals(now).await, (1, vec![("u2".to_string(), 3)]));
+    assert_eq!(rolled_totals(now).await, (1, vec![("u2".to_string(), 3)]));
     let out = store
         .apply(&b, scope, &[ev("t3", at(s0 + 2), "u1", 4)], now)
         .await
         .expect("apply");
     assert_eq!(out, [Outcome::Applied]);
-    roll_all(&store, &boards, now, 100).await;
     assert_eq!(
-        totals(now).await,
+        rolled_totals(now).await,
         (1, vec![("u2".to_string(), 3)]),
         "u1 at -6"
     );
 
     // s0 + 1 leaves: the refund and u2's tip go, u1 holds only its last tip.
     let now = at(s0 + 4);
-    roll_all(&store, &boards, now, 100).await;
-    assert_eq!(totals(now).await, (1, vec![("u1".to_string(), 4)]));
+    assert_eq!(rolled_totals(now).await, (1, vec![("u1".to_string(), 4)]));
 
     // s0 + 2 leaves: the scope is empty and cleaned up.
     let now = at(s0 + 5);
-    roll_all(&store, &boards, now, 100).await;
-    assert_eq!(totals(now).await, (0, vec![]));
+    assert_eq!(rolled_totals(now).await, (0, vec![]));
     assert!(store.scopes(&b).await.expect("scopes").is_empty());
     let k = store.instance(&b, scope);
     let left: i64 = store
@@ -348,8 +344,7 @@ async fn a_scoped_resummarize_refund_board_rolls_to_empty_and_comes_back() {
         .await
         .expect("apply");
     assert_eq!(out, [Outcome::Applied]);
-    roll_all(&store, &boards, now, 100).await;
-    assert_eq!(totals(now).await, (1, vec![("u1".to_string(), 2)]));
+    assert_eq!(rolled_totals(now).await, (1, vec![("u1".to_string(), 2)]));
     assert_eq!(store.scopes(&b).await.expect("scopes"), ["r1"]);
     let d = verify_differences(&store, &b, None).await;
     assert!(d.is_empty(), "{:?}", d);
