@@ -216,8 +216,7 @@ fn swap_events(case: &SwapCase, raw: &[(usize, i64, bool)], tag: &str, s0: i64) 
 }
 
 async fn run_swap_case(redis: &RedisServer, store: &Store, case: &SwapCase) {
-    let mut b = board("cut", HOUR, 2);
-    b.mode = Mode::Resummarize;
+    let mut b = resummarize("cut", HOUR, 2);
     b.allow_negative = case.negative;
     b.tie_break = case.tie;
     let s0 = b.slice_of(T0) * HOUR;

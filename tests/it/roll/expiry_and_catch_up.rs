@@ -125,8 +125,7 @@ async fn catch_up_after_ten_days_equals_the_model() {
     let (_redis, store) = RedisServer::start_with_store("rb").await;
     let mut inc = board("inc", HOUR, 72);
     inc.allow_negative = true;
-    let mut res = board("res", 6 * HOUR, 4 * 7);
-    res.mode = Mode::Resummarize;
+    let mut res = resummarize("res", 6 * HOUR, 4 * 7);
     res.scope = Some("room".into());
     let boards = vec![inc, res];
     let mut models: HashMap<(usize, Option<String>), Instance> = HashMap::new();
@@ -319,12 +318,10 @@ fn model_boards() -> Vec<Board> {
     let mut b = board("inc-l", 1_000, 3);
     b.tie_break = TieBreak::Latest;
     b.scope = Some("room".into());
-    let mut c = board("res-n", 500, 6);
-    c.mode = Mode::Resummarize;
+    let mut c = resummarize("res-n", 500, 6);
     c.tie_break = TieBreak::None;
     c.allow_negative = true;
-    let mut d = board("res-e", 1_000, 2);
-    d.mode = Mode::Resummarize;
+    let mut d = resummarize("res-e", 1_000, 2);
     d.scope = Some("room".into());
     vec![a, b, c, d]
 }

@@ -3,7 +3,6 @@
 //! reads an older sum changes nothing, and a scoped refund board rolls to empty and back.
 
 use fred::prelude::*;
-use rollboard::domain::board::Mode;
 use rollboard::roll;
 use rollboard::store::{ApplyEvent, Outcome};
 
@@ -14,8 +13,7 @@ use crate::support::*;
 async fn a_swap_that_runs_twice_changes_nothing_the_second_time() {
     use rollboard::store::{StageTargets, Staged, SwapCheck};
     let (_redis, store) = RedisServer::start_with_store("rb").await;
-    let mut b = board("res", HOUR, 3);
-    b.mode = Mode::Resummarize;
+    let b = resummarize("res", HOUR, 3);
     apply_events(&store, &b, &[ev("1", T0, "a", 5)], T0).await;
     let targets = StageTargets {
         result: true,
@@ -53,8 +51,7 @@ async fn a_swap_that_runs_twice_changes_nothing_the_second_time() {
 #[tokio::test]
 async fn resummarize_tracks_new_events_only_at_its_runs() {
     let (redis, store) = RedisServer::start_with_store("rb").await;
-    let mut b = board("res", HOUR, 3);
-    b.mode = Mode::Resummarize;
+    let b = resummarize("res", HOUR, 3);
     apply_events(&store, &b, &[ev("1", T0, "a", 5)], T0).await;
     assert_eq!(
         store.top(&b, None, 0, 10, T0).await.unwrap().count,
@@ -87,8 +84,7 @@ fn calls(redis: &RedisServer, command: &str) -> u64 {
 #[tokio::test]
 async fn a_resummarize_instance_that_did_not_change_keeps_its_ranking_without_a_sum() {
     let (redis, store) = RedisServer::start_with_store("rb").await;
-    let mut b = board("res", HOUR, 3);
-    b.mode = Mode::Resummarize;
+    let b = resummarize("res", HOUR, 3);
     let boards = std::slice::from_ref(&b);
     let s0 = T0 / HOUR * HOUR;
     let mut model = Instance::default();
@@ -154,8 +150,7 @@ async fn a_resummarize_instance_that_did_not_change_keeps_its_ranking_without_a_
 async fn an_unchanged_resummarize_ranking_is_summed_again_after_an_hour() {
     use rollboard::store::RESUM_AT_LEAST_EVERY_MS as EVERY;
     let (redis, store) = RedisServer::start_with_store("rb").await;
-    let mut b = board("daily", DAY, 7);
-    b.mode = Mode::Resummarize;
+    let b = resummarize("daily", DAY, 7);
     let boards = std::slice::from_ref(&b);
     let d0 = T0 / DAY * DAY;
     apply_events(&store, &b, &[ev("1", d0, "a", 5)], d0).await;
@@ -175,8 +170,7 @@ async fn an_unchanged_resummarize_ranking_is_summed_again_after_an_hour() {
 async fn a_sum_read_before_a_newer_one_of_the_same_window_is_not_swapped_over_it() {
     use rollboard::store::{StageTargets, Staged, SwapCheck};
     let (_redis, store) = RedisServer::start_with_store("rb").await;
-    let mut b = board("race", HOUR, 3);
-    b.mode = Mode::Resummarize;
+    let b = resummarize("race", HOUR, 3);
     let s0 = T0 / HOUR * HOUR;
     apply_events(&store, &b, &[ev("1", s0, "a", 5)], s0).await;
     roll_all(&store, std::slice::from_ref(&b), s0, 10).await;
