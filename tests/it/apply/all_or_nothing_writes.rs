@@ -10,7 +10,7 @@ use rollboard::domain::board::{Board, Mode, MAX_TOTAL};
 use rollboard::roll::{self};
 use rollboard::store::{ApplyEvent, Outcome, Store, APPLY_CHUNK};
 
-use crate::support::model::{assert_matches, Instance};
+use crate::support::model::{assert_matches, assert_rolled_and_verified, Instance};
 use crate::support::*;
 
 const SLICE: i64 = 1_000;
@@ -34,6 +34,25 @@ async fn assert_model(store: &Store, board: &Board, model: &mut Instance, now: i
     }
     assert_matches(store, board, None, model, now).await;
     assert_verified(store, board, None).await;
+}
+
+/// Moves `key` aside to `<key>:saved` and puts the string `value` where it was.
+async fn break_with_string(store: &Store, key: &str, value: &str) {
+    let _: () = store
+        .client()
+        .rename(key, format!("{key}:saved"))
+        .await
+        .expect("rename");
+    set_string(store, key, value).await;
+}
+
+/// Moves `<key>:saved` back to `key`.
+async fn restore_saved(store: &Store, key: &str) {
+    let _: () = store
+        .client()
+        .rename(format!("{key}:saved"), key)
+        .await
+        .expect("rename");
 }
 
 // Guards a break this test found: apply.lua used to type-check `result` only through
@@ -69,12 +88,7 @@ async fn a_failed_apply_of_new_members_writes_nothing() {
                     .await
                     .expect("hset");
             } else {
-                let _: () = store
-                    .client()
-                    .rename(&key, format!("{key}:saved"))
-                    .await
-                    .expect("rename");
-                set_string(&store, &key, "not-a-zset").await;
+                break_with_string(&store, &key, "not-a-zset").await;
             }
             let before = snapshot(&store, &b).await;
             let events = [
@@ -97,11 +111,7 @@ async fn a_failed_apply_of_new_members_writes_nothing() {
                 let _: () = store.client().hset(&key, ("gen", "7")).await.expect("hset");
             } else {
                 let _: i64 = store.client().del(&key).await.expect("del");
-                let _: () = store
-                    .client()
-                    .rename(format!("{key}:saved"), &key)
-                    .await
-                    .expect("rename");
+                restore_saved(&store, &key).await;
             }
             let expected: Vec<Outcome> = events.iter().map(|e| model.apply(&b, e, NOW)).collect();
             let got = apply_events(&store, &b, &events, NOW).await;
@@ -238,9 +248,7 @@ async fn long_instances_across_apply_calls_equal_the_model_through_every_roll() 
             while now <= NOW + (N + 1) * SLICE {
                 now += 7 * SLICE;
                 roll_at(&store, &b, now, chunk).await;
-                model.roll(&b, now);
-                assert_matches(&store, &b, None, &model, now).await;
-                assert_verified(&store, &b, None).await;
+                assert_rolled_and_verified(&store, &b, &mut model, now).await;
             }
             let k = store.instance(&b, None);
             for key in [k.result(), k.members(), k.refs(), k.totals(), k.slices()] {
@@ -336,12 +344,7 @@ async fn a_broken_scoped_instance_is_dead_lettered_and_its_replay_counts_once() 
     assert!(drained(&store).await, "log:\n{}", daemon.logs());
     // Then fans_7d of room r1 gets a String where its `members` Hash belongs.
     let broken = store.instance(&boards[1], Some("r1")).members();
-    let _: () = store
-        .client()
-        .rename(&broken, format!("{broken}:saved"))
-        .await
-        .expect("rename");
-    set_string(&store, &broken, "oops").await;
+    break_with_string(&store, &broken, "oops").await;
     let first = tips(10, 50, now);
     xadd_all(store.client(), "rb:events", &first).await;
     assert!(drained(&store).await, "log:\n{}", daemon.logs());
@@ -381,11 +384,7 @@ async fn a_broken_scoped_instance_is_dead_lettered_and_its_replay_counts_once() 
     );
     // Repair and replay: r1's fans count once, rooms_7d does not count them again.
     let _: i64 = store.client().del(&broken).await.expect("del");
-    let _: () = store
-        .client()
-        .rename(format!("{broken}:saved"), &broken)
-        .await
-        .expect("rename");
+    restore_saved(&store, &broken).await;
     let replay: Vec<Fields> = dead.iter().map(|(_, d)| reappended(d)).collect();
     xadd_all(store.client(), "rb:events", &replay).await;
     assert!(drained(&store).await, "log:\n{}", daemon.logs());

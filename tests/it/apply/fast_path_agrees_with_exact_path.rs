@@ -47,6 +47,12 @@ async fn apply_exact(
 
 type Batch = (Vec<ApplyEvent>, i64);
 
+/// The `gen` field of the unscoped instance of `board`'s meta hash.
+async fn gen_of(store: &rollboard::store::Store, board: &rollboard::domain::board::Board) -> i64 {
+    let meta = store.instance(board, None).meta();
+    store.client().hget(meta, "gen").await.expect("gen")
+}
+
 fn batches() -> impl Strategy<Value = (usize, Vec<Batch>)> {
     let amount = prop_oneof![20 => 1i64..9, 4 => -6i64..0, 1 => Just(MAX_TOTAL / 2 + 1)];
     // Ids from a small range repeat within and across calls; slices from late to live.
@@ -127,18 +133,10 @@ fn redelivery_and_mixed_batches_count_once() {
             .collect();
         let first = apply_events(&store, &board, &events, NOW).await;
         assert!(first.iter().all(|o| *o == Outcome::Applied));
-        let gen_before: i64 = store
-            .client()
-            .hget(store.instance(&board, None).meta(), "gen")
-            .await
-            .expect("gen");
+        let gen_before = gen_of(&store, &board).await;
         let again = apply_events(&store, &board, &events, NOW).await;
         assert!(again.iter().all(|o| *o == Outcome::Duplicate));
-        let gen_after: i64 = store
-            .client()
-            .hget(store.instance(&board, None).meta(), "gen")
-            .await
-            .expect("gen");
+        let gen_after = gen_of(&store, &board).await;
         assert_eq!(gen_before, gen_after, "a redelivery writes nothing");
         // Every other event new: applied exactly once.
         let mixed: Vec<ApplyEvent> = (0..500)

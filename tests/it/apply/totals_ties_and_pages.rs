@@ -99,13 +99,8 @@ async fn ties_go_to_whoever_got_there_first() {
 async fn a_later_tip_moves_the_tie_break_time() {
     let (_redis, store) = RedisServer::start_with_store("rb").await;
     let b = board("rooms", HOUR, 24);
-    apply_events(
-        &store,
-        &b,
-        &[ev("1", NOW - 9_000, "a", 5), ev("2", NOW - 5_000, "b", 10)],
-        NOW,
-    )
-    .await;
+    let batch = [ev("1", NOW - 9_000, "a", 5), ev("2", NOW - 5_000, "b", 10)];
+    apply_events(&store, &b, &batch, NOW).await;
     // a reaches 10 later than b did: b keeps first place.
     apply_events(&store, &b, &[ev("3", NOW - 1_000, "a", 5)], NOW).await;
     let page = store.top(&b, None, 0, 10, NOW).await.unwrap();
@@ -175,13 +170,8 @@ async fn refunds_take_a_member_off_and_back_on_with_its_exact_total() {
     let mut b = board("tips", HOUR, 24);
     b.allow_negative = true;
     b.scale = 2;
-    apply_events(
-        &store,
-        &b,
-        &[ev("1", NOW - 10, "u", 500), ev("2", NOW - 9, "v", 100)],
-        NOW,
-    )
-    .await;
+    let batch = [ev("1", NOW - 10, "u", 500), ev("2", NOW - 9, "v", 100)];
+    apply_events(&store, &b, &batch, NOW).await;
     apply_events(&store, &b, &[ev("3", NOW - 8, "u", -700)], NOW).await;
     let page = store.top(&b, None, 0, 10, NOW).await.unwrap();
     assert_eq!(page.count, 1);
@@ -199,26 +189,13 @@ async fn refunds_take_a_member_off_and_back_on_with_its_exact_total() {
 #[tokio::test]
 async fn scoped_instances_are_independent_and_registered() {
     let (redis, store) = RedisServer::start_with_store("lb").await;
-    let mut b = board("fans", HOUR, 24);
-    b.scope = Some("room".into());
+    let b = scoped(board("fans", HOUR, 24));
     apply_events_in(&store, &b, "r1", &[ev("1", NOW, "alice", 5)], NOW).await;
     apply_events_in(&store, &b, "r2", &[ev("1", NOW, "alice", 7)], NOW).await;
-    assert_eq!(
-        store
-            .rank(&b, Some("r1"), "alice", NOW)
-            .await
-            .unwrap()
-            .total,
-        Some(5)
-    );
-    assert_eq!(
-        store
-            .rank(&b, Some("r2"), "alice", NOW)
-            .await
-            .unwrap()
-            .total,
-        Some(7)
-    );
+    for (scope, total) in [("r1", 5), ("r2", 7)] {
+        let rank = store.rank(&b, Some(scope), "alice", NOW).await.unwrap();
+        assert_eq!(rank.total, Some(total), "{scope}");
+    }
     assert_eq!(
         store.top(&b, Some("r3"), 0, 10, NOW).await.unwrap().count,
         0
@@ -293,8 +270,7 @@ struct Case {
 fn boards_for_model() -> Vec<Board> {
     let mut a = board("plain", 1_000, 4);
     a.tie_break = TieBreak::Earliest;
-    let mut s = board("scoped", 1_000, 3);
-    s.scope = Some("room".into());
+    let mut s = scoped(board("scoped", 1_000, 3));
     s.tie_break = TieBreak::Latest;
     s.allow_negative = true;
     let mut n = board("none", 500, 6);

@@ -149,23 +149,9 @@ async fn dump_all(store: &Store) -> BTreeMap<String, Vec<u8>> {
     }
     let mut out = BTreeMap::new();
     for key in keys {
-        let kind: String = store
-            .client()
-            .custom(
-                CustomCommand::new_static("TYPE", ClusterHash::FirstKey, false),
-                vec![key.clone()],
-            )
-            .await
-            .expect("type");
+        let kind: String = key_command(store, "TYPE", &key).await;
         if kind == "hash" {
-            let flat: Vec<Value> = store
-                .client()
-                .custom(
-                    CustomCommand::new_static("HGETALL", ClusterHash::FirstKey, false),
-                    vec![key.clone()],
-                )
-                .await
-                .expect("hgetall");
+            let flat: Vec<Value> = key_command(store, "HGETALL", &key).await;
             let bytes = |v: &Value| v.as_bytes().map(<[u8]>::to_vec).unwrap_or_default();
             let fields: BTreeMap<Vec<u8>, Vec<u8>> = flat
                 .chunks(2)
@@ -178,6 +164,13 @@ async fn dump_all(store: &Store) -> BTreeMap<String, Vec<u8>> {
         out.insert(key, bytes);
     }
     out
+}
+
+/// The reply to `name key`, sent to the node that holds `key` whatever its type.
+async fn key_command<R: FromValue>(store: &Store, name: &'static str, key: &str) -> R {
+    let command = CustomCommand::new_static(name, ClusterHash::FirstKey, false);
+    let reply = store.client().custom(command, vec![key.to_string()]).await;
+    reply.expect(name)
 }
 
 /// The top page and the verification of every instance of `boards`.
@@ -210,33 +203,12 @@ fn config(dir: &Path, url: &str, boards: &str) -> PathBuf {
     path
 }
 
-const LOOKALIKES: &str = r#"
-[[boards]]
-name = "tips_v2"
-member = "user"
-scope = "room"
-window = "10m"
-slice = "1m"
-mode = "resummarize"
-allow_negative = true
+const LOOKALIKES: &str = concat!(
+    "\n[[boards]]\nname = \"tips_v2\"\nmember = \"user\"\nscope = \"room\"\nwindow = \"10m\"\nslice = \"1m\"\nmode = \"resummarize\"\nallow_negative = true\n\n",
+    "[[boards]]\nname = \"tips_24h\"\nmember = \"user\"\nwindow = \"10m\"\nslice = \"1m\"\n",
+);
 
-[[boards]]
-name = "tips_24h"
-member = "user"
-window = "10m"
-slice = "1m"
-"#;
-
-const TIPS: &str = r#"
-[[boards]]
-name = "tips"
-member = "user"
-scope = "room"
-window = "10m"
-slice = "1m"
-mode = "resummarize"
-allow_negative = true
-"#;
+const TIPS: &str = "\n[[boards]]\nname = \"tips\"\nmember = \"user\"\nscope = \"room\"\nwindow = \"10m\"\nslice = \"1m\"\nmode = \"resummarize\"\nallow_negative = true\n";
 
 #[tokio::test]
 async fn dropping_a_board_deletes_exactly_its_keys_and_leaves_boards_with_the_same_start() {
@@ -309,11 +281,7 @@ async fn dropping_a_board_deletes_exactly_its_keys_and_leaves_boards_with_the_sa
     // Nothing is left to find.
     let out = rollboard(Some(&config), &["drop-board", "tips"], &[]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    assert!(
-        stdout(&out).contains("deleted 0 of 0 key(s)"),
-        "{}",
-        stdout(&out)
-    );
+    assert_contains(&stdout(&out), "deleted 0 of 0 key(s)");
 }
 
 #[tokio::test]

@@ -8,39 +8,33 @@ use crate::support::*;
 #[test]
 fn invalid_configuration_exits_64_naming_the_key() {
     let dir = tempfile::tempdir().expect("dir");
-    let bad = dir.path().join("bad.toml");
-    std::fs::write(
-        &bad,
-        "[[boards]]\nname = \"r\"\nmember = \"m\"\nwindow = \"7d\"\nslice = \"5h\"\n",
-    )
-    .expect("write");
-    let out = rollboard(Some(&bad), &["top", "r"], &[]);
-    assert_eq!(out.status.code(), Some(64));
-    assert!(
-        stderr(&out).contains("boards[0].window"),
-        "{}",
-        stderr(&out)
-    );
     let missing = dir.path().join("missing.toml");
     assert_eq!(
         rollboard(Some(&missing), &["top", "r"], &[]).status.code(),
         Some(64)
     );
-    std::fs::write(
-        &bad,
-        "[redis]\nurl = \"redis://127.0.0.1:1\"\nsurprise = 1\n",
-    )
-    .expect("write");
-    let out = rollboard(Some(&bad), &["top", "r"], &[]);
-    assert_eq!(out.status.code(), Some(64));
-    assert!(stderr(&out).contains("surprise"), "{}", stderr(&out));
+    let bad = dir.path().join("bad.toml");
+    for (text, key) in [
+        (
+            "[[boards]]\nname = \"r\"\nmember = \"m\"\nwindow = \"7d\"\nslice = \"5h\"\n",
+            "boards[0].window",
+        ),
+        (
+            "[redis]\nurl = \"redis://127.0.0.1:1\"\nsurprise = 1\n",
+            "surprise",
+        ),
+    ] {
+        std::fs::write(&bad, text).expect("write");
+        let out = rollboard(Some(&bad), &["top", "r"], &[]);
+        assert_eq!(out.status.code(), Some(64), "{key}");
+        assert_contains(&stderr(&out), key);
+    }
 }
 
 #[tokio::test]
 async fn config_flag_wins_over_the_environment_and_keys_can_be_overridden() {
     let redis = RedisServer::start();
-    let dir = tempfile::tempdir().expect("dir");
-    let good = write_config(dir.path(), &redis, 1, "a", "");
+    let (dir, _, good) = config_for(&redis, "a", "");
     let bad = dir.path().join("bad.toml");
     std::fs::write(&bad, "nonsense = true\n").expect("write");
     let path = good.to_str().expect("utf-8");
@@ -65,31 +59,19 @@ async fn config_flag_wins_over_the_environment_and_keys_can_be_overridden() {
         &[("ROLLBOARD__REDIS__URL", "redis://127.0.0.1:1")],
     );
     // A Redis that cannot be reached is an outage: exit 75, run it again later.
-    assert_eq!(
-        out.status.code(),
-        Some(75),
-        "the override points at a dead port: {}",
-        stderr(&out)
-    );
+    assert_exit(&out, 75, "the override points at a dead port");
     let out = rollboard(
         Some(&good),
         &["top", "rooms_7d"],
         &[("ROLLBOARD__INGEST__BATCH_SIZE", "0")],
     );
     assert_eq!(out.status.code(), Some(64));
-    assert!(
-        stderr(&out).contains("ingest.batch_size"),
-        "{}",
-        stderr(&out)
-    );
+    assert_contains(&stderr(&out), "ingest.batch_size");
 }
 
 #[tokio::test]
 async fn queries_answer_with_the_documented_shapes_and_statuses() {
-    let redis = RedisServer::start();
-    let dir = tempfile::tempdir().expect("dir");
-    let config = write_config(dir.path(), &redis, 1, "a", "");
-    let store = redis.store("rb").await;
+    let (_redis, store, _dir, config, _) = redis_and_config("a").await;
     let board = &rollboard::config::Settings::from_toml(crate::support::BOARDS)
         .expect("boards")
         .boards;
@@ -196,10 +178,7 @@ async fn queries_answer_with_the_documented_shapes_and_statuses() {
 
 #[tokio::test]
 async fn send_appends_all_or_nothing_and_lists_every_bad_line() {
-    let redis = RedisServer::start();
-    let dir = tempfile::tempdir().expect("dir");
-    let config = write_config(dir.path(), &redis, 1, "a", "");
-    let store = redis.store("rb").await;
+    let (_redis, store, dir, config, _) = redis_and_config("a").await;
     let file = dir.path().join("events.jsonl");
     std::fs::write(
         &file,

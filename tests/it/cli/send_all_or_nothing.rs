@@ -11,8 +11,7 @@ use crate::support::*;
 #[tokio::test]
 async fn send_edges_all_or_nothing() {
     let redis = RedisServer::start();
-    let dir = tempfile::tempdir().expect("dir");
-    let config = write_config(dir.path(), &redis, 1, "a", "");
+    let (dir, _, config) = config_for(&redis, "a", "");
     let good = |i: usize| format!("{{\"room\":\"r{}\",\"amount\":{}}}", i % 7, 1 + i % 3);
 
     // Empty input and /dev/null: nothing to do, exit 0.
@@ -27,11 +26,7 @@ async fn send_edges_all_or_nothing() {
             "{file:?}: {}",
             text(&out.stderr)
         );
-        assert!(
-            text(&out.stdout).contains("appended 0"),
-            "{}",
-            text(&out.stdout)
-        );
+        assert_contains(&text(&out.stdout), "appended 0");
     }
     // Whitespace-only lines (with CR) are blank lines, not errors.
     let out = send(&config, None, b"\r\n  \r\n\t\n");
@@ -64,11 +59,7 @@ async fn send_edges_all_or_nothing() {
     let bom_two = format!("\u{feff}{}\r\n\u{feff}{}\r\n", good(1), good(2));
     let out = send(&config, None, bom_two.as_bytes());
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
-    assert!(
-        text(&out.stderr).contains("line 2:"),
-        "{}",
-        text(&out.stderr)
-    );
+    assert_contains(&text(&out.stderr), "line 2:");
     assert!(
         !text(&out.stderr).contains("line 1:"),
         "{}",
@@ -134,8 +125,7 @@ async fn send_edges_all_or_nothing() {
 #[tokio::test]
 async fn send_memory_is_bounded_by_a_batch_not_by_the_input() {
     let redis = RedisServer::start();
-    let dir = tempfile::tempdir().expect("dir");
-    let config = write_config(dir.path(), &redis, 1, "a", "");
+    let (dir, _, config) = config_for(&redis, "a", "");
     let file = dir.path().join("events.jsonl");
     let mut out = std::io::BufWriter::new(std::fs::File::create(&file).expect("create"));
     const EVENTS: usize = 200_000;
@@ -180,8 +170,7 @@ async fn send_memory_is_bounded_by_a_batch_not_by_the_input() {
 #[tokio::test]
 async fn send_names_long_and_non_utf8_lines_and_keeps_all_or_nothing() {
     let redis = RedisServer::start();
-    let dir = tempfile::tempdir().expect("dir");
-    let config = write_config(dir.path(), &redis, 1, "a", "");
+    let (_dir, _, config) = config_for(&redis, "a", "");
     let send = |input: &[u8]| {
         let out = send(&config, None, input);
         (

@@ -5,17 +5,19 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use rollboard::domain::board::Dedup;
+use rollboard::domain::board::{Board, Dedup};
 use rollboard::metrics::Metrics;
 
 use crate::support::*;
 
-/// A board of `slice`-wide slices over a one-hour window that forgets ids `dedup_ms`
-/// after their slice ends.
-fn forgetful(slice: i64, dedup_ms: i64) -> rollboard::domain::board::Board {
-    let mut b = board("forgetful", slice, 3_600_000 / slice);
-    b.dedup = Dedup::AfterSlice(dedup_ms);
-    b
+const MINUTE: i64 = 60_000;
+
+/// A board of one-minute slices over a one-hour window that forgets ids a minute after
+/// their slice ends, and the list of boards that holds it alone.
+fn forgetful() -> (Board, Vec<Board>) {
+    let mut b = board("forgetful", MINUTE, 3_600_000 / MINUTE);
+    b.dedup = Dedup::AfterSlice(MINUTE);
+    (b.clone(), vec![b])
 }
 
 /// Dead letters in `rb:events:dead`, as (reason, id) pairs.
@@ -52,10 +54,8 @@ async fn deliver(
 /// never counted a second time.
 #[tokio::test]
 async fn a_redelivered_tip_after_a_forced_roll_ahead_is_never_counted_twice() {
-    const MINUTE: i64 = 60_000;
     let (_redis, store) = RedisServer::start_with_store("rb").await;
-    let b = forgetful(MINUTE, MINUTE);
-    let boards = vec![b.clone()];
+    let (b, boards) = forgetful();
     let t = 1_763_700_000_000 + 30_000;
     let tip = |entry_id: &str| {
         entry(
@@ -94,10 +94,8 @@ async fn a_redelivered_tip_after_a_forced_roll_ahead_is_never_counted_twice() {
 /// is refused as late: nothing a duration trades away can count a tip twice.
 #[tokio::test]
 async fn a_tip_whose_ids_may_be_forgotten_is_late_not_counted_again() {
-    const MINUTE: i64 = 60_000;
     let (_redis, store) = RedisServer::start_with_store("rb").await;
-    let b = forgetful(MINUTE, MINUTE);
-    let boards = vec![b.clone()];
+    let (b, boards) = forgetful();
     let t = 1_763_700_000_000 + 30_000;
     let fields = [
         ("user", "u1"),

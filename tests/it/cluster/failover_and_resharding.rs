@@ -33,15 +33,13 @@ fn a_cluster_starts_fails_over_and_heals() {
 #[tokio::test]
 async fn core_flows_on_a_cluster_equal_the_model() {
     use crate::support::models;
-    use crate::support::{assert_state, drained, test_boards, write_config_url, xadd_all, Daemon};
+    use crate::support::{assert_state, drained, test_boards, xadd_all, Daemon};
     use crate::support::{rollboard, stdout};
     use fred::prelude::*;
 
     let cluster = RedisCluster::start();
     let store = cluster.store().await;
-    let dir = tempfile::tempdir().expect("temp dir");
-    let port = free_port();
-    let config = write_config_url(dir.path(), &cluster.url(), port, "a", "");
+    let (dir, port, config) = config_for_url(&cluster.url(), "a", "");
     let boards = test_boards();
     let now = rollboard::domain::clock::local_ms();
     let event = |i: usize| tip_or_payment(i, now, 0);
@@ -161,12 +159,7 @@ async fn core_flows_on_a_cluster_equal_the_model() {
     assert!(out.status.success(), "{}", crate::support::stderr(&out));
     assert_state(&store, &boards, &models(&events, &boards, later), later).await;
     let out = rollboard(Some(&config), &["verify", "--strict"], &[]);
-    assert!(
-        out.status.success(),
-        "verify: {}{}",
-        stdout(&out),
-        crate::support::stderr(&out)
-    );
+    assert_success(&out, "verify");
     for board in ["rooms_7d", "fans_7d", "tips_24h"] {
         let out = rollboard(Some(&config), &["rebuild", board], &[]);
         assert!(
@@ -176,12 +169,7 @@ async fn core_flows_on_a_cluster_equal_the_model() {
         );
     }
     let out = rollboard(Some(&config), &["verify"], &[]);
-    assert!(
-        out.status.success(),
-        "verify: {}{}",
-        stdout(&out),
-        crate::support::stderr(&out)
-    );
+    assert_success(&out, "verify");
 }
 
 /// Slots move between masters with `redis-cli --cluster reshard` while events are appended
@@ -189,17 +177,13 @@ async fn core_flows_on_a_cluster_equal_the_model() {
 #[tokio::test]
 async fn resharding_under_load_equals_the_model() {
     use crate::support::models;
-    use crate::support::{
-        assert_state_or, drained, test_boards, write_config_url, xadd_all, Daemon,
-    };
-    use crate::support::{rollboard, stdout};
+    use crate::support::rollboard;
+    use crate::support::{assert_state_or, drained, test_boards, xadd_all, Daemon};
     use fred::prelude::*;
 
     let cluster = RedisCluster::start();
     let store = cluster.store().await;
-    let dir = tempfile::tempdir().expect("temp dir");
-    let port = free_port();
-    let config = write_config_url(dir.path(), &cluster.url(), port, "a", "");
+    let (_dir, port, config) = config_for_url(&cluster.url(), "a", "");
     let boards = test_boards();
     let now = rollboard::domain::clock::local_ms();
     let event = move |i: usize| tip_or_payment(i, now, 0);
@@ -265,12 +249,7 @@ async fn resharding_under_load_equals_the_model() {
     );
     assert!(daemon.terminate().await.success());
     let out = rollboard(Some(&config), &["verify", "--strict"], &[]);
-    assert!(
-        out.status.success(),
-        "verify: {}{}",
-        stdout(&out),
-        crate::support::stderr(&out)
-    );
+    assert_success(&out, "verify");
 }
 
 /// How many masters the failover test kills (`ROLLBOARD_FAILOVER_RUNS`).
@@ -326,9 +305,7 @@ async fn masters_killed_under_load_lose_nothing_acked() {
     eprintln!("failover test: seed {seed} (ROLLBOARD_FAILOVER_SEED), {runs} kills");
     let mut rng = SplitMix(seed);
     let mut cluster = RedisCluster::start();
-    let dir = tempfile::tempdir().expect("temp dir");
-    let port = free_port();
-    let config = write_config_url(dir.path(), &cluster.url(), port, "a", "");
+    let (dir, port, config) = config_for_url(&cluster.url(), "a", "");
     // To see what the setting prevents, run with ROLLBOARD_FAILOVER_MIN_REPLICAS=0.
     if let Ok(n) = std::env::var("ROLLBOARD_FAILOVER_MIN_REPLICAS") {
         let text = std::fs::read_to_string(&config).expect("config");
@@ -451,12 +428,7 @@ async fn masters_killed_under_load_lose_nothing_acked() {
     );
     assert!(daemon.terminate().await.success());
     let out = rollboard(Some(&config), &["verify", "--strict"], &[]);
-    assert!(
-        out.status.success(),
-        "verify: {}{}",
-        stdout(&out),
-        stderr(&out)
-    );
+    assert_success(&out, "verify");
 }
 
 /// With `redis.min_replicas_acked = 1` and no replica: the consumer applies but acks
@@ -547,7 +519,6 @@ async fn without_enough_replicas_nothing_is_acked_or_confirmed() {
 #[tokio::test]
 async fn a_confirmation_cut_short_by_a_reconnect_confirms_nothing() {
     use crate::support::{wait_for, RedisServer};
-    use rollboard::config::Durability;
 
     let primary = RedisServer::start();
     let replica = RedisServer::start();
@@ -561,13 +532,8 @@ async fn a_confirmation_cut_short_by_a_reconnect_confirms_nothing() {
         .await,
         "the replica never synced"
     );
-    let store = Store::connect(&primary.url(), "rb", 1, Reconnect::Forever)
-        .await
-        .expect("connect")
-        .with_durability(Durability {
-            replicas: Some(1),
-            timeout: Duration::from_secs(10),
-        });
+    let store =
+        one_replica_store(&primary.url(), Reconnect::Forever, Duration::from_secs(10)).await;
     // (Fails fast until the pool is connected.)
     assert!(
         wait_for(Duration::from_secs(10), || async {

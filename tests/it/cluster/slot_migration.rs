@@ -144,11 +144,21 @@ fn event(id: &str) -> Vec<Field> {
     ]
 }
 
-/// A store on `cluster` (a pool of one connection).
-async fn connect(cluster: &RedisCluster, reconnect: Reconnect) -> Store {
-    Store::connect(&cluster.url(), "rb", 1, reconnect)
+/// A store on `cluster` (a pool of one connection) and its client.
+async fn connect(cluster: &RedisCluster, reconnect: Reconnect) -> (Store, Client) {
+    let store = Store::connect(&cluster.url(), "rb", 1, reconnect)
         .await
-        .expect("connect")
+        .expect("connect");
+    let client = store.client().clone();
+    (store, client)
+}
+
+/// A store and client on `cluster`, `rb:events` holding `e0`, and its slot beginning to move.
+async fn moving_stream(cluster: &RedisCluster, reconnect: Reconnect) -> (Store, Client, Moving) {
+    let (store, client) = connect(cluster, reconnect).await;
+    first_event(&client).await;
+    let moving = Moving::begin(cluster, &client, "rb:events");
+    (store, client, moving)
 }
 
 /// Appends the event `e0` to `rb:events`, which the tests then move.
@@ -161,12 +171,8 @@ async fn first_event(client: &Client) {
 /// The `id` fields of every entry of `stream`, in order, read with a client that knows the
 /// current slot map.
 async fn ids_in(cluster: &RedisCluster, stream: &str) -> Vec<String> {
-    let fresh = connect(cluster, Reconnect::Never).await;
-    let v: Value = fresh
-        .client()
-        .xrange(stream, "-", "+", None)
-        .await
-        .expect("XRANGE");
+    let (_fresh, client) = connect(cluster, Reconnect::Never).await;
+    let v: Value = client.xrange(stream, "-", "+", None).await.expect("XRANGE");
     stream::parse_entries(v)
         .into_iter()
         .map(|e| {
@@ -209,11 +215,8 @@ fn slow_call(
 #[tokio::test]
 async fn an_append_to_a_stream_moved_mid_migration_is_an_outage_and_lands_once_after() {
     let cluster = RedisCluster::start();
-    let store = connect(&cluster, Reconnect::Never).await;
-    let client = store.client().clone();
+    let (_store, client, moving) = moving_stream(&cluster, Reconnect::Never).await;
     let (settings, key) = (ingest(1), "rb:events");
-    first_event(&client).await;
-    let moving = Moving::begin(&cluster, &client, key);
     moving.migrate(&[key]);
     assert_eq!(
         (moving.keys_on(moving.source), moving.keys_on(moving.target)),
@@ -250,11 +253,8 @@ async fn an_append_to_a_stream_moved_mid_migration_is_an_outage_and_lands_once_a
 #[tokio::test]
 async fn an_append_to_a_stream_not_yet_moved_lands_once_on_the_source() {
     let cluster = RedisCluster::start();
-    let store = connect(&cluster, Reconnect::Never).await;
-    let client = store.client().clone();
+    let (_store, client, moving) = moving_stream(&cluster, Reconnect::Never).await;
     let (settings, key) = (ingest(1), "rb:events");
-    first_event(&client).await;
-    let moving = Moving::begin(&cluster, &client, key);
     stream::append(&client, &settings, &[event("e1"), event("e2")])
         .await
         .expect("append on the source");
@@ -269,11 +269,8 @@ async fn an_append_to_a_stream_not_yet_moved_lands_once_on_the_source() {
 /// the client re-reads the map and appends on the new owner, once; the client still works.
 async fn append_after_the_slot_moved(reconnect: Reconnect) {
     let cluster = RedisCluster::start();
-    let store = connect(&cluster, reconnect).await;
-    let client = store.client().clone();
+    let (_store, client, moving) = moving_stream(&cluster, reconnect).await;
     let (settings, key) = (ingest(1), "rb:events");
-    first_event(&client).await;
-    let moving = Moving::begin(&cluster, &client, key);
     moving.migrate(&[key]);
     moving.finish(&cluster);
     assert_eq!(
@@ -310,8 +307,7 @@ async fn a_daemon_append_after_the_slot_moved_lands_once_on_the_new_owner() {
 #[tokio::test]
 async fn a_partitioned_append_with_one_partition_moving_lands_every_event() {
     let cluster = RedisCluster::start();
-    let store = connect(&cluster, Reconnect::Never).await;
-    let client = store.client().clone();
+    let (_store, client) = connect(&cluster, Reconnect::Never).await;
     let settings = ingest(4);
     let keys = stream::keys(&settings);
     let ids: Vec<String> = (0..40).map(|i| format!("p{i}")).collect();
@@ -380,18 +376,12 @@ async fn top(
 #[tokio::test]
 async fn a_query_of_a_moving_instance_is_right_or_an_outage() {
     let cluster = RedisCluster::start();
-    let store = connect(&cluster, Reconnect::Never).await;
-    let client = store.client().clone();
+    let (store, client) = connect(&cluster, Reconnect::Never).await;
     let keys = store.keys().clone();
     let moved = board("moved");
     let k = store.instance(&moved, None);
-    apply_events(
-        &store,
-        &moved,
-        &[ev("a", NOW - 10, "ann", 5), ev("b", NOW - 5, "bob", 7)],
-        NOW,
-    )
-    .await;
+    let batch = [ev("a", NOW - 10, "ann", 5), ev("b", NOW - 5, "bob", 7)];
+    apply_events(&store, &moved, &batch, NOW).await;
     let moving = Moving::begin(&cluster, &client, &k.meta());
     let staying = board(&name_on(&client, moving.target, "stay", |n| {
         keys.instance(n, None).meta()
@@ -439,10 +429,8 @@ async fn a_query_of_a_moving_instance_is_right_or_an_outage() {
 #[tokio::test]
 async fn a_scoped_query_after_the_watermark_moved_answers_at_once() {
     let cluster = RedisCluster::start();
-    let store = connect(&cluster, Reconnect::Never).await;
-    let client = store.client().clone();
-    let mut scoped = board("rooms");
-    scoped.scope = Some("room".into());
+    let (store, client) = connect(&cluster, Reconnect::Never).await;
+    let scoped = scoped(board("rooms"));
     apply_events_in(&store, &scoped, "r1", &[ev("a", NOW - 10, "ann", 5)], NOW).await;
     let floor = store
         .raise_board_watermark(&scoped, 1, NOW)
@@ -478,8 +466,7 @@ async fn a_scoped_query_after_the_watermark_moved_answers_at_once() {
 #[tokio::test]
 async fn a_roll_script_on_a_moving_slot_runs_once_where_the_key_is() {
     let cluster = RedisCluster::start();
-    let store = connect(&cluster, Reconnect::Never).await;
-    let client = store.client().clone();
+    let (store, client) = connect(&cluster, Reconnect::Never).await;
     let b = board("rolled");
     let window = store.keys().window(&b.name);
     assert_eq!(
@@ -525,8 +512,7 @@ async fn a_roll_script_on_a_moving_slot_runs_once_where_the_key_is() {
 /// A store, its pool client and a dedicated stream reader on `cluster`, the stream
 /// `rb:events` with its consumer group.
 async fn stream_rig(cluster: &RedisCluster) -> (Store, Client, Client) {
-    let store = connect(cluster, Reconnect::Never).await;
-    let client = store.client().clone();
+    let (store, client) = connect(cluster, Reconnect::Never).await;
     let reader = Store::dedicated(&cluster.url(), Reconnect::Never)
         .await
         .expect("reader");
@@ -657,16 +643,9 @@ async fn a_blocked_stream_read_survives_its_stream_moving_away() {
 /// target while `WAIT` went to the source, whose replica confirmed them.)
 #[tokio::test]
 async fn an_append_confirmed_while_its_slot_moves_waits_for_the_replica_that_holds_it() {
-    use rollboard::config::Durability;
-
     let cluster = RedisCluster::start();
-    let store = Store::connect(&cluster.url(), "rb", 1, Reconnect::Never)
-        .await
-        .expect("connect")
-        .with_durability(Durability {
-            replicas: Some(1),
-            timeout: Duration::from_millis(300),
-        });
+    let store =
+        one_replica_store(&cluster.url(), Reconnect::Never, Duration::from_millis(300)).await;
     let client = store.client().clone();
     let settings = ingest(1);
     let key = "rb:events";
@@ -703,13 +682,11 @@ async fn an_append_confirmed_while_its_slot_moves_waits_for_the_replica_that_hol
 /// is redirected and fails as an outage, by design: see `Store::confirm_writes`.)
 #[tokio::test]
 async fn posts_after_the_events_slot_moved_are_accepted_at_once() {
-    use crate::support::{free_port, write_config_url, Daemon};
+    use crate::support::Daemon;
 
     let cluster = RedisCluster::start();
-    let store = connect(&cluster, Reconnect::Never).await;
-    let dir = tempfile::tempdir().expect("temp dir");
-    let port = free_port();
-    let config = write_config_url(dir.path(), &cluster.url(), port, "a", "");
+    let (store, _) = connect(&cluster, Reconnect::Never).await;
+    let (_dir, port, config) = config_for_url(&cluster.url(), "a", "");
     let text = std::fs::read_to_string(&config).expect("config");
     let text = text.replacen("[redis]\n", "[redis]\nmin_replicas_acked = 1\n", 1);
     std::fs::write(&config, text).expect("config");
@@ -781,8 +758,7 @@ async fn an_apply_across_a_slot_move_counts_each_event_once() {
 #[tokio::test]
 async fn a_moving_slot_leaves_the_replies_of_other_calls_alone() {
     let cluster = RedisCluster::start();
-    let store = connect(&cluster, Reconnect::Never).await;
-    let client = store.client().clone();
+    let (_store, client) = connect(&cluster, Reconnect::Never).await;
     let key = "moving";
     let _: () = client.set(key, 41, None, None, false).await.expect("set");
     let moving = Moving::begin(&cluster, &client, key);

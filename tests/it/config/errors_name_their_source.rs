@@ -16,24 +16,22 @@ fn a_binary_config_is_not_shown_and_its_path_is_named_once() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.matches("binary.toml").count(), 1, "{err}");
     assert!(err.len() < 300, "{err}");
-    std::fs::write(
-        &path,
-        "[ingest]\nbatch_size = 99999999999999999999\n[[boards]]\nname = \"r\"\nmember = \"m\"\nwindow = \"10000000000d\"\nslice = \"1d\"\n",
-    )
-    .expect("write");
-    let out = run_rollboard(&path, &["top", "r"]);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(64));
-    assert!(err.contains("batch_size"), "{err}");
-    std::fs::write(
-        &path,
-        "[[boards]]\nname = \"r\"\nmember = \"m\"\nwindow = \"10000000000d\"\nslice = \"1d\"\n",
-    )
-    .expect("write");
-    let out = run_rollboard(&path, &["top", "r"]);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(64));
-    assert!(err.contains("boards[0].window"), "{err}");
+    for (text, key) in [
+        (
+            "[ingest]\nbatch_size = 99999999999999999999\n[[boards]]\nname = \"r\"\nmember = \"m\"\nwindow = \"10000000000d\"\nslice = \"1d\"\n",
+            "batch_size",
+        ),
+        (
+            "[[boards]]\nname = \"r\"\nmember = \"m\"\nwindow = \"10000000000d\"\nslice = \"1d\"\n",
+            "boards[0].window",
+        ),
+    ] {
+        std::fs::write(&path, text).expect("write");
+        let out = run_rollboard(&path, &["top", "r"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{key}");
+        assert!(err.contains(key), "{err}");
+    }
 }
 
 fn config_with(dir: &Path, extra: &str) -> std::path::PathBuf {
@@ -88,20 +86,12 @@ fn configuration_errors_name_where_the_value_came_from() {
     std::fs::write(&bad, text).expect("write");
     let out = rollboard(Some(&bad), &["top", "rooms_7d"], &[]);
     assert_eq!(out.status.code(), Some(64));
-    assert!(
-        stderr(&out).contains(&format!("(set by file {})", bad.display())),
-        "{}",
-        stderr(&out)
-    );
+    assert_contains(&stderr(&out), &format!("(set by file {})", bad.display()));
     let text = std::fs::read_to_string(&bad)
         .expect("read")
         .replace("chunk = 0", "chunk = \"many\"");
     std::fs::write(&bad, text).expect("write");
     let out = rollboard(Some(&bad), &["top", "rooms_7d"], &[]);
     assert_eq!(out.status.code(), Some(64));
-    assert!(
-        stderr(&out).contains(&format!("{}: invalid type", bad.display())),
-        "{}",
-        stderr(&out)
-    );
+    assert_contains(&stderr(&out), &format!("{}: invalid type", bad.display()));
 }

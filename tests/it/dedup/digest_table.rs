@@ -231,8 +231,7 @@ async fn digests_are_forgotten_with_their_slices_and_nothing_is_left_behind() {
 #[tokio::test]
 async fn a_scope_that_empties_leaves_no_digest_table_behind() {
     let (_redis, store) = RedisServer::start_with_store("rb").await;
-    let mut b = board("sc", SLICE, 4);
-    b.scope = Some("room".into());
+    let b = scoped(board("sc", SLICE, 4));
     apply_events_in(&store, &b, "r1", &[ev("x", NOW, "a", 5)], NOW).await;
     assert!(remembers(&store, &b, Some("r1"), "x", b.slice_of(NOW)).await);
     roll_at(&store, &b, NOW + 10 * SLICE).await;

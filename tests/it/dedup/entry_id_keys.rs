@@ -7,7 +7,6 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use fred::prelude::*;
-use rollboard::metrics::Metrics;
 use rollboard::store::Store;
 
 use crate::support::*;
@@ -60,10 +59,8 @@ async fn append_under_one_entry_id(
 /// by the bare entry ID, the second tip was taken for a copy of the first and dropped.
 #[tokio::test]
 async fn tips_without_id_on_two_partitions_with_equal_entry_ids_both_count() {
-    let (redis, store) = RedisServer::start_with_store("rb").await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let port = free_port();
-    let daemon = Daemon::start(&partitioned_config(dir.path(), &redis, port, "a", 2), port).await;
+    let (redis, store, dir) = RedisServer::start_with_store_and_dir("rb").await;
+    let daemon = partitioned_daemon(dir.path(), &redis, "a", 2).await;
 
     append_under_one_entry_id(
         &store,
@@ -81,11 +78,8 @@ async fn tips_without_id_on_two_partitions_with_equal_entry_ids_both_count() {
     )
     .await;
     // Two tips to room r1: 5 + 7.
-    assert_eq!(
-        total(&store, "rooms_7d", None, "r1").await,
-        Some(12),
-        "rooms_7d r1"
-    );
+    let r1 = total(&store, "rooms_7d", None, "r1").await;
+    assert_eq!(r1, Some(12), "rooms_7d r1");
     daemon.kill().await;
 }
 
@@ -97,10 +91,8 @@ async fn tips_without_id_on_two_partitions_with_equal_entry_ids_both_count() {
 /// one of them was lost.
 #[tokio::test]
 async fn a_tip_on_the_retired_stream_and_one_on_a_partition_with_equal_entry_ids_both_count() {
-    let (redis, store) = RedisServer::start_with_store("rb").await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let port = free_port();
-    let daemon = Daemon::start(&partitioned_config(dir.path(), &redis, port, "a", 2), port).await;
+    let (redis, store, dir) = RedisServer::start_with_store_and_dir("rb").await;
+    let daemon = partitioned_daemon(dir.path(), &redis, "a", 2).await;
 
     append_under_one_entry_id(
         &store,
@@ -138,10 +130,7 @@ async fn a_tip_on_the_retired_stream_and_one_on_a_partition_with_equal_entry_ids
 async fn a_replayed_apply_failed_event_without_ts_keeps_its_original_time() {
     let (_redis, store) = RedisServer::start_with_store("rb").await;
     const SLICE: i64 = 1_000;
-    let a = board("a", SLICE, 4);
-    let b = board("b", SLICE, 4);
-    let boards = vec![a.clone(), b.clone()];
-    let metrics = Metrics::new(&boards);
+    let (a, b, boards, metrics) = boards_a_b_metered(SLICE);
     let settings = ingest_settings("rb:events", 1);
     let t0: i64 = 1_000_000;
 
@@ -185,16 +174,7 @@ async fn a_replayed_apply_failed_event_without_ts_keeps_its_original_time() {
         .process("rb:events", &[replay], t1)
         .await
         .expect("replay");
-    assert_eq!(
-        total_at(&store, &a, "u1", t1).await,
-        Some(5),
-        "a: a duplicate"
-    );
-    assert_eq!(
-        total_at(&store, &b, "u1", t1).await,
-        Some(5),
-        "b: counted once"
-    );
+    super::assert_replayed_once(&store, &b, &a, t1).await;
 
     // The event happened at t0: once its slice has left the window, no board holds it.
     let t = t0 + 4 * SLICE;

@@ -73,10 +73,7 @@ async fn the_readme_replay_keeps_key_and_time_on_the_bare_stream_and_a_partition
     const SLICE: i64 = 1_000;
     for (partitions, stream) in [(1usize, "rb:events"), (2, "rb:events:{1}")] {
         let (_redis, store) = RedisServer::start_with_store("rb").await;
-        let a = board("a", SLICE, 4);
-        let b = board("b", SLICE, 4);
-        let boards = vec![a.clone(), b.clone()];
-        let metrics = Metrics::new(&boards);
+        let (a, b, boards, metrics) = boards_a_b_metered(SLICE);
         let settings = ingest_settings("rb:events", partitions);
         let t0: i64 = 1_000_500;
         let early = t0 - 1_500; // slice 999, live at t0 (slices 997..=1000)
@@ -194,10 +191,7 @@ async fn the_readme_replay_keeps_key_and_time_on_the_bare_stream_and_a_partition
 async fn the_readme_replay_of_a_tip_from_a_long_named_partition_is_counted() {
     const SLICE: i64 = 1_000;
     let (_redis, store) = RedisServer::start_with_store("rb").await;
-    let a = board("a", SLICE, 4);
-    let b = board("b", SLICE, 4);
-    let boards = vec![a.clone(), b.clone()];
-    let metrics = Metrics::new(&boards);
+    let (a, b, boards, metrics) = boards_a_b_metered(SLICE);
     let config = |stream: &str| {
         rollboard::config::Settings::from_toml(&format!(
             "[ingest]\npartitions = 2\nstream = \"{stream}\"\n[[boards]]\nname = \"a\"\nmember = \"user\"\nwindow = \"4s\"\nslice = \"1s\"\n"
@@ -245,16 +239,7 @@ async fn the_readme_replay_of_a_tip_from_a_long_named_partition_is_counted() {
         "the replay was dead-lettered: {:?}",
         after.last().map(|(_, l)| (&l["reason"], &l["detail"]))
     );
-    assert_eq!(
-        total_at(&store, &a, "u1", t1).await,
-        Some(5),
-        "a: a duplicate"
-    );
-    assert_eq!(
-        total_at(&store, &b, "u1", t1).await,
-        Some(5),
-        "b: counted once"
-    );
+    super::assert_replayed_once(&store, &b, &a, t1).await;
 }
 
 /// An event without `id` appended to `stream`, delivered to a consumer `dead` that applied
@@ -359,18 +344,13 @@ async fn room_total(store: &Store, room: &str) -> Option<i64> {
 /// 1 (its own).
 #[tokio::test]
 async fn a_pending_tip_without_id_claimed_after_a_change_of_partitions_counts_once() {
-    let (redis, store) = RedisServer::start_with_store("rb").await;
-    let dir = tempfile::tempdir().expect("tempdir");
+    let (redis, store, dir) = RedisServer::start_with_store_and_dir("rb").await;
 
     applied_then_crashed(&store, "rb:events", 1, "bare-1to2", 3).await;
     applied_then_crashed(&store, "rb:events:{1}", 2, "p1-2to2", 4).await;
     applied_then_crashed(&store, "rb:events:{5}", 8, "p5-8to2", 5).await;
-    let port = free_port();
-    let daemon = Daemon::start(&partitioned_config(dir.path(), &redis, port, "a", 2), port).await;
-    let streams: Vec<String> = ["rb:events", "rb:events:{1}", "rb:events:{5}"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+    let daemon = partitioned_daemon(dir.path(), &redis, "a", 2).await;
+    let streams = ["rb:events", "rb:events:{1}", "rb:events:{5}"].map(String::from);
     assert!(
         drained_streams(&store, &streams).await,
         "claimed and acked; log:\n{}",
@@ -385,12 +365,8 @@ async fn a_pending_tip_without_id_claimed_after_a_change_of_partitions_counts_on
     let (redis, store) = RedisServer::start_with_store("rb").await;
     applied_then_crashed(&store, "rb:events:{1}", 2, "p1-2to1", 6).await;
     applied_then_crashed(&store, "rb:events", 1, "bare-1to1", 7).await;
-    let port = free_port();
-    let daemon = Daemon::start(&partitioned_config(dir.path(), &redis, port, "b", 1), port).await;
-    let streams: Vec<String> = ["rb:events", "rb:events:{1}"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+    let daemon = partitioned_daemon(dir.path(), &redis, "b", 1).await;
+    let streams = ["rb:events", "rb:events:{1}"].map(String::from);
     assert!(
         drained_streams(&store, &streams).await,
         "claimed and acked; log:\n{}",
@@ -462,10 +438,7 @@ async fn tips_without_id_sharing_an_entry_id_on_a_slashed_stream_and_its_retired
 async fn a_dead_letter_from_a_partition_written_before_the_upgrade_replays_once() {
     const SLICE: i64 = 1_000;
     let (_redis, store) = RedisServer::start_with_store("rb").await;
-    let a = board("a", SLICE, 4);
-    let b = board("b", SLICE, 4);
-    let boards = vec![a.clone(), b.clone()];
-    let metrics = Metrics::new(&boards);
+    let (a, b, boards, metrics) = boards_a_b_metered(SLICE);
     let settings = ingest_settings("rb:events", 2);
     let t0: i64 = 1_764_000_000_500;
     let source_id = format!("{t0}-0");
@@ -500,16 +473,7 @@ async fn a_dead_letter_from_a_partition_written_before_the_upgrade_replays_once(
         .process("rb:events:{1}", &[replay], t1)
         .await
         .expect("replay");
-    assert_eq!(
-        total_at(&store, &b, "u1", t1).await,
-        Some(5),
-        "b: counted once"
-    );
-    assert_eq!(
-        total_at(&store, &a, "u1", t1).await,
-        Some(5),
-        "a: a duplicate"
-    );
+    super::assert_replayed_once(&store, &b, &a, t1).await;
 }
 
 /// With `ingest.dedup_window` a duration, a board forgets an event's key that long after the
@@ -522,8 +486,7 @@ async fn the_readme_replay_within_a_dedup_window_duration_counts_once() {
     use rollboard::domain::board::Dedup;
     const SLICE: i64 = 1_000;
     let (_redis, store) = RedisServer::start_with_store("rb").await;
-    let mut a = board("a", SLICE, 4);
-    let mut b = board("b", SLICE, 4);
+    let (mut a, mut b) = boards_a_b(SLICE);
     a.dedup = Dedup::AfterSlice(1_000);
     b.dedup = Dedup::AfterSlice(1_000);
     let boards = vec![a.clone(), b.clone()];
@@ -548,16 +511,7 @@ async fn the_readme_replay_within_a_dedup_window_duration_counts_once() {
         .await
         .expect("replay");
     assert_eq!(letters(&store).await.len(), 1, "not late");
-    assert_eq!(
-        total_at(&store, &b, "u1", t1).await,
-        Some(5),
-        "b: counted once"
-    );
-    assert_eq!(
-        total_at(&store, &a, "u1", t1).await,
-        Some(5),
-        "a: a duplicate"
-    );
+    super::assert_replayed_once(&store, &b, &a, t1).await;
 }
 
 /// docs/operations.md's replay end to end with a partitioned daemon: two tips without `id` on two
@@ -567,10 +521,8 @@ async fn the_readme_replay_within_a_dedup_window_duration_counts_once() {
 /// dead-lettered again.
 #[tokio::test]
 async fn a_partitioned_daemon_replays_dead_letters_of_tips_without_id_once() {
-    let (redis, store) = RedisServer::start_with_store("rb").await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let port = free_port();
-    let daemon = Daemon::start(&partitioned_config(dir.path(), &redis, port, "a", 2), port).await;
+    let (redis, store, dir) = RedisServer::start_with_store_and_dir("rb").await;
+    let daemon = partitioned_daemon(dir.path(), &redis, "a", 2).await;
     let boards = test_boards();
     let rooms = boards
         .iter()

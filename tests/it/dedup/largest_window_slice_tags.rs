@@ -7,6 +7,17 @@ use rollboard::store::Outcome;
 
 use crate::support::*;
 
+/// Settings of one board `name` over `window` in 1 ms slices, below the TOML `ingest` (may be empty).
+fn one_board(
+    ingest: &str,
+    name: &str,
+    window: &str,
+) -> Result<rollboard::config::Settings, rollboard::config::ConfigError> {
+    rollboard::config::Settings::from_toml(&format!(
+        "{ingest}\n[[boards]]\nname = \"{name}\"\nmember = \"user\"\nwindow = \"{window}\"\nslice = \"1ms\"\n"
+    ))
+}
+
 /// A board whose window (with `ingest.max_future`) spans more slices than the digest
 /// table's slice tags serve is refused with the setting named. The tags are slice numbers
 /// mod 2^32, counted while less than 2^31 above the forget point (`counts` in fold.lua /
@@ -14,20 +25,13 @@ use crate::support::*;
 /// redelivered event would count twice.
 #[test]
 fn a_window_the_slice_tags_cannot_serve_is_refused_by_the_configuration() {
-    use rollboard::config::{Settings, MAX_SLICES_REACHED};
+    use rollboard::config::MAX_SLICES_REACHED;
     let config = |window: &str, max_future: &str| {
-        Settings::from_toml(&format!(
-            r#"
-[ingest]
-max_future = "{max_future}"
-
-[[boards]]
-name = "fine"
-member = "user"
-window = "{window}"
-slice = "1ms"
-"#
-        ))
+        one_board(
+            &format!("[ingest]\nmax_future = \"{max_future}\"\n"),
+            "fine",
+            window,
+        )
     };
     for (window, max_future) in [
         ("35d", "5m"),
@@ -59,19 +63,8 @@ slice = "1ms"
 #[tokio::test]
 async fn the_largest_window_recognises_redeliveries_at_both_ends() {
     use rollboard::store::Outcome;
-    let settings = rollboard::config::Settings::from_toml(
-        r#"
-[ingest]
-max_future = "0s"
-
-[[boards]]
-name = "edge"
-member = "user"
-window = "2147483644ms"
-slice = "1ms"
-"#,
-    )
-    .expect("the configuration accepts the board");
+    let settings = one_board("[ingest]\nmax_future = \"0s\"\n", "edge", "2147483644ms")
+        .expect("the configuration accepts the board");
     let board = settings.boards[0].clone();
     let n = board.slices_in_window();
     assert_eq!(n, rollboard::config::MAX_SLICES_REACHED);
@@ -90,45 +83,17 @@ slice = "1ms"
         let mixed = apply_events(&store, &board, &[oldest.clone(), fresh], now).await;
         assert_eq!(mixed[0], Outcome::Duplicate);
     }
-    assert_eq!(
-        store
-            .rank(&board, None, "u1", now)
-            .await
-            .expect("rank")
-            .total,
-        Some(6)
-    );
-    assert_eq!(
-        store
-            .rank(&board, None, "u2", now)
-            .await
-            .expect("rank")
-            .total,
-        Some(7)
-    );
+    assert_eq!(total_at(&store, &board, "u1", now).await, Some(6));
+    assert_eq!(total_at(&store, &board, "u2", now).await, Some(7));
     // One millisecond later the oldest slice has left the window.
     let later = now + 1;
     roll_all(&store, std::slice::from_ref(&board), later, 100).await;
-    assert_eq!(
-        store
-            .rank(&board, None, "u2", later)
-            .await
-            .expect("rank")
-            .total,
-        None
-    );
+    assert_eq!(total_at(&store, &board, "u2", later).await, None);
     let copy = apply_events(&store, &board, std::slice::from_ref(&oldest), later).await;
     assert_eq!(copy, [Outcome::Late]);
     let copy = apply_events(&store, &board, std::slice::from_ref(&newest), later).await;
     assert_eq!(copy, [Outcome::Duplicate]);
-    assert_eq!(
-        store
-            .rank(&board, None, "u1", later)
-            .await
-            .expect("rank")
-            .total,
-        Some(6)
-    );
+    assert_eq!(total_at(&store, &board, "u1", later).await, Some(6));
 }
 
 /// The largest window the default `max_future` (5 minutes) leaves room for, with a tip as
@@ -137,16 +102,8 @@ slice = "1ms"
 #[tokio::test]
 async fn a_tip_max_future_ahead_in_the_largest_window_counts_once() {
     use rollboard::store::Outcome;
-    let settings = rollboard::config::Settings::from_toml(
-        r#"
-[[boards]]
-name = "edge"
-member = "user"
-window = "2147183644ms"
-slice = "1ms"
-"#,
-    )
-    .expect("the configuration accepts the board");
+    let settings =
+        one_board("", "edge", "2147183644ms").expect("the configuration accepts the board");
     let board = settings.boards[0].clone();
     assert_eq!(
         board.slices_in_window() + 300_000,
@@ -160,11 +117,7 @@ slice = "1ms"
     assert_eq!(first, [Outcome::Applied]);
     let again = apply_events(&store, &board, std::slice::from_ref(&ahead), now).await;
     assert_eq!(
-        store
-            .rank(&board, None, "u1", now)
-            .await
-            .expect("rank")
-            .total,
+        total_at(&store, &board, "u1", now).await,
         Some(5),
         "one tip of 5; the redelivery was {again:?}"
     );

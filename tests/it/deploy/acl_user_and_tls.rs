@@ -170,11 +170,7 @@ async fn a_missing_command_or_key_permission_stops_the_daemon_naming_it() {
     // A tool run says the same and exits 64 too.
     let out = rollboard(&config, &["top", "rooms_7d"]);
     assert_eq!(out.status.code(), Some(64), "{}", text(&out));
-    assert!(
-        text(&out).contains("XACK on key rb:events"),
-        "{}",
-        text(&out)
-    );
+    assert_contains(&text(&out), "XACK on key rb:events");
 
     // Keys outside the user's pattern (here: another key prefix) are named too.
     let other = dir.path().join("other.toml");
@@ -191,11 +187,7 @@ async fn a_missing_command_or_key_permission_stops_the_daemon_naming_it() {
     std::fs::write(&other, other_text).expect("write");
     let out = rollboard(&other, &["top", "rooms_7d"]);
     assert_eq!(out.status.code(), Some(64), "{}", text(&out));
-    assert!(
-        text(&out).contains("key other:{rooms_7d}:meta"),
-        "{}",
-        text(&out)
-    );
+    assert_contains(&text(&out), "key other:{rooms_7d}:meta");
     assert!(!text(&out).contains("rb:events"), "{}", text(&out));
 
     // Without EVAL the probe itself is refused, and that is named.

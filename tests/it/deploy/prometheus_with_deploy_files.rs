@@ -53,18 +53,15 @@ impl Prometheus {
         );
         let dir = tempfile::tempdir().expect("temp dir");
         let src = deploy().join("prometheus");
-        let config = read(&src.join("prometheus.yml"));
-        let config = replaced(
-            &config,
-            "127.0.0.1:9464",
-            &format!("127.0.0.1:{target_port}"),
-        );
-        let config = replaced(&config, "scrape_interval: 15s", "scrape_interval: 1s");
-        let config = replaced(
-            &config,
-            "evaluation_interval: 15s",
-            "evaluation_interval: 1s",
-        );
+        let mut config = read(&src.join("prometheus.yml"));
+        let target = format!("127.0.0.1:{target_port}");
+        for (from, to) in [
+            ("127.0.0.1:9464", target.as_str()),
+            ("scrape_interval: 15s", "scrape_interval: 1s"),
+            ("evaluation_interval: 15s", "evaluation_interval: 1s"),
+        ] {
+            config = replaced(&config, from, to);
+        }
         std::fs::write(dir.path().join("prometheus.yml"), config).expect("write config");
         std::fs::create_dir(dir.path().join("rules")).expect("rules dir");
         for rules in ["recording.yml", "alerts.yml"] {

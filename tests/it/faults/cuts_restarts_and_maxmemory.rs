@@ -172,9 +172,7 @@ async fn rig(persistent: bool, proxied: bool, edit: impl Fn(String) -> String) -
     let store = Store::connect(&redis.url(), "rb", 2, Reconnect::Forever)
         .await
         .expect("connect");
-    let dir = tempfile::tempdir().expect("temp dir");
-    let port = free_port();
-    let config = write_config_url(dir.path(), &url, port, "a", "");
+    let (dir, port, config) = config_for_url(&url, "a", "");
     let text = std::fs::read_to_string(&config).expect("config");
     std::fs::write(&config, edit(text)).expect("config");
     let daemon = Daemon::start(&config, port).await;

@@ -19,8 +19,7 @@ async fn a_redis_restart_turns_readyz_503_then_200_and_loses_nothing() {
     let daemon = Daemon::start(&config, port).await;
     let ready = daemon.readyz_becomes(200, Duration::from_secs(30)).await;
     assert!(ready, "never ready; log:\n{}", daemon.logs());
-    let now = now_ms();
-    let events: Vec<Fields> = (0..1000).map(|i| tip(i, now)).collect();
+    let events = tips_now(1000);
     {
         let store = Store::connect(&store_url, "rb", 1, rollboard::store::Reconnect::Never)
             .await
@@ -150,9 +149,7 @@ async fn connections_cut_after_scripts_and_acks_reach_redis_lose_nothing_and_dou
     let redis = RedisServer::start();
     let proxy = crate::support::proxy::Proxy::start(redis.port).await;
     let store = redis.store("rb").await;
-    let dir = tempfile::tempdir().expect("temp dir");
-    let port = free_port();
-    let config = crate::support::write_config_url(dir.path(), &proxy.url(), port, "a", "");
+    let (_dir, port, config) = config_for_url(&proxy.url(), "a", "");
     let now = now_ms();
     let events: Vec<Fields> = (0..4000).map(|i| tip_or_payment(i, now, 3)).collect();
     xadd_all(store.client(), "rb:events", &events).await;

@@ -32,9 +32,7 @@ struct Rig {
 
 /// A daemon on `url` (`[redis]` settings `redis` added), and `admin` on `admin_url`.
 async fn rig(url: &str, admin_url: &str, redis: &str) -> Rig {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let port = free_port();
-    let config = write_config_url(dir.path(), url, port, "a", "");
+    let (dir, port, config) = config_for_url(url, "a", "");
     let text = std::fs::read_to_string(&config)
         .expect("read config")
         .replacen("[redis]\n", &format!("[redis]\n{redis}\n"), 1);

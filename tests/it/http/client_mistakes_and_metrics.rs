@@ -125,8 +125,7 @@ async fn metrics_parse_and_count_what_was_applied() {
             "{family} registered with help text"
         );
     }
-    let now = now_ms();
-    let events: Vec<Fields> = (0..300).map(|i| tip(i, now)).collect();
+    let events = tips_now(300);
     xadd_all(store.client(), "rb:events", &events).await;
     assert!(drained(&store).await);
     for (board, applied) in [("rooms_7d", 300.0), ("fans_7d", 300.0), ("tips_24h", 0.0)] {

@@ -170,20 +170,12 @@ async fn http_and_intake_counters_follow_the_answers_given() {
     let bad = json!([tip(4, "5"), tip(5, "abc"), tip(6, "5"), tip(7, "5")]);
     assert_eq!(status(client.post(&events).json(&bad).send().await), 400);
     // Two bodies refused as a whole: not JSON, and not sent as JSON.
-    let not_json = client
-        .post(&events)
-        .header("content-type", "application/json")
-        .body("{not json")
-        .send()
-        .await;
-    assert_eq!(status(not_json), 400);
-    let plain = client
-        .post(&events)
-        .header("content-type", "text/plain")
-        .body("{}")
-        .send()
-        .await;
-    assert_eq!(status(plain), 415);
+    let typed = |content_type: &str, body: &'static str| {
+        let request = client.post(&events).header("content-type", content_type);
+        request.body(body).send()
+    };
+    assert_eq!(status(typed("application/json", "{not json").await), 400);
+    assert_eq!(status(typed("text/plain", "{}").await), 415);
     // Queries: an answer, an unknown board (a route) and an unknown path (no route).
     let get = |path: &str| client.get(format!("{}{path}", daemon.base)).send();
     assert_eq!(status(get("/v1/boards/rooms_7d/top").await), 200);

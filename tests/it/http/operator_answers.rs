@@ -96,15 +96,9 @@ async fn a_misspelt_query_parameter_is_a_400_naming_it() {
     }
     let (status, _, body) = post(&daemon, "[]").await;
     assert_eq!(status, 202, "{body}");
-    let answer = reqwest::Client::new()
-        .post(format!("{}/v1/events?dry_run=1", daemon.base))
-        .header("content-type", "application/json")
-        .body("[]")
-        .send()
-        .await
-        .expect("POST");
-    assert_eq!(answer.status().as_u16(), 400);
-    assert!(answer.text().await.unwrap_or_default().contains("dry_run"));
+    let (status, _, body) = post_to(&daemon, "/v1/events?dry_run=1", "[]").await;
+    assert_eq!(status, 400);
+    assert!(body.contains("dry_run"));
     // The parameters a route takes still work.
     for path in [
         "/v1/boards/rooms_7d/top?limit=5&offset=0",
@@ -127,20 +121,17 @@ async fn not_on_the_board_has_one_shape_over_http_and_the_cli() {
     assert_eq!(status, 404);
     let (status, _, around_body) = get(&daemon, "/v1/boards/rooms_7d/members/nobody/around").await;
     assert_eq!(status, 404);
-    let out = rollboard(
-        Some(&config),
-        &["rank", "rooms_7d", "nobody", "--json"],
-        &[],
-    );
-    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
-    let cli_rank = json(&stdout(&out));
-    let out = rollboard(
-        Some(&config),
-        &["around", "rooms_7d", "nobody", "--json"],
-        &[],
-    );
-    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
-    let cli_around = json(&stdout(&out));
+    let cli_json = |command: &str| {
+        let out = rollboard(
+            Some(&config),
+            &[command, "rooms_7d", "nobody", "--json"],
+            &[],
+        );
+        assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+        json(&stdout(&out))
+    };
+    let cli_rank = cli_json("rank");
+    let cli_around = cli_json("around");
     let http_rank = json(&rank_body);
     assert_eq!(http_rank["board"], "rooms_7d");
     assert_eq!(http_rank["scope"], Value::Null);
@@ -275,6 +266,11 @@ async fn every_query_answer_carries_as_of() {
     assert_eq!(json(&body)["as_of"], Value::Null, "{body}");
 }
 
+/// The first line of `logs` holding `text`; fails the test with `what` when none does.
+fn log_line<'a>(logs: &'a str, text: &str, what: &str) -> &'a str {
+    logs.lines().find(|l| l.contains(text)).expect(what)
+}
+
 /// The daemon's logs name the Redis host and port (never the password) at start and while
 /// it cannot connect, and carry no colour codes when they go to a file.
 #[tokio::test]
@@ -288,15 +284,9 @@ async fn logs_name_the_redis_host_without_the_password_or_colour() {
     daemon.wait_log("cannot connect to redis yet").await;
     let logs = daemon.logs();
     let host = format!("redis=127.0.0.1:{dead}");
-    let starting = logs
-        .lines()
-        .find(|l| l.contains("rollboard starting"))
-        .expect("a start line");
+    let starting = log_line(&logs, "rollboard starting", "a start line");
     assert!(starting.contains(&host), "{starting}");
-    let retry = logs
-        .lines()
-        .find(|l| l.contains("cannot connect to redis yet"))
-        .expect("a connection error");
+    let retry = log_line(&logs, "cannot connect to redis yet", "a connection error");
     assert!(retry.contains(&host), "{retry}");
     assert!(
         !logs.contains("s3cret-pw"),
@@ -317,10 +307,7 @@ async fn logs_name_the_redis_host_without_the_password_or_colour() {
     daemon.wait_log("redis connection error").await;
     let host = format!("redis={}", redis.url().trim_start_matches("redis://"));
     let logs = daemon.logs();
-    let line = logs
-        .lines()
-        .find(|l| l.contains("redis connection error"))
-        .expect("logged");
+    let line = log_line(&logs, "redis connection error", "logged");
     assert!(line.contains(&host), "{line}");
     assert!(
         !logs.contains('\u{1b}'),

@@ -91,8 +91,7 @@ async fn standing(
 async fn an_overflow_letter_counts_once_on_the_refusing_instance_and_never_again_elsewhere() {
     const SLICE: i64 = 1_000;
     let (_redis, store) = RedisServer::start_with_store("rb").await;
-    let mut fans = board("fans", SLICE, 4);
-    fans.scope = Some("room".into());
+    let mut fans = scoped(board("fans", SLICE, 4));
     fans.allow_negative = true;
     // users forgets keys 100 ms after their slice ends: only replaying to the refusing
     // instance keeps the replay from counting there again.
@@ -179,18 +178,13 @@ async fn an_overflow_letter_counts_once_on_the_refusing_instance_and_never_again
 async fn an_apply_failed_letter_stays_until_its_board_is_repaired_and_then_counts_there_once() {
     const SLICE: i64 = 1_000;
     let (_redis, store) = RedisServer::start_with_store("rb").await;
-    let a = board("a", SLICE, 4);
-    let b = board("b", SLICE, 4);
-    let boards = vec![a.clone(), b.clone()];
-    let metrics = Metrics::new(&boards);
+    let (a, b, boards, metrics) = boards_a_b_metered(SLICE);
     let settings = ingest_settings("rb:events", 1);
     let t0: i64 = 1_000_500;
     let broken = store.instance(&b, None).result();
     set_string(&store, &broken, "x").await;
-    let tip = entry(
-        &format!("{t0}-0"),
-        &[("user", "u1"), ("amount", "5"), ("id", "tip-1")],
-    );
+    let id = format!("{t0}-0");
+    let tip = entry(&id, &[("user", "u1"), ("amount", "5"), ("id", "tip-1")]);
     Consumer::new(&store, &boards, &settings, &metrics)
         .process("rb:events", &[tip], t0)
         .await
@@ -227,18 +221,15 @@ async fn an_apply_failed_letter_stays_until_its_board_is_repaired_and_then_count
 async fn a_revalidated_letter_refused_by_one_instance_leaves_a_letter_for_that_instance_only() {
     const SLICE: i64 = 1_000;
     let (_redis, store) = RedisServer::start_with_store("rb").await;
-    let a = board("a", SLICE, 4);
-    let mut b = board("b", SLICE, 4);
+    let (a, mut b) = boards_a_b(SLICE);
     b.allow_negative = true;
     let boards = vec![a.clone(), b.clone()];
     let metrics = Metrics::new(&boards);
     let settings = ingest_settings("rb:events", 1);
     let t0: i64 = 1_000_500;
     apply_events(&store, &b, &[ev("big", t0 - 100, "u1", MAX_TOTAL - 10)], t0).await;
-    let bad = entry(
-        &format!("{t0}-0"),
-        &[("user", "u1"), ("amount", "1x"), ("id", "tip-9")],
-    );
+    let id = format!("{t0}-0");
+    let bad = entry(&id, &[("user", "u1"), ("amount", "1x"), ("id", "tip-9")]);
     Consumer::new(&store, &boards, &settings, &metrics)
         .process("rb:events", &[bad], t0)
         .await
@@ -362,10 +353,7 @@ async fn letters_refused_as_a_whole_are_selected_by_board_and_reason_and_stay_wh
 /// replays nothing.
 #[tokio::test]
 async fn the_dead_letters_command_lists_and_replays_an_overflow_to_its_board_only() {
-    let redis = RedisServer::start();
-    let dir = tempfile::tempdir().expect("dir");
-    let config = write_config(dir.path(), &redis, 1, "a", "");
-    let store = redis.store("rb").await;
+    let (_redis, store, _dir, config, _) = redis_and_config("a").await;
     let boards = test_boards();
     let (rooms, tips) = (boards[0].clone(), boards[2].clone());
     let metrics = Metrics::new(&boards);
@@ -429,10 +417,9 @@ async fn the_dead_letters_command_lists_and_replays_an_overflow_to_its_board_onl
 
     let out = run(&["dead-letters", "replay"]);
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
-    assert!(
-        stdout(&out).contains("replayed 1, already counted 0, still refused 1"),
-        "{}",
-        stdout(&out)
+    assert_contains(
+        &stdout(&out),
+        "replayed 1, already counted 0, still refused 1",
     );
     assert_eq!(
         total_at(&store, &tips, "u1", now).await,

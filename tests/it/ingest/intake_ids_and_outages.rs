@@ -21,9 +21,7 @@ async fn daemon_behind_proxy() -> (RedisServer, Proxy, Store, tempfile::TempDir,
     let redis = RedisServer::start();
     let proxy = Proxy::start(redis.port).await;
     let store = redis.store("rb").await;
-    let dir = tempfile::tempdir().expect("temp dir");
-    let port = free_port();
-    let config = write_config_url(dir.path(), &proxy.url(), port, "a", "");
+    let (dir, port, config) = config_for_url(&proxy.url(), "a", "");
     let daemon = Daemon::start(&config, port).await;
     let ready = daemon.readyz_becomes(200, Duration::from_secs(20)).await;
     assert!(ready, "daemon never got ready; log:\n{}", daemon.logs());
@@ -154,10 +152,7 @@ async fn a_post_whose_exec_reply_is_lost_is_counted_once() {
 
 #[tokio::test]
 async fn send_gives_each_event_without_an_id_its_own_and_keeps_given_ids() {
-    let redis = RedisServer::start();
-    let dir = tempfile::tempdir().expect("dir");
-    let config = write_config(dir.path(), &redis, 1, "a", "");
-    let store = redis.store("rb").await;
+    let (_redis, store, dir, config, _) = redis_and_config("a").await;
     let file = dir.path().join("events.jsonl");
     std::fs::write(
         &file,

@@ -78,13 +78,11 @@ async fn hold_as_b(store: &Store, copies: &[Fields]) {
 
 #[tokio::test]
 async fn two_daemons_share_three_partitions_and_a_killed_one_loses_nothing() {
-    let (redis, store) = RedisServer::start_with_store("rb").await;
-    let dir = tempfile::tempdir().expect("temp dir");
+    let (redis, store, dir) = RedisServer::start_with_store_and_dir("rb").await;
     let (port_a, port_b) = (free_port(), free_port());
     let config_a = partitioned_config(dir.path(), &redis, port_a, "a", 3);
     let config_b = partitioned_config(dir.path(), &redis, port_b, "b", 3);
-    let now = now_ms();
-    let events: Vec<Fields> = (0..6000).map(|i| tip(i, now)).collect();
+    let events = tips_now(6000);
     // Most by the rule, every tenth on the "wrong" partition, as a producer might.
     let placed = |k: usize, e: &Fields| {
         let p = rule(id_of(e), 3);
@@ -153,12 +151,10 @@ async fn two_daemons_share_three_partitions_and_a_killed_one_loses_nothing() {
 
 #[tokio::test]
 async fn a_copy_on_another_partition_is_a_duplicate() {
-    let (redis, store) = RedisServer::start_with_store("rb").await;
-    let dir = tempfile::tempdir().expect("temp dir");
+    let (redis, store, dir) = RedisServer::start_with_store_and_dir("rb").await;
     let port = free_port();
     let cfg = partitioned_config(dir.path(), &redis, port, "a", 3);
-    let now = now_ms();
-    let events: Vec<Fields> = (0..900).map(|i| tip(i, now)).collect();
+    let events = tips_now(900);
     let daemon = Daemon::start(&cfg, port).await;
     append_to(&store, &events, |_, e| key(rule(id_of(e), 3))).await;
     append_to(&store, &events, |_, e| key((rule(id_of(e), 3) + 1) % 3)).await;
@@ -177,8 +173,7 @@ async fn a_copy_on_another_partition_is_a_duplicate() {
 
 #[tokio::test]
 async fn send_and_post_append_to_the_partition_the_rule_names() {
-    let (redis, store) = RedisServer::start_with_store("rb").await;
-    let dir = tempfile::tempdir().expect("temp dir");
+    let (redis, store, dir) = RedisServer::start_with_store_and_dir("rb").await;
     let port = free_port();
     let cfg = partitioned_config(dir.path(), &redis, port, "a", 3);
     let daemon = Daemon::start(&cfg, port).await;
@@ -236,8 +231,7 @@ async fn send_and_post_append_to_the_partition_the_rule_names() {
 
 #[tokio::test]
 async fn dead_letters_name_their_partition() {
-    let (redis, store) = RedisServer::start_with_store("rb").await;
-    let dir = tempfile::tempdir().expect("temp dir");
+    let (redis, store, dir) = RedisServer::start_with_store_and_dir("rb").await;
     let port = free_port();
     let cfg = partitioned_config(dir.path(), &redis, port, "a", 3);
     let daemon = Daemon::start(&cfg, port).await;
@@ -297,11 +291,9 @@ async fn dead_letters_name_their_partition() {
 
 #[tokio::test]
 async fn changing_the_partition_count_drains_the_old_layout() {
-    let (redis, store) = RedisServer::start_with_store("rb").await;
-    let dir = tempfile::tempdir().expect("temp dir");
+    let (redis, store, dir) = RedisServer::start_with_store_and_dir("rb").await;
     let port = free_port();
-    let now = now_ms();
-    let events: Vec<Fields> = (0..1500).map(|i| tip(i, now)).collect();
+    let events = tips_now(1500);
 
     // One partition's stream holds unread entries and entries a dead consumer left pending.
     xadd_all(store.client(), "rb:events", &events[..500]).await;
@@ -370,8 +362,7 @@ async fn three_partitions_on_a_cluster_sit_in_distinct_slots_and_equal_the_model
     let path = write_config_url(dir.path(), &cluster.url(), port, "a", "");
     edit_config(&path, "[ingest]\n", "[ingest]\npartitions = 3\n");
     let daemon = Daemon::start(&path, port).await;
-    let now = now_ms();
-    let events: Vec<Fields> = (0..1500).map(|i| tip(i, now)).collect();
+    let events = tips_now(1500);
     append_to(&store, &events[..1000], |_, e| key(rule(id_of(e), 3))).await;
     let r = post_fields(&daemon.base, &events[1000..]).await;
     assert_eq!(r.status().as_u16(), 202);

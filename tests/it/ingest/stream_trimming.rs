@@ -109,11 +109,9 @@ async fn assert_kept(store: &Store, ids: &[String]) {
 
 #[tokio::test]
 async fn with_no_retention_acked_entries_are_trimmed_away() {
-    let (redis, store) = RedisServer::start_with_store("rb").await;
-    let dir = tempfile::tempdir().expect("temp dir");
+    let (redis, store, dir) = RedisServer::start_with_store_and_dir("rb").await;
     let daemon = trimming_daemon(&dir, &redis, "a", "retain = \"0s\"").await;
-    let now = now_ms();
-    let events: Vec<Fields> = (0..3000).map(|i| tip(i, now)).collect();
+    let events = tips_now(3000);
     xadd_all(store.client(), STREAM, &events).await;
     assert_drained_into_model(&store, &events, &daemon).await;
     assert!(
@@ -136,10 +134,8 @@ async fn with_no_retention_acked_entries_are_trimmed_away() {
 
 #[tokio::test]
 async fn entries_pending_in_the_group_are_kept_until_another_consumer_applies_them() {
-    let (redis, store) = RedisServer::start_with_store("rb").await;
-    let dir = tempfile::tempdir().expect("temp dir");
-    let now = now_ms();
-    let events: Vec<Fields> = (0..2000).map(|i| tip(i, now)).collect();
+    let (redis, store, dir) = RedisServer::start_with_store_and_dir("rb").await;
+    let events = tips_now(2000);
     let ids = append(&store, &events).await;
     redis.cli(&["XGROUP", "CREATE", STREAM, "rollboard", "0"]);
     let read = |consumer: &str, count: &str| read_group(&redis, "rollboard", consumer, count);
@@ -179,10 +175,8 @@ async fn entries_pending_in_the_group_are_kept_until_another_consumer_applies_th
 
 #[tokio::test]
 async fn a_killed_consumers_pending_entries_survive_and_are_applied_by_another() {
-    let (redis, store) = RedisServer::start_with_store("rb").await;
-    let dir = tempfile::tempdir().expect("temp dir");
-    let now = now_ms();
-    let events: Vec<Fields> = (0..40_000).map(|i| tip(i, now)).collect();
+    let (redis, store, dir) = RedisServer::start_with_store_and_dir("rb").await;
+    let events = tips_now(40_000);
     let a = trimming_daemon(&dir, &redis, "a", "retain = \"0s\"\nclaim_idle = \"2s\"").await;
     // Traffic until `a` has trimmed and holds a batch: then it is killed mid-batch.
     let mut sent = 0;
@@ -229,12 +223,10 @@ async fn a_killed_consumers_pending_entries_survive_and_are_applied_by_another()
 
 #[tokio::test]
 async fn entries_another_group_has_not_read_or_acked_are_kept() {
-    let (redis, store) = RedisServer::start_with_store("rb").await;
-    let dir = tempfile::tempdir().expect("temp dir");
+    let (redis, store, dir) = RedisServer::start_with_store_and_dir("rb").await;
     redis.cli(&["XGROUP", "CREATE", STREAM, "other", "0", "MKSTREAM"]);
     let daemon = trimming_daemon(&dir, &redis, "a", "retain = \"0s\"").await;
-    let now = now_ms();
-    let events: Vec<Fields> = (0..2000).map(|i| tip(i, now)).collect();
+    let events = tips_now(2000);
     let ids = append(&store, &events).await;
     assert_drained_into_model(&store, &events, &daemon).await;
     // `other` has read nothing: rollboard has acked all, yet every entry stays.
@@ -275,8 +267,7 @@ async fn entries_another_group_has_not_read_or_acked_are_kept() {
 
 #[tokio::test]
 async fn two_replicas_trimming_at_once_lose_and_double_nothing() {
-    let (redis, store) = RedisServer::start_with_store("rb").await;
-    let dir = tempfile::tempdir().expect("temp dir");
+    let (redis, store, dir) = RedisServer::start_with_store_and_dir("rb").await;
     let (port_a, port_b) = (free_port(), free_port());
     let a = Daemon::start(
         &config(dir.path(), &redis, port_a, "a", "retain = \"0s\""),
@@ -288,8 +279,7 @@ async fn two_replicas_trimming_at_once_lose_and_double_nothing() {
         port_b,
     )
     .await;
-    let now = now_ms();
-    let events: Vec<Fields> = (0..6000).map(|i| tip(i, now)).collect();
+    let events = tips_now(6000);
     for chunk in events.chunks(1000) {
         xadd_all(store.client(), STREAM, chunk).await;
     }
@@ -307,8 +297,7 @@ async fn two_replicas_trimming_at_once_lose_and_double_nothing() {
 
 #[tokio::test]
 async fn retain_keeps_that_much_acked_history() {
-    let (redis, store) = RedisServer::start_with_store("rb").await;
-    let dir = tempfile::tempdir().expect("temp dir");
+    let (redis, store, dir) = RedisServer::start_with_store_and_dir("rb").await;
     let now = now_ms();
     // 1000 entries stamped two hours ago (explicit IDs), then 1000 stamped now.
     let old_ms = now - 2 * 3_600_000;
@@ -345,8 +334,7 @@ async fn retain_keeps_that_much_acked_history() {
 
 #[tokio::test]
 async fn the_dead_letter_stream_stays_near_its_cap_and_lengths_are_reported() {
-    let (redis, store) = RedisServer::start_with_store("rb").await;
-    let dir = tempfile::tempdir().expect("temp dir");
+    let (redis, store, dir) = RedisServer::start_with_store_and_dir("rb").await;
     let daemon = trimming_daemon(
         &dir,
         &redis,
@@ -354,8 +342,7 @@ async fn the_dead_letter_stream_stays_near_its_cap_and_lengths_are_reported() {
         "retain = \"0s\"\ndead_letter_max_len = 300",
     )
     .await;
-    let now = now_ms();
-    let mut events: Vec<Fields> = (0..1000).map(|i| tip(i, now)).collect();
+    let mut events = tips_now(1000);
     for e in events.iter_mut().step_by(2) {
         e[2].1 = "lots".into();
     }
@@ -410,10 +397,8 @@ async fn append_partitioned(store: &Store, events: &[Fields]) -> Vec<String> {
 
 #[tokio::test]
 async fn every_partition_is_trimmed_and_so_is_a_retired_layout_while_it_drains() {
-    let (redis, store) = RedisServer::start_with_store("rb").await;
-    let dir = tempfile::tempdir().expect("temp dir");
-    let now = now_ms();
-    let events: Vec<Fields> = (0..3000).map(|i| tip(i, now)).collect();
+    let (redis, store, dir) = RedisServer::start_with_store_and_dir("rb").await;
+    let events = tips_now(3000);
     let keys = append_partitioned(&store, &events[..1500]).await;
     // Three partitions: each is read and trimmed.
     let three = trimming_daemon(&dir, &redis, "a", "retain = \"0s\"\npartitions = 3").await;

@@ -50,8 +50,7 @@ async fn two_daemons_share_a_group_and_take_over_a_dead_ones_entries() {
     let (redis, store, dir, config_a, port_a) = redis_and_config("a").await;
     let port_b = free_port();
     let config_b = write_config(dir.path(), &redis, port_b, "b", "");
-    let now = now_ms();
-    let events: Vec<Fields> = (0..6000).map(|i| tip(i, now)).collect();
+    let events = tips_now(6000);
     let a = Daemon::start(&config_a, port_a).await;
     let b = Daemon::start(&config_b, port_b).await;
     xadd_all(store.client(), "rb:events", &events[..3000]).await;
@@ -88,8 +87,7 @@ async fn two_daemons_share_a_group_and_take_over_a_dead_ones_entries() {
 #[tokio::test]
 async fn sigterm_under_load_exits_0_and_loses_nothing() {
     let (_redis, store, _dir, config, port) = redis_and_config("a").await;
-    let now = now_ms();
-    let events: Vec<Fields> = (0..6000).map(|i| tip(i, now)).collect();
+    let events = tips_now(6000);
     let daemon = Daemon::start(&config, port).await;
     let producer = {
         let client = store.client().clone();
@@ -202,8 +200,7 @@ async fn sigterm_at_random_points_leaves_nothing_pending() {
 #[tokio::test]
 async fn sigterm_drains_own_pending_entries_the_loop_never_saw() {
     let (_redis, store, _dir, config, port) = redis_and_config("a").await;
-    let now = now_ms();
-    let events: Vec<Fields> = (0..300).map(|i| tip(i, now)).collect();
+    let events = tips_now(300);
     let daemon = Daemon::start(&config, port).await;
     xadd_all(store.client(), "rb:events", &events[..100]).await;
     assert!(drained(&store).await, "log:\n{}", daemon.logs());

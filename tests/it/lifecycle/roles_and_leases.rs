@@ -128,15 +128,8 @@ async fn connections_per_role_and_the_routes_of_each() {
             assert!(body.contains("query role"), "{body}");
             let (status, body) = daemon.get("/v1/boards/rooms_7d/top").await;
             assert_eq!(status, 404, "{body}");
-            let posted = client
-                .post(format!("{}/v1/events", daemon.base))
-                .header("content-type", "application/json")
-                .body("{}")
-                .send()
-                .await
-                .expect("post");
-            assert_eq!(posted.status().as_u16(), 404);
-            let body = posted.text().await.unwrap_or_default();
+            let (status, _, body) = post(&daemon, "{}").await;
+            assert_eq!(status, 404);
             assert!(body.contains("intake role"), "{body}");
             assert_eq!(daemon.get("/readyz").await.0, 200);
             assert_eq!(daemon.get("/healthz").await.0, 200);
@@ -217,27 +210,27 @@ fn ticks_run(daemon: &Daemon, job: &str) -> Vec<i64> {
 
 const LEASE_LOG: &str = "info,rollboard::edges::daemon=debug";
 
+/// A jobs-only daemon `name` on a free port, spawned with [`jobs_config`] and lease logging.
+fn jobs_daemon(
+    dir: &std::path::Path,
+    redis: &RedisServer,
+    name: &str,
+    lease: &str,
+    boards: &str,
+) -> Daemon {
+    let port = free_port();
+    let config = jobs_config(dir, redis, port, name, lease, boards);
+    Daemon::spawn_args(&config, port, &[], &[], LEASE_LOG)
+}
+
 /// Two replicas whose roll and resummarize fire every second: each tick is run by exactly
 /// one of them, and the runs summed over both follow the seconds elapsed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_tick_is_run_by_one_replica() {
     let redis = RedisServer::start();
     let dir = tempfile::tempdir().expect("tempdir");
-    let (pa, pb) = (free_port(), free_port());
-    let a = Daemon::spawn_args(
-        &jobs_config(dir.path(), &redis, pa, "a", "5s", BOARDS),
-        pa,
-        &[],
-        &[],
-        LEASE_LOG,
-    );
-    let b = Daemon::spawn_args(
-        &jobs_config(dir.path(), &redis, pb, "b", "5s", BOARDS),
-        pb,
-        &[],
-        &[],
-        LEASE_LOG,
-    );
+    let a = jobs_daemon(dir.path(), &redis, "a", "5s", BOARDS);
+    let b = jobs_daemon(dir.path(), &redis, "b", "5s", BOARDS);
     a.wait_up().await;
     b.wait_up().await;
     let runs = |job: &'static str| {
@@ -290,14 +283,7 @@ async fn each_tick_is_run_by_one_replica() {
 }
 
 /// A scoped incremental board: the roll visits every scope.
-const CROWD: &str = r#"
-[[boards]]
-name = "crowd"
-member = "user"
-scope = "room"
-window = "1h"
-slice = "1m"
-"#;
+const CROWD: &str = "\n[[boards]]\nname = \"crowd\"\nmember = \"user\"\nscope = \"room\"\nwindow = \"1h\"\nslice = \"1m\"\n";
 
 /// The holder of a roll's lease is killed mid-run: the lease is not released, expires
 /// within its time to live, and the other replica runs the ticks from then on.
@@ -334,22 +320,9 @@ async fn a_killed_holder_is_taken_over_within_the_lease() {
         .await;
 
     let ttl = Duration::from_secs(3);
-    let (pa, pb) = (free_port(), free_port());
-    let a = Daemon::spawn_args(
-        &jobs_config(dir.path(), &redis, pa, "a", "3s", CROWD),
-        pa,
-        &[],
-        &[],
-        LEASE_LOG,
-    );
+    let a = jobs_daemon(dir.path(), &redis, "a", "3s", CROWD);
     a.wait_up().await;
-    let b = Daemon::spawn_args(
-        &jobs_config(dir.path(), &redis, pb, "b", "3s", CROWD),
-        pb,
-        &[],
-        &[],
-        LEASE_LOG,
-    );
+    let b = jobs_daemon(dir.path(), &redis, "b", "3s", CROWD);
     b.wait_up().await;
     let holder_of = |pid: u32| format!(":{pid}:");
     let lease = || async {
@@ -494,62 +467,38 @@ async fn the_lease_runs_each_tick_once() {
     let (redis, store) = RedisServer::start_with_store("rb").await;
     let ttl = Duration::from_secs(5);
     let t = 1_700_000_000_000;
-    let a = store
-        .acquire_lease("roll", "a", t, ttl)
-        .await
-        .expect("acquire")
-        .expect("a takes the tick");
+    let lease = async |job: &'static str, token: &str, tick: i64| {
+        let taken = store.acquire_lease(job, token, tick, ttl).await;
+        taken.expect("acquire")
+    };
+    let a = lease("roll", "a", t).await.expect("a takes the tick");
     assert_eq!(a.value, format!("a@{t}"));
     assert_eq!(
         redis.cli(&["GET", "rb:job:{roll}:lease"]).trim(),
         format!("a@{t}")
     );
-    assert!(store
-        .acquire_lease("roll", "b", t, ttl)
-        .await
-        .expect("acquire")
-        .is_none());
+    assert!(lease("roll", "b", t).await.is_none());
     // A run longer than a tick keeps the lease: the next tick is nobody else's.
-    assert!(store
-        .acquire_lease("roll", "b", t + 1_000, ttl)
-        .await
-        .expect("acquire")
-        .is_none());
+    assert!(lease("roll", "b", t + 1_000).await.is_none());
     assert!(store.renew_lease(&a, ttl).await.expect("renew"));
     assert!(store.release_lease(&a).await.expect("release"));
     assert!(!store.release_lease(&a).await.expect("release"));
     // Released, the same tick is not started again by a replica whose cron fired later.
-    assert!(store
-        .acquire_lease("roll", "b", t, ttl)
+    assert!(lease("roll", "b", t).await.is_none());
+    let b = lease("roll", "b", t + 1_000)
         .await
-        .expect("acquire")
-        .is_none());
-    let b = store
-        .acquire_lease("roll", "b", t + 1_000, ttl)
-        .await
-        .expect("acquire")
         .expect("b takes the next tick");
     assert!(!store.renew_lease(&a, ttl).await.expect("renew"));
     assert!(!store.release_lease(&a).await.expect("release"));
     // B's reply was lost (say): B takes its own lease back at its next tick; A may not.
-    assert!(store
-        .acquire_lease("roll", "a", t + 2_000, ttl)
+    assert!(lease("roll", "a", t + 2_000).await.is_none());
+    let again = lease("roll", "b", t + 2_000)
         .await
-        .expect("acquire")
-        .is_none());
-    let again = store
-        .acquire_lease("roll", "b", t + 2_000, ttl)
-        .await
-        .expect("acquire")
         .expect("b takes back its own lease");
     assert!(!store.renew_lease(&b, ttl).await.expect("renew"));
     assert!(store.release_lease(&again).await.expect("release"));
     // Jobs are leased apart.
-    assert!(store
-        .acquire_lease("resummarize", "a", t, ttl)
-        .await
-        .expect("acquire")
-        .is_some());
+    assert!(lease("resummarize", "a", t).await.is_some());
     let pttl: i64 = redis
         .cli(&["PTTL", "rb:job:{resummarize}:lease"])
         .trim()

@@ -231,9 +231,7 @@ async fn while_a_request_drains_at_shutdown_new_connections_are_refused() {
 async fn sigterm_while_an_intake_waits_on_a_slow_redis_exits_0_and_appends_at_most_once() {
     let (redis, store) = RedisServer::start_with_store("rb").await;
     let proxy = crate::support::proxy::Proxy::start(redis.port).await;
-    let dir = tempfile::tempdir().expect("temp dir");
-    let port = free_port();
-    let config = crate::support::write_config_url(dir.path(), &proxy.url(), port, "a", "");
+    let (_dir, port, config) = config_for_url(&proxy.url(), "a", "");
     let daemon = Daemon::start(&config, port).await;
     assert!(daemon.readyz_becomes(200, Duration::from_secs(30)).await);
     // Every round trip to Redis now outlasts the HTTP drain (2 s).

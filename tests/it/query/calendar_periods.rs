@@ -21,30 +21,11 @@ const DAY: i64 = 86_400_000;
 
 /// Three period boards over one event shape: Berlin days (10m grace), New York weeks
 /// from Sunday (1h grace) and Berlin months (no grace).
-const PERIOD_BOARDS: &str = r#"
-[[boards]]
-name = "berlin_day"
-member = "user"
-period = "day"
-time_zone = "Europe/Berlin"
-period_grace = "10m"
-keep_periods = 2
-
-[[boards]]
-name = "ny_week"
-member = "user"
-period = "week"
-time_zone = "America/New_York"
-week_start = "sunday"
-period_grace = "1h"
-
-[[boards]]
-name = "berlin_month"
-member = "user"
-period = "month"
-time_zone = "Europe/Berlin"
-period_grace = "0s"
-"#;
+const PERIOD_BOARDS: &str = concat!(
+    "\n[[boards]]\nname = \"berlin_day\"\nmember = \"user\"\nperiod = \"day\"\ntime_zone = \"Europe/Berlin\"\nperiod_grace = \"10m\"\nkeep_periods = 2\n\n",
+    "[[boards]]\nname = \"ny_week\"\nmember = \"user\"\nperiod = \"week\"\ntime_zone = \"America/New_York\"\nweek_start = \"sunday\"\nperiod_grace = \"1h\"\n\n",
+    "[[boards]]\nname = \"berlin_month\"\nmember = \"user\"\nperiod = \"month\"\ntime_zone = \"Europe/Berlin\"\nperiod_grace = \"0s\"\n",
+);
 
 fn period_boards() -> Vec<Board> {
     Settings::from_toml(PERIOD_BOARDS).expect("valid").boards
@@ -416,6 +397,20 @@ async fn seed_days(store: &Store, board: &Board, now: i64) -> (String, String) {
 
 const DAILY: &str = "[[boards]]\nname = \"daily\"\nmember = \"user\"\nscope = \"room\"\nperiod = \"day\"\nperiod_grace = \"1h\"\n";
 
+/// The `DAILY` board, Redis's time, and today's and yesterday's ids after [`seed_days`]
+/// (past 2 minutes before midnight UTC, it waits out the turn of the day first).
+async fn seeded_daily(store: &Store) -> (Board, i64, String, String) {
+    let board = Settings::from_toml(DAILY).expect("valid").boards.remove(0);
+    let now = redis_now(store).await;
+    // Near midnight UTC the test's "today" could turn while it runs.
+    if board.period.expect("period").span_at(now).end_ms - now < 2 * MINUTE {
+        tokio::time::sleep(std::time::Duration::from_millis(150_000)).await;
+    }
+    let now = redis_now(store).await;
+    let (today, yesterday) = seed_days(store, &board, now).await;
+    (board, now, today, yesterday)
+}
+
 /// `period=` over HTTP: current by default, previous, an id; a bad id or a period on a
 /// rolling board is a 400; `GET /v1/boards/{board}` says where the board stands.
 #[tokio::test]
@@ -425,14 +420,7 @@ async fn http_answers_periods_and_the_board_state() {
     let port = free_port();
     let config = write_config(dir.path(), &redis, port, "p", DAILY);
     let store = redis.store("rb").await;
-    let board = Settings::from_toml(DAILY).expect("valid").boards.remove(0);
-    let now = redis_now(&store).await;
-    // Near midnight UTC the test's "today" could turn while it runs.
-    if board.period.expect("period").span_at(now).end_ms - now < 2 * MINUTE {
-        tokio::time::sleep(std::time::Duration::from_millis(150_000)).await;
-    }
-    let now = redis_now(&store).await;
-    let (today, yesterday) = seed_days(&store, &board, now).await;
+    let (board, now, today, yesterday) = seeded_daily(&store).await;
     let daemon = Daemon::start(&config, port).await;
 
     let (status, body) = daemon.get("/v1/boards/daily/top?scope=room1").await;
@@ -498,13 +486,7 @@ async fn cli_takes_period() {
     let dir = tempfile::tempdir().expect("dir");
     let config = write_config(dir.path(), &redis, 1, "p", DAILY);
     let store = redis.store("rb").await;
-    let board = Settings::from_toml(DAILY).expect("valid").boards.remove(0);
-    let now = redis_now(&store).await;
-    if board.period.expect("period").span_at(now).end_ms - now < 2 * MINUTE {
-        tokio::time::sleep(std::time::Duration::from_millis(150_000)).await;
-    }
-    let now = redis_now(&store).await;
-    let (today, yesterday) = seed_days(&store, &board, now).await;
+    let (_, _, today, yesterday) = seeded_daily(&store).await;
     let json = |args: &[&str]| {
         let out = run_rollboard(&config, args);
         let text = String::from_utf8_lossy(&out.stdout).into_owned();

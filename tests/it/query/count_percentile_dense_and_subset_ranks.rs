@@ -116,15 +116,9 @@ async fn assert_answers(store: &Store, board: &Board, model: &Instance, now: i64
             }
         }
     }
-    let v = rollboard::roll::verify(store, board, None, 100)
-        .await
-        .expect("verify");
-    assert!(
-        v.dense_drift.is_empty(),
-        "{}: {:?}",
-        board.name,
-        v.dense_drift
-    );
+    let verified = rollboard::roll::verify(store, board, None, 100).await;
+    let drift = verified.expect("verify").dense_drift;
+    assert!(drift.is_empty(), "{}: {drift:?}", board.name);
 }
 
 /// One step: events at offsets before `now` (member index, amount), then time moves on.
@@ -228,14 +222,7 @@ fn boards_without_dense_rank_keep_no_distinct_totals() {
     });
 }
 
-const DENSE_BOARD: &str = r#"
-[[boards]]
-name = "dense_7d"
-member = "player"
-window = "7d"
-slice = "1h"
-dense_rank = true
-"#;
+const DENSE_BOARD: &str = "\n[[boards]]\nname = \"dense_7d\"\nmember = \"player\"\nwindow = \"7d\"\nslice = \"1h\"\ndense_rank = true\n";
 
 async fn post(
     daemon: &Daemon,

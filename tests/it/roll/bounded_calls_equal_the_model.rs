@@ -10,7 +10,7 @@ use rollboard::roll::{self, Report, RollError};
 use rollboard::store::{ApplyEvent, StageTargets, Staged, Store, STAGE_CALL_ROWS, TRIM_CALL_IDS};
 use tokio_util::sync::CancellationToken;
 
-use crate::support::model::{assert_matches, Instance};
+use crate::support::model::{assert_matches, assert_rolled_and_verified, Instance};
 use crate::support::*;
 
 const T0: i64 = 1_763_700_000_000 / HOUR * HOUR;
@@ -216,8 +216,7 @@ fn swap_events(case: &SwapCase, raw: &[(usize, i64, bool)], tag: &str, s0: i64) 
 }
 
 async fn run_swap_case(redis: &RedisServer, store: &Store, case: &SwapCase) {
-    let mut b = board("cut", HOUR, 2);
-    b.mode = Mode::Resummarize;
+    let mut b = resummarize("cut", HOUR, 2);
     b.allow_negative = case.negative;
     b.tie_break = case.tie;
     let s0 = b.slice_of(T0) * HOUR;
@@ -361,9 +360,7 @@ async fn large_instances_are_staged_trimmed_and_swapped_in_bounded_calls() {
         let gone = s0 + 3 * HOUR;
         let report = roll_one(&store, &b, gone, 1000).await;
         assert_eq!(report.ids_forgotten, members as u64, "{b}");
-        model.roll(&b, gone);
-        assert_matches(&store, &b, None, &model, gone).await;
-        assert_verified(&store, &b, None).await;
+        assert_rolled_and_verified(&store, &b, &mut model, gone).await;
         assert_eq!(seen_table(&store, &b, None).await, vec![], "{b}");
         assert_eq!(
             seen_logs(&store, &b, None).await,

@@ -94,8 +94,7 @@ async fn a_corrupt_expired_through_fails_the_roll_before_it_writes() {
 #[tokio::test]
 async fn a_corrupt_board_last_roll_fails_applies_and_rolls_of_a_scoped_board() {
     let (_redis, store) = RedisServer::start_with_store("rb").await;
-    let mut b = board("scoped", 60_000, 10);
-    b.scope = Some("room".into());
+    let b = scoped(board("scoped", 60_000, 10));
     let now = redis_now(&store).await;
     for value in CORRUPT_TIMES {
         let _: () = store.client().flushall(false).await.expect("flushall");

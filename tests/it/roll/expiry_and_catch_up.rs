@@ -9,7 +9,7 @@ use proptest::prelude::*;
 use rollboard::domain::board::{Board, Mode, TieBreak};
 use rollboard::store::{ApplyEvent, Outcome, Store};
 
-use crate::support::model::{assert_matches, Instance};
+use crate::support::model::{assert_matches, assert_rolled_and_verified, Instance};
 use crate::support::*;
 
 #[tokio::test]
@@ -125,8 +125,7 @@ async fn catch_up_after_ten_days_equals_the_model() {
     let (_redis, store) = RedisServer::start_with_store("rb").await;
     let mut inc = board("inc", HOUR, 72);
     inc.allow_negative = true;
-    let mut res = board("res", 6 * HOUR, 4 * 7);
-    res.mode = Mode::Resummarize;
+    let mut res = resummarize("res", 6 * HOUR, 4 * 7);
     res.scope = Some("room".into());
     let boards = vec![inc, res];
     let mut models: HashMap<(usize, Option<String>), Instance> = HashMap::new();
@@ -269,16 +268,13 @@ async fn a_roll_killed_mid_slice_then_rerun_ends_in_the_model_state() {
         .await
         .unwrap();
     assert!(status.success());
-    model.roll(&b, T0 + 2 * HOUR);
-    assert_matches(&store, &b, None, &model, T0 + 2 * HOUR).await;
-    assert_verified(&store, &b, None).await;
+    assert_rolled_and_verified(&store, &b, &mut model, T0 + 2 * HOUR).await;
 }
 
 #[tokio::test]
 async fn an_emptied_scope_leaves_the_registry_and_redis() {
     let (redis, store) = RedisServer::start_with_store("rb").await;
-    let mut b = board("fans", HOUR, 2);
-    b.scope = Some("room".into());
+    let mut b = scoped(board("fans", HOUR, 2));
     b.mode = Mode::Resummarize;
     apply_events_in(&store, &b, "old", &[ev("1", T0, "u", 1)], T0).await;
     apply_events_in(
@@ -322,12 +318,10 @@ fn model_boards() -> Vec<Board> {
     let mut b = board("inc-l", 1_000, 3);
     b.tie_break = TieBreak::Latest;
     b.scope = Some("room".into());
-    let mut c = board("res-n", 500, 6);
-    c.mode = Mode::Resummarize;
+    let mut c = resummarize("res-n", 500, 6);
     c.tie_break = TieBreak::None;
     c.allow_negative = true;
-    let mut d = board("res-e", 1_000, 2);
-    d.mode = Mode::Resummarize;
+    let mut d = resummarize("res-e", 1_000, 2);
     d.scope = Some("room".into());
     vec![a, b, c, d]
 }

@@ -3,7 +3,6 @@
 //! reads an older sum changes nothing, and a scoped refund board rolls to empty and back.
 
 use fred::prelude::*;
-use rollboard::domain::board::Mode;
 use rollboard::roll;
 use rollboard::store::{ApplyEvent, Outcome};
 
@@ -14,8 +13,7 @@ use crate::support::*;
 async fn a_swap_that_runs_twice_changes_nothing_the_second_time() {
     use rollboard::store::{StageTargets, Staged, SwapCheck};
     let (_redis, store) = RedisServer::start_with_store("rb").await;
-    let mut b = board("res", HOUR, 3);
-    b.mode = Mode::Resummarize;
+    let b = resummarize("res", HOUR, 3);
     apply_events(&store, &b, &[ev("1", T0, "a", 5)], T0).await;
     let targets = StageTargets {
         result: true,
@@ -53,8 +51,7 @@ async fn a_swap_that_runs_twice_changes_nothing_the_second_time() {
 #[tokio::test]
 async fn resummarize_tracks_new_events_only_at_its_runs() {
     let (redis, store) = RedisServer::start_with_store("rb").await;
-    let mut b = board("res", HOUR, 3);
-    b.mode = Mode::Resummarize;
+    let b = resummarize("res", HOUR, 3);
     apply_events(&store, &b, &[ev("1", T0, "a", 5)], T0).await;
     assert_eq!(
         store.top(&b, None, 0, 10, T0).await.unwrap().count,
@@ -87,8 +84,7 @@ fn calls(redis: &RedisServer, command: &str) -> u64 {
 #[tokio::test]
 async fn a_resummarize_instance_that_did_not_change_keeps_its_ranking_without_a_sum() {
     let (redis, store) = RedisServer::start_with_store("rb").await;
-    let mut b = board("res", HOUR, 3);
-    b.mode = Mode::Resummarize;
+    let b = resummarize("res", HOUR, 3);
     let boards = std::slice::from_ref(&b);
     let s0 = T0 / HOUR * HOUR;
     let mut model = Instance::default();
@@ -154,8 +150,7 @@ async fn a_resummarize_instance_that_did_not_change_keeps_its_ranking_without_a_
 async fn an_unchanged_resummarize_ranking_is_summed_again_after_an_hour() {
     use rollboard::store::RESUM_AT_LEAST_EVERY_MS as EVERY;
     let (redis, store) = RedisServer::start_with_store("rb").await;
-    let mut b = board("daily", DAY, 7);
-    b.mode = Mode::Resummarize;
+    let b = resummarize("daily", DAY, 7);
     let boards = std::slice::from_ref(&b);
     let d0 = T0 / DAY * DAY;
     apply_events(&store, &b, &[ev("1", d0, "a", 5)], d0).await;
@@ -175,8 +170,7 @@ async fn an_unchanged_resummarize_ranking_is_summed_again_after_an_hour() {
 async fn a_sum_read_before_a_newer_one_of_the_same_window_is_not_swapped_over_it() {
     use rollboard::store::{StageTargets, Staged, SwapCheck};
     let (_redis, store) = RedisServer::start_with_store("rb").await;
-    let mut b = board("race", HOUR, 3);
-    b.mode = Mode::Resummarize;
+    let b = resummarize("race", HOUR, 3);
     let s0 = T0 / HOUR * HOUR;
     apply_events(&store, &b, &[ev("1", s0, "a", 5)], s0).await;
     roll_all(&store, std::slice::from_ref(&b), s0, 10).await;
@@ -250,8 +244,7 @@ async fn a_scoped_resummarize_refund_board_rolls_to_empty_and_comes_back() {
     use rollboard::domain::board::{Mode, TieBreak};
     use rollboard::store::Outcome;
     const SLICE: i64 = 1_000;
-    let mut b = board("fansneg", SLICE, 3);
-    b.scope = Some("room".into());
+    let mut b = scoped(board("fansneg", SLICE, 3));
     b.mode = Mode::Resummarize;
     b.allow_negative = true;
     b.tie_break = TieBreak::None;
@@ -261,10 +254,11 @@ async fn a_scoped_resummarize_refund_board_rolls_to_empty_and_comes_back() {
     let at = |slice: i64| slice * SLICE + 100;
     let ev = crate::support::ev;
     let scope = Some("r1");
-    let totals = |now: i64| {
-        let store = &store;
-        let b = &b;
+    // Rolls every instance at `now`, then the scope's count and ranking.
+    let rolled_totals = |now: i64| {
+        let (store, b, boards) = (&store, &b, &boards);
         async move {
+            roll_all(store, boards, now, 100).await;
             let page = store.top(b, scope, 0, 10, now).await.expect("top");
             let ranked: Vec<(String, i64)> = page
                 .entries
@@ -290,38 +284,33 @@ async fn a_scoped_resummarize_refund_board_rolls_to_empty_and_comes_back() {
         .await
         .expect("apply");
     assert_eq!(out, [Outcome::Applied; 3]);
-    roll_all(&store, &boards, now, 100).await;
     assert_eq!(
-        totals(now).await,
+        rolled_totals(now).await,
         (1, vec![("u2".to_string(), 3)]),
         "u1 at exactly 0"
     );
 
     // s0 leaves the window: u1 is at -10 with one live slice.
     let now = at(s0 + 3);
-    roll_all(&store, &boards, now, 100).await;
-    assert_eq!(totals(now).await, (1, vec![("u2".to_string(), 3)]));
+    assert_eq!(rolled_totals(now).await, (1, vec![("u2".to_string(), 3)]));
     let out = store
         .apply(&b, scope, &[ev("t3", at(s0 + 2), "u1", 4)], now)
         .await
         .expect("apply");
     assert_eq!(out, [Outcome::Applied]);
-    roll_all(&store, &boards, now, 100).await;
     assert_eq!(
-        totals(now).await,
+        rolled_totals(now).await,
         (1, vec![("u2".to_string(), 3)]),
         "u1 at -6"
     );
 
     // s0 + 1 leaves: the refund and u2's tip go, u1 holds only its last tip.
     let now = at(s0 + 4);
-    roll_all(&store, &boards, now, 100).await;
-    assert_eq!(totals(now).await, (1, vec![("u1".to_string(), 4)]));
+    assert_eq!(rolled_totals(now).await, (1, vec![("u1".to_string(), 4)]));
 
     // s0 + 2 leaves: the scope is empty and cleaned up.
     let now = at(s0 + 5);
-    roll_all(&store, &boards, now, 100).await;
-    assert_eq!(totals(now).await, (0, vec![]));
+    assert_eq!(rolled_totals(now).await, (0, vec![]));
     assert!(store.scopes(&b).await.expect("scopes").is_empty());
     let k = store.instance(&b, scope);
     let left: i64 = store
@@ -349,8 +338,7 @@ async fn a_scoped_resummarize_refund_board_rolls_to_empty_and_comes_back() {
         .await
         .expect("apply");
     assert_eq!(out, [Outcome::Applied]);
-    roll_all(&store, &boards, now, 100).await;
-    assert_eq!(totals(now).await, (1, vec![("u1".to_string(), 2)]));
+    assert_eq!(rolled_totals(now).await, (1, vec![("u1".to_string(), 2)]));
     assert_eq!(store.scopes(&b).await.expect("scopes"), ["r1"]);
     let d = verify_differences(&store, &b, None).await;
     assert!(d.is_empty(), "{:?}", d);

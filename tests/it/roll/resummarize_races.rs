@@ -243,6 +243,26 @@ async fn proxied(proxy: &Proxy) -> Store {
         .unwrap()
 }
 
+/// Fails the test unless `inflated` is empty, counting the members `ranked` above any
+/// total they had and showing the first five.
+fn assert_none_inflated<T: std::fmt::Debug>(inflated: &[T], ranked: &str) {
+    assert!(
+        inflated.is_empty(),
+        "{} members {ranked} above any total they had, e.g. {:?}",
+        inflated.len(),
+        &inflated[..inflated.len().min(5)]
+    );
+}
+
+/// A redis-server, a proxy before it, a store straight to it and one through the proxy.
+async fn proxied_rig() -> (RedisServer, Proxy, Store, Store) {
+    let redis = RedisServer::start();
+    let proxy = Proxy::start(redis.port).await;
+    let direct = redis.store("rb").await;
+    let through = proxied(&proxy).await;
+    (redis, proxy, direct, through)
+}
+
 /// A resummarize run sums a slice that another replica, whose roll is a moment later and
 /// whose watermark reaches that slice, expires while the run pages through it with HSCAN;
 /// the expiry empties most of the slice, Redis shrinks the hashtable, and the HSCAN pages
@@ -263,10 +283,7 @@ async fn proxied(proxy: &Proxy) -> Store {
 /// HSCAN repeat nothing.
 #[tokio::test]
 async fn a_slice_expired_under_a_resummarize_sum_is_never_counted_twice() {
-    let redis = RedisServer::start();
-    let proxy = Proxy::start(redis.port).await;
-    let direct = redis.store("rb").await;
-    let run_store = proxied(&proxy).await;
+    let (_redis, proxy, direct, run_store) = proxied_rig().await;
     let b = resummarize("shrink", HOUR, 3);
     let boards = std::slice::from_ref(&b);
     let n = b.slice_of(T0);
@@ -293,12 +310,7 @@ async fn a_slice_expired_under_a_resummarize_sum_is_never_counted_twice() {
         .iter()
         .filter(|(m, t)| *t > amounts.get(m).copied().unwrap_or(9))
         .collect();
-    assert!(
-        inflated.is_empty(),
-        "{} members ranked above any total they had, e.g. {:?}",
-        inflated.len(),
-        &inflated[..inflated.len().min(5)]
-    );
+    assert_none_inflated(&inflated, "ranked");
 
     // Refused: nothing of the run's sum was swapped in.
     let record = direct.summed(&b, None).await.unwrap();
@@ -317,10 +329,7 @@ async fn a_slice_expired_under_a_resummarize_sum_is_never_counted_twice() {
 /// total it reports as expected is above one the member had.
 #[tokio::test]
 async fn verify_counts_a_field_repeated_by_hscan_once() {
-    let redis = RedisServer::start();
-    let proxy = Proxy::start(redis.port).await;
-    let direct = redis.store("rb").await;
-    let verify_store = proxied(&proxy).await;
+    let (_redis, proxy, direct, verify_store) = proxied_rig().await;
     let b = resummarize("shrinkv", HOUR, 3);
     let n = b.slice_of(T0);
     let mut model = Instance::default();
@@ -343,12 +352,7 @@ async fn verify_counts_a_field_repeated_by_hscan_once() {
         .iter()
         .filter(|d| d.expected > amounts.get(&d.member).copied())
         .collect();
-    assert!(
-        inflated.is_empty(),
-        "{} members expected above any total they had, e.g. {:?}",
-        inflated.len(),
-        &inflated[..inflated.len().min(5)]
-    );
+    assert_none_inflated(&inflated, "expected");
     // The fields the scan read before the expiry were all counted.
     assert!(verified.differences.len() >= shrink.visited.len() - 100);
 }

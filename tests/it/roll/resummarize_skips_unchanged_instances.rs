@@ -143,8 +143,7 @@ async fn a_member_restored_by_an_interrupted_rebuild_is_ranked_at_the_next_run()
 #[tokio::test]
 async fn a_scope_cleaned_up_and_back_at_the_same_watermark_is_summed() {
     let (_redis, store) = RedisServer::start_with_store("rb").await;
-    let mut b = resummarize("fans", HOUR, 3);
-    b.scope = Some("room".into());
+    let b = scoped(resummarize("fans", HOUR, 3));
     let boards = std::slice::from_ref(&b);
     let s0 = T0 / HOUR * HOUR;
     let mut model = Instance::default();

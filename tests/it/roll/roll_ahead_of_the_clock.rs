@@ -21,8 +21,7 @@ async fn a_scope_first_seen_after_or_during_a_roll_ahead_follows_it() {
     let (_redis, store) = RedisServer::start_with_store("rb").await;
     let cancel = CancellationToken::new();
     for mode in [Mode::Incremental, Mode::Resummarize] {
-        let mut b = board(&format!("fresh_{}", mode.as_str()), HOUR, 3);
-        b.scope = Some("room".into());
+        let mut b = scoped(board(&format!("fresh_{}", mode.as_str()), HOUR, 3));
         b.mode = mode;
         let mut flat = board(&format!("flat_{}", mode.as_str()), HOUR, 3);
         flat.mode = mode;
@@ -65,8 +64,7 @@ async fn a_scope_first_seen_after_or_during_a_roll_ahead_follows_it() {
     // The race: each round a fresh board, one apply of a new scope with an event the roll
     // makes dead, and the roll itself, started together.
     for round in 0..40 {
-        let mut b = board(&format!("race{round}"), HOUR, 3);
-        b.scope = Some("room".into());
+        let mut b = scoped(board(&format!("race{round}"), HOUR, 3));
         if (round / 2) % 2 == 1 {
             b.mode = Mode::Resummarize;
         }
@@ -214,8 +212,7 @@ async fn after_a_forced_roll_ahead_the_daemon_judges_and_reports_by_it() {
 #[tokio::test]
 async fn roll_ahead_of_the_clock_is_refused_in_both_spellings() {
     let redis = RedisServer::start();
-    let dir = tempfile::tempdir().expect("dir");
-    let config = write_config(dir.path(), &redis, 1, "a", "");
+    let (_dir, _, config) = config_for(&redis, "a", "");
     let with_max_future = std::fs::read_to_string(&config)
         .expect("config")
         .replace("[ingest]\n", "[ingest]\nmax_future = \"1m\"\n");
@@ -234,11 +231,7 @@ async fn roll_ahead_of_the_clock_is_refused_in_both_spellings() {
     ] {
         let out = run_rollboard(&config_path, &["roll", "--at", &at]);
         assert_eq!(out.status.code(), Some(2), "{at}: {}", text(&out.stderr));
-        assert!(
-            text(&out.stderr).contains("--force"),
-            "{}",
-            text(&out.stderr)
-        );
+        assert_contains(&text(&out.stderr), "--force");
     }
     assert_eq!(
         redis.cli(&["DBSIZE"]).trim(),
@@ -278,8 +271,7 @@ async fn roll_ahead_of_the_clock_is_refused_in_both_spellings() {
 async fn a_roll_ahead_of_the_clock_moves_every_instance_even_cleaned_up_ones() {
     let (_redis, store) = RedisServer::start_with_store("rb").await;
     for mode in [Mode::Incremental, Mode::Resummarize] {
-        let mut b = board(&format!("fans_{}", mode.as_str()), HOUR, 3);
-        b.scope = Some("room".into());
+        let mut b = scoped(board(&format!("fans_{}", mode.as_str()), HOUR, 3));
         b.mode = mode;
         let s0 = b.slice_of(T0);
         let clock = (s0 + 3) * HOUR;
@@ -326,8 +318,7 @@ async fn a_roll_ahead_of_the_clock_moves_every_instance_even_cleaned_up_ones() {
 #[tokio::test]
 async fn a_roll_too_far_ahead_is_refused_unless_forced() {
     let redis = RedisServer::start();
-    let dir = tempfile::tempdir().expect("dir");
-    let config = write_config(dir.path(), &redis, 1, "a", "");
+    let (_dir, _, config) = config_for(&redis, "a", "");
     let now = rollboard::domain::clock::local_ms();
     // A century, or a day, ahead of Redis's clock is a typo.
     for at in [
@@ -354,12 +345,7 @@ async fn a_roll_too_far_ahead_is_refused_unless_forced() {
         &["roll", "--at", &(now + 60_000).to_string()],
         &[],
     );
-    assert_eq!(
-        out.status.code(),
-        Some(2),
-        "a minute ahead: {}",
-        stderr(&out)
-    );
+    assert_exit(&out, 2, "a minute ahead");
     let out = rollboard(
         Some(&config),
         &["roll", "--at", &(now - 60_000).to_string()],

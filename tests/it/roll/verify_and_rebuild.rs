@@ -9,7 +9,7 @@ use rollboard::roll::{self};
 use rollboard::store::ApplyEvent;
 use serde_json::Value;
 
-use crate::support::model::{assert_matches, Instance};
+use crate::support::model::{assert_matches, assert_rolled_and_verified, Instance};
 use crate::support::*;
 
 const SLICE: i64 = 1_000;
@@ -233,9 +233,7 @@ async fn verify_and_rebuild_see_a_slice_that_a_cancelled_roll_left_behind() {
     );
     // The next roll finishes the slice: exactly the model.
     roll_all(&store, std::slice::from_ref(&b), T0 + 2 * HOUR, 10).await;
-    model.roll(&b, T0 + 2 * HOUR);
-    assert_matches(&store, &b, None, &model, T0 + 2 * HOUR).await;
-    assert_verified(&store, &b, None).await;
+    assert_rolled_and_verified(&store, &b, &mut model, T0 + 2 * HOUR).await;
 }
 
 #[tokio::test]

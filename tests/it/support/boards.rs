@@ -41,6 +41,25 @@ pub fn board(name: &str, slice: i64, n: i64) -> Board {
     }
 }
 
+/// `board` scoped by the field `room`.
+pub fn scoped(mut board: Board) -> Board {
+    board.scope = Some("room".into());
+    board
+}
+
+/// Boards "a" and "b", `slice` ms wide with four slices per window.
+pub fn boards_a_b(slice: i64) -> (Board, Board) {
+    (board("a", slice, 4), board("b", slice, 4))
+}
+
+/// Boards "a" and "b" as [`boards_a_b`], the list of both, and the daemon's metrics for it.
+pub fn boards_a_b_metered(slice: i64) -> (Board, Board, Vec<Board>, rollboard::metrics::Metrics) {
+    let (a, b) = boards_a_b(slice);
+    let boards = vec![a.clone(), b.clone()];
+    let metrics = rollboard::metrics::Metrics::new(&boards);
+    (a, b, boards, metrics)
+}
+
 /// The four shapes of board a script can run for (incremental or resummarize, with or
 /// without refunds, each tie-break), `slice` ms wide, `n` slices per window.
 pub fn variants(slice: i64, n: i64) -> Vec<Board> {

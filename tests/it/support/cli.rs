@@ -66,6 +66,16 @@ pub fn send(config: &std::path::Path, file: Option<&std::path::Path>, input: &[u
     out
 }
 
+/// Fails the test unless `out` exited with `code`, showing `what` and stderr.
+pub fn assert_exit(out: &Output, code: i32, what: &str) {
+    assert_eq!(out.status.code(), Some(code), "{what}: {}", stderr(out));
+}
+
+/// Fails the test unless `text` contains `needle`, showing the text.
+pub fn assert_contains(text: &str, needle: &str) {
+    assert!(text.contains(needle), "{text}");
+}
+
 /// Fails the test unless `out` exited 0, showing `what`, stdout and stderr.
 pub fn assert_success(out: &Output, what: &str) {
     assert!(

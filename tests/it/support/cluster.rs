@@ -450,3 +450,15 @@ impl Drop for RedisCluster {
         }
     }
 }
+
+/// A store on `url` (a pool of one connection) whose writes wait for one replica's
+/// acknowledgement, up to `timeout`.
+pub async fn one_replica_store(url: &str, reconnect: Reconnect, timeout: Duration) -> Store {
+    let store = Store::connect(url, "rb", 1, reconnect)
+        .await
+        .expect("connect");
+    store.with_durability(rollboard::config::Durability {
+        replicas: Some(1),
+        timeout,
+    })
+}

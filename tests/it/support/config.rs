@@ -86,9 +86,18 @@ pub fn config_for(
     consumer: &str,
     extra: &str,
 ) -> (tempfile::TempDir, u16, std::path::PathBuf) {
+    config_for_url(&redis.url(), consumer, extra)
+}
+
+/// As [`config_for`], for the Redis at `url` (through [`write_config_url`]).
+pub fn config_for_url(
+    url: &str,
+    consumer: &str,
+    extra: &str,
+) -> (tempfile::TempDir, u16, std::path::PathBuf) {
     let dir = tempfile::tempdir().expect("temp dir");
     let port = free_port();
-    let config = write_config(dir.path(), redis, port, consumer, extra);
+    let config = write_config_url(dir.path(), url, port, consumer, extra);
     (dir, port, config)
 }
 

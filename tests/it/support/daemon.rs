@@ -209,6 +209,21 @@ pub async fn daemon_with(
     (redis, dir, daemon, config)
 }
 
+/// A daemon started on a free port with a [`partitioned_config`] written in `dir`.
+pub async fn partitioned_daemon(
+    dir: &std::path::Path,
+    redis: &RedisServer,
+    consumer: &str,
+    partitions: usize,
+) -> Daemon {
+    let port = free_port();
+    Daemon::start(
+        &partitioned_config(dir, redis, port, consumer, partitions),
+        port,
+    )
+    .await
+}
+
 /// The daemon's HTTP address without the scheme, for raw connections.
 pub fn addr(daemon: &Daemon) -> String {
     daemon.base.trim_start_matches("http://").to_string()

@@ -59,6 +59,12 @@ pub fn models_of_entries(
     out
 }
 
+/// `n` tips ([`tip`] 0 to n - 1) at the local time now.
+pub fn tips_now(n: usize) -> Vec<Fields> {
+    let now = crate::support::now_ms();
+    (0..n).map(|i| tip(i, now)).collect()
+}
+
 /// A tip to a room; matches rooms_7d and fans_7d.
 pub fn tip(i: usize, now: i64) -> Fields {
     vec![

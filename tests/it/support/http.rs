@@ -11,13 +11,18 @@ use crate::support::*;
 
 /// POSTs `body` to the intake; status, `Retry-After` and body.
 pub async fn post(daemon: &Daemon, body: &str) -> (u16, Option<String>, String) {
+    post_to(daemon, "/v1/events", body).await
+}
+
+/// POSTs the JSON `body` to `path` (with its query); status, `Retry-After` and body.
+pub async fn post_to(daemon: &Daemon, path: &str, body: &str) -> (u16, Option<String>, String) {
     let answer = reqwest::Client::new()
-        .post(format!("{}/v1/events", daemon.base))
+        .post(format!("{}{path}", daemon.base))
         .header("content-type", "application/json")
         .body(body.to_string())
         .send()
         .await
-        .expect("POST /v1/events");
+        .expect("POST");
     answer_parts(answer).await
 }
 

@@ -207,3 +207,15 @@ pub async fn assert_matches(
         }
     }
 }
+
+/// Rolls `model` to `now`, then asserts the unscoped instance of `board` equals it and verifies clean.
+pub async fn assert_rolled_and_verified(
+    store: &rollboard::store::Store,
+    board: &Board,
+    model: &mut Instance,
+    now: i64,
+) {
+    model.roll(board, now);
+    assert_matches(store, board, None, model, now).await;
+    crate::support::assert_verified(store, board, None).await;
+}

@@ -215,4 +215,10 @@ impl RedisServer {
         let store = redis.store(prefix).await;
         (redis, store)
     }
+
+    /// As [`RedisServer::start_with_store`], with a temp dir for the test's files.
+    pub async fn start_with_store_and_dir(prefix: &str) -> (RedisServer, Store, tempfile::TempDir) {
+        let (redis, store) = RedisServer::start_with_store(prefix).await;
+        (redis, store, tempfile::tempdir().expect("temp dir"))
+    }
 }
