@@ -28,7 +28,8 @@ local function zmember_of(v, name, tie)
   if #v <= 16 and string.find(v, '^%d+$') then
     local t = tonumber(v)
     if t > LIMIT then return nil end
-    return zmember_at(name, t, tie), t
+    -- zmember_at, written out: this runs for every member of a call.
+    return string.format('%016d:%s', tie == 'e' and LIMIT - t or t, name), t
   end
   -- An older version's value: this member's own ZSet member, its prefix in range.
   if string.sub(v, 17) == ':' .. name and string.find(v, '^%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d:') then
