@@ -49,8 +49,6 @@
 -- the whole call up front when it is out of memory, instead of failing at the first
 -- write. The checks and writes it shares with fold.lua are in gate.lua, digest.lua,
 -- members.lua and write_back.lua.
-local meta, result, members, slices, seen, refs, totals, table_key = instance_keys()
-local incremental, tie, negative, settings = board_flags()
 local S, M, E = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
 local forgotten_through = tonumber(ARGV[11]) % WRAP
 local slice_base, member_base, event_base = 11, 11 + 2 * S, 11 + 2 * S + M
@@ -234,7 +232,7 @@ if tie ~= 'n' then
     if z[i] and z[i] ~= z0[i] then t[i] = time_of(z[i], tie) end
   end
 end
-write_members(members, result, totals, refs, incremental, tie, negative, names, z0, z, t,
+write_members(members, result, totals, refs, incremental, tie, negative, names, z0, nil, z, t,
   total0, total, refs0, refs_new)
 write_meta(meta, stored, now)
 return status

@@ -83,9 +83,9 @@ end
 -- bucket), and the Hash field of each in `field` (address -> field, for the writes); or
 -- nil and the error when one is not a whole number of entries.
 local function read_buckets(table_key, wanted, field)
-  local fields = {}
+  local format, fields = string.format, {}
   for i, a in ipairs(wanted) do
-    local f = field_of(a)
+    local f = format('%d', a) -- field_of(a)
     fields[i] = f
     field[a] = f
   end
@@ -107,21 +107,22 @@ end
 -- in `found` (by that number) when given. One loop over the batch, as locate.
 local function held_of(blob, from, to, addr, buckets, through, found)
   local byte, sub, find = string.byte, string.sub, string.find
+  local digest, entry, wrap, half = DIGEST, ENTRY, WRAP, HALF
   local n = 0
-  for i = from, to, DIGEST do
-    local k = (i - 1) / DIGEST + 1
+  for i = from, to, digest do
+    local k = (i - 1) / digest + 1
     local bucket = buckets[addr[k]]
     if #bucket > 0 then
-      local d = sub(blob, i, i + DIGEST - 1)
+      local d = sub(blob, i, i + digest - 1)
       local j = 1
       while true do
         local at = find(bucket, d, j, true)
         if not at then break end
-        if (at - 1) % ENTRY == 0 then
+        if (at - 1) % entry == 0 then
           -- The entry's slice tag, as a number: does the entry still count?
-          local a, b, c, e = byte(bucket, at + DIGEST, at + DIGEST + 3)
-          local x = ((((a * 256 + b) * 256 + c) * 256 + e) - through) % WRAP
-          if x > 0 and x < HALF then
+          local a, b, c, e = byte(bucket, at + digest, at + digest + 3)
+          local x = ((((a * 256 + b) * 256 + c) * 256 + e) - through) % wrap
+          if x > 0 and x < half then
             n = n + 1
             if found then found[k] = true end
             break
@@ -157,7 +158,7 @@ end
 -- inserts, and one more; every bucket a split touches was read and checked in phase 1),
 -- then writes the changed buckets and the state.
 local function write_table(table_key, L, p, held, dirty, buckets, field, through)
-  local byte, sub = string.byte, string.sub
+  local byte, sub, format = string.byte, string.sub, string.format
   local size = 2 ^ L
   while held > LOAD * (size + p) do
     local v = dirty[p]
@@ -187,5 +188,6 @@ local function write_table(table_key, L, p, held, dirty, buckets, field, through
       L, p, size = L + 1, 0, 2 * size
     end
   end
-  write_buckets(table_key, { '#L', field_of(L), '#p', field_of(p), '#n', field_of(held) }, dirty, field)
+  local state = { '#L', format('%d', L), '#p', format('%d', p), '#n', format('%d', held) }
+  write_buckets(table_key, state, dirty, field)
 end

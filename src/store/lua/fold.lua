@@ -42,8 +42,6 @@
 -- describe the checks); a call writes all or nothing. The digest table and the forget
 -- logs are described in digest.lua; the checks and writes shared with `apply.lua` are in
 -- gate.lua, digest.lua, members.lua and write_back.lua.
-local meta, result, members, slices, seen, refs, totals, table_key = instance_keys()
-local incremental, tie, negative, settings = board_flags()
 local S, M, G = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
 local forgotten_through = tonumber(ARGV[11]) % WRAP
 local blob = ARGV[12]
@@ -237,23 +235,8 @@ for k, s in ipairs(touched) do
 end
 variadic('ZADD', slices, registered)
 
--- z[i]: member i's ZSet member after the call; none for a member whose events are all
--- late, which is left as it is.
-local z = {}
-for i = 1, M do
-  local t = newest[i]
-  if t then
-    local old = z0[i]
-    if tie == 'n' then
-      z[i] = names[i]
-    elseif not old or t > t0[i] then
-      z[i] = zmember_at(names[i], t, tie)
-    else
-      z[i] = old
-    end
-  end
-end
-write_members(members, result, totals, refs, incremental, tie, negative, names, z0, z, newest,
-  total0, total, refs0, refs_new)
+-- A member whose events are all late (no newest time) is left as it is.
+write_members(members, result, totals, refs, incremental, tie, negative, names, z0, t0, nil,
+  newest, total0, total, refs0, refs_new)
 write_meta(meta, stored, now, token)
 return out

@@ -16,18 +16,31 @@ local function write_slice(key, pairs_out, listed, number, registered)
 end
 
 -- Writes the members' changes, each member i by its index in `names`: for each that has
--- a ZSet member z[i] after the call (none: left as it is), from ZSet member z0[i], total
--- total0[i] and slice count refs0[i] to z[i], total[i] and refs[i]; when z[i] is not
--- z0[i], `members` records t[i], its tie-break time ('' under tie 'n'). One loop over the
--- members, then one command per key.
+-- a ZSet member zi after the call (none: left as it is), from ZSet member z0[i], total
+-- total0[i] and slice count refs0[i] to zi, total[i] and refs[i]; when zi is not z0[i],
+-- `members` records t[i], its tie-break time ('' under tie 'n'). zi is z[i] when `z` is
+-- given (apply.lua); else (fold.lua) t[i] is the time of the member's newest event, if it
+-- has one, and zi its ZSet member at that time when that is later than t0[i], its time
+-- before (zmember_at, written out). One loop over the members, then one command per key.
 local function write_members(members, result, totals, refs, incremental, tie, negative, names,
-                             z0, z, t, total0, total, refs0, refs_new)
+                             z0, t0, z, t, total0, total, refs0, refs_new)
   local format = string.format
   local moved, removed, added, totals_out, refs_out = {}, {}, {}, {}, {}
   for i = 1, #names do
-    local zi = z[i]
+    local old, zi = z0[i], nil
+    if z then
+      zi = z[i]
+    elseif t[i] then
+      local ti = t[i]
+      if tie == 'n' then
+        zi = names[i]
+      elseif not old or ti > t0[i] then
+        zi = format('%016d:%s', tie == 'e' and LIMIT - ti or ti, names[i])
+      else
+        zi = old
+      end
+    end
     if zi then
-      local old = z0[i]
       if zi ~= old then
         moved[#moved + 1] = names[i]
         moved[#moved + 1] = tie == 'n' and '' or format('%d', t[i])
