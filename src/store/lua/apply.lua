@@ -51,8 +51,6 @@
 -- the whole call up front when it is out of memory, instead of failing at the first
 -- write. The checks and writes it shares with fold.lua are in gate.lua, digest.lua,
 -- members.lua and write_back.lua.
-local meta, result, members, slices, seen, refs, totals, table_key = instance_keys()
-local incremental, tie, negative, settings = board_flags()
 local S, M, E = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
 -- A dense_rank board's distinct totals, after the slice keys (nil on other boards).
 local dense = KEYS[9 + 2 * S]
@@ -78,7 +76,7 @@ for i = 1, M do names[i] = ARGV[member_base + i] end
 
 -- The events that are not late, and their raw ids (legacy callers only).
 local status = {}
-local live, ids = {}, {}
+local live, digests, ids = {}, {}, {}
 for e = 1, E do
   local b = event_base + (e - 1) * 5
   local s = tonumber(ARGV[b + 2])
@@ -88,6 +86,7 @@ for e = 1, E do
   else
     if #ARGV[b + 1] ~= DIGEST then return fail('bad digest for event ' .. e) end
     live[#live + 1] = e
+    digests[#live] = ARGV[b + 1]
     if with_ids then ids[#ids + 1] = ARGV[event_base + 5 * E + e] end
   end
 end
@@ -99,12 +98,11 @@ if legacy_refused then return legacy_refused end
 -- The digest table: its state and every bucket the chunk's digests address.
 local L, p, held, table_refused = table_state(table_key, 0)
 if table_refused then return table_refused end
-local wanted, want = bucket_list()
-local addr = {}
-for k, e in ipairs(live) do
-  addr[k] = address(hash32(ARGV[event_base + (e - 1) * 5 + 1], 1), L, p)
-  want(addr[k])
-end
+-- The live events' digests, end to end: the k-th at byte DIGEST * (k - 1) + 1, its bucket
+-- addr[k].
+local live_digests = table.concat(digests)
+local wanted, listed_bucket, addr = {}, {}, {}
+locate(live_digests, 1, #live_digests, DIGEST, L, p, addr, wanted, listed_bucket)
 -- The forget logs that may be appended to, read so that their type is checked too.
 local logged = {}
 local candidates = 0
@@ -119,19 +117,23 @@ for _, e in ipairs(live) do
   end
 end
 -- The buckets that inserting every event of the chunk would split.
-splits_ahead(L, p, held + candidates, want)
-local buckets, buckets_refused = read_buckets(table_key, wanted)
+splits_ahead(L, p, held + candidates, wanted, listed_bucket)
+local bucket_field = {}
+local buckets, buckets_refused = read_buckets(table_key, wanted, bucket_field)
 if not buckets then return buckets_refused end
+-- found[k]: the table holds the k-th live event's digest.
+local found = {}
+held_of(live_digests, 1, #live_digests, addr, buckets, forgotten_through, found)
 
 -- Member state: zmember, total, live slice count.
 local before, members_refused = member_state(members, result, totals, refs, names, tie,
   incremental, negative)
 if not before then return members_refused end
-local state = {}
-for i = 1, M do
-  local z, total, r = before.z[i], before.total[i], before.refs[i]
-  state[i] = { z0 = z, z = z, total0 = total, total = total, refs0 = r, refs = r }
-end
+-- Each member's state before the call (z0, total0, refs0) and as the events change it
+-- (z, total, refs_new), by member index.
+local z0, total0, refs0 = before.z, before.total, before.refs
+local z, total, refs_new = {}, {}, {}
+for i = 1, M do z[i], total[i], refs_new[i] = z0[i], total0[i], refs0[i] end
 
 -- Slice fields touched by live events: slice index -> member index -> { old, value }.
 local fields = {}
@@ -167,13 +169,13 @@ for k, e in ipairs(live) do
   local b = event_base + (e - 1) * 5
   local id = ARGV[b + 1]
   local seen_until = remembered[k] and tonumber(remembered[k])
-  if applied[id] or (seen_until and seen_until > now) or holds(buckets[addr[k]], id, forgotten_through) then
+  if applied[id] or (seen_until and seen_until > now) or found[k] then
     status[e] = 1
   else
     local s, m = tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
     local ts, amount = tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5])
-    local st, field = state[m], fields[s][m]
-    local new_total = st.total + amount
+    local field = fields[s][m]
+    local new_total = total[m] + amount
     local new_value = field.value + amount
     if math.abs(new_total) > LIMIT or math.abs(new_value) > LIMIT then
       status[e] = 3
@@ -186,13 +188,13 @@ for k, e in ipairs(live) do
         applied[id] = true
         added[#added + 1] = k
       end
-      st.total = new_total
+      total[m] = new_total
       field.value = new_value
       if not field.touched then
         field.touched = true
-        if not field.old then st.refs = st.refs + 1 end
+        if not field.old then refs_new[m] = refs_new[m] + 1 end
       end
-      if not st.z or (tie ~= 'n' and ts > time_of(st.z, tie)) then st.z = zmember_at(names[m], ts, tie) end
+      if not z[m] or (tie ~= 'n' and ts > time_of(z[m], tie)) then z[m] = zmember_at(names[m], ts, tie) end
     end
   end
 end
@@ -209,7 +211,7 @@ if #added > 0 then
     logs[s] = logs[s] or {}
     logs[s][#logs[s] + 1] = string.sub(d, 1, 4)
   end
-  write_table(table_key, L, p, held + #added, dirty, buckets, forgotten_through)
+  write_table(table_key, L, p, held + #added, dirty, buckets, bucket_field, forgotten_through)
   for s, entries in pairs(logs) do variadic('RPUSH', log_key[s], entries) end
 end
 local registered = {}
@@ -227,14 +229,14 @@ for k, s in ipairs(touched_slices) do
 end
 variadic('ZADD', slices, registered)
 
-local w = member_writes()
-for i = 1, M do
-  local st = state[i]
-  if st.z then
-    member_changed(w, incremental, names[i], st.z0, st.z, st.z ~= st.z0 and stored_of(st.z, tie),
-      st.total0, st.total, st.refs0, st.refs)
+-- t[i]: the tie-break time `members` records for a member whose ZSet member changed.
+local t = {}
+if tie ~= 'n' then
+  for i = 1, M do
+    if z[i] and z[i] ~= z0[i] then t[i] = time_of(z[i], tie) end
   end
 end
-write_members(w, members, result, totals, refs, negative, dense)
+write_members(members, result, totals, refs, incremental, tie, negative, names, z0, nil, z, t,
+  total0, total, refs0, refs_new, dense)
 write_meta(meta, stored, now)
 return status

@@ -22,13 +22,6 @@ local LOAD = 16 -- entries per bucket, on average, before a split
 local DIGEST, ENTRY = 16, 20 -- bytes per digest, and per table entry (digest and slice tag)
 local WRAP, HALF = 4294967296, 2147483648
 
--- The 32-bit number in the four bytes of `d` from `at` on (a digest's bucket hash, or an
--- entry's slice tag).
-local function hash32(d, at)
-  local a, b, c, e = string.byte(d, at, at + 3)
-  return ((a * 256 + b) * 256 + c) * 256 + e
-end
-
 -- The 4-byte tag of slice number `n`.
 local function tag_of(n)
   local t = n % WRAP
@@ -38,13 +31,6 @@ end
 
 -- The Hash field of the bucket at address `a`.
 local function field_of(a) return string.format('%d', a) end
-
--- The bucket of bucket hash `h` in a table of level `L` and split pointer `p`.
-local function address(h, L, p)
-  local a = h % (2 ^ L)
-  if a < p then a = h % (2 ^ (L + 1)) end
-  return a
-end
 
 -- The table's level, split pointer and entries held, each `absent` when the table has no
 -- state; or, when its state is not three integers in range, three nils and the error.
@@ -58,35 +44,51 @@ local function table_state(table_key, absent)
   return L, p, held
 end
 
--- Calls `want(a)` for each bucket `a` that inserting entries up to `n` held in all would
--- split, in a table of level `L` and split pointer `p`: read in phase 1, since the splits
--- of phase 2 are a prefix of these.
-local function splits_ahead(L, p, n, want)
+-- The buckets of the keys at bytes from, from + step, ... to of `blob` (a digest, or a
+-- forget log's entry: its first four bytes are its bucket hash, h), in a table of level
+-- `L` and split pointer `p`: the address of the key at byte i in addr[(i - 1) / step + 1],
+-- and each address added to `wanted` the first time it is met (`listed`: address -> true).
+-- One loop over the batch, no call per key: this runs for every event.
+local function locate(blob, from, to, step, L, p, addr, wanted, listed)
+  local byte, size, size2 = string.byte, 2 ^ L, 2 ^ (L + 1)
+  for i = from, to, step do
+    local a, b, c, d = byte(blob, i, i + 3)
+    local h = ((a * 256 + b) * 256 + c) * 256 + d
+    local x = h % size
+    if x < p then x = h % size2 end
+    addr[(i - 1) / step + 1] = x
+    if not listed[x] then
+      listed[x] = true
+      wanted[#wanted + 1] = x
+    end
+  end
+end
+
+-- Adds to `wanted` (as locate does) each bucket that inserting entries up to `n` held in
+-- all would split, in a table of level `L` and split pointer `p`: read in phase 1, since
+-- the splits of phase 2 are a prefix of these.
+local function splits_ahead(L, p, n, wanted, listed)
   local sp, size = p, 2 ^ L
   while n > LOAD * (size + sp) do
-    want(sp)
+    if not listed[sp] then
+      listed[sp] = true
+      wanted[#wanted + 1] = sp
+    end
     sp = sp + 1
     if sp == size then sp, size = 0, 2 * size end
   end
 end
 
--- A list of bucket addresses, each once, in the order first wanted, and the function that
--- adds one to it.
-local function bucket_list()
-  local list, listed = {}, {}
-  return list, function(a)
-    if not listed[a] then
-      listed[a] = true
-      list[#list + 1] = a
-    end
-  end
-end
-
 -- The buckets at the addresses `wanted`, in one HMGET: address -> value ('' for an empty
--- bucket); or nil and the error when one is not a whole number of entries.
-local function read_buckets(table_key, wanted)
-  local fields = {}
-  for i, a in ipairs(wanted) do fields[i] = field_of(a) end
+-- bucket), and the Hash field of each in `field` (address -> field, for the writes); or
+-- nil and the error when one is not a whole number of entries.
+local function read_buckets(table_key, wanted, field)
+  local format, fields = string.format, {}
+  for i, a in ipairs(wanted) do
+    local f = format('%d', a) -- field_of(a)
+    fields[i] = f
+    field[a] = f
+  end
   local values = variadic('HMGET', table_key, fields)
   local buckets = {}
   for i, a in ipairs(wanted) do
@@ -99,32 +101,50 @@ local function read_buckets(table_key, wanted)
   return buckets
 end
 
--- Whether the entry at byte `at` of `bucket` belongs to a slice newer than `through`.
-local function counts(bucket, at, through)
-  local d = (hash32(bucket, at + DIGEST) - through) % WRAP
-  return d > 0 and d < HALF
-end
-
--- Whether `bucket` holds digest `d` in an entry that still counts.
-local function holds(bucket, d, through)
-  local i = 1
-  while true do
-    local at = string.find(bucket, d, i, true)
-    if not at then return false end
-    if (at - 1) % ENTRY == 0 and counts(bucket, at, through) then return true end
-    i = at + 1
+-- How many of the digests at bytes from, from + DIGEST, ... to of `blob` the buckets hold
+-- in an entry of a slice newer than `through` (the digest at byte i is looked for in
+-- bucket addr[(i - 1) / DIGEST + 1], as locate numbers them); each one held is also marked
+-- in `found` (by that number) when given. One loop over the batch, as locate.
+local function held_of(blob, from, to, addr, buckets, through, found)
+  local byte, sub, find = string.byte, string.sub, string.find
+  local digest, entry, wrap, half = DIGEST, ENTRY, WRAP, HALF
+  local n = 0
+  for i = from, to, digest do
+    local k = (i - 1) / digest + 1
+    local bucket = buckets[addr[k]]
+    if #bucket > 0 then
+      local d = sub(blob, i, i + digest - 1)
+      local j = 1
+      while true do
+        local at = find(bucket, d, j, true)
+        if not at then break end
+        if (at - 1) % entry == 0 then
+          -- The entry's slice tag, as a number: does the entry still count?
+          local a, b, c, e = byte(bucket, at + digest, at + digest + 3)
+          local x = ((((a * 256 + b) * 256 + c) * 256 + e) - through) % wrap
+          if x > 0 and x < half then
+            n = n + 1
+            if found then found[k] = true end
+            break
+          end
+        end
+        j = at + 1
+      end
+    end
   end
+  return n
 end
 
 -- Writes the buckets in `changed` (address -> new value; an emptied bucket is deleted)
--- and, first, the state fields and values in `set`.
-local function write_buckets(table_key, set, changed)
+-- and, first, the state fields and values in `set`; `field` holds the Hash field of some
+-- of the addresses (read_buckets).
+local function write_buckets(table_key, set, changed, field)
   local gone = {}
   for a, v in pairs(changed) do
     if v == '' then
-      gone[#gone + 1] = field_of(a)
+      gone[#gone + 1] = field[a] or field_of(a)
     else
-      set[#set + 1] = field_of(a)
+      set[#set + 1] = field[a] or field_of(a)
       set[#set + 1] = v
     end
   end
@@ -133,28 +153,32 @@ local function write_buckets(table_key, set, changed)
 end
 
 -- Phase 2 after the inserts: `dirty` holds the new value of each bucket they changed,
--- `buckets` those read in phase 1, and `held` the entries now held. Splits buckets while
--- the table is over its load (bounded: at most one per LOAD inserts, and one more; every
--- bucket a split touches was read and checked in phase 1), then writes the changed
--- buckets and the state.
-local function write_table(table_key, L, p, held, dirty, buckets, through)
-  local function get(a)
-    local v = dirty[a]
-    if v == nil then v = buckets[a] end
-    if v == nil then v = redis.call('HGET', table_key, field_of(a)) or '' end
-    return v
-  end
+-- `buckets` and `field` those read in phase 1 (read_buckets), and `held` the entries now
+-- held. Splits buckets while the table is over its load (bounded: at most one per LOAD
+-- inserts, and one more; every bucket a split touches was read and checked in phase 1),
+-- then writes the changed buckets and the state.
+local function write_table(table_key, L, p, held, dirty, buckets, field, through)
+  local byte, sub, format = string.byte, string.sub, string.format
   local size = 2 ^ L
   while held > LOAD * (size + p) do
-    local v = get(p)
+    local v = dirty[p]
+    if v == nil then v = buckets[p] end
+    if v == nil then v = redis.call('HGET', table_key, field_of(p)) or '' end
     local stay, move = {}, {}
     for i = 1, #v, ENTRY do
-      if not counts(v, i, through) then
+      -- An entry that no longer counts (see held_of) is dropped; the others stay or move
+      -- by their bucket hash.
+      local a, b, c, e = byte(v, i + DIGEST, i + DIGEST + 3)
+      local x = ((((a * 256 + b) * 256 + c) * 256 + e) - through) % WRAP
+      if not (x > 0 and x < HALF) then
         held = held - 1
-      elseif hash32(v, i) % (2 * size) == p then
-        stay[#stay + 1] = string.sub(v, i, i + ENTRY - 1)
       else
-        move[#move + 1] = string.sub(v, i, i + ENTRY - 1)
+        a, b, c, e = byte(v, i, i + 3)
+        if (((a * 256 + b) * 256 + c) * 256 + e) % (2 * size) == p then
+          stay[#stay + 1] = sub(v, i, i + ENTRY - 1)
+        else
+          move[#move + 1] = sub(v, i, i + ENTRY - 1)
+        end
       end
     end
     dirty[p] = table.concat(stay)
@@ -164,5 +188,6 @@ local function write_table(table_key, L, p, held, dirty, buckets, through)
       L, p, size = L + 1, 0, 2 * size
     end
   end
-  write_buckets(table_key, { '#L', field_of(L), '#p', field_of(p), '#n', field_of(held) }, dirty)
+  local state = { '#L', format('%d', L), '#p', format('%d', p), '#n', format('%d', held) }
+  write_buckets(table_key, state, dirty, field)
 end

@@ -42,8 +42,6 @@
 -- describe the checks); a call writes all or nothing. The digest table and the forget
 -- logs are described in digest.lua; the checks and writes shared with `apply.lua` are in
 -- gate.lua, digest.lua, members.lua and write_back.lua.
-local meta, result, members, slices, seen, refs, totals, table_key = instance_keys()
-local incremental, tie, negative, settings = board_flags()
 local S, M, G = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
 -- A dense_rank board's distinct totals, after the slice keys (nil on other boards).
 local dense = KEYS[9 + 2 * S]
@@ -99,17 +97,12 @@ end
 local L, p, held, table_refused = table_state(table_key, 0)
 if table_refused then return table_refused end
 -- addr[k]: the bucket of the k-th digest of the blob (at byte DIGEST * (k - 1) + 1).
-local wanted, want = bucket_list()
-local addr = {}
+local wanted, listed_bucket, addr = {}, {}, {}
 local remembered = 0
 for s = 1, S do
   if keep[s] then
     remembered = remembered + (last[s] - first[s] + 1) / DIGEST
-    for i = first[s], last[s], DIGEST do
-      local a = address(hash32(blob, i), L, p)
-      addr[(i - 1) / DIGEST + 1] = a
-      want(a)
-    end
+    locate(blob, first[s], last[s], DIGEST, L, p, addr, wanted, listed_bucket)
   end
 end
 -- The forget logs that will be appended to, read so that their type is checked too.
@@ -117,19 +110,16 @@ for s = 1, S do
   if keep[s] then redis.call('LLEN', KEYS[8 + S + s]) end
 end
 -- The buckets the inserts would split.
-splits_ahead(L, p, held + remembered, want)
-local buckets, buckets_refused = read_buckets(table_key, wanted)
+splits_ahead(L, p, held + remembered, wanted, listed_bucket)
+local bucket_field = {}
+local buckets, buckets_refused = read_buckets(table_key, wanted, bucket_field)
 if not buckets then return buckets_refused end
 
 -- The duplicates among the live events.
 local dups = 0
 for s = 1, S do
   if keep[s] then
-    for i = first[s], last[s], DIGEST do
-      if holds(buckets[addr[(i - 1) / DIGEST + 1]], sub(blob, i, i + DIGEST - 1), forgotten_through) then
-        dups = dups + 1
-      end
-    end
+    dups = dups + held_of(blob, first[s], last[s], addr, buckets, forgotten_through)
   end
 end
 if dups > 0 then
@@ -228,7 +218,7 @@ if remembered > 0 then
       variadic('RPUSH', KEYS[8 + S + s], log)
     end
   end
-  write_table(table_key, L, p, held + remembered, dirty, buckets, forgotten_through)
+  write_table(table_key, L, p, held + remembered, dirty, buckets, bucket_field, forgotten_through)
 end
 
 local total, refs_new = {}, {}
@@ -247,22 +237,8 @@ for k, s in ipairs(touched) do
 end
 variadic('ZADD', slices, registered)
 
-local w = member_writes()
-for i = 1, M do
-  local t = newest[i]
-  -- A member whose events are all late is left as it is.
-  if t then
-    local old = z0[i]
-    local z = old
-    if tie == 'n' then
-      z = names[i]
-    elseif not old or t > t0[i] then
-      z = zmember_at(names[i], t, tie)
-    end
-    member_changed(w, incremental, names[i], old, z, tie == 'n' and '' or format('%d', t),
-      total0[i], total[i], refs0[i], refs_new[i])
-  end
-end
-write_members(w, members, result, totals, refs, negative, dense)
+-- A member whose events are all late (no newest time) is left as it is.
+write_members(members, result, totals, refs, incremental, tie, negative, names, z0, t0, nil,
+  newest, total0, total, refs0, refs_new, dense)
 write_meta(meta, stored, now, token)
 return out

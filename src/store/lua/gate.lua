@@ -5,15 +5,12 @@
 
 -- The KEYS the two scripts share (their headers list them): meta, result, members,
 -- slices, seen, refs, totals and seen:ids.
-local function instance_keys()
-  return KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
-end
+local meta, result, members, slices, seen, refs, totals, table_key =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 
 -- The board's flags among the ARGV the two scripts share: whether it is incremental, its
 -- tie-break, whether it allows negative amounts, and its settings fingerprint.
-local function board_flags()
-  return ARGV[4] == 'i', ARGV[5], ARGV[6] == '1', ARGV[7]
-end
+local incremental, tie, negative, settings = ARGV[4] == 'i', ARGV[5], ARGV[6] == '1', ARGV[7]
 
 -- The instance's `meta` fields the two scripts read, in one HMGET.
 local function read_meta(meta)

@@ -28,7 +28,8 @@ local function zmember_of(v, name, tie)
   if #v <= 16 and string.find(v, '^%d+$') then
     local t = tonumber(v)
     if t > LIMIT then return nil end
-    return zmember_at(name, t, tie), t
+    -- zmember_at, written out: this runs for every member of a call.
+    return string.format('%016d:%s', tie == 'e' and LIMIT - t or t, name), t
   end
   -- An older version's value: this member's own ZSet member, its prefix in range.
   if string.sub(v, 17) == ':' .. name and string.find(v, '^%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d:') then
@@ -80,30 +81,49 @@ local function integers_of(key, names, absent)
   return out
 end
 
--- Each of `names`' exact total (0 for none): its score in `result`, read by its ZSet
--- member `zs[i]`, on an incremental board, else its field in `totals`; or nil and the
--- error naming the first that is not an integer.
-local function totals_of(incremental, result, totals, names, zs)
-  if not incremental then return integers_of(totals, names, 0) end
-  local out, scored, scored_at = {}, {}, {}
+-- The state of each of `names` before the call, read and checked in this order: `z` and
+-- `t`, its ZSet member and tie-break time (as zmembers_of reads them), `total`, its exact
+-- total (0 for none: its score in `result`, read by its ZSet member, on an incremental
+-- board, else its field in `totals`) and `refs`, the number of slices holding it (0 for
+-- none, and for every member on a board that does not allow negative amounts), each a
+-- list by name index; or nil and the error naming the first value that is wrong. One loop
+-- over the members for what needs no more reads.
+local function member_state(members, result, totals, refs, names, tie, incremental, negative)
+  local values = variadic('HMGET', members, names)
+  local zs, ts, total, held_by = {}, {}, {}, {}
+  local scored, scored_at = {}, {}
   for i = 1, #names do
-    out[i] = 0
-    if zs[i] then
-      scored[#scored + 1] = zs[i]
+    local v = values[i]
+    if v then
+      local z, t = zmember_of(v, names[i], tie)
+      if not z then return nil, fail('corrupt: ' .. members .. ' holds ' .. v .. ' for ' .. names[i]) end
+      zs[i], ts[i] = z, t
+      scored[#scored + 1] = z
       scored_at[#scored_at + 1] = i
     end
+    total[i], held_by[i] = 0, 0
   end
-  -- Read even when no member is known yet: phase 2 may write `result` in any case.
-  if #scored == 0 then redis.call('ZCARD', result) end
-  local scores = variadic('ZMSCORE', result, scored)
-  for k, i in ipairs(scored_at) do
-    if scores[k] then
-      local t = integer(scores[k])
-      if not t then return nil, fail('corrupt: ' .. result .. ' score of ' .. names[i]) end
-      out[i] = t
+  local refused
+  if incremental then
+    -- Read even when no member is known yet: phase 2 may write `result` in any case.
+    if #scored == 0 then redis.call('ZCARD', result) end
+    local scores = variadic('ZMSCORE', result, scored)
+    for k, i in ipairs(scored_at) do
+      if scores[k] then
+        local n = integer(scores[k])
+        if not n then return nil, fail('corrupt: ' .. result .. ' score of ' .. names[i]) end
+        total[i] = n
+      end
     end
+  else
+    total, refused = integers_of(totals, names, 0)
+    if not total then return nil, refused end
   end
-  return out
+  if negative then
+    held_by, refused = integers_of(refs, names, 0)
+    if not held_by then return nil, refused end
+  end
+  return { z = zs, t = ts, total = total, refs = held_by }
 end
 
 -- Keeps `dense` (dense_rank boards only, nil elsewhere: nothing is done) in step with
@@ -125,24 +145,4 @@ local function dense_update(dense, result, left, entered)
     if redis.call('ZCOUNT', result, t, t) == 0 then gone[#gone + 1] = t end
   end
   variadic('ZREM', dense, gone)
-end
-
--- The state of each of `names` before the call, read and checked in this order: `z` and
--- `t`, its ZSet member and tie-break time (zmembers_of), `total` (totals_of) and `refs`,
--- the number of slices holding it (0 for none, and for every member on a board that does
--- not allow negative amounts), each a list by name index; or nil and the error naming the
--- first value that is wrong.
-local function member_state(members, result, totals, refs, names, tie, incremental, negative)
-  local zs, ts, refused = zmembers_of(members, names, tie)
-  if not zs then return nil, refused end
-  local total
-  total, refused = totals_of(incremental, result, totals, names, zs)
-  if not total then return nil, refused end
-  local held_by = {}
-  if negative then
-    held_by, refused = integers_of(refs, names, 0)
-    if not held_by then return nil, refused end
-  end
-  for i = 1, #names do held_by[i] = held_by[i] or 0 end
-  return { z = zs, t = ts, total = total, refs = held_by }
 end

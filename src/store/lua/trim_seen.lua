@@ -19,6 +19,7 @@ local legacy, table_key, log_key = KEYS[1], KEYS[2], KEYS[3]
 -- Phase 1: read and check.
 local ids = legacy_due(legacy, ARGV[1], tonumber(ARGV[2]))
 local taken, changed, removed = {}, {}, 0
+local field = {} -- address -> the Hash field of its bucket (read_buckets)
 local held
 if ARGV[3] ~= '' then
   local tag = tag_of(tonumber(ARGV[3]))
@@ -29,12 +30,13 @@ if ARGV[3] ~= '' then
     L, p, held, table_refused = table_state(table_key, nil)
     if table_refused then return table_refused end
     if L then
-      local wanted, want = bucket_list()
       for _, h in ipairs(taken) do
         if #h ~= 4 then return fail('corrupt: ' .. log_key .. ' holds a ' .. #h .. '-byte entry') end
-        want(address(hash32(h, 1), L, p))
       end
-      local buckets, buckets_refused = read_buckets(table_key, wanted)
+      local hashes = table.concat(taken)
+      local wanted, addr = {}, {}
+      locate(hashes, 1, #hashes, 4, L, p, addr, wanted, {})
+      local buckets, buckets_refused = read_buckets(table_key, wanted, field)
       if not buckets then return buckets_refused end
       for _, a in ipairs(wanted) do
         local v = buckets[a]
@@ -65,7 +67,7 @@ end
 
 -- Phase 2: write.
 if removed > 0 then
-  write_buckets(table_key, { '#n', string.format('%d', math.max(held - removed, 0)) }, changed)
+  write_buckets(table_key, { '#n', string.format('%d', math.max(held - removed, 0)) }, changed, field)
 end
 if #taken > 0 then redis.call('LTRIM', log_key, #taken, -1) end
 legacy_forget(legacy, ids)

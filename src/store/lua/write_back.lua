@@ -15,50 +15,66 @@ local function write_slice(key, pairs_out, listed, number, registered)
   end
 end
 
--- The member writes of one call, collected by member_changed and written by
--- write_members.
-local function member_writes()
-  return { moved = {}, removed = {}, added = {}, totals = {}, refs = {}, left = {}, entered = {} }
-end
-
--- Collects in `w` the writes of member `name`, from ZSet member `z0`, total `total0` and
--- slice count `refs0` to `z`, `total` and `refs`; `stored` is what `members` records for
--- `z` (used only when it is not `z0`).
-local function member_changed(w, incremental, name, z0, z, stored, total0, total, refs0, refs)
-  if z ~= z0 then
-    w.moved[#w.moved + 1] = name
-    w.moved[#w.moved + 1] = stored
-  end
-  if incremental then
-    if z0 and z ~= z0 then w.removed[#w.removed + 1] = z0 end
-    if z ~= z0 or total ~= total0 then
-      w.added[#w.added + 1] = string.format('%d', total)
-      w.added[#w.added + 1] = z
+-- Writes the members' changes, each member i by its index in `names`: for each that has
+-- a ZSet member zi after the call (none: left as it is), from ZSet member z0[i], total
+-- total0[i] and slice count refs0[i] to zi, total[i] and refs[i]; when zi is not z0[i],
+-- `members` records t[i], its tie-break time ('' under tie 'n'). zi is z[i] when `z` is
+-- given (apply.lua); else (fold.lua) t[i] is the time of the member's newest event, if it
+-- has one, and zi its ZSet member at that time when that is later than t0[i], its time
+-- before (zmember_at, written out). With `dense` (a dense_rank board's distinct totals,
+-- nil otherwise) it is kept in step with `result` (dense_update). One loop over the
+-- members, then one command per key.
+local function write_members(members, result, totals, refs, incremental, tie, negative, names,
+                             z0, t0, z, t, total0, total, refs0, refs_new, dense)
+  local format = string.format
+  local moved, removed, added, totals_out, refs_out = {}, {}, {}, {}, {}
+  local left, entered = {}, {}
+  for i = 1, #names do
+    local old, zi = z0[i], nil
+    if z then
+      zi = z[i]
+    elseif t[i] then
+      local ti = t[i]
+      if tie == 'n' then
+        zi = names[i]
+      elseif not old or ti > t0[i] then
+        zi = format('%016d:%s', tie == 'e' and LIMIT - ti or ti, names[i])
+      else
+        zi = old
+      end
     end
-    -- For dense_update: the distinct totals a member left and entered.
-    if total ~= total0 then
-      if total0 > 0 then w.left[#w.left + 1] = string.format('%d', total0) end
-      if total > 0 then w.entered[#w.entered + 1] = string.format('%d', total) end
+    if zi then
+      if zi ~= old then
+        moved[#moved + 1] = names[i]
+        moved[#moved + 1] = tie == 'n' and '' or format('%d', t[i])
+      end
+      if incremental then
+        if old and zi ~= old then removed[#removed + 1] = old end
+        if zi ~= old or total[i] ~= total0[i] then
+          added[#added + 1] = format('%d', total[i])
+          added[#added + 1] = zi
+        end
+        -- For dense_update: the distinct totals a member left and entered.
+        if dense and total[i] ~= total0[i] then
+          if total0[i] > 0 then left[#left + 1] = format('%d', total0[i]) end
+          if total[i] > 0 then entered[#entered + 1] = format('%d', total[i]) end
+        end
+      elseif total[i] ~= total0[i] or not old then
+        totals_out[#totals_out + 1] = names[i]
+        totals_out[#totals_out + 1] = format('%d', total[i])
+      end
+      if refs_new[i] ~= refs0[i] then
+        refs_out[#refs_out + 1] = names[i]
+        refs_out[#refs_out + 1] = format('%d', refs_new[i])
+      end
     end
-  elseif total ~= total0 or not z0 then
-    w.totals[#w.totals + 1] = name
-    w.totals[#w.totals + 1] = string.format('%d', total)
   end
-  if refs ~= refs0 then
-    w.refs[#w.refs + 1] = name
-    w.refs[#w.refs + 1] = string.format('%d', refs)
-  end
-end
-
--- Writes what member_changed collected in `w`; with `dense` (a dense_rank board's distinct
--- totals, nil otherwise), keeps it in step with `result` (dense_update).
-local function write_members(w, members, result, totals, refs, negative, dense)
-  variadic('HSET', members, w.moved)
-  variadic('ZREM', result, w.removed)
-  variadic('ZADD', result, w.added)
-  dense_update(dense, result, w.left, w.entered)
-  variadic('HSET', totals, w.totals)
-  if negative then variadic('HSET', refs, w.refs) end
+  variadic('HSET', members, moved)
+  variadic('ZREM', result, removed)
+  variadic('ZADD', result, added)
+  dense_update(dense, result, left, entered)
+  variadic('HSET', totals, totals_out)
+  if negative then variadic('HSET', refs, refs_out) end
 end
 
 -- The last write: `gen` was checked in phase 1, so one HSET both bumps it and records when
