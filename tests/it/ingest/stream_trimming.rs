@@ -178,22 +178,28 @@ async fn a_killed_consumers_pending_entries_survive_and_are_applied_by_another()
     let (redis, store, dir) = RedisServer::start_with_store_and_dir("rb").await;
     let events = tips_now(40_000);
     let a = trimming_daemon(&dir, &redis, "a", "retain = \"0s\"\nclaim_idle = \"2s\"").await;
-    // Traffic until `a` has trimmed and holds a batch: then it is killed mid-batch.
+    // Traffic until `a` has trimmed and holds a batch: then it is killed mid-batch. It is
+    // frozen before its pending count is read, so it cannot ack between the read and
+    // the kill; while it holds nothing, it is thawed and the traffic goes on.
     let mut sent = 0;
     for chunk in events.chunks(500) {
         xadd_all(store.client(), STREAM, chunk).await;
         sent += chunk.len();
+        if a.metric("rollboard_stream_trimmed_total", &[("stream", STREAM)])
+            .await
+            == 0.0
+        {
+            continue;
+        }
+        a.freeze(true);
         let busy = matches!(
             rollboard::ingest::stream::group_info(store.client(), STREAM, "rollboard").await,
             Ok(Some((p, _))) if p > 0
         );
-        if busy
-            && a.metric("rollboard_stream_trimmed_total", &[("stream", STREAM)])
-                .await
-                > 0.0
-        {
+        if busy {
             break;
         }
+        a.freeze(false);
     }
     a.kill().await;
     let events = &events[..sent];
