@@ -27,13 +27,7 @@ pub(super) fn print_page(page: &Page, json: bool) -> anyhow::Result<()> {
         show_time(page.window_to),
         as_of(page.as_of)
     )?;
-    let width = page
-        .entries
-        .iter()
-        .map(|e| e.member.chars().count())
-        .max()
-        .unwrap_or(6)
-        .max(6);
+    let width = member_width(page.entries.iter().map(|e| e.member.as_str()));
     let dense = page.entries.iter().any(|e| e.dense_rank.is_some());
     writeln!(
         out,
@@ -65,6 +59,11 @@ pub(super) fn print_page(page: &Page, json: bool) -> anyhow::Result<()> {
         )?;
     }
     Ok(())
+}
+
+/// The width of a MEMBER column holding `members`: the longest, at least the heading's.
+pub(super) fn member_width<'a>(members: impl Iterator<Item = &'a str>) -> usize {
+    members.map(|m| m.chars().count()).max().unwrap_or(6).max(6)
 }
 
 /// `text` quoted for a POSIX shell when it holds anything but plain characters.

@@ -2,6 +2,7 @@
 //! checks of their board, scope and member arguments.
 
 use super::connect::connect;
+use super::output::member_width;
 use super::periods::{period_of, period_rank, print_period_page};
 use super::time::{as_of, show_time};
 use super::{Usage, EXIT_NOT_FOUND};
@@ -177,13 +178,7 @@ fn print_subset(subset: &Subset) {
         show_time(subset.window_to),
         as_of(subset.as_of)
     );
-    let width = subset
-        .entries
-        .iter()
-        .map(|e| e.member.chars().count())
-        .max()
-        .unwrap_or(6)
-        .max(6);
+    let width = member_width(subset.entries.iter().map(|e| e.member.as_str()));
     let dense = subset.entries.iter().any(|e| e.dense_rank.is_some());
     println!(
         "{:>6} {:>6} {:>6}{}  {:>6}  {:<width$}  {:>20}",

@@ -39,20 +39,29 @@ pub(super) async fn build(shared: &Shared) -> anyhow::Result<Vec<Ingest>> {
 
 /// Spawns each of `consumers`, instrumented with a span naming its stream.
 pub(super) fn spawn(consumers: Vec<Ingest>, shared: &Shared) {
-    let ingest = &shared.settings.ingest;
     for consumer in consumers {
         let span = tracing::info_span!("consumer", stream = %consumer.stream());
-        shared.tracker.spawn(
-            consume(
-                consumer,
-                shared.store.clone(),
-                ingest.group.clone(),
-                ingest.consumer.clone(),
-                shared.cancel.clone(),
-            )
-            .instrument(span),
-        );
+        spawn_one(consumer, span, shared);
     }
+}
+
+/// Spawns `consumer` on the daemon's tracker, instrumented with `span`.
+fn spawn_one(
+    consumer: Ingest,
+    span: tracing::Span,
+    shared: &Shared,
+) -> tokio::task::JoinHandle<()> {
+    let ingest = &shared.settings.ingest;
+    shared.tracker.spawn(
+        consume(
+            consumer,
+            shared.store.clone(),
+            ingest.group.clone(),
+            ingest.consumer.clone(),
+            shared.cancel.clone(),
+        )
+        .instrument(span),
+    )
 }
 
 /// Runs `consumer` (reading `stream`) until `cancel` fires; on that clean exit, with its own
@@ -141,16 +150,5 @@ async fn read_retired(shared: &Shared, key: &str) -> Option<tokio::task::JoinHan
     .reading(key.to_string(), true)
     .with_clock(shared.clock.clone());
     let span = tracing::info_span!("consumer", stream = %key, retired = true);
-    Some(
-        shared.tracker.spawn(
-            consume(
-                consumer,
-                shared.store.clone(),
-                ingest.group.clone(),
-                ingest.consumer.clone(),
-                shared.cancel.clone(),
-            )
-            .instrument(span),
-        ),
-    )
+    Some(spawn_one(consumer, span, shared))
 }
