@@ -13,8 +13,8 @@
 //! partition count), then the daemons start and the run is timed until every partition's
 //! group has nothing pending and nothing undelivered. Reported per run: events/s end to end,
 //! and on each master the Redis time per event: INFO commandstats of the commands rollboard
-//! sends at top level (EVALSHA, XREADGROUP, XACK, WAIT, SET of the confirmation key; the
-//! commands run inside scripts are already in EVALSHA) and the server's user + sys CPU.
+//! sends at top level (FCALL, XREADGROUP, XACK, WAIT, SET of the confirmation key; the
+//! commands run inside scripts are already in FCALL) and the server's user + sys CPU.
 //! Every process (six servers, the daemons, this program) shares the machine's cores, so
 //! wall-clock rates are a floor; the per-event Redis figures are what a projection can use.
 //! The run ends with a markdown table ready to paste into docs/benchmarks.md.
@@ -59,7 +59,7 @@ const ROOMS: u64 = 2_000;
 const FANS: u64 = 500;
 
 /// Commands rollboard sends at top level while ingesting, whose Redis time is counted.
-const COMMANDS: [&str; 5] = ["evalsha", "xreadgroup", "xack", "wait", "set"];
+const COMMANDS: [&str; 5] = ["fcall", "xreadgroup", "xack", "wait", "set"];
 
 fn main() -> ExitCode {
     if !invoked_by_cargo_bench() {

@@ -42,7 +42,7 @@
 //! * `partitions`: events pre-filled by the partition rule into 1 or 3 stream partitions,
 //!   drained by 1 or 2 consumer processes' worth of consumers (each its own connections and
 //!   one reader per partition, in this process); events/s and Redis time per event (INFO
-//!   commandstats of EVALSHA, XREADGROUP and XACK, and the server's user+sys CPU).
+//!   commandstats of FCALL, XREADGROUP and XACK, and the server's user+sys CPU).
 
 pub(crate) mod support;
 
@@ -320,7 +320,7 @@ fn command_usec(redis: &RedisServer, command: &str) -> f64 {
 /// Total Redis-side time of every command since the last `CONFIG RESETSTAT`, in µs (INFO
 /// commandstats), leaving out what the bench itself sends to watch (INFO, CONFIG, XINFO,
 /// PING, SLOWLOG). INFO commandstats also counts the commands run inside scripts, whose
-/// time is already in the script's EVALSHA: with `scripts`, the commands rollboard's
+/// time is already in the script's FCALL: with `scripts`, the commands rollboard's
 /// scripts use are left out (so is the same command sent directly, e.g. the ZADD that
 /// registers a scope: a small undercount).
 fn workload_usec(redis: &RedisServer, scripts: bool) -> f64 {
@@ -635,8 +635,8 @@ async fn bench_script(redis: &RedisServer, spread: Spread, sizes: Sizes) -> Resu
     let r = rate(n, started.elapsed());
     println!("apply script, batches of {BATCH}, one connection: {n} events, {r:.0} events/s");
     println!(
-        "redis time inside EVALSHA: {:.2} µs per event",
-        command_usec(redis, "evalsha") / n as f64
+        "redis time inside FCALL: {:.2} µs per event",
+        command_usec(redis, "fcall") / n as f64
     );
     Ok(r)
 }
@@ -702,7 +702,7 @@ async fn bench_e2e(redis: &RedisServer, spread: Spread, sizes: Sizes) -> Result<
 
 /// The C functions of redis-server that run rollboard's consumer's commands (each with
 /// all it calls, scripts' commands included).
-const ROLLBOARD_FUNCTIONS: [&str; 3] = ["evalShaCommand", "xreadCommand", "xackCommand"];
+const ROLLBOARD_FUNCTIONS: [&str; 3] = ["fcallCommand", "xreadCommand", "xackCommand"];
 
 /// Instructions Redis runs per event, counted by callgrind on a server of its own: the
 /// naive client's two passes, then rollboard's end-to-end second pass (as `e2e`: the first
@@ -732,7 +732,7 @@ async fn bench_instructions(spread: Spread) -> Result<()> {
     let (total, each) = redis.instructions(&ROLLBOARD_FUNCTIONS)?;
     let per_event = |i: u64| i as f64 / n as f64;
     println!(
-        "== instructions per event: naive {naive:.0}; rollboard {:.0} (inside EVALSHA {:.0}, \
+        "== instructions per event: naive {naive:.0}; rollboard {:.0} (inside FCALL {:.0}, \
          XREADGROUP {:.0}, XACK {:.0}): {:.2}x the naive client's",
         per_event(total),
         per_event(each[0]),
@@ -803,9 +803,9 @@ async fn drain_pass(
     );
     let per_event = |command: &str| command_usec(redis, command) / n as f64;
     println!(
-        "redis time per event: every command (script time once) {redis_us:.2} µs (EVALSHA {:.2}, XREADGROUP {:.2}, \
+        "redis time per event: every command (script time once) {redis_us:.2} µs (FCALL {:.2}, XREADGROUP {:.2}, \
          XACK {:.2}); wall {:.2} µs",
-        per_event("evalsha"),
+        per_event("fcall"),
         per_event("xreadgroup"),
         per_event("xack"),
         elapsed.as_secs_f64() * 1e6 / n as f64
@@ -908,15 +908,15 @@ async fn bench_partitions(spread: Spread, sizes: Sizes) -> Result<()> {
         let elapsed = started.elapsed();
         let cpu = (server_cpu_seconds(&redis) - cpu_before) * 1e6 / events as f64;
         let per_event = |command: &str| command_usec(&redis, command) / events as f64;
-        // The consumer's own commands (the commands the scripts call are inside EVALSHA).
-        let usec = per_event("evalsha") + per_event("xreadgroup") + per_event("xack");
+        // The consumer's own commands (the commands the scripts call are inside FCALL).
+        let usec = per_event("fcall") + per_event("xreadgroup") + per_event("xack");
         cancel.cancel();
         let r = rate(events, elapsed);
         println!(
             "{partitions} partition(s), {daemons} consumer set(s): {events} events in {:.2}s, {r:.0} events/s; \
-             redis per event: {usec:.2} µs (EVALSHA {:.2}, XREADGROUP {:.2}, XACK {:.2}), server cpu {cpu:.2} µs",
+             redis per event: {usec:.2} µs (FCALL {:.2}, XREADGROUP {:.2}, XACK {:.2}), server cpu {cpu:.2} µs",
             elapsed.as_secs_f64(),
-            per_event("evalsha"),
+            per_event("fcall"),
             per_event("xreadgroup"),
             per_event("xack"),
         );
@@ -934,10 +934,8 @@ async fn bench_partitions(spread: Spread, sizes: Sizes) -> Result<()> {
 async fn bench_ceiling(redis: &RedisServer) -> Result<()> {
     let board: Board = settings(redis, Spread::Uniform)?.boards.remove(0);
     let store = connect(redis, 1).await?;
-    store.load_scripts().await.map_err(|e| e.to_string())?;
-    let sha = fred::types::scripts::Script::from_lua(rollboard::store::lua::APPLY)
-        .sha1()
-        .to_string();
+    store.load_library().await.map_err(|e| e.to_string())?;
+    let function = rollboard::store::lua::library().function("apply.lua");
     let now = now_ms();
     let k = store.instance(&board, None);
     // One chunk of the size the store sends; ids get independent random numbers per
@@ -955,7 +953,7 @@ async fn bench_ceiling(redis: &RedisServer) -> Result<()> {
         })
         .collect();
     let (keys, values) = apply_call(&board, &k, &board.fingerprint(), &events, now, false);
-    let mut args: Vec<String> = vec!["EVALSHA".into(), sha, keys.len().to_string()];
+    let mut args: Vec<String> = vec!["FCALL".into(), function, keys.len().to_string()];
     args.extend(keys);
     args.extend(values.iter().map(|v| v.as_string().unwrap_or_default()));
     let requests = FULL.events / APPLY_CHUNK;
@@ -981,7 +979,7 @@ async fn bench_ceiling(redis: &RedisServer) -> Result<()> {
             .and_then(|(v, _)| v.parse::<f64>().ok())
             .ok_or_else(|| format!("unexpected redis-benchmark output: {text}"))?;
         println!(
-            "redis-benchmark EVALSHA apply ({APPLY_CHUNK} events per call), {clients} client(s): {rps:.0} calls/s = {:.0} events/s",
+            "redis-benchmark FCALL apply ({APPLY_CHUNK} events per call), {clients} client(s): {rps:.0} calls/s = {:.0} events/s",
             rps * APPLY_CHUNK as f64
         );
     }

@@ -22,7 +22,7 @@
 //!   chunk size (default 250 — the shipped `schedule.chunk` — 100 and 1000; `--chunk`
 //!   replaces the list) copies that filled instance with `COPY` and rolls the copy away with
 //!   `roll::run_once`. It reports the wall-clock roll time; the exact count and Redis time of
-//!   the `EVALSHA` and `HSCAN` calls from `INFO commandstats`; and from the slow log the
+//!   the script calls (`FCALL`, the baselines' `EVALSHA`) and `HSCAN` from `INFO commandstats`; and from the slow log the
 //!   longest call, p50 and p99 per script.
 //!   Baseline, at the first chunk size only: the least work a chunked expiry can do, on a
 //!   plain Hash and a plain ZSet of the same members (HSCAN, then one script per page doing
@@ -45,7 +45,7 @@
 //! 0 logs about five entries per expired member: it overflows any sane `slowlog-max-len` at
 //! 1M members and the logging slows the scripts down. The slow log therefore runs at
 //! `--slowlog-us` (default 10 µs), which keeps almost all of those out while still catching
-//! every chunk script; the output says how many `EVALSHA` calls it caught.
+//! every chunk script; the output says how many script calls it caught.
 //!
 //! `--members N` replaces the member count of the scenarios that run. Nothing about timing
 //! is asserted: results are plain text lines, with ratios against the baseline of the same
@@ -113,20 +113,20 @@ if #done > 0 then redis.call('HDEL', KEYS[2], unpack(done)) end
 return #done
 "#;
 
-/// rollboard's scripts, to name the slow-log entries by SHA1 (both apply scripts count as
+/// rollboard's scripts, to name the slow-log entries by function (both apply scripts count as
 /// `apply`).
 const SCRIPTS: [(&str, &str); 11] = [
-    ("apply", rollboard::store::lua::FOLD),
-    ("apply", rollboard::store::lua::APPLY),
-    ("watermark", rollboard::store::lua::WATERMARK),
-    ("expire", rollboard::store::lua::EXPIRE),
-    ("drop_slice", rollboard::store::lua::DROP_SLICE),
-    ("trim_seen", rollboard::store::lua::TRIM_SEEN),
-    ("query", rollboard::store::lua::QUERY),
-    ("stage", rollboard::store::lua::STAGE),
-    ("swap", rollboard::store::lua::SWAP),
-    ("cleanup", rollboard::store::lua::CLEANUP),
-    ("floor", rollboard::store::lua::FLOOR),
+    ("apply", "fold.lua"),
+    ("apply", "apply.lua"),
+    ("watermark", "watermark.lua"),
+    ("expire", "expire.lua"),
+    ("drop_slice", "drop_slice.lua"),
+    ("trim_seen", "trim_seen.lua"),
+    ("query", "query.lua"),
+    ("stage", "stage.lua"),
+    ("swap", "swap.lua"),
+    ("cleanup", "cleanup.lua"),
+    ("floor", "floor.lua"),
 ];
 
 /// docs/design.md, *Bounded calls*: no call rollboard makes may hold Redis longer than this (µs).
@@ -493,7 +493,7 @@ fn print_table(
     if options.expiry {
         rows.push(Row {
             figure: format!(
-                "expiry, Redis time per expired member (EVALSHA + HSCAN), {members}-member slice"
+                "expiry, Redis time per expired member (script calls + HSCAN), {members}-member slice"
             ),
             ours: format!("{:.2} µs", expiry.per_member_us),
             base: format!("{:.2} µs", expiry.base_per_member_us),
@@ -957,7 +957,7 @@ async fn memory(store: &Store, members: usize) -> Result<(bool, MemoryFigures)> 
     );
     println!("   {}", describe_names());
     admin(client, "FLUSHALL", &["SYNC"]).await?;
-    store.load_scripts().await?;
+    store.load_library().await?;
     let before = used_memory(client).await?;
     let took = apply_all(store, &b, members, MEMORY_BATCH).await?;
     let after = used_memory(client).await?;
@@ -1109,7 +1109,7 @@ impl Measured {
 }
 
 /// The expiry figures of the table: script calls per kind of work (rollboard, baseline)
-/// and Redis time per expired member (EVALSHA + HSCAN, INFO commandstats).
+/// and Redis time per expired member (script calls + HSCAN, INFO commandstats).
 #[derive(Debug, Default)]
 struct ExpiryFigures {
     bounds: Vec<Bound>,
@@ -1140,7 +1140,7 @@ async fn expiry(
          per logged command"
     );
     admin(client, "FLUSHALL", &["SYNC"]).await?;
-    store.load_scripts().await?;
+    store.load_library().await?;
     let beside = FixedWork::start(client).await?;
     println!(
         "   control beside each measured kind of work: a call of fixed work ({} loops, ~{BESIDE_CALL_US:.0} µs) every {} ms on a connection of its own",
@@ -1205,9 +1205,9 @@ async fn expiry(
                     rolled.beside,
                 ));
                 figures.per_member_us =
-                    (rolled.evalsha_us + rolled.hscan_us) as f64 / members as f64;
+                    (rolled.script_us + rolled.hscan_us) as f64 / members as f64;
                 figures.base_per_member_us =
-                    (base.evalsha_us + base.hscan_us) as f64 / members as f64;
+                    (base.script_us + base.hscan_us) as f64 / members as f64;
                 let (res_ok, res, res_base, res_beside) =
                     resummarize_round(store, members, chunk, slowlog_us, &beside).await?;
                 ok &= res_ok;
@@ -1359,8 +1359,9 @@ const CONTROL_CALLS: usize = 20_000;
 const CONTROL_IN_FLIGHT: usize = 16;
 
 /// The fixed work both controls of the call bound call: a Redis function looping `n` times
-/// round, touching no key and allocating nothing (a function, so that `INFO commandstats`
-/// counts it as `fcall`, apart from the work's `EVALSHA`), on a connection of its own.
+/// round, touching no key and allocating nothing (called read-only, so that `INFO
+/// commandstats` counts it as `fcall_ro`, apart from the work's `FCALL` and the baselines'
+/// `EVALSHA`), on a connection of its own.
 struct FixedWork {
     client: Client,
     /// Redis time of one loop, calibrated once.
@@ -1391,7 +1392,7 @@ impl FixedWork {
         }
         let (calls, micros) = commandstats(&client)
             .await?
-            .get("fcall")
+            .get("fcall_ro")
             .copied()
             .unwrap_or_default();
         let loop_us = micros as f64 / (calls.max(1) as f64 * CALIBRATION_LOOPS as f64);
@@ -1427,7 +1428,7 @@ impl FixedWork {
 /// One call of the fixed work, `loops` times round.
 async fn client_call(client: &Client, loops: i64) -> Result<()> {
     let _: i64 = client
-        .fcall("fixed_work", Vec::<String>::new(), vec![loops])
+        .fcall_ro("fixed_work", Vec::<String>::new(), vec![loops])
         .await?;
     Ok(())
 }
@@ -1529,8 +1530,8 @@ async fn apply_unsplit(store: &Store, members: usize, slowlog_us: u64) -> Result
     let client = store.client();
     let b = board("apply_unsplit", 2, 2 * HOUR);
     let k = store.instance(&b, None);
-    let script = Script::from_lua(rollboard::store::lua::APPLY);
-    script.load(client).await?;
+    store.load_library().await?;
+    let function = rollboard::store::lua::library().function("apply.lua");
     let fingerprint = b.fingerprint();
     let now = T0 + HOUR - 1;
     let work = async {
@@ -1539,7 +1540,7 @@ async fn apply_unsplit(store: &Store, members: usize, slowlog_us: u64) -> Result
                 .map(event)
                 .collect();
             let (keys, args) = apply_call(&b, &k, &fingerprint, &events, now, false);
-            let _: Value = script.evalsha(client, keys, args).await?;
+            let _: Value = client.fcall(function.as_str(), keys, args).await?;
         }
         anyhow::Ok(())
     };
@@ -1554,12 +1555,12 @@ async fn apply_unsplit(store: &Store, members: usize, slowlog_us: u64) -> Result
     Ok(stats)
 }
 
-/// Slow-log figures of rollboard's EVALSHA calls, per script name.
+/// Slow-log figures of rollboard's function calls, per script name.
 fn by_script(m: &Measured) -> BTreeMap<&'static str, Stats> {
     let names = script_names();
     let mut micros: BTreeMap<&'static str, Vec<u64>> = BTreeMap::new();
-    for e in m.log.iter().filter(|e| e.command == "EVALSHA") {
-        let name = e.sha.as_deref().and_then(|s| names.get(s).copied());
+    for e in m.log.iter().filter(|e| e.is_script()) {
+        let name = e.script.as_deref().and_then(|s| names.get(s).copied());
         micros
             .entry(name.unwrap_or("unknown"))
             .or_default()
@@ -1626,7 +1627,7 @@ async fn resummarize_round(
             println!("MISMATCH: the {run} did not sum the instance");
             summed_both = false;
         }
-        print_calls(&m, "evalsha", members);
+        print_calls(&m, "fcall", members);
         print_calls(&m, "hscan", members);
         print_calls(&m, "unlink", members);
         for (name, stats) in by_script(&m) {
@@ -1639,7 +1640,7 @@ async fn resummarize_round(
     let ours = Stats::of(
         m.log
             .iter()
-            .filter(|e| matches!(e.command.as_str(), "EVALSHA" | "HSCAN") && !e.is_nested())
+            .filter(|e| (e.is_script() || e.command == "HSCAN") && !e.is_nested())
             .map(|e| e.micros),
     );
     let ranked = integer(client, "ZCARD", &[&k.result()]).await?;
@@ -1682,13 +1683,13 @@ async fn resummarize_round(
     let baseline = Stats::of(
         base.log
             .iter()
-            .filter(|e| e.sha.as_ref().is_some_and(|s| shas.contains(s)))
+            .filter(|e| e.script.as_ref().is_some_and(|s| shas.contains(s)))
             .map(|e| e.micros),
     );
     let renamed = Stats::of(
         base.log
             .iter()
-            .filter(|e| e.sha.as_deref() == Some(shas[1].as_str()))
+            .filter(|e| e.script.as_deref() == Some(shas[1].as_str()))
             .map(|e| e.micros),
     );
     println!(
@@ -1705,8 +1706,8 @@ async fn resummarize_round(
 /// The figures two expiry runs are compared by.
 struct Figures {
     wall: Duration,
-    /// Redis time of every EVALSHA call (commandstats), µs.
-    evalsha_us: u64,
+    /// Redis time of every script call (FCALL for rollboard, EVALSHA for a baseline) (commandstats), µs.
+    script_us: u64,
     /// Redis time of every HSCAN call (commandstats), µs.
     hscan_us: u64,
     /// Slow-log figures of the chunk script (expire.lua or the baseline script).
@@ -1719,9 +1720,9 @@ struct Figures {
 
 fn print_ratios(what: &str, a: &Figures, b: &Figures) {
     println!(
-        "ratio {what}: EVALSHA Redis time per member {} (all scripts), {} (chunk script only); \
+        "ratio {what}: script Redis time per member {} (all scripts), {} (chunk script only); \
          longest chunk-script call {}, p99 {}; wall clock {}",
-        ratio(a.evalsha_us as f64, b.evalsha_us as f64),
+        ratio(a.script_us as f64, b.script_us as f64),
         ratio(a.script.total as f64, b.script.total as f64),
         ratio(a.script.max as f64, b.script.max as f64),
         ratio(a.script.p99 as f64, b.script.p99 as f64),
@@ -1760,12 +1761,12 @@ async fn roll_round(
         rolled
             .log
             .iter()
-            .filter(|e| matches!(e.command.as_str(), "EVALSHA" | "HSCAN") && !e.is_nested())
+            .filter(|e| (e.is_script() || e.command == "HSCAN") && !e.is_nested())
             .map(|e| e.micros),
     );
     let figures = Figures {
         wall: rolled.wall,
-        evalsha_us: rolled.calls("evalsha").1,
+        script_us: rolled.calls("fcall").1,
         hscan_us: rolled.calls("hscan").1,
         script,
         all,
@@ -1793,7 +1794,7 @@ async fn baseline_round(
     let sha = script.sha1().to_ascii_lowercase();
     let figures = Figures {
         wall: base.wall,
-        evalsha_us: base.calls("evalsha").1,
+        script_us: base.calls("evalsha").1,
         hscan_us: base.calls("hscan").1,
         script: report_baseline(&base, &sha, members),
         all: Stats::default(),
@@ -1849,7 +1850,7 @@ async fn measure_beside<T>(
     let (controls, log): (Vec<SlowEntry>, Vec<SlowEntry>) = log
         .into_iter()
         .filter(|e| !e.is_admin())
-        .partition(|e| e.command == "FCALL");
+        .partition(|e| e.command == "FCALL_RO");
     let mut fixed = Stats::of(controls.iter().map(|e| e.micros));
     if sent > 0 {
         println!(
@@ -2026,20 +2027,20 @@ async fn baseline_expire(store: &Store, script: &Script, chunk: usize) -> Result
 /// Prints rollboard's figures of one round; returns the slow-log figures of expire.lua.
 fn report_rollboard(m: &Measured, members: usize, slowlog_us: u64) -> Stats {
     println!("  INFO commandstats:");
-    print_calls(m, "evalsha", members);
+    print_calls(m, "fcall", members);
     print_calls(m, "hscan", members);
     println!("  slow log (threshold {slowlog_us} µs):");
     let names = script_names();
     let mut by_script: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
-    for e in m.log.iter().filter(|e| e.command == "EVALSHA") {
-        let name = e.sha.as_deref().and_then(|s| names.get(s).copied());
+    for e in m.log.iter().filter(|e| e.is_script()) {
+        let name = e.script.as_deref().and_then(|s| names.get(s).copied());
         by_script
             .entry(name.unwrap_or("unknown"))
             .or_default()
             .push(e.micros);
     }
     let all = Stats::of(by_script.values().flatten().copied());
-    println!("    {}", all.line("EVALSHA (all)", members));
+    println!("    {}", all.line("FCALL (all)", members));
     for (name, micros) in &by_script {
         let stats = Stats::of(micros.iter().copied());
         println!("    {}", stats.line(&format!("  {name}.lua"), members));
@@ -2066,7 +2067,7 @@ fn report_baseline(m: &Measured, sha: &str, members: usize) -> Stats {
     let script = Stats::of(
         m.log
             .iter()
-            .filter(|e| e.sha.as_deref() == Some(sha))
+            .filter(|e| e.script.as_deref() == Some(sha))
             .map(|e| e.micros),
     );
     println!("    {}", script.line("EVALSHA", members));
@@ -2096,12 +2097,12 @@ fn print_logged(m: &Measured, command: &str, members: usize) {
     println!("    {}", stats.line(command, members));
 }
 
-/// Says how many of the EVALSHA calls the slow log caught, and whether it overflowed.
+/// Says how many of the script calls (EVALSHA, FCALL) the slow log caught, and whether it overflowed.
 fn print_capture(m: &Measured, logged: usize) {
-    let (calls, _) = m.calls("evalsha");
+    let calls = m.calls("evalsha").0 + m.calls("fcall").0;
     let nested = m.log.iter().filter(|e| e.is_nested()).count();
     println!(
-        "    slow log caught {logged} of {calls} EVALSHA calls and {nested} commands run inside scripts{}",
+        "    slow log caught {logged} of {calls} script calls and {nested} commands run inside scripts{}",
         if m.log_full {
             "; it is FULL, so the oldest entries are lost"
         } else {
@@ -2111,20 +2112,22 @@ fn print_capture(m: &Measured, logged: usize) {
 }
 
 fn script_names() -> BTreeMap<String, &'static str> {
+    let library = rollboard::store::lua::library();
     SCRIPTS
         .iter()
-        .map(|(name, lua)| (fred::util::sha1_hash(lua), *name))
+        .map(|(name, file)| (library.function(file), *name))
         .collect()
 }
 
 // ---------------------------------------------------------------------------------------
 // Slow log
 
-/// One slow-log entry: the command (upper case), the script SHA of an EVALSHA, the time,
-/// and the client address (`?:0` for commands run inside a script).
+/// One slow-log entry: the command (upper case), the script it runs (the SHA of an
+/// EVALSHA, the function of an FCALL), the time, and the client address (`?:0` for
+/// commands run inside a script).
 struct SlowEntry {
     command: String,
-    sha: Option<String>,
+    script: Option<String>,
     micros: u64,
     client: String,
 }
@@ -2132,6 +2135,11 @@ struct SlowEntry {
 impl SlowEntry {
     fn is_admin(&self) -> bool {
         matches!(self.command.as_str(), "SLOWLOG" | "CONFIG" | "INFO")
+    }
+
+    /// A call of a script (a baseline's) or of a function (rollboard's).
+    fn is_script(&self) -> bool {
+        matches!(self.command.as_str(), "EVALSHA" | "FCALL")
     }
 
     fn is_nested(&self) -> bool {
@@ -2195,12 +2203,12 @@ fn slow_entry(entry: Value) -> Result<SlowEntry> {
         .unwrap_or_default();
     let text = |i: usize| argv.get(i).and_then(Value::as_string);
     let command = text(0).unwrap_or_default().to_ascii_uppercase();
-    let sha = (command == "EVALSHA")
+    let script = matches!(command.as_str(), "EVALSHA" | "FCALL")
         .then(|| text(1).map(|s| s.to_ascii_lowercase()))
         .flatten();
     Ok(SlowEntry {
         command,
-        sha,
+        script,
         micros,
         client,
     })

@@ -101,7 +101,7 @@ impl RedisServer {
 
     /// For a server started with [`RedisServer::start_counted`]: the instructions it ran
     /// since the previous call (whose counts this zeroes), in all, and inside each of
-    /// `functions` (Redis's C functions, e.g. `evalShaCommand`, with all they call).
+    /// `functions` (Redis's C functions, e.g. `fcallCommand`, with all they call).
     /// callgrind dumps them, and `callgrind_annotate` sums them up.
     pub fn instructions(&self, functions: &[&str]) -> Result<(u64, Vec<u64>), String> {
         let dir = self.dir.path();

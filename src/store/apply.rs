@@ -603,7 +603,7 @@ impl Store {
                 call.cost as u32,
                 self.timed(
                     &self.scripts.fold,
-                    self.evalsha_once(&self.scripts.fold, client, call.keys, call.args),
+                    self.fcall_once(&self.scripts.fold, client, call.keys, call.args),
                 ),
             )
             .await?;
@@ -653,7 +653,7 @@ impl Store {
         } = target;
         let reply = loop {
             let (keys, args) = apply_call(board, k, fingerprint, chunk, *now, *raw_ids);
-            let call = self.evalsha_once(&self.scripts.apply, client, keys, args);
+            let call = self.fcall_once(&self.scripts.apply, client, keys, args);
             match self
                 .bounded(FOLD_BUDGET as u32, self.timed(&self.scripts.apply, call))
                 .await

@@ -1,5 +1,5 @@
 //! Connecting to Redis and checking it at start-up: the pool and the dedicated stream
-//! client (with TLS), loading the scripts, `PING`, the permission probe of the Redis user
+//! client (with TLS), loading the Lua library, `PING`, the permission probe of the Redis user
 //! ([`Denied`], [`Refused`]) and the check of each board's stored settings ([`Conflicts`]).
 
 use std::collections::HashMap;
@@ -27,9 +27,15 @@ pub enum Reconnect {
     Forever,
 }
 
-/// The source of every Lua script, for the permission probe: a script runs with the
-/// caller's ACL, so every command it calls is one the Redis user needs.
-const LUA_SOURCES: &[(&str, &str)] = &super::lua::ALL;
+/// The text of every Lua script and shared piece, for the permission probe: a function
+/// runs with the caller's ACL, so every command it calls is one the Redis user needs.
+fn lua_sources() -> impl Iterator<Item = &'static str> {
+    let pieces = super::lua::PIECES.into_iter().map(|(_, text, _)| text);
+    super::lua::SCRIPTS
+        .into_iter()
+        .map(|(_, text)| text)
+        .chain(pieces)
+}
 
 /// Asks Redis whether the current user may run each command of ARGV (groups of a count
 /// followed by that many words), without running any; returns one status per group:
@@ -57,7 +63,7 @@ return status
 /// names Redis does not know. Sorted and deduplicated.
 pub fn script_commands() -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
-    for (_, source) in LUA_SOURCES {
+    for source in lua_sources() {
         let bytes = source.as_bytes();
         for (i, &quote) in bytes.iter().enumerate() {
             if quote != b'\'' && quote != b'"' {
@@ -129,7 +135,7 @@ impl Denied {
         match e {
             StoreError::Redis(e) if e.details().starts_with("NOPERM") => {
                 Some(Denied(vec![format!(
-                    "EVAL (scripts and the permission check): {}",
+                    "EVAL (the permission check): {}",
                     e.details()
                 )]))
             }
@@ -223,21 +229,21 @@ fn parse_fingerprint(text: &str) -> HashMap<String, String> {
 }
 
 /// The command (with its subcommand) and the key of a probe, e.g. `("XACK", Some("rb:events"))`
-/// or `("SCRIPT LOAD", None)`.
+/// or `("FUNCTION LOAD", None)`.
 fn probe_parts(probe: &[String]) -> (String, Option<&str>) {
     let command = probe.first().map(String::as_str).unwrap_or_default();
     let key = match command {
-        "SCRIPT" | "XGROUP" | "XINFO" => {
+        "FUNCTION" | "XGROUP" | "XINFO" => {
             return (
                 probe[..probe.len().min(2)].join(" "),
                 probe
                     .get(2)
-                    .filter(|_| command != "SCRIPT")
+                    .filter(|_| command != "FUNCTION")
                     .map(String::as_str),
             )
         }
         "PING" | "MULTI" | "EXEC" | "WAIT" | "ROLE" | "TIME" => None,
-        "EVALSHA" | "EVAL" => probe.get(3),
+        "FCALL" => probe.get(3),
         "XREADGROUP" => probe.len().checked_sub(2).and_then(|i| probe.get(i)),
         _ => probe.get(1),
     };
@@ -277,12 +283,11 @@ fn words(list: &[&str]) -> Vec<String> {
 
 /// The probes of the stream commands (intake, consumer, trimming, dead letters).
 fn stream_probes(stream: &str, dead_letter: &str) -> Vec<Vec<String>> {
-    let sha = "0".repeat(40);
     vec![
         words(&["PING"]),
         words(&["TIME"]),
-        words(&["SCRIPT", "LOAD", "return 1"]),
-        words(&["SCRIPT", "EXISTS", &sha]),
+        words(&["FUNCTION", "LOAD", "REPLACE", "#!lua name=probe\n"]),
+        words(&["FUNCTION", "LIST", "LIBRARYNAME", "probe"]),
         words(&["MULTI"]),
         words(&["EXEC"]),
         words(&[
@@ -480,27 +485,19 @@ impl Store {
         Ok(client)
     }
 
-    /// Whether every script is in the server's cache; loads the missing ones.
-    pub async fn ensure_scripts(&self) -> Result<(), StoreError> {
-        let hashes: Vec<String> = self
-            .scripts
-            .all()
-            .iter()
-            .map(|s| s.sha1().to_string())
-            .collect();
-        let present: Vec<bool> = self.client().script_exists(hashes).await?;
-        if present.iter().all(|p| *p) {
-            return Ok(());
-        }
-        self.load_scripts().await
-    }
-
-    /// Loads every script into the server's cache (`SCRIPT LOAD`); on a cluster, on every node.
-    pub async fn load_scripts(&self) -> Result<(), StoreError> {
-        for script in self.scripts.all() {
-            script.load(self.client()).await?;
+    /// Whether the server holds rollboard's library (`FUNCTION LIST`); loads it if not.
+    pub async fn ensure_library(&self) -> Result<(), StoreError> {
+        let name = super::lua::library().name.as_str();
+        let listed: Vec<Value> = self.client().function_list(Some(name), false).await?;
+        if listed.is_empty() {
+            self.load_library().await?;
         }
         Ok(())
+    }
+
+    /// Loads rollboard's library (`FUNCTION LOAD REPLACE`); on a cluster, on every master.
+    pub async fn load_library(&self) -> Result<(), StoreError> {
+        Ok(super::load_library(self.client()).await?)
     }
 
     /// Records each board's shaping settings in Redis the first time the board is seen,
@@ -682,14 +679,13 @@ impl Store {
 
     /// The probes of the daemon's own commands (lease, replica confirmation).
     fn job_probes(&self) -> Vec<Vec<String>> {
-        let sha = "0".repeat(40);
+        let lease_function = super::lua::library().function("lease.lua");
         let mut probes = Vec::new();
         // Each tick of a scheduled job runs under a lease (`lease.lua`).
         for job in ["roll", "resummarize"] {
             let (lease, tick) = (self.keys.lease(job), self.keys.lease_tick(job));
             probes.extend([
-                words(&["EVALSHA", &sha, "2", &lease, &tick]),
-                words(&["EVAL", "return 1", "2", &lease, &tick]),
+                words(&["FCALL", &lease_function, "2", &lease, &tick]),
                 words(&["GET", &lease]),
                 words(&["SET", &lease, "v", "NX", "PX", "1"]),
                 words(&["PEXPIRE", &lease, "1"]),
@@ -711,7 +707,7 @@ impl Store {
 
     /// The probes of every command the scripts and the roll run on each board's keys.
     fn board_probes(&self, boards: &[Board]) -> Vec<Vec<String>> {
-        let sha = "0".repeat(40);
+        let function = super::lua::library().function("apply.lua");
         let mut probes = Vec::new();
         let lua = script_commands();
         for board in boards {
@@ -719,8 +715,7 @@ impl Store {
             let (meta, settings) = (k.meta(), self.keys.settings(&board.name));
             let (scopes, window) = (self.keys.scopes(&board.name), self.keys.window(&board.name));
             for key in [&meta, &settings, &scopes, &window] {
-                probes.push(words(&["EVALSHA", &sha, "1", key]));
-                probes.push(words(&["EVAL", "return 1", "1", key]));
+                probes.push(words(&["FCALL", &function, "1", key]));
                 for command in &lua {
                     // The key three times: enough arguments for every key spec the
                     // scripts use (RENAME takes two keys).
@@ -808,8 +803,11 @@ mod permission_tests {
             .filter(|f| f.ends_with(".lua") && !crate::store::lua::PIECES.iter().any(|p| p.0 == f))
             .collect();
         files.sort();
-        let probed: Vec<String> = LUA_SOURCES.iter().map(|(f, _)| f.to_string()).collect();
-        assert_eq!(probed, files, "LUA_SOURCES lists every script");
+        let probed: Vec<String> = crate::store::lua::SCRIPTS
+            .iter()
+            .map(|(f, _)| f.to_string())
+            .collect();
+        assert_eq!(probed, files, "lua::SCRIPTS lists every script");
     }
 
     #[test]
@@ -859,12 +857,12 @@ mod permission_tests {
             probe(&["HDEL", "rb:b", "rb:b"]),
             probe(&["HSET", "x:c", "x:c"]),
             probe(&["HDEL", "x:c", "x:c"]),
-            probe(&["SCRIPT", "LOAD", "return 1"]),
+            probe(&["FUNCTION", "LOAD", "return 1"]),
         ];
         let denied: Vec<&Vec<String>> = [0, 2, 4, 5, 6, 7].iter().map(|&i| &probes[i]).collect();
         assert_eq!(
             describe_denied(&probes, &denied),
-            ["XACK on key rb:events", "HDEL", "key x:c", "SCRIPT LOAD"]
+            ["XACK on key rb:events", "HDEL", "key x:c", "FUNCTION LOAD"]
         );
     }
 }

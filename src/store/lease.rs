@@ -27,9 +27,7 @@ impl Store {
     async fn lease_call(&self, job: &str, args: Vec<Value>) -> Result<i64, StoreError> {
         let keys = vec![self.keys.lease(job), self.keys.lease_tick(job)];
         let script = &self.scripts.lease;
-        let call = redirected(|| {
-            script.evalsha_with_reload::<Value, _, _>(self.client(), keys.clone(), args.clone())
-        });
+        let call = redirected(|| self.fcall(self.client(), script, keys.clone(), args.clone()));
         let v = self.timed(script, call).await?;
         as_i64(&v).ok_or_else(|| reply_err("lease: not a number"))
     }
@@ -104,9 +102,7 @@ impl Store {
         let script = &self.scripts.forget_consumer;
         let keys = vec![stream.to_string()];
         let args: Vec<Value> = vec![group.into(), consumer.into()];
-        let call = redirected(|| {
-            script.evalsha_with_reload::<Value, _, _>(self.client(), keys.clone(), args.clone())
-        });
+        let call = redirected(|| self.fcall(self.client(), script, keys.clone(), args.clone()));
         let v = self.timed(script, call).await?;
         match as_i64(&v) {
             Some(n) => Ok(n == 1),

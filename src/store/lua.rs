@@ -1,87 +1,108 @@
-//! The Lua scripts, as Redis receives them (`src/store/lua/*.lua`).
+//! The Lua scripts, as Redis receives them: one library of functions (`src/store/lua/*.lua`).
 //!
-//! A Redis script cannot call another's functions, so what several scripts share is
-//! written once, in a piece of its own, and put in front of each script that needs it,
-//! after the `#!lua` line: `common.lua` (exact integers, error replies, variadic calls) in
-//! front of seven of them, and for some of those `digest.lua` (the digest table),
+//! What several scripts share is written once, in a piece of its own: `common.lua` (exact
+//! integers, error replies, variadic calls), `digest.lua` (the digest table),
 //! `legacy_seen.lua` (the legacy `seen` ZSet), `members.lua` (the `members` map and each
 //! member's state), `gate.lua` (the checks of an instance's `meta`) and `write_back.lua`
-//! (the last writes of an apply). Each piece's header names the scripts it goes with,
-//! as [`PIECES`] does. Everything that loads, calls or names a script by its SHA1 takes its
-//! text from here.
+//! (the last writes of an apply). Each piece's header names the scripts that use it, as
+//! [`PIECES`] does. The pieces sit once at the top of the [`Library`], and each script is a
+//! function of it; everything that loads, calls or names a script takes it from here.
 
-/// `#!lua`, then the named pieces (`judging`: all six), then the script `$name`, all from
-/// `lua/` beside this file.
-macro_rules! composed {
-    // A script that judges events (apply.lua, fold.lua): every piece.
-    ($name:literal, judging) => {
-        composed!(
-            $name,
-            "common.lua",
-            "digest.lua",
-            "legacy_seen.lua",
-            "members.lua",
-            "gate.lua",
-            "write_back.lua"
-        )
-    };
-    ($name:literal $(, $piece:literal)*) => {
-        concat!(
-            "#!lua\n",
-            $(include_str!(concat!("lua/", $piece)),)*
-            include_str!(concat!("lua/", $name))
-        )
-    };
+/// Every script by the name of its file, as written (its header, then its body over `KEYS`
+/// and `ARGV`).
+pub const SCRIPTS: [(&str, &str); 13] = [
+    ("apply.lua", include_str!("lua/apply.lua")),
+    ("cleanup.lua", include_str!("lua/cleanup.lua")),
+    ("drop_slice.lua", include_str!("lua/drop_slice.lua")),
+    ("expire.lua", include_str!("lua/expire.lua")),
+    ("floor.lua", include_str!("lua/floor.lua")),
+    ("fold.lua", include_str!("lua/fold.lua")),
+    (
+        "forget_consumer.lua",
+        include_str!("lua/forget_consumer.lua"),
+    ),
+    ("lease.lua", include_str!("lua/lease.lua")),
+    ("query.lua", include_str!("lua/query.lua")),
+    ("stage.lua", include_str!("lua/stage.lua")),
+    ("swap.lua", include_str!("lua/swap.lua")),
+    ("trim_seen.lua", include_str!("lua/trim_seen.lua")),
+    ("watermark.lua", include_str!("lua/watermark.lua")),
+];
+
+/// The scripts that only read: their functions carry the `no-writes` flag, so Redis runs
+/// them when it is out of memory too (and would on a replica, by `FCALL_RO`).
+pub const READ_ONLY: [&str; 1] = ["query.lua"];
+
+/// Stands for the library's version in [`template`], replaced by [`Library::version`].
+const VERSION: &str = "@VERSION@";
+
+/// The library's text before its version is known: the pieces once, at the top, then one
+/// `redis.register_function` per script whose callback is the script's text.
+fn template() -> String {
+    let mut text = format!("#!lua name=rollboard_{VERSION}\n");
+    for (_, piece, _) in PIECES {
+        text.push_str(piece);
+        text.push('\n');
+    }
+    for (file, script) in SCRIPTS {
+        let flags = if READ_ONLY.contains(&file) {
+            "{'no-writes'}"
+        } else {
+            "{}"
+        };
+        text.push_str(&format!(
+            "redis.register_function{{function_name = '{}', flags = {flags},\n\
+             callback = function(KEYS, ARGV)\n{script}\nend}}\n",
+            function_name(VERSION, file)
+        ));
+    }
+    text
 }
 
-/// Folds a chunk of events one by one (see the script's header).
-pub const APPLY: &str = composed!("apply.lua", judging);
-/// Folds a chunk of events pre-aggregated per (member, slice): the fast path.
-pub const FOLD: &str = composed!("fold.lua", judging);
-/// Expires one chunk of a dead slice.
-pub const EXPIRE: &str = composed!("expire.lua", "common.lua", "members.lua");
-/// Writes one chunk of a recomputed instance into scratch keys.
-pub const STAGE: &str = composed!("stage.lua", "common.lua", "members.lua");
-/// Raises an instance's expiry watermark and lists the slices to expire.
-pub const WATERMARK: &str = composed!("watermark.lua", "common.lua");
-/// Removes an emptied slice from the registry.
-pub const DROP_SLICE: &str = include_str!("lua/drop_slice.lua");
-/// Forgets one chunk of idempotency keys whose time has passed.
-pub const TRIM_SEEN: &str = composed!(
-    "trim_seen.lua",
-    "common.lua",
-    "digest.lua",
-    "legacy_seen.lua"
-);
-/// Reads one consistent snapshot of an instance's ranking.
-pub const QUERY: &str = include_str!("lua/query.lua");
-/// Replaces live keys by their scratch copies.
-pub const SWAP: &str = include_str!("lua/swap.lua");
-/// Deletes what is left of an instance that holds no slice.
-pub const CLEANUP: &str = include_str!("lua/cleanup.lua");
-/// Raises a board's own watermark.
-pub const FLOOR: &str = composed!("floor.lua", "common.lua");
-/// Takes, renews or releases the lease of a scheduled job's tick.
-pub const LEASE: &str = include_str!("lua/lease.lua");
-/// Removes a consumer from its group when it holds nothing pending.
-pub const FORGET_CONSUMER: &str = include_str!("lua/forget_consumer.lua");
+/// `rollboard_<version>_<script>`: function names are one namespace across a server's
+/// libraries, so each version's are its own.
+fn function_name(version: &str, file: &str) -> String {
+    format!("rollboard_{version}_{}", file.trim_end_matches(".lua"))
+}
 
-/// Every script by the name of its file.
-pub const ALL: [(&str, &str); 13] = [
-    ("apply.lua", APPLY),
-    ("cleanup.lua", CLEANUP),
-    ("drop_slice.lua", DROP_SLICE),
-    ("expire.lua", EXPIRE),
-    ("floor.lua", FLOOR),
-    ("fold.lua", FOLD),
-    ("forget_consumer.lua", FORGET_CONSUMER),
-    ("lease.lua", LEASE),
-    ("query.lua", QUERY),
-    ("stage.lua", STAGE),
-    ("swap.lua", SWAP),
-    ("trim_seen.lua", TRIM_SEEN),
-    ("watermark.lua", WATERMARK),
-];
+/// rollboard's Lua library, as `FUNCTION LOAD` takes it.
+///
+/// Redis keeps a loaded library's functions, and everything its top level defined, until
+/// the library is replaced: calling one runs the script's own body and nothing else. (A
+/// script sent by `EVALSHA` runs its whole text on every call, and so makes every one of
+/// the pieces' functions anew each time.) The name carries a digest of the text, so
+/// daemons of two versions, during a rolling upgrade, each call their own.
+#[derive(Debug)]
+pub struct Library {
+    /// The digest of the text the name carries (12 hex digits).
+    pub version: String,
+    /// The library's name, `rollboard_<version>`.
+    pub name: String,
+    /// The text `FUNCTION LOAD` takes.
+    pub text: String,
+}
+
+impl Library {
+    /// The function that runs `file` (e.g. `fold.lua`).
+    pub fn function(&self, file: &str) -> String {
+        function_name(&self.version, file)
+    }
+}
+
+/// The library of this build, made once.
+pub fn library() -> &'static Library {
+    static LIBRARY: std::sync::LazyLock<Library> = std::sync::LazyLock::new(|| {
+        let template = template();
+        let digest = blake3::hash(template.as_bytes()).to_hex();
+        let version = digest[..12].to_string();
+        Library {
+            name: format!("rollboard_{version}"),
+            text: template.replace(VERSION, &version),
+            version,
+        }
+    });
+    &LIBRARY
+}
 
 /// The shared pieces by the name of their file, in the order they are put in front of a
 /// script (each uses only those before it), with the scripts that take each.
@@ -97,6 +118,7 @@ pub const PIECES: [(&str, &str, &[&str]); 6] = [
             "trim_seen.lua",
             "watermark.lua",
             "floor.lua",
+            "query.lua",
         ],
     ),
     (
@@ -128,36 +150,34 @@ pub const PIECES: [(&str, &str, &[&str]); 6] = [
 
 #[cfg(test)]
 mod tests {
-    use super::{ALL, PIECES};
+    use super::{library, PIECES, READ_ONLY, SCRIPTS};
 
-    /// Redis reads a script's flags from its first line only; a second `#!lua` line would be
-    /// a syntax error, and a script without one would not be refused up front when Redis is
-    /// out of memory.
-    #[test]
-    fn the_composed_scripts_open_with_one_shebang_line_then_common() {
-        for (name, source) in ALL {
-            let rest = source.strip_prefix("#!lua\n").unwrap_or(source);
-            assert!(
-                !rest.lines().any(|l| l.starts_with("#!")),
-                "{name} has a second #! line"
-            );
-            let composed = PIECES[0].2.contains(&name);
-            assert_eq!(
-                rest.starts_with("-- common.lua"),
-                composed,
-                "{name}: common.lua in front of exactly the scripts that share it"
-            );
-            if composed {
-                assert!(source.starts_with("#!lua\n"), "{name}");
-            }
-        }
+    /// The names a piece defines at its top level: its functions and its constants.
+    fn defined(piece: &str) -> Vec<&str> {
+        piece
+            .lines()
+            .filter_map(|l| l.strip_prefix("local "))
+            .flat_map(|l| {
+                let l = l.strip_prefix("function ").unwrap_or(l);
+                let names = l.split(['=', '(']).next().unwrap_or_default();
+                names.split(',').map(str::trim)
+            })
+            .filter(|n| !n.is_empty())
+            .collect()
     }
 
-    /// Each piece is in front of exactly the scripts its header names (`-- Used by:` up to
-    /// the first line ending in a full stop), in the order of [`PIECES`], and before the
-    /// script's own text.
+    /// Whether `text` uses `name` as a whole word.
+    fn uses(text: &str, name: &str) -> bool {
+        let word = |c: char| c.is_ascii_alphanumeric() || c == '_';
+        text.match_indices(name)
+            .any(|(i, _)| !text[..i].ends_with(word) && !text[i + name.len()..].starts_with(word))
+    }
+
+    /// Each piece's header (`-- Used by:` up to the first line ending in a full stop) names
+    /// exactly the scripts of [`PIECES`], and those are the scripts that use a name the
+    /// piece defines, themselves or through a piece they use.
     #[test]
-    fn each_piece_is_in_front_of_the_scripts_its_header_names() {
+    fn each_piece_serves_the_scripts_its_header_names() {
         for (piece, text, users) in PIECES {
             let mut lines = text.lines().skip_while(|l| !l.starts_with("-- Used by:"));
             let mut header = Vec::new();
@@ -181,26 +201,46 @@ mod tests {
             let mut listed: Vec<String> = users.iter().map(|u| u.to_string()).collect();
             listed.sort();
             assert_eq!(named, listed, "{piece}: header and PIECES disagree");
-            for (name, source) in ALL {
+            let names = defined(text);
+            assert!(!names.is_empty(), "{piece} defines nothing");
+            for (file, script) in SCRIPTS {
+                let through = PIECES.iter().any(|(other, other_text, other_users)| {
+                    other != &piece
+                        && other_users.contains(&file)
+                        && names.iter().any(|n| uses(other_text, n))
+                });
+                let direct = names.iter().any(|n| uses(script, n));
                 assert_eq!(
-                    source.contains(text),
-                    users.contains(&name),
-                    "{name} and {piece}"
+                    direct || through,
+                    users.contains(&file),
+                    "{file} and {piece}"
                 );
             }
         }
-        for (name, source) in ALL.iter().filter(|(n, _)| PIECES[0].2.contains(n)) {
-            let mut at = 0;
-            for (piece, text, users) in PIECES {
-                if users.contains(name) {
-                    let found = source[at..].find(text).map(|i| i + at);
-                    assert!(found.is_some(), "{name}: {piece} out of order");
-                    at = found.unwrap_or(at) + text.len();
-                }
-            }
-            assert!(
-                source[at..].starts_with(&format!("-- {name}:")),
-                "{name}: its own text after the pieces"
+    }
+
+    /// One `#!lua` line naming the library, the pieces once, then one function per script,
+    /// flagged `no-writes` when the script only reads.
+    #[test]
+    fn the_library_registers_one_function_per_script() {
+        let library = library();
+        assert_eq!(library.version.len(), 12);
+        assert!(library
+            .text
+            .starts_with(&format!("#!lua name={}\n", library.name)));
+        assert_eq!(library.text.matches("#!").count(), 1);
+        for (_, piece, _) in PIECES {
+            assert_eq!(library.text.matches(piece).count(), 1);
+        }
+        for (file, _) in SCRIPTS {
+            let function = library.function(file);
+            let registration = format!("function_name = '{function}', flags = ");
+            let at = library.text.find(&registration).expect(file);
+            let flags = &library.text[at + registration.len()..][..13];
+            assert_eq!(
+                flags.starts_with("{'no-writes'}"),
+                READ_ONLY.contains(&file),
+                "{file}"
             );
         }
     }

@@ -59,7 +59,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fred::prelude::*;
-use fred::types::scripts::Script;
 use fred::types::{ClusterHash, CustomCommand};
 
 use crate::config::Durability;
@@ -200,80 +199,56 @@ pub struct Store {
     failed: Arc<std::sync::Mutex<Option<String>>>,
 }
 
+/// One function of rollboard's library ([`lua::library`]), with its `script` label.
+struct Function {
+    /// `rollboard_<version>_<script>`.
+    name: String,
+    /// One of [`SCRIPT_NAMES`].
+    label: &'static str,
+}
+
+impl Function {
+    fn new(label: &'static str) -> Function {
+        Function {
+            name: lua::library().function(&format!("{label}.lua")),
+            label,
+        }
+    }
+}
+
 struct Scripts {
-    apply: Script,
-    fold: Script,
-    watermark: Script,
-    expire: Script,
-    drop_slice: Script,
-    trim_seen: Script,
-    query: Script,
-    stage: Script,
-    swap: Script,
-    cleanup: Script,
-    floor: Script,
-    lease: Script,
-    forget_consumer: Script,
+    apply: Function,
+    fold: Function,
+    watermark: Function,
+    expire: Function,
+    drop_slice: Function,
+    trim_seen: Function,
+    query: Function,
+    stage: Function,
+    swap: Function,
+    cleanup: Function,
+    floor: Function,
+    lease: Function,
+    forget_consumer: Function,
 }
 
 impl Scripts {
     fn new() -> Self {
         Scripts {
-            apply: Script::from_lua(lua::APPLY),
-            fold: Script::from_lua(lua::FOLD),
-            watermark: Script::from_lua(lua::WATERMARK),
-            expire: Script::from_lua(lua::EXPIRE),
-            drop_slice: Script::from_lua(lua::DROP_SLICE),
-            trim_seen: Script::from_lua(lua::TRIM_SEEN),
-            query: Script::from_lua(lua::QUERY),
-            stage: Script::from_lua(lua::STAGE),
-            swap: Script::from_lua(lua::SWAP),
-            cleanup: Script::from_lua(lua::CLEANUP),
-            floor: Script::from_lua(lua::FLOOR),
-            lease: Script::from_lua(lua::LEASE),
-            forget_consumer: Script::from_lua(lua::FORGET_CONSUMER),
+            apply: Function::new("apply"),
+            fold: Function::new("fold"),
+            watermark: Function::new("watermark"),
+            expire: Function::new("expire"),
+            drop_slice: Function::new("drop_slice"),
+            trim_seen: Function::new("trim_seen"),
+            query: Function::new("query"),
+            stage: Function::new("stage"),
+            swap: Function::new("swap"),
+            cleanup: Function::new("cleanup"),
+            floor: Function::new("floor"),
+            lease: Function::new("lease"),
+            forget_consumer: Function::new("forget_consumer"),
         }
-    }
-
-    /// The `script` label of `script` (one of [`SCRIPT_NAMES`]).
-    fn name(&self, script: &Script) -> &'static str {
-        let named = [
-            (&self.apply, "apply"),
-            (&self.fold, "fold"),
-            (&self.watermark, "watermark"),
-            (&self.expire, "expire"),
-            (&self.drop_slice, "drop_slice"),
-            (&self.trim_seen, "trim_seen"),
-            (&self.query, "query"),
-            (&self.stage, "stage"),
-            (&self.swap, "swap"),
-            (&self.cleanup, "cleanup"),
-            (&self.floor, "floor"),
-            (&self.lease, "lease"),
-            (&self.forget_consumer, "forget_consumer"),
-        ];
-        named
-            .iter()
-            .find(|(s, _)| std::ptr::eq(*s, script))
-            .map_or("other", |(_, name)| name)
-    }
-
-    fn all(&self) -> [&Script; 13] {
-        [
-            &self.fold,
-            &self.floor,
-            &self.stage,
-            &self.swap,
-            &self.cleanup,
-            &self.apply,
-            &self.watermark,
-            &self.expire,
-            &self.drop_slice,
-            &self.trim_seen,
-            &self.query,
-            &self.lease,
-            &self.forget_consumer,
-        ]
     }
 }
 
@@ -314,11 +289,11 @@ impl Store {
     }
 
     /// Runs one call of `script`, timing it when metrics are attached.
-    async fn timed<T>(&self, script: &Script, call: impl Future<Output = T>) -> T {
+    async fn timed<T>(&self, script: &Function, call: impl Future<Output = T>) -> T {
         let started = Instant::now();
         let out = call.await;
         if let Some(metrics) = &self.metrics {
-            metrics.script_call(self.scripts.name(script), started.elapsed().as_secs_f64());
+            metrics.script_call(script.label, started.elapsed().as_secs_f64());
         }
         out
     }
@@ -375,17 +350,59 @@ impl Store {
 
     async fn eval(
         &self,
-        script: &Script,
+        script: &Function,
         keys: Vec<String>,
         args: Vec<Value>,
     ) -> Result<Value, StoreError> {
         let call = Box::pin(redirected(|| {
-            script.evalsha_with_reload(self.client(), keys.clone(), args.clone())
+            self.fcall(self.client(), script, keys.clone(), args.clone())
         }));
         Ok(self
             .bounded(FOLD_BUDGET as u32, self.timed(script, call))
             .await?)
     }
+}
+
+impl Store {
+    /// `FCALL` of `function` on `client`. A server without rollboard's library (restarted
+    /// without persistence, a new master, a `FUNCTION FLUSH`) answers that the function is
+    /// not found and runs nothing: the library is loaded and the call sent once more.
+    async fn fcall(
+        &self,
+        client: &Client,
+        function: &Function,
+        keys: Vec<String>,
+        args: Vec<Value>,
+    ) -> Result<Value, fred::error::Error> {
+        match client
+            .fcall(function.name.as_str(), keys.clone(), args.clone())
+            .await
+        {
+            Err(e) if function_missing(&e) => {
+                load_library(client).await?;
+                client.fcall(function.name.as_str(), keys, args).await
+            }
+            reply => reply,
+        }
+    }
+}
+
+/// Whether Redis refused a call because it does not know the function (nothing ran).
+fn function_missing(e: &fred::error::Error) -> bool {
+    e.details().contains("Function not found")
+}
+
+/// Loads rollboard's library (`FUNCTION LOAD REPLACE`); on a cluster, on every master.
+/// Replacing the library by the same text changes nothing for calls in flight: Redis runs
+/// one command at a time.
+async fn load_library(client: &Client) -> Result<(), fred::error::Error> {
+    let text = lua::library().text.as_str();
+    if client.is_clustered() {
+        client.function_load_cluster::<Value, _>(true, text).await?;
+    } else {
+        client.function_load::<Value, _>(true, text).await?;
+    }
+    Ok(())
 }
 
 /// Pauses before each new try of a redirected call (see [`redirected`]).

@@ -111,8 +111,7 @@ impl Store {
         let snapshot = self.timed(
             &self.scripts.query,
             Box::pin(super::redirected(|| {
-                let query = &self.scripts.query;
-                query.evalsha_with_reload(client, keys.clone(), args.clone())
+                self.fcall(client, &self.scripts.query, keys.clone(), args.clone())
             })),
         );
         if scope.is_none() {

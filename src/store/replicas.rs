@@ -12,7 +12,7 @@
 //! is up: resent after a reconnect it may reach another master (the replica that took over
 //! from a dead one), which would confirm there writes the dead master took along.
 //!
-//! The writes being confirmed are sent once too ([`Store::once`], [`Store::evalsha_once`]):
+//! The writes being confirmed are sent once too ([`Store::once`], [`Store::fcall_once`]):
 //! an apply call resent after a reconnect may land on the promoted replica after earlier
 //! calls of the same batch died with the old master, and the confirmation there (which only
 //! sees the new master's stream) would pass. A call cut short fails the batch instead, as
@@ -24,12 +24,11 @@ use std::collections::BTreeMap;
 use fred::clients::WithOptions;
 use fred::prelude::*;
 use fred::types::cluster::ClusterRouting;
-use fred::types::scripts::Script;
 use fred::types::{ClusterHash, CustomCommand};
 use futures_util::future::try_join_all;
 use tracing::info;
 
-use super::{reply_err, Store, StoreError};
+use super::{function_missing, load_library, reply_err, Function, Store, StoreError};
 use crate::config::Durability;
 
 /// How long the tiny write of a confirmation lives (it only has to outlast the `WAIT`).
@@ -112,12 +111,12 @@ impl Store {
         client.with_options(&send_once())
     }
 
-    /// `EVALSHA` of `script` sent at most once (see [`Store::once`]); a `NOSCRIPT` answer
-    /// (nothing ran: a promoted replica or a restarted server) loads the script and sends
-    /// the call once more, at most once again.
-    pub(super) async fn evalsha_once(
+    /// `FCALL` of `function` sent at most once (see [`Store::once`]); an answer that the
+    /// function is not found (nothing ran: a promoted replica or a restarted server) loads
+    /// the library and sends the call once more, at most once again.
+    pub(super) async fn fcall_once(
         &self,
-        script: &Script,
+        function: &Function,
         client: &Client,
         keys: Vec<String>,
         args: Vec<Value>,
@@ -127,16 +126,16 @@ impl Store {
             .map(|k| ClusterHash::Custom(ClusterRouting::hash_key(k.as_bytes())))
             .unwrap_or(ClusterHash::Random);
         let mut call: Vec<Value> = Vec::with_capacity(2 + keys.len() + args.len());
-        call.push(Value::from(script.sha1().clone()));
+        call.push(Value::from(function.name.as_str()));
         call.push(Value::from(keys.len() as i64));
         call.extend(keys.into_iter().map(Value::from));
         call.extend(args);
-        let evalsha = CustomCommand::new("EVALSHA", route, false);
+        let fcall = CustomCommand::new("FCALL", route, false);
         let once = self.once(client);
-        match once.custom(evalsha.clone(), call.clone()).await {
-            Err(e) if e.details().starts_with("NOSCRIPT") => {
-                script.load(client).await?;
-                once.custom(evalsha, call).await
+        match once.custom(fcall.clone(), call.clone()).await {
+            Err(e) if function_missing(&e) => {
+                load_library(client).await?;
+                once.custom(fcall, call).await
             }
             reply => reply,
         }

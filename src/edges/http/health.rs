@@ -109,7 +109,7 @@ async fn check(state: &AppState) -> Result<bool, StoreError> {
         )
         .await?;
         let group = groups.iter().all(Option::is_some);
-        state.store.ensure_scripts().await?;
+        state.store.ensure_library().await?;
         Ok::<bool, StoreError>(group)
     };
     // A failed check is counted and logged: during a partition the daemon's own calls

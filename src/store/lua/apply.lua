@@ -47,10 +47,12 @@
 -- parsed and checked; whatever is wrong raises an error before anything was written. The
 -- events are then judged one by one, in order, against that state in Lua. Phase 2 writes
 -- the outcome with a handful of variadic commands whose keys and values are known to be
--- valid, so a call either writes all of it or nothing. The `#!lua` line makes Redis refuse
--- the whole call up front when it is out of memory, instead of failing at the first
--- write. The checks and writes it shares with fold.lua are in gate.lua, digest.lua,
+-- valid, so a call either writes all of it or nothing. The function carries no flag, so
+-- Redis refuses the whole call up front when it is out of memory, instead of failing at
+-- the first write. The checks and writes it shares with fold.lua are in gate.lua, digest.lua,
 -- members.lua and write_back.lua.
+local meta, result, members, slices, seen, refs, totals, table_key,
+  incremental, tie, negative, settings = shared_args(KEYS, ARGV)
 local S, M, E = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
 -- A dense_rank board's distinct totals, after the slice keys (nil on other boards).
 local dense = KEYS[9 + 2 * S]

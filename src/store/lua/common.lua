@@ -1,10 +1,9 @@
--- common.lua: the helpers every composed script uses: exact integers, error replies, the
--- bounded variadic call and the checks of a stored setting or counter. Redis receives
--- each of those scripts as one text: a `#!lua` line, this file, the other shared pieces
--- the script needs, then the script (`src/store/lua.rs`); a script cannot call another's
--- functions.
+-- common.lua: the helpers the scripts below use: exact integers, error replies, the
+-- bounded variadic call and the checks of a stored setting or counter. The shared pieces
+-- sit once at the top of rollboard's function library, before every script's function
+-- (`src/store/lua.rs`).
 -- Used by: apply.lua, fold.lua, expire.lua, stage.lua, trim_seen.lua, watermark.lua,
--- floor.lua.
+-- floor.lua, query.lua.
 --
 -- Numbers stay below 2^53 in magnitude, so Lua's doubles hold them exactly.
 local LIMIT = 9007199254740991

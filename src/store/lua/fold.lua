@@ -42,6 +42,8 @@
 -- describe the checks); a call writes all or nothing. The digest table and the forget
 -- logs are described in digest.lua; the checks and writes shared with `apply.lua` are in
 -- gate.lua, digest.lua, members.lua and write_back.lua.
+local meta, result, members, slices, seen, refs, totals, table_key,
+  incremental, tie, negative, settings = shared_args(KEYS, ARGV)
 local S, M, G = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
 -- A dense_rank board's distinct totals, after the slice keys (nil on other boards).
 local dense = KEYS[9 + 2 * S]

@@ -1,4 +1,3 @@
-#!lua
 -- forget_consumer.lua: remove a consumer from its group when it holds nothing pending.
 --
 -- KEYS[1] stream  Stream  the stream (partition) the consumer read

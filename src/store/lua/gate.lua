@@ -4,13 +4,13 @@
 -- Used by: apply.lua, fold.lua.
 
 -- The KEYS the two scripts share (their headers list them): meta, result, members,
--- slices, seen, refs, totals and seen:ids.
-local meta, result, members, slices, seen, refs, totals, table_key =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
-
--- The board's flags among the ARGV the two scripts share: whether it is incremental, its
--- tie-break, whether it allows negative amounts, and its settings fingerprint.
-local incremental, tie, negative, settings = ARGV[4] == 'i', ARGV[5], ARGV[6] == '1', ARGV[7]
+-- slices, seen, refs, totals and seen:ids; then the board's flags among the ARGV they
+-- share: whether it is incremental, its tie-break, whether it allows negative amounts,
+-- and its settings fingerprint.
+local function shared_args(KEYS, ARGV)
+  return KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8],
+    ARGV[4] == 'i', ARGV[5], ARGV[6] == '1', ARGV[7]
+end
 
 -- The instance's `meta` fields the two scripts read, in one HMGET.
 local function read_meta(meta)

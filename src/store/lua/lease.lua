@@ -1,4 +1,3 @@
-#!lua
 -- lease.lua: the lease under which one replica runs a tick of a scheduled job.
 --
 -- KEYS[1] lease  String  `<holder token>@<tick>` while a replica runs the job; it expires

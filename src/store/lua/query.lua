@@ -33,7 +33,6 @@ local function answer(rank, first, start, rows, first_dense)
   return { expired, count, rank, first, start, rows, stamps[2], stamps[3], stamps[4],
     first_dense or 0 }
 end
-local LIMIT = 9007199254740991
 local tie = ARGV[2]
 
 -- The ZSet member of `member` as the lookup records it (nil: not recorded), or an error.

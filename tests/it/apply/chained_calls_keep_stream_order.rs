@@ -85,7 +85,7 @@ async fn a_chain_cut_after_its_first_calls_leaves_a_prefix_and_redelivery_comple
     let store = proxy.store().await;
     let direct = redis.store("rb").await;
     let tags = ["a", "b", "c", "d", "e", "f"];
-    // Loads the script (a NOSCRIPT answer would count as an occurrence).
+    // Loads the library (a call answered "function not found" would count as an occurrence).
     store
         .apply(&shaped(0), None, &[ev("w", NOW, "w", 1)], NOW)
         .await
@@ -93,8 +93,8 @@ async fn a_chain_cut_after_its_first_calls_leaves_a_prefix_and_redelivery_comple
     // The cut right after the first call, after the second, and inside the third (the
     // chunk let through ends at one of its member names, part-way into the call).
     let cuts = [
-        (1, sha("fold"), 1),
-        (2, sha("fold"), 2),
+        (1, function_name("fold"), 1),
+        (2, function_name("fold"), 2),
         (3, b"cm7".to_vec(), 1),
     ];
     for (nth, pattern, occurrence) in cuts {
@@ -226,9 +226,7 @@ async fn a_roll_between_two_chained_calls_is_seen_as_between_them() {
         let run = |call: rollboard::store::FoldCall| {
             let store = &store;
             async move {
-                let reply: Vec<i64> = store
-                    .client()
-                    .eval(rollboard::store::lua::FOLD, call.keys, call.args)
+                let reply: Vec<i64> = fcall(store.client(), "fold", call.keys, call.args)
                     .await
                     .expect("fold.lua");
                 (reply.clone(), outcomes_of(&reply, &call.slice_of))
@@ -354,7 +352,7 @@ async fn two_stores_chaining_on_one_instance_count_each_id_once_and_finish() {
                 calls as usize,
                 NOW - 300 + round * 10,
             );
-            let before = evalsha_calls(&redis);
+            let before = fcall_calls(&redis);
             let (x, y) = tokio::time::timeout(Duration::from_secs(20), async {
                 tokio::join!(
                     a.apply(&board, None, &events, NOW),
@@ -363,7 +361,7 @@ async fn two_stores_chaining_on_one_instance_count_each_id_once_and_finish() {
             })
             .await
             .expect("a livelock: the two chains never finished");
-            let sent = evalsha_calls(&redis) - before;
+            let sent = fcall_calls(&redis) - before;
             let (x, y) = (x.expect("a"), y.expect("b"));
             for (i, (p, q)) in x.iter().zip(&y).enumerate() {
                 assert!(
@@ -389,11 +387,11 @@ async fn two_stores_chaining_on_one_instance_count_each_id_once_and_finish() {
     }
 }
 
-/// The scripts flushed before a batch of 40 calls (more than `join_all` polls in order
-/// itself): every call answers NOSCRIPT, loads the script and is sent again, possibly out
-/// of order; the calls still take effect in order, and only once.
+/// The library flushed before a batch of 40 calls (more than `join_all` polls in order
+/// itself): every call answers that the function is not found, loads the library and is
+/// sent again, possibly out of order; the calls still take effect in order, and only once.
 #[tokio::test]
-async fn a_chain_after_script_flush_reloads_and_applies_in_order() {
+async fn a_chain_after_function_flush_reloads_and_applies_in_order() {
     let (redis, store) = RedisServer::start_with_store("rb").await;
     let board = shaped(0);
     let control = twin(&board);
@@ -404,9 +402,9 @@ async fn a_chain_after_script_flush_reloads_and_applies_in_order() {
     let chunks = fold_chunks(&board, &events);
     assert_eq!(chunks.len(), 40);
     for pass in 0..2 {
-        redis.cli(&["SCRIPT", "FLUSH"]);
+        redis.cli(&["FUNCTION", "FLUSH"]);
         let got = apply_events(&store, &board, &events, NOW).await;
-        redis.cli(&["SCRIPT", "FLUSH"]);
+        redis.cli(&["FUNCTION", "FLUSH"]);
         let (want, err) = in_turn(&store, &control, &events, NOW).await;
         assert!(err.is_none());
         assert_eq!(got, want, "pass {pass}");

@@ -16,7 +16,6 @@ use crate::support::*;
 const SLICE: i64 = 1_000;
 const N: i64 = 4;
 const NOW: i64 = 1_000_000;
-const APPLY_LUA: &str = rollboard::store::lua::APPLY;
 
 /// Applies `events` with `apply.lua` alone, in calls of [`APPLY_CHUNK`] events.
 async fn apply_exact(
@@ -29,9 +28,7 @@ async fn apply_exact(
     let mut out = Vec::new();
     for chunk in events.chunks(APPLY_CHUNK) {
         let (keys, args) = apply_call(board, &k, &board.fingerprint(), chunk, now, false);
-        let reply: Vec<i64> = store
-            .client()
-            .eval(APPLY_LUA, keys, args)
+        let reply: Vec<i64> = fcall(store.client(), "apply", keys, args)
             .await
             .expect("apply.lua");
         out.extend(reply.into_iter().map(|s| match s {
@@ -482,9 +479,7 @@ async fn a_chained_call_runs_only_after_the_token_before_it() {
         rollboard::store::fold_call(&board, &k, &fingerprint, events, NOW).chained(after, token)
     };
     let run = |call: rollboard::store::FoldCall| async {
-        store
-            .client()
-            .eval::<Vec<i64>, _, _, _>(rollboard::store::lua::FOLD, call.keys, call.args)
+        fcall::<Vec<i64>, _, _>(store.client(), "fold", call.keys, call.args)
             .await
             .expect("fold.lua")
     };

@@ -5,8 +5,6 @@ use fred::prelude::*;
 
 use crate::support::*;
 
-const TRIM_SEEN: &str = rollboard::store::lua::TRIM_SEEN;
-
 /// One 20-byte digest-table entry: the digest, then the slice tag, big-endian.
 fn entry(digest: [u8; 16], tag: u32) -> Vec<u8> {
     let mut e = digest.to_vec();
@@ -23,18 +21,18 @@ async fn trim(
     n: u32,
     take: usize,
 ) -> Result<Vec<i64>, fred::error::Error> {
-    client
-        .eval(
-            TRIM_SEEN,
-            vec!["t:legacy".to_string(), table.to_string(), log.to_string()],
-            vec![
-                now_ms().to_string(),
-                "128".to_string(),
-                n.to_string(),
-                take.to_string(),
-            ],
-        )
-        .await
+    fcall(
+        client,
+        "trim_seen",
+        vec!["t:legacy".to_string(), table.to_string(), log.to_string()],
+        vec![
+            now_ms().to_string(),
+            "128".to_string(),
+            n.to_string(),
+            take.to_string(),
+        ],
+    )
+    .await
 }
 
 async fn seed_table(client: &Client, table: &str, log: &str, bucket: &[u8], held: usize) {
@@ -141,19 +139,19 @@ async fn trim_seen_deletes_a_bucket_of_only_the_slice_and_leaves_an_empty_one_al
     let n_wrapped = (1u64 << 32) + tag as u64;
     let bucket: Vec<u8> = (0..17u8).flat_map(|i| entry([i; 16], tag)).collect();
     seed_table(client, "t:seen:ids", "t:seen:1", &bucket, 17).await;
-    let got: Vec<i64> = client
-        .eval(
-            TRIM_SEEN,
-            vec!["t:legacy", "t:seen:ids", "t:seen:1"],
-            vec![
-                now_ms().to_string(),
-                "128".into(),
-                n_wrapped.to_string(),
-                "128".into(),
-            ],
-        )
-        .await
-        .expect("trim");
+    let got: Vec<i64> = fcall(
+        client,
+        "trim_seen",
+        vec!["t:legacy", "t:seen:ids", "t:seen:1"],
+        vec![
+            now_ms().to_string(),
+            "128".into(),
+            n_wrapped.to_string(),
+            "128".into(),
+        ],
+    )
+    .await
+    .expect("trim");
     assert_eq!(got, vec![0, 2, 17]);
     let exists: bool = client.hexists("t:seen:ids", "0").await.expect("hexists");
     assert!(

@@ -5,7 +5,9 @@ use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use fred::types::scripts::Script;
+use fred::error::Error;
+use fred::prelude::*;
+use fred::types::{MultipleKeys, MultipleValues};
 use rollboard::store::{Reconnect, Store};
 
 /// A redis-server child process listening on 127.0.0.1.
@@ -188,22 +190,45 @@ impl Drop for RedisServer {
     }
 }
 
-/// The SHA1 a script is called by (`EVALSHA <sha> ...`): a proxy pattern that matches the
-/// calls of that script only.
-pub fn sha(script: &str) -> Vec<u8> {
-    let file = format!("{script}.lua");
-    let (_, source) = rollboard::store::lua::ALL
-        .into_iter()
-        .find(|(name, _)| *name == file)
-        .expect("a script of rollboard's");
-    Script::from_lua(source).sha1().as_bytes().to_vec()
+/// The name `script` (e.g. `fold`) is called by (`FCALL <name> ...`): a proxy pattern that
+/// matches the calls of that script only.
+pub fn function_name(script: &str) -> Vec<u8> {
+    rollboard::store::lua::library()
+        .function(&format!("{script}.lua"))
+        .into_bytes()
 }
 
-/// How many `EVALSHA` calls the server has run (`INFO commandstats`).
-pub fn evalsha_calls(redis: &RedisServer) -> u64 {
+/// Calls `script` (e.g. `fold`) of rollboard's Lua library as the daemon does, loading the
+/// library first when the server lacks it.
+pub async fn fcall<R, K, V>(client: &Client, script: &str, keys: K, args: V) -> Result<R, Error>
+where
+    R: FromValue,
+    K: Into<MultipleKeys> + Send,
+    V: TryInto<MultipleValues> + Send,
+    V::Error: Into<Error> + Send,
+{
+    let library = rollboard::store::lua::library();
+    let function = library.function(&format!("{script}.lua"));
+    let (keys, args) = (keys.into(), args.try_into().map_err(Into::into)?);
+    match client
+        .fcall(function.as_str(), keys.clone(), args.clone())
+        .await
+    {
+        Err(e) if e.details().contains("Function not found") => {
+            client
+                .function_load::<Value, _>(true, library.text.as_str())
+                .await?;
+            client.fcall(function, keys, args).await
+        }
+        reply => reply,
+    }
+}
+
+/// How many `FCALL` calls the server has run (`INFO commandstats`).
+pub fn fcall_calls(redis: &RedisServer) -> u64 {
     let info = redis.cli(&["INFO", "commandstats"]);
     info.lines()
-        .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
+        .find_map(|line| line.strip_prefix("cmdstat_fcall:calls="))
         .and_then(|rest| rest.split(',').next())
         .map_or(0, |n| n.parse().expect("calls"))
 }
