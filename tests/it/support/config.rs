@@ -101,6 +101,13 @@ pub fn config_for_url(
     (dir, port, config)
 }
 
+/// Writes `content` to the file `name` in `dir` (a token file, say); its path.
+pub fn write_file(dir: &Path, name: &str, content: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, content).expect("write file");
+    path
+}
+
 /// Rewrites the configuration at `path`, replacing the first `from` with `to`.
 pub fn edit_config(path: &Path, from: &str, to: &str) {
     let text = std::fs::read_to_string(path).expect("read config");
