@@ -229,6 +229,29 @@ pub async fn roll_all(
     reports
 }
 
+/// One run of both jobs over `board` alone at `now` (chunk 10), checked as [`roll_all`]
+/// checks it; its report.
+pub async fn roll_board(store: &Store, board: &Board, now: i64) -> roll::Report {
+    roll_all(store, std::slice::from_ref(board), now, 10)
+        .await
+        .remove(0)
+}
+
+/// Runs both jobs over `board` alone at `now` (chunk 10) and rolls `model` with them, then
+/// checks the instance of `scope` against the model; how many instances the run resummed.
+pub async fn roll_and_match(
+    store: &Store,
+    board: &Board,
+    scope: Option<&str>,
+    model: &mut Instance,
+    now: i64,
+) -> u64 {
+    let report = roll_board(store, board, now).await;
+    model.roll(board, now);
+    crate::support::model::assert_matches(store, board, scope, model, now).await;
+    report.resummed
+}
+
 /// Ingest settings for `process_batch` called directly: `stream` in `partitions`
 /// partitions, the default group and dead-letter stream.
 pub fn ingest_settings(stream: &str, partitions: usize) -> rollboard::config::IngestSettings {
@@ -318,6 +341,18 @@ pub fn resummarize(name: &str, slice: i64, n: i64) -> Board {
     let mut b = board(name, slice, n);
     b.mode = Mode::Resummarize;
     b
+}
+
+/// A fresh server and a store on it, a [`resummarize`] board `name` (`n` slices of `slice`
+/// ms), and the start of the slice holding [`T0`].
+pub async fn resummarize_at_t0(name: &str, slice: i64, n: i64) -> (RedisServer, Store, Board, i64) {
+    let (redis, store) = RedisServer::start_with_store("rb").await;
+    (
+        redis,
+        store,
+        resummarize(name, slice, n),
+        T0 / slice * slice,
+    )
 }
 
 /// Applies `events` to the store's unscoped instance and to the model at `now`; the
