@@ -204,7 +204,7 @@ fn boards_without_dense_rank_keep_no_distinct_totals() {
                 .apply(&board, None, &events, START)
                 .await
                 .expect("apply");
-            roll_all(&store, std::slice::from_ref(&board), START + 10, 10).await;
+            roll_board(&store, &board, START + 10).await;
             let page = store
                 .top(&board, None, 0, 10, START + 10)
                 .await

@@ -58,13 +58,13 @@ async fn resummarize_tracks_new_events_only_at_its_runs() {
         0,
         "nothing until the job runs"
     );
-    roll_all(&store, std::slice::from_ref(&b), T0, 10).await;
+    roll_board(&store, &b, T0).await;
     assert_eq!(store.rank(&b, None, "a", T0).await.unwrap().total, Some(5));
     apply_events(&store, &b, &[ev("2", T0 + 1, "a", 5)], T0).await;
     let lag = roll::verify(&store, &b, None, 10).await.unwrap();
     assert_eq!((lag.differences.len(), lag.amount_behind), (1, 5));
     assert!(!lag.fails(false) && lag.fails(true));
-    roll_all(&store, std::slice::from_ref(&b), T0 + 2, 10).await;
+    roll_board(&store, &b, T0 + 2).await;
     let r = store.rank(&b, None, "a", T0).await.unwrap();
     assert_eq!((r.total, r.last_ts), (Some(10), Some(T0 + 1)));
     // No scratch key is left behind.

@@ -336,6 +336,16 @@ pub async fn set_string(store: &Store, key: &str, value: &str) {
         .expect("set");
 }
 
+/// A generated `amount` as an event of `board` may carry it: made positive unless the board
+/// allows negative amounts.
+pub fn amount_for(board: &Board, amount: i64) -> i64 {
+    if amount < 0 && !board.allow_negative {
+        -amount
+    } else {
+        amount
+    }
+}
+
 /// A board of `Mode::Resummarize`.
 pub fn resummarize(name: &str, slice: i64, n: i64) -> Board {
     let mut b = board(name, slice, n);
