@@ -14,21 +14,19 @@ fn invalid_configuration_exits_64_naming_the_key() {
         Some(64)
     );
     let bad = dir.path().join("bad.toml");
-    for (text, key) in [
-        (
-            "[[boards]]\nname = \"r\"\nmember = \"m\"\nwindow = \"7d\"\nslice = \"5h\"\n",
-            "boards[0].window",
-        ),
-        (
-            "[redis]\nurl = \"redis://127.0.0.1:1\"\nsurprise = 1\n",
-            "surprise",
-        ),
-    ] {
-        std::fs::write(&bad, text).expect("write");
-        let out = rollboard(Some(&bad), &["top", "r"], &[]);
-        assert_eq!(out.status.code(), Some(64), "{key}");
-        assert_contains(&stderr(&out), key);
-    }
+    assert_configs_refused_naming(
+        &bad,
+        &[
+            (
+                "[[boards]]\nname = \"r\"\nmember = \"m\"\nwindow = \"7d\"\nslice = \"5h\"\n",
+                "boards[0].window",
+            ),
+            (
+                "[redis]\nurl = \"redis://127.0.0.1:1\"\nsurprise = 1\n",
+                "surprise",
+            ),
+        ],
+    );
 }
 
 #[tokio::test]
