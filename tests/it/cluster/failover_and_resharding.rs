@@ -60,8 +60,7 @@ async fn core_flows_on_a_cluster_equal_the_model() {
             serde_json::to_string(&f.iter().cloned().collect::<HashMap<_, _>>()).expect("json")
         })
         .collect();
-    let file = dir.path().join("events.jsonl");
-    std::fs::write(&file, lines.join("\n")).expect("write events");
+    let file = write_file(dir.path(), "events.jsonl", &lines.join("\n"));
     let out = rollboard(Some(&config), &["send", file.to_str().expect("path")], &[]);
     assert!(out.status.success(), "{}", crate::support::stderr(&out));
     let r = post_fields(&daemon.base, &events[800..]).await;
@@ -453,8 +452,7 @@ async fn without_enough_replicas_nothing_is_acked_or_confirmed() {
     events.extend(more);
     let line =
         serde_json::to_string(&tip(310, now).into_iter().collect::<HashMap<_, _>>()).expect("json");
-    let file = dir.path().join("one.jsonl");
-    std::fs::write(&file, line).expect("write");
+    let file = write_file(dir.path(), "one.jsonl", &line);
     let out = rollboard(Some(&config), &["send", file.to_str().expect("path")], &[]);
     assert!(!out.status.success(), "send confirmed without a replica");
     assert!(stderr(&out).contains("NOREPLICAS"), "{}", stderr(&out));
