@@ -457,6 +457,13 @@ impl<'a> Consumer<'a> {
         }
     }
 
+    /// Processes one entry of `fields`, read from `stream` with the id `<now>-0`, at `now`;
+    /// the batch must be taken.
+    pub async fn process_one(&self, stream: &str, fields: &[(&str, &str)], now: i64) {
+        let one = entry(&format!("{now}-0"), fields);
+        self.process(stream, &[one], now).await.expect("batch");
+    }
+
     /// Processes `batch`, read from `stream`, at `now`.
     pub async fn process(
         &self,
