@@ -229,16 +229,14 @@ pub async fn roll_all(
     reports
 }
 
-/// One run of both jobs over `board` alone at `now` (chunk 10), checked as [`roll_all`]
-/// checks it; its report.
+/// One run of both jobs over `board` alone at `now` (chunk 10, as [`roll_all`]); its report.
 pub async fn roll_board(store: &Store, board: &Board, now: i64) -> roll::Report {
     roll_all(store, std::slice::from_ref(board), now, 10)
         .await
         .remove(0)
 }
 
-/// Runs both jobs over `board` alone at `now` (chunk 10) and rolls `model` with them, then
-/// checks the instance of `scope` against the model; how many instances the run resummed.
+/// [`roll_board`], `model` rolled too and the `scope` instance checked against it; resummed count.
 pub async fn roll_and_match(
     store: &Store,
     board: &Board,
@@ -336,8 +334,7 @@ pub async fn set_string(store: &Store, key: &str, value: &str) {
         .expect("set");
 }
 
-/// A generated `amount` as an event of `board` may carry it: made positive unless the board
-/// allows negative amounts.
+/// A generated `amount` made positive unless `board` allows negative amounts.
 pub fn amount_for(board: &Board, amount: i64) -> i64 {
     if amount < 0 && !board.allow_negative {
         -amount
@@ -353,8 +350,7 @@ pub fn resummarize(name: &str, slice: i64, n: i64) -> Board {
     b
 }
 
-/// A fresh server and a store on it, a [`resummarize`] board `name` (`n` slices of `slice`
-/// ms), and the start of the slice holding [`T0`].
+/// A fresh server, a store, a [`resummarize`] board and the start of the slice holding [`T0`].
 pub async fn resummarize_at_t0(name: &str, slice: i64, n: i64) -> (RedisServer, Store, Board, i64) {
     let (redis, store) = RedisServer::start_with_store("rb").await;
     (
@@ -457,8 +453,7 @@ impl<'a> Consumer<'a> {
         }
     }
 
-    /// Processes one entry of `fields`, read from `stream` with the id `<now>-0`, at `now`;
-    /// the batch must be taken.
+    /// Processes one entry of `fields` (id `<now>-0`) read from `stream` at `now`; it must succeed.
     pub async fn process_one(&self, stream: &str, fields: &[(&str, &str)], now: i64) {
         let one = entry(&format!("{now}-0"), fields);
         self.process(stream, &[one], now).await.expect("batch");

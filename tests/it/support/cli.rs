@@ -76,8 +76,7 @@ pub fn assert_contains(text: &str, needle: &str) {
     assert!(text.contains(needle), "{text}");
 }
 
-/// For each `(text, key)`, with `text` written to the config at `path`, `rollboard top r`
-/// exits 64 naming `key`.
+/// For each `(text, key)`, `rollboard top r` on `text` written to `path` exits 64 naming `key`.
 pub fn assert_configs_refused_naming(path: &Path, cases: &[(&str, &str)]) {
     for (text, key) in cases {
         std::fs::write(path, text).expect("write");

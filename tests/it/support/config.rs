@@ -101,8 +101,7 @@ pub fn config_for_url(
     (dir, port, config)
 }
 
-/// A fresh redis-server, a temp dir, a free HTTP port, and the configuration `write` puts
-/// in the dir for them.
+/// A fresh redis-server, a temp dir, a free HTTP port, and the config `write` puts there.
 pub fn server_and_config(
     write: impl FnOnce(&Path, &RedisServer, u16) -> PathBuf,
 ) -> (RedisServer, tempfile::TempDir, u16, PathBuf) {
