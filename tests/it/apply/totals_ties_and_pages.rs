@@ -299,11 +299,7 @@ fn case() -> impl Strategy<Value = Case> {
                 let events = events
                     .into_iter()
                     .map(|(id, offset, member, amount)| {
-                        let amount = if amount < 0 && !board.allow_negative {
-                            -amount
-                        } else {
-                            amount
-                        };
+                        let amount = amount_for(board, amount);
                         ev(
                             &format!("id{id}"),
                             (now + offset).max(0),

@@ -14,21 +14,19 @@ fn invalid_configuration_exits_64_naming_the_key() {
         Some(64)
     );
     let bad = dir.path().join("bad.toml");
-    for (text, key) in [
-        (
-            "[[boards]]\nname = \"r\"\nmember = \"m\"\nwindow = \"7d\"\nslice = \"5h\"\n",
-            "boards[0].window",
-        ),
-        (
-            "[redis]\nurl = \"redis://127.0.0.1:1\"\nsurprise = 1\n",
-            "surprise",
-        ),
-    ] {
-        std::fs::write(&bad, text).expect("write");
-        let out = rollboard(Some(&bad), &["top", "r"], &[]);
-        assert_eq!(out.status.code(), Some(64), "{key}");
-        assert_contains(&stderr(&out), key);
-    }
+    assert_configs_refused_naming(
+        &bad,
+        &[
+            (
+                "[[boards]]\nname = \"r\"\nmember = \"m\"\nwindow = \"7d\"\nslice = \"5h\"\n",
+                "boards[0].window",
+            ),
+            (
+                "[redis]\nurl = \"redis://127.0.0.1:1\"\nsurprise = 1\n",
+                "surprise",
+            ),
+        ],
+    );
 }
 
 #[tokio::test]
@@ -179,12 +177,8 @@ async fn queries_answer_with_the_documented_shapes_and_statuses() {
 #[tokio::test]
 async fn send_appends_all_or_nothing_and_lists_every_bad_line() {
     let (_redis, store, dir, config, _) = redis_and_config("a").await;
-    let file = dir.path().join("events.jsonl");
-    std::fs::write(
-        &file,
-        "{\"room\":\"r1\",\"amount\":5}\n{\"room\":\"r1\",\"amount\":0}\n\n{\"room\":\"r1\",\"amount\":true}\nnot json\n{\"user\":\"u\",\"value\":12.50}\n",
-    )
-    .expect("write");
+    let input = "{\"room\":\"r1\",\"amount\":5}\n{\"room\":\"r1\",\"amount\":0}\n\n{\"room\":\"r1\",\"amount\":true}\nnot json\n{\"user\":\"u\",\"value\":12.50}\n";
+    let file = write_file(dir.path(), "events.jsonl", input);
     let out = rollboard(Some(&config), &["send", file.to_str().expect("utf-8")], &[]);
     assert_eq!(out.status.code(), Some(1));
     let err = stderr(&out);

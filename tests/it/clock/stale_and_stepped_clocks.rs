@@ -38,6 +38,16 @@ fn ten_minute_config(dir: &std::path::Path, url: &str, port: u16) -> std::path::
     path
 }
 
+/// The one board of [`ten_minute_config`]: 10 minutes of 1-minute slices.
+fn tips_10m() -> rollboard::domain::board::Board {
+    rollboard::config::Settings::from_toml(
+        "[[boards]]\nname = \"tips_10m\"\nmember = \"user\"\nwindow = \"10m\"\nslice = \"1m\"\n",
+    )
+    .expect("board")
+    .boards
+    .remove(0)
+}
+
 /// A daemon whose host clock starts 10 minutes behind Redis's (libfaketime reading its
 /// offset from `offset`, so a test can step it), as user `rb` (whose grants a test can
 /// take away), on a 10-minute board of 1-minute slices.
@@ -63,12 +73,7 @@ impl SteppedRig {
         let daemon = Daemon::spawn_with(&config, port, &stepping_clock(&offset));
         daemon.wait_up().await;
         let store = redis.store("rb").await;
-        let board = rollboard::config::Settings::from_toml(
-            "[[boards]]\nname = \"tips_10m\"\nmember = \"user\"\nwindow = \"10m\"\nslice = \"1m\"\n",
-        )
-        .expect("board")
-        .boards
-        .remove(0);
+        let board = tips_10m();
         SteppedRig {
             redis,
             _dir: dir,
@@ -78,6 +83,31 @@ impl SteppedRig {
             board,
         }
     }
+
+    /// Appends `events` and waits until the daemon has taken them.
+    async fn send(&self, events: &[Fields]) {
+        xadd_all(self.store.client(), "rb:events", events).await;
+        assert!(drained(&self.store).await, "{}", self.daemon.logs());
+    }
+
+    /// The daemon's measure of Redis's clock goes stale (user `rb` loses `TIME`), then the
+    /// host's clock is stepped to Redis's; returns `settle` after the step.
+    async fn go_stale_then_step(&self, settle: Duration) {
+        self.redis.cli(&["ACL", "SETUSER", "rb", "-time"]);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        std::fs::write(&self.offset, "+0\n").expect("write offset");
+        tokio::time::sleep(settle).await;
+    }
+}
+
+/// Tip `tip-1` of 7 from u1 at `ts`.
+fn tip_1(ts: i64) -> Fields {
+    vec![
+        ("user".into(), "u1".into()),
+        ("amount".into(), "7".into()),
+        ("id".into(), "tip-1".into()),
+        ("ts".into(), ts.to_string()),
+    ]
 }
 
 /// The daemon's measure of Redis's clock goes stale (its `TIME` keeps failing) and then the
@@ -86,35 +116,19 @@ impl SteppedRig {
 /// would be 10 minutes ahead, expiring a tip that is live for 2 more minutes, for good.
 #[tokio::test]
 async fn a_roll_is_never_ahead_of_redis_when_the_clock_measure_is_stale_and_the_host_clock_steps() {
-    let SteppedRig {
-        redis,
-        _dir,
-        offset,
-        daemon,
-        store,
-        board: b,
-    } = SteppedRig::start().await;
+    let rig = SteppedRig::start().await;
+    let (store, b, daemon) = (&rig.store, &rig.board, &rig.daemon);
     // Live for 2 more minutes by Redis's clock (8 minutes old in a 10-minute window).
-    let ts = redis_now(&store).await - 8 * 60_000;
-    let tip: Fields = vec![
-        ("user".into(), "u1".into()),
-        ("amount".into(), "7".into()),
-        ("id".into(), "tip-1".into()),
-        ("ts".into(), ts.to_string()),
-    ];
-    xadd_all(store.client(), "rb:events", &[tip]).await;
-    assert!(drained(&store).await, "{}", daemon.logs());
+    rig.send(&[tip_1(redis_now(store).await - 8 * 60_000)])
+        .await;
     assert_eq!(
-        total_at(&store, &b, "u1", redis_now(&store).await).await,
+        total_at(store, b, "u1", redis_now(store).await).await,
         Some(7)
     );
     // The measure goes stale, then the host's clock is stepped to the right time.
-    redis.cli(&["ACL", "SETUSER", "rb", "-time"]);
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    std::fs::write(&offset, "+0\n").expect("write offset");
-    tokio::time::sleep(Duration::from_secs(4)).await;
-    let now = redis_now(&store).await;
-    let (watermark, _) = store.meta(&b, None).await.expect("meta");
+    rig.go_stale_then_step(Duration::from_secs(4)).await;
+    let now = redis_now(store).await;
+    let (watermark, _) = store.meta(b, None).await.expect("meta");
     assert!(
         watermark.is_none_or(|w| w <= b.slice_of(now) - b.slices_in_window()),
         "watermark {watermark:?} is ahead of Redis's clock ({} by it); log:\n{}",
@@ -122,7 +136,7 @@ async fn a_roll_is_never_ahead_of_redis_when_the_clock_measure_is_stale_and_the_
         daemon.logs()
     );
     assert_eq!(
-        total_at(&store, &b, "u1", now).await,
+        total_at(store, b, "u1", now).await,
         Some(7),
         "a live tip was expired; log:\n{}",
         daemon.logs()
@@ -140,12 +154,7 @@ async fn a_replay_on_a_host_whose_clock_runs_ahead_never_counts_a_remembered_tip
     let dir = tempfile::tempdir().expect("dir");
     let config = ten_minute_config(dir.path(), &redis.url(), free_port());
     let store = redis.store("rb").await;
-    let b = rollboard::config::Settings::from_toml(
-        "[[boards]]\nname = \"tips_10m\"\nmember = \"user\"\nwindow = \"10m\"\nslice = \"1m\"\n",
-    )
-    .expect("board")
-    .boards
-    .remove(0);
+    let b = tips_10m();
     let now = redis_now(&store).await;
     let applied = apply_events(&store, &b, &[ev("tip-x", now - 5 * 60_000, "u1", 7)], now).await;
     assert_eq!(applied, vec![rollboard::store::Outcome::Applied]);
@@ -244,33 +253,14 @@ async fn the_forget_edge_is_judged_alike_by_the_fast_and_the_exact_path() {
 #[tokio::test]
 async fn a_consumer_whose_clock_measure_is_stale_and_whose_host_clock_steps_never_counts_a_tip_twice(
 ) {
-    let SteppedRig {
-        redis,
-        _dir,
-        offset,
-        daemon,
-        store,
-        board: b,
-    } = SteppedRig::start().await;
-    let now = redis_now(&store).await;
-    let tip = |ts: i64| -> Fields {
-        vec![
-            ("user".into(), "u1".into()),
-            ("amount".into(), "7".into()),
-            ("id".into(), "tip-1".into()),
-            ("ts".into(), ts.to_string()),
-        ]
-    };
-    xadd_all(store.client(), "rb:events", &[tip(now - 8 * 60_000)]).await;
-    assert!(drained(&store).await, "{}", daemon.logs());
-    redis.cli(&["ACL", "SETUSER", "rb", "-time"]);
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    std::fs::write(&offset, "+0\n").expect("write offset");
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    xadd_all(store.client(), "rb:events", &[tip(now + 60_000)]).await;
-    assert!(drained(&store).await, "{}", daemon.logs());
+    let rig = SteppedRig::start().await;
+    let (store, b, daemon) = (&rig.store, &rig.board, &rig.daemon);
+    let now = redis_now(store).await;
+    rig.send(&[tip_1(now - 8 * 60_000)]).await;
+    rig.go_stale_then_step(Duration::from_millis(500)).await;
+    rig.send(&[tip_1(now + 60_000)]).await;
     assert_eq!(
-        total_at(&store, &b, "u1", redis_now(&store).await).await,
+        total_at(store, b, "u1", redis_now(store).await).await,
         Some(7),
         "the tip counted twice; log:\n{}",
         daemon.logs()

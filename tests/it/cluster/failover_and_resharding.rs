@@ -32,14 +32,9 @@ fn a_cluster_starts_fails_over_and_heals() {
 /// roll three days ahead (catch-up), `verify` and `rebuild`: every board equals the model.
 #[tokio::test]
 async fn core_flows_on_a_cluster_equal_the_model() {
-    use crate::support::models;
-    use crate::support::{assert_state, drained, test_boards, xadd_all, Daemon};
-    use crate::support::{rollboard, stdout};
     use fred::prelude::*;
 
-    let cluster = RedisCluster::start();
-    let store = cluster.store().await;
-    let (dir, port, config) = config_for_url(&cluster.url(), "a", "");
+    let (_cluster, store, (dir, port, config)) = cluster_and_config().await;
     let boards = test_boards();
     let now = rollboard::domain::clock::local_ms();
     let event = |i: usize| tip_or_payment(i, now, 0);
@@ -65,19 +60,13 @@ async fn core_flows_on_a_cluster_equal_the_model() {
             serde_json::to_string(&f.iter().cloned().collect::<HashMap<_, _>>()).expect("json")
         })
         .collect();
-    let file = dir.path().join("events.jsonl");
-    std::fs::write(&file, lines.join("\n")).expect("write events");
+    let file = write_file(dir.path(), "events.jsonl", &lines.join("\n"));
     let out = rollboard(Some(&config), &["send", file.to_str().expect("path")], &[]);
     assert!(out.status.success(), "{}", crate::support::stderr(&out));
     let r = post_fields(&daemon.base, &events[800..]).await;
     let status = r.status().as_u16();
     assert_eq!(status, 202, "{}", r.text().await.unwrap_or_default());
-    assert!(
-        drained(&store).await,
-        "not drained; log:\n{}",
-        daemon.logs()
-    );
-    assert_state(&store, &boards, &models(&events, &boards, now), now).await;
+    assert_drained_into_model_at(&store, &events, &daemon, now).await;
     let dead: i64 = store.client().xlen("rb:events:dead").await.expect("xlen");
     assert_eq!(dead, 5);
 
@@ -95,12 +84,7 @@ async fn core_flows_on_a_cluster_equal_the_model() {
     assert!(applying, "log:\n{}", daemon.logs());
     daemon.kill().await;
     let daemon = Daemon::start(&config, port).await;
-    assert!(
-        drained(&store).await,
-        "not drained; log:\n{}",
-        daemon.logs()
-    );
-    assert_state(&store, &boards, &models(&events, &boards, now), now).await;
+    assert_drained_into_model_at(&store, &events, &daemon, now).await;
 
     // A consumer that read and died: its entries are claimed after claim_idle.
     let more: Vec<Fields> = (6000..6300).map(event).collect();
@@ -113,12 +97,7 @@ async fn core_flows_on_a_cluster_equal_the_model() {
         .await
         .expect("b reads without acking");
     let daemon = Daemon::start(&config, port).await;
-    assert!(
-        drained(&store).await,
-        "not drained; log:\n{}",
-        daemon.logs()
-    );
-    assert_state(&store, &boards, &models(&events, &boards, now), now).await;
+    assert_drained_into_model_at(&store, &events, &daemon, now).await;
 
     // Queries through the CLI agree with the model.
     let model = models(&events, &boards, now);
@@ -176,15 +155,9 @@ async fn core_flows_on_a_cluster_equal_the_model() {
 /// and the daemon ingests and rolls: every board still equals the model, `verify` passes.
 #[tokio::test]
 async fn resharding_under_load_equals_the_model() {
-    use crate::support::models;
-    use crate::support::rollboard;
-    use crate::support::{assert_state_or, drained, test_boards, xadd_all, Daemon};
     use fred::prelude::*;
 
-    let cluster = RedisCluster::start();
-    let store = cluster.store().await;
-    let (_dir, port, config) = config_for_url(&cluster.url(), "a", "");
-    let boards = test_boards();
+    let (cluster, store, (_dir, port, config)) = cluster_and_config().await;
     let now = rollboard::domain::clock::local_ms();
     let event = move |i: usize| tip_or_payment(i, now, 0);
     let daemon = Daemon::start(&config, port).await;
@@ -230,15 +203,7 @@ async fn resharding_under_load_equals_the_model() {
         .map(|n| n.slots)
         .collect();
     eprintln!("slots per master after resharding: {slots:?}");
-    assert!(
-        drained(&store).await,
-        "not drained; log:\n{}",
-        daemon.logs()
-    );
-    assert_state_or(&store, &boards, &models(&events, &boards, now), now, || {
-        daemon.logs()
-    })
-    .await;
+    assert_drained_into_model_at(&store, &events, &daemon, now).await;
     // Every event is valid and a moving slot is an outage, retried: nothing set aside.
     let dead: i64 = store.client().xlen("rb:events:dead").await.expect("XLEN");
     assert_eq!(
@@ -250,6 +215,19 @@ async fn resharding_under_load_equals_the_model() {
     assert!(daemon.terminate().await.success());
     let out = rollboard(Some(&config), &["verify", "--strict"], &[]);
     assert_success(&out, "verify");
+}
+
+/// A fresh cluster, a store on it, and a configuration for consumer `a` there (see
+/// [`config_for_url`]; the daemon not started).
+async fn cluster_and_config() -> (
+    RedisCluster,
+    Store,
+    (tempfile::TempDir, u16, std::path::PathBuf),
+) {
+    let cluster = RedisCluster::start();
+    let store = cluster.store().await;
+    let config = config_for_url(&cluster.url(), "a", "");
+    (cluster, store, config)
 }
 
 /// How many masters the failover test kills (`ROLLBOARD_FAILOVER_RUNS`).
@@ -296,10 +274,6 @@ async fn post_until_accepted(http: &reqwest::Client, base: &str, events: &[Field
 /// naming it as the first of several seeds, and fails with a URL naming only it.
 #[tokio::test]
 async fn masters_killed_under_load_lose_nothing_acked() {
-    use crate::support::{assert_state, drained, test_boards, write_config_url, Daemon};
-    use crate::support::{models, SplitMix};
-    use crate::support::{rollboard, stderr, stdout};
-
     let runs = failover_runs();
     let seed = failover_seed();
     eprintln!("failover test: seed {seed} (ROLLBOARD_FAILOVER_SEED), {runs} kills");
@@ -308,13 +282,11 @@ async fn masters_killed_under_load_lose_nothing_acked() {
     let (dir, port, config) = config_for_url(&cluster.url(), "a", "");
     // To see what the setting prevents, run with ROLLBOARD_FAILOVER_MIN_REPLICAS=0.
     if let Ok(n) = std::env::var("ROLLBOARD_FAILOVER_MIN_REPLICAS") {
-        let text = std::fs::read_to_string(&config).expect("config");
-        let text = text.replacen(
+        edit_config(
+            &config,
             "[redis]\n",
             &format!("[redis]\nmin_replicas_acked = {n}\n"),
-            1,
         );
-        std::fs::write(&config, text).expect("config");
     }
     let boards = test_boards();
     let now = rollboard::domain::clock::local_ms();
@@ -438,28 +410,16 @@ async fn masters_killed_under_load_lose_nothing_acked() {
 /// acked, and the boards equal the model: nothing lost, nothing counted twice.
 #[tokio::test]
 async fn without_enough_replicas_nothing_is_acked_or_confirmed() {
-    use crate::support::{
-        assert_state, drained, test_boards, wait_for, write_config, xadd_all, Daemon, RedisServer,
-    };
-    use crate::support::{models, tip};
-    use crate::support::{rollboard, stderr};
-
     let primary = RedisServer::start();
     let store = primary.store("rb").await;
     let dir = tempfile::tempdir().expect("temp dir");
     let port = free_port();
     let config = write_config(dir.path(), &primary, port, "a", "");
-    let text = std::fs::read_to_string(&config).expect("config");
-    std::fs::write(
+    edit_config(
         &config,
-        text.replacen(
-            "[redis]\n",
-            "[redis]\nmin_replicas_acked = 1\nreplica_ack_timeout = \"100ms\"\n",
-            1,
-        ),
-    )
-    .expect("config");
-    let boards = test_boards();
+        "[redis]\n",
+        "[redis]\nmin_replicas_acked = 1\nreplica_ack_timeout = \"100ms\"\n",
+    );
     let now = rollboard::domain::clock::local_ms();
     let mut events: Vec<Fields> = (0..300).map(|i| tip(i, now)).collect();
     let daemon = Daemon::start(&config, port).await;
@@ -492,8 +452,7 @@ async fn without_enough_replicas_nothing_is_acked_or_confirmed() {
     events.extend(more);
     let line =
         serde_json::to_string(&tip(310, now).into_iter().collect::<HashMap<_, _>>()).expect("json");
-    let file = dir.path().join("one.jsonl");
-    std::fs::write(&file, line).expect("write");
+    let file = write_file(dir.path(), "one.jsonl", &line);
     let out = rollboard(Some(&config), &["send", file.to_str().expect("path")], &[]);
     assert!(!out.status.success(), "send confirmed without a replica");
     assert!(stderr(&out).contains("NOREPLICAS"), "{}", stderr(&out));
@@ -502,12 +461,7 @@ async fn without_enough_replicas_nothing_is_acked_or_confirmed() {
     // A replica attaches: everything pending is confirmed and acked.
     let replica = RedisServer::start();
     replica.cli(&["REPLICAOF", "127.0.0.1", &primary.port.to_string()]);
-    assert!(
-        drained(&store).await,
-        "not drained; log:\n{}",
-        daemon.logs()
-    );
-    assert_state(&store, &boards, &models(&events, &boards, now), now).await;
+    assert_drained_into_model_at(&store, &events, &daemon, now).await;
     assert!(daemon.terminate().await.success());
 }
 
@@ -518,8 +472,6 @@ async fn without_enough_replicas_nothing_is_acked_or_confirmed() {
 /// died with the old master. (That is how the frozen-replica case below lost a batch.)
 #[tokio::test]
 async fn a_confirmation_cut_short_by_a_reconnect_confirms_nothing() {
-    use crate::support::{wait_for, RedisServer};
-
     let primary = RedisServer::start();
     let replica = RedisServer::start();
     replica.cli(&["REPLICAOF", "127.0.0.1", &primary.port.to_string()]);
@@ -592,8 +544,6 @@ async fn frozen_replicas_then_a_dead_master(
     prefix: &str,
     replicas: u32,
 ) -> (RedisCluster, usize, usize) {
-    use crate::support::models;
-    use crate::support::{test_boards, wait_for, write_config_url, xadd_all, Daemon};
     use rollboard::ingest::stream::group_info;
 
     let port = free_port();

@@ -509,17 +509,49 @@ async fn a_roll_script_on_a_moving_slot_runs_once_where_the_key_is() {
     );
 }
 
-/// A store, its pool client and a dedicated stream reader on `cluster`, the stream
-/// `rb:events` with its consumer group.
-async fn stream_rig(cluster: &RedisCluster) -> (Store, Client, Client) {
-    let (store, client) = connect(cluster, Reconnect::Never).await;
+/// The stream the reader tests read.
+const STREAM: &str = "rb:events";
+
+/// A fresh cluster, a store on it, its pool client, a dedicated stream reader, and the
+/// settings of one unpartitioned [`STREAM`], created with its consumer group.
+async fn stream_rig() -> (RedisCluster, Store, Client, Client, IngestSettings) {
+    let cluster = RedisCluster::start();
+    let (store, client) = connect(&cluster, Reconnect::Never).await;
     let reader = Store::dedicated(&cluster.url(), Reconnect::Never)
         .await
         .expect("reader");
-    stream::ensure_group(&client, "rb:events", &ingest(1).group)
+    let settings = ingest(1);
+    stream::ensure_group(&client, STREAM, &settings.group)
         .await
         .expect("group");
-    (store, client, reader)
+    (cluster, store, client, reader, settings)
+}
+
+/// Appends the events `ids` to `rb:events` through `client`, then reads what is new for the
+/// consumer (`XREADGROUP >`) through `reader`.
+async fn append_and_read_new(client: &Client, reader: &Client, ids: &[&str]) -> Vec<stream::Entry> {
+    let settings = ingest(1);
+    let events: Vec<Vec<Field>> = ids.iter().map(|id| event(id)).collect();
+    stream::append(client, &settings, &events)
+        .await
+        .expect("append");
+    stream::read(reader, &settings, STREAM, ">", Some(100))
+        .await
+        .expect("read new")
+}
+
+/// Reads `rb:events` from `id` through `reader` once its stream has moved, trying again
+/// (three tries in all) while the read meets an outage.
+async fn read_after_the_move(reader: &Client, id: &str) -> Vec<stream::Entry> {
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match stream::read(reader, &ingest(1), STREAM, id, Some(100)).await {
+            Ok(entries) => break entries,
+            Err(e) if tries < 3 && e.is_outage() => {}
+            Err(e) => panic!("read {id} after {tries} tries: {e}"),
+        }
+    }
 }
 
 /// The dedicated reader's stream moves with entries read but not acknowledged: reads fail
@@ -527,21 +559,13 @@ async fn stream_rig(cluster: &RedisCluster) -> (Store, Client, Client) {
 /// are read again from the target, and new entries after them.
 #[tokio::test]
 async fn the_stream_reader_recovers_its_pending_entries_after_the_stream_moved() {
-    let cluster = RedisCluster::start();
-    let (_store, client, reader) = stream_rig(&cluster).await;
-    let settings = ingest(1);
-    let key = "rb:events";
-    stream::append(&client, &settings, &[event("e1"), event("e2")])
-        .await
-        .expect("append");
-    let got = stream::read(&reader, &settings, key, ">", Some(100))
-        .await
-        .expect("read");
+    let (cluster, _store, client, reader, settings) = stream_rig().await;
+    let got = append_and_read_new(&client, &reader, &["e1", "e2"]).await;
     assert_eq!(got.len(), 2);
-    let moving = Moving::begin(&cluster, &client, key);
-    moving.migrate(&[key]);
+    let moving = Moving::begin(&cluster, &client, STREAM);
+    moving.migrate(&[STREAM]);
     for id in ["0", ">"] {
-        let error = stream::read(&reader, &settings, key, id, Some(100))
+        let error = stream::read(&reader, &settings, STREAM, id, Some(100))
             .await
             .expect_err("the stream is moving");
         assert!(error.is_outage(), "{error}");
@@ -550,22 +574,9 @@ async fn the_stream_reader_recovers_its_pending_entries_after_the_stream_moved()
     let ids = |entries: Vec<stream::Entry>| -> Vec<String> {
         entries.into_iter().map(|e| e.id).collect()
     };
-    let mut tries = 0;
-    let pending = loop {
-        tries += 1;
-        match stream::read(&reader, &settings, key, "0", Some(100)).await {
-            Ok(entries) => break entries,
-            Err(e) if tries < 3 && e.is_outage() => {}
-            Err(e) => panic!("after {tries} tries: {e}"),
-        }
-    };
+    let pending = read_after_the_move(&reader, "0").await;
     assert_eq!(ids(pending), ids(got));
-    stream::append(&client, &settings, &[event("e3")])
-        .await
-        .expect("append after the move");
-    let new = stream::read(&reader, &settings, key, ">", Some(100))
-        .await
-        .expect("read new");
+    let new = append_and_read_new(&client, &reader, &["e3"]).await;
     assert_eq!(new.len(), 1);
 }
 
@@ -575,21 +586,13 @@ async fn the_stream_reader_recovers_its_pending_entries_after_the_stream_moved()
 /// target) are both read afterwards, once each.
 #[tokio::test]
 async fn a_blocked_stream_read_survives_its_stream_moving_away() {
-    let cluster = RedisCluster::start();
-    let (_store, client, reader) = stream_rig(&cluster).await;
-    let settings = ingest(1);
-    let key = "rb:events";
-    stream::append(&client, &settings, &[event("e1")])
-        .await
-        .expect("append");
-    let first = stream::read(&reader, &settings, key, ">", Some(100))
-        .await
-        .expect("read");
+    let (cluster, _store, client, reader, settings) = stream_rig().await;
+    let first = append_and_read_new(&client, &reader, &["e1"]).await;
     assert_eq!(first.len(), 1);
-    let source = owner(&client, key);
+    let source = owner(&client, STREAM);
     let blocked = {
         let (reader, settings) = (reader.clone(), settings.clone());
-        tokio::spawn(async move { stream::read(&reader, &settings, key, ">", Some(3000)).await })
+        tokio::spawn(async move { stream::read(&reader, &settings, STREAM, ">", Some(3000)).await })
     };
     assert!(
         wait_for(Duration::from_secs(5), || async {
@@ -598,8 +601,8 @@ async fn a_blocked_stream_read_survives_its_stream_moving_away() {
         .await,
         "the read blocks on the source"
     );
-    let moving = Moving::begin(&cluster, &client, key);
-    moving.migrate(&[key]);
+    let moving = Moving::begin(&cluster, &client, STREAM);
+    moving.migrate(&[STREAM]);
     moving.finish(&cluster);
     stream::append(&client, &settings, &[event("e2")])
         .await
@@ -610,23 +613,9 @@ async fn a_blocked_stream_read_survives_its_stream_moving_away() {
         Err(e) => assert!(e.is_outage() || e.to_string().contains("NOGROUP"), "{e}"),
     }
 
-    let read = |id: &'static str| {
-        let (reader, settings) = (reader.clone(), settings.clone());
-        async move {
-            let mut tries = 0;
-            loop {
-                tries += 1;
-                match stream::read(&reader, &settings, key, id, Some(100)).await {
-                    Ok(entries) => break entries,
-                    Err(e) if tries < 3 && e.is_outage() => {}
-                    Err(e) => panic!("read {id} after {tries} tries: {e}"),
-                }
-            }
-        }
-    };
-    let pending = read("0").await;
+    let pending = read_after_the_move(&reader, "0").await;
     assert_eq!(pending, first);
-    let new = read(">").await;
+    let new = read_after_the_move(&reader, ">").await;
     assert_eq!(new.len(), 1, "{new:?}");
     let id = new[0]
         .fields

@@ -16,22 +16,19 @@ fn a_binary_config_is_not_shown_and_its_path_is_named_once() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.matches("binary.toml").count(), 1, "{err}");
     assert!(err.len() < 300, "{err}");
-    for (text, key) in [
-        (
-            "[ingest]\nbatch_size = 99999999999999999999\n[[boards]]\nname = \"r\"\nmember = \"m\"\nwindow = \"10000000000d\"\nslice = \"1d\"\n",
-            "batch_size",
-        ),
-        (
-            "[[boards]]\nname = \"r\"\nmember = \"m\"\nwindow = \"10000000000d\"\nslice = \"1d\"\n",
-            "boards[0].window",
-        ),
-    ] {
-        std::fs::write(&path, text).expect("write");
-        let out = run_rollboard(&path, &["top", "r"]);
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(64), "{key}");
-        assert!(err.contains(key), "{err}");
-    }
+    assert_configs_refused_naming(
+        &path,
+        &[
+            (
+                "[ingest]\nbatch_size = 99999999999999999999\n[[boards]]\nname = \"r\"\nmember = \"m\"\nwindow = \"10000000000d\"\nslice = \"1d\"\n",
+                "batch_size",
+            ),
+            (
+                "[[boards]]\nname = \"r\"\nmember = \"m\"\nwindow = \"10000000000d\"\nslice = \"1d\"\n",
+                "boards[0].window",
+            ),
+        ],
+    );
 }
 
 fn config_with(dir: &Path, extra: &str) -> std::path::PathBuf {
@@ -80,18 +77,18 @@ fn configuration_errors_name_where_the_value_came_from() {
     assert!(stderr(&out).contains("(set by environment variable ROLLBOARD__HTTP__LISTEN)"));
     // The same mistakes in the file name the file.
     let bad = config_with(dir.path(), "");
-    let text = std::fs::read_to_string(&bad)
-        .expect("read")
-        .replace("[schedule]\n", "[schedule]\nchunk = 0\n");
-    std::fs::write(&bad, text).expect("write");
-    let out = rollboard(Some(&bad), &["top", "rooms_7d"], &[]);
-    assert_eq!(out.status.code(), Some(64));
-    assert_contains(&stderr(&out), &format!("(set by file {})", bad.display()));
-    let text = std::fs::read_to_string(&bad)
-        .expect("read")
-        .replace("chunk = 0", "chunk = \"many\"");
-    std::fs::write(&bad, text).expect("write");
-    let out = rollboard(Some(&bad), &["top", "rooms_7d"], &[]);
-    assert_eq!(out.status.code(), Some(64));
-    assert_contains(&stderr(&out), &format!("{}: invalid type", bad.display()));
+    for (from, to, expected) in [
+        (
+            "[schedule]\n",
+            "[schedule]\nchunk = 0\n",
+            "(set by file {})",
+        ),
+        ("chunk = 0", "chunk = \"many\"", "{}: invalid type"),
+    ] {
+        edit_config(&bad, from, to);
+        let out = rollboard(Some(&bad), &["top", "rooms_7d"], &[]);
+        assert_eq!(out.status.code(), Some(64), "{to}");
+        let expected = expected.replace("{}", &bad.display().to_string());
+        assert_contains(&stderr(&out), &expected);
+    }
 }

@@ -209,11 +209,9 @@ async fn the_readme_replay_of_a_tip_from_a_long_named_partition_is_counted() {
     let stream = format!("{primary}:{{1}}");
     let t0: i64 = 1_764_000_000_500;
     let broken = break_board(&store, &b).await;
-    let original = entry(&format!("{t0}-0"), &[("user", "u1"), ("amount", "5")]);
     Consumer::new(&store, &boards, &settings, &metrics)
-        .process(&stream, &[original], t0)
-        .await
-        .expect("first batch");
+        .process_one(&stream, &[("user", "u1"), ("amount", "5")], t0)
+        .await;
     assert_eq!(total_at(&store, &a, "u1", t0).await, Some(5));
     let dead = letters(&store).await;
     assert_eq!(dead.len(), 1, "{dead:?}");
@@ -494,11 +492,9 @@ async fn the_readme_replay_within_a_dedup_window_duration_counts_once() {
     let settings = ingest_settings("rb:events", 2);
     let t0: i64 = 1_764_000_000_500;
     let broken = break_board(&store, &b).await;
-    let original = entry(&format!("{t0}-0"), &[("user", "u1"), ("amount", "5")]);
     Consumer::new(&store, &boards, &settings, &metrics)
-        .process("rb:events:{0}", &[original], t0)
-        .await
-        .expect("first batch");
+        .process_one("rb:events:{0}", &[("user", "u1"), ("amount", "5")], t0)
+        .await;
     let dead = letters(&store).await;
     assert_eq!(dead.len(), 1);
     let _: () = store.client().del(broken.as_str()).await.expect("repair");

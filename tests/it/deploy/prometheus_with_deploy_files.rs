@@ -210,10 +210,7 @@ fn tips(start: usize, n: usize) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prometheus_scrapes_the_daemon_with_the_deploy_files() {
-    let redis = RedisServer::start();
-    let dir = tempfile::tempdir().expect("temp dir");
-    let http_port = free_port();
-    let config = configmap_config(dir.path(), &redis, http_port);
+    let (_redis, _dir, http_port, config) = server_and_config(configmap_config);
     let daemon = Daemon::start(&config, http_port).await;
     let prometheus = Prometheus::start(http_port);
 

@@ -48,6 +48,13 @@ async fn rig(url: &str, admin_url: &str, redis: &str) -> Rig {
     }
 }
 
+/// A fresh server and a [`rig`] on it with the default settings.
+async fn server_and_rig() -> (RedisServer, Rig) {
+    let redis = RedisServer::start();
+    let rig = rig(&redis.url(), &redis.url(), "").await;
+    (redis, rig)
+}
+
 /// Polls `check` (blocking) until it holds; panics naming `what` after 30 s.
 fn until(what: &str, mut check: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -144,11 +151,57 @@ struct Class {
     observable: bool,
 }
 
+impl Class {
+    /// The class of `code`, counted as `kind`, `observable` or not while it lasts.
+    fn new(code: &'static str, kind: &'static str, observable: bool) -> Class {
+        Class {
+            code,
+            kind,
+            observable,
+        }
+    }
+}
+
+/// Makes the server on `port` fail to persist (its `dir`, `dir`, removed under a save
+/// point), so that it refuses writes with `MISCONF`; returns once `BGSAVE` has failed.
+fn stop_persisting(port: u16, dir: &std::path::Path) {
+    // Without a save point Redis never refuses writes for a failed snapshot.
+    cli(port, &["CONFIG", "SET", "save", "3600 1"]);
+    std::fs::remove_dir_all(dir).expect("remove the server's dir");
+    cli(port, &["BGSAVE"]);
+    until("BGSAVE never failed", || {
+        cli(port, &["INFO", "persistence"]).contains("rdb_last_bgsave_status:err")
+    });
+}
+
+/// Lets the server on `port` take writes again although it cannot persist.
+fn allow_writes(port: u16) -> String {
+    cli(
+        port,
+        &["CONFIG", "SET", "stop-writes-on-bgsave-error", "no"],
+    )
+}
+
+/// Waits until `replica` is in sync with its master.
+fn until_synced(replica: &RedisServer, what: &str) {
+    until(what, || {
+        replica
+            .cli(&["INFO", "replication"])
+            .contains("master_link_status:up")
+    });
+}
+
 /// The whole check of one class: a batch pending for the frozen consumer, the condition
 /// started (`start` returns once Redis answers with it), the consumer thawed; the consumer
 /// retries without dead-lettering or acking, the intake answers 503 with `Retry-After`;
-/// then `clear`, the same POST answers 202, and every event is applied exactly once.
-async fn held_until_cleared(rig: &Rig, class: Class, start: impl FnOnce(), clear: impl FnOnce()) {
+/// then `clear` (whatever it returns is dropped), the same POST answers 202, and every event
+/// is applied exactly once.
+async fn held_until_cleared<T>(
+    rig: &Rig,
+    class: Class,
+    start: impl FnOnce(),
+    clear: impl FnOnce() -> T,
+) {
     let now = rollboard::domain::clock::local_ms();
     let boards = test_boards();
     let daemon = &rig.daemon;
@@ -228,29 +281,13 @@ async fn held_until_cleared(rig: &Rig, class: Class, start: impl FnOnce(), clear
 /// (`stop-writes-on-bgsave-error yes`); allowing writes again clears it.
 #[tokio::test]
 async fn misconf_holds_the_events_until_writes_are_allowed_again() {
-    let redis = RedisServer::start();
-    let rig = rig(&redis.url(), &redis.url(), "").await;
-    let dir = redis.dir().to_path_buf();
+    let (redis, rig) = server_and_rig().await;
     let start = || {
-        // Without a save point Redis never refuses writes for a failed snapshot.
-        redis.cli(&["CONFIG", "SET", "save", "3600 1"]);
-        std::fs::remove_dir_all(&dir).expect("remove the server's dir");
-        redis.cli(&["BGSAVE"]);
-        until("BGSAVE never failed", || {
-            redis
-                .cli(&["INFO", "persistence"])
-                .contains("rdb_last_bgsave_status:err")
-        });
+        stop_persisting(redis.port, redis.dir());
         assert!(redis.cli(&["SET", "probe", "1"]).starts_with("MISCONF"));
     };
-    let clear = || {
-        redis.cli(&["CONFIG", "SET", "stop-writes-on-bgsave-error", "no"]);
-    };
-    let class = Class {
-        code: "MISCONF",
-        kind: "unavailable",
-        observable: true,
-    };
+    let clear = || allow_writes(redis.port);
+    let class = Class::new("MISCONF", "unavailable", true);
     held_until_cleared(&rig, class, start, clear).await;
 }
 
@@ -260,63 +297,40 @@ async fn misconf_holds_the_events_until_writes_are_allowed_again() {
 async fn readonly_holds_the_events_until_the_replica_is_promoted() {
     let primary = RedisServer::start();
     let other = RedisServer::start();
-    let port = primary.port.to_string();
-    other.cli(&["REPLICAOF", "127.0.0.1", &port]);
-    until("the replica never synced", || {
-        other
-            .cli(&["INFO", "replication"])
-            .contains("master_link_status:up")
-    });
+    other.cli(&["REPLICAOF", "127.0.0.1", &primary.port.to_string()]);
+    until_synced(&other, "the replica never synced");
     // Once promoted back the server has no replica: confirmations wait for none.
     let rig = rig(&primary.url(), &primary.url(), "min_replicas_acked = 0").await;
     let start = || {
         assert_eq!(primary.cli(&["WAIT", "1", "5000"]).trim(), "1");
         other.cli(&["REPLICAOF", "NO", "ONE"]);
         primary.cli(&["REPLICAOF", "127.0.0.1", &other.port.to_string()]);
-        until("never a replica", || {
-            primary
-                .cli(&["INFO", "replication"])
-                .contains("master_link_status:up")
-        });
+        until_synced(&primary, "never a replica");
         assert!(primary.cli(&["SET", "probe", "1"]).starts_with("READONLY"));
     };
-    let clear = || {
-        primary.cli(&["REPLICAOF", "NO", "ONE"]);
-    };
-    let class = Class {
-        code: "READONLY",
-        kind: "unavailable",
-        observable: true,
-    };
+    let clear = || primary.cli(&["REPLICAOF", "NO", "ONE"]);
+    let class = Class::new("READONLY", "unavailable", true);
     held_until_cleared(&rig, class, start, clear).await;
 }
 
 /// `OOM`: `maxmemory 1` with `noeviction`; lifting the limit clears it.
 #[tokio::test]
 async fn oom_holds_the_events_until_memory_is_raised() {
-    let redis = RedisServer::start();
-    let rig = rig(&redis.url(), &redis.url(), "").await;
+    let (redis, rig) = server_and_rig().await;
     let start = || {
         redis.cli(&["CONFIG", "SET", "maxmemory-policy", "noeviction"]);
         redis.cli(&["CONFIG", "SET", "maxmemory", "1"]);
         assert!(redis.cli(&["SET", "probe", "1"]).starts_with("OOM"));
     };
-    let clear = || {
-        redis.cli(&["CONFIG", "SET", "maxmemory", "0"]);
-    };
-    let class = Class {
-        code: "OOM",
-        kind: "unavailable",
-        observable: true,
-    };
+    let clear = || redis.cli(&["CONFIG", "SET", "maxmemory", "0"]);
+    let class = Class::new("OOM", "unavailable", true);
     held_until_cleared(&rig, class, start, clear).await;
 }
 
 /// `BUSY`: another client's script runs past `busy-reply-threshold`; `SCRIPT KILL` ends it.
 #[tokio::test]
 async fn busy_holds_the_events_until_the_script_is_killed() {
-    let redis = RedisServer::start();
-    let rig = rig(&redis.url(), &redis.url(), "").await;
+    let (redis, rig) = server_and_rig().await;
     let looping = std::cell::RefCell::new(None);
     let start = || {
         redis.cli(&["CONFIG", "SET", "busy-reply-threshold", "10"]);
@@ -340,11 +354,7 @@ async fn busy_holds_the_events_until_the_script_is_killed() {
         }
         until("still busy", || redis.cli(&["PING"]).trim() == "PONG");
     };
-    let class = Class {
-        code: "BUSY",
-        kind: "unavailable",
-        observable: false,
-    };
+    let class = Class::new("BUSY", "unavailable", false);
     held_until_cleared(&rig, class, start, clear).await;
 }
 
@@ -375,14 +385,8 @@ async fn an_unrecognised_error_holds_the_events_until_it_clears() {
             .expect("redis-cli");
         assert!(String::from_utf8_lossy(&out.stdout).starts_with("NOPERM"));
     };
-    let clear = || {
-        redis.cli(&["ACL", "SETUSER", "rollboard", "+@all"]);
-    };
-    let class = Class {
-        code: "NOPERM",
-        kind: "other",
-        observable: true,
-    };
+    let clear = || redis.cli(&["ACL", "SETUSER", "rollboard", "+@all"]);
+    let class = Class::new("NOPERM", "other", true);
     held_until_cleared(&rig, class, start, clear).await;
 }
 
@@ -470,12 +474,7 @@ async fn misconf_on_one_cluster_master_holds_only_its_boards() {
     xadd_all(rig.admin.client(), "rb:events", &sent).await;
     assert!(drained(&rig.admin).await, "log:\n{}", daemon.logs());
 
-    cli(broken, &["CONFIG", "SET", "save", "3600 1"]);
-    std::fs::remove_dir_all(cluster.dir_of(broken)).expect("remove the master's dir");
-    cli(broken, &["BGSAVE"]);
-    until("BGSAVE never failed", || {
-        cli(broken, &["INFO", "persistence"]).contains("rdb_last_bgsave_status:err")
-    });
+    stop_persisting(broken, &cluster.dir_of(broken));
     let probe = (0..)
         .map(|n| format!("probe{n}"))
         .find(|k| cluster.owner_of(k) == broken)
@@ -538,10 +537,7 @@ async fn misconf_on_one_cluster_master_holds_only_its_boards() {
             > 0.0
     );
 
-    cli(
-        broken,
-        &["CONFIG", "SET", "stop-writes-on-bgsave-error", "no"],
-    );
+    allow_writes(broken);
     assert!(drained(&rig.admin).await, "log:\n{}", daemon.logs());
     assert_state(&rig.admin, &boards, &models(&sent, &boards, now), now).await;
     assert_eq!(dead_letters(&rig.admin).await, 0);

@@ -52,6 +52,42 @@ fn tip(id: &str) -> String {
     )
 }
 
+/// `<setting> = "<path>"` and `token_reload_interval = "<reload>"`: `[http]` lines for a
+/// token file re-read every `reload`.
+fn reloaded(setting: &str, path: &Path, reload: &str) -> String {
+    format!(
+        "{setting} = \"{}\"\ntoken_reload_interval = \"{reload}\"",
+        path.display()
+    )
+}
+
+/// A fresh redis-server and a daemon on it, its configuration (for `consumer`, with the
+/// `[http]` lines `http`) written in `dir`.
+async fn started(dir: &Path, consumer: &str, http: &str) -> (RedisServer, Daemon) {
+    let redis = RedisServer::start();
+    let http_port = free_port();
+    let config = write_config(dir, &redis, http_port, consumer, http);
+    let daemon = Daemon::start(&config, http_port).await;
+    (redis, daemon)
+}
+
+/// `GET url` without a token is refused with a challenge; the answer to it with `token`.
+async fn challenged_then_with(
+    client: &reqwest::Client,
+    url: &str,
+    token: &str,
+) -> reqwest::Response {
+    let response = client.get(url).send().await.expect("get");
+    assert_eq!(response.status().as_u16(), 401);
+    assert!(response.headers().contains_key("www-authenticate"));
+    client
+        .get(url)
+        .bearer_auth(token)
+        .send()
+        .await
+        .expect("get")
+}
+
 /// The status of `POST /v1/events` with one tip, carrying `token` when given.
 async fn post(client: &reqwest::Client, base: &str, token: Option<&str>, id: &str) -> u16 {
     let mut request = client
@@ -66,23 +102,12 @@ async fn post(client: &reqwest::Client, base: &str, token: Option<&str>, id: &st
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rotation_through_a_mounted_secret_refuses_no_request_with_a_valid_token() {
-    let redis = RedisServer::start();
     let dir = tempfile::tempdir().expect("dir");
     let (old, new) = ("rotation-old-token-3b7e", "rotation-new-token-91cd");
     let secret = dir.path().join("tokens");
     let mut mount = SecretDir::new(&secret, "intake", &format!("{old}\n"));
-    let http_port = free_port();
-    let config = write_config(
-        dir.path(),
-        &redis,
-        http_port,
-        "rotate",
-        &format!(
-            "intake_token_file = \"{}\"\ntoken_reload_interval = \"1s\"",
-            secret.join("intake").display()
-        ),
-    );
-    let daemon = Daemon::start(&config, http_port).await;
+    let http = reloaded("intake_token_file", &secret.join("intake"), "1s");
+    let (_redis, daemon) = started(dir.path(), "rotate", &http).await;
     let client = reqwest::Client::new();
 
     // The client posts without pause, with the old token until told to use the new one.
@@ -163,24 +188,12 @@ async fn a_rotation_through_a_mounted_secret_refuses_no_request_with_a_valid_tok
 
 #[tokio::test]
 async fn sighup_re_reads_the_token_files_at_once() {
-    let redis = RedisServer::start();
     let dir = tempfile::tempdir().expect("dir");
-    let file = dir.path().join("reader.token");
     let (first, second) = ("hup-reader-token-1a", "hup-reader-token-2b");
-    std::fs::write(&file, first).expect("write");
-    let http_port = free_port();
+    let file = write_file(dir.path(), "reader.token", first);
     // Polled hourly: only the signal can explain a re-read within the test.
-    let config = write_config(
-        dir.path(),
-        &redis,
-        http_port,
-        "hup",
-        &format!(
-            "query_token_file = \"{}\"\ntoken_reload_interval = \"1h\"",
-            file.display()
-        ),
-    );
-    let daemon = Daemon::start(&config, http_port).await;
+    let http = reloaded("query_token_file", &file, "1h");
+    let (_redis, daemon) = started(dir.path(), "hup", &http).await;
     let client = reqwest::Client::new();
     let boards = format!("{}/v1/boards", daemon.base);
     let status = |token: &'static str| {
@@ -212,23 +225,11 @@ async fn sighup_re_reads_the_token_files_at_once() {
 
 #[tokio::test]
 async fn an_emptied_or_removed_token_file_keeps_the_last_tokens() {
-    let redis = RedisServer::start();
     let dir = tempfile::tempdir().expect("dir");
-    let file = dir.path().join("intake.token");
     let (kept, next) = ("kept-intake-token-77", "next-intake-token-88");
-    std::fs::write(&file, format!("{kept}\n")).expect("write");
-    let http_port = free_port();
-    let config = write_config(
-        dir.path(),
-        &redis,
-        http_port,
-        "empty",
-        &format!(
-            "intake_token_file = \"{}\"\ntoken_reload_interval = \"1s\"",
-            file.display()
-        ),
-    );
-    let daemon = Daemon::start(&config, http_port).await;
+    let file = write_file(dir.path(), "intake.token", &format!("{kept}\n"));
+    let reload = reloaded("intake_token_file", &file, "1s");
+    let (_redis, daemon) = started(dir.path(), "empty", &reload).await;
     let client = reqwest::Client::new();
     assert_eq!(post(&client, &daemon.base, Some(kept), "e-0").await, 202);
 
@@ -272,11 +273,9 @@ async fn an_emptied_or_removed_token_file_keeps_the_last_tokens() {
 async fn an_anonymous_intake_off_loopback_is_refused_unless_allowed() {
     let redis = RedisServer::start();
     let (_dir, http_port, config) = config_for(&redis, "anon", "");
-    let text = std::fs::read_to_string(&config).expect("config");
     let loopback = format!("listen = \"127.0.0.1:{http_port}\"");
-    assert!(text.contains(&loopback));
-    let exposed = text.replace(&loopback, &format!("listen = \"0.0.0.0:{http_port}\""));
-    std::fs::write(&config, &exposed).expect("write config");
+    let exposed = format!("listen = \"0.0.0.0:{http_port}\"");
+    edit_config(&config, &loopback, &exposed);
 
     // Refused before anything else: no Redis call, no port opened.
     let out = run_rollboard(&config, &["run"]);
@@ -288,11 +287,11 @@ async fn an_anonymous_intake_off_loopback_is_refused_unless_allowed() {
     );
     assert!(std::net::TcpListener::bind(("0.0.0.0", http_port)).is_ok());
 
-    let allowed = exposed.replace(
-        &format!("listen = \"0.0.0.0:{http_port}\""),
-        &format!("listen = \"0.0.0.0:{http_port}\"\nallow_anonymous = true"),
+    edit_config(
+        &config,
+        &exposed,
+        &format!("{exposed}\nallow_anonymous = true"),
     );
-    std::fs::write(&config, allowed).expect("write config");
     let daemon = Daemon::start(&config, http_port).await;
     let client = reqwest::Client::new();
     assert_eq!(post(&client, &daemon.base, None, "anon-0").await, 202);
@@ -303,8 +302,7 @@ async fn an_anonymous_intake_off_loopback_is_refused_unless_allowed() {
 async fn admin_listen_serves_metrics_and_probes_and_the_api_port_does_not() {
     let redis = RedisServer::start();
     let dir = tempfile::tempdir().expect("dir");
-    let token = dir.path().join("intake.token");
-    std::fs::write(&token, "admin-test-intake-token\n").expect("write");
+    let token = write_file(dir.path(), "intake.token", "admin-test-intake-token\n");
     let (api_port, admin_port) = (free_port(), free_port());
     let config = write_config(
         dir.path(),
@@ -317,12 +315,11 @@ async fn admin_listen_serves_metrics_and_probes_and_the_api_port_does_not() {
         ),
     );
     // An intake with a token may listen on every address.
-    let text = std::fs::read_to_string(&config).expect("config");
-    let text = text.replace(
+    edit_config(
+        &config,
         &format!("listen = \"127.0.0.1:{api_port}\""),
         &format!("listen = \"0.0.0.0:{api_port}\""),
     );
-    std::fs::write(&config, text).expect("write config");
     let admin = Daemon::spawn(&config, admin_port);
     admin.wait_up().await;
     let api = format!("http://127.0.0.1:{api_port}");
@@ -356,26 +353,16 @@ async fn admin_listen_serves_metrics_and_probes_and_the_api_port_does_not() {
 
 #[tokio::test]
 async fn bearer_tokens_guard_the_intake_and_the_queries() {
-    let redis = RedisServer::start();
-    let dir = tempfile::tempdir().expect("dir");
     let (producer, reader) = ("producer-token-41f9", "reader-token-8c2d");
-    let producer_file = dir.path().join("producer.token");
-    std::fs::write(&producer_file, format!("{producer}\n")).expect("write token");
-    let reader_file = dir.path().join("reader.token");
-    std::fs::write(&reader_file, reader).expect("write token");
-    let http_port = free_port();
-    let config = write_config_url(
-        dir.path(),
-        &redis.url(),
-        http_port,
-        "auth",
-        &format!(
-            "intake_token_file = \"{}\"\nquery_token_file = \"{}\"",
-            producer_file.display(),
-            reader_file.display()
-        ),
+    let dir = tempfile::tempdir().expect("dir");
+    let producer_file = write_file(dir.path(), "producer.token", &format!("{producer}\n"));
+    let reader_file = write_file(dir.path(), "reader.token", reader);
+    let http = format!(
+        "intake_token_file = \"{}\"\nquery_token_file = \"{}\"",
+        producer_file.display(),
+        reader_file.display()
     );
-    let daemon = Daemon::start(&config, http_port).await;
+    let (_redis, daemon) = started(dir.path(), "auth", &http).await;
     let client = reqwest::Client::new();
     let events = format!("[{}]", tips("auth", 3).trim().replace('\n', ","));
     let post = |auth: Option<String>| {
@@ -415,15 +402,7 @@ async fn bearer_tokens_guard_the_intake_and_the_queries() {
     assert_eq!(response.status().as_u16(), 202);
 
     let top = format!("{}/v1/boards/rooms_7d/top", daemon.base);
-    let response = client.get(&top).send().await.expect("get");
-    assert_eq!(response.status().as_u16(), 401);
-    assert!(response.headers().contains_key("www-authenticate"));
-    let response = client
-        .get(&top)
-        .bearer_auth(producer)
-        .send()
-        .await
-        .expect("get");
+    let response = challenged_then_with(&client, &top, producer).await;
     assert_eq!(
         response.status().as_u16(),
         401,
@@ -484,15 +463,7 @@ async fn the_operator_token_from_the_environment_guards_metrics() {
     assert!(up, "{}", std::fs::read_to_string(&log).unwrap_or_default());
 
     let metrics = format!("{base}/metrics");
-    let response = client.get(&metrics).send().await.expect("get");
-    assert_eq!(response.status().as_u16(), 401);
-    assert!(response.headers().contains_key("www-authenticate"));
-    let response = client
-        .get(&metrics)
-        .bearer_auth(token)
-        .send()
-        .await
-        .expect("get");
+    let response = challenged_then_with(&client, &metrics, token).await;
     assert_eq!(response.status().as_u16(), 200);
     assert!(response
         .text()

@@ -57,10 +57,7 @@ fn epoch_seconds() -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn window_gauges_build_info_and_process_metrics_show_from_the_first_scrape() {
-    let redis = RedisServer::start();
-    let dir = tempfile::tempdir().expect("temp dir");
-    let port = free_port();
-    let config = config_without_rolls(dir.path(), &redis, port);
+    let (redis, _dir, port, config) = server_and_config(config_without_rolls);
     // Another replica holds both jobs' leases, as when this one joins a running
     // deployment: none of its ticks runs, not even the one at start-up.
     for job in ["roll", "resummarize"] {

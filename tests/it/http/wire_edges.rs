@@ -72,8 +72,7 @@ async fn http_wire_and_parameter_edges() {
         ("/v1/boards/fans_7d/top?scope=a%00", 400),
         ("/v1/boards/fans_7d/top?scope=", 400),
     ] {
-        let (got, body) = daemon.get(path).await;
-        assert_eq!(got, status, "{path}: {body}");
+        let body = daemon.get_answering(path, status).await;
         assert!(body.starts_with("{\"error\":"), "{path}: {body}");
     }
 

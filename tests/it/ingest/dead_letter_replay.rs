@@ -183,12 +183,10 @@ async fn an_apply_failed_letter_stays_until_its_board_is_repaired_and_then_count
     let t0: i64 = 1_000_500;
     let broken = store.instance(&b, None).result();
     set_string(&store, &broken, "x").await;
-    let id = format!("{t0}-0");
-    let tip = entry(&id, &[("user", "u1"), ("amount", "5"), ("id", "tip-1")]);
+    let tip = [("user", "u1"), ("amount", "5"), ("id", "tip-1")];
     Consumer::new(&store, &boards, &settings, &metrics)
-        .process("rb:events", &[tip], t0)
-        .await
-        .expect("batch");
+        .process_one("rb:events", &tip, t0)
+        .await;
     let dead = letters(&store).await;
     assert_eq!(dead.len(), 1, "{dead:?}");
     assert_eq!(dead[0].1["reason"], "apply_failed");
@@ -228,12 +226,10 @@ async fn a_revalidated_letter_refused_by_one_instance_leaves_a_letter_for_that_i
     let settings = ingest_settings("rb:events", 1);
     let t0: i64 = 1_000_500;
     apply_events(&store, &b, &[ev("big", t0 - 100, "u1", MAX_TOTAL - 10)], t0).await;
-    let id = format!("{t0}-0");
-    let bad = entry(&id, &[("user", "u1"), ("amount", "1x"), ("id", "tip-9")]);
+    let bad = [("user", "u1"), ("amount", "1x"), ("id", "tip-9")];
     Consumer::new(&store, &boards, &settings, &metrics)
-        .process("rb:events", &[bad], t0)
-        .await
-        .expect("batch");
+        .process_one("rb:events", &bad, t0)
+        .await;
     let (bad_id, letter) = letters(&store).await.remove(0);
     assert_eq!(letter["reason"], "amount");
     correct_amount(&store, &bad_id, letter, "100").await;

@@ -23,8 +23,7 @@ async fn events_from_the_stream_send_and_http_end_in_the_model_state() {
                 .expect("json")
         })
         .collect();
-    let file = dir.path().join("events.jsonl");
-    std::fs::write(&file, lines.join("\n")).expect("write events");
+    let file = write_file(dir.path(), "events.jsonl", &lines.join("\n"));
     send_file(&config, &file);
     // Through HTTP, as one array.
     let r = post_fields(&daemon.base, &events[700..]).await;

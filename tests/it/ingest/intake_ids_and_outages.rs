@@ -153,12 +153,8 @@ async fn a_post_whose_exec_reply_is_lost_is_counted_once() {
 #[tokio::test]
 async fn send_gives_each_event_without_an_id_its_own_and_keeps_given_ids() {
     let (_redis, store, dir, config, _) = redis_and_config("a").await;
-    let file = dir.path().join("events.jsonl");
-    std::fs::write(
-        &file,
-        "{\"room\":\"r1\",\"amount\":10}\n{\"room\":\"r1\",\"amount\":10}\n{\"room\":\"r2\",\"amount\":5,\"id\":\"mine-1\"}\n{\"room\":\"r3\",\"amount\":5,\"id\":42}\n{\"user\":\"u\",\"value\":\"1.50\"}\n",
-    )
-    .expect("write");
+    let input = "{\"room\":\"r1\",\"amount\":10}\n{\"room\":\"r1\",\"amount\":10}\n{\"room\":\"r2\",\"amount\":5,\"id\":\"mine-1\"}\n{\"room\":\"r3\",\"amount\":5,\"id\":42}\n{\"user\":\"u\",\"value\":\"1.50\"}\n";
+    let file = write_file(dir.path(), "events.jsonl", input);
     for _ in 0..2 {
         send_file(&config, &file);
     }

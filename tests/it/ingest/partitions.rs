@@ -187,8 +187,7 @@ async fn send_and_post_append_to_the_partition_the_rule_names() {
         e
     };
     let lines: Vec<String> = (0..60).map(|i| json(i).to_string()).collect();
-    let file = dir.path().join("events.jsonl");
-    std::fs::write(&file, lines.join("\n")).expect("write events");
+    let file = write_file(dir.path(), "events.jsonl", &lines.join("\n"));
     let out = send_file(&cfg, &file);
     assert_eq!(
         String::from_utf8_lossy(&out.stdout).trim(),

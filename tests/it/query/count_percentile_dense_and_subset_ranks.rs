@@ -204,7 +204,7 @@ fn boards_without_dense_rank_keep_no_distinct_totals() {
                 .apply(&board, None, &events, START)
                 .await
                 .expect("apply");
-            roll_all(&store, std::slice::from_ref(&board), START + 10, 10).await;
+            roll_board(&store, &board, START + 10).await;
             let page = store
                 .top(&board, None, 0, 10, START + 10)
                 .await
@@ -246,8 +246,7 @@ async fn post(
 async fn the_ranks_route_answers_a_subset_and_refuses_bad_requests() {
     let redis = RedisServer::start();
     let dir = tempfile::tempdir().expect("dir");
-    let tokens = dir.path().join("query_tokens");
-    std::fs::write(&tokens, "s3cret\n").expect("token file");
+    let tokens = write_file(dir.path(), "query_tokens", "s3cret\n");
     let port = free_port();
     let extra = format!("query_token_file = \"{}\"\n{DENSE_BOARD}", tokens.display());
     let config = write_config(dir.path(), &redis, port, "a", &extra);

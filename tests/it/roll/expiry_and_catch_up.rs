@@ -78,16 +78,16 @@ async fn a_roll_at_an_earlier_time_changes_nothing() {
     let (redis, store) = RedisServer::start_with_store("rb").await;
     let b = board("rooms", HOUR, 3);
     apply_events(&store, &b, &[ev("1", T0, "a", 5)], T0).await;
-    roll_all(&store, std::slice::from_ref(&b), T0 + 10 * HOUR, 10).await;
+    roll_board(&store, &b, T0 + 10 * HOUR).await;
     let w = redis.cli(&["HGET", "rb:{rooms}:meta", "expired_through"]);
-    roll_all(&store, std::slice::from_ref(&b), T0, 10).await;
+    roll_board(&store, &b, T0).await;
     assert_eq!(
         redis.cli(&["HGET", "rb:{rooms}:meta", "expired_through"]),
         w
     );
     // An empty board still records its watermark.
     let empty = board("empty", HOUR, 3);
-    roll_all(&store, std::slice::from_ref(&empty), T0, 10).await;
+    roll_board(&store, &empty, T0).await;
     assert_eq!(
         redis
             .cli(&["HGET", "rb:{empty}:meta", "expired_through"])
@@ -102,7 +102,7 @@ async fn late_events_never_land_in_a_dead_slice() {
     let b = board("rooms", HOUR, 4);
     apply_events(&store, &b, &[ev("1", T0, "a", 5)], T0).await;
     // A roll ahead of the clock raises the watermark past slice_of(T0).
-    roll_all(&store, std::slice::from_ref(&b), T0 + 5 * HOUR, 10).await;
+    roll_board(&store, &b, T0 + 5 * HOUR).await;
     let out = apply_events(
         &store,
         &b,
@@ -285,8 +285,8 @@ async fn an_emptied_scope_leaves_the_registry_and_redis() {
         T0 + 3 * HOUR,
     )
     .await;
-    let reports = roll_all(&store, std::slice::from_ref(&b), T0 + 3 * HOUR, 10).await;
-    assert_eq!(reports[0].scopes_removed, 1);
+    let report = roll_board(&store, &b, T0 + 3 * HOUR).await;
+    assert_eq!(report.scopes_removed, 1);
     assert_eq!(store.scopes(&b).await.unwrap(), ["new"]);
     assert_eq!(
         redis.cli(&["KEYS", "rb:{fans:old}*"]).trim(),
@@ -347,11 +347,7 @@ fn steps() -> impl Strategy<Value = Vec<(Step, i64)>> {
                     let events = events
                         .into_iter()
                         .map(|(id, offset, m, amount)| {
-                            let amount = if amount < 0 && !board.allow_negative {
-                                -amount
-                            } else {
-                                amount
-                            };
+                            let amount = amount_for(board, amount);
                             (
                                 format!("id{id}"),
                                 offset,

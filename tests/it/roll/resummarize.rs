@@ -58,13 +58,13 @@ async fn resummarize_tracks_new_events_only_at_its_runs() {
         0,
         "nothing until the job runs"
     );
-    roll_all(&store, std::slice::from_ref(&b), T0, 10).await;
+    roll_board(&store, &b, T0).await;
     assert_eq!(store.rank(&b, None, "a", T0).await.unwrap().total, Some(5));
     apply_events(&store, &b, &[ev("2", T0 + 1, "a", 5)], T0).await;
     let lag = roll::verify(&store, &b, None, 10).await.unwrap();
     assert_eq!((lag.differences.len(), lag.amount_behind), (1, 5));
     assert!(!lag.fails(false) && lag.fails(true));
-    roll_all(&store, std::slice::from_ref(&b), T0 + 2, 10).await;
+    roll_board(&store, &b, T0 + 2).await;
     let r = store.rank(&b, None, "a", T0).await.unwrap();
     assert_eq!((r.total, r.last_ts), (Some(10), Some(T0 + 1)));
     // No scratch key is left behind.
@@ -83,10 +83,7 @@ fn calls(redis: &RedisServer, command: &str) -> u64 {
 
 #[tokio::test]
 async fn a_resummarize_instance_that_did_not_change_keeps_its_ranking_without_a_sum() {
-    let (redis, store) = RedisServer::start_with_store("rb").await;
-    let b = resummarize("res", HOUR, 3);
-    let boards = std::slice::from_ref(&b);
-    let s0 = T0 / HOUR * HOUR;
+    let (redis, store, b, s0) = resummarize_at_t0("res", HOUR, 3).await;
     let mut model = Instance::default();
     let apply = async |model: &mut Instance, events: &[ApplyEvent], now: i64| {
         let expected: Vec<Outcome> = events.iter().map(|e| model.apply(&b, e, now)).collect();
@@ -94,7 +91,7 @@ async fn a_resummarize_instance_that_did_not_change_keeps_its_ranking_without_a_
     };
     let run = async |now: i64| {
         let before = calls(&redis, "hscan");
-        let report = roll_all(&store, boards, now, 10).await.remove(0);
+        let report = roll_board(&store, &b, now).await;
         (report.resummed, calls(&redis, "hscan") - before)
     };
 
@@ -149,12 +146,9 @@ async fn a_resummarize_instance_that_did_not_change_keeps_its_ranking_without_a_
 #[tokio::test]
 async fn an_unchanged_resummarize_ranking_is_summed_again_after_an_hour() {
     use rollboard::store::RESUM_AT_LEAST_EVERY_MS as EVERY;
-    let (redis, store) = RedisServer::start_with_store("rb").await;
-    let b = resummarize("daily", DAY, 7);
-    let boards = std::slice::from_ref(&b);
-    let d0 = T0 / DAY * DAY;
+    let (redis, store, b, d0) = resummarize_at_t0("daily", DAY, 7).await;
     apply_events(&store, &b, &[ev("1", d0, "a", 5)], d0).await;
-    let resummed = async |now| roll_all(&store, boards, now, 10).await[0].resummed;
+    let resummed = async |now| roll_board(&store, &b, now).await.resummed;
     assert_eq!(resummed(d0).await, 1);
     assert_eq!(resummed(d0 + EVERY - 1).await, 0, "within the hour");
     // A write that no `gen` counts (by hand): shown once the hour is up.
@@ -169,11 +163,9 @@ async fn an_unchanged_resummarize_ranking_is_summed_again_after_an_hour() {
 #[tokio::test]
 async fn a_sum_read_before_a_newer_one_of_the_same_window_is_not_swapped_over_it() {
     use rollboard::store::{StageTargets, Staged, SwapCheck};
-    let (_redis, store) = RedisServer::start_with_store("rb").await;
-    let b = resummarize("race", HOUR, 3);
-    let s0 = T0 / HOUR * HOUR;
+    let (_redis, store, b, s0) = resummarize_at_t0("race", HOUR, 3).await;
     apply_events(&store, &b, &[ev("1", s0, "a", 5)], s0).await;
-    roll_all(&store, std::slice::from_ref(&b), s0, 10).await;
+    roll_board(&store, &b, s0).await;
     let targets = StageTargets {
         result: true,
         ranked: true,
@@ -193,40 +185,32 @@ async fn a_sum_read_before_a_newer_one_of_the_same_window_is_not_swapped_over_it
         .await
         .unwrap();
     apply_events(&store, &b, &[ev("2", s0 + 1, "a", 4)], s0 + 1).await;
-    roll_all(&store, std::slice::from_ref(&b), s0 + 1, 10).await;
+    roll_board(&store, &b, s0 + 1).await;
     let fast = store.summed(&b, None).await.unwrap();
     assert_ne!(fast.gen, slow.gen);
     assert_eq!(fast.summed_gen.as_deref(), Some(fast.gen.as_str()));
     let watermark = fast.summed_through.expect("summed_through");
     assert_eq!(slow.summed_through, Some(watermark), "the same window");
     // The slow run's swap comes last: refused, the newer ranking stays.
-    let check = |gen| SwapCheck {
-        watermark: Some(watermark),
-        summed_at: Some((gen, s0 + 2)),
-        ..SwapCheck::default()
+    let swap = async |run, gen| {
+        let check = SwapCheck {
+            watermark: Some(watermark),
+            summed_at: Some((gen, s0 + 2)),
+            ..SwapCheck::default()
+        };
+        store.swap(&b, None, run, targets, check).await.unwrap()
     };
-    assert!(!store
-        .swap(&b, None, "slow", targets, check(slow.gen.as_str()))
-        .await
-        .unwrap());
-    assert_eq!(
-        store.rank(&b, None, "a", s0 + 1).await.unwrap().total,
-        Some(9)
-    );
+    let total_of_a = async || store.rank(&b, None, "a", s0 + 1).await.unwrap().total;
+    assert!(!swap("slow", slow.gen.as_str()).await);
+    assert_eq!(total_of_a().await, Some(9));
     assert_eq!(store.summed(&b, None).await.unwrap(), fast);
     // A run that read the same `gen` may swap (its sum is as new).
     store
         .stage(&b, None, "twin", targets, &[row(9)])
         .await
         .unwrap();
-    assert!(store
-        .swap(&b, None, "twin", targets, check(fast.gen.as_str()))
-        .await
-        .unwrap());
-    assert_eq!(
-        store.rank(&b, None, "a", s0 + 1).await.unwrap().total,
-        Some(9)
-    );
+    assert!(swap("twin", fast.gen.as_str()).await);
+    assert_eq!(total_of_a().await, Some(9));
     let twin = store.summed(&b, None).await.unwrap();
     assert_eq!(
         (twin.summed_gen, twin.summed_through, twin.summed_ms),
@@ -254,6 +238,7 @@ async fn a_scoped_resummarize_refund_board_rolls_to_empty_and_comes_back() {
     let at = |slice: i64| slice * SLICE + 100;
     let ev = crate::support::ev;
     let scope = Some("r1");
+    let only_u2 = || (1, vec![("u2".to_string(), 3)]);
     // Rolls every instance at `now`, then the scope's count and ranking.
     let rolled_totals = |now: i64| {
         let (store, b, boards) = (&store, &b, &boards);
@@ -284,25 +269,17 @@ async fn a_scoped_resummarize_refund_board_rolls_to_empty_and_comes_back() {
         .await
         .expect("apply");
     assert_eq!(out, [Outcome::Applied; 3]);
-    assert_eq!(
-        rolled_totals(now).await,
-        (1, vec![("u2".to_string(), 3)]),
-        "u1 at exactly 0"
-    );
+    assert_eq!(rolled_totals(now).await, only_u2(), "u1 at exactly 0");
 
     // s0 leaves the window: u1 is at -10 with one live slice.
     let now = at(s0 + 3);
-    assert_eq!(rolled_totals(now).await, (1, vec![("u2".to_string(), 3)]));
+    assert_eq!(rolled_totals(now).await, only_u2());
     let out = store
         .apply(&b, scope, &[ev("t3", at(s0 + 2), "u1", 4)], now)
         .await
         .expect("apply");
     assert_eq!(out, [Outcome::Applied]);
-    assert_eq!(
-        rolled_totals(now).await,
-        (1, vec![("u2".to_string(), 3)]),
-        "u1 at -6"
-    );
+    assert_eq!(rolled_totals(now).await, only_u2(), "u1 at -6");
 
     // s0 + 1 leaves: the refund and u2's tip go, u1 holds only its last tip.
     let now = at(s0 + 4);

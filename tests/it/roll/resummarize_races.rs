@@ -25,14 +25,11 @@ use crate::support::*;
 /// older `gen`, never the current one, so the lag did not last the hour a skip allows).
 #[tokio::test]
 async fn a_sum_read_before_a_rebuild_is_not_swapped_over_the_rebuilt_ranking() {
-    let (_redis, store) = RedisServer::start_with_store("rb").await;
     // Day-wide slices: the watermark stays put for the whole test, as it does within a slice.
-    let b = resummarize("reb", DAY, 7);
-    let boards = std::slice::from_ref(&b);
-    let d0 = T0 / DAY * DAY;
+    let (_redis, store, b, d0) = resummarize_at_t0("reb", DAY, 7).await;
     let mut model = Instance::default();
     apply_model(&store, &b, &mut model, &[ev("1", d0, "a", 5)], d0).await;
-    assert_eq!(roll_all(&store, boards, d0, 10).await[0].resummed, 1);
+    assert_eq!(roll_board(&store, &b, d0).await.resummed, 1);
 
     // Replica A's run: b's event moved `gen`, so it reads the record and sums (a 5, b 3).
     apply_model(&store, &b, &mut model, &[ev("2", d0 + 1, "b", 3)], d0 + 1).await;
@@ -65,9 +62,9 @@ async fn a_sum_read_before_a_rebuild_is_not_swapped_over_the_rebuilt_ranking() {
     let right_after = roll::verify(&store, &b, None, 100).await.unwrap();
 
     // The next regular run, and the one after it (which may skip), end equal to the model.
-    roll_all(&store, boards, d0 + 4, 10).await;
+    roll_board(&store, &b, d0 + 4).await;
     assert_matches(&store, &b, None, &model, d0 + 4).await;
-    roll_all(&store, boards, d0 + 5, 10).await;
+    roll_board(&store, &b, d0 + 5).await;
     assert_matches(&store, &b, None, &model, d0 + 5).await;
     assert!(roll::verify(&store, &b, None, 100)
         .await

@@ -19,11 +19,8 @@ use crate::support::*;
 /// for current, and the runs that follow from skipping the instance for up to an hour).
 #[tokio::test]
 async fn a_member_repaired_by_rebuild_is_not_lost_to_a_racing_run_for_an_hour() {
-    let (redis, store) = RedisServer::start_with_store("rb").await;
     // Day-wide slices: the watermark stays put for the whole test, as it does within a slice.
-    let b = resummarize("res", DAY, 7);
-    let boards = std::slice::from_ref(&b);
-    let d0 = T0 / DAY * DAY;
+    let (redis, store, b, d0) = resummarize_at_t0("res", DAY, 7).await;
     apply_events(
         &store,
         &b,
@@ -31,7 +28,7 @@ async fn a_member_repaired_by_rebuild_is_not_lost_to_a_racing_run_for_an_hour() 
         d0,
     )
     .await;
-    assert_eq!(roll_all(&store, boards, d0, 10).await[0].resummed, 1);
+    assert_eq!(roll_board(&store, &b, d0).await.resummed, 1);
     assert_eq!(store.rank(&b, None, "x", d0).await.unwrap().total, Some(7));
 
     // x's tie-break time is lost (the case `rebuild` repairs), and another event arrives.
@@ -83,7 +80,7 @@ async fn a_member_repaired_by_rebuild_is_not_lost_to_a_racing_run_for_an_hour() 
     );
 
     // The next run sums again (the rebuild recorded no run time) and keeps x ranked.
-    assert_eq!(roll_all(&store, boards, d0 + 4, 10).await[0].resummed, 1);
+    assert_eq!(roll_board(&store, &b, d0 + 4).await.resummed, 1);
     let v = roll::verify(&store, &b, None, 100).await.unwrap();
     assert!(
         v.differences.is_empty(),
@@ -103,17 +100,14 @@ async fn a_member_repaired_by_rebuild_is_not_lost_to_a_racing_run_for_an_hour() 
 /// ranking without the member for up to an hour).
 #[tokio::test]
 async fn a_member_restored_by_an_interrupted_rebuild_is_ranked_at_the_next_run() {
-    let (redis, store) = RedisServer::start_with_store("rb").await;
-    let b = resummarize("res", DAY, 7);
-    let boards = std::slice::from_ref(&b);
-    let d0 = T0 / DAY * DAY;
+    let (redis, store, b, d0) = resummarize_at_t0("res", DAY, 7).await;
     apply_events(&store, &b, &[ev("1", d0, "x", 7)], d0).await;
-    roll_all(&store, boards, d0, 10).await;
+    roll_board(&store, &b, d0).await;
     // x's tie-break time is lost; an event of another member makes the next run sum,
     // without x (`members` does not know it).
     redis.cli(&["HDEL", "rb:{res}:members", "x"]);
     apply_events(&store, &b, &[ev("2", d0 + 1, "a", 5)], d0 + 1).await;
-    assert_eq!(roll_all(&store, boards, d0 + 2, 10).await[0].resummed, 1);
+    assert_eq!(roll_board(&store, &b, d0 + 2).await.resummed, 1);
     assert_eq!(store.rank(&b, None, "x", d0 + 2).await.unwrap().total, None);
 
     // A rebuild stages its rows (x's fallback time is written into `members`) and stops
@@ -128,7 +122,7 @@ async fn a_member_restored_by_an_interrupted_rebuild_is_ranked_at_the_next_run()
     store.discard(&b, None, "rebuild").await.unwrap();
 
     // The next run: a sum of the live slices now ranks x.
-    roll_all(&store, boards, d0 + 3, 10).await;
+    roll_board(&store, &b, d0 + 3).await;
     let r = store.rank(&b, None, "x", d0 + 3).await.unwrap();
     assert_eq!(
         (r.total, r.last_ts),
@@ -144,7 +138,6 @@ async fn a_member_restored_by_an_interrupted_rebuild_is_ranked_at_the_next_run()
 async fn a_scope_cleaned_up_and_back_at_the_same_watermark_is_summed() {
     let (_redis, store) = RedisServer::start_with_store("rb").await;
     let b = scoped(resummarize("fans", HOUR, 3));
-    let boards = std::slice::from_ref(&b);
     let s0 = T0 / HOUR * HOUR;
     let mut model = Instance::default();
     apply_scoped_model(
@@ -156,13 +149,11 @@ async fn a_scope_cleaned_up_and_back_at_the_same_watermark_is_summed() {
         s0,
     )
     .await;
-    roll_all(&store, boards, s0, 10).await;
-    model.roll(&b, s0);
-    assert_matches(&store, &b, Some("r"), &model, s0).await;
+    roll_and_match(&store, &b, Some("r"), &mut model, s0).await;
 
     // The slice dies: expired, summed (empty), cleaned up, unregistered.
     let dead = s0 + 3 * HOUR;
-    let report = roll_all(&store, boards, dead, 10).await.remove(0);
+    let report = roll_board(&store, &b, dead).await;
     model.roll(&b, dead);
     assert_eq!((report.resummed, report.scopes_removed), (1, 1));
     assert!(store.scopes(&b).await.unwrap().is_empty());
@@ -179,7 +170,7 @@ async fn a_scope_cleaned_up_and_back_at_the_same_watermark_is_summed() {
         dead + 2,
     )
     .await;
-    let report = roll_all(&store, boards, dead + 3, 10).await.remove(0);
+    let report = roll_board(&store, &b, dead + 3).await;
     model.roll(&b, dead + 3);
     assert_eq!(report.resummed, 1);
     assert_eq!(report.scopes_removed, 0);
@@ -188,7 +179,7 @@ async fn a_scope_cleaned_up_and_back_at_the_same_watermark_is_summed() {
         record.summed_through
     );
     assert_matches(&store, &b, Some("r"), &model, dead + 3).await;
-    assert_eq!(roll_all(&store, boards, dead + 4, 10).await[0].resummed, 0);
+    assert_eq!(roll_board(&store, &b, dead + 4).await.resummed, 0);
     assert_matches(&store, &b, Some("r"), &model, dead + 4).await;
 }
 
@@ -196,24 +187,14 @@ async fn a_scope_cleaned_up_and_back_at_the_same_watermark_is_summed() {
 /// still a change (`gen` moves), so the next run shows the new time and order.
 #[tokio::test]
 async fn a_tie_break_time_that_moves_without_a_total_change_is_shown_at_the_next_run() {
-    let (_redis, store) = RedisServer::start_with_store("rb").await;
-    let mut b = resummarize("neg", HOUR, 3);
+    let (_redis, store, mut b, s0) = resummarize_at_t0("neg", HOUR, 3).await;
     b.allow_negative = true;
     b.tie_break = TieBreak::Latest;
-    let boards = std::slice::from_ref(&b);
-    let s0 = T0 / HOUR * HOUR;
+    // a and b tie at 5, b the later.
+    let tied = [ev("1", s0, "a", 5), ev("2", s0 + 10, "b", 5)];
     let mut model = Instance::default();
-    apply_model(
-        &store,
-        &b,
-        &mut model,
-        &[ev("1", s0, "a", 5), ev("2", s0 + 10, "b", 5)],
-        s0 + 10,
-    )
-    .await;
-    roll_all(&store, boards, s0 + 10, 10).await;
-    model.roll(&b, s0 + 10);
-    assert_matches(&store, &b, None, &model, s0 + 10).await;
+    apply_model(&store, &b, &mut model, &tied, s0 + 10).await;
+    roll_and_match(&store, &b, None, &mut model, s0 + 10).await;
     assert_eq!(
         store.rank(&b, None, "b", s0 + 10).await.unwrap().rank,
         Some(1)
@@ -228,15 +209,16 @@ async fn a_tie_break_time_that_moves_without_a_total_change_is_shown_at_the_next
         s0 + 21,
     )
     .await;
-    assert_eq!(roll_all(&store, boards, s0 + 22, 10).await[0].resummed, 1);
-    model.roll(&b, s0 + 22);
-    assert_matches(&store, &b, None, &model, s0 + 22).await;
+    assert_eq!(
+        roll_and_match(&store, &b, None, &mut model, s0 + 22).await,
+        1
+    );
     let a = store.rank(&b, None, "a", s0 + 22).await.unwrap();
     assert_eq!(
         (a.rank, a.total, a.last_ts),
         (Some(1), Some(5), Some(s0 + 21))
     );
-    assert_eq!(roll_all(&store, boards, s0 + 23, 10).await[0].resummed, 0);
+    assert_eq!(roll_board(&store, &b, s0 + 23).await.resummed, 0);
 }
 
 /// A batch larger than one script call (several chained calls, each moving `gen`) is summed
@@ -244,10 +226,7 @@ async fn a_tie_break_time_that_moves_without_a_total_change_is_shown_at_the_next
 /// and the run after it leaves the ranking as it is, equal to the model.
 #[tokio::test]
 async fn a_batch_of_many_calls_is_summed_whole_and_its_redelivery_changes_nothing() {
-    let (_redis, store) = RedisServer::start_with_store("rb").await;
-    let b = resummarize("big", HOUR, 3);
-    let boards = std::slice::from_ref(&b);
-    let s0 = T0 / HOUR * HOUR;
+    let (_redis, store, b, s0) = resummarize_at_t0("big", HOUR, 3).await;
     let mut model = Instance::default();
     // 400 events of 150 members over two slices (the second one late for none).
     let events: Vec<ApplyEvent> = (0..400)
@@ -263,13 +242,14 @@ async fn a_batch_of_many_calls_is_summed_whole_and_its_redelivery_changes_nothin
     apply_model(&store, &b, &mut model, &events, s0 + 1).await;
     let gen = store.summed(&b, None).await.unwrap().gen;
     assert!(gen.parse::<u64>().unwrap() > 1, "several calls: gen {gen}");
-    assert_eq!(roll_all(&store, boards, s0 + 2, 10).await[0].resummed, 1);
-    model.roll(&b, s0 + 2);
-    assert_matches(&store, &b, None, &model, s0 + 2).await;
+    assert_eq!(
+        roll_and_match(&store, &b, None, &mut model, s0 + 2).await,
+        1
+    );
 
     apply_model(&store, &b, &mut model, &events, s0 + 3).await;
     assert_eq!(store.summed(&b, None).await.unwrap().gen, gen);
-    assert_eq!(roll_all(&store, boards, s0 + 4, 10).await[0].resummed, 0);
+    assert_eq!(roll_board(&store, &b, s0 + 4).await.resummed, 0);
     assert_matches(&store, &b, None, &model, s0 + 4).await;
 }
 
@@ -278,13 +258,10 @@ async fn a_batch_of_many_calls_is_summed_whole_and_its_redelivery_changes_nothin
 /// next run trusts.
 #[tokio::test]
 async fn a_sum_record_that_is_not_a_number_is_summed_over() {
-    let (redis, store) = RedisServer::start_with_store("rb").await;
-    let b = resummarize("odd", DAY, 7);
-    let boards = std::slice::from_ref(&b);
-    let d0 = T0 / DAY * DAY;
+    let (redis, store, b, d0) = resummarize_at_t0("odd", DAY, 7).await;
     let mut model = Instance::default();
     apply_model(&store, &b, &mut model, &[ev("1", d0, "a", 5)], d0).await;
-    roll_all(&store, boards, d0, 10).await;
+    roll_board(&store, &b, d0).await;
     let slice = format!("rb:{{odd}}:slice:{}", b.slice_of(d0));
     for (field, value) in [
         ("summed_gen", "abc"),
@@ -296,7 +273,7 @@ async fn a_sum_record_that_is_not_a_number_is_summed_over() {
         redis.cli(&["HSET", &slice, "a", &amount]);
         redis.cli(&["HSET", "rb:{odd}:meta", field, value]);
         assert_eq!(
-            roll_all(&store, boards, d0 + 1, 10).await[0].resummed,
+            roll_board(&store, &b, d0 + 1).await.resummed,
             1,
             "{field} = {value:?}"
         );
@@ -308,7 +285,7 @@ async fn a_sum_record_that_is_not_a_number_is_summed_over() {
         let record = store.summed(&b, None).await.unwrap();
         assert_eq!(record.summed_gen.as_deref(), Some(record.gen.as_str()));
         assert_eq!(record.summed_ms, Some(d0 + 1));
-        assert_eq!(roll_all(&store, boards, d0 + 2, 10).await[0].resummed, 0);
+        assert_eq!(roll_board(&store, &b, d0 + 2).await.resummed, 0);
     }
     assert_eq!(redis.cli(&["KEYS", "rb:{odd}:tmp:*"]).trim(), "");
 }
@@ -319,14 +296,11 @@ async fn a_sum_record_that_is_not_a_number_is_summed_over() {
 /// the runs after it skip with a ranking equal to the model.
 #[tokio::test]
 async fn a_watermark_lowered_by_the_readme_procedure_is_summed_and_then_kept() {
-    let (redis, store) = RedisServer::start_with_store("rb").await;
-    let b = resummarize("fans_7d", HOUR, 3);
-    let boards = std::slice::from_ref(&b);
-    let s0 = T0 / HOUR * HOUR;
+    let (redis, store, b, s0) = resummarize_at_t0("fans_7d", HOUR, 3).await;
     apply_events(&store, &b, &[ev("1", s0, "a", 5)], s0).await;
-    roll_all(&store, boards, s0, 10).await;
+    roll_board(&store, &b, s0).await;
     let ahead = s0 + 10 * HOUR;
-    roll_all(&store, boards, ahead, 10).await;
+    roll_board(&store, &b, ahead).await;
     let far = store.summed(&b, None).await.unwrap();
     assert_eq!(far.summed_through, Some(b.slice_of(ahead) - 3));
     assert_eq!(store.top(&b, None, 0, 10, s0).await.unwrap().count, 0);
@@ -352,12 +326,13 @@ async fn a_watermark_lowered_by_the_readme_procedure_is_summed_and_then_kept() {
         s0 + 1,
     )
     .await;
-    assert_eq!(roll_all(&store, boards, s0 + 2, 10).await[0].resummed, 1);
-    model.roll(&b, s0 + 2);
-    assert_matches(&store, &b, None, &model, s0 + 2).await;
+    assert_eq!(
+        roll_and_match(&store, &b, None, &mut model, s0 + 2).await,
+        1
+    );
     let record = store.summed(&b, None).await.unwrap();
     assert_eq!(record.summed_through, Some(b.slice_of(s0) - 3));
-    assert_eq!(roll_all(&store, boards, s0 + 3, 10).await[0].resummed, 0);
+    assert_eq!(roll_board(&store, &b, s0 + 3).await.resummed, 0);
     assert_matches(&store, &b, None, &model, s0 + 3).await;
 }
 
@@ -371,7 +346,6 @@ async fn two_replicas_racing_with_ingest_end_equal_to_the_model() {
     let one = redis.store("rb").await;
     let two = redis.store("rb").await;
     let b = resummarize("race", DAY, 7);
-    let boards = std::slice::from_ref(&b);
     let d0 = T0 / DAY * DAY;
     let mut model = Instance::default();
     for round in 0..40i64 {
@@ -388,26 +362,23 @@ async fn two_replicas_racing_with_ingest_end_equal_to_the_model() {
             .collect();
         let expected: Vec<Outcome> = events.iter().map(|e| model.apply(&b, e, now + 5)).collect();
         let (x, y, applied) = tokio::join!(
-            roll_all(&one, boards, now + 5, 10),
-            roll_all(&two, boards, now + 5, 10),
+            roll_board(&one, &b, now + 5),
+            roll_board(&two, &b, now + 5),
             one.apply(&b, None, &events, now + 5),
         );
         assert_eq!(applied.unwrap(), expected);
-        assert!(x[0].resummed <= 1 && y[0].resummed <= 1);
+        assert!(x.resummed <= 1 && y.resummed <= 1);
     }
     let end = d0 + 1_000;
-    tokio::join!(
-        roll_all(&one, boards, end, 10),
-        roll_all(&two, boards, end, 10)
-    );
+    tokio::join!(roll_board(&one, &b, end), roll_board(&two, &b, end));
     model.roll(&b, end);
     // One more run: whichever of the racing swaps landed last, a record at an older gen
     // cannot claim the ranking is current.
-    roll_all(&one, boards, end + 1, 10).await;
+    roll_board(&one, &b, end + 1).await;
     assert_matches(&one, &b, None, &model, end + 1).await;
     let record = one.summed(&b, None).await.unwrap();
     assert_eq!(record.summed_gen.as_deref(), Some(record.gen.as_str()));
-    assert_eq!(roll_all(&two, boards, end + 2, 10).await[0].resummed, 0);
+    assert_eq!(roll_board(&two, &b, end + 2).await.resummed, 0);
     assert_matches(&two, &b, None, &model, end + 2).await;
     assert_eq!(redis.cli(&["KEYS", "rb:{race}:tmp:*"]).trim(), "");
 }
@@ -419,24 +390,16 @@ async fn two_replicas_racing_with_ingest_end_equal_to_the_model() {
 #[tokio::test]
 async fn rolls_at_an_earlier_time_skip_or_sum_above_the_current_watermark() {
     use rollboard::store::RESUM_AT_LEAST_EVERY_MS as EVERY;
-    let (_redis, store) = RedisServer::start_with_store("rb").await;
-    let b = resummarize("past", HOUR, 3);
-    let boards = std::slice::from_ref(&b);
-    let s0 = T0 / HOUR * HOUR;
+    let (_redis, store, b, s0) = resummarize_at_t0("past", HOUR, 3).await;
     let mut model = Instance::default();
     apply_model(&store, &b, &mut model, &[ev("1", s0, "a", 5)], s0).await;
     let clock = s0 + 3 * HOUR + 5;
     apply_model(&store, &b, &mut model, &[ev("2", clock, "b", 4)], clock).await;
-    roll_all(&store, boards, clock, 10).await;
-    model.roll(&b, clock);
-    assert_matches(&store, &b, None, &model, clock).await;
+    roll_and_match(&store, &b, None, &mut model, clock).await;
     let at_clock = store.summed(&b, None).await.unwrap();
 
     // A roll two hours back: nothing changed, left as it is.
-    assert_eq!(
-        roll_all(&store, boards, clock - 2 * HOUR, 10).await[0].resummed,
-        0
-    );
+    assert_eq!(roll_board(&store, &b, clock - 2 * HOUR).await.resummed, 0);
     assert_matches(&store, &b, None, &model, clock).await;
 
     // An event, then a roll two hours back: summed above the current watermark.
@@ -448,18 +411,15 @@ async fn rolls_at_an_earlier_time_skip_or_sum_above_the_current_watermark() {
         clock + 1,
     )
     .await;
-    assert_eq!(
-        roll_all(&store, boards, clock - 2 * HOUR, 10).await[0].resummed,
-        1
-    );
+    assert_eq!(roll_board(&store, &b, clock - 2 * HOUR).await.resummed, 1);
     assert_matches(&store, &b, None, &model, clock + 1).await;
     let back = store.summed(&b, None).await.unwrap();
     assert_eq!(back.summed_through, at_clock.summed_through);
     assert_eq!(back.summed_ms, Some(clock - 2 * HOUR));
 
     // At the clock the record is two hours old: summed once more, same ranking, then left.
-    assert_eq!(roll_all(&store, boards, clock + 2, 10).await[0].resummed, 1);
-    assert_eq!(roll_all(&store, boards, clock + 3, 10).await[0].resummed, 0);
+    assert_eq!(roll_board(&store, &b, clock + 2).await.resummed, 1);
+    assert_eq!(roll_board(&store, &b, clock + 3).await.resummed, 0);
     assert!(clock + 3 - (clock - 2 * HOUR) > EVERY);
     assert_matches(&store, &b, None, &model, clock + 3).await;
 }

@@ -279,13 +279,13 @@ async fn a_roll_ahead_of_the_clock_moves_every_instance_even_cleaned_up_ones() {
         // a live one and stays registered.
         apply_events_in(&store, &b, "gone", &[ev("1", s0 * HOUR, "u", 1)], s0 * HOUR).await;
         apply_events_in(&store, &b, "kept", &[ev("2", clock, "u", 1)], clock).await;
-        roll_all(&store, std::slice::from_ref(&b), clock, 10).await;
+        roll_board(&store, &b, clock).await;
         assert_eq!(store.scopes(&b).await.unwrap(), ["kept"], "{b}");
 
         // A roll ahead of the clock: every slice up to s0 + 7 is dead from now on.
         let ahead = (s0 + 10) * HOUR;
         let window = ((s0 + 8) * HOUR, (s0 + 11) * HOUR);
-        roll_all(&store, std::slice::from_ref(&b), ahead, 10).await;
+        roll_board(&store, &b, ahead).await;
         for scope in ["kept", "gone", "never_seen"] {
             let page = store.top(&b, Some(scope), 0, 10, clock).await.unwrap();
             assert_eq!(
@@ -307,7 +307,7 @@ async fn a_roll_ahead_of_the_clock_moves_every_instance_even_cleaned_up_ones() {
             );
         }
         // Time never goes back: a roll at the clock again changes nothing.
-        roll_all(&store, std::slice::from_ref(&b), clock, 10).await;
+        roll_board(&store, &b, clock).await;
         for scope in ["kept", "gone"] {
             let page = store.top(&b, Some(scope), 0, 10, clock).await.unwrap();
             assert_eq!((page.window_from, page.window_to), window, "{b} [{scope}]");

@@ -232,7 +232,7 @@ async fn verify_and_rebuild_see_a_slice_that_a_cancelled_roll_left_behind() {
         "nothing subtracted yet"
     );
     // The next roll finishes the slice: exactly the model.
-    roll_all(&store, std::slice::from_ref(&b), T0 + 2 * HOUR, 10).await;
+    roll_board(&store, &b, T0 + 2 * HOUR).await;
     assert_rolled_and_verified(&store, &b, &mut model, T0 + 2 * HOUR).await;
 }
 

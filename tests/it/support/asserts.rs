@@ -10,16 +10,26 @@ use rollboard::store::Store;
 use crate::support::*;
 
 /// Waits until the group has taken everything, then checks every instance against the
-/// model of `events`.
+/// model of `events` (with the daemon's log when a resummarize instance lags).
 pub async fn assert_drained_into_model(store: &Store, events: &[Fields], daemon: &Daemon) {
+    assert_drained_into_model_at(store, events, daemon, now_ms()).await;
+}
+
+/// As [`assert_drained_into_model`], with the model and the instances read at `now`.
+pub async fn assert_drained_into_model_at(
+    store: &Store,
+    events: &[Fields],
+    daemon: &Daemon,
+    now: i64,
+) {
     assert!(
         drained(store).await,
         "stream never drained; log:\n{}",
         daemon.logs()
     );
     let boards = test_boards();
-    let now = now_ms();
-    assert_state(store, &boards, &models(events, &boards, now), now).await;
+    let model = models(events, &boards, now);
+    assert_state_or(store, &boards, &model, now, || daemon.logs()).await;
 }
 
 /// `verify` finds nothing wrong with the instance.

@@ -229,6 +229,27 @@ pub async fn roll_all(
     reports
 }
 
+/// One run of both jobs over `board` alone at `now` (chunk 10, as [`roll_all`]); its report.
+pub async fn roll_board(store: &Store, board: &Board, now: i64) -> roll::Report {
+    roll_all(store, std::slice::from_ref(board), now, 10)
+        .await
+        .remove(0)
+}
+
+/// [`roll_board`], `model` rolled too and the `scope` instance checked against it; resummed count.
+pub async fn roll_and_match(
+    store: &Store,
+    board: &Board,
+    scope: Option<&str>,
+    model: &mut Instance,
+    now: i64,
+) -> u64 {
+    let report = roll_board(store, board, now).await;
+    model.roll(board, now);
+    crate::support::model::assert_matches(store, board, scope, model, now).await;
+    report.resummed
+}
+
 /// Ingest settings for `process_batch` called directly: `stream` in `partitions`
 /// partitions, the default group and dead-letter stream.
 pub fn ingest_settings(stream: &str, partitions: usize) -> rollboard::config::IngestSettings {
@@ -313,11 +334,31 @@ pub async fn set_string(store: &Store, key: &str, value: &str) {
         .expect("set");
 }
 
+/// A generated `amount` made positive unless `board` allows negative amounts.
+pub fn amount_for(board: &Board, amount: i64) -> i64 {
+    if amount < 0 && !board.allow_negative {
+        -amount
+    } else {
+        amount
+    }
+}
+
 /// A board of `Mode::Resummarize`.
 pub fn resummarize(name: &str, slice: i64, n: i64) -> Board {
     let mut b = board(name, slice, n);
     b.mode = Mode::Resummarize;
     b
+}
+
+/// A fresh server, a store, a [`resummarize`] board and the start of the slice holding [`T0`].
+pub async fn resummarize_at_t0(name: &str, slice: i64, n: i64) -> (RedisServer, Store, Board, i64) {
+    let (redis, store) = RedisServer::start_with_store("rb").await;
+    (
+        redis,
+        store,
+        resummarize(name, slice, n),
+        T0 / slice * slice,
+    )
 }
 
 /// Applies `events` to the store's unscoped instance and to the model at `now`; the
@@ -410,6 +451,12 @@ impl<'a> Consumer<'a> {
             settings,
             metrics,
         }
+    }
+
+    /// Processes one entry of `fields` (id `<now>-0`) read from `stream` at `now`; it must succeed.
+    pub async fn process_one(&self, stream: &str, fields: &[(&str, &str)], now: i64) {
+        let one = entry(&format!("{now}-0"), fields);
+        self.process(stream, &[one], now).await.expect("batch");
     }
 
     /// Processes `batch`, read from `stream`, at `now`.

@@ -76,6 +76,16 @@ pub fn assert_contains(text: &str, needle: &str) {
     assert!(text.contains(needle), "{text}");
 }
 
+/// For each `(text, key)`, `rollboard top r` on `text` written to `path` exits 64 naming `key`.
+pub fn assert_configs_refused_naming(path: &Path, cases: &[(&str, &str)]) {
+    for (text, key) in cases {
+        std::fs::write(path, text).expect("write");
+        let out = rollboard(Some(path), &["top", "r"], &[]);
+        assert_eq!(out.status.code(), Some(64), "{key}");
+        assert_contains(&stderr(&out), key);
+    }
+}
+
 /// Fails the test unless `out` exited 0, showing `what`, stdout and stderr.
 pub fn assert_success(out: &Output, what: &str) {
     assert!(

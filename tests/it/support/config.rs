@@ -101,6 +101,24 @@ pub fn config_for_url(
     (dir, port, config)
 }
 
+/// A fresh redis-server, a temp dir, a free HTTP port, and the config `write` puts there.
+pub fn server_and_config(
+    write: impl FnOnce(&Path, &RedisServer, u16) -> PathBuf,
+) -> (RedisServer, tempfile::TempDir, u16, PathBuf) {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let port = free_port();
+    let config = write(dir.path(), &redis, port);
+    (redis, dir, port, config)
+}
+
+/// Writes `content` to the file `name` in `dir` (a token file, say); its path.
+pub fn write_file(dir: &Path, name: &str, content: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, content).expect("write file");
+    path
+}
+
 /// Rewrites the configuration at `path`, replacing the first `from` with `to`.
 pub fn edit_config(path: &Path, from: &str, to: &str) {
     let text = std::fs::read_to_string(path).expect("read config");

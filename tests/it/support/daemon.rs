@@ -172,6 +172,13 @@ impl Daemon {
         }
     }
 
+    /// GETs `path` and asserts that it answers `want`; the body.
+    pub async fn get_answering(&self, path: &str, want: u16) -> String {
+        let (got, body) = self.get(path).await;
+        assert_eq!(got, want, "{path}: {body}");
+        body
+    }
+
     /// Reads one counter or gauge sample from `/metrics` (sum over samples matching labels).
     pub async fn metric(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
         let (_, body) = self.get("/metrics").await;
@@ -189,6 +196,20 @@ impl Daemon {
             })
             .sum()
     }
+}
+
+/// Asserts that a daemon exited with `status` 0, less than `limit` after `started`.
+pub fn assert_exited_within(
+    status: std::process::ExitStatus,
+    started: std::time::Instant,
+    limit: Duration,
+) {
+    assert!(status.success(), "exit {status:?}");
+    assert!(
+        started.elapsed() < limit,
+        "shutdown took {:?}",
+        started.elapsed()
+    );
 }
 
 /// The length of stream `key`.
@@ -232,11 +253,9 @@ pub fn addr(daemon: &Daemon) -> String {
 /// A fresh redis-server, a store on it, and a daemon configuration for `consumer` on a free
 /// port (the daemon not started).
 pub async fn redis_and_config(consumer: &str) -> (RedisServer, Store, TempDir, PathBuf, u16) {
-    let redis = RedisServer::start();
+    let (redis, dir, port, config) =
+        server_and_config(|dir, redis, port| write_config(dir, redis, port, consumer, ""));
     let store = redis.store("rb").await;
-    let dir = tempfile::tempdir().expect("temp dir");
-    let port = free_port();
-    let config = write_config(dir.path(), &redis, port, consumer, "");
     (redis, store, dir, config, port)
 }
 

@@ -66,11 +66,9 @@ pub fn json(text: &str) -> Value {
 
 /// A daemon on a fresh redis-server with one tip to room r1 applied (rooms_7d, fans_7d).
 pub async fn with_one_tip() -> (RedisServer, Store, TempDir, PathBuf, Daemon) {
-    let redis = RedisServer::start();
+    let (redis, dir, port, config) =
+        server_and_config(|dir, redis, port| write_config(dir, redis, port, "ops", ""));
     let store = redis.store("rb").await;
-    let dir = tempfile::tempdir().expect("temp dir");
-    let port = free_port();
-    let config = write_config(dir.path(), &redis, port, "ops", "");
     let daemon = Daemon::start(&config, port).await;
     let now = redis_now(&store).await;
     let (status, _, body) = post_tip(&daemon, "t1", now, "r1", "u1", "5").await;
