@@ -168,6 +168,17 @@ impl Calendar {
         self.slice_of_span(&self.span_at(ts))
     }
 
+    /// Whether the data of `span` is still kept at `now`: a period not yet closed for good
+    /// (the current one, a later one, one within its grace), or one of the newest `keep`
+    /// closed periods. The roll deletes the others.
+    pub fn keeps(&self, span: &Span, now: i64) -> bool {
+        let mut oldest = self.span_at(now);
+        for _ in 0..self.keep {
+            oldest = self.period.previous(self.zone, &oldest);
+        }
+        span.start_ms >= oldest.start_ms || !self.is_sealed(span, now)
+    }
+
     /// Whether `span` is closed for good at `now`: its grace has passed.
     pub fn is_sealed(&self, span: &Span, now: i64) -> bool {
         span.end_ms + self.grace_ms <= now

@@ -17,31 +17,54 @@ pub struct Selected {
     span: Option<Span>,
 }
 
+/// Why a query's `period` cannot be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PeriodError {
+    /// A period on a board without one, or an id that names no period (HTTP 400).
+    #[error("{0}")]
+    Usage(String),
+    /// A closed period the board no longer keeps (HTTP 404).
+    #[error("{0}")]
+    NotKept(String),
+}
+
 /// Resolves `period` (`current`, `previous` or an id) for `board` at `now`: a usage
-/// error (HTTP 400) for a period on a board without one, or an id that names no period.
+/// error for a period on a board without one or an id that names no period, and
+/// [`PeriodError::NotKept`] for a closed period beyond the board's `keep_periods`.
 pub fn select(
     board: &Board,
     scope: Option<&str>,
     period: Option<&str>,
     now: i64,
-) -> Result<Selected, String> {
+) -> Result<Selected, PeriodError> {
     let Some(calendar) = &board.period else {
         return match period {
-            Some(_) => Err(format!(
+            Some(_) => Err(PeriodError::Usage(format!(
                 "board {} has no calendar period: drop the period",
                 board.name
-            )),
+            ))),
             None => Ok(Selected::default()),
         };
     };
     let selector = PeriodSelector::parse(period.unwrap_or("current"));
     let span = calendar.select(&selector, now).ok_or_else(|| {
         let example = calendar.span_at(now).id;
-        format!(
+        PeriodError::Usage(format!(
             "period must be current, previous or a {} id such as {example}",
             calendar.period_name()
-        )
+        ))
     })?;
+    if !calendar.keeps(&span, now) {
+        return Err(PeriodError::NotKept(format!(
+            "period {} of board {} is no longer kept (keep_periods = {}: the current {} and \
+             the {} before it)",
+            span.id,
+            board.name,
+            calendar.keep,
+            calendar.period_name(),
+            calendar.keep
+        )));
+    }
     Ok(Selected {
         instance: Some(period_instance(scope, &span.id)),
         span: Some(span),

@@ -145,13 +145,18 @@ pub enum Command {
         #[arg(long, requires = "at")]
         force: bool,
     },
-    /// Recompute a board's rankings from its live slices (every scope unless --scope).
+    /// Recompute a board's rankings from its live slices (every scope and period unless
+    /// --scope or --period).
     Rebuild {
         /// Board name.
         board: String,
         /// Only this scope.
         #[arg(long)]
         scope: Option<String>,
+        /// Only this period of a calendar-period board (an id; with --scope on a scoped
+        /// board).
+        #[arg(long)]
+        period: Option<String>,
     },
     /// Check stored rankings against their slices; exit 1 on drift.
     Verify {
@@ -280,7 +285,11 @@ async fn dispatch(settings: &Settings, command: Command) -> anyhow::Result<u8> {
             force,
         } => drop_board::drop_board(settings, &board, dry_run, force).await,
         Command::Roll { board, at, force } => roll::roll(settings, board, at, force).await,
-        Command::Rebuild { board, scope } => verify::rebuild(settings, &board, scope).await,
+        Command::Rebuild {
+            board,
+            scope,
+            period,
+        } => verify::rebuild(settings, &board, scope, period).await,
         Command::Verify {
             board,
             strict,

@@ -16,7 +16,7 @@ pub(super) fn period_of(
     now: i64,
 ) -> Result<Selected, Usage> {
     select(board, scope, period, now)
-        .map_err(|why| Usage(why.replace("drop the period", "drop --period")))
+        .map_err(|why| Usage(why.to_string().replace("drop the period", "drop --period")))
 }
 
 /// Prints a page as `print_page` does, relabelled for its period (JSON: `period`,

@@ -6,26 +6,34 @@ use super::output::{shell_word, Progress};
 use super::query::resolve_board;
 use super::Usage;
 use crate::config::Settings;
-use crate::domain::board::Board;
+use crate::domain::board::{period_instance, scope_of_period_instance, Board, PeriodSelector};
 use crate::domain::ranking::format_total;
 use crate::roll;
 
-/// `rebuild`: recomputes the rankings of every instance of `board` (or of one scope).
+/// `rebuild`: recomputes the rankings of every instance of `board` (or of one scope, or
+/// one period of a period board).
 pub(super) async fn rebuild(
     settings: &Settings,
     board: &str,
     scope: Option<String>,
+    period: Option<String>,
 ) -> anyhow::Result<u8> {
     let b = settings
         .board(board)
         .ok_or_else(|| Usage(format!("unknown board {board:?}")))?;
-    if scope.is_some() {
+    if scope.is_some() || period.is_some() {
         resolve_board(settings, board, scope.as_deref())?;
     }
     let store = connect(settings).await?;
-    let scopes = match scope {
-        Some(s) => vec![Some(s)],
-        None => roll::instances(&store, b).await?,
+    let scopes = match (period, scope) {
+        (Some(id), scope) => vec![Some(period_instance_named(b, scope.as_deref(), &id)?)],
+        (None, Some(s)) if b.period.is_none() => vec![Some(s)],
+        (None, Some(s)) => roll::instances(&store, b)
+            .await?
+            .into_iter()
+            .filter(|i| i.as_deref().and_then(scope_of_period_instance) == Some(s.as_str()))
+            .collect(),
+        (None, None) => roll::instances(&store, b).await?,
     };
     let (mut instances, mut repaired, mut changed) = (0u64, 0u64, 0u64);
     for scope in scopes {
@@ -52,6 +60,27 @@ pub(super) async fn rebuild(
         b.name
     );
     Ok(0)
+}
+
+/// The instance of the period `id` of `board` (in `scope`): a usage error on a board
+/// without periods or for an id that names no period of it.
+fn period_instance_named(board: &Board, scope: Option<&str>, id: &str) -> Result<String, Usage> {
+    let calendar = board.period.as_ref().ok_or_else(|| {
+        Usage(format!(
+            "board {} has no calendar period: drop --period",
+            board.name
+        ))
+    })?;
+    let span = calendar
+        .select(&PeriodSelector::Id(id.to_string()), 0)
+        .ok_or_else(|| {
+            Usage(format!(
+                "--period must be a {} id such as {}",
+                calendar.period_name(),
+                calendar.span_at(0).id
+            ))
+        })?;
+    Ok(period_instance(scope, &span.id))
 }
 
 /// `verify`: checks every instance of every board (or of `board`); exit 1 when one fails.
@@ -81,7 +110,7 @@ pub(super) async fn verify(
     let mut summary = VerifySummary::default();
     for (b, scope) in all {
         let v = roll::verify(&store, b, scope.as_deref(), settings.schedule.chunk).await?;
-        summary.add(&v, strict);
+        summary.add(&v, b.period.is_some(), strict);
         progress.step(summary.differing);
         if json {
             println!("{}", serde_json::to_string(&v)?);
@@ -153,7 +182,7 @@ struct VerifySummary {
 }
 
 impl VerifySummary {
-    fn add(&mut self, v: &roll::Verified, strict: bool) {
+    fn add(&mut self, v: &roll::Verified, periods: bool, strict: bool) {
         self.instances += 1;
         if v.differences.is_empty() && v.dense_drift.is_empty() {
             return;
@@ -161,11 +190,18 @@ impl VerifySummary {
         self.differing += 1;
         self.failing += u64::from(v.fails(strict));
         self.members_differing += v.differences.len() as u64;
-        let scope = v
-            .scope
-            .as_deref()
-            .map(|s| format!(" --scope {}", shell_word(s)))
-            .unwrap_or_default();
+        // A period board's instance is `<scope>@<period id>`: named as rebuild takes it.
+        let (scope, period) = match v.scope.as_deref() {
+            Some(instance) if periods => match instance.rsplit_once('@') {
+                Some((scope, id)) => ((!scope.is_empty()).then_some(scope), Some(id)),
+                None => (Some(instance), None),
+            },
+            scope => (scope, None),
+        };
+        let scope = [("--scope", scope), ("--period", period)]
+            .iter()
+            .filter_map(|(flag, value)| value.map(|v| format!(" {flag} {}", shell_word(v))))
+            .collect::<String>();
         self.repair
             .push(format!("rollboard rebuild {}{scope}", shell_word(&v.board)));
     }

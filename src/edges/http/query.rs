@@ -17,7 +17,7 @@ use super::params::params;
 use super::AppState;
 use crate::domain::board::{parse_duration_ms, Board};
 use crate::domain::event::check_name;
-use crate::edges::periods::{select, Selected};
+use crate::edges::periods::{select, PeriodError, Selected};
 
 fn board<'a>(state: &'a AppState, name: &str) -> ApiResult<&'a Board> {
     state.settings.board(name).ok_or_else(|| {
@@ -56,7 +56,10 @@ fn period_of(
 ) -> ApiResult<(i64, Selected)> {
     let now = state.clock.now();
     let period = params.get("period").map(String::as_str);
-    let selected = select(board, scope, period, now).map_err(ApiError::BadRequest)?;
+    let selected = select(board, scope, period, now).map_err(|e| match e {
+        PeriodError::Usage(why) => ApiError::BadRequest(why),
+        PeriodError::NotKept(why) => ApiError::NotFound(why),
+    })?;
     Ok((now, selected))
 }
 

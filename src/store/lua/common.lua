@@ -14,8 +14,9 @@ local function fail(what)
 end
 
 -- Runs `cmd key [prefix] values...` over `list` in pieces of BATCH values. For a command
--- that answers an array: the replies concatenated (an empty table, not to be written to,
--- when `list` is empty). The commonest case, one piece, allocates nothing of its own.
+-- that answers an array: the replies concatenated (an empty table when `list` is empty:
+-- one table for every call, as the library lives on between calls, so never written to).
+-- The commonest case, one piece, allocates nothing of its own.
 local NOTHING = {}
 local function variadic(cmd, key, list, prefix)
   local n = #list

@@ -412,7 +412,8 @@ async fn seeded_daily(store: &Store) -> (Board, i64, String, String) {
 }
 
 /// `period=` over HTTP: current by default, previous, an id; a bad id or a period on a
-/// rolling board is a 400; `GET /v1/boards/{board}` says where the board stands.
+/// rolling board is a 400, a closed period beyond `keep_periods` a 404; `GET
+/// /v1/boards/{board}` says where the board stands.
 #[tokio::test]
 async fn http_answers_periods_and_the_board_state() {
     let redis = RedisServer::start();
@@ -460,6 +461,26 @@ async fn http_answers_periods_and_the_board_state() {
     }
     let (status, _) = daemon.get("/v1/boards/rooms_7d/top?period=current").await;
     assert_eq!(status, 400);
+    // The oldest of the 12 closed days kept answers; the day before it is gone, a 404.
+    let c = board.period.expect("period");
+    let mut oldest = c.span_at(now);
+    for _ in 0..12 {
+        oldest = c.period.previous(c.zone, &oldest);
+    }
+    let gone = c.period.previous(c.zone, &oldest);
+    let top = |id: &str| format!("/v1/boards/daily/top?scope=room1&period={id}");
+    let (status, body) = daemon.get(&top(&oldest.id)).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.contains(&format!("\"period\":\"{}\"", oldest.id)),
+        "{body}"
+    );
+    let (status, body) = daemon.get(&top(&gone.id)).await;
+    assert_eq!(status, 404, "{body}");
+    assert!(
+        body.contains(&gone.id) && body.contains("no longer kept"),
+        "{body}"
+    );
 
     let (status, body) = daemon.get("/v1/boards/daily").await;
     assert_eq!(status, 200, "{body}");
@@ -534,4 +555,60 @@ async fn cli_takes_period() {
             "{args:?}"
         );
     }
+}
+
+/// `verify` names the rebuild of a damaged period by its scope and period id, and that
+/// command repairs it.
+#[tokio::test]
+async fn verify_names_the_rebuild_of_a_damaged_period_and_it_repairs_it() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().expect("dir");
+    let config = write_config(dir.path(), &redis, 1, "p", DAILY);
+    let store = redis.store("rb").await;
+    let (board, _, _, yesterday) = seeded_daily(&store).await;
+    let instance = rollboard::domain::board::period_instance(Some("room1"), &yesterday);
+    let result = store.instance(&board, Some(&instance)).result();
+    redis.cli(&["DEL", &result]);
+    let out = run_rollboard(&config, &["verify", "--board", "daily"]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    let repair = format!("rollboard rebuild daily --scope room1 --period {yesterday}");
+    assert!(text.contains(&repair), "{text}");
+    let out = run_rollboard(
+        &config,
+        &[
+            "rebuild", "daily", "--scope", "room1", "--period", &yesterday,
+        ],
+    );
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(
+        text.contains("rebuilt 1 instance(s) of daily: 1 repaired"),
+        "{text}"
+    );
+    let out = run_rollboard(&config, &["verify", "--board", "daily"]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(text.contains("0 differing"), "{text}");
+    let page: serde_json::Value = serde_json::from_slice(
+        &run_rollboard(
+            &config,
+            &[
+                "top", "daily", "--scope", "room1", "--period", &yesterday, "--json",
+            ],
+        )
+        .stdout,
+    )
+    .expect("json");
+    assert_eq!(page["entries"][0]["member"], "bob");
+    assert_eq!(page["entries"][0]["total"], 9);
+    assert_eq!(
+        run_rollboard(
+            &config,
+            &["rebuild", "daily", "--scope", "room1", "--period", "x"]
+        )
+        .status
+        .code(),
+        Some(2)
+    );
 }
