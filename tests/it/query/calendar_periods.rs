@@ -177,9 +177,9 @@ async fn stored(store: &Store, board: &Board, id: &str, now: i64) -> Vec<(String
         .collect()
 }
 
-async fn check_against_model(redis: &RedisServer, case: usize, batches: Vec<Batch>) {
-    let store = redis.store("rb").await;
-    redis.cli(&["FLUSHALL"]);
+/// Feeds `batches` through the consumer's batch stages into an emptied `store` and checks
+/// every period of every board, and the dead letters, against the model.
+async fn check_against_model(store: &Store, case: usize, batches: Vec<Batch>) {
     let boards = period_boards();
     let metrics = Metrics::new(&boards);
     let settings = ingest_settings("rb:events", 1);
@@ -212,7 +212,7 @@ async fn check_against_model(redis: &RedisServer, case: usize, batches: Vec<Batc
             }
         }
         process_batch(
-            &store,
+            store,
             &boards,
             &settings,
             &metrics,
@@ -232,14 +232,14 @@ async fn check_against_model(redis: &RedisServer, case: usize, batches: Vec<Batc
         }
         for id in ids {
             assert_eq!(
-                stored(&store, b, &id, last_now).await,
+                stored(store, b, &id, last_now).await,
                 model.ranking(&id),
                 "case {case}: board {} period {id}",
                 b.name
             );
         }
     }
-    let mut dead = dead_ids(&store, "late").await;
+    let mut dead = dead_ids(store, "late").await;
     dead.sort();
     late_everywhere.sort();
     assert_eq!(dead, late_everywhere, "case {case}: late dead letters");
@@ -261,8 +261,37 @@ proptest! {
         }
         let case = CASE.fetch_add(1, Ordering::Relaxed);
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("rt");
-        REDIS.with(|redis| rt.block_on(check_against_model(redis, case, batches)));
+        REDIS.with(|redis| {
+            rt.block_on(async {
+                let store = redis.store("rb").await;
+                redis.cli(&["FLUSHALL"]);
+                check_against_model(&store, case, batches).await
+            })
+        });
     }
+}
+
+/// The same on a Redis Cluster (3 masters, 3 replicas): each period is an instance of its
+/// own, in a slot of its own, so the periods of one board spread over the masters.
+#[test]
+fn on_a_cluster_periods_rank_exactly_their_own_tips() {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let cluster = RedisCluster::start();
+    let store = rt.block_on(cluster.store());
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: 8,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    });
+    let case = std::sync::atomic::AtomicUsize::new(0);
+    runner
+        .run(&batches(), |batches| {
+            cluster.flushall();
+            let case = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            rt.block_on(check_against_model(&store, case, batches));
+            Ok(())
+        })
+        .expect("periods on a cluster equal the model");
 }
 
 /// The grace, exactly: a closed day takes a tip until `end + grace` and refuses it from

@@ -31,14 +31,20 @@ fn dense_ranks(totals: &[i64]) -> Vec<u64> {
     out
 }
 
-/// Every answer of the store for `board` equals the model's ranking re-ranked.
-async fn assert_answers(store: &Store, board: &Board, model: &Instance, now: i64, asked: &[&str]) {
+/// Every answer of the store for `board` (in `scope`) equals the model's ranking re-ranked.
+async fn assert_answers(
+    store: &Store,
+    (board, scope): (&Board, Option<&str>),
+    model: &Instance,
+    now: i64,
+    asked: &[&str],
+) {
     let expected: Vec<Row> = model.ranking(board);
     let count = expected.len() as u64;
     let totals: Vec<i64> = expected.iter().map(|r| r.1).collect();
     let competition = competition_ranks(&totals);
     let dense = dense_ranks(&totals);
-    let page = store.top(board, None, 0, 1000, now).await.expect("top");
+    let page = store.top(board, scope, 0, 1000, now).await.expect("top");
     assert_eq!(page.count, count, "{}: count", board.name);
     assert_eq!(page.entries.len(), expected.len());
     for (i, e) in page.entries.iter().enumerate() {
@@ -60,11 +66,11 @@ async fn assert_answers(store: &Store, board: &Board, model: &Instance, now: i64
     }
     // A page that starts inside a run of ties reads its first dense rank from Redis.
     for offset in 1..expected.len() as u64 {
-        let p = store.top(board, None, offset, 2, now).await.expect("top");
+        let p = store.top(board, scope, offset, 2, now).await.expect("top");
         assert_eq!(p.entries[0].dense_rank, Some(dense[offset as usize]));
     }
     for member in MEMBERS {
-        let r = store.rank(board, None, member, now).await.expect("rank");
+        let r = store.rank(board, scope, member, now).await.expect("rank");
         assert_eq!(r.count, count);
         match expected.iter().position(|row| row.0 == member) {
             Some(i) => {
@@ -79,7 +85,7 @@ async fn assert_answers(store: &Store, board: &Board, model: &Instance, now: i64
             }
         }
     }
-    let subset = store.ranks(board, None, asked, now).await.expect("ranks");
+    let subset = store.ranks(board, scope, asked, now).await.expect("ranks");
     assert_eq!(subset.count, count);
     let mut want: Vec<(usize, &str)> = Vec::new();
     let mut missing: Vec<&str> = Vec::new();
@@ -116,7 +122,7 @@ async fn assert_answers(store: &Store, board: &Board, model: &Instance, now: i64
             }
         }
     }
-    let verified = rollboard::roll::verify(store, board, None, 100).await;
+    let verified = rollboard::roll::verify(store, board, scope, 100).await;
     let drift = verified.expect("verify").dense_drift;
     assert!(drift.is_empty(), "{}: {drift:?}", board.name);
 }
@@ -137,6 +143,49 @@ fn steps() -> impl Strategy<Value = (usize, Vec<Step>)> {
     })
 }
 
+/// Runs one case of [`steps`] on a dense-rank variant of the boards, in `scope`.
+async fn run_case(store: &Store, scope: Option<&str>, (shape, steps): (usize, Vec<Step>)) {
+    let mut board = variants(SLICE, N)[shape].clone();
+    board.dense_rank = true;
+    if scope.is_some() {
+        board.scope = Some("room".into());
+    }
+    let mut model = Instance::default();
+    let mut now = START;
+    let mut id = 0;
+    for (k, (events, advance, rebuild)) in steps.iter().enumerate() {
+        let batch: Vec<ApplyEvent> = events
+            .iter()
+            .map(|&(m, amount, back)| {
+                id += 1;
+                ev(&format!("e{id}"), now - back, MEMBERS[m], amount)
+            })
+            .collect();
+        for e in &batch {
+            model.apply(&board, e, now);
+        }
+        store
+            .apply(&board, scope, &batch, now)
+            .await
+            .expect("apply");
+        now += advance;
+        roll_all(store, std::slice::from_ref(&board), now, 2).await;
+        model.roll(&board, now);
+        if *rebuild {
+            rollboard::roll::rebuild(store, &board, scope, 2)
+                .await
+                .expect("rebuild");
+        }
+        let asked: Vec<&str> = MEMBERS
+            .iter()
+            .copied()
+            .skip(k % 3)
+            .chain(["a", "zz"])
+            .collect();
+        assert_answers(store, (&board, scope), &model, now, &asked).await;
+    }
+}
+
 #[test]
 fn counts_percentiles_dense_and_subset_ranks_equal_the_model_reranked() {
     let rt = tokio::runtime::Runtime::new().expect("runtime");
@@ -147,48 +196,38 @@ fn counts_percentiles_dense_and_subset_ranks_equal_the_model_reranked() {
         ..ProptestConfig::default()
     });
     runner
-        .run(&steps(), |(shape, steps)| {
-            rt.block_on(async {
-                let _: () = fred::prelude::ClientLike::flushall(store.client(), false)
-                    .await
-                    .expect("flushall");
-                let mut board = variants(SLICE, N)[shape].clone();
-                board.dense_rank = true;
-                let mut model = Instance::default();
-                let mut now = START;
-                let mut id = 0;
-                for (k, (events, advance, rebuild)) in steps.iter().enumerate() {
-                    let batch: Vec<ApplyEvent> = events
-                        .iter()
-                        .map(|&(m, amount, back)| {
-                            id += 1;
-                            ev(&format!("e{id}"), now - back, MEMBERS[m], amount)
-                        })
-                        .collect();
-                    for e in &batch {
-                        model.apply(&board, e, now);
-                    }
-                    store.apply(&board, None, &batch, now).await.expect("apply");
-                    now += advance;
-                    roll_all(&store, std::slice::from_ref(&board), now, 2).await;
-                    model.roll(&board, now);
-                    if *rebuild {
-                        rollboard::roll::rebuild(&store, &board, None, 2)
-                            .await
-                            .expect("rebuild");
-                    }
-                    let asked: Vec<&str> = MEMBERS
-                        .iter()
-                        .copied()
-                        .skip(k % 3)
-                        .chain(["a", "zz"])
-                        .collect();
-                    assert_answers(&store, &board, &model, now, &asked).await;
-                }
-            });
+        .run(&steps(), |case| {
+            redis.cli(&["FLUSHALL"]);
+            rt.block_on(run_case(&store, None, case));
             Ok(())
         })
         .expect("answers equal the model re-ranked");
+}
+
+/// The same on a Redis Cluster, each case in a scope of its own (a slot of its own): the
+/// distinct totals live beside their instance, and every answer is still one snapshot.
+#[test]
+fn on_a_cluster_counts_percentiles_dense_and_subset_ranks_equal_the_model() {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let cluster = RedisCluster::start();
+    let store = rt.block_on(cluster.store());
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: 8,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    });
+    let n = std::sync::atomic::AtomicUsize::new(0);
+    runner
+        .run(&steps(), |case| {
+            cluster.flushall();
+            let scope = format!(
+                "room{}",
+                n.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            );
+            rt.block_on(run_case(&store, Some(&scope), case));
+            Ok(())
+        })
+        .expect("answers on a cluster equal the model re-ranked");
 }
 
 /// A board without dense rank keeps no distinct totals and answers none.

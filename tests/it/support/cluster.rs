@@ -187,6 +187,13 @@ impl RedisCluster {
             .expect("connect to the cluster")
     }
 
+    /// Empties every master (`FLUSHALL`), as one server's `FLUSHALL` would.
+    pub fn flushall(&self) {
+        for port in self.masters() {
+            assert_eq!(cli(port, &["FLUSHALL"]).trim(), "OK", "FLUSHALL on {port}");
+        }
+    }
+
     fn live_ports(&self) -> Vec<u16> {
         self.nodes
             .iter()
