@@ -7,6 +7,7 @@
 //! cargo bench --bench ingest                 # every scenario
 //! cargo bench --bench ingest -- naive script e2e ceiling query freshness [--quick]
 //! cargo bench --bench ingest -- partitions   # 1 and 3 partitions, 1 and 2 consumers
+//! cargo bench --bench ingest -- dense        # the cost of dense_rank = true
 //! cargo bench --bench ingest -- instructions # Redis under callgrind (needs valgrind)
 //! ```
 //!
@@ -43,6 +44,8 @@
 //!   drained by 1 or 2 consumer processes' worth of consumers (each its own connections and
 //!   one reader per partition, in this process); events/s and Redis time per event (INFO
 //!   commandstats of FCALL, XREADGROUP and XACK, and the server's user+sys CPU).
+//! * `dense`: `e2e` with every board plain and with `dense_rank = true`, in turn, twice
+//!   (skewed and shipped): Redis time per event of each and their ratio.
 
 pub(crate) mod support;
 
@@ -154,6 +157,7 @@ fn main() -> ExitCode {
         "query",
         "freshness",
         "partitions",
+        "dense",
     ];
     let chosen: Vec<&str> = if wanted.is_empty() {
         all[1..].to_vec()
@@ -183,10 +187,16 @@ fn main() -> ExitCode {
 }
 
 fn settings(redis: &RedisServer, spread: Spread) -> Result<Settings> {
+    settings_dense(redis, spread, false)
+}
+
+/// The settings of `spread`, every board with `dense_rank = dense`.
+fn settings_dense(redis: &RedisServer, spread: Spread, dense: bool) -> Result<Settings> {
     let boards = match spread {
         Spread::Shipped => SHIPPED_CONFIG,
         _ => CONFIG,
     };
+    let boards = boards.replace("\nslice = ", &format!("\ndense_rank = {dense}\nslice = "));
     let text = format!("[redis]\nurl = \"{}\"\n{boards}", redis.url());
     Settings::from_toml(&text).map_err(|e| e.to_string())
 }
@@ -441,6 +451,7 @@ pub async fn run(chosen: &[&str], sizes: Sizes) -> Result<Figures> {
                 "script" => spread != Spread::Shipped,
                 "ceiling" => spread == Spread::Uniform,
                 "query" => spread == Spread::Skewed,
+                "dense" => spread != Spread::Uniform,
                 _ => false,
             };
             if !applies {
@@ -461,6 +472,10 @@ pub async fn run(chosen: &[&str], sizes: Sizes) -> Result<Figures> {
                 "instructions" => {
                     drop(redis);
                     bench_instructions(spread).await?
+                }
+                "dense" => {
+                    drop(redis);
+                    bench_dense(spread, sizes).await?
                 }
                 "partitions" if spread == Spread::Skewed => {
                     drop(redis);
@@ -686,7 +701,16 @@ fn start_consumer(
 /// has been running for a while, where nearly every event meets instances that exist.
 /// Returns the steady pass, with the first as `cold`.
 async fn bench_e2e(redis: &RedisServer, spread: Spread, sizes: Sizes) -> Result<Throughput> {
-    let settings = settings(redis, spread)?;
+    bench_e2e_with(redis, spread, sizes, settings(redis, spread)?).await
+}
+
+/// [`bench_e2e`] with `settings`.
+async fn bench_e2e_with(
+    redis: &RedisServer,
+    spread: Spread,
+    sizes: Sizes,
+    settings: Settings,
+) -> Result<Throughput> {
     let store = Arc::new(connect(redis, 4).await?);
     let now = now_ms();
     let n = sizes.events;
@@ -698,6 +722,33 @@ async fn bench_e2e(redis: &RedisServer, spread: Spread, sizes: Sizes) -> Result<
         cold: Some((cold.rate, cold.redis_us)),
         ..steady
     })
+}
+
+/// What `dense_rank = true` costs: `e2e` on the same events with every board plain, then
+/// with dense rank (each on a redis-server of its own), twice in turn; Redis time per
+/// event of the second passes and the ratio of each pair.
+async fn bench_dense(spread: Spread, sizes: Sizes) -> Result<()> {
+    let mut rows = Vec::new();
+    for round in 0..2 {
+        let mut pair = [0.0; 2];
+        for (i, dense) in [false, true].into_iter().enumerate() {
+            let redis = RedisServer::start()?;
+            println!("-- round {round}, dense_rank = {dense}");
+            let settings = settings_dense(&redis, spread, dense)?;
+            pair[i] = bench_e2e_with(&redis, spread, sizes, settings)
+                .await?
+                .redis_us;
+        }
+        rows.push(pair);
+    }
+    for (round, [plain, dense]) in rows.iter().enumerate() {
+        println!(
+            "dense rank, round {round}: redis µs per event plain {plain:.2}, dense {dense:.2}: \
+             {:.3}x",
+            dense / plain
+        );
+    }
+    Ok(())
 }
 
 /// The C functions of redis-server that run rollboard's consumer's commands (each with

@@ -32,7 +32,7 @@ pub(super) async fn board(
             crate::domain::event::shown(name.as_bytes())
         ))
     })?;
-    let mut answer = describe(b, settings_of(b));
+    let mut answer = description(b);
     if let (Some(calendar), Value::Object(fields)) = (&b.period, &mut answer) {
         let now = state.clock.now();
         let at = redis(&state, state.store.period_state(b, calendar, now)).await?;
@@ -44,21 +44,16 @@ pub(super) async fn board(
     Ok(Json(answer))
 }
 
-/// The settings `GET /v1/boards` lists for every board.
-fn settings_of(b: &Board) -> Value {
-    json!({
-        "name": b.name, "member": b.member, "scope": b.scope, "amount": b.amount,
-        "scale": b.scale, "window_ms": b.window_ms, "slice_ms": b.slice_ms,
-        "mode": b.mode.as_str(), "tie_break": b.tie_break.as_str(),
-        "allow_negative": b.allow_negative,
-    })
-}
-
-/// `GET /v1/boards`'s list with each period board's calendar (see [`describe`]).
-pub(super) fn with_calendars(boards: &[Board], list: Vec<Value>) -> Vec<Value> {
-    boards
-        .iter()
-        .zip(list)
-        .map(|(b, description)| describe(b, description))
-        .collect()
+/// How `GET /v1/boards` lists a board, and `GET /v1/boards/{board}` opens: its settings,
+/// and for a period board its calendar (see [`describe`]).
+pub(super) fn description(b: &Board) -> Value {
+    describe(
+        b,
+        json!({
+            "name": b.name, "member": b.member, "scope": b.scope, "amount": b.amount,
+            "scale": b.scale, "window_ms": b.window_ms, "slice_ms": b.slice_ms,
+            "mode": b.mode.as_str(), "tie_break": b.tie_break.as_str(),
+            "allow_negative": b.allow_negative, "dense_rank": b.dense_rank,
+        }),
+    )
 }

@@ -110,16 +110,8 @@ pub(super) async fn boards(
         .settings
         .boards
         .iter()
-        .map(|b| {
-            json!({
-                "name": b.name, "member": b.member, "scope": b.scope, "amount": b.amount,
-                "scale": b.scale, "window_ms": b.window_ms, "slice_ms": b.slice_ms,
-                "mode": b.mode.as_str(), "tie_break": b.tie_break.as_str(),
-                "allow_negative": b.allow_negative,
-            })
-        })
+        .map(super::board::description)
         .collect();
-    let list = super::board::with_calendars(&state.settings.boards, list);
     Ok(Json(json!({ "boards": list })))
 }
 

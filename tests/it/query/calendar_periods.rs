@@ -521,6 +521,27 @@ async fn http_answers_periods_and_the_board_state() {
     assert_eq!(state["next_reset"], span.end_ms);
     assert_eq!(state["archived_periods"], serde_json::json!([yesterday]));
     assert_eq!(state["window_ms"], serde_json::Value::Null);
+    assert_eq!(state["dense_rank"], false);
+    // The list describes the board as its own route does, less where the period stands.
+    let (status, body) = daemon.get("/v1/boards").await;
+    assert_eq!(status, 200, "{body}");
+    let list: serde_json::Value = serde_json::from_str(&body).expect("json");
+    let mut listed = list["boards"]
+        .as_array()
+        .and_then(|boards| boards.iter().find(|b| b["name"] == "daily"))
+        .cloned()
+        .expect("daily listed");
+    let mut own = state.clone();
+    for field in [
+        "period_id",
+        "period_start",
+        "next_reset",
+        "archived_periods",
+    ] {
+        own.as_object_mut().expect("object").remove(field);
+        listed.as_object_mut().expect("object").remove(field);
+    }
+    assert_eq!(listed, own);
     let (status, body) = daemon.get("/v1/boards/rooms_7d").await;
     assert_eq!(status, 200, "{body}");
     assert!(!body.contains("period_id"), "{body}");
