@@ -15,6 +15,8 @@ pub struct Selected {
     instance: Option<String>,
     /// The period.
     span: Option<Span>,
+    /// `day`, `week` or `month`: what a period board answers as its `window`.
+    length: Option<&'static str>,
 }
 
 /// Why a query's `period` cannot be read.
@@ -68,6 +70,7 @@ pub fn select(
     Ok(Selected {
         instance: Some(period_instance(scope, &span.id)),
         span: Some(span),
+        length: Some(calendar.period_name()),
     })
 }
 
@@ -82,8 +85,9 @@ impl Selected {
         self.span.as_ref()
     }
 
-    /// An answer (a page, a rank) as JSON, relabelled: its `scope` the board's scope
-    /// value, `window_from`/`window_to` the period's bounds, and `period` its id.
+    /// An answer (a page, a rank, a subset) as JSON, relabelled: its `scope` the board's
+    /// scope value, `window_from`/`window_to` the period's bounds, `period` its id, and a
+    /// `window` (a subset's) the period's length (`week`).
     pub fn relabel(&self, mut answer: Value, scope: Option<&str>) -> Value {
         let (Some(span), Value::Object(fields)) = (&self.span, &mut answer) else {
             return answer;
@@ -92,6 +96,9 @@ impl Selected {
         fields.insert("period".into(), span.id.clone().into());
         fields.insert("window_from".into(), span.start_ms.into());
         fields.insert("window_to".into(), span.end_ms.into());
+        if let (Some(length), Some(window)) = (self.length, fields.get_mut("window")) {
+            *window = length.into();
+        }
         if let Some(Value::String(error)) = fields.get_mut("error") {
             if let Some(instance) = &self.instance {
                 let shown = match scope {

@@ -155,7 +155,10 @@ pub(super) async fn ranks(
     // A period's instance is the board's period, not a scope of its own.
     subset.scope = scope.map(str::to_string);
     if json {
-        println!("{}", serde_json::to_string(&subset)?);
+        println!(
+            "{}",
+            selected.relabel(serde_json::to_value(&subset)?, scope)
+        );
     } else {
         print_subset(&subset);
     }

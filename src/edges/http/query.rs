@@ -56,11 +56,16 @@ fn period_of(
 ) -> ApiResult<(i64, Selected)> {
     let now = state.clock.now();
     let period = params.get("period").map(String::as_str);
-    let selected = select(board, scope, period, now).map_err(|e| match e {
+    let selected = select(board, scope, period, now).map_err(period_error)?;
+    Ok((now, selected))
+}
+
+/// A period that cannot be read: a usage error is a 400, a period no longer kept a 404.
+fn period_error(e: PeriodError) -> ApiError {
+    match e {
         PeriodError::Usage(why) => ApiError::BadRequest(why),
         PeriodError::NotKept(why) => ApiError::NotFound(why),
-    })?;
-    Ok((now, selected))
+    }
 }
 
 fn number(
@@ -204,9 +209,14 @@ struct RanksBody {
     /// The scope, for a scoped board.
     #[serde(default)]
     scope: Option<String>,
-    /// The window: the board's own (the only one it has) or absent.
+    /// The window: the board's own (the only one it has; a period board's length, `week`)
+    /// or absent.
     #[serde(default)]
     window: Option<String>,
+    /// On a calendar-period board, the period (`current`, `previous` or an id; current
+    /// when absent).
+    #[serde(default)]
+    period: Option<String>,
 }
 
 /// `POST /v1/boards/{board}/ranks`: the ranks of a list of members on the board and among
@@ -228,8 +238,8 @@ pub(super) async fn ranks(
             _ => "is not JSON, so not",
         };
         ApiError::BadRequest(format!(
-            "the body {what} {{\"members\": [strings], \"scope\": string, \"window\": string}} \
-             (line {} column {})",
+            "the body {what} {{\"members\": [strings], \"scope\": string, \"window\": string, \
+             \"period\": string}} (line {} column {})",
             e.line(),
             e.column()
         ))
@@ -254,7 +264,15 @@ pub(super) async fn ranks(
         scoped.insert("scope".to_string(), scope);
     }
     let scope = scope_of(b, &scoped)?;
-    if let Some(window) = &body.window {
+    let length = b.period.map(|c| c.period_name());
+    if let (Some(window), Some(length)) = (&body.window, length) {
+        if window != length {
+            return Err(ApiError::BadRequest(format!(
+                "board {} has one period, {length}: window must be it or absent",
+                b.name
+            )));
+        }
+    } else if let Some(window) = &body.window {
         if parse_duration_ms(window) != Some(b.window_ms) {
             return Err(ApiError::BadRequest(format!(
                 "board {} has one window, {}: window must be it or absent",
@@ -273,11 +291,13 @@ pub(super) async fn ranks(
         check_name(member.as_bytes())
             .map_err(|why| ApiError::BadRequest(format!("members[{i}] {why}")))?;
     }
+    let now = state.clock.now();
+    let period = select(b, scope, body.period.as_deref(), now).map_err(period_error)?;
     let members: Vec<&str> = body.members.iter().map(String::as_str).collect();
     let subset = redis(
         &state,
-        state.store.ranks(b, scope, &members, state.clock.now()),
+        state.store.ranks(b, period.instance(scope), &members, now),
     )
     .await?;
-    Ok(Json(subset).into_response())
+    Ok(Json(period.relabel(json!(subset), scope)).into_response())
 }

@@ -490,6 +490,45 @@ async fn http_answers_periods_and_the_board_state() {
     }
     let (status, _) = daemon.get("/v1/boards/rooms_7d/top?period=current").await;
     assert_eq!(status, 400);
+    // A list of members re-ranked reads the period too, current unless named.
+    let ranks = |body: &'static str| post_to(&daemon, "/v1/boards/daily/ranks", body);
+    let (status, _, body) = ranks(r#"{"scope":"room1","members":["bob","alice"]}"#).await;
+    assert_eq!(status, 200, "{body}");
+    let subset: serde_json::Value = serde_json::from_str(&body).expect("json");
+    assert_eq!(
+        (&subset["period"], &subset["window"], &subset["count"]),
+        (
+            &serde_json::json!(today),
+            &serde_json::json!("day"),
+            &serde_json::json!(1)
+        )
+    );
+    assert_eq!(subset["entries"][0]["member"], "alice");
+    assert_eq!(subset["entries"][1]["rank"], serde_json::Value::Null);
+    let (status, _, body) =
+        ranks(r#"{"scope":"room1","members":["alice","bob"],"period":"previous","window":"day"}"#)
+            .await;
+    assert_eq!(status, 200, "{body}");
+    let subset: serde_json::Value = serde_json::from_str(&body).expect("json");
+    assert_eq!(subset["period"], yesterday.as_str());
+    let order: Vec<(&str, u64)> = subset["entries"]
+        .as_array()
+        .expect("entries")
+        .iter()
+        .map(|e| {
+            (
+                e["member"].as_str().unwrap_or(""),
+                e["subset_rank"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect();
+    assert_eq!(order, [("bob", 1), ("alice", 2)]);
+    for bad in [
+        r#"{"scope":"room1","members":["bob"],"period":"2026-13-01"}"#,
+        r#"{"scope":"room1","members":["bob"],"window":"1d"}"#,
+    ] {
+        assert_eq!(ranks(bad).await.0, 400, "{bad}");
+    }
     // The oldest of the 12 closed days kept answers; the day before it is gone, a 404.
     let c = board.period.expect("period");
     let mut oldest = c.span_at(now);
@@ -585,6 +624,15 @@ async fn cli_takes_period() {
         (rank["rank"].as_u64(), rank["scope"].as_str()),
         (Some(1), Some("room1"))
     );
+    let (code, subset) = json(&[
+        "rank", "daily", "alice", "bob", "--scope", "room1", "--period", "previous", "--json",
+    ]);
+    assert_eq!(code, Some(0));
+    assert_eq!(
+        (subset["period"].as_str(), subset["window"].as_str()),
+        (Some(yesterday.as_str()), Some("day"))
+    );
+    assert_eq!(subset["entries"][0]["member"], "bob");
     let (code, rank) = json(&["rank", "daily", "bob", "--scope", "room1", "--json"]);
     assert_eq!(code, Some(3));
     assert_eq!(rank["period"], today.as_str());
