@@ -7,7 +7,7 @@
 //! cargo bench --bench ingest                 # every scenario
 //! cargo bench --bench ingest -- naive script e2e ceiling query freshness [--quick]
 //! cargo bench --bench ingest -- partitions   # 1 and 3 partitions, 1 and 2 consumers
-//! cargo bench --bench ingest -- dense        # the cost of dense_rank = true
+//! cargo bench --bench ingest -- dense        # the cost of dense_rank = true (valgrind)
 //! cargo bench --bench ingest -- instructions # Redis under callgrind (needs valgrind)
 //! ```
 //!
@@ -44,8 +44,9 @@
 //!   drained by 1 or 2 consumer processes' worth of consumers (each its own connections and
 //!   one reader per partition, in this process); events/s and Redis time per event (INFO
 //!   commandstats of FCALL, XREADGROUP and XACK, and the server's user+sys CPU).
-//! * `dense`: `e2e` with every board plain and with `dense_rank = true`, in turn, twice
-//!   (skewed and shipped): Redis time per event of each and their ratio.
+//! * `dense`: as `instructions`, rollboard alone, with every board plain and with
+//!   `dense_rank = true` (skewed and shipped): instructions per event of each and their
+//!   ratio. Named explicitly only.
 
 pub(crate) mod support;
 
@@ -147,9 +148,10 @@ fn main() -> ExitCode {
         FULL
     };
     let wanted: Vec<&String> = args.iter().filter(|a| !a.starts_with("--")).collect();
-    // Run only when named: `instructions` runs Redis under valgrind (minutes).
+    // Run only when named: `instructions` and `dense` run Redis under valgrind (minutes).
     let all = [
         "instructions",
+        "dense",
         "naive",
         "script",
         "e2e",
@@ -157,10 +159,9 @@ fn main() -> ExitCode {
         "query",
         "freshness",
         "partitions",
-        "dense",
     ];
     let chosen: Vec<&str> = if wanted.is_empty() {
-        all[1..].to_vec()
+        all[2..].to_vec()
     } else {
         all.iter()
             .copied()
@@ -475,7 +476,7 @@ pub async fn run(chosen: &[&str], sizes: Sizes) -> Result<Figures> {
                 }
                 "dense" => {
                     drop(redis);
-                    bench_dense(spread, sizes).await?
+                    bench_dense(spread).await?
                 }
                 "partitions" if spread == Spread::Skewed => {
                     drop(redis);
@@ -724,30 +725,33 @@ async fn bench_e2e_with(
     })
 }
 
-/// What `dense_rank = true` costs: `e2e` on the same events with every board plain, then
-/// with dense rank (each on a redis-server of its own), twice in turn; Redis time per
-/// event of the second passes and the ratio of each pair.
-async fn bench_dense(spread: Spread, sizes: Sizes) -> Result<()> {
-    let mut rows = Vec::new();
-    for round in 0..2 {
-        let mut pair = [0.0; 2];
-        for (i, dense) in [false, true].into_iter().enumerate() {
-            let redis = RedisServer::start()?;
-            println!("-- round {round}, dense_rank = {dense}");
-            let settings = settings_dense(&redis, spread, dense)?;
-            pair[i] = bench_e2e_with(&redis, spread, sizes, settings)
-                .await?
-                .redis_us;
-        }
-        rows.push(pair);
-    }
-    for (round, [plain, dense]) in rows.iter().enumerate() {
+/// What `dense_rank = true` costs, in instructions Redis runs per event (as
+/// `instructions`): the same events drained with every board plain, then with dense rank,
+/// each on a redis-server of its own under callgrind; both figures and their ratio.
+async fn bench_dense(spread: Spread) -> Result<()> {
+    let sizes = QUICK;
+    let mut counts = [0.0; 2];
+    for (i, dense) in [false, true].into_iter().enumerate() {
+        let redis = RedisServer::start_counted()?;
         println!(
-            "dense rank, round {round}: redis µs per event plain {plain:.2}, dense {dense:.2}: \
-             {:.3}x",
-            dense / plain
+            "-- dense_rank = {dense} (redis-server under callgrind on 127.0.0.1:{})",
+            redis.port
         );
+        let settings = settings_dense(&redis, spread, dense)?;
+        let store = Arc::new(connect(&redis, 4).await?);
+        let (now, n) = (now_ms(), sizes.events);
+        redis.instructions(&[])?;
+        drain_pass(&redis, &store, &settings, spread, 0..n, now).await?;
+        drain_pass(&redis, &store, &settings, spread, n..2 * n, now).await?;
+        let (total, _) = redis.instructions(&ROLLBOARD_FUNCTIONS)?;
+        counts[i] = total as f64 / n as f64;
     }
+    println!(
+        "== dense rank, instructions per event: plain {:.0}, dense {:.0}: {:.3}x",
+        counts[0],
+        counts[1],
+        counts[1] / counts[0]
+    );
     Ok(())
 }
 
