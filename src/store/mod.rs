@@ -387,9 +387,11 @@ impl Store {
     }
 }
 
-/// Whether Redis refused a call because it does not know the function (nothing ran).
+/// Whether Redis refused a call because it does not know the function (nothing ran): its
+/// own error reply, whole. A script's error may carry those words too (in a member name
+/// from an event) and is not one.
 fn function_missing(e: &fred::error::Error) -> bool {
-    e.details().contains("Function not found")
+    e.details() == "ERR Function not found"
 }
 
 /// Loads rollboard's library (`FUNCTION LOAD REPLACE`); on a cluster, on every master.

@@ -2,4 +2,5 @@
 
 mod cuts_restarts_and_maxmemory;
 mod daemon_rides_out_redis_faults;
+mod library_flushed_during_ingest;
 mod outage_classes;

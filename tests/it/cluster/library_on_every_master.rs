@@ -1,0 +1,57 @@
+//! rollboard's Lua library on a cluster: each master holds its own copy, and one that lost
+//! it (`FUNCTION FLUSH`, a restart without persistence) gets it back.
+
+use crate::support::model::Instance;
+use crate::support::*;
+
+/// Whether the server on `port` holds this build's library.
+fn holds_library(port: u16) -> bool {
+    let name = &rollboard::store::lua::library().name;
+    cli(port, &["FUNCTION", "LIST", "LIBRARYNAME", name]).contains(name.as_str())
+}
+
+/// The library flushed from every master: the readiness check loads it on each of them,
+/// not only on the one it asked. Then one master loses it again: the board whose slot it
+/// serves applies and answers queries as the model, and that master holds it again.
+#[tokio::test]
+async fn every_master_gets_the_library_back() {
+    let cluster = RedisCluster::start();
+    let store = cluster.store().await;
+    let masters = cluster.masters();
+    for &port in &masters {
+        cli(port, &["FUNCTION", "FLUSH"]);
+        assert!(!holds_library(port));
+    }
+    store.ensure_library().await.expect("ensure the library");
+    for &port in &masters {
+        assert!(holds_library(port), "master {port} lacks the library");
+    }
+
+    let board = board("libless", 3_600_000, 24);
+    let owner = cluster.owner_of(&store.instance(&board, None).meta());
+    cli(owner, &["FUNCTION", "FLUSH"]);
+    let now = now_ms();
+    let events: Vec<_> = (0..50)
+        .map(|i| {
+            ev(
+                &format!("e{i}"),
+                now - i * 1000,
+                &format!("m{}", i % 7),
+                i + 1,
+            )
+        })
+        .collect();
+    let mut model = Instance::default();
+    for e in &events {
+        model.apply(&board, e, now);
+    }
+    let got = apply_events(&store, &board, &events, now).await;
+    assert!(
+        got.iter().all(|o| *o == rollboard::store::Outcome::Applied),
+        "{got:?}"
+    );
+    assert!(holds_library(owner));
+    cli(owner, &["FUNCTION", "FLUSH"]);
+    crate::support::model::assert_matches(&store, &board, None, &model, now).await;
+    assert!(holds_library(owner));
+}
