@@ -486,10 +486,32 @@ impl Store {
     }
 
     /// Whether the server holds rollboard's library (`FUNCTION LIST`); loads it if not.
+    /// On a cluster every master is asked: a new master, or one restarted without
+    /// persistence, lacks it while the others hold it.
     pub async fn ensure_library(&self) -> Result<(), StoreError> {
         let name = super::lua::library().name.as_str();
-        let listed: Vec<Value> = self.client().function_list(Some(name), false).await?;
-        if listed.is_empty() {
+        let client = self.client();
+        let mut missing = false;
+        if client.is_clustered() {
+            if client.cached_cluster_state().is_none() {
+                client.wait_for_connect().await?;
+            }
+            let primaries = client
+                .cached_cluster_state()
+                .map(|state| state.unique_primary_nodes())
+                .unwrap_or_default();
+            for server in primaries {
+                let listed: Vec<Value> = client
+                    .with_cluster_node(server)
+                    .function_list(Some(name), false)
+                    .await?;
+                missing |= listed.is_empty();
+            }
+        } else {
+            let listed: Vec<Value> = client.function_list(Some(name), false).await?;
+            missing = listed.is_empty();
+        }
+        if missing {
             self.load_library().await?;
         }
         Ok(())

@@ -10,8 +10,8 @@ fn holds_library(port: u16) -> bool {
     cli(port, &["FUNCTION", "LIST", "LIBRARYNAME", name]).contains(name.as_str())
 }
 
-/// The library flushed from every master: the readiness check loads it on each of them,
-/// not only on the one it asked. Then one master loses it again: the board whose slot it
+/// The library flushed from every master, then from each master alone: the readiness
+/// check asks every master and loads it where it is missing. Then one master loses it again: the board whose slot it
 /// serves applies and answers queries as the model, and that master holds it again.
 #[tokio::test]
 async fn every_master_gets_the_library_back() {
@@ -25,6 +25,15 @@ async fn every_master_gets_the_library_back() {
     store.ensure_library().await.expect("ensure the library");
     for &port in &masters {
         assert!(holds_library(port), "master {port} lacks the library");
+    }
+    // Each master in turn the only one without it: the check asks every master.
+    for &port in &masters {
+        cli(port, &["FUNCTION", "FLUSH"]);
+        store.ensure_library().await.expect("ensure the library");
+        assert!(
+            holds_library(port),
+            "master {port} left without the library"
+        );
     }
 
     let board = board("libless", 3_600_000, 24);
