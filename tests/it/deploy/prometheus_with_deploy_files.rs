@@ -352,11 +352,23 @@ async fn prometheus_scrapes_the_daemon_with_the_deploy_files() {
             .and_then(|d| d["alerts"].as_array().cloned())
             .unwrap_or_default()
     };
+    // One exception, the one alert about the host rather than the daemon: a script call
+    // slower than 100 ms, round trip included, which a loaded two-core machine can make;
+    // pending only if the daemon did measure such a call.
+    let unexplained = || async {
+        let active = active_alerts().await;
+        let (_, exposition) = daemon.get("/metrics").await;
+        let slow = slow_script_calls(&exposition) > 0.0;
+        active
+            .into_iter()
+            .filter(|a| !(slow && a["labels"]["alertname"] == "RollboardSlowScriptCalls"))
+            .collect::<Vec<Value>>()
+    };
     let quiet = wait_for(Duration::from_secs(20), || async {
-        active_alerts().await.is_empty()
+        unexplained().await.is_empty()
     })
     .await;
-    let active = active_alerts().await;
+    let active = unexplained().await;
     assert!(quiet, "alerts active on a healthy daemon: {active:#?}");
 
     // The exposition stays clean for promtool.
@@ -379,4 +391,20 @@ async fn prometheus_scrapes_the_daemon_with_the_deploy_files() {
 
     traffic.abort();
     assert!(daemon.terminate().await.success());
+}
+
+/// Script calls the daemon measured above 100 ms (`rollboard_script_duration_seconds`:
+/// every call less those in the 0.1 s bucket), from its exposition text.
+fn slow_script_calls(exposition: &str) -> f64 {
+    let sum = |prefix: &str, filter: &dyn Fn(&str) -> bool| -> f64 {
+        exposition
+            .lines()
+            .filter(|l| l.starts_with(prefix) && filter(l))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    sum("rollboard_script_duration_seconds_count", &|_| true)
+        - sum("rollboard_script_duration_seconds_bucket", &|l| {
+            l.contains("le=\"0.1\"")
+        })
 }
