@@ -137,10 +137,9 @@ end
 -- under tie 'n'); totals and slice counts.
 local names = {}
 for i = 1, M do names[i] = ARGV[member_base + i] end
-local before, members_refused = member_state(members, result, totals, refs, names, tie,
-  incremental, negative)
-if not before then return members_refused end
-local z0, t0, total0, refs0 = before.z, before.t, before.total, before.refs
+local z0, t0, total0, refs0, members_refused = member_state(members, result, totals, refs, names,
+  tie, incremental, negative)
+if members_refused then return members_refused end
 -- bound[i]: the sum of the absolute amounts of member i's live groups.
 local bound = {}
 for i = 1, M do bound[i] = 0 end
