@@ -62,7 +62,7 @@ local with_ids = #ARGV >= event_base + 6 * E
 
 -- Phase 1: read and check.
 local stored = read_meta(meta)
-local now, watermark, refused = gate(meta, stored, settings, tonumber(ARGV[1]), tonumber(ARGV[3]),
+local now, watermark, gen, refused = gate(meta, stored, settings, tonumber(ARGV[1]), tonumber(ARGV[3]),
   tonumber(ARGV[2]))
 if refused then return refused end
 
@@ -239,5 +239,5 @@ if tie ~= 'n' then
 end
 write_members(members, result, totals, refs, incremental, tie, negative, names, z0, nil, z, t,
   total0, total, refs0, refs_new, dense)
-write_meta(meta, stored, now)
+write_meta(meta, gen, now)
 return status

@@ -56,8 +56,8 @@ local sub, format = string.sub, string.format
 
 -- Phase 1: read and check.
 local stored = read_meta(meta)
-if after ~= '' and stored.chain ~= after then return { 3 } end
-local now, watermark, refused = gate(meta, stored, settings, tonumber(ARGV[1]), tonumber(ARGV[3]),
+if after ~= '' and stored[CHAIN] ~= after then return { 3 } end
+local now, watermark, gen, refused = gate(meta, stored, settings, tonumber(ARGV[1]), tonumber(ARGV[3]),
   tonumber(ARGV[2]))
 if refused then return refused end
 -- Answers `reply` for a call whose events are judged, leaving its chain token.
@@ -241,5 +241,5 @@ variadic('ZADD', slices, registered)
 -- A member whose events are all late (no newest time) is left as it is.
 write_members(members, result, totals, refs, incremental, tie, negative, names, z0, t0, nil,
   newest, total0, total, refs0, refs_new, dense)
-write_meta(meta, stored, now, token)
+write_meta(meta, gen, now, token)
 return out

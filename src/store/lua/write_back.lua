@@ -88,14 +88,16 @@ local function write_members(members, result, totals, refs, incremental, tie, ne
   if negative then variadic('HSET', refs, refs_out) end
 end
 
--- The last write: `gen` was checked in phase 1, so one HSET both bumps it and records when
--- the ranking last changed (`changed_ms`, the `as_of` of a query) at no extra command,
--- and leaves the chain `token` (fold.lua) when there is one.
-local function write_meta(meta, stored, now, token)
-  local gen = string.format('%d', (counter(stored.gen) or 0) + 1)
+-- The last write: `gen` was checked in phase 1 (gate, which gives it as a number), so one
+-- HSET both bumps it and records when the ranking last changed (`changed_ms`, the `as_of`
+-- of a query) at no extra command, and leaves the chain `token` (fold.lua) when there is
+-- one.
+local function write_meta(meta, gen, now, token)
+  local format = string.format
+  local next_gen = format('%d', gen + 1)
   if token and token ~= '' then
-    redis.call('HSET', meta, 'gen', gen, 'changed_ms', string.format('%d', now), 'chain', token)
+    redis.call('HSET', meta, 'gen', next_gen, 'changed_ms', format('%d', now), 'chain', token)
   else
-    redis.call('HSET', meta, 'gen', gen, 'changed_ms', string.format('%d', now))
+    redis.call('HSET', meta, 'gen', next_gen, 'changed_ms', format('%d', now))
   end
 end
