@@ -60,11 +60,6 @@ if after ~= '' and stored[CHAIN] ~= after then return { 3 } end
 local now, watermark, gen, refused = gate(meta, stored, settings, tonumber(ARGV[1]), tonumber(ARGV[3]),
   tonumber(ARGV[2]))
 if refused then return refused end
--- Answers `reply` for a call whose events are judged, leaving its chain token.
-local function judged(reply)
-  if token ~= '' then redis.call('HSET', meta, 'chain', token) end
-  return reply
-end
 
 -- Slices: number, whether late, whether its ids are remembered, its digests' range.
 local slice_no, late, keep, first, last = {}, {}, {}, {}, {}
@@ -88,7 +83,11 @@ for i = 1, S do
   end
 end
 if #blob ~= at - 1 then return fail('the digests are ' .. #blob .. ' bytes, not ' .. (at - 1)) end
-if live_count == 0 then return judged(out) end
+-- A call whose events are judged leaves its chain token (here, and for outcome 1 below).
+if live_count == 0 then
+  if token ~= '' then redis.call('HSET', meta, 'chain', token) end
+  return out
+end
 
 if legacy_held(seen) then
   out[1] = 2
@@ -127,7 +126,8 @@ end
 if dups > 0 then
   if dups == live_count then
     out[1] = 1
-    return judged(out)
+    if token ~= '' then redis.call('HSET', meta, 'chain', token) end
+    return out
   end
   out[1] = 2
   return out
