@@ -61,8 +61,9 @@ local now, watermark, gen, refused = gate(meta, stored, settings, tonumber(ARGV[
   tonumber(ARGV[2]))
 if refused then return refused end
 
--- Slices: number, whether late, whether its ids are remembered, its digests' range.
-local slice_no, late, keep, first, last = {}, {}, {}, {}, {}
+-- Slices: number, whether late (a slice that is not is live: its ids are remembered), its
+-- digests' range.
+local slice_no, late, first, last = {}, {}, {}, {}
 local out = { 0 }
 local at, live_count = 1, 0
 for i = 1, S do
@@ -78,7 +79,6 @@ for i = 1, S do
     late[i] = true
     out[#out + 1] = i
   else
-    keep[i] = true
     live_count = live_count + count
   end
 end
@@ -101,14 +101,14 @@ if table_refused then return table_refused end
 local wanted, listed_bucket, addr = {}, {}, {}
 local remembered = 0
 for s = 1, S do
-  if keep[s] then
+  if not late[s] then
     remembered = remembered + (last[s] - first[s] + 1) / DIGEST
     locate(blob, first[s], last[s], DIGEST, L, p, addr, wanted, listed_bucket)
   end
 end
 -- The forget logs that will be appended to, read so that their type is checked too.
 for s = 1, S do
-  if keep[s] then redis.call('LLEN', KEYS[8 + S + s]) end
+  if not late[s] then redis.call('LLEN', KEYS[8 + S + s]) end
 end
 -- The buckets the inserts would split.
 splits_ahead(L, p, held + remembered, wanted, listed_bucket)
@@ -119,7 +119,7 @@ if not buckets then return buckets_refused end
 -- The duplicates among the live events.
 local dups = 0
 for s = 1, S do
-  if keep[s] then
+  if not late[s] then
     dups = dups + held_of(blob, first[s], last[s], addr, buckets, forgotten_through)
   end
 end
@@ -208,7 +208,7 @@ if remembered > 0 then
   -- dirty[a]: the new value of bucket a.
   local dirty = {}
   for s = 1, S do
-    if keep[s] then
+    if not late[s] then
       local tag = tag_of(slice_no[s])
       local log = {}
       for i = first[s], last[s], DIGEST do
