@@ -44,6 +44,9 @@
 -- gate.lua, digest.lua, members.lua and write_back.lua.
 local meta, result, members, slices, seen, refs, totals, table_key,
   incremental, tie, negative, settings = shared_args(KEYS, ARGV)
+-- The globals used per slice, group or member, held in locals: a function reaches the
+-- library's globals through a metatable, a local directly.
+local tonumber, abs, sub, format = tonumber, math.abs, string.sub, string.format
 local S, M, G = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
 -- A dense_rank board's distinct totals, after the slice keys (nil on other boards).
 local dense = KEYS[9 + 2 * S]
@@ -52,7 +55,6 @@ local blob = ARGV[12]
 local slice_base, member_base = 12, 12 + 3 * S
 local group_base = member_base + M
 local after, token = ARGV[group_base + 5 * G + 1] or '', ARGV[group_base + 5 * G + 2] or ''
-local sub, format = string.sub, string.format
 
 -- Phase 1: read and check.
 local stored = read_meta(meta)
@@ -181,7 +183,7 @@ for s = 1, S do
         end
         g_old[g] = old
         -- A field that could pass 2^53 - 1 part-way: judged event by event instead.
-        if math.abs(old) + g_abs[g] > LIMIT then
+        if abs(old) + g_abs[g] > LIMIT then
           out[1] = 2
           return out
         end
@@ -195,7 +197,7 @@ for s = 1, S do
   end
 end
 for i = 1, M do
-  if math.abs(total0[i]) + bound[i] > LIMIT then
+  if abs(total0[i]) + bound[i] > LIMIT then
     out[1] = 2
     return out
   end
