@@ -62,7 +62,7 @@ local with_ids = #ARGV >= event_base + 6 * E
 
 -- Phase 1: read and check.
 local stored = read_meta(meta)
-local now, watermark, refused = gate(meta, stored, settings, tonumber(ARGV[1]), tonumber(ARGV[3]),
+local now, watermark, gen, refused = gate(meta, stored, settings, tonumber(ARGV[1]), tonumber(ARGV[3]),
   tonumber(ARGV[2]))
 if refused then return refused end
 
@@ -128,12 +128,11 @@ local found = {}
 held_of(live_digests, 1, #live_digests, addr, buckets, forgotten_through, found)
 
 -- Member state: zmember, total, live slice count.
-local before, members_refused = member_state(members, result, totals, refs, names, tie,
-  incremental, negative)
-if not before then return members_refused end
 -- Each member's state before the call (z0, total0, refs0) and as the events change it
 -- (z, total, refs_new), by member index.
-local z0, total0, refs0 = before.z, before.total, before.refs
+local z0, _, total0, refs0, members_refused = member_state(members, result, totals, refs, names,
+  tie, incremental, negative)
+if members_refused then return members_refused end
 local z, total, refs_new = {}, {}, {}
 for i = 1, M do z[i], total[i], refs_new[i] = z0[i], total0[i], refs0[i] end
 
@@ -240,5 +239,5 @@ if tie ~= 'n' then
 end
 write_members(members, result, totals, refs, incremental, tie, negative, names, z0, nil, z, t,
   total0, total, refs0, refs_new, dense)
-write_meta(meta, stored, now)
+write_meta(meta, gen, now)
 return status

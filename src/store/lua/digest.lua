@@ -139,9 +139,10 @@ end
 -- and, first, the state fields and values in `set`; `field` holds the Hash field of some
 -- of the addresses (read_buckets).
 local function write_buckets(table_key, set, changed, field)
-  local gone = {}
+  local gone -- the emptied buckets' fields, made for the first (most calls empty none)
   for a, v in pairs(changed) do
     if v == '' then
+      gone = gone or {}
       gone[#gone + 1] = field[a] or field_of(a)
     else
       set[#set + 1] = field[a] or field_of(a)
@@ -149,7 +150,7 @@ local function write_buckets(table_key, set, changed, field)
     end
   end
   variadic('HSET', table_key, set)
-  variadic('HDEL', table_key, gone)
+  if gone then variadic('HDEL', table_key, gone) end
 end
 
 -- Phase 2 after the inserts: `dirty` holds the new value of each bucket they changed,

@@ -54,10 +54,9 @@ for i, m in ipairs(names) do
 end
 if #claimed == 0 then return { 0, 0 } end
 
-local before, members_refused = member_state(members, result, totals, refs, claimed, tie,
-  incremental, negative)
-if not before then return members_refused end
-local zs, total, count = before.z, before.total, before.refs
+local zs, _, total, count, members_refused = member_state(members, result, totals, refs, claimed,
+  tie, incremental, negative)
+if members_refused then return members_refused end
 
 -- Work out each member's new state.
 local gone_names, gone_z = {}, {}

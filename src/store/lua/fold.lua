@@ -44,6 +44,9 @@
 -- gate.lua, digest.lua, members.lua and write_back.lua.
 local meta, result, members, slices, seen, refs, totals, table_key,
   incremental, tie, negative, settings = shared_args(KEYS, ARGV)
+-- The globals used per slice, group or member, held in locals: a function reaches the
+-- library's globals through a metatable, a local directly.
+local tonumber, abs, sub, format = tonumber, math.abs, string.sub, string.format
 local S, M, G = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
 -- A dense_rank board's distinct totals, after the slice keys (nil on other boards).
 local dense = KEYS[9 + 2 * S]
@@ -52,22 +55,17 @@ local blob = ARGV[12]
 local slice_base, member_base = 12, 12 + 3 * S
 local group_base = member_base + M
 local after, token = ARGV[group_base + 5 * G + 1] or '', ARGV[group_base + 5 * G + 2] or ''
-local sub, format = string.sub, string.format
 
 -- Phase 1: read and check.
 local stored = read_meta(meta)
-if after ~= '' and stored.chain ~= after then return { 3 } end
-local now, watermark, refused = gate(meta, stored, settings, tonumber(ARGV[1]), tonumber(ARGV[3]),
+if after ~= '' and stored[CHAIN] ~= after then return { 3 } end
+local now, watermark, gen, refused = gate(meta, stored, settings, tonumber(ARGV[1]), tonumber(ARGV[3]),
   tonumber(ARGV[2]))
 if refused then return refused end
--- Answers `reply` for a call whose events are judged, leaving its chain token.
-local function judged(reply)
-  if token ~= '' then redis.call('HSET', meta, 'chain', token) end
-  return reply
-end
 
--- Slices: number, whether late, whether its ids are remembered, its digests' range.
-local slice_no, late, keep, first, last = {}, {}, {}, {}, {}
+-- Slices: number, whether late (a slice that is not is live: its ids are remembered), its
+-- digests' range.
+local slice_no, late, first, last = {}, {}, {}, {}
 local out = { 0 }
 local at, live_count = 1, 0
 for i = 1, S do
@@ -83,12 +81,15 @@ for i = 1, S do
     late[i] = true
     out[#out + 1] = i
   else
-    keep[i] = true
     live_count = live_count + count
   end
 end
 if #blob ~= at - 1 then return fail('the digests are ' .. #blob .. ' bytes, not ' .. (at - 1)) end
-if live_count == 0 then return judged(out) end
+-- A call whose events are judged leaves its chain token (here, and for outcome 1 below).
+if live_count == 0 then
+  if token ~= '' then redis.call('HSET', meta, 'chain', token) end
+  return out
+end
 
 if legacy_held(seen) then
   out[1] = 2
@@ -102,14 +103,14 @@ if table_refused then return table_refused end
 local wanted, listed_bucket, addr = {}, {}, {}
 local remembered = 0
 for s = 1, S do
-  if keep[s] then
+  if not late[s] then
     remembered = remembered + (last[s] - first[s] + 1) / DIGEST
     locate(blob, first[s], last[s], DIGEST, L, p, addr, wanted, listed_bucket)
   end
 end
 -- The forget logs that will be appended to, read so that their type is checked too.
 for s = 1, S do
-  if keep[s] then redis.call('LLEN', KEYS[8 + S + s]) end
+  if not late[s] then redis.call('LLEN', KEYS[8 + S + s]) end
 end
 -- The buckets the inserts would split.
 splits_ahead(L, p, held + remembered, wanted, listed_bucket)
@@ -120,14 +121,15 @@ if not buckets then return buckets_refused end
 -- The duplicates among the live events.
 local dups = 0
 for s = 1, S do
-  if keep[s] then
+  if not late[s] then
     dups = dups + held_of(blob, first[s], last[s], addr, buckets, forgotten_through)
   end
 end
 if dups > 0 then
   if dups == live_count then
     out[1] = 1
-    return judged(out)
+    if token ~= '' then redis.call('HSET', meta, 'chain', token) end
+    return out
   end
   out[1] = 2
   return out
@@ -137,10 +139,9 @@ end
 -- under tie 'n'); totals and slice counts.
 local names = {}
 for i = 1, M do names[i] = ARGV[member_base + i] end
-local before, members_refused = member_state(members, result, totals, refs, names, tie,
-  incremental, negative)
-if not before then return members_refused end
-local z0, t0, total0, refs0 = before.z, before.t, before.total, before.refs
+local z0, t0, total0, refs0, members_refused = member_state(members, result, totals, refs, names,
+  tie, incremental, negative)
+if members_refused then return members_refused end
 -- bound[i]: the sum of the absolute amounts of member i's live groups.
 local bound = {}
 for i = 1, M do bound[i] = 0 end
@@ -182,7 +183,7 @@ for s = 1, S do
         end
         g_old[g] = old
         -- A field that could pass 2^53 - 1 part-way: judged event by event instead.
-        if math.abs(old) + g_abs[g] > LIMIT then
+        if abs(old) + g_abs[g] > LIMIT then
           out[1] = 2
           return out
         end
@@ -196,7 +197,7 @@ for s = 1, S do
   end
 end
 for i = 1, M do
-  if math.abs(total0[i]) + bound[i] > LIMIT then
+  if abs(total0[i]) + bound[i] > LIMIT then
     out[1] = 2
     return out
   end
@@ -209,7 +210,7 @@ if remembered > 0 then
   -- dirty[a]: the new value of bucket a.
   local dirty = {}
   for s = 1, S do
-    if keep[s] then
+    if not late[s] then
       local tag = tag_of(slice_no[s])
       local log = {}
       for i = first[s], last[s], DIGEST do
@@ -242,5 +243,5 @@ variadic('ZADD', slices, registered)
 -- A member whose events are all late (no newest time) is left as it is.
 write_members(members, result, totals, refs, incremental, tie, negative, names, z0, t0, nil,
   newest, total0, total, refs0, refs_new, dense)
-write_meta(meta, stored, now, token)
+write_meta(meta, gen, now, token)
 return out

@@ -12,40 +12,44 @@ local function shared_args(KEYS, ARGV)
     ARGV[4] == 'i', ARGV[5], ARGV[6] == '1', ARGV[7]
 end
 
--- The instance's `meta` fields the two scripts read, in one HMGET.
+-- The instance's `meta` fields the two scripts read, in one HMGET: its reply as it is,
+-- each field at the index named here.
+local EXPIRED_THROUGH, SETTINGS, GEN, LAST_ROLL, CHAIN = 1, 2, 3, 4, 5
 local function read_meta(meta)
-  local v = redis.call('HMGET', meta, 'expired_through', 'settings', 'gen', 'last_roll', 'chain')
-  return { expired_through = v[1], settings = v[2], gen = v[3], last_roll = v[4], chain = v[5] }
+  return redis.call('HMGET', meta, 'expired_through', 'settings', 'gen', 'last_roll', 'chain')
 end
 
--- The time the events are judged at and the watermark (the newest slice whose events are
--- late), for a board of `per_window` slices of `width` ms, given `stored` (read_meta); or
--- nil, nil and the error when `stored` holds a number that is not one or the settings of
--- another board definition.
+-- The time the events are judged at, the watermark (the newest slice whose events are
+-- late), for a board of `per_window` slices of `width` ms, and the `gen` counter (0 for
+-- none: write_meta bumps it), given `stored` (read_meta); or nil, nil, nil and the error
+-- when `stored` holds a number that is not one or the settings of another board
+-- definition.
 local function gate(meta, stored, settings, now, width, per_window)
   -- Time never goes back: a roll at a later time (a forced `roll --at`, or a replica whose
   -- measure of Redis's clock is a little ahead of this caller's) already expired and
   -- forgot what was due then, so the events are judged at that time at least.
-  if stored.last_roll then
-    local rolled = counter(stored.last_roll)
-    if not rolled then return nil, nil, fail('corrupt: ' .. meta .. ' last_roll is not an integer') end
+  if stored[LAST_ROLL] then
+    local rolled = counter(stored[LAST_ROLL])
+    if not rolled then return nil, nil, nil, fail('corrupt: ' .. meta .. ' last_roll is not an integer') end
     if rolled > now then now = rolled end
   end
-  if stored.gen and not counter(stored.gen) then
-    return nil, nil, fail('corrupt: ' .. meta .. ' gen is not an integer')
+  local gen = 0
+  if stored[GEN] then
+    gen = counter(stored[GEN])
+    if not gen then return nil, nil, nil, fail('corrupt: ' .. meta .. ' gen is not an integer') end
   end
-  local refused = settings_refused(stored.settings, settings)
-  if refused then return nil, nil, refused end
+  local refused = settings_refused(stored[SETTINGS], settings)
+  if refused then return nil, nil, nil, refused end
   local watermark = math.floor(now / width) - per_window
-  if stored.expired_through then
-    local w = integer(stored.expired_through)
-    if not w then return nil, nil, fail('corrupt: ' .. meta .. ' expired_through is not an integer') end
+  if stored[EXPIRED_THROUGH] then
+    local w = integer(stored[EXPIRED_THROUGH])
+    if not w then return nil, nil, nil, fail('corrupt: ' .. meta .. ' expired_through is not an integer') end
     if w > watermark then watermark = w end
   end
-  return now, watermark
+  return now, watermark, gen
 end
 
 -- Phase 2's first write: pins the caller's settings on an instance that has none yet.
 local function pin_settings(meta, stored, settings)
-  if not stored.settings then redis.call('HSET', meta, 'settings', settings) end
+  if not stored[SETTINGS] then redis.call('HSET', meta, 'settings', settings) end
 end

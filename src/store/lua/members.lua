@@ -85,23 +85,33 @@ end
 -- `t`, its ZSet member and tie-break time (as zmembers_of reads them), `total`, its exact
 -- total (0 for none: its score in `result`, read by its ZSet member, on an incremental
 -- board, else its field in `totals`) and `refs`, the number of slices holding it (0 for
--- none, and for every member on a board that does not allow negative amounts), each a
--- list by name index; or nil and the error naming the first value that is wrong. One loop
--- over the members for what needs no more reads.
+-- none, and for every member on a board that does not allow negative amounts): the four
+-- lists by name index, z, t, total and refs; or four nils and the error naming the first
+-- value that is wrong. One loop over the members for what needs no more reads, and no
+-- list made that the board does not use.
 local function member_state(members, result, totals, refs, names, tie, incremental, negative)
   local values = variadic('HMGET', members, names)
-  local zs, ts, total, held_by = {}, {}, {}, {}
-  local scored, scored_at = {}, {}
+  local zs, ts, total, held_by = {}, {}, nil, nil
+  -- On an incremental board: the known members' ZSet members and their indices, whose
+  -- scores are the totals.
+  local scored, scored_at
+  if incremental then total, scored, scored_at = {}, {}, {} end
+  if not negative then held_by = {} end
   for i = 1, #names do
     local v = values[i]
     if v then
       local z, t = zmember_of(v, names[i], tie)
-      if not z then return nil, fail('corrupt: ' .. members .. ' holds ' .. v .. ' for ' .. names[i]) end
+      if not z then
+        return nil, nil, nil, nil, fail('corrupt: ' .. members .. ' holds ' .. v .. ' for ' .. names[i])
+      end
       zs[i], ts[i] = z, t
-      scored[#scored + 1] = z
-      scored_at[#scored_at + 1] = i
+      if incremental then
+        scored[#scored + 1] = z
+        scored_at[#scored_at + 1] = i
+      end
     end
-    total[i], held_by[i] = 0, 0
+    if incremental then total[i] = 0 end
+    if not negative then held_by[i] = 0 end
   end
   local refused
   if incremental then
@@ -111,19 +121,19 @@ local function member_state(members, result, totals, refs, names, tie, increment
     for k, i in ipairs(scored_at) do
       if scores[k] then
         local n = integer(scores[k])
-        if not n then return nil, fail('corrupt: ' .. result .. ' score of ' .. names[i]) end
+        if not n then return nil, nil, nil, nil, fail('corrupt: ' .. result .. ' score of ' .. names[i]) end
         total[i] = n
       end
     end
   else
     total, refused = integers_of(totals, names, 0)
-    if not total then return nil, refused end
+    if not total then return nil, nil, nil, nil, refused end
   end
   if negative then
     held_by, refused = integers_of(refs, names, 0)
-    if not held_by then return nil, refused end
+    if not held_by then return nil, nil, nil, nil, refused end
   end
-  return { z = zs, t = ts, total = total, refs = held_by }
+  return zs, ts, total, held_by
 end
 
 -- Keeps `dense` (dense_rank boards only, nil elsewhere: nothing is done) in step with

@@ -27,8 +27,16 @@ end
 local function write_members(members, result, totals, refs, incremental, tie, negative, names,
                              z0, t0, z, t, total0, total, refs0, refs_new, dense)
   local format = string.format
-  local moved, removed, added, totals_out, refs_out = {}, {}, {}, {}, {}
-  local left, entered = {}, {}
+  -- Only the lists this board writes are made: ZSet changes on an incremental board, else
+  -- totals; slice counts where negative amounts are allowed; distinct totals on dense ones.
+  local moved, removed, added, totals_out, refs_out, left, entered = {}, nil, nil, nil, nil, nil, nil
+  if incremental then
+    removed, added = {}, {}
+    if dense then left, entered = {}, {} end
+  else
+    totals_out = {}
+  end
+  if negative then refs_out = {} end
   for i = 1, #names do
     local old, zi = z0[i], nil
     if z then
@@ -63,28 +71,33 @@ local function write_members(members, result, totals, refs, incremental, tie, ne
         totals_out[#totals_out + 1] = names[i]
         totals_out[#totals_out + 1] = format('%d', total[i])
       end
-      if refs_new[i] ~= refs0[i] then
+      if negative and refs_new[i] ~= refs0[i] then
         refs_out[#refs_out + 1] = names[i]
         refs_out[#refs_out + 1] = format('%d', refs_new[i])
       end
     end
   end
   variadic('HSET', members, moved)
-  variadic('ZREM', result, removed)
-  variadic('ZADD', result, added)
-  dense_update(dense, result, left, entered)
-  variadic('HSET', totals, totals_out)
+  if incremental then
+    variadic('ZREM', result, removed)
+    variadic('ZADD', result, added)
+    if dense then dense_update(dense, result, left, entered) end
+  else
+    variadic('HSET', totals, totals_out)
+  end
   if negative then variadic('HSET', refs, refs_out) end
 end
 
--- The last write: `gen` was checked in phase 1, so one HSET both bumps it and records when
--- the ranking last changed (`changed_ms`, the `as_of` of a query) at no extra command,
--- and leaves the chain `token` (fold.lua) when there is one.
-local function write_meta(meta, stored, now, token)
-  local gen = string.format('%d', (counter(stored.gen) or 0) + 1)
+-- The last write: `gen` was checked in phase 1 (gate, which gives it as a number), so one
+-- HSET both bumps it and records when the ranking last changed (`changed_ms`, the `as_of`
+-- of a query) at no extra command, and leaves the chain `token` (fold.lua) when there is
+-- one.
+local function write_meta(meta, gen, now, token)
+  local format = string.format
+  local next_gen = format('%d', gen + 1)
   if token and token ~= '' then
-    redis.call('HSET', meta, 'gen', gen, 'changed_ms', string.format('%d', now), 'chain', token)
+    redis.call('HSET', meta, 'gen', next_gen, 'changed_ms', format('%d', now), 'chain', token)
   else
-    redis.call('HSET', meta, 'gen', gen, 'changed_ms', string.format('%d', now))
+    redis.call('HSET', meta, 'gen', next_gen, 'changed_ms', format('%d', now))
   end
 end
