@@ -5,6 +5,7 @@
 //! equal scores by member bytes, so `ZREVRANGE` yields exactly the order of docs/design.md (*Window and order*).
 
 use serde::Serialize;
+use utoipa::ToSchema;
 
 use crate::domain::board::{TieBreak, MAX_TOTAL};
 
@@ -79,6 +80,25 @@ impl std::fmt::Display for Percentile {
     }
 }
 
+/// In the API's schema: a number from 0 to 100 with at most two decimals.
+impl utoipa::PartialSchema for Percentile {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        utoipa::openapi::ObjectBuilder::new()
+            .schema_type(utoipa::openapi::schema::Type::Number)
+            .minimum(Some(0))
+            .maximum(Some(100))
+            .multiple_of(Some(0.01))
+            .description(Some(
+                "The share of the ranked members placed strictly below, in percent: \
+                 100 * (count - rank) / count rounded down to hundredths (at most two decimals)",
+            ))
+            .examples([serde_json::json!(99.5)])
+            .into()
+    }
+}
+
+impl ToSchema for Percentile {}
+
 impl Serialize for Percentile {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         // serde_json keeps a number's text as written (arbitrary precision): the digits
@@ -92,7 +112,7 @@ impl Serialize for Percentile {
 }
 
 /// One ranked member.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
 pub struct Entry {
     /// 1-based position in the order (unique).
     pub rank: u64,
@@ -101,23 +121,26 @@ pub struct Entry {
     /// 1 + number of distinct totals strictly greater (1, 1, 2); on `dense_rank` boards
     /// only, absent from the answers of others.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, nullable = false)]
     pub dense_rank: Option<u64>,
-    /// Share of ranked members placed below this one ([`Percentile`]).
+    /// Share of the ranked members placed strictly below this one, in percent.
     pub percentile: Percentile,
     /// The member.
     pub member: String,
     /// Exact total in the board's minor units.
     pub total: i64,
     /// Time of the member's latest live contribution (null for `tie_break = "none"`).
+    #[schema(required = true)]
     pub last_ts: Option<i64>,
 }
 
 /// A page of a ranking (`top`, `around`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
 pub struct Page {
     /// Board name.
     pub board: String,
     /// Scope value, for scoped boards.
+    #[schema(required = true)]
     pub scope: Option<String>,
     /// Decimal places of `total` (total = amount x 10^scale).
     pub scale: u32,
@@ -130,17 +153,19 @@ pub struct Page {
     /// When the ranking last changed, epoch ms (Redis's clock): the last apply or roll of
     /// an incremental instance, the last run that summed a resummarize one; null when
     /// nothing has been recorded yet (an instance never written).
+    #[schema(required = true)]
     pub as_of: Option<i64>,
     /// The entries, best first.
     pub entries: Vec<Entry>,
 }
 
 /// The position of one member (`rank`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
 pub struct MemberRank {
     /// Board name.
     pub board: String,
     /// Scope value, for scoped boards.
+    #[schema(required = true)]
     pub scope: Option<String>,
     /// Decimal places of `total`.
     pub scale: u32,
@@ -153,22 +178,30 @@ pub struct MemberRank {
     /// When the ranking last changed, epoch ms (Redis's clock): the last apply or roll of
     /// an incremental instance, the last run that summed a resummarize one; null when
     /// nothing has been recorded yet (an instance never written).
+    #[schema(required = true)]
     pub as_of: Option<i64>,
     /// The member.
     pub member: String,
     /// 1-based position, null when the member is not on the board.
+    #[schema(required = true)]
     pub rank: Option<u64>,
     /// Competition rank, null when the member is not on the board.
+    #[schema(required = true)]
     pub competition_rank: Option<u64>,
-    /// Dense rank on `dense_rank` boards (`Some`, holding null when the member is not on
-    /// the board); absent from the answers of other boards (`None`).
+    /// Dense rank, on `dense_rank` boards only: null when the member is not on the
+    /// board; absent from the answers of other boards.
+    // `Some(None)`: a dense_rank board, the member not on it; `None`: another board.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<u64>, minimum = 1)]
     pub dense_rank: Option<Option<u64>>,
     /// Share of ranked members placed below this one, null when it is not on the board.
+    #[schema(required = true)]
     pub percentile: Option<Percentile>,
     /// Exact total, null when the member is not on the board.
+    #[schema(required = true)]
     pub total: Option<i64>,
     /// Latest live contribution time.
+    #[schema(required = true)]
     pub last_ts: Option<i64>,
 }
 
@@ -200,34 +233,43 @@ impl MemberRank {
 }
 
 /// One member of a subset answer ([`Subset`]).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
 pub struct SubsetEntry {
     /// The member.
     pub member: String,
     /// 1-based position on the whole board, null when the member is not on the board.
+    #[schema(required = true)]
     pub rank: Option<u64>,
     /// Competition rank on the whole board, null when not on the board.
+    #[schema(required = true)]
     pub competition_rank: Option<u64>,
-    /// Dense rank on the whole board, as in [`MemberRank::dense_rank`].
+    /// Dense rank on the whole board, on `dense_rank` boards only: null when the member is
+    /// not on the board; absent from the answers of other boards.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<u64>, minimum = 1)]
     pub dense_rank: Option<Option<u64>>,
     /// 1-based position among the ranked members asked for, in the board's order; null
     /// when not on the board.
+    #[schema(required = true)]
     pub subset_rank: Option<u64>,
     /// Exact total, null when not on the board.
+    #[schema(required = true)]
     pub total: Option<i64>,
     /// Share of the board's ranked members placed below this one, null when not on it.
+    #[schema(required = true)]
     pub percentile: Option<Percentile>,
 }
 
 /// Several members re-ranked among themselves, from one snapshot (`POST .../ranks`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
 pub struct Subset {
     /// Board name.
     pub board: String,
     /// Scope value, for scoped boards.
+    #[schema(required = true)]
     pub scope: Option<String>,
-    /// The board's window, as a duration (`7d`).
+    /// The board's window, as a duration (`7d`); on a calendar-period board, the period's
+    /// length (`week`).
     pub window: String,
     /// Decimal places of `total`.
     pub scale: u32,
@@ -237,7 +279,9 @@ pub struct Subset {
     pub window_from: i64,
     /// End of the live range, epoch ms.
     pub window_to: i64,
-    /// When the ranking last changed, epoch ms (as in [`Page::as_of`]).
+    /// When the ranking last changed, epoch ms (Redis's clock), as in a page; null when
+    /// nothing has been recorded yet.
+    #[schema(required = true)]
     pub as_of: Option<i64>,
     /// The ranked members asked for, best first, then the others in the order asked.
     pub entries: Vec<SubsetEntry>,

@@ -116,20 +116,3 @@ impl Selected {
         answer
     }
 }
-
-/// A board's description with its calendar, for a period board: `period`, `time_zone`,
-/// `week_start` (weekly boards), `period_grace_ms` and `keep_periods`, and no window or
-/// slice (`null`).
-pub fn describe(board: &Board, mut description: Value) -> Value {
-    let (Some(calendar), Value::Object(fields)) = (&board.period, &mut description) else {
-        return description;
-    };
-    fields.insert("window_ms".into(), Value::Null);
-    fields.insert("slice_ms".into(), Value::Null);
-    fields.insert("period".into(), calendar.period_name().into());
-    fields.insert("time_zone".into(), calendar.zone.name().into());
-    fields.insert("week_start".into(), calendar.week_start().into());
-    fields.insert("period_grace_ms".into(), calendar.grace_ms.into());
-    fields.insert("keep_periods".into(), calendar.keep.into());
-    description
-}

@@ -9,7 +9,7 @@ use crate::config::tokens::{Observer, Reload};
 
 /// The route templates of the HTTP API (the `route` label values of
 /// `rollboard_http_request_duration_seconds`): never raw paths.
-pub const HTTP_ROUTES: [&str; 10] = [
+pub const HTTP_ROUTES: [&str; 11] = [
     "/v1/boards",
     "/v1/boards/{board}",
     "/v1/boards/{board}/top",
@@ -17,6 +17,7 @@ pub const HTTP_ROUTES: [&str; 10] = [
     "/v1/boards/{board}/members/{member}",
     "/v1/boards/{board}/members/{member}/around",
     "/v1/events",
+    "/v1/openapi.json",
     "/metrics",
     "/healthz",
     "/readyz",

@@ -6,9 +6,8 @@ use std::sync::Arc;
 use axum::extract::State;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
-use serde_json::json;
 
+use super::error::ErrorBody;
 use crate::config::tokens::RoleTokens;
 
 /// Lets a request through when its route's role has no token, or when it carries
@@ -41,8 +40,7 @@ pub(super) async fn bearer(
             r#"Bearer realm="rollboard""#,
         ),
     };
-    let mut response =
-        (StatusCode::UNAUTHORIZED, Json(json!({ "error": message }))).into_response();
+    let mut response = (StatusCode::UNAUTHORIZED, ErrorBody::new(message)).into_response();
     response.headers_mut().insert(
         header::WWW_AUTHENTICATE,
         HeaderValue::from_static(challenge),

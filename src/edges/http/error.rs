@@ -8,7 +8,9 @@ use axum::body::Body;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde_json::{json, Value};
+use serde::Serialize;
+use serde_json::Value;
+use utoipa::ToSchema;
 
 use super::AppState;
 use crate::store::{Store, StoreError};
@@ -17,6 +19,25 @@ use crate::store::{Store, StoreError};
 const RETRY_AFTER_SECS: &str = "1";
 /// How long a request waits for Redis before answering 503.
 const REDIS_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The body of every error answer (but the 404 of a member not on the board, which is
+/// the member's rank answer with an `error`, and the 400 of invalid events, which lists
+/// them).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)] // in the schema: no other field
+pub struct ErrorBody {
+    /// What went wrong; never echoes unbounded input.
+    pub error: String,
+}
+
+impl ErrorBody {
+    /// The body of an error saying `message`.
+    pub fn new(message: impl Into<String>) -> Json<ErrorBody> {
+        Json(ErrorBody {
+            error: message.into(),
+        })
+    }
+}
 
 /// An error answer.
 #[derive(Debug)]
@@ -45,32 +66,24 @@ pub enum ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         match self {
-            ApiError::BadRequest(m) => {
-                (StatusCode::BAD_REQUEST, Json(json!({ "error": m }))).into_response()
-            }
-            ApiError::NotFound(m) => {
-                (StatusCode::NOT_FOUND, Json(json!({ "error": m }))).into_response()
-            }
+            ApiError::BadRequest(m) => (StatusCode::BAD_REQUEST, ErrorBody::new(m)).into_response(),
+            ApiError::NotFound(m) => (StatusCode::NOT_FOUND, ErrorBody::new(m)).into_response(),
             ApiError::Invalid(body) => (StatusCode::BAD_REQUEST, Json(body)).into_response(),
             ApiError::NotOnBoard(body) => (StatusCode::NOT_FOUND, Json(body)).into_response(),
             ApiError::TooLarge(m) => {
-                (StatusCode::PAYLOAD_TOO_LARGE, Json(json!({ "error": m }))).into_response()
+                (StatusCode::PAYLOAD_TOO_LARGE, ErrorBody::new(m)).into_response()
             }
-            ApiError::UnsupportedMediaType(m) => (
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                Json(json!({ "error": m })),
-            )
-                .into_response(),
-            ApiError::Internal(m) => (
-                StatusCode::INTERNAL_SERVER_ERROR,
-                Json(json!({ "error": m })),
-            )
-                .into_response(),
+            ApiError::UnsupportedMediaType(m) => {
+                (StatusCode::UNSUPPORTED_MEDIA_TYPE, ErrorBody::new(m)).into_response()
+            }
+            ApiError::Internal(m) => {
+                (StatusCode::INTERNAL_SERVER_ERROR, ErrorBody::new(m)).into_response()
+            }
             ApiError::Unavailable(m) => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 // Every 503 is worth retrying (the same request, with the same ids).
                 [(header::RETRY_AFTER, RETRY_AFTER_SECS)],
-                Json(json!({ "error": m })),
+                ErrorBody::new(m),
             )
                 .into_response(),
         }
@@ -151,5 +164,6 @@ pub(super) async fn json_errors(response: Response) -> Response {
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
     );
-    Response::from_parts(parts, Body::from(json!({ "error": message }).to_string()))
+    let body = serde_json::to_vec(&ErrorBody { error: message }).unwrap_or_default();
+    Response::from_parts(parts, Body::from(body))
 }

@@ -10,10 +10,11 @@ use axum::extract::{RawQuery, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde_json::{json, Value};
+use serde::Serialize;
 use tracing::warn;
+use utoipa::ToSchema;
 
-use super::error::{ApiError, ApiResult};
+use super::error::{ApiError, ApiResult, ErrorBody};
 use super::params::params;
 use super::AppState;
 use crate::domain::roles::Role;
@@ -23,7 +24,51 @@ use crate::store::StoreError;
 /// How long `/readyz` waits for Redis.
 const READY_CHECK_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// The answer of `GET /healthz`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub(super) struct Health {
+    /// Always `ok`.
+    #[schema(example = "ok")]
+    status: &'static str,
+}
+
+/// The answer of `GET /readyz` (200 or 503 alike).
+// The fields are declared in the order of their names, the order the answer has always
+// had.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub(super) struct Readiness {
+    /// How far this host's clock is off Redis's, in ms.
+    clock_skew_ms: i64,
+    /// Whether the skew is over `redis.max_clock_skew` (reported, never a reason for 503).
+    clock_skewed: bool,
+    /// Whether a part is degraded: a failing board, a failing consumer or a skewed clock.
+    degraded: bool,
+    /// The boards whose events are being dead-lettered.
+    failing_boards: Vec<String>,
+    /// Whether every consumer group exists (always true without the `consume` role).
+    group: bool,
+    /// The error of the consumer's last step while its steps keep failing, else null.
+    #[schema(required = true)]
+    ingest_error: Option<String>,
+    /// Whether the process is ready: Redis answers and the groups exist (200, else 503).
+    ready: bool,
+    /// Whether Redis answered the check (and the scripts are loaded).
+    redis: bool,
+}
+
 /// `GET /metrics`: every metric in the Prometheus text format.
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "operations",
+    security((), ("operator" = [])),
+    responses(
+        (status = 200, description = "Every metric, in the Prometheus text format",
+         content_type = "text/plain; version=0.0.4; charset=utf-8", body = String),
+        (status = 400, description = "A query parameter (this route takes none)", body = ErrorBody),
+        (status = 401, description = "The operator's token is required", body = ErrorBody),
+    )
+)]
 pub(super) async fn metrics(
     State(state): State<Arc<AppState>>,
     RawQuery(query): RawQuery,
@@ -40,12 +85,31 @@ pub(super) async fn metrics(
 }
 
 /// `GET /healthz`: the process answers.
-pub(super) async fn healthz(RawQuery(query): RawQuery) -> Result<Json<Value>, ApiError> {
-    params(query, &[]).map(|_| Json(json!({ "status": "ok" })))
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    tag = "operations",
+    responses(
+        (status = 200, description = "The process runs (its start-up checks passed)", body = Health),
+        (status = 400, description = "A query parameter (this route takes none)", body = ErrorBody),
+    )
+)]
+pub(super) async fn healthz(RawQuery(query): RawQuery) -> Result<Json<Health>, ApiError> {
+    params(query, &[]).map(|_| Json(Health { status: "ok" }))
 }
 
 /// `GET /readyz`: 200 when Redis answers and every consumer's group exists, 503 otherwise;
 /// the body also reports failing boards, the consumer's error and the clock skew.
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    tag = "operations",
+    responses(
+        (status = 200, description = "Ready: Redis answers, the groups exist, the scripts are loaded", body = Readiness),
+        (status = 400, description = "A query parameter (this route takes none)", body = ErrorBody),
+        (status = 503, description = "Not ready", body = Readiness),
+    )
+)]
 pub(super) async fn readyz(
     State(state): State<Arc<AppState>>,
     RawQuery(query): RawQuery,
@@ -77,16 +141,16 @@ pub(super) async fn readyz(
     let skewed = state.clock.is_skewed();
     (
         status,
-        Json(json!({
-            "ready": ready,
-            "redis": redis_ok,
-            "group": group,
-            "degraded": !failing.is_empty() || ingest_error.is_some() || skewed,
-            "failing_boards": failing,
-            "ingest_error": ingest_error,
-            "clock_skew_ms": state.clock.skew_ms(),
-            "clock_skewed": skewed,
-        })),
+        Json(Readiness {
+            clock_skew_ms: state.clock.skew_ms(),
+            clock_skewed: skewed,
+            degraded: !failing.is_empty() || ingest_error.is_some() || skewed,
+            failing_boards: failing,
+            group,
+            ingest_error,
+            ready,
+            redis: redis_ok,
+        }),
     )
         .into_response()
 }

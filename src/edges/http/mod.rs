@@ -20,7 +20,8 @@
 //! write, or a script's consistency check) answers 500. Nothing a client sends can produce a 500.
 //!
 //! Layout: this file holds the state, the thread the server runs on, the routers and the
-//! connection loop; `query`, `intake` and `health` the handlers of each route group,
+//! connection loop; `query`, `board`, `intake` and `health` the handlers of each route
+//! group, `openapi` the document describing them all (`GET /v1/openapi.json`),
 //! `params` the query string they share, `auth` the bearer tokens, `middleware` the
 //! route metrics, `error` the error answers and the Redis error mapping.
 
@@ -56,6 +57,7 @@ mod error;
 mod health;
 mod intake;
 mod middleware;
+mod openapi;
 mod params;
 mod query;
 
@@ -289,6 +291,7 @@ pub fn api_routes(state: &AppState) -> Router<Arc<AppState>> {
         Router::new()
             .route("/v1/boards", any(not_run(Role::Query)))
             .route("/v1/boards/{*rest}", any(not_run(Role::Query)))
+            .route("/v1/openapi.json", any(not_run(Role::Query)))
     };
     let intake = if roles.has(Role::Intake) {
         intake_route(state)
@@ -298,7 +301,7 @@ pub fn api_routes(state: &AppState) -> Router<Arc<AppState>> {
     queries.route("/v1/events", intake)
 }
 
-/// The query routes, each behind the reader's token.
+/// The query routes and the API's OpenAPI document, each behind the reader's token.
 fn query_routes(state: &AppState) -> Router<Arc<AppState>> {
     let tokens = &state.settings.http.tokens;
     let reader = || axum::middleware::from_fn_with_state(tokens.query.clone(), auth::bearer);
@@ -318,6 +321,7 @@ fn query_routes(state: &AppState) -> Router<Arc<AppState>> {
             "/v1/boards/{board}/members/{member}/around",
             get(query::around).layer(reader()),
         )
+        .route("/v1/openapi.json", get(openapi::openapi).layer(reader()))
 }
 
 /// `POST /v1/events` behind the producer's token and `http.max_concurrent_intake`.

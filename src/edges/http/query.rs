@@ -10,13 +10,16 @@ use axum::extract::rejection::{BytesRejection, PathRejection};
 use axum::extract::{Path, RawQuery, State};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde_json::{json, Value};
+use serde_json::json;
+use utoipa::{IntoParams, ToSchema};
 
-use super::error::{redis, ApiError, ApiResult};
+use super::board::BoardList;
+use super::error::{redis, ApiError, ApiResult, ErrorBody};
 use super::params::params;
 use super::AppState;
 use crate::domain::board::{parse_duration_ms, Board};
 use crate::domain::event::check_name;
+use crate::domain::ranking::{MemberRank, Page, Subset};
 use crate::edges::periods::{select, PeriodError, Selected};
 
 fn board<'a>(state: &'a AppState, name: &str) -> ApiResult<&'a Board> {
@@ -105,22 +108,158 @@ fn member_of(member: &str) -> ApiResult<&str> {
     check_name(member.as_bytes()).map_err(|why| ApiError::BadRequest(format!("member {why}")))
 }
 
+/// What a calendar-period board's answers add.
+// Described only: `Selected::relabel` adds it (and makes `window_from`/`window_to` the
+// period's bounds).
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub(super) struct PeriodRead {
+    /// Calendar-period boards only: the id of the period read (`2026-11-26`, `2026-W48`,
+    /// `2026-11`); `window_from` and `window_to` are then its bounds.
+    #[schema(example = "2026-W48", nullable = false)]
+    period: Option<String>,
+}
+
+/// The answer of `top` and `around`: a page, and on a calendar-period board its period.
+// Described only, as are the other answer types below: the handlers relabel the domain's
+// answers as JSON (see `Selected::relabel`).
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub(super) struct PageAnswer {
+    #[serde(flatten)]
+    page: Page,
+    #[serde(flatten)]
+    period: PeriodRead,
+}
+
+/// The answer of `members/{member}`: the member's rank, and on a calendar-period board
+/// its period.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub(super) struct RankAnswer {
+    #[serde(flatten)]
+    rank: MemberRank,
+    #[serde(flatten)]
+    period: PeriodRead,
+}
+
+/// The 404 of a member not on the board (`members/{member}` and `around`): its rank
+/// answer, the rank fields null, with an `error` (the body `rollboard rank --json`
+/// prints, exit 3).
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub(super) struct NotOnBoard {
+    #[serde(flatten)]
+    rank: MemberRank,
+    #[serde(flatten)]
+    period: PeriodRead,
+    /// Names the member, the board, and the scope or period.
+    error: String,
+}
+
+/// A 404 of `members/{member}` or `around`: an unknown board or a period no longer kept
+/// (`ErrorBody`), or a member not on the board (`NotOnBoard`).
+#[derive(ToSchema)]
+#[serde(untagged)]
+#[allow(dead_code)]
+pub(super) enum MemberNotFound {
+    /// An unknown board or a period no longer kept.
+    Missing(ErrorBody),
+    /// The member is not on the board.
+    NotOnBoard(Box<NotOnBoard>),
+}
+
+/// The answer of `POST .../ranks`: the subset, and on a calendar-period board its period
+/// (the subset's `window` is then the period's length, `week`).
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub(super) struct RanksAnswer {
+    #[serde(flatten)]
+    subset: Subset,
+    #[serde(flatten)]
+    period: PeriodRead,
+}
+
+/// The query parameters of `top`.
+// Described only, as are the two below: `params` reads the query.
+#[derive(IntoParams)]
+#[into_params(parameter_in = Query)]
+#[allow(dead_code)]
+pub(super) struct TopQuery {
+    /// Entries in the page.
+    #[param(default = 10, minimum = 1, maximum = 1000)]
+    limit: Option<u64>,
+    /// Entries skipped before the page (a page past the end is empty).
+    #[param(default = 0, minimum = 0)]
+    offset: Option<u64>,
+    /// The scope value: required on a scoped board, refused on another.
+    scope: Option<String>,
+    /// Calendar-period boards only: `current` (default), `previous` or a period id
+    /// (`2026-11-26`, `2026-W48`, `2026-11`).
+    period: Option<String>,
+}
+
+/// The query parameters of `members/{member}`.
+#[derive(IntoParams)]
+#[into_params(parameter_in = Query)]
+#[allow(dead_code)]
+pub(super) struct MemberQuery {
+    /// The scope value: required on a scoped board, refused on another.
+    scope: Option<String>,
+    /// Calendar-period boards only: `current` (default), `previous` or a period id.
+    period: Option<String>,
+}
+
+/// The query parameters of `around`.
+#[derive(IntoParams)]
+#[into_params(parameter_in = Query)]
+#[allow(dead_code)]
+pub(super) struct AroundQuery {
+    /// Entries on each side of the member.
+    #[param(default = 5, minimum = 0, maximum = 100)]
+    radius: Option<u64>,
+    /// The scope value: required on a scoped board, refused on another.
+    scope: Option<String>,
+    /// Calendar-period boards only: `current` (default), `previous` or a period id.
+    period: Option<String>,
+}
+
 /// `GET /v1/boards`: every configured board and its settings.
+#[utoipa::path(
+    get,
+    path = "/v1/boards",
+    tag = "boards",
+    security((), ("reader" = [])),
+    responses(
+        (status = 200, description = "Every configured board", body = BoardList),
+        (status = 400, description = "A query parameter (this route takes none)", body = ErrorBody),
+        (status = 401, description = "The reader's token is required", body = ErrorBody),
+    )
+)]
 pub(super) async fn boards(
     State(state): State<Arc<AppState>>,
     RawQuery(query): RawQuery,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<BoardList>> {
     params(query, &[])?;
-    let list: Vec<Value> = state
-        .settings
-        .boards
-        .iter()
-        .map(super::board::description)
-        .collect();
-    Ok(Json(json!({ "boards": list })))
+    Ok(Json(BoardList::of(&state.settings.boards)))
 }
 
 /// `GET /v1/boards/{board}/top`: one page of the ranking.
+#[utoipa::path(
+    get,
+    path = "/v1/boards/{board}/top",
+    tag = "boards",
+    params(("board" = String, Path, description = "The board's name"), TopQuery),
+    security((), ("reader" = [])),
+    responses(
+        (status = 200, description = "One page of the ranking, best first", body = PageAnswer),
+        (status = 400, description = "A bad parameter (unknown, out of range, a missing or needless scope, a bad period)", body = ErrorBody),
+        (status = 401, description = "The reader's token is required", body = ErrorBody),
+        (status = 404, description = "An unknown board, or a period no longer kept", body = ErrorBody),
+        (status = 500, description = "Redis proved the data wrong", body = ErrorBody),
+        (status = 503, description = "A Redis outage; with `Retry-After`", body = ErrorBody),
+    )
+)]
 pub(super) async fn top(
     State(state): State<Arc<AppState>>,
     name: Result<Path<String>, PathRejection>,
@@ -144,6 +283,25 @@ pub(super) async fn top(
 }
 
 /// `GET /v1/boards/{board}/members/{member}`: one member's rank (404 when not on the board).
+#[utoipa::path(
+    get,
+    path = "/v1/boards/{board}/members/{member}",
+    tag = "boards",
+    params(
+        ("board" = String, Path, description = "The board's name"),
+        ("member" = String, Path, description = "The member"),
+        MemberQuery,
+    ),
+    security((), ("reader" = [])),
+    responses(
+        (status = 200, description = "The member's rank", body = RankAnswer),
+        (status = 400, description = "A bad parameter or member name", body = ErrorBody),
+        (status = 401, description = "The reader's token is required", body = ErrorBody),
+        (status = 404, description = "An unknown board or a period no longer kept (`{\"error\"}`), or the member is not on the board (its rank answer, rank fields null, with `error`)", body = MemberNotFound),
+        (status = 500, description = "Redis proved the data wrong", body = ErrorBody),
+        (status = 503, description = "A Redis outage; with `Retry-After`", body = ErrorBody),
+    )
+)]
 pub(super) async fn rank(
     State(state): State<Arc<AppState>>,
     names: Result<Path<(String, String)>, PathRejection>,
@@ -170,6 +328,25 @@ pub(super) async fn rank(
 
 /// `GET /v1/boards/{board}/members/{member}/around`: the entries on each side of one
 /// member (404 when not on the board).
+#[utoipa::path(
+    get,
+    path = "/v1/boards/{board}/members/{member}/around",
+    tag = "boards",
+    params(
+        ("board" = String, Path, description = "The board's name"),
+        ("member" = String, Path, description = "The member"),
+        AroundQuery,
+    ),
+    security((), ("reader" = [])),
+    responses(
+        (status = 200, description = "The entries around the member, the member among them", body = PageAnswer),
+        (status = 400, description = "A bad parameter or member name", body = ErrorBody),
+        (status = 401, description = "The reader's token is required", body = ErrorBody),
+        (status = 404, description = "An unknown board or a period no longer kept (`{\"error\"}`), or the member is not on the board (its rank answer, rank fields null, with `error`)", body = MemberNotFound),
+        (status = 500, description = "Redis proved the data wrong", body = ErrorBody),
+        (status = 503, description = "A Redis outage; with `Retry-After`", body = ErrorBody),
+    )
+)]
 pub(super) async fn around(
     State(state): State<Arc<AppState>>,
     names: Result<Path<(String, String)>, PathRejection>,
@@ -201,10 +378,12 @@ pub(super) async fn around(
 pub const MAX_RANKS_MEMBERS: usize = 1000;
 
 /// The body of `POST /v1/boards/{board}/ranks`.
-#[derive(Debug, serde::Deserialize)]
+#[derive(Debug, serde::Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct RanksBody {
-    /// The members, 1 to [`MAX_RANKS_MEMBERS`].
+pub(super) struct RanksBody {
+    /// The members, 1 to 1000 ([`MAX_RANKS_MEMBERS`]), each a valid member name; a member
+    /// listed twice is answered once.
+    #[schema(min_items = 1, max_items = 1000)]
     members: Vec<String>,
     /// The scope, for a scoped board.
     #[serde(default)]
@@ -221,6 +400,22 @@ struct RanksBody {
 
 /// `POST /v1/boards/{board}/ranks`: the ranks of a list of members on the board and among
 /// themselves, from one snapshot.
+#[utoipa::path(
+    post,
+    path = "/v1/boards/{board}/ranks",
+    tag = "boards",
+    params(("board" = String, Path, description = "The board's name")),
+    security((), ("reader" = [])),
+    request_body(content = RanksBody, content_type = "application/json"),
+    responses(
+        (status = 200, description = "Each member's place on the board and among those listed: the ranked first, in the board's order, then the others as listed", body = RanksAnswer),
+        (status = 400, description = "A body that is not this object, 0 or over 1000 members, a bad member name, another window, a missing or needless scope, a bad period, a query parameter", body = ErrorBody),
+        (status = 401, description = "The reader's token is required", body = ErrorBody),
+        (status = 404, description = "An unknown board, or a period no longer kept", body = ErrorBody),
+        (status = 500, description = "Redis proved the data wrong", body = ErrorBody),
+        (status = 503, description = "A Redis outage; with `Retry-After`", body = ErrorBody),
+    )
+)]
 pub(super) async fn ranks(
     State(state): State<Arc<AppState>>,
     name: Result<Path<String>, PathRejection>,

@@ -3,6 +3,7 @@
 mod bearer_tokens_and_listeners;
 mod client_mistakes_and_metrics;
 mod metrics_follow_answers;
+mod openapi_document_describes_real_answers;
 mod operator_answers;
 mod queries_during_ingest_and_rolls;
 mod slow_and_greedy_clients;
