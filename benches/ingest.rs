@@ -586,45 +586,81 @@ fn ms(d: Duration) -> f64 {
 /// One event at a time, each command awaited: per board, HINCRBY into the slice Hash and
 /// ZINCRBY into the ranking (the fans board's keys per room).
 async fn bench_naive(redis: &RedisServer, spread: Spread, sizes: Sizes) -> Result<Throughput> {
+    bench_naive_in(redis, spread, sizes, 1).await
+}
+
+/// Events the pipelined naive client sends per round trip (the consumer's batch).
+const NAIVE_PIPELINE: usize = 500;
+
+/// The naive client, its commands for `per_trip` events sent in one pipeline per round
+/// trip (1: each command awaited in turn, the blog client).
+async fn bench_naive_in(
+    redis: &RedisServer,
+    spread: Spread,
+    sizes: Sizes,
+    per_trip: usize,
+) -> Result<Throughput> {
     let store = connect(redis, 1).await?;
     let client = store.client();
     let now = now_ms();
     let n = sizes.naive_events;
+    let how = match per_trip {
+        1 => "one event at a time".to_string(),
+        k => format!("pipelined {k} events at a time"),
+    };
     // As the end-to-end run: a first pass from an empty Redis, then new events on its keys.
     let mut passes = Vec::new();
     for (pass, events) in [("first pass", 0..n), ("second pass", n..2 * n)] {
         reset_stats(redis);
         let started = Instant::now();
-        for i in events {
-            let e = apply_event(spread, i, now);
-            let mut writes = vec![(
-                format!("naive:rooms:slice:{}", e.ts / 3_600_000),
-                "naive:rooms:result".to_string(),
-                e.member.clone(),
-            )];
-            if spread == Spread::Shipped {
-                writes.push((
-                    format!("naive:fans:{}:slice:{}", e.member, e.ts / 3_600_000),
-                    format!("naive:fans:{}:result", e.member),
-                    spread.user(i),
-                ));
+        let all: Vec<usize> = events.collect();
+        for trip in all.chunks(per_trip) {
+            let pipeline = (per_trip > 1).then(|| client.pipeline());
+            for &i in trip {
+                let e = apply_event(spread, i, now);
+                let mut writes = vec![(
+                    format!("naive:rooms:slice:{}", e.ts / 3_600_000),
+                    "naive:rooms:result".to_string(),
+                    e.member.clone(),
+                )];
+                if spread == Spread::Shipped {
+                    writes.push((
+                        format!("naive:fans:{}:slice:{}", e.member, e.ts / 3_600_000),
+                        format!("naive:fans:{}:result", e.member),
+                        spread.user(i),
+                    ));
+                }
+                for (slice, result, member) in writes {
+                    if let Some(pipeline) = &pipeline {
+                        let _: () = pipeline
+                            .hincrby(&slice, &member, e.amount)
+                            .await
+                            .map_err(|e| e.to_string())?;
+                        let _: () = pipeline
+                            .zincrby(&result, e.amount as f64, &member)
+                            .await
+                            .map_err(|e| e.to_string())?;
+                    } else {
+                        let _: i64 = client
+                            .hincrby(&slice, &member, e.amount)
+                            .await
+                            .map_err(|e| e.to_string())?;
+                        let _: f64 = client
+                            .zincrby(&result, e.amount as f64, &member)
+                            .await
+                            .map_err(|e| e.to_string())?;
+                    }
+                }
             }
-            for (slice, result, member) in writes {
-                let _: i64 = client
-                    .hincrby(&slice, &member, e.amount)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                let _: f64 = client
-                    .zincrby(&result, e.amount as f64, &member)
-                    .await
-                    .map_err(|e| e.to_string())?;
+            if let Some(pipeline) = pipeline {
+                let _: Vec<Value> = pipeline.all().await.map_err(|e| e.to_string())?;
             }
         }
         let r = rate(n, started.elapsed());
         let redis_us = workload_usec(redis, false) / n as f64;
         println!(
-            "naive HINCRBY+ZINCRBY per board, one event at a time, {pass}: {n} events, {r:.0} \
-             events/s, Redis {redis_us:.2} µs per event"
+            "naive HINCRBY+ZINCRBY per board, {how}, {pass}: {n} events, {r:.0} events/s, \
+             Redis {redis_us:.2} µs per event"
         );
         passes.push((r, redis_us));
     }
@@ -778,6 +814,12 @@ async fn bench_instructions(spread: Spread) -> Result<()> {
     bench_naive(&redis, spread, sizes).await?;
     let (naive, _) = redis.instructions(&[])?;
     let naive = naive as f64 / (2 * sizes.naive_events) as f64;
+    // The pipelined client's first pass from an empty Redis too (FLUSHALL not counted).
+    redis.cli(&["FLUSHALL"]);
+    redis.instructions(&[])?;
+    bench_naive_in(&redis, spread, sizes, NAIVE_PIPELINE).await?;
+    let (pipelined, _) = redis.instructions(&[])?;
+    let pipelined = pipelined as f64 / (2 * sizes.naive_events) as f64;
     let settings = settings(&redis, spread)?;
     let store = Arc::new(connect(&redis, 4).await?);
     let now = now_ms();
@@ -794,6 +836,11 @@ async fn bench_instructions(spread: Spread) -> Result<()> {
         per_event(each[1]),
         per_event(each[2]),
         per_event(total) / naive
+    );
+    println!(
+        "== instructions per event: naive pipelined {NAIVE_PIPELINE} events at a time \
+         {pipelined:.0}; rollboard {:.2}x it",
+        per_event(total) / pipelined
     );
     Ok(())
 }
