@@ -40,16 +40,7 @@ async fn every_master_gets_the_library_back() {
     let owner = cluster.owner_of(&store.instance(&board, None).meta());
     cli(owner, &["FUNCTION", "FLUSH"]);
     let now = now_ms();
-    let events: Vec<_> = (0..50)
-        .map(|i| {
-            ev(
-                &format!("e{i}"),
-                now - i * 1000,
-                &format!("m{}", i % 7),
-                i + 1,
-            )
-        })
-        .collect();
+    let events = stepped_events(50, now, 1000, 7);
     let mut model = Instance::default();
     for e in &events {
         model.apply(&board, e, now);

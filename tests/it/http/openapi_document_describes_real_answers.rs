@@ -265,28 +265,23 @@ async fn real_answers_validate_against_the_served_openapi_document() {
 
     // Pages.
     let top = "/v1/boards/{board}/top";
-    for path in [
-        "/v1/boards/rooms_7d/top",
-        "/v1/boards/fans_7d/top?scope=r1&limit=5",
-        "/v1/boards/dense_7d/top",
-        "/v1/boards/weekly/top",
-        "/v1/boards/weekly/top?period=previous",
-        "/v1/boards/tips_24h/top?offset=100",
+    for (path, expected) in [
+        ("/v1/boards/rooms_7d/top", 200),
+        ("/v1/boards/fans_7d/top?scope=r1&limit=5", 200),
+        ("/v1/boards/dense_7d/top", 200),
+        ("/v1/boards/weekly/top", 200),
+        ("/v1/boards/weekly/top?period=previous", 200),
+        ("/v1/boards/tips_24h/top?offset=100", 200),
+        ("/v1/boards/rooms_7d/top?limit=0", 400),
+        ("/v1/boards/rooms_7d/top?limt=5", 400),
+        ("/v1/boards/fans_7d/top", 400),
+        ("/v1/boards/weekly/top?period=yesterday", 400),
     ] {
         let (status, body) = client.get(top, path).await;
-        assert_eq!(status, 200, "{path}: {body}");
+        assert_eq!(status, expected, "{path}: {body}");
     }
     let (_, body) = client.get(top, "/v1/boards/dense_7d/top").await;
     assert_eq!(json(&body)["entries"][1]["dense_rank"], 1, "{body}");
-    for path in [
-        "/v1/boards/rooms_7d/top?limit=0",
-        "/v1/boards/rooms_7d/top?limt=5",
-        "/v1/boards/fans_7d/top",
-        "/v1/boards/weekly/top?period=yesterday",
-    ] {
-        let (status, body) = client.get(top, path).await;
-        assert_eq!(status, 400, "{path}: {body}");
-    }
     let (status, _) = client.get(top, "/v1/boards/nope/top").await;
     assert_eq!(status, 404);
 

@@ -275,23 +275,12 @@ proptest! {
 /// own, in a slot of its own, so the periods of one board spread over the masters.
 #[test]
 fn on_a_cluster_periods_rank_exactly_their_own_tips() {
-    let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let cluster = RedisCluster::start();
-    let store = rt.block_on(cluster.store());
-    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
-        cases: 8,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    });
-    let case = std::sync::atomic::AtomicUsize::new(0);
-    runner
-        .run(&batches(), |batches| {
-            cluster.flushall();
-            let case = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            rt.block_on(check_against_model(&store, case, batches));
-            Ok(())
-        })
-        .expect("periods on a cluster equal the model");
+    run_cases_on_a_cluster(
+        "periods on a cluster equal the model",
+        8,
+        &batches(),
+        async |store, case, batches| check_against_model(store, case, batches).await,
+    );
 }
 
 /// The grace, exactly: a closed day takes a tip until `end + grace` and refuses it from
@@ -440,17 +429,46 @@ async fn seeded_daily(store: &Store) -> (Board, i64, String, String) {
     (board, now, today, yesterday)
 }
 
+/// A server, its config with the `DAILY` board (the API on `port`), and the board seeded
+/// by [`seeded_daily`].
+struct Daily {
+    redis: RedisServer,
+    _dir: tempfile::TempDir,
+    config: std::path::PathBuf,
+    store: Store,
+    board: Board,
+    now: i64,
+    today: String,
+    yesterday: String,
+}
+
+async fn daily(port: u16) -> Daily {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().expect("dir");
+    let config = write_config(dir.path(), &redis, port, "p", DAILY);
+    let store = redis.store("rb").await;
+    let (board, now, today, yesterday) = seeded_daily(&store).await;
+    Daily {
+        redis,
+        _dir: dir,
+        config,
+        store,
+        board,
+        now,
+        today,
+        yesterday,
+    }
+}
+
 /// `period=` over HTTP: current by default, previous, an id; a bad id or a period on a
 /// rolling board is a 400, a closed period beyond `keep_periods` a 404; `GET
 /// /v1/boards/{board}` says where the board stands.
 #[tokio::test]
 async fn http_answers_periods_and_the_board_state() {
-    let redis = RedisServer::start();
-    let dir = tempfile::tempdir().expect("dir");
     let port = free_port();
-    let config = write_config(dir.path(), &redis, port, "p", DAILY);
-    let store = redis.store("rb").await;
-    let (board, now, today, yesterday) = seeded_daily(&store).await;
+    let rig = daily(port).await;
+    let (config, board, now) = (rig.config.clone(), rig.board.clone(), rig.now);
+    let (today, yesterday) = (rig.today.clone(), rig.yesterday.clone());
     let daemon = Daemon::start(&config, port).await;
 
     let (status, body) = daemon.get("/v1/boards/daily/top?scope=room1").await;
@@ -592,11 +610,9 @@ async fn http_answers_periods_and_the_board_state() {
 /// `--period` on the command line, in the shapes of HTTP; a bad one is a usage error.
 #[tokio::test]
 async fn cli_takes_period() {
-    let redis = RedisServer::start();
-    let dir = tempfile::tempdir().expect("dir");
-    let config = write_config(dir.path(), &redis, 1, "p", DAILY);
-    let store = redis.store("rb").await;
-    let (_, _, today, yesterday) = seeded_daily(&store).await;
+    let rig = daily(1).await;
+    let config = rig.config.clone();
+    let (today, yesterday) = (rig.today.clone(), rig.yesterday.clone());
     let json = |args: &[&str]| {
         let out = run_rollboard(&config, args);
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -659,13 +675,11 @@ async fn cli_takes_period() {
 /// command repairs it.
 #[tokio::test]
 async fn verify_names_the_rebuild_of_a_damaged_period_and_it_repairs_it() {
-    let redis = RedisServer::start();
-    let dir = tempfile::tempdir().expect("dir");
-    let config = write_config(dir.path(), &redis, 1, "p", DAILY);
-    let store = redis.store("rb").await;
-    let (board, _, _, yesterday) = seeded_daily(&store).await;
+    let rig = daily(1).await;
+    let (redis, store, board) = (&rig.redis, &rig.store, &rig.board);
+    let (config, yesterday) = (rig.config.clone(), rig.yesterday.clone());
     let instance = rollboard::domain::board::period_instance(Some("room1"), &yesterday);
-    let result = store.instance(&board, Some(&instance)).result();
+    let result = store.instance(board, Some(&instance)).result();
     redis.cli(&["DEL", &result]);
     let out = run_rollboard(&config, &["verify", "--board", "daily"]);
     let text = String::from_utf8_lossy(&out.stdout).into_owned();

@@ -188,46 +188,24 @@ async fn run_case(store: &Store, scope: Option<&str>, (shape, steps): (usize, Ve
 
 #[test]
 fn counts_percentiles_dense_and_subset_ranks_equal_the_model_reranked() {
-    let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let redis = RedisServer::start();
-    let store = rt.block_on(redis.store("rb"));
-    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
-        cases: 24,
-        ..ProptestConfig::default()
-    });
-    runner
-        .run(&steps(), |case| {
-            redis.cli(&["FLUSHALL"]);
-            rt.block_on(run_case(&store, None, case));
-            Ok(())
-        })
-        .expect("answers equal the model re-ranked");
+    run_cases_threaded(
+        "answers equal the model re-ranked",
+        24,
+        &steps(),
+        async |store, case| run_case(store, None, case).await,
+    );
 }
 
 /// The same on a Redis Cluster, each case in a scope of its own (a slot of its own): the
 /// distinct totals live beside their instance, and every answer is still one snapshot.
 #[test]
 fn on_a_cluster_counts_percentiles_dense_and_subset_ranks_equal_the_model() {
-    let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let cluster = RedisCluster::start();
-    let store = rt.block_on(cluster.store());
-    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
-        cases: 8,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    });
-    let n = std::sync::atomic::AtomicUsize::new(0);
-    runner
-        .run(&steps(), |case| {
-            cluster.flushall();
-            let scope = format!(
-                "room{}",
-                n.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-            );
-            rt.block_on(run_case(&store, Some(&scope), case));
-            Ok(())
-        })
-        .expect("answers on a cluster equal the model re-ranked");
+    run_cases_on_a_cluster(
+        "answers on a cluster equal the model re-ranked",
+        8,
+        &steps(),
+        async |store, n, case| run_case(store, Some(&format!("room{n}")), case).await,
+    );
 }
 
 /// A board without dense rank keeps no distinct totals and answers none.

@@ -6,7 +6,6 @@ use std::time::Duration;
 use fred::prelude::*;
 use rollboard::domain::board::TieBreak;
 use rollboard::roll::{self};
-use rollboard::store::ApplyEvent;
 use serde_json::Value;
 
 use crate::support::model::{assert_matches, assert_rolled_and_verified, Instance};
@@ -115,16 +114,7 @@ async fn verify_finds_drift_and_rebuild_repairs_it() {
     let (redis, store) = RedisServer::start_with_store("rb").await;
     let mut b = board("rooms", HOUR, 24);
     b.tie_break = TieBreak::Latest;
-    let events: Vec<ApplyEvent> = (0..50)
-        .map(|i| {
-            ev(
-                &format!("e{i}"),
-                T0 - i * 60_000,
-                &format!("m{}", i % 9),
-                1 + i,
-            )
-        })
-        .collect();
+    let events = stepped_events(50, T0, 60_000, 9);
     apply_events(&store, &b, &events, T0).await;
     let mut model = Instance::default();
     for e in &events {

@@ -211,3 +211,23 @@ pub async fn xadd_one(store: &Store, key: &str, fields: Vec<(&str, &str)>) -> St
         .await
         .expect("xadd")
 }
+
+/// `n` events `e0`, `e1`, …: event `i` at `latest - i * step` ms, for member `m{i % members}`,
+/// of amount `i + 1`.
+pub fn stepped_events(
+    n: i64,
+    latest: i64,
+    step: i64,
+    members: i64,
+) -> Vec<rollboard::store::ApplyEvent> {
+    (0..n)
+        .map(|i| {
+            crate::support::ev(
+                &format!("e{i}"),
+                latest - i * step,
+                &format!("m{}", i % members),
+                i + 1,
+            )
+        })
+        .collect()
+}

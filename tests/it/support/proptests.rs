@@ -6,7 +6,7 @@ use proptest::strategy::Strategy;
 use proptest::test_runner::{Config, TestRunner};
 use rollboard::store::Store;
 
-use crate::support::RedisServer;
+use crate::support::{RedisCluster, RedisServer};
 
 /// A current-thread runtime with I/O and time enabled.
 pub fn runtime() -> tokio::runtime::Runtime {
@@ -85,6 +85,28 @@ fn run_cases_on<S: Strategy>(
                 let _: () = store.client().flushall(false).await.expect("flushall");
                 check(&store, value).await;
             });
+            Ok(())
+        })
+        .expect(what);
+}
+
+/// As [`run_cases_threaded`], on a Redis Cluster (3 masters, 3 replicas) emptied before each
+/// case; `check` also gets the case's number (from 0), e.g. to give it a scope of its own.
+pub fn run_cases_on_a_cluster<S: Strategy>(
+    what: &str,
+    cases: u32,
+    strategy: &S,
+    check: impl AsyncFn(&Store, usize, S::Value),
+) {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let cluster = RedisCluster::start();
+    let store = rt.block_on(cluster.store());
+    let case = std::sync::atomic::AtomicUsize::new(0);
+    proptest_runner(cases)
+        .run(strategy, |value| {
+            cluster.flushall();
+            let n = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            rt.block_on(check(&store, n, value));
             Ok(())
         })
         .expect(what);
