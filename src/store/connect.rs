@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use fred::prelude::*;
 use fred::types::config::TlsConnector;
+use fred::types::{ClusterHash, CustomCommand};
 
 use super::{reply_err, Scripts, Store, StoreError};
 use crate::config::tls::tls_client_config;
@@ -490,28 +491,10 @@ impl Store {
     /// persistence, lacks it while the others hold it.
     pub async fn ensure_library(&self) -> Result<(), StoreError> {
         let name = super::lua::library().name.as_str();
-        let client = self.client();
-        let mut missing = false;
-        if client.is_clustered() {
-            if client.cached_cluster_state().is_none() {
-                client.wait_for_connect().await?;
-            }
-            let primaries = client
-                .cached_cluster_state()
-                .map(|state| state.unique_primary_nodes())
-                .unwrap_or_default();
-            for server in primaries {
-                let listed: Vec<Value> = client
-                    .with_cluster_node(server)
-                    .function_list(Some(name), false)
-                    .await?;
-                missing |= listed.is_empty();
-            }
-        } else {
-            let listed: Vec<Value> = client.function_list(Some(name), false).await?;
-            missing = listed.is_empty();
-        }
-        if missing {
+        let list = CustomCommand::new_static("FUNCTION", ClusterHash::Random, false);
+        let args = vec![Value::from("LIST"), "LIBRARYNAME".into(), name.into()];
+        let replies = super::on_every_master(self.client(), list, args).await?;
+        if replies.iter().any(|listed| listed.array_len() == Some(0)) {
             self.load_library().await?;
         }
         Ok(())

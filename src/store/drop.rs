@@ -304,21 +304,7 @@ impl Store {
     /// come apart, shown lossily.
     async fn scan_keys(&self, pattern: &str) -> Result<(Vec<String>, Vec<String>), StoreError> {
         let client = self.client();
-        let nodes = if client.is_clustered() {
-            if client.cached_cluster_state().is_none() {
-                client.wait_for_connect().await?;
-            }
-            let primaries = client
-                .cached_cluster_state()
-                .map(|state| state.unique_primary_nodes())
-                .unwrap_or_default();
-            if primaries.is_empty() {
-                return Err(reply_err("no cluster routing table after connecting"));
-            }
-            primaries.into_iter().map(Some).collect()
-        } else {
-            vec![None]
-        };
+        let nodes = super::masters(client).await?;
         let (mut out, mut not_text) = (Vec::new(), Vec::new());
         for node in nodes {
             let mut cursor = "0".to_string();

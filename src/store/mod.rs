@@ -374,16 +374,26 @@ impl Store {
         keys: Vec<String>,
         args: Vec<Value>,
     ) -> Result<Value, fred::error::Error> {
-        match client
-            .fcall(function.name.as_str(), keys.clone(), args.clone())
-            .await
-        {
-            Err(e) if function_missing(&e) => {
-                load_library(client).await?;
-                client.fcall(function.name.as_str(), keys, args).await
-            }
-            reply => reply,
+        reloading(client, || {
+            client.fcall(function.name.as_str(), keys.clone(), args.clone())
+        })
+        .await
+    }
+}
+
+/// Sends a function call with `send`; when Redis does not know the function (nothing ran),
+/// loads the library through `client` and sends it once more.
+async fn reloading<F, Fut>(client: &Client, send: F) -> Result<Value, fred::error::Error>
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<Value, fred::error::Error>>,
+{
+    match send().await {
+        Err(e) if function_missing(&e) => {
+            load_library(client).await?;
+            send().await
         }
+        reply => reply,
     }
 }
 
@@ -405,6 +415,47 @@ async fn load_library(client: &Client) -> Result<(), fred::error::Error> {
         client.function_load::<Value, _>(true, text).await?;
     }
     Ok(())
+}
+
+/// The servers that hold data: every master of a cluster (`Some`), or the one server
+/// (`None`, the client's own connection).
+async fn masters(client: &Client) -> Result<Vec<Option<fred::types::config::Server>>, StoreError> {
+    if !client.is_clustered() {
+        return Ok(vec![None]);
+    }
+    if client.cached_cluster_state().is_none() {
+        client.wait_for_connect().await?;
+    }
+    let primaries = client
+        .cached_cluster_state()
+        .map(|state| state.unique_primary_nodes())
+        .unwrap_or_default();
+    if primaries.is_empty() {
+        return Err(reply_err("no cluster routing table after connecting"));
+    }
+    Ok(primaries.into_iter().map(Some).collect())
+}
+
+/// `command` with `args` sent to every master (see [`masters`]); their replies, in turn.
+async fn on_every_master(
+    client: &Client,
+    command: CustomCommand,
+    args: Vec<Value>,
+) -> Result<Vec<Value>, StoreError> {
+    let mut replies = Vec::new();
+    for master in masters(client).await? {
+        let reply: Value = match master {
+            Some(server) => {
+                client
+                    .with_cluster_node(server)
+                    .custom(command.clone(), args.clone())
+                    .await?
+            }
+            None => client.custom(command.clone(), args.clone()).await?,
+        };
+        replies.push(reply);
+    }
+    Ok(replies)
 }
 
 /// Pauses before each new try of a redirected call (see [`redirected`]).

@@ -28,7 +28,7 @@ use fred::types::{ClusterHash, CustomCommand};
 use futures_util::future::try_join_all;
 use tracing::info;
 
-use super::{function_missing, load_library, reply_err, Function, Store, StoreError};
+use super::{reloading, reply_err, Function, Store, StoreError};
 use crate::config::Durability;
 
 /// How long the tiny write of a confirmation lives (it only has to outlast the `WAIT`).
@@ -132,13 +132,7 @@ impl Store {
         call.extend(args);
         let fcall = CustomCommand::new("FCALL", route, false);
         let once = self.once(client);
-        match once.custom(fcall.clone(), call.clone()).await {
-            Err(e) if function_missing(&e) => {
-                load_library(client).await?;
-                once.custom(fcall, call).await
-            }
-            reply => reply,
-        }
+        reloading(client, || once.custom(fcall.clone(), call.clone())).await
     }
 
     /// Sets how many replicas must acknowledge writes before [`Store::confirm_writes`]
@@ -161,29 +155,8 @@ impl Store {
                 // ROLE on every master lists its connected replicas. (CLUSTER SLOTS
                 // leaves out replicas that have not yet received a byte of replication.)
                 let role = CustomCommand::new_static("ROLE", ClusterHash::Random, false);
-                let mut replicated = true;
-                if client.is_clustered() {
-                    if client.cached_cluster_state().is_none() {
-                        client.wait_for_connect().await?;
-                    }
-                    let primaries = client
-                        .cached_cluster_state()
-                        .map(|state| state.unique_primary_nodes())
-                        .unwrap_or_default();
-                    if primaries.is_empty() {
-                        return Err(reply_err("no cluster routing table after connecting"));
-                    }
-                    for server in primaries {
-                        let reply: Value = client
-                            .with_cluster_node(server)
-                            .custom(role.clone(), Vec::<Value>::new())
-                            .await?;
-                        replicated &= master_with_replicas(&reply);
-                    }
-                } else {
-                    let reply: Value = client.custom(role, Vec::<Value>::new()).await?;
-                    replicated = master_with_replicas(&reply);
-                }
+                let replies = super::on_every_master(client, role, Vec::new()).await?;
+                let replicated = replies.iter().all(master_with_replicas);
                 let n = u32::from(replicated);
                 info!(
                     min_replicas_acked = n,
