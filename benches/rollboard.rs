@@ -836,6 +836,7 @@ fn board(name: &str, n: i64, window_ms: i64) -> Board {
         tie_break: TieBreak::Earliest,
         allow_negative: false,
         dense_rank: false,
+        changes: None,
         dedup: Dedup::Window,
         period: None,
     }

@@ -9,7 +9,7 @@ use serde::Deserialize;
 use super::error::{invalid, ConfigError};
 use super::values::{duration, non_empty, positive_duration};
 use crate::domain::board::{
-    is_board_name, parse_weekday, Board, Calendar, Dedup, Mode, TieBreak, PERIOD_TICK_MS,
+    is_board_name, parse_weekday, Board, Calendar, Changes, Dedup, Mode, TieBreak, PERIOD_TICK_MS,
 };
 use crate::domain::period::Period;
 
@@ -23,6 +23,14 @@ pub const MAX_KEEP_PERIODS: i64 = 10_000;
 /// Longest `period_grace`: a year keeps a period's one slice number within the digest
 /// table's reach (see [`MAX_SLICES_REACHED`]; it counts seconds on a period board).
 const MAX_PERIOD_GRACE_MS: i64 = 366 * 86_400_000;
+
+/// Largest `changes_top`: the scripts compare the top before and after each call, in
+/// work that grows with its square where members pass each other.
+pub const MAX_CHANGES_TOP: i64 = 100;
+/// `changes_max_len` when not given.
+pub const DEFAULT_CHANGES_MAX_LEN: i64 = 10_000;
+/// Largest `changes_max_len`.
+pub const MAX_CHANGES_MAX_LEN: i64 = 10_000_000;
 
 /// Most slices a board's window and `ingest.max_future` may span together: the digest
 /// table tags each remembered id with its slice number mod 2^32 and counts it while the
@@ -80,6 +88,12 @@ pub(super) struct RawBoard {
     /// `dense_rank`: whether answers carry a dense rank (1, 1, 2), kept exact on every write.
     #[serde(default)]
     dense_rank: bool,
+    /// `changes_top`: the size of the top whose changes the board's change feed records.
+    #[serde(default)]
+    changes_top: Option<i64>,
+    /// `changes_max_len`: the entries each change stream keeps (approximately, at least).
+    #[serde(default)]
+    changes_max_len: Option<i64>,
 }
 
 fn default_amount() -> String {
@@ -175,6 +189,7 @@ impl RawBoard {
                 "a period board is incremental (it never subtracts, nothing to re-sum)",
             ));
         }
+        let changes = self.changes(&key)?;
         Ok(Board {
             mode: self.mode(&key)?,
             tie_break: self.tie_break(&key)?,
@@ -187,9 +202,43 @@ impl RawBoard {
             slice_ms,
             allow_negative: self.allow_negative,
             dense_rank: self.dense_rank,
+            changes,
             dedup,
             period,
         })
+    }
+
+    /// `changes_top` and `changes_max_len`: the board's change feed, if it has one.
+    fn changes(&self, key: &impl Fn(&str) -> String) -> Result<Option<Changes>, ConfigError> {
+        let Some(top) = self.changes_top else {
+            return match self.changes_max_len {
+                Some(len) => Err(invalid(
+                    key("changes_max_len"),
+                    len.to_string(),
+                    "a change stream needs changes_top",
+                )),
+                None => Ok(None),
+            };
+        };
+        if !(1..=MAX_CHANGES_TOP).contains(&top) {
+            return Err(invalid(
+                key("changes_top"),
+                top.to_string(),
+                format!("must be between 1 and {MAX_CHANGES_TOP}"),
+            ));
+        }
+        let max_len = self.changes_max_len.unwrap_or(DEFAULT_CHANGES_MAX_LEN);
+        if !(top..=MAX_CHANGES_MAX_LEN).contains(&max_len) {
+            return Err(invalid(
+                key("changes_max_len"),
+                max_len.to_string(),
+                format!("must be between changes_top ({top}) and {MAX_CHANGES_MAX_LEN}"),
+            ));
+        }
+        Ok(Some(Changes {
+            top: top as u32,
+            max_len: max_len as u64,
+        }))
     }
 
     /// `period`, `time_zone`, `week_start`, `period_grace` and `keep_periods`: a calendar

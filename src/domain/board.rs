@@ -95,6 +95,19 @@ pub struct Board {
     pub dedup: Dedup,
     /// The calendar period of a period board (`None`: a rolling window).
     pub period: Option<Calendar>,
+    /// The change feed of the board's top N (`None`: no feed).
+    pub changes: Option<Changes>,
+}
+
+/// A board's change feed: every change of the membership or order of its top `top`,
+/// recorded by the script call that makes it in a stream capped near `max_len` entries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Changes {
+    /// How many of the top are watched (`changes_top`).
+    pub top: u32,
+    /// The cap of each change stream (`changes_max_len`), trimmed approximately: at
+    /// least this many entries are kept.
+    pub max_len: u64,
 }
 
 /// Width of the clock's slices on a period board: its slice numbers count seconds, so a
@@ -258,6 +271,13 @@ pub fn parse_weekday(text: &str) -> Option<Weekday> {
 }
 
 impl Board {
+    /// The change feed that applies and expiries write (`None` on a resummarize board,
+    /// whose ranking changes only when a run or a rebuild swaps a new one in: the swap
+    /// writes its feed).
+    pub fn incremental_feed(&self) -> Option<Changes> {
+        self.changes.filter(|_| self.mode == Mode::Incremental)
+    }
+
     /// Number of slices in the window (`N`).
     pub fn slices_in_window(&self) -> i64 {
         self.window_ms / self.slice_ms
@@ -455,6 +475,7 @@ mod tests {
             tie_break: TieBreak::Earliest,
             allow_negative: false,
             dense_rank: false,
+            changes: None,
             dedup: Dedup::Window,
             period: None,
         }

@@ -485,6 +485,7 @@ mod tests {
             tie_break: TieBreak::Earliest,
             allow_negative: neg,
             dense_rank: false,
+            changes: None,
             dedup: Dedup::Window,
             period: None,
         }

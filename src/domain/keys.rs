@@ -21,11 +21,14 @@ impl Keys {
 
     /// The keys of one board instance (`scope` is `None` for an unscoped board).
     pub fn instance(&self, board: &str, scope: Option<&str>) -> InstanceKeys {
-        let base = match scope {
-            Some(scope) => format!("{}:{{{}:{}}}", self.prefix, board, scope),
-            None => format!("{}:{{{}}}", self.prefix, board),
+        let tag = match scope {
+            Some(scope) => format!("{{{board}:{scope}}}"),
+            None => format!("{{{board}}}"),
         };
-        InstanceKeys { base }
+        InstanceKeys {
+            base: format!("{}:{tag}", self.prefix),
+            changes: format!("{}:changes:{tag}", self.prefix),
+        }
     }
 
     /// Registry of the scope values of a scoped board (ZSet: scope -> newest slice seen).
@@ -248,6 +251,7 @@ impl KeyKind {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InstanceKeys {
     base: String,
+    changes: String,
 }
 
 impl InstanceKeys {
@@ -314,6 +318,14 @@ impl InstanceKeys {
     /// is 1 + the number of its entries above the member's total.
     pub fn dense(&self) -> String {
         self.key("dense")
+    }
+
+    /// Stream: the change feed of the instance's top N (boards with `changes_top`),
+    /// `<prefix>:changes:{<board>}` or `<prefix>:changes:{<board>:<scope>}`: under the
+    /// instance's hash tag, so in its slot, but outside its base, where a reader of the
+    /// feed finds it by the board's name alone.
+    pub fn changes(&self) -> String {
+        self.changes.clone()
     }
 
     /// The fixed KEYS of `apply.lua`, in its order (the batch's slice keys and then their

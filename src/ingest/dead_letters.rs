@@ -628,6 +628,7 @@ mod tests {
             tie_break: TieBreak::Earliest,
             allow_negative: false,
             dense_rank: false,
+            changes: None,
             dedup: Dedup::Window,
             period: None,
         }

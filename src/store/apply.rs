@@ -72,7 +72,8 @@ pub fn id_digest(id: &str) -> [u8; 16] {
 const LEGACY_MEMORY: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// What `apply.lua` and `fold.lua` calls share: the KEYS (the instance's fixed keys, then
-/// each slice's Hash and forget log, then on a `dense_rank` board its distinct totals) and the first eleven ARGV, `count` being the events of
+/// each slice's Hash and forget log, then on a board with a change feed its stream, then on
+/// a `dense_rank` board its distinct totals) and the first thirteen ARGV, `count` being the events of
 /// an `apply.lua` call or the groups of a `fold.lua` one.
 fn call_head(
     board: &Board,
@@ -86,8 +87,10 @@ fn call_head(
     let mut keys = k.apply_keys();
     keys.extend(slices.iter().map(|&n| k.slice(n)));
     keys.extend(slices.iter().map(|&n| k.seen_log(n)));
+    let feed = board.incremental_feed();
+    keys.extend(feed.map(|_| k.changes()));
     keys.extend(board.dense_rank.then(|| k.dense()));
-    let mut args: Vec<Value> = Vec::with_capacity(12 + 3 * slices.len() + members + 5 * count);
+    let mut args: Vec<Value> = Vec::with_capacity(14 + 3 * slices.len() + members + 5 * count);
     args.extend([
         Value::from(now),
         Value::from(board.slices_in_window()),
@@ -100,6 +103,8 @@ fn call_head(
         Value::from(members as i64),
         Value::from(count as i64),
         Value::from(board.forgettable_through(now)),
+        Value::from(feed.map_or(0, |f| i64::from(f.top))),
+        Value::from(feed.map_or(0, |f| f.max_len as i64)),
     ]);
     (keys, args)
 }

@@ -821,6 +821,7 @@ mod permission_tests {
             // A subcommand: `XGROUP DELCONSUMER` is probed as such at start.
             "DELCONSUMER",
             "LIMIT",
+            "MAXLEN",
             "PX",
             "WITHSCORES",
             "GT",

@@ -158,12 +158,16 @@ impl Store {
             k.totals(),
             k.slice(n),
         ];
+        let feed = board.incremental_feed();
+        keys.extend(feed.map(|_| k.changes()));
         keys.extend(board.dense_rank.then(|| k.dense()));
         let args: Vec<Value> = [
             Value::from(mode_flag(board)),
             Value::from(negative_flag(board)),
             Value::from(board.fingerprint()),
             Value::from(tie_flag(board)),
+            Value::from(feed.map_or(0, |f| i64::from(f.top))),
+            Value::from(feed.map_or(0, |f| f.max_len as i64)),
         ]
         .into_iter()
         .chain(members.iter().map(|m| Value::from(m.as_str())))

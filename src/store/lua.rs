@@ -3,7 +3,8 @@
 //! What several scripts share is written once, in a piece of its own: `common.lua` (exact
 //! integers, error replies, variadic calls), `digest.lua` (the digest table),
 //! `legacy_seen.lua` (the legacy `seen` ZSet), `members.lua` (the `members` map and each
-//! member's state), `gate.lua` (the checks of an instance's `meta`) and `write_back.lua`
+//! member's state), `changes.lua` (the change feed of a board's top), `gate.lua` (the checks of an
+//! instance's `meta`) and `write_back.lua`
 //! (the last writes of an apply). Each piece's header names the scripts that use it, as
 //! [`PIECES`] does. The pieces sit once at the top of the [`Library`], and each script is a
 //! function of it; everything that loads, calls or names a script takes it from here.
@@ -106,7 +107,7 @@ pub fn library() -> &'static Library {
 
 /// The shared pieces by the name of their file, in the order they are put in front of a
 /// script (each uses only those before it), with the scripts that take each.
-pub const PIECES: [(&str, &str, &[&str]); 6] = [
+pub const PIECES: [(&str, &str, &[&str]); 7] = [
     (
         "common.lua",
         include_str!("lua/common.lua"),
@@ -120,6 +121,11 @@ pub const PIECES: [(&str, &str, &[&str]); 6] = [
             "floor.lua",
             "query.lua",
         ],
+    ),
+    (
+        "changes.lua",
+        include_str!("lua/changes.lua"),
+        &["apply.lua", "fold.lua", "expire.lua", "swap.lua"],
     ),
     (
         "digest.lua",

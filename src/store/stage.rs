@@ -265,6 +265,9 @@ impl Store {
     ) -> Result<bool, StoreError> {
         let k = self.instance(board, scope);
         let mut keys = vec![k.meta(), k.scratch(token, "marker")];
+        // The ranking swapped in is a change of the top like any other: the feed records it.
+        let feed = board.changes.filter(|_| targets.result);
+        keys.extend(feed.map(|_| k.changes()));
         let mut trash = Vec::new();
         for (scratch, live) in targets.pairs(&k, token, board.dense_rank) {
             let old = format!("{scratch}:old");
@@ -279,6 +282,9 @@ impl Store {
             check
                 .summed_at
                 .map_or(Value::from(""), |(_, ms)| Value::from(ms)),
+            Value::from(feed.map_or(0, |f| i64::from(f.top))),
+            Value::from(feed.map_or(0, |f| f.max_len as i64)),
+            Value::from(tie_flag(board)),
         ];
         let v = self.eval(&self.scripts.swap, keys, args).await?;
         let swapped = as_i64(&v) == Some(1);

@@ -13,7 +13,9 @@
 -- KEYS[8] seen:ids  Hash  the digest table (layout in digest.lua)
 -- KEYS[9..8+S]     the slice Hashes of the chunk, in the order of the slice table below
 -- KEYS[9+S..8+2S]  the forget logs `seen:<n>` (Lists) of the same slices
--- KEYS[9+2S]       dense  ZSet  distinct totals above 0 (dense_rank boards only; absent
+-- KEYS[9+2S]       changes  Stream  the change feed of the top (boards with a feed only;
+--                        absent elsewhere: changes.lua)
+-- then             dense  ZSet  distinct totals above 0 (dense_rank boards only; absent
 --                        elsewhere), kept in step with `result` (members.lua dense_update)
 --
 -- ARGV[1] now (epoch ms)      ARGV[2] slices per window N   ARGV[3] slice width (ms)
@@ -22,6 +24,8 @@
 -- ARGV[7] settings fingerprint of the caller's board definition
 -- ARGV[8] S slices   ARGV[9] M members   ARGV[10] E events
 -- ARGV[11] the newest slice whose ids may be forgotten at `now` (Board::forgettable_through)
+-- ARGV[12] the size of the top the change feed watches (0: no feed)
+-- ARGV[13] the change stream's cap (entries)
 -- then S pairs (slice number, forget-at epoch ms), slice i stored at KEYS[8 + i];
 -- then M member names;
 -- then E events of 5 values: digest, slice index (1..S), member index (1..M), ts, amount;
@@ -54,10 +58,9 @@
 local meta, result, members, slices, seen, refs, totals, table_key,
   incremental, tie, negative, settings = shared_args(KEYS, ARGV)
 local S, M, E = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
--- A dense_rank board's distinct totals, after the slice keys (nil on other boards).
-local dense = KEYS[9 + 2 * S]
+local feed, dense = tail_keys(KEYS, ARGV, S, tie)
 local forgotten_through = tonumber(ARGV[11]) % WRAP
-local slice_base, member_base, event_base = 11, 11 + 2 * S, 11 + 2 * S + M
+local slice_base, member_base, event_base = 13, 13 + 2 * S, 13 + 2 * S + M
 local with_ids = #ARGV >= event_base + 6 * E
 
 -- Phase 1: read and check.
@@ -200,6 +203,7 @@ for k, e in ipairs(live) do
   end
 end
 if not any then return status end
+local before = feed and top_of(feed, result)
 
 -- Phase 2: write. Every key's type and every value were checked above.
 pin_settings(meta, stored, settings)
@@ -239,5 +243,6 @@ if tie ~= 'n' then
 end
 write_members(members, result, totals, refs, incremental, tie, negative, names, z0, nil, z, t,
   total0, total, refs0, refs_new, dense)
+if feed then record_changes(feed, before, result, 'tip', now) end
 write_meta(meta, gen, now)
 return status

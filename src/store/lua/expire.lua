@@ -6,12 +6,16 @@
 -- KEYS[4] refs     Hash  member -> live slices holding it (allow_negative boards)
 -- KEYS[5] totals   Hash  member -> exact live total (resummarize boards)
 -- KEYS[6] slice    Hash  the dead slice: member -> amount
--- KEYS[7] dense    ZSet  distinct totals above 0 (dense_rank boards only; absent elsewhere)
+-- KEYS[7] changes  Stream  the change feed of the top (incremental boards with a feed
+--                         only; absent elsewhere: changes.lua)
+-- then    dense    ZSet  distinct totals above 0 (dense_rank boards only; absent elsewhere)
 --
 -- ARGV[1] 'i' incremental | 'r' resummarize   ARGV[2] '1' if negatives are allowed
 -- ARGV[3] settings fingerprint of the caller's board definition
 -- ARGV[4] tie: 'e' | 'l' | 'n'
--- ARGV[5..] member names, as listed by the caller's HSCAN of the slice
+-- ARGV[5] the size of the top the change feed watches (0: no feed)
+-- ARGV[6] the change stream's cap (entries)
+-- ARGV[7..] member names, as listed by the caller's HSCAN of the slice
 --
 -- A dead slice is frozen: the watermark was raised before the caller scanned it, so the
 -- apply script rejects every event for it and the amounts cannot change. A field still in
@@ -24,10 +28,11 @@
 -- Scores stay integers below 2^53, so they are exact in Lua's doubles.
 -- Returns { fields expired, members that left the instance }.
 local meta, result, members, refs, totals, slice = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local dense = KEYS[7]
 local incremental = ARGV[1] == 'i'
 local negative = ARGV[2] == '1'
 local tie = ARGV[4]
+local feed = feed_of(KEYS[7], tonumber(ARGV[5]), ARGV[6], tie)
+local dense = KEYS[feed and 8 or 7]
 
 -- Phase 1: read and check.
 local stored = redis.call('HMGET', meta, 'settings', 'gen')
@@ -37,7 +42,7 @@ if stored[2] and not counter(stored[2]) then
   return fail('corrupt: ' .. meta .. ' gen is not an integer')
 end
 local names, unique = {}, {}
-for i = 5, #ARGV do
+for i = 7, #ARGV do
   if not unique[ARGV[i]] then
     unique[ARGV[i]] = true
     names[#names + 1] = ARGV[i]
@@ -96,6 +101,8 @@ for i, m in ipairs(claimed) do
   end
 end
 
+local before = feed and top_of(feed, result)
+
 -- Phase 2: write.
 variadic('HDEL', slice, claimed)
 if incremental then
@@ -111,5 +118,6 @@ if negative then
   variadic('HDEL', refs, gone_names)
 end
 variadic('HDEL', members, gone_names)
+if feed then record_changes(feed, before, result, 'roll') end
 redis.call('HINCRBY', meta, 'gen', 1)
 return { #claimed, #gone_names }

@@ -11,7 +11,8 @@
 -- id twice in one chunk (a chunk with a repeated id goes to `apply.lua` directly).
 --
 -- KEYS: as `apply.lua` (meta, result, members, slices, seen, refs, totals, seen:ids, then
--- the S slice Hashes and the S forget logs, then `dense` on dense_rank boards only).
+-- the S slice Hashes and the S forget logs, then the change stream on a board with a
+-- feed, then `dense` on dense_rank boards only).
 --
 -- ARGV[1] now (epoch ms)      ARGV[2] slices per window N   ARGV[3] slice width (ms)
 -- ARGV[4] 'i' incremental | 'r' resummarize                 ARGV[5] tie: 'e' | 'l' | 'n'
@@ -19,7 +20,9 @@
 -- ARGV[7] settings fingerprint of the caller's board definition
 -- ARGV[8] S slices   ARGV[9] M members   ARGV[10] G groups
 -- ARGV[11] the newest slice whose ids may be forgotten at `now` (Board::forgettable_through)
--- ARGV[12] the digests: 16 bytes per event, concatenated, the events of slice 1 first
+-- ARGV[12] the size of the top the change feed watches (0: no feed)
+-- ARGV[13] the change stream's cap (entries)
+-- ARGV[14] the digests: 16 bytes per event, concatenated, the events of slice 1 first
 -- then S triples (slice number, forget-at epoch ms, events in the slice), slice i stored at
 -- KEYS[8 + i]; then the M member names; then G groups of five: member index 1..M, slice
 -- index 1..S, the sum of the group's amounts, the sum of their absolute values, and the
@@ -48,11 +51,10 @@ local meta, result, members, slices, seen, refs, totals, table_key,
 -- library's globals through a metatable, a local directly.
 local tonumber, abs, sub, format = tonumber, math.abs, string.sub, string.format
 local S, M, G = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
--- A dense_rank board's distinct totals, after the slice keys (nil on other boards).
-local dense = KEYS[9 + 2 * S]
+local feed, dense = tail_keys(KEYS, ARGV, S, tie)
 local forgotten_through = tonumber(ARGV[11]) % WRAP
-local blob = ARGV[12]
-local slice_base, member_base = 12, 12 + 3 * S
+local blob = ARGV[14]
+local slice_base, member_base = 14, 14 + 3 * S
 local group_base = member_base + M
 local after, token = ARGV[group_base + 5 * G + 1] or '', ARGV[group_base + 5 * G + 2] or ''
 
@@ -203,6 +205,7 @@ for i = 1, M do
   end
 end
 local listed = variadic('ZMSCORE', slices, numbers)
+local before = feed and top_of(feed, result)
 
 -- Phase 2: write. Every key's type and every value were checked above.
 pin_settings(meta, stored, settings)
@@ -243,5 +246,6 @@ variadic('ZADD', slices, registered)
 -- A member whose events are all late (no newest time) is left as it is.
 write_members(members, result, totals, refs, incremental, tie, negative, names, z0, t0, nil,
   newest, total0, total, refs0, refs_new, dense)
+if feed then record_changes(feed, before, result, 'tip', now) end
 write_meta(meta, gen, now, token)
 return out

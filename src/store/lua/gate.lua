@@ -12,6 +12,21 @@ local function shared_args(KEYS, ARGV)
     ARGV[4] == 'i', ARGV[5], ARGV[6] == '1', ARGV[7]
 end
 
+-- The keys the two scripts take after the S slice Hashes and their forget logs: the
+-- feed of the board's top (changes.lua; nil on a board without one, and on a resummarize
+-- board, whose apply leaves the ranking alone: its caller sends none), then the distinct
+-- totals of a dense_rank board (nil on others); ARGV[12] is the size of the feed's top (0
+-- for none), ARGV[13] its stream's cap.
+local function tail_keys(KEYS, ARGV, S, tie)
+  local at, feed = 9 + 2 * S, nil
+  local top = tonumber(ARGV[12])
+  if top > 0 then
+    feed = feed_of(KEYS[at], top, ARGV[13], tie)
+    at = at + 1
+  end
+  return feed, KEYS[at]
+end
+
 -- The instance's `meta` fields the two scripts read, in one HMGET: its reply as it is,
 -- each field at the index named here.
 local EXPIRED_THROUGH, SETTINGS, GEN, LAST_ROLL, CHAIN = 1, 2, 3, 4, 5

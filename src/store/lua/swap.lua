@@ -4,7 +4,10 @@
 -- KEYS[1] meta    Hash    gen (bumped by every apply and expiry chunk), expired_through,
 --                         summed_through, summed_gen, summed_ms
 -- KEYS[2] marker  String  written by stage.lua for this run; gone once the run swapped
--- KEYS[3..] triples: scratch key, live key, trash key (where the live value is moved)
+-- KEYS[3]  changes Stream  the change feed of the top, when the board has one and the
+--                         ranking is swapped (absent otherwise: changes.lua)
+-- then triples: scratch key, live key, trash key (where the live value is moved); the
+-- ranking's first when it is swapped
 --
 -- ARGV[1] the `gen` read before the recomputation started, or '' not to check it
 -- ARGV[2] the watermark the recomputation summed above, or '' not to check it
@@ -16,6 +19,8 @@
 --         still current: that is its sum's `gen`, checked and recorded the same way.
 -- ARGV[5] with ARGV[4]: the time of the run (epoch ms), recorded as `summed_ms`; '' records
 --         none, so the next run sums again all the same.
+-- ARGV[6] the size of the top the change feed watches (0: no feed)
+-- ARGV[7] the change stream's cap (entries)   ARGV[8] tie: 'e' | 'l' | 'n'
 --
 -- Refuses (returns 0) when the marker is gone (this run already swapped, e.g. a command
 -- resent after a reconnect, or its scratch keys expired), when `gen` moved, when the
@@ -34,6 +39,9 @@ if redis.call('EXISTS', KEYS[2]) == 0 then return 0 end
 if ARGV[1] ~= '' and (redis.call('HGET', KEYS[1], 'gen') or '0') ~= ARGV[1] then
   return 0
 end
+local feed = feed_of(KEYS[3], tonumber(ARGV[6]), ARGV[7], ARGV[8])
+local first = feed and 4 or 3
+local before = feed and top_of(feed, KEYS[first + 1])
 if ARGV[2] ~= '' then
   local state = redis.call('HMGET', KEYS[1], 'summed_through', 'summed_gen', 'expired_through')
   local summed, summed_gen = tonumber(state[1]), tonumber(state[2])
@@ -61,7 +69,7 @@ if ARGV[2] ~= '' then
     redis.call('HDEL', KEYS[1], 'summed_gen', 'summed_ms')
   end
 end
-for i = 3, #KEYS, 3 do
+for i = first, #KEYS, 3 do
   if redis.call('EXISTS', KEYS[i + 1]) == 1 then
     redis.call('RENAME', KEYS[i + 1], KEYS[i + 2])
     redis.call('PEXPIRE', KEYS[i + 2], ARGV[3])
@@ -72,4 +80,5 @@ for i = 3, #KEYS, 3 do
   end
 end
 redis.call('DEL', KEYS[2])
+if feed then record_changes(feed, before, KEYS[first + 1], 'roll') end
 return 1

@@ -37,6 +37,7 @@ pub fn board(name: &str, slice: i64, n: i64) -> Board {
         allow_negative: false,
         dedup: Dedup::Window,
         dense_rank: false,
+        changes: None,
         period: None,
     }
 }
