@@ -9,6 +9,7 @@ mod config;
 mod dedup;
 mod deploy;
 mod faults;
+mod feed;
 mod http;
 mod ingest;
 mod lifecycle;

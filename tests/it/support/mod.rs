@@ -11,6 +11,7 @@ mod config;
 mod daemon;
 mod env;
 mod events;
+pub mod feed;
 mod http;
 mod instances;
 pub mod model;

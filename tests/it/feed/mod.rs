@@ -1,0 +1,4 @@
+//! The change feed of a board's top N: written by the script call that changes the
+//! ranking, replayed by a reader into exactly the tops the board goes through.
+
+mod replays_the_model;
