@@ -105,8 +105,8 @@ pub struct Board {
 pub struct Changes {
     /// How many of the top are watched (`changes_top`).
     pub top: u32,
-    /// The cap of each change stream (`changes_max_len`), trimmed approximately: at
-    /// least this many entries are kept.
+    /// The cap of each change stream (`changes_max_len`): every write trims it to this
+    /// many entries.
     pub max_len: u64,
 }
 

@@ -59,10 +59,10 @@ local function record_changes(feed, before, result, cause, now)
   local function add(kind, m, rank, score, passed)
     local total = string.format('%d', tonumber(score))
     if passed then
-      redis.call('XADD', feed.key, 'MAXLEN', '~', feed.max_len, '*', 'kind', kind, 'member', m,
+      redis.call('XADD', feed.key, 'MAXLEN', feed.max_len, '*', 'kind', kind, 'member', m,
         'rank', rank, 'total', total, 'passed', passed, 'cause', cause, 'ts', ts)
     else
-      redis.call('XADD', feed.key, 'MAXLEN', '~', feed.max_len, '*', 'kind', kind, 'member', m,
+      redis.call('XADD', feed.key, 'MAXLEN', feed.max_len, '*', 'kind', kind, 'member', m,
         'rank', rank, 'total', total, 'cause', cause, 'ts', ts)
     end
     written = written + 1
