@@ -427,6 +427,52 @@ mod tests {
         assert!(e.contains("bogus"), "{e}");
     }
 
+    #[test]
+    fn a_change_feed_takes_its_top_and_a_cap() {
+        use crate::domain::board::Changes;
+        let board = |extra: &str| {
+            crate::config::Settings::from_toml(&format!("{BOARD}{extra}"))
+                .expect("valid")
+                .boards
+                .remove(0)
+        };
+        assert_eq!(board("").changes, None);
+        assert_eq!(
+            board("changes_top = 10\n").changes,
+            Some(Changes {
+                top: 10,
+                max_len: 10_000
+            })
+        );
+        assert_eq!(
+            board("changes_top = 100\nchanges_max_len = 100\n").changes,
+            Some(Changes {
+                top: 100,
+                max_len: 100
+            })
+        );
+        for (extra, key, value) in [
+            ("changes_top = 0\n", "changes_top", "0"),
+            ("changes_top = 101\n", "changes_top", "101"),
+            (
+                "changes_top = 10\nchanges_max_len = 9\n",
+                "changes_max_len",
+                "9",
+            ),
+            (
+                "changes_max_len = 50\n",
+                "changes_max_len",
+                "needs changes_top",
+            ),
+        ] {
+            let e = refusal(&format!("{BOARD}{extra}"));
+            assert!(
+                e.contains(&format!("boards[0].{key}")) && e.contains(value),
+                "{extra}: {e}"
+            );
+        }
+    }
+
     const PERIOD: &str = "[[boards]]\nname = \"p\"\nmember = \"room\"\nperiod = \"week\"\n";
 
     #[test]

@@ -1,4 +1,5 @@
 //! The change feed of a board's top N: written by the script call that changes the
 //! ranking, replayed by a reader into exactly the tops the board goes through.
 
+mod a_broken_stream_fails_the_call_before_it_writes;
 mod replays_the_model;
