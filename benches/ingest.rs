@@ -8,6 +8,7 @@
 //! cargo bench --bench ingest -- naive script e2e ceiling query freshness [--quick]
 //! cargo bench --bench ingest -- partitions   # 1 and 3 partitions, 1 and 2 consumers
 //! cargo bench --bench ingest -- dense        # the cost of dense_rank = true (valgrind)
+//! cargo bench --bench ingest -- feed         # the cost of changes_top = 10 (valgrind)
 //! cargo bench --bench ingest -- instructions # Redis under callgrind (needs valgrind)
 //! ```
 //!
@@ -47,6 +48,9 @@
 //! * `dense`: as `instructions`, rollboard alone, with every board plain and with
 //!   `dense_rank = true` (skewed and shipped): instructions per event of each and their
 //!   ratio. Named explicitly only.
+//! * `feed`: as `dense`, with every board plain and with `changes_top = 10` (the change
+//!   feed of its top 10; on the shipped shape it is written by `rooms_7d`'s applies, as
+//!   `fans_7d`, a resummarize board, writes its feed at its runs' swaps, outside the drain).
 
 pub(crate) mod support;
 
@@ -148,10 +152,12 @@ fn main() -> ExitCode {
         FULL
     };
     let wanted: Vec<&String> = args.iter().filter(|a| !a.starts_with("--")).collect();
-    // Run only when named: `instructions` and `dense` run Redis under valgrind (minutes).
+    // Run only when named: `instructions`, `dense` and `feed` run Redis under valgrind
+    // (minutes).
     let all = [
         "instructions",
         "dense",
+        "feed",
         "naive",
         "script",
         "e2e",
@@ -161,7 +167,7 @@ fn main() -> ExitCode {
         "partitions",
     ];
     let chosen: Vec<&str> = if wanted.is_empty() {
-        all[2..].to_vec()
+        all[3..].to_vec()
     } else {
         all.iter()
             .copied()
@@ -188,16 +194,20 @@ fn main() -> ExitCode {
 }
 
 fn settings(redis: &RedisServer, spread: Spread) -> Result<Settings> {
-    settings_dense(redis, spread, false)
+    settings_with(redis, spread, None)
 }
 
-/// The settings of `spread`, every board with `dense_rank = dense`.
-fn settings_dense(redis: &RedisServer, spread: Spread, dense: bool) -> Result<Settings> {
+/// The settings of `spread`, every board with the line `option` (e.g. `dense_rank = true`)
+/// when one is given.
+fn settings_with(redis: &RedisServer, spread: Spread, option: Option<&str>) -> Result<Settings> {
     let boards = match spread {
         Spread::Shipped => SHIPPED_CONFIG,
         _ => CONFIG,
     };
-    let boards = boards.replace("\nslice = ", &format!("\ndense_rank = {dense}\nslice = "));
+    let boards = match option {
+        Some(line) => boards.replace("\nslice = ", &format!("\n{line}\nslice = ")),
+        None => boards.to_string(),
+    };
     let text = format!("[redis]\nurl = \"{}\"\n{boards}", redis.url());
     Settings::from_toml(&text).map_err(|e| e.to_string())
 }
@@ -452,7 +462,7 @@ pub async fn run(chosen: &[&str], sizes: Sizes) -> Result<Figures> {
                 "script" => spread != Spread::Shipped,
                 "ceiling" => spread == Spread::Uniform,
                 "query" => spread == Spread::Skewed,
-                "dense" => spread != Spread::Uniform,
+                "dense" | "feed" => spread != Spread::Uniform,
                 _ => false,
             };
             if !applies {
@@ -476,7 +486,11 @@ pub async fn run(chosen: &[&str], sizes: Sizes) -> Result<Figures> {
                 }
                 "dense" => {
                     drop(redis);
-                    bench_dense(spread).await?
+                    bench_option(spread, "dense_rank = true").await?
+                }
+                "feed" => {
+                    drop(redis);
+                    bench_option(spread, "changes_top = 10").await?
                 }
                 "partitions" if spread == Spread::Skewed => {
                     drop(redis);
@@ -761,19 +775,21 @@ async fn bench_e2e_with(
     })
 }
 
-/// What `dense_rank = true` costs, in instructions Redis runs per event (as
-/// `instructions`): the same events drained with every board plain, then with dense rank,
-/// each on a redis-server of its own under callgrind; both figures and their ratio.
-async fn bench_dense(spread: Spread) -> Result<()> {
+/// What a board option (`dense_rank = true`, `changes_top = 10`) costs, in instructions
+/// Redis runs per event (as `instructions`): the same events drained with every board
+/// plain, then with the option, each on a redis-server of its own under callgrind; both
+/// figures and their ratio.
+async fn bench_option(spread: Spread, option: &str) -> Result<()> {
     let sizes = QUICK;
     let mut counts = [0.0; 2];
-    for (i, dense) in [false, true].into_iter().enumerate() {
+    for (i, with) in [None, Some(option)].into_iter().enumerate() {
         let redis = RedisServer::start_counted()?;
         println!(
-            "-- dense_rank = {dense} (redis-server under callgrind on 127.0.0.1:{})",
+            "-- {} (redis-server under callgrind on 127.0.0.1:{})",
+            with.unwrap_or("plain"),
             redis.port
         );
-        let settings = settings_dense(&redis, spread, dense)?;
+        let settings = settings_with(&redis, spread, with)?;
         let store = Arc::new(connect(&redis, 4).await?);
         let (now, n) = (now_ms(), sizes.events);
         redis.instructions(&[])?;
@@ -783,7 +799,7 @@ async fn bench_dense(spread: Spread) -> Result<()> {
         counts[i] = total as f64 / n as f64;
     }
     println!(
-        "== dense rank, instructions per event: plain {:.0}, dense {:.0}: {:.3}x",
+        "== {option}, instructions per event: plain {:.0}, with it {:.0}: {:.3}x",
         counts[0],
         counts[1],
         counts[1] / counts[0]
