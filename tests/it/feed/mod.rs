@@ -2,4 +2,6 @@
 //! ranking, replayed by a reader into exactly the tops the board goes through.
 
 mod a_broken_stream_fails_the_call_before_it_writes;
+mod edges_of_a_change;
 mod replays_the_model;
+mod the_daemon_writes_the_feed;
