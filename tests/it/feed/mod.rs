@@ -4,4 +4,5 @@
 mod a_broken_stream_fails_the_call_before_it_writes;
 mod edges_of_a_change;
 mod replays_the_model;
+mod streams_go_with_their_board;
 mod the_daemon_writes_the_feed;
