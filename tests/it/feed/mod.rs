@@ -6,3 +6,4 @@ mod edges_of_a_change;
 mod replays_the_model;
 mod streams_go_with_their_board;
 mod the_daemon_writes_the_feed;
+mod turned_on_or_resized;
