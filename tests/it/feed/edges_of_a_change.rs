@@ -495,3 +495,58 @@ async fn a_swap_that_reverses_a_top_of_100_records_every_pass() {
     eprintln!("a swap recording 4950 passes held redis for {us} µs");
     assert_eq!(r.step("roll", now).await.len(), 4950);
 }
+
+/// A roll that dies after expiring part of a dead slice, one member per call: each expiry
+/// call writes exactly the change it made (cause `roll`), an apply between two of them
+/// writes its own, and the next roll writes the rest.
+#[tokio::test]
+async fn a_roll_split_across_calls_records_each_calls_change() {
+    let (_redis, store) = RedisServer::start_with_store("rb").await;
+    let b = with_feed(board("pieces", SLICE, 4), 3);
+    let now = now0();
+    let mut r = Reader::new(&store, &b, None);
+    let old = now - 2 * SLICE;
+    apply_events(
+        &store,
+        &b,
+        &tips(
+            "a",
+            old,
+            &[
+                ("alice", 9),
+                ("bob", 8),
+                ("carol", 7),
+                ("dave", 6),
+                ("erin", 5),
+            ],
+        ),
+        now,
+    )
+    .await;
+    r.step("tip", now).await;
+    apply_events(&store, &b, &tips("b", now, &[("dave", 1), ("bob", 1)]), now).await;
+    r.step("tip", now).await;
+    let later = now + 2 * SLICE;
+    let target = b.slice_of(later) - b.slices_in_window();
+    let (_, dead) = store
+        .raise_watermark(&b, None, target, later)
+        .await
+        .expect("watermark");
+    assert_eq!(dead, vec![b.slice_of(old)]);
+    for member in ["alice", "dave"] {
+        store
+            .expire_chunk(&b, None, dead[0], &[member.to_string()])
+            .await
+            .expect("expire");
+        let changes = r.step("roll", later).await;
+        assert!(!changes.is_empty(), "{member}");
+    }
+    // An apply between two expiry calls.
+    apply_events(&store, &b, &[ev("c", later, "frank", 4)], later).await;
+    r.step("tip", later).await;
+    // The next roll expires the rest.
+    roll_board(&store, &b, later).await;
+    r.step("roll", later).await;
+    // bob and dave tie at 1 with one time: descending names.
+    assert_eq!(r.replayed, ["frank", "dave", "bob"]);
+}
