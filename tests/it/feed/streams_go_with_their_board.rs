@@ -120,3 +120,40 @@ async fn an_archived_period_is_deleted_with_its_change_stream() {
         .collect();
     assert_eq!(left, Vec::<String>::new(), "the archived period's keys");
 }
+
+/// On a cluster: every master is scanned, and each instance's stream is deleted in its
+/// slot with the instance's other keys.
+#[tokio::test]
+async fn drop_board_deletes_the_change_streams_on_a_cluster() {
+    let cluster = RedisCluster::start();
+    let store = cluster.store().await;
+    let now = T0 / SLICE * SLICE + SLICE / 2;
+    let rooms = with_feed(scoped(board("rooms", SLICE, 4)));
+    let rooms_v2 = with_feed(scoped(board("rooms_v2", SLICE, 4)));
+    let names: Vec<String> = (0..12).map(|i| format!("room{i}")).collect();
+    for room in &names {
+        let events = [ev(&format!("a{room}"), now, "alice", 5)];
+        apply_events_in(&store, &rooms, room, &events, now).await;
+        apply_events_in(&store, &rooms_v2, room, &events, now).await;
+    }
+    let streams = |board: &Board| -> Vec<String> {
+        names
+            .iter()
+            .map(|room| store.instance(board, Some(room)).changes())
+            .collect()
+    };
+    let exists = async |keys: Vec<String>| -> usize {
+        let mut n = 0;
+        for key in keys {
+            let e: i64 = store.client().exists(key.as_str()).await.expect("exists");
+            n += e as usize;
+        }
+        n
+    };
+    assert_eq!(exists(streams(&rooms)).await, 12);
+    let found = store.board_keys(&rooms.name).await.expect("board keys");
+    assert_eq!(found.counts().get("changes"), Some(&12));
+    store.drop_board_keys(&found).await.expect("drop");
+    assert_eq!(exists(streams(&rooms)).await, 0);
+    assert_eq!(exists(streams(&rooms_v2)).await, 12);
+}
