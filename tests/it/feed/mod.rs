@@ -7,4 +7,5 @@ mod edges_of_a_change;
 mod replays_the_model;
 mod streams_go_with_their_board;
 mod the_daemon_writes_the_feed;
+mod the_start_up_check_covers_the_stream;
 mod turned_on_or_resized;
