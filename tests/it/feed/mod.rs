@@ -5,6 +5,7 @@ mod a_broken_stream_fails_the_call_before_it_writes;
 mod bounded_calls;
 mod edges_of_a_change;
 mod replays_the_model;
+mod replays_the_stored_ranking;
 mod streams_go_with_their_board;
 mod the_daemon_writes_the_feed;
 mod the_start_up_check_covers_the_stream;
