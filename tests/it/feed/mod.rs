@@ -2,6 +2,7 @@
 //! ranking, replayed by a reader into exactly the tops the board goes through.
 
 mod a_broken_stream_fails_the_call_before_it_writes;
+mod a_cap_below_one_call;
 mod bounded_calls;
 mod edges_of_a_change;
 mod replays_the_model;
