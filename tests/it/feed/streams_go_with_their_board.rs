@@ -157,3 +157,29 @@ async fn drop_board_deletes_the_change_streams_on_a_cluster() {
     assert_eq!(exists(streams(&rooms)).await, 0);
     assert_eq!(exists(streams(&rooms_v2)).await, 12);
 }
+
+/// docs/design.md: "A scoped instance whose slices and idempotency keys have all expired is
+/// cleaned up and its scope leaves the registry; its `meta` Hash (a few dozen bytes)
+/// stays". Its change stream stays too, up to `changes_max_len` entries (10 000 by
+/// default) and without a time to live: every scope a board ever saw keeps one.
+#[tokio::test]
+#[ignore = "break: an emptied scope's change stream is never cleaned up (no delete, no TTL): \
+            with scope churn, one stream of up to changes_max_len entries per scope ever seen"]
+async fn an_emptied_scope_leaves_only_its_meta() {
+    let (_redis, store) = RedisServer::start_with_store("rb").await;
+    let now = T0 / SLICE * SLICE + SLICE / 2;
+    let rooms = with_feed(scoped(board("rooms", SLICE, 4)));
+    apply_events_in(&store, &rooms, "r1", &[ev("a", now, "alice", 5)], now).await;
+    let later = now + 10 * SLICE;
+    let report = roll_board(&store, &rooms, later).await;
+    assert_eq!(report.scopes_removed, 1);
+    let k = store.instance(&rooms, Some("r1"));
+    let (changes, _) = crate::support::feed::changes_after(&store, &k.changes(), None).await;
+    assert_eq!(changes.len(), 2, "entered, then left: {changes:?}");
+    let left: Vec<String> = all_keys(&store)
+        .await
+        .into_iter()
+        .filter(|key| key.contains("{rooms:r1}"))
+        .collect();
+    assert_eq!(left, vec![k.meta()]);
+}
