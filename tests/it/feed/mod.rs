@@ -11,3 +11,4 @@ mod streams_go_with_their_board;
 mod the_daemon_writes_the_feed;
 mod the_start_up_check_covers_the_stream;
 mod turned_on_or_resized;
+mod two_rollers_and_a_cleanup;
