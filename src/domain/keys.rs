@@ -69,13 +69,16 @@ impl Keys {
     /// `SCAN MATCH` patterns that cover every instance key of `board` and nothing of
     /// another board: the unscoped instance (`rb:{tips}:*`, the hash tag closed) and the
     /// scoped ones (`rb:{tips:*`; board names never contain `:`, so no other board's key
-    /// starts that way). Glob metacharacters of the prefix and the name are escaped. A key
-    /// matched must still be read back with [`Keys::board_key`].
-    pub fn board_patterns(&self, board: &str) -> [String; 2] {
+    /// starts that way), then the change streams, outside the instances' bases
+    /// (`rb:changes:{tips}` and `rb:changes:{tips:*`). Glob metacharacters of the prefix and
+    /// the name are escaped. A key matched must still be read back with [`Keys::board_key`].
+    pub fn board_patterns(&self, board: &str) -> [String; 4] {
         let (prefix, board) = (glob_escape(&self.prefix), glob_escape(board));
         [
             format!("{prefix}:{{{board}}}:*"),
             format!("{prefix}:{{{board}:*"),
+            format!("{prefix}:changes:{{{board}}}"),
+            format!("{prefix}:changes:{{{board}:*"),
         ]
     }
 
@@ -85,6 +88,24 @@ impl Keys {
     pub fn board_key(&self, board: &str, key: &str) -> Option<BoardKey> {
         if let Some((_, kind)) = self.records(board).into_iter().find(|(k, _)| k == key) {
             return Some(BoardKey::Record(kind));
+        }
+        if let Some(rest) = key
+            .strip_prefix(self.prefix.as_str())
+            .and_then(|rest| rest.strip_prefix(":changes:{"))
+        {
+            // A change stream: `{board}` or `{board:scope}` closes the key (a scope value
+            // may hold `}` and `:`).
+            let rest = rest.strip_prefix(board)?.strip_suffix('}')?;
+            let scope = match rest.strip_prefix(':') {
+                Some("") => return None,
+                Some(scope) => Some(scope.to_string()),
+                None if rest.is_empty() => None,
+                None => return None,
+            };
+            return Some(BoardKey::Instance {
+                scope,
+                kind: KeyKind::Changes,
+            });
         }
         let rest = key
             .strip_prefix(self.prefix.as_str())?
@@ -185,6 +206,8 @@ pub enum KeyKind {
     Totals,
     /// [`InstanceKeys::dense`].
     Dense,
+    /// [`InstanceKeys::changes`].
+    Changes,
     /// [`InstanceKeys::slice`].
     Slice,
     /// [`InstanceKeys::scratch`], and the trash keys a swap renames live values to.
@@ -214,6 +237,7 @@ impl KeyKind {
             KeyKind::Refs => "refs",
             KeyKind::Totals => "totals",
             KeyKind::Dense => "dense",
+            KeyKind::Changes => "changes",
             KeyKind::Slice => "slice:<n>",
             KeyKind::Scratch => "tmp",
             KeyKind::Scopes => "scopes",
@@ -472,6 +496,10 @@ mod tests {
             keys.board_key("tips", &tips.scratch("ab12", "result")),
             instance(None, KeyKind::Scratch)
         );
+        assert_eq!(
+            keys.board_key("tips", &tips.changes()),
+            instance(None, KeyKind::Changes)
+        );
         for scope in ["a", "a:b", "x*", "{c}", "d}e", "}:slice:5", "tips_v2}:meta"] {
             let k = keys.instance("tips", Some(scope));
             for (key, kind) in [
@@ -479,6 +507,7 @@ mod tests {
                 (k.seen_table(), KeyKind::SeenTable),
                 (k.seen_log(7), KeyKind::SeenLog),
                 (k.slice(7), KeyKind::Slice),
+                (k.changes(), KeyKind::Changes),
                 (
                     format!("{}:old", k.scratch("f0", "ranked")),
                     KeyKind::Scratch,
@@ -493,6 +522,8 @@ mod tests {
             for key in [
                 keys.instance(other, None).result(),
                 keys.instance(other, Some("tips")).meta(),
+                keys.instance(other, None).changes(),
+                keys.instance(other, Some("tips")).changes(),
                 keys.scopes(other),
             ] {
                 assert_eq!(keys.board_key("tips", &key), None, "{key}");
@@ -510,6 +541,10 @@ mod tests {
             "rb:{tips}",
             "lb:{tips}:meta",
             "rb:board:tips:other",
+            "rb:changes:{tips}x",
+            "rb:changes:{tips:}",
+            "rb:changes:{tips}:meta",
+            "rb:changes:tips",
         ] {
             assert_eq!(keys.board_key("tips", foreign), None, "{foreign}");
         }
@@ -519,11 +554,21 @@ mod tests {
     fn board_patterns_close_the_hash_tag_and_escape_globs() {
         assert_eq!(
             Keys::new("rb").board_patterns("tips"),
-            ["rb:{tips}:*", "rb:{tips:*"]
+            [
+                "rb:{tips}:*",
+                "rb:{tips:*",
+                "rb:changes:{tips}",
+                "rb:changes:{tips:*"
+            ]
         );
         assert_eq!(
             Keys::new("a*[b]?\\").board_patterns("t"),
-            ["a\\*\\[b\\]\\?\\\\:{t}:*", "a\\*\\[b\\]\\?\\\\:{t:*"]
+            [
+                "a\\*\\[b\\]\\?\\\\:{t}:*",
+                "a\\*\\[b\\]\\?\\\\:{t:*",
+                "a\\*\\[b\\]\\?\\\\:changes:{t}",
+                "a\\*\\[b\\]\\?\\\\:changes:{t:*"
+            ]
         );
     }
 }

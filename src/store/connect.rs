@@ -719,7 +719,13 @@ impl Store {
             let k = self.instance(board, None);
             let (meta, settings) = (k.meta(), self.keys.settings(&board.name));
             let (scopes, window) = (self.keys.scopes(&board.name), self.keys.window(&board.name));
-            for key in [&meta, &settings, &scopes, &window] {
+            // A change stream lies outside the instance's base (`rb:changes:{board}`): a key
+            // pattern that covers the base may miss it.
+            let changes = board.changes.map(|_| k.changes());
+            for key in [&meta, &settings, &scopes, &window]
+                .into_iter()
+                .chain(changes.as_ref())
+            {
                 probes.push(words(&["FCALL", &function, "1", key]));
                 for command in &lua {
                     // The key three times: enough arguments for every key spec the

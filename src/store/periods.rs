@@ -177,7 +177,14 @@ impl Store {
         for name in &names {
             let k = self.instance(board, Some(name));
             let mut keys = k.apply_keys();
-            keys.extend([k.ranked(), k.slice(n), k.seen_log(n)]);
+            // The distinct totals and the change stream too: they are the period's alone.
+            keys.extend([
+                k.ranked(),
+                k.dense(),
+                k.changes(),
+                k.slice(n),
+                k.seen_log(n),
+            ]);
             let _: i64 = self.client().unlink(keys).await?;
         }
         if !names.is_empty() {

@@ -3,8 +3,15 @@
 --
 -- KEYS[1] slices  ZSet  registry of slice numbers (must be empty)
 -- KEYS[2] seen    ZSet  legacy raw idempotency keys (must be empty: the roll trims them)
+-- KEYS[3] result  ZSet  the ranking: must rank no member (no total above 0)
 -- KEYS[3..]       the instance's derived keys (result, members, ranked, refs, totals, the
 --                 digest table `seen:ids`, and `dense` on dense_rank boards)
+--
+-- A ranking that still ranks members is one a resummarize run has not yet replaced by
+-- the empty sum (its swap was refused: another roller raised the watermark meanwhile). Only
+-- that swap records their `left` entries in the change feed, so the instance waits for
+-- it: the next roll swaps the empty ranking in and cleans up. (An incremental instance's
+-- expiry removes every member with its last slice field.)
 --
 -- The digest table holds nothing more once the registry is empty: apply.lua logs every
 -- digest it remembers in the forget log of a slice it registers in the same call, and the
@@ -16,5 +23,6 @@
 -- registered slice, so nothing is deleted; one applied after it starts afresh.
 -- Returns 1 when the instance was cleaned up, 0 when it still holds data.
 if redis.call('ZCARD', KEYS[1]) > 0 or redis.call('ZCARD', KEYS[2]) > 0 then return 0 end
+if redis.call('ZCOUNT', KEYS[3], '(0', '+inf') > 0 then return 0 end
 for i = 3, #KEYS do redis.call('DEL', KEYS[i]) end
 return 1

@@ -66,7 +66,12 @@ async fn a_stream_of_another_type_fails_every_writing_call_before_it_writes() {
         if b.mode == Mode::Incremental {
             let failed = store.apply(&b, None, &second, NOW).await;
             assert!(failed.is_err(), "{}: {failed:?}", b.name);
-            assert_eq!(snapshot(&store, &b).await, before, "{}: the apply wrote", b.name);
+            assert_eq!(
+                snapshot(&store, &b).await,
+                before,
+                "{}: the apply wrote",
+                b.name
+            );
         } else {
             // A resummarize board's apply leaves the ranking, and so the feed, alone.
             apply_model(&store, &b, &mut model, &second, NOW).await;

@@ -1,0 +1,97 @@
+//! End to end: a daemon whose configuration gives two boards a change feed (one scoped)
+//! ingests events XADDed to its intake stream; each instance's stream, replayed from
+//! empty, is the instance's top as queried, and sending the same entries again (a
+//! producer's retry) adds no entry.
+
+use rollboard::config::Settings;
+use rollboard::domain::board::Board;
+use rollboard::store::Store;
+
+use crate::support::feed::{changes_after, replay};
+use crate::support::*;
+
+const FEED_BOARDS: &str = r#"
+[[boards]]
+name = "top_24h"
+member = "user"
+window = "24h"
+slice = "1h"
+changes_top = 3
+changes_max_len = 1000
+
+[[boards]]
+name = "room_top"
+member = "user"
+scope = "room"
+window = "24h"
+slice = "1h"
+tie_break = "latest"
+changes_top = 2
+"#;
+
+/// The stream of one instance replayed from empty, and its top as the store ranks it.
+async fn replayed_and_ranked(
+    store: &Store,
+    b: &Board,
+    scope: Option<&str>,
+    now: i64,
+) -> (Vec<String>, Vec<String>, usize) {
+    let n = b.changes.expect("a feed").top as usize;
+    let key = store.instance(b, scope).changes();
+    let (changes, _) = changes_after(store, &key, None).await;
+    let mut top = Vec::new();
+    replay(&mut top, &changes, n);
+    let ranked: Vec<String> = ranked(store, b, scope, now)
+        .await
+        .into_iter()
+        .take(n)
+        .map(|(m, _, _)| m)
+        .collect();
+    (top, ranked, changes.len())
+}
+
+#[tokio::test]
+async fn the_daemon_writes_each_instances_feed_once() {
+    let (redis, dir, port, config) =
+        server_and_config(|dir, redis, port| write_config(dir, redis, port, "feed", FEED_BOARDS));
+    let _dir = dir;
+    let store = redis.store("rb").await;
+    let boards = Settings::from_toml(FEED_BOARDS).expect("valid").boards;
+    let daemon = Daemon::start(&config, port).await;
+    let now = redis_now(&store).await;
+    let events: Vec<Fields> = (0..120).map(|i| tip(i, now)).collect();
+    xadd_all(store.client(), "rb:events", &events).await;
+    assert!(drained(&store).await, "the events were not applied");
+    let mut written = Vec::new();
+    for b in &boards {
+        let scopes: Vec<Option<String>> = match b.scope {
+            None => vec![None],
+            Some(_) => (0..7).map(|r| Some(format!("r{r}"))).collect(),
+        };
+        for scope in &scopes {
+            let (top, ranked, n) = replayed_and_ranked(&store, b, scope.as_deref(), now).await;
+            assert_eq!(top, ranked, "{} {scope:?}", b.name);
+            assert!(!top.is_empty());
+            written.push(n);
+        }
+    }
+    // The same entries again: every event a duplicate, no entry written.
+    xadd_all(store.client(), "rb:events", &events).await;
+    assert!(drained(&store).await, "the events were not applied");
+    let mut again = Vec::new();
+    for b in &boards {
+        let scopes: Vec<Option<String>> = match b.scope {
+            None => vec![None],
+            Some(_) => (0..7).map(|r| Some(format!("r{r}"))).collect(),
+        };
+        for scope in &scopes {
+            again.push(
+                replayed_and_ranked(&store, b, scope.as_deref(), now)
+                    .await
+                    .2,
+            );
+        }
+    }
+    assert_eq!(again, written);
+    daemon.kill().await;
+}
