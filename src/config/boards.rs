@@ -24,9 +24,10 @@ pub const MAX_KEEP_PERIODS: i64 = 10_000;
 /// table's reach (see [`MAX_SLICES_REACHED`]; it counts seconds on a period board).
 const MAX_PERIOD_GRACE_MS: i64 = 366 * 86_400_000;
 
-/// Largest `changes_top`: the scripts compare the top before and after each call, in
-/// work that grows with its square where members pass each other.
-pub const MAX_CHANGES_TOP: i64 = 100;
+/// Largest `changes_top`. One call writes one `passed` entry per pair of members that
+/// swap places, up to N(N-1)/2 (300 at 25, about 1 ms of Redis time in the worst case of a
+/// top reversed at once; 4 950 at 100 took 13 ms).
+pub const MAX_CHANGES_TOP: i64 = 25;
 /// `changes_max_len` when not given.
 pub const DEFAULT_CHANGES_MAX_LEN: i64 = 10_000;
 /// Largest `changes_max_len`.
@@ -228,11 +229,18 @@ impl RawBoard {
             ));
         }
         let max_len = self.changes_max_len.unwrap_or(DEFAULT_CHANGES_MAX_LEN);
-        if !(top..=MAX_CHANGES_MAX_LEN).contains(&max_len) {
+        // A stream must hold what one call may write, or a reader that never falls behind
+        // could still miss the first entries of a call: every member leaving and as many
+        // entering (2N), or every pair passing (N(N-1)/2).
+        let least = (2 * top).max(top * (top - 1) / 2);
+        if !(least..=MAX_CHANGES_MAX_LEN).contains(&max_len) {
             return Err(invalid(
                 key("changes_max_len"),
                 max_len.to_string(),
-                format!("must be between changes_top ({top}) and {MAX_CHANGES_MAX_LEN}"),
+                format!(
+                    "must be between {least} (what one call may write for changes_top = \
+                     {top}) and {MAX_CHANGES_MAX_LEN}"
+                ),
             ));
         }
         Ok(Some(Changes {
@@ -445,19 +453,24 @@ mod tests {
             })
         );
         assert_eq!(
-            board("changes_top = 100\nchanges_max_len = 100\n").changes,
+            board("changes_top = 25\nchanges_max_len = 300\n").changes,
             Some(Changes {
-                top: 100,
-                max_len: 100
+                top: 25,
+                max_len: 300
             })
         );
         for (extra, key, value) in [
             ("changes_top = 0\n", "changes_top", "0"),
-            ("changes_top = 101\n", "changes_top", "101"),
+            ("changes_top = 26\n", "changes_top", "26"),
             (
-                "changes_top = 10\nchanges_max_len = 9\n",
+                "changes_top = 10\nchanges_max_len = 44\n",
                 "changes_max_len",
-                "9",
+                "between 45",
+            ),
+            (
+                "changes_top = 3\nchanges_max_len = 5\n",
+                "changes_max_len",
+                "between 6",
             ),
             (
                 "changes_max_len = 50\n",

@@ -50,7 +50,8 @@ pub use lease::{Lease, TICK_RECORD};
 pub use periods::{ForgottenPeriods, PeriodState, PERIOD_DELETE_MARGIN_MS};
 pub use replicas::NOREPLICAS;
 pub use stage::{
-    StageTargets, Staged, Summed, SwapCheck, RESUM_AT_LEAST_EVERY_MS, STAGE_CALL_ROWS,
+    StageTargets, Staged, Summed, SwapCheck, CHANGES_RETAIN_MS, RESUM_AT_LEAST_EVERY_MS,
+    STAGE_CALL_ROWS,
 };
 
 use std::future::Future;

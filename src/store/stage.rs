@@ -81,6 +81,10 @@ impl StageTargets {
     }
 }
 
+/// How long the change stream of an instance that emptied stays, for its readers to read
+/// its last entries (one day).
+pub const CHANGES_RETAIN_MS: i64 = 86_400_000;
+
 /// What a swap checks before it replaces the live keys, and what it records.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SwapCheck<'a> {
@@ -318,13 +322,16 @@ impl Store {
     }
 
     /// Deletes the derived keys of an instance that holds no slice and no idempotency key
-    /// (its `meta` stays, so its watermark keeps judging late events); true when done.
+    /// (its `meta` stays, so its watermark keeps judging late events, and its change
+    /// stream for [`CHANGES_RETAIN_MS`]); true when done.
     pub async fn cleanup(&self, board: &Board, scope: Option<&str>) -> Result<bool, StoreError> {
         let k = self.instance(board, scope);
         let mut keys = vec![
             k.slices(),
             k.seen(),
             k.result(),
+            // Also when the board has no feed (any more): one left by an earlier one goes.
+            k.changes(),
             k.seen_table(),
             k.members(),
             k.ranked(),
@@ -332,7 +339,8 @@ impl Store {
             k.totals(),
         ];
         keys.extend(board.dense_rank.then(|| k.dense()));
-        let v = self.eval(&self.scripts.cleanup, keys, Vec::new()).await?;
+        let args = vec![Value::from(CHANGES_RETAIN_MS)];
+        let v = self.eval(&self.scripts.cleanup, keys, args).await?;
         Ok(as_i64(&v) == Some(1))
     }
 

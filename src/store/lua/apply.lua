@@ -203,7 +203,8 @@ for k, e in ipairs(live) do
   end
 end
 if not any then return status end
-local before = feed and top_of(feed, result)
+local old, old_totals
+if feed then old, old_totals = recorded_top(feed) end
 
 -- Phase 2: write. Every key's type and every value were checked above.
 pin_settings(meta, stored, settings)
@@ -243,6 +244,6 @@ if tie ~= 'n' then
 end
 write_members(members, result, totals, refs, incremental, tie, negative, names, z0, nil, z, t,
   total0, total, refs0, refs_new, dense)
-if feed then record_changes(feed, before, result, 'tip', now) end
+if feed then record_changes(feed, old, old_totals, result, 'tip', now) end
 write_meta(meta, gen, now)
 return status

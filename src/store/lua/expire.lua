@@ -31,7 +31,7 @@ local meta, result, members, refs, totals, slice = KEYS[1], KEYS[2], KEYS[3], KE
 local incremental = ARGV[1] == 'i'
 local negative = ARGV[2] == '1'
 local tie = ARGV[4]
-local feed = feed_of(KEYS[7], tonumber(ARGV[5]), ARGV[6], tie)
+local feed = feed_of(KEYS[7], KEYS[1], tonumber(ARGV[5]), ARGV[6], tie)
 local dense = KEYS[feed and 8 or 7]
 
 -- Phase 1: read and check.
@@ -101,7 +101,8 @@ for i, m in ipairs(claimed) do
   end
 end
 
-local before = feed and top_of(feed, result)
+local old, old_totals
+if feed then old, old_totals = recorded_top(feed) end
 
 -- Phase 2: write.
 variadic('HDEL', slice, claimed)
@@ -118,6 +119,6 @@ if negative then
   variadic('HDEL', refs, gone_names)
 end
 variadic('HDEL', members, gone_names)
-if feed then record_changes(feed, before, result, 'roll') end
+if feed then record_changes(feed, old, old_totals, result, 'roll') end
 redis.call('HINCRBY', meta, 'gen', 1)
 return { #claimed, #gone_names }

@@ -205,7 +205,8 @@ for i = 1, M do
   end
 end
 local listed = variadic('ZMSCORE', slices, numbers)
-local before = feed and top_of(feed, result)
+local old, old_totals
+if feed then old, old_totals = recorded_top(feed) end
 
 -- Phase 2: write. Every key's type and every value were checked above.
 pin_settings(meta, stored, settings)
@@ -246,6 +247,6 @@ variadic('ZADD', slices, registered)
 -- A member whose events are all late (no newest time) is left as it is.
 write_members(members, result, totals, refs, incremental, tie, negative, names, z0, t0, nil,
   newest, total0, total, refs0, refs_new, dense)
-if feed then record_changes(feed, before, result, 'tip', now) end
+if feed then record_changes(feed, old, old_totals, result, 'tip', now) end
 write_meta(meta, gen, now, token)
 return out

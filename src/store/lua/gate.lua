@@ -21,7 +21,7 @@ local function tail_keys(KEYS, ARGV, S, tie)
   local at, feed = 9 + 2 * S, nil
   local top = tonumber(ARGV[12])
   if top > 0 then
-    feed = feed_of(KEYS[at], top, ARGV[13], tie)
+    feed = feed_of(KEYS[at], KEYS[1], top, ARGV[13], tie)
     at = at + 1
   end
   return feed, KEYS[at]

@@ -39,9 +39,10 @@ if redis.call('EXISTS', KEYS[2]) == 0 then return 0 end
 if ARGV[1] ~= '' and (redis.call('HGET', KEYS[1], 'gen') or '0') ~= ARGV[1] then
   return 0
 end
-local feed = feed_of(KEYS[3], tonumber(ARGV[6]), ARGV[7], ARGV[8])
+local feed = feed_of(KEYS[3], KEYS[1], tonumber(ARGV[6]), ARGV[7], ARGV[8])
 local first = feed and 4 or 3
-local before = feed and top_of(feed, KEYS[first + 1])
+local old, old_totals
+if feed then old, old_totals = recorded_top(feed) end
 if ARGV[2] ~= '' then
   local state = redis.call('HMGET', KEYS[1], 'summed_through', 'summed_gen', 'expired_through')
   local summed, summed_gen = tonumber(state[1]), tonumber(state[2])
@@ -80,5 +81,5 @@ for i = first, #KEYS, 3 do
   end
 end
 redis.call('DEL', KEYS[2])
-if feed then record_changes(feed, before, KEYS[first + 1], 'roll') end
+if feed then record_changes(feed, old, old_totals, KEYS[first + 1], 'roll') end
 return 1

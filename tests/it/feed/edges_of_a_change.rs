@@ -2,7 +2,8 @@
 //! answers `slow` and the exact path after it, a batch cut into many calls, a call whose
 //! reply is lost, ties under each tie-break, refunds to exactly 0 and below, a total that
 //! changes without a change of place, a `dense_rank` board, the stream's cap, a top of
-//! 100 with thousands of passes, a refused swap. Every step's entries are exactly
+//! 100 (four times the largest `changes_top` a configuration may set, built here directly)
+//! with thousands of passes, a refused swap. Every step's entries are exactly
 //! the change of the top (support/feed.rs `expected_changes`), and the stream replayed
 //! from empty is the stored ranking's top.
 
