@@ -838,6 +838,7 @@ fn board(name: &str, n: i64, window_ms: i64) -> Board {
         dense_rank: false,
         dedup: Dedup::Window,
         period: None,
+        changes: None,
     }
 }
 

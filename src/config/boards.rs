@@ -9,7 +9,7 @@ use serde::Deserialize;
 use super::error::{invalid, ConfigError};
 use super::values::{duration, non_empty, positive_duration};
 use crate::domain::board::{
-    is_board_name, parse_weekday, Board, Calendar, Dedup, Mode, TieBreak, PERIOD_TICK_MS,
+    is_board_name, parse_weekday, Board, Calendar, Changes, Dedup, Mode, TieBreak, PERIOD_TICK_MS,
 };
 use crate::domain::period::Period;
 
@@ -18,6 +18,12 @@ use crate::domain::period::Period;
 pub const DEFAULT_PERIOD_GRACE: &str = "5m";
 /// `keep_periods` when not given.
 pub const DEFAULT_KEEP_PERIODS: i64 = 12;
+/// Most places `changes_top` may watch.
+pub const MAX_CHANGES_TOP: i64 = 1_000;
+/// `changes_max_len` when not given.
+pub const DEFAULT_CHANGES_MAX_LEN: i64 = 10_000;
+/// Largest `changes_max_len`.
+pub const MAX_CHANGES_MAX_LEN: i64 = 10_000_000;
 /// Most archives a period board may keep.
 pub const MAX_KEEP_PERIODS: i64 = 10_000;
 /// Longest `period_grace`: a year keeps a period's one slice number within the digest
@@ -80,6 +86,13 @@ pub(super) struct RawBoard {
     /// `dense_rank`: whether answers carry a dense rank (1, 1, 2), kept exact on every write.
     #[serde(default)]
     dense_rank: bool,
+    /// `changes_top`: the places at the top whose changes the board's change feed records
+    /// (absent: no feed).
+    #[serde(default)]
+    changes_top: Option<i64>,
+    /// `changes_max_len`: entries kept per change feed, about.
+    #[serde(default)]
+    changes_max_len: Option<i64>,
 }
 
 fn default_amount() -> String {
@@ -175,6 +188,7 @@ impl RawBoard {
                 "a period board is incremental (it never subtracts, nothing to re-sum)",
             ));
         }
+        let changes = self.changes(&key)?;
         Ok(Board {
             mode: self.mode(&key)?,
             tie_break: self.tie_break(&key)?,
@@ -189,7 +203,41 @@ impl RawBoard {
             dense_rank: self.dense_rank,
             dedup,
             period,
+            changes,
         })
+    }
+
+    /// `changes_top` and `changes_max_len`: the change feed, when `changes_top` is given.
+    fn changes(&self, key: &impl Fn(&str) -> String) -> Result<Option<Changes>, ConfigError> {
+        let Some(top) = self.changes_top else {
+            if let Some(len) = self.changes_max_len {
+                return Err(invalid(
+                    key("changes_max_len"),
+                    len.to_string(),
+                    "only a board with changes_top (a change feed) takes it",
+                ));
+            }
+            return Ok(None);
+        };
+        if !(1..=MAX_CHANGES_TOP).contains(&top) {
+            return Err(invalid(
+                key("changes_top"),
+                top.to_string(),
+                format!("must be between 1 and {MAX_CHANGES_TOP}"),
+            ));
+        }
+        let max_len = self.changes_max_len.unwrap_or(DEFAULT_CHANGES_MAX_LEN);
+        if !(top..=MAX_CHANGES_MAX_LEN).contains(&max_len) {
+            return Err(invalid(
+                key("changes_max_len"),
+                max_len.to_string(),
+                format!("must be between changes_top ({top}) and {MAX_CHANGES_MAX_LEN}"),
+            ));
+        }
+        Ok(Some(Changes {
+            top: top as u32,
+            max_len: max_len as u64,
+        }))
     }
 
     /// `period`, `time_zone`, `week_start`, `period_grace` and `keep_periods`: a calendar
@@ -376,6 +424,28 @@ mod tests {
         assert!(e.contains("boards[0].mode") && e.contains("fast"), "{e}");
         let e = refusal(&format!("{BOARD}bogus = 1\n"));
         assert!(e.contains("bogus"), "{e}");
+    }
+
+    #[test]
+    fn change_feeds_take_a_top_and_a_length_at_least_as_long() {
+        use crate::config::Settings;
+        let board = |extra: &str| Settings::from_toml(&format!("{BOARD}{extra}"));
+        let b = board("").expect("valid");
+        assert_eq!(b.boards[0].changes, None);
+        let b = board("changes_top = 10\n").expect("valid");
+        let c = b.boards[0].changes.expect("a feed");
+        assert_eq!((c.top, c.max_len), (10, 10_000));
+        let b = board("changes_top = 1000\nchanges_max_len = 1000\n").expect("valid");
+        assert_eq!(b.boards[0].changes.map(|c| c.max_len), Some(1000));
+        for (extra, named) in [
+            ("changes_top = 0\n", "changes_top"),
+            ("changes_top = 1001\n", "changes_top"),
+            ("changes_top = 10\nchanges_max_len = 9\n", "changes_max_len"),
+            ("changes_max_len = 100\n", "changes_max_len"),
+        ] {
+            let e = refusal(&format!("{BOARD}{extra}"));
+            assert!(e.contains(&format!("boards[0].{named}")), "{extra}: {e}");
+        }
     }
 
     const PERIOD: &str = "[[boards]]\nname = \"p\"\nmember = \"room\"\nperiod = \"week\"\n";

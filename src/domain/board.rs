@@ -95,6 +95,18 @@ pub struct Board {
     pub dedup: Dedup,
     /// The calendar period of a period board (`None`: a rolling window).
     pub period: Option<Calendar>,
+    /// The change feed of the board's top N (`changes_top`), if it keeps one.
+    pub changes: Option<Changes>,
+}
+
+/// A board's change feed: every change of its top `top` is appended to a Stream per
+/// instance ([`crate::domain::keys::Keys::changes`]), capped near `max_len` entries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Changes {
+    /// How many places at the top are watched (`changes_top`, 1 to 1000).
+    pub top: u32,
+    /// Entries kept per stream, about (`changes_max_len`, at least `top`).
+    pub max_len: u64,
 }
 
 /// Width of the clock's slices on a period board: its slice numbers count seconds, so a
@@ -457,6 +469,7 @@ mod tests {
             dense_rank: false,
             dedup: Dedup::Window,
             period: None,
+            changes: None,
         }
     }
 

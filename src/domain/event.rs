@@ -487,6 +487,7 @@ mod tests {
             dense_rank: false,
             dedup: Dedup::Window,
             period: None,
+            changes: None,
         }
     }
 

@@ -630,6 +630,7 @@ mod tests {
             dense_rank: false,
             dedup: Dedup::Window,
             period: None,
+            changes: None,
         }
     }
 

@@ -233,7 +233,7 @@ impl Store {
             .zrange(k.slices(), 0, -1, None, false, None, false)
             .await?;
         let mut keys = k.apply_keys();
-        keys.push(k.ranked());
+        keys.extend([k.ranked(), self.keys.changes(board, scope, None)]);
         for n in slices.iter().filter_map(|n| n.parse::<i64>().ok()) {
             keys.extend([k.slice(n), k.seen_log(n)]);
         }

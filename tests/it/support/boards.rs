@@ -38,6 +38,7 @@ pub fn board(name: &str, slice: i64, n: i64) -> Board {
         dedup: Dedup::Window,
         dense_rank: false,
         period: None,
+        changes: None,
     }
 }
 
