@@ -189,6 +189,13 @@ impl RawBoard {
             ));
         }
         let changes = self.changes(&key)?;
+        if period.is_some() && changes.is_some() {
+            return Err(invalid(
+                key("changes_top"),
+                self.changes_top.unwrap_or_default().to_string(),
+                "a period board keeps no change feed",
+            ));
+        }
         Ok(Board {
             mode: self.mode(&key)?,
             tie_break: self.tie_break(&key)?,
