@@ -4,6 +4,7 @@
 mod bearer_tokens_and_listeners;
 mod change_feed_streams;
 mod client_mistakes_and_metrics;
+mod live_page_in_a_browser;
 mod metrics_follow_answers;
 mod openapi_document_describes_real_answers;
 mod operator_answers;
