@@ -328,3 +328,43 @@ async fn sigterm_ends_every_stream_and_the_daemon_exits_promptly() {
     let status = daemon.wait_exit().await;
     assert_exited_within(status, started, Duration::from_secs(15));
 }
+
+#[tokio::test]
+async fn a_stream_rides_out_a_lost_redis_connection_and_loses_nothing() {
+    let redis = RedisServer::start();
+    let proxy = crate::support::proxy::Proxy::start(redis.port).await;
+    let store = redis.store("rb").await;
+    let (_dir, port, config) = config_for_url(&proxy.url(), "feed", "changes_heartbeat = \"1s\"\n");
+    feed_boards(&config);
+    let daemon = Daemon::start(&config, port).await;
+    let mut stream = Sse::open(&daemon, ROOMS, None).await;
+    let first = entered(&store, ROOMS_FEED, "r1", 1, 5).await;
+    assert_eq!(
+        stream.next_event(WAIT).await.and_then(|e| e.id),
+        Some(first)
+    );
+
+    // The feed reader's connection is cut right after each of its next three reads reaches
+    // Redis (the key names only its reads): each time it reconnects and reads again.
+    proxy.cut_after(ROOMS_FEED.as_bytes(), 3);
+    let mut written = vec![entered(&store, ROOMS_FEED, "r2", 1, 6).await];
+    let cut = wait_for(WAIT, || async { proxy.cuts() >= 1 }).await;
+    assert!(cut, "the reader's connection was not cut");
+    written.push(entered(&store, ROOMS_FEED, "r3", 1, 7).await);
+    let cut = wait_for(Duration::from_secs(20), || async { proxy.cuts() >= 3 }).await;
+    assert!(cut, "only {} cuts", proxy.cuts());
+    written.push(entered(&store, ROOMS_FEED, "r4", 1, 8).await);
+    let mut got = Vec::new();
+    while got.len() < written.len() {
+        let event = stream.next_event(Duration::from_secs(20)).await;
+        got.push(event.and_then(|e| e.id).expect("an event after the cuts"));
+    }
+    assert_eq!(got, written, "in order, none lost or repeated");
+    assert!(
+        daemon
+            .metric("rollboard_changes_subscribers", &[])
+            .await
+            .eq(&1.0),
+        "the stream stayed open"
+    );
+}
