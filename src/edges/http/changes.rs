@@ -72,10 +72,17 @@ pub struct Hub {
     heartbeat: Duration,
 }
 
+/// One entry as the reader broadcasts it: rendered once for every subscriber.
+struct Change {
+    id: FeedId,
+    /// `None` for an entry that is not a change (no `kind` or `member`).
+    event: Option<Event>,
+}
+
 /// One feed being read: its reader stops when the last subscriber drops it.
 struct Feed {
     key: String,
-    sender: broadcast::Sender<Arc<FeedEntry>>,
+    sender: broadcast::Sender<Arc<Change>>,
     stop: CancellationToken,
     feeds: Arc<Mutex<HashMap<String, Weak<Feed>>>>,
 }
@@ -111,9 +118,14 @@ impl Hub {
         }
     }
 
-    /// The feed `key`, read from `start` (exclusive) if no reader runs yet, and a
-    /// receiver of what its reader reads from now on.
-    fn join(&self, key: &str, start: FeedId) -> (Arc<Feed>, broadcast::Receiver<Arc<FeedEntry>>) {
+    /// The feed `key` (of a board of `scale`), read from `start` (exclusive) if no reader
+    /// runs yet, and a receiver of what its reader reads from now on.
+    fn join(
+        &self,
+        key: &str,
+        scale: u32,
+        start: FeedId,
+    ) -> (Arc<Feed>, broadcast::Receiver<Arc<Change>>) {
         let mut feeds = self.feeds.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(feed) = feeds.get(key).and_then(Weak::upgrade) {
             let receiver = feed.sender.subscribe();
@@ -132,6 +144,7 @@ impl Hub {
             read_feed(
                 self.redis.clone(),
                 key.to_string(),
+                scale,
                 start,
                 sender,
                 feed.stop.clone(),
@@ -150,8 +163,9 @@ impl Hub {
 async fn read_feed(
     redis: RedisSettings,
     key: String,
+    scale: u32,
     mut after: FeedId,
-    sender: broadcast::Sender<Arc<FeedEntry>>,
+    sender: broadcast::Sender<Arc<Change>>,
     stop: CancellationToken,
     metrics: Arc<Metrics>,
 ) {
@@ -182,8 +196,16 @@ async fn read_feed(
                     pause = Duration::from_millis(100);
                     for entry in entries {
                         after = entry.id;
+                        let event = render(&entry, scale);
+                        if event.is_none() {
+                            warn!(id = %entry.id, "change feed entry without kind or member: skipped");
+                        }
+                        let change = Change {
+                            id: entry.id,
+                            event,
+                        };
                         // No receiver: the last subscriber just left, and `stop` follows.
-                        let _ = sender.send(Arc::new(entry));
+                        let _ = sender.send(Arc::new(change));
                     }
                 }
                 Err(e) => {
@@ -298,7 +320,7 @@ pub(super) async fn changes(
     let feed_state = super::error::redis(&state, state.store.feed_state(&key)).await?;
     // Joined before the catch-up reads: whatever is added from now on comes through the
     // broadcast, whatever was added before through the catch-up (duplicates skipped by ID).
-    let (feed, receiver) = hub.join(&key, feed_state.last);
+    let (feed, receiver) = hub.join(&key, b.scale, feed_state.last);
     let (start, reset) = match resume {
         Some(after) if feed_state.lost_after(after) => (feed_state.last, true),
         Some(after) => (after, false),
@@ -382,7 +404,7 @@ impl Subscriber {
     /// falls behind or the server stops.
     async fn run(
         mut self,
-        mut receiver: broadcast::Receiver<Arc<FeedEntry>>,
+        mut receiver: broadcast::Receiver<Arc<Change>>,
         reset: Option<Option<FeedId>>,
     ) {
         let reason = match self.pump(&mut receiver, reset).await {
@@ -400,7 +422,7 @@ impl Subscriber {
 
     async fn pump(
         &mut self,
-        receiver: &mut broadcast::Receiver<Arc<FeedEntry>>,
+        receiver: &mut broadcast::Receiver<Arc<Change>>,
         reset: Option<Option<FeedId>>,
     ) -> Result<Infallible, Disconnect> {
         if let Some(oldest) = reset {
@@ -415,8 +437,11 @@ impl Subscriber {
                 entry = receiver.recv() => entry,
             };
             match entry {
-                Ok(entry) if entry.id <= self.sent => {}
-                Ok(entry) => self.send_entry(&entry).await?,
+                Ok(change) if change.id <= self.sent => {}
+                Ok(change) => {
+                    self.sent = change.id;
+                    self.send_event(change.event.clone()).await?
+                }
                 // The reader went on past entries this stream had not taken yet (a burst
                 // while its client was busy): read them from the feed itself, as a resume
                 // would.
@@ -505,12 +530,18 @@ impl Subscriber {
 
     async fn send_entry(&mut self, entry: &FeedEntry) -> Result<(), Disconnect> {
         self.sent = entry.id;
-        match render(entry, self.scale) {
+        let event = render(entry, self.scale);
+        if event.is_none() {
+            debug!(id = %entry.id, "change feed entry without kind or member: skipped");
+        }
+        self.send_event(event).await
+    }
+
+    /// Sends `event`; an entry that is not a change (`None`) is skipped.
+    async fn send_event(&self, event: Option<Event>) -> Result<(), Disconnect> {
+        match event {
             Some(event) => self.send(event).await,
-            None => {
-                warn!(id = %entry.id, "change feed entry without kind or member: skipped");
-                Ok(())
-            }
+            None => Ok(()),
         }
     }
 
