@@ -13,8 +13,9 @@
 //! that change a ranking do, `XADD`) and times each event from just before its `XADD` to
 //! its `id:` line read by each subscriber. Prints the memory per subscriber, the delivery
 //! time's p50, p99 and maximum over every (event, subscriber) pair, the events lost (must
-//! be 0) and the daemon's Redis connections (one per feed read, whatever the
-//! subscribers). Not run by CI; `cargo test` builds it and skips it.
+//! be 0), the daemon's CPU time per (event, subscriber) pair while the events are sent,
+//! and the daemon's Redis connections (one per feed read, whatever the subscribers). Not
+//! run by CI; `cargo test` builds it and skips it.
 
 mod support;
 
@@ -79,6 +80,26 @@ fn rss_kb(pid: u32) -> u64 {
                 .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         })
         .unwrap_or(0)
+}
+
+/// CPU time the process has used (user + system), from `/proc/<pid>/stat` (100 ticks/s).
+fn cpu(pid: u32) -> Duration {
+    let ticks = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            // The fields after the command's closing parenthesis; utime and stime are the
+            // 12th and 13th of them.
+            let rest = s.rsplit_once(')')?.1.to_string();
+            let fields: Vec<u64> = rest
+                .split_whitespace()
+                .skip(11)
+                .take(2)
+                .filter_map(|f| f.parse().ok())
+                .collect();
+            Some(fields.iter().sum::<u64>())
+        })
+        .unwrap_or(0);
+    Duration::from_millis(ticks * 10)
 }
 
 fn config(redis: &str, listen: &str, subscribers: usize) -> String {
@@ -198,6 +219,7 @@ async fn run(args: Args) -> Result<()> {
         .map_err(|e| e.to_string())?;
     client.init().await.map_err(|e| e.to_string())?;
     let mut sent: HashMap<String, Instant> = HashMap::new();
+    let cpu_before = cpu(pid);
     for i in 0..args.events {
         let member = format!("room{i}");
         let at = Instant::now();
@@ -235,6 +257,7 @@ async fn run(args: Args) -> Result<()> {
             }
         }
     }
+    let cpu_used = cpu(pid).saturating_sub(cpu_before);
     let rss_peak = rss_kb(pid);
     let per = |kb: u64| kb as f64 * 1024.0 / args.subscribers as f64;
     println!(
@@ -262,6 +285,11 @@ async fn run(args: Args) -> Result<()> {
         ms(percentile(&mut delays, 50.0)),
         ms(percentile(&mut delays, 99.0)),
         ms(percentile(&mut delays, 100.0)),
+    );
+    println!(
+        "  daemon CPU while the events were sent: {:.2} s, {:.2} µs per (event, subscriber)",
+        cpu_used.as_secs_f64(),
+        cpu_used.as_secs_f64() * 1e6 / (args.events * args.subscribers) as f64
     );
     if lost > 0 {
         return Err(format!("{lost} events lost"));
