@@ -32,8 +32,8 @@ use super::error::{ApiError, ApiResult, ErrorBody};
 use super::params::params;
 use super::AppState;
 use crate::config::RedisSettings;
-use crate::domain::board::{format_duration_ms, parse_duration_ms, Board};
-use crate::domain::event::{check_name, shown};
+use crate::domain::board::{format_duration_ms, parse_duration_ms};
+use crate::domain::event::shown;
 use crate::metrics::{Disconnect, Metrics};
 use crate::store::{wait_feed, FeedEntry, FeedId, Reconnect, Store, StoreError, FEED_PAGE};
 
@@ -278,7 +278,7 @@ pub(super) async fn changes(
             b.name
         )));
     }
-    let scope = scope_of(b, params.get("scope").map(String::as_str))?;
+    let scope = super::query::scope_of(b, &params)?;
     if let Some(window) = params.get("window") {
         if parse_duration_ms(window) != Some(b.window_ms) {
             return Err(ApiError::BadRequest(format!(
@@ -359,24 +359,6 @@ pub(super) async fn changes(
         .headers_mut()
         .insert("x-accel-buffering", HeaderValue::from_static("no"));
     Ok(response)
-}
-
-/// The scope of a request to `board`: required on a scoped board, refused on another.
-fn scope_of<'a>(board: &Board, scope: Option<&'a str>) -> ApiResult<Option<&'a str>> {
-    match (&board.scope, scope) {
-        (Some(field), None) => Err(ApiError::BadRequest(format!(
-            "board {} is scoped by `{field}`: give ?scope=",
-            board.name
-        ))),
-        (None, Some(_)) => Err(ApiError::BadRequest(format!(
-            "board {} is not scoped: drop ?scope=",
-            board.name
-        ))),
-        (_, Some(s)) => check_name(s.as_bytes())
-            .map(Some)
-            .map_err(|why| ApiError::BadRequest(format!("scope {why}"))),
-        _ => Ok(None),
-    }
 }
 
 /// One open stream: what it has sent, and where its events go.

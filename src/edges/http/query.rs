@@ -31,7 +31,12 @@ fn board<'a>(state: &'a AppState, name: &str) -> ApiResult<&'a Board> {
     })
 }
 
-fn scope_of<'a>(board: &Board, params: &'a HashMap<String, String>) -> ApiResult<Option<&'a str>> {
+/// The `scope` parameter of a request to `board`: required on a scoped board, refused on
+/// another, a valid name.
+pub(super) fn scope_of<'a>(
+    board: &Board,
+    params: &'a HashMap<String, String>,
+) -> ApiResult<Option<&'a str>> {
     let scope = params.get("scope").map(String::as_str);
     match (&board.scope, scope) {
         (Some(field), None) => Err(ApiError::BadRequest(format!(
