@@ -33,7 +33,6 @@ use super::params::params;
 use super::AppState;
 use crate::config::RedisSettings;
 use crate::domain::board::{format_duration_ms, parse_duration_ms};
-use crate::domain::event::shown;
 use crate::metrics::{Disconnect, Metrics};
 use crate::store::{wait_feed, FeedEntry, FeedId, Reconnect, Store, StoreError, FEED_PAGE};
 
@@ -264,14 +263,9 @@ pub(super) async fn changes(
     headers: HeaderMap,
     closer: Option<axum::Extension<Closer>>,
 ) -> ApiResult<Response> {
-    let Path(name) = name.map_err(|_| {
-        ApiError::BadRequest("invalid path: a segment is not UTF-8 once percent-decoded".into())
-    })?;
+    let name = super::query::path(name)?;
     let params = params(query, &["scope", "window"])?;
-    let b = state
-        .settings
-        .board(&name)
-        .ok_or_else(|| ApiError::NotFound(format!("unknown board {}", shown(name.as_bytes()))))?;
+    let b = super::query::board(&state, &name)?;
     if b.changes.is_none() {
         return Err(ApiError::NotFound(format!(
             "board {} keeps no change feed (changes_top)",

@@ -61,12 +61,7 @@ impl Client {
         }
         let answer = request.send().await.expect("request");
         let status = answer.status().as_u16();
-        let content_type = answer
-            .headers()
-            .get("content-type")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("")
-            .to_string();
+        let content_type = content_type(&answer);
         let body = answer.text().await.expect("body");
         self.seen.push(Exchange {
             method,
@@ -89,12 +84,7 @@ impl Client {
             .await
             .expect("request");
         let status = answer.status().as_u16();
-        let content_type = answer
-            .headers()
-            .get("content-type")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("")
-            .to_string();
+        let content_type = content_type(&answer);
         self.seen.push(Exchange {
             method: "get",
             template,
@@ -112,6 +102,16 @@ impl Client {
     async fn post(&mut self, template: &'static str, path: &str, body: &str) -> (u16, String) {
         self.send("post", template, path, Some(body), true).await
     }
+}
+
+/// An answer's `Content-Type`, empty when it has none.
+fn content_type(answer: &reqwest::Response) -> String {
+    answer
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string()
 }
 
 /// The schema the document gives for the answer of `method template` with `status`, as a
