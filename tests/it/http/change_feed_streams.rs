@@ -142,15 +142,19 @@ async fn a_stream_of_a_scoped_board_reads_its_instance_and_mistakes_are_refused(
 }
 
 #[tokio::test]
-async fn an_idle_stream_gets_a_heartbeat_comment() {
-    let (_redis, _store, _dir, daemon) = feed_daemon("changes_heartbeat = \"1s\"\n").await;
+async fn an_idle_stream_gets_a_heartbeat_comment_and_outlives_the_request_timeout() {
+    let (_redis, store, _dir, daemon) =
+        feed_daemon("changes_heartbeat = \"1s\"\nrequest_timeout = \"1s\"\n").await;
     let mut stream = Sse::open(&daemon, ROOMS, None).await;
     let started = Instant::now();
-    let block = stream.next_block(WAIT).await.expect("a heartbeat");
-    assert_eq!(block.comment.as_deref(), Some("heartbeat"), "{block:?}");
-    assert!(started.elapsed() < Duration::from_secs(5));
-    let block = stream.next_block(WAIT).await.expect("another heartbeat");
-    assert_eq!(block.comment.as_deref(), Some("heartbeat"), "{block:?}");
+    for _ in 0..3 {
+        let block = stream.next_block(WAIT).await.expect("a heartbeat");
+        assert_eq!(block.comment.as_deref(), Some("heartbeat"), "{block:?}");
+    }
+    assert!(started.elapsed() >= Duration::from_secs(2));
+    // Past `http.request_timeout`, which bounds a request up to its answer's head only.
+    let id = entered(&store, ROOMS_FEED, "r1", 1, 5).await;
+    assert_eq!(stream.next_event(WAIT).await.and_then(|e| e.id), Some(id));
 }
 
 #[tokio::test]
