@@ -32,6 +32,10 @@ pub(super) struct RawHttp {
     max_connections: i64,
     /// `http.max_concurrent_intake`: `POST /v1/events` handled at once.
     max_concurrent_intake: i64,
+    /// `http.max_subscribers`: change-feed streams served at once.
+    max_subscribers: i64,
+    /// `http.changes_heartbeat`: the comment sent on an idle change-feed stream.
+    changes_heartbeat: String,
     /// `http.intake_token_file`: tokens of the producers (empty: open).
     intake_token_file: String,
     /// `http.query_token_file`: tokens of the readers (empty: open).
@@ -52,6 +56,8 @@ impl Default for RawHttp {
             request_timeout: "30s".into(),
             max_connections: 1024,
             max_concurrent_intake: 4,
+            max_subscribers: 512,
+            changes_heartbeat: "15s".into(),
             intake_token_file: String::new(),
             query_token_file: String::new(),
             metrics_token_file: String::new(),
@@ -83,6 +89,12 @@ pub struct HttpSettings {
     pub max_connections: usize,
     /// Most `POST /v1/events` requests handled at once; further ones answer 503.
     pub max_concurrent_intake: usize,
+    /// Most change-feed streams (`GET /v1/boards/{board}/changes`) served at once; further
+    /// ones answer 503. Each holds one of `max_connections`.
+    pub max_subscribers: usize,
+    /// How often an idle change-feed stream gets a comment, so that proxies and clients see
+    /// it alive (`http.changes_heartbeat`).
+    pub changes_heartbeat: Duration,
     /// Bearer tokens per role.
     pub tokens: HttpTokens,
 }
@@ -129,6 +141,11 @@ impl RawHttp {
                 "http.max_concurrent_intake",
                 self.max_concurrent_intake,
                 1..=1_024,
+            )?,
+            max_subscribers: count("http.max_subscribers", self.max_subscribers, 1..=100_000)?,
+            changes_heartbeat: seconds_at_least_one(
+                "http.changes_heartbeat",
+                &self.changes_heartbeat,
             )?,
             tokens: self.tokens()?,
         })
@@ -238,6 +255,10 @@ mod tests {
         assert_eq!(s.http.request_timeout, Duration::from_secs(30));
         assert_eq!(s.http.max_connections, 1024);
         assert_eq!(s.http.max_concurrent_intake, 4);
+        assert_eq!(s.http.max_subscribers, 512);
+        assert_eq!(s.http.changes_heartbeat, Duration::from_secs(15));
+        let e = refusal(&format!("[http]\nmax_subscribers = 0\n{BOARD}"));
+        assert!(e.contains("http.max_subscribers"), "{e}");
     }
 
     #[test]

@@ -100,7 +100,8 @@ pub struct Board {
 }
 
 /// A board's change feed: every change of the membership or order of its top `top`,
-/// recorded by the script call that makes it in a stream capped near `max_len` entries.
+/// recorded by the script call that makes it in a stream per instance
+/// ([`crate::domain::keys::Keys::changes`]) capped at `max_len` entries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Changes {
     /// How many of the top are watched (`changes_top`).

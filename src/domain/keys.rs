@@ -27,7 +27,22 @@ impl Keys {
         };
         InstanceKeys {
             base: format!("{}:{tag}", self.prefix),
-            changes: format!("{}:changes:{tag}", self.prefix),
+            changes: self.changes(board, scope, None),
+        }
+    }
+
+    /// The change feed of one board instance (Stream, see docs/api.md#the-change-feed):
+    /// `rb:changes:{rooms}`, `rb:changes:{fans:room42}`, under the instance's hash tag so
+    /// that the script changing the ranking can append to it. `window` names a window
+    /// other than the board's first (`rb:changes:{rooms}:24h`); `None` is the first.
+    pub fn changes(&self, board: &str, scope: Option<&str>, window: Option<&str>) -> String {
+        let tag = match scope {
+            Some(scope) => format!("{board}:{scope}"),
+            None => board.to_string(),
+        };
+        match window {
+            Some(window) => format!("{}:changes:{{{tag}}}:{window}", self.prefix),
+            None => format!("{}:changes:{{{tag}}}", self.prefix),
         }
     }
 
@@ -69,15 +84,17 @@ impl Keys {
     /// `SCAN MATCH` patterns that cover every instance key of `board` and nothing of
     /// another board: the unscoped instance (`rb:{tips}:*`, the hash tag closed) and the
     /// scoped ones (`rb:{tips:*`; board names never contain `:`, so no other board's key
-    /// starts that way), then the change streams, outside the instances' bases
-    /// (`rb:changes:{tips}` and `rb:changes:{tips:*`). Glob metacharacters of the prefix and
-    /// the name are escaped. A key matched must still be read back with [`Keys::board_key`].
-    pub fn board_patterns(&self, board: &str) -> [String; 4] {
+    /// starts that way), then the same for the change feeds ([`Keys::changes`]:
+    /// `rb:changes:{tips}`, `rb:changes:{tips}:*`, `rb:changes:{tips:*`). Glob
+    /// metacharacters of the prefix and the name are escaped. A key matched must still be
+    /// read back with [`Keys::board_key`].
+    pub fn board_patterns(&self, board: &str) -> [String; 5] {
         let (prefix, board) = (glob_escape(&self.prefix), glob_escape(board));
         [
             format!("{prefix}:{{{board}}}:*"),
             format!("{prefix}:{{{board}:*"),
             format!("{prefix}:changes:{{{board}}}"),
+            format!("{prefix}:changes:{{{board}}}:*"),
             format!("{prefix}:changes:{{{board}:*"),
         ]
     }
@@ -89,23 +106,8 @@ impl Keys {
         if let Some((_, kind)) = self.records(board).into_iter().find(|(k, _)| k == key) {
             return Some(BoardKey::Record(kind));
         }
-        if let Some(rest) = key
-            .strip_prefix(self.prefix.as_str())
-            .and_then(|rest| rest.strip_prefix(":changes:{"))
-        {
-            // A change stream: `{board}` or `{board:scope}` closes the key (a scope value
-            // may hold `}` and `:`).
-            let rest = rest.strip_prefix(board)?.strip_suffix('}')?;
-            let scope = match rest.strip_prefix(':') {
-                Some("") => return None,
-                Some(scope) => Some(scope.to_string()),
-                None if rest.is_empty() => None,
-                None => return None,
-            };
-            return Some(BoardKey::Instance {
-                scope,
-                kind: KeyKind::Changes,
-            });
+        if let Some(found) = self.changes_key(board, key) {
+            return Some(found);
         }
         let rest = key
             .strip_prefix(self.prefix.as_str())?
@@ -127,6 +129,36 @@ impl Keys {
         Some(BoardKey::Instance {
             scope: scope.map(str::to_string),
             kind: KeyKind::of_suffix(suffix)?,
+        })
+    }
+
+    /// Reads `key` back as a change feed of exactly `board` ([`Keys::changes`]), or `None`.
+    fn changes_key(&self, board: &str, key: &str) -> Option<BoardKey> {
+        let rest = key
+            .strip_prefix(self.prefix.as_str())?
+            .strip_prefix(":changes:{")?
+            .strip_prefix(board)?;
+        let (scope, after) = if let Some(after) = rest.strip_prefix('}') {
+            (None, after)
+        } else {
+            // A scope value may hold `}` and `:`, but a window never does: the tag ends at
+            // the last `}`.
+            let rest = rest.strip_prefix(':')?;
+            let end = rest.rfind('}')?;
+            (Some(&rest[..end]), &rest[end + 1..])
+        };
+        let window_ok = match after {
+            "" => true,
+            _ => after
+                .strip_prefix(':')
+                .is_some_and(|w| !w.is_empty() && !w.contains([':', '}'])),
+        };
+        if scope == Some("") || !window_ok {
+            return None;
+        }
+        Some(BoardKey::Instance {
+            scope: scope.map(str::to_string),
+            kind: KeyKind::Changes,
         })
     }
 
@@ -206,8 +238,6 @@ pub enum KeyKind {
     Totals,
     /// [`InstanceKeys::dense`].
     Dense,
-    /// [`InstanceKeys::changes`].
-    Changes,
     /// [`InstanceKeys::slice`].
     Slice,
     /// [`InstanceKeys::scratch`], and the trash keys a swap renames live values to.
@@ -220,6 +250,8 @@ pub enum KeyKind {
     Periods,
     /// [`Keys::settings`].
     Settings,
+    /// [`Keys::changes`]: an instance's change feed (any window).
+    Changes,
 }
 
 impl KeyKind {
@@ -237,13 +269,13 @@ impl KeyKind {
             KeyKind::Refs => "refs",
             KeyKind::Totals => "totals",
             KeyKind::Dense => "dense",
-            KeyKind::Changes => "changes",
             KeyKind::Slice => "slice:<n>",
             KeyKind::Scratch => "tmp",
             KeyKind::Scopes => "scopes",
             KeyKind::Window => "window",
             KeyKind::Periods => "periods",
             KeyKind::Settings => "settings",
+            KeyKind::Changes => "changes",
         }
     }
 
@@ -558,17 +590,62 @@ mod tests {
                 "rb:{tips}:*",
                 "rb:{tips:*",
                 "rb:changes:{tips}",
+                "rb:changes:{tips}:*",
                 "rb:changes:{tips:*"
             ]
         );
         assert_eq!(
-            Keys::new("a*[b]?\\").board_patterns("t"),
-            [
-                "a\\*\\[b\\]\\?\\\\:{t}:*",
-                "a\\*\\[b\\]\\?\\\\:{t:*",
-                "a\\*\\[b\\]\\?\\\\:changes:{t}",
-                "a\\*\\[b\\]\\?\\\\:changes:{t:*"
-            ]
+            Keys::new("a*[b]?\\").board_patterns("t")[..2],
+            ["a\\*\\[b\\]\\?\\\\:{t}:*", "a\\*\\[b\\]\\?\\\\:{t:*"]
         );
+    }
+
+    #[test]
+    fn change_feeds_are_pinned_and_read_back_only_for_their_own_board() {
+        let keys = Keys::new("rb");
+        assert_eq!(keys.changes("rooms", None, None), "rb:changes:{rooms}");
+        assert_eq!(
+            keys.changes("rooms", None, Some("24h")),
+            "rb:changes:{rooms}:24h"
+        );
+        assert_eq!(
+            keys.changes("fans", Some("room42"), None),
+            "rb:changes:{fans:room42}"
+        );
+        assert_eq!(
+            keys.changes("fans", Some("room42"), Some("7d")),
+            "rb:changes:{fans:room42}:7d"
+        );
+        let instance = |scope: Option<&str>| {
+            Some(BoardKey::Instance {
+                scope: scope.map(str::to_string),
+                kind: KeyKind::Changes,
+            })
+        };
+        for scope in [None, Some("a"), Some("a:b"), Some("d}e"), Some("}:24h")] {
+            for window in [None, Some("24h")] {
+                let key = keys.changes("tips", scope, window);
+                assert_eq!(keys.board_key("tips", &key), instance(scope), "{key}");
+                for other in ["tip", "tips_v2", "changes"] {
+                    assert_eq!(keys.board_key(other, &key), None, "{other} {key}");
+                }
+            }
+        }
+        for key in [
+            keys.changes("tips_v2", None, None),
+            keys.changes("tipsy", Some("x"), None),
+            keys.changes("tips_v2", None, Some("1h")),
+        ] {
+            assert_eq!(keys.board_key("tips", &key), None, "{key}");
+        }
+        for foreign in [
+            "rb:changes:{tips}:",
+            "rb:changes:{tips}x",
+            "rb:changes:{tips}:a:b",
+            "rb:changes:{tips:}",
+            "rb:changes:tips",
+        ] {
+            assert_eq!(keys.board_key("tips", foreign), None, "{foreign}");
+        }
     }
 }

@@ -1,21 +1,26 @@
 //! What the HTTP server answered: request times per route template, responses per route
-//! and status, the results of the events sent to the intake, and the re-reading of the
-//! roles' token files.
+//! and status, the results of the events sent to the intake, the change-feed streams
+//! (subscribers, events sent, disconnects by reason), and the re-reading of the roles'
+//! token files.
 
-use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Registry};
+use prometheus::{
+    HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Registry,
+};
 
 use super::{counter_vec, histogram_vec, int_gauge_vec, Metrics};
 use crate::config::tokens::{Observer, Reload};
 
 /// The route templates of the HTTP API (the `route` label values of
 /// `rollboard_http_request_duration_seconds`): never raw paths.
-pub const HTTP_ROUTES: [&str; 11] = [
+pub const HTTP_ROUTES: [&str; 13] = [
+    "/",
     "/v1/boards",
     "/v1/boards/{board}",
     "/v1/boards/{board}/top",
     "/v1/boards/{board}/ranks",
     "/v1/boards/{board}/members/{member}",
     "/v1/boards/{board}/members/{member}/around",
+    "/v1/boards/{board}/changes",
     "/v1/events",
     "/v1/openapi.json",
     "/metrics",
@@ -71,6 +76,33 @@ impl Intake {
     }
 }
 
+/// Why a change-feed stream ended (the `reason` label of
+/// `rollboard_changes_disconnects_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Disconnect {
+    /// The client closed it.
+    Client,
+    /// The client did not take its events fast enough: its buffer stayed full for 5 s;
+    /// its connection was closed.
+    Slow,
+    /// The server shut down.
+    Shutdown,
+}
+
+impl Disconnect {
+    /// Every reason, in the order of the metric's label values.
+    pub const ALL: [Disconnect; 3] = [Disconnect::Client, Disconnect::Slow, Disconnect::Shutdown];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Disconnect::Client => "client",
+            Disconnect::Slow => "slow",
+            Disconnect::Shutdown => "shutdown",
+        }
+    }
+}
+
 /// The HTTP families.
 pub(super) struct HttpFamilies {
     /// `rollboard_http_request_duration_seconds`.
@@ -83,6 +115,14 @@ pub(super) struct HttpFamilies {
     token_reloads: IntCounterVec,
     /// `rollboard_token_file_stale`.
     token_file_stale: IntGaugeVec,
+    /// `rollboard_changes_subscribers`.
+    subscribers: IntGauge,
+    /// `rollboard_changes_events_sent_total`.
+    changes_sent: IntCounter,
+    /// `rollboard_changes_disconnects_total`.
+    disconnects: IntCounterVec,
+    /// `rollboard_changes_feeds_read`.
+    feeds_read: IntGauge,
 }
 
 impl HttpFamilies {
@@ -127,6 +167,38 @@ impl HttpFamilies {
                 "1 while a role's token file gives no usable token (empty, unreadable, too many lines): the tokens read last stay valid.",
                 &["role"],
             ),
+            subscribers: super::register(
+                registry,
+                IntGauge::new(
+                    "rollboard_changes_subscribers",
+                    "Change-feed streams (GET /v1/boards/{board}/changes) open now.",
+                )
+                .expect("a valid metric"),
+            ),
+            changes_sent: super::register(
+                registry,
+                IntCounter::new(
+                    "rollboard_changes_events_sent_total",
+                    "Change-feed events handed to subscribers' streams (resets included).",
+                )
+                .expect("a valid metric"),
+            ),
+            disconnects: counter_vec(
+                registry,
+                "rollboard_changes_disconnects_total",
+                "Change-feed streams ended, per reason: client (closed by the client), slow (too \
+                 slow to keep up, disconnected), shutdown.",
+                &["reason"],
+            ),
+            feeds_read: super::register(
+                registry,
+                IntGauge::new(
+                    "rollboard_changes_feeds_read",
+                    "Change feeds read now: one reader (one Redis connection) per feed with at \
+                     least one subscriber.",
+                )
+                .expect("a valid metric"),
+            ),
         };
         families.zero();
         families
@@ -139,6 +211,9 @@ impl HttpFamilies {
         }
         for result in Intake::ALL {
             self.intake.with_label_values(&[result.as_str()]);
+        }
+        for reason in Disconnect::ALL {
+            self.disconnects.with_label_values(&[reason.as_str()]);
         }
         for role in TOKEN_ROLES {
             self.token_reloads.with_label_values(&[role]);
@@ -179,6 +254,34 @@ impl Metrics {
             .requests
             .with_label_values(&[route.unwrap_or(UNMATCHED_ROUTE), &status.to_string()])
             .inc();
+    }
+
+    /// A change-feed stream opened.
+    pub fn changes_subscribed(&self) {
+        self.http.subscribers.inc();
+    }
+
+    /// A change-feed stream ended, for `reason`.
+    pub fn changes_unsubscribed(&self, reason: Disconnect) {
+        self.http.subscribers.dec();
+        self.http
+            .disconnects
+            .with_label_values(&[reason.as_str()])
+            .inc();
+    }
+
+    /// One change-feed event was handed to a subscriber's stream.
+    pub fn changes_sent(&self) {
+        self.http.changes_sent.inc();
+    }
+
+    /// A change feed's reader started (`true`) or stopped (`false`).
+    pub fn changes_feed_read(&self, reading: bool) {
+        if reading {
+            self.http.feeds_read.inc();
+        } else {
+            self.http.feeds_read.dec();
+        }
     }
 
     /// `n` events (or one malformed request, see [`Intake::Malformed`]) sent to the intake

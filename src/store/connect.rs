@@ -245,7 +245,7 @@ fn probe_parts(probe: &[String]) -> (String, Option<&str>) {
         }
         "PING" | "MULTI" | "EXEC" | "WAIT" | "ROLE" | "TIME" => None,
         "FCALL" => probe.get(3),
-        "XREADGROUP" => probe.len().checked_sub(2).and_then(|i| probe.get(i)),
+        "XREADGROUP" | "XREAD" => probe.len().checked_sub(2).and_then(|i| probe.get(i)),
         _ => probe.get(1),
     };
     (command.to_string(), key.map(String::as_str))
@@ -750,6 +750,15 @@ impl Store {
             if board.dense_rank {
                 // `verify` reads the distinct totals back.
                 probes.push(words(&["ZSCAN", &k.dense(), "0"]));
+            }
+            if board.changes.is_some() {
+                // The change feed's streams (`GET /v1/boards/{board}/changes`).
+                let feed = self.keys.changes(&board.name, None, None);
+                probes.extend([
+                    words(&["XINFO", "STREAM", &feed]),
+                    words(&["XRANGE", &feed, "-", "+", "COUNT", "1"]),
+                    words(&["XREAD", "COUNT", "1", "STREAMS", &feed, "0-0"]),
+                ]);
             }
         }
         probes

@@ -23,11 +23,14 @@
 //! * `stage.rs`: resummarize: staging a recomputation in scratch keys and swapping it in.
 //! * `query.rs`: the top / rank / around reads.
 //! * `replicas.rs`: confirming writes only once enough replicas hold them (`WAIT`).
+//! * `changes.rs`: reading the change feeds (where one stands, its entries after an ID,
+//!   the blocking wait for new ones).
 //! * `drop.rs`: finding every key of one board (registries, then a key scan per master)
 //!   and deleting them in bounded `UNLINK` batches (`rollboard drop-board`).
 //! * `lua.rs`: the scripts' text as Redis receives it.
 
 mod apply;
+mod changes;
 mod connect;
 mod drop;
 mod expire;
@@ -43,6 +46,7 @@ pub use apply::{
     apply_call, fold_call, fold_chunk_len, fold_chunks, id_digest, ApplyEvent, FoldCall, Outcome,
     APPLY_CHUNK, DIGEST_CONTEXT, FOLD_BUDGET, FOLD_EVENT_COST, FOLD_GROUP_COST,
 };
+pub use changes::{wait_feed, FeedEntry, FeedId, FeedState, FEED_PAGE};
 pub use connect::{script_commands, Conflict, Conflicts, Denied, Reconnect, Refused};
 pub use drop::{scan_denied, BoardKeys, UNLINK_BATCH};
 pub use expire::{Expired, Trimmed, EXPIRE_CALL_FIELDS, TRIM_CALL_IDS, TRIM_CALL_LOG};

@@ -30,6 +30,10 @@ pub(super) struct BoardDescription {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
     archived_periods: Option<Vec<String>>,
+    /// The places at the top whose changes the board's change feed records
+    /// (`GET /v1/boards/{board}/changes`); null for a board without a feed.
+    #[schema(required = true)]
+    changes_top: Option<u32>,
     /// Whether answers carry `dense_rank`.
     dense_rank: bool,
     /// Period boards only: the closed periods kept besides the current one.
@@ -158,6 +162,7 @@ fn description(b: &Board) -> BoardDescription {
         allow_negative: b.allow_negative,
         amount: b.amount.clone(),
         archived_periods: None,
+        changes_top: b.changes.map(|c| c.top),
         dense_rank: b.dense_rank,
         keep_periods: calendar.map(|c| c.keep),
         member: b.member.clone(),

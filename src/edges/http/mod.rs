@@ -20,8 +20,8 @@
 //! write, or a script's consistency check) answers 500. Nothing a client sends can produce a 500.
 //!
 //! Layout: this file holds the state, the thread the server runs on, the routers and the
-//! connection loop; `query`, `board`, `intake` and `health` the handlers of each route
-//! group, `openapi` the document describing them all (`GET /v1/openapi.json`),
+//! connection loop; `query`, `board`, `changes` (the change feed's Server-Sent Events),
+//! `page` (the live page at `/`), `intake` and `health` the handlers of each route group, `openapi` the document describing them all (`GET /v1/openapi.json`),
 //! `params` the query string they share, `auth` the bearer tokens, `middleware` the
 //! route metrics, `error` the error answers and the Redis error mapping.
 
@@ -53,14 +53,17 @@ use crate::store::Store;
 
 mod auth;
 mod board;
+mod changes;
 mod error;
 mod health;
 mod intake;
 mod middleware;
 mod openapi;
+mod page;
 mod params;
 mod query;
 
+pub use changes::{Closer, Hub};
 pub use error::{ApiError, ApiResult};
 
 /// Largest accepted request body.
@@ -81,6 +84,8 @@ pub struct AppState {
     pub group_ready: Vec<Arc<AtomicBool>>,
     /// Redis's clock as seen from this process: the time queries are answered at.
     pub clock: Arc<Clock>,
+    /// The change feeds being streamed, and their subscribers' slots.
+    pub hub: Hub,
 }
 
 /// How long the API waits for its own Redis connections before it serves.
@@ -205,12 +210,20 @@ async fn serve_parts(parts: Parts, started: Started, cancel: CancellationToken) 
             return;
         }
     };
+    let hub = Hub::new(
+        settings.redis.clone(),
+        metrics.clone(),
+        settings.http.max_subscribers,
+        settings.http.changes_heartbeat,
+        cancel.clone(),
+    );
     let state = Arc::new(AppState {
         store,
         settings: settings.clone(),
         metrics,
         group_ready,
         clock,
+        hub,
     });
     let _ = started.send(Ok(()));
     serve_listeners(state, listener, admin, cancel).await;
@@ -292,6 +305,7 @@ pub fn api_routes(state: &AppState) -> Router<Arc<AppState>> {
             .route("/v1/boards", any(not_run(Role::Query)))
             .route("/v1/boards/{*rest}", any(not_run(Role::Query)))
             .route("/v1/openapi.json", any(not_run(Role::Query)))
+            .route("/", any(not_run(Role::Query)))
     };
     let intake = if roles.has(Role::Intake) {
         intake_route(state)
@@ -321,7 +335,13 @@ fn query_routes(state: &AppState) -> Router<Arc<AppState>> {
             "/v1/boards/{board}/members/{member}/around",
             get(query::around).layer(reader()),
         )
+        .route(
+            "/v1/boards/{board}/changes",
+            get(changes::changes).layer(reader()),
+        )
         .route("/v1/openapi.json", get(openapi::openapi).layer(reader()))
+        // The page holds no data: its script sends the reader's token with each request.
+        .route("/", get(page::page))
 }
 
 /// `POST /v1/events` behind the producer's token and `http.max_concurrent_intake`.
@@ -399,7 +419,8 @@ fn not_run(role: Role) -> impl Fn() -> std::future::Ready<ApiError> + Clone + Se
 /// connection is closed after as long), at most `max_connections` are served at once (more
 /// wait in the listen backlog, holding no memory here). At shutdown the listener closes
 /// (new connections are refused), idle and half-received connections are closed at once;
-/// a request being handled gets [`SHUTDOWN_DRAIN`] to answer.
+/// a request being handled gets [`SHUTDOWN_DRAIN`] to answer. A change-feed stream ends
+/// at once at shutdown (its response then completes), so it does not hold the drain.
 pub async fn serve(
     listener: TcpListener,
     app: Router,
@@ -458,6 +479,12 @@ async fn connection(
     builder
         .timer(TokioTimer::new())
         .header_read_timeout(header_timeout);
+    let closer = Closer::default();
+    let close = closer.0.clone();
+    let app = tower::ServiceExt::map_request(app, move |mut request: axum::http::Request<_>| {
+        request.extensions_mut().insert(closer.clone());
+        request
+    });
     let conn = builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app));
     tokio::pin!(conn);
     tokio::select! {
@@ -466,6 +493,9 @@ async fn connection(
                 debug!(error = %e, "connection ended");
             }
         }
+        // A change-feed client too slow to keep up: dropped at once, whatever it has not
+        // read yet.
+        _ = close.cancelled() => debug!("connection closed: a change-feed client too slow"),
         _ = cancel.cancelled() => {
             // Closes the connection at once unless a request head has been received.
             conn.as_mut().graceful_shutdown();

@@ -31,18 +31,20 @@ use super::AppState;
         super::query::rank,
         super::query::around,
         super::query::ranks,
+        super::changes::changes,
         super::intake::events,
         super::health::metrics,
         super::health::healthz,
         super::health::readyz,
         openapi,
+        super::page::page,
     ),
     modifiers(&Tokens),
     tags(
         (name = "boards", description = "The query API: boards, pages, ranks (the reader's token)"),
         (name = "intake", description = "Sending events (the producer's token)"),
         (name = "operations", description = "Metrics (the operator's token) and the open probes; on `http.admin_listen` when set"),
-        (name = "meta", description = "This document (the reader's token)"),
+        (name = "meta", description = "This document (the reader's token) and the live page (open: its script sends the reader's token)"),
     )
 )]
 pub(super) struct ApiDoc;
@@ -56,7 +58,7 @@ impl Modify for Tokens {
         for (role, routes, setting) in [
             (
                 "reader",
-                "the `/v1/boards` routes and this document",
+                "the `/v1/boards` routes (the change feed included) and this document",
                 "query",
             ),
             ("producer", "`POST /v1/events`", "intake"),

@@ -22,7 +22,8 @@ use crate::domain::event::check_name;
 use crate::domain::ranking::{MemberRank, Page, Subset};
 use crate::edges::periods::{select, PeriodError, Selected};
 
-fn board<'a>(state: &'a AppState, name: &str) -> ApiResult<&'a Board> {
+/// The configured board `name`, or a 404 naming it.
+pub(super) fn board<'a>(state: &'a AppState, name: &str) -> ApiResult<&'a Board> {
     state.settings.board(name).ok_or_else(|| {
         ApiError::NotFound(format!(
             "unknown board {}",
@@ -31,7 +32,12 @@ fn board<'a>(state: &'a AppState, name: &str) -> ApiResult<&'a Board> {
     })
 }
 
-fn scope_of<'a>(board: &Board, params: &'a HashMap<String, String>) -> ApiResult<Option<&'a str>> {
+/// The `scope` parameter of a request to `board`: required on a scoped board, refused on
+/// another, a valid name.
+pub(super) fn scope_of<'a>(
+    board: &Board,
+    params: &'a HashMap<String, String>,
+) -> ApiResult<Option<&'a str>> {
     let scope = params.get("scope").map(String::as_str);
     match (&board.scope, scope) {
         (Some(field), None) => Err(ApiError::BadRequest(format!(
@@ -51,7 +57,7 @@ fn scope_of<'a>(board: &Board, params: &'a HashMap<String, String>) -> ApiResult
 
 /// Redis's clock now, and the period `?period=` names on a period board (see
 /// [`crate::edges::periods::select`]).
-fn period_of(
+pub(super) fn period_of(
     state: &AppState,
     board: &Board,
     scope: Option<&str>,
@@ -97,7 +103,7 @@ fn number(
 }
 
 /// The path parameters, or a JSON 400 when they cannot be decoded (e.g. invalid UTF-8).
-fn path<T>(extracted: Result<Path<T>, PathRejection>) -> ApiResult<T> {
+pub(super) fn path<T>(extracted: Result<Path<T>, PathRejection>) -> ApiResult<T> {
     // The rejection's own text quotes the segment, which can be long: not echoed.
     extracted.map(|Path(value)| value).map_err(|_| {
         ApiError::BadRequest("invalid path: a segment is not UTF-8 once percent-decoded".into())

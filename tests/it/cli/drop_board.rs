@@ -1,7 +1,7 @@
 //! `rollboard drop-board`: it deletes every key of exactly one board (the unscoped
 //! instance, every scoped one, registered or not, leftover scratch keys and the board's
 //! records) and nothing of a board whose name merely starts the same way (`tips` against
-//! `tips_v2` and `tips_24h`), on one server and on a cluster; `--dry-run` deletes nothing;
+//! `tips_v2` and `tips_24h`), change feeds included, on one server and on a cluster; `--dry-run` deletes nothing;
 //! a configured board is refused without `--force`.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -106,6 +106,20 @@ async fn fill_lookalikes(store: &Store) -> (Vec<Board>, i64) {
     ] {
         set_string(store, key, "x").await;
     }
+    // Change feeds: of tips (unscoped, scoped, another window) and of the lookalikes.
+    for key in [
+        "rb:changes:{tips}",
+        "rb:changes:{tips}:24h",
+        "rb:changes:{tips:a:b}",
+        "rb:changes:{tips:d}e}:7d",
+        "rb:changes:{tips_v2}",
+        "rb:changes:{tips_v2:tips}",
+        "rb:changes:{tips_24h}",
+    ] {
+        let command = CustomCommand::new_static("XADD", ClusterHash::FirstKey, false);
+        let args = vec![key, "*", "kind", "entered", "member", "u1", "rank", "1"];
+        let _: String = store.client().custom(command, args).await.expect("xadd");
+    }
     let gone = store.instance(&tips, Some("gone"));
     let exists: i64 = store.client().exists(gone.meta()).await.expect("exists");
     assert_eq!(exists, 1, "the emptied room keeps its meta");
@@ -122,6 +136,9 @@ async fn fill_lookalikes(store: &Store) -> (Vec<Board>, i64) {
 fn of_tips(key: &str) -> bool {
     (key.starts_with("rb:{tips}:")
         || key.starts_with("rb:{tips:")
+        || key == "rb:changes:{tips}"
+        || key.starts_with("rb:changes:{tips}:")
+        || key.starts_with("rb:changes:{tips:")
         || key.starts_with("rb:board:tips:"))
         && key != "rb:{tips}:not-ours"
 }
@@ -232,6 +249,10 @@ async fn dropping_a_board_deletes_exactly_its_keys_and_leaves_boards_with_the_sa
         "rb:board:tips:scopes",
         "rb:board:tips:window",
         "rb:board:tips:settings",
+        "rb:changes:{tips}",
+        "rb:changes:{tips}:24h",
+        "rb:changes:{tips:a:b}",
+        "rb:changes:{tips:d}e}:7d",
     ] {
         assert!(
             doomed.contains(&key.to_string()),

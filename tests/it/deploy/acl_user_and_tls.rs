@@ -77,7 +77,22 @@ async fn the_shipped_acl_user_runs_the_daemon_and_the_cli_end_to_end() {
 
     let http_port = free_port();
     let config = write_config_url(dir.path(), &acl_url(&redis), http_port, "acl", "");
+    feed_boards(&config);
     let daemon = Daemon::start(&config, http_port).await;
+    // The change feed: read by the daemon with the user's XINFO, XRANGE and XREAD.
+    let mut feed = Sse::open(&daemon, "/v1/boards/rooms_7d/changes", None).await;
+    let store = rollboard::store::Store::connect(
+        &acl_url(&redis),
+        "rb",
+        1,
+        rollboard::store::Reconnect::Never,
+    )
+    .await
+    .expect("connect as the rollboard user");
+    let id = entered(&store, "rb:changes:{rooms_7d}", "r1", 1, 5).await;
+    let event = feed.next_event(Duration::from_secs(10)).await;
+    assert_eq!(event.and_then(|e| e.id), Some(id), "{}", daemon.logs());
+    drop(feed);
 
     let sent = rollboard_stdin(&config, &["send"], &tips("cli", 40));
     assert!(sent.status.success(), "{}", text(&sent));
@@ -189,6 +204,22 @@ async fn a_missing_command_or_key_permission_stops_the_daemon_naming_it() {
     assert_eq!(out.status.code(), Some(64), "{}", text(&out));
     assert_contains(&text(&out), "key other:{rooms_7d}:meta");
     assert!(!text(&out).contains("rb:events"), "{}", text(&out));
+
+    // A board with a change feed needs the feed's stream commands.
+    let redis_noxread = acl_server(dir.path(), &["+xread"]);
+    let feeds = dir.path().join("feeds.toml");
+    std::fs::write(
+        &feeds,
+        config_text.replace(&acl_url(&redis), &acl_url(&redis_noxread)),
+    )
+    .expect("write");
+    feed_boards(&feeds);
+    let out = rollboard(&feeds, &["top", "rooms_7d"]);
+    assert_eq!(out.status.code(), Some(64), "{}", text(&out));
+    assert_contains(
+        &text(&out),
+        "permissions rollboard needs (grant them as in deploy/redis/users.acl): XREAD",
+    );
 
     // Without EVAL the probe itself is refused, and that is named.
     let redis_noeval = acl_server(dir.path(), &["+eval"]);

@@ -18,6 +18,7 @@ pub mod model;
 mod proptests;
 pub mod proxy;
 mod redis;
+mod sse;
 mod wait;
 
 pub use acl::*;
@@ -33,4 +34,5 @@ pub use http::*;
 pub use instances::*;
 pub use proptests::*;
 pub use redis::*;
+pub use sse::*;
 pub use wait::*;

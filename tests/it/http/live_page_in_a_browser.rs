@@ -1,0 +1,140 @@
+//! `GET /` in a real browser: Debian's headless Chromium (driven over the DevTools protocol)
+//! loads the page from a daemon whose queries need the reader's token (given in the URL
+//! fragment), a tip is posted, and the member shows in the page's table with its arrow.
+//! The screenshot is saved to `target/artifacts/page.png` (and to `docs/page.png` with
+//! `ROLLBOARD_UPDATE_DOCS=1`). Chromium comes from `scripts/ensure-chromium`.
+
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use headless_chrome::protocol::cdp::Page::CaptureScreenshotFormatOption;
+use headless_chrome::{Browser, LaunchOptions};
+
+use crate::support::*;
+
+const TOKEN: &str = "page-reader-token-3e9a";
+
+/// Chromium's binary: Debian's `chromium` (see scripts/ensure-chromium).
+fn chromium() -> PathBuf {
+    ["/usr/bin/chromium", "/usr/bin/chromium-browser"]
+        .into_iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists())
+        .unwrap_or_else(|| panic!("no chromium: run scripts/ensure-chromium"))
+}
+
+/// Where the test's artifacts go (`target/artifacts`).
+fn artifacts() -> PathBuf {
+    let target = std::env::var("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| Path::new(env!("CARGO_MANIFEST_DIR")).join("target"));
+    target.join("artifacts")
+}
+
+/// What the browser thread tells the test.
+enum Seen {
+    /// The page is loaded and shows the board.
+    Loaded,
+    /// The member shows, with its arrow; the screenshot.
+    Shown { arrow: String, png: Vec<u8> },
+    /// Something failed, with the page's text.
+    Failed(String),
+}
+
+/// Loads `url`, waits for the first tip's member, reports, waits for `go`, then waits for
+/// `member` in the table and takes the screenshot.
+fn browse(url: String, member: &'static str, seen: mpsc::Sender<Seen>, go: mpsc::Receiver<()>) {
+    let run = || -> anyhow::Result<Seen> {
+        let options = LaunchOptions::default_builder()
+            .path(Some(chromium()))
+            .sandbox(false)
+            .window_size(Some((900, 560)))
+            .idle_browser_timeout(Duration::from_secs(120))
+            .build()?;
+        let browser = Browser::new(options)?;
+        let tab = browser.new_tab()?;
+        tab.navigate_to(&url)?;
+        let shown = tab.wait_for_element_with_custom_timeout(
+            "tr[data-member='room-a']",
+            Duration::from_secs(20),
+        );
+        if let Err(e) = shown {
+            let text = tab
+                .evaluate("document.body.innerText", false)
+                .ok()
+                .and_then(|o| o.value)
+                .map(|v| v.to_string())
+                .unwrap_or_default();
+            anyhow::bail!("{e:#}; the page shows: {text}");
+        }
+        let _ = seen.send(Seen::Loaded);
+        go.recv_timeout(Duration::from_secs(60))?;
+        let selector = format!("tr[data-member='{member}'] td.move");
+        let cell = tab.wait_for_element_with_custom_timeout(&selector, Duration::from_secs(30))?;
+        let arrow = cell.get_inner_text()?;
+        // The row's highlight fades out: let it, for a still picture.
+        std::thread::sleep(Duration::from_millis(1600));
+        let png = tab.capture_screenshot(CaptureScreenshotFormatOption::Png, None, None, true)?;
+        Ok(Seen::Shown { arrow, png })
+    };
+    let _ = seen.send(run().unwrap_or_else(|e| Seen::Failed(format!("{e:#}"))));
+}
+
+#[tokio::test]
+async fn the_page_shows_a_new_tip_live_with_the_readers_token() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().expect("dir");
+    let port = free_port();
+    let token = write_file(dir.path(), "reader.token", TOKEN);
+    let extra = format!("query_token_file = \"{}\"\n", token.display());
+    let config = write_config(dir.path(), &redis, port, "page", &extra);
+    feed_boards(&config);
+    let store = redis.store("rb").await;
+    let daemon = Daemon::start(&config, port).await;
+    let now = redis_now(&store).await;
+    for (id, room, amount) in [("p1", "room-a", "30"), ("p2", "room-b", "20")] {
+        let (status, _, body) = post_tip(&daemon, id, now, room, "u1", amount).await;
+        assert_eq!(status, 202, "{body}");
+    }
+    assert!(drained(&store).await, "the tips were not applied");
+    let (status, _, _) = get(&daemon, "/v1/boards").await;
+    assert_eq!(status, 401, "the queries need the token");
+
+    let url = format!("{}/#token={TOKEN}&board=rooms_7d", daemon.base);
+    let (seen_tx, seen) = mpsc::channel();
+    let (go, go_rx) = mpsc::channel();
+    let browser = tokio::task::spawn_blocking(move || browse(url, "room-live", seen_tx, go_rx));
+    let next = || {
+        seen.recv_timeout(Duration::from_secs(90))
+            .unwrap_or_else(|e| panic!("the browser said nothing: {e}"))
+    };
+    match next() {
+        Seen::Loaded => {}
+        Seen::Failed(why) => panic!("the page did not load: {why}\n{}", daemon.logs()),
+        Seen::Shown { .. } => unreachable!("shown before the tip"),
+    }
+
+    let (status, _, body) = post_tip(&daemon, "p3", now, "room-live", "u2", "45").await;
+    assert_eq!(status, 202, "{body}");
+    assert!(drained(&store).await, "the tip was not applied");
+    // The change it makes, as the feed records it.
+    entered(&store, "rb:changes:{rooms_7d}", "room-live", 1, 45).await;
+    go.send(()).expect("the browser thread");
+    let (arrow, png) = match next() {
+        Seen::Shown { arrow, png } => (arrow, png),
+        Seen::Failed(why) => panic!("the tip never showed: {why}"),
+        Seen::Loaded => unreachable!("loaded twice"),
+    };
+    browser.await.expect("the browser thread");
+    assert_eq!(arrow.trim(), "new", "a member new to the top is marked new");
+    assert!(png.starts_with(b"\x89PNG"), "a PNG");
+
+    let dir = artifacts();
+    std::fs::create_dir_all(&dir).expect("target/artifacts");
+    std::fs::write(dir.join("page.png"), &png).expect("write the screenshot");
+    if std::env::var_os("ROLLBOARD_UPDATE_DOCS").is_some() {
+        let docs = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/page.png");
+        std::fs::write(docs, &png).expect("write docs/page.png");
+    }
+}
