@@ -896,22 +896,25 @@ async fn bench_e2e(
 ) -> Result<(Throughput, CallFigures)> {
     let settings = settings(redis, spread)?;
     let store = Arc::new(connect(redis, 4).await?);
-    let now = now_ms();
-    let n = sizes.events;
+    two_passes(redis, &store, &settings, spread, sizes.events, now_ms()).await
+}
+
+/// The two passes of [`bench_e2e`], `n` events each, drained by one consumer: the second
+/// as the figures with the first as `cold`, and the calls of both.
+async fn two_passes(
+    redis: &RedisServer,
+    store: &Arc<Store>,
+    settings: &Settings,
+    spread: Spread,
+    n: usize,
+    now: i64,
+) -> Result<(Throughput, CallFigures)> {
     println!("-- first pass, from an empty Redis");
     let (cold, mut calls) =
-        drain_pass(redis, &store, &settings, spread, 0..n, now, Backlog::New).await?;
+        drain_pass(redis, store, settings, spread, 0..n, now, Backlog::New).await?;
     println!("-- second pass, new events of the same workload on the instances the first left");
-    let (steady, more) = drain_pass(
-        redis,
-        &store,
-        &settings,
-        spread,
-        n..2 * n,
-        now,
-        Backlog::New,
-    )
-    .await?;
+    let (steady, more) =
+        drain_pass(redis, store, settings, spread, n..2 * n, now, Backlog::New).await?;
     calls.merge(&more);
     Ok((Throughput::of(steady, cold), calls))
 }
@@ -932,17 +935,7 @@ async fn bench_dense(spread: Spread) -> Result<()> {
         let store = Arc::new(connect(&redis, 4).await?);
         let (now, n) = (now_ms(), sizes.events);
         redis.instructions(&[])?;
-        drain_pass(&redis, &store, &settings, spread, 0..n, now, Backlog::New).await?;
-        drain_pass(
-            &redis,
-            &store,
-            &settings,
-            spread,
-            n..2 * n,
-            now,
-            Backlog::New,
-        )
-        .await?;
+        two_passes(&redis, &store, &settings, spread, n, now).await?;
         let (total, _) = redis.instructions(&ROLLBOARD_FUNCTIONS)?;
         counts[i] = total as f64 / n as f64;
     }
@@ -988,17 +981,7 @@ async fn bench_instructions(spread: Spread) -> Result<()> {
     let store = Arc::new(connect(&redis, 4).await?);
     let now = now_ms();
     let n = sizes.events;
-    drain_pass(&redis, &store, &settings, spread, 0..n, now, Backlog::New).await?;
-    drain_pass(
-        &redis,
-        &store,
-        &settings,
-        spread,
-        n..2 * n,
-        now,
-        Backlog::New,
-    )
-    .await?;
+    two_passes(&redis, &store, &settings, spread, n, now).await?;
     let (total, each) = redis.instructions(&ROLLBOARD_FUNCTIONS)?;
     let per_event = |i: u64| i as f64 / n as f64;
     println!(

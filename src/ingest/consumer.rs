@@ -1,4 +1,5 @@
-//! The Redis Stream consumer: read a batch with XREADGROUP, validate, group by board
+//! The Redis Stream consumer: read a batch with XREADGROUP (in calls of `read_piece`
+//! entries, see [`crate::ingest::stream::read`]), validate, group by board
 //! instance, apply (one script call per instance, pipelined), dead-letter what is
 //! malformed, and XACK only after all of that succeeded. The stages of one batch live in
 //! [`crate::ingest::batch`], the stream commands themselves in [`crate::ingest::stream`].
@@ -581,7 +582,7 @@ impl Ingest {
     /// our own, e.g. left by a lost reply), except those in `held`, which this consumer
     /// is about to process anyway.
     ///
-    /// Claims come in calls of `ingest.claim_piece` entries and are processed in batches
+    /// Claims come in calls of at most `claim_piece` entries and are processed in batches
     /// of up to `ingest.batch_size`, in the order of the pending list.
     async fn claim(&self, held: &HashSet<&str>, holding: &mut Holding) -> Result<(), StoreError> {
         let batch_size = self.settings.batch_size;
