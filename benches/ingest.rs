@@ -5,8 +5,9 @@
 //!
 //! ```sh
 //! cargo bench --bench ingest                 # every scenario
-//! cargo bench --bench ingest -- naive script e2e ceiling query freshness [--quick]
+//! cargo bench --bench ingest -- naive pipelined script e2e ceiling query freshness [--quick]
 //! cargo bench --bench ingest -- partitions   # 1 and 3 partitions, 1 and 2 consumers
+//! cargo bench --bench ingest -- reads        # stream reads: one call per batch vs pieces
 //! cargo bench --bench ingest -- dense        # the cost of dense_rank = true (valgrind)
 //! cargo bench --bench ingest -- feed         # the cost of changes_top = 10 (valgrind)
 //! cargo bench --bench ingest -- instructions # Redis under callgrind (needs valgrind)
@@ -20,11 +21,16 @@
 //!
 //! * `naive`: one client sending HINCRBY then ZINCRBY per event and per board, awaited one at
 //!   a time; two passes, as `e2e`.
+//! * `pipelined`: the same commands, sent 500 events to a round trip, on the events of `e2e`
+//!   (its two passes): the cheapest the naive commands are for Redis.
 //! * `script`: the apply script called directly with batches of 500 (no consumer around it;
 //!   one-board workloads).
 //! * `e2e`: events pre-filled into the stream, drained by one consumer (XREADGROUP,
 //!   validation, apply, XACK) until the group has nothing pending; Redis time per event is
-//!   the INFO commandstats delta of every command the consumer sent. Two passes: the first
+//!   the INFO commandstats delta of every command the consumer sent, Redis CPU per event the
+//!   server's user + sys CPU (INFO cpu) over the drain; the slow log, on from 100 µs, gives
+//!   per kind of call (FCALL per function, XREADGROUP, XACK, ...) the calls above 2 ms and
+//!   the longest, and INFO commandstats the stream commands' µs per call. Two passes: the first
 //!   from an empty Redis, the second of as many new events of the same workload on the
 //!   keys the first left (the steady state of a running board); the figures are the
 //!   second's, with the first's beside them.
@@ -45,6 +51,10 @@
 //!   drained by 1 or 2 consumer processes' worth of consumers (each its own connections and
 //!   one reader per partition, in this process); events/s and Redis time per event (INFO
 //!   commandstats of FCALL, XREADGROUP and XACK, and the server's user+sys CPU).
+//! * `reads`: the shipped shape's drain with each batch read in one call (`XREADGROUP` and
+//!   `XAUTOCLAIM` `COUNT 500`) and in pieces (the defaults), for new entries, the
+//!   consumer's own pending ones and a gone consumer's: µs per stream call, the longest and
+//!   the count above 2 ms (SLOWLOG), and the drain's events/s and Redis CPU per event.
 //! * `dense`: as `instructions`, rollboard alone, with every board plain and with
 //!   `dense_rank = true` (skewed and shipped): instructions per event of each and their
 //!   ratio. Named explicitly only.
@@ -54,6 +64,7 @@
 
 pub(crate) mod support;
 
+use std::collections::BTreeMap;
 use std::ops::Range;
 use std::process::ExitCode;
 use std::sync::atomic::AtomicBool;
@@ -61,12 +72,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fred::prelude::*;
-use rollboard::config::Settings;
+use rollboard::config::{IngestSettings, Settings};
 use rollboard::domain::board::Board;
 use rollboard::ingest::{consumer::Ingest, stream::group_info};
 use rollboard::metrics::Metrics;
 use rollboard::store::{apply_call, ApplyEvent, Reconnect, Store, APPLY_CHUNK};
-use support::{invoked_by_cargo_bench, percentile, RedisServer};
+use support::{
+    invoked_by_cargo_bench, percentile, slow_by_kind, slowlog_start, slowlog_take, RedisServer,
+};
 use tokio_util::sync::CancellationToken;
 
 /// Uniform workload's rooms.
@@ -153,21 +166,25 @@ fn main() -> ExitCode {
     };
     let wanted: Vec<&String> = args.iter().filter(|a| !a.starts_with("--")).collect();
     // Run only when named: `instructions`, `dense` and `feed` run Redis under valgrind
-    // (minutes).
+    // (minutes),
+    // `partitions` and `reads` compare layouts.
+    let named_only = 5;
     let all = [
         "instructions",
         "dense",
         "feed",
+        "partitions",
+        "reads",
         "naive",
+        "pipelined",
         "script",
         "e2e",
         "ceiling",
         "query",
         "freshness",
-        "partitions",
     ];
     let chosen: Vec<&str> = if wanted.is_empty() {
-        all[3..].to_vec()
+        all[named_only..].to_vec()
     } else {
         all.iter()
             .copied()
@@ -328,14 +345,27 @@ async fn connect(redis: &RedisServer, size: usize) -> Result<Store> {
 
 /// Total Redis-side time spent in `command` so far, in µs (INFO commandstats).
 fn command_usec(redis: &RedisServer, command: &str) -> f64 {
-    let prefix = format!("cmdstat_{command}:");
+    command_calls(redis).get(command).map_or(0.0, |c| c.1)
+}
+
+/// Every command's calls and total µs since the last `CONFIG RESETSTAT` (INFO
+/// commandstats), by its lower-case name (`xinfo|groups` for a subcommand).
+fn command_calls(redis: &RedisServer) -> BTreeMap<String, (u64, f64)> {
     redis
         .cli(&["INFO", "commandstats"])
         .lines()
-        .find(|l| l.starts_with(&prefix))
-        .and_then(|l| l.split(',').find_map(|kv| kv.strip_prefix("usec=")))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0.0)
+        .filter_map(|l| l.strip_prefix("cmdstat_")?.split_once(':'))
+        .map(|(name, stats)| {
+            let field = |key: &str| {
+                stats
+                    .split(',')
+                    .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
+                    .and_then(|v| v.trim().parse::<f64>().ok())
+                    .unwrap_or(0.0)
+            };
+            (name.to_string(), (field("calls") as u64, field("usec")))
+        })
+        .collect()
 }
 
 /// Total Redis-side time of every command since the last `CONFIG RESETSTAT`, in µs (INFO
@@ -371,20 +401,9 @@ fn workload_usec(redis: &RedisServer, scripts: bool) -> f64 {
 /// The commands that took the most Redis time since the last `CONFIG RESETSTAT`: name,
 /// calls and µs per event, most first.
 fn heaviest_commands(redis: &RedisServer, events: usize) -> String {
-    let mut rows: Vec<(String, u64, f64)> = redis
-        .cli(&["INFO", "commandstats"])
-        .lines()
-        .filter_map(|l| l.strip_prefix("cmdstat_")?.split_once(':'))
-        .map(|(name, stats)| {
-            let field = |key: &str| {
-                stats
-                    .split(',')
-                    .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
-                    .and_then(|v| v.trim().parse::<f64>().ok())
-                    .unwrap_or(0.0)
-            };
-            (name.to_string(), field("calls") as u64, field("usec"))
-        })
+    let mut rows: Vec<(String, u64, f64)> = command_calls(redis)
+        .into_iter()
+        .map(|(name, (calls, usec))| (name, calls, usec))
         .collect();
     rows.sort_by(|a, b| b.2.total_cmp(&a.2));
     rows.iter()
@@ -402,22 +421,51 @@ fn rate(events: usize, elapsed: Duration) -> f64 {
     events as f64 / elapsed.as_secs_f64()
 }
 
-/// Throughput and Redis time per event of one run.
+/// Rate and Redis cost per event of one pass.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Pass {
+    /// Events per second.
+    pub rate: f64,
+    /// Redis time of every command, per event (µs, INFO commandstats).
+    pub redis_us: f64,
+    /// The server process's user + sys CPU, per event (µs, INFO cpu): also what commandstats
+    /// leaves out, reading requests and writing replies.
+    pub cpu_us: f64,
+}
+
+/// Throughput and Redis cost per event of one run.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Throughput {
     /// Events per second.
     pub rate: f64,
-    /// Redis time of every command, per event (µs).
+    /// Redis time of every command, per event (µs, INFO commandstats).
     pub redis_us: f64,
-    /// Rate and Redis time per event of a first pass from an empty Redis, when the figures
-    /// are of a second one.
-    pub cold: Option<(f64, f64)>,
+    /// The server's user + sys CPU per event (µs).
+    pub cpu_us: f64,
+    /// The first pass, from an empty Redis, when the figures are of a second one.
+    pub cold: Option<Pass>,
+}
+
+impl Throughput {
+    /// The figures of `steady`, with `cold` beside them.
+    fn of(steady: Pass, cold: Pass) -> Throughput {
+        Throughput {
+            rate: steady.rate,
+            redis_us: steady.redis_us,
+            cpu_us: steady.cpu_us,
+            cold: Some(cold),
+        }
+    }
 }
 
 /// The figures of one workload.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct WorkloadFigures {
+    /// The naive client, one command round trip at a time.
     pub naive: Option<Throughput>,
+    /// The naive client pipelined [`NAIVE_PIPELINE`] events at a time, on the events of
+    /// `e2e`.
+    pub pipelined: Option<Throughput>,
     pub script: Option<f64>,
     pub e2e: Option<Throughput>,
 }
@@ -442,10 +490,83 @@ pub struct FreshnessFigures {
     pub offered: f64,
 }
 
+/// The slow log's threshold while a drain is measured (µs): above what most stream reads
+/// and acks take, below what any call near the 2 ms bound takes.
+pub const E2E_SLOWLOG_US: u64 = 100;
+
+/// The calls Redis served while one consumer drained the stream.
+#[derive(Debug, Clone, Default)]
+pub struct CallFigures {
+    /// Per kind of call ([`support::SlowEntry::kind`]): calls the slow log caught (at
+    /// least [`E2E_SLOWLOG_US`]), those above 2 ms, the longest (µs).
+    pub slow: BTreeMap<String, (usize, usize, u64)>,
+    /// Per command: calls and total µs (INFO commandstats).
+    pub per_call: BTreeMap<String, (u64, f64)>,
+}
+
+/// The stream commands whose µs per call the drains print.
+const STREAM_COMMANDS: [&str; 3] = ["xreadgroup", "xack", "xautoclaim"];
+
+impl CallFigures {
+    /// Adds `other`'s calls to these.
+    fn merge(&mut self, other: &CallFigures) {
+        for (kind, (logged, above, max)) in &other.slow {
+            let k = self.slow.entry(kind.clone()).or_default();
+            k.0 += logged;
+            k.1 += above;
+            k.2 = k.2.max(*max);
+        }
+        for (command, (calls, usec)) in &other.per_call {
+            let c = self.per_call.entry(command.clone()).or_default();
+            c.0 += calls;
+            c.1 += usec;
+        }
+    }
+
+    /// One line: the stream commands' µs per call, then per kind of call the slow log's
+    /// count above 2 ms, of the calls it caught, and the longest.
+    pub fn describe(&self) -> String {
+        let per_call: Vec<String> = STREAM_COMMANDS
+            .iter()
+            .filter_map(|c| {
+                let (calls, usec) = self.per_call.get(*c)?;
+                (*calls > 0).then(|| {
+                    format!(
+                        "{} {calls} calls, {:.1} µs per call",
+                        c.to_ascii_uppercase(),
+                        usec / *calls as f64
+                    )
+                })
+            })
+            .collect();
+        let slow: Vec<String> = self
+            .slow
+            .iter()
+            .map(|(kind, (logged, above, max))| {
+                format!(
+                    "{kind} {above} > 2 ms of {logged} >= {E2E_SLOWLOG_US} µs, longest {:.2} ms",
+                    *max as f64 / 1e3
+                )
+            })
+            .collect();
+        format!(
+            "stream calls (INFO commandstats): {}; SLOWLOG by kind of call: {}",
+            per_call.join(", "),
+            if slow.is_empty() {
+                "none".to_string()
+            } else {
+                slow.join("; ")
+            }
+        )
+    }
+}
+
 /// Everything [`run`] measured.
 #[derive(Debug, Default)]
 pub struct Figures {
     pub workloads: Vec<(Spread, WorkloadFigures)>,
+    /// The calls of every end-to-end drain, both passes of every workload.
+    pub calls: CallFigures,
     pub query: Option<QueryFigures>,
     /// Loaded run, idle baseline.
     pub freshness: Option<(FreshnessFigures, FreshnessFigures)>,
@@ -458,11 +579,13 @@ pub async fn run(chosen: &[&str], sizes: Sizes) -> Result<Figures> {
         let mut w = WorkloadFigures::default();
         for scenario in chosen {
             let applies = match *scenario {
-                "naive" | "e2e" | "instructions" => true,
+                "naive" | "pipelined" | "e2e" | "instructions" => true,
                 "script" => spread != Spread::Shipped,
                 "ceiling" => spread == Spread::Uniform,
                 "query" => spread == Spread::Skewed,
                 "dense" | "feed" => spread != Spread::Uniform,
+                "partitions" => spread == Spread::Skewed,
+                "reads" => spread == Spread::Shipped,
                 _ => false,
             };
             if !applies {
@@ -476,8 +599,17 @@ pub async fn run(chosen: &[&str], sizes: Sizes) -> Result<Figures> {
             );
             match *scenario {
                 "naive" => w.naive = Some(bench_naive(&redis, spread, sizes).await?),
+                "pipelined" => {
+                    let events = sizes.events;
+                    let t = bench_naive_in(&redis, spread, events, NAIVE_PIPELINE).await?;
+                    w.pipelined = Some(t);
+                }
                 "script" => w.script = Some(bench_script(&redis, spread, sizes).await?),
-                "e2e" => w.e2e = Some(bench_e2e(&redis, spread, sizes).await?),
+                "e2e" => {
+                    let (t, calls) = bench_e2e(&redis, spread, sizes).await?;
+                    figures.calls.merge(&calls);
+                    w.e2e = Some(t);
+                }
                 "ceiling" => bench_ceiling(&redis).await?,
                 "query" => figures.query = Some(bench_query(&redis, spread, sizes).await?),
                 "instructions" => {
@@ -492,9 +624,13 @@ pub async fn run(chosen: &[&str], sizes: Sizes) -> Result<Figures> {
                     drop(redis);
                     bench_option(spread, "changes_top = 10").await?
                 }
-                "partitions" if spread == Spread::Skewed => {
+                "partitions" => {
                     drop(redis);
                     bench_partitions(spread, sizes).await?
+                }
+                "reads" => {
+                    drop(redis);
+                    bench_reads(spread, sizes).await?
                 }
                 _ => {}
             }
@@ -509,15 +645,15 @@ pub async fn run(chosen: &[&str], sizes: Sizes) -> Result<Figures> {
             .and_then(|(_, w)| w.e2e);
         // The freshness run starts from an empty Redis: its maximum is the first pass's.
         let max = match shipped {
-            Some(t) => t.cold.map_or(t.rate, |(rate, _)| rate),
+            Some(t) => t.cold.map_or(t.rate, |c| c.rate),
             None => {
                 let redis = RedisServer::start()?;
                 println!(
                     "\n== e2e for the freshness rate, {}",
                     Spread::Shipped.describe()
                 );
-                let t = bench_e2e(&redis, Spread::Shipped, sizes).await?;
-                t.cold.map_or(t.rate, |(rate, _)| rate)
+                let (t, _) = bench_e2e(&redis, Spread::Shipped, sizes).await?;
+                t.cold.map_or(t.rate, |c| c.rate)
             }
         };
         let redis = RedisServer::start()?;
@@ -534,35 +670,50 @@ pub async fn run(chosen: &[&str], sizes: Sizes) -> Result<Figures> {
 
 fn print_summary(figures: &Figures) {
     println!(
-        "\n== summary (events/s; Redis µs per event from INFO commandstats; second passes, \
-         the first beside them)"
+        "\n== summary (events/s; Redis µs per event from INFO commandstats, and the server's \
+         user + sys CPU per event from INFO cpu; second passes, the first beside them)"
     );
     for (spread, w) in &figures.workloads {
-        if w.naive.is_none() && w.script.is_none() && w.e2e.is_none() {
+        if w.naive.is_none() && w.pipelined.is_none() && w.script.is_none() && w.e2e.is_none() {
             continue;
         }
         println!("-- {}", spread.describe());
-        let first = |t: &Throughput| match t.cold {
-            Some((rate, us)) => format!("   (first pass {rate:.0}, {us:.2} µs/event)"),
-            None => String::new(),
+        let line = |label: &str, t: &Throughput| {
+            let first = match t.cold {
+                Some(c) => format!(
+                    "   (first pass {:.0}, {:.2} µs, CPU {:.2} µs)",
+                    c.rate, c.redis_us, c.cpu_us
+                ),
+                None => String::new(),
+            };
+            println!(
+                "{label:<22} {:>12.0}   {:>6.2} µs/event   CPU {:>6.2} µs/event{first}",
+                t.rate, t.redis_us, t.cpu_us
+            );
         };
         if let Some(n) = w.naive {
-            println!(
-                "naive client           {:>12.0}   {:>6.2} µs/event{}",
-                n.rate,
-                n.redis_us,
-                first(&n)
-            );
+            line("naive client", &n);
+        }
+        if let Some(p) = w.pipelined {
+            line(&format!("naive pipelined {NAIVE_PIPELINE}"), &p);
         }
         if let Some(s) = w.script {
             println!("apply script direct    {s:>12.0}");
         }
         if let Some(e) = w.e2e {
+            line("end to end", &e);
+        }
+        if let (Some(e), Some(p)) = (w.e2e, w.pipelined) {
             println!(
-                "end to end             {:>12.0}   {:>6.2} µs/event{}",
-                e.rate,
-                e.redis_us,
-                first(&e)
+                "Redis CPU per event, end to end / naive pipelined = {:.2}x{} (commandstats \
+                 {:.2}x)",
+                e.cpu_us / p.cpu_us,
+                if *spread == Spread::Shipped {
+                    " (target <= 1.5x)"
+                } else {
+                    ""
+                },
+                e.redis_us / p.redis_us
             );
         }
         if let (Some(e), Some(n)) = (w.e2e, w.naive) {
@@ -600,24 +751,23 @@ fn ms(d: Duration) -> f64 {
 /// One event at a time, each command awaited: per board, HINCRBY into the slice Hash and
 /// ZINCRBY into the ranking (the fans board's keys per room).
 async fn bench_naive(redis: &RedisServer, spread: Spread, sizes: Sizes) -> Result<Throughput> {
-    bench_naive_in(redis, spread, sizes, 1).await
+    bench_naive_in(redis, spread, sizes.naive_events, 1).await
 }
 
 /// Events the pipelined naive client sends per round trip (the consumer's batch).
-const NAIVE_PIPELINE: usize = 500;
+pub const NAIVE_PIPELINE: usize = 500;
 
-/// The naive client, its commands for `per_trip` events sent in one pipeline per round
-/// trip (1: each command awaited in turn, the blog client).
+/// The naive client on `n` events a pass, its commands for `per_trip` events sent in one
+/// pipeline per round trip (1: each command awaited in turn, the blog client).
 async fn bench_naive_in(
     redis: &RedisServer,
     spread: Spread,
-    sizes: Sizes,
+    n: usize,
     per_trip: usize,
 ) -> Result<Throughput> {
     let store = connect(redis, 1).await?;
     let client = store.client();
     let now = now_ms();
-    let n = sizes.naive_events;
     let how = match per_trip {
         1 => "one event at a time".to_string(),
         k => format!("pipelined {k} events at a time"),
@@ -626,6 +776,7 @@ async fn bench_naive_in(
     let mut passes = Vec::new();
     for (pass, events) in [("first pass", 0..n), ("second pass", n..2 * n)] {
         reset_stats(redis);
+        let cpu = server_cpu_seconds(redis);
         let started = Instant::now();
         let all: Vec<usize> = events.collect();
         for trip in all.chunks(per_trip) {
@@ -671,18 +822,19 @@ async fn bench_naive_in(
             }
         }
         let r = rate(n, started.elapsed());
+        let cpu_us = (server_cpu_seconds(redis) - cpu) * 1e6 / n as f64;
         let redis_us = workload_usec(redis, false) / n as f64;
         println!(
             "naive HINCRBY+ZINCRBY per board, {how}, {pass}: {n} events, {r:.0} events/s, \
-             Redis {redis_us:.2} µs per event"
+             Redis {redis_us:.2} µs per event, CPU {cpu_us:.2} µs per event"
         );
-        passes.push((r, redis_us));
+        passes.push(Pass {
+            rate: r,
+            redis_us,
+            cpu_us,
+        });
     }
-    Ok(Throughput {
-        rate: passes[1].0,
-        redis_us: passes[1].1,
-        cold: Some(passes[0]),
-    })
+    Ok(Throughput::of(passes[1], passes[0]))
 }
 
 async fn bench_script(redis: &RedisServer, spread: Spread, sizes: Sizes) -> Result<f64> {
@@ -750,29 +902,35 @@ fn start_consumer(
 /// Redis (every instance, slice and digest table created on the way), the second, of new
 /// events of the same workload, on what the first left: the steady state of a board that
 /// has been running for a while, where nearly every event meets instances that exist.
-/// Returns the steady pass, with the first as `cold`.
-async fn bench_e2e(redis: &RedisServer, spread: Spread, sizes: Sizes) -> Result<Throughput> {
-    bench_e2e_with(redis, spread, sizes, settings(redis, spread)?).await
-}
-
-/// [`bench_e2e`] with `settings`.
-async fn bench_e2e_with(
+/// Returns the steady pass, with the first as `cold`, and the calls of both.
+async fn bench_e2e(
     redis: &RedisServer,
     spread: Spread,
     sizes: Sizes,
-    settings: Settings,
-) -> Result<Throughput> {
+) -> Result<(Throughput, CallFigures)> {
+    let settings = settings(redis, spread)?;
     let store = Arc::new(connect(redis, 4).await?);
-    let now = now_ms();
-    let n = sizes.events;
+    two_passes(redis, &store, &settings, spread, sizes.events, now_ms()).await
+}
+
+/// The two passes of [`bench_e2e`], `n` events each, drained by one consumer: the second
+/// as the figures with the first as `cold`, and the calls of both.
+async fn two_passes(
+    redis: &RedisServer,
+    store: &Arc<Store>,
+    settings: &Settings,
+    spread: Spread,
+    n: usize,
+    now: i64,
+) -> Result<(Throughput, CallFigures)> {
     println!("-- first pass, from an empty Redis");
-    let cold = drain_pass(redis, &store, &settings, spread, 0..n, now).await?;
+    let (cold, mut calls) =
+        drain_pass(redis, store, settings, spread, 0..n, now, Backlog::New).await?;
     println!("-- second pass, new events of the same workload on the instances the first left");
-    let steady = drain_pass(redis, &store, &settings, spread, n..2 * n, now).await?;
-    Ok(Throughput {
-        cold: Some((cold.rate, cold.redis_us)),
-        ..steady
-    })
+    let (steady, more) =
+        drain_pass(redis, store, settings, spread, n..2 * n, now, Backlog::New).await?;
+    calls.merge(&more);
+    Ok((Throughput::of(steady, cold), calls))
 }
 
 /// What a board option (`dense_rank = true`, `changes_top = 10`) costs, in instructions
@@ -793,8 +951,7 @@ async fn bench_option(spread: Spread, option: &str) -> Result<()> {
         let store = Arc::new(connect(&redis, 4).await?);
         let (now, n) = (now_ms(), sizes.events);
         redis.instructions(&[])?;
-        drain_pass(&redis, &store, &settings, spread, 0..n, now).await?;
-        drain_pass(&redis, &store, &settings, spread, n..2 * n, now).await?;
+        two_passes(&redis, &store, &settings, spread, n, now).await?;
         let (total, _) = redis.instructions(&ROLLBOARD_FUNCTIONS)?;
         counts[i] = total as f64 / n as f64;
     }
@@ -833,15 +990,14 @@ async fn bench_instructions(spread: Spread) -> Result<()> {
     // The pipelined client's first pass from an empty Redis too (FLUSHALL not counted).
     redis.cli(&["FLUSHALL"]);
     redis.instructions(&[])?;
-    bench_naive_in(&redis, spread, sizes, NAIVE_PIPELINE).await?;
+    bench_naive_in(&redis, spread, sizes.naive_events, NAIVE_PIPELINE).await?;
     let (pipelined, _) = redis.instructions(&[])?;
     let pipelined = pipelined as f64 / (2 * sizes.naive_events) as f64;
     let settings = settings(&redis, spread)?;
     let store = Arc::new(connect(&redis, 4).await?);
     let now = now_ms();
     let n = sizes.events;
-    drain_pass(&redis, &store, &settings, spread, 0..n, now).await?;
-    drain_pass(&redis, &store, &settings, spread, n..2 * n, now).await?;
+    two_passes(&redis, &store, &settings, spread, n, now).await?;
     let (total, each) = redis.instructions(&ROLLBOARD_FUNCTIONS)?;
     let per_event = |i: u64| i as f64 / n as f64;
     println!(
@@ -861,10 +1017,10 @@ async fn bench_instructions(spread: Spread) -> Result<()> {
     Ok(())
 }
 
-/// Fills the stream with events `events`, drains it with one consumer and measures that.
-/// On a server under callgrind its instruction counts are zeroed once the stream is filled,
-/// and the end of the drain is polled for less often: each poll's instructions would be
-/// counted too.
+/// Fills the stream with events `events`, drains it with one consumer and measures that,
+/// under the slow log ([`E2E_SLOWLOG_US`]). On a server under callgrind its instruction
+/// counts are zeroed once the stream is filled, the slow log stays off, and the end of the
+/// drain is polled for less often: each poll's instructions would be counted too.
 async fn drain_pass(
     redis: &RedisServer,
     store: &Arc<Store>,
@@ -872,7 +1028,8 @@ async fn drain_pass(
     spread: Spread,
     events: Range<usize>,
     now: i64,
-) -> Result<Throughput> {
+    backlog: Backlog,
+) -> Result<(Pass, CallFigures)> {
     let n = events.len();
     let stream = &settings.ingest.stream;
     fill_stream(
@@ -884,6 +1041,7 @@ async fn drain_pass(
         now,
     )
     .await?;
+    deliver(store.client(), &settings.ingest, backlog).await?;
     let reader = Store::dedicated(&redis.url(), Reconnect::Never)
         .await
         .map_err(|e| e.to_string())?;
@@ -893,8 +1051,11 @@ async fn drain_pass(
         redis.instructions(&[])?;
         Duration::from_millis(250)
     } else {
-        Duration::from_millis(5)
+        slowlog_start(store.client(), E2E_SLOWLOG_US).await?;
+        // Each poll costs Redis CPU too: every 20 ms keeps that under 1% of the drain's.
+        Duration::from_millis(20)
     };
+    let cpu = server_cpu_seconds(redis);
     let started = Instant::now();
     start_consumer(store.clone(), reader, settings, &cancel);
     loop {
@@ -908,7 +1069,15 @@ async fn drain_pass(
         tokio::time::sleep(poll).await;
     }
     let elapsed = started.elapsed();
+    let cpu_us = (server_cpu_seconds(redis) - cpu) * 1e6 / n as f64;
     let redis_us = workload_usec(redis, true) / n as f64;
+    let mut calls = CallFigures {
+        per_call: command_calls(redis),
+        ..CallFigures::default()
+    };
+    if !redis.counted {
+        calls.slow = slow_by_kind(&slowlog_take(store.client()).await?);
+    }
     println!(
         "heaviest commands per event: {}",
         heaviest_commands(redis, n)
@@ -922,12 +1091,13 @@ async fn drain_pass(
     let per_event = |command: &str| command_usec(redis, command) / n as f64;
     println!(
         "redis time per event: every command (script time once) {redis_us:.2} µs (FCALL {:.2}, XREADGROUP {:.2}, \
-         XACK {:.2}); wall {:.2} µs",
+         XACK {:.2}); server CPU {cpu_us:.2} µs; wall {:.2} µs",
         per_event("fcall"),
         per_event("xreadgroup"),
         per_event("xack"),
         elapsed.as_secs_f64() * 1e6 / n as f64
     );
+    println!("{}", calls.describe());
     let first = &settings.boards[0].name;
     let count: i64 = store
         .client()
@@ -935,11 +1105,156 @@ async fn drain_pass(
         .await
         .map_err(|e| e.to_string())?;
     println!("check: {count} ranked rooms on {first}");
-    Ok(Throughput {
+    let pass = Pass {
         rate: r,
         redis_us,
-        cold: None,
-    })
+        cpu_us,
+    };
+    Ok((pass, calls))
+}
+
+/// Where the entries of a drain are when its consumer starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Backlog {
+    /// Never delivered: read with `XREADGROUP >`.
+    New,
+    /// Delivered to the consumer's own name and not acked (as after a crash): re-read from
+    /// its pending list with `XREADGROUP <id>`.
+    Own,
+    /// Delivered to a consumer that is gone: claimed with `XAUTOCLAIM` once idle for
+    /// `claim_idle`.
+    Gone,
+}
+
+/// Consumer name of the [`Backlog::Gone`] entries.
+const GONE: &str = "gone";
+
+/// Delivers every entry of the stream to the consumer `backlog` names, unless it is
+/// [`Backlog::New`]; for [`Backlog::Gone`], waits until they are idle for `claim_idle`.
+async fn deliver(client: &Client, ingest: &IngestSettings, backlog: Backlog) -> Result<()> {
+    let consumer = match backlog {
+        Backlog::New => return Ok(()),
+        Backlog::Own => ingest.consumer.as_str(),
+        Backlog::Gone => GONE,
+    };
+    rollboard::ingest::stream::ensure_group(client, &ingest.stream, &ingest.group)
+        .await
+        .map_err(|e| e.to_string())?;
+    loop {
+        let v: Value = client
+            .xreadgroup(
+                ingest.group.as_str(),
+                consumer,
+                Some(10_000),
+                None,
+                false,
+                ingest.stream.as_str(),
+                ">",
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        if v.is_null() {
+            break;
+        }
+    }
+    if backlog == Backlog::Gone {
+        tokio::time::sleep(ingest.claim_idle + Duration::from_millis(50)).await;
+    }
+    Ok(())
+}
+
+/// `reads`: the stream calls of the shipped shape's drain, with each batch read in one call
+/// (`XREADGROUP COUNT 500`, `XAUTOCLAIM COUNT 500`: the consumer before it read in pieces)
+/// and in pieces of the default `READ_PIECE` / `CLAIM_PIECE`, each on a redis-server of
+/// its own and for each kind of backlog in turn ([`Backlog`]: new entries, own pending
+/// ones, a gone consumer's); per call µs (INFO commandstats), the slow log's longest and
+/// count above 2 ms, and the drain's rate and Redis CPU per event, with their ratios.
+async fn bench_reads(spread: Spread, sizes: Sizes) -> Result<()> {
+    use rollboard::config::ingest::{CLAIM_PIECE, READ_PIECE};
+    let n = sizes.events;
+    let layouts = [
+        ("one call per batch", BATCH, BATCH),
+        ("pieces", READ_PIECE, CLAIM_PIECE),
+    ];
+    let backlogs = [Backlog::New, Backlog::Own, Backlog::Gone];
+    let mut measured = Vec::new();
+    for (label, read_piece, claim_piece) in layouts {
+        let redis = RedisServer::start()?;
+        let mut settings = settings(&redis, spread)?;
+        settings.ingest.read_piece = read_piece;
+        settings.ingest.claim_piece = claim_piece;
+        settings.ingest.block = Duration::from_millis(100);
+        let store = Arc::new(connect(&redis, 4).await?);
+        let now = now_ms();
+        for (k, backlog) in backlogs.into_iter().enumerate() {
+            println!(
+                "\n== reads, {label} (XREADGROUP COUNT {read_piece}, XAUTOCLAIM COUNT \
+                 {claim_piece}), backlog {backlog:?}, {} (redis-server on 127.0.0.1:{})",
+                spread.describe(),
+                redis.port
+            );
+            let mut settings = settings.clone();
+            if backlog == Backlog::Gone {
+                settings.ingest.claim_idle = Duration::from_millis(200);
+            }
+            let events = k * n..(k + 1) * n;
+            let (pass, calls) =
+                drain_pass(&redis, &store, &settings, spread, events, now, backlog).await?;
+            measured.push((label, backlog, pass, calls));
+        }
+    }
+    println!(
+        "\n== reads: the stream calls of each backlog, one call per batch of {BATCH} vs pieces"
+    );
+    let call = |calls: &CallFigures, command: &str, kind: &str| {
+        let (count, usec) = calls.per_call.get(command).copied().unwrap_or_default();
+        let (logged, above, max) = calls.slow.get(kind).copied().unwrap_or_default();
+        format!(
+            "{kind} {count} calls, {:.0} µs per call, longest {} ({logged} >= {E2E_SLOWLOG_US} µs), \
+             {above} > 2 ms",
+            usec / count.max(1) as f64,
+            if logged > 0 {
+                format!("{:.2} ms", max as f64 / 1e3)
+            } else {
+                format!("< {E2E_SLOWLOG_US} µs")
+            }
+        )
+    };
+    for backlog in backlogs {
+        let of = |label: &str| {
+            measured
+                .iter()
+                .find(|m| m.0 == label && m.1 == backlog)
+                .map(|m| (m.2, &m.3))
+        };
+        let (Some((one, one_calls)), Some((pieces, piece_calls))) =
+            (of(layouts[0].0), of(layouts[1].0))
+        else {
+            continue;
+        };
+        let (command, kind) = match backlog {
+            Backlog::Gone => ("xautoclaim", "XAUTOCLAIM"),
+            _ => ("xreadgroup", "XREADGROUP"),
+        };
+        println!("-- backlog {backlog:?}");
+        for (label, pass, calls) in [
+            (layouts[0].0, one, one_calls),
+            (layouts[1].0, pieces, piece_calls),
+        ] {
+            println!(
+                "{label:<20} {}; {:.0} events/s, Redis CPU {:.2} µs per event",
+                call(calls, command, kind),
+                pass.rate,
+                pass.cpu_us
+            );
+        }
+        println!(
+            "pieces / one call per batch: events/s {:.2}x, Redis CPU per event {:.2}x",
+            pieces.rate / one.rate,
+            pieces.cpu_us / one.cpu_us
+        );
+    }
+    Ok(())
 }
 
 /// The server process's user + sys CPU so far, in seconds (INFO cpu).

@@ -71,7 +71,10 @@ use rollboard::store::{
     apply_call, ApplyEvent, Outcome, Reconnect, Store, EXPIRE_CALL_FIELDS, FOLD_BUDGET,
     STAGE_CALL_ROWS, TRIM_CALL_IDS,
 };
-use support::{invoked_by_cargo_bench, RedisServer};
+use support::{
+    invoked_by_cargo_bench, slowlog_start, slowlog_stop, slowlog_take, RedisServer, SlowEntry,
+    BOUND_US, SLOWLOG_MAX_LEN,
+};
 use tokio_util::sync::CancellationToken;
 
 const HOUR: i64 = 3_600_000;
@@ -87,7 +90,6 @@ const QUICK_EXPIRY_MEMBERS: usize = 100_000;
 const EXPIRY_BATCH: usize = 1_000;
 const DEFAULT_CHUNKS: [usize; 3] = [250, 100, 1_000];
 const DEFAULT_SLOWLOG_US: u64 = 10;
-const SLOWLOG_MAX_LEN: usize = 1_000_000;
 const PLAIN_ZSET: &str = "plain:zset";
 const PLAIN_IDS: &str = "plain:ids";
 /// The filled instance every expiry round starts from, and the instance it rolls.
@@ -129,8 +131,6 @@ const SCRIPTS: [(&str, &str); 11] = [
     ("floor", "floor.lua"),
 ];
 
-/// docs/design.md, *Bounded calls*: no call rollboard makes may hold Redis longer than this (µs).
-const BOUND_US: u64 = 2_000;
 /// The resummarize board that rolls a COPY of the filled slice.
 const RESUMMARIZED_BOARD: &str = "res_2h";
 /// The resummarize baseline's scratch and ranking ZSets.
@@ -286,7 +286,7 @@ fn run(options: &Options) -> Result<bool> {
             } else {
                 ingest::FULL
             };
-            let scenarios = ["naive", "e2e", "query", "freshness"];
+            let scenarios = ["naive", "pipelined", "e2e", "query", "freshness"];
             let figures = ingest::run(&scenarios, sizes)
                 .await
                 .map_err(anyhow::Error::msg)?;
@@ -316,7 +316,9 @@ async fn rollboard_scenarios(
         .context("connect to the bench redis-server")?;
     println!("{} on 127.0.0.1:{}", redis_version(), server.port);
     // The slow log stays off except while a roll is measured.
-    slowlog_stop(store.client()).await?;
+    slowlog_stop(store.client())
+        .await
+        .map_err(anyhow::Error::msg)?;
     let mut ok = true;
     let (mut memory_figures, mut expiry_figures) = (None, None);
     if options.memory {
@@ -445,7 +447,7 @@ fn print_table(
         } = workload(spread)
         {
             let cold = |t: &ingest::Throughput| match t.cold {
-                Some((rate, _)) => format!(" ({rate:.0} from an empty Redis)"),
+                Some(c) => format!(" ({:.0} from an empty Redis)", c.rate),
                 None => String::new(),
             };
             rows.push(Row {
@@ -470,7 +472,7 @@ fn print_table(
         } = workload(spread)
         {
             let cold = |t: &ingest::Throughput| match t.cold {
-                Some((_, us)) => format!(" ({us:.2} from an empty Redis)"),
+                Some(c) => format!(" ({:.2} from an empty Redis)", c.redis_us),
                 None => String::new(),
             };
             rows.push(Row {
@@ -489,6 +491,42 @@ fn print_table(
                 met: e.redis_us <= micros,
             });
         }
+    }
+    if let ingest::WorkloadFigures {
+        naive: Some(n),
+        pipelined: Some(p),
+        e2e: Some(e),
+        ..
+    } = workload(ingest::Spread::Shipped)
+    {
+        let cold = |t: &ingest::Throughput| match t.cold {
+            Some(c) => format!(" ({:.2} from an empty Redis)", c.cpu_us),
+            None => String::new(),
+        };
+        rows.push(Row {
+            figure: format!(
+                "Redis CPU per event (user + sys), second pass, {}, vs the naive commands \
+                 pipelined {} events at a time on the same events",
+                ingest::Spread::Shipped.describe(),
+                ingest::NAIVE_PIPELINE
+            ),
+            ours: format!(
+                "{:.2} µs{} (commandstats {:.2} µs)",
+                e.cpu_us,
+                cold(&e),
+                e.redis_us
+            ),
+            base: format!(
+                "{:.2} µs pipelined{} (commandstats {:.2} µs); one command at a time {:.2} µs",
+                p.cpu_us,
+                cold(&p),
+                p.redis_us,
+                n.cpu_us
+            ),
+            ratio: ratio(e.cpu_us, p.cpu_us),
+            target: "<= 1.5x",
+            met: e.cpu_us <= 1.5 * p.cpu_us,
+        });
     }
     if options.expiry {
         rows.push(Row {
@@ -599,11 +637,17 @@ fn print_table(
         per_kind.join(", ")
     );
     println!(
+        "while ingesting (every end-to-end drain, both passes of every workload, SLOWLOG at \
+         >= {} µs): {}",
+        ingest::E2E_SLOWLOG_US,
+        ingest_figures.calls.describe()
+    );
+    println!(
         "targets met: {} of {}",
         rows.iter().filter(|r| r.met).count(),
         rows.len()
     );
-    let expected = 4 + 2 + 3 + 3 + 1 + 2 + 1;
+    let expected = 4 + 2 + 3 + 3 + 1 + 1 + 2 + 1;
     if rows.len() < expected {
         println!("MISMATCH: {} of {expected} figures measured", rows.len());
     }
@@ -1823,7 +1867,9 @@ async fn measure_beside<T>(
     beside: Option<&FixedWork>,
     work: impl Future<Output = Result<T>>,
 ) -> Result<(T, Measured)> {
-    slowlog_start(client, slowlog_us).await?;
+    slowlog_start(client, slowlog_us)
+        .await
+        .map_err(anyhow::Error::msg)?;
     admin(client, "CONFIG", &["RESETSTAT"]).await?;
     let cpu = CpuTimes::of(client).await?;
     let start = Instant::now();
@@ -1846,7 +1892,7 @@ async fn measure_beside<T>(
         println!("    {}", before.until(&after));
     }
     let calls = commandstats(client).await?;
-    let log = slowlog_take(client).await?;
+    let log = slowlog_take(client).await.map_err(anyhow::Error::msg)?;
     let log_full = log.len() >= SLOWLOG_MAX_LEN;
     let (controls, log): (Vec<SlowEntry>, Vec<SlowEntry>) = log
         .into_iter()
@@ -2122,98 +2168,6 @@ fn script_names() -> BTreeMap<String, &'static str> {
 
 // ---------------------------------------------------------------------------------------
 // Slow log
-
-/// One slow-log entry: the command (upper case), the script it runs (the SHA of an
-/// EVALSHA, the function of an FCALL), the time, and the client address (`?:0` for
-/// commands run inside a script).
-struct SlowEntry {
-    command: String,
-    script: Option<String>,
-    micros: u64,
-    client: String,
-}
-
-impl SlowEntry {
-    fn is_admin(&self) -> bool {
-        matches!(self.command.as_str(), "SLOWLOG" | "CONFIG" | "INFO")
-    }
-
-    /// A call of a script (a baseline's) or of a function (rollboard's).
-    fn is_script(&self) -> bool {
-        matches!(self.command.as_str(), "EVALSHA" | "FCALL")
-    }
-
-    fn is_nested(&self) -> bool {
-        !self.client.starts_with("127.0.0.1:")
-    }
-}
-
-/// Logs every command that takes at least `micros` from now on, into an emptied slow log.
-async fn slowlog_start(client: &Client, micros: u64) -> Result<()> {
-    let max_len = SLOWLOG_MAX_LEN.to_string();
-    admin(client, "CONFIG", &["SET", "slowlog-max-len", &max_len]).await?;
-    let threshold = micros.to_string();
-    admin(
-        client,
-        "CONFIG",
-        &["SET", "slowlog-log-slower-than", &threshold],
-    )
-    .await?;
-    admin(client, "SLOWLOG", &["RESET"]).await?;
-    Ok(())
-}
-
-/// Turns the slow log off and empties it.
-async fn slowlog_stop(client: &Client) -> Result<()> {
-    admin(client, "CONFIG", &["SET", "slowlog-log-slower-than", "-1"]).await?;
-    admin(client, "SLOWLOG", &["RESET"]).await?;
-    Ok(())
-}
-
-/// Reads the whole slow log (oldest first), then turns it off and empties it.
-async fn slowlog_take(client: &Client) -> Result<Vec<SlowEntry>> {
-    // Up to SLOWLOG_MAX_LEN entries: on a busy machine that reply takes longer than the
-    // client's default command timeout.
-    let patient = fred::prelude::Options {
-        timeout: Some(Duration::from_secs(300)),
-        ..Default::default()
-    };
-    let raw: Value = client
-        .with_options(&patient)
-        .custom(
-            CustomCommand::new_static("SLOWLOG", ClusterHash::Random, false),
-            vec![Value::from("GET"), Value::from("-1")],
-        )
-        .await
-        .context("redis SLOWLOG GET")?;
-    slowlog_stop(client).await?;
-    raw.into_array().into_iter().rev().map(slow_entry).collect()
-}
-
-/// Decodes `[id, timestamp, duration µs, [argv...], client address, client name]`.
-fn slow_entry(entry: Value) -> Result<SlowEntry> {
-    let mut fields = entry.into_array().into_iter();
-    let micros = fields
-        .nth(2)
-        .and_then(|d| d.as_u64())
-        .context("slow-log entry without a duration")?;
-    let argv = fields.next().map(Value::into_array).unwrap_or_default();
-    let client = fields
-        .next()
-        .and_then(|c| c.as_string())
-        .unwrap_or_default();
-    let text = |i: usize| argv.get(i).and_then(Value::as_string);
-    let command = text(0).unwrap_or_default().to_ascii_uppercase();
-    let script = matches!(command.as_str(), "EVALSHA" | "FCALL")
-        .then(|| text(1).map(|s| s.to_ascii_lowercase()))
-        .flatten();
-    Ok(SlowEntry {
-        command,
-        script,
-        micros,
-        client,
-    })
-}
 
 /// Count and distribution of durations in µs.
 #[derive(Debug, Default, Clone, Copy)]

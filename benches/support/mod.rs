@@ -1,12 +1,16 @@
 //! What the benchmark programs share: a redis-server child on a free loopback port in a
-//! temp dir (killed on drop), and percentile helpers.
+//! temp dir (killed on drop), percentile helpers, and the slow log read by kind of call.
 
 // Each bench program compiles this module on its own and uses a part of it.
 #![allow(dead_code)]
 
+use std::collections::BTreeMap;
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+use fred::prelude::*;
+use fred::types::{ClusterHash, CustomCommand};
 
 /// A redis-server child process listening on 127.0.0.1, without persistence.
 pub struct RedisServer {
@@ -208,4 +212,138 @@ pub fn percentile(samples: &mut [Duration], p: f64) -> Duration {
 /// builds bench targets too and must not run them.
 pub fn invoked_by_cargo_bench() -> bool {
     std::env::args().any(|a| a == "--bench")
+}
+
+/// Most entries the slow log keeps while a bench reads it.
+pub const SLOWLOG_MAX_LEN: usize = 1_000_000;
+
+/// The bound on one Redis call (µs): no call rollboard makes may hold Redis longer.
+pub const BOUND_US: u64 = 2_000;
+
+/// One slow-log entry: the command (upper case), the script it runs (the SHA of an
+/// EVALSHA, the function of an FCALL), the time, and the client address (`?:0` for
+/// commands run inside a script).
+pub struct SlowEntry {
+    pub command: String,
+    pub script: Option<String>,
+    pub micros: u64,
+    pub client: String,
+}
+
+impl SlowEntry {
+    /// A command of the bench's own watching.
+    pub fn is_admin(&self) -> bool {
+        matches!(
+            self.command.as_str(),
+            "SLOWLOG" | "CONFIG" | "INFO" | "XINFO" | "PING"
+        )
+    }
+
+    /// A call of a script (a baseline's) or of a function (rollboard's).
+    pub fn is_script(&self) -> bool {
+        matches!(self.command.as_str(), "EVALSHA" | "FCALL")
+    }
+
+    /// A command run inside a script.
+    pub fn is_nested(&self) -> bool {
+        !self.client.starts_with("127.0.0.1:")
+    }
+
+    /// The kind of call: the command, and for a script call the script (`FCALL fold`).
+    pub fn kind(&self) -> String {
+        match &self.script {
+            Some(script) => format!("{} {script}", self.command),
+            None => self.command.clone(),
+        }
+    }
+}
+
+async fn admin(client: &Client, name: &'static str, args: &[&str]) -> Result<Value, String> {
+    client
+        .custom(
+            CustomCommand::new_static(name, ClusterHash::Random, false),
+            args.iter().map(|a| Value::from(*a)).collect::<Vec<_>>(),
+        )
+        .await
+        .map_err(|e| format!("redis {name}: {e}"))
+}
+
+/// Logs every command that takes at least `micros` from now on, into an emptied slow log.
+pub async fn slowlog_start(client: &Client, micros: u64) -> Result<(), String> {
+    let max_len = SLOWLOG_MAX_LEN.to_string();
+    admin(client, "CONFIG", &["SET", "slowlog-max-len", &max_len]).await?;
+    let threshold = micros.to_string();
+    admin(
+        client,
+        "CONFIG",
+        &["SET", "slowlog-log-slower-than", &threshold],
+    )
+    .await?;
+    admin(client, "SLOWLOG", &["RESET"]).await?;
+    Ok(())
+}
+
+/// Turns the slow log off and empties it.
+pub async fn slowlog_stop(client: &Client) -> Result<(), String> {
+    admin(client, "CONFIG", &["SET", "slowlog-log-slower-than", "-1"]).await?;
+    admin(client, "SLOWLOG", &["RESET"]).await?;
+    Ok(())
+}
+
+/// Reads the whole slow log (oldest first), then turns it off and empties it.
+pub async fn slowlog_take(client: &Client) -> Result<Vec<SlowEntry>, String> {
+    // Up to SLOWLOG_MAX_LEN entries: on a busy machine that reply takes longer than the
+    // client's default command timeout.
+    let patient = fred::prelude::Options {
+        timeout: Some(Duration::from_secs(300)),
+        ..Default::default()
+    };
+    let raw: Value = client
+        .with_options(&patient)
+        .custom(
+            CustomCommand::new_static("SLOWLOG", ClusterHash::Random, false),
+            vec![Value::from("GET"), Value::from("-1")],
+        )
+        .await
+        .map_err(|e| format!("redis SLOWLOG GET: {e}"))?;
+    slowlog_stop(client).await?;
+    raw.into_array().into_iter().rev().map(slow_entry).collect()
+}
+
+/// Decodes `[id, timestamp, duration µs, [argv...], client address, client name]`.
+fn slow_entry(entry: Value) -> Result<SlowEntry, String> {
+    let mut fields = entry.into_array().into_iter();
+    let micros = fields
+        .nth(2)
+        .and_then(|d| d.as_u64())
+        .ok_or("slow-log entry without a duration")?;
+    let argv = fields.next().map(Value::into_array).unwrap_or_default();
+    let client = fields
+        .next()
+        .and_then(|c| c.as_string())
+        .unwrap_or_default();
+    let text = |i: usize| argv.get(i).and_then(Value::as_string);
+    let command = text(0).unwrap_or_default().to_ascii_uppercase();
+    let script = matches!(command.as_str(), "EVALSHA" | "FCALL")
+        .then(|| text(1).map(|s| s.to_ascii_lowercase()))
+        .flatten();
+    Ok(SlowEntry {
+        command,
+        script,
+        micros,
+        client,
+    })
+}
+
+/// Per kind of top-level call ([`SlowEntry::kind`]) in `log`: the calls logged, those above
+/// [`BOUND_US`] and the longest (µs), by kind.
+pub fn slow_by_kind(log: &[SlowEntry]) -> BTreeMap<String, (usize, usize, u64)> {
+    let mut kinds: BTreeMap<String, (usize, usize, u64)> = BTreeMap::new();
+    for e in log.iter().filter(|e| !e.is_nested() && !e.is_admin()) {
+        let k = kinds.entry(e.kind()).or_default();
+        k.0 += 1;
+        k.1 += usize::from(e.micros > BOUND_US);
+        k.2 = k.2.max(e.micros);
+    }
+    kinds
 }

@@ -19,6 +19,19 @@ pub const MAX_STREAM_BYTES: usize = crate::domain::event::MAX_ID_BYTES - ":{63}/
 /// Most letters `ingest.dead_letter_max_len` may keep: a cap, not a way to switch it off.
 pub const MAX_DEAD_LETTERS: i64 = 1_000_000_000;
 
+/// Most entries one `XREADGROUP` call asks for: the consumer reads a batch of
+/// `ingest.batch_size` in calls of this many, back to back. Redis's time for a read grows
+/// with the entries it delivers, ~1.3 µs per new entry (`>`) and ~3 µs per entry re-read
+/// from the pending list on the reference machine (docs/benchmarks.md, *Stream reads*):
+/// a batch of 500 in one call took 0.6 to 1.7 ms, close enough to 2 ms that the host's
+/// interruptions pushed it over. 100 a call keeps the worst kind near 0.35 ms.
+pub const READ_PIECE: usize = 100;
+
+/// Most entries one `XAUTOCLAIM` call asks for: a claimed entry costs Redis ~6-7 µs (moved
+/// between two consumers' pending lists, and the claim propagated as an `XCLAIM`), so 50 a
+/// call, ~0.3 ms, as [`READ_PIECE`] for reads.
+pub const CLAIM_PIECE: usize = 50;
+
 /// `[ingest]` as written.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -83,6 +96,11 @@ pub struct IngestSettings {
     pub batch_size: usize,
     /// XREADGROUP block timeout.
     pub block: Duration,
+    /// Most entries one XREADGROUP call asks for ([`READ_PIECE`]; not a key of the file):
+    /// a batch is read in calls of this many.
+    pub read_piece: usize,
+    /// Most entries one XAUTOCLAIM call asks for ([`CLAIM_PIECE`]; not a key of the file).
+    pub claim_piece: usize,
     /// Idle time after which another consumer's pending entries are claimed.
     pub claim_idle: Duration,
     /// Stream malformed events are moved to.
@@ -118,6 +136,8 @@ impl RawIngest {
             consumer: self.consumer(),
             batch_size,
             block: millis(positive_duration("ingest.block", &self.block)?),
+            read_piece: READ_PIECE,
+            claim_piece: CLAIM_PIECE,
             claim_idle: millis(positive_duration("ingest.claim_idle", &self.claim_idle)?),
             dead_letter_stream: non_empty("ingest.dead_letter_stream", &self.dead_letter_stream)?,
             dead_letter_max_len: count(

@@ -1,4 +1,5 @@
-//! The Redis Stream consumer: read a batch with XREADGROUP, validate, group by board
+//! The Redis Stream consumer: read a batch with XREADGROUP (in calls of `read_piece`
+//! entries, see [`crate::ingest::stream::read`]), validate, group by board
 //! instance, apply (one script call per instance, pipelined), dead-letter what is
 //! malformed, and XACK only after all of that succeeded. The stages of one batch live in
 //! [`crate::ingest::batch`], the stream commands themselves in [`crate::ingest::stream`].
@@ -47,6 +48,10 @@ use crate::store::{Store, StoreError};
 const DRAIN_ROUNDS: usize = 8;
 /// How long the drain before exiting may take in all, well inside the daemon's grace period.
 const DRAIN_BUDGET: Duration = Duration::from_secs(10);
+
+/// Batches of claimed entries a claim round processes at most; the rest waits for the next
+/// round.
+const CLAIM_BATCHES: usize = 10;
 
 /// How often a consumer trims its stream at most ([`crate::ingest::stream::trim`]): a few Redis
 /// calls per partition and replica, while the stream grows by at most this much traffic
@@ -576,22 +581,38 @@ impl Ingest {
     /// Takes over entries idle for `claim_idle` in other consumers' pending lists (and
     /// our own, e.g. left by a lost reply), except those in `held`, which this consumer
     /// is about to process anyway.
+    ///
+    /// Claims come in calls of at most `claim_piece` entries and are processed in batches
+    /// of up to `ingest.batch_size`, in the order of the pending list.
     async fn claim(&self, held: &HashSet<&str>, holding: &mut Holding) -> Result<(), StoreError> {
+        let batch_size = self.settings.batch_size;
+        // Bounded: the calls of ten batches' claims per round, the rest at the next round.
+        let calls =
+            CLAIM_BATCHES * batch_size.div_ceil(self.settings.claim_piece.clamp(1, batch_size));
         let mut start = "0-0".to_string();
-        // Bounded: at most a few batches per claim round, the rest at the next round.
-        for _ in 0..10 {
-            let (next, mut entries) =
-                stream::claim(self.store.client(), &self.settings, &self.stream, &start).await?;
+        let mut batch = Vec::new();
+        for call in 1..=calls {
+            let count = batch_size - batch.len();
+            let (next, mut entries) = stream::claim(
+                self.store.client(),
+                &self.settings,
+                &self.stream,
+                &start,
+                count,
+            )
+            .await?;
             entries.retain(|e| !held.contains(e.id.as_str()));
-            if !entries.is_empty() {
+            batch.extend(entries);
+            let scanned = next == "0-0";
+            if !batch.is_empty() && (batch.len() >= batch_size || scanned || call == calls) {
                 info!(
-                    entries = entries.len(),
+                    entries = batch.len(),
                     stream = %self.stream,
                     "claimed entries left pending by another consumer"
                 );
-                holding.note(self.process(entries).await?);
+                holding.note(self.process(std::mem::take(&mut batch)).await?);
             }
-            if next == "0-0" {
+            if scanned {
                 break;
             }
             start = next;

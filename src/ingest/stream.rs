@@ -365,8 +365,14 @@ pub async fn ensure_group(client: &Client, stream: &str, group: &str) -> Result<
 }
 
 /// Reads up to `ingest.batch_size` entries of `stream` for this consumer with
-/// XREADGROUP: `id` `>` for new entries (blocking up to `block` ms), `0` for this
-/// consumer's own pending ones.
+/// XREADGROUP: `id` `>` for new entries (blocking up to `block` ms), `0` (or the last
+/// entry of the previous batch) for this consumer's own pending ones, in stream order.
+///
+/// The batch is read in calls of at most `read_piece` entries, back to back on the
+/// reader: the first may block, the next ones do not and go on after the last entry of
+/// the one before; a call that brings fewer than it asked for ends the batch. A call that
+/// fails fails the read: the entries of the calls before it are pending for this consumer
+/// (as those of a lost reply) and the consumer re-reads its own pending entries next.
 ///
 /// The reader sends each command once: a read queued while it is still connecting can be
 /// lost with that one attempt and never answered. So the read waits for the connection
@@ -391,6 +397,36 @@ pub async fn read(
             }
         }
     }
+    let mut entries: Vec<Entry> = Vec::new();
+    let mut block = block;
+    while entries.len() < settings.batch_size {
+        let want = (settings.batch_size - entries.len()).min(settings.read_piece.max(1));
+        // New entries: `>` again delivers those after the last one delivered. Own pending
+        // ones: from after the last entry read so far.
+        let from = match entries.last() {
+            Some(last) if id != ">" => last.id.as_str(),
+            _ => id,
+        };
+        let piece = read_piece(reader, settings, stream, from, block, want).await?;
+        let full = piece.len() >= want;
+        entries.extend(piece);
+        if !full {
+            break;
+        }
+        block = None;
+    }
+    Ok(entries)
+}
+
+/// One XREADGROUP call of [`read`]: up to `count` entries after `id`.
+async fn read_piece(
+    reader: &Client,
+    settings: &IngestSettings,
+    stream: &str,
+    id: &str,
+    block: Option<u64>,
+    count: usize,
+) -> Result<Vec<Entry>, StoreError> {
     let options = Options {
         timeout: Some(Duration::from_millis(block.unwrap_or(0)) + READ_REPLY_GRACE),
         ..Options::default()
@@ -400,7 +436,7 @@ pub async fn read(
         .xreadgroup(
             settings.group.as_str(),
             settings.consumer.as_str(),
-            Some(settings.batch_size as u64),
+            Some(count as u64),
             block,
             false,
             stream,
@@ -410,14 +446,16 @@ pub async fn read(
     Ok(parse_read(v))
 }
 
-/// One XAUTOCLAIM call on `stream` from `start`: entries idle for `claim_idle` in any
-/// consumer's pending list become this consumer's. Returns the cursor to continue from
-/// (`0-0` when the pending list was scanned to its end) and the claimed entries.
+/// One XAUTOCLAIM call on `stream` from `start`: up to `count` (at most `claim_piece`)
+/// entries idle for `claim_idle` in any consumer's pending list become this consumer's.
+/// Returns the cursor to continue from (`0-0` when the pending list was scanned to its
+/// end) and the claimed entries.
 pub async fn claim(
     client: &Client,
     settings: &IngestSettings,
     stream: &str,
     start: &str,
+    count: usize,
 ) -> Result<(String, Vec<Entry>), StoreError> {
     let v: Value = client
         .custom(
@@ -429,7 +467,7 @@ pub async fn claim(
                 (settings.claim_idle.as_millis() as i64).into(),
                 start.into(),
                 "COUNT".into(),
-                (settings.batch_size as i64).into(),
+                (count.min(settings.claim_piece).max(1) as i64).into(),
             ],
         )
         .await?;

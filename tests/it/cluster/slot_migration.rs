@@ -127,6 +127,8 @@ fn ingest(partitions: usize) -> IngestSettings {
         consumer: "c1".into(),
         batch_size: 100,
         block: Duration::from_millis(100),
+        read_piece: rollboard::config::ingest::READ_PIECE,
+        claim_piece: rollboard::config::ingest::CLAIM_PIECE,
         claim_idle: Duration::from_secs(1),
         dead_letter_stream: "rb:events:dead".into(),
         dead_letter_max_len: 100_000,

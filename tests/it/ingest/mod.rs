@@ -5,4 +5,5 @@ mod every_intake_path_ends_in_the_model;
 mod intake_ids_and_outages;
 mod malformed_events_are_dead_lettered;
 mod partitions;
+mod reads_in_pieces;
 mod stream_trimming;

@@ -261,6 +261,8 @@ pub fn ingest_settings(stream: &str, partitions: usize) -> rollboard::config::In
         consumer: "c1".into(),
         batch_size: 100,
         block: Duration::from_millis(100),
+        read_piece: rollboard::config::ingest::READ_PIECE,
+        claim_piece: rollboard::config::ingest::CLAIM_PIECE,
         claim_idle: Duration::from_secs(30),
         dead_letter_stream: "rb:events:dead".into(),
         dead_letter_max_len: 100_000,
