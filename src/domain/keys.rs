@@ -151,7 +151,7 @@ impl Keys {
             "" => true,
             _ => after
                 .strip_prefix(':')
-                .is_some_and(|w| !w.is_empty() && !w.contains([':', '}'])),
+                .is_some_and(|w| super::board::parse_duration_ms(w).is_some()),
         };
         if scope == Some("") || !window_ok {
             return None;

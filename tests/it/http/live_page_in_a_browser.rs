@@ -37,7 +37,11 @@ enum Seen {
     /// The page is loaded and shows the board.
     Loaded,
     /// The member shows, with its arrow; the screenshot.
-    Shown { arrow: String, png: Vec<u8> },
+    Shown {
+        arrow: String,
+        png: Vec<u8>,
+        feed_events: String,
+    },
     /// Something failed, with the page's text.
     Failed(String),
 }
@@ -75,8 +79,17 @@ fn browse(url: String, member: &'static str, seen: mpsc::Sender<Seen>, go: mpsc:
         let arrow = cell.get_inner_text()?;
         // The row's highlight fades out: let it, for a still picture.
         std::thread::sleep(Duration::from_millis(1600));
+        let feed_events = tab
+            .evaluate("document.body.dataset.feedEvents || '0'", false)?
+            .value
+            .map(|v| v.as_str().unwrap_or_default().to_string())
+            .unwrap_or_default();
         let png = tab.capture_screenshot(CaptureScreenshotFormatOption::Png, None, None, true)?;
-        Ok(Seen::Shown { arrow, png })
+        Ok(Seen::Shown {
+            arrow,
+            png,
+            feed_events,
+        })
     };
     let _ = seen.send(run().unwrap_or_else(|e| Seen::Failed(format!("{e:#}"))));
 }
@@ -121,13 +134,20 @@ async fn the_page_shows_a_new_tip_live_with_the_readers_token() {
     // The change it makes, as the feed records it.
     entered(&store, "rb:changes:{rooms_7d}", "room-live", 1, 45).await;
     go.send(()).expect("the browser thread");
-    let (arrow, png) = match next() {
-        Seen::Shown { arrow, png } => (arrow, png),
+    let (arrow, png, feed_events) = match next() {
+        Seen::Shown {
+            arrow,
+            png,
+            feed_events,
+        } => (arrow, png, feed_events),
         Seen::Failed(why) => panic!("the tip never showed: {why}"),
         Seen::Loaded => unreachable!("loaded twice"),
     };
     browser.await.expect("the browser thread");
     assert_eq!(arrow.trim(), "new", "a member new to the top is marked new");
+    // The change feed reached the page (its events, not only its timer, read `top`).
+    let feed_events: u64 = feed_events.parse().expect("a count");
+    assert!(feed_events >= 1, "the page received no feed event");
     assert!(png.starts_with(b"\x89PNG"), "a PNG");
 
     let dir = artifacts();
