@@ -372,3 +372,46 @@ async fn a_stream_rides_out_a_lost_redis_connection_and_loses_nothing() {
         "the stream stayed open"
     );
 }
+
+/// A period board keeps a feed per period: the stream follows the current period's (or the
+/// one `period=` names), written by the daemon's own applies; a period not kept is a 404.
+#[tokio::test]
+async fn a_period_boards_stream_follows_its_current_period() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().expect("dir");
+    let port = free_port();
+    let config = write_config(dir.path(), &redis, port, "period", "");
+    let mut text = std::fs::read_to_string(&config).expect("read config");
+    text.push_str(
+        "\n[[boards]]\nname = \"tips_day\"\nmember = \"user\"\nperiod = \"day\"\nchanges_top = 5\n",
+    );
+    std::fs::write(&config, text).expect("write config");
+    let store = redis.store("rb").await;
+    let daemon = Daemon::start(&config, port).await;
+
+    let mut today = Sse::open(&daemon, "/v1/boards/tips_day/changes", None).await;
+    let now = redis_now(&store).await;
+    let (status, _, body) = post_tip(&daemon, "d1", now, "r1", "ann", "7").await;
+    assert_eq!(status, 202, "{body}");
+    let event = today.next_event(WAIT).await.expect("ann entered");
+    assert_eq!(event.event.as_deref(), Some("entered"), "{event:?}");
+    let data = json(&event.data);
+    assert_eq!(
+        (
+            &data["member"],
+            &data["rank"],
+            &data["total"],
+            &data["cause"]
+        ),
+        (&json!("ann"), &json!(1), &json!(7), &json!("tip")),
+        "{data}"
+    );
+
+    for (path, want) in [
+        ("/v1/boards/tips_day/changes?period=1999-01-01", 404),
+        ("/v1/boards/tips_day/changes?period=someday", 400),
+    ] {
+        let (status, _, body) = answer_parts(open_stream(&daemon, path, None, None).await).await;
+        assert_eq!(status, want, "{path}: {body}");
+    }
+}
