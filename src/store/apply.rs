@@ -8,8 +8,8 @@ use fred::types::{ClusterHash, CustomCommand};
 use futures_util::future::join_all;
 
 use super::{
-    as_array, as_i64, mode_flag, negative_flag, parse_watermark, reply_err, tie_flag, Store,
-    StoreError,
+    as_array, as_i64, feed_args, mode_flag, negative_flag, parse_watermark, reply_err, tie_flag,
+    Store, StoreError,
 };
 use crate::domain::board::Board;
 use crate::domain::keys::{unique_token, InstanceKeys};
@@ -103,9 +103,8 @@ fn call_head(
         Value::from(members as i64),
         Value::from(count as i64),
         Value::from(board.forgettable_through(now)),
-        Value::from(feed.map_or(0, |f| i64::from(f.top))),
-        Value::from(feed.map_or(0, |f| f.max_len as i64)),
     ]);
+    args.extend(feed_args(feed));
     (keys, args)
 }
 

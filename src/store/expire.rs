@@ -5,7 +5,8 @@ use fred::prelude::*;
 use fred::types::{ClusterHash, CustomCommand};
 
 use super::{
-    as_array, as_i64, as_string, mode_flag, negative_flag, reply_err, tie_flag, Store, StoreError,
+    as_array, as_i64, as_string, feed_args, mode_flag, negative_flag, reply_err, tie_flag, Store,
+    StoreError,
 };
 use crate::domain::board::Board;
 
@@ -166,10 +167,9 @@ impl Store {
             Value::from(negative_flag(board)),
             Value::from(board.fingerprint()),
             Value::from(tie_flag(board)),
-            Value::from(feed.map_or(0, |f| i64::from(f.top))),
-            Value::from(feed.map_or(0, |f| f.max_len as i64)),
         ]
         .into_iter()
+        .chain(feed_args(feed))
         .chain(members.iter().map(|m| Value::from(m.as_str())))
         .collect();
         let out = as_array(self.eval(&self.scripts.expire, keys, args).await?)

@@ -67,7 +67,7 @@ use fred::prelude::*;
 use fred::types::{ClusterHash, CustomCommand};
 
 use crate::config::Durability;
-use crate::domain::board::{Board, Mode, TieBreak};
+use crate::domain::board::{Board, Changes, Mode, TieBreak};
 use crate::domain::keys::{InstanceKeys, Keys};
 use crate::metrics::Metrics;
 
@@ -534,6 +534,14 @@ fn mode_flag(board: &Board) -> &'static str {
         Mode::Incremental => "i",
         Mode::Resummarize => "r",
     }
+}
+
+/// The two ARGV every writing script takes for its change feed (changes.lua): the size of
+/// the top it watches and the stream's cap, `0, 0` for a call without a feed.
+fn feed_args(feed: Option<Changes>) -> [Value; 2] {
+    feed.map_or([Value::from(0), Value::from(0)], |f| {
+        [Value::from(i64::from(f.top)), Value::from(f.max_len as i64)]
+    })
 }
 
 fn tie_flag(board: &Board) -> &'static str {

@@ -3,7 +3,9 @@
 
 use fred::prelude::*;
 
-use super::{as_array, as_i64, as_string, reply_err, score, tie_flag, Store, StoreError};
+use super::{
+    as_array, as_i64, as_string, feed_args, reply_err, score, tie_flag, Store, StoreError,
+};
 use crate::domain::board::Board;
 use crate::domain::keys::InstanceKeys;
 use crate::domain::ranking::{decode_member, encode_member};
@@ -278,6 +280,7 @@ impl Store {
             keys.extend([scratch, live, old.clone()]);
             trash.push(old);
         }
+        let [top, max_len] = feed_args(feed);
         let args = vec![
             Value::from(check.gen.unwrap_or("")),
             check.watermark.map_or(Value::from(""), Value::from),
@@ -286,8 +289,8 @@ impl Store {
             check
                 .summed_at
                 .map_or(Value::from(""), |(_, ms)| Value::from(ms)),
-            Value::from(feed.map_or(0, |f| i64::from(f.top))),
-            Value::from(feed.map_or(0, |f| f.max_len as i64)),
+            top,
+            max_len,
             Value::from(tie_flag(board)),
         ];
         let v = self.eval(&self.scripts.swap, keys, args).await?;

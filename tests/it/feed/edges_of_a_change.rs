@@ -52,6 +52,18 @@ impl<'a> Reader<'a> {
         }
     }
 
+    /// Applies the tips `rows` (ids `<prefix><i>`, all at `now`) to the reader's instance
+    /// and reads their entries ([`Reader::step`]).
+    async fn tip(&mut self, prefix: &str, now: i64, rows: &[(&str, i64)]) -> Vec<Change> {
+        let events = tips(prefix, now, rows);
+        let scope = self.scope.as_deref();
+        self.store
+            .apply(&self.b, scope, &events, now)
+            .await
+            .expect("apply");
+        self.step("tip", now).await
+    }
+
     /// The stored ranking's top N at `now` (member, total).
     async fn stored_top(&self, now: i64) -> Vec<(String, i64)> {
         ranked(self.store, &self.b, self.scope.as_deref(), now)
@@ -227,31 +239,13 @@ async fn a_total_that_changes_without_a_change_of_place_records_nothing() {
     let b = with_feed(board("still", SLICE, 4), 3);
     let now = now0();
     let mut r = Reader::new(&store, &b, None);
-    apply_events(
-        &store,
-        &b,
-        &tips("a", now, &[("alice", 9), ("bob", 5)]),
-        now,
-    )
-    .await;
-    r.step("tip", now).await;
-    apply_events(
-        &store,
-        &b,
-        &tips("b", now, &[("alice", 3), ("bob", 1)]),
-        now,
-    )
-    .await;
-    assert_eq!(r.step("tip", now).await, Vec::new());
+    r.tip("a", now, &[("alice", 9), ("bob", 5)]).await;
+    assert_eq!(
+        r.tip("b", now, &[("alice", 3), ("bob", 1)]).await,
+        Vec::new()
+    );
     // A third member below them enters; a fourth below the top does nothing.
-    apply_events(
-        &store,
-        &b,
-        &tips("c", now, &[("carol", 1), ("dave", 1)]),
-        now,
-    )
-    .await;
-    let changes = r.step("tip", now).await;
+    let changes = r.tip("c", now, &[("carol", 1), ("dave", 1)]).await;
     assert_eq!(changes.len(), 1, "{changes:?}");
 }
 
@@ -262,14 +256,7 @@ async fn a_refund_to_zero_or_below_leaves_and_back_above_enters() {
     b.allow_negative = true;
     let now = now0();
     let mut r = Reader::new(&store, &b, None);
-    apply_events(
-        &store,
-        &b,
-        &tips("a", now, &[("alice", 9), ("bob", 5)]),
-        now,
-    )
-    .await;
-    r.step("tip", now).await;
+    r.tip("a", now, &[("alice", 9), ("bob", 5)]).await;
     // bob refunded to exactly 0: he leaves the ranked top.
     apply_events(&store, &b, &[ev("c", now, "bob", -5)], now).await;
     let changes = r.step("tip", now).await;
@@ -525,8 +512,7 @@ async fn a_roll_split_across_calls_records_each_calls_change() {
     )
     .await;
     r.step("tip", now).await;
-    apply_events(&store, &b, &tips("b", now, &[("dave", 1), ("bob", 1)]), now).await;
-    r.step("tip", now).await;
+    r.tip("b", now, &[("dave", 1), ("bob", 1)]).await;
     let later = now + 2 * SLICE;
     let target = b.slice_of(later) - b.slices_in_window();
     let (_, dead) = store
