@@ -875,6 +875,7 @@ fn board(name: &str, n: i64, window_ms: i64) -> Board {
         amount: "amount".into(),
         scale: 0,
         window_ms,
+        windows: Vec::new(),
         slice_ms: window_ms / n,
         mode: Mode::Incremental,
         tie_break: TieBreak::Earliest,

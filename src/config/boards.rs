@@ -9,7 +9,8 @@ use serde::Deserialize;
 use super::error::{invalid, ConfigError};
 use super::values::{duration, non_empty, positive_duration};
 use crate::domain::board::{
-    is_board_name, parse_weekday, Board, Calendar, Changes, Dedup, Mode, TieBreak, PERIOD_TICK_MS,
+    is_board_name, parse_weekday, Board, Calendar, Changes, Dedup, Mode, TieBreak, Window,
+    PERIOD_TICK_MS,
 };
 use crate::domain::period::Period;
 
@@ -32,6 +33,9 @@ pub const MAX_CHANGES_TOP: i64 = 25;
 pub const DEFAULT_CHANGES_MAX_LEN: i64 = 10_000;
 /// Largest `changes_max_len`.
 pub const MAX_CHANGES_MAX_LEN: i64 = 10_000_000;
+
+/// Most windows one board may rank (`windows = [...]`): every apply writes each.
+pub const MAX_WINDOWS: usize = 8;
 
 /// Most slices a board's window and `ingest.max_future` may span together: the digest
 /// table tags each remembered id with its slice number mod 2^32 and counts it while the
@@ -59,6 +63,9 @@ pub(super) struct RawBoard {
     /// `window`: how far back the board counts (not on a period board).
     #[serde(default)]
     window: Option<String>,
+    /// `windows`: several windows ranked from one ingest, instead of `window`.
+    #[serde(default)]
+    windows: Option<Vec<String>>,
     /// `slice`: the window's granularity (not on a period board).
     #[serde(default)]
     slice: Option<String>,
@@ -178,11 +185,13 @@ impl RawBoard {
             ));
         }
         let period = self.calendar(&key)?;
-        let (window_ms, slice_ms) = match period {
+        let (windows, slice_ms) = match period {
             // One slice per period instance, numbered in seconds (see `Calendar::slice_of`).
-            Some(_) => (PERIOD_TICK_MS, PERIOD_TICK_MS),
+            Some(_) => (Vec::new(), PERIOD_TICK_MS),
             None => self.span(&key)?,
         };
+        // The widest: its instance keeps the idempotency keys (`Board::view` the others).
+        let window_ms = windows.iter().map(|w| w.ms).max().unwrap_or(PERIOD_TICK_MS);
         if period.is_some() && self.mode != "incremental" {
             return Err(invalid(
                 key("mode"),
@@ -200,6 +209,7 @@ impl RawBoard {
             amount,
             scale: self.scale as u32,
             window_ms,
+            windows,
             slice_ms,
             allow_negative: self.allow_negative,
             dense_rank: self.dense_rank,
@@ -268,6 +278,13 @@ impl RawBoard {
             }
             return Ok(None);
         };
+        if let Some(windows) = &self.windows {
+            return Err(invalid(
+                key("windows"),
+                format!("{windows:?}"),
+                "a period board has no window or slice: it counts from the start of the period",
+            ));
+        }
         for (name, given) in [("window", &self.window), ("slice", &self.slice)] {
             if let Some(value) = given {
                 return Err(invalid(
@@ -356,31 +373,62 @@ impl RawBoard {
         })
     }
 
-    /// `window` and `slice` in ms: the window a whole number of slices.
-    fn span(&self, key: &impl Fn(&str) -> String) -> Result<(i64, i64), ConfigError> {
-        let required = |name: &str, value: &Option<String>| {
-            value.clone().ok_or_else(|| {
-                invalid(
-                    key(name),
+    /// `window` (or `windows`) and `slice`: the windows as written and in ms, each a whole
+    /// number of slices, none twice; and the slice in ms.
+    fn span(&self, key: &impl Fn(&str) -> String) -> Result<(Vec<Window>, i64), ConfigError> {
+        let written: Vec<(String, String)> = match (&self.window, &self.windows) {
+            (Some(_), Some(_)) => {
+                return Err(invalid(
+                    key("windows"),
+                    "",
+                    "give either window or windows, not both",
+                ))
+            }
+            (Some(window), None) => vec![(key("window"), window.clone())],
+            (None, Some(list)) if list.is_empty() || list.len() > MAX_WINDOWS => {
+                return Err(invalid(
+                    key("windows"),
+                    format!("{list:?}"),
+                    format!("must list 1 to {MAX_WINDOWS} windows"),
+                ))
+            }
+            (None, Some(list)) => list
+                .iter()
+                .enumerate()
+                .map(|(j, w)| (key(&format!("windows[{j}]")), w.clone()))
+                .collect(),
+            (None, None) => {
+                return Err(invalid(
+                    key("window"),
                     "",
                     "required (or give the board a period: day, week or month)",
-                )
-            })
+                ))
+            }
         };
-        let (window, slice) = (
-            required("window", &self.window)?,
-            required("slice", &self.slice)?,
-        );
-        let window_ms = positive_duration(&key("window"), &window)?;
+        let slice = self.slice.clone().ok_or_else(|| {
+            invalid(
+                key("slice"),
+                "",
+                "required (or give the board a period: day, week or month)",
+            )
+        })?;
         let slice_ms = positive_duration(&key("slice"), &slice)?;
-        if window_ms % slice_ms != 0 {
-            return Err(invalid(
-                key("window"),
-                &window,
-                format!("must be a whole multiple of the slice ({slice})"),
-            ));
+        let mut windows: Vec<Window> = Vec::with_capacity(written.len());
+        for (name, window) in written {
+            let ms = positive_duration(&name, &window)?;
+            if ms % slice_ms != 0 {
+                return Err(invalid(
+                    name,
+                    &window,
+                    format!("must be a whole multiple of the slice ({slice})"),
+                ));
+            }
+            if windows.iter().any(|w| w.ms == ms) {
+                return Err(invalid(name, &window, "listed twice"));
+            }
+            windows.push(Window { name: window, ms });
         }
-        Ok((window_ms, slice_ms))
+        Ok((windows, slice_ms))
     }
 
     fn mode(&self, key: &impl Fn(&str) -> String) -> Result<Mode, ConfigError> {

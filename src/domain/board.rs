@@ -79,8 +79,15 @@ pub struct Board {
     pub amount: String,
     /// Decimal places accepted in the amount; totals are in units of 10^-scale.
     pub scale: u32,
-    /// Window width in milliseconds, a whole multiple of `slice_ms`.
+    /// Window width in milliseconds, a whole multiple of `slice_ms`: the window this
+    /// value ranks. A board read from the configuration holds its widest window, the one
+    /// whose instance keeps the board's idempotency keys; [`Board::view`] gives the others.
     pub window_ms: i64,
+    /// Every window of the board as configured (`windows = ["24h", "7d"]`, or the one
+    /// `window`), in the configuration's order, each with the text written there (the name
+    /// answers carry). Empty on a board built in code with one window (`window_ms`, named
+    /// by [`format_duration_ms`]) and on a period board.
+    pub windows: Vec<Window>,
     /// Slice width in milliseconds.
     pub slice_ms: i64,
     /// Incremental or resummarize.
@@ -97,6 +104,16 @@ pub struct Board {
     pub period: Option<Calendar>,
     /// The change feed of the board's top N (`None`: no feed).
     pub changes: Option<Changes>,
+}
+
+/// One window of a board with several: its width as written in the configuration (`24h`)
+/// and in milliseconds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Window {
+    /// The text written in the configuration, which answers carry as `window`.
+    pub name: String,
+    /// The width in milliseconds, a whole multiple of the board's slice.
+    pub ms: i64,
 }
 
 /// A board's change feed: every change of the membership or order of its top `top`,
@@ -284,6 +301,99 @@ impl Board {
         self.window_ms / self.slice_ms
     }
 
+    /// The board's windows as configured, in the configuration's order (one for a board
+    /// built in code with `windows` left empty).
+    pub fn window_list(&self) -> Vec<Window> {
+        if self.windows.is_empty() {
+            return vec![Window {
+                name: format_duration_ms(self.window_ms),
+                ms: self.window_ms,
+            }];
+        }
+        self.windows.clone()
+    }
+
+    /// Whether the board ranks several windows (`windows = [...]` with more than one).
+    pub fn has_several_windows(&self) -> bool {
+        self.windows.len() > 1
+    }
+
+    /// The widest of the board's windows, in ms: its instance keeps the board's
+    /// idempotency keys, and its liveness decides whether an event is late.
+    pub fn widest_ms(&self) -> i64 {
+        self.windows
+            .iter()
+            .map(|w| w.ms)
+            .max()
+            .unwrap_or(self.window_ms)
+            .max(self.window_ms)
+    }
+
+    /// The name of this value's window as configured (`24h`), as answers carry it.
+    pub fn window_name(&self) -> String {
+        self.windows
+            .iter()
+            .find(|w| w.ms == self.window_ms)
+            .map_or_else(|| format_duration_ms(self.window_ms), |w| w.name.clone())
+    }
+
+    /// The suffix of this value's window in its instances' keys: `None` for the widest
+    /// window (the keys of a board with one window), else the width as
+    /// [`format_duration_ms`] writes it (`24h` for `24h` or `1d`).
+    pub fn window_suffix(&self) -> Option<String> {
+        (self.window_ms != self.widest_ms()).then(|| format_duration_ms(self.window_ms))
+    }
+
+    /// The board ranking window `window` (its name as configured, or a duration equal to
+    /// one of its windows; `None`: the first configured), or `None` when the board has no
+    /// such window. A period board has one view, itself.
+    pub fn view(&self, window: Option<&str>) -> Option<Board> {
+        if self.period.is_some() {
+            return window.is_none().then(|| self.clone());
+        }
+        let list = self.window_list();
+        let found = match window {
+            None => list.first(),
+            Some(text) => list.iter().find(|w| w.name == text).or_else(|| {
+                let ms = parse_duration_ms(text)?;
+                list.iter().find(|w| w.ms == ms)
+            }),
+        }?;
+        Some(self.with_window(found.ms))
+    }
+
+    /// Every window of the board, narrowest first (the order a roll takes them in: the
+    /// widest, whose instance holds the idempotency keys, last).
+    pub fn views(&self) -> Vec<Board> {
+        let mut widths: Vec<i64> = self.window_list().iter().map(|w| w.ms).collect();
+        widths.sort_unstable();
+        widths.dedup();
+        widths.into_iter().map(|ms| self.with_window(ms)).collect()
+    }
+
+    /// The windows other than the widest, narrowest first: an apply writes them beside the
+    /// widest in one call.
+    pub fn narrower_views(&self) -> Vec<Board> {
+        let widest = self.widest_ms();
+        self.views()
+            .into_iter()
+            .filter(|v| v.window_ms != widest)
+            .collect()
+    }
+
+    /// This board ranking the window of `ms`.
+    fn with_window(&self, ms: i64) -> Board {
+        Board {
+            window_ms: ms,
+            ..self.clone()
+        }
+    }
+
+    /// Slices in the widest window: how long idempotency keys are remembered.
+    fn slices_in_widest(&self) -> i64 {
+        self.widest_ms() / self.slice_ms
+    }
+
     /// The slice an event time falls into: `floor(ts / slice_ms)`; on a period board the
     /// one slice of the period holding `ts` ([`Calendar::slice_of`]).
     pub fn slice_of(&self, ts: i64) -> i64 {
@@ -330,7 +440,7 @@ impl Board {
 
     /// Time (epoch ms) from which an idempotency key of slice `n` may be forgotten.
     pub fn forget_at(&self, n: i64) -> i64 {
-        let leaves_window = (n + self.slices_in_window()) * self.slice_ms;
+        let leaves_window = (n + self.slices_in_widest()) * self.slice_ms;
         match self.dedup {
             Dedup::Window => leaves_window,
             Dedup::AfterSlice(ms) => ((n + 1) * self.slice_ms + ms).min(leaves_window),
@@ -340,7 +450,7 @@ impl Board {
     /// The newest slice whose idempotency keys may be forgotten at `now`: the largest `n`
     /// with `forget_at(n) <= now` ([`Board::forget_at`] grows with `n`).
     pub fn forgettable_through(&self, now: i64) -> i64 {
-        let leaves_window = now.div_euclid(self.slice_ms) - self.slices_in_window();
+        let leaves_window = now.div_euclid(self.slice_ms) - self.slices_in_widest();
         match self.dedup {
             Dedup::Window => leaves_window,
             Dedup::AfterSlice(ms) => {
@@ -369,6 +479,12 @@ impl Board {
                 ("window", format!("{}ms", self.window_ms)),
                 ("slice", format!("{}ms", self.slice_ms)),
             ]),
+        }
+        if self.has_several_windows() {
+            // Each window's instance holds what was applied since it existed: a window
+            // added, removed or resized over existing data needs a rebuild.
+            let widths: Vec<String> = self.windows.iter().map(|w| format!("{}ms", w.ms)).collect();
+            settings.push(("windows", widths.join(" ")));
         }
         if self.dense_rank {
             // The distinct totals exist only for data written with it: turning it on or
@@ -413,7 +529,7 @@ impl fmt::Display for Board {
 
 /// The shaping settings added after boards were first pinned, with the value that a
 /// stored record or fingerprint without them stands for (see [`Board::shaping_settings`]).
-pub const DEFAULTED_SETTINGS: [(&str, &str); 1] = [("dense_rank", "false")];
+pub const DEFAULTED_SETTINGS: [(&str, &str); 2] = [("dense_rank", "false"), ("windows", "")];
 
 /// Whether `name` is a valid board name, `[a-z0-9_-]{1,64}`: the key schema relies on board
 /// names holding no `:`, `{`, `}` or glob character.
@@ -471,6 +587,7 @@ mod tests {
             amount: "amount".into(),
             scale: 0,
             window_ms: window,
+            windows: Vec::new(),
             slice_ms: slice,
             mode: Mode::Incremental,
             tie_break: TieBreak::Earliest,

@@ -480,6 +480,7 @@ mod tests {
             amount: amount.into(),
             scale,
             window_ms: 7 * 86_400_000,
+            windows: Vec::new(),
             slice_ms: 3_600_000,
             mode: Mode::Incremental,
             tie_break: TieBreak::Earliest,

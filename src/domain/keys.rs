@@ -21,13 +21,31 @@ impl Keys {
 
     /// The keys of one board instance (`scope` is `None` for an unscoped board).
     pub fn instance(&self, board: &str, scope: Option<&str>) -> InstanceKeys {
+        self.instance_in(board, scope, None)
+    }
+
+    /// The keys of one board instance in one of its board's windows: `window` names a
+    /// window narrower than the board's widest (its width as `format_duration_ms` writes
+    /// it), whose keys carry it after the hash tag (`rb:{tips}:w:24h:result`); `None` is
+    /// the widest (the keys of a board with one window), which also holds the
+    /// instance's idempotency keys.
+    pub fn instance_in(
+        &self,
+        board: &str,
+        scope: Option<&str>,
+        window: Option<&str>,
+    ) -> InstanceKeys {
         let tag = match scope {
             Some(scope) => format!("{{{board}:{scope}}}"),
             None => format!("{{{board}}}"),
         };
+        let base = match window {
+            Some(window) => format!("{}:{tag}:w:{window}", self.prefix),
+            None => format!("{}:{tag}", self.prefix),
+        };
         InstanceKeys {
-            base: format!("{}:{tag}", self.prefix),
-            changes: self.changes(board, scope, None),
+            base,
+            changes: self.changes(board, scope, window),
         }
     }
 
@@ -62,6 +80,16 @@ impl Keys {
     /// those no roll visits any more (scopes that emptied and left the registry).
     pub fn window(&self, board: &str) -> String {
         format!("{}:board:{}:window", self.prefix, board)
+    }
+
+    /// The field of [`Keys::window`] holding the watermark of one window of the board:
+    /// `expired_through` for the widest (a board with one window), `expired_through:24h`
+    /// for a narrower one (`window` as in [`Keys::instance_in`]).
+    pub fn floor_field(window: Option<&str>) -> String {
+        match window {
+            Some(window) => format!("expired_through:{window}"),
+            None => "expired_through".to_string(),
+        }
     }
 
     /// The settings a board was created with (Hash: setting -> value), checked at start.
@@ -126,6 +154,15 @@ impl Keys {
         if scope == Some("") || suffix.contains('}') {
             return None;
         }
+        // A window's keys: `w:<width>:` before the kind.
+        let suffix = match suffix.strip_prefix("w:") {
+            Some(rest) => {
+                let (window, kind) = rest.split_once(':')?;
+                super::board::parse_duration_ms(window)?;
+                kind
+            }
+            None => suffix,
+        };
         Some(BoardKey::Instance {
             scope: scope.map(str::to_string),
             kind: KeyKind::of_suffix(suffix)?,
@@ -382,6 +419,15 @@ impl InstanceKeys {
     /// feed finds it by the board's name alone.
     pub fn changes(&self) -> String {
         self.changes.clone()
+    }
+
+    /// The keys of the same instance in the narrower window `window` of its board, from
+    /// the keys of its widest window (as [`Keys::instance_in`] makes them).
+    pub fn in_window(&self, window: &str) -> InstanceKeys {
+        InstanceKeys {
+            base: format!("{}:w:{window}", self.base),
+            changes: format!("{}:{window}", self.changes),
+        }
     }
 
     /// The fixed KEYS of `apply.lua`, in its order (the batch's slice keys and then their

@@ -623,6 +623,7 @@ mod tests {
             amount: "amount".into(),
             scale: 0,
             window_ms: 7 * 86_400_000,
+            windows: Vec::new(),
             slice_ms: 3_600_000,
             mode: Mode::Incremental,
             tie_break: TieBreak::Earliest,

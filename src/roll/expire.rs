@@ -39,7 +39,13 @@ pub async fn roll_instance(
     for n in dead {
         expire_slice(store, board, scope, n, now, chunk, cancel, report).await?;
     }
-    forget_seen(store, board, scope, now, chunk, cancel, report).await?;
+    // The widest window's instance holds the idempotency keys and stands for the scope in
+    // the registry (a narrower window's instance empties first, and is cleaned up on its
+    // own).
+    let widest = board.window_suffix().is_none();
+    if widest {
+        forget_seen(store, board, scope, now, chunk, cancel, report).await?;
+    }
     if board.mode == Mode::Resummarize
         && resummarize(store, board, scope, watermark, now, chunk).await?
     {
@@ -47,6 +53,7 @@ pub async fn roll_instance(
     }
     if let Some(scope) = scope {
         if store.cleanup(board, Some(scope)).await?
+            && widest
             && store.unregister_scope(board, scope, watermark).await?
         {
             report.scopes_removed += 1;

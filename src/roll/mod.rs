@@ -250,6 +250,44 @@ pub async fn roll_board(
     if let Some(calendar) = &board.period {
         return roll_periods(store, board, calendar, now).await;
     }
+    if !board.has_several_windows() {
+        return roll_window(store, board, now, chunk, cancel).await;
+    }
+    // Narrowest first: the widest, whose instances hold the idempotency keys and leave
+    // the scope registry when empty, last. The report is the widest's, with every
+    // window's work added.
+    let mut report = Report::default();
+    for view in board.views() {
+        let part = roll_window(store, &view, now, chunk, cancel).await?;
+        report.instances += part.instances;
+        report.slices_expired += part.slices_expired;
+        report.fields_expired += part.fields_expired;
+        report.members_removed += part.members_removed;
+        report.ids_forgotten += part.ids_forgotten;
+        report.scopes_removed += part.scopes_removed;
+        report.resummed += part.resummed;
+        report.instances_failed += part.instances_failed;
+        if report.first_error.is_none() {
+            report.first_error = part.first_error;
+        }
+        for (kind, n) in part.redis_errors {
+            *report.redis_errors.entry(kind).or_default() += n;
+        }
+        (report.board, report.mode) = (part.board, part.mode);
+        report.expired_through = part.expired_through;
+        (report.window_from, report.window_to) = (part.window_from, part.window_to);
+    }
+    Ok(report)
+}
+
+/// [`roll_board`] for one window of the board (`board` ranking it: [`Board::view`]).
+async fn roll_window(
+    store: &Store,
+    board: &Board,
+    now: i64,
+    chunk: usize,
+    cancel: &CancellationToken,
+) -> Result<Report, RollError> {
     let target = store
         .raise_board_watermark(board, board.slice_of(now) - board.slices_in_window(), now)
         .await?;

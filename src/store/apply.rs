@@ -138,7 +138,7 @@ pub fn apply_call(
         });
         rows.push((s, m));
     }
-    let (keys, mut args) = call_head(
+    let (mut keys, mut args) = call_head(
         board,
         k,
         fingerprint,
@@ -147,6 +147,28 @@ pub fn apply_call(
         events.len(),
         now,
     );
+    // The narrower windows of a board with several (the widest is `k`).
+    let narrower = board.narrower_views();
+    args.push(Value::from(narrower.len() as i64));
+    args.push(Value::from(if board.dense_rank { "1" } else { "0" }));
+    for view in &narrower {
+        let vk = k.in_window(&view.window_suffix().unwrap_or_default());
+        keys.extend([
+            vk.meta(),
+            vk.result(),
+            vk.members(),
+            vk.slices(),
+            vk.refs(),
+            vk.totals(),
+        ]);
+        keys.extend(slices.iter().map(|&n| vk.slice(n)));
+        keys.extend(board.incremental_feed().map(|_| vk.changes()));
+        keys.extend(board.dense_rank.then(|| vk.dense()));
+        args.extend([
+            Value::from(view.slices_in_window()),
+            Value::from(view.fingerprint()),
+        ]);
+    }
     for &n in &slices {
         args.extend([Value::from(n), Value::from(board.forget_at(n))]);
     }
@@ -457,9 +479,10 @@ impl Store {
         let mut raw_ids = self.holds_legacy_seen(&target.k.seen());
         let mut rest = events;
         while !rest.is_empty() {
-            let judged = if raw_ids {
+            let judged = if raw_ids || board.has_several_windows() {
                 // An instance still holding raw ids goes event by event, as its layout
-                // requires.
+                // requires; so does a board with several windows (the fast path writes
+                // one).
                 let chunk = &rest[..rest.len().min(APPLY_CHUNK)];
                 self.apply_exact(&target, chunk, &mut raw_ids, &mut out)
                     .await?;

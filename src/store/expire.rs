@@ -9,6 +9,7 @@ use super::{
     StoreError,
 };
 use crate::domain::board::Board;
+use crate::domain::keys::Keys;
 
 /// Result of expiring one chunk of a slice.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -60,7 +61,11 @@ impl Store {
             .eval(
                 &self.scripts.floor,
                 vec![self.keys.window(&board.name)],
-                vec![target.into(), now.into()],
+                vec![
+                    target.into(),
+                    now.into(),
+                    Keys::floor_field(board.window_suffix().as_deref()).into(),
+                ],
             )
             .await?;
         as_i64(&v).ok_or_else(|| reply_err("floor: not a number"))

@@ -350,7 +350,8 @@ impl Store {
 
     /// The keys of one instance.
     pub fn instance(&self, board: &Board, scope: Option<&str>) -> InstanceKeys {
-        self.keys.instance(&board.name, scope)
+        self.keys
+            .instance_in(&board.name, scope, board.window_suffix().as_deref())
     }
 
     async fn eval(

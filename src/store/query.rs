@@ -7,7 +7,7 @@ use super::{
     as_array, as_i64, as_string, parse_watermark, reply_err, score, tie_flag, Store, StoreError,
 };
 use crate::domain::board::{format_duration_ms, Board, Mode};
-use crate::domain::keys::InstanceKeys;
+use crate::domain::keys::{InstanceKeys, Keys};
 use crate::domain::ranking::{
     decode_member, Entry, MemberRank, Page, Percentile, Subset, SubsetEntry,
 };
@@ -121,7 +121,10 @@ impl Store {
         let board_watermark = Box::pin(super::redirected(|| {
             client.hmget::<(Option<String>, Option<String>), _, _>(
                 window.as_str(),
-                vec!["expired_through", "last_roll"],
+                vec![
+                    Keys::floor_field(board.window_suffix().as_deref()),
+                    "last_roll".to_string(),
+                ],
             )
         }));
         let (out, (watermark, rolled)) = tokio::try_join!(snapshot, board_watermark)?;

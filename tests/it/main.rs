@@ -16,3 +16,4 @@ mod lifecycle;
 mod query;
 mod roll;
 mod support;
+mod windows;

@@ -17,6 +17,9 @@
 --                        absent elsewhere: changes.lua)
 -- then             dense  ZSet  distinct totals above 0 (dense_rank boards only; absent
 --                        elsewhere), kept in step with `result` (members.lua dense_update)
+-- then, on a board with several windows, for each narrower window (the instance's keys of
+-- that window): meta, result, members, slices, refs, totals, its S slice Hashes, then its
+-- change stream and its dense ZSet where the board has them.
 --
 -- ARGV[1] now (epoch ms)      ARGV[2] slices per window N   ARGV[3] slice width (ms)
 -- ARGV[4] 'i' incremental | 'r' resummarize                 ARGV[5] tie: 'e' | 'l' | 'n'
@@ -26,10 +29,19 @@
 -- ARGV[11] the newest slice whose ids may be forgotten at `now` (Board::forgettable_through)
 -- ARGV[12] the size of the top the change feed watches (0: no feed)
 -- ARGV[13] the change stream's cap (entries)
+-- ARGV[14] V, the board's windows narrower than the widest (0 on a board with one)
+-- ARGV[15] '1' on a dense_rank board
+-- then V pairs (slices per window, settings fingerprint), one per narrower window;
 -- then S pairs (slice number, forget-at epoch ms), slice i stored at KEYS[8 + i];
 -- then M member names;
 -- then E events of 5 values: digest, slice index (1..S), member index (1..M), ts, amount;
 -- then, only while the instance still holds a legacy `seen` ZSet, the E raw ids.
+--
+-- Several windows: the first KEYS are the instance of the widest window, which alone
+-- remembers idempotency keys and decides what is late (forget-at and ARGV[11] are its);
+-- an event that is not late there is deduplicated once and added to every window whose
+-- watermark it is above, each window's slices, members and ranking its own. An event
+-- that would take a total in any of them past 2^53 - 1 is an overflow for all.
 --
 -- Idempotency keys are remembered in the instance's digest table (layout in digest.lua),
 -- and each remembered key's bucket hash in its slice's forget log. An entry counts while
@@ -58,23 +70,68 @@
 local meta, result, members, slices, seen, refs, totals, table_key,
   incremental, tie, negative, settings = shared_args(KEYS, ARGV)
 local S, M, E = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
-local feed, dense = tail_keys(KEYS, ARGV, S, tie)
+local V = tonumber(ARGV[14])
 local forgotten_through = tonumber(ARGV[11]) % WRAP
-local slice_base, member_base, event_base = 13, 13 + 2 * S, 13 + 2 * S + M
+local width, top, cap = tonumber(ARGV[3]), tonumber(ARGV[12]), ARGV[13]
+local with_dense = ARGV[15] == '1'
+local slice_base = 15 + 2 * V
+local member_base = slice_base + 2 * S
+local event_base = member_base + M
 local with_ids = #ARGV >= event_base + 6 * E
 
--- Phase 1: read and check.
-local stored = read_meta(meta)
-local now, watermark, gen, refused = gate(meta, stored, settings, tonumber(ARGV[1]), tonumber(ARGV[3]),
-  tonumber(ARGV[2]))
-if refused then return refused end
+-- The windows: views[1] the widest (the fixed KEYS), then the narrower ones.
+local views = {}
+local at = 9 + 2 * S
+local function tail(view)
+  if top > 0 then
+    view.feed = feed_of(KEYS[at], view.meta, top, cap, tie)
+    at = at + 1
+  end
+  if with_dense then
+    view.dense = KEYS[at]
+    at = at + 1
+  end
+end
+views[1] = { meta = meta, result = result, members = members, slices = slices, refs = refs,
+  totals = totals, settings = settings, per_window = tonumber(ARGV[2]), slice_key = {} }
+for i = 1, S do views[1].slice_key[i] = KEYS[8 + i] end
+tail(views[1])
+for v = 1, V do
+  local view = { meta = KEYS[at], result = KEYS[at + 1], members = KEYS[at + 2],
+    slices = KEYS[at + 3], refs = KEYS[at + 4], totals = KEYS[at + 5],
+    per_window = tonumber(ARGV[14 + 2 * v]), settings = ARGV[15 + 2 * v], slice_key = {} }
+  for i = 1, S do view.slice_key[i] = KEYS[at + 5 + i] end
+  at = at + 6 + S
+  tail(view)
+  views[v + 1] = view
+end
 
-local slice_no, forget, slice_key, log_key = {}, {}, {}, {}
+-- Phase 1: read and check.
+-- Every window's meta; the events are judged at the latest of `now` and their last rolls.
+local now = tonumber(ARGV[1])
+for _, view in ipairs(views) do
+  view.stored = read_meta(view.meta)
+  local later, _, _, refused = gate(view.meta, view.stored, view.settings, now, width, view.per_window)
+  if refused then return refused end
+  if later > now then now = later end
+end
+for _, view in ipairs(views) do
+  local _, watermark, gen = gate(view.meta, view.stored, view.settings, now, width, view.per_window)
+  view.watermark, view.gen = watermark, gen
+end
+local watermark = views[1].watermark
+
+local slice_no, forget, log_key = {}, {}, {}
 for i = 1, S do
   slice_no[i] = tonumber(ARGV[slice_base + 2 * i - 1])
   forget[i] = tonumber(ARGV[slice_base + 2 * i])
-  slice_key[i] = KEYS[8 + i]
   log_key[i] = KEYS[8 + S + i]
+end
+-- live_in[v][s]: slice s is above window v's watermark (every slice that is not late is
+-- above the widest's).
+for _, view in ipairs(views) do
+  view.live_in = {}
+  for i = 1, S do view.live_in[i] = slice_no[i] > view.watermark end
 end
 local names = {}
 for i = 1, M do names[i] = ARGV[member_base + i] end
@@ -130,41 +187,45 @@ if not buckets then return buckets_refused end
 local found = {}
 held_of(live_digests, 1, #live_digests, addr, buckets, forgotten_through, found)
 
--- Member state: zmember, total, live slice count.
--- Each member's state before the call (z0, total0, refs0) and as the events change it
--- (z, total, refs_new), by member index.
-local z0, _, total0, refs0, members_refused = member_state(members, result, totals, refs, names,
-  tie, incremental, negative)
-if members_refused then return members_refused end
-local z, total, refs_new = {}, {}, {}
-for i = 1, M do z[i], total[i], refs_new[i] = z0[i], total0[i], refs0[i] end
-
--- Slice fields touched by live events: slice index -> member index -> { old, value }.
-local fields = {}
-for _, e in ipairs(live) do
-  local b = event_base + (e - 1) * 5
-  local s, m = tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
-  fields[s] = fields[s] or { order = {} }
-  if not fields[s][m] then
-    fields[s][m] = true
-    fields[s].order[#fields[s].order + 1] = m
+-- Per window: each member's state before the call (z0, total0, refs0) and as the events
+-- change it (z, total, refs_new), by member index; and the slice fields the live events
+-- touch there: slice index -> member index -> { old, value }.
+for _, view in ipairs(views) do
+  local z0, _, total0, refs0, members_refused = member_state(view.members, view.result, view.totals,
+    view.refs, names, tie, incremental, negative)
+  if members_refused then return members_refused end
+  view.z0, view.total0, view.refs0 = z0, total0, refs0
+  view.z, view.total, view.refs_new = {}, {}, {}
+  for i = 1, M do view.z[i], view.total[i], view.refs_new[i] = z0[i], total0[i], refs0[i] end
+  local fields = {}
+  for _, e in ipairs(live) do
+    local b = event_base + (e - 1) * 5
+    local s, m = tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
+    if view.live_in[s] then
+      fields[s] = fields[s] or { order = {} }
+      if not fields[s][m] then
+        fields[s][m] = true
+        fields[s].order[#fields[s].order + 1] = m
+      end
+    end
   end
+  for s, f in pairs(fields) do
+    local field_names = {}
+    for k, m in ipairs(f.order) do field_names[k] = names[m] end
+    local olds, slice_refused = integers_of(view.slice_key[s], field_names, nil)
+    if not olds then return slice_refused end
+    for k, m in ipairs(f.order) do f[m] = { old = olds[k], value = olds[k] or 0 } end
+  end
+  view.fields = fields
+  -- The slice registry, read so that its type is checked before the first write too.
+  local touched_slices = {}
+  for s in pairs(fields) do touched_slices[#touched_slices + 1] = s end
+  table.sort(touched_slices)
+  local numbers = {}
+  for k, s in ipairs(touched_slices) do numbers[k] = string.format('%d', slice_no[s]) end
+  view.touched_slices, view.numbers = touched_slices, numbers
+  view.listed = variadic('ZMSCORE', view.slices, numbers)
 end
-for s, f in pairs(fields) do
-  local field_names = {}
-  for k, m in ipairs(f.order) do field_names[k] = names[m] end
-  local olds, slice_refused = integers_of(slice_key[s], field_names, nil)
-  if not olds then return slice_refused end
-  for k, m in ipairs(f.order) do f[m] = { old = olds[k], value = olds[k] or 0 } end
-end
-
--- The slice registry, read so that its type is checked before the first write too.
-local touched_slices = {}
-for s in pairs(fields) do touched_slices[#touched_slices + 1] = s end
-table.sort(touched_slices)
-local numbers = {}
-for k, s in ipairs(touched_slices) do numbers[k] = string.format('%d', slice_no[s]) end
-local listed = variadic('ZMSCORE', slices, numbers)
 
 -- Judge the live events in order against the state read above.
 local applied = {}
@@ -178,10 +239,15 @@ for k, e in ipairs(live) do
   else
     local s, m = tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
     local ts, amount = tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5])
-    local field = fields[s][m]
-    local new_total = total[m] + amount
-    local new_value = field.value + amount
-    if math.abs(new_total) > LIMIT or math.abs(new_value) > LIMIT then
+    local fits = true
+    for _, view in ipairs(views) do
+      if view.live_in[s] then
+        if math.abs(view.total[m] + amount) > LIMIT or math.abs(view.fields[s][m].value + amount) > LIMIT then
+          fits = false
+        end
+      end
+    end
+    if not fits then
       status[e] = 3
     else
       status[e] = 0
@@ -192,22 +258,32 @@ for k, e in ipairs(live) do
         applied[id] = true
         added[#added + 1] = k
       end
-      total[m] = new_total
-      field.value = new_value
-      if not field.touched then
-        field.touched = true
-        if not field.old then refs_new[m] = refs_new[m] + 1 end
+      for _, view in ipairs(views) do
+        if view.live_in[s] then
+          view.any = true
+          local field = view.fields[s][m]
+          view.total[m] = view.total[m] + amount
+          field.value = field.value + amount
+          if not field.touched then
+            field.touched = true
+            if not field.old then view.refs_new[m] = view.refs_new[m] + 1 end
+          end
+          local z = view.z
+          if not z[m] or (tie ~= 'n' and ts > time_of(z[m], tie)) then z[m] = zmember_at(names[m], ts, tie) end
+        end
       end
-      if not z[m] or (tie ~= 'n' and ts > time_of(z[m], tie)) then z[m] = zmember_at(names[m], ts, tie) end
     end
   end
 end
 if not any then return status end
-local old, old_totals
-if feed then old, old_totals = recorded_top(feed) end
+for _, view in ipairs(views) do
+  if view.any and view.feed then view.old, view.old_totals = recorded_top(view.feed) end
+end
 
 -- Phase 2: write. Every key's type and every value were checked above.
-pin_settings(meta, stored, settings)
+for _, view in ipairs(views) do
+  if view.any then pin_settings(view.meta, view.stored, view.settings) end
+end
 if #added > 0 then
   local dirty, logs = {}, {}
   for _, k in ipairs(added) do
@@ -220,30 +296,34 @@ if #added > 0 then
   write_table(table_key, L, p, held + #added, dirty, buckets, bucket_field, forgotten_through)
   for s, entries in pairs(logs) do variadic('RPUSH', log_key[s], entries) end
 end
-local registered = {}
-for k, s in ipairs(touched_slices) do
-  local f = fields[s]
-  local pairs_out = {}
-  for _, m in ipairs(f.order) do
-    local field = f[m]
-    if field.touched then
-      pairs_out[#pairs_out + 1] = names[m]
-      pairs_out[#pairs_out + 1] = string.format('%d', field.value)
+for _, view in ipairs(views) do
+  if view.any then
+    local registered = {}
+    for k, s in ipairs(view.touched_slices) do
+      local f = view.fields[s]
+      local pairs_out = {}
+      for _, m in ipairs(f.order) do
+        local field = f[m]
+        if field.touched then
+          pairs_out[#pairs_out + 1] = names[m]
+          pairs_out[#pairs_out + 1] = string.format('%d', field.value)
+        end
+      end
+      write_slice(view.slice_key[s], pairs_out, view.listed[k], view.numbers[k], registered)
     end
-  end
-  write_slice(slice_key[s], pairs_out, listed[k], numbers[k], registered)
-end
-variadic('ZADD', slices, registered)
+    variadic('ZADD', view.slices, registered)
 
--- t[i]: the tie-break time `members` records for a member whose ZSet member changed.
-local t = {}
-if tie ~= 'n' then
-  for i = 1, M do
-    if z[i] and z[i] ~= z0[i] then t[i] = time_of(z[i], tie) end
+    -- t[i]: the tie-break time `members` records for a member whose ZSet member changed.
+    local t, z, z0 = {}, view.z, view.z0
+    if tie ~= 'n' then
+      for i = 1, M do
+        if z[i] and z[i] ~= z0[i] then t[i] = time_of(z[i], tie) end
+      end
+    end
+    write_members(view.members, view.result, view.totals, view.refs, incremental, tie, negative, names,
+      z0, nil, z, t, view.total0, view.total, view.refs0, view.refs_new, view.dense)
+    if view.feed then record_changes(view.feed, view.old, view.old_totals, view.result, 'tip', now) end
+    write_meta(view.meta, view.gen, now)
   end
 end
-write_members(members, result, totals, refs, incremental, tie, negative, names, z0, nil, z, t,
-  total0, total, refs0, refs_new, dense)
-if feed then record_changes(feed, old, old_totals, result, 'tip', now) end
-write_meta(meta, gen, now)
 return status

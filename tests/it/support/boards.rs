@@ -31,6 +31,7 @@ pub fn board(name: &str, slice: i64, n: i64) -> Board {
         amount: "amount".into(),
         scale: 0,
         window_ms: slice * n,
+        windows: Vec::new(),
         slice_ms: slice,
         mode: Mode::Incremental,
         tie_break: TieBreak::Earliest,

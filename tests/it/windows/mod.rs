@@ -1,0 +1,4 @@
+//! Several windows from one ingest: one set of idempotency keys, one exact ranking per
+//! window, each rolled on its own.
+
+mod one_ingest_every_window;
