@@ -142,6 +142,10 @@ pub struct Page {
     /// Scope value, for scoped boards.
     #[schema(required = true)]
     pub scope: Option<String>,
+    /// The window read, as the configuration writes it (`24h`); on a calendar-period
+    /// board, the period's length (`week`).
+    #[schema(example = "7d")]
+    pub window: String,
     /// Decimal places of `total` (total = amount x 10^scale).
     pub scale: u32,
     /// Number of ranked members.
@@ -167,6 +171,10 @@ pub struct MemberRank {
     /// Scope value, for scoped boards.
     #[schema(required = true)]
     pub scope: Option<String>,
+    /// The window read, as the configuration writes it (`24h`); on a calendar-period
+    /// board, the period's length (`week`).
+    #[schema(example = "7d")]
+    pub window: String,
     /// Decimal places of `total`.
     pub scale: u32,
     /// Number of ranked members.
@@ -232,6 +240,86 @@ impl MemberRank {
     }
 }
 
+/// One member in every window of its board, from one snapshot
+/// (`members/{member}?all_windows=true`, `rollboard rank --all-windows`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct MemberWindows {
+    /// Board name.
+    pub board: String,
+    /// Scope value, for scoped boards.
+    #[schema(required = true)]
+    pub scope: Option<String>,
+    /// Decimal places of every `total`.
+    pub scale: u32,
+    /// The member.
+    pub member: String,
+    /// Calendar-period boards only: the id of the period read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(example = "2026-W48", nullable = false)]
+    pub period: Option<String>,
+    /// The member in each window of the board, in the configuration's order (one on a
+    /// board with one window).
+    pub windows: Vec<WindowRank>,
+}
+
+/// One member's place in one window of its board ([`MemberWindows`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct WindowRank {
+    /// The window, as the configuration writes it (`24h`); on a calendar-period board,
+    /// the period's length (`week`).
+    #[schema(example = "7d")]
+    pub window: String,
+    /// 1-based position in this window, null when the member is not ranked in it.
+    #[schema(required = true)]
+    pub rank: Option<u64>,
+    /// Competition rank in this window, null when not ranked in it.
+    #[schema(required = true)]
+    pub competition_rank: Option<u64>,
+    /// Dense rank in this window, on `dense_rank` boards only: null when not ranked in
+    /// it; absent from the answers of other boards.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<u64>, minimum = 1)]
+    pub dense_rank: Option<Option<u64>>,
+    /// Exact total over this window in the board's minor units, null when not ranked in
+    /// it.
+    #[schema(required = true)]
+    pub total: Option<i64>,
+    /// Number of members ranked in this window.
+    pub count: u64,
+    /// Share of this window's ranked members placed below the member, null when not
+    /// ranked in it.
+    #[schema(required = true)]
+    pub percentile: Option<Percentile>,
+    /// Start of this window's live range, epoch ms.
+    pub window_from: i64,
+    /// End of this window's live range, epoch ms.
+    pub window_to: i64,
+}
+
+impl MemberWindows {
+    /// Whether the member is ranked in at least one window.
+    pub fn is_ranked(&self) -> bool {
+        self.windows.iter().any(|w| w.rank.is_some())
+    }
+}
+
+impl WindowRank {
+    /// The window `window` of a member's rank answer in it.
+    pub fn of(window: String, rank: &MemberRank) -> WindowRank {
+        WindowRank {
+            window,
+            rank: rank.rank,
+            competition_rank: rank.competition_rank,
+            dense_rank: rank.dense_rank,
+            total: rank.total,
+            count: rank.count,
+            percentile: rank.percentile,
+            window_from: rank.window_from,
+            window_to: rank.window_to,
+        }
+    }
+}
+
 /// One member of a subset answer ([`Subset`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
 pub struct SubsetEntry {
@@ -268,8 +356,9 @@ pub struct Subset {
     /// Scope value, for scoped boards.
     #[schema(required = true)]
     pub scope: Option<String>,
-    /// The board's window, as a duration (`7d`); on a calendar-period board, the period's
-    /// length (`week`).
+    /// The window read, as the configuration writes it (`24h`); on a calendar-period
+    /// board, the period's length (`week`).
+    #[schema(example = "7d")]
     pub window: String,
     /// Decimal places of `total`.
     pub scale: u32,

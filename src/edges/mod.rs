@@ -6,3 +6,4 @@ pub mod daemon;
 pub mod http;
 pub mod periods;
 pub mod shutdown;
+pub mod windows;

@@ -6,6 +6,7 @@ use serde_json::Value;
 
 use crate::domain::board::{period_instance, Board, PeriodSelector};
 use crate::domain::period::Span;
+use crate::domain::ranking::MemberWindows;
 
 /// The period a query reads: on a period board, the instance of the chosen period (the
 /// current one unless named); elsewhere nothing.
@@ -83,6 +84,27 @@ impl Selected {
     /// The period read, if the board has periods.
     pub fn span(&self) -> Option<&Span> {
         self.span.as_ref()
+    }
+
+    /// What a period board answers as its `window`: the period's length (`week`).
+    pub fn length(&self) -> Option<&'static str> {
+        self.length
+    }
+
+    /// A member's answer in every window, relabelled as [`Selected::relabel`] relabels the
+    /// others: its `scope` the board's scope value; on a period board its `period` the
+    /// period's id, and its one window named by the period's length (`week`) with the
+    /// period's bounds.
+    pub fn relabel_windows(&self, answer: &mut MemberWindows, scope: Option<&str>) {
+        answer.scope = scope.map(str::to_string);
+        let (Some(span), Some(length)) = (&self.span, self.length) else {
+            return;
+        };
+        answer.period = Some(span.id.clone());
+        for window in &mut answer.windows {
+            window.window = length.to_string();
+            (window.window_from, window.window_to) = (span.start_ms, span.end_ms);
+        }
     }
 
     /// An answer (a page, a rank, a subset) as JSON, relabelled: its `scope` the board's

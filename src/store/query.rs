@@ -6,10 +6,11 @@ use fred::prelude::*;
 use super::{
     as_array, as_i64, as_string, parse_watermark, reply_err, score, tie_flag, Store, StoreError,
 };
-use crate::domain::board::{format_duration_ms, Board, Mode};
+use crate::domain::board::{Board, Mode};
 use crate::domain::keys::{InstanceKeys, Keys};
 use crate::domain::ranking::{
-    decode_member, Entry, MemberRank, Page, Percentile, Subset, SubsetEntry,
+    decode_member, Entry, MemberRank, MemberWindows, Page, Percentile, Subset, SubsetEntry,
+    WindowRank,
 };
 
 struct Snapshot {
@@ -32,6 +33,15 @@ impl Store {
         }
     }
 
+    /// The keys `query.lua` reads for one window of an instance: its `meta`, `result`,
+    /// lookup and, on a dense_rank board, `dense`.
+    fn query_keys(&self, board: &Board, scope: Option<&str>) -> Vec<String> {
+        let k = self.instance(board, scope);
+        let mut keys = vec![k.meta(), k.result(), self.lookup(board, &k)];
+        keys.extend(board.dense_rank.then(|| k.dense()));
+        keys
+    }
+
     async fn query(
         &self,
         board: &Board,
@@ -39,62 +49,17 @@ impl Store {
         mut args: Vec<Value>,
         now: i64,
     ) -> Result<Snapshot, StoreError> {
-        let k = self.instance(board, scope);
-        let mut keys = vec![k.meta(), k.result(), self.lookup(board, &k)];
-        keys.extend(board.dense_rank.then(|| k.dense()));
+        let keys = self.query_keys(board, scope);
         let subset = args.first().and_then(|op| op.as_str()).as_deref() == Some("ranks");
         args.insert(1, Value::from(tie_flag(board)));
-        let (out, board_watermark, board_rolled) = self.snapshot(board, scope, keys, args).await?;
-        let out = as_array(out).ok_or_else(|| reply_err("query: not an array"))?;
-        let mut it = out.into_iter();
-        let expired = it.next().as_ref().and_then(as_i64).max(board_watermark);
-        let mut num = || {
-            it.next()
-                .as_ref()
-                .and_then(as_i64)
-                .ok_or_else(|| reply_err("query: missing number"))
-        };
-        let count = num()?.max(0) as u64;
-        let rank = num()?;
-        let first_competition = num()?.max(0) as u64;
-        let start = num()?.max(0) as u64;
-        let rows = it.next().and_then(as_array).unwrap_or_default();
-        let mut stamp = || it.next().as_ref().and_then(as_i64);
-        let (rolled, changed, summed) = (stamp(), stamp(), stamp());
-        let first_dense = stamp()
-            .and_then(|d| u64::try_from(d).ok())
-            .filter(|_| board.dense_rank);
-        // When the ranking last changed: an incremental ranking changes with every apply
-        // and every roll (the board's own, for a scope); a resummarize ranking only when a
-        // run swaps in a new sum.
-        let as_of = match board.mode {
-            Mode::Incremental => changed.max(rolled).max(board_rolled),
-            Mode::Resummarize => summed,
-        };
-        let (window_from, window_to) = board.live_range(now, expired);
-        let (entries, subset) = if subset {
-            (Vec::new(), rows)
-        } else {
-            let first = Firsts {
-                start,
-                competition: first_competition,
-                dense: first_dense,
-            };
-            (entries(board, rows, first, count)?, Vec::new())
-        };
-        Ok(Snapshot {
-            count,
-            rank: u64::try_from(rank).ok().map(|r| r + 1),
-            window_from,
-            window_to,
-            as_of,
-            entries,
-            subset,
-        })
+        let views = std::slice::from_ref(board);
+        let (out, board_watermarks, board_rolled) = self.snapshot(views, scope, keys, args).await?;
+        let board_watermark = board_watermarks.into_iter().next().flatten();
+        decode(board, out, board_watermark, board_rolled, subset, now)
     }
 
-    /// The query's script call and, for a scoped instance, the board's watermark and last
-    /// roll read beside it.
+    /// The script call and, for a scoped instance, the board's watermark of each of
+    /// `views` (the windows read) and its last roll, read beside it.
     ///
     /// A scoped instance follows the board's watermark too (see [`Store::raise_board_watermark`]);
     /// both reads go out together on one connection, so this costs no extra round trip.
@@ -102,11 +67,11 @@ impl Store {
     /// the script call.
     async fn snapshot(
         &self,
-        board: &Board,
+        views: &[Board],
         scope: Option<&str>,
         keys: Vec<String>,
         args: Vec<Value>,
-    ) -> Result<(Value, Option<i64>, Option<i64>), StoreError> {
+    ) -> Result<(Value, Vec<Option<i64>>, Option<i64>), StoreError> {
         let client = self.reader();
         let snapshot = self.timed(
             &self.scripts.query,
@@ -114,31 +79,32 @@ impl Store {
                 self.fcall(client, &self.scripts.query, keys.clone(), args.clone())
             })),
         );
-        if scope.is_none() {
-            return Ok((snapshot.await?, None, None));
-        }
-        let window = self.keys.window(&board.name);
+        let Some(first) = views.first().filter(|_| scope.is_some()) else {
+            return Ok((snapshot.await?, vec![None; views.len()], None));
+        };
+        let window = self.keys.window(&first.name);
+        let mut fields: Vec<String> = views
+            .iter()
+            .map(|v| Keys::floor_field(v.window_suffix().as_deref()))
+            .collect();
+        fields.push("last_roll".to_string());
         let board_watermark = Box::pin(super::redirected(|| {
-            client.hmget::<(Option<String>, Option<String>), _, _>(
-                window.as_str(),
-                vec![
-                    Keys::floor_field(board.window_suffix().as_deref()),
-                    "last_roll".to_string(),
-                ],
-            )
+            client.hmget::<Vec<Option<String>>, _, _>(window.as_str(), fields.clone())
         }));
-        let (out, (watermark, rolled)) = tokio::try_join!(snapshot, board_watermark)?;
-        Ok((
-            out,
-            parse_watermark(watermark)?,
-            rolled.and_then(|t| t.parse::<i64>().ok()),
-        ))
+        let (out, mut read) = tokio::try_join!(snapshot, board_watermark)?;
+        let rolled = read.pop().flatten().and_then(|t| t.parse::<i64>().ok());
+        let watermarks = read
+            .into_iter()
+            .map(parse_watermark)
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok((out, watermarks, rolled))
     }
 
     fn page(board: &Board, scope: Option<&str>, snap: Snapshot) -> Page {
         Page {
             board: board.name.clone(),
             scope: scope.map(str::to_string),
+            window: board.window_name(),
             scale: board.scale,
             count: snap.count,
             window_from: snap.window_from,
@@ -157,6 +123,7 @@ impl Store {
         MemberRank {
             board: board.name.clone(),
             scope: scope.map(str::to_string),
+            window: board.window_name(),
             scale: board.scale,
             count: snap.count,
             window_from: snap.window_from,
@@ -212,6 +179,68 @@ impl Store {
         Ok(Self::member_rank(board, scope, member, snap))
     }
 
+    /// The position of `member` in every window of `board`, in the configuration's order
+    /// (one on a board with one window, and on a period board, whose `scope` is then the
+    /// period's instance): rank fields null in a window where it is not ranked.
+    ///
+    /// One round trip: every window's instance of one scope shares its hash tag, so one
+    /// `query.lua` call (`windows`) reads the member in each of them, one snapshot of
+    /// them all (an apply writes every window in one call, so no answer shows it in one
+    /// window and not yet in another); a scoped instance's board watermarks go out beside
+    /// it on the same connection, as for every query.
+    pub async fn rank_in_windows(
+        &self,
+        board: &Board,
+        scope: Option<&str>,
+        member: &str,
+        now: i64,
+    ) -> Result<MemberWindows, StoreError> {
+        let views: Vec<Board> = if board.period.is_some() {
+            vec![board.clone()]
+        } else {
+            board
+                .window_list()
+                .iter()
+                .filter_map(|w| board.view(Some(&w.name)))
+                .collect()
+        };
+        let mut keys = Vec::new();
+        for view in &views {
+            keys.extend(self.query_keys(view, scope));
+        }
+        let per_window = keys.len() / views.len().max(1);
+        let args: Vec<Value> = vec![
+            "windows".into(),
+            tie_flag(board).into(),
+            member.into(),
+            (per_window as i64).into(),
+        ];
+        let (out, board_watermarks, board_rolled) =
+            self.snapshot(&views, scope, keys, args).await?;
+        let answers = as_array(out).ok_or_else(|| reply_err("query: not an array"))?;
+        if answers.len() != views.len() {
+            return Err(reply_err(format!(
+                "query: {} answers for {} windows",
+                answers.len(),
+                views.len()
+            )));
+        }
+        let mut windows = Vec::with_capacity(views.len());
+        for ((view, out), watermark) in views.iter().zip(answers).zip(board_watermarks) {
+            let snap = decode(view, out, watermark, board_rolled, false, now)?;
+            let rank = Self::member_rank(view, scope, member, snap);
+            windows.push(WindowRank::of(view.window_name(), &rank));
+        }
+        Ok(MemberWindows {
+            board: board.name.clone(),
+            scope: scope.map(str::to_string),
+            scale: board.scale,
+            member: member.to_string(),
+            period: None,
+            windows,
+        })
+    }
+
     /// The ranks of `members` (one listed twice is answered once) on the board and among themselves, in
     /// one script call: the ranked ones in the board's order, then the others as listed.
     pub async fn ranks(
@@ -258,6 +287,64 @@ impl Store {
         }
         Ok(Ok(Self::page(board, scope, snap)))
     }
+}
+
+/// One `query.lua` answer (`out`) decoded for `board` (the window read): the board's
+/// watermark of that window and last roll, for a scoped instance, are read beside it.
+fn decode(
+    board: &Board,
+    out: Value,
+    board_watermark: Option<i64>,
+    board_rolled: Option<i64>,
+    subset: bool,
+    now: i64,
+) -> Result<Snapshot, StoreError> {
+    let out = as_array(out).ok_or_else(|| reply_err("query: not an array"))?;
+    let mut it = out.into_iter();
+    let expired = it.next().as_ref().and_then(as_i64).max(board_watermark);
+    let mut num = || {
+        it.next()
+            .as_ref()
+            .and_then(as_i64)
+            .ok_or_else(|| reply_err("query: missing number"))
+    };
+    let count = num()?.max(0) as u64;
+    let rank = num()?;
+    let first_competition = num()?.max(0) as u64;
+    let start = num()?.max(0) as u64;
+    let rows = it.next().and_then(as_array).unwrap_or_default();
+    let mut stamp = || it.next().as_ref().and_then(as_i64);
+    let (rolled, changed, summed) = (stamp(), stamp(), stamp());
+    let first_dense = stamp()
+        .and_then(|d| u64::try_from(d).ok())
+        .filter(|_| board.dense_rank);
+    // When the ranking last changed: an incremental ranking changes with every apply
+    // and every roll (the board's own, for a scope); a resummarize ranking only when a
+    // run swaps in a new sum.
+    let as_of = match board.mode {
+        Mode::Incremental => changed.max(rolled).max(board_rolled),
+        Mode::Resummarize => summed,
+    };
+    let (window_from, window_to) = board.live_range(now, expired);
+    let (entries, subset) = if subset {
+        (Vec::new(), rows)
+    } else {
+        let first = Firsts {
+            start,
+            competition: first_competition,
+            dense: first_dense,
+        };
+        (entries(board, rows, first, count)?, Vec::new())
+    };
+    Ok(Snapshot {
+        count,
+        rank: u64::try_from(rank).ok().map(|r| r + 1),
+        window_from,
+        window_to,
+        as_of,
+        entries,
+        subset,
+    })
 }
 
 /// The subset answer from the script's `ranks` rows (five per member asked, in order).
@@ -320,7 +407,7 @@ fn subset(
     Ok(Subset {
         board: board.name.clone(),
         scope: scope.map(str::to_string),
-        window: format_duration_ms(board.window_ms),
+        window: board.window_name(),
         scale: board.scale,
         count,
         window_from: snap.window_from,

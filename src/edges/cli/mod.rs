@@ -1,5 +1,6 @@
 //! The command-line interface: the arguments, the exit status of every outcome, and a
-//! dispatch to the one function of each subcommand (`query`: top, rank, around; `send`;
+//! dispatch to the one function of each subcommand (`query`: top, rank, around, each of
+//! one window or, `rank --all-windows`, of every window; `send`;
 //! `roll`; `verify`: verify, rebuild; `drop_board`; `dead_letters`). Each subcommand opens
 //! its own connection (`connect`) and prints through `output` and `time`.
 //!
@@ -79,6 +80,10 @@ pub enum Command {
         /// Entries to skip.
         #[arg(long, default_value_t = 0)]
         offset: u64,
+        /// Window of a board with several (`windows = [...]`): its name as configured or
+        /// an equal duration (default: the first listed).
+        #[arg(long)]
+        window: Option<String>,
         /// Period of a period board: current (default), previous or an id (2026-11-26,
         /// 2026-W48, 2026-11).
         #[arg(long)]
@@ -99,6 +104,14 @@ pub enum Command {
         /// Scope value (required for scoped boards).
         #[arg(long)]
         scope: Option<String>,
+        /// Window of a board with several (`windows = [...]`): its name as configured or
+        /// an equal duration (default: the first listed).
+        #[arg(long)]
+        window: Option<String>,
+        /// The member's rank in every window of the board, from one snapshot (one member;
+        /// exit 3 when it is ranked in none).
+        #[arg(long, conflicts_with = "window")]
+        all_windows: bool,
         /// Period of a period board: current (default), previous or an id (2026-11-26,
         /// 2026-W48, 2026-11).
         #[arg(long)]
@@ -119,6 +132,10 @@ pub enum Command {
         /// Entries on each side (0 to 100).
         #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(0..=100))]
         radius: u64,
+        /// Window of a board with several (`windows = [...]`): its name as configured or
+        /// an equal duration (default: the first listed).
+        #[arg(long)]
+        window: Option<String>,
         /// Period of a period board: current (default), previous or an id (2026-11-26,
         /// 2026-W48, 2026-11).
         #[arg(long)]
@@ -248,23 +265,38 @@ async fn dispatch(settings: &Settings, command: Command) -> anyhow::Result<u8> {
             scope,
             limit,
             offset,
+            window,
             period,
             json,
         } => {
-            let target = (scope.as_deref(), period.as_deref());
+            let target = query::Target {
+                scope: scope.as_deref(),
+                period: period.as_deref(),
+                window: window.as_deref(),
+            };
             query::top(settings, &board, target, limit, offset, json).await
         }
         Command::Rank {
             board,
             members,
             scope,
+            window,
+            all_windows,
             period,
             json,
         } => {
-            let target = (scope.as_deref(), period.as_deref());
-            match members.as_slice() {
-                [member] => query::rank(settings, &board, member, target, json).await,
-                _ => query::ranks(settings, &board, &members, target, json).await,
+            let target = query::Target {
+                scope: scope.as_deref(),
+                period: period.as_deref(),
+                window: window.as_deref(),
+            };
+            match (members.as_slice(), all_windows) {
+                ([member], true) => {
+                    query::rank_all_windows(settings, &board, member, target, json).await
+                }
+                (_, true) => Err(Usage("--all-windows takes one member".into()).into()),
+                ([member], false) => query::rank(settings, &board, member, target, json).await,
+                (_, false) => query::ranks(settings, &board, &members, target, json).await,
             }
         }
         Command::Around {
@@ -272,10 +304,15 @@ async fn dispatch(settings: &Settings, command: Command) -> anyhow::Result<u8> {
             member,
             scope,
             radius,
+            window,
             period,
             json,
         } => {
-            let target = (scope.as_deref(), period.as_deref());
+            let target = query::Target {
+                scope: scope.as_deref(),
+                period: period.as_deref(),
+                window: window.as_deref(),
+            };
             query::around(settings, &board, &member, target, radius, json).await
         }
         Command::Send { file } => send::send(settings, file).await,

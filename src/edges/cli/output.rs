@@ -20,9 +20,10 @@ pub(super) fn print_page(page: &Page, json: bool) -> anyhow::Result<()> {
         .unwrap_or_default();
     writeln!(
         out,
-        "{}{scope}: {} ranked, window {} .. {}{}",
+        "{}{scope}: {} ranked, window {} {} .. {}{}",
         page.board,
         page.count,
+        page.window,
         show_time(page.window_from),
         show_time(page.window_to),
         as_of(page.as_of)

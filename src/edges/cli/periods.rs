@@ -42,6 +42,7 @@ pub(super) fn print_period_page(
     );
     page.scope = scope.map(str::to_string);
     (page.window_from, page.window_to) = (span.start_ms, span.end_ms);
+    page.window = selected.length().unwrap_or_default().to_string();
     print_page(&page, false)
 }
 
@@ -62,6 +63,7 @@ pub(super) fn period_rank(
     if let Some(span) = selected.span() {
         rank.scope = scope.map(str::to_string);
         (rank.window_from, rank.window_to) = (span.start_ms, span.end_ms);
+        rank.window = selected.length().unwrap_or_default().to_string();
     }
     (rank, json)
 }

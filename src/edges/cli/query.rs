@@ -1,5 +1,5 @@
 //! `rollboard top|rank|around`: the read commands, answered at Redis's clock, and the
-//! checks of their board, scope and member arguments.
+//! checks of their board, scope, window and member arguments.
 
 use super::connect::connect;
 use super::output::member_width;
@@ -9,7 +9,7 @@ use super::{Usage, EXIT_NOT_FOUND};
 use crate::config::Settings;
 use crate::domain::board::Board;
 use crate::domain::event::check_name;
-use crate::domain::ranking::{format_total, MemberRank, Subset};
+use crate::domain::ranking::{format_total, MemberRank, MemberWindows, Subset};
 use crate::edges::periods::Selected;
 use crate::store::Store;
 
@@ -34,12 +34,29 @@ pub fn resolve_board<'a>(
     }
 }
 
+/// What a read command reads of its board: `--scope`, `--period` and `--window`.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Target<'a> {
+    /// The scope value, on a scoped board.
+    pub scope: Option<&'a str>,
+    /// The period of a period board (the current one when absent).
+    pub period: Option<&'a str>,
+    /// The window (the first configured when absent).
+    pub window: Option<&'a str>,
+}
+
+/// The board ranking the window `--window` names: the first configured when absent; a
+/// window the board does not rank is a usage error naming those it does.
+fn view_of(board: &Board, window: Option<&str>) -> Result<Board, Usage> {
+    crate::edges::windows::view(board, window, "--window").map_err(Usage)
+}
+
 /// Connects for a read of `board` and reads Redis's clock; the period it names (a bad
 /// `--period` is a usage error before any connection: ids need no clock).
 async fn open(
     settings: &Settings,
     board: &Board,
-    (scope, period): (Option<&str>, Option<&str>),
+    Target { scope, period, .. }: Target<'_>,
 ) -> anyhow::Result<(Store, i64, Selected)> {
     period_of(board, scope, period, 0)?;
     let store = connect(settings).await?;
@@ -58,15 +75,17 @@ fn check_member(member: &str) -> Result<(), Usage> {
 pub(super) async fn top(
     settings: &Settings,
     board: &str,
-    (scope, period): (Option<&str>, Option<&str>),
+    target: Target<'_>,
     limit: u64,
     offset: u64,
     json: bool,
 ) -> anyhow::Result<u8> {
+    let scope = target.scope;
     let board = resolve_board(settings, board, scope)?;
-    let (store, now, selected) = open(settings, board, (scope, period)).await?;
+    let view = view_of(board, target.window)?;
+    let (store, now, selected) = open(settings, board, target).await?;
     let page = store
-        .top(board, selected.instance(scope), offset, limit, now)
+        .top(&view, selected.instance(scope), offset, limit, now)
         .await?;
     print_period_page(page, &selected, scope, json)?;
     Ok(0)
@@ -77,14 +96,16 @@ pub(super) async fn rank(
     settings: &Settings,
     board: &str,
     member: &str,
-    (scope, period): (Option<&str>, Option<&str>),
+    target: Target<'_>,
     json: bool,
 ) -> anyhow::Result<u8> {
+    let scope = target.scope;
     let board = resolve_board(settings, board, scope)?;
+    let view = view_of(board, target.window)?;
     check_member(member)?;
-    let (store, now, selected) = open(settings, board, (scope, period)).await?;
+    let (store, now, selected) = open(settings, board, target).await?;
     let rank = store
-        .rank(board, selected.instance(scope), member, now)
+        .rank(&view, selected.instance(scope), member, now)
         .await?;
     let found = rank.is_ranked();
     let (rank, answer) = period_rank(rank, &selected, scope);
@@ -106,10 +127,11 @@ fn print_rank(rank: &MemberRank) {
             .map(|d| format!(", dense rank {d}"))
             .unwrap_or_default();
         println!(
-            "{} rank {r} (competition rank {c}{dense}) of {} on {}, percentile {percentile}: total {}{}{}",
+            "{} rank {r} (competition rank {c}{dense}) of {} on {} ({}), percentile {percentile}: total {}{}{}",
             rank.member,
             rank.count,
             rank.board,
+            rank.window,
             format_total(t, rank.scale),
             rank.last_ts
                 .map(|ts| format!(", last {}", show_time(ts)))
@@ -133,10 +155,12 @@ pub(super) async fn ranks(
     settings: &Settings,
     board: &str,
     members: &[String],
-    (scope, period): (Option<&str>, Option<&str>),
+    target: Target<'_>,
     json: bool,
 ) -> anyhow::Result<u8> {
+    let scope = target.scope;
     let board = resolve_board(settings, board, scope)?;
+    let view = view_of(board, target.window)?;
     if members.len() > MAX_RANKS_MEMBERS {
         return Err(Usage(format!(
             "rank takes at most {MAX_RANKS_MEMBERS} members, not {}",
@@ -147,10 +171,10 @@ pub(super) async fn ranks(
     for member in members {
         check_member(member)?;
     }
-    let (store, now, selected) = open(settings, board, (scope, period)).await?;
+    let (store, now, selected) = open(settings, board, target).await?;
     let names: Vec<&str> = members.iter().map(String::as_str).collect();
     let mut subset = store
-        .ranks(board, selected.instance(scope), &names, now)
+        .ranks(&view, selected.instance(scope), &names, now)
         .await?;
     // A period's instance is the board's period, not a scope of its own.
     subset.scope = scope.map(str::to_string);
@@ -174,9 +198,10 @@ fn print_subset(subset: &Subset) {
         .map(|s| format!(" [{s}]"))
         .unwrap_or_default();
     println!(
-        "{}{scope}: {} ranked, window {} .. {}{}",
+        "{}{scope}: {} ranked, window {} {} .. {}{}",
         subset.board,
         subset.count,
+        subset.window,
         show_time(subset.window_from),
         show_time(subset.window_to),
         as_of(subset.as_of)
@@ -220,15 +245,17 @@ pub(super) async fn around(
     settings: &Settings,
     board: &str,
     member: &str,
-    (scope, period): (Option<&str>, Option<&str>),
+    target: Target<'_>,
     radius: u64,
     json: bool,
 ) -> anyhow::Result<u8> {
+    let scope = target.scope;
     let board = resolve_board(settings, board, scope)?;
+    let view = view_of(board, target.window)?;
     check_member(member)?;
-    let (store, now, selected) = open(settings, board, (scope, period)).await?;
+    let (store, now, selected) = open(settings, board, target).await?;
     let instance = selected.instance(scope);
-    match store.around(board, instance, member, radius, now).await? {
+    match store.around(&view, instance, member, radius, now).await? {
         Ok(page) => {
             print_period_page(page, &selected, scope, json)?;
             Ok(0)
@@ -245,5 +272,78 @@ pub(super) async fn around(
             }
             Ok(EXIT_NOT_FOUND)
         }
+    }
+}
+
+/// `rank --all-windows`: one member's place in every window of the board, from one
+/// snapshot (exit 3 when it is ranked in none).
+pub(super) async fn rank_all_windows(
+    settings: &Settings,
+    board: &str,
+    member: &str,
+    target: Target<'_>,
+    json: bool,
+) -> anyhow::Result<u8> {
+    let scope = target.scope;
+    let board = resolve_board(settings, board, scope)?;
+    check_member(member)?;
+    let (store, now, selected) = open(settings, board, target).await?;
+    let mut answer = store
+        .rank_in_windows(board, selected.instance(scope), member, now)
+        .await?;
+    selected.relabel_windows(&mut answer, scope);
+    if json {
+        println!("{}", serde_json::to_string(&answer)?);
+    } else {
+        print_windows(&answer);
+    }
+    Ok(if answer.is_ranked() {
+        0
+    } else {
+        EXIT_NOT_FOUND
+    })
+}
+
+/// The table of `rank --all-windows`: a head line, then one row per window.
+fn print_windows(answer: &MemberWindows) {
+    let scope = answer
+        .scope
+        .as_deref()
+        .map(|s| format!(" [{s}]"))
+        .unwrap_or_default();
+    let period = answer
+        .period
+        .as_deref()
+        .map(|p| format!(", period {p}"))
+        .unwrap_or_default();
+    println!("{} on {}{scope}{period}", answer.member, answer.board);
+    let width = answer
+        .windows
+        .iter()
+        .map(|w| w.window.chars().count())
+        .max()
+        .unwrap_or(6)
+        .max(6);
+    println!(
+        "{:<width$}  {:>6} {:>6} {:>6}  {:>20}  {:>6}  FROM .. TO",
+        "WINDOW", "RANK", "COMP", "PCTL", "TOTAL", "COUNT"
+    );
+    let show = |n: Option<u64>| n.map_or_else(|| "-".to_string(), |n| n.to_string());
+    for w in &answer.windows {
+        println!(
+            "{:<width$}  {:>6} {:>6} {:>6}  {:>20}  {:>6}  {} .. {}",
+            w.window,
+            show(w.rank),
+            show(w.competition_rank),
+            w.percentile
+                .map_or_else(|| "-".to_string(), |p| p.to_string()),
+            w.total.map_or_else(
+                || "not ranked".to_string(),
+                |t| format_total(t, answer.scale)
+            ),
+            w.count,
+            show_time(w.window_from),
+            show_time(w.window_to),
+        );
     }
 }

@@ -87,9 +87,26 @@ pub(super) struct BoardDescription {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<String>, nullable = true)]
     week_start: Option<Option<String>>,
-    /// The window, in ms (null on a period board).
+    /// The first configured window (the one queries read by default), in ms (null on a
+    /// period board).
     #[schema(required = true)]
     window_ms: Option<i64>,
+    /// Every window the board ranks, in the configuration's order (the first is the
+    /// default of `window=`); one for a board with one `window` (null on a period board).
+    #[schema(required = true)]
+    windows: Option<Vec<WindowDescription>>,
+}
+
+/// One window of a board, as `GET /v1/boards` lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub(super) struct WindowDescription {
+    /// The window as the configuration writes it (`24h`): the name `window=` takes and
+    /// answers carry.
+    #[schema(example = "24h")]
+    name: String,
+    /// Its width, in ms.
+    #[schema(example = 86400000)]
+    ms: i64,
 }
 
 /// The answer of `GET /v1/boards`.
@@ -152,9 +169,10 @@ pub(super) async fn board(
     Ok(Json(answer))
 }
 
-/// How `GET /v1/boards` lists a board, and `GET /v1/boards/{board}` opens: its settings,
-/// and for a period board its calendar (`period`, `time_zone`, `week_start` for weekly
-/// boards, `period_grace_ms` and `keep_periods`) and no window or slice (`null`).
+/// How `GET /v1/boards` lists a board, and `GET /v1/boards/{board}` opens: its settings
+/// and windows, and for a period board its calendar (`period`, `time_zone`, `week_start`
+/// for weekly boards, `period_grace_ms` and `keep_periods`) and no window or slice
+/// (`null`).
 fn description(b: &Board) -> BoardDescription {
     let calendar = b.period.as_ref();
     let rolling = |ms: i64| calendar.is_none().then_some(ms);
@@ -179,6 +197,15 @@ fn description(b: &Board) -> BoardDescription {
         tie_break: b.tie_break.as_str().to_string(),
         time_zone: calendar.map(|c| c.zone.name().to_string()),
         week_start: calendar.map(|c| c.week_start().map(str::to_string)),
-        window_ms: rolling(b.window_ms),
+        window_ms: b.view(None).and_then(|v| rolling(v.window_ms)),
+        windows: calendar.is_none().then(|| {
+            b.window_list()
+                .into_iter()
+                .map(|w| WindowDescription {
+                    name: w.name,
+                    ms: w.ms,
+                })
+                .collect()
+        }),
     }
 }

@@ -1,5 +1,5 @@
-//! `GET /v1/boards/{board}/changes`: a board instance's change feed as Server-Sent Events
-//! (docs/api.md, "The change feed").
+//! `GET /v1/boards/{board}/changes`: the change feed of one window of a board instance as
+//! Server-Sent Events (docs/api.md, "The change feed").
 //!
 //! One reader per feed, however many subscribers: the [`Hub`] starts a task blocking in
 //! `XREAD` on a Redis connection of its own when a feed gets its first subscriber, hands
@@ -32,7 +32,6 @@ use super::error::{ApiError, ApiResult, ErrorBody};
 use super::params::params;
 use super::AppState;
 use crate::config::RedisSettings;
-use crate::domain::board::{format_duration_ms, parse_duration_ms};
 use crate::metrics::{Disconnect, Metrics};
 use crate::store::{wait_feed, FeedEntry, FeedId, Reconnect, Store, StoreError, FEED_PAGE};
 
@@ -233,7 +232,8 @@ async fn read_feed(
 pub(super) struct ChangesQuery {
     /// The scope value: required on a scoped board, refused on another.
     scope: Option<String>,
-    /// The board's window as configured (`7d`), or absent.
+    /// The window whose feed is read: one of the board's `windows` as the configuration
+    /// writes it (`24h`) or an equal duration (`1d`); the first configured when absent.
     window: Option<String>,
     /// A period board's period: `current` (the default), `previous` or its id; the feed
     /// of that period's instance.
@@ -253,7 +253,7 @@ pub(super) struct ChangesQuery {
     security((), ("reader" = [])),
     responses(
         (status = 200, description = "A stream of `text/event-stream` events: `id:` the entry ID, `event:` the kind (`entered`, `left`, `passed`, or `reset` when entries after `Last-Event-ID` are no longer kept), `data:` the entry as JSON; a comment every `http.changes_heartbeat`", content_type = "text/event-stream", body = String),
-        (status = 400, description = "A bad parameter (unknown, a missing or needless scope, another window) or `Last-Event-ID`", body = ErrorBody),
+        (status = 400, description = "A bad parameter (unknown, a missing or needless scope, a window the board does not rank) or `Last-Event-ID`", body = ErrorBody),
         (status = 401, description = "The reader's token is required", body = ErrorBody),
         (status = 404, description = "An unknown board, a board without a change feed (`changes_top`), or a period no longer kept", body = ErrorBody),
         (status = 503, description = "A Redis outage, or `http.max_subscribers` streams open; with `Retry-After`", body = ErrorBody),
@@ -276,15 +276,7 @@ pub(super) async fn changes(
         )));
     }
     let scope = super::query::scope_of(b, &params)?;
-    if let Some(window) = params.get("window") {
-        if parse_duration_ms(window) != Some(b.window_ms) {
-            return Err(ApiError::BadRequest(format!(
-                "board {} has one window, {}: window must be it or absent",
-                b.name,
-                format_duration_ms(b.window_ms)
-            )));
-        }
-    }
+    let view = super::query::view_of(b, params.get("window").map(String::as_str))?;
     let resume = match headers.get("last-event-id") {
         None => None,
         Some(value) => Some(
@@ -314,11 +306,13 @@ pub(super) async fn changes(
         return Ok(response);
     };
     // A period board's feed is its period instance's: the current period's unless named.
+    // Each window of a board keeps a feed of its own: the widest's without a suffix.
     let (_, selected) = super::query::period_of(&state, b, scope, &params)?;
-    let key = state
-        .store
-        .keys()
-        .changes(&b.name, selected.instance(scope), None);
+    let key = state.store.keys().changes(
+        &b.name,
+        selected.instance(scope),
+        view.window_suffix().as_deref(),
+    );
     let feed_state = super::error::redis(&state, state.store.feed_state(&key)).await?;
     // Joined before the catch-up reads: whatever is added from now on comes through the
     // broadcast, whatever was added before through the catch-up (duplicates skipped by ID).

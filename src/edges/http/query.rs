@@ -17,9 +17,9 @@ use super::board::BoardList;
 use super::error::{redis, ApiError, ApiResult, ErrorBody};
 use super::params::params;
 use super::AppState;
-use crate::domain::board::{parse_duration_ms, Board};
+use crate::domain::board::Board;
 use crate::domain::event::check_name;
-use crate::domain::ranking::{MemberRank, Page, Subset};
+use crate::domain::ranking::{MemberRank, MemberWindows, Page, Subset};
 use crate::edges::periods::{select, PeriodError, Selected};
 
 /// The configured board `name`, or a 404 naming it.
@@ -53,6 +53,33 @@ pub(super) fn scope_of<'a>(
             .map_err(|why| ApiError::BadRequest(format!("scope {why}"))),
         _ => Ok(None),
     }
+}
+
+/// The board ranking the window `window` names (`?window=` or a body's `"window"`): the
+/// first configured when absent; a window the board does not rank is a 400 naming those
+/// it does (see [`crate::edges::windows::view`]).
+pub(super) fn view_of(board: &Board, window: Option<&str>) -> ApiResult<Board> {
+    crate::edges::windows::view(board, window, "window").map_err(ApiError::BadRequest)
+}
+
+/// Whether `?all_windows=true` asks for a member in every window: `true` or `false`
+/// (the default), refused beside `window=`, which asks for one.
+fn all_windows(params: &HashMap<String, String>) -> ApiResult<bool> {
+    let all = match params.get("all_windows").map(String::as_str) {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(_) => {
+            return Err(ApiError::BadRequest(
+                "all_windows must be true or false".into(),
+            ))
+        }
+    };
+    if all && params.contains_key("window") {
+        return Err(ApiError::BadRequest(
+            "all_windows=true answers every window: drop window=, or all_windows".into(),
+        ));
+    }
+    Ok(all)
 }
 
 /// Redis's clock now, and the period `?period=` names on a period board (see
@@ -149,6 +176,19 @@ pub(super) struct RankAnswer {
     period: PeriodRead,
 }
 
+/// The answer of `members/{member}`: the member's rank in one window, or with
+/// `all_windows=true` in every window.
+#[derive(ToSchema)]
+#[serde(untagged)]
+#[allow(dead_code)]
+pub(super) enum MemberAnswer {
+    /// The member's rank in the window read.
+    One(Box<RankAnswer>),
+    /// `all_windows=true`: the member in every window (rank fields null in a window
+    /// where it is not ranked).
+    AllWindows(MemberWindows),
+}
+
 /// The 404 of a member not on the board (`members/{member}` and `around`): its rank
 /// answer, the rank fields null, with an `error` (the body `rollboard rank --json`
 /// prints, exit 3).
@@ -200,6 +240,10 @@ pub(super) struct TopQuery {
     offset: Option<u64>,
     /// The scope value: required on a scoped board, refused on another.
     scope: Option<String>,
+    /// The window read: one of the board's `windows` as the configuration writes it
+    /// (`24h`) or an equal duration (`1d`); the first configured when absent. On a
+    /// calendar-period board, the period's length (`week`) or absent.
+    window: Option<String>,
     /// Calendar-period boards only: `current` (default), `previous` or a period id
     /// (`2026-11-26`, `2026-W48`, `2026-11`).
     period: Option<String>,
@@ -212,6 +256,14 @@ pub(super) struct TopQuery {
 pub(super) struct MemberQuery {
     /// The scope value: required on a scoped board, refused on another.
     scope: Option<String>,
+    /// The window read: one of the board's `windows` as the configuration writes it
+    /// (`24h`) or an equal duration (`1d`); the first configured when absent. Refused
+    /// with `all_windows=true`.
+    window: Option<String>,
+    /// `true`: the member in every window of the board at once, in the configuration's
+    /// order (`MemberWindows`), answered 200 whether or not it is ranked.
+    #[param(default = false)]
+    all_windows: Option<bool>,
     /// Calendar-period boards only: `current` (default), `previous` or a period id.
     period: Option<String>,
 }
@@ -226,6 +278,8 @@ pub(super) struct AroundQuery {
     radius: Option<u64>,
     /// The scope value: required on a scoped board, refused on another.
     scope: Option<String>,
+    /// The window read, as for `top`; the first configured when absent.
+    window: Option<String>,
     /// Calendar-period boards only: `current` (default), `previous` or a period id.
     period: Option<String>,
 }
@@ -259,7 +313,7 @@ pub(super) async fn boards(
     security((), ("reader" = [])),
     responses(
         (status = 200, description = "One page of the ranking, best first", body = PageAnswer),
-        (status = 400, description = "A bad parameter (unknown, out of range, a missing or needless scope, a bad period)", body = ErrorBody),
+        (status = 400, description = "A bad parameter (unknown, out of range, a missing or needless scope, a window the board does not rank, a bad period)", body = ErrorBody),
         (status = 401, description = "The reader's token is required", body = ErrorBody),
         (status = 404, description = "An unknown board, or a period no longer kept", body = ErrorBody),
         (status = 500, description = "Redis proved the data wrong", body = ErrorBody),
@@ -272,9 +326,10 @@ pub(super) async fn top(
     RawQuery(query): RawQuery,
 ) -> ApiResult<Response> {
     let name = path(name)?;
-    let params = params(query, &["limit", "offset", "scope", "period"])?;
+    let params = params(query, &["limit", "offset", "scope", "window", "period"])?;
     let b = board(&state, &name)?;
     let scope = scope_of(b, &params)?;
+    let view = view_of(b, params.get("window").map(String::as_str))?;
     let limit = number(&params, "limit", 10, 1..=1000)?;
     let offset = number(&params, "offset", 0, 0..=u64::MAX)?;
     let (now, period) = period_of(&state, b, scope, &params)?;
@@ -282,13 +337,14 @@ pub(super) async fn top(
         &state,
         state
             .store
-            .top(b, period.instance(scope), offset, limit, now),
+            .top(&view, period.instance(scope), offset, limit, now),
     )
     .await?;
     Ok(Json(period.relabel(json!(page), scope)).into_response())
 }
 
-/// `GET /v1/boards/{board}/members/{member}`: one member's rank (404 when not on the board).
+/// `GET /v1/boards/{board}/members/{member}`: one member's rank (404 when not on the
+/// board); with `all_windows=true`, its place in every window of the board at once.
 #[utoipa::path(
     get,
     path = "/v1/boards/{board}/members/{member}",
@@ -300,8 +356,8 @@ pub(super) async fn top(
     ),
     security((), ("reader" = [])),
     responses(
-        (status = 200, description = "The member's rank", body = RankAnswer),
-        (status = 400, description = "A bad parameter or member name", body = ErrorBody),
+        (status = 200, description = "The member's rank in the window read; with `all_windows=true`, in every window of the board (`MemberWindows`)", body = MemberAnswer),
+        (status = 400, description = "A bad parameter or member name (a window the board does not rank, `all_windows=true` with `window=`)", body = ErrorBody),
         (status = 401, description = "The reader's token is required", body = ErrorBody),
         (status = 404, description = "An unknown board or a period no longer kept (`{\"error\"}`), or the member is not on the board (its rank answer, rank fields null, with `error`)", body = MemberNotFound),
         (status = 500, description = "Redis proved the data wrong", body = ErrorBody),
@@ -314,14 +370,27 @@ pub(super) async fn rank(
     RawQuery(query): RawQuery,
 ) -> ApiResult<Response> {
     let (name, member) = path(names)?;
-    let params = params(query, &["scope", "period"])?;
+    let params = params(query, &["scope", "window", "all_windows", "period"])?;
     let b = board(&state, &name)?;
     let scope = scope_of(b, &params)?;
+    let every = all_windows(&params)?;
+    let view = view_of(b, params.get("window").map(String::as_str))?;
     let member = member_of(&member)?;
     let (now, period) = period_of(&state, b, scope, &params)?;
+    if every {
+        let mut answer = redis(
+            &state,
+            state
+                .store
+                .rank_in_windows(b, period.instance(scope), member, now),
+        )
+        .await?;
+        period.relabel_windows(&mut answer, scope);
+        return Ok(Json(answer).into_response());
+    }
     let rank = redis(
         &state,
-        state.store.rank(b, period.instance(scope), member, now),
+        state.store.rank(&view, period.instance(scope), member, now),
     )
     .await?;
     if !rank.is_ranked() {
@@ -346,7 +415,7 @@ pub(super) async fn rank(
     security((), ("reader" = [])),
     responses(
         (status = 200, description = "The entries around the member, the member among them", body = PageAnswer),
-        (status = 400, description = "A bad parameter or member name", body = ErrorBody),
+        (status = 400, description = "A bad parameter or member name (a window the board does not rank)", body = ErrorBody),
         (status = 401, description = "The reader's token is required", body = ErrorBody),
         (status = 404, description = "An unknown board or a period no longer kept (`{\"error\"}`), or the member is not on the board (its rank answer, rank fields null, with `error`)", body = MemberNotFound),
         (status = 500, description = "Redis proved the data wrong", body = ErrorBody),
@@ -359,9 +428,10 @@ pub(super) async fn around(
     RawQuery(query): RawQuery,
 ) -> ApiResult<Response> {
     let (name, member) = path(names)?;
-    let params = params(query, &["radius", "scope", "period"])?;
+    let params = params(query, &["radius", "scope", "window", "period"])?;
     let b = board(&state, &name)?;
     let scope = scope_of(b, &params)?;
+    let view = view_of(b, params.get("window").map(String::as_str))?;
     let member = member_of(&member)?;
     let radius = number(&params, "radius", 5, 0..=100)?;
     let (now, period) = period_of(&state, b, scope, &params)?;
@@ -369,7 +439,7 @@ pub(super) async fn around(
         &state,
         state
             .store
-            .around(b, period.instance(scope), member, radius, now),
+            .around(&view, period.instance(scope), member, radius, now),
     )
     .await?
     {
@@ -394,8 +464,9 @@ pub(super) struct RanksBody {
     /// The scope, for a scoped board.
     #[serde(default)]
     scope: Option<String>,
-    /// The window: the board's own (the only one it has; a period board's length, `week`)
-    /// or absent.
+    /// The window read: one of the board's `windows` as the configuration writes it
+    /// (`24h`) or an equal duration (`1d`), the first configured when absent; on a
+    /// calendar-period board, the period's length (`week`) or absent.
     #[serde(default)]
     window: Option<String>,
     /// On a calendar-period board, the period (`current`, `previous` or an id; current
@@ -415,7 +486,7 @@ pub(super) struct RanksBody {
     request_body(content = RanksBody, content_type = "application/json"),
     responses(
         (status = 200, description = "Each member's place on the board and among those listed: the ranked first, in the board's order, then the others as listed", body = RanksAnswer),
-        (status = 400, description = "A body that is not this object, 0 or over 1000 members, a bad member name, another window, a missing or needless scope, a bad period, a query parameter", body = ErrorBody),
+        (status = 400, description = "A body that is not this object, 0 or over 1000 members, a bad member name, a window the board does not rank, a missing or needless scope, a bad period, a query parameter", body = ErrorBody),
         (status = 401, description = "The reader's token is required", body = ErrorBody),
         (status = 404, description = "An unknown board, or a period no longer kept", body = ErrorBody),
         (status = 500, description = "Redis proved the data wrong", body = ErrorBody),
@@ -465,23 +536,7 @@ pub(super) async fn ranks(
         scoped.insert("scope".to_string(), scope);
     }
     let scope = scope_of(b, &scoped)?;
-    let length = b.period.map(|c| c.period_name());
-    if let (Some(window), Some(length)) = (&body.window, length) {
-        if window != length {
-            return Err(ApiError::BadRequest(format!(
-                "board {} has one period, {length}: window must be it or absent",
-                b.name
-            )));
-        }
-    } else if let Some(window) = &body.window {
-        if parse_duration_ms(window) != Some(b.window_ms) {
-            return Err(ApiError::BadRequest(format!(
-                "board {} has one window, {}: window must be it or absent",
-                b.name,
-                crate::domain::board::format_duration_ms(b.window_ms)
-            )));
-        }
-    }
+    let view = view_of(b, body.window.as_deref())?;
     if body.members.is_empty() || body.members.len() > MAX_RANKS_MEMBERS {
         return Err(ApiError::BadRequest(format!(
             "members must list 1 to {MAX_RANKS_MEMBERS} members, not {}",
@@ -497,7 +552,9 @@ pub(super) async fn ranks(
     let members: Vec<&str> = body.members.iter().map(String::as_str).collect();
     let subset = redis(
         &state,
-        state.store.ranks(b, period.instance(scope), &members, now),
+        state
+            .store
+            .ranks(&view, period.instance(scope), &members, now),
     )
     .await?;
     Ok(Json(period.relabel(json!(subset), scope)).into_response())

@@ -1,19 +1,24 @@
--- query.lua: read one consistent snapshot of an instance's ranking.
+-- query.lua: read one consistent snapshot of an instance's ranking, or of one member in
+-- every window of an instance.
 --
--- KEYS[1] meta    Hash  expired_through; and what `as_of` is made of: last_roll (roll),
---                       changed_ms (apply), summed_ms (resummarize run)
--- KEYS[2] result  ZSet  zmember -> exact total
--- KEYS[3] lookup  Hash  member -> the tie-break time of its ZSet member: `members` on
---                       incremental boards, `ranked` (as last resummarized) on resummarize
--- KEYS[4] dense   ZSet  the distinct totals above 0, each scored by itself (dense_rank
---                       boards only; absent elsewhere, and no dense rank is read)
+-- KEYS: one group per window read, each
+--   meta    Hash  expired_through; and what `as_of` is made of: last_roll (roll),
+--                 changed_ms (apply), summed_ms (resummarize run)
+--   result  ZSet  zmember -> exact total
+--   lookup  Hash  member -> the tie-break time of its ZSet member: `members` on
+--                 incremental boards, `ranked` (as last resummarized) on resummarize
+--   dense   ZSet  the distinct totals above 0, each scored by itself (dense_rank
+--                 boards only; absent elsewhere, and no dense rank is read)
+-- One group for 'top', 'rank', 'around' and 'ranks'; one per window of the board for
+-- 'windows' (the windows of one instance share its hash tag).
 --
--- ARGV[1] 'top' | 'rank' | 'around' | 'ranks'
+-- ARGV[1] 'top' | 'rank' | 'around' | 'ranks' | 'windows'
 -- ARGV[2] the board's tie-break: 'e' | 'l' | 'n'
--- top:    ARGV[3] offset, ARGV[4] limit
--- rank:   ARGV[3] member
--- around: ARGV[3] member, ARGV[4] radius
--- ranks:  ARGV[3..] members (each at most once)
+-- top:     ARGV[3] offset, ARGV[4] limit
+-- rank:    ARGV[3] member
+-- around:  ARGV[3] member, ARGV[4] radius
+-- ranks:   ARGV[3..] members (each at most once)
+-- windows: ARGV[3] member, ARGV[4] the keys of each group (3, or 4 with dense)
 --
 -- Only totals above 0 are ranked; they sort before every other entry of the ZSet, so
 -- index positions below `count` are exactly the ranked members. A dense rank is 1 + the
@@ -25,10 +30,19 @@
 -- rows: top, rank, around: { zmember, score, zmember, score, ... }; ranks: per member
 -- asked, in order, { 0-based rank | -1, zmember | false, score | false,
 -- competition rank | 0, dense rank | 0 }, flattened.
-local meta, result, lookup, dense = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local stamps = redis.call('HMGET', meta, 'expired_through', 'last_roll', 'changed_ms', 'summed_ms')
-local expired = stamps[1]
-local count = redis.call('ZCOUNT', result, '(0', '+inf')
+-- windows: one such answer of `rank` per group, in the order of the groups.
+local meta, result, lookup, dense, stamps, expired, count
+
+-- Reads the group of keys from KEYS[first] (`size` keys): what every answer from it says.
+local function open(first, size)
+  meta, result, lookup = KEYS[first], KEYS[first + 1], KEYS[first + 2]
+  dense = nil
+  if size > 3 then dense = KEYS[first + 3] end
+  stamps = redis.call('HMGET', meta, 'expired_through', 'last_roll', 'changed_ms', 'summed_ms')
+  expired = stamps[1]
+  count = redis.call('ZCOUNT', result, '(0', '+inf')
+end
+
 local function answer(rank, first, start, rows, first_dense)
   return { expired, count, rank, first, start, rows, stamps[2], stamps[3], stamps[4],
     first_dense or 0 }
@@ -63,7 +77,50 @@ local function dense_rank(score)
   return redis.call('ZCOUNT', dense, '(' .. score, '+inf') + 1
 end
 
+-- The answer of 'top' (`a` the offset, `b` the limit), 'rank' (`a` the member) or
+-- 'around' (`a` the member, `b` the radius) from the group opened; nil and an error reply
+-- when the lookup holds what rollboard never writes.
+local function read(op, a, b)
+  local rank = -1
+  local start, stop
+  if op == 'top' then
+    start = tonumber(a)
+    stop = start + tonumber(b) - 1
+  else
+    local z, refused = zmember(a)
+    if refused then return nil, refused end
+    local score = z and redis.call('ZSCORE', result, z)
+    if not score or tonumber(score) <= 0 then
+      return answer(-1, 0, 0, {})
+    end
+    rank = redis.call('ZREVRANK', result, z)
+    if op == 'rank' then
+      start, stop = rank, rank
+    else
+      start = math.max(0, rank - tonumber(b))
+      stop = rank + tonumber(b)
+    end
+  end
+  if stop >= count then stop = count - 1 end
+  if start > stop then return answer(rank, 0, start, {}) end
+  local rows = redis.call('ZREVRANGE', result, start, stop, 'WITHSCORES')
+  local first = redis.call('ZCOUNT', result, '(' .. rows[2], '+inf') + 1
+  return answer(rank, first, start, rows, dense_rank(rows[2]))
+end
+
 local op = ARGV[1]
+if op == 'windows' then
+  local size = tonumber(ARGV[4])
+  local all = {}
+  for first = 1, #KEYS, size do
+    open(first, size)
+    local one, refused = read('rank', ARGV[3])
+    if refused then return refused end
+    all[#all + 1] = one
+  end
+  return all
+end
+open(1, #KEYS)
 if op == 'ranks' then
   local rows = {}
   for i = 3, #ARGV do
@@ -86,29 +143,6 @@ if op == 'ranks' then
   end
   return answer(-1, 0, 0, rows)
 end
-local rank = -1
-local start, stop
-if op == 'top' then
-  start = tonumber(ARGV[3])
-  stop = start + tonumber(ARGV[4]) - 1
-else
-  local z, refused = zmember(ARGV[3])
-  if refused then return refused end
-  local score = z and redis.call('ZSCORE', result, z)
-  if not score or tonumber(score) <= 0 then
-    return answer(-1, 0, 0, {})
-  end
-  rank = redis.call('ZREVRANK', result, z)
-  if op == 'rank' then
-    start, stop = rank, rank
-  else
-    local radius = tonumber(ARGV[4])
-    start = math.max(0, rank - radius)
-    stop = rank + radius
-  end
-end
-if stop >= count then stop = count - 1 end
-if start > stop then return answer(rank, 0, start, {}) end
-local rows = redis.call('ZREVRANGE', result, start, stop, 'WITHSCORES')
-local first = redis.call('ZCOUNT', result, '(' .. rows[2], '+inf') + 1
-return answer(rank, first, start, rows, dense_rank(rows[2]))
+local one, refused = read(op, ARGV[3], ARGV[4])
+if refused then return refused end
+return one

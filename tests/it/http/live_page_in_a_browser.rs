@@ -1,7 +1,8 @@
 //! `GET /` in a real browser: Debian's headless Chromium (driven over the DevTools protocol)
 //! loads the page from a daemon whose queries need the reader's token (given in the URL
-//! fragment), a tip is posted, and the member shows in the page's table with its arrow.
-//! The screenshot is saved to `target/artifacts/page.png` (and to `docs/page.png` with
+//! fragment), a tip is posted, and the member shows in the page's table with its arrow;
+//! on a board with several windows the page offers a window picker, on the window the
+//! fragment names. The screenshot is saved to `target/artifacts/page.png` (and to `docs/page.png` with
 //! `ROLLBOARD_UPDATE_DOCS=1`). Chromium comes from `scripts/ensure-chromium`.
 
 use std::path::{Path, PathBuf};
@@ -36,19 +37,28 @@ fn artifacts() -> PathBuf {
 enum Seen {
     /// The page is loaded and shows the board.
     Loaded,
-    /// The member shows, with its arrow; the screenshot.
+    /// The member shows, with its arrow; the screenshot; then what the window picker
+    /// shows on a board with several windows.
     Shown {
         arrow: String,
         png: Vec<u8>,
         feed_events: String,
+        picker: String,
     },
     /// Something failed, with the page's text.
     Failed(String),
 }
 
 /// Loads `url`, waits for the first tip's member, reports, waits for `go`, then waits for
-/// `member` in the table and takes the screenshot.
-fn browse(url: String, member: &'static str, seen: mpsc::Sender<Seen>, go: mpsc::Receiver<()>) {
+/// `member` in the table and takes the screenshot; then loads the page again with the
+/// fragment `windows` (a board with several windows, one of them named) and reads its
+/// window picker.
+fn browse(
+    (url, windows): (String, String),
+    member: &'static str,
+    seen: mpsc::Sender<Seen>,
+    go: mpsc::Receiver<()>,
+) {
     let run = || -> anyhow::Result<Seen> {
         let options = LaunchOptions::default_builder()
             .path(Some(chromium()))
@@ -85,10 +95,33 @@ fn browse(url: String, member: &'static str, seen: mpsc::Sender<Seen>, go: mpsc:
             .map(|v| v.as_str().unwrap_or_default().to_string())
             .unwrap_or_default();
         let png = tab.capture_screenshot(CaptureScreenshotFormatOption::Png, None, None, true)?;
+        // The picker lists the board's windows, picks the one named, and `top` reads it.
+        tab.evaluate(
+            &format!("location.hash = {windows:?}; location.reload(); true"),
+            false,
+        )?;
+        tab.wait_for_element_with_custom_timeout(
+            "#window option[value='6h']",
+            Duration::from_secs(20),
+        )?;
+        let read = "[document.getElementById('window-pick').style.display,                     document.getElementById('window').value,                     [...document.getElementById('window').options].map((o) => o.value).join(','),                     document.getElementById('status').textContent].join('|')";
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        let picker = loop {
+            let shown = tab
+                .evaluate(read, false)?
+                .value
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_default();
+            if shown.contains("ranked in") || std::time::Instant::now() > deadline {
+                break shown;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
         Ok(Seen::Shown {
             arrow,
             png,
             feed_events,
+            picker,
         })
     };
     let _ = seen.send(run().unwrap_or_else(|e| Seen::Failed(format!("{e:#}"))));
@@ -103,6 +136,11 @@ async fn the_page_shows_a_new_tip_live_with_the_readers_token() {
     let extra = format!("query_token_file = \"{}\"\n", token.display());
     let config = write_config(dir.path(), &redis, port, "page", &extra);
     feed_boards(&config);
+    let mut text = std::fs::read_to_string(&config).expect("read config");
+    text.push_str(
+        "\n[[boards]]\nname = \"duo\"\nmember = \"player\"\nwindows = [\"2h\", \"6h\"]\nslice = \"1h\"\n",
+    );
+    std::fs::write(&config, text).expect("write config");
     let store = redis.store("rb").await;
     let daemon = Daemon::start(&config, port).await;
     let now = redis_now(&store).await;
@@ -115,9 +153,11 @@ async fn the_page_shows_a_new_tip_live_with_the_readers_token() {
     assert_eq!(status, 401, "the queries need the token");
 
     let url = format!("{}/#token={TOKEN}&board=rooms_7d", daemon.base);
+    let windows = "board=duo&window=6h".to_string();
     let (seen_tx, seen) = mpsc::channel();
     let (go, go_rx) = mpsc::channel();
-    let browser = tokio::task::spawn_blocking(move || browse(url, "room-live", seen_tx, go_rx));
+    let browser =
+        tokio::task::spawn_blocking(move || browse((url, windows), "room-live", seen_tx, go_rx));
     let next = || {
         seen.recv_timeout(Duration::from_secs(90))
             .unwrap_or_else(|e| panic!("the browser said nothing: {e}"))
@@ -134,12 +174,13 @@ async fn the_page_shows_a_new_tip_live_with_the_readers_token() {
     // The change it makes, as the feed records it.
     entered(&store, "rb:changes:{rooms_7d}", "room-live", 1, 45).await;
     go.send(()).expect("the browser thread");
-    let (arrow, png, feed_events) = match next() {
+    let (arrow, png, feed_events, picker) = match next() {
         Seen::Shown {
             arrow,
             png,
             feed_events,
-        } => (arrow, png, feed_events),
+            picker,
+        } => (arrow, png, feed_events, picker),
         Seen::Failed(why) => panic!("the tip never showed: {why}"),
         Seen::Loaded => unreachable!("loaded twice"),
     };
@@ -149,6 +190,11 @@ async fn the_page_shows_a_new_tip_live_with_the_readers_token() {
     let feed_events: u64 = feed_events.parse().expect("a count");
     assert!(feed_events >= 1, "the page received no feed event");
     assert!(png.starts_with(b"\x89PNG"), "a PNG");
+    // Shown, holding the board's windows in order, on the one the fragment named; the
+    // status names the window read.
+    let parts: Vec<&str> = picker.splitn(4, '|').collect();
+    assert_eq!(&parts[..3], &["", "6h", "2h,6h"], "{picker}");
+    assert!(parts[3].contains("duo: 0 ranked in 6h"), "{picker}");
 
     let dir = artifacts();
     std::fs::create_dir_all(&dir).expect("target/artifacts");

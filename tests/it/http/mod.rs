@@ -9,5 +9,6 @@ mod metrics_follow_answers;
 mod openapi_document_describes_real_answers;
 mod operator_answers;
 mod queries_during_ingest_and_rolls;
+mod several_windows;
 mod slow_and_greedy_clients;
 mod wire_edges;

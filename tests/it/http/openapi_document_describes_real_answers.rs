@@ -13,11 +13,13 @@ use crate::support::*;
 
 const READER_TOKEN: &str = "openapi-reader-token-5c1d";
 
-/// Besides the test boards: a dense_rank board and a weekly board, both ranking `user`.
+/// Besides the test boards: a dense_rank board, a weekly board, a board with a change feed
+/// and a board with two windows, all ranking `user`.
 const EXTRA_BOARDS: &str = concat!(
     "\n[[boards]]\nname = \"dense_7d\"\nmember = \"user\"\nwindow = \"7d\"\nslice = \"1h\"\ndense_rank = true\n",
     "\n[[boards]]\nname = \"weekly\"\nmember = \"user\"\nperiod = \"week\"\ntime_zone = \"Europe/Berlin\"\nperiod_grace = \"1h\"\n",
     "\n[[boards]]\nname = \"live_7d\"\nmember = \"user\"\nwindow = \"7d\"\nslice = \"1h\"\nchanges_top = 10\n",
+    "\n[[boards]]\nname = \"multi\"\nmember = \"user\"\nwindows = [\"1h\", \"7d\"]\nslice = \"1h\"\n",
 );
 
 /// One request to the daemon: its route template (as in the document), and the answer.
@@ -282,12 +284,15 @@ async fn real_answers_validate_against_the_served_openapi_document() {
         "/v1/boards/rooms_7d",
         "/v1/boards/weekly",
         "/v1/boards/dense_7d",
+        "/v1/boards/multi",
     ] {
         let (status, body) = client.get(board, path).await;
         assert_eq!(status, 200, "{path}: {body}");
     }
     let (_, body) = client.get(board, "/v1/boards/weekly").await;
     assert!(json(&body)["period_id"].is_string(), "{body}");
+    let (_, body) = client.get(board, "/v1/boards/multi").await;
+    assert_eq!(json(&body)["windows"][1]["name"], "7d", "{body}");
     let (status, body) = client.get("/v1/boards", "/v1/boards").await;
     assert_eq!(status, 200, "{body}");
     let (status, _) = client.get(board, "/v1/boards/nope").await;
@@ -302,6 +307,8 @@ async fn real_answers_validate_against_the_served_openapi_document() {
         ("/v1/boards/weekly/top", 200),
         ("/v1/boards/weekly/top?period=previous", 200),
         ("/v1/boards/tips_24h/top?offset=100", 200),
+        ("/v1/boards/multi/top?window=7d", 200),
+        ("/v1/boards/multi/top?window=2d", 400),
         ("/v1/boards/rooms_7d/top?limit=0", 400),
         ("/v1/boards/rooms_7d/top?limt=5", 400),
         ("/v1/boards/fans_7d/top", 400),
@@ -325,10 +332,22 @@ async fn real_answers_validate_against_the_served_openapi_document() {
         (around, "/v1/boards/dense_7d/members/u1/around?radius=1"),
         (around, "/v1/boards/weekly/members/u1/around"),
         (around, "/v1/boards/rooms_7d/members/r2/around"),
+        (around, "/v1/boards/multi/members/u1/around?window=7d"),
+        (member, "/v1/boards/multi/members/u1?window=1h"),
+        (member, "/v1/boards/multi/members/u1?all_windows=true"),
+        (member, "/v1/boards/multi/members/nobody?all_windows=true"),
+        (member, "/v1/boards/weekly/members/u3?all_windows=true"),
+        (member, "/v1/boards/rooms_7d/members/r1?all_windows=true"),
     ] {
         let (status, body) = client.get(template, path).await;
         assert_eq!(status, 200, "{path}: {body}");
     }
+    let (_, body) = client
+        .get(member, "/v1/boards/weekly/members/u3?all_windows=true")
+        .await;
+    let weekly = json(&body);
+    assert_eq!(weekly["windows"][0]["window"], "week", "{body}");
+    assert!(weekly["period"].is_string(), "{body}");
     for (template, path) in [
         (member, "/v1/boards/rooms_7d/members/nobody"),
         (member, "/v1/boards/dense_7d/members/nobody"),
@@ -353,6 +372,11 @@ async fn real_answers_validate_against_the_served_openapi_document() {
     for (template, path) in [
         (member, "/v1/boards/rooms_7d/members/r1?radius=1"),
         (around, "/v1/boards/rooms_7d/members/r1/around?radius=101"),
+        (
+            member,
+            "/v1/boards/multi/members/u1?all_windows=true&window=1h",
+        ),
+        (member, "/v1/boards/multi/members/u1?window=2h"),
     ] {
         let (status, body) = client.get(template, path).await;
         assert_eq!(status, 400, "{path}: {body}");
@@ -376,6 +400,10 @@ async fn real_answers_validate_against_the_served_openapi_document() {
         (
             "/v1/boards/rooms_7d/ranks",
             r#"{"members":["r1"],"window":"7d"}"#,
+        ),
+        (
+            "/v1/boards/multi/ranks",
+            r#"{"members":["u1"],"window":"7d"}"#,
         ),
     ] {
         let (status, answer) = client.post(ranks, path, body).await;
