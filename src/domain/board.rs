@@ -339,7 +339,7 @@ impl Board {
 
     /// The suffix of this value's window in its instances' keys: `None` for the widest
     /// window (the keys of a board with one window), else the width as
-    /// [`format_duration_ms`] writes it (`24h` for `24h` or `1d`).
+    /// [`format_duration_ms`] writes it, in its largest whole unit (`1d` for `24h` or `1d`).
     pub fn window_suffix(&self) -> Option<String> {
         (self.window_ms != self.widest_ms()).then(|| format_duration_ms(self.window_ms))
     }

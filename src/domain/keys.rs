@@ -26,7 +26,7 @@ impl Keys {
 
     /// The keys of one board instance in one of its board's windows: `window` names a
     /// window narrower than the board's widest (its width as `format_duration_ms` writes
-    /// it), whose keys carry it after the hash tag (`rb:{tips}:w:24h:result`); `None` is
+    /// it), whose keys carry it after the hash tag (`rb:{tips}:w:1d:result` for `24h`); `None` is
     /// the widest (the keys of a board with one window), which also holds the
     /// instance's idempotency keys.
     pub fn instance_in(
@@ -52,7 +52,7 @@ impl Keys {
     /// The change feed of one board instance (Stream, see docs/api.md#the-change-feed):
     /// `rb:changes:{rooms}`, `rb:changes:{fans:room42}`, under the instance's hash tag so
     /// that the script changing the ranking can append to it. `window` names a window
-    /// other than the board's first (`rb:changes:{rooms}:24h`); `None` is the first.
+    /// narrower than the board's widest (`rb:changes:{rooms}:12h`); `None` is the widest.
     pub fn changes(&self, board: &str, scope: Option<&str>, window: Option<&str>) -> String {
         let tag = match scope {
             Some(scope) => format!("{board}:{scope}"),
@@ -83,7 +83,7 @@ impl Keys {
     }
 
     /// The field of [`Keys::window`] holding the watermark of one window of the board:
-    /// `expired_through` for the widest (a board with one window), `expired_through:24h`
+    /// `expired_through` for the widest (a board with one window), `expired_through:12h`
     /// for a narrower one (`window` as in [`Keys::instance_in`]).
     pub fn floor_field(window: Option<&str>) -> String {
         match window {
