@@ -10,6 +10,7 @@
 //! cargo bench --bench ingest -- reads        # stream reads: one call per batch vs pieces
 //! cargo bench --bench ingest -- dense        # the cost of dense_rank = true (valgrind)
 //! cargo bench --bench ingest -- feed         # the cost of changes_top = 10 (valgrind)
+//! cargo bench --bench ingest -- windows      # the cost of a 2nd and 3rd window (valgrind)
 //! cargo bench --bench ingest -- instructions # Redis under callgrind (needs valgrind)
 //! ```
 //!
@@ -61,6 +62,10 @@
 //! * `feed`: as `dense`, with every board plain and with `changes_top = 10` (the change
 //!   feed of its top 10; on the shipped shape it is written by `rooms_7d`'s applies, as
 //!   `fans_7d`, a resummarize board, writes its feed at its runs' swaps, outside the drain).
+//! * `windows`: as `dense`, with every board ranking its one window (7d), then
+//!   `windows = ["24h", "7d"]`, then `windows = ["24h", "7d", "30d"]` (every event of the
+//!   workload falls in the last day, so it counts in every window): instructions per event
+//!   of each and the ratios against one window. Named explicitly only.
 
 pub(crate) mod support;
 
@@ -165,14 +170,14 @@ fn main() -> ExitCode {
         FULL
     };
     let wanted: Vec<&String> = args.iter().filter(|a| !a.starts_with("--")).collect();
-    // Run only when named: `instructions`, `dense` and `feed` run Redis under valgrind
-    // (minutes),
-    // `partitions` and `reads` compare layouts.
-    let named_only = 5;
+    // Run only when named: `instructions`, `dense`, `feed` and `windows` run Redis under
+    // valgrind (minutes), `partitions` and `reads` compare layouts.
+    let named_only = 6;
     let all = [
         "instructions",
         "dense",
         "feed",
+        "windows",
         "partitions",
         "reads",
         "naive",
@@ -211,19 +216,42 @@ fn main() -> ExitCode {
 }
 
 fn settings(redis: &RedisServer, spread: Spread) -> Result<Settings> {
-    settings_with(redis, spread, None)
+    settings_with(redis, spread, Variant::Plain)
 }
 
-/// The settings of `spread`, every board with the line `option` (e.g. `dense_rank = true`)
-/// when one is given.
-fn settings_with(redis: &RedisServer, spread: Spread, option: Option<&str>) -> Result<Settings> {
+/// How a bench changes every board of a workload's config.
+#[derive(Debug, Clone, Copy)]
+enum Variant<'a> {
+    /// As written.
+    Plain,
+    /// With this line (e.g. `dense_rank = true`).
+    Line(&'a str),
+    /// Ranking these windows (e.g. `["24h", "7d"]`) instead of its one `window = "7d"`.
+    Windows(&'a str),
+}
+
+impl Variant<'_> {
+    fn describe(self) -> String {
+        match self {
+            Variant::Plain => "plain".into(),
+            Variant::Line(line) => line.into(),
+            Variant::Windows(list) => format!("windows = {list}"),
+        }
+    }
+}
+
+/// The settings of `spread`, every board changed as `variant` says.
+fn settings_with(redis: &RedisServer, spread: Spread, variant: Variant) -> Result<Settings> {
     let boards = match spread {
         Spread::Shipped => SHIPPED_CONFIG,
         _ => CONFIG,
     };
-    let boards = match option {
-        Some(line) => boards.replace("\nslice = ", &format!("\n{line}\nslice = ")),
-        None => boards.to_string(),
+    let boards = match variant {
+        Variant::Plain => boards.to_string(),
+        Variant::Line(line) => boards.replace("\nslice = ", &format!("\n{line}\nslice = ")),
+        Variant::Windows(list) => {
+            boards.replace("\nwindow = \"7d\"\n", &format!("\nwindows = {list}\n"))
+        }
     };
     let text = format!("[redis]\nurl = \"{}\"\n{boards}", redis.url());
     Settings::from_toml(&text).map_err(|e| e.to_string())
@@ -583,7 +611,7 @@ pub async fn run(chosen: &[&str], sizes: Sizes) -> Result<Figures> {
                 "script" => spread != Spread::Shipped,
                 "ceiling" => spread == Spread::Uniform,
                 "query" => spread == Spread::Skewed,
-                "dense" | "feed" => spread != Spread::Uniform,
+                "dense" | "feed" | "windows" => spread != Spread::Uniform,
                 "partitions" => spread == Spread::Skewed,
                 "reads" => spread == Spread::Shipped,
                 _ => false,
@@ -623,6 +651,10 @@ pub async fn run(chosen: &[&str], sizes: Sizes) -> Result<Figures> {
                 "feed" => {
                     drop(redis);
                     bench_option(spread, "changes_top = 10").await?
+                }
+                "windows" => {
+                    drop(redis);
+                    bench_windows(spread).await?
                 }
                 "partitions" => {
                     drop(redis);
@@ -938,30 +970,60 @@ async fn two_passes(
 /// plain, then with the option, each on a redis-server of its own under callgrind; both
 /// figures and their ratio.
 async fn bench_option(spread: Spread, option: &str) -> Result<()> {
-    let sizes = QUICK;
-    let mut counts = [0.0; 2];
-    for (i, with) in [None, Some(option)].into_iter().enumerate() {
-        let redis = RedisServer::start_counted()?;
-        println!(
-            "-- {} (redis-server under callgrind on 127.0.0.1:{})",
-            with.unwrap_or("plain"),
-            redis.port
-        );
-        let settings = settings_with(&redis, spread, with)?;
-        let store = Arc::new(connect(&redis, 4).await?);
-        let (now, n) = (now_ms(), sizes.events);
-        redis.instructions(&[])?;
-        two_passes(&redis, &store, &settings, spread, n, now).await?;
-        let (total, _) = redis.instructions(&ROLLBOARD_FUNCTIONS)?;
-        counts[i] = total as f64 / n as f64;
-    }
+    let plain = instructions_per_event(spread, Variant::Plain).await?;
+    let with = instructions_per_event(spread, Variant::Line(option)).await?;
     println!(
-        "== {option}, instructions per event: plain {:.0}, with it {:.0}: {:.3}x",
-        counts[0],
-        counts[1],
-        counts[1] / counts[0]
+        "== {option}, instructions per event: plain {plain:.0}, with it {with:.0}: {:.3}x",
+        with / plain
     );
     Ok(())
+}
+
+/// What ranking a 2nd and a 3rd window costs, in instructions Redis runs per event (as
+/// [`bench_option`]): the same events drained with every board ranking its one window
+/// (7d), two (24h and 7d) and three (24h, 7d and 30d), each on a redis-server of its own
+/// under callgrind. Every event falls in the last day, so it counts in every window: the
+/// dearest case. The three figures and each one's ratio to one window's.
+async fn bench_windows(spread: Spread) -> Result<()> {
+    let variants = [
+        Variant::Plain,
+        Variant::Windows(r#"["24h", "7d"]"#),
+        Variant::Windows(r#"["24h", "7d", "30d"]"#),
+    ];
+    let mut counts = Vec::with_capacity(variants.len());
+    for variant in variants {
+        counts.push(instructions_per_event(spread, variant).await?);
+    }
+    println!(
+        "== windows, instructions per event: one window (7d) {:.0}; two (24h, 7d) {:.0}: \
+         {:.3}x; three (24h, 7d, 30d) {:.0}: {:.3}x",
+        counts[0],
+        counts[1],
+        counts[1] / counts[0],
+        counts[2],
+        counts[2] / counts[0]
+    );
+    Ok(())
+}
+
+/// Instructions Redis runs per event (as `instructions`, rollboard's consumer alone) to
+/// drain the two passes of `spread`'s events with every board changed as `variant` says,
+/// on a redis-server of its own under callgrind.
+async fn instructions_per_event(spread: Spread, variant: Variant<'_>) -> Result<f64> {
+    let sizes = QUICK;
+    let redis = RedisServer::start_counted()?;
+    println!(
+        "-- {} (redis-server under callgrind on 127.0.0.1:{})",
+        variant.describe(),
+        redis.port
+    );
+    let settings = settings_with(&redis, spread, variant)?;
+    let store = Arc::new(connect(&redis, 4).await?);
+    let (now, n) = (now_ms(), sizes.events);
+    redis.instructions(&[])?;
+    two_passes(&redis, &store, &settings, spread, n, now).await?;
+    let (total, _) = redis.instructions(&ROLLBOARD_FUNCTIONS)?;
+    Ok(total as f64 / n as f64)
 }
 
 /// The C functions of redis-server that run rollboard's consumer's commands (each with

@@ -108,6 +108,39 @@ fn call_head(
     (keys, args)
 }
 
+/// What `apply.lua` and `fold.lua` calls take for the narrower windows of a board with
+/// several (the widest's keys are `k`): their KEYS (per window: meta, result, members,
+/// slices, refs, totals, the Hash of each of `slices`, then its change stream and its
+/// distinct totals where the board has them) and their ARGV: V, the number of narrower
+/// windows (0 on a board with one), '1' on a `dense_rank` board, then per window its slices
+/// per window and its settings fingerprint.
+fn narrower_windows(board: &Board, k: &InstanceKeys, slices: &[i64]) -> (Vec<String>, Vec<Value>) {
+    let narrower = board.narrower_views();
+    let mut keys = Vec::new();
+    let mut args = Vec::with_capacity(2 + 2 * narrower.len());
+    args.push(Value::from(narrower.len() as i64));
+    args.push(Value::from(if board.dense_rank { "1" } else { "0" }));
+    for view in &narrower {
+        let vk = k.in_window(&view.window_suffix().unwrap_or_default());
+        keys.extend([
+            vk.meta(),
+            vk.result(),
+            vk.members(),
+            vk.slices(),
+            vk.refs(),
+            vk.totals(),
+        ]);
+        keys.extend(slices.iter().map(|&n| vk.slice(n)));
+        keys.extend(board.incremental_feed().map(|_| vk.changes()));
+        keys.extend(board.dense_rank.then(|| vk.dense()));
+        args.extend([
+            Value::from(view.slices_in_window()),
+            Value::from(view.fingerprint()),
+        ]);
+    }
+    (keys, args)
+}
+
 /// The KEYS and ARGV of one `apply.lua` call (layout documented in the script). With
 /// `raw_ids` the events' ids follow the events, for an instance that still holds the
 /// legacy `seen` ZSet.
@@ -147,28 +180,9 @@ pub fn apply_call(
         events.len(),
         now,
     );
-    // The narrower windows of a board with several (the widest is `k`).
-    let narrower = board.narrower_views();
-    args.push(Value::from(narrower.len() as i64));
-    args.push(Value::from(if board.dense_rank { "1" } else { "0" }));
-    for view in &narrower {
-        let vk = k.in_window(&view.window_suffix().unwrap_or_default());
-        keys.extend([
-            vk.meta(),
-            vk.result(),
-            vk.members(),
-            vk.slices(),
-            vk.refs(),
-            vk.totals(),
-        ]);
-        keys.extend(slices.iter().map(|&n| vk.slice(n)));
-        keys.extend(board.incremental_feed().map(|_| vk.changes()));
-        keys.extend(board.dense_rank.then(|| vk.dense()));
-        args.extend([
-            Value::from(view.slices_in_window()),
-            Value::from(view.fingerprint()),
-        ]);
-    }
+    let (window_keys, window_args) = narrower_windows(board, k, &slices);
+    keys.extend(window_keys);
+    args.extend(window_args);
     for &n in &slices {
         args.extend([Value::from(n), Value::from(board.forget_at(n))]);
     }
@@ -189,7 +203,8 @@ pub fn apply_call(
 }
 
 /// The work budget of one `fold.lua` call: each event costs [`FOLD_EVENT_COST`], each
-/// (member, slice) group [`FOLD_GROUP_COST`]. On the reference machine a call costs about
+/// (member, slice) group [`FOLD_GROUP_COST`] per window of the board (see
+/// [`fold_group_cost`]). On the reference machine a call costs about
 /// 100 µs, plus ~6.5 µs of Redis time per event (its digest checked and remembered) and
 /// ~9 µs per group on a 100 000-member instance, ~25 µs on a 1 000 000-member one (the
 /// slice field, the member's total and ranking entry: random reads of large structures);
@@ -200,8 +215,18 @@ pub fn apply_call(
 pub const FOLD_BUDGET: usize = 300;
 /// What one event costs of [`FOLD_BUDGET`].
 pub const FOLD_EVENT_COST: usize = 2;
-/// What one (member, slice) group costs of [`FOLD_BUDGET`].
+/// What one (member, slice) group costs of [`FOLD_BUDGET`] in each window of its board.
 pub const FOLD_GROUP_COST: usize = 10;
+
+/// What one (member, slice) group of `board` costs of [`FOLD_BUDGET`]: [`FOLD_GROUP_COST`]
+/// per window. A group's work (its slice field, its member's total and ranking entry) is
+/// done again in every window its slice counts in, while an event's digest is checked and
+/// remembered once, in the widest window: so a call on a board with three windows holds
+/// about a third as many distinct members as one on a board with one, and its work stays
+/// within the budget.
+pub fn fold_group_cost(board: &Board) -> usize {
+    FOLD_GROUP_COST * board.windows.len().max(1)
+}
 
 /// One `fold.lua` call: its KEYS and ARGV, and the slice index (0-based, in the call's
 /// slice table) of each of its events, for reading the reply.
@@ -215,14 +240,25 @@ pub struct FoldCall {
     pub slice_of: Vec<usize>,
     /// The call's work in [`FOLD_BUDGET`] units (see [`fold_chunk_len`]).
     pub cost: usize,
+    /// Where the two chain tokens are in `args` when the narrower windows' ARGV follow
+    /// them (a board with several windows: sent as '' until [`FoldCall::chained`]); on a
+    /// board with one window they are the last two, when sent at all.
+    chain_at: Option<usize>,
 }
 
 impl FoldCall {
     /// The call chained after the one that leaves the token `after` (if any): it runs only
     /// once that one's events were judged, and then leaves `token` (see `fold.lua`).
     pub fn chained(mut self, after: Option<&str>, token: &str) -> Self {
-        self.args.push(Value::from(after.unwrap_or("")));
-        self.args.push(Value::from(token));
+        let tokens = [Value::from(after.unwrap_or("")), Value::from(token)];
+        match self.chain_at {
+            Some(at) => {
+                for (slot, value) in self.args[at..at + 2].iter_mut().zip(tokens) {
+                    *slot = value;
+                }
+            }
+            None => self.args.extend(tokens),
+        }
         self
     }
 }
@@ -249,16 +285,17 @@ pub fn fold_chunks<'a>(board: &Board, mut events: &'a [ApplyEvent]) -> Vec<&'a [
 }
 
 /// How many events from the front of `events` one [`fold_call`] takes: as many as fit
-/// [`FOLD_BUDGET`], and no id twice (a repeat starts the next call, where the first
-/// occurrence is already remembered). At least one.
+/// [`FOLD_BUDGET`] (a group costing [`fold_group_cost`]), and no id twice (a repeat starts
+/// the next call, where the first occurrence is already remembered). At least one.
 pub fn fold_chunk_len(board: &Board, events: &[ApplyEvent]) -> usize {
     let mut ids: HashSet<&str> = HashSet::new();
     let mut groups: HashSet<(&str, i64)> = HashSet::new();
+    let group_cost = fold_group_cost(board);
     let mut cost = 0;
     for (i, e) in events.iter().enumerate() {
         cost += FOLD_EVENT_COST;
         if groups.insert((e.member.as_str(), board.slice_of(e.ts))) {
-            cost += FOLD_GROUP_COST;
+            cost += group_cost;
         }
         if (i > 0 && cost > FOLD_BUDGET) || !ids.insert(e.id.as_str()) {
             return i;
@@ -278,7 +315,7 @@ pub fn fold_call(
 ) -> FoldCall {
     let grouped = Grouped::of(board, events);
     let (blob, counts) = digests_by_slice(events, &grouped.slice_of, grouped.slices.len());
-    let (keys, mut args) = call_head(
+    let (mut keys, mut args) = call_head(
         board,
         k,
         fingerprint,
@@ -288,7 +325,7 @@ pub fn fold_call(
         now,
     );
     args.push(Value::Bytes(blob.into()));
-    let cost = events.len() * FOLD_EVENT_COST + grouped.groups.len() * FOLD_GROUP_COST;
+    let cost = events.len() * FOLD_EVENT_COST + grouped.groups.len() * fold_group_cost(board);
     for (&n, &c) in grouped.slices.iter().zip(&counts) {
         args.extend([
             Value::from(n),
@@ -306,11 +343,22 @@ pub fn fold_call(
             Value::from(newest),
         ]);
     }
+    // A board with several windows: the chain tokens (none yet), then the narrower
+    // windows'; a board with one sends neither here.
+    let mut chain_at = None;
+    if board.has_several_windows() {
+        let (window_keys, window_args) = narrower_windows(board, k, &grouped.slices);
+        chain_at = Some(args.len());
+        args.extend([Value::from(""), Value::from("")]);
+        keys.extend(window_keys);
+        args.extend(window_args);
+    }
     FoldCall {
         keys,
         args,
         slice_of: grouped.slice_of,
         cost,
+        chain_at,
     }
 }
 
@@ -479,10 +527,9 @@ impl Store {
         let mut raw_ids = self.holds_legacy_seen(&target.k.seen());
         let mut rest = events;
         while !rest.is_empty() {
-            let judged = if raw_ids || board.has_several_windows() {
+            let judged = if raw_ids {
                 // An instance still holding raw ids goes event by event, as its layout
-                // requires; so does a board with several windows (the fast path writes
-                // one).
+                // requires.
                 let chunk = &rest[..rest.len().min(APPLY_CHUNK)];
                 self.apply_exact(&target, chunk, &mut raw_ids, &mut out)
                     .await?;
@@ -708,5 +755,115 @@ impl Store {
             });
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{fold_call, fold_chunk_len, ApplyEvent, FOLD_EVENT_COST, FOLD_GROUP_COST};
+    use crate::domain::board::{Board, Changes, Dedup, Mode, TieBreak, Window};
+    use crate::domain::keys::Keys;
+    use fred::prelude::Value;
+
+    const HOUR: i64 = 3_600_000;
+
+    fn board(windows: &[i64], dense_rank: bool, feed: bool) -> Board {
+        Board {
+            name: "tips".into(),
+            member: "user".into(),
+            scope: None,
+            amount: "amount".into(),
+            scale: 0,
+            window_ms: windows.iter().copied().max().unwrap_or(HOUR) * HOUR,
+            windows: windows
+                .iter()
+                .map(|&h| Window {
+                    name: format!("{h}h"),
+                    ms: h * HOUR,
+                })
+                .collect(),
+            slice_ms: HOUR,
+            mode: Mode::Incremental,
+            tie_break: TieBreak::Earliest,
+            allow_negative: false,
+            dedup: Dedup::Window,
+            dense_rank,
+            changes: feed.then_some(Changes {
+                top: 3,
+                max_len: 100,
+            }),
+            period: None,
+        }
+    }
+
+    /// Three events of two members over two slices: S = 2, M = 2, G = 3.
+    fn events() -> Vec<ApplyEvent> {
+        let now = 1_000 * HOUR;
+        [("a", 0, "ann"), ("b", HOUR, "ann"), ("c", 0, "bob")]
+            .into_iter()
+            .map(|(id, back, member)| ApplyEvent {
+                id: id.into(),
+                ts: now - back,
+                member: member.into(),
+                amount: 1,
+            })
+            .collect()
+    }
+
+    /// A board with one window: 8 + 2S KEYS (and its feed and distinct totals), 14 + 3S +
+    /// M + 5G ARGV, then the two chain tokens last when chained: the layout of the calls
+    /// before boards could have several windows.
+    #[test]
+    fn a_fold_call_of_one_window_is_laid_out_as_before_several() {
+        let k = Keys::new("rb").instance("tips", None);
+        for (dense, feed) in [(false, false), (true, true)] {
+            let b = board(&[24], dense, feed);
+            let call = fold_call(&b, &k, &b.fingerprint(), &events(), 1_000 * HOUR);
+            let tail = usize::from(dense) + usize::from(feed);
+            assert_eq!(call.keys.len(), 8 + 2 * 2 + tail);
+            assert_eq!(call.args.len(), 14 + 3 * 2 + 2 + 5 * 3);
+            assert_eq!(call.cost, 3 * FOLD_EVENT_COST + 3 * FOLD_GROUP_COST);
+            let chained = call.chained(Some("t0"), "t1");
+            assert_eq!(chained.args.len(), 14 + 3 * 2 + 2 + 5 * 3 + 2);
+            assert_eq!(
+                chained.args[chained.args.len() - 2..],
+                ["t0", "t1"].map(Value::from)
+            );
+        }
+    }
+
+    /// A board with three windows: per narrower window 6 + S KEYS (and its feed and
+    /// distinct totals); after the groups the chain tokens ('' until chained), V, the
+    /// dense flag and a pair per narrower window; a group costs per window.
+    #[test]
+    fn a_fold_call_of_several_windows_follows_the_chain_tokens_with_the_narrower_ones() {
+        let k = Keys::new("rb").instance("tips", None);
+        let b = board(&[24, 1, 168], true, true);
+        let call = fold_call(&b, &k, &b.fingerprint(), &events(), 1_000 * HOUR);
+        assert_eq!(call.keys.len(), 8 + 2 * 2 + 2 + 2 * (6 + 2 + 2));
+        assert_eq!(call.keys[14], "rb:{tips}:w:1h:meta");
+        assert_eq!(call.keys[24], "rb:{tips}:w:1d:meta");
+        assert_eq!(call.cost, 3 * FOLD_EVENT_COST + 3 * 3 * FOLD_GROUP_COST);
+        let groups_end = 14 + 3 * 2 + 2 + 5 * 3;
+        assert_eq!(call.args.len(), groups_end + 2 + 2 + 2 * 2);
+        let chained = call.chained(None, "t1");
+        let tail = &chained.args[groups_end..];
+        assert_eq!(tail[..2], ["", "t1"].map(Value::from));
+        assert_eq!(tail[2], Value::from(2));
+        assert_eq!(tail[3], Value::from("1"));
+        assert_eq!(tail[4], Value::from(1));
+        assert_eq!(tail[6], Value::from(24));
+        // Three windows hold about a third of the distinct members of one.
+        let many: Vec<ApplyEvent> = (0..100)
+            .map(|i| ApplyEvent {
+                id: format!("e{i}"),
+                ts: 1_000 * HOUR,
+                member: format!("m{i}"),
+                amount: 1,
+            })
+            .collect();
+        let one = board(&[168], false, false);
+        assert_eq!(fold_chunk_len(&one, &many), 25);
+        assert_eq!(fold_chunk_len(&b, &many), 9);
     }
 }

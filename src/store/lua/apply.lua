@@ -81,28 +81,17 @@ local with_ids = #ARGV >= event_base + 6 * E
 
 -- The windows: views[1] the widest (the fixed KEYS), then the narrower ones.
 local views = {}
-local at = 9 + 2 * S
-local function tail(view)
-  if top > 0 then
-    view.feed = feed_of(KEYS[at], view.meta, top, cap, tie)
-    at = at + 1
-  end
-  if with_dense then
-    view.dense = KEYS[at]
-    at = at + 1
-  end
-end
 views[1] = { meta = meta, result = result, members = members, slices = slices, refs = refs,
   totals = totals, settings = settings, per_window = tonumber(ARGV[2]), slice_key = {} }
 for i = 1, S do views[1].slice_key[i] = KEYS[8 + i] end
-tail(views[1])
+local at
+views[1].feed, views[1].dense, at = tail_keys(KEYS, 9 + 2 * S, meta, top, cap, tie, with_dense)
 for v = 1, V do
   local view = { meta = KEYS[at], result = KEYS[at + 1], members = KEYS[at + 2],
     slices = KEYS[at + 3], refs = KEYS[at + 4], totals = KEYS[at + 5],
     per_window = tonumber(ARGV[14 + 2 * v]), settings = ARGV[15 + 2 * v], slice_key = {} }
   for i = 1, S do view.slice_key[i] = KEYS[at + 5 + i] end
-  at = at + 6 + S
-  tail(view)
+  view.feed, view.dense, at = tail_keys(KEYS, at + 6 + S, view.meta, top, cap, tie, with_dense)
   views[v + 1] = view
 end
 

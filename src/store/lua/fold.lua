@@ -12,7 +12,9 @@
 --
 -- KEYS: as `apply.lua` (meta, result, members, slices, seen, refs, totals, seen:ids, then
 -- the S slice Hashes and the S forget logs, then the change stream on a board with a
--- feed, then `dense` on dense_rank boards only).
+-- feed, then `dense` on dense_rank boards only; then, on a board with several windows,
+-- for each narrower window: meta, result, members, slices, refs, totals, its S slice
+-- Hashes, then its change stream and its dense ZSet where the board has them).
 --
 -- ARGV[1] now (epoch ms)      ARGV[2] slices per window N   ARGV[3] slice width (ms)
 -- ARGV[4] 'i' incremental | 'r' resummarize                 ARGV[5] tie: 'e' | 'l' | 'n'
@@ -26,7 +28,19 @@
 -- then S triples (slice number, forget-at epoch ms, events in the slice), slice i stored at
 -- KEYS[8 + i]; then the M member names; then G groups of five: member index 1..M, slice
 -- index 1..S, the sum of the group's amounts, the sum of their absolute values, and the
--- newest event time among them. Then, optionally, two chain tokens (below).
+-- newest event time among them. Then, optionally, two chain tokens (below). Then, on a
+-- board with several windows only (the two chain tokens then always sent, '' for none):
+-- V, the board's windows narrower than the widest, '1' on a dense_rank board, and V pairs
+-- (slices per window, settings fingerprint), one per narrower window. A board with one
+-- window sends nothing after the chain tokens, so its calls are as they were before there
+-- could be several.
+--
+-- Several windows: as in `apply.lua`, the first KEYS (and ARGV[2], ARGV[7]) are the
+-- instance of the widest window, which alone remembers idempotency keys, decides what is
+-- late (the reply's slices are late in every window) and holds the chain token; a group
+-- of a slice that is not late counts in every window whose watermark its slice is above.
+-- The call answers `slow` when a total or slice field could pass 2^53 - 1 in any window,
+-- and writes each window that a group counts in (its `meta` `gen` and `changed_ms` too).
 --
 -- Returns { outcome, late slice indices... }: outcome 0 when every event of a slice that is
 -- not late was applied, 1 when every such event was a duplicate (nothing written), 2 `slow`
@@ -42,41 +56,84 @@
 -- none, so the calls after it do not run; the caller sends them again in turn.
 --
 -- Phase 1 only reads and checks, phase 2 only writes, as in `apply.lua` (whose comments
--- describe the checks); a call writes all or nothing. The digest table and the forget
--- logs are described in digest.lua; the checks and writes shared with `apply.lua` are in
--- gate.lua, digest.lua, members.lua and write_back.lua.
+-- describe the checks); a call writes all or nothing, in every window. The digest table
+-- and the forget logs are described in digest.lua; the checks and writes shared with
+-- `apply.lua` are in gate.lua, digest.lua, members.lua and write_back.lua.
 local meta, result, members, slices, seen, refs, totals, table_key,
   incremental, tie, negative, settings = shared_args(KEYS, ARGV)
 -- The globals used per slice, group or member, held in locals: a function reaches the
 -- library's globals through a metatable, a local directly.
 local tonumber, abs, sub, format = tonumber, math.abs, string.sub, string.format
 local S, M, G = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
-local feed, dense = tail_keys(KEYS, ARGV, S, tie)
 local forgotten_through = tonumber(ARGV[11]) % WRAP
+local width, top, cap = tonumber(ARGV[3]), tonumber(ARGV[12]), ARGV[13]
 local blob = ARGV[14]
 local slice_base, member_base = 14, 14 + 3 * S
 local group_base = member_base + M
-local after, token = ARGV[group_base + 5 * G + 1] or '', ARGV[group_base + 5 * G + 2] or ''
+local tail = group_base + 5 * G
+local after, token = ARGV[tail + 1] or '', ARGV[tail + 2] or ''
+local V = tonumber(ARGV[tail + 3] or '0')
+-- A board with one window names no flag: its call ends with `dense` when it has one.
+local with_dense
+if V > 0 then
+  with_dense = ARGV[tail + 4] == '1'
+else
+  with_dense = #KEYS > 8 + 2 * S + (top > 0 and 1 or 0)
+end
+
+-- The windows: views[1] the widest (the fixed KEYS), then the narrower ones; a window's
+-- slice i is KEYS[slice_at + i].
+local views = { { meta = meta, result = result, members = members, slices = slices, refs = refs,
+  totals = totals, settings = settings, per_window = tonumber(ARGV[2]), slice_at = 8 } }
+local at
+views[1].feed, views[1].dense, at = tail_keys(KEYS, 9 + 2 * S, meta, top, cap, tie, with_dense)
+for v = 1, V do
+  local view = { meta = KEYS[at], result = KEYS[at + 1], members = KEYS[at + 2],
+    slices = KEYS[at + 3], refs = KEYS[at + 4], totals = KEYS[at + 5], slice_at = at + 5,
+    per_window = tonumber(ARGV[tail + 3 + 2 * v]), settings = ARGV[tail + 4 + 2 * v] }
+  view.feed, view.dense, at = tail_keys(KEYS, at + 6 + S, view.meta, top, cap, tie, with_dense)
+  views[v + 1] = view
+end
 
 -- Phase 1: read and check.
 local stored = read_meta(meta)
 if after ~= '' and stored[CHAIN] ~= after then return { 3 } end
-local now, watermark, gen, refused = gate(meta, stored, settings, tonumber(ARGV[1]), tonumber(ARGV[3]),
-  tonumber(ARGV[2]))
+local now, watermark, gen, refused = gate(meta, stored, settings, tonumber(ARGV[1]), width,
+  views[1].per_window)
 if refused then return refused end
+views[1].stored, views[1].watermark, views[1].gen = stored, watermark, gen
+if V > 0 then
+  -- Every window's meta; the events are judged at the latest of `now` and their last
+  -- rolls, every window's watermark at that time.
+  local later = now
+  for v = 2, #views do
+    local view = views[v]
+    view.stored = read_meta(view.meta)
+    local at_least, _, _, window_refused = gate(view.meta, view.stored, view.settings, now, width,
+      view.per_window)
+    if window_refused then return window_refused end
+    if at_least > later then later = at_least end
+  end
+  now = later
+  for _, view in ipairs(views) do
+    local _, w, g = gate(view.meta, view.stored, view.settings, now, width, view.per_window)
+    view.watermark, view.gen = w, g
+  end
+  watermark = views[1].watermark
+end
 
 -- Slices: number, whether late (a slice that is not is live: its ids are remembered), its
 -- digests' range.
 local slice_no, late, first, last = {}, {}, {}, {}
 local out = { 0 }
-local at, live_count = 1, 0
+local digest_at, live_count = 1, 0
 for i = 1, S do
   local b = slice_base + 3 * (i - 1)
   local n, count = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 3])
   slice_no[i] = n
-  first[i] = at
-  at = at + DIGEST * count
-  last[i] = at - 1
+  first[i] = digest_at
+  digest_at = digest_at + DIGEST * count
+  last[i] = digest_at - 1
   -- Late too once the slice's ids may be forgotten (a `dedup_window` duration): an id is
   -- forgotten only once events of its slice can no longer be applied.
   if n <= watermark or tonumber(ARGV[b + 2]) <= now then
@@ -86,11 +143,22 @@ for i = 1, S do
     live_count = live_count + count
   end
 end
-if #blob ~= at - 1 then return fail('the digests are ' .. #blob .. ' bytes, not ' .. (at - 1)) end
+if #blob ~= digest_at - 1 then
+  return fail('the digests are ' .. #blob .. ' bytes, not ' .. (digest_at - 1))
+end
 -- A call whose events are judged leaves its chain token (here, and for outcome 1 below).
 if live_count == 0 then
   if token ~= '' then redis.call('HSET', meta, 'chain', token) end
   return out
+end
+-- live[s]: the window counts slice s (every slice that is not late is above the widest's
+-- watermark).
+views[1].live = {}
+for s = 1, S do views[1].live[s] = not late[s] end
+for v = 2, #views do
+  local view = views[v]
+  view.live = {}
+  for s = 1, S do view.live[s] = not late[s] and slice_no[s] > view.watermark end
 end
 
 if legacy_held(seen) then
@@ -137,79 +205,101 @@ if dups > 0 then
   return out
 end
 
--- Member state: z0, each known member's ZSet member, and t0, its tie-break time (none
--- under tie 'n'); totals and slice counts.
+-- The groups of the live slices; a member of late slices only is left as it is.
 local names = {}
 for i = 1, M do names[i] = ARGV[member_base + i] end
-local z0, t0, total0, refs0, members_refused = member_state(members, result, totals, refs, names,
-  tie, incremental, negative)
-if members_refused then return members_refused end
--- bound[i]: the sum of the absolute amounts of member i's live groups.
-local bound = {}
-for i = 1, M do bound[i] = 0 end
-
--- Groups of the live slices, per slice: the fields they touch. A member of late slices
--- only is left as it is.
-local by_slice, newest = {}, {}
-local g_member, g_sum, g_abs = {}, {}, {}
+local g_member, g_slice, g_sum, g_abs, g_newest = {}, {}, {}, {}, {}
+local live_groups = {}
 for g = 1, G do
   local b = group_base + 5 * (g - 1)
-  local m, s = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
+  local s = tonumber(ARGV[b + 2])
   if not late[s] then
-    g_member[g], g_sum[g], g_abs[g] = m, tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4])
-    bound[m] = bound[m] + g_abs[g]
-    local t = tonumber(ARGV[b + 5])
-    if not newest[m] or t > newest[m] then newest[m] = t end
-    local list = by_slice[s]
-    if not list then
-      list = {}
-      by_slice[s] = list
-    end
-    list[#list + 1] = g
+    g_member[g], g_slice[g] = tonumber(ARGV[b + 1]), s
+    g_sum[g], g_abs[g], g_newest[g] = tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5])
+    live_groups[#live_groups + 1] = g
   end
 end
-local touched, numbers = {}, {}
-local g_old = {}
-for s = 1, S do
-  local list = by_slice[s]
-  if list then
-    local wanted_names = {}
-    for k, g in ipairs(list) do wanted_names[k] = names[g_member[g]] end
-    local vs = variadic('HMGET', KEYS[8 + s], wanted_names)
-    for k, g in ipairs(list) do
-      local v = vs[k]
-      if v then
-        local old = integer(v)
-        if not old then
-          return fail('corrupt: ' .. KEYS[8 + s] .. ' holds ' .. v .. ' for ' .. wanted_names[k])
-        end
-        g_old[g] = old
-        -- A field that could pass 2^53 - 1 part-way: judged event by event instead.
-        if abs(old) + g_abs[g] > LIMIT then
+
+-- Per window: member state (z0, each known member's ZSet member, and t0, its tie-break
+-- time, none under tie 'n'; totals and slice counts), then the groups it counts, per
+-- slice, and the fields they touch (old[g]: the field's value before the call).
+for _, view in ipairs(views) do
+  local z0, t0, total0, refs0, members_refused = member_state(view.members, view.result,
+    view.totals, view.refs, names, tie, incremental, negative)
+  if members_refused then return members_refused end
+  view.z0, view.t0, view.total0, view.refs0 = z0, t0, total0, refs0
+  -- bound[i]: the sum of the absolute amounts of member i's groups in the window; newest[i]
+  -- the newest time among them.
+  local bound, newest, by_slice = {}, {}, {}
+  for i = 1, M do bound[i] = 0 end
+  local live = view.live
+  for _, g in ipairs(live_groups) do
+    local s = g_slice[g]
+    if live[s] then
+      local m = g_member[g]
+      bound[m] = bound[m] + g_abs[g]
+      local t = g_newest[g]
+      if not newest[m] or t > newest[m] then newest[m] = t end
+      local list = by_slice[s]
+      if not list then
+        list = {}
+        by_slice[s] = list
+      end
+      list[#list + 1] = g
+    end
+  end
+  local touched, numbers, old = {}, {}, {}
+  for s = 1, S do
+    local list = by_slice[s]
+    if list then
+      local key = KEYS[view.slice_at + s]
+      local wanted_names = {}
+      for k, g in ipairs(list) do wanted_names[k] = names[g_member[g]] end
+      local vs = variadic('HMGET', key, wanted_names)
+      for k, g in ipairs(list) do
+        local v = vs[k]
+        if v then
+          local n = integer(v)
+          if not n then
+            return fail('corrupt: ' .. key .. ' holds ' .. v .. ' for ' .. wanted_names[k])
+          end
+          old[g] = n
+          -- A field that could pass 2^53 - 1 part-way: judged event by event instead.
+          if abs(n) + g_abs[g] > LIMIT then
+            out[1] = 2
+            return out
+          end
+        elseif g_abs[g] > LIMIT then
           out[1] = 2
           return out
         end
-      elseif g_abs[g] > LIMIT then
-        out[1] = 2
-        return out
       end
+      touched[#touched + 1] = s
+      numbers[#numbers + 1] = format('%d', slice_no[s])
     end
-    touched[#touched + 1] = s
-    numbers[#numbers + 1] = format('%d', slice_no[s])
+  end
+  for i = 1, M do
+    if abs(total0[i]) + bound[i] > LIMIT then
+      out[1] = 2
+      return out
+    end
+  end
+  view.newest, view.by_slice, view.touched, view.numbers, view.old = newest, by_slice, touched,
+    numbers, old
+end
+-- The windows written (the widest always: every live slice counts there), each one's
+-- slice registry and recorded top read so that their types are checked too.
+local written = {}
+for v, view in ipairs(views) do
+  if v == 1 or #view.touched > 0 then
+    written[#written + 1] = view
+    view.listed = variadic('ZMSCORE', view.slices, view.numbers)
+    if view.feed then view.recorded, view.recorded_totals = recorded_top(view.feed) end
   end
 end
-for i = 1, M do
-  if abs(total0[i]) + bound[i] > LIMIT then
-    out[1] = 2
-    return out
-  end
-end
-local listed = variadic('ZMSCORE', slices, numbers)
-local old, old_totals
-if feed then old, old_totals = recorded_top(feed) end
 
 -- Phase 2: write. Every key's type and every value were checked above.
-pin_settings(meta, stored, settings)
+for _, view in ipairs(written) do pin_settings(view.meta, view.stored, view.settings) end
 if remembered > 0 then
   -- dirty[a]: the new value of bucket a.
   local dirty = {}
@@ -228,25 +318,31 @@ if remembered > 0 then
   write_table(table_key, L, p, held + remembered, dirty, buckets, bucket_field, forgotten_through)
 end
 
-local total, refs_new = {}, {}
-for i = 1, M do total[i], refs_new[i] = total0[i], refs0[i] end
-local registered = {}
-for k, s in ipairs(touched) do
-  local pairs_out = {}
-  for _, g in ipairs(by_slice[s]) do
-    local m, old = g_member[g], g_old[g]
-    total[m] = total[m] + g_sum[g]
-    if not old then refs_new[m] = refs_new[m] + 1 end
-    pairs_out[#pairs_out + 1] = names[m]
-    pairs_out[#pairs_out + 1] = format('%d', (old or 0) + g_sum[g])
+for v, view in ipairs(written) do
+  local total, refs_new = {}, {}
+  local total0, refs0, old = view.total0, view.refs0, view.old
+  for i = 1, M do total[i], refs_new[i] = total0[i], refs0[i] end
+  local registered = {}
+  for k, s in ipairs(view.touched) do
+    local pairs_out = {}
+    for _, g in ipairs(view.by_slice[s]) do
+      local m, was = g_member[g], old[g]
+      total[m] = total[m] + g_sum[g]
+      if not was then refs_new[m] = refs_new[m] + 1 end
+      pairs_out[#pairs_out + 1] = names[m]
+      pairs_out[#pairs_out + 1] = format('%d', (was or 0) + g_sum[g])
+    end
+    write_slice(KEYS[view.slice_at + s], pairs_out, view.listed[k], view.numbers[k], registered)
   end
-  write_slice(KEYS[8 + s], pairs_out, listed[k], numbers[k], registered)
-end
-variadic('ZADD', slices, registered)
+  variadic('ZADD', view.slices, registered)
 
--- A member whose events are all late (no newest time) is left as it is.
-write_members(members, result, totals, refs, incremental, tie, negative, names, z0, t0, nil,
-  newest, total0, total, refs0, refs_new, dense)
-if feed then record_changes(feed, old, old_totals, result, 'tip', now) end
-write_meta(meta, gen, now, token)
+  -- A member without a group in the window (no newest time) is left as it is.
+  write_members(view.members, view.result, view.totals, view.refs, incremental, tie, negative,
+    names, view.z0, view.t0, nil, view.newest, total0, total, refs0, refs_new, view.dense)
+  if view.feed then
+    record_changes(view.feed, view.recorded, view.recorded_totals, view.result, 'tip', now)
+  end
+  -- The chain token stays on the widest window's meta.
+  write_meta(view.meta, view.gen, now, v == 1 and token or nil)
+end
 return out

@@ -12,19 +12,21 @@ local function shared_args(KEYS, ARGV)
     ARGV[4] == 'i', ARGV[5], ARGV[6] == '1', ARGV[7]
 end
 
--- The keys the two scripts take after the S slice Hashes and their forget logs: the
--- feed of the board's top (changes.lua; nil on a board without one, and on a resummarize
--- board, whose apply leaves the ranking alone: its caller sends none), then the distinct
--- totals of a dense_rank board (nil on others); ARGV[12] is the size of the feed's top (0
--- for none), ARGV[13] its stream's cap.
-local function tail_keys(KEYS, ARGV, S, tie)
-  local at, feed = 9 + 2 * S, nil
-  local top = tonumber(ARGV[12])
+-- The keys a window's instance takes after its slice Hashes (and, for the widest, their
+-- forget logs), from KEYS[at]: its change stream (changes.lua; none on a board without a
+-- feed, whose `top` is 0, and on a resummarize board, whose apply leaves the ranking alone:
+-- its caller sends none), then, when `with_dense`, the distinct totals of a dense_rank
+-- board. Returns the feed (nil for none) of the instance whose meta is `meta`, a stream
+-- capped at `cap` entries, the distinct totals' key (nil for none) and the index of the
+-- key after them.
+local function tail_keys(KEYS, at, meta, top, cap, tie, with_dense)
+  local feed = nil
   if top > 0 then
-    feed = feed_of(KEYS[at], KEYS[1], top, ARGV[13], tie)
+    feed = feed_of(KEYS[at], meta, top, cap, tie)
     at = at + 1
   end
-  return feed, KEYS[at]
+  if with_dense then return feed, KEYS[at], at + 1 end
+  return feed, nil, at
 end
 
 -- The instance's `meta` fields the two scripts read, in one HMGET: its reply as it is,

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use fred::prelude::*;
 use proptest::prelude::*;
-use rollboard::domain::board::{Board, Mode, TieBreak, MAX_TOTAL};
+use rollboard::domain::board::{Board, Changes, Mode, TieBreak, Window, MAX_TOTAL};
 use rollboard::domain::ranking::{decode_member, encode_member};
 use rollboard::store::{apply_call, ApplyEvent, Outcome, Store, APPLY_CHUNK};
 
@@ -106,6 +106,217 @@ fn the_fast_path_agrees_with_the_event_by_event_script() {
             }
             assert_eq!(a.len(), b.len());
         },
+    );
+}
+
+/// `board` ranking `count` windows (2 or 3) of its slices: 2 and 4 slices, or 1, 2 and 4
+/// (the widest its own window), listed narrowest first; with `extras` a dense_rank board
+/// with a change feed of its top 3 where the board is incremental.
+fn windowed(board: Board, count: usize, extras: bool) -> Board {
+    let mut b = board;
+    let widths: &[i64] = if count == 2 { &[2, 4] } else { &[1, 2, 4] };
+    b.windows = widths
+        .iter()
+        .map(|&n| Window {
+            name: format!("{}s", n * SLICE / 1000),
+            ms: n * SLICE,
+        })
+        .collect();
+    b.window_ms = N * SLICE;
+    if extras && b.mode == Mode::Incremental {
+        b.dense_rank = true;
+        b.changes = Some(Changes {
+            top: 3,
+            max_len: 1_000,
+        });
+        b.name = format!("{}-dense-feed", b.name);
+    }
+    b.name = format!("{}-w{count}", b.name);
+    b
+}
+
+/// What every window of `board` holds ([`contents`] of each view, by window), with each
+/// window's distinct totals and `meta` less what depends on how the events were cut into
+/// calls (`gen`, `changed_ms` and the chain token).
+async fn every_window(store: &Store, board: &Board) -> BTreeMap<String, Vec<String>> {
+    let c = store.client();
+    let mut out = BTreeMap::new();
+    for view in board.views() {
+        let window = view.window_name();
+        for (part, values) in contents(store, &view).await {
+            out.insert(format!("{window} {part}"), values);
+        }
+        let k = store.instance(&view, None);
+        let dense: Vec<(String, f64)> = c
+            .zrange(k.dense(), 0, -1, None, false, None, true)
+            .await
+            .expect("dense");
+        out.insert(
+            format!("{window} dense"),
+            dense.into_iter().map(|(m, s)| format!("{m}={s}")).collect(),
+        );
+        let meta: BTreeMap<String, String> = c.hgetall(k.meta()).await.expect("meta");
+        out.insert(
+            format!("{window} meta"),
+            meta.into_iter()
+                .filter(|(f, _)| !matches!(f.as_str(), "gen" | "changed_ms" | "chain"))
+                .map(|(f, v)| format!("{f}={v}"))
+                .collect(),
+        );
+    }
+    out
+}
+
+/// As [`the_fast_path_agrees_with_the_event_by_event_script`], on boards ranking two and
+/// three windows (with and without distinct totals and a change feed): the same outcomes,
+/// and in every window the same data.
+#[test]
+fn the_fast_path_agrees_with_the_event_by_event_script_in_every_window() {
+    let cases = (2usize..4, any::<bool>(), batches());
+    run_cases_threaded(
+        "fold.lua and apply.lua agree in every window",
+        32,
+        &cases,
+        async |store, (count, extras, (shape, batches))| {
+            let board = windowed(shaped(shape), count, extras);
+            let exact = twin(&board);
+            for (events, now) in &batches {
+                let fast = apply_events(store, &board, events, *now).await;
+                let slow = apply_exact(store, &exact, events, *now).await;
+                if let Some(i) = (0..events.len()).find(|&i| fast[i] != slow[i]) {
+                    panic!(
+                        "{}: event {i} {:?} at {now}: fast path {:?}, apply.lua {:?}",
+                        board.name, events[i], fast[i], slow[i]
+                    );
+                }
+            }
+            let (a, b) = (
+                every_window(store, &board).await,
+                every_window(store, &exact).await,
+            );
+            for (part, values) in &a {
+                assert_eq!(Some(values), b.get(part), "{}: {part}", board.name);
+            }
+            assert_eq!(a.len(), b.len(), "{}", board.name);
+        },
+    );
+}
+
+/// On a board with three windows one `fold.lua` call writes each window its events count
+/// in and no other (`gen` bumped there only), leaves its chain token on the widest
+/// window's `meta` alone, answers `slow` when a total could pass 2^53 - 1 in a narrower
+/// window only, and writes nothing in any window when one of them holds a key of the
+/// wrong type.
+#[tokio::test]
+async fn one_fold_call_writes_every_window_its_events_count_in() {
+    let (_redis, store) = RedisServer::start_with_store("rb").await;
+    let board = windowed(shaped(1), 3, true);
+    let control = twin(&board);
+    let k = store.instance(&board, None);
+    let fingerprint = board.fingerprint();
+    let run = |call: rollboard::store::FoldCall| async {
+        fcall::<Vec<i64>, _, _>(store.client(), "fold", call.keys, call.args)
+            .await
+            .expect("fold.lua")
+    };
+    let metas = || async {
+        let mut out = Vec::new();
+        for view in board.views() {
+            let meta = store.instance(&view, None).meta();
+            let v: Vec<Option<String>> = store
+                .client()
+                .hmget(meta, vec!["gen", "chain"])
+                .await
+                .expect("HMGET");
+            out.push(v);
+        }
+        out
+    };
+    let some = |s: &str| Some(s.to_string());
+    // Slice 1000 counts in every window, 999 in the 2s and 4s ones, 997 in the 4s one;
+    // 995 is late (answered as the call's slice 4).
+    let events = [
+        ev("a", NOW + 10, "ann", 5),
+        ev("b", NOW - 500, "bob", 7),
+        ev("c", NOW - 2_500, "cy", -9),
+        ev("d", NOW - 5_000, "dee", 1),
+    ];
+    let call = rollboard::store::fold_call(&board, &k, &fingerprint, &events, NOW);
+    assert_eq!(run(call.chained(None, "t1")).await, [0, 4]);
+    let applied = apply_exact(&store, &control, &events, NOW).await;
+    assert_eq!(applied[3], Outcome::Late);
+    assert_eq!(
+        every_window(&store, &board).await,
+        every_window(&store, &control).await
+    );
+    assert_eq!(
+        total_at(&store, &board.view(Some("1s")).expect("1s"), "ann", NOW).await,
+        Some(5)
+    );
+    assert_eq!(
+        metas().await,
+        [
+            vec![some("1"), None],
+            vec![some("1"), None],
+            vec![some("1"), some("t1")]
+        ]
+    );
+    // An event of the widest window only: the others are left as they are.
+    let older = [ev("e", NOW - 3_000, "ann", 2)];
+    let call = rollboard::store::fold_call(&board, &k, &fingerprint, &older, NOW);
+    assert_eq!(run(call.chained(Some("t1"), "t2")).await, [0]);
+    apply_exact(&store, &control, &older, NOW).await;
+    assert_eq!(
+        metas().await,
+        [
+            vec![some("1"), None],
+            vec![some("1"), None],
+            vec![some("2"), some("t2")]
+        ]
+    );
+    assert_eq!(
+        every_window(&store, &board).await,
+        every_window(&store, &control).await
+    );
+
+    // cy holds -9 in the 4s window only and +9 in the 2s one: an amount that fits the
+    // widest's total passes 2^53 - 1 in the 2s window's.
+    let even = [ev("f", NOW - 500, "cy", 9)];
+    assert_eq!(
+        apply_events(&store, &board, &even, NOW).await,
+        apply_exact(&store, &control, &even, NOW).await
+    );
+    let big = [ev("g", NOW + 20, "cy", MAX_TOTAL - 5)];
+    let before = snapshot(&store, &board).await;
+    let call = rollboard::store::fold_call(&board, &k, &fingerprint, &big, NOW);
+    assert_eq!(run(call.chained(Some("t2"), "t3")).await, [2], "slow");
+    assert_eq!(snapshot(&store, &board).await, before, "a slow call wrote");
+    assert_eq!(
+        apply_events(&store, &board, &big, NOW).await,
+        [Outcome::Overflow]
+    );
+    assert_eq!(
+        apply_exact(&store, &control, &big, NOW).await,
+        [Outcome::Overflow]
+    );
+    assert_eq!(
+        every_window(&store, &board).await,
+        every_window(&store, &control).await
+    );
+
+    // A narrower window's `members` of the wrong type: the call fails in phase 1, and
+    // no window (nor the digest table) is written.
+    let narrow = store.instance(&board.view(Some("2s")).expect("2s"), None);
+    set_string(&store, &narrow.members(), "not a hash").await;
+    let before = snapshot(&store, &board).await;
+    let failed = store
+        .apply(&board, None, &[ev("h", NOW + 30, "zed", 1)], NOW)
+        .await;
+    assert!(failed.is_err(), "{failed:?}");
+    assert_eq!(
+        snapshot(&store, &board).await,
+        before,
+        "a failed call wrote"
     );
 }
 
