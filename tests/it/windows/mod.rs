@@ -1,4 +1,5 @@
 //! Several windows from one ingest: one set of idempotency keys, one exact ranking per
 //! window, each rolled on its own.
 
+mod every_window_matches_the_model;
 mod one_ingest_every_window;
