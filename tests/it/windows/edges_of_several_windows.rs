@@ -301,7 +301,8 @@ async fn a_batch_retried_after_a_lost_reply_counts_once_in_every_window() {
 
 /// Every key of the middle (2h) window of a 1h/2h/6h board, replaced in turn by a string:
 /// the apply fails naming the key, and writes nothing in any window (not even the widest's
-/// digest table); with the key put back, the same events count once.
+/// digest table); with the key put back, the same events count once. (The dense ZSet
+/// fails today: a bug, see [`a_dense_key_of_the_wrong_type_fails_the_call_before_any_write`].)
 #[tokio::test]
 async fn a_key_of_the_wrong_type_in_a_narrower_window_fails_the_call_before_any_write() {
     use Outcome::*;
@@ -324,6 +325,7 @@ async fn a_key_of_the_wrong_type_in_a_narrower_window_fails_the_call_before_any_
         ("slices", k.slices()),
         ("refs", k.refs()),
         ("slice", k.slice(s - 1)),
+        ("dense", k.dense()),
         ("changes", k.changes()),
     ];
     let mut problems = Vec::new();
@@ -436,4 +438,45 @@ async fn a_refund_to_zero_in_one_window_leaves_the_member_ranked_in_the_other() 
     for view in &model.views {
         assert_verified(&store, view, None).await;
     }
+}
+
+/// The distinct totals of a `dense_rank` board's widest window (and of a board with one
+/// window, written by fold.lua) replaced by a string: the apply fails and writes nothing,
+/// as with any other key of the instance.
+#[tokio::test]
+async fn a_dense_key_of_the_wrong_type_fails_the_call_before_any_write() {
+    let (_redis, store) = RedisServer::start_with_store("rb").await;
+    let now = now0();
+    let mut problems = Vec::new();
+    for (name, several) in [("one", false), ("several", true)] {
+        let mut b = if several {
+            windowed(name, &[1, 6])
+        } else {
+            board(name, HOUR, 6)
+        };
+        b.dense_rank = true;
+        apply_events(&store, &b, &[ev("a", now, "m", 1)], now).await;
+        let key = store.instance(&b, None).dense();
+        let _: i64 = store.client().del(&key).await.expect("del");
+        set_string(&store, &key, "not-a-zset").await;
+        let before = every_key(&store, name).await;
+        let events = [ev("b", now, "n", 2)];
+        let failed = store.apply(&b, None, &events, now).await;
+        let wrote = changed(&before, &every_key(&store, name).await);
+        if failed.is_ok() || !wrote.is_empty() {
+            problems.push(format!("{name}: {failed:?}, wrote {wrote:?}"));
+        }
+        // Put right (the ZSet rebuilt by hand), the event counts once.
+        let _: i64 = store.client().del(&key).await.expect("del");
+        let _: i64 = store
+            .client()
+            .zadd(&key, None, None, false, false, (1.0, "1"))
+            .await
+            .expect("zadd");
+        let got = apply_events(&store, &b, &events, now).await;
+        if got != [Outcome::Applied] {
+            problems.push(format!("{name}: once put right the apply answered {got:?}"));
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
