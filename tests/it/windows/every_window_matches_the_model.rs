@@ -78,8 +78,8 @@ impl Windows {
         if outcome != Outcome::Applied {
             return outcome;
         }
-        for w in 0..widest {
-            match trial[w].apply(&self.views[w], e, now) {
+        for (w, (window, view)) in trial.iter_mut().zip(&self.views).take(widest).enumerate() {
+            match window.apply(view, e, now) {
                 Outcome::Applied | Outcome::Late => {}
                 Outcome::Overflow => return Outcome::Overflow,
                 Outcome::Duplicate => panic!("window {w} remembers {e:?}, the widest not"),
