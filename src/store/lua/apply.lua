@@ -267,6 +267,7 @@ end
 if not any then return status end
 for _, view in ipairs(views) do
   if view.any and view.feed then view.old, view.old_totals = recorded_top(view.feed) end
+  if view.any then dense_checked(view.dense) end
 end
 
 -- Phase 2: write. Every key's type and every value were checked above.

@@ -103,6 +103,7 @@ end
 
 local old, old_totals
 if feed then old, old_totals = recorded_top(feed) end
+if incremental then dense_checked(dense) end
 
 -- Phase 2: write.
 variadic('HDEL', slice, claimed)

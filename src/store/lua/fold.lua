@@ -295,6 +295,7 @@ for v, view in ipairs(views) do
     written[#written + 1] = view
     view.listed = variadic('ZMSCORE', view.slices, view.numbers)
     if view.feed then view.recorded, view.recorded_totals = recorded_top(view.feed) end
+    dense_checked(view.dense)
   end
 end
 

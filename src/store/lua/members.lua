@@ -136,6 +136,12 @@ local function member_state(members, result, totals, refs, names, tie, increment
   return zs, ts, total, held_by
 end
 
+-- Reads `dense` (nil: nothing), so that a key of another type fails the call in its
+-- phase 1, before anything was written (dense_update writes it in phase 2).
+local function dense_checked(dense)
+  if dense then redis.call('ZCARD', dense) end
+end
+
 -- Keeps `dense` (dense_rank boards only, nil elsewhere: nothing is done) in step with
 -- `result` once `result` is written: a ZSet of the distinct totals above 0 that members of
 -- `result` hold, each scored by itself (member: the total in decimal, '%d'). Every total in
