@@ -2,3 +2,4 @@
 //! window, each rolled on its own.
 
 mod one_ingest_every_window;
+mod verify_and_rebuild_every_window;
