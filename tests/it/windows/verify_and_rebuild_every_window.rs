@@ -146,8 +146,9 @@ async fn verify_names_each_window_and_rebuild_repairs_every_window() {
     let before = widest_keys(&store, "r1").await;
     assert!(before.contains_key("rb:{tips:r1}:seen:ids"), "{before:?}");
     assert!(
-        before.keys().any(|k| k.starts_with("rb:{tips:r1}:seen:")
-            && k != "rb:{tips:r1}:seen:ids"),
+        before
+            .keys()
+            .any(|k| k.starts_with("rb:{tips:r1}:seen:") && k != "rb:{tips:r1}:seen:ids"),
         "forget logs: {before:?}"
     );
     let rebuilt = roll::rebuild(&store, &short, Some("r1"), 10)
