@@ -151,7 +151,7 @@ pub struct Conflict {
     /// Board name.
     pub board: String,
     /// The setting (`mode`, `tie_break`, `allow_negative`, `scale`, `window`, `slice`,
-    /// `scope`).
+    /// `windows`, `dense_rank`, `scope`).
     pub setting: &'static str,
     /// Its value when the board's data was created.
     pub stored: String,

@@ -1,5 +1,6 @@
 //! Several windows from one ingest: one set of idempotency keys, one exact ranking per
 //! window, each rolled on its own.
 
+mod a_changed_window_list_is_refused;
 mod one_ingest_every_window;
 mod verify_and_rebuild_every_window;
