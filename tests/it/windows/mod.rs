@@ -3,5 +3,6 @@
 
 mod a_changed_window_list_is_refused;
 mod one_ingest_every_window;
+mod scopes_and_cleanup;
 mod the_start_up_check_covers_every_window;
 mod verify_and_rebuild_every_window;
