@@ -377,10 +377,10 @@ impl RawBoard {
     /// number of slices, none twice; and the slice in ms.
     fn span(&self, key: &impl Fn(&str) -> String) -> Result<(Vec<Window>, i64), ConfigError> {
         let written: Vec<(String, String)> = match (&self.window, &self.windows) {
-            (Some(_), Some(_)) => {
+            (Some(_), Some(list)) => {
                 return Err(invalid(
                     key("windows"),
-                    "",
+                    format!("{list:?}"),
                     "give either window or windows, not both",
                 ))
             }
@@ -616,6 +616,107 @@ mod tests {
             let e = refusal(&text);
             assert!(e.contains(key) && e.contains(detail), "{text}: {e}");
         }
+    }
+
+    /// [`BOARD`] with `windows = <list>` in place of its `window`.
+    fn with_windows(list: &str) -> String {
+        BOARD.replace("window = \"7d\"", &format!("windows = {list}"))
+    }
+
+    #[test]
+    fn several_windows_keep_their_order_and_names_and_the_widest_is_the_boards() {
+        use crate::domain::board::Window;
+        let b = crate::config::Settings::from_toml(&with_windows("[\"1d\", \"7d\", \"12h\"]"))
+            .expect("valid")
+            .boards
+            .remove(0);
+        let day = 86_400_000;
+        assert_eq!(
+            b.windows,
+            [
+                Window {
+                    name: "1d".into(),
+                    ms: day
+                },
+                Window {
+                    name: "7d".into(),
+                    ms: 7 * day
+                },
+                Window {
+                    name: "12h".into(),
+                    ms: day / 2
+                },
+            ]
+        );
+        assert_eq!(b.window_ms, 7 * day);
+        assert!(b.has_several_windows());
+        // One `window` is a list of one.
+        let one = crate::config::Settings::from_toml(BOARD)
+            .expect("valid")
+            .boards
+            .remove(0);
+        assert_eq!(
+            one.windows,
+            [Window {
+                name: "7d".into(),
+                ms: 7 * day
+            }]
+        );
+        assert!(!one.has_several_windows());
+    }
+
+    #[test]
+    fn window_list_refusals_name_key_and_value() {
+        let nine: Vec<String> = (1..=super::MAX_WINDOWS + 1)
+            .map(|n| format!("\"{}h\"", 6 * n))
+            .collect();
+        let eight = format!("[{}]", nine[..super::MAX_WINDOWS].join(", "));
+        let nine = format!("[{}]", nine.join(", "));
+        let cases = [
+            (
+                BOARD.replace("window = \"7d\"", "window = \"7d\"\nwindows = [\"1d\"]"),
+                "boards[0].windows",
+                "= \"[\\\"1d\\\"]\": give either window or windows",
+            ),
+            (with_windows("[]"), "boards[0].windows", "1 to 8"),
+            (
+                with_windows("[\"1d\", \"25h\"]"),
+                "boards[0].windows[1]",
+                "whole multiple of the slice (6h)",
+            ),
+            (
+                with_windows("[\"1d\", \"7d\", \"1d\"]"),
+                "boards[0].windows[2]",
+                "listed twice",
+            ),
+            (
+                with_windows("[\"1d\", \"24h\"]"),
+                "boards[0].windows[1]",
+                "listed twice",
+            ),
+            (
+                with_windows("[\"1d\", \"soon\"]"),
+                "boards[0].windows[1]",
+                "soon",
+            ),
+            (with_windows(&nine), "boards[0].windows", "1 to 8"),
+            (
+                format!("{PERIOD}windows = [\"1d\", \"7d\"]\n"),
+                "boards[0].windows",
+                "no window",
+            ),
+        ];
+        for (text, key, detail) in cases {
+            let e = refusal(&text);
+            assert!(e.contains(&format!("`{key}`")), "{text}: {e}");
+            assert!(e.contains(detail), "{text}: {e}");
+        }
+        // Exactly MAX_WINDOWS is accepted.
+        let b = crate::config::Settings::from_toml(&with_windows(&eight))
+            .expect("valid")
+            .boards
+            .remove(0);
+        assert_eq!(b.windows.len(), super::MAX_WINDOWS);
     }
 
     #[test]

@@ -482,8 +482,11 @@ impl Board {
         }
         if self.has_several_windows() {
             // Each window's instance holds what was applied since it existed: a window
-            // added, removed or resized over existing data needs a rebuild.
-            let widths: Vec<String> = self.windows.iter().map(|w| format!("{}ms", w.ms)).collect();
+            // added, removed or resized over existing data needs a rebuild. Their order
+            // (which one queries default to) and how each is written shape nothing.
+            let mut ms: Vec<i64> = self.windows.iter().map(|w| w.ms).collect();
+            ms.sort_unstable();
+            let widths: Vec<String> = ms.iter().map(|ms| format!("{ms}ms")).collect();
             settings.push(("windows", widths.join(" ")));
         }
         if self.dense_rank {
@@ -612,6 +615,54 @@ mod tests {
             "mode=incremental,tie_break=earliest,allow_negative=false,scale=0,window=4000ms,slice=1000ms,dense_rank=true"
         );
         assert_eq!(b.pinned_settings().last(), Some(&("scope", String::new())));
+    }
+
+    #[test]
+    fn the_window_list_is_pinned_by_its_widths_whatever_their_order_and_spelling() {
+        let with = |list: &[(&str, i64)]| {
+            let mut b = board(list.iter().map(|w| w.1).max().unwrap_or(0), 1_000);
+            b.windows = list
+                .iter()
+                .map(|&(name, ms)| Window {
+                    name: name.into(),
+                    ms,
+                })
+                .collect();
+            b
+        };
+        let two = with(&[("2s", 2_000), ("6s", 6_000)]);
+        assert_eq!(
+            two.fingerprint(),
+            "mode=incremental,tie_break=earliest,allow_negative=false,scale=0,window=6000ms,slice=1000ms,windows=2000ms 6000ms"
+        );
+        // Another order or spelling of the same widths: the same data.
+        for same in [
+            with(&[("6s", 6_000), ("2s", 2_000)]),
+            with(&[("2000ms", 2_000), ("6s", 6_000)]),
+        ] {
+            assert_eq!(same.pinned_settings(), two.pinned_settings());
+        }
+        // A window added, removed or resized: other data.
+        for other in [
+            with(&[("1s", 1_000), ("2s", 2_000), ("6s", 6_000)]),
+            with(&[("3s", 3_000), ("6s", 6_000)]),
+            with(&[("6s", 6_000)]),
+        ] {
+            assert_ne!(other.pinned_settings(), two.pinned_settings());
+        }
+        // A list of one is the board's one `window`.
+        assert_eq!(
+            with(&[("6s", 6_000)]).fingerprint(),
+            board(6_000, 1_000).fingerprint()
+        );
+        // Each narrower view keeps the list and names its own window.
+        let views: Vec<String> = two.views().iter().map(Board::fingerprint).collect();
+        assert_eq!(views[1], two.fingerprint());
+        assert!(
+            views[0].contains("window=2000ms,") && views[0].ends_with("windows=2000ms 6000ms"),
+            "{}",
+            views[0]
+        );
     }
 
     #[test]

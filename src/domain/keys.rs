@@ -629,6 +629,81 @@ mod tests {
     }
 
     #[test]
+    fn keys_of_a_narrower_window_are_pinned_and_read_back_only_for_their_own_board() {
+        let keys = Keys::new("rb");
+        let wide = keys.instance("tips", None);
+        let day = keys.instance_in("tips", None, Some("24h"));
+        assert_eq!(day, wide.in_window("24h"));
+        assert_eq!(day.result(), "rb:{tips}:w:24h:result");
+        assert_eq!(day.slice(7), "rb:{tips}:w:24h:slice:7");
+        assert_eq!(day.meta(), "rb:{tips}:w:24h:meta");
+        assert_eq!(day.changes(), "rb:changes:{tips}:24h");
+        assert_eq!(
+            keys.instance_in("fans", Some("a:b"), Some("7d")).dense(),
+            "rb:{fans:a:b}:w:7d:dense"
+        );
+        for scope in [None, Some("a"), Some("a:b"), Some("d}e"), Some("x}:w:2h")] {
+            let k = keys.instance_in("tips", scope, Some("2h"));
+            let instance = |kind| {
+                Some(BoardKey::Instance {
+                    scope: scope.map(str::to_string),
+                    kind,
+                })
+            };
+            for (key, kind) in [
+                (k.meta(), KeyKind::Meta),
+                (k.result(), KeyKind::Result),
+                (k.members(), KeyKind::Members),
+                (k.slices(), KeyKind::Slices),
+                (k.refs(), KeyKind::Refs),
+                (k.totals(), KeyKind::Totals),
+                (k.dense(), KeyKind::Dense),
+                (k.ranked(), KeyKind::Ranked),
+                (k.slice(-3), KeyKind::Slice),
+                (k.changes(), KeyKind::Changes),
+                (k.scratch("f0", "result"), KeyKind::Scratch),
+                (
+                    format!("{}:old", k.scratch("f0", "ranked")),
+                    KeyKind::Scratch,
+                ),
+            ] {
+                assert_eq!(keys.board_key("tips", &key), instance(kind), "{key}");
+                for other in ["tip", "tips_v2", "w"] {
+                    assert_eq!(keys.board_key(other, &key), None, "{other} {key}");
+                }
+            }
+        }
+        // A lookalike's narrower window is never a key of `tips`.
+        for key in [
+            keys.instance_in("tips_v2", None, Some("2h")).result(),
+            keys.instance_in("tips_24h", Some("tips"), Some("2h"))
+                .meta(),
+            keys.instance_in("tipsy", None, Some("2h")).changes(),
+        ] {
+            assert_eq!(keys.board_key("tips", &key), None, "{key}");
+        }
+        for foreign in [
+            "rb:{tips}:w:2h",
+            "rb:{tips}:w:2h:",
+            "rb:{tips}:w::result",
+            "rb:{tips}:w:xx:result",
+            "rb:{tips}:w:2h:unknown",
+            "rb:{tips}:w:2h:slice:x",
+            "rb:{tips:}:w:2h:meta",
+            "rb:{tips}w:2h:meta",
+        ] {
+            assert_eq!(keys.board_key("tips", foreign), None, "{foreign}");
+        }
+        // The narrower windows' watermarks are fields of the board's one `window` record.
+        assert_eq!(Keys::floor_field(None), "expired_through");
+        assert_eq!(Keys::floor_field(Some("24h")), "expired_through:24h");
+        assert_eq!(
+            keys.board_key("tips", &keys.window("tips")),
+            Some(BoardKey::Record(KeyKind::Window))
+        );
+    }
+
+    #[test]
     fn board_patterns_close_the_hash_tag_and_escape_globs() {
         assert_eq!(
             Keys::new("rb").board_patterns("tips"),

@@ -1,6 +1,12 @@
 //! What the scheduled jobs did: roll and resummarize runs per board (their time, what they
 //! expired, whether they finished), the ticks this process ran, and each board's live
 //! window.
+//!
+//! A board with several windows has one series per board, not per window: the counters
+//! add up the work of every window's instances, and the window gauges show the widest
+//! window, the one whose start is the oldest event still counted anywhere (an older one is
+//! late) and whose instances keep the idempotency keys. Every window's range ends at the
+//! same time.
 
 use std::collections::BTreeMap;
 
@@ -108,9 +114,9 @@ impl RollFamilies {
             window_start: gauge_vec(
                 registry,
                 "rollboard_window_start_timestamp_seconds",
-                "Start of the oldest live slice of a board as of its last complete roll, or \
-                 as of the clock at start-up before this process's first one (window_from in \
-                 queries), Unix time.",
+                "Start of the oldest live slice of a board (of its widest window) as of its \
+                 last complete roll, or as of the clock at start-up before this process's \
+                 first one (window_from in queries), Unix time.",
                 &["board"],
             ),
             window_end: gauge_vec(
@@ -159,8 +165,8 @@ impl RollFamilies {
 }
 
 impl Metrics {
-    /// Sets the window gauges of every board from its definition and `now_ms` (Redis's
-    /// clock), as a roll at `now_ms` on a board rolled on time would: the process shows its
+    /// Sets the window gauges of every board (its widest window) from its definition and
+    /// `now_ms` (Redis's clock), as a roll at `now_ms` on a board rolled on time would: the process shows its
     /// boards' windows from the start instead of 0 until its first complete roll. A complete
     /// roll sets them again, from the stored watermark.
     pub fn windows_at(&self, boards: &[Board], now_ms: i64) {
@@ -223,6 +229,33 @@ impl Metrics {
 mod tests {
     use super::super::tests::{boards, sample};
     use super::Metrics;
+
+    #[test]
+    fn the_window_gauges_of_a_board_with_several_windows_show_its_widest() {
+        let boards = crate::config::Settings::from_toml(
+            "[[boards]]\nname = \"tips\"\nmember = \"user\"\nwindows = [\"24h\", \"7d\", \"1h\"]\nslice = \"1h\"\n",
+        )
+        .expect("boards")
+        .boards;
+        let metrics = Metrics::new(&boards);
+        // 2026-11-26T10:30:00Z: the live range ends at 11:00 in every window.
+        let now = 1_795_689_000_000;
+        metrics.windows_at(&boards, now);
+        let text = metrics.render();
+        let gauge = |name: &str| {
+            sample(
+                &text,
+                &format!("rollboard_window_{name}_timestamp_seconds{{board=\"tips\"}}"),
+            )
+        };
+        assert_eq!(gauge("end"), Some(1_795_690_800.0));
+        assert_eq!(gauge("start"), Some(1_795_690_800.0 - 7.0 * 86_400.0));
+        assert_eq!(
+            text.matches("rollboard_window_start_timestamp_seconds{")
+                .count(),
+            1
+        );
+    }
 
     #[test]
     fn window_gauges_are_the_live_range_at_start_up() {

@@ -1,5 +1,10 @@
 //! Checking and repairing an instance's derived state against its slices: [`verify`]
 //! compares the stored ranking with the sums, [`rebuild`] recomputes and swaps it in.
+//!
+//! Both work on one window of a board: given a view ([`Board::view`], [`Board::views`]),
+//! they read and write only that window's instance keys. A narrower window's instance
+//! holds its own slices, ranking and bookkeeping, and no idempotency key, so rebuilding it
+//! leaves the widest window's instance, which keeps them, as it was.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -42,6 +47,10 @@ pub struct Verified {
     pub board: String,
     /// Scope value.
     pub scope: Option<String>,
+    /// The window checked, as configured (`24h`), on a board with several windows (each
+    /// window's instance is checked against its own slices); absent on a board with one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub window: Option<String>,
     /// `incremental` or `resummarize`.
     pub mode: &'static str,
     /// Members compared.
@@ -75,6 +84,8 @@ impl Verified {
 /// tie-break time) is restored with the last millisecond of its newest slice as that
 /// time, and listed in [`Rebuilt::estimated`]: its total is exact, its place among equal
 /// totals may not be.
+///
+/// `board` ranks one window: a board with several is rebuilt one view at a time.
 pub async fn rebuild(
     store: &Store,
     board: &Board,
@@ -188,7 +199,8 @@ fn totals(rows: &[Staged], positive: bool) -> BTreeMap<String, i64> {
 
 /// Compares an instance's stored ranking with its slices: on incremental boards with the
 /// sum of every registered slice (fields of dead slices count until their chunk is
-/// expired), on resummarize boards with the sum of the live slices.
+/// expired), on resummarize boards with the sum of the live slices. `board` ranks one
+/// window, whose instance is compared with its own slices.
 pub async fn verify(
     store: &Store,
     board: &Board,
@@ -242,6 +254,7 @@ pub async fn verify(
         return Ok(Verified {
             board: board.name.clone(),
             scope: scope.map(str::to_string),
+            window: board.has_several_windows().then(|| board.window_name()),
             mode: board.mode.as_str(),
             members: names as u64,
             differences,

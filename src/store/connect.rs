@@ -16,7 +16,7 @@ use crate::config::tls::tls_client_config;
 use crate::config::Durability;
 use crate::config::{RedisSettings, TlsFiles};
 use crate::domain::board::{Board, DEFAULTED_SETTINGS};
-use crate::domain::keys::Keys;
+use crate::domain::keys::{InstanceKeys, Keys};
 use crate::metrics::Metrics;
 
 /// How the connection behaves when Redis goes away.
@@ -151,7 +151,7 @@ pub struct Conflict {
     /// Board name.
     pub board: String,
     /// The setting (`mode`, `tie_break`, `allow_negative`, `scale`, `window`, `slice`,
-    /// `scope`).
+    /// `windows`, `dense_rank`, `scope`).
     pub setting: &'static str,
     /// Its value when the board's data was created.
     pub stored: String,
@@ -722,9 +722,24 @@ impl Store {
             // A change stream lies outside the instance's base (`rb:changes:{board}`): a key
             // pattern that covers the base may miss it.
             let changes = board.changes.map(|_| k.changes());
+            // A narrower window's keys carry its width after the hash tag
+            // (`rb:{board}:w:24h:meta`, `rb:changes:{board}:24h`), which a key pattern
+            // covering the widest's may miss too: one window stands for the others.
+            let narrower = board
+                .narrower_views()
+                .first()
+                .and_then(Board::window_suffix)
+                .map(|suffix| k.in_window(&suffix));
+            let narrower_meta = narrower.as_ref().map(InstanceKeys::meta);
+            let narrower_changes = narrower
+                .as_ref()
+                .filter(|_| board.changes.is_some())
+                .map(InstanceKeys::changes);
             for key in [&meta, &settings, &scopes, &window]
                 .into_iter()
                 .chain(changes.as_ref())
+                .chain(narrower_meta.as_ref())
+                .chain(narrower_changes.as_ref())
             {
                 probes.push(words(&["FCALL", &function, "1", key]));
                 for command in &lua {
@@ -751,14 +766,24 @@ impl Store {
                 // `verify` reads the distinct totals back.
                 probes.push(words(&["ZSCAN", &k.dense(), "0"]));
             }
-            if board.changes.is_some() {
-                // The change feed's streams (`GET /v1/boards/{board}/changes`).
-                let feed = self.keys.changes(&board.name, None, None);
+            if let Some(narrower) = &narrower {
+                // `verify` and the queries read a narrower window's ranking.
                 probes.extend([
-                    words(&["XINFO", "STREAM", &feed]),
-                    words(&["XRANGE", &feed, "-", "+", "COUNT", "1"]),
-                    words(&["XREAD", "COUNT", "1", "STREAMS", &feed, "0-0"]),
+                    words(&["ZSCAN", &narrower.result(), "0"]),
+                    words(&["HMGET", &narrower.meta(), "f"]),
                 ]);
+            }
+            if board.changes.is_some() {
+                // The change feed's streams (`GET /v1/boards/{board}/changes`), of each
+                // window.
+                let feed = self.keys.changes(&board.name, None, None);
+                for feed in std::iter::once(&feed).chain(narrower_changes.as_ref()) {
+                    probes.extend([
+                        words(&["XINFO", "STREAM", feed]),
+                        words(&["XRANGE", feed, "-", "+", "COUNT", "1"]),
+                        words(&["XREAD", "COUNT", "1", "STREAMS", feed, "0-0"]),
+                    ]);
+                }
             }
         }
         probes

@@ -3,10 +3,12 @@
 //! of a board whose name merely starts the same way (`tips` leaves `tips_v2` alone).
 //!
 //! Keys are found first through the registries: the scope registry names the instances,
+//! the `windows` of the board's settings record names the narrower windows of a board with
+//! several (each instance's keys in such a window carry `w:<width>:` after its hash tag),
 //! each instance's `slices` registry names its slices and forget logs, the rest are fixed
 //! names. A `SCAN` of each master then catches what no registry names: the instances whose
-//! scope left the registry (their `meta` outlives their data), and the scratch keys of a
-//! recomputation that died. Its `MATCH` patterns close the hash tag ([`Keys::board_patterns`]),
+//! scope left the registry (their `meta` outlives their data), the keys of a window no
+//! longer recorded, and the scratch keys of a recomputation that died. Its `MATCH` patterns close the hash tag ([`Keys::board_patterns`]),
 //! and every key found either way is read back ([`Keys::board_key`]) before it is listed.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -16,6 +18,7 @@ use fred::types::cluster::ClusterRouting;
 use fred::types::{ClusterHash, CustomCommand};
 
 use super::{as_array, as_string, redirected, reply_err, Store, StoreError};
+use crate::domain::board::{format_duration_ms, parse_duration_ms};
 use crate::domain::keys::{BoardKey, KeyKind};
 use crate::store::Denied;
 
@@ -149,6 +152,27 @@ pub fn scan_denied(e: &StoreError) -> Option<Denied> {
     }
 }
 
+/// The key suffixes of the narrower windows of a board whose settings record holds
+/// `widths` as its `windows` (`7200000ms 86400000ms`, written by a board with several
+/// windows; empty for a board with one): each width but the widest, as
+/// [`format_duration_ms`] writes it (`2h`). A width that does not read as a duration is
+/// skipped: the key scan finds what its keys hold.
+fn narrower_windows(widths: &str) -> Vec<String> {
+    let ms: Vec<i64> = widths
+        .split_whitespace()
+        .filter_map(parse_duration_ms)
+        .collect();
+    let widest = ms.iter().copied().max();
+    let mut out: Vec<String> = ms
+        .into_iter()
+        .filter(|w| Some(*w) != widest)
+        .map(format_duration_ms)
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
 /// `keys` cut into `UNLINK` calls of at most [`UNLINK_BATCH`] keys, in their order; on a
 /// cluster each call's keys share one slot (a multi-key command may not span slots).
 fn unlink_batches(keys: Vec<String>, clustered: bool) -> Vec<Vec<String>> {
@@ -178,9 +202,12 @@ impl Store {
             ..BoardKeys::default()
         };
         self.find_fixed_keys(board, &mut found).await?;
+        let windows = self.recorded_windows(board).await?;
         for scope in &self.registered_instances(board).await? {
-            self.find_instance_keys(board, scope.as_deref(), &mut found)
-                .await?;
+            for window in &windows {
+                self.find_instance_keys(board, scope.as_deref(), window.as_deref(), &mut found)
+                    .await?;
+            }
         }
         self.find_scanned_keys(board, &mut found).await?;
         Ok(found)
@@ -197,6 +224,23 @@ impl Store {
             }
         }
         Ok(())
+    }
+
+    /// The windows whose instance keys to look for: the widest (`None`, the keys of a
+    /// board with one window), then each narrower window the board's settings record
+    /// names (see [`narrower_windows`]).
+    async fn recorded_windows(&self, board: &str) -> Result<Vec<Option<String>>, StoreError> {
+        let widths: Option<String> = self
+            .client()
+            .hget(self.keys.settings(board), "windows")
+            .await?;
+        let mut windows = vec![None];
+        windows.extend(
+            narrower_windows(widths.as_deref().unwrap_or(""))
+                .into_iter()
+                .map(Some),
+        );
+        Ok(windows)
     }
 
     /// The unscoped instance and every scope in the board's registry, each once.
@@ -219,15 +263,16 @@ impl Store {
         Ok(instances)
     }
 
-    /// The keys of one instance that exist: its fixed keys and those of its registered
-    /// slices.
+    /// The keys of one instance in one window (`None`: the widest) that exist: its fixed
+    /// keys and those of its registered slices.
     async fn find_instance_keys(
         &self,
         board: &str,
         scope: Option<&str>,
+        window: Option<&str>,
         found: &mut BoardKeys,
     ) -> Result<(), StoreError> {
-        let k = self.keys.instance(board, scope);
+        let k = self.keys.instance_in(board, scope, window);
         let slices: Vec<String> = self
             .client()
             .zrange(k.slices(), 0, -1, None, false, None, false)
@@ -359,6 +404,29 @@ impl Store {
 mod tests {
     use super::*;
     use crate::domain::keys::Keys;
+
+    #[test]
+    fn the_narrower_windows_are_read_from_the_recorded_widths() {
+        assert_eq!(narrower_windows(""), Vec::<String>::new());
+        assert_eq!(narrower_windows("21600000ms"), Vec::<String>::new());
+        assert_eq!(
+            narrower_windows("86400000ms 604800000ms 2592000000ms"),
+            ["1d", "7d"]
+        );
+        assert_eq!(narrower_windows("21600000ms 7200000ms"), ["2h"]);
+        assert_eq!(narrower_windows("7200000ms junk 21600000ms"), ["2h"]);
+        // The suffixes are those the keys carry.
+        let keys = Keys::new("rb");
+        assert_eq!(
+            keys.instance_in(
+                "tips",
+                None,
+                Some(&narrower_windows("7200000ms 21600000ms")[0])
+            )
+            .result(),
+            "rb:{tips}:w:2h:result"
+        );
+    }
 
     #[test]
     fn unlink_batches_are_bounded_and_on_a_cluster_each_holds_one_slot() {

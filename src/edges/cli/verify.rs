@@ -1,5 +1,7 @@
 //! `rollboard verify|rebuild`: stored rankings checked against their slices (a summary
 //! line naming the command that repairs each differing instance), and rebuilt from them.
+//! On a board with several windows each window's instance is checked and rebuilt against
+//! its own slices, and named by its window.
 
 use super::connect::connect;
 use super::output::{shell_word, Progress};
@@ -11,7 +13,7 @@ use crate::domain::ranking::format_total;
 use crate::roll;
 
 /// `rebuild`: recomputes the rankings of every instance of `board` (or of one scope, or
-/// one period of a period board).
+/// one period of a period board), in each of its windows.
 pub(super) async fn rebuild(
     settings: &Settings,
     board: &str,
@@ -37,29 +39,61 @@ pub(super) async fn rebuild(
     };
     let (mut instances, mut repaired, mut changed) = (0u64, 0u64, 0u64);
     for scope in scopes {
-        let rebuilt = roll::rebuild(&store, b, scope.as_deref(), settings.schedule.chunk).await?;
-        let label = scope.map(|s| format!(" [{s}]")).unwrap_or_default();
-        println!(
-            "{}{label}: rebuilt, {} member(s), {} changed",
-            b.name, rebuilt.members, rebuilt.changed
-        );
-        if !rebuilt.estimated.is_empty() {
-            println!(
-                "{}{label}: the tie-break time of {} member(s) was lost and is now the end of their newest slice: {}",
-                b.name,
-                rebuilt.estimated.len(),
-                rebuilt.estimated.join(", ")
+        for view in windows(b) {
+            let rebuilt =
+                roll::rebuild(&store, &view, scope.as_deref(), settings.schedule.chunk).await?;
+            let label = format!(
+                "{}{}",
+                scope_label(scope.as_deref()),
+                window_label(window_of(&view).as_deref())
             );
+            println!(
+                "{}{label}: rebuilt, {} member(s), {} changed",
+                b.name, rebuilt.members, rebuilt.changed
+            );
+            if !rebuilt.estimated.is_empty() {
+                println!(
+                    "{}{label}: the tie-break time of {} member(s) was lost and is now the end of their newest slice: {}",
+                    b.name,
+                    rebuilt.estimated.len(),
+                    rebuilt.estimated.join(", ")
+                );
+            }
+            instances += 1;
+            changed += rebuilt.changed;
+            repaired += u64::from(rebuilt.changed > 0 || !rebuilt.estimated.is_empty());
         }
-        instances += 1;
-        changed += rebuilt.changed;
-        repaired += u64::from(rebuilt.changed > 0 || !rebuilt.estimated.is_empty());
     }
     println!(
         "rebuilt {instances} instance(s) of {}: {repaired} repaired, {changed} member(s) changed",
         b.name
     );
     Ok(0)
+}
+
+/// Every window of `board` to check or rebuild, narrowest first: its views on a board with
+/// several windows, else the board itself.
+fn windows(board: &Board) -> Vec<Board> {
+    if board.has_several_windows() {
+        board.views()
+    } else {
+        vec![board.clone()]
+    }
+}
+
+/// The name of the window `view` ranks, as configured, on a board with several windows.
+fn window_of(view: &Board) -> Option<String> {
+    view.has_several_windows().then(|| view.window_name())
+}
+
+/// ` [scope]` after a board's name, or nothing for the unscoped instance.
+fn scope_label(scope: Option<&str>) -> String {
+    scope.map(|s| format!(" [{s}]")).unwrap_or_default()
+}
+
+/// ` window 24h` after an instance's name on a board with several windows, else nothing.
+fn window_label(window: Option<&str>) -> String {
+    window.map(|w| format!(" window {w}")).unwrap_or_default()
 }
 
 /// The instance of the period `id` of `board` (in `scope`): a usage error on a board
@@ -102,20 +136,22 @@ pub(super) async fn verify(
         .iter()
         .filter(|b| board.as_ref().is_none_or(|n| *n == b.name))
     {
+        // The scope registry is the board's: every window's instance of a scope is checked.
+        let views = windows(b);
         for scope in roll::instances(&store, b).await? {
-            all.push((b, scope));
+            all.extend(views.iter().map(|view| (view.clone(), scope.clone())));
         }
     }
     let mut progress = Progress::new(all.len());
     let mut summary = VerifySummary::default();
     for (b, scope) in all {
-        let v = roll::verify(&store, b, scope.as_deref(), settings.schedule.chunk).await?;
+        let v = roll::verify(&store, &b, scope.as_deref(), settings.schedule.chunk).await?;
         summary.add(&v, b.period.is_some(), strict);
         progress.step(summary.differing);
         if json {
             println!("{}", serde_json::to_string(&v)?);
         } else {
-            print_verified(&v, b, strict);
+            print_verified(&v, &b, strict);
         }
     }
     progress.done();
@@ -129,11 +165,11 @@ pub(super) async fn verify(
 
 /// The text lines of one verified instance: its verdict, then one line per difference.
 fn print_verified(v: &roll::Verified, b: &Board, strict: bool) {
-    let label = v
-        .scope
-        .as_deref()
-        .map(|s| format!(" [{s}]"))
-        .unwrap_or_default();
+    let label = format!(
+        "{}{}",
+        scope_label(v.scope.as_deref()),
+        window_label(v.window.as_deref())
+    );
     let verdict = match (v.differences.is_empty(), v.fails(strict)) {
         (true, true) => format!(
             "DENSE RANKS wrong: {} distinct total(s) differ from a recount",
@@ -202,8 +238,12 @@ impl VerifySummary {
             .iter()
             .filter_map(|(flag, value)| value.map(|v| format!(" {flag} {}", shell_word(v))))
             .collect::<String>();
-        self.repair
-            .push(format!("rollboard rebuild {}{scope}", shell_word(&v.board)));
+        // `rebuild` rebuilds every window of an instance, and the windows of one instance
+        // are checked one after the other: one command for all of them.
+        let repair = format!("rollboard rebuild {}{scope}", shell_word(&v.board));
+        if self.repair.last() != Some(&repair) {
+            self.repair.push(repair);
+        }
     }
 
     fn line(&self) -> String {

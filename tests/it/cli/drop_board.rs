@@ -1,15 +1,16 @@
 //! `rollboard drop-board`: it deletes every key of exactly one board (the unscoped
-//! instance, every scoped one, registered or not, leftover scratch keys and the board's
-//! records) and nothing of a board whose name merely starts the same way (`tips` against
-//! `tips_v2` and `tips_24h`), change feeds included, on one server and on a cluster; `--dry-run` deletes nothing;
-//! a configured board is refused without `--force`.
+//! instance, every scoped one, registered or not, in each of the board's windows,
+//! leftover scratch keys and the board's records) and nothing of a board whose name merely
+//! starts the same way (`tips` against `tips_v2` and `tips_24h`), change feeds included,
+//! on one server and on a cluster; `--dry-run` deletes nothing; a configured board is
+//! refused without `--force`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use fred::prelude::*;
 use fred::types::{ClusterHash, CustomCommand};
-use rollboard::domain::board::{Board, Mode};
+use rollboard::domain::board::{Board, Mode, Window};
 use rollboard::domain::ranking::Page;
 use rollboard::metrics::Metrics;
 use rollboard::roll::Verified;
@@ -23,12 +24,20 @@ const N: i64 = 10;
 /// Scope values that a glob or a hash tag could trip over.
 const ROOMS: [&str; 6] = ["lobby", "a:b", "x*", "{c}", "d}e", "tips:x"];
 
-/// A scoped resummarize board with refunds: every kind of instance key gets written.
+/// A scoped resummarize board with refunds, ranking the last 4 and 10 minutes: every kind
+/// of instance key gets written, in each window.
 fn scoped(name: &str) -> Board {
     let mut b = board(name, SLICE, N);
     b.scope = Some("room".into());
     b.mode = Mode::Resummarize;
     b.allow_negative = true;
+    b.windows = ["4m", "10m"]
+        .into_iter()
+        .map(|w| Window {
+            name: w.into(),
+            ms: rollboard::domain::board::parse_duration_ms(w).expect("a duration"),
+        })
+        .collect();
     b
 }
 
@@ -62,10 +71,11 @@ async fn fill(store: &Store, boards: &[Board], now: i64, rooms: &[&str], tag: &s
 }
 
 /// The board `tips` in every shape a dropped board may leave: an unscoped instance (the
-/// board was unscoped once), scoped instances (scope values with `:`, `*`, `{`, `}`), one
-/// instance whose scope left the registry (only its `meta` remains), leftover scratch keys
-/// of a recomputation that died, and a key under its hash tag that rollboard never writes.
-/// Beside it `tips_v2` (scoped, the same rooms and a room named `tips`) and `tips_24h`.
+/// board was unscoped once, with one window), scoped instances in two windows (scope
+/// values with `:`, `*`, `{`, `}`), one instance whose scope left the registry (only its
+/// `meta` remains, in each window), leftover scratch keys of a recomputation that died,
+/// and a key under its hash tag that rollboard never writes. Beside it `tips_v2` (scoped,
+/// the same two windows, the same rooms and a room named `tips`) and `tips_24h`.
 /// Returns the boards that must survive, and the time.
 async fn fill_lookalikes(store: &Store) -> (Vec<Board>, i64) {
     let now = rollboard::domain::clock::local_ms();
@@ -112,17 +122,34 @@ async fn fill_lookalikes(store: &Store) -> (Vec<Board>, i64) {
         "rb:changes:{tips}:24h",
         "rb:changes:{tips:a:b}",
         "rb:changes:{tips:d}e}:7d",
+        "rb:changes:{tips:lobby}:4m",
         "rb:changes:{tips_v2}",
         "rb:changes:{tips_v2:tips}",
+        "rb:changes:{tips_v2:tips}:4m",
         "rb:changes:{tips_24h}",
     ] {
         let command = CustomCommand::new_static("XADD", ClusterHash::FirstKey, false);
         let args = vec![key, "*", "kind", "entered", "member", "u1", "rank", "1"];
         let _: String = store.client().custom(command, args).await.expect("xadd");
     }
-    let gone = store.instance(&tips, Some("gone"));
-    let exists: i64 = store.client().exists(gone.meta()).await.expect("exists");
-    assert_eq!(exists, 1, "the emptied room keeps its meta");
+    for view in tips.views() {
+        let gone = store.instance(&view, Some("gone"));
+        let exists: i64 = store.client().exists(gone.meta()).await.expect("exists");
+        assert_eq!(
+            exists,
+            1,
+            "the emptied room keeps its meta: {}",
+            gone.meta()
+        );
+    }
+    for board in ["tips", "tips_v2"] {
+        let narrow: Option<String> = store
+            .client()
+            .hget(store.keys().window(board), "expired_through:4m")
+            .await
+            .expect("hget");
+        assert!(narrow.is_some(), "{board}: the 4m window's watermark");
+    }
     let registered: Option<f64> = store
         .client()
         .zscore(store.keys().scopes("tips"), "gone")
@@ -190,13 +217,17 @@ async fn key_command<R: FromValue>(store: &Store, name: &'static str, key: &str)
     reply.expect(name)
 }
 
-/// The top page and the verification of every instance of `boards`.
+/// The top page and the verification of every instance of `boards`, in each window.
 async fn answers(store: &Store, boards: &[Board], now: i64) -> Vec<(Page, Verified)> {
     let mut out = Vec::new();
-    for b in boards {
-        for scope in rollboard::roll::instances(store, b)
+    for board in boards {
+        let scopes = rollboard::roll::instances(store, board)
             .await
-            .expect("instances")
+            .expect("instances");
+        for (b, scope) in board
+            .views()
+            .iter()
+            .flat_map(|b| scopes.iter().map(move |s| (b, s)))
         {
             let top = store
                 .top(b, scope.as_deref(), 0, 100, now)
@@ -221,11 +252,11 @@ fn config(dir: &Path, url: &str, boards: &str) -> PathBuf {
 }
 
 const LOOKALIKES: &str = concat!(
-    "\n[[boards]]\nname = \"tips_v2\"\nmember = \"user\"\nscope = \"room\"\nwindow = \"10m\"\nslice = \"1m\"\nmode = \"resummarize\"\nallow_negative = true\n\n",
+    "\n[[boards]]\nname = \"tips_v2\"\nmember = \"user\"\nscope = \"room\"\nwindows = [\"4m\", \"10m\"]\nslice = \"1m\"\nmode = \"resummarize\"\nallow_negative = true\n\n",
     "[[boards]]\nname = \"tips_24h\"\nmember = \"user\"\nwindow = \"10m\"\nslice = \"1m\"\n",
 );
 
-const TIPS: &str = "\n[[boards]]\nname = \"tips\"\nmember = \"user\"\nscope = \"room\"\nwindow = \"10m\"\nslice = \"1m\"\nmode = \"resummarize\"\nallow_negative = true\n";
+const TIPS: &str = "\n[[boards]]\nname = \"tips\"\nmember = \"user\"\nscope = \"room\"\nwindows = [\"4m\", \"10m\"]\nslice = \"1m\"\nmode = \"resummarize\"\nallow_negative = true\n";
 
 #[tokio::test]
 async fn dropping_a_board_deletes_exactly_its_keys_and_leaves_boards_with_the_same_start() {
@@ -244,6 +275,11 @@ async fn dropping_a_board_deletes_exactly_its_keys_and_leaves_boards_with_the_sa
         "rb:{tips:d}e}:refs",
         "rb:{tips:tips:x}:seen:ids",
         "rb:{tips:gone}:meta",
+        "rb:{tips:gone}:w:4m:meta",
+        "rb:{tips:a:b}:w:4m:result",
+        "rb:{tips:x*}:w:4m:ranked",
+        "rb:{tips:{c}}:w:4m:totals",
+        "rb:{tips:d}e}:w:4m:refs",
         "rb:{tips}:tmp:18f00d:result",
         "rb:{tips:a:b}:tmp:18f00d:ranked:old",
         "rb:board:tips:scopes",
@@ -253,11 +289,26 @@ async fn dropping_a_board_deletes_exactly_its_keys_and_leaves_boards_with_the_sa
         "rb:changes:{tips}:24h",
         "rb:changes:{tips:a:b}",
         "rb:changes:{tips:d}e}:7d",
+        "rb:changes:{tips:lobby}:4m",
     ] {
         assert!(
             doomed.contains(&key.to_string()),
             "{key} was written: {doomed:?}"
         );
+    }
+
+    assert!(
+        doomed
+            .iter()
+            .any(|k| k.starts_with("rb:{tips:lobby}:w:4m:slice:")),
+        "the narrower window's slices: {doomed:?}"
+    );
+    for key in [
+        "rb:{tips_v2:a:b}:w:4m:result",
+        "rb:{tips_v2:tips}:w:4m:members",
+        "rb:changes:{tips_v2:tips}:4m",
+    ] {
+        assert!(before.contains_key(key), "{key} of tips_v2 was written");
     }
 
     // --dry-run lists every key and deletes none.
@@ -269,6 +320,13 @@ async fn dropping_a_board_deletes_exactly_its_keys_and_leaves_boards_with_the_sa
     }
     assert!(listed.contains("rb:{tips}:not-ours"), "{listed}");
     assert!(listed.contains("nothing was deleted"), "{listed}");
+    // The registries name every key of the registered scopes in both windows: the scan
+    // alone finds the emptied room's `meta` in each window, the scratch keys and the
+    // change streams of windows the board does not have.
+    assert!(
+        listed.contains("(6 found only by the key scan)"),
+        "{listed}"
+    );
     assert_eq!(dump_all(&store).await, before, "a dry run deletes nothing");
 
     let out = rollboard(Some(&config), &["drop-board", "tips"], &[]);
