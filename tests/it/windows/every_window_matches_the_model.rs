@@ -1,11 +1,11 @@
 //! Several windows against the model (a board's `windows`, src/domain/board.rs): a board
 //! ranking two or three windows, listed in any order, takes tips, refunds, redeliveries,
 //! events late for the narrower windows only or for all of them, batches cut into several
-//! calls, calls judged by a clock behind the last roll, rolls at advancing times and rolls
-//! that stop between two windows. After every step each window's ranking (order, ranks,
-//! totals, count, competition and dense ranks) and its change feed replayed from empty
-//! equal a model that keeps one instance per window; on one server and on the cluster
-//! fixture.
+//! calls, calls judged by a clock behind the last roll, time moving on without a roll,
+//! rolls at advancing times and rolls that stop between two windows. After every step
+//! each window's ranking (order, ranks, totals, count, competition and dense ranks) and
+//! its change feed replayed from empty equal a model that keeps one instance per window;
+//! on one server and on the cluster fixture.
 
 use proptest::prelude::*;
 use rollboard::domain::board::{Board, Changes, Mode, TieBreak, Window, MAX_TOTAL};
@@ -231,6 +231,9 @@ enum Step {
     },
     /// A batch sent before (the `k`-th, modulo), again with its ids.
     Redeliver(usize),
+    /// Time moves this many quarter hours without a roll: the windows judge by the clock
+    /// while their rankings still hold the slices it put out.
+    Wait(i64),
     /// Time moves this many quarter hours and both jobs roll every window.
     Roll(i64),
     /// Time moves this many quarter hours and a roll stops after the `k` narrowest
@@ -257,6 +260,7 @@ fn cases() -> impl Strategy<Value = Case> {
         1 => prop::collection::vec(drawn(), 33..45)
             .prop_map(|events| Step::Tips { events, echo: false, behind: false }),
         2 => (0usize..16).prop_map(Step::Redeliver),
+        1 => (1i64..12).prop_map(Step::Wait),
         2 => (0i64..12).prop_map(Step::Roll),
         1 => (0i64..12, 1usize..3).prop_map(|(m, k)| Step::RollPart(m, k)),
     ];
@@ -410,6 +414,7 @@ async fn run_case(store: &Store, scope: Option<&str>, case: Case) {
                     run.apply(&batch, run.now).await;
                 }
             }
+            Step::Wait(m) => run.now += m * QUARTER,
             Step::Roll(m) => {
                 run.now += m * QUARTER;
                 roll_board(store, &run.b, run.now).await;
