@@ -1,7 +1,8 @@
 //! Attacks on a board with several windows: a narrower window whose roll fails while the
-//! widest empties, two rollers at once, a roll that stopped after the narrower window at a
-//! forced later time, answers for a member or a scope held nowhere, and a window named by
-//! an equal duration.
+//! widest empties, a roll that stopped after the narrower window at a forced later time,
+//! two rollers at once, answers for a member or a scope held nowhere, a window named by an
+//! equal duration, a short `dedup_window`, and a key of the wrong type in the narrower
+//! window for a query and a roll.
 
 use fred::prelude::*;
 
@@ -320,4 +321,82 @@ async fn a_window_named_by_an_equal_duration_reads_that_window() {
             "{bad}"
         );
     }
+}
+
+/// `dedup_window = "1h"` on a board with two windows: an event whose ids may be forgotten
+/// is late in every window (never counted again), also while its slice is live in both;
+/// one whose ids are kept is a duplicate after a roll.
+#[tokio::test]
+async fn a_short_dedup_window_never_counts_a_copy_twice_in_any_window() {
+    use Outcome::*;
+    let (_redis, store) = RedisServer::start_with_store("rb").await;
+    let mut b = two_windows("short");
+    b.dedup = rollboard::domain::board::Dedup::AfterSlice(HOUR);
+    let (narrow, wide) = (b.view(Some("2h")).unwrap(), b.view(Some("6h")).unwrap());
+    let now = now0();
+    let events = [
+        ev("kept", now - HOUR, "ann", 5),
+        ev("gone", now - 2 * HOUR, "ann", 100),
+        ev("new", now, "bob", 3),
+    ];
+    assert_eq!(
+        apply_events(&store, &b, &events, now).await,
+        [Applied, Late, Applied]
+    );
+    for view in [&narrow, &wide] {
+        assert_eq!(total_in(&store, view, None, "ann", now).await, Some(5));
+    }
+    // Half an hour on, `kept`'s ids may be forgotten: a copy is late, in both windows.
+    let later = now + HOUR / 2;
+    roll_board(&store, &b, later).await;
+    assert_eq!(
+        apply_events(&store, &b, &events, later).await,
+        [Late, Late, Duplicate]
+    );
+    // (`kept`'s slice has left the 2h window meanwhile.)
+    assert_eq!(total_in(&store, &narrow, None, "ann", later).await, None);
+    assert_eq!(total_in(&store, &wide, None, "ann", later).await, Some(5));
+    for view in [&narrow, &wide] {
+        assert_eq!(total_in(&store, view, None, "bob", later).await, Some(3));
+        assert_verified(&store, view, None).await;
+    }
+}
+
+/// A key of the wrong type in the narrower window: a query of that window fails (the
+/// other answers), and a roll counts the instance failed there while it rolls the widest.
+#[tokio::test]
+async fn a_narrow_key_of_the_wrong_type_fails_its_query_and_roll_only() {
+    let (_redis, store) = RedisServer::start_with_store("rb").await;
+    let b = two_windows("bad");
+    let (narrow, wide) = (b.view(Some("2h")).unwrap(), b.view(Some("6h")).unwrap());
+    let now = now0();
+    apply_events(
+        &store,
+        &b,
+        &[ev("a", now - 4 * HOUR, "ann", 5), ev("b", now, "ann", 1)],
+        now,
+    )
+    .await;
+    let k = store.instance(&narrow, None);
+    let _: () = store.client().del(k.result()).await.expect("DEL");
+    set_string(&store, &k.result(), "oops").await;
+    assert!(store.rank(&narrow, None, "ann", now).await.is_err());
+    assert_eq!(total_in(&store, &wide, None, "ann", now).await, Some(6));
+
+    let later = now + 3 * HOUR;
+    let report = rollboard::roll::run_once(
+        &store,
+        std::slice::from_ref(&b),
+        rollboard::roll::Job::All,
+        None,
+        later,
+        10,
+        &tokio_util::sync::CancellationToken::new(),
+    )
+    .await
+    .expect("roll")
+    .remove(0);
+    assert_eq!(report.instances_failed, 1, "{report:?}");
+    assert_eq!(total_in(&store, &wide, None, "ann", later).await, Some(1));
+    assert_verified(&store, &wide, None).await;
 }
