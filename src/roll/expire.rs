@@ -54,12 +54,26 @@ pub async fn roll_instance(
     if let Some(scope) = scope {
         if store.cleanup(board, Some(scope)).await?
             && widest
+            && narrower_cleaned_up(store, board, scope).await?
             && store.unregister_scope(board, scope, watermark).await?
         {
             report.scopes_removed += 1;
         }
     }
     Ok(())
+}
+
+/// Whether every narrower window's instance of `scope` is cleaned up too (holds no slice
+/// and ranks no member), so that the scope may leave the registry: the registry is how a
+/// roll finds every window's instance, so a narrower one whose roll failed (and still
+/// holds a dead slice) keeps the scope listed until a roll has expired it.
+async fn narrower_cleaned_up(store: &Store, board: &Board, scope: &str) -> Result<bool, RollError> {
+    for view in board.narrower_views() {
+        if !store.cleanup(&view, Some(scope)).await? {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 /// Forgets the idempotency keys of every registered slice whose ids may be forgotten at

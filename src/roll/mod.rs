@@ -253,6 +253,15 @@ pub async fn roll_board(
     if !board.has_several_windows() {
         return roll_window(store, board, now, chunk, cancel).await;
     }
+    // A roll at a later time (a forced `roll --at`) that stopped after the narrower
+    // windows left the board's last roll ahead of `now`. Applies judge every window at
+    // that time already (an event older than it allows is late in the widest window
+    // too), so every window rolls at it at least: the widest then lets go of what it
+    // would no longer take, as the stopped roll would have.
+    let now = store
+        .board_last_roll(board)
+        .await?
+        .map_or(now, |rolled| now.max(rolled));
     // Narrowest first: the widest, whose instances hold the idempotency keys and leave
     // the scope registry when empty, last. The report is the widest's, with every
     // window's work added.

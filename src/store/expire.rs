@@ -71,6 +71,25 @@ impl Store {
         as_i64(&v).ok_or_else(|| reply_err("floor: not a number"))
     }
 
+    /// The latest time a roll of `board` ran at (the board's `last_roll`, which the roll
+    /// of every window raises), or `None` before the first roll.
+    pub async fn board_last_roll(&self, board: &Board) -> Result<Option<i64>, StoreError> {
+        let key = self.keys.window(&board.name);
+        let text: Option<String> = self.client().hget(key.as_str(), "last_roll").await?;
+        text.map(|t| {
+            // As the scripts write it (no '+', no leading zero), as floor.lua reads it.
+            t.parse::<i64>()
+                .ok()
+                .filter(|n| n.to_string() == t)
+                .ok_or_else(|| {
+                    reply_err(format!(
+                        "ROLLBOARD corrupt: {key} last_roll {t:?} is not an integer"
+                    ))
+                })
+        })
+        .transpose()
+    }
+
     /// Raises the instance's watermark to at least `target`; returns the watermark and the
     /// registered slices at or below it (the ones to expire), oldest first.
     pub async fn raise_watermark(

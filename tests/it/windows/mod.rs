@@ -2,6 +2,7 @@
 //! window, each rolled on its own.
 
 mod a_changed_window_list_is_refused;
+mod attacks;
 mod edges_of_several_windows;
 mod every_window_matches_the_model;
 mod one_ingest_every_window;
