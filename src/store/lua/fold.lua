@@ -32,8 +32,8 @@
 -- board with several windows only (the two chain tokens then always sent, '' for none):
 -- V, the board's windows narrower than the widest, '1' on a dense_rank board, and V pairs
 -- (slices per window, settings fingerprint), one per narrower window. A board with one
--- window sends nothing after the chain tokens, so its calls are as they were before there
--- could be several.
+-- window sends nothing after the chain tokens, and its call makes no read, write or table
+-- for other windows.
 --
 -- Several windows: as in `apply.lua`, the first KEYS (and ARGV[2], ARGV[7]) are the
 -- instance of the widest window, which alone remembers idempotency keys, decides what is
