@@ -32,8 +32,8 @@
 -- board with several windows only (the two chain tokens then always sent, '' for none):
 -- V, the board's windows narrower than the widest, '1' on a dense_rank board, and V pairs
 -- (slices per window, settings fingerprint), one per narrower window. A board with one
--- window sends nothing after the chain tokens, so its calls are as they were before there
--- could be several.
+-- window sends nothing after the chain tokens, and its call makes no read, write or table
+-- for other windows.
 --
 -- Several windows: as in `apply.lua`, the first KEYS (and ARGV[2], ARGV[7]) are the
 -- instance of the widest window, which alone remembers idempotency keys, decides what is
@@ -72,54 +72,51 @@ local slice_base, member_base = 14, 14 + 3 * S
 local group_base = member_base + M
 local tail = group_base + 5 * G
 local after, token = ARGV[tail + 1] or '', ARGV[tail + 2] or ''
-local V = tonumber(ARGV[tail + 3] or '0')
--- A board with one window names no flag: its call ends with `dense` when it has one.
-local with_dense
-if V > 0 then
-  with_dense = ARGV[tail + 4] == '1'
+-- V, the narrower windows; a board with one window sends neither V nor the dense flag:
+-- its call ends with `dense` when it has one.
+local V, with_dense = 0, nil
+if ARGV[tail + 3] then
+  V, with_dense = tonumber(ARGV[tail + 3]), ARGV[tail + 4] == '1'
 else
   with_dense = #KEYS > 8 + 2 * S + (top > 0 and 1 or 0)
 end
-
--- The windows: views[1] the widest (the fixed KEYS), then the narrower ones; a window's
--- slice i is KEYS[slice_at + i].
-local views = { { meta = meta, result = result, members = members, slices = slices, refs = refs,
-  totals = totals, settings = settings, per_window = tonumber(ARGV[2]), slice_at = 8 } }
-local at
-views[1].feed, views[1].dense, at = tail_keys(KEYS, 9 + 2 * S, meta, top, cap, tie, with_dense)
+local feed, dense, at = tail_keys(KEYS, 9 + 2 * S, meta, top, cap, tie, with_dense)
+-- The narrower windows (none on a board with one), each one's state in a table of its
+-- own; the widest's is in locals, so that a board with one window pays for no table. A
+-- window's slice i is KEYS[slice_at + i] (the widest's: KEYS[8 + i]).
+local narrower = V > 0 and {} or nil
 for v = 1, V do
   local view = { meta = KEYS[at], result = KEYS[at + 1], members = KEYS[at + 2],
     slices = KEYS[at + 3], refs = KEYS[at + 4], totals = KEYS[at + 5], slice_at = at + 5,
     per_window = tonumber(ARGV[tail + 3 + 2 * v]), settings = ARGV[tail + 4 + 2 * v] }
   view.feed, view.dense, at = tail_keys(KEYS, at + 6 + S, view.meta, top, cap, tie, with_dense)
-  views[v + 1] = view
+  narrower[v] = view
 end
 
 -- Phase 1: read and check.
 local stored = read_meta(meta)
 if after ~= '' and stored[CHAIN] ~= after then return { 3 } end
-local now, watermark, gen, refused = gate(meta, stored, settings, tonumber(ARGV[1]), width,
-  views[1].per_window)
+local per_window = tonumber(ARGV[2])
+local now, watermark, gen, refused = gate(meta, stored, settings, tonumber(ARGV[1]), width, per_window)
 if refused then return refused end
-views[1].stored, views[1].watermark, views[1].gen = stored, watermark, gen
 if V > 0 then
   -- Every window's meta; the events are judged at the latest of `now` and their last
   -- rolls, every window's watermark at that time.
   local later = now
-  for v = 2, #views do
-    local view = views[v]
+  for v = 1, V do
+    local view = narrower[v]
     view.stored = read_meta(view.meta)
     local at_least, _, _, window_refused = gate(view.meta, view.stored, view.settings, now, width,
       view.per_window)
     if window_refused then return window_refused end
     if at_least > later then later = at_least end
   end
-  now = later
-  for _, view in ipairs(views) do
+  if later > now then now, watermark, gen = gate(meta, stored, settings, later, width, per_window) end
+  for v = 1, V do
+    local view = narrower[v]
     local _, w, g = gate(view.meta, view.stored, view.settings, now, width, view.per_window)
     view.watermark, view.gen = w, g
   end
-  watermark = views[1].watermark
 end
 
 -- Slices: number, whether late (a slice that is not is live: its ids are remembered), its
@@ -150,15 +147,6 @@ end
 if live_count == 0 then
   if token ~= '' then redis.call('HSET', meta, 'chain', token) end
   return out
-end
--- live[s]: the window counts slice s (every slice that is not late is above the widest's
--- watermark).
-views[1].live = {}
-for s = 1, S do views[1].live[s] = not late[s] end
-for v = 2, #views do
-  local view = views[v]
-  view.live = {}
-  for s = 1, S do view.live[s] = not late[s] and slice_no[s] > view.watermark end
 end
 
 if legacy_held(seen) then
@@ -205,102 +193,106 @@ if dups > 0 then
   return out
 end
 
--- The groups of the live slices; a member of late slices only is left as it is.
+-- Member state: z0, each known member's ZSet member, and t0, its tie-break time (none
+-- under tie 'n'); totals and slice counts.
 local names = {}
 for i = 1, M do names[i] = ARGV[member_base + i] end
-local g_member, g_slice, g_sum, g_abs, g_newest = {}, {}, {}, {}, {}
-local live_groups = {}
+local z0, t0, total0, refs0, members_refused = member_state(members, result, totals, refs, names,
+  tie, incremental, negative)
+if members_refused then return members_refused end
+-- bound[i]: the sum of the absolute amounts of member i's live groups.
+local bound = {}
+for i = 1, M do bound[i] = 0 end
+
+-- Groups of the live slices, per slice: the fields they touch. A member of late slices
+-- only is left as it is. On a board with several windows each live group's slice and
+-- newest time are kept for the narrower windows too.
+local by_slice, newest = {}, {}
+local g_member, g_sum, g_abs = {}, {}, {}
+local g_slice, g_newest
+if V > 0 then g_slice, g_newest = {}, {} end
 for g = 1, G do
   local b = group_base + 5 * (g - 1)
-  local s = tonumber(ARGV[b + 2])
+  local m, s = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
   if not late[s] then
-    g_member[g], g_slice[g] = tonumber(ARGV[b + 1]), s
-    g_sum[g], g_abs[g], g_newest[g] = tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5])
-    live_groups[#live_groups + 1] = g
+    g_member[g], g_sum[g], g_abs[g] = m, tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4])
+    bound[m] = bound[m] + g_abs[g]
+    local t = tonumber(ARGV[b + 5])
+    if not newest[m] or t > newest[m] then newest[m] = t end
+    local list = by_slice[s]
+    if not list then
+      list = {}
+      by_slice[s] = list
+    end
+    list[#list + 1] = g
+    if g_slice then g_slice[g], g_newest[g] = s, t end
   end
 end
 
--- Per window: member state (z0, each known member's ZSet member, and t0, its tie-break
--- time, none under tie 'n'; totals and slice counts), then the groups it counts, per
--- slice, and the fields they touch (old[g]: the field's value before the call).
-for _, view in ipairs(views) do
-  local z0, t0, total0, refs0, members_refused = member_state(view.members, view.result,
+-- The fields the groups touch, read and checked (members.lua): `slow` when a field or a
+-- total could pass 2^53 - 1 part-way, as event by event the order would matter.
+local touched, numbers, g_old = group_fields(KEYS, 8, by_slice, names, g_member, g_abs, slice_no,
+  bound, total0)
+if touched == false then
+  out[1] = 2
+  return out
+end
+if not touched then return numbers end
+-- The narrower windows: the same reads, for the groups of the slices above each one's
+-- watermark (every slice that is not late is above the widest's).
+for v = 1, V do
+  local view = narrower[v]
+  local vz0, vt0, vtotal0, vrefs0, refused_there = member_state(view.members, view.result,
     view.totals, view.refs, names, tie, incremental, negative)
-  if members_refused then return members_refused end
-  view.z0, view.t0, view.total0, view.refs0 = z0, t0, total0, refs0
-  -- bound[i]: the sum of the absolute amounts of member i's groups in the window; newest[i]
-  -- the newest time among them.
-  local bound, newest, by_slice = {}, {}, {}
-  for i = 1, M do bound[i] = 0 end
-  local live = view.live
-  for _, g in ipairs(live_groups) do
+  if refused_there then return refused_there end
+  local vbound, vnewest, vby_slice = {}, {}, {}
+  for i = 1, M do vbound[i] = 0 end
+  for g = 1, G do
     local s = g_slice[g]
-    if live[s] then
-      local m = g_member[g]
-      bound[m] = bound[m] + g_abs[g]
-      local t = g_newest[g]
-      if not newest[m] or t > newest[m] then newest[m] = t end
-      local list = by_slice[s]
+    if s and slice_no[s] > view.watermark then
+      local m, t = g_member[g], g_newest[g]
+      vbound[m] = vbound[m] + g_abs[g]
+      if not vnewest[m] or t > vnewest[m] then vnewest[m] = t end
+      local list = vby_slice[s]
       if not list then
         list = {}
-        by_slice[s] = list
+        vby_slice[s] = list
       end
       list[#list + 1] = g
     end
   end
-  local touched, numbers, old = {}, {}, {}
-  for s = 1, S do
-    local list = by_slice[s]
-    if list then
-      local key = KEYS[view.slice_at + s]
-      local wanted_names = {}
-      for k, g in ipairs(list) do wanted_names[k] = names[g_member[g]] end
-      local vs = variadic('HMGET', key, wanted_names)
-      for k, g in ipairs(list) do
-        local v = vs[k]
-        if v then
-          local n = integer(v)
-          if not n then
-            return fail('corrupt: ' .. key .. ' holds ' .. v .. ' for ' .. wanted_names[k])
-          end
-          old[g] = n
-          -- A field that could pass 2^53 - 1 part-way: judged event by event instead.
-          if abs(n) + g_abs[g] > LIMIT then
-            out[1] = 2
-            return out
-          end
-        elseif g_abs[g] > LIMIT then
-          out[1] = 2
-          return out
-        end
-      end
-      touched[#touched + 1] = s
-      numbers[#numbers + 1] = format('%d', slice_no[s])
-    end
+  local vtouched, vnumbers, vg_old = group_fields(KEYS, view.slice_at, vby_slice, names, g_member,
+    g_abs, slice_no, vbound, vtotal0)
+  if vtouched == false then
+    out[1] = 2
+    return out
   end
-  for i = 1, M do
-    if abs(total0[i]) + bound[i] > LIMIT then
-      out[1] = 2
-      return out
-    end
-  end
-  view.newest, view.by_slice, view.touched, view.numbers, view.old = newest, by_slice, touched,
-    numbers, old
+  if not vtouched then return vnumbers end
+  view.z0, view.t0, view.total0, view.refs0 = vz0, vt0, vtotal0, vrefs0
+  view.newest, view.by_slice = vnewest, vby_slice
+  view.touched, view.numbers, view.g_old = vtouched, vnumbers, vg_old
 end
--- The windows written (the widest always: every live slice counts there), each one's
--- slice registry and recorded top read so that their types are checked too.
-local written = {}
-for v, view in ipairs(views) do
-  if v == 1 or #view.touched > 0 then
-    written[#written + 1] = view
+-- The slice registries, recorded tops and distinct totals of the windows written (the
+-- widest always: every live slice counts there), read so that their types are checked too.
+local listed = variadic('ZMSCORE', slices, numbers)
+local old, old_totals
+if feed then old, old_totals = recorded_top(feed) end
+dense_checked(dense)
+for v = 1, V do
+  local view = narrower[v]
+  if #view.touched > 0 then
     view.listed = variadic('ZMSCORE', view.slices, view.numbers)
-    if view.feed then view.recorded, view.recorded_totals = recorded_top(view.feed) end
+    if view.feed then view.old, view.old_totals = recorded_top(view.feed) end
     dense_checked(view.dense)
   end
 end
 
 -- Phase 2: write. Every key's type and every value were checked above.
-for _, view in ipairs(written) do pin_settings(view.meta, view.stored, view.settings) end
+pin_settings(meta, stored, settings)
+for v = 1, V do
+  local view = narrower[v]
+  if #view.touched > 0 then pin_settings(view.meta, view.stored, view.settings) end
+end
 if remembered > 0 then
   -- dirty[a]: the new value of bucket a.
   local dirty = {}
@@ -319,31 +311,26 @@ if remembered > 0 then
   write_table(table_key, L, p, held + remembered, dirty, buckets, bucket_field, forgotten_through)
 end
 
-for v, view in ipairs(written) do
-  local total, refs_new = {}, {}
-  local total0, refs0, old = view.total0, view.refs0, view.old
-  for i = 1, M do total[i], refs_new[i] = total0[i], refs0[i] end
-  local registered = {}
-  for k, s in ipairs(view.touched) do
-    local pairs_out = {}
-    for _, g in ipairs(view.by_slice[s]) do
-      local m, was = g_member[g], old[g]
-      total[m] = total[m] + g_sum[g]
-      if not was then refs_new[m] = refs_new[m] + 1 end
-      pairs_out[#pairs_out + 1] = names[m]
-      pairs_out[#pairs_out + 1] = format('%d', (was or 0) + g_sum[g])
-    end
-    write_slice(KEYS[view.slice_at + s], pairs_out, view.listed[k], view.numbers[k], registered)
+local total, refs_new = write_groups(KEYS, 8, slices, touched, numbers, listed, by_slice, g_old,
+  names, g_member, g_sum, total0, refs0)
+-- A member whose events are all late (no newest time) is left as it is.
+write_members(members, result, totals, refs, incremental, tie, negative, names, z0, t0, nil,
+  newest, total0, total, refs0, refs_new, dense)
+if feed then record_changes(feed, old, old_totals, result, 'tip', now) end
+write_meta(meta, gen, now, token)
+-- The narrower windows a group counts in, as the widest; the chain token stays on the
+-- widest's meta.
+for v = 1, V do
+  local view = narrower[v]
+  if #view.touched > 0 then
+    local vtotal, vrefs_new = write_groups(KEYS, view.slice_at, view.slices, view.touched,
+      view.numbers, view.listed, view.by_slice, view.g_old, names, g_member, g_sum, view.total0,
+      view.refs0)
+    write_members(view.members, view.result, view.totals, view.refs, incremental, tie, negative,
+      names, view.z0, view.t0, nil, view.newest, view.total0, vtotal, view.refs0, vrefs_new,
+      view.dense)
+    if view.feed then record_changes(view.feed, view.old, view.old_totals, view.result, 'tip', now) end
+    write_meta(view.meta, view.gen, now)
   end
-  variadic('ZADD', view.slices, registered)
-
-  -- A member without a group in the window (no newest time) is left as it is.
-  write_members(view.members, view.result, view.totals, view.refs, incremental, tie, negative,
-    names, view.z0, view.t0, nil, view.newest, total0, total, refs0, refs_new, view.dense)
-  if view.feed then
-    record_changes(view.feed, view.recorded, view.recorded_totals, view.result, 'tip', now)
-  end
-  -- The chain token stays on the widest window's meta.
-  write_meta(view.meta, view.gen, now, v == 1 and token or nil)
 end
 return out

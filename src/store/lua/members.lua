@@ -81,6 +81,50 @@ local function integers_of(key, names, absent)
   return out
 end
 
+-- For fold.lua, whose caller sums the events' amounts per (member, slice), a "group": the
+-- fields one window's groups touch and their checks. `by_slice` maps a slice index to the
+-- window's groups there, group g of member index g_member[g] with absolute amounts
+-- g_abs[g]; slice i's Hash is keys[slice_at + i] and its number slice_no[i]. Reads each
+-- slice's fields (one HMGET per slice) and checks that no field, and no member's total
+-- (total0[i], with bound[i] the absolute amounts of member i's groups there), could pass
+-- 2^53 - 1 part-way. Returns the touched slices' indices and numbers and each group's
+-- field before the call (old[g], nil for none); or false when a value could pass that
+-- bound (the events are then judged one by one); or nil and the error naming a value that
+-- is not an integer.
+local function group_fields(keys, slice_at, by_slice, names, g_member, g_abs, slice_no, bound,
+                            total0)
+  local abs, format = math.abs, string.format
+  local touched, numbers, old = {}, {}, {}
+  for s = 1, #slice_no do
+    local list = by_slice[s]
+    if list then
+      local key = keys[slice_at + s]
+      local wanted = {}
+      for k, g in ipairs(list) do wanted[k] = names[g_member[g]] end
+      local values = variadic('HMGET', key, wanted)
+      for k, g in ipairs(list) do
+        local v = values[k]
+        if v then
+          local n = integer(v)
+          if not n then
+            return nil, fail('corrupt: ' .. key .. ' holds ' .. v .. ' for ' .. wanted[k])
+          end
+          old[g] = n
+          if abs(n) + g_abs[g] > LIMIT then return false end
+        elseif g_abs[g] > LIMIT then
+          return false
+        end
+      end
+      touched[#touched + 1] = s
+      numbers[#numbers + 1] = format('%d', slice_no[s])
+    end
+  end
+  for i = 1, #names do
+    if abs(total0[i]) + bound[i] > LIMIT then return false end
+  end
+  return touched, numbers, old
+end
+
 -- The state of each of `names` before the call, read and checked in this order: `z` and
 -- `t`, its ZSet member and tie-break time (as zmembers_of reads them), `total`, its exact
 -- total (0 for none: its score in `result`, read by its ZSet member, on an incremental

@@ -15,6 +15,33 @@ local function write_slice(key, pairs_out, listed, number, registered)
   end
 end
 
+-- For fold.lua: writes one window's groups (as members.lua group_fields reads them: the
+-- slices `touched`, with their numbers, `by_slice`, each group's field before the call
+-- old[g], and group g adding g_sum[g] to member index g_member[g]) to its slice Hashes
+-- (slice i at keys[slice_at + i]) and its slice registry `registry` (`listed`: its ZMSCORE
+-- of `numbers`). Returns each member's total and slice count after the call, by member
+-- index, from total0 and refs0 before it.
+local function write_groups(keys, slice_at, registry, touched, numbers, listed, by_slice, old,
+                            names, g_member, g_sum, total0, refs0)
+  local format = string.format
+  local total, refs_new = {}, {}
+  for i = 1, #names do total[i], refs_new[i] = total0[i], refs0[i] end
+  local registered = {}
+  for k, s in ipairs(touched) do
+    local pairs_out = {}
+    for _, g in ipairs(by_slice[s]) do
+      local m, was = g_member[g], old[g]
+      total[m] = total[m] + g_sum[g]
+      if not was then refs_new[m] = refs_new[m] + 1 end
+      pairs_out[#pairs_out + 1] = names[m]
+      pairs_out[#pairs_out + 1] = format('%d', (was or 0) + g_sum[g])
+    end
+    write_slice(keys[slice_at + s], pairs_out, listed[k], numbers[k], registered)
+  end
+  variadic('ZADD', registry, registered)
+  return total, refs_new
+end
+
 -- Writes the members' changes, each member i by its index in `names`: for each that has
 -- a ZSet member zi after the call (none: left as it is), from ZSet member z0[i], total
 -- total0[i] and slice count refs0[i] to zi, total[i] and refs[i]; when zi is not z0[i],
