@@ -99,6 +99,18 @@ impl Report {
         self.instances_failed == 0
     }
 
+    /// Adds the work counted in `part` (instances, slices, fields, members, ids, scopes,
+    /// runs) to this report's.
+    fn add_work(&mut self, part: &Report) {
+        self.instances += part.instances;
+        self.slices_expired += part.slices_expired;
+        self.fields_expired += part.fields_expired;
+        self.members_removed += part.members_removed;
+        self.ids_forgotten += part.ids_forgotten;
+        self.scopes_removed += part.scopes_removed;
+        self.resummed += part.resummed;
+    }
+
     /// Adds what rolling the instance `scope` of `board` did; a failure is logged and
     /// counted, and only cancellation is passed on (it stops the whole board).
     fn add_instance(
@@ -109,13 +121,7 @@ impl Report {
     ) -> Result<(), RollError> {
         match outcome {
             Ok(part) => {
-                self.instances += part.instances;
-                self.slices_expired += part.slices_expired;
-                self.fields_expired += part.fields_expired;
-                self.members_removed += part.members_removed;
-                self.ids_forgotten += part.ids_forgotten;
-                self.scopes_removed += part.scopes_removed;
-                self.resummed += part.resummed;
+                self.add_work(&part);
                 if !board.is_scoped() {
                     self.expired_through = self.expired_through.max(part.expired_through);
                 }
@@ -268,13 +274,7 @@ pub async fn roll_board(
     let mut report = Report::default();
     for view in board.views() {
         let part = roll_window(store, &view, now, chunk, cancel).await?;
-        report.instances += part.instances;
-        report.slices_expired += part.slices_expired;
-        report.fields_expired += part.fields_expired;
-        report.members_removed += part.members_removed;
-        report.ids_forgotten += part.ids_forgotten;
-        report.scopes_removed += part.scopes_removed;
-        report.resummed += part.resummed;
+        report.add_work(&part);
         report.instances_failed += part.instances_failed;
         if report.first_error.is_none() {
             report.first_error = part.first_error;

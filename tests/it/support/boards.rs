@@ -206,15 +206,15 @@ pub async fn seen_logs(store: &Store, board: &Board, scope: Option<&str>) -> Vec
     keys
 }
 
-/// Runs both jobs once at `now` over `boards` (`schedule.chunk` = `chunk`) and checks
-/// that every instance was rolled.
-pub async fn roll_all(
+/// Runs both jobs once at `now` over `boards` (`schedule.chunk` = `chunk`): the reports,
+/// failed instances included.
+pub async fn run_jobs(
     store: &Store,
     boards: &[Board],
     now: i64,
     chunk: usize,
 ) -> Vec<rollboard::roll::Report> {
-    let reports = rollboard::roll::run_once(
+    rollboard::roll::run_once(
         store,
         boards,
         rollboard::roll::Job::All,
@@ -224,7 +224,17 @@ pub async fn roll_all(
         &tokio_util::sync::CancellationToken::new(),
     )
     .await
-    .expect("roll");
+    .expect("roll")
+}
+
+/// [`run_jobs`], checking that every instance was rolled.
+pub async fn roll_all(
+    store: &Store,
+    boards: &[Board],
+    now: i64,
+    chunk: usize,
+) -> Vec<rollboard::roll::Report> {
+    let reports = run_jobs(store, boards, now, chunk).await;
     for r in &reports {
         assert_eq!(r.instances_failed, 0, "{}: {:?}", r.board, r.first_error);
     }

@@ -74,18 +74,9 @@ async fn a_narrow_window_that_failed_to_roll_keeps_its_scope_registered() {
     let _: () = store.client().del(&feed).await.expect("DEL");
     set_string(&store, &feed, "not a stream").await;
     let later = now + 7 * HOUR;
-    let report = rollboard::roll::run_once(
-        &store,
-        std::slice::from_ref(&b),
-        rollboard::roll::Job::All,
-        None,
-        later,
-        10,
-        &tokio_util::sync::CancellationToken::new(),
-    )
-    .await
-    .expect("roll")
-    .remove(0);
+    let report = run_jobs(&store, std::slice::from_ref(&b), later, 10)
+        .await
+        .remove(0);
     assert_eq!(report.instances_failed, 1, "{report:?}");
     assert!(
         registered(&store, "tips", "r1").await,
@@ -384,18 +375,9 @@ async fn a_narrow_key_of_the_wrong_type_fails_its_query_and_roll_only() {
     assert_eq!(total_in(&store, &wide, None, "ann", now).await, Some(6));
 
     let later = now + 3 * HOUR;
-    let report = rollboard::roll::run_once(
-        &store,
-        std::slice::from_ref(&b),
-        rollboard::roll::Job::All,
-        None,
-        later,
-        10,
-        &tokio_util::sync::CancellationToken::new(),
-    )
-    .await
-    .expect("roll")
-    .remove(0);
+    let report = run_jobs(&store, std::slice::from_ref(&b), later, 10)
+        .await
+        .remove(0);
     assert_eq!(report.instances_failed, 1, "{report:?}");
     assert_eq!(total_in(&store, &wide, None, "ann", later).await, Some(1));
     assert_verified(&store, &wide, None).await;
