@@ -884,6 +884,7 @@ fn board(name: &str, n: i64, window_ms: i64) -> Board {
         changes: None,
         dedup: Dedup::Window,
         period: None,
+        shards: 1,
     }
 }
 

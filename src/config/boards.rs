@@ -9,7 +9,7 @@ use serde::Deserialize;
 use super::error::{invalid, ConfigError};
 use super::values::{duration, non_empty, positive_duration};
 use crate::domain::board::{
-    is_board_name, parse_weekday, Board, Calendar, Changes, Dedup, Mode, TieBreak, Window,
+    is_board_name, MAX_SHARDS, parse_weekday, Board, Calendar, Changes, Dedup, Mode, TieBreak, Window,
     PERIOD_TICK_MS,
 };
 use crate::domain::period::Period;
@@ -102,6 +102,9 @@ pub(super) struct RawBoard {
     /// `changes_max_len`: the entries each change stream keeps (approximately, at least).
     #[serde(default)]
     changes_max_len: Option<i64>,
+    /// `shards`: how many shards (each its own cluster slot) the ranking is spread over.
+    #[serde(default)]
+    shards: Option<i64>,
 }
 
 fn default_amount() -> String {
@@ -200,6 +203,7 @@ impl RawBoard {
             ));
         }
         let changes = self.changes(&key)?;
+        let shards = self.shards(&key, &scope, period.is_some())?;
         Ok(Board {
             mode: self.mode(&key)?,
             tie_break: self.tie_break(&key)?,
@@ -216,7 +220,42 @@ impl RawBoard {
             changes,
             dedup,
             period,
+            shards,
         })
+    }
+
+    /// `shards`: 1 (the default) to [`MAX_SHARDS`]; more than one only on an unscoped
+    /// rolling board without a dense rank or a change feed (each is one instance's, and
+    /// the shards' would not add up to the board's).
+    fn shards(
+        &self,
+        key: &impl Fn(&str) -> String,
+        scope: &Option<String>,
+        period: bool,
+    ) -> Result<u32, ConfigError> {
+        let Some(shards) = self.shards else {
+            return Ok(1);
+        };
+        if !(1..=i64::from(MAX_SHARDS)).contains(&shards) {
+            return Err(invalid(
+                key("shards"),
+                shards.to_string(),
+                format!("must be between 1 and {MAX_SHARDS}"),
+            ));
+        }
+        let refused = [
+            (scope.is_some(), "a scoped board's instances are spread by scope already"),
+            (period, "a period board cannot be sharded"),
+            (self.dense_rank, "a dense rank cannot be kept exact across shards"),
+            (
+                self.changes_top.is_some(),
+                "a change feed follows one instance's top, not the shards'",
+            ),
+        ];
+        match refused.into_iter().find(|(is, _)| *is && shards > 1) {
+            Some((_, why)) => Err(invalid(key("shards"), shards.to_string(), why)),
+            None => Ok(shards as u32),
+        }
     }
 
     /// `changes_top` and `changes_max_len`: the board's change feed, if it has one.

@@ -104,6 +104,9 @@ pub struct Board {
     pub period: Option<Calendar>,
     /// The change feed of the board's top N (`None`: no feed).
     pub changes: Option<Changes>,
+    /// How many shards an unscoped board's ranking is spread over (1: none; see
+    /// [`Board::shard_of`]).
+    pub shards: u32,
 }
 
 /// One window of a board with several: its width as written in the configuration (`24h`)
@@ -494,6 +497,11 @@ impl Board {
             // off over existing data needs a rebuild, like the settings above.
             settings.push(("dense_rank", "true".into()));
         }
+        if self.is_sharded() {
+            // A member's shard depends on their number: with another, its events would
+            // go to another shard than its total.
+            settings.push(("shards", self.shards.to_string()));
+        }
         settings
     }
 
@@ -522,6 +530,35 @@ impl Board {
     pub fn is_scoped(&self) -> bool {
         self.scope.is_some()
     }
+
+    /// Whether this board's one ranking is spread over several shards.
+    pub fn is_sharded(&self) -> bool {
+        self.shards > 1
+    }
+
+    /// Whether the board's data lives in several instances, each registered in the
+    /// board's scope registry and following the board's watermark: one per scope value,
+    /// or one per shard.
+    pub fn has_many_instances(&self) -> bool {
+        self.is_scoped() || self.is_sharded()
+    }
+
+    /// The instance holding `member` on a sharded board: the shard
+    /// `crc32(member) mod shards` (CRC-32/IEEE of the member's bytes), named `#<shard>`
+    /// where a scoped board names a scope value (its keys `rb:{<board>:#<shard>}:…`, a
+    /// hash tag, so a cluster slot, of its own); `None` on a board without shards.
+    pub fn shard_of(&self, member: &str) -> Option<String> {
+        self.is_sharded()
+            .then(|| shard_name(crc32fast::hash(member.as_bytes()) % self.shards))
+    }
+
+    /// Every shard's instance name, in shard order (none on a board without shards).
+    pub fn shard_names(&self) -> Vec<String> {
+        if !self.is_sharded() {
+            return Vec::new();
+        }
+        (0..self.shards).map(shard_name).collect()
+    }
 }
 
 impl fmt::Display for Board {
@@ -532,7 +569,19 @@ impl fmt::Display for Board {
 
 /// The shaping settings added after boards were first pinned, with the value that a
 /// stored record or fingerprint without them stands for (see [`Board::shaping_settings`]).
-pub const DEFAULTED_SETTINGS: [(&str, &str); 2] = [("dense_rank", "false"), ("windows", "")];
+pub const DEFAULTED_SETTINGS: [(&str, &str); 3] = [
+    ("dense_rank", "false"),
+    ("windows", ""),
+    ("shards", "1"),
+];
+
+/// Most shards one board may be spread over (`shards`).
+pub const MAX_SHARDS: u32 = 64;
+
+/// The instance name of shard `shard` (see [`Board::shard_of`]).
+fn shard_name(shard: u32) -> String {
+    format!("#{shard}")
+}
 
 /// Whether `name` is a valid board name, `[a-z0-9_-]{1,64}`: the key schema relies on board
 /// names holding no `:`, `{`, `}` or glob character.
@@ -599,6 +648,7 @@ mod tests {
             changes: None,
             dedup: Dedup::Window,
             period: None,
+            shards: 1,
         }
     }
 

@@ -107,7 +107,8 @@ pub type Field = (Vec<u8>, Vec<u8>);
 pub struct Update {
     /// Index of the board in the settings.
     pub board: usize,
-    /// Scope value, for scoped boards.
+    /// The instance: the scope value on a scoped board, the shard ([`Board::shard_of`]) on a
+    /// sharded one.
     pub scope: Option<String>,
     /// The ranked member.
     pub member: String,
@@ -301,11 +302,12 @@ pub fn validate(fields: &[Field], boards: &[Board]) -> Result<Validated, Rejecti
     for (_, b) in &matched {
         members.push(name_of(&b.member, Reason::Member)?);
     }
+    // The instance: a scoped board's by the scope field, a sharded board's by the member.
     let mut scopes = Vec::with_capacity(matched.len());
-    for (_, b) in &matched {
+    for ((_, b), member) in matched.iter().zip(&members) {
         scopes.push(match &b.scope {
             Some(s) => Some(name_of(s, Reason::Scope)?),
-            None => None,
+            None => b.shard_of(member),
         });
     }
     let id = id_of(fields)?;
@@ -489,6 +491,7 @@ mod tests {
             changes: None,
             dedup: Dedup::Window,
             period: None,
+            shards: 1,
         }
     }
 

@@ -17,7 +17,7 @@ use crate::domain::board::{period_instance, Board};
 use crate::domain::event::{parse_entry, Event, Reason, Rejection};
 use crate::ingest::stream::{self, DeadLetter, Entry};
 use crate::metrics::{Metrics, Skip};
-use crate::store::{ApplyEvent, Outcome, Store, StoreError};
+use crate::store::{ApplyEvent, Outcome, Share, Store, StoreError};
 
 /// A board instance: board index and scope value.
 type Instance = (usize, Option<String>);
@@ -432,11 +432,7 @@ async fn apply_with_retries(
     let mut todo: Vec<usize> = (0..batches.len()).collect();
     let mut delay = RETRY_DELAY;
     for attempt in 1..=APPLY_ATTEMPTS {
-        let outs = join_all(todo.iter().map(|&i| {
-            let (board, scope, events) = &batches[i];
-            store.apply(board, *scope, events, now)
-        }))
-        .await;
+        let outs = apply_by_board(store, batches, &todo, now).await;
         let mut again = Vec::new();
         for (i, out) in todo.iter().copied().zip(outs) {
             let (board, scope, _) = &batches[i];
@@ -468,6 +464,42 @@ async fn apply_with_retries(
     results
         .into_iter()
         .map(|r| r.unwrap_or_else(|| Err(reply_missing())))
+        .collect()
+}
+
+/// Applies the instances `todo` (indices into `batches`), each board's at once (see
+/// [`Store::apply_shares`]: its many small instances share script calls), the boards
+/// concurrently; one result per index of `todo`, in order.
+async fn apply_by_board(
+    store: &Store,
+    batches: &[(&Board, Option<&str>, Vec<ApplyEvent>)],
+    todo: &[usize],
+    now: i64,
+) -> Vec<Applied> {
+    let mut by_board: Vec<(&Board, Vec<usize>)> = Vec::new();
+    for &i in todo {
+        let board = batches[i].0;
+        match by_board.iter_mut().find(|(b, _)| std::ptr::eq(*b, board)) {
+            Some((_, of_board)) => of_board.push(i),
+            None => by_board.push((board, vec![i])),
+        }
+    }
+    let outs = join_all(by_board.iter().map(|(board, of_board)| {
+        let shares: Vec<Share> = of_board
+            .iter()
+            .map(|&i| (batches[i].1, batches[i].2.as_slice()))
+            .collect();
+        async move { store.apply_shares(board, &shares, now).await }
+    }))
+    .await;
+    let mut applied: Vec<Option<Applied>> = batches.iter().map(|_| None).collect();
+    for ((_, of_board), results) in by_board.iter().zip(outs) {
+        for (&i, result) in of_board.iter().zip(results) {
+            applied[i] = Some(result);
+        }
+    }
+    todo.iter()
+        .map(|&i| applied[i].take().unwrap_or_else(|| Err(reply_missing())))
         .collect()
 }
 

@@ -632,6 +632,7 @@ mod tests {
             changes: None,
             dedup: Dedup::Window,
             period: None,
+            shards: 1,
         }
     }
 

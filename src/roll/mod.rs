@@ -122,7 +122,7 @@ impl Report {
         match outcome {
             Ok(part) => {
                 self.add_work(&part);
-                if !board.is_scoped() {
+                if !board.has_many_instances() {
                     self.expired_through = self.expired_through.max(part.expired_through);
                 }
             }
@@ -175,10 +175,10 @@ impl Job {
     }
 }
 
-/// The instances of a board: its scopes, or the one unscoped instance; on a period board
-/// every registered instance (one per period, and per scope).
+/// The instances of a board: its scopes (or shards) registered, or the one unscoped
+/// instance; on a period board every registered instance (one per period, and per scope).
 pub async fn instances(store: &Store, board: &Board) -> Result<Vec<Option<String>>, StoreError> {
-    if board.is_scoped() || board.period.is_some() {
+    if board.has_many_instances() || board.period.is_some() {
         Ok(store.scopes(board).await?.into_iter().map(Some).collect())
     } else {
         Ok(vec![None])

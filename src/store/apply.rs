@@ -27,6 +27,10 @@ pub enum Outcome {
     Overflow,
 }
 
+/// One instance's share of a batch: its scope (or shard; `None` on an unscoped board) and
+/// its events, in stream order.
+pub type Share<'a> = (Option<&'a str>, &'a [ApplyEvent]);
+
 /// One event as applied to one instance.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApplyEvent {
@@ -434,6 +438,37 @@ fn digests_by_slice(
     (blob, counts)
 }
 
+/// How a `fold.lua` call whose events fell in the slices `slice_of` (one index per event)
+/// ended, from its reply.
+fn folded(reply: Value, slice_of: &[usize]) -> Result<Folded, StoreError> {
+    let reply = as_array(reply).ok_or_else(|| reply_err("fold: not an array"))?;
+    let mut late = vec![false; slice_of.len()];
+    let mut codes = reply.iter().map(as_i64);
+    let kind = codes.next().flatten();
+    for s in codes {
+        match s {
+            Some(s) if s >= 1 => {
+                for (l, &of) in late.iter_mut().zip(slice_of) {
+                    *l |= of as i64 == s - 1;
+                }
+            }
+            _ => return Err(reply_err(format!("fold: bad late slice {s:?}"))),
+        }
+    }
+    let counted = match kind {
+        Some(0) => Outcome::Applied,
+        Some(1) => Outcome::Duplicate,
+        Some(2) => return Ok(Folded::Slow),
+        Some(3) => return Ok(Folded::NotRun),
+        other => return Err(reply_err(format!("fold: unknown outcome {other:?}"))),
+    };
+    Ok(Folded::Judged(
+        late.iter()
+            .map(|&l| if l { Outcome::Late } else { counted })
+            .collect(),
+    ))
+}
+
 /// One instance's apply, as every call of it sees it.
 struct Target<'a> {
     /// The one connection every call of the instance goes on (stream order).
@@ -494,6 +529,54 @@ impl Store {
         }
     }
 
+    /// [`Store::apply`] for each of `shares`, instances of one board; one result per
+    /// share, in order. The scopes (or shards) of a board with many instances are
+    /// registered at once, in one round trip: a batch touches hundreds of a scoped
+    /// board's instances, most with an event or two.
+    pub async fn apply_shares(
+        &self,
+        board: &Board,
+        shares: &[Share<'_>],
+        now: i64,
+    ) -> Vec<Result<Vec<Outcome>, StoreError>> {
+        let registered: Option<Vec<(&str, &[ApplyEvent])>> = shares
+            .iter()
+            .map(|&(scope, events)| scope.filter(|_| !events.is_empty()).map(|s| (s, events)))
+            .collect();
+        let registered = match registered {
+            Some(registered) if board.period.is_none() && registered.len() > 1 => registered,
+            // One instance (an unscoped board has one), or a period board (each period an
+            // instance of its own, registered as it is applied).
+            _ => {
+                return join_all(
+                    shares
+                        .iter()
+                        .map(|&(scope, events)| self.apply(board, scope, events, now)),
+                )
+                .await
+            }
+        };
+        let now = match self
+            .register_scopes(self.client(), board, &registered, now)
+            .await
+        {
+            Ok(now) => now,
+            Err(e) => return shares.iter().map(|_| Err(e.clone())).collect(),
+        };
+        let fingerprint = board.fingerprint();
+        join_all(registered.iter().map(|&(scope, events)| {
+            let target = Target {
+                client: self.client(),
+                board,
+                fingerprint: fingerprint.clone(),
+                now,
+                k: self.instance(board, Some(scope)),
+            };
+            async move { self.apply_target(&target, events).await }
+        }))
+        .await
+    }
+
     /// [`Store::apply`] to the one instance `scope` names.
     pub(super) async fn apply_instance(
         &self,
@@ -510,19 +593,29 @@ impl Store {
         let client = self.client();
         let now = match scope {
             Some(scope) => {
-                self.register_scope(client, board, scope, events, now)
+                self.register_scopes(client, board, &[(scope, events)], now)
                     .await?
             }
             None => now,
         };
-        let k = self.instance(board, scope);
         let target = Target {
             client,
             board,
             fingerprint: board.fingerprint(),
             now,
-            k,
+            k: self.instance(board, scope),
         };
+        self.apply_target(&target, events).await
+    }
+
+    /// Applies `events` to the instance of `target`, whose scope (if any) is registered
+    /// and `now` judged: chains of `fold.lua` calls, `apply.lua` ones where a fold cannot
+    /// judge the events.
+    async fn apply_target(
+        &self,
+        target: &Target<'_>,
+        events: &[ApplyEvent],
+    ) -> Result<Vec<Outcome>, StoreError> {
         let mut out = Vec::with_capacity(events.len());
         let mut raw_ids = self.holds_legacy_seen(&target.k.seen());
         let mut rest = events;
@@ -531,11 +624,11 @@ impl Store {
                 // An instance still holding raw ids goes event by event, as its layout
                 // requires.
                 let chunk = &rest[..rest.len().min(APPLY_CHUNK)];
-                self.apply_exact(&target, chunk, &mut raw_ids, &mut out)
+                self.apply_exact(target, chunk, &mut raw_ids, &mut out)
                     .await?;
                 chunk.len()
             } else {
-                self.fold_some(&target, rest, &mut raw_ids, &mut out)
+                self.fold_some(target, rest, &mut raw_ids, &mut out)
                     .await?
             };
             rest = &rest[judged..];
@@ -543,37 +636,38 @@ impl Store {
         Ok(out)
     }
 
-    /// Registers `scope` in its board's registry (score: the newest slice of `events`)
-    /// and returns the time to judge the events by: `now`, raised to the board's
-    /// watermark and last roll.
+    /// Registers each scope of `shares` in its board's registry (score: the newest slice
+    /// of its events; one `ZADD GT` for all) and returns the time to judge the events by:
+    /// `now`, raised to the board's watermark and last roll.
     ///
     /// The instance may be one that no roll visits (its scope left the registry), so it
     /// is judged against the board's watermark too, read after the registration: a roll
     /// that raised it before that read is seen here; one that raised it after lists the
     /// scope and rolls the instance itself.
-    async fn register_scope(
+    async fn register_scopes(
         &self,
         client: &Client,
         board: &Board,
-        scope: &str,
-        events: &[ApplyEvent],
+        shares: &[(&str, &[ApplyEvent])],
         now: i64,
     ) -> Result<i64, StoreError> {
-        let newest = events
-            .iter()
-            .map(|e| board.slice_of(e.ts))
-            .max()
-            .unwrap_or_default();
+        let mut zadd = Vec::with_capacity(2 + 2 * shares.len());
+        zadd.push(Value::from(self.keys.scopes(&board.name)));
+        zadd.push("GT".into());
+        for (scope, events) in shares {
+            let newest = events
+                .iter()
+                .map(|e| board.slice_of(e.ts))
+                .max()
+                .unwrap_or_default();
+            zadd.push(Value::from(newest));
+            zadd.push(Value::from(*scope));
+        }
         let pipeline = fred::clients::Pipeline::from(self.once(client));
         let _: () = pipeline
             .custom(
                 CustomCommand::new_static("ZADD", ClusterHash::FirstKey, false),
-                vec![
-                    Value::from(self.keys.scopes(&board.name)),
-                    "GT".into(),
-                    Value::from(newest),
-                    Value::from(scope),
-                ],
+                zadd,
             )
             .await?;
         let _: () = pipeline
@@ -681,34 +775,8 @@ impl Store {
                 ),
             )
             .await?;
-        let reply = as_array(reply).ok_or_else(|| reply_err("fold: not an array"))?;
-        let mut late = vec![false; call.slice_of.len()];
-        let mut codes = reply.iter().map(as_i64);
-        let kind = codes.next().flatten();
-        for s in codes {
-            match s {
-                Some(s) if s >= 1 => {
-                    for (l, &of) in late.iter_mut().zip(&call.slice_of) {
-                        *l |= of as i64 == s - 1;
-                    }
-                }
-                _ => return Err(reply_err(format!("fold: bad late slice {s:?}"))),
-            }
-        }
-        let counted = match kind {
-            Some(0) => Outcome::Applied,
-            Some(1) => Outcome::Duplicate,
-            Some(2) => return Ok(Folded::Slow),
-            Some(3) => return Ok(Folded::NotRun),
-            other => return Err(reply_err(format!("fold: unknown outcome {other:?}"))),
-        };
-        Ok(Folded::Judged(
-            late.iter()
-                .map(|&l| if l { Outcome::Late } else { counted })
-                .collect(),
-        ))
+        folded(reply, &call.slice_of)
     }
-
     /// One `apply.lua` call of at most [`APPLY_CHUNK`] events, judged one by one; the
     /// outcomes are appended to `out`.
     async fn apply_exact(
@@ -793,6 +861,7 @@ mod tests {
                 max_len: 100,
             }),
             period: None,
+            shards: 1,
         }
     }
 

@@ -616,7 +616,7 @@ impl Store {
         &self,
         board: &Board,
     ) -> Result<Option<(String, String)>, StoreError> {
-        let scopes: Vec<Option<String>> = if board.is_scoped() {
+        let scopes: Vec<Option<String>> = if board.has_many_instances() {
             let some: Vec<String> = self
                 .client()
                 .zrange(

@@ -22,6 +22,7 @@
 //!   forgetting idempotency keys.
 //! * `stage.rs`: resummarize: staging a recomputation in scratch keys and swapping it in.
 //! * `query.rs`: the top / rank / around reads.
+//! * `shards.rs`: the same reads of a sharded board, merged from every shard's.
 //! * `replicas.rs`: confirming writes only once enough replicas hold them (`WAIT`).
 //! * `changes.rs`: reading the change feeds (where one stands, its entries after an ID,
 //!   the blocking wait for new ones).
@@ -36,6 +37,7 @@ mod drop;
 mod expire;
 mod lease;
 pub mod lua;
+mod shards;
 mod periods;
 mod query;
 mod replicas;
@@ -44,13 +46,14 @@ mod stage;
 
 pub use apply::{
     apply_call, fold_call, fold_chunk_len, fold_chunks, fold_group_cost, id_digest, ApplyEvent,
-    FoldCall, Outcome, APPLY_CHUNK, DIGEST_CONTEXT, FOLD_BUDGET, FOLD_EVENT_COST, FOLD_GROUP_COST,
+    FoldCall, Outcome, Share, APPLY_CHUNK, DIGEST_CONTEXT, FOLD_BUDGET, FOLD_EVENT_COST, FOLD_GROUP_COST,
 };
 pub use changes::{wait_feed, FeedEntry, FeedId, FeedState, FEED_PAGE};
 pub use connect::{script_commands, Conflict, Conflicts, Denied, Reconnect, Refused};
 pub use drop::{scan_denied, BoardKeys, UNLINK_BATCH};
 pub use expire::{Expired, Trimmed, EXPIRE_CALL_FIELDS, TRIM_CALL_IDS, TRIM_CALL_LOG};
 pub use lease::{Lease, TICK_RECORD};
+pub use shards::SHARDED_DEPTH;
 pub use periods::{ForgottenPeriods, PeriodState, PERIOD_DELETE_MARGIN_MS};
 pub use replicas::NOREPLICAS;
 pub use stage::{

@@ -13,15 +13,19 @@ use crate::domain::ranking::{
     WindowRank,
 };
 
-struct Snapshot {
-    count: u64,
-    rank: Option<u64>,
-    window_from: i64,
-    window_to: i64,
-    as_of: Option<i64>,
-    entries: Vec<Entry>,
-    /// The rows of a `ranks` call, undecoded (empty for the other calls).
-    subset: Vec<Value>,
+pub(super) struct Snapshot {
+    pub(super) count: u64,
+    /// The member's 1-based rank (or the answer's position, plus one, for `near`).
+    pub(super) rank: Option<u64>,
+    /// The first row's competition rank (the entries with a greater total, for `near`).
+    pub(super) first_competition: u64,
+    pub(super) window_from: i64,
+    pub(super) window_to: i64,
+    pub(super) as_of: Option<i64>,
+    pub(super) entries: Vec<Entry>,
+    /// The rows of a `ranks` call, or of any call decoded `raw`, undecoded (empty for the
+    /// other calls).
+    pub(super) subset: Vec<Value>,
 }
 
 impl Store {
@@ -42,15 +46,30 @@ impl Store {
         keys
     }
 
-    async fn query(
+    pub(super) async fn query(
+        &self,
+        board: &Board,
+        scope: Option<&str>,
+        args: Vec<Value>,
+        now: i64,
+    ) -> Result<Snapshot, StoreError> {
+        let subset = args.first().and_then(|op| op.as_str()).as_deref() == Some("ranks");
+        self.query_as(board, scope, args, now, subset).await
+    }
+
+    /// One `query.lua` call (`args` without the tie-break, which is added here) of the
+    /// instance `scope` of `board`, decoded; with `raw` its rows are left undecoded, in
+    /// [`Snapshot::subset`].
+    pub(super) async fn query_as(
         &self,
         board: &Board,
         scope: Option<&str>,
         mut args: Vec<Value>,
         now: i64,
+        raw: bool,
     ) -> Result<Snapshot, StoreError> {
         let keys = self.query_keys(board, scope);
-        let subset = args.first().and_then(|op| op.as_str()).as_deref() == Some("ranks");
+        let subset = raw;
         args.insert(1, Value::from(tie_flag(board)));
         let views = std::slice::from_ref(board);
         let (out, board_watermarks, board_rolled) = self.snapshot(views, scope, keys, args).await?;
@@ -100,7 +119,7 @@ impl Store {
         Ok((out, watermarks, rolled))
     }
 
-    fn page(board: &Board, scope: Option<&str>, snap: Snapshot) -> Page {
+    pub(super) fn page(board: &Board, scope: Option<&str>, snap: Snapshot) -> Page {
         Page {
             board: board.name.clone(),
             scope: scope.map(str::to_string),
@@ -114,7 +133,7 @@ impl Store {
         }
     }
 
-    fn member_rank(board: &Board, scope: Option<&str>, member: &str, snap: Snapshot) -> MemberRank {
+    pub(super) fn member_rank(board: &Board, scope: Option<&str>, member: &str, snap: Snapshot) -> MemberRank {
         let entry = snap
             .entries
             .into_iter()
@@ -150,6 +169,9 @@ impl Store {
         limit: u64,
         now: i64,
     ) -> Result<Page, StoreError> {
+        if scope.is_none() && board.is_sharded() {
+            return self.sharded_top(board, offset, limit, now).await;
+        }
         let snap = self
             .query(
                 board,
@@ -173,6 +195,9 @@ impl Store {
         member: &str,
         now: i64,
     ) -> Result<MemberRank, StoreError> {
+        if scope.is_none() && board.is_sharded() {
+            return self.sharded_rank(board, member, now).await;
+        }
         let snap = self
             .query(board, scope, vec!["rank".into(), member.into()], now)
             .await?;
@@ -204,6 +229,23 @@ impl Store {
                 .filter_map(|w| board.view(Some(&w.name)))
                 .collect()
         };
+        if scope.is_none() && board.is_sharded() {
+            // One read of the shards per window (the windows of one shard share its
+            // hash tag, but a member's place in each needs every shard).
+            let mut windows = Vec::with_capacity(views.len());
+            for view in &views {
+                let rank = self.sharded_rank(view, member, now).await?;
+                windows.push(WindowRank::of(view.window_name(), &rank));
+            }
+            return Ok(MemberWindows {
+                board: board.name.clone(),
+                scope: None,
+                scale: board.scale,
+                member: member.to_string(),
+                period: None,
+                windows,
+            });
+        }
         let mut keys = Vec::new();
         for view in &views {
             keys.extend(self.query_keys(view, scope));
@@ -256,6 +298,9 @@ impl Store {
             .copied()
             .filter(|m| seen.insert(*m))
             .collect();
+        if scope.is_none() && board.is_sharded() {
+            return self.sharded_ranks(board, &members, now).await;
+        }
         let mut args: Vec<Value> = Vec::with_capacity(members.len() + 1);
         args.push("ranks".into());
         args.extend(members.iter().map(|&m| Value::from(m)));
@@ -274,6 +319,9 @@ impl Store {
         radius: u64,
         now: i64,
     ) -> Result<Result<Page, MemberRank>, StoreError> {
+        if scope.is_none() && board.is_sharded() {
+            return self.sharded_around(board, member, radius, now).await;
+        }
         let snap = self
             .query(
                 board,
@@ -291,7 +339,7 @@ impl Store {
 
 /// One `query.lua` answer (`out`) decoded for `board` (the window read): the board's
 /// watermark of that window and last roll, for a scoped instance, are read beside it.
-fn decode(
+pub(super) fn decode(
     board: &Board,
     out: Value,
     board_watermark: Option<i64>,
@@ -339,6 +387,7 @@ fn decode(
     Ok(Snapshot {
         count,
         rank: u64::try_from(rank).ok().map(|r| r + 1),
+        first_competition,
         window_from,
         window_to,
         as_of,
@@ -348,7 +397,7 @@ fn decode(
 }
 
 /// The subset answer from the script's `ranks` rows (five per member asked, in order).
-fn subset(
+pub(super) fn subset(
     board: &Board,
     scope: Option<&str>,
     members: &[&str],
@@ -418,13 +467,13 @@ fn subset(
 }
 
 /// What a page's first row is, by the script's answer.
-struct Firsts {
+pub(super) struct Firsts {
     /// Its 0-based position.
-    start: u64,
+    pub(super) start: u64,
     /// Its competition rank.
-    competition: u64,
+    pub(super) competition: u64,
     /// Its dense rank, on `dense_rank` boards.
-    dense: Option<u64>,
+    pub(super) dense: Option<u64>,
 }
 
 /// The entries of a page from the script's `member, score` rows: ranks from `start + 1`,
@@ -432,7 +481,7 @@ struct Firsts {
 /// first row's, one more at each lower total (a page holds every member between its
 /// first and last row, so every distinct total between them is on it); percentiles among
 /// the snapshot's `count` ranked members.
-fn entries(
+pub(super) fn entries(
     board: &Board,
     rows: Vec<Value>,
     first: Firsts,

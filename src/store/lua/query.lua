@@ -12,13 +12,15 @@
 -- One group for 'top', 'rank', 'around' and 'ranks'; one per window of the board for
 -- 'windows' (the windows of one instance share its hash tag).
 --
--- ARGV[1] 'top' | 'rank' | 'around' | 'ranks' | 'windows'
+-- ARGV[1] 'top' | 'rank' | 'around' | 'ranks' | 'windows' | 'above' | 'near'
 -- ARGV[2] the board's tie-break: 'e' | 'l' | 'n'
 -- top:     ARGV[3] offset, ARGV[4] limit
 -- rank:    ARGV[3] member
 -- around:  ARGV[3] member, ARGV[4] radius
 -- ranks:   ARGV[3..] members (each at most once)
 -- windows: ARGV[3] member, ARGV[4] the keys of each group (3, or 4 with dense)
+-- above:   ARGV[3..] pairs (score, zmember) of entries of other shards of the board
+-- near:    ARGV[3] score, ARGV[4] zmember, ARGV[5] radius
 --
 -- Only totals above 0 are ranked; they sort before every other entry of the ZSet, so
 -- index positions below `count` are exactly the ranked members. A dense rank is 1 + the
@@ -31,6 +33,13 @@
 -- asked, in order, { 0-based rank | -1, zmember | false, score | false,
 -- competition rank | 0, dense rank | 0 }, flattened.
 -- windows: one such answer of `rank` per group, in the order of the groups.
+--
+-- The shards of a sharded board are instances of one ranking; a query of the board asks
+-- each where an entry of another shard would rank in it ('above': per pair given, rows
+-- { entries ranked above it, entries with a greater total }; the member of the answer -1)
+-- and the entries nearest it ('near': the member of the answer is the position it would
+-- take, the first row's competition rank field the entries with a greater total, and
+-- the rows those from `radius` above that position to `radius` below it).
 local meta, result, lookup, dense, stamps, expired, count
 
 -- Reads the group of keys from KEYS[first] (`size` keys): what every answer from it says.
@@ -108,6 +117,34 @@ local function read(op, a, b)
   return answer(rank, first, start, rows, dense_rank(rows[2]))
 end
 
+-- Whether ZSet member `a` sorts after `b` (byte by byte, as the ZSet orders them; Lua's
+-- own comparison follows the server's locale).
+local function after(a, b)
+  local byte = string.byte
+  for i = 1, math.min(#a, #b) do
+    local x, y = byte(a, i), byte(b, i)
+    if x ~= y then return x > y end
+  end
+  return #a > #b
+end
+
+-- How many entries rank above an entry of total `score` and ZSet member `z` (which need
+-- not be in this instance), and how many have a greater total. Entries of equal total
+-- follow one another, by ZSet member descending: a binary search over their positions.
+local function position(score, z)
+  local greater = redis.call('ZCOUNT', result, '(' .. score, '+inf')
+  local lo, hi = greater, greater + redis.call('ZCOUNT', result, score, score)
+  while lo < hi do
+    local mid = math.floor((lo + hi) / 2)
+    if after(redis.call('ZREVRANGE', result, mid, mid)[1], z) then
+      lo = mid + 1
+    else
+      hi = mid
+    end
+  end
+  return lo, greater
+end
+
 local op = ARGV[1]
 if op == 'windows' then
   local size = tonumber(ARGV[4])
@@ -121,6 +158,22 @@ if op == 'windows' then
   return all
 end
 open(1, #KEYS)
+if op == 'above' then
+  local rows = {}
+  for i = 3, #ARGV - 1, 2 do
+    local above, greater = position(ARGV[i], ARGV[i + 1])
+    rows[#rows + 1] = above
+    rows[#rows + 1] = greater
+  end
+  return answer(-1, 0, 0, rows)
+end
+if op == 'near' then
+  local at, greater = position(ARGV[3], ARGV[4])
+  local radius = tonumber(ARGV[5])
+  local start, stop = math.max(0, at - radius), math.min(count - 1, at + radius)
+  if start > stop then return answer(at, greater, start, {}) end
+  return answer(at, greater, start, redis.call('ZREVRANGE', result, start, stop, 'WITHSCORES'))
+end
 if op == 'ranks' then
   local rows = {}
   for i = 3, #ARGV do

@@ -40,6 +40,7 @@ pub fn board(name: &str, slice: i64, n: i64) -> Board {
         dense_rank: false,
         changes: None,
         period: None,
+        shards: 1,
     }
 }
 
