@@ -11,7 +11,7 @@ use crate::domain::board::Board;
 use crate::domain::event::check_name;
 use crate::domain::ranking::{format_total, MemberRank, MemberWindows, Subset};
 use crate::edges::periods::Selected;
-use crate::store::Store;
+use crate::store::{Store, SHARDED_DEPTH};
 
 /// Looks up a board and checks the scope argument against it.
 pub fn resolve_board<'a>(
@@ -83,6 +83,13 @@ pub(super) async fn top(
     let scope = target.scope;
     let board = resolve_board(settings, board, scope)?;
     let view = view_of(board, target.window)?;
+    if board.is_sharded() && offset.saturating_add(limit) > SHARDED_DEPTH {
+        return Err(Usage(format!(
+            "a page of a sharded board reaches at most rank {SHARDED_DEPTH}:              --offset + --limit is {}",
+            offset.saturating_add(limit)
+        ))
+        .into());
+    }
     let (store, now, selected) = open(settings, board, target).await?;
     let page = store
         .top(&view, selected.instance(scope), offset, limit, now)

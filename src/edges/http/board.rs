@@ -70,6 +70,9 @@ pub(super) struct BoardDescription {
     period_start: Option<i64>,
     /// Decimal places of the totals (total = amount x 10^scale).
     scale: u32,
+    /// How many shards (cluster slots) the board's ranking is spread over; 1 for one.
+    #[schema(example = 1)]
+    shards: u32,
     /// The event field naming the scope, null for an unscoped board.
     #[schema(required = true)]
     scope: Option<String>,
@@ -192,6 +195,7 @@ fn description(b: &Board) -> BoardDescription {
         period_id: None,
         period_start: None,
         scale: b.scale,
+        shards: b.shards,
         scope: b.scope.clone(),
         slice_ms: rolling(b.slice_ms),
         tie_break: b.tie_break.as_str().to_string(),

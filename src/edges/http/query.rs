@@ -21,6 +21,7 @@ use crate::domain::board::Board;
 use crate::domain::event::check_name;
 use crate::domain::ranking::{MemberRank, MemberWindows, Page, Subset};
 use crate::edges::periods::{select, PeriodError, Selected};
+use crate::store::SHARDED_DEPTH;
 
 /// The configured board `name`, or a 404 naming it.
 pub(super) fn board<'a>(state: &'a AppState, name: &str) -> ApiResult<&'a Board> {
@@ -331,7 +332,13 @@ pub(super) async fn top(
     let scope = scope_of(b, &params)?;
     let view = view_of(b, params.get("window").map(String::as_str))?;
     let limit = number(&params, "limit", 10, 1..=1000)?;
-    let offset = number(&params, "offset", 0, 0..=u64::MAX)?;
+    // A sharded board's page is merged from each shard's first offset + limit entries.
+    let deepest = if b.is_sharded() {
+        SHARDED_DEPTH - limit
+    } else {
+        u64::MAX
+    };
+    let offset = number(&params, "offset", 0, 0..=deepest)?;
     let (now, period) = period_of(&state, b, scope, &params)?;
     let page = redis(
         &state,
