@@ -72,7 +72,11 @@ fn flat(rows: &[Row]) -> Vec<Value> {
 
 /// The shards' answers as one: the counts summed; the live range and `as_of` of the
 /// shard rolled last.
-fn joined(snaps: &[Snapshot], rank: Option<u64>, entries: Vec<crate::domain::ranking::Entry>) -> Snapshot {
+fn joined(
+    snaps: &[Snapshot],
+    rank: Option<u64>,
+    entries: Vec<crate::domain::ranking::Entry>,
+) -> Snapshot {
     let latest = snaps.iter().max_by_key(|s| (s.window_from, s.as_of));
     Snapshot {
         count: snaps.iter().map(|s| s.count).sum(),
@@ -98,10 +102,12 @@ fn positions(snap: &Snapshot) -> Result<Vec<(u64, u64)>, StoreError> {
 }
 
 impl Store {
-    /// One `query.lua` call per shard of `board`, at once, the rows left undecoded.
+    /// One `query.lua` call per shard of `board` but `except`, at once, the rows left
+    /// undecoded.
     async fn each_shard(
         &self,
         board: &Board,
+        except: Option<&str>,
         args: Vec<Value>,
         now: i64,
     ) -> Result<Vec<Snapshot>, StoreError> {
@@ -109,6 +115,7 @@ impl Store {
             board
                 .shard_names()
                 .into_iter()
+                .filter(|shard| Some(shard.as_str()) != except)
                 .map(|shard| {
                     let args = args.clone();
                     async move { self.query_as(board, Some(&shard), args, now, true).await }
@@ -117,11 +124,12 @@ impl Store {
         .await
     }
 
-    /// Where the entries `rows` (each of one shard) rank in every shard: per row, per
-    /// shard, (entries above it, entries with a greater total); and every shard's answer.
+    /// Where the entries `rows` rank in every shard but `except`: per shard, per row,
+    /// (entries above it, entries with a greater total); and those shards' answers.
     async fn placed(
         &self,
         board: &Board,
+        except: Option<&str>,
         rows: &[&Row],
         now: i64,
     ) -> Result<(Vec<Vec<(u64, u64)>>, Vec<Snapshot>), StoreError> {
@@ -129,7 +137,7 @@ impl Store {
         for row in rows {
             args.extend([row.score.clone(), Value::from(row.z.as_str())]);
         }
-        let snaps = self.each_shard(board, args, now).await?;
+        let snaps = self.each_shard(board, except, args, now).await?;
         let mut per_shard = Vec::with_capacity(snaps.len());
         for snap in &snaps {
             let found = positions(snap)?;
@@ -141,20 +149,29 @@ impl Store {
         Ok((per_shard, snaps))
     }
 
-    /// `member`'s row on its shard (`None`: not ranked), and that shard's answer.
+    /// `member`'s shard, its row there (`None`: not ranked) and that shard's answer.
     async fn own_row(
         &self,
         board: &Board,
         member: &str,
         now: i64,
-    ) -> Result<Option<Row>, StoreError> {
+    ) -> Result<(String, Option<Row>, Snapshot), StoreError> {
         let Some(shard) = board.shard_of(member) else {
             return Err(reply_err("query: the board has no shards"));
         };
-        let snap = self
-            .query_as(board, Some(&shard), vec!["rank".into(), member.into()], now, true)
+        let mut snap = self
+            .query_as(
+                board,
+                Some(&shard),
+                vec!["rank".into(), member.into()],
+                now,
+                true,
+            )
             .await?;
-        Ok(rows_of(snap.subset)?.into_iter().next())
+        let row = rows_of(std::mem::take(&mut snap.subset))?
+            .into_iter()
+            .next();
+        Ok((shard, row, snap))
     }
 
     /// [`Store::top`] of a sharded board.
@@ -172,7 +189,12 @@ impl Store {
         }
         let depth = offset + limit;
         let snaps = self
-            .each_shard(board, vec!["top".into(), 0.into(), (depth as i64).into()], now)
+            .each_shard(
+                board,
+                None,
+                vec!["top".into(), 0.into(), (depth as i64).into()],
+                now,
+            )
             .await?;
         let mut rows = Vec::new();
         for snap in &snaps {
@@ -183,7 +205,11 @@ impl Store {
         let start = (offset as usize).min(rows.len());
         // Every entry above the page is here: the first row's competition rank counts them.
         let competition = rows.get(start).map_or(0, |first| {
-            rows[..start].iter().filter(|r| r.total > first.total).count() as u64 + 1
+            rows[..start]
+                .iter()
+                .filter(|r| r.total > first.total)
+                .count() as u64
+                + 1
         });
         let first = Firsts {
             start: offset,
@@ -195,22 +221,32 @@ impl Store {
         Ok(Self::page(board, None, joined(&snaps, None, page)))
     }
 
-    /// [`Store::rank`] of a sharded board.
+    /// [`Store::rank`] of a sharded board: one call to the member's shard, then one to
+    /// each other shard, at once.
     pub(super) async fn sharded_rank(
         &self,
         board: &Board,
         member: &str,
         now: i64,
     ) -> Result<MemberRank, StoreError> {
-        let own = self.own_row(board, member, now).await?;
+        let (shard, own, own_snap) = self.own_row(board, member, now).await?;
         let rows: Vec<&Row> = own.iter().collect();
-        let (placed, snaps) = self.placed(board, &rows, now).await?;
+        let (placed, mut snaps) = self.placed(board, Some(&shard), &rows, now).await?;
+        // On its own shard the member is `rank` and has `competition - 1` greater totals.
+        let own_above = own_snap.rank.map_or(0, |r| r - 1);
+        let own_greater = own_snap.first_competition.saturating_sub(1);
+        snaps.push(own_snap);
         let count = snaps.iter().map(|s| s.count).sum();
         let Some(row) = own.as_ref() else {
-            return Ok(Self::member_rank(board, None, member, joined(&snaps, None, Vec::new())));
+            return Ok(Self::member_rank(
+                board,
+                None,
+                member,
+                joined(&snaps, None, Vec::new()),
+            ));
         };
-        let above: u64 = placed.iter().map(|p| p[0].0).sum();
-        let greater: u64 = placed.iter().map(|p| p[0].1).sum();
+        let above = own_above + placed.iter().map(|p| p[0].0).sum::<u64>();
+        let greater = own_greater + placed.iter().map(|p| p[0].1).sum::<u64>();
         let first = Firsts {
             start: above,
             competition: greater + 1,
@@ -233,7 +269,7 @@ impl Store {
         radius: u64,
         now: i64,
     ) -> Result<Result<Page, MemberRank>, StoreError> {
-        let Some(own) = self.own_row(board, member, now).await? else {
+        let (_, Some(own), _) = self.own_row(board, member, now).await? else {
             return Ok(Err(self.sharded_rank(board, member, now).await?));
         };
         let args: Vec<Value> = vec![
@@ -242,7 +278,7 @@ impl Store {
             own.z.as_str().into(),
             (radius as i64).into(),
         ];
-        let snaps = self.each_shard(board, args, now).await?;
+        let snaps = self.each_shard(board, None, args, now).await?;
         // Each shard's `near` rank is the place the member takes there, plus one.
         let mut above = 0;
         let mut greater = 0;
@@ -268,7 +304,7 @@ impl Store {
             Some(first) if first.total == own.total => greater + 1,
             Some(first) => {
                 let first_row = [first];
-                let (placed, _) = self.placed(board, &first_row, now).await?;
+                let (placed, _) = self.placed(board, None, &first_row, now).await?;
                 placed.iter().map(|p| p[0].1).sum::<u64>() + 1
             }
             None => 0,
@@ -320,7 +356,7 @@ impl Store {
             }
         }
         let ranked: Vec<&Row> = own.iter().flatten().collect();
-        let (placed, snaps) = self.placed(board, &ranked, now).await?;
+        let (placed, snaps) = self.placed(board, None, &ranked, now).await?;
         // The rows `ranks` answers (see query.lua), with each member's place on the board.
         let mut rows = Vec::with_capacity(5 * members.len());
         let mut k = 0;
