@@ -122,7 +122,7 @@ pub const QUICK: Sizes = Sizes {
 
 const CONFIG: &str = r#"
 [ingest]
-batch_size = 500
+batch_size = 2000
 block = "100ms"
 [[boards]]
 name = "rooms"
@@ -134,7 +134,7 @@ slice = "1h"
 /// The two boards of config/rollboard.toml that tips feed by room and by fan.
 const SHIPPED_CONFIG: &str = r#"
 [ingest]
-batch_size = 500
+batch_size = 2000
 block = "1s"
 [[boards]]
 name = "rooms_7d"
@@ -1147,7 +1147,8 @@ async fn drain_pass(
     cancel.cancel();
     let r = rate(n, elapsed);
     println!(
-        "end to end, one consumer, batch {BATCH}: {n} events in {:.2}s, {r:.0} events/s",
+        "end to end, one consumer, batch {}: {n} events in {:.2}s, {r:.0} events/s",
+        settings.ingest.batch_size,
         elapsed.as_secs_f64()
     );
     let per_event = |command: &str| command_usec(redis, command) / n as f64;

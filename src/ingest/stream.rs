@@ -507,19 +507,26 @@ pub async fn dead_letter(
     Ok(())
 }
 
-/// Acknowledges entries of `stream` for the group (XACK).
+/// Most ids one `XACK` call takes: Redis's time for an ack grows with its ids (~0.3 ms for
+/// 500 on the reference machine), so a batch of `ingest.batch_size` is acked in calls of
+/// this many, sent at once.
+pub const ACK_PIECE: usize = 500;
+
+/// Acknowledges entries of `stream` for the group (XACK, in calls of [`ACK_PIECE`] ids).
+/// An entry whose ack failed stays pending and is applied again (as a duplicate) later.
 pub async fn ack(
     client: &Client,
     settings: &IngestSettings,
     stream: &str,
     ids: &[&str],
 ) -> Result<(), StoreError> {
-    if ids.is_empty() {
-        return Ok(());
-    }
-    let _: i64 = client
-        .xack(stream, settings.group.as_str(), ids.to_vec())
-        .await?;
+    futures_util::future::try_join_all(ids.chunks(ACK_PIECE).map(|piece| async move {
+        let _: i64 = client
+            .xack(stream, settings.group.as_str(), piece.to_vec())
+            .await?;
+        Ok::<_, StoreError>(())
+    }))
+    .await?;
     Ok(())
 }
 
