@@ -51,6 +51,13 @@ pub struct ApplyEvent {
 /// --bench rollboard -- expiry`, its fill), so a call holds at most 32.
 pub const APPLY_CHUNK: usize = 32;
 
+/// Most events in one apply script call to `board`: [`APPLY_CHUNK`] divided by its
+/// windows, since such a call writes every event in each window it falls in (its digest
+/// is checked once), so that a call stays within the same bound.
+pub fn apply_chunk(board: &Board) -> usize {
+    (APPLY_CHUNK / board.windows.len().max(1)).max(1)
+}
+
 /// Domain separation of [`id_digest`]: BLAKE3 in key derivation mode with this context.
 pub const DIGEST_CONTEXT: &str = "rollboard 2026-11 idempotency key digest v1";
 
@@ -503,7 +510,7 @@ impl Store {
     }
 
     /// Applies `events` to one instance, in stream order, as a sequence of bounded atomic
-    /// script calls of at most [`APPLY_CHUNK`] events each; one outcome per event.
+    /// script calls of at most [`apply_chunk`] events each; one outcome per event.
     ///
     /// Each call remembers the ids it applied, so a crash between two calls (or a retry of
     /// the whole batch) neither loses nor double-counts anything: the calls already made
@@ -623,7 +630,7 @@ impl Store {
             let judged = if raw_ids {
                 // An instance still holding raw ids goes event by event, as its layout
                 // requires.
-                let chunk = &rest[..rest.len().min(APPLY_CHUNK)];
+                let chunk = &rest[..rest.len().min(apply_chunk(target.board))];
                 self.apply_exact(target, chunk, &mut raw_ids, &mut out)
                     .await?;
                 chunk.len()
@@ -720,7 +727,7 @@ impl Store {
                 // after it did not run and are sent again.
                 Folded::Slow => {
                     judged += chunk.len();
-                    for part in chunk.chunks(APPLY_CHUNK) {
+                    for part in chunk.chunks(apply_chunk(target.board)) {
                         self.apply_exact(target, part, raw_ids, out).await?;
                     }
                     break;
@@ -776,7 +783,7 @@ impl Store {
             .await?;
         folded(reply, &call.slice_of)
     }
-    /// One `apply.lua` call of at most [`APPLY_CHUNK`] events, judged one by one; the
+    /// One `apply.lua` call of at most [`apply_chunk`] events, judged one by one; the
     /// outcomes are appended to `out`.
     async fn apply_exact(
         &self,
