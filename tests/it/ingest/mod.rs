@@ -1,5 +1,6 @@
 //! Ingest from the stream: intake ids, partitions, stream trimming and the replay of dead letters.
 
+mod batches_of_many_instances;
 mod dead_letter_replay;
 mod every_intake_path_ends_in_the_model;
 mod intake_ids_and_outages;
