@@ -63,6 +63,19 @@ pub enum ApiError {
     Unavailable(String),
 }
 
+impl ApiError {
+    /// Why a request body could not be read: 413 over [`super::MAX_BODY_BYTES`], else 400.
+    pub fn of_body(rejection: axum::extract::rejection::BytesRejection) -> ApiError {
+        match rejection.status() {
+            StatusCode::PAYLOAD_TOO_LARGE => ApiError::TooLarge(format!(
+                "the body is larger than {} bytes",
+                super::MAX_BODY_BYTES
+            )),
+            _ => ApiError::BadRequest("cannot read the body".into()),
+        }
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         match self {

@@ -20,7 +20,7 @@ use utoipa::{PartialSchema, ToSchema};
 
 use super::error::{redis, ApiError, ApiResult, ErrorBody};
 use super::params::params;
-use super::{AppState, MAX_BODY_BYTES};
+use super::AppState;
 use crate::ingest::intake::{self, BodyError, MAX_EVENTS};
 use crate::metrics::Intake;
 
@@ -173,12 +173,7 @@ pub(super) async fn events(
         ));
     }
     let body = body
-        .map_err(|e| match e.status() {
-            StatusCode::PAYLOAD_TOO_LARGE => {
-                ApiError::TooLarge(format!("the body is larger than {MAX_BODY_BYTES} bytes"))
-            }
-            _ => ApiError::BadRequest("cannot read the body".into()),
-        })
+        .map_err(ApiError::of_body)
         .inspect_err(|_| metrics.intake(Intake::Malformed, 1))?;
     let accepted = intake::parse_body(&body, &state.settings.boards).map_err(|e| match e {
         BodyError::Invalid(invalid) => {

@@ -496,6 +496,7 @@ pub(super) struct RanksBody {
         (status = 400, description = "A body that is not this object, 0 or over 1000 members, a bad member name, a window the board does not rank, a missing or needless scope, a bad period, a query parameter", body = ErrorBody),
         (status = 401, description = "The reader's token is required", body = ErrorBody),
         (status = 404, description = "An unknown board, or a period no longer kept", body = ErrorBody),
+        (status = 413, description = "The body is over 4 MiB", body = ErrorBody),
         (status = 500, description = "Redis proved the data wrong", body = ErrorBody),
         (status = 503, description = "A Redis outage; with `Retry-After`", body = ErrorBody),
     )
@@ -509,7 +510,7 @@ pub(super) async fn ranks(
     let name = path(name)?;
     params(query, &[])?;
     let b = board(&state, &name)?;
-    let body = body.map_err(|_| ApiError::BadRequest("cannot read the body".into()))?;
+    let body = body.map_err(ApiError::of_body)?;
     // serde's own message may quote a value of the body, which can be long: only where.
     let body: RanksBody = serde_json::from_slice(&body).map_err(|e| {
         let what = match e.classify() {

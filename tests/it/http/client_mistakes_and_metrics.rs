@@ -10,6 +10,11 @@ use crate::support::*;
 /// POSTs a body over the 4 MiB limit on a raw connection (the server answers before it has
 /// read everything, which an ordinary client reports as a broken request); returns the status.
 async fn oversized_post(base: &str) -> u16 {
+    oversized_post_to(base, "/v1/events").await
+}
+
+/// The status of a POST to `path` whose body is over the 4 MiB limit.
+async fn oversized_post_to(base: &str, path: &str) -> u16 {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let addr = base.trim_start_matches("http://").to_string();
     let stream = tokio::net::TcpStream::connect(&addr)
@@ -20,7 +25,7 @@ async fn oversized_post(base: &str) -> u16 {
         "[{}]",
         vec![r#"{"room":"r1","amount":1}"#; 200_000].join(",")
     );
-    let head = format!("POST /v1/events HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n", body.len());
+    let head = format!("POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n", body.len());
     let writer = tokio::spawn(async move {
         let _ = write.write_all(head.as_bytes()).await;
         let _ = write.write_all(body.as_bytes()).await;
@@ -91,6 +96,11 @@ async fn http_client_mistakes_are_400_or_404_with_a_json_error() {
         assert_eq!(r.status().as_u16(), status, "{body}");
     }
     assert_eq!(oversized_post(&daemon.base).await, 413);
+    assert_eq!(
+        oversized_post_to(&daemon.base, "/v1/boards/rooms_7d/ranks").await,
+        413,
+        "a ranks body over the limit"
+    );
     let len: i64 = store.client().xlen("rb:events").await.expect("xlen");
     assert_eq!(len, 1, "only the one valid request appended");
     let r = post(r#"[{"room":"r1","amount":1},{"room":"r1","amount":1.5},{"x":1}]"#)
