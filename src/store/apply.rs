@@ -373,6 +373,38 @@ pub fn fold_call(
     }
 }
 
+/// The order to apply `events` in, member by member (members in the order of their first
+/// event, each one's events in stream order), when it differs from theirs; `None` to keep
+/// theirs.
+///
+/// One instance's events are judged the same in either order when no id repeats among
+/// them: an event is a duplicate when its id was applied before the batch (repeats within
+/// it keep stream order: the first wins), late by its time alone, and a member's total,
+/// slice fields and tie-break time (the newest time of its events) depend on that
+/// member's events only, whose order is kept (so is which of them would pass 2^53 - 1).
+/// Grouped so, a fold call holds more of a member's events in one group (a skewed
+/// workload's busy members have many in a batch), and groups cost a call far more than
+/// events do.
+fn by_member(events: &[ApplyEvent]) -> Option<Vec<usize>> {
+    let mut ids = HashSet::with_capacity(events.len());
+    if events.len() < 3 || !events.iter().all(|e| ids.insert(e.id.as_str())) {
+        return None;
+    }
+    let mut first: HashMap<&str, usize> = HashMap::new();
+    for (i, e) in events.iter().enumerate() {
+        first.entry(e.member.as_str()).or_insert(i);
+    }
+    let mut order: Vec<usize> = (0..events.len()).collect();
+    order.sort_by_key(|&i| first[events[i].member.as_str()]);
+    (order.iter().enumerate().any(|(k, &i)| k != i)).then_some(order)
+}
+
+/// The order [`Store::apply`] judges one instance's `events` in: indices into `events`
+/// (see [`by_member`]).
+pub fn apply_order(events: &[ApplyEvent]) -> Vec<usize> {
+    by_member(events).unwrap_or_else(|| (0..events.len()).collect())
+}
+
 /// A fold call's events aggregated per (member, slice), in order of first appearance.
 struct Grouped<'a> {
     /// The slices the events fall in.
@@ -616,9 +648,29 @@ impl Store {
     }
 
     /// Applies `events` to the instance of `target`, whose scope (if any) is registered
-    /// and `now` judged: chains of `fold.lua` calls, `apply.lua` ones where a fold cannot
-    /// judge the events.
+    /// and `now` judged; one outcome per event, in their order. The events go member by
+    /// member where that judges every event as stream order would (see [`by_member`]): a
+    /// call then folds each member's events into as few groups as it can.
     async fn apply_target(
+        &self,
+        target: &Target<'_>,
+        events: &[ApplyEvent],
+    ) -> Result<Vec<Outcome>, StoreError> {
+        let Some(order) = by_member(events) else {
+            return self.apply_in_order(target, events).await;
+        };
+        let grouped: Vec<ApplyEvent> = order.iter().map(|&i| events[i].clone()).collect();
+        let judged = self.apply_in_order(target, &grouped).await?;
+        let mut out = vec![Outcome::Applied; events.len()];
+        for (&i, outcome) in order.iter().zip(judged) {
+            out[i] = outcome;
+        }
+        Ok(out)
+    }
+
+    /// [`Store::apply_target`] in the order of `events`: chains of `fold.lua` calls,
+    /// `apply.lua` ones where a fold cannot judge the events.
+    async fn apply_in_order(
         &self,
         target: &Target<'_>,
         events: &[ApplyEvent],
@@ -834,7 +886,9 @@ impl Store {
 
 #[cfg(test)]
 mod tests {
-    use super::{fold_call, fold_chunk_len, ApplyEvent, FOLD_EVENT_COST, FOLD_GROUP_COST};
+    use super::{
+        apply_order, fold_call, fold_chunk_len, ApplyEvent, FOLD_EVENT_COST, FOLD_GROUP_COST,
+    };
     use crate::domain::board::{Board, Changes, Dedup, Mode, TieBreak, Window};
     use crate::domain::keys::Keys;
     use fred::prelude::Value;
@@ -886,6 +940,34 @@ mod tests {
     }
 
     /// A board with one window: 8 + 2S KEYS (and its feed and distinct totals), 14 + 3S +
+    fn tip(id: &str, member: &str) -> ApplyEvent {
+        ApplyEvent {
+            id: id.into(),
+            ts: 0,
+            member: member.into(),
+            amount: 1,
+        }
+    }
+
+    /// Member by member, in the order of each member's first event, each member's events
+    /// in stream order; stream order kept when an id repeats.
+    #[test]
+    fn an_instances_events_go_member_by_member_unless_an_id_repeats() {
+        let events = [
+            tip("1", "b"),
+            tip("2", "a"),
+            tip("3", "b"),
+            tip("4", "c"),
+            tip("5", "a"),
+            tip("6", "b"),
+        ];
+        assert_eq!(apply_order(&events), vec![0, 2, 5, 1, 4, 3]);
+        let mut repeated = events.clone();
+        repeated[5].id = "2".into();
+        assert_eq!(apply_order(&repeated), (0..6).collect::<Vec<_>>());
+        assert_eq!(apply_order(&events[..2]), vec![0, 1]);
+    }
+
     /// M + 5G ARGV, then the two chain tokens last when chained: the layout of the calls
     /// before boards could have several windows.
     #[test]

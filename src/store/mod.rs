@@ -45,8 +45,8 @@ mod shards;
 mod stage;
 
 pub use apply::{
-    apply_call, apply_chunk, fold_call, fold_chunk_len, fold_chunks, fold_group_cost, id_digest,
-    ApplyEvent, FoldCall, Outcome, Share, APPLY_CHUNK, DIGEST_CONTEXT, FOLD_BUDGET,
+    apply_call, apply_chunk, apply_order, fold_call, fold_chunk_len, fold_chunks, fold_group_cost,
+    id_digest, ApplyEvent, FoldCall, Outcome, Share, APPLY_CHUNK, DIGEST_CONTEXT, FOLD_BUDGET,
     FOLD_EVENT_COST, FOLD_GROUP_COST,
 };
 pub use changes::{wait_feed, FeedEntry, FeedId, FeedState, FEED_PAGE};
