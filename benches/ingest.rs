@@ -122,7 +122,7 @@ pub const QUICK: Sizes = Sizes {
 
 const CONFIG: &str = r#"
 [ingest]
-batch_size = 2000
+batch_size = 5000
 block = "100ms"
 [[boards]]
 name = "rooms"
@@ -134,7 +134,7 @@ slice = "1h"
 /// The two boards of config/rollboard.toml that tips feed by room and by fan.
 const SHIPPED_CONFIG: &str = r#"
 [ingest]
-batch_size = 2000
+batch_size = 5000
 block = "1s"
 [[boards]]
 name = "rooms_7d"
