@@ -251,7 +251,8 @@ async fn held_until_cleared<T>(
         assert_eq!(
             pending(&rig.admin).await,
             Some(HELD as i64),
-            "nothing acked"
+            "nothing acked; log:\n{}",
+            daemon.logs()
         );
     }
 

@@ -157,11 +157,52 @@ async fn run(store: &Store, steps: Vec<Step>) {
                 assert_matches(store, board, scope.as_deref(), instance, now).await;
             }
         }
-        // The sharded board, read as one, is the unscoped board.
+        // The sharded board, read as one, is the unscoped board: its ranking as the
+        // model's, and every other answer as the unscoped board's.
         if let Some(instance) = model.instances.get(&("rooms".to_string(), None)) {
             assert_matches(store, sharded, None, instance, now).await;
+            same_answers(store, rooms, sharded, now).await;
         }
     }
+}
+
+/// An answer as JSON without the board's name.
+fn unnamed(answer: impl serde::Serialize) -> serde_json::Value {
+    let mut v = serde_json::to_value(answer).expect("json");
+    v.as_object_mut().expect("an object").remove("board");
+    v
+}
+
+/// `around` (radius 0 to 2) of every room and one never seen, and `ranks` of them all,
+/// answer on `sharded` exactly as on `one`, the same ranking in one instance.
+async fn same_answers(store: &Store, one: &Board, sharded: &Board, now: i64) {
+    let mut rooms: Vec<String> = (1..=8).map(|r| format!("r{r}")).collect();
+    rooms.push("nobody".into());
+    for room in &rooms {
+        for radius in 0..=2 {
+            let a = store
+                .around(one, None, room, radius, now)
+                .await
+                .expect("around");
+            let b = store
+                .around(sharded, None, room, radius, now)
+                .await
+                .expect("around");
+            let (a, b) = match (a, b) {
+                (Ok(a), Ok(b)) => (unnamed(a), unnamed(b)),
+                (Err(a), Err(b)) => (unnamed(a), unnamed(b)),
+                (a, b) => panic!("around {room} {radius}: {a:?} against {b:?}"),
+            };
+            assert_eq!(a, b, "around {room} radius {radius}");
+        }
+    }
+    let asked: Vec<&str> = rooms.iter().map(String::as_str).collect();
+    let a = store.ranks(one, None, &asked, now).await.expect("ranks");
+    let b = store
+        .ranks(sharded, None, &asked, now)
+        .await
+        .expect("ranks");
+    assert_eq!(unnamed(a), unnamed(b), "ranks");
 }
 
 #[test]

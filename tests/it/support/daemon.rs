@@ -138,6 +138,18 @@ impl Daemon {
             .status()
             .expect("kill");
         assert!(status.success());
+        // `kill` returns once the signal is sent; a thread running on another core stops
+        // only at its next entry into the kernel. Frozen means every thread stopped.
+        if frozen {
+            let deadline = std::time::Instant::now() + Duration::from_secs(5);
+            while !all_threads_stopped(pid) {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the daemon never stopped"
+                );
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
     }
 
     /// The exit status of a daemon already told to stop.
@@ -278,3 +290,18 @@ pub const METRIC_FAMILIES: &[&str] = &[
     "rollboard_window_start_timestamp_seconds",
     "rollboard_window_end_timestamp_seconds",
 ];
+
+/// Whether every thread of process `pid` is stopped (state `T` in
+/// `/proc/<pid>/task/<tid>/stat`).
+fn all_threads_stopped(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.flatten().all(|task| {
+        std::fs::read_to_string(task.path().join("stat")).is_ok_and(|stat| {
+            // The state follows the command name, which is in parentheses.
+            stat.rsplit_once(") ")
+                .is_some_and(|(_, rest)| rest.starts_with('T') || rest.starts_with('t'))
+        })
+    })
+}
