@@ -98,7 +98,13 @@ async fn every_event_of_a_member_lands_in_its_shard_and_queries_find_it_there() 
             .enumerate()
             .map(|(i, m)| {
                 n += 1;
-                tip(n, &format!("r{round}.{i}"), now - round * HOUR, m, i as i64 + 1)
+                tip(
+                    n,
+                    &format!("r{round}.{i}"),
+                    now - round * HOUR,
+                    m,
+                    i as i64 + 1,
+                )
             })
             .collect();
         ingest(&store, &b, &batch, now).await;
@@ -113,12 +119,16 @@ async fn every_event_of_a_member_lands_in_its_shard_and_queries_find_it_there() 
         assert_eq!(members_in(&store, &b, Some(shard)).await, want, "{shard}");
         let keys = keys_matching(&store, &format!("rb:{{tips:{shard}}}:*")).await;
         assert!(
-            keys.iter().any(|k| k == &format!("rb:{{tips:{shard}}}:result")),
+            keys.iter()
+                .any(|k| k == &format!("rb:{{tips:{shard}}}:result")),
             "{shard}: {keys:?}"
         );
         assert!(registered(&store, "tips", shard).await, "{shard}");
     }
-    assert_eq!(keys_matching(&store, "rb:{tips}:*").await, Vec::<String>::new());
+    assert_eq!(
+        keys_matching(&store, "rb:{tips}:*").await,
+        Vec::<String>::new()
+    );
     // Every key of the board is a shard's or a board-level record.
     for key in keys_matching(&store, "rb:*tips*").await {
         let read = store.keys().board_key("tips", &key);
@@ -197,7 +207,11 @@ async fn an_id_reused_for_a_member_of_another_shard_counts_in_each_shard_per_sha
     ingest(&store, &b, &[tip(1, "same", now, a1, 7)], now).await;
     ingest(&store, &b, &[tip(2, "same", now, other, 11)], now).await;
     assert_eq!(total_at(&store, &b, a0, now).await, Some(5));
-    assert_eq!(total_at(&store, &b, a1, now).await, None, "same shard: a duplicate");
+    assert_eq!(
+        total_at(&store, &b, a1, now).await,
+        None,
+        "same shard: a duplicate"
+    );
     assert_eq!(
         total_at(&store, &b, other, now).await,
         Some(11),
@@ -207,9 +221,15 @@ async fn an_id_reused_for_a_member_of_another_shard_counts_in_each_shard_per_sha
     assert!(remembers(&store, &b, Some("#1"), "same", b.slice_of(now)).await);
     // Each shard now knows it: a fourth use is a duplicate wherever it goes.
     let evs = [ev("same", now, a1, 1), ev("same", now, &by_shard[1][1], 1)];
-    assert_eq!(apply_sharded(&store, &b, &evs, now).await, [Duplicate, Duplicate]);
+    assert_eq!(
+        apply_sharded(&store, &b, &evs, now).await,
+        [Duplicate, Duplicate]
+    );
     // On the board of one instance, the second use of the id is a duplicate too.
     let plain = board("plain", HOUR, 6);
     let evs = [ev("same", now, a0, 5), ev("same", now, other, 11)];
-    assert_eq!(apply_events(&store, &plain, &evs, now).await, [Applied, Duplicate]);
+    assert_eq!(
+        apply_events(&store, &plain, &evs, now).await,
+        [Applied, Duplicate]
+    );
 }
