@@ -524,7 +524,11 @@ impl Store {
                     source = meta;
                 }
             }
-            if !stored.contains_key("scope") {
+            if !stored.contains_key("scope") && stored.contains_key("shards") {
+                // An instance's fingerprint of a sharded board: only an unscoped board is
+                // sharded (its registry lists shards, not scope values).
+                stored.insert("scope".into(), String::new());
+            } else if !stored.contains_key("scope") {
                 // Recorded by an older version, which did not pin `scope`: the keys that
                 // exist tell whether the data was built scoped.
                 if let Some((scope, key)) = self.scope_in_data(board).await? {
@@ -611,12 +615,20 @@ impl Store {
     }
 
     /// The settings fingerprint stored in the `meta` of one of the board's instances (the
-    /// unscoped one, or the first few registered scopes), with the key it was read from.
+    /// unscoped one, or the first few registered scopes or shards), with the key it was
+    /// read from. An unscoped rolling board's data may have been built with another number
+    /// of shards than configured: both its unscoped instance and its registered shards
+    /// are looked at.
     async fn instance_fingerprint(
         &self,
         board: &Board,
     ) -> Result<Option<(String, String)>, StoreError> {
-        let scopes: Vec<Option<String>> = if board.has_many_instances() {
+        let unscoped_rolling = !board.is_scoped() && board.period.is_none();
+        let mut scopes: Vec<Option<String>> = Vec::new();
+        if !board.is_scoped() {
+            scopes.push(None);
+        }
+        if board.has_many_instances() || unscoped_rolling {
             let some: Vec<String> = self
                 .client()
                 .zrange(
@@ -629,10 +641,8 @@ impl Store {
                     false,
                 )
                 .await?;
-            some.into_iter().map(Some).collect()
-        } else {
-            vec![None]
-        };
+            scopes.extend(some.into_iter().map(Some));
+        }
         for scope in scopes {
             let meta = self.instance(board, scope.as_deref()).meta();
             let fingerprint: Option<String> = self.client().hget(&meta, "settings").await?;

@@ -15,5 +15,6 @@ mod ingest;
 mod lifecycle;
 mod query;
 mod roll;
+mod shards_ops;
 mod support;
 mod windows;

@@ -85,7 +85,7 @@ pub(super) async fn top(
     let view = view_of(board, target.window)?;
     if board.is_sharded() && offset.saturating_add(limit) > SHARDED_DEPTH {
         return Err(Usage(format!(
-            "a page of a sharded board reaches at most rank {SHARDED_DEPTH}:              --offset + --limit is {}",
+            "a page of a sharded board reaches at most rank {SHARDED_DEPTH}: --offset + --limit is {}",
             offset.saturating_add(limit)
         ))
         .into());

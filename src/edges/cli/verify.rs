@@ -146,7 +146,7 @@ pub(super) async fn verify(
     let mut summary = VerifySummary::default();
     for (b, scope) in all {
         let v = roll::verify(&store, &b, scope.as_deref(), settings.schedule.chunk).await?;
-        summary.add(&v, b.period.is_some(), strict);
+        summary.add(&v, &b, strict);
         progress.step(summary.differing);
         if json {
             println!("{}", serde_json::to_string(&v)?);
@@ -218,7 +218,7 @@ struct VerifySummary {
 }
 
 impl VerifySummary {
-    fn add(&mut self, v: &roll::Verified, periods: bool, strict: bool) {
+    fn add(&mut self, v: &roll::Verified, b: &Board, strict: bool) {
         self.instances += 1;
         if v.differences.is_empty() && v.dense_drift.is_empty() {
             return;
@@ -227,8 +227,11 @@ impl VerifySummary {
         self.failing += u64::from(v.fails(strict));
         self.members_differing += v.differences.len() as u64;
         // A period board's instance is `<scope>@<period id>`: named as rebuild takes it.
+        // A shard is no scope (`--scope` is refused on a sharded board): the board's
+        // rebuild rebuilds every shard.
         let (scope, period) = match v.scope.as_deref() {
-            Some(instance) if periods => match instance.rsplit_once('@') {
+            _ if b.is_sharded() => (None, None),
+            Some(instance) if b.period.is_some() => match instance.rsplit_once('@') {
                 Some((scope, id)) => ((!scope.is_empty()).then_some(scope), Some(id)),
                 None => (Some(instance), None),
             },

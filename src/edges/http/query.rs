@@ -236,7 +236,8 @@ pub(super) struct TopQuery {
     /// Entries in the page.
     #[param(default = 10, minimum = 1, maximum = 1000)]
     limit: Option<u64>,
-    /// Entries skipped before the page (a page past the end is empty).
+    /// Entries skipped before the page (a page past the end is empty). On a sharded
+    /// board `offset + limit` is at most 10000.
     #[param(default = 0, minimum = 0)]
     offset: Option<u64>,
     /// The scope value: required on a scoped board, refused on another.
@@ -333,12 +334,17 @@ pub(super) async fn top(
     let view = view_of(b, params.get("window").map(String::as_str))?;
     let limit = number(&params, "limit", 10, 1..=1000)?;
     // A sharded board's page is merged from each shard's first offset + limit entries.
-    let deepest = if b.is_sharded() {
-        SHARDED_DEPTH - limit
+    let offset = if b.is_sharded() {
+        number(&params, "offset", 0, 0..=SHARDED_DEPTH - limit).map_err(|e| match e {
+            ApiError::BadRequest(m) => ApiError::BadRequest(format!(
+                "{m}: a page of a sharded board reaches at most rank {SHARDED_DEPTH} \
+                 (offset + limit)"
+            )),
+            other => other,
+        })?
     } else {
-        u64::MAX
+        number(&params, "offset", 0, 0..=u64::MAX)?
     };
-    let offset = number(&params, "offset", 0, 0..=deepest)?;
     let (now, period) = period_of(&state, b, scope, &params)?;
     let page = redis(
         &state,

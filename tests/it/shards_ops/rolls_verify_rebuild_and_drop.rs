@@ -1,0 +1,353 @@
+//! The jobs and the operator's commands over every shard: a roll expires each shard's
+//! slices, a shard left empty is cleaned up (only its `meta` stays) and leaves the
+//! registry, and comes back with its next event; `verify` checks and names every shard and
+//! its repair command runs; `rebuild` repairs every shard; `drop-board` deletes every
+//! shard's keys and nothing of a board whose name starts the same, on one server and on
+//! a cluster (whose masters the shards span).
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use fred::prelude::*;
+use rollboard::domain::board::Board;
+use rollboard::domain::ranking::encode_member;
+use rollboard::store::{Outcome, Store};
+use serde_json::Value;
+
+use super::*;
+use crate::support::*;
+
+/// Every key under the hash tag of `shard` of board `name`.
+async fn shard_keys(store: &Store, name: &str, shard: &str) -> BTreeSet<String> {
+    keys_matching(store, &format!("rb:{{{name}:{shard}}}:*"))
+        .await
+        .into_iter()
+        .collect()
+}
+
+#[tokio::test]
+async fn every_shard_rolls_and_an_emptied_shard_leaves_the_registry_and_comes_back() {
+    let (_redis, store) = RedisServer::start_with_store("rb").await;
+    let b = sharded("tips", 4);
+    let by_shard = members_by_shard(&b, "m", 2);
+    let now = now0();
+    // Shard #0's members only five hours ago; the others' now, and an hour before.
+    let mut events = Vec::new();
+    for (s, members) in by_shard.iter().enumerate() {
+        for (j, m) in members.iter().enumerate() {
+            let back = if s == 0 { 5 * HOUR } else { j as i64 * HOUR };
+            events.push(ev(&format!("{s}.{j}"), now - back, m, 10 + j as i64));
+        }
+    }
+    assert_eq!(
+        apply_sharded(&store, &b, &events, now).await,
+        vec![Outcome::Applied; events.len()]
+    );
+    assert_eq!(store.top(&b, None, 0, 10, now).await.expect("top").count, 8);
+
+    // Two hours on, shard #0's slice has left the window: #0 is emptied and cleaned up.
+    let later = now + 2 * HOUR;
+    let report = roll_board(&store, &b, later).await;
+    assert_eq!(report.scopes_removed, 1, "{report:?}");
+    assert_eq!(report.instances_failed, 0);
+    assert!(!registered(&store, "tips", "#0").await);
+    for shard in ["#1", "#2", "#3"] {
+        assert!(registered(&store, "tips", shard).await, "{shard}");
+        assert_verified(&store, &b, Some(shard)).await;
+    }
+    assert_eq!(
+        shard_keys(&store, "tips", "#0").await,
+        BTreeSet::from(["rb:{tips:#0}:meta".to_string()]),
+        "only meta stays"
+    );
+    let top = store.top(&b, None, 0, 10, later).await.expect("top");
+    assert_eq!(top.count, 6);
+    assert!(top.entries.iter().all(|e| shard_index(&b, &e.member) != 0));
+    let r = store
+        .rank(&b, None, &by_shard[0][0], later)
+        .await
+        .expect("rank");
+    assert_eq!((r.rank, r.total, r.count), (None, None, 6));
+
+    // An event of a member of #0: the shard is registered again and counts it.
+    let out = apply_sharded(&store, &b, &[ev("back", later, &by_shard[0][1], 4)], later).await;
+    assert_eq!(out, [Outcome::Applied]);
+    assert!(registered(&store, "tips", "#0").await);
+    let r = store
+        .rank(&b, None, &by_shard[0][1], later)
+        .await
+        .expect("rank");
+    assert_eq!((r.rank, r.total, r.count), (Some(7), Some(4), 7));
+    // A copy of an event #0 let go of is late, never counted again.
+    let out = apply_sharded(&store, &b, &events[..1], later).await;
+    assert_eq!(out, [Outcome::Late]);
+
+    // Past every window: every shard is emptied, cleaned up and unregistered.
+    let end = later + 7 * HOUR;
+    let report = roll_board(&store, &b, end).await;
+    assert_eq!(report.scopes_removed, 4, "{report:?}");
+    for shard in b.shard_names() {
+        assert!(!registered(&store, "tips", &shard).await, "{shard}");
+        assert_eq!(
+            shard_keys(&store, "tips", &shard).await,
+            BTreeSet::from([format!("rb:{{tips:{shard}}}:meta")]),
+        );
+    }
+    let top = store.top(&b, None, 0, 10, end).await.expect("top");
+    assert_eq!((top.count, top.entries.len()), (0, 0));
+    assert!(top.window_from > later, "{top:?}");
+}
+
+/// A board `tips` of two shards and a plain board `solo`, as the command line reads them.
+const BOARDS: &str = r#"
+[[boards]]
+name = "tips"
+member = "user"
+window = "6h"
+slice = "1h"
+shards = 2
+
+[[boards]]
+name = "solo"
+member = "user"
+window = "6h"
+slice = "1h"
+"#;
+
+fn boards() -> Vec<Board> {
+    rollboard::config::Settings::from_toml(BOARDS)
+        .expect("valid boards")
+        .boards
+}
+
+/// A config file for the Redis at `url` with [`BOARDS`].
+fn config(dir: &Path, url: &str) -> PathBuf {
+    write_file(
+        dir,
+        "c.toml",
+        &format!("[redis]\nurl = \"{url}\"\n{BOARDS}"),
+    )
+}
+
+/// Adds `by` to the stored total of `member` in its shard, behind the scripts' back.
+async fn bump(store: &Store, b: &Board, member: &str, by: f64) {
+    let k = store.instance(b, b.shard_of(member).as_deref());
+    let ts: String = store
+        .client()
+        .hget(k.members(), member)
+        .await
+        .expect("HGET members");
+    let z = encode_member(b.tie_break, member, ts.parse().expect("a time"));
+    let _: f64 = store
+        .client()
+        .zincrby(k.result(), by, z)
+        .await
+        .expect("ZINCRBY");
+}
+
+/// `verify` names each shard; drift in one shard fails it, and the repair command it
+/// prints runs and repairs it; `rebuild` of the board rebuilds every shard.
+#[tokio::test]
+async fn verify_names_every_shard_and_its_repair_command_runs() {
+    let (redis, store) = RedisServer::start_with_store("rb").await;
+    let dir = tempfile::tempdir().expect("dir");
+    let config = config(dir.path(), &redis.url());
+    let [tips, solo] = <[Board; 2]>::try_from(boards()).expect("two boards");
+    let by_shard = members_by_shard(&tips, "u", 2);
+    let now = redis_now(&store).await;
+    let events: Vec<_> = by_shard
+        .concat()
+        .iter()
+        .enumerate()
+        .map(|(i, m)| ev(&format!("e{i}"), now, m, i as i64 + 1))
+        .collect();
+    apply_sharded(&store, &tips, &events, now).await;
+    apply_events(&store, &solo, &[ev("s", now, "cy", 3)], now).await;
+
+    let out = run_rollboard(&config, &["verify"]);
+    assert_exit(&out, 0, "verify");
+    assert_eq!(
+        stdout(&out),
+        "tips [#0] (incremental): 2 member(s), ok\n\
+         tips [#1] (incremental): 2 member(s), ok\n\
+         solo (incremental): 1 member(s), ok\n\
+         verified 3 instance(s): 0 differing (0 member(s)), 0 failing\n"
+    );
+
+    // Drift in both shards: one repair command for the board.
+    bump(&store, &tips, &by_shard[0][0], 4.0).await;
+    bump(&store, &tips, &by_shard[1][1], 1.0).await;
+    let out = run_rollboard(&config, &["verify", "--json"]);
+    assert_exit(&out, 1, "verify --json");
+    let lines: Vec<Value> = stdout(&out).lines().map(json).collect();
+    assert_eq!(lines[0]["scope"], "#0");
+    assert_eq!(
+        lines[0]["differences"][0]["member"],
+        by_shard[0][0].as_str()
+    );
+    assert_eq!(lines[1]["scope"], "#1");
+    let repair = lines[3]["summary"]["repair"].clone();
+    assert_eq!(
+        repair,
+        serde_json::json!(["rollboard rebuild tips"]),
+        "{lines:?}"
+    );
+    let out = run_rollboard(&config, &["verify"]);
+    assert_exit(&out, 1, "verify");
+    assert!(
+        stdout(&out).ends_with(
+            "verified 3 instance(s): 2 differing (2 member(s)), 2 failing; \
+             repair with: rollboard rebuild tips\n"
+        ),
+        "{}",
+        stdout(&out)
+    );
+    // The command printed repairs every shard.
+    let out = run_rollboard(&config, &["rebuild", "tips"]);
+    assert_exit(&out, 0, "rebuild");
+    assert_eq!(
+        stdout(&out),
+        "tips [#0]: rebuilt, 2 member(s), 1 changed\n\
+         tips [#1]: rebuilt, 2 member(s), 1 changed\n\
+         rebuilt 2 instance(s) of tips: 2 repaired, 2 member(s) changed\n"
+    );
+    assert_exit(
+        &run_rollboard(&config, &["verify"]),
+        0,
+        "verify after rebuild",
+    );
+    for (i, m) in by_shard.concat().iter().enumerate() {
+        assert_eq!(
+            total_at(&store, &tips, m, now).await,
+            Some(i as i64 + 1),
+            "{m}"
+        );
+    }
+    // A shard is not a scope: `--scope` stays refused on the sharded board.
+    let out = run_rollboard(&config, &["rebuild", "tips", "--scope", "#0"]);
+    assert_exit(&out, 2, "rebuild --scope");
+    assert!(
+        stderr(&out).contains("board tips is not scoped"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+/// Two sharded boards whose names start the same, `tips` and `tips_v2`, beside a plain
+/// `tips_24h`, filled through the store at `now`.
+async fn fill(store: &Store, now: i64) -> (Board, Vec<Board>) {
+    let tips = sharded("tips", 8);
+    let v2 = sharded("tips_v2", 8);
+    let plain = board("tips_24h", HOUR, 6);
+    let events: Vec<_> = (0..40)
+        .map(|i| {
+            ev(
+                &format!("e{i}"),
+                now - (i % 3) * HOUR,
+                &format!("u{i}"),
+                i + 1,
+            )
+        })
+        .collect();
+    apply_sharded(store, &tips, &events, now).await;
+    apply_sharded(store, &v2, &events, now).await;
+    apply_events(store, &plain, &events, now).await;
+    (tips, vec![v2, plain])
+}
+
+/// Whether `key` is one of the keys of `tips` drop-board must delete.
+fn of_tips(key: &str) -> bool {
+    key.starts_with("rb:{tips:#") || key.starts_with("rb:board:tips:")
+}
+
+/// The top and the totals of `boards`, to compare before and after a drop.
+async fn answers(store: &Store, boards: &[Board], now: i64) -> Vec<Value> {
+    let mut out = Vec::new();
+    for b in boards {
+        let top = store.top(b, None, 0, 100, now).await.expect("top");
+        assert!(top.count > 0, "{} holds data", b.name);
+        out.push(comparable(&top));
+    }
+    out
+}
+
+async fn drop_board_deletes_every_shard(
+    store: &Store,
+    url: &str,
+    keys: impl Fn() -> BTreeSet<String>,
+) {
+    let now = now0();
+    let (tips, survivors) = fill(store, now).await;
+    let before = keys();
+    let doomed: Vec<&String> = before.iter().filter(|k| of_tips(k)).collect();
+    for shard in tips.shard_names() {
+        assert!(
+            doomed
+                .iter()
+                .any(|k| k.starts_with(&format!("rb:{{tips:{shard}}}:"))),
+            "{shard} holds keys: {doomed:?}"
+        );
+    }
+    let answers_before = answers(store, &survivors, now).await;
+    let dir = tempfile::tempdir().expect("dir");
+    let text = "\n[[boards]]\nname = \"tips_v2\"\nmember = \"user\"\nwindow = \"6h\"\nslice = \"1h\"\nshards = 8\n";
+    let config = write_file(
+        dir.path(),
+        "c.toml",
+        &format!("[redis]\nurl = \"{url}\"\n{text}"),
+    );
+    let out = rollboard(Some(&config), &["drop-board", "tips"], &[]);
+    assert_exit(&out, 0, "drop-board");
+    assert!(
+        stdout(&out).contains(&format!(
+            "deleted {} of {} key(s)",
+            doomed.len(),
+            doomed.len()
+        )),
+        "{}",
+        stdout(&out)
+    );
+    let expected: BTreeSet<String> = before.iter().filter(|k| !of_tips(k)).cloned().collect();
+    assert_eq!(keys(), expected);
+    assert_eq!(answers(store, &survivors, now).await, answers_before);
+    let top = store.top(&tips, None, 0, 10, now).await.expect("top");
+    assert_eq!(top.count, 0);
+}
+
+#[tokio::test]
+async fn drop_board_deletes_every_shards_keys_on_one_server() {
+    let (redis, store) = RedisServer::start_with_store("rb").await;
+    let keys = || -> BTreeSet<String> {
+        redis
+            .cli(&["--scan"])
+            .lines()
+            .filter(|l| !l.is_empty())
+            .map(str::to_string)
+            .collect()
+    };
+    drop_board_deletes_every_shard(&store, &redis.url(), keys).await;
+}
+
+#[tokio::test]
+async fn drop_board_deletes_every_shards_keys_on_a_cluster() {
+    let cluster = RedisCluster::start();
+    let store = cluster.store().await;
+    let keys = || -> BTreeSet<String> {
+        cluster
+            .masters()
+            .into_iter()
+            .flat_map(|port| {
+                crate::support::cli(port, &["--scan"])
+                    .lines()
+                    .filter(|l| !l.is_empty())
+                    .map(str::to_string)
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    };
+    let holders: BTreeSet<u16> = (0..8)
+        .map(|s| cluster.owner_of(&format!("rb:{{tips:#{s}}}:result")))
+        .collect();
+    assert!(holders.len() > 1, "the shards span masters: {holders:?}");
+    drop_board_deletes_every_shard(&store, &cluster.url(), keys).await;
+}
