@@ -42,6 +42,10 @@ struct Row {
     total: i64,
 }
 
+/// A member as its own shard answers it: its row, the shard's index, and its place there
+/// (entries above it, entries with a greater total).
+type Own = (Row, usize, (u64, u64));
+
 /// The `zmember, score` rows of a shard's answer.
 fn rows_of(values: Vec<Value>) -> Result<Vec<Row>, StoreError> {
     let mut out = Vec::with_capacity(values.len() / 2);
@@ -344,27 +348,36 @@ impl Store {
             async move { self.query_as(board, Some(shard), args, now, true).await }
         }))
         .await?;
-        let mut own: Vec<Option<Row>> = members.iter().map(|_| None).collect();
-        for (of_shard, snap) in by_shard.values().zip(answers) {
+        // Per member: its row, its shard's index and its place there (entries above it,
+        // entries with a greater total), as that shard answered.
+        let names = board.shard_names();
+        let mut own: Vec<Option<Own>> = members.iter().map(|_| None).collect();
+        for ((shard, of_shard), snap) in by_shard.iter().zip(answers) {
             if snap.subset.len() != 5 * of_shard.len() {
                 return Err(reply_err("query: five fields per member expected"));
             }
+            let at = names.iter().position(|n| n == shard).unwrap_or_default();
             for (&i, fields) in of_shard.iter().zip(snap.subset.chunks_exact(5)) {
-                if as_i64(&fields[0]).is_some_and(|r| r >= 0) {
-                    own[i] = rows_of(fields[1..3].to_vec())?.into_iter().next();
+                let number = |v: &Value| as_i64(v).and_then(|n| u64::try_from(n).ok());
+                if let (Some(rank), Some(competition)) = (number(&fields[0]), number(&fields[3])) {
+                    let row = rows_of(fields[1..3].to_vec())?.into_iter().next();
+                    own[i] = row.map(|row| (row, at, (rank, competition.saturating_sub(1))));
                 }
             }
         }
-        let ranked: Vec<&Row> = own.iter().flatten().collect();
+        let ranked: Vec<&Row> = own.iter().flatten().map(|(row, _, _)| row).collect();
         let (placed, snaps) = self.placed(board, None, &ranked, now).await?;
-        // The rows `ranks` answers (see query.lua), with each member's place on the board.
+        // The rows `ranks` answers (see query.lua), with each member's place on the board:
+        // on its own shard as that shard answered first (an apply between the two reads
+        // could otherwise place the member against its own newer entry).
         let mut rows = Vec::with_capacity(5 * members.len());
         let mut k = 0;
-        for row in &own {
-            match row {
-                Some(row) => {
-                    let above: u64 = placed.iter().map(|p| p[k].0).sum();
-                    let greater: u64 = placed.iter().map(|p| p[k].1).sum();
+        for found in &own {
+            match found {
+                Some((row, at, (own_above, own_greater))) => {
+                    let others = || placed.iter().enumerate().filter(|(t, _)| t != at);
+                    let above = own_above + others().map(|(_, p)| p[k].0).sum::<u64>();
+                    let greater = own_greater + others().map(|(_, p)| p[k].1).sum::<u64>();
                     k += 1;
                     rows.extend([
                         Value::from(above as i64),
