@@ -15,5 +15,6 @@ mod ingest;
 mod lifecycle;
 mod query;
 mod roll;
+mod shards;
 mod support;
 mod windows;
