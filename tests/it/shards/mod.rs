@@ -4,6 +4,7 @@
 //! unsharded ranking, and as the same board unsharded fed the same events.
 
 mod every_answer_matches_the_model;
+mod over_http;
 
 use rollboard::domain::board::{Board, Window};
 use rollboard::domain::ranking::{Entry, Percentile};
