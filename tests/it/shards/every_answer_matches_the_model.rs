@@ -154,11 +154,6 @@ fn cases() -> impl Strategy<Value = Case> {
         })
 }
 
-/// Which shard (or `None`: the one instance of a board without shards) `member` is in.
-fn shard_of(b: &Board, member: &str) -> Option<String> {
-    b.shard_of(member)
-}
-
 /// Applies `events` to `b` at `now` as the consumer does (src/ingest/batch.rs): each
 /// event to its member's shard, every shard's share in one [`Store::apply_shares`]
 /// call; the outcomes in the order of `events`.
@@ -170,7 +165,8 @@ pub async fn apply_routed(
 ) -> Vec<Outcome> {
     let mut shares: Vec<(Option<String>, Vec<usize>)> = Vec::new();
     for (i, e) in events.iter().enumerate() {
-        let shard = shard_of(b, &e.member);
+        // `None`: the one instance of a board without shards.
+        let shard = b.shard_of(&e.member);
         match shares.iter_mut().find(|(s, _)| *s == shard) {
             Some((_, of)) => of.push(i),
             None => shares.push((shard, vec![i])),
@@ -340,8 +336,9 @@ impl<'a> Run<'a> {
         ev(&format!("e{}", self.next_id), ts, member, amount)
     }
 
-    /// Applies `events` at `now` to both boards (the sharded one in `calls` apply calls,
-    /// cut at `cut`) and to the model: the outcomes agree.
+    /// Applies `events` at `now` to the model and to both boards: through the store, the
+    /// sharded board's in two apply calls cut at `cut` (modulo), every outcome as the
+    /// model's; through the consumer, in two batches cut there.
     async fn apply(&mut self, events: &[ApplyEvent], now: i64, cut: usize) {
         let expected: Vec<Outcome> = events.iter().map(|e| self.model.apply(e, now)).collect();
         let cut = cut % (events.len() + 1);
@@ -709,7 +706,7 @@ pub async fn run_case<'a>(store: &'a Store, case: &Case, name: &str, consumer: b
 #[test]
 fn every_answer_of_a_sharded_board_matches_the_model() {
     let cases_n = env_count("SHARDS_CASES", 48) as u32;
-    run_cases(cases_n, &cases(), async |store, case| {
+    run_cases_threaded("sharded boards", cases_n, &cases(), async |store, case| {
         run_case(store, &case, "sharded", false).await;
     });
 }
@@ -717,9 +714,14 @@ fn every_answer_of_a_sharded_board_matches_the_model() {
 #[test]
 fn every_event_through_the_consumer_reaches_its_shard() {
     let cases_n = env_count("SHARDS_CONSUMER_CASES", 16) as u32;
-    run_cases(cases_n, &cases(), async |store, case| {
-        run_case(store, &case, "sharded", true).await;
-    });
+    run_cases_threaded(
+        "sharded boards fed by the consumer",
+        cases_n,
+        &cases(),
+        async |store, case| {
+            run_case(store, &case, "sharded", true).await;
+        },
+    );
 }
 
 /// The port of the master `client` believes serves `key`.
