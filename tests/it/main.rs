@@ -15,6 +15,7 @@ mod ingest;
 mod lifecycle;
 mod query;
 mod roll;
+mod shards;
 mod shards_ops;
 mod support;
 mod windows;

@@ -1,0 +1,149 @@
+//! Sharded boards (`shards = K`, src/store/shards.rs): one ranking spread over K
+//! instances, a member in the shard its name hashes to, every answer merged from one
+//! read per shard. The property: a sharded board answers exactly as the model of one
+//! unsharded ranking, and as the same board unsharded fed the same events.
+
+mod every_answer_matches_the_model;
+mod over_http;
+
+use rollboard::domain::board::{Board, Window};
+use rollboard::domain::ranking::{Entry, Percentile};
+use rollboard::store::{ApplyEvent, Outcome};
+
+use crate::support::model::{competition_ranks, Instance, Row};
+use crate::support::*;
+
+/// The width of a test board's slices.
+pub const SLICE: i64 = HOUR;
+
+/// A board of hourly slices ranking the windows of `hours` (one listed: a board of one
+/// window, `windows` left empty as on a board built in code), spread over `shards`.
+pub fn sharded(name: &str, hours: &[i64], shards: u32) -> Board {
+    let widest = hours.iter().copied().max().expect("a window");
+    let mut b = board(name, SLICE, widest);
+    if hours.len() > 1 {
+        b.windows = hours
+            .iter()
+            .map(|h| Window {
+                name: format!("{h}h"),
+                ms: h * HOUR,
+            })
+            .collect();
+    }
+    b.shards = shards;
+    b
+}
+
+/// The model of a board's one ranking per window: one [`Instance`] per view (narrowest
+/// first), as a board with several windows keeps them (see
+/// tests/it/windows/every_window_matches_the_model.rs): the widest window alone
+/// remembers ids and decides what is late; an event it counts counts in every narrower
+/// window whose watermark it is above.
+#[derive(Debug, Clone)]
+pub struct Model {
+    /// The board's views, narrowest first.
+    pub views: Vec<Board>,
+    /// One instance per view.
+    pub windows: Vec<Instance>,
+    last_roll: Option<i64>,
+}
+
+impl Model {
+    /// The empty model of `board`.
+    pub fn new(board: &Board) -> Model {
+        let views = board.views();
+        let windows = vec![Instance::default(); views.len()];
+        Model {
+            views,
+            windows,
+            last_roll: None,
+        }
+    }
+
+    /// Applies one event at `now`; its outcome.
+    pub fn apply(&mut self, e: &ApplyEvent, now: i64) -> Outcome {
+        let now = self.last_roll.map_or(now, |r| r.max(now));
+        let widest = self.views.len() - 1;
+        let mut trial = self.windows.clone();
+        let outcome = trial[widest].apply(&self.views[widest], e, now);
+        if outcome != Outcome::Applied {
+            return outcome;
+        }
+        for (window, view) in trial.iter_mut().zip(&self.views).take(widest) {
+            match window.apply(view, e, now) {
+                Outcome::Applied | Outcome::Late => {}
+                Outcome::Overflow => return Outcome::Overflow,
+                Outcome::Duplicate => panic!("a narrower window remembers {e:?}"),
+            }
+        }
+        self.windows = trial;
+        Outcome::Applied
+    }
+
+    /// Rolls every window at `now`.
+    pub fn roll(&mut self, now: i64) {
+        self.last_roll = Some(self.last_roll.map_or(now, |r| r.max(now)));
+        for (window, view) in self.windows.iter_mut().zip(&self.views) {
+            window.roll(view, now);
+        }
+    }
+
+    /// The instance of the view `view` (by its width).
+    pub fn window(&self, view: &Board) -> &Instance {
+        let w = self
+            .views
+            .iter()
+            .position(|v| v.window_ms == view.window_ms);
+        &self.windows[w.expect("a window of the board")]
+    }
+}
+
+/// What the model says one window ranks: its rows in order, with competition ranks.
+pub struct Ranked {
+    /// The rows, best first.
+    pub rows: Vec<Row>,
+    competition: Vec<u64>,
+}
+
+impl Ranked {
+    /// The ranking of `model` in `view`.
+    pub fn of(model: &Instance, view: &Board) -> Ranked {
+        let rows = model.ranking(view);
+        let totals: Vec<i64> = rows.iter().map(|r| r.1).collect();
+        Ranked {
+            competition: competition_ranks(&totals),
+            rows,
+        }
+    }
+
+    /// How many members are ranked.
+    pub fn count(&self) -> u64 {
+        self.rows.len() as u64
+    }
+
+    /// The 0-based position of `member`, if ranked.
+    pub fn position(&self, member: &str) -> Option<usize> {
+        self.rows.iter().position(|r| r.0 == member)
+    }
+
+    /// The entries at positions `from..to` (cut to the ranking).
+    pub fn entries(&self, from: usize, to: usize) -> Vec<Entry> {
+        let to = to.min(self.rows.len());
+        (from.min(to)..to).map(|i| self.entry(i)).collect()
+    }
+
+    /// The entry at position `i`.
+    pub fn entry(&self, i: usize) -> Entry {
+        let (member, total, last_ts) = self.rows[i].clone();
+        let rank = i as u64 + 1;
+        Entry {
+            rank,
+            competition_rank: self.competition[i],
+            dense_rank: None,
+            percentile: Percentile::of(rank, self.count()).expect("a rank within the count"),
+            member,
+            total,
+            last_ts,
+        }
+    }
+}
