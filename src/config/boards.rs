@@ -9,8 +9,8 @@ use serde::Deserialize;
 use super::error::{invalid, ConfigError};
 use super::values::{duration, non_empty, positive_duration};
 use crate::domain::board::{
-    is_board_name, MAX_SHARDS, parse_weekday, Board, Calendar, Changes, Dedup, Mode, TieBreak, Window,
-    PERIOD_TICK_MS,
+    is_board_name, parse_weekday, Board, Calendar, Changes, Dedup, Mode, TieBreak, Window,
+    MAX_SHARDS, PERIOD_TICK_MS,
 };
 use crate::domain::period::Period;
 
@@ -244,9 +244,15 @@ impl RawBoard {
             ));
         }
         let refused = [
-            (scope.is_some(), "a scoped board's instances are spread by scope already"),
+            (
+                scope.is_some(),
+                "a scoped board's instances are spread by scope already",
+            ),
             (period, "a period board cannot be sharded"),
-            (self.dense_rank, "a dense rank cannot be kept exact across shards"),
+            (
+                self.dense_rank,
+                "a dense rank cannot be kept exact across shards",
+            ),
             (
                 self.changes_top.is_some(),
                 "a change feed follows one instance's top, not the shards'",

@@ -569,11 +569,8 @@ impl fmt::Display for Board {
 
 /// The shaping settings added after boards were first pinned, with the value that a
 /// stored record or fingerprint without them stands for (see [`Board::shaping_settings`]).
-pub const DEFAULTED_SETTINGS: [(&str, &str); 3] = [
-    ("dense_rank", "false"),
-    ("windows", ""),
-    ("shards", "1"),
-];
+pub const DEFAULTED_SETTINGS: [(&str, &str); 3] =
+    [("dense_rank", "false"), ("windows", ""), ("shards", "1")];
 
 /// Most shards one board may be spread over (`shards`).
 pub const MAX_SHARDS: u32 = 64;

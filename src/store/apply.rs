@@ -628,8 +628,7 @@ impl Store {
                     .await?;
                 chunk.len()
             } else {
-                self.fold_some(target, rest, &mut raw_ids, &mut out)
-                    .await?
+                self.fold_some(target, rest, &mut raw_ids, &mut out).await?
             };
             rest = &rest[judged..];
         }

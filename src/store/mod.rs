@@ -37,25 +37,26 @@ mod drop;
 mod expire;
 mod lease;
 pub mod lua;
-mod shards;
 mod periods;
 mod query;
 mod replicas;
 mod scopes;
+mod shards;
 mod stage;
 
 pub use apply::{
     apply_call, fold_call, fold_chunk_len, fold_chunks, fold_group_cost, id_digest, ApplyEvent,
-    FoldCall, Outcome, Share, APPLY_CHUNK, DIGEST_CONTEXT, FOLD_BUDGET, FOLD_EVENT_COST, FOLD_GROUP_COST,
+    FoldCall, Outcome, Share, APPLY_CHUNK, DIGEST_CONTEXT, FOLD_BUDGET, FOLD_EVENT_COST,
+    FOLD_GROUP_COST,
 };
 pub use changes::{wait_feed, FeedEntry, FeedId, FeedState, FEED_PAGE};
 pub use connect::{script_commands, Conflict, Conflicts, Denied, Reconnect, Refused};
 pub use drop::{scan_denied, BoardKeys, UNLINK_BATCH};
 pub use expire::{Expired, Trimmed, EXPIRE_CALL_FIELDS, TRIM_CALL_IDS, TRIM_CALL_LOG};
 pub use lease::{Lease, TICK_RECORD};
-pub use shards::SHARDED_DEPTH;
 pub use periods::{ForgottenPeriods, PeriodState, PERIOD_DELETE_MARGIN_MS};
 pub use replicas::NOREPLICAS;
+pub use shards::SHARDED_DEPTH;
 pub use stage::{
     StageTargets, Staged, Summed, SwapCheck, CHANGES_RETAIN_MS, RESUM_AT_LEAST_EVERY_MS,
     STAGE_CALL_ROWS,

@@ -133,7 +133,12 @@ impl Store {
         }
     }
 
-    pub(super) fn member_rank(board: &Board, scope: Option<&str>, member: &str, snap: Snapshot) -> MemberRank {
+    pub(super) fn member_rank(
+        board: &Board,
+        scope: Option<&str>,
+        member: &str,
+        snap: Snapshot,
+    ) -> MemberRank {
         let entry = snap
             .entries
             .into_iter()

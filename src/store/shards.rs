@@ -72,7 +72,11 @@ fn flat(rows: &[Row]) -> Vec<Value> {
 
 /// The shards' answers as one: the counts summed; the live range and `as_of` of the
 /// shard rolled last.
-fn joined(snaps: &[Snapshot], rank: Option<u64>, entries: Vec<crate::domain::ranking::Entry>) -> Snapshot {
+fn joined(
+    snaps: &[Snapshot],
+    rank: Option<u64>,
+    entries: Vec<crate::domain::ranking::Entry>,
+) -> Snapshot {
     let latest = snaps.iter().max_by_key(|s| (s.window_from, s.as_of));
     Snapshot {
         count: snaps.iter().map(|s| s.count).sum(),
@@ -105,15 +109,10 @@ impl Store {
         args: Vec<Value>,
         now: i64,
     ) -> Result<Vec<Snapshot>, StoreError> {
-        try_join_all(
-            board
-                .shard_names()
-                .into_iter()
-                .map(|shard| {
-                    let args = args.clone();
-                    async move { self.query_as(board, Some(&shard), args, now, true).await }
-                }),
-        )
+        try_join_all(board.shard_names().into_iter().map(|shard| {
+            let args = args.clone();
+            async move { self.query_as(board, Some(&shard), args, now, true).await }
+        }))
         .await
     }
 
@@ -152,7 +151,13 @@ impl Store {
             return Err(reply_err("query: the board has no shards"));
         };
         let snap = self
-            .query_as(board, Some(&shard), vec!["rank".into(), member.into()], now, true)
+            .query_as(
+                board,
+                Some(&shard),
+                vec!["rank".into(), member.into()],
+                now,
+                true,
+            )
             .await?;
         Ok(rows_of(snap.subset)?.into_iter().next())
     }
@@ -172,7 +177,11 @@ impl Store {
         }
         let depth = offset + limit;
         let snaps = self
-            .each_shard(board, vec!["top".into(), 0.into(), (depth as i64).into()], now)
+            .each_shard(
+                board,
+                vec!["top".into(), 0.into(), (depth as i64).into()],
+                now,
+            )
             .await?;
         let mut rows = Vec::new();
         for snap in &snaps {
@@ -183,7 +192,11 @@ impl Store {
         let start = (offset as usize).min(rows.len());
         // Every entry above the page is here: the first row's competition rank counts them.
         let competition = rows.get(start).map_or(0, |first| {
-            rows[..start].iter().filter(|r| r.total > first.total).count() as u64 + 1
+            rows[..start]
+                .iter()
+                .filter(|r| r.total > first.total)
+                .count() as u64
+                + 1
         });
         let first = Firsts {
             start: offset,
@@ -207,7 +220,12 @@ impl Store {
         let (placed, snaps) = self.placed(board, &rows, now).await?;
         let count = snaps.iter().map(|s| s.count).sum();
         let Some(row) = own.as_ref() else {
-            return Ok(Self::member_rank(board, None, member, joined(&snaps, None, Vec::new())));
+            return Ok(Self::member_rank(
+                board,
+                None,
+                member,
+                joined(&snaps, None, Vec::new()),
+            ));
         };
         let above: u64 = placed.iter().map(|p| p[0].0).sum();
         let greater: u64 = placed.iter().map(|p| p[0].1).sum();
