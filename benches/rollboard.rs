@@ -10,7 +10,10 @@
 //!   summary table — memory and expiry here at the default chunk, plus a query round on the
 //!   filled instance under the slow log, then the naive, end-to-end, query and freshness
 //!   scenarios of `benches/ingest.rs` — each with its baseline from the same run, the ratio,
-//!   the target and whether it is met, and the SLOWLOG count above 2 ms per kind of call.
+//!   the target and whether it is met, and the SLOWLOG count above 2 ms per kind of call;
+//!   then the capacity runs of `benches/cluster.rs` (benches/support/cluster.rs) on a 3 + 3 Redis Cluster (one board
+//!   beyond one core: `rooms_7d` in 1, 3 and 6 shards), whose busiest master's CPU per event
+//!   is one row of the table and whose own table follows it.
 //!   Missed targets do not change the exit status.
 //!
 //! * `memory`: applies 100 000 distinct members (one event each, batches of 500) to an
@@ -153,6 +156,7 @@ const USAGE: &str = "usage: cargo bench --bench rollboard -- [table] [memory] [e
 #[path = "ingest.rs"]
 mod ingest;
 use ingest::support;
+use support::cluster;
 
 fn main() -> ExitCode {
     if !invoked_by_cargo_bench() {
@@ -290,12 +294,27 @@ fn run(options: &Options) -> Result<bool> {
             let figures = ingest::run(&scenarios, sizes)
                 .await
                 .map_err(anyhow::Error::msg)?;
+            println!("== capacity on Redis Cluster (benches/cluster.rs)");
+            let capacity = cluster::capacity(cluster::events(options.quick))
+                .await
+                .unwrap_or_else(|e| {
+                    println!("the capacity runs failed: {e}");
+                    Vec::new()
+                });
             ok &= print_table(
                 options,
                 memory_figures.unwrap_or_default(),
                 &expiry_figures.unwrap_or_default(),
                 &figures,
+                &capacity,
             );
+            if !capacity.is_empty() {
+                let command = format!(
+                    "cargo bench --bench rollboard -- table{}",
+                    if options.quick { " --quick" } else { "" }
+                );
+                cluster::print_table(&capacity, &command);
+            }
             println!(
                 "run time {:.0} s; load average at the end {}",
                 started.elapsed().as_secs_f64(),
@@ -368,6 +387,7 @@ fn print_table(
     memory: MemoryFigures,
     expiry: &ExpiryFigures,
     ingest_figures: &ingest::Figures,
+    capacity: &[cluster::Row],
 ) -> bool {
     let mut rows = Vec::new();
     let members = options.members.unwrap_or(if options.quick {
@@ -591,6 +611,27 @@ fn print_table(
             met: busy.p99 <= Duration::from_millis(50),
         });
     }
+    if let Some((one, split)) = beyond_one_core(capacity) {
+        let figure = |r: &cluster::Row| {
+            format!(
+                "{:.1} µs/event ({:.0} % of the masters')",
+                r.busiest(),
+                r.busiest_share() * 100.0
+            )
+        };
+        rows.push(Row {
+            figure: format!(
+                "one board beyond one core: the busiest master's Redis CPU, `rooms_7d` alone \
+                 in {} shards vs 1 (3 + 3 cluster, {} partitions, {} events)",
+                split.layout.shards, split.layout.partitions, split.events
+            ),
+            ours: figure(split),
+            base: figure(one),
+            ratio: ratio(split.busiest(), one.busiest()),
+            target: "< 1x: no master carries the whole board",
+            met: split.busiest() < one.busiest(),
+        });
+    }
     println!();
     println!(
         "== table{} (ratios: rollboard / baseline, same run; a missed target is reported, \
@@ -647,11 +688,21 @@ fn print_table(
         rows.iter().filter(|r| r.met).count(),
         rows.len()
     );
-    let expected = 4 + 2 + 3 + 3 + 1 + 1 + 2 + 1;
+    let expected = 4 + 2 + 3 + 3 + 1 + 1 + 2 + 1 + 1;
     if rows.len() < expected {
         println!("MISMATCH: {} of {expected} figures measured", rows.len());
     }
     rows.len() >= expected
+}
+
+/// The capacity runs of `rooms_7d` alone in one shard and in 3: the one board beyond one
+/// core figure.
+fn beyond_one_core(rows: &[cluster::Row]) -> Option<(&cluster::Row, &cluster::Row)> {
+    let alone = |shards: u32| {
+        rows.iter()
+            .find(|r| r.layout.boards == cluster::Boards::RoomsOnly && r.layout.shards == shards)
+    };
+    Some((alone(1)?, alone(3)?))
 }
 
 /// The version line of the redis-server binary.

@@ -1,5 +1,6 @@
 //! What the benchmark programs share: a redis-server child on a free loopback port in a
-//! temp dir (killed on drop), percentile helpers, and the slow log read by kind of call.
+//! temp dir (killed on drop), percentile helpers, the slow log read by kind of call, and
+//! the capacity runs on Redis Cluster ([`cluster`]).
 
 // Each bench program compiles this module on its own and uses a part of it.
 #![allow(dead_code)]
@@ -11,6 +12,8 @@ use std::time::{Duration, Instant};
 
 use fred::prelude::*;
 use fred::types::{ClusterHash, CustomCommand};
+
+pub mod cluster;
 
 /// A redis-server child process listening on 127.0.0.1, without persistence.
 pub struct RedisServer {
