@@ -399,8 +399,9 @@ fn by_member(events: &[ApplyEvent]) -> Option<Vec<usize>> {
     (order.iter().enumerate().any(|(k, &i)| k != i)).then_some(order)
 }
 
-/// The order [`Store::apply`] judges one instance's `events` in: indices into `events`
-/// (see [`by_member`]).
+/// The order [`Store::apply`] judges one instance's `events` in: indices into `events`,
+/// member by member (the members in the order of their first event, each member's events
+/// in stream order), or stream order when an id repeats among them.
 pub fn apply_order(events: &[ApplyEvent]) -> Vec<usize> {
     by_member(events).unwrap_or_else(|| (0..events.len()).collect())
 }
