@@ -468,8 +468,8 @@ async fn apply_with_retries(
 }
 
 /// Applies the instances `todo` (indices into `batches`), each board's at once (see
-/// [`Store::apply_shares`]: its many small instances share script calls), the boards
-/// concurrently; one result per index of `todo`, in order.
+/// [`Store::apply_shares`]: its scopes or shards are registered in one round trip), the
+/// boards concurrently; one result per index of `todo`, in order.
 async fn apply_by_board(
     store: &Store,
     batches: &[(&Board, Option<&str>, Vec<ApplyEvent>)],

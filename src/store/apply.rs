@@ -478,37 +478,6 @@ fn digests_by_slice(
     (blob, counts)
 }
 
-/// How a `fold.lua` call whose events fell in the slices `slice_of` (one index per event)
-/// ended, from its reply.
-fn folded(reply: Value, slice_of: &[usize]) -> Result<Folded, StoreError> {
-    let reply = as_array(reply).ok_or_else(|| reply_err("fold: not an array"))?;
-    let mut late = vec![false; slice_of.len()];
-    let mut codes = reply.iter().map(as_i64);
-    let kind = codes.next().flatten();
-    for s in codes {
-        match s {
-            Some(s) if s >= 1 => {
-                for (l, &of) in late.iter_mut().zip(slice_of) {
-                    *l |= of as i64 == s - 1;
-                }
-            }
-            _ => return Err(reply_err(format!("fold: bad late slice {s:?}"))),
-        }
-    }
-    let counted = match kind {
-        Some(0) => Outcome::Applied,
-        Some(1) => Outcome::Duplicate,
-        Some(2) => return Ok(Folded::Slow),
-        Some(3) => return Ok(Folded::NotRun),
-        other => return Err(reply_err(format!("fold: unknown outcome {other:?}"))),
-    };
-    Ok(Folded::Judged(
-        late.iter()
-            .map(|&l| if l { Outcome::Late } else { counted })
-            .collect(),
-    ))
-}
-
 /// One instance's apply, as every call of it sees it.
 struct Target<'a> {
     /// The one connection every call of the instance goes on (stream order).
@@ -542,8 +511,9 @@ impl Store {
         }
     }
 
-    /// Applies `events` to one instance, in stream order, as a sequence of bounded atomic
-    /// script calls of at most [`apply_chunk`] events each; one outcome per event.
+    /// Applies `events` to one instance, judged as in stream order (taken in the order
+    /// [`apply_order`] gives), as a sequence of bounded atomic script calls of at most
+    /// [`apply_chunk`] events each; one outcome per event, in the events' order.
     ///
     /// Each call remembers the ids it applied, so a crash between two calls (or a retry of
     /// the whole batch) neither loses nor double-counts anything: the calls already made
@@ -834,7 +804,32 @@ impl Store {
                 ),
             )
             .await?;
-        folded(reply, &call.slice_of)
+        let reply = as_array(reply).ok_or_else(|| reply_err("fold: not an array"))?;
+        let mut late = vec![false; call.slice_of.len()];
+        let mut codes = reply.iter().map(as_i64);
+        let kind = codes.next().flatten();
+        for s in codes {
+            match s {
+                Some(s) if s >= 1 => {
+                    for (l, &of) in late.iter_mut().zip(&call.slice_of) {
+                        *l |= of as i64 == s - 1;
+                    }
+                }
+                _ => return Err(reply_err(format!("fold: bad late slice {s:?}"))),
+            }
+        }
+        let counted = match kind {
+            Some(0) => Outcome::Applied,
+            Some(1) => Outcome::Duplicate,
+            Some(2) => return Ok(Folded::Slow),
+            Some(3) => return Ok(Folded::NotRun),
+            other => return Err(reply_err(format!("fold: unknown outcome {other:?}"))),
+        };
+        Ok(Folded::Judged(
+            late.iter()
+                .map(|&l| if l { Outcome::Late } else { counted })
+                .collect(),
+        ))
     }
     /// One `apply.lua` call of at most [`apply_chunk`] events, judged one by one; the
     /// outcomes are appended to `out`.

@@ -69,12 +69,11 @@ impl Store {
         raw: bool,
     ) -> Result<Snapshot, StoreError> {
         let keys = self.query_keys(board, scope);
-        let subset = raw;
         args.insert(1, Value::from(tie_flag(board)));
         let views = std::slice::from_ref(board);
         let (out, board_watermarks, board_rolled) = self.snapshot(views, scope, keys, args).await?;
         let board_watermark = board_watermarks.into_iter().next().flatten();
-        decode(board, out, board_watermark, board_rolled, subset, now)
+        decode(board, out, board_watermark, board_rolled, raw, now)
     }
 
     /// The script call and, for a scoped instance, the board's watermark of each of
@@ -234,7 +233,7 @@ impl Store {
                 .filter_map(|w| board.view(Some(&w.name)))
                 .collect()
         };
-        if scope.is_none() && board.is_sharded() {
+        let windows = if scope.is_none() && board.is_sharded() {
             // One read of the shards per window (the windows of one shard share its
             // hash tag, but a member's place in each needs every shard).
             let mut windows = Vec::with_capacity(views.len());
@@ -242,17 +241,33 @@ impl Store {
                 let rank = self.sharded_rank(view, member, now).await?;
                 windows.push(WindowRank::of(view.window_name(), &rank));
             }
-            return Ok(MemberWindows {
-                board: board.name.clone(),
-                scope: None,
-                scale: board.scale,
-                member: member.to_string(),
-                period: None,
-                windows,
-            });
-        }
+            windows
+        } else {
+            self.windows_in_one_call(board, &views, scope, member, now)
+                .await?
+        };
+        Ok(MemberWindows {
+            board: board.name.clone(),
+            scope: scope.map(str::to_string),
+            scale: board.scale,
+            member: member.to_string(),
+            period: None,
+            windows,
+        })
+    }
+
+    /// The member's rank in each of `views` (the windows of one instance of `board`), from
+    /// one `query.lua` call (`windows`) reading them all: one snapshot.
+    async fn windows_in_one_call(
+        &self,
+        board: &Board,
+        views: &[Board],
+        scope: Option<&str>,
+        member: &str,
+        now: i64,
+    ) -> Result<Vec<WindowRank>, StoreError> {
         let mut keys = Vec::new();
-        for view in &views {
+        for view in views {
             keys.extend(self.query_keys(view, scope));
         }
         let per_window = keys.len() / views.len().max(1);
@@ -262,8 +277,7 @@ impl Store {
             member.into(),
             (per_window as i64).into(),
         ];
-        let (out, board_watermarks, board_rolled) =
-            self.snapshot(&views, scope, keys, args).await?;
+        let (out, board_watermarks, board_rolled) = self.snapshot(views, scope, keys, args).await?;
         let answers = as_array(out).ok_or_else(|| reply_err("query: not an array"))?;
         if answers.len() != views.len() {
             return Err(reply_err(format!(
@@ -278,14 +292,7 @@ impl Store {
             let rank = Self::member_rank(view, scope, member, snap);
             windows.push(WindowRank::of(view.window_name(), &rank));
         }
-        Ok(MemberWindows {
-            board: board.name.clone(),
-            scope: scope.map(str::to_string),
-            scale: board.scale,
-            member: member.to_string(),
-            period: None,
-            windows,
-        })
+        Ok(windows)
     }
 
     /// The ranks of `members` (one listed twice is answered once) on the board and among themselves, in
