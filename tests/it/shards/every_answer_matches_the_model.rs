@@ -21,7 +21,7 @@ use rollboard::domain::board::{Board, Mode, TieBreak};
 use rollboard::domain::ranking::{MemberRank, MemberWindows, Page, Subset, SubsetEntry};
 use rollboard::store::{ApplyEvent, Outcome, Store};
 
-use super::{sharded, Model, Ranked, SLICE};
+use super::{sharded, Ranked, Windows, SLICE};
 use crate::support::*;
 
 const QUARTER: i64 = HOUR / 4;
@@ -267,7 +267,7 @@ pub struct Run<'a> {
     pub b: Board,
     /// The same board without shards, fed the same events.
     pub control: Board,
-    model: Model,
+    model: Windows,
     now: i64,
     members: Vec<&'static str>,
     subsets: Vec<Vec<&'static str>>,
@@ -310,7 +310,7 @@ impl<'a> Run<'a> {
             path,
             entries: 0,
             store,
-            model: Model::new(&b),
+            model: Windows::new(&b),
             b,
             control,
             now: T0 / SLICE * SLICE + SLICE / 2,
@@ -445,7 +445,7 @@ impl<'a> Run<'a> {
             10,
         )
         .await;
-        self.model.roll(self.now);
+        self.model.roll_all(self.now);
         let mut scopes: Vec<Option<String>> = self.b.shard_names().into_iter().map(Some).collect();
         if scopes.is_empty() {
             scopes.push(None);
@@ -466,7 +466,7 @@ impl<'a> Run<'a> {
         asked.push(NOBODY);
         let twins = self.control.views();
         for (view, twin) in self.b.views().iter().zip(&twins) {
-            let ranked = Ranked::of(self.model.window(view), view);
+            let ranked = Ranked::of(self.model.window(view.window_ms), view);
             let what = format!("window {} after {step:?}", view.window_name());
             let count = ranked.count();
             let mut pages: Vec<(u64, u64)> = vec![(0, 1000)];
@@ -607,7 +607,7 @@ impl<'a> Run<'a> {
             assert_eq!(got.windows.len(), listed.len());
             for (w, window) in listed.iter().zip(&got.windows) {
                 let view = self.b.view(Some(&w.name)).expect("a listed window");
-                let ranked = Ranked::of(self.model.window(&view), &view);
+                let ranked = Ranked::of(self.model.window(view.window_ms), &view);
                 assert_eq!(window.window, w.name);
                 let answered = (
                     window.rank,

@@ -8,10 +8,12 @@ mod over_http;
 
 use rollboard::domain::board::{Board, Window};
 use rollboard::domain::ranking::{Entry, Percentile};
-use rollboard::store::{ApplyEvent, Outcome};
 
 use crate::support::model::{competition_ranks, Instance, Row};
 use crate::support::*;
+/// The model of a board's one ranking per window, as a board with several windows keeps
+/// them: the widest window alone remembers ids and decides what is late.
+pub use crate::windows::every_window_matches_the_model::Windows;
 
 /// The width of a test board's slices.
 pub const SLICE: i64 = HOUR;
@@ -32,70 +34,6 @@ pub fn sharded(name: &str, hours: &[i64], shards: u32) -> Board {
     }
     b.shards = shards;
     b
-}
-
-/// The model of a board's one ranking per window: one [`Instance`] per view (narrowest
-/// first), as a board with several windows keeps them (see
-/// tests/it/windows/every_window_matches_the_model.rs): the widest window alone
-/// remembers ids and decides what is late; an event it counts counts in every narrower
-/// window whose watermark it is above.
-#[derive(Debug, Clone)]
-pub struct Model {
-    /// The board's views, narrowest first.
-    pub views: Vec<Board>,
-    /// One instance per view.
-    pub windows: Vec<Instance>,
-    last_roll: Option<i64>,
-}
-
-impl Model {
-    /// The empty model of `board`.
-    pub fn new(board: &Board) -> Model {
-        let views = board.views();
-        let windows = vec![Instance::default(); views.len()];
-        Model {
-            views,
-            windows,
-            last_roll: None,
-        }
-    }
-
-    /// Applies one event at `now`; its outcome.
-    pub fn apply(&mut self, e: &ApplyEvent, now: i64) -> Outcome {
-        let now = self.last_roll.map_or(now, |r| r.max(now));
-        let widest = self.views.len() - 1;
-        let mut trial = self.windows.clone();
-        let outcome = trial[widest].apply(&self.views[widest], e, now);
-        if outcome != Outcome::Applied {
-            return outcome;
-        }
-        for (window, view) in trial.iter_mut().zip(&self.views).take(widest) {
-            match window.apply(view, e, now) {
-                Outcome::Applied | Outcome::Late => {}
-                Outcome::Overflow => return Outcome::Overflow,
-                Outcome::Duplicate => panic!("a narrower window remembers {e:?}"),
-            }
-        }
-        self.windows = trial;
-        Outcome::Applied
-    }
-
-    /// Rolls every window at `now`.
-    pub fn roll(&mut self, now: i64) {
-        self.last_roll = Some(self.last_roll.map_or(now, |r| r.max(now)));
-        for (window, view) in self.windows.iter_mut().zip(&self.views) {
-            window.roll(view, now);
-        }
-    }
-
-    /// The instance of the view `view` (by its width).
-    pub fn window(&self, view: &Board) -> &Instance {
-        let w = self
-            .views
-            .iter()
-            .position(|v| v.window_ms == view.window_ms);
-        &self.windows[w.expect("a window of the board")]
-    }
 }
 
 /// What the model says one window ranks: its rows in order, with competition ranks.

@@ -4,7 +4,7 @@
 mod a_changed_window_list_is_refused;
 mod attacks;
 mod edges_of_several_windows;
-mod every_window_matches_the_model;
+pub mod every_window_matches_the_model;
 mod one_ingest_every_window;
 mod scopes_and_cleanup;
 mod the_start_up_check_covers_every_window;
