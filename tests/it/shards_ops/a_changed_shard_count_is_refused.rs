@@ -24,23 +24,12 @@ fn config(dir: &Path, redis: &RedisServer, port: u16, shards: &str) -> PathBuf {
     write_config(dir, redis, port, "a", &tips(shards))
 }
 
-/// The board `tips` of the configuration at `path`.
-fn tips_of(path: &Path) -> Board {
-    let text = std::fs::read_to_string(path).expect("read config");
-    rollboard::config::Settings::from_toml(&text)
-        .expect("valid config")
-        .boards
-        .into_iter()
-        .find(|b| b.name == "tips")
-        .expect("tips")
-}
-
 /// Records the settings of the configuration at `path` (a command that starts clean) and
 /// writes events of several members to `tips` with it, at Redis's clock.
 async fn start_with_data(path: &Path, store: &Store) -> Board {
     let out = run_rollboard(path, &["verify"]);
     assert_exit(&out, 0, "the first run");
-    let b = tips_of(path);
+    let b = board_of(path, "tips");
     let now = redis_now(store).await;
     let events: Vec<_> = (0..12)
         .map(|i| ev(&format!("e{i}"), now, &format!("m{i}"), i + 1))

@@ -32,6 +32,17 @@ tie_break = "latest"
 allow_negative = true
 "#;
 
+/// The board `name` of the configuration file at `path`, as the daemon reads it.
+pub fn board_of(path: &Path, name: &str) -> rollboard::domain::board::Board {
+    let text = std::fs::read_to_string(path).expect("read config");
+    rollboard::config::Settings::from_toml(&text)
+        .expect("valid config")
+        .boards
+        .into_iter()
+        .find(|b| b.name == name)
+        .expect("the board is configured")
+}
+
 /// A config file for a daemon talking to `redis` and listening on `http_port`.
 pub fn write_config(
     dir: &Path,

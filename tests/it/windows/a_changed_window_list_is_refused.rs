@@ -24,23 +24,12 @@ fn config(dir: &Path, redis: &RedisServer, port: u16, window: &str) -> PathBuf {
     write_config(dir, redis, port, "a", &tips(window))
 }
 
-/// The board `tips` of the configuration at `path`, as the daemon reads it.
-fn tips_of(path: &Path) -> Board {
-    let text = std::fs::read_to_string(path).expect("read config");
-    rollboard::config::Settings::from_toml(&text)
-        .expect("valid config")
-        .boards
-        .into_iter()
-        .find(|b| b.name == "tips")
-        .expect("tips")
-}
-
 /// Records the settings of the configuration at `path` (a command that starts clean) and
 /// writes data to `tips` with it.
 async fn start_with_data(path: &Path, store: &Store) -> Board {
     let out = run_rollboard(path, &["verify"]);
     assert_exit(&out, 0, "the first run");
-    let b = tips_of(path);
+    let b = board_of(path, "tips");
     let now = (NOW / HOUR) * HOUR + HOUR / 2;
     apply_events(
         store,
