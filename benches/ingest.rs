@@ -1559,7 +1559,7 @@ async fn serve(settings: Arc<Settings>) -> Result<String> {
         metrics,
         std::sync::Arc::new(rollboard::domain::clock::Clock::new(2_000)),
         ready,
-        None,
+        rollboard::edges::http::ApiStore::Own(Default::default()),
         CancellationToken::new(),
     )
     .await

@@ -11,7 +11,7 @@ use serde::Deserialize;
 
 use super::error::{invalid, ConfigError};
 use super::tokens::{self, RoleTokens, Source, TokenError};
-use super::values::{count, seconds_at_least_one};
+use super::values::{count, duration, seconds_at_least_one};
 use crate::domain::roles::{Role, Roles};
 
 /// `[http]` as written.
@@ -44,6 +44,10 @@ pub(super) struct RawHttp {
     metrics_token_file: String,
     /// `http.token_reload_interval`: how often the token files are read again.
     token_reload_interval: String,
+    /// `http.max_staleness`: how old a query's answer may be when it is given.
+    max_staleness: String,
+    /// `http.cache_bytes`: the most the answers kept for that may weigh.
+    cache_bytes: i64,
 }
 
 impl Default for RawHttp {
@@ -62,6 +66,8 @@ impl Default for RawHttp {
             query_token_file: String::new(),
             metrics_token_file: String::new(),
             token_reload_interval: "5s".into(),
+            max_staleness: "1s".into(),
+            cache_bytes: DEFAULT_CACHE_BYTES as i64,
         }
     }
 }
@@ -97,7 +103,21 @@ pub struct HttpSettings {
     pub changes_heartbeat: Duration,
     /// Bearer tokens per role.
     pub tokens: HttpTokens,
+    /// How old a query's answer may be when it is given (`http.max_staleness`): an answer
+    /// read from Redis is given again, without reading Redis, for this long unless this
+    /// process changed what it read; also the answers' `Cache-Control: max-age`. Zero:
+    /// every query reads Redis.
+    pub max_staleness: Duration,
+    /// The most the kept answers may weigh, in bytes (`http.cache_bytes`); the least
+    /// recently used go first. Zero: none kept.
+    pub cache_bytes: u64,
 }
+
+/// `http.cache_bytes` by default: 64 MiB.
+pub const DEFAULT_CACHE_BYTES: u64 = 64 << 20;
+
+/// The longest `http.max_staleness`.
+const MAX_STALENESS_MS: i64 = 60_000;
 
 /// The bearer tokens of the HTTP roles; a role without one is open. Clones share the
 /// tokens, so a re-read (see [`crate::config::tokens`]) is seen by every clone.
@@ -148,7 +168,21 @@ impl RawHttp {
                 &self.changes_heartbeat,
             )?,
             tokens: self.tokens()?,
+            max_staleness: self.max_staleness()?,
+            cache_bytes: count("http.cache_bytes", self.cache_bytes, 0..=(1 << 40))? as u64,
         })
+    }
+
+    /// `http.max_staleness`: from 0 to [`MAX_STALENESS_MS`].
+    fn max_staleness(&self) -> Result<Duration, ConfigError> {
+        match duration("http.max_staleness", &self.max_staleness)? {
+            ms if ms > MAX_STALENESS_MS => Err(invalid(
+                "http.max_staleness",
+                &self.max_staleness,
+                "must be at most 60s",
+            )),
+            ms => Ok(Duration::from_millis(ms as u64)),
+        }
     }
 
     /// `http.listen` and `http.admin_listen` (which must differ).
@@ -259,6 +293,25 @@ mod tests {
         assert_eq!(s.http.changes_heartbeat, Duration::from_secs(15));
         let e = refusal(&format!("[http]\nmax_subscribers = 0\n{BOARD}"));
         assert!(e.contains("http.max_subscribers"), "{e}");
+    }
+
+    #[test]
+    fn answers_are_kept_a_second_in_64_mib_by_default() {
+        let s = Settings::from_toml(BOARD).expect("valid");
+        assert_eq!(s.http.max_staleness, Duration::from_secs(1));
+        assert_eq!(s.http.cache_bytes, 64 << 20);
+        let s = Settings::from_toml(&format!(
+            "[http]\nmax_staleness = \"0s\"\ncache_bytes = 0\n{BOARD}"
+        ))
+        .expect("valid");
+        assert_eq!(s.http.max_staleness, Duration::ZERO);
+        assert_eq!(s.http.cache_bytes, 0);
+        let e = refusal(&format!("[http]\nmax_staleness = \"2m\"\n{BOARD}"));
+        assert!(e.contains("http.max_staleness") && e.contains("60s"), "{e}");
+        let e = refusal(&format!("[http]\nmax_staleness = \"soon\"\n{BOARD}"));
+        assert!(e.contains("http.max_staleness"), "{e}");
+        let e = refusal(&format!("[http]\ncache_bytes = -1\n{BOARD}"));
+        assert!(e.contains("http.cache_bytes"), "{e}");
     }
 
     #[test]

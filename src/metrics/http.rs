@@ -123,7 +123,18 @@ pub(super) struct HttpFamilies {
     disconnects: IntCounterVec,
     /// `rollboard_changes_feeds_read`.
     feeds_read: IntGauge,
+    /// `rollboard_http_answers_total`.
+    answers: IntCounterVec,
+    /// `rollboard_http_answers_held_bytes`.
+    answers_bytes: IntGauge,
+    /// `rollboard_http_answers_held`.
+    answers_held: IntGauge,
 }
+
+/// How a query's answer was found (the `source` label of `rollboard_http_answers_total`):
+/// kept (`hit`), read from Redis by this request (`miss`), or read by another request
+/// this one waited for (`wait`).
+pub const ANSWER_SOURCES: [&str; 3] = ["hit", "miss", "wait"];
 
 impl HttpFamilies {
     /// Registers the families, at zero for every route, intake result and role.
@@ -199,6 +210,31 @@ impl HttpFamilies {
                 )
                 .expect("a valid metric"),
             ),
+            answers: counter_vec(
+                registry,
+                "rollboard_http_answers_total",
+                "Query answers given from those kept (source=hit), read from Redis by the request \
+                 (miss), or read by another request it waited for (wait); 0 everywhere when \
+                 http.max_staleness or http.cache_bytes is 0.",
+                &["source"],
+            ),
+            answers_bytes: super::register(
+                registry,
+                IntGauge::new(
+                    "rollboard_http_answers_held_bytes",
+                    "Bytes of the query answers kept (bounded by http.cache_bytes), as of the \
+                     last answer read.",
+                )
+                .expect("a valid metric"),
+            ),
+            answers_held: super::register(
+                registry,
+                IntGauge::new(
+                    "rollboard_http_answers_held",
+                    "Query answers kept, as of the last answer read.",
+                )
+                .expect("a valid metric"),
+            ),
         };
         families.zero();
         families
@@ -214,6 +250,9 @@ impl HttpFamilies {
         }
         for reason in Disconnect::ALL {
             self.disconnects.with_label_values(&[reason.as_str()]);
+        }
+        for source in ANSWER_SOURCES {
+            self.answers.with_label_values(&[source]);
         }
         for role in TOKEN_ROLES {
             self.token_reloads.with_label_values(&[role]);
@@ -254,6 +293,18 @@ impl Metrics {
             .requests
             .with_label_values(&[route.unwrap_or(UNMATCHED_ROUTE), &status.to_string()])
             .inc();
+    }
+
+    /// A query's answer came from `source` (one of [`ANSWER_SOURCES`]).
+    pub fn answer_kept(&self, source: &str) {
+        self.http.answers.with_label_values(&[source]).inc();
+    }
+
+    /// The answers kept weigh `bytes` and are `entries` many.
+    pub fn answers_held(&self, bytes: u64, entries: u64) {
+        let gauge = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        self.http.answers_bytes.set(gauge(bytes));
+        self.http.answers_held.set(gauge(entries));
     }
 
     /// A change-feed stream opened.

@@ -438,7 +438,15 @@ impl Store {
             replicas_auto: tokio::sync::OnceCell::new(),
             legacy: Default::default(),
             failed,
+            generations: Default::default(),
         })
+    }
+
+    /// Counts this store's writes in `generations`, shared with the other stores of the
+    /// process (see [`Generations`](super::Generations)).
+    pub fn with_generations(mut self, generations: Arc<super::Generations>) -> Store {
+        self.generations = generations;
+        self
     }
 
     /// Observes the duration of every script call in `metrics`.

@@ -338,8 +338,9 @@ impl Store {
         let client = self.client();
         let mut deleted = 0u64;
         for batch in unlink_batches(found.keys(), client.is_clustered()) {
-            let n: i64 = redirected(|| client.unlink(batch.clone())).await?;
-            deleted += n.max(0) as u64;
+            let n = redirected(|| client.unlink::<i64, _>(batch.clone())).await;
+            self.wrote_keys(&batch);
+            deleted += n?.max(0) as u64;
         }
         Ok(deleted)
     }

@@ -35,6 +35,7 @@ mod changes;
 mod connect;
 mod drop;
 mod expire;
+mod generations;
 mod lease;
 pub mod lua;
 mod periods;
@@ -53,6 +54,7 @@ pub use changes::{wait_feed, FeedEntry, FeedId, FeedState, FEED_PAGE};
 pub use connect::{script_commands, Conflict, Conflicts, Denied, Reconnect, Refused};
 pub use drop::{scan_denied, BoardKeys, UNLINK_BATCH};
 pub use expire::{Expired, Trimmed, EXPIRE_CALL_FIELDS, TRIM_CALL_IDS, TRIM_CALL_LOG};
+pub use generations::{tag, Generations};
 pub use lease::{Lease, TICK_RECORD};
 pub use periods::{ForgottenPeriods, PeriodState, PERIOD_DELETE_MARGIN_MS};
 pub use replicas::NOREPLICAS;
@@ -206,6 +208,8 @@ pub struct Store {
     /// The last connection error, cleared by a (re)connection: with no connection up, Redis
     /// is known to be down (see [`Store::known_down`]).
     failed: Arc<std::sync::Mutex<Option<String>>>,
+    /// What this process wrote, by hash tag (see [`Generations`]).
+    generations: Arc<Generations>,
 }
 
 /// One function of rollboard's library ([`lua::library`]), with its `script` label.
@@ -384,10 +388,41 @@ impl Store {
         keys: Vec<String>,
         args: Vec<Value>,
     ) -> Result<Value, fred::error::Error> {
-        reloading(client, || {
+        let out = reloading(client, || {
             client.fcall(function.name.as_str(), keys.clone(), args.clone())
         })
-        .await
+        .await;
+        self.wrote(function, &keys);
+        out
+    }
+
+    /// Counts a call of `function` on `keys` in the process's [`Generations`] unless it
+    /// only reads: whatever it answered (a call that failed or timed out may have written
+    /// all it was to write), after it answered, so that a read that began before the
+    /// write and ends after it is never kept as current.
+    fn wrote(&self, function: &Function, keys: &[String]) {
+        if function.label == "query" {
+            return;
+        }
+        self.wrote_keys(keys);
+    }
+
+    /// Counts a write of `keys` in the process's [`Generations`] (one count per hash tag
+    /// is enough: the keys of one call share it, but an `UNLINK` batch may not).
+    fn wrote_keys(&self, keys: &[String]) {
+        let mut last = None;
+        for key in keys {
+            let tag = generations::tag(key);
+            if last != Some(tag) {
+                self.generations.wrote(key);
+                last = Some(tag);
+            }
+        }
+    }
+
+    /// The process's write counters, shared by its stores.
+    pub fn generations(&self) -> &Arc<Generations> {
+        &self.generations
     }
 }
 

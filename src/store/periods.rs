@@ -185,7 +185,9 @@ impl Store {
                 k.slice(n),
                 k.seen_log(n),
             ]);
-            let _: i64 = self.client().unlink(keys).await?;
+            let unlinked = self.client().unlink::<i64, _>(keys.clone()).await;
+            self.wrote_keys(&keys);
+            unlinked?;
         }
         if !names.is_empty() {
             let _: i64 = self.client().zrem(&registry, names.clone()).await?;

@@ -46,6 +46,25 @@ impl Store {
         keys
     }
 
+    /// The sum of this process's write counters of what a query of `scope` on `board`
+    /// reads (see [`super::Generations`]): every window's instance (they share its hash
+    /// tag), every shard of a sharded board, and the board's own watermark. It grows
+    /// whenever this process writes any of them.
+    pub fn read_generation(&self, board: &Board, scope: Option<&str>) -> u64 {
+        let mut keys = vec![self.keys.window(&board.name)];
+        if scope.is_none() && board.is_sharded() {
+            keys.extend(
+                board
+                    .shard_names()
+                    .iter()
+                    .map(|shard| self.instance(board, Some(shard)).meta()),
+            );
+        } else {
+            keys.push(self.instance(board, scope).meta());
+        }
+        self.generations.of(keys.iter().map(String::as_str))
+    }
+
     pub(super) async fn query(
         &self,
         board: &Board,

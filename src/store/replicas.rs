@@ -128,11 +128,14 @@ impl Store {
         let mut call: Vec<Value> = Vec::with_capacity(2 + keys.len() + args.len());
         call.push(Value::from(function.name.as_str()));
         call.push(Value::from(keys.len() as i64));
-        call.extend(keys.into_iter().map(Value::from));
+        call.extend(keys.iter().map(|k| Value::from(k.as_str())));
         call.extend(args);
+        let written = keys;
         let fcall = CustomCommand::new("FCALL", route, false);
         let once = self.once(client);
-        reloading(client, || once.custom(fcall.clone(), call.clone())).await
+        let out = reloading(client, || once.custom(fcall.clone(), call.clone())).await;
+        self.wrote(function, &written);
+        out
     }
 
     /// Sets how many replicas must acknowledge writes before [`Store::confirm_writes`]

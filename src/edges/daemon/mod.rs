@@ -27,6 +27,7 @@ use crate::domain::roles::{Role, Roles};
 use crate::ingest::consumer::Ingest;
 use crate::ingest::stream;
 use crate::metrics::Metrics;
+use crate::edges::http::ApiStore;
 use crate::store::{Reconnect, Store};
 
 mod clock;
@@ -237,7 +238,11 @@ async fn start_http(
         group_ready,
         // The API keeps connections of its own only when it serves routes beside the
         // consumer or the jobs; a worker's probes and metrics need none.
-        (!(roles.works() && roles.serves())).then(|| shared.store.clone()),
+        if roles.works() && roles.serves() {
+            ApiStore::Own(shared.store.generations().clone())
+        } else {
+            ApiStore::Shared(shared.store.clone())
+        },
         shared.cancel.clone(),
     )
     .await

@@ -40,7 +40,7 @@ impl ErrorBody {
 }
 
 /// An error answer.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub enum ApiError {
     /// 400 with a message.
     BadRequest(String),

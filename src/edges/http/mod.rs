@@ -23,7 +23,8 @@
 //! connection loop; `query`, `board`, `changes` (the change feed's Server-Sent Events),
 //! `page` (the live page at `/`), `intake` and `health` the handlers of each route group, `openapi` the document describing them all (`GET /v1/openapi.json`),
 //! `params` the query string they share, `auth` the bearer tokens, `middleware` the
-//! route metrics, `error` the error answers and the Redis error mapping.
+//! route metrics, `error` the error answers and the Redis error mapping, `answers` the
+//! query answers kept and their `ETag` and `Cache-Control`.
 
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -49,8 +50,9 @@ use crate::config::{HttpSettings, Settings};
 use crate::domain::clock::Clock;
 use crate::domain::roles::Role;
 use crate::metrics::Metrics;
-use crate::store::Store;
+use crate::store::{Generations, Store};
 
+mod answers;
 mod auth;
 mod board;
 mod changes;
@@ -63,6 +65,7 @@ mod page;
 mod params;
 mod query;
 
+pub use answers::Answers;
 pub use changes::{Closer, Hub};
 pub use error::{ApiError, ApiResult};
 
@@ -86,6 +89,19 @@ pub struct AppState {
     pub clock: Arc<Clock>,
     /// The change feeds being streamed, and their subscribers' slots.
     pub hub: Hub,
+    /// The query answers kept (see [`answers`]).
+    pub answers: Answers,
+}
+
+/// The store the API reads through.
+pub enum ApiStore {
+    /// The process's own store: a process that neither consumes nor runs jobs shares it,
+    /// nothing keeping its runtime busy.
+    Shared(Arc<Store>),
+    /// Connections of the API's own, counting what they write in the process's write
+    /// counters, which the consumers and jobs count theirs in too (see
+    /// [`crate::store::Generations`]).
+    Own(Arc<Generations>),
 }
 
 /// How long the API waits for its own Redis connections before it serves.
@@ -107,8 +123,8 @@ struct Parts {
     metrics: Arc<Metrics>,
     clock: Arc<Clock>,
     group_ready: Vec<Arc<AtomicBool>>,
-    /// The daemon's store, for an API that keeps no connection of its own.
-    shared: Option<Arc<Store>>,
+    /// The store to read through.
+    store: ApiStore,
 }
 
 /// Serves the API on `listener` (and `/metrics` and the probes on `http.admin_listen` when
@@ -116,15 +132,15 @@ struct Parts {
 /// connections, until `cancel` fires; returns once it is serving (or could not start). Ingest and the roll jobs keep the daemon's runtime busy in long stretches of
 /// CPU work (decoding a batch, summing it per member); on a thread apart, a query waits
 /// for neither them nor their connections. A process that neither consumes nor runs jobs
-/// passes its own store as `shared` instead: nothing keeps its runtime busy, and the API
-/// then holds no connection of its own.
+/// passes its own store instead ([`ApiStore::Shared`]): nothing keeps its runtime busy,
+/// and the API then holds no connection of its own.
 pub async fn spawn(
     listener: std::net::TcpListener,
     settings: Arc<Settings>,
     metrics: Arc<Metrics>,
     clock: Arc<Clock>,
     group_ready: Vec<Arc<AtomicBool>>,
-    shared: Option<Arc<Store>>,
+    store: ApiStore,
     cancel: CancellationToken,
 ) -> anyhow::Result<std::thread::JoinHandle<()>> {
     listener
@@ -138,7 +154,7 @@ pub async fn spawn(
         metrics,
         clock,
         group_ready,
-        shared,
+        store,
     };
     let (started, ready) = oneshot::channel::<anyhow::Result<()>>();
     let thread = std::thread::Builder::new()
@@ -189,12 +205,12 @@ async fn serve_parts(parts: Parts, started: Started, cancel: CancellationToken) 
         metrics,
         clock,
         group_ready,
-        shared,
+        store,
     } = parts;
     let setup = async {
-        let store = match shared {
-            Some(store) => store,
-            None => own_store(&settings, &metrics).await?,
+        let store = match store {
+            ApiStore::Shared(store) => store,
+            ApiStore::Own(generations) => own_store(&settings, &metrics, generations).await?,
         };
         let listener = TcpListener::from_std(listener).context("cannot serve the http listener")?;
         let admin = admin
@@ -217,6 +233,7 @@ async fn serve_parts(parts: Parts, started: Started, cancel: CancellationToken) 
         settings.http.changes_heartbeat,
         cancel.clone(),
     );
+    let state_metrics = metrics.clone();
     let state = Arc::new(AppState {
         store,
         settings: settings.clone(),
@@ -224,17 +241,23 @@ async fn serve_parts(parts: Parts, started: Started, cancel: CancellationToken) 
         group_ready,
         clock,
         hub,
+        answers: Answers::new(&settings.http, state_metrics),
     });
     let _ = started.send(Ok(()));
     serve_listeners(state, listener, admin, cancel).await;
 }
 
 /// The API's own store, connected (within [`CONNECT_WAIT`]) before the first request.
-async fn own_store(settings: &Settings, metrics: &Arc<Metrics>) -> anyhow::Result<Arc<Store>> {
+async fn own_store(
+    settings: &Settings,
+    metrics: &Arc<Metrics>,
+    generations: Arc<Generations>,
+) -> anyhow::Result<Arc<Store>> {
     let store = Store::connect_with(&settings.redis, POOL_SIZE, crate::store::Reconnect::Forever)
         .await
         .context("cannot create the http server's redis client")?
-        .with_metrics(metrics.clone());
+        .with_metrics(metrics.clone())
+        .with_generations(generations);
     for client in store.pool().clients() {
         metrics.watch_reconnects(client);
     }

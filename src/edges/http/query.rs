@@ -8,11 +8,13 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, PathRejection};
 use axum::extract::{Path, RawQuery, State};
-use axum::response::{IntoResponse, Response};
+use axum::http::HeaderMap;
+use axum::response::Response;
 use axum::Json;
 use serde_json::json;
 use utoipa::{IntoParams, ToSchema};
 
+use super::answers::Key;
 use super::board::BoardList;
 use super::error::{redis, ApiError, ApiResult, ErrorBody};
 use super::params::params;
@@ -103,6 +105,26 @@ fn period_error(e: PeriodError) -> ApiError {
         PeriodError::Usage(why) => ApiError::BadRequest(why),
         PeriodError::NotKept(why) => ApiError::NotFound(why),
     }
+}
+
+/// What the answer to `what` (the route and its parameters, `\0` between them) on the
+/// instance `instance` of `view` at `now` is kept under: see [`super::answers`]. This
+/// process's write counters are read here, before the query reads Redis.
+fn kept_as(
+    state: &AppState,
+    view: &Board,
+    instance: Option<&str>,
+    now: i64,
+    what: &str,
+) -> Key {
+    let generation = state.store.read_generation(view, instance);
+    // What moves the answer by the clock alone: the slice (or period) `now` is in.
+    let (clock, _) = view.live_range(now, None);
+    let query = format!(
+        "{}\0{}\0{:?}\0{what}",
+        view.name, view.window_ms, instance
+    );
+    Key::new(query, generation, clock)
 }
 
 fn number(
@@ -326,6 +348,7 @@ pub(super) async fn top(
     State(state): State<Arc<AppState>>,
     name: Result<Path<String>, PathRejection>,
     RawQuery(query): RawQuery,
+    headers: HeaderMap,
 ) -> ApiResult<Response> {
     let name = path(name)?;
     let params = params(query, &["limit", "offset", "scope", "window", "period"])?;
@@ -346,14 +369,17 @@ pub(super) async fn top(
         number(&params, "offset", 0, 0..=u64::MAX)?
     };
     let (now, period) = period_of(&state, b, scope, &params)?;
-    let page = redis(
-        &state,
-        state
-            .store
-            .top(&view, period.instance(scope), offset, limit, now),
-    )
-    .await?;
-    Ok(Json(period.relabel(json!(page), scope)).into_response())
+    let instance = period.instance(scope);
+    let key = kept_as(&state, &view, instance, now, &format!("top\0{offset}\0{limit}"));
+    let read = async {
+        let page = redis(
+            &state,
+            state.store.top(&view, instance, offset, limit, now),
+        )
+        .await?;
+        Ok(period.relabel(json!(page), scope))
+    };
+    state.answers.answer(key, &headers, read).await
 }
 
 /// `GET /v1/boards/{board}/members/{member}`: one member's rank (404 when not on the
@@ -381,6 +407,7 @@ pub(super) async fn rank(
     State(state): State<Arc<AppState>>,
     names: Result<Path<(String, String)>, PathRejection>,
     RawQuery(query): RawQuery,
+    headers: HeaderMap,
 ) -> ApiResult<Response> {
     let (name, member) = path(names)?;
     let params = params(query, &["scope", "window", "all_windows", "period"])?;
@@ -390,28 +417,31 @@ pub(super) async fn rank(
     let view = view_of(b, params.get("window").map(String::as_str))?;
     let member = member_of(&member)?;
     let (now, period) = period_of(&state, b, scope, &params)?;
+    let instance = period.instance(scope);
     if every {
-        let mut answer = redis(
-            &state,
-            state
-                .store
-                .rank_in_windows(b, period.instance(scope), member, now),
-        )
-        .await?;
-        period.relabel_windows(&mut answer, scope);
-        return Ok(Json(answer).into_response());
+        let key = kept_as(&state, b, instance, now, &format!("windows\0{member}"));
+        let read = async {
+            let mut answer = redis(
+                &state,
+                state.store.rank_in_windows(b, instance, member, now),
+            )
+            .await?;
+            period.relabel_windows(&mut answer, scope);
+            Ok(json!(answer))
+        };
+        return state.answers.answer(key, &headers, read).await;
     }
-    let rank = redis(
-        &state,
-        state.store.rank(&view, period.instance(scope), member, now),
-    )
-    .await?;
-    if !rank.is_ranked() {
-        return Err(ApiError::NotOnBoard(
-            period.relabel(rank.not_on_board(), scope),
-        ));
-    }
-    Ok(Json(period.relabel(json!(rank), scope)).into_response())
+    let key = kept_as(&state, &view, instance, now, &format!("rank\0{member}"));
+    let read = async {
+        let rank = redis(&state, state.store.rank(&view, instance, member, now)).await?;
+        if !rank.is_ranked() {
+            return Err(ApiError::NotOnBoard(
+                period.relabel(rank.not_on_board(), scope),
+            ));
+        }
+        Ok(period.relabel(json!(rank), scope))
+    };
+    state.answers.answer(key, &headers, read).await
 }
 
 /// `GET /v1/boards/{board}/members/{member}/around`: the entries on each side of one
@@ -439,6 +469,7 @@ pub(super) async fn around(
     State(state): State<Arc<AppState>>,
     names: Result<Path<(String, String)>, PathRejection>,
     RawQuery(query): RawQuery,
+    headers: HeaderMap,
 ) -> ApiResult<Response> {
     let (name, member) = path(names)?;
     let params = params(query, &["radius", "scope", "window", "period"])?;
@@ -448,19 +479,28 @@ pub(super) async fn around(
     let member = member_of(&member)?;
     let radius = number(&params, "radius", 5, 0..=100)?;
     let (now, period) = period_of(&state, b, scope, &params)?;
-    match redis(
+    let instance = period.instance(scope);
+    let key = kept_as(
         &state,
-        state
-            .store
-            .around(&view, period.instance(scope), member, radius, now),
-    )
-    .await?
-    {
-        Ok(page) => Ok(Json(period.relabel(json!(page), scope)).into_response()),
-        Err(missing) => Err(ApiError::NotOnBoard(
-            period.relabel(missing.not_on_board(), scope),
-        )),
-    }
+        &view,
+        instance,
+        now,
+        &format!("around\0{radius}\0{member}"),
+    );
+    let read = async {
+        match redis(
+            &state,
+            state.store.around(&view, instance, member, radius, now),
+        )
+        .await?
+        {
+            Ok(page) => Ok(period.relabel(json!(page), scope)),
+            Err(missing) => Err(ApiError::NotOnBoard(
+                period.relabel(missing.not_on_board(), scope),
+            )),
+        }
+    };
+    state.answers.answer(key, &headers, read).await
 }
 
 /// Most members one `POST .../ranks` asks for.
@@ -564,12 +604,19 @@ pub(super) async fn ranks(
     let now = state.clock.now();
     let period = select(b, scope, body.period.as_deref(), now).map_err(period_error)?;
     let members: Vec<&str> = body.members.iter().map(String::as_str).collect();
-    let subset = redis(
-        &state,
-        state
-            .store
-            .ranks(&view, period.instance(scope), &members, now),
-    )
-    .await?;
-    Ok(Json(period.relabel(json!(subset), scope)).into_response())
+    let instance = period.instance(scope);
+    let key = kept_as(&state, &view, instance, now, &{
+        let mut what = String::from("ranks");
+        for m in &members {
+            what.push('\0');
+            what.push_str(m);
+        }
+        what
+    });
+    let read = async {
+        let subset = redis(&state, state.store.ranks(&view, instance, &members, now)).await?;
+        Ok(period.relabel(json!(subset), scope))
+    };
+    // A POST is never answered 304: `If-None-Match` is a precondition of a GET.
+    state.answers.answer(key, &HeaderMap::new(), read).await
 }
