@@ -23,7 +23,9 @@ use prometheus::{
     TextEncoder,
 };
 
-pub use self::http::{Disconnect, Intake, HTTP_ROUTES, TOKEN_ROLES, UNMATCHED_ROUTE};
+pub use self::http::{
+    Disconnect, Intake, ANSWER_SOURCES, HTTP_ROUTES, TOKEN_ROLES, UNMATCHED_ROUTE,
+};
 pub use self::ingest::{Skip, FAILING_HOLD};
 pub use self::process::COMMIT;
 pub use self::redis::{Failure, ERROR_KINDS};

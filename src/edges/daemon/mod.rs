@@ -24,10 +24,10 @@ use crate::config::Settings;
 use crate::domain::board::Board;
 use crate::domain::clock::Clock;
 use crate::domain::roles::{Role, Roles};
+use crate::edges::http::ApiStore;
 use crate::ingest::consumer::Ingest;
 use crate::ingest::stream;
 use crate::metrics::Metrics;
-use crate::edges::http::ApiStore;
 use crate::store::{Reconnect, Store};
 
 mod clock;

@@ -89,7 +89,7 @@ pub struct AppState {
     pub clock: Arc<Clock>,
     /// The change feeds being streamed, and their subscribers' slots.
     pub hub: Hub,
-    /// The query answers kept (see [`answers`]).
+    /// The query answers kept (see [`Answers`]).
     pub answers: Answers,
 }
 

@@ -110,20 +110,11 @@ fn period_error(e: PeriodError) -> ApiError {
 /// What the answer to `what` (the route and its parameters, `\0` between them) on the
 /// instance `instance` of `view` at `now` is kept under: see [`super::answers`]. This
 /// process's write counters are read here, before the query reads Redis.
-fn kept_as(
-    state: &AppState,
-    view: &Board,
-    instance: Option<&str>,
-    now: i64,
-    what: &str,
-) -> Key {
+fn kept_as(state: &AppState, view: &Board, instance: Option<&str>, now: i64, what: &str) -> Key {
     let generation = state.store.read_generation(view, instance);
     // What moves the answer by the clock alone: the slice (or period) `now` is in.
     let (clock, _) = view.live_range(now, None);
-    let query = format!(
-        "{}\0{}\0{:?}\0{what}",
-        view.name, view.window_ms, instance
-    );
+    let query = format!("{}\0{}\0{:?}\0{what}", view.name, view.window_ms, instance);
     Key::new(query, generation, clock)
 }
 
@@ -333,10 +324,11 @@ pub(super) async fn boards(
     get,
     path = "/v1/boards/{board}/top",
     tag = "boards",
-    params(("board" = String, Path, description = "The board's name"), TopQuery),
+    params(("board" = String, Path, description = "The board's name"), TopQuery, ("If-None-Match" = Option<String>, Header, description = "An `ETag` (or a list, or `*`) of an earlier answer: 304 when the answer's is among them")),
     security((), ("reader" = [])),
     responses(
-        (status = 200, description = "One page of the ranking, best first", body = PageAnswer),
+        (status = 200, description = "One page of the ranking, best first", body = PageAnswer, headers(("ETag" = String, description = "A digest of the body's bytes: equal exactly when the bodies are"), ("Cache-Control" = String, description = "`public, max-age=<http.max_staleness in seconds>` (`private` when reads need a token, `no-cache` below 1 s): an answer may be that old"))),
+        (status = 304, description = "`If-None-Match` names the answer's `ETag`: the body would be the same; no body"),
         (status = 400, description = "A bad parameter (unknown, out of range, a missing or needless scope, a window the board does not rank, a bad period)", body = ErrorBody),
         (status = 401, description = "The reader's token is required", body = ErrorBody),
         (status = 404, description = "An unknown board, or a period no longer kept", body = ErrorBody),
@@ -370,13 +362,15 @@ pub(super) async fn top(
     };
     let (now, period) = period_of(&state, b, scope, &params)?;
     let instance = period.instance(scope);
-    let key = kept_as(&state, &view, instance, now, &format!("top\0{offset}\0{limit}"));
+    let key = kept_as(
+        &state,
+        &view,
+        instance,
+        now,
+        &format!("top\0{offset}\0{limit}"),
+    );
     let read = async {
-        let page = redis(
-            &state,
-            state.store.top(&view, instance, offset, limit, now),
-        )
-        .await?;
+        let page = redis(&state, state.store.top(&view, instance, offset, limit, now)).await?;
         Ok(period.relabel(json!(page), scope))
     };
     state.answers.answer(key, &headers, read).await
@@ -392,10 +386,12 @@ pub(super) async fn top(
         ("board" = String, Path, description = "The board's name"),
         ("member" = String, Path, description = "The member"),
         MemberQuery,
+        ("If-None-Match" = Option<String>, Header, description = "An `ETag` (or a list, or `*`) of an earlier answer: 304 when the answer's is among them"),
     ),
     security((), ("reader" = [])),
     responses(
-        (status = 200, description = "The member's rank in the window read; with `all_windows=true`, in every window of the board (`MemberWindows`)", body = MemberAnswer),
+        (status = 200, description = "The member's rank in the window read; with `all_windows=true`, in every window of the board (`MemberWindows`)", body = MemberAnswer, headers(("ETag" = String, description = "A digest of the body's bytes: equal exactly when the bodies are"), ("Cache-Control" = String, description = "`public, max-age=<http.max_staleness in seconds>` (`private` when reads need a token, `no-cache` below 1 s): an answer may be that old"))),
+        (status = 304, description = "`If-None-Match` names the answer's `ETag`: the body would be the same; no body"),
         (status = 400, description = "A bad parameter or member name (a window the board does not rank, `all_windows=true` with `window=`)", body = ErrorBody),
         (status = 401, description = "The reader's token is required", body = ErrorBody),
         (status = 404, description = "An unknown board or a period no longer kept (`{\"error\"}`), or the member is not on the board (its rank answer, rank fields null, with `error`)", body = MemberNotFound),
@@ -454,10 +450,12 @@ pub(super) async fn rank(
         ("board" = String, Path, description = "The board's name"),
         ("member" = String, Path, description = "The member"),
         AroundQuery,
+        ("If-None-Match" = Option<String>, Header, description = "An `ETag` (or a list, or `*`) of an earlier answer: 304 when the answer's is among them"),
     ),
     security((), ("reader" = [])),
     responses(
-        (status = 200, description = "The entries around the member, the member among them", body = PageAnswer),
+        (status = 200, description = "The entries around the member, the member among them", body = PageAnswer, headers(("ETag" = String, description = "A digest of the body's bytes: equal exactly when the bodies are"), ("Cache-Control" = String, description = "`public, max-age=<http.max_staleness in seconds>` (`private` when reads need a token, `no-cache` below 1 s): an answer may be that old"))),
+        (status = 304, description = "`If-None-Match` names the answer's `ETag`: the body would be the same; no body"),
         (status = 400, description = "A bad parameter or member name (a window the board does not rank)", body = ErrorBody),
         (status = 401, description = "The reader's token is required", body = ErrorBody),
         (status = 404, description = "An unknown board or a period no longer kept (`{\"error\"}`), or the member is not on the board (its rank answer, rank fields null, with `error`)", body = MemberNotFound),
@@ -538,7 +536,7 @@ pub(super) struct RanksBody {
     security((), ("reader" = [])),
     request_body(content = RanksBody, content_type = "application/json"),
     responses(
-        (status = 200, description = "Each member's place on the board and among those listed: the ranked first, in the board's order, then the others as listed", body = RanksAnswer),
+        (status = 200, description = "Each member's place on the board and among those listed: the ranked first, in the board's order, then the others as listed", body = RanksAnswer, headers(("ETag" = String, description = "A digest of the body's bytes: equal exactly when the bodies are"), ("Cache-Control" = String, description = "`public, max-age=<http.max_staleness in seconds>` (`private` when reads need a token, `no-cache` below 1 s): an answer may be that old"))),
         (status = 400, description = "A body that is not this object, 0 or over 1000 members, a bad member name, a window the board does not rank, a missing or needless scope, a bad period, a query parameter", body = ErrorBody),
         (status = 401, description = "The reader's token is required", body = ErrorBody),
         (status = 404, description = "An unknown board, or a period no longer kept", body = ErrorBody),

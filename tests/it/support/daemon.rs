@@ -184,6 +184,20 @@ impl Daemon {
         }
     }
 
+    /// GETs `path` until its answer satisfies `done`, for at most 5 s; the last answer. A
+    /// write by another process than the daemon (the command line, a test's own store)
+    /// shows in the daemon's answers within `http.max_staleness`, 1 s by default (see
+    /// docs/api.md, "Answers kept, and HTTP caching").
+    pub async fn get_once(&self, path: &str, done: impl Fn(u16, &str) -> bool) -> (u16, String) {
+        let mut last = self.get(path).await;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while !done(last.0, &last.1) && std::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+            last = self.get(path).await;
+        }
+        last
+    }
+
     /// GETs `path` and asserts that it answers `want`; the body.
     pub async fn get_answering(&self, path: &str, want: u16) -> String {
         let (got, body) = self.get(path).await;
