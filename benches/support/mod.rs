@@ -1,6 +1,6 @@
 //! What the benchmark programs share: a redis-server child on a free loopback port in a
-//! temp dir (killed on drop), percentile helpers, the slow log read by kind of call, and
-//! the capacity runs on Redis Cluster ([`cluster`]).
+//! temp dir (killed on drop), percentile helpers, the slow log read by kind of call, the
+//! tip workloads ([`workload`]) and the capacity runs on Redis Cluster ([`cluster`]).
 
 // Each bench program compiles this module on its own and uses a part of it.
 #![allow(dead_code)]
@@ -14,6 +14,7 @@ use fred::prelude::*;
 use fred::types::{ClusterHash, CustomCommand};
 
 pub mod cluster;
+pub mod workload;
 
 /// A redis-server child process listening on 127.0.0.1, without persistence.
 pub struct RedisServer {
