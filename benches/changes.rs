@@ -20,12 +20,12 @@
 mod support;
 
 use std::collections::HashMap;
-use std::process::{Child, Command, ExitCode, Stdio};
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fred::prelude::*;
-use support::{invoked_by_cargo_bench, percentile, RedisServer};
+use support::{invoked_by_cargo_bench, percentile, Daemon, RedisServer};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::Barrier;
 
@@ -59,16 +59,6 @@ fn args() -> Result<Args> {
         }
     }
     Ok(out)
-}
-
-/// Kills the daemon when dropped.
-struct Daemon(Child);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 fn rss_kb(pid: u32) -> u64 {
@@ -167,32 +157,15 @@ async fn run(args: Args) -> Result<()> {
         config(&redis.url(), &listen, args.subscribers),
     )
     .map_err(|e| e.to_string())?;
-    let log = std::fs::File::create(dir.path().join("daemon.log")).map_err(|e| e.to_string())?;
-    let daemon = Daemon(
-        Command::new(env!("CARGO_BIN_EXE_rollboard"))
-            .arg("--config")
-            .arg(&config_path)
-            .arg("run")
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .map_err(|e| format!("cannot start the daemon: {e}"))?,
-    );
-    let pid = daemon.0.id();
-    let http = reqwest::Client::new();
-    let started = Instant::now();
-    loop {
-        let up = http.get(format!("http://{listen}/healthz")).send().await;
-        if up.is_ok_and(|r| r.status().is_success()) {
-            break;
-        }
-        if started.elapsed() > Duration::from_secs(20) {
-            return Err("the daemon did not start".into());
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let mut daemon = Daemon::start(
+        &config_path,
+        &[("RUST_LOG", "warn")],
+        &dir.path().join("daemon.log"),
+    )?;
+    let pid = daemon.pid();
+    daemon
+        .until_healthy(&listen, Duration::from_secs(20))
+        .await?;
     // One subscriber first, so that the code paths and buffers of a stream are warm.
     let warm = tokio::spawn(subscribe(listen.clone(), 0, Arc::new(Barrier::new(1))));
     let _ = warm.await;

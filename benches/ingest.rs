@@ -82,13 +82,12 @@ use rollboard::domain::board::Board;
 use rollboard::ingest::{consumer::Ingest, stream::group_info};
 use rollboard::metrics::Metrics;
 use rollboard::store::{apply_call, ApplyEvent, Reconnect, Store, APPLY_CHUNK};
+use support::workload::{apply_event, fields, fill_stream, Spread, MEMBERS, SKEWED_ROOMS};
 use support::{
     invoked_by_cargo_bench, percentile, slow_by_kind, slowlog_start, slowlog_take, RedisServer,
 };
 use tokio_util::sync::CancellationToken;
 
-/// Uniform workload's rooms.
-const MEMBERS: usize = 100_000;
 const BATCH: usize = 500;
 
 /// How much work each scenario does.
@@ -261,97 +260,10 @@ fn now_ms() -> i64 {
     rollboard::domain::clock::local_ms()
 }
 
-/// How tips spread over rooms (and fans).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Spread {
-    /// A power law over SKEWED_ROOMS rooms, as live tipping is: a few rooms take most tips.
-    Skewed,
-    /// Every one of MEMBERS rooms equally likely: nearly every event touches a new member.
-    Uniform,
-    /// The shipped config's shape: rooms as `Skewed`, and within a room a power law over
-    /// FANS_PER_ROOM fans; two boards per event.
-    Shipped,
-}
-
-/// Rooms of the skewed workloads.
-const SKEWED_ROOMS: usize = 10_000;
-/// Fans a room of the shipped shape draws from.
-const FANS_PER_ROOM: usize = 2_000;
 /// The dedicated room of the freshness probes.
 const PROBE_ROOM: &str = "probe";
 /// The first probe's amount: more than any room collects, so the probe room tops the board.
 const PROBE_BASE: i64 = 1_000_000_000_000;
-
-/// A fixed pseudo-random number in [0, 1) for event `i` (splitmix64 finaliser).
-fn unit(i: usize, salt: u64) -> f64 {
-    let mut x = (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ salt;
-    x ^= x >> 29;
-    x = x.wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x ^= x >> 32;
-    (x >> 11) as f64 / (1u64 << 53) as f64
-}
-
-impl Spread {
-    fn room(self, i: usize) -> usize {
-        match self {
-            Spread::Uniform => (i * 7919) % MEMBERS,
-            // u^4 piles the mass on low ids.
-            Spread::Skewed | Spread::Shipped => {
-                (unit(i, 0x5851_F42D_4C95_7F2D).powi(4) * SKEWED_ROOMS as f64) as usize
-            }
-        }
-    }
-
-    /// The fan of event `i` (shipped shape): a power law within the room, fan names shared
-    /// across rooms.
-    fn user(self, i: usize) -> String {
-        let k = (unit(i, 0x2545_F491_4F6C_DD1D).powi(3) * FANS_PER_ROOM as f64) as usize;
-        format!("fan{}", (self.room(i) * 7 + k) % 1_000_000)
-    }
-
-    pub fn rooms(self) -> usize {
-        match self {
-            Spread::Uniform => MEMBERS,
-            Spread::Skewed | Spread::Shipped => SKEWED_ROOMS,
-        }
-    }
-
-    pub fn describe(self) -> String {
-        match self {
-            Spread::Uniform => format!("uniform over {MEMBERS} rooms, one board"),
-            Spread::Skewed => format!("power law over {SKEWED_ROOMS} rooms, one board"),
-            Spread::Shipped => format!(
-                "shipped shape: rooms_7d + fans_7d scoped by room, power law over \
-                 {SKEWED_ROOMS} rooms and {FANS_PER_ROOM} fans per room"
-            ),
-        }
-    }
-}
-
-/// Event `i`: a tip of 1..=50 to a room, within the last day.
-fn apply_event(spread: Spread, i: usize, now: i64) -> ApplyEvent {
-    ApplyEvent {
-        id: format!("e{i}"),
-        ts: now - (i as i64 * 431) % 86_400_000,
-        member: format!("room{}", spread.room(i)),
-        amount: 1 + (i % 50) as i64,
-    }
-}
-
-/// The same event as stream fields.
-fn fields(spread: Spread, i: usize, now: i64) -> Vec<(String, String)> {
-    let e = apply_event(spread, i, now);
-    let mut f = vec![
-        ("room".into(), e.member),
-        ("amount".into(), e.amount.to_string()),
-        ("id".into(), e.id),
-        ("ts".into(), e.ts.to_string()),
-    ];
-    if spread == Spread::Shipped {
-        f.push(("user".into(), spread.user(i)));
-    }
-    f
-}
 
 /// Probe `k` of the freshness run: the first one makes the probe room the leader.
 fn probe_fields(k: usize) -> Vec<(String, String)> {
@@ -889,26 +801,6 @@ async fn bench_script(redis: &RedisServer, spread: Spread, sizes: Sizes) -> Resu
         command_usec(redis, "fcall") / n as f64
     );
     Ok(r)
-}
-
-/// XADDs events `from..to` (in flights of 1000).
-async fn fill_stream(
-    client: &Client,
-    stream: &str,
-    spread: Spread,
-    from: usize,
-    to: usize,
-    now: i64,
-) -> Result<()> {
-    let indexes: Vec<usize> = (from..to).collect();
-    for chunk in indexes.chunks(1000) {
-        futures_util::future::try_join_all(chunk.iter().map(|i| {
-            client.xadd::<String, _, _, _, _>(stream, false, None, "*", fields(spread, *i, now))
-        }))
-        .await
-        .map_err(|e| e.to_string())?;
-    }
-    Ok(())
 }
 
 fn start_consumer(

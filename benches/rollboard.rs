@@ -157,6 +157,7 @@ const USAGE: &str = "usage: cargo bench --bench rollboard -- [table] [memory] [e
 mod ingest;
 use ingest::support;
 use support::cluster;
+use support::workload::Spread;
 
 fn main() -> ExitCode {
     if !invoked_by_cargo_bench() {
@@ -446,7 +447,7 @@ fn print_table(
             });
         }
     }
-    let workload = |spread: ingest::Spread| {
+    let workload = |spread: Spread| {
         ingest_figures
             .workloads
             .iter()
@@ -455,9 +456,9 @@ fn print_table(
             .unwrap_or_default()
     };
     let targets = [
-        (ingest::Spread::Shipped, 10.0, 4.0),
-        (ingest::Spread::Skewed, 10.0, 4.0),
-        (ingest::Spread::Uniform, 8.0, 10.0),
+        (Spread::Shipped, 10.0, 4.0),
+        (Spread::Skewed, 10.0, 4.0),
+        (Spread::Uniform, 8.0, 10.0),
     ];
     for (spread, times, _) in targets {
         if let ingest::WorkloadFigures {
@@ -517,7 +518,7 @@ fn print_table(
         pipelined: Some(p),
         e2e: Some(e),
         ..
-    } = workload(ingest::Spread::Shipped)
+    } = workload(Spread::Shipped)
     {
         let cold = |t: &ingest::Throughput| match t.cold {
             Some(c) => format!(" ({:.2} from an empty Redis)", c.cpu_us),
@@ -527,7 +528,7 @@ fn print_table(
             figure: format!(
                 "Redis CPU per event (user + sys), second pass, {}, vs the naive commands \
                  pipelined {} events at a time on the same events",
-                ingest::Spread::Shipped.describe(),
+                Spread::Shipped.describe(),
                 ingest::NAIVE_PIPELINE
             ),
             ours: format!(

@@ -32,15 +32,14 @@
 mod support;
 
 use std::collections::HashMap;
-use std::path::Path;
-use std::process::{Child, Command, ExitCode, Stdio};
+use std::process::{Command, ExitCode};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fred::prelude::*;
 use rollboard::domain::keys::Keys;
-use support::{invoked_by_cargo_bench, RedisServer};
+use support::{invoked_by_cargo_bench, Daemon, RedisServer};
 
 const PREFIX: &str = "soak";
 const STREAM: &str = "soak:events";
@@ -131,39 +130,6 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::FAILURE
-        }
-    }
-}
-
-/// The daemon child, stopped with SIGTERM on drop.
-struct Daemon(Child);
-
-impl Daemon {
-    fn pid(&self) -> u32 {
-        self.0.id()
-    }
-
-    fn stop(&mut self) -> Result<()> {
-        let status = Command::new("kill")
-            .args(["-TERM", &self.pid().to_string()])
-            .status()
-            .map_err(|e| e.to_string())?;
-        if !status.success() {
-            return Err("kill -TERM failed".into());
-        }
-        let status = self.0.wait().map_err(|e| e.to_string())?;
-        if !status.success() {
-            return Err(format!("the daemon exited with {status}"));
-        }
-        Ok(())
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if matches!(self.0.try_wait(), Ok(None)) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
         }
     }
 }
@@ -342,26 +308,11 @@ async fn run(args: Args) -> Result<bool> {
         .to_string();
     let config_path = dir.path().join("rollboard.toml");
     std::fs::write(&config_path, config(&redis.url(), &listen)).map_err(|e| e.to_string())?;
-    let log_path = dir.path().join("daemon.log");
-    let log = std::fs::File::create(&log_path).map_err(|e| e.to_string())?;
-    let stderr = log.try_clone().map_err(|e| e.to_string())?;
-    let mut daemon = Daemon(
-        Command::new(env!("CARGO_BIN_EXE_rollboard"))
-            .arg("--config")
-            .arg(&config_path)
-            .arg("run")
-            .stdin(Stdio::null())
-            .stdout(log)
-            .stderr(stderr)
-            .spawn()
-            .map_err(|e| format!("cannot start the daemon: {e}"))?,
-    );
+    let mut daemon = Daemon::start(&config_path, &[], &dir.path().join("daemon.log"))?;
     let started = Instant::now();
     while !group(&redis).contains_key("name") {
-        if started.elapsed() > Duration::from_secs(20)
-            || daemon.0.try_wait().ok().flatten().is_some()
-        {
-            return Err(format!("the daemon did not start: {}", log_tail(&log_path)));
+        if started.elapsed() > Duration::from_secs(20) || daemon.exited().is_some() {
+            return Err(format!("the daemon did not start: {}", daemon.log_tail()));
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -644,13 +595,7 @@ async fn run(args: Args) -> Result<bool> {
         last.rss_kb, last.used_memory, last.seen, last.slices
     );
     if !ok {
-        println!("daemon log tail:\n{}", log_tail(&log_path));
+        println!("daemon log tail:\n{}", daemon.log_tail());
     }
     Ok(ok)
-}
-
-fn log_tail(path: &Path) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(20)..].join("\n")
 }

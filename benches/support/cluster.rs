@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 use fred::prelude::*;
 use rollboard::config::Settings;
 
+use super::Daemon;
+
 type Result<T> = std::result::Result<T, String>;
 
 /// The unscoped board of config/rollboard.toml that tips feed by room (its `shards` line is
@@ -370,16 +372,6 @@ fn fields(i: u64, now: i64) -> Vec<(String, String)> {
     ]
 }
 
-/// The daemon, killed on drop.
-struct Daemon(Child);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// The figures of one run.
 pub struct Row {
     pub layout: Layout,
@@ -482,20 +474,11 @@ async fn one_run(layout: Layout, events: u64) -> Result<Row> {
         let listen = format!("127.0.0.1:{}", free_port()?);
         std::fs::write(&path, config(&url, &layout, &format!("d{d}"), &listen))
             .map_err(|e| e.to_string())?;
-        let log = std::fs::File::create(dir.path().join(format!("d{d}.log")))
-            .map_err(|e| e.to_string())?;
-        let stderr = log.try_clone().map_err(|e| e.to_string())?;
-        running.push(Daemon(
-            Command::new(env!("CARGO_BIN_EXE_rollboard"))
-                .arg("--config")
-                .arg(&path)
-                .arg("run")
-                .stdin(Stdio::null())
-                .stdout(log)
-                .stderr(stderr)
-                .spawn()
-                .map_err(|e| format!("cannot start the daemon: {e}"))?,
-        ));
+        running.push(Daemon::start(
+            &path,
+            &[],
+            &dir.path().join(format!("d{d}.log")),
+        )?);
     }
     loop {
         let mut done = true;
@@ -508,7 +491,7 @@ async fn one_run(layout: Layout, events: u64) -> Result<Row> {
             break;
         }
         for (d, daemon) in running.iter_mut().enumerate() {
-            if let Ok(Some(status)) = daemon.0.try_wait() {
+            if let Some(status) = daemon.exited() {
                 let log = std::fs::read_to_string(dir.path().join(format!("d{d}.log")))
                     .unwrap_or_default();
                 return Err(format!("daemon d{d} exited ({status}): {log}"));
@@ -532,7 +515,7 @@ async fn one_run(layout: Layout, events: u64) -> Result<Row> {
         .collect();
     let daemon_cpu = running
         .iter()
-        .map(|d| process_cpu_seconds(d.0.id()))
+        .map(|d| process_cpu_seconds(d.pid()))
         .sum::<f64>()
         * 1e6
         / events as f64;

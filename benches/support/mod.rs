@@ -1,19 +1,22 @@
 //! What the benchmark programs share: a redis-server child on a free loopback port in a
-//! temp dir (killed on drop), percentile helpers, the slow log read by kind of call, and
-//! the capacity runs on Redis Cluster ([`cluster`]).
+//! temp dir and the release daemon (each killed on drop), percentile helpers, the slow log
+//! read by kind of call, the tip workloads ([`workload`]) and the capacity runs on Redis
+//! Cluster ([`cluster`]).
 
 // Each bench program compiles this module on its own and uses a part of it.
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
 use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use fred::prelude::*;
 use fred::types::{ClusterHash, CustomCommand};
 
 pub mod cluster;
+pub mod workload;
 
 /// A redis-server child process listening on 127.0.0.1, without persistence.
 pub struct RedisServer {
@@ -198,6 +201,104 @@ impl Drop for RedisServer {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// A `rollboard run` child: the binary cargo built for the benches (the release one, under
+/// `cargo bench`), its standard output and error in a log file; killed on drop.
+pub struct Daemon {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Daemon {
+    /// Starts `rollboard --config <config> run` with `env` set, logging to `log`.
+    pub fn start(config: &Path, env: &[(&str, &str)], log: &Path) -> Result<Daemon, String> {
+        let out = std::fs::File::create(log).map_err(|e| format!("{}: {e}", log.display()))?;
+        let err = out
+            .try_clone()
+            .map_err(|e| format!("{}: {e}", log.display()))?;
+        let child = Command::new(env!("CARGO_BIN_EXE_rollboard"))
+            .arg("--config")
+            .arg(config)
+            .arg("run")
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .map_err(|e| format!("cannot start the daemon: {e}"))?;
+        Ok(Daemon {
+            child,
+            log: log.to_path_buf(),
+        })
+    }
+
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Its exit status, once it has exited.
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    /// Stops it with SIGTERM and waits; an error unless it exits successfully.
+    pub fn stop(&mut self) -> Result<(), String> {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.pid().to_string()])
+            .status()
+            .map_err(|e| e.to_string())?;
+        if !status.success() {
+            return Err("kill -TERM failed".into());
+        }
+        let status = self.child.wait().map_err(|e| e.to_string())?;
+        if !status.success() {
+            return Err(format!("the daemon exited with {status}"));
+        }
+        Ok(())
+    }
+
+    /// The last 20 lines of its log.
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(20)..].join("\n")
+    }
+
+    /// Waits until `GET /healthz` on `listen` (host:port) answers 200, for at most `limit`.
+    pub async fn until_healthy(&mut self, listen: &str, limit: Duration) -> Result<(), String> {
+        let http = reqwest::Client::new();
+        let started = Instant::now();
+        loop {
+            let up = http.get(format!("http://{listen}/healthz")).send().await;
+            if up.is_ok_and(|r| r.status().is_success()) {
+                return Ok(());
+            }
+            if let Some(status) = self.exited() {
+                return Err(format!(
+                    "the daemon exited ({status}):\n{}",
+                    self.log_tail()
+                ));
+            }
+            if started.elapsed() > limit {
+                return Err(format!(
+                    "the daemon did not answer /healthz within {limit:?}:\n{}",
+                    self.log_tail()
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if self.exited().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
     }
 }
 
