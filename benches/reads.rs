@@ -17,7 +17,10 @@
 //! with 256 connections; and last the same top 10 read straight from Redis with
 //! `redis-benchmark` (`ZREVRANGE <result key> 0 9 WITHSCORES`).
 //!
-//! Per row: requests/s, its ratio to `/healthz`'s, p50 and p99 latency, Redis commands and
+//! Per row: requests/s, its ratio to `/healthz`'s, p50 and p99 latency, the daemon's reads
+//! of Redis per request (its own count of `query.lua` calls, which the ingest does not
+//! make: the figure the loaded row is judged by) and how its answers were found (kept,
+//! read by the request, waited for: `rollboard_http_answers_total`), Redis commands and
 //! Redis CPU (user + sys) per request, and the commands split by name (`INFO
 //! commandstats`). Redis counts the commands a script runs as commands too, in
 //! `total_commands_processed` as in `commandstats`. The figures are the deltas over the row
@@ -520,6 +523,9 @@ struct Row {
     per_request: Counters,
     /// On the loaded row: the tips sent and their rate.
     tips: Option<(u64, f64)>,
+    /// The daemon's own count of its reads of Redis (`query.lua` calls) per request, and
+    /// how its answers were found (kept, read, waited for), as shares of the requests.
+    reads: DaemonReads,
     /// Why the row failed.
     failure: Option<String>,
     /// Measurements taken (more than one when a scheduled job ran during one).
@@ -546,6 +552,38 @@ impl Row {
             out.push_str(&format!("; WARNING: socket errors {errors}"));
         }
         out
+    }
+}
+
+/// The daemon's counters of its reads (from its `/metrics`), or a difference of two.
+#[derive(Debug, Clone, Copy, Default)]
+struct DaemonReads {
+    /// `rollboard_script_duration_seconds_count{script="query"}`: reads of Redis.
+    query_calls: f64,
+    /// `rollboard_http_answers_total` by source: hit, miss, wait.
+    answers: [f64; 3],
+}
+
+impl DaemonReads {
+    fn parse(text: &str) -> DaemonReads {
+        let value = |series: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(series))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .unwrap_or(0.0)
+        };
+        DaemonReads {
+            query_calls: value("rollboard_script_duration_seconds_count{script=\"query\"} "),
+            answers: ["hit", "miss", "wait"]
+                .map(|s| value(&format!("rollboard_http_answers_total{{source=\"{s}\"}} "))),
+        }
+    }
+
+    fn minus(&self, other: &DaemonReads) -> DaemonReads {
+        DaemonReads {
+            query_calls: self.query_calls - other.query_calls,
+            answers: [0, 1, 2].map(|i| self.answers[i] - other.answers[i]),
+        }
     }
 }
 
@@ -587,6 +625,7 @@ impl Bench<'_> {
                 (after.minus(&before, 1.0), t.elapsed())
             };
             let before = self.counters().await?;
+            let reads_before = self.daemon_reads().await?;
             let t = Instant::now();
             let cancel = CancellationToken::new();
             let producer = spec.ingest.then(|| {
@@ -611,6 +650,7 @@ impl Bench<'_> {
             };
             let after = self.counters().await?;
             let took = t.elapsed();
+            let reads = self.daemon_reads().await?.minus(&reads_before);
             let generated = generated?;
             if let Some(status) = daemon.exited() {
                 return Err(format!(
@@ -659,10 +699,21 @@ impl Bench<'_> {
                 per_request: work.per(generated.requests.max(1) as f64),
                 generated,
                 tips: tips.map(|(sent, took)| (sent, sent as f64 / took.as_secs_f64())),
+                reads,
                 failure,
                 tries,
             });
         }
+    }
+
+    /// The daemon's counters of its reads, from its `/metrics`.
+    async fn daemon_reads(&self) -> Result<DaemonReads> {
+        let url = format!("{}/metrics", self.base);
+        let answer = reqwest::get(&url)
+            .await
+            .map_err(|e| format!("GET {url}: {e}"))?;
+        let text = answer.text().await.map_err(|e| format!("GET {url}: {e}"))?;
+        Ok(DaemonReads::parse(&text))
     }
 
     /// Requests of a redis-benchmark run that lasts about a row: a short run first gives
@@ -1047,10 +1098,10 @@ fn print_table(rows: &[Row], sizes: Sizes, quick: bool, took: Duration) {
     );
     println!();
     println!(
-        "| row | requests/s | vs `/healthz` | p50 | p99 | Redis commands / request \
+        "| row | requests/s | vs `/healthz` | p50 | p99 | reads of Redis / request | answers kept / read / waited | Redis commands / request \
          | Redis CPU / request |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     for row in rows {
         let g = &row.generated;
         let mark = if row.tips.is_some() { " (1)" } else { "" };
@@ -1058,8 +1109,24 @@ fn print_table(rows: &[Row], sizes: Sizes, quick: bool, took: Duration) {
             Some(why) => format!("**FAILED**: {why}"),
             None => thousands(g.per_second.round() as u64),
         };
+        let n = g.requests.max(1) as f64;
+        let (reads, sources) =
+            if row.label.starts_with('/') || row.label.contains("redis-benchmark") {
+                ("".to_string(), "".to_string())
+            } else {
+                let [hit, miss, wait] = row.reads.answers;
+                (
+                    fixed(row.reads.query_calls / n, 4),
+                    format!(
+                        "{}% / {}% / {}%",
+                        fixed(100.0 * hit / n, 2),
+                        fixed(100.0 * miss / n, 2),
+                        fixed(100.0 * wait / n, 2)
+                    ),
+                )
+            };
         println!(
-            "| {} | {rate} | {}x | {} | {} | {}{mark} | {} µs{mark} |",
+            "| {} | {rate} | {}x | {} | {} | {reads} | {sources} | {}{mark} | {} µs{mark} |",
             row.label,
             fixed(g.per_second / healthz.max(f64::MIN_POSITIVE), 2),
             latency(g.p50),

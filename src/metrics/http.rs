@@ -222,8 +222,8 @@ impl HttpFamilies {
                 registry,
                 IntGauge::new(
                     "rollboard_http_answers_held_bytes",
-                    "Bytes of the query answers kept (bounded by http.cache_bytes), as of the \
-                     last answer read.",
+                    "Bytes of the query answers kept, bodies and keys (bounded by \
+                     http.cache_bytes), counted at each scrape.",
                 )
                 .expect("a valid metric"),
             ),
@@ -231,7 +231,7 @@ impl HttpFamilies {
                 registry,
                 IntGauge::new(
                     "rollboard_http_answers_held",
-                    "Query answers kept, as of the last answer read.",
+                    "Query answers kept (counted at each scrape).",
                 )
                 .expect("a valid metric"),
             ),
@@ -240,8 +240,11 @@ impl HttpFamilies {
         families
     }
 
-    /// Every series of a known route, result and role, at zero.
+    /// Every series of a known route, result and role, at zero; of the requests, the
+    /// unknown paths' one (its label values are fixed), so that the family is in the
+    /// first scrape.
     fn zero(&self) {
+        self.requests.with_label_values(&[UNMATCHED_ROUTE, "404"]);
         for route in HTTP_ROUTES {
             self.duration.with_label_values(&[route]);
         }
@@ -356,6 +359,17 @@ mod tests {
     #[test]
     fn build_info_intake_results_and_unmatched_routes_are_fixed_labels() {
         let metrics = Metrics::new(&boards());
+        let first = metrics.render();
+        let unmatched = "rollboard_http_requests_total{route=\"unmatched\",status=\"404\"}";
+        assert_eq!(sample(&first, unmatched), Some(0.0), "in the first scrape");
+        for source in super::ANSWER_SOURCES {
+            let series = format!("rollboard_http_answers_total{{source=\"{source}\"}}");
+            assert_eq!(sample(&first, &series), Some(0.0), "{series}");
+        }
+        assert_eq!(
+            sample(&first, "rollboard_http_answers_held_bytes"),
+            Some(0.0)
+        );
         metrics.http_response(None, 404);
         metrics.http_response(None, 404);
         metrics.http_response(Some("/v1/events"), 202);

@@ -180,10 +180,19 @@ impl Answers {
             "wait"
         };
         self.metrics.answer_kept(kind);
-        self.metrics
-            .answers_held(cache.weighted_size(), cache.entry_count());
         // A failed read is not kept: each waiter answers its error, the next request reads.
         filled.map_err(|e| ApiError::clone(&*e))
+    }
+
+    /// Sets the gauges of what is kept (`rollboard_http_answers_held`, `..._bytes`), once
+    /// the cache's pending work (insertions, evictions, expiries it records lazily) is done:
+    /// before each scrape.
+    pub(super) async fn count_held(&self) {
+        if let Some(cache) = &self.cache {
+            cache.run_pending_tasks().await;
+            self.metrics
+                .answers_held(cache.weighted_size(), cache.entry_count());
+        }
     }
 
     fn response(&self, answer: &Answer, headers: &HeaderMap) -> Response {

@@ -74,6 +74,7 @@ pub(super) async fn metrics(
     RawQuery(query): RawQuery,
 ) -> ApiResult<Response> {
     params(query, &[])?;
+    state.answers.count_held().await;
     Ok((
         [(
             header::CONTENT_TYPE,
