@@ -1,6 +1,7 @@
 //! The HTTP API as clients meet it: answers and errors, wire edges, slow clients, metrics
 //! and tokens, the change feed's streams and the live page.
 
+mod answers_attacks;
 mod answers_kept;
 mod bearer_tokens_and_listeners;
 mod change_feed_streams;
