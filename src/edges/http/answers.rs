@@ -8,8 +8,9 @@
 //! query is answered from it without a call to Redis; requests that find no answer while
 //! one is being read wait for that read instead of sending their own. So:
 //!
-//! * an answer is at most `http.max_staleness` older than the Redis state it shows, and
-//!   `as_of` names that state (the time its ranking last changed);
+//! * an answer is at most `http.max_staleness` older than the Redis state it shows (counted
+//!   from when its read began), and `as_of` names that state (the time its ranking last
+//!   changed);
 //! * a write by this process (its consumers, its roll jobs) is in every answer that begins
 //!   after the write returned, at once; writes by other processes (other replicas, the
 //!   command line) show within `http.max_staleness`;
@@ -20,16 +21,19 @@
 //! one exactly when their bodies are equal, so `If-None-Match` naming it answers
 //! `304 Not Modified`. `Cache-Control: max-age` is `http.max_staleness` in whole seconds
 //! (`no-cache` below one second: a client revalidates every time), `private` when the reads
-//! need a token.
+//! need a token; `Age` says how many whole seconds ago Redis was read, so a cache in front
+//! keeps an answer no longer than what is left of it.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::Response;
 use moka::future::Cache;
+use moka::Expiry;
 use serde_json::Value;
 
 use super::error::{ApiError, ApiResult};
@@ -43,12 +47,15 @@ pub(super) struct Answer {
     status: StatusCode,
     body: Bytes,
     etag: HeaderValue,
+    /// When its read of Redis began: its age is counted from here, however long the reply
+    /// took to arrive.
+    read_at: Instant,
 }
 
 impl Answer {
     /// The answer `read` gave: its JSON, or a member not on the board (a 404 that is an
     /// answer of the state too). Other errors are not answers.
-    fn of(read: ApiResult<Value>) -> ApiResult<Answer> {
+    fn of(read: ApiResult<Value>, read_at: Instant) -> ApiResult<Answer> {
         let (status, value) = match read {
             Ok(value) => (StatusCode::OK, value),
             Err(ApiError::NotOnBoard(value)) => (StatusCode::NOT_FOUND, value),
@@ -60,6 +67,7 @@ impl Answer {
             status,
             etag: etag(&body),
             body: Bytes::from(body),
+            read_at,
         })
     }
 
@@ -67,6 +75,21 @@ impl Answer {
     fn weight(&self, key: &Key) -> u32 {
         let bytes = self.body.len() + key.query.len() + std::mem::size_of::<(Key, Answer)>();
         u32::try_from(bytes).unwrap_or(u32::MAX)
+    }
+}
+
+/// Keeps an answer until it is `http.max_staleness` older than its read of Redis (not than
+/// its arrival: a slow reply is kept the less).
+struct SinceRead(Duration);
+
+impl Expiry<Key, Arc<Answer>> for SinceRead {
+    fn expire_after_create(
+        &self,
+        _key: &Key,
+        answer: &Arc<Answer>,
+        _created_at: Instant,
+    ) -> Option<Duration> {
+        Some(self.0.saturating_sub(answer.read_at.elapsed()))
     }
 }
 
@@ -119,7 +142,7 @@ impl Answers {
             Cache::builder()
                 .max_capacity(http.cache_bytes)
                 .weigher(|key: &Key, answer: &Arc<Answer>| answer.weight(key))
-                .time_to_live(http.max_staleness)
+                .expire_after(SinceRead(http.max_staleness))
                 .build()
         });
         let seconds = http.max_staleness.as_secs();
@@ -151,7 +174,7 @@ impl Answers {
         read: impl Future<Output = ApiResult<Value>> + Send,
     ) -> ApiResult<Response> {
         let answer = match &self.cache {
-            None => Arc::new(Answer::of(read.await)?),
+            None => Arc::new(Answer::of(read.await, Instant::now())?),
             Some(cache) => self.kept(cache, key, read).await?,
         };
         Ok(self.response(&answer, headers))
@@ -171,7 +194,8 @@ impl Answers {
         let filled = cache
             .try_get_with(key, async {
                 ran.store(true, Ordering::Relaxed);
-                Answer::of(read.await).map(Arc::new)
+                let read_at = Instant::now();
+                Answer::of(read.await, read_at).map(Arc::new)
             })
             .await;
         let kind = if ran.load(Ordering::Relaxed) {
@@ -216,6 +240,12 @@ impl Answers {
             h.insert(header::ETAG, answer.etag.clone());
         }
         h.insert(header::CACHE_CONTROL, self.cache_control.clone());
+        // How long ago Redis was read, in the whole seconds HTTP counts (RFC 9111 5.1): a
+        // cache in front keeps the answer only for what is left of its max-age.
+        let age = answer.read_at.elapsed().as_secs();
+        if age > 0 {
+            h.insert(header::AGE, HeaderValue::from(age));
+        }
         response
     }
 }
@@ -265,10 +295,13 @@ mod tests {
 
     #[test]
     fn a_member_not_on_the_board_is_an_answer_and_an_outage_is_not() {
-        let kept = Answer::of(Err(ApiError::NotOnBoard(serde_json::json!({"rank": null}))))
-            .expect("an answer");
+        let kept = Answer::of(
+            Err(ApiError::NotOnBoard(serde_json::json!({"rank": null}))),
+            Instant::now(),
+        )
+        .expect("an answer");
         assert_eq!(kept.status, StatusCode::NOT_FOUND);
         assert_eq!(&kept.body[..], br#"{"rank":null}"#);
-        assert!(Answer::of(Err(ApiError::Unavailable("down".into()))).is_err());
+        assert!(Answer::of(Err(ApiError::Unavailable("down".into())), Instant::now()).is_err());
     }
 }
