@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::error::{invalid, ConfigError};
-use super::tls;
+use super::tls::{self, TlsFiles};
 use super::values::{count, duration, non_empty};
 
 /// Full-size writing script calls in Redis at once, by default (`redis.max_calls_in_flight`).
@@ -109,18 +109,6 @@ impl std::fmt::Debug for RedisSettings {
             .field("max_clock_skew_ms", &self.max_clock_skew_ms)
             .finish()
     }
-}
-
-/// Files that configure TLS to Redis: the CA that signed the server's certificate and,
-/// for mutual TLS, the client's certificate chain and key (PEM).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TlsFiles {
-    /// CA certificates to trust instead of the system's (`redis.tls_ca_file`).
-    pub ca_file: Option<PathBuf>,
-    /// Client certificate chain (`redis.tls_cert_file`).
-    pub cert_file: Option<PathBuf>,
-    /// Client private key (`redis.tls_key_file`).
-    pub key_file: Option<PathBuf>,
 }
 
 /// How many replicas must hold a write before rollboard confirms it (`[redis]`

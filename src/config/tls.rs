@@ -1,10 +1,20 @@
 //! The TLS side of `[redis]`: the CA, client certificate and key files, read and checked
 //! into the rustls client configuration the connections use.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::redis::TlsFiles;
+/// Files that configure TLS to Redis: the CA that signed the server's certificate and,
+/// for mutual TLS, the client's certificate chain and key (PEM).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// CA certificates to trust instead of the system's (`redis.tls_ca_file`).
+    pub ca_file: Option<PathBuf>,
+    /// Client certificate chain (`redis.tls_cert_file`).
+    pub cert_file: Option<PathBuf>,
+    /// Client private key (`redis.tls_key_file`).
+    pub key_file: Option<PathBuf>,
+}
 
 /// A TLS file that cannot be used, with the setting that names it.
 #[derive(Debug, thiserror::Error)]
