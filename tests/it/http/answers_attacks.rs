@@ -18,283 +18,23 @@
 //! tiny `http.cache_bytes` and answers larger than it; `If-None-Match` edges, `HEAD` and
 //! 404s; the reader's token before anything kept; a board changed between two runs.
 
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rollboard::config::Settings;
-use rollboard::domain::board::Board;
-use rollboard::domain::clock::Clock;
-use rollboard::edges::http::ApiStore;
-use rollboard::metrics::Metrics;
-use rollboard::store::{ApplyEvent, Generations, Store};
+use rollboard::store::ApplyEvent;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio_util::sync::CancellationToken;
 
 use crate::support::proxy::Proxy;
 use crate::support::*;
 
-/// An unscoped board of rooms (slices of 6 h: no slice begins during a test, in practice).
-const ROOMS: &str =
-    "[[boards]]\nname = \"rooms\"\nmember = \"room\"\nwindow = \"7d\"\nslice = \"6h\"\n";
-
 // ---------------------------------------------------------------------------------------
-// Fixtures: the API served in this process, daemons with boards of their own, requests and
-// their answers, metrics.
+// Fixtures of this module: raw HTTP exchanges and the API's connections (the rest are
+// support's: the API served in this process, daemons with boards of their own, requests and
+// their answers, metrics).
 // ---------------------------------------------------------------------------------------
-
-/// The HTTP API served in this process as the daemon serves it (its own thread, runtime and
-/// Redis connections, `ApiStore::Own`). Stopped when dropped.
-struct Api {
-    base: String,
-    port: u16,
-    clock: Arc<Clock>,
-    settings: Arc<Settings>,
-    cancel: CancellationToken,
-}
-
-impl Api {
-    /// Serves `boards` of the Redis at `url` with the `[http]` lines `http`, on the clock
-    /// of the Redis `store` reaches, with write counters of its own.
-    async fn start(url: &str, store: &Store, http: &str, boards: &str) -> Api {
-        Api::counting(url, store, http, boards, Arc::new(Generations::new())).await
-    }
-
-    /// As [`Api::start`], counting its writes (and reading those written) in
-    /// `generations`: a store sharing them writes as this process.
-    async fn counting(
-        url: &str,
-        store: &Store,
-        http: &str,
-        boards: &str,
-        generations: Arc<Generations>,
-    ) -> Api {
-        let port = free_port();
-        let text = format!(
-            "[redis]\nurl = \"{url}\"\n[http]\nlisten = \"127.0.0.1:{port}\"\n{http}\n{boards}"
-        );
-        let settings =
-            Arc::new(Settings::from_toml(&text).unwrap_or_else(|e| panic!("{e}:\n{text}")));
-        let listener =
-            std::net::TcpListener::bind(("127.0.0.1", port)).expect("bind the API's port");
-        let clock = Arc::new(Clock::new(settings.redis.max_clock_skew_ms));
-        clock.sync(store.time_ms()).await.expect("Redis's TIME");
-        let metrics = Arc::new(Metrics::new(&settings.boards));
-        let cancel = CancellationToken::new();
-        rollboard::edges::http::spawn(
-            listener,
-            settings.clone(),
-            metrics,
-            clock.clone(),
-            vec![Arc::new(AtomicBool::new(true))],
-            ApiStore::Own(generations),
-            cancel.clone(),
-        )
-        .await
-        .expect("the API serves");
-        Api {
-            base: format!("http://127.0.0.1:{port}"),
-            port,
-            clock,
-            settings,
-            cancel,
-        }
-    }
-
-    fn board(&self, name: &str) -> Board {
-        self.settings
-            .board(name)
-            .expect("a configured board")
-            .clone()
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.base)
-    }
-}
-
-impl Drop for Api {
-    fn drop(&mut self) {
-        self.cancel.cancel();
-    }
-}
-
-/// What one request was answered.
-#[derive(Debug, Clone)]
-struct Answered {
-    status: u16,
-    headers: HashMap<String, String>,
-    body: Vec<u8>,
-}
-
-impl Answered {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers.get(name).map(String::as_str)
-    }
-
-    fn etag(&self) -> Option<&str> {
-        self.header("etag")
-    }
-
-    fn text(&self) -> String {
-        text(&self.body)
-    }
-
-    fn json(&self) -> Value {
-        serde_json::from_slice(&self.body)
-            .unwrap_or_else(|e| panic!("not JSON ({e}), status {}: {}", self.status, self.text()))
-    }
-}
-
-/// Sends `request`; its answer (the server must answer).
-async fn send(request: reqwest::RequestBuilder) -> Answered {
-    let response = request.send().await.expect("the server answers");
-    let headers = response
-        .headers()
-        .iter()
-        .map(|(k, v)| {
-            (
-                k.as_str().to_string(),
-                String::from_utf8_lossy(v.as_bytes()).into_owned(),
-            )
-        })
-        .collect();
-    let status = response.status().as_u16();
-    let body = response.bytes().await.expect("the answer's body").to_vec();
-    Answered {
-        status,
-        headers,
-        body,
-    }
-}
-
-/// The totals of `member` as `answer` shows it: in a page's or a subset's entries, in a
-/// rank answer, or in each window of an `all_windows` answer.
-fn totals_of(answer: &Value, member: &str) -> Vec<Option<i64>> {
-    if let Some(windows) = answer["windows"].as_array() {
-        return windows.iter().map(|w| w["total"].as_i64()).collect();
-    }
-    if let Some(entries) = answer["entries"].as_array() {
-        let entry = entries.iter().find(|e| e["member"] == member);
-        return vec![entry.and_then(|e| e["total"].as_i64())];
-    }
-    assert_eq!(answer["member"], member, "{answer}");
-    vec![answer["total"].as_i64()]
-}
-
-/// One sample of `/metrics` at `base` (summed over the samples with `labels`).
-async fn metric(client: &reqwest::Client, base: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
-    let body = send(client.get(format!("{base}/metrics"))).await;
-    assert_eq!(body.status, 200, "/metrics: {}", body.text());
-    let scrape = prometheus_parse::Scrape::parse(body.text().lines().map(|l| Ok(l.to_string())))
-        .expect("prometheus text");
-    scrape
-        .samples
-        .iter()
-        .filter(|s| s.metric == name && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
-        .map(|s| match s.value {
-            prometheus_parse::Value::Counter(v)
-            | prometheus_parse::Value::Gauge(v)
-            | prometheus_parse::Value::Untyped(v) => v,
-            _ => f64::NAN,
-        })
-        .sum()
-}
-
-/// `rollboard_http_answers_total` at `base`: hits, misses, waits.
-async fn sources(client: &reqwest::Client, base: &str) -> [f64; 3] {
-    let mut out = [0.0; 3];
-    for (i, source) in ["hit", "miss", "wait"].into_iter().enumerate() {
-        out[i] = metric(
-            client,
-            base,
-            "rollboard_http_answers_total",
-            &[("source", source)],
-        )
-        .await;
-    }
-    out
-}
-
-/// `rollboard_http_answers_held` and `rollboard_http_answers_held_bytes` at `base`.
-async fn held(client: &reqwest::Client, base: &str) -> (f64, f64) {
-    (
-        metric(client, base, "rollboard_http_answers_held", &[]).await,
-        metric(client, base, "rollboard_http_answers_held_bytes", &[]).await,
-    )
-}
-
-/// Returns once Redis's clock is at least `margin_ms` before the end of its hour (a day
-/// ends on an hour too), waiting the turn out when it is closer: a test that compares
-/// totals across reads must not see a one-hour window or a day begin.
-async fn clear_of_the_hour(store: &Store, margin_ms: i64) {
-    let now = redis_now(store).await;
-    let turn = (now.div_euclid(HOUR) + 1) * HOUR;
-    if turn - now < margin_ms {
-        let wait = Duration::from_millis((turn - now) as u64) + Duration::from_secs(2);
-        let turned = wait_for(wait, || async { redis_now(store).await > turn }).await;
-        assert!(turned, "Redis's clock never reached {turn}");
-    }
-}
-
-/// Takes the leases of `jobs` as another replica would: a daemon started now never runs
-/// them.
-fn hold_leases(redis: &RedisServer, jobs: &[&str]) {
-    for job in jobs {
-        let key = format!("rb:job:{{{job}}}:lease");
-        let set = redis.cli(&["SET", &key, "another-replica@0", "PX", "600000"]);
-        assert!(set.contains("OK"), "SET {key}: {set}");
-    }
-}
-
-/// A daemon's configuration in `dir`: Redis at `url`, HTTP on `port` with the `[http]`
-/// lines `http`, and `boards` only.
-fn daemon_config(dir: &Path, url: &str, port: u16, http: &str, boards: &str) -> PathBuf {
-    let path = dir.join("rollboard-attacks.toml");
-    let text = format!(
-        "[redis]\nurl = \"{url}\"\n[ingest]\nconsumer = \"attacks\"\nblock = \"100ms\"\n\
-         claim_idle = \"1s\"\nbatch_size = 200\n[schedule]\nroll = \"*/2 * * * * *\"\n\
-         resummarize = \"* * * * * *\"\nlease = \"5s\"\n[http]\nlisten = \"127.0.0.1:{port}\"\n\
-         {http}\n{boards}"
-    );
-    std::fs::write(&path, text).expect("write config");
-    path
-}
-
-/// Appends a tip of `amount` from `user` in `room`, now, to the daemon's stream.
-async fn tip(store: &Store, id: &str, room: &str, user: &str, amount: i64) {
-    let ts = redis_now(store).await.to_string();
-    let amount = amount.to_string();
-    let fields = vec![
-        ("id", id),
-        ("ts", ts.as_str()),
-        ("room", room),
-        ("user", user),
-        ("amount", amount.as_str()),
-    ];
-    xadd_one(store, "rb:events", fields).await;
-}
-
-/// As [`tip`], then waits until the daemon's consumer applied and acknowledged it.
-async fn tip_applied(
-    store: &Store,
-    daemon: &Daemon,
-    id: &str,
-    room: &str,
-    user: &str,
-    amount: i64,
-) {
-    tip(store, id, room, user, amount).await;
-    assert!(
-        drained(store).await,
-        "the tip {id} was not applied; log:\n{}",
-        daemon.logs()
-    );
-}
 
 /// A plain HTTP/1.1 exchange on a new connection (closed by the request): the status, the
 /// head's header lines (lower-cased names) and the body.
@@ -339,7 +79,9 @@ fn raw_header(headers: &[(String, Vec<u8>)], name: &str) -> Option<String> {
 }
 
 /// The strong entity tag rollboard gives `body` (the first 96 bits of its BLAKE3 digest):
-/// what a client would send back had it been given one.
+/// what a client would send back had it been given one. Computed here on purpose: the API
+/// gives a 404 no `ETag`, so no answer names that body's own; the test checks it against a
+/// 200's `ETag` first.
 fn tag_of(body: &[u8]) -> String {
     let digest = blake3::hash(body);
     let hex: String = digest.as_bytes()[..12]
@@ -383,17 +125,13 @@ async fn an_answer_redis_sent_slowly_is_not_kept_past_max_staleness_of_what_redi
     let (redis, store) = RedisServer::start_with_store("rb").await;
     let proxy = Proxy::start(redis.port).await;
     let max_staleness = Duration::from_secs(1);
-    let api = Api::start(&proxy.url(), &store, "max_staleness = \"1s\"", ROOMS).await;
+    let api = Api::start(&proxy.url(), &store, "max_staleness = \"1s\"", ROOMS_BOARD).await;
     let b = api.board("rooms");
-    let now = redis_now(&store).await;
-    store
-        .apply(&b, None, &[ev("s1", now, "r1", 5)], now)
-        .await
-        .expect("apply");
+    apply_now(&store, &b, &[("s1", "r1", 5)]).await;
     let client = reqwest::Client::new();
     let top = api.url("/v1/boards/rooms/top");
     // The API's connections answer (another query: nothing of `top` is kept).
-    let warm = send(client.get(api.url("/v1/boards/rooms/members/r1"))).await;
+    let warm = ask(client.get(api.url("/v1/boards/rooms/members/r1"))).await;
     assert_eq!(warm.status, 200, "{}", warm.text());
 
     // A slow network: the query reaches Redis 2 s after it is sent, its reply 2 s later.
@@ -401,7 +139,7 @@ async fn an_answer_redis_sent_slowly_is_not_kept_past_max_staleness_of_what_redi
     let ran = fcall_calls(&redis);
     let slow = tokio::spawn({
         let (client, top) = (client.clone(), top.clone());
-        async move { send(client.get(&top)).await }
+        async move { ask(client.get(&top)).await }
     });
     let read = wait_for(Duration::from_secs(10), || async {
         fcall_calls(&redis) > ran
@@ -409,11 +147,7 @@ async fn an_answer_redis_sent_slowly_is_not_kept_past_max_staleness_of_what_redi
     .await;
     assert!(read, "the query never reached Redis");
     // Redis has read the board for it; another process writes before the reply arrives.
-    let now = redis_now(&store).await;
-    store
-        .apply(&b, None, &[ev("s2", now, "r1", 4)], now)
-        .await
-        .expect("apply");
+    apply_now(&store, &b, &[("s2", "r1", 4)]).await;
     let written = Instant::now();
     let first = slow.await.expect("the slow read");
     proxy.latency(Duration::ZERO);
@@ -431,7 +165,7 @@ async fn an_answer_redis_sent_slowly_is_not_kept_past_max_staleness_of_what_redi
     // Every read that begins later than http.max_staleness after the write shows it.
     loop {
         let began = Instant::now();
-        let answer = send(client.get(&top)).await;
+        let answer = ask(client.get(&top)).await;
         assert_eq!(answer.status, 200, "{}", answer.text());
         if totals_of(&answer.json(), "r1") == [Some(9)] {
             break;
@@ -450,32 +184,28 @@ async fn an_answer_redis_sent_slowly_is_not_kept_past_max_staleness_of_what_redi
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_answer_given_from_what_is_kept_does_not_claim_fresh_max_staleness_again() {
     let (redis, store) = RedisServer::start_with_store("rb").await;
-    let api = Api::start(&redis.url(), &store, "max_staleness = \"3s\"", ROOMS).await;
+    let api = Api::start(&redis.url(), &store, "max_staleness = \"3s\"", ROOMS_BOARD).await;
     let b = api.board("rooms");
-    let now = api.clock.now();
-    store
-        .apply(&b, None, &[ev("s1", now, "r1", 5)], now)
-        .await
-        .expect("apply");
+    apply_now(&store, &b, &[("s1", "r1", 5)]).await;
     let client = reqwest::Client::new();
     let top = api.url("/v1/boards/rooms/top");
     let asked = Instant::now();
-    let first = send(client.get(&top)).await;
+    let first = ask(client.get(&top)).await;
     assert_eq!(first.status, 200, "{}", first.text());
     let aged = wait_for(Duration::from_secs(5), || async {
         asked.elapsed() >= Duration::from_millis(1500)
     })
     .await;
     assert!(aged);
-    let [hits, ..] = sources(&client, &api.base).await;
-    let again = send(client.get(&top)).await;
+    let [hits, ..] = answer_sources(&client, &api.base).await;
+    let again = ask(client.get(&top)).await;
     let age_now = asked.elapsed();
     assert_eq!(
         (again.status, again.etag(), again.text()),
         (200, first.etag(), first.text())
     );
     assert_eq!(
-        sources(&client, &api.base).await[0],
+        answer_sources(&client, &api.base).await[0],
         hits + 1.0,
         "given from what is kept"
     );
@@ -507,26 +237,22 @@ async fn an_answer_given_from_what_is_kept_does_not_claim_fresh_max_staleness_ag
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_held_gauges_drop_once_what_was_kept_has_expired() {
     let (redis, store) = RedisServer::start_with_store("rb").await;
-    let api = Api::start(&redis.url(), &store, "max_staleness = \"1s\"", ROOMS).await;
+    let api = Api::start(&redis.url(), &store, "max_staleness = \"1s\"", ROOMS_BOARD).await;
     let b = api.board("rooms");
-    let now = api.clock.now();
-    store
-        .apply(&b, None, &[ev("s1", now, "r1", 5)], now)
-        .await
-        .expect("apply");
+    apply_now(&store, &b, &[("s1", "r1", 5)]).await;
     let client = reqwest::Client::new();
     // 70 answers kept (404s of members not on the board).
     for i in 0..70 {
-        let answer = send(client.get(api.url(&format!("/v1/boards/rooms/members/m{i}")))).await;
+        let answer = ask(client.get(api.url(&format!("/v1/boards/rooms/members/m{i}")))).await;
         assert_eq!(answer.status, 404, "{}", answer.text());
     }
-    let counted = held(&client, &api.base).await;
+    let counted = held_gauges(&client, &api.base).await;
     assert!(counted.0 > 0.0, "70 answers kept, held {counted:?}");
     let read = Instant::now();
     // Nothing but /metrics is asked for: after http.max_staleness nothing is kept.
     let last = Mutex::new(counted);
     let dropped = wait_for(Duration::from_secs(6), || async {
-        let now = held(&client, &api.base).await;
+        let now = held_gauges(&client, &api.base).await;
         *last.lock().expect("lock") = now;
         now == (0.0, 0.0)
     })
@@ -673,19 +399,9 @@ type Seen = (usize, Instant, i64);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn own_writes_show_at_once_on_every_board_kind_while_many_readers_race_them() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
-    hold_leases(&redis, &["roll"]);
-    let dir = tempfile::tempdir().expect("dir");
-    let port = free_port();
-    let config = daemon_config(
-        dir.path(),
-        &redis.url(),
-        port,
-        "max_staleness = \"60s\"",
-        KINDS,
-    );
-    let daemon = Daemon::start(&config, port).await;
+    let (redis, store) = server_holding(&["roll"]).await;
+    let (_dir, config, _, daemon) =
+        kept_daemon(&redis.url(), "max_staleness = \"60s\"", Some(KINDS), &[]).await;
     clear_of_the_hour(&store, 30_000).await;
     let fans = board_of(&config, "fans");
     let fans_total = || async {
@@ -697,9 +413,9 @@ async fn own_writes_show_at_once_on_every_board_kind_while_many_readers_race_the
             .total
     };
     for (i, user) in ["u2", "u3", "u4", "u5", "u6"].into_iter().enumerate() {
-        tip(&store, &format!("seed{i}"), "r1", user, 10 * (i as i64 + 1)).await;
+        append_tip(&store, &format!("seed{i}"), "r1", user, 10 * (i as i64 + 1)).await;
     }
-    tip(&store, "seed-r2", "r2", "u7", 1).await;
+    append_tip(&store, "seed-r2", "r2", "u7", 1).await;
     tip_applied(&store, &daemon, "tip1", "r1", "u1", 1).await;
     let swapped = wait_for(Duration::from_secs(10), || async {
         fans_total().await == Some(1)
@@ -724,7 +440,7 @@ async fn own_writes_show_at_once_on_every_board_kind_while_many_readers_race_the
                 while !stop.load(Ordering::Relaxed) {
                     let q = i % queries.len();
                     let began = Instant::now();
-                    let answer = send(queries[q].request(&client, &base)).await;
+                    let answer = ask(queries[q].request(&client, &base)).await;
                     seen.push((q, began, queries[q].total(&answer)));
                     i += 7;
                 }
@@ -742,7 +458,7 @@ async fn own_writes_show_at_once_on_every_board_kind_while_many_readers_race_the
         let answers = futures_util::future::join_all(
             incremental
                 .iter()
-                .map(|q| send(q.request(&client, &daemon.base))),
+                .map(|q| ask(q.request(&client, &daemon.base))),
         )
         .await;
         for (q, answer) in incremental.iter().zip(&answers) {
@@ -763,7 +479,7 @@ async fn own_writes_show_at_once_on_every_board_kind_while_many_readers_race_the
         swaps.push(Instant::now());
         for q in queries.iter().filter(|q| q.resummarized) {
             let shown = wait_for(Duration::from_secs(2), || async {
-                q.total(&send(q.request(&client, &daemon.base)).await) == k as i64
+                q.total(&ask(q.request(&client, &daemon.base)).await) == k as i64
             })
             .await;
             assert!(
@@ -793,7 +509,7 @@ async fn own_writes_show_at_once_on_every_board_kind_while_many_readers_race_the
     }
     eprintln!("{checked} reads raced the daemon's writes, none older than a write before it");
     assert!(checked > 200, "only {checked} racing reads");
-    let [hits, misses, waits] = sources(&client, &daemon.base).await;
+    let [hits, misses, waits] = answer_sources(&client, &daemon.base).await;
     eprintln!("answers: {hits} hits, {misses} misses, {waits} waits");
     assert!(
         hits > misses,
@@ -808,29 +524,24 @@ async fn own_writes_show_at_once_on_every_board_kind_while_many_readers_race_the
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_apply_whose_connection_was_cut_after_it_reached_redis_shows_at_once() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
-    hold_leases(&redis, &["roll", "resummarize"]);
+    let (redis, store) = server_holding(ALL_JOBS).await;
     let proxy = Proxy::start(redis.port).await;
-    let dir = tempfile::tempdir().expect("dir");
-    let port = free_port();
-    let config = daemon_config(
-        dir.path(),
+    let (_dir, config, _, daemon) = kept_daemon(
         &proxy.url(),
-        port,
         "max_staleness = \"60s\"",
-        ROOMS,
-    );
-    let daemon = Daemon::start(&config, port).await;
+        Some(ROOMS_BOARD),
+        &[],
+    )
+    .await;
     let b = board_of(&config, "rooms");
     tip_applied(&store, &daemon, "t1", "r1", "u1", 5).await;
     let client = reqwest::Client::new();
     let top = format!("{}/v1/boards/rooms/top", daemon.base);
     for _ in 0..2 {
-        let kept = send(client.get(&top)).await;
+        let kept = ask(client.get(&top)).await;
         assert_eq!(totals_of(&kept.json(), "r1"), [Some(5)], "{}", kept.text());
     }
-    let [hits, ..] = sources(&client, &daemon.base).await;
+    let [hits, ..] = answer_sources(&client, &daemon.base).await;
     assert!(hits >= 1.0, "the answer is kept");
 
     // The next apply call reaches Redis and its connection is cut before the reply; the
@@ -838,7 +549,7 @@ async fn an_apply_whose_connection_was_cut_after_it_reached_redis_shows_at_once(
     let fold = function_name("fold");
     proxy.cut_at(&fold, 1, 1);
     let retry = proxy.hold_at(&fold, 2);
-    tip(&store, "t2", "r1", "u2", 4).await;
+    append_tip(&store, "t2", "r1", "u2", 4).await;
     let cut = wait_for(Duration::from_secs(10), || async { proxy.cuts() == 1 }).await;
     assert!(cut, "the apply call was never cut; log:\n{}", daemon.logs());
     let landed = wait_for(Duration::from_secs(5), || async {
@@ -853,7 +564,7 @@ async fn an_apply_whose_connection_was_cut_after_it_reached_redis_shows_at_once(
         matches!(pending, Some((n, _)) if n >= 1),
         "the batch is not acknowledged yet: {pending:?}"
     );
-    let answer = send(client.get(&top)).await;
+    let answer = ask(client.get(&top)).await;
     assert_eq!(
         totals_of(&answer.json(), "r1"),
         [Some(9)],
@@ -862,7 +573,7 @@ async fn an_apply_whose_connection_was_cut_after_it_reached_redis_shows_at_once(
     );
     retry.release();
     assert!(drained(&store).await, "the batch was never acknowledged");
-    let answer = send(client.get(&top)).await;
+    let answer = ask(client.get(&top)).await;
     assert_eq!(
         totals_of(&answer.json(), "r1"),
         [Some(9)],
@@ -876,35 +587,27 @@ async fn an_apply_whose_connection_was_cut_after_it_reached_redis_shows_at_once(
 async fn an_outage_during_a_fill_answers_every_waiter_503_in_one_reads_time_and_keeps_nothing() {
     let (redis, store) = RedisServer::start_with_store("rb").await;
     let proxy = Proxy::start(redis.port).await;
-    let api = Api::start(&proxy.url(), &store, "max_staleness = \"1s\"", ROOMS).await;
+    let api = Api::start(&proxy.url(), &store, "max_staleness = \"1s\"", ROOMS_BOARD).await;
     let b = api.board("rooms");
-    let now = redis_now(&store).await;
-    store
-        .apply(&b, None, &[ev("s1", now, "r1", 5)], now)
-        .await
-        .expect("apply");
+    apply_now(&store, &b, &[("s1", "r1", 5)]).await;
     let client = reqwest::Client::new();
     let top = api.url("/v1/boards/rooms/top");
-    let kept = send(client.get(&top)).await;
+    let kept = ask(client.get(&top)).await;
     let read = Instant::now();
     assert_eq!(totals_of(&kept.json(), "r1"), [Some(5)], "{}", kept.text());
 
     // Redis out of reach (the network drops everything); another process writes meanwhile.
     proxy.blackhole(true);
-    let now = redis_now(&store).await;
-    store
-        .apply(&b, None, &[ev("s2", now, "r1", 4)], now)
-        .await
-        .expect("apply");
+    apply_now(&store, &b, &[("s2", "r1", 4)]).await;
     // Once the answer kept is http.max_staleness old, 16 requests at once fill it again.
     let expired = wait_for(Duration::from_secs(5), || async {
         read.elapsed() > Duration::from_millis(1200)
     })
     .await;
     assert!(expired);
-    let before = sources(&client, &api.base).await;
+    let before = answer_sources(&client, &api.base).await;
     let started = Instant::now();
-    let crowd = futures_util::future::join_all((0..16).map(|_| send(client.get(&top)))).await;
+    let crowd = futures_util::future::join_all((0..16).map(|_| ask(client.get(&top)))).await;
     let took = started.elapsed();
     for answer in &crowd {
         assert_eq!(answer.status, 503, "{}", answer.text());
@@ -915,7 +618,7 @@ async fn an_outage_during_a_fill_answers_every_waiter_503_in_one_reads_time_and_
         took < Duration::from_secs(8),
         "16 requests during an outage took {took:?} (one read's timeout is 5 s)"
     );
-    let after = sources(&client, &api.base).await;
+    let after = answer_sources(&client, &api.base).await;
     assert_eq!(
         [
             after[0] - before[0],
@@ -929,7 +632,7 @@ async fn an_outage_during_a_fill_answers_every_waiter_503_in_one_reads_time_and_
     proxy.blackhole(false);
     let last = Mutex::new(None);
     let back = wait_for(Duration::from_secs(10), || async {
-        let answer = send(client.get(&top)).await;
+        let answer = ask(client.get(&top)).await;
         let ok = answer.status == 200;
         *last.lock().expect("lock") = Some(answer);
         ok
@@ -949,15 +652,11 @@ async fn an_outage_during_a_fill_answers_every_waiter_503_in_one_reads_time_and_
 async fn a_filler_whose_client_went_away_leaves_its_waiters_an_answer() {
     let (redis, store) = RedisServer::start_with_store("rb").await;
     let proxy = Proxy::start(redis.port).await;
-    let api = Api::start(&proxy.url(), &store, "max_staleness = \"60s\"", ROOMS).await;
+    let api = Api::start(&proxy.url(), &store, "max_staleness = \"60s\"", ROOMS_BOARD).await;
     let b = api.board("rooms");
-    let now = redis_now(&store).await;
-    store
-        .apply(&b, None, &[ev("s1", now, "r1", 5)], now)
-        .await
-        .expect("apply");
+    apply_now(&store, &b, &[("s1", "r1", 5)]).await;
     let client = reqwest::Client::new();
-    let warm = send(client.get(api.url("/v1/boards/rooms/members/r1"))).await;
+    let warm = ask(client.get(api.url("/v1/boards/rooms/members/r1"))).await;
     assert_eq!(warm.status, 200, "{}", warm.text());
     let addr = format!("127.0.0.1:{}", api.port);
 
@@ -992,7 +691,7 @@ async fn a_filler_whose_client_went_away_leaves_its_waiters_an_answer() {
         "the API never read the waiters' requests: {:?}",
         connections_unread(api.port)
     );
-    let healthz = send(client.get(api.url("/healthz"))).await;
+    let healthz = ask(client.get(api.url("/healthz"))).await;
     assert_eq!(healthz.status, 200);
 
     // The filler's client goes away; its read, held, then answers nobody.
@@ -1017,7 +716,7 @@ async fn a_filler_whose_client_went_away_leaves_its_waiters_an_answer() {
         let body = answer.split("\r\n\r\n").nth(1).expect("a body");
         assert_eq!(totals_of(&json(body), "r1"), [Some(5)], "{body}");
     }
-    let [_, miss, wait] = sources(&client, &api.base).await;
+    let [_, miss, wait] = answer_sources(&client, &api.base).await;
     eprintln!("after the filler went away: {miss} misses, {wait} waits");
     assert_eq!(miss, 2.0, "the warm-up and one waiter read Redis");
 }
@@ -1035,7 +734,7 @@ async fn tiny_cache_bytes_and_answers_larger_than_it_stay_bounded_and_correct() 
             &redis.url(),
             &store,
             &format!("max_staleness = \"60s\"\ncache_bytes = {bound}"),
-            ROOMS,
+            ROOMS_BOARD,
         )
         .await;
         if !seeded {
@@ -1045,7 +744,7 @@ async fn tiny_cache_bytes_and_answers_larger_than_it_stay_bounded_and_correct() 
                 .map(|i| ev(&format!("s{i}"), now, &format!("r{i}"), 1 + i))
                 .collect();
             for chunk in seed.chunks(250) {
-                store.apply(&b, None, chunk, now).await.expect("apply");
+                apply_events(&store, &b, chunk, now).await;
             }
             seeded = true;
         }
@@ -1061,9 +760,7 @@ async fn tiny_cache_bytes_and_answers_larger_than_it_stay_bounded_and_correct() 
         let mut biggest = 0;
         for chunk in paths.chunks(8) {
             let answers = futures_util::future::join_all(
-                chunk
-                    .iter()
-                    .map(|p| send(client.get(format!("{board}{p}")))),
+                chunk.iter().map(|p| ask(client.get(format!("{board}{p}")))),
             )
             .await;
             for (path, answer) in chunk.iter().zip(answers) {
@@ -1101,13 +798,13 @@ async fn tiny_cache_bytes_and_answers_larger_than_it_stay_bounded_and_correct() 
             biggest as u64 > bound,
             "an answer of {biggest} bytes, larger than http.cache_bytes {bound}"
         );
-        let (entries, bytes) = held(&client, &api.base).await;
+        let (entries, bytes) = held_gauges(&client, &api.base).await;
         eprintln!("cache_bytes {bound}: held {entries} answers, {bytes} bytes");
         assert!(
             bytes <= bound as f64,
             "rollboard_http_answers_held_bytes {bytes} over http.cache_bytes {bound}"
         );
-        assert_eq!(send(client.get(api.url("/healthz"))).await.status, 200);
+        assert_eq!(ask(client.get(api.url("/healthz"))).await.status, 200);
     }
 }
 
@@ -1118,30 +815,21 @@ async fn tiny_cache_bytes_and_answers_larger_than_it_stay_bounded_and_correct() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn if_none_match_edges_head_and_404s_never_give_a_304_for_another_body() {
     let (redis, store) = RedisServer::start_with_store("rb").await;
-    let api = Api::counting(
-        &redis.url(),
-        &store,
-        "max_staleness = \"60s\"",
-        ROOMS,
-        store.generations().clone(),
-    )
-    .await;
+    let api = Api::sharing(&redis.url(), &store, "max_staleness = \"60s\"", ROOMS_BOARD).await;
     let b = api.board("rooms");
-    let now = api.clock.now();
-    store
-        .apply(
-            &b,
-            None,
-            &[ev("s1", now, "r1", 5), ev("s2", now, "r2", 3)],
-            now,
-        )
-        .await
-        .expect("apply");
+    apply_now(&store, &b, &[("s1", "r1", 5), ("s2", "r2", 3)]).await;
     let client = reqwest::Client::new();
     let top = api.url("/v1/boards/rooms/top");
-    let first = send(client.get(&top)).await;
+    let first = ask(client.get(&top)).await;
     assert_eq!(first.status, 200, "{}", first.text());
     let tag = first.etag().expect("an ETag").to_string();
+    // The digest `tag_of` computes is the API's (so the 404's own, below, is the tag that
+    // body would have been given).
+    assert_eq!(
+        tag_of(&first.body),
+        tag,
+        "an ETag other than the body's digest"
+    );
     let cache_control = first
         .header("cache-control")
         .expect("Cache-Control")
@@ -1176,24 +864,22 @@ async fn if_none_match_edges_head_and_404s_never_give_a_304_for_another_body() {
     }
     let mut named = many.clone();
     named.extend_from_slice(tag.as_bytes());
-    assert_304(&send(with(&named)).await, "1500 tags, then the answer's");
+    assert_304(&ask(with(&named)).await, "1500 tags, then the answer's");
     many.truncate(many.len() - 2);
-    assert_body(&send(with(&many)).await, "1500 other tags");
+    assert_body(&ask(with(&many)).await, "1500 other tags");
     // The tag repeated in several headers, weak, or unquoted.
-    let two = send(
-        client
-            .get(&top)
-            .header("if-none-match", "\"nope\"")
-            .header("if-none-match", format!("W/{tag}")),
-    )
+    let two = ask(client
+        .get(&top)
+        .header("if-none-match", "\"nope\"")
+        .header("if-none-match", format!("W/{tag}")))
     .await;
     assert_304(&two, "a second If-None-Match header, weak");
     assert_body(
-        &send(with(tag.trim_matches('"').as_bytes())).await,
+        &ask(with(tag.trim_matches('"').as_bytes())).await,
         "the tag unquoted",
     );
     assert_body(
-        &send(with(&tag.as_bytes()[..tag.len() - 2])).await,
+        &ask(with(&tag.as_bytes()[..tag.len() - 2])).await,
         "a prefix of the tag",
     );
     // Garbage: bytes that are not ASCII, separators, a lone W/.
@@ -1205,39 +891,37 @@ async fn if_none_match_edges_head_and_404s_never_give_a_304_for_another_body() {
         b"\"\"",
     ] {
         assert_body(
-            &send(with(garbage)).await,
+            &ask(with(garbage)).await,
             &format!("If-None-Match: {:?}", text(garbage)),
         );
     }
-    assert_304(&send(with(b"*")).await, "*");
-    assert_304(&send(with(b"\"x\", *")).await, "a list with *");
+    assert_304(&ask(with(b"*")).await, "*");
+    assert_304(&ask(with(b"\"x\", *")).await, "a list with *");
 
     // HEAD: the GET's head, no body; 304 when revalidated.
-    let head = send(client.head(&top)).await;
+    let head = ask(client.head(&top)).await;
     assert_eq!(head.status, 200);
     assert!(head.body.is_empty(), "a HEAD with a body");
     assert_eq!(head.etag(), Some(tag.as_str()));
-    let head = send(client.head(&top).header("if-none-match", &tag)).await;
+    let head = ask(client.head(&top).header("if-none-match", &tag)).await;
     assert_eq!(head.status, 304);
 
     // A member not on the board: its 404 is an answer, never a 304, whatever is named
     // (its own digest, `*`, the top's tag), and it carries no ETag.
     let nobody = api.url("/v1/boards/rooms/members/nobody");
-    let missing = send(client.get(&nobody)).await;
+    let missing = ask(client.get(&nobody)).await;
     assert_eq!(missing.status, 404, "{}", missing.text());
     assert_eq!(missing.etag(), None, "a 404 with an ETag");
     for named in [tag_of(&missing.body), "*".to_string(), tag.clone()] {
-        let again = send(client.get(&nobody).header("if-none-match", &named)).await;
+        let again = ask(client.get(&nobody).header("if-none-match", &named)).await;
         assert_eq!(
             (again.status, again.text()),
             (404, missing.text()),
             "members/nobody with If-None-Match {named}"
         );
-        let around = send(
-            client
-                .get(format!("{nobody}/around"))
-                .header("if-none-match", &named),
-        )
+        let around = ask(client
+            .get(format!("{nobody}/around"))
+            .header("if-none-match", &named))
         .await;
         assert_eq!(around.status, 404, "around, If-None-Match {named}");
     }
@@ -1255,12 +939,8 @@ async fn if_none_match_edges_head_and_404s_never_give_a_304_for_another_body() {
 
     // The board changes (a write of this process): the old tag names another body now,
     // and is answered it.
-    let now = api.clock.now();
-    store
-        .apply(&b, None, &[ev("s3", now, "r2", 9)], now)
-        .await
-        .expect("apply");
-    let changed = send(client.get(&top).header("if-none-match", &tag)).await;
+    apply_now(&store, &b, &[("s3", "r2", 9)]).await;
+    let changed = ask(client.get(&top).header("if-none-match", &tag)).await;
     assert_eq!(changed.status, 200, "{}", changed.text());
     assert_eq!(
         totals_of(&changed.json(), "r2"),
@@ -1269,7 +949,7 @@ async fn if_none_match_edges_head_and_404s_never_give_a_304_for_another_body() {
         changed.text()
     );
     assert_ne!(changed.etag(), Some(tag.as_str()));
-    assert_eq!(send(client.get(api.url("/healthz"))).await.status, 200);
+    assert_eq!(ask(client.get(api.url("/healthz"))).await.status, 200);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1282,13 +962,9 @@ async fn nothing_kept_is_given_or_revalidated_without_the_readers_token() {
         "max_staleness = \"60s\"\nquery_token_file = \"{}\"",
         file.display()
     );
-    let api = Api::start(&redis.url(), &store, &http, ROOMS).await;
+    let api = Api::start(&redis.url(), &store, &http, ROOMS_BOARD).await;
     let b = api.board("rooms");
-    let now = api.clock.now();
-    store
-        .apply(&b, None, &[ev("s1", now, "r1", 5)], now)
-        .await
-        .expect("apply");
+    apply_now(&store, &b, &[("s1", "r1", 5)]).await;
     let client = reqwest::Client::new();
     for path in [
         "/top",
@@ -1297,14 +973,14 @@ async fn nothing_kept_is_given_or_revalidated_without_the_readers_token() {
         "/members/r1/around",
     ] {
         let url = api.url(&format!("/v1/boards/rooms{path}"));
-        let kept = send(client.get(&url).bearer_auth(token)).await;
+        let kept = ask(client.get(&url).bearer_auth(token)).await;
         assert!(matches!(kept.status, 200 | 404), "{path}: {}", kept.text());
         assert_eq!(
             kept.header("cache-control"),
             Some("private, max-age=60"),
             "{path}"
         );
-        let again = send(client.get(&url).bearer_auth(token)).await;
+        let again = ask(client.get(&url).bearer_auth(token)).await;
         assert_eq!(again.body, kept.body, "{path}: kept");
         let named = kept.etag().map_or_else(|| "*".to_string(), str::to_string);
         for (who, request) in [
@@ -1333,7 +1009,7 @@ async fn nothing_kept_is_given_or_revalidated_without_the_readers_token() {
                 } else {
                     request
                 };
-                let refused = send(request).await;
+                let refused = ask(request).await;
                 assert_eq!(
                     refused.status,
                     401,
@@ -1349,12 +1025,10 @@ async fn nothing_kept_is_given_or_revalidated_without_the_readers_token() {
             }
         }
         if let Some(tag) = kept.etag() {
-            let revalidated = send(
-                client
-                    .get(&url)
-                    .bearer_auth(token)
-                    .header("if-none-match", tag),
-            )
+            let revalidated = ask(client
+                .get(&url)
+                .bearer_auth(token)
+                .header("if-none-match", tag))
             .await;
             assert_eq!(revalidated.status, 304, "{path} with the token");
         }
@@ -1363,23 +1037,18 @@ async fn nothing_kept_is_given_or_revalidated_without_the_readers_token() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_board_changed_between_two_runs_answers_from_its_new_settings() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
-    hold_leases(&redis, &["roll", "resummarize"]);
-    let dir = tempfile::tempdir().expect("dir");
-    let port = free_port();
-    let config = daemon_config(
-        dir.path(),
+    let (redis, store) = server_holding(ALL_JOBS).await;
+    let (_dir, config, port, daemon) = kept_daemon(
         &redis.url(),
-        port,
         "max_staleness = \"60s\"",
-        ROOMS,
-    );
-    let daemon = Daemon::start(&config, port).await;
+        Some(ROOMS_BOARD),
+        &[],
+    )
+    .await;
     tip_applied(&store, &daemon, "t1", "r1", "u1", 5).await;
     let client = reqwest::Client::new();
     let top = format!("{}/v1/boards/rooms/top", daemon.base);
-    let old = send(client.get(&top)).await;
+    let old = ask(client.get(&top)).await;
     assert_eq!(old.json()["window"], "7d", "{}", old.text());
     let old_tag = old.etag().expect("an ETag").to_string();
     assert!(daemon.terminate().await.success());
@@ -1393,7 +1062,7 @@ async fn a_board_changed_between_two_runs_answers_from_its_new_settings() {
     );
     let daemon = Daemon::start(&config, port).await;
     tip_applied(&store, &daemon, "t2", "r1", "u1", 2).await;
-    let new = send(client.get(&top).header("if-none-match", &old_tag)).await;
+    let new = ask(client.get(&top).header("if-none-match", &old_tag)).await;
     assert_eq!(new.status, 200, "{}", new.text());
     let body = new.json();
     assert_eq!(
@@ -1403,7 +1072,7 @@ async fn a_board_changed_between_two_runs_answers_from_its_new_settings() {
         new.text()
     );
     assert_ne!(new.etag(), Some(old_tag.as_str()));
-    let rank = send(client.get(format!("{}/v1/boards/rooms/members/r1", daemon.base))).await;
+    let rank = ask(client.get(format!("{}/v1/boards/rooms/members/r1", daemon.base))).await;
     assert_eq!(rank.json()["total"], 2, "{}", rank.text());
     assert!(daemon.terminate().await.success());
 }

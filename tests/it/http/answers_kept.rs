@@ -21,15 +21,11 @@ use std::time::{Duration, Instant};
 
 use fred::prelude::*;
 use proptest::prelude::*;
-use rollboard::config::Settings;
 use rollboard::domain::board::{Board, TieBreak};
 use rollboard::domain::clock::Clock;
-use rollboard::edges::http::ApiStore;
-use rollboard::metrics::Metrics;
 use rollboard::store::{ApplyEvent, Generations, Store};
 use serde_json::{json, Value};
 use tempfile::TempDir;
-use tokio_util::sync::CancellationToken;
 
 use crate::support::model::{assert_matches, Instance};
 use crate::support::*;
@@ -41,202 +37,10 @@ const QUARTER: i64 = 15 * MINUTE;
 /// focused tests (requests on a loaded two-core machine).
 const SHOW_MARGIN: Duration = Duration::from_secs(1);
 
-/// An unscoped board of rooms, as the in-process API tests read it.
-const ROOMS: &str =
-    "[[boards]]\nname = \"rooms\"\nmember = \"room\"\nwindow = \"7d\"\nslice = \"6h\"\n";
-
 // ---------------------------------------------------------------------------------------
-// Fixtures of this module: the API served in this process, requests and their answers,
-// metrics, daemons whose jobs never tick.
+// Fixtures of this module (the rest are support's: the API served in this process,
+// requests and their answers, metrics, daemons whose jobs never tick).
 // ---------------------------------------------------------------------------------------
-
-/// The HTTP API served in this process as the daemon serves it (its own thread, runtime
-/// and Redis connections, `ApiStore::Own`), on Redis's clock; stopped when dropped.
-struct Api {
-    base: String,
-    clock: Arc<Clock>,
-    settings: Arc<Settings>,
-    cancel: CancellationToken,
-}
-
-impl Api {
-    /// Serves the boards `boards` of `redis` with the `[http]` lines `http`, counting its
-    /// writes (and reading what was written) in `generations`.
-    async fn start(
-        redis: &RedisServer,
-        http: &str,
-        boards: &str,
-        generations: Arc<Generations>,
-    ) -> Api {
-        let port = free_port();
-        let text = format!(
-            "[redis]\nurl = \"{}\"\n[http]\nlisten = \"127.0.0.1:{port}\"\n{http}\n{boards}",
-            redis.url()
-        );
-        let settings =
-            Arc::new(Settings::from_toml(&text).unwrap_or_else(|e| panic!("{e}:\n{text}")));
-        let listener =
-            std::net::TcpListener::bind(("127.0.0.1", port)).expect("bind the API's port");
-        let clock = Arc::new(Clock::new(settings.redis.max_clock_skew_ms));
-        let store = redis.store("rb").await;
-        clock.sync(store.time_ms()).await.expect("Redis's TIME");
-        let metrics = Arc::new(Metrics::new(&settings.boards));
-        let cancel = CancellationToken::new();
-        rollboard::edges::http::spawn(
-            listener,
-            settings.clone(),
-            metrics,
-            clock.clone(),
-            vec![Arc::new(AtomicBool::new(true))],
-            ApiStore::Own(generations),
-            cancel.clone(),
-        )
-        .await
-        .expect("the API serves");
-        Api {
-            base: format!("http://127.0.0.1:{port}"),
-            clock,
-            settings,
-            cancel,
-        }
-    }
-
-    /// The configured board `name`.
-    fn board(&self, name: &str) -> Board {
-        self.settings
-            .board(name)
-            .expect("a configured board")
-            .clone()
-    }
-}
-
-impl Drop for Api {
-    fn drop(&mut self) {
-        self.cancel.cancel();
-    }
-}
-
-/// What one request was answered.
-#[derive(Debug, Clone)]
-struct Answered {
-    status: u16,
-    etag: Option<String>,
-    cache_control: Option<String>,
-    body: Vec<u8>,
-}
-
-impl Answered {
-    fn text(&self) -> String {
-        text(&self.body)
-    }
-
-    fn json(&self) -> Value {
-        serde_json::from_slice(&self.body)
-            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text()))
-    }
-}
-
-/// Sends `request`; its answer (the API must answer).
-async fn send(request: reqwest::RequestBuilder) -> Answered {
-    let response = request.send().await.expect("the API answers");
-    let header = |name: &str| {
-        response
-            .headers()
-            .get(name)
-            .map(|v| v.to_str().expect("an ASCII header").to_string())
-    };
-    let (etag, cache_control) = (header("etag"), header("cache-control"));
-    let status = response.status().as_u16();
-    let body = response.bytes().await.expect("the answer's body").to_vec();
-    Answered {
-        status,
-        etag,
-        cache_control,
-        body,
-    }
-}
-
-/// The total of `member` as `answer` shows it: in a page's or a subset's entries, in a rank
-/// answer, or in each window of an `all_windows` answer (one element each but the last).
-fn totals_of(answer: &Value, member: &str) -> Vec<Option<i64>> {
-    if let Some(windows) = answer["windows"].as_array() {
-        return windows.iter().map(|w| w["total"].as_i64()).collect();
-    }
-    if let Some(entries) = answer["entries"].as_array() {
-        let entry = entries.iter().find(|e| e["member"] == member);
-        return vec![entry.and_then(|e| e["total"].as_i64())];
-    }
-    assert_eq!(answer["member"], member, "{answer}");
-    vec![answer["total"].as_i64()]
-}
-
-/// The samples of `/metrics` at `base`.
-async fn scrape(client: &reqwest::Client, base: &str) -> prometheus_parse::Scrape {
-    let body = send(client.get(format!("{base}/metrics"))).await;
-    assert_eq!(body.status, 200, "{}", body.text());
-    prometheus_parse::Scrape::parse(body.text().lines().map(|l| Ok(l.to_string())))
-        .expect("prometheus text")
-}
-
-/// The sample of `name` with `labels` in `scrape`, when there is one.
-fn sample(scrape: &prometheus_parse::Scrape, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    scrape
-        .samples
-        .iter()
-        .find(|s| s.metric == name && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
-        .map(|s| match s.value {
-            prometheus_parse::Value::Counter(v)
-            | prometheus_parse::Value::Gauge(v)
-            | prometheus_parse::Value::Untyped(v) => v,
-            _ => f64::NAN,
-        })
-}
-
-/// `rollboard_http_answers_total` at `base`: hits, misses and waits.
-async fn sources(client: &reqwest::Client, base: &str) -> [f64; 3] {
-    let scrape = scrape(client, base).await;
-    ["hit", "miss", "wait"].map(|source| {
-        sample(
-            &scrape,
-            "rollboard_http_answers_total",
-            &[("source", source)],
-        )
-        .unwrap_or_else(|| panic!("no rollboard_http_answers_total{{source={source}}}"))
-    })
-}
-
-/// `rollboard_http_answers_held` and `rollboard_http_answers_held_bytes` at `base`.
-async fn held(client: &reqwest::Client, base: &str) -> (f64, f64) {
-    let scrape = scrape(client, base).await;
-    let gauge = |name: &str| sample(&scrape, name, &[]).unwrap_or_else(|| panic!("no {name}"));
-    (
-        gauge("rollboard_http_answers_held"),
-        gauge("rollboard_http_answers_held_bytes"),
-    )
-}
-
-/// Returns once Redis's clock is at least `margin_ms` before the end of its hour, waiting
-/// the turn out when it is closer: a test that counts hits or compares answers across reads
-/// must not see a slice (or a day) begin, which makes every answer a new one.
-async fn clear_of_the_hour(store: &Store, margin_ms: i64) {
-    let now = redis_now(store).await;
-    let turn = (now.div_euclid(HOUR) + 1) * HOUR;
-    if turn - now < margin_ms {
-        let wait = Duration::from_millis((turn - now) as u64) + Duration::from_secs(2);
-        let turned = wait_for(wait, || async { redis_now(store).await > turn }).await;
-        assert!(turned, "Redis's clock never reached {turn}");
-    }
-}
-
-/// Takes both jobs' leases as another replica would: a daemon started now runs no roll
-/// and no resummarize tick, not even the one at start-up.
-fn hold_job_leases(redis: &RedisServer) {
-    for job in ["roll", "resummarize"] {
-        let key = format!("rb:job:{{{job}}}:lease");
-        let set = redis.cli(&["SET", &key, "another-replica@0", "PX", "600000"]);
-        assert!(set.contains("OK"), "SET {key}: {set}");
-    }
-}
 
 /// A fresh server, a store on it (counting its writes apart from the daemon's: another
 /// process's), and a daemon with the `[http]` lines `http` (boards may follow them) and
@@ -246,42 +50,9 @@ async fn daemon_on(
     quiet: bool,
     env: &[(&str, String)],
 ) -> (RedisServer, Store, TempDir, PathBuf, Daemon) {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
-    if quiet {
-        hold_job_leases(&redis);
-    }
-    let (dir, port, config) = config_for(&redis, "kept", http);
-    let daemon = Daemon::spawn_with(&config, port, env);
-    daemon.wait_up().await;
+    let (redis, store) = server_holding(if quiet { ALL_JOBS } else { &[] }).await;
+    let (dir, config, _, daemon) = kept_daemon(&redis.url(), http, None, env).await;
     (redis, store, dir, config, daemon)
-}
-
-/// Appends a tip of `amount` from `user` in `room` (now) to the daemon's stream, and waits
-/// until its consumer has applied and acknowledged it.
-async fn tip_applied(
-    store: &Store,
-    daemon: &Daemon,
-    id: &str,
-    room: &str,
-    user: &str,
-    amount: i64,
-) {
-    let ts = redis_now(store).await.to_string();
-    let amount = amount.to_string();
-    let fields = vec![
-        ("id", id),
-        ("ts", ts.as_str()),
-        ("room", room),
-        ("user", user),
-        ("amount", amount.as_str()),
-    ];
-    xadd_one(store, "rb:events", fields).await;
-    assert!(
-        drained(store).await,
-        "the tip {id} was not applied; log:\n{}",
-        daemon.logs()
-    );
 }
 
 /// The top 10 of the unscoped `board` read from Redis now, bypassing any answer kept: the
@@ -304,7 +75,7 @@ async fn shows_within(
 ) {
     let last = std::cell::RefCell::new(String::new());
     let showed = wait_for(bound + Duration::from_secs(5), || async {
-        let answer = send(client.get(url)).await;
+        let answer = ask(client.get(url)).await;
         *last.borrow_mut() = answer.text();
         answer.status == 200 && shown(&answer.json())
     })
@@ -566,13 +337,13 @@ async fn reader(
         let spec = (random.next() % specs.len() as u64) as usize;
         let sent = last.get(&spec).filter(|_| revalidate).cloned();
         let start = Instant::now();
-        let got = send(specs[spec].request(&client, &base, sent.as_deref())).await;
+        let got = ask(specs[spec].request(&client, &base, sent.as_deref())).await;
         let end = Instant::now();
         progress
             .latest_start
             .fetch_max(progress.nanos(start), Ordering::SeqCst);
-        if let (200, Some(tag)) = (got.status, &got.etag) {
-            last.insert(spec, tag.clone());
+        if let (200, Some(tag)) = (got.status, got.etag()) {
+            last.insert(spec, tag.to_string());
         }
         reads.push(Read {
             spec,
@@ -652,8 +423,7 @@ fn check(reads: &[Read], states: &[State], specs: &[Spec], writer: Writer, seen:
         let path = specs[read.spec].path();
         let tag = read
             .got
-            .etag
-            .as_deref()
+            .etag()
             .unwrap_or_else(|| panic!("{path}: a 200 without an ETag"));
         assert!(
             tag.len() > 2 && tag.starts_with('"') && tag.ends_with('"'),
@@ -686,11 +456,7 @@ fn check(reads: &[Read], states: &[State], specs: &[Spec], writer: Writer, seen:
                     .sent
                     .as_deref()
                     .unwrap_or_else(|| panic!("{path}: a 304 without If-None-Match"));
-                assert_eq!(
-                    read.got.etag.as_deref(),
-                    Some(sent),
-                    "{path}: the 304's ETag"
-                );
+                assert_eq!(read.got.etag(), Some(sent), "{path}: the 304's ETag");
                 let named = bodies
                     .get(sent)
                     .unwrap_or_else(|| panic!("{path}: a 304 for {sent}, which no answer had"));
@@ -775,7 +541,7 @@ async fn run_case(redis: &RedisServer, store: &Store, case: &Case, writer: Write
         "max_staleness = \"{}ms\"",
         writer.max_staleness().as_millis()
     );
-    let api = Api::start(redis, &http, &kept_board(case), generations).await;
+    let api = Api::counting(&redis.url(), store, &http, &kept_board(case), generations).await;
     let b = api.board("kept");
     let specs = Arc::new(Spec::all(case.members));
     let mut model = Instance::default();
@@ -868,8 +634,7 @@ async fn run_case(redis: &RedisServer, store: &Store, case: &Case, writer: Write
             // Contract 3 on its own: the write shows within max_staleness.
             let url = format!("{}/v1/boards/kept/top?offset=0&limit=10", api.base);
             let bound = writer.max_staleness() + SHOW_MARGIN;
-            let shown =
-                wait_for(bound, || async { send(client.get(&url)).await.body == top }).await;
+            let shown = wait_for(bound, || async { ask(client.get(&url)).await.body == top }).await;
             assert!(
                 shown && end.elapsed() <= bound,
                 "{op:?} showed in top only {:?} after it ended",
@@ -890,7 +655,7 @@ async fn run_case(redis: &RedisServer, store: &Store, case: &Case, writer: Write
     }
     let mut seen = Seen::default();
     check(&reads, &states, &specs, writer, &mut seen);
-    seen.hits = sources(&client, &api.base).await[0];
+    seen.hits = answer_sources(&client, &api.base).await[0];
     seen
 }
 
@@ -956,30 +721,26 @@ async fn etags_name_equal_bodies_and_if_none_match_answers_304() {
         "/members/r1?all_windows=true",
     ] {
         let url = format!("{base}{path}");
-        let first = send(client.get(&url)).await;
+        let first = ask(client.get(&url)).await;
         assert_eq!(first.status, 200, "{path}: {}", first.text());
         assert_eq!(totals_of(&first.json(), "r1"), [Some(5)], "{path}");
         let tag = first
-            .etag
-            .clone()
+            .etag()
+            .map(str::to_string)
             .unwrap_or_else(|| panic!("{path}: no ETag"));
         assert!(
             tag.len() > 2 && tag.starts_with('"') && tag.ends_with('"'),
             "{path}: {tag} is not a strong entity tag"
         );
+        assert_eq!(first.cache_control(), Some("public, max-age=1"), "{path}");
+        let again = ask(client.get(&url)).await;
         assert_eq!(
-            first.cache_control.as_deref(),
-            Some("public, max-age=1"),
-            "{path}"
-        );
-        let again = send(client.get(&url)).await;
-        assert_eq!(
-            (again.status, &again.etag, again.text()),
-            (200, &first.etag, first.text()),
+            (again.status, again.etag(), again.text()),
+            (200, first.etag(), first.text()),
             "{path} again, the board unchanged"
         );
         for named in [tag.clone(), format!("\"x\", W/{tag}")] {
-            let revalidated = send(client.get(&url).header("if-none-match", &named)).await;
+            let revalidated = ask(client.get(&url).header("if-none-match", &named)).await;
             assert_eq!(
                 revalidated.status,
                 304,
@@ -987,18 +748,16 @@ async fn etags_name_equal_bodies_and_if_none_match_answers_304() {
                 revalidated.text()
             );
             assert!(revalidated.body.is_empty(), "{path}: a 304 with a body");
-            assert_eq!(revalidated.etag.as_deref(), Some(tag.as_str()), "{path}");
+            assert_eq!(revalidated.etag(), Some(tag.as_str()), "{path}");
             assert_eq!(
-                revalidated.cache_control.as_deref(),
+                revalidated.cache_control(),
                 Some("public, max-age=1"),
                 "{path}: the 304's Cache-Control"
             );
         }
-        let other = send(
-            client
-                .get(&url)
-                .header("if-none-match", "\"0123456789abcdef01234567\""),
-        )
+        let other = ask(client
+            .get(&url)
+            .header("if-none-match", "\"0123456789abcdef01234567\""))
         .await;
         assert_eq!(
             (other.status, other.text()),
@@ -1013,25 +772,23 @@ async fn etags_name_equal_bodies_and_if_none_match_answers_304() {
     // A POST is never answered 304, whatever its If-None-Match names.
     let ranks = format!("{base}/ranks");
     let asked = json!({"members": ["r1", "r2", "nobody"]});
-    let first = send(client.post(&ranks).json(&asked)).await;
+    let first = ask(client.post(&ranks).json(&asked)).await;
     assert_eq!(first.status, 200, "{}", first.text());
-    let tag = first.etag.clone().expect("the ranks answer's ETag");
+    let tag = first.etag().expect("the ranks answer's ETag").to_string();
     assert_eq!(
-        send(client.post(&ranks).json(&asked)).await.etag,
-        first.etag,
+        ask(client.post(&ranks).json(&asked)).await.etag(),
+        first.etag(),
         "ranks again"
     );
     for named in [tag.clone(), "*".to_string()] {
-        let answer = send(
-            client
-                .post(&ranks)
-                .json(&asked)
-                .header("if-none-match", &named),
-        )
+        let answer = ask(client
+            .post(&ranks)
+            .json(&asked)
+            .header("if-none-match", &named))
         .await;
         assert_eq!(
-            (answer.status, &answer.etag, answer.text()),
-            (200, &first.etag, first.text()),
+            (answer.status, answer.etag(), answer.text()),
+            (200, first.etag(), first.text()),
             "POST ranks with If-None-Match: {named}"
         );
     }
@@ -1040,13 +797,13 @@ async fn etags_name_equal_bodies_and_if_none_match_answers_304() {
     tip_applied(&store, &daemon, "t3", "r1", "u3", 2).await;
     for (path, old, old_body) in &tagged {
         let url = format!("{base}{path}");
-        let changed = send(client.get(&url).header("if-none-match", old)).await;
+        let changed = ask(client.get(&url).header("if-none-match", old)).await;
         assert_eq!(changed.status, 200, "{path}: {}", changed.text());
         assert_eq!(totals_of(&changed.json(), "r1"), [Some(7)], "{path}");
         assert_ne!(&changed.body, old_body, "{path}");
-        let new = changed.etag.clone().expect("the new answer's ETag");
+        let new = changed.etag().expect("the new answer's ETag").to_string();
         assert_ne!(&new, old, "{path}: a new body, a new ETag");
-        let revalidated = send(client.get(&url).header("if-none-match", &new)).await;
+        let revalidated = ask(client.get(&url).header("if-none-match", &new)).await;
         assert_eq!(revalidated.status, 304, "{path} with the new ETag");
     }
     assert!(daemon.terminate().await.success());
@@ -1085,12 +842,12 @@ async fn cache_control_follows_max_staleness_and_the_readers_token() {
             Some(true),
         ),
     ] {
-        let api = Api::start(&redis, http, ROOMS, store.generations().clone()).await;
+        let api = Api::sharing(&redis.url(), &store, http, ROOMS_BOARD).await;
         if !seeded {
             let now = api.clock.now();
             let b = api.board("rooms");
             let seed = [ev("s1", now, "r1", 5), ev("s2", now, "r2", 3)];
-            store.apply(&b, None, &seed, now).await.expect("apply");
+            apply_events(&store, &b, &seed, now).await;
             seeded = true;
         }
         let authorized = |request: reqwest::RequestBuilder| match token {
@@ -1101,37 +858,36 @@ async fn cache_control_follows_max_staleness_and_the_readers_token() {
         for path in ["/top", "/members/r1", "/members/r1/around"] {
             let url = format!("{board}{path}");
             if token.is_some() {
-                assert_eq!(send(client.get(&url)).await.status, 401, "{http}: {path}");
+                assert_eq!(ask(client.get(&url)).await.status, 401, "{http}: {path}");
             }
-            let first = send(authorized(client.get(&url))).await;
+            let first = ask(authorized(client.get(&url))).await;
             assert_eq!(first.status, 200, "{http}: {path}: {}", first.text());
-            assert_eq!(first.cache_control.as_deref(), Some(want), "{http}: {path}");
-            let tag = first.etag.clone().expect("an ETag");
-            let revalidated =
-                send(authorized(client.get(&url)).header("if-none-match", &tag)).await;
+            assert_eq!(first.cache_control(), Some(want), "{http}: {path}");
+            let tag = first.etag().expect("an ETag").to_string();
+            let revalidated = ask(authorized(client.get(&url)).header("if-none-match", &tag)).await;
             assert_eq!(revalidated.status, 304, "{http}: {path}");
             assert_eq!(
-                revalidated.cache_control.as_deref(),
+                revalidated.cache_control(),
                 Some(want),
                 "{http}: {path}, the 304"
             );
         }
-        let ranks = send(authorized(
+        let ranks = ask(authorized(
             client
                 .post(format!("{board}/ranks"))
                 .json(&json!({"members": ["r2", "r1"]})),
         ))
         .await;
         assert_eq!(ranks.status, 200, "{http}: ranks: {}", ranks.text());
-        assert_eq!(ranks.cache_control.as_deref(), Some(want), "{http}: ranks");
+        assert_eq!(ranks.cache_control(), Some(want), "{http}: ranks");
         // Seven answers given: four read from Redis, the three revalidations kept; or
         // none counted when nothing is kept.
-        let [hit, miss, wait] = sources(&client, &api.base).await;
+        let [hit, miss, wait] = answer_sources(&client, &api.base).await;
         match keeps {
             Some(true) => assert_eq!((hit + wait, miss), (3.0, 4.0), "{http}"),
             Some(false) => {
                 assert_eq!([hit, miss, wait], [0.0; 3], "{http}: nothing is kept");
-                assert_eq!(held(&client, &api.base).await, (0.0, 0.0), "{http}");
+                assert_eq!(held_gauges(&client, &api.base).await, (0.0, 0.0), "{http}");
             }
             None => assert_eq!(hit + miss + wait, 7.0, "{http}"),
         }
@@ -1143,10 +899,10 @@ async fn cache_control_follows_max_staleness_and_the_readers_token() {
     let (_redis, _store, _dir, _config, daemon) =
         daemon_on("max_staleness = \"5s\"", true, &env).await;
     let top = format!("{}/v1/boards/rooms_7d/top", daemon.base);
-    assert_eq!(send(client.get(&top)).await.status, 401);
-    let answer = send(client.get(&top).bearer_auth(token)).await;
+    assert_eq!(ask(client.get(&top)).await.status, 401);
+    let answer = ask(client.get(&top).bearer_auth(token)).await;
     assert_eq!(answer.status, 200, "{}", answer.text());
-    assert_eq!(answer.cache_control.as_deref(), Some("private, max-age=5"));
+    assert_eq!(answer.cache_control(), Some("private, max-age=5"));
     assert!(daemon.terminate().await.success());
 }
 
@@ -1158,13 +914,7 @@ async fn cache_control_follows_max_staleness_and_the_readers_token() {
 async fn identical_reads_are_one_miss_then_hits_and_concurrent_first_reads_wait_for_one() {
     let (redis, store) = RedisServer::start_with_store("rb").await;
     clear_of_the_hour(&store, 30_000).await;
-    let api = Api::start(
-        &redis,
-        "max_staleness = \"60s\"",
-        ROOMS,
-        store.generations().clone(),
-    )
-    .await;
+    let api = Api::sharing(&redis.url(), &store, "max_staleness = \"60s\"", ROOMS_BOARD).await;
     let client = reqwest::Client::new();
     let first = scrape(&client, &api.base).await;
     for source in ["hit", "miss", "wait"] {
@@ -1185,16 +935,16 @@ async fn identical_reads_are_one_miss_then_hits_and_concurrent_first_reads_wait_
     let b = api.board("rooms");
     let now = api.clock.now();
     let seed = [ev("s1", now, "r1", 5), ev("s2", now, "r2", 3)];
-    store.apply(&b, None, &seed, now).await.expect("apply");
+    apply_events(&store, &b, &seed, now).await;
     let top = format!("{}/v1/boards/rooms/top", api.base);
     let mut bodies = Vec::new();
     for _ in 0..10 {
-        let answer = send(client.get(&top)).await;
+        let answer = ask(client.get(&top)).await;
         assert_eq!(answer.status, 200, "{}", answer.text());
         bodies.push(answer.text());
     }
     assert!(bodies.iter().all(|b| *b == bodies[0]), "{bodies:?}");
-    assert_eq!(sources(&client, &api.base).await, [9.0, 1.0, 0.0]);
+    assert_eq!(answer_sources(&client, &api.base).await, [9.0, 1.0, 0.0]);
 
     // 32 requests at once, on connections already open, for an answer not kept (a long
     // page, slow to read): one reads Redis, the others wait for it (or, arriving after,
@@ -1203,18 +953,18 @@ async fn identical_reads_are_one_miss_then_hits_and_concurrent_first_reads_wait_
     let crowd: Vec<ApplyEvent> = (0..500)
         .map(|i| ev(&format!("c{i}"), now, &format!("crowd{i}"), 1))
         .collect();
-    store.apply(&b, None, &crowd, now).await.expect("apply");
+    apply_events(&store, &b, &crowd, now).await;
     let healthz = format!("{}/healthz", api.base);
-    futures_util::future::join_all((0..32).map(|_| send(client.get(&healthz)))).await;
+    futures_util::future::join_all((0..32).map(|_| ask(client.get(&healthz)))).await;
     let cold = format!("{}/v1/boards/rooms/top?limit=1000", api.base);
-    let answers = futures_util::future::join_all((0..32).map(|_| send(client.get(&cold)))).await;
+    let answers = futures_util::future::join_all((0..32).map(|_| ask(client.get(&cold)))).await;
     assert!(
         answers
             .iter()
             .all(|a| a.status == 200 && a.body == answers[0].body),
         "{answers:?}"
     );
-    let [hit, miss, wait] = sources(&client, &api.base).await;
+    let [hit, miss, wait] = answer_sources(&client, &api.base).await;
     assert_eq!(miss, 2.0, "one read of Redis for 32 requests");
     assert_eq!(hit + wait, 9.0 + 31.0, "hits {hit}, waits {wait}");
     assert!(
@@ -1227,14 +977,10 @@ async fn identical_reads_are_one_miss_then_hits_and_concurrent_first_reads_wait_
     );
 
     // A write of this process: the next read reads Redis again, and shows it.
-    let now = api.clock.now();
-    store
-        .apply(&b, None, &[ev("s3", now, "r1", 4)], now)
-        .await
-        .expect("apply");
-    let after = send(client.get(&top)).await;
+    apply_now(&store, &b, &[("s3", "r1", 4)]).await;
+    let after = ask(client.get(&top)).await;
     assert_eq!(totals_of(&after.json(), "r1"), [Some(9)]);
-    assert_eq!(sources(&client, &api.base).await[1], 3.0, "a miss");
+    assert_eq!(answer_sources(&client, &api.base).await[1], 3.0, "a miss");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1242,19 +988,9 @@ async fn a_new_slice_of_time_is_a_new_answer() {
     let (redis, store) = RedisServer::start_with_store("rb").await;
     let ticks =
         "[[boards]]\nname = \"ticks\"\nmember = \"user\"\nwindow = \"4s\"\nslice = \"1s\"\n";
-    let api = Api::start(
-        &redis,
-        "max_staleness = \"60s\"",
-        ticks,
-        store.generations().clone(),
-    )
-    .await;
+    let api = Api::sharing(&redis.url(), &store, "max_staleness = \"60s\"", ticks).await;
     let b = api.board("ticks");
-    let now = api.clock.now();
-    store
-        .apply(&b, None, &[ev("s1", now, "u1", 5)], now)
-        .await
-        .expect("apply");
+    apply_now(&store, &b, &[("s1", "u1", 5)]).await;
     let client = reqwest::Client::new();
     let top = format!("{}/v1/boards/ticks/top", api.base);
     // Early in a slice, so that two reads in a row fall in the same one.
@@ -1263,48 +999,42 @@ async fn a_new_slice_of_time_is_a_new_answer() {
     })
     .await;
     assert!(early, "the clock never began a slice");
-    let first = send(client.get(&top)).await;
-    let again = send(client.get(&top)).await;
+    let first = ask(client.get(&top)).await;
+    let again = ask(client.get(&top)).await;
     assert_eq!(
         again.text(),
         first.text(),
         "the same slice, the answer kept"
     );
-    let [hits, misses, _] = sources(&client, &api.base).await;
+    let [hits, misses, _] = answer_sources(&client, &api.base).await;
     assert_eq!((hits, misses), (1.0, 1.0));
     let from = first.json()["window_from"].as_i64().expect("window_from");
     // The clock enters the next slice (4 s window: the live range starts 3 slices back).
     let next = from + 4_000;
     let entered = wait_for(Duration::from_secs(3), || async { api.clock.now() >= next }).await;
     assert!(entered, "the clock never reached {next}");
-    let moved = send(client.get(&top)).await;
+    let moved = ask(client.get(&top)).await;
     assert_eq!(moved.status, 200, "{}", moved.text());
     let moved_from = moved.json()["window_from"].as_i64().expect("window_from");
     assert!(
         moved_from > from,
         "a new slice, a new answer: window_from {moved_from}, was {from}"
     );
-    assert_ne!(moved.etag, first.etag);
-    assert_eq!(sources(&client, &api.base).await[1], 2.0, "read again");
+    assert_ne!(moved.etag(), first.etag());
+    assert_eq!(
+        answer_sources(&client, &api.base).await[1],
+        2.0,
+        "read again"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_held_gauges_say_what_is_kept() {
     let (redis, store) = RedisServer::start_with_store("rb").await;
     clear_of_the_hour(&store, 30_000).await;
-    let api = Api::start(
-        &redis,
-        "max_staleness = \"60s\"",
-        ROOMS,
-        store.generations().clone(),
-    )
-    .await;
+    let api = Api::sharing(&redis.url(), &store, "max_staleness = \"60s\"", ROOMS_BOARD).await;
     let b = api.board("rooms");
-    let now = api.clock.now();
-    store
-        .apply(&b, None, &[ev("s1", now, "r1", 5)], now)
-        .await
-        .expect("apply");
+    apply_now(&store, &b, &[("s1", "r1", 5)]).await;
     let client = reqwest::Client::new();
     let board = format!("{}/v1/boards/rooms", api.base);
     let mut given = 0;
@@ -1312,14 +1042,14 @@ async fn the_held_gauges_say_what_is_kept() {
         .into_iter()
         .enumerate()
     {
-        let answer = send(client.get(format!("{board}{path}"))).await;
+        let answer = ask(client.get(format!("{board}{path}"))).await;
         assert_eq!(answer.status, 200, "{path}: {}", answer.text());
         given += answer.body.len();
         // Kept for a minute: what is held is every answer given so far.
         let kept = n as f64 + 1.0;
         let now_held = std::cell::Cell::new((0.0, 0.0));
         let shown = wait_for(Duration::from_secs(5), || async {
-            now_held.set(held(&client, &api.base).await);
+            now_held.set(held_gauges(&client, &api.base).await);
             let (entries, bytes) = now_held.get();
             entries == kept && bytes > given as f64
         })
@@ -1337,11 +1067,11 @@ async fn the_held_gauges_say_what_is_kept() {
 async fn the_answers_kept_weigh_at_most_cache_bytes() {
     let (redis, store) = RedisServer::start_with_store("rb").await;
     let bound = 20_000.0;
-    let api = Api::start(
-        &redis,
+    let api = Api::sharing(
+        &redis.url(),
+        &store,
         "max_staleness = \"60s\"\ncache_bytes = 20000",
-        ROOMS,
-        store.generations().clone(),
+        ROOMS_BOARD,
     )
     .await;
     let b = api.board("rooms");
@@ -1349,7 +1079,7 @@ async fn the_answers_kept_weigh_at_most_cache_bytes() {
     let seed: Vec<ApplyEvent> = (0..40)
         .map(|i| ev(&format!("s{i}"), now, &format!("r{i}"), 1 + i))
         .collect();
-    store.apply(&b, None, &seed, now).await.expect("apply");
+    apply_events(&store, &b, &seed, now).await;
     let client = reqwest::Client::new();
     let board = format!("{}/v1/boards/rooms", api.base);
     let mut given = 0usize;
@@ -1359,7 +1089,7 @@ async fn the_answers_kept_weigh_at_most_cache_bytes() {
             format!("/members/r{i}"),
             format!("/top?limit={}", 1 + i % 40),
         ] {
-            let answer = send(client.get(format!("{board}{path}"))).await;
+            let answer = ask(client.get(format!("{board}{path}"))).await;
             assert!(
                 matches!(answer.status, 200 | 404),
                 "{path}: {}",
@@ -1374,7 +1104,7 @@ async fn the_answers_kept_weigh_at_most_cache_bytes() {
     );
     let held_now = std::cell::Cell::new((0.0, 0.0));
     let within = wait_for(Duration::from_secs(5), || async {
-        held_now.set(held(&client, &api.base).await);
+        held_now.set(held_gauges(&client, &api.base).await);
         held_now.get().1 <= bound
     })
     .await;
@@ -1402,12 +1132,12 @@ async fn the_daemons_own_ingest_and_rolls_show_at_once_with_max_staleness_60s() 
     let top = format!("{}/v1/boards/rooms_7d/top", daemon.base);
     tip_applied(&store, &daemon, "t1", "r1", "u1", 5).await;
     for _ in 0..2 {
-        let kept = send(client.get(&top)).await;
+        let kept = ask(client.get(&top)).await;
         assert_eq!(totals_of(&kept.json(), "r1"), [Some(5)], "{}", kept.text());
     }
     // A tip the daemon's consumer applied (and acknowledged) shows in the next answer.
     tip_applied(&store, &daemon, "t2", "r1", "u2", 4).await;
-    let after = send(client.get(&top)).await;
+    let after = ask(client.get(&top)).await;
     assert_eq!(
         totals_of(&after.json(), "r1"),
         [Some(9)],
@@ -1417,7 +1147,7 @@ async fn the_daemons_own_ingest_and_rolls_show_at_once_with_max_staleness_60s() 
 
     // A roll of the daemon's schedule (every 2 s) moves `as_of`: the next answer is the
     // board's as it rolled (or as it rolled again meanwhile).
-    let kept = send(client.get(&top)).await;
+    let kept = ask(client.get(&top)).await;
     let kept_as_of = kept.json()["as_of"].as_i64().expect("as_of");
     let rolled = wait_for(Duration::from_secs(10), || async {
         let direct: Value = serde_json::from_slice(&direct_top(&store, &b).await).expect("JSON");
@@ -1426,7 +1156,7 @@ async fn the_daemons_own_ingest_and_rolls_show_at_once_with_max_staleness_60s() 
     .await;
     assert!(rolled, "the daemon never rolled; log:\n{}", daemon.logs());
     let before = direct_top(&store, &b).await;
-    let answer = send(client.get(&top)).await;
+    let answer = ask(client.get(&top)).await;
     let after = direct_top(&store, &b).await;
     assert!(
         answer.body == before || answer.body == after,
@@ -1447,31 +1177,31 @@ async fn a_member_not_on_the_board_is_kept_until_the_daemon_applies_its_tip() {
     let client = reqwest::Client::new();
     let base = format!("{}/v1/boards/rooms_7d/members/newbie", daemon.base);
     for url in [base.clone(), format!("{base}/around")] {
-        let first = send(client.get(&url)).await;
+        let first = ask(client.get(&url)).await;
         assert_eq!(first.status, 404, "{url}: {}", first.text());
         let body = first.json();
         assert!(
             body["rank"].is_null() && body["error"].is_string(),
             "{body}"
         );
-        let [hits, ..] = sources(&client, &daemon.base).await;
-        let again = send(client.get(&url)).await;
+        let [hits, ..] = answer_sources(&client, &daemon.base).await;
+        let again = ask(client.get(&url)).await;
         assert_eq!((again.status, again.text()), (404, first.text()), "{url}");
         assert_eq!(
-            sources(&client, &daemon.base).await[0],
+            answer_sources(&client, &daemon.base).await[0],
             hits + 1.0,
             "{url}: the 404 is kept"
         );
     }
     tip_applied(&store, &daemon, "t2", "newbie", "u2", 3).await;
-    let ranked = send(client.get(&base)).await;
+    let ranked = ask(client.get(&base)).await;
     assert_eq!(ranked.status, 200, "{}", ranked.text());
     let body = ranked.json();
     assert_eq!(
         (body["rank"].as_u64(), body["total"].as_i64()),
         (Some(2), Some(3))
     );
-    let around = send(client.get(format!("{base}/around"))).await;
+    let around = ask(client.get(format!("{base}/around"))).await;
     assert_eq!(around.status, 200, "{}", around.text());
     assert!(daemon.terminate().await.success());
 }
@@ -1485,15 +1215,11 @@ async fn writes_of_other_processes_show_within_max_staleness() {
     let client = reqwest::Client::new();
     let top = format!("{}/v1/boards/rooms_7d/top", daemon.base);
     tip_applied(&store, &daemon, "t1", "r1", "u1", 5).await;
-    let kept = send(client.get(&top)).await;
+    let kept = ask(client.get(&top)).await;
     assert_eq!(totals_of(&kept.json(), "r1"), [Some(5)]);
 
     // Another process's store applies.
-    let now = redis_now(&store).await;
-    store
-        .apply(&b, None, &[ev("foreign-1", now, "r1", 4)], now)
-        .await
-        .expect("apply");
+    apply_now(&store, &b, &[("foreign-1", "r1", 4)]).await;
     let written = Instant::now();
     shows_within(&client, &top, written, bound, "a store's apply", |a| {
         totals_of(a, "r1") == [Some(9)]
@@ -1501,7 +1227,7 @@ async fn writes_of_other_processes_show_within_max_staleness() {
     .await;
 
     // `rollboard roll`: the board's as_of moves to the roll's time.
-    send(client.get(&top)).await;
+    ask(client.get(&top)).await;
     let out = run_rollboard(&config, &["roll", "--board", "rooms_7d"]);
     assert_exit(&out, 0, "rollboard roll");
     let written = Instant::now();
@@ -1607,21 +1333,21 @@ async fn sharded_several_window_period_and_scoped_boards_answer_from_what_is_kep
     let n = queries().len();
     for i in 0..n {
         let (what, request) = queries().swap_remove(i);
-        let first = send(request).await;
+        let first = ask(request).await;
         expect_u1(what, &first, 5);
-        let [hits, ..] = sources(&client, &daemon.base).await;
+        let [hits, ..] = answer_sources(&client, &daemon.base).await;
         let (_, request) = queries().swap_remove(i);
-        let again = send(request).await;
+        let again = ask(request).await;
         assert_eq!(again.text(), first.text(), "{what} again");
         assert_eq!(
-            sources(&client, &daemon.base).await[0],
+            answer_sources(&client, &daemon.base).await[0],
             hits + 1.0,
             "{what}: answered from what is kept"
         );
     }
     tip_applied(&store, &daemon, "t3", "r1", "u1", 4).await;
     for (what, request) in queries() {
-        expect_u1(what, &send(request).await, 9);
+        expect_u1(what, &ask(request).await, 9);
     }
     assert!(daemon.terminate().await.success());
 }

@@ -3,6 +3,7 @@
 //! assertions against the in-memory model, and a fault-injecting proxy.
 
 mod acl;
+mod answers;
 mod asserts;
 mod boards;
 mod cli;
@@ -22,6 +23,7 @@ mod sse;
 mod wait;
 
 pub use acl::*;
+pub use answers::*;
 pub use asserts::*;
 pub use boards::*;
 pub use cli::*;
