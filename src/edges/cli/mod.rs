@@ -194,9 +194,9 @@ pub struct ReadFlags {
 }
 
 impl ReadFlags {
-    /// What the command reads: `--scope`, `--period` and `--window`.
-    fn target(&self) -> query::Target<'_> {
-        query::Target {
+    /// The ranking the command reads: `--scope`, `--period` and `--window`.
+    fn ranking(&self) -> query::Ranking<'_> {
+        query::Ranking {
             scope: self.scope.as_deref(),
             period: self.period.as_deref(),
             window: self.window.as_deref(),
@@ -263,21 +263,21 @@ async fn dispatch(settings: &Settings, command: Command) -> anyhow::Result<u8> {
             read,
             limit,
             offset,
-        } => query::top(settings, &board, read.target(), limit, offset, read.json).await,
+        } => query::top(settings, &board, read.ranking(), limit, offset, read.json).await,
         Command::Rank {
             board,
             members,
             read,
             all_windows,
         } => {
-            let (target, json) = (read.target(), read.json);
+            let (ranking, json) = (read.ranking(), read.json);
             match (members.as_slice(), all_windows) {
                 ([member], true) => {
-                    query::rank_all_windows(settings, &board, member, target, json).await
+                    query::rank_all_windows(settings, &board, member, ranking, json).await
                 }
                 (_, true) => Err(Usage("--all-windows takes one member".into()).into()),
-                ([member], false) => query::rank(settings, &board, member, target, json).await,
-                (_, false) => query::ranks(settings, &board, &members, target, json).await,
+                ([member], false) => query::rank(settings, &board, member, ranking, json).await,
+                (_, false) => query::ranks(settings, &board, &members, ranking, json).await,
             }
         }
         Command::Around {
@@ -285,7 +285,7 @@ async fn dispatch(settings: &Settings, command: Command) -> anyhow::Result<u8> {
             member,
             read,
             radius,
-        } => query::around(settings, &board, &member, read.target(), radius, read.json).await,
+        } => query::around(settings, &board, &member, read.ranking(), radius, read.json).await,
         Command::Send { file } => send::send(settings, file).await,
         Command::DropBoard {
             board,
@@ -337,10 +337,10 @@ mod tests {
                 | Command::Around { read, .. } => read,
                 other => panic!("{other:?}"),
             };
-            let target = read.target();
-            assert_eq!(target.scope, Some("s"));
-            assert_eq!(target.window, Some("1d"));
-            assert_eq!(target.period, Some("previous"));
+            let ranking = read.ranking();
+            assert_eq!(ranking.scope, Some("s"));
+            assert_eq!(ranking.window, Some("1d"));
+            assert_eq!(ranking.period, Some("previous"));
             assert!(read.json);
         }
     }
