@@ -273,14 +273,15 @@ impl Counts {
     }
 }
 
-/// One instance a letter goes to.
-struct Target<'b> {
+/// One delivery of a letter: an instance it goes to, and the event as the consumer applied
+/// it there.
+struct Delivery<'b> {
     board: &'b Board,
     scope: Option<String>,
     event: ApplyEvent,
 }
 
-impl Target<'_> {
+impl Delivery<'_> {
     fn label(&self) -> String {
         instance_label(&self.board.name, self.scope.as_deref())
     }
@@ -332,17 +333,17 @@ impl<'a> Replayer<'a> {
 
     /// The instances `letter` goes to, each with the event as the consumer applied it, or
     /// why it cannot go anywhere.
-    fn targets(&self, letter: &Letter) -> Result<Vec<Target<'a>>, String> {
+    fn deliveries(&self, letter: &Letter) -> Result<Vec<Delivery<'a>>, String> {
         let (boards, only) = self.judged_by(letter)?;
         if letter.source_id.is_empty() {
             return Err("the letter has no source_id".into());
         }
         let event = self.parse(letter, boards)?;
-        let targets: Vec<Target> = event
+        let deliveries: Vec<Delivery> = event
             .updates
             .into_iter()
             .filter(|u| only.is_none_or(|(_, scope)| &u.scope == scope))
-            .map(|u| Target {
+            .map(|u| Delivery {
                 board: &boards[u.board],
                 scope: u.scope,
                 event: ApplyEvent {
@@ -353,13 +354,13 @@ impl<'a> Replayer<'a> {
                 },
             })
             .collect();
-        if let (true, Some((name, scope))) = (targets.is_empty(), only) {
+        if let (true, Some((name, scope))) = (deliveries.is_empty(), only) {
             return Err(format!(
                 "the event's fields no longer name the instance {}",
                 instance_label(name, scope.as_deref())
             ));
         }
-        Ok(targets)
+        Ok(deliveries)
     }
 
     /// The boards `letter` is validated for, and the one instance it goes to when a single
@@ -437,17 +438,19 @@ impl<'a> Replayer<'a> {
     /// (an outage, or a write that could not be confirmed): the letter then stays, and a
     /// new run finishes it.
     pub async fn replay(&self, letter: &Letter) -> Result<Replay, StoreError> {
-        let targets = match self.targets(letter) {
-            Ok(targets) => targets,
+        let deliveries = match self.deliveries(letter) {
+            Ok(deliveries) => deliveries,
             Err(why) => return Ok(Replay::Refused(why)),
         };
         if self.dry_run {
-            return Ok(Replay::Would(targets.iter().map(Target::label).collect()));
+            return Ok(Replay::Would(
+                deliveries.iter().map(Delivery::label).collect(),
+            ));
         }
         let mut tried = Tried::default();
-        for t in &targets {
-            let outcome = self.apply(t).await?;
-            if let Some(rejection) = tried.note(t, outcome)? {
+        for delivery in &deliveries {
+            let outcome = self.apply(delivery).await?;
+            if let Some(rejection) = tried.note(delivery, outcome)? {
                 tried.letters.push(self.reletter(letter, rejection));
             }
         }
@@ -467,13 +470,16 @@ impl<'a> Replayer<'a> {
     /// Applies the letter's event to one instance; an outage is returned as the error
     /// (Redis as a whole is failing: the letter stays for the next run), any other
     /// failure as the outcome.
-    async fn apply(&self, t: &Target<'_>) -> Result<Result<Vec<Outcome>, StoreError>, StoreError> {
+    async fn apply(
+        &self,
+        delivery: &Delivery<'_>,
+    ) -> Result<Result<Vec<Outcome>, StoreError>, StoreError> {
         let outcome = self
             .store
             .apply(
-                t.board,
-                t.scope.as_deref(),
-                std::slice::from_ref(&t.event),
+                delivery.board,
+                delivery.scope.as_deref(),
+                std::slice::from_ref(&delivery.event),
                 self.now,
             )
             .await;
@@ -506,12 +512,12 @@ impl<'a> Replayer<'a> {
         let mut written: Vec<String> = tried
             .taken
             .iter()
-            .flat_map(|t| {
-                let registry = t
+            .flat_map(|d| {
+                let registry = d
                     .scope
                     .as_ref()
-                    .map(|_| self.store.keys().scopes(&t.board.name));
-                std::iter::once(self.store.instance(t.board, t.scope.as_deref()).meta())
+                    .map(|_| self.store.keys().scopes(&d.board.name));
+                std::iter::once(self.store.instance(d.board, d.scope.as_deref()).meta())
                     .chain(registry)
             })
             .collect();
@@ -529,11 +535,11 @@ impl<'a> Replayer<'a> {
 
 /// What the instances a letter went to made of it.
 #[derive(Default)]
-struct Tried<'t, 'b> {
+struct Tried<'d, 'b> {
     /// The instances that counted it now.
     applied: Vec<String>,
     /// The instances that counted it, now or before.
-    taken: Vec<&'t Target<'b>>,
+    taken: Vec<&'d Delivery<'b>>,
     /// Why each instance that did not count it refused it.
     refusals: Vec<String>,
     /// New letters for the instances that refused it for good.
@@ -542,12 +548,12 @@ struct Tried<'t, 'b> {
     relettered: Vec<String>,
 }
 
-impl<'t, 'b> Tried<'t, 'b> {
-    /// Notes what the apply to `t` said; the rejection to write a new letter for, when
-    /// `t` refused the event as the consumer would have dead-lettered it.
+impl<'d, 'b> Tried<'d, 'b> {
+    /// Notes what the apply of `delivery` said; the rejection to write a new letter for,
+    /// when its instance refused the event as the consumer would have dead-lettered it.
     fn note(
         &mut self,
-        t: &'t Target<'b>,
+        delivery: &'d Delivery<'b>,
         outcome: Result<Vec<Outcome>, StoreError>,
     ) -> Result<Option<Rejection>, StoreError> {
         let refused = |reason: Reason, detail: String| {
@@ -558,19 +564,19 @@ impl<'t, 'b> Tried<'t, 'b> {
         };
         let refusal = match outcome.as_deref() {
             Ok([Outcome::Applied]) => {
-                self.applied.push(t.label());
-                self.taken.push(t);
+                self.applied.push(delivery.label());
+                self.taken.push(delivery);
                 return Ok(None);
             }
             Ok([Outcome::Duplicate]) => {
-                self.taken.push(t);
+                self.taken.push(delivery);
                 return Ok(None);
             }
             Ok([Outcome::Late]) => {
                 self.refusals.push(format!(
                     "late: ts {} is outside the window of {}",
-                    t.event.ts,
-                    t.label()
+                    delivery.event.ts,
+                    delivery.label()
                 ));
                 return Ok(None);
             }
@@ -578,7 +584,7 @@ impl<'t, 'b> Tried<'t, 'b> {
                 Reason::Overflow,
                 format!(
                     "{}: the total would pass 2^53-1; applied to the other boards only",
-                    t.label()
+                    delivery.label()
                 ),
             ),
             Ok(other) => {
@@ -590,13 +596,13 @@ impl<'t, 'b> Tried<'t, 'b> {
                 Reason::ApplyFailed,
                 format!(
                     "{}: apply failed on replay: {e}; applied to the other boards only",
-                    t.label()
+                    delivery.label()
                 ),
             ),
         };
         self.refusals.push(refusal.0);
         self.relettered
-            .push(format!("{} {}", refusal.1.reason, t.label()));
+            .push(format!("{} {}", refusal.1.reason, delivery.label()));
         Ok(Some(refusal.1))
     }
 }

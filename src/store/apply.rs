@@ -478,8 +478,9 @@ fn digests_by_slice(
     (blob, counts)
 }
 
-/// One instance's apply, as every call of it sees it.
-struct Target<'a> {
+/// One instance's apply, as every call of it sees it (made once the instance's scope, if
+/// any, is registered and the time its events are judged by is known).
+struct InstanceApply<'a> {
     /// The one connection every call of the instance goes on (stream order).
     client: &'a Client,
     /// The board.
@@ -575,14 +576,14 @@ impl Store {
         };
         let fingerprint = board.fingerprint();
         join_all(registered.iter().map(|&(scope, events)| {
-            let target = Target {
+            let apply = InstanceApply {
                 client: self.client(),
                 board,
                 fingerprint: fingerprint.clone(),
                 now,
                 k: self.instance(board, Some(scope)),
             };
-            async move { self.apply_target(&target, events).await }
+            async move { self.apply_prepared(&apply, events).await }
         }))
         .await
     }
@@ -608,30 +609,30 @@ impl Store {
             }
             None => now,
         };
-        let target = Target {
+        let apply = InstanceApply {
             client,
             board,
             fingerprint: board.fingerprint(),
             now,
             k: self.instance(board, scope),
         };
-        self.apply_target(&target, events).await
+        self.apply_prepared(&apply, events).await
     }
 
-    /// Applies `events` to the instance of `target`, whose scope (if any) is registered
-    /// and `now` judged; one outcome per event, in their order. The events go member by
-    /// member where that judges every event as stream order would (see [`by_member`]): a
-    /// call then folds each member's events into as few groups as it can.
-    async fn apply_target(
+    /// Applies `events` as `apply` prepared them: to its instance, whose scope (if any) is
+    /// registered and `now` judged; one outcome per event, in their order. The events go
+    /// member by member where that judges every event as stream order would (see
+    /// [`by_member`]): a call then folds each member's events into as few groups as it can.
+    async fn apply_prepared(
         &self,
-        target: &Target<'_>,
+        apply: &InstanceApply<'_>,
         events: &[ApplyEvent],
     ) -> Result<Vec<Outcome>, StoreError> {
         let Some(order) = by_member(events) else {
-            return self.apply_in_order(target, events).await;
+            return self.apply_in_order(apply, events).await;
         };
         let grouped: Vec<ApplyEvent> = order.iter().map(|&i| events[i].clone()).collect();
-        let judged = self.apply_in_order(target, &grouped).await?;
+        let judged = self.apply_in_order(apply, &grouped).await?;
         let mut out = vec![Outcome::Applied; events.len()];
         for (&i, outcome) in order.iter().zip(judged) {
             out[i] = outcome;
@@ -639,26 +640,26 @@ impl Store {
         Ok(out)
     }
 
-    /// [`Store::apply_target`] in the order of `events`: chains of `fold.lua` calls,
+    /// [`Store::apply_prepared`] in the order of `events`: chains of `fold.lua` calls,
     /// `apply.lua` ones where a fold cannot judge the events.
     async fn apply_in_order(
         &self,
-        target: &Target<'_>,
+        apply: &InstanceApply<'_>,
         events: &[ApplyEvent],
     ) -> Result<Vec<Outcome>, StoreError> {
         let mut out = Vec::with_capacity(events.len());
-        let mut raw_ids = self.holds_legacy_seen(&target.k.seen());
+        let mut raw_ids = self.holds_legacy_seen(&apply.k.seen());
         let mut rest = events;
         while !rest.is_empty() {
             let judged = if raw_ids {
                 // An instance still holding raw ids goes event by event, as its layout
                 // requires.
-                let chunk = &rest[..rest.len().min(apply_chunk(target.board))];
-                self.apply_exact(target, chunk, &mut raw_ids, &mut out)
+                let chunk = &rest[..rest.len().min(apply_chunk(apply.board))];
+                self.apply_exact(apply, chunk, &mut raw_ids, &mut out)
                     .await?;
                 chunk.len()
             } else {
-                self.fold_some(target, rest, &mut raw_ids, &mut out).await?
+                self.fold_some(apply, rest, &mut raw_ids, &mut out).await?
             };
             rest = &rest[judged..];
         }
@@ -734,13 +735,13 @@ impl Store {
     /// were judged (at least one), their outcomes appended to `out`.
     async fn fold_some(
         &self,
-        target: &Target<'_>,
+        apply: &InstanceApply<'_>,
         rest: &[ApplyEvent],
         raw_ids: &mut bool,
         out: &mut Vec<Outcome>,
     ) -> Result<usize, StoreError> {
-        let chunks = fold_chunks(target.board, rest);
-        let replies = self.fold_chained(target, &chunks).await;
+        let chunks = fold_chunks(apply.board, rest);
+        let replies = self.fold_chained(apply, &chunks).await;
         // Events judged, from the front of `rest`.
         let mut judged = 0;
         for (chunk, reply) in chunks.iter().zip(replies) {
@@ -750,8 +751,8 @@ impl Store {
                 // after it did not run and are sent again.
                 Folded::Slow => {
                     judged += chunk.len();
-                    for part in chunk.chunks(apply_chunk(target.board)) {
-                        self.apply_exact(target, part, raw_ids, out).await?;
+                    for part in chunk.chunks(apply_chunk(apply.board)) {
+                        self.apply_exact(apply, part, raw_ids, out).await?;
                     }
                     break;
                 }
@@ -771,16 +772,16 @@ impl Store {
     /// the calls after it answer `NotRun`, having written nothing.
     async fn fold_chained(
         &self,
-        target: &Target<'_>,
+        apply: &InstanceApply<'_>,
         chunks: &[&[ApplyEvent]],
     ) -> Vec<Result<Folded, StoreError>> {
-        let Target {
+        let InstanceApply {
             client,
             board,
             k,
             fingerprint,
             now,
-        } = target;
+        } = apply;
         let call = |chunk| fold_call(board, k, fingerprint, chunk, *now);
         if let [chunk] = chunks {
             return vec![self.fold(client, call(chunk)).await];
@@ -835,18 +836,18 @@ impl Store {
     /// outcomes are appended to `out`.
     async fn apply_exact(
         &self,
-        target: &Target<'_>,
+        apply: &InstanceApply<'_>,
         chunk: &[ApplyEvent],
         raw_ids: &mut bool,
         out: &mut Vec<Outcome>,
     ) -> Result<(), StoreError> {
-        let Target {
+        let InstanceApply {
             client,
             board,
             k,
             fingerprint,
             now,
-        } = target;
+        } = apply;
         let reply = loop {
             let (keys, args) = apply_call(board, k, fingerprint, chunk, *now, *raw_ids);
             let call = self.fcall_once(&self.scripts.apply, client, keys, args);

@@ -11,7 +11,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 
 use crate::config::Settings;
 use crate::store::{Conflicts, Denied, Refused, StoreError};
@@ -71,26 +71,15 @@ pub enum Command {
     Top {
         /// Board name.
         board: String,
-        /// Scope value (required for scoped boards).
-        #[arg(long)]
-        scope: Option<String>,
+        /// What it reads and how it prints (`--scope`, `--window`, `--period`, `--json`).
+        #[command(flatten)]
+        read: ReadFlags,
         /// Entries to show (1 to 1000).
         #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=1000))]
         limit: u64,
         /// Entries to skip.
         #[arg(long, default_value_t = 0)]
         offset: u64,
-        /// Window of a board with several (`windows = [...]`): its name as configured or
-        /// an equal duration (default: the first listed).
-        #[arg(long)]
-        window: Option<String>,
-        /// Period of a period board: current (default), previous or an id (2026-11-26,
-        /// 2026-W48, 2026-11).
-        #[arg(long)]
-        period: Option<String>,
-        /// Machine-readable output.
-        #[arg(long)]
-        json: bool,
     },
     /// Show the rank of one member (exit 3 when it is not on the board), or of several on
     /// the board and among themselves (exit 3 when none is on the board).
@@ -101,24 +90,13 @@ pub enum Command {
         /// them, from one snapshot.
         #[arg(required = true, num_args = 1..)]
         members: Vec<String>,
-        /// Scope value (required for scoped boards).
-        #[arg(long)]
-        scope: Option<String>,
-        /// Window of a board with several (`windows = [...]`): its name as configured or
-        /// an equal duration (default: the first listed).
-        #[arg(long)]
-        window: Option<String>,
+        /// What it reads and how it prints (`--scope`, `--window`, `--period`, `--json`).
+        #[command(flatten)]
+        read: ReadFlags,
         /// The member's rank in every window of the board, from one snapshot (one member;
         /// exit 3 when it is ranked in none).
         #[arg(long, conflicts_with = "window")]
         all_windows: bool,
-        /// Period of a period board: current (default), previous or an id (2026-11-26,
-        /// 2026-W48, 2026-11).
-        #[arg(long)]
-        period: Option<String>,
-        /// Machine-readable output.
-        #[arg(long)]
-        json: bool,
     },
     /// Show the entries around one member (exit 3 when it is not on the board).
     Around {
@@ -126,23 +104,12 @@ pub enum Command {
         board: String,
         /// Member.
         member: String,
-        /// Scope value (required for scoped boards).
-        #[arg(long)]
-        scope: Option<String>,
+        /// What it reads and how it prints (`--scope`, `--window`, `--period`, `--json`).
+        #[command(flatten)]
+        read: ReadFlags,
         /// Entries on each side (0 to 100).
         #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(0..=100))]
         radius: u64,
-        /// Window of a board with several (`windows = [...]`): its name as configured or
-        /// an equal duration (default: the first listed).
-        #[arg(long)]
-        window: Option<String>,
-        /// Period of a period board: current (default), previous or an id (2026-11-26,
-        /// 2026-W48, 2026-11).
-        #[arg(long)]
-        period: Option<String>,
-        /// Machine-readable output.
-        #[arg(long)]
-        json: bool,
     },
     /// Append JSON-lines events (FILE, or standard input) to the stream; all or nothing.
     Send {
@@ -206,6 +173,37 @@ pub enum Command {
     },
 }
 
+/// The flags every read command (`top`, `rank`, `around`) takes: what it reads of its
+/// board, and how it prints the answer.
+#[derive(Debug, Args)]
+pub struct ReadFlags {
+    /// Scope value (required for scoped boards).
+    #[arg(long)]
+    pub scope: Option<String>,
+    /// Window of a board with several (`windows = [...]`): its name as configured or an
+    /// equal duration (default: the first listed).
+    #[arg(long)]
+    pub window: Option<String>,
+    /// Period of a period board: current (default), previous or an id (2026-11-26,
+    /// 2026-W48, 2026-11).
+    #[arg(long)]
+    pub period: Option<String>,
+    /// Machine-readable output.
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl ReadFlags {
+    /// The ranking the command reads: `--scope`, `--period` and `--window`.
+    fn ranking(&self) -> query::Ranking<'_> {
+        query::Ranking {
+            scope: self.scope.as_deref(),
+            period: self.period.as_deref(),
+            window: self.window.as_deref(),
+        }
+    }
+}
+
 /// A usage problem: message for standard error and exit status 2.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
@@ -262,59 +260,32 @@ async fn dispatch(settings: &Settings, command: Command) -> anyhow::Result<u8> {
         Command::Run { .. } => unreachable!("`run` is handled by the daemon"),
         Command::Top {
             board,
-            scope,
+            read,
             limit,
             offset,
-            window,
-            period,
-            json,
-        } => {
-            let target = query::Target {
-                scope: scope.as_deref(),
-                period: period.as_deref(),
-                window: window.as_deref(),
-            };
-            query::top(settings, &board, target, limit, offset, json).await
-        }
+        } => query::top(settings, &board, read.ranking(), limit, offset, read.json).await,
         Command::Rank {
             board,
             members,
-            scope,
-            window,
+            read,
             all_windows,
-            period,
-            json,
         } => {
-            let target = query::Target {
-                scope: scope.as_deref(),
-                period: period.as_deref(),
-                window: window.as_deref(),
-            };
+            let (ranking, json) = (read.ranking(), read.json);
             match (members.as_slice(), all_windows) {
                 ([member], true) => {
-                    query::rank_all_windows(settings, &board, member, target, json).await
+                    query::rank_all_windows(settings, &board, member, ranking, json).await
                 }
                 (_, true) => Err(Usage("--all-windows takes one member".into()).into()),
-                ([member], false) => query::rank(settings, &board, member, target, json).await,
-                (_, false) => query::ranks(settings, &board, &members, target, json).await,
+                ([member], false) => query::rank(settings, &board, member, ranking, json).await,
+                (_, false) => query::ranks(settings, &board, &members, ranking, json).await,
             }
         }
         Command::Around {
             board,
             member,
-            scope,
+            read,
             radius,
-            window,
-            period,
-            json,
-        } => {
-            let target = query::Target {
-                scope: scope.as_deref(),
-                period: period.as_deref(),
-                window: window.as_deref(),
-            };
-            query::around(settings, &board, &member, target, radius, json).await
-        }
+        } => query::around(settings, &board, &member, read.ranking(), radius, read.json).await,
         Command::Send { file } => send::send(settings, file).await,
         Command::DropBoard {
             board,
@@ -333,5 +304,59 @@ async fn dispatch(settings: &Settings, command: Command) -> anyhow::Result<u8> {
             json,
         } => verify::verify(settings, board, strict, json).await,
         Command::DeadLetters { action } => dead_letters::run(settings, action).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::error::ErrorKind;
+    use clap::{CommandFactory, Parser};
+
+    use super::{Cli, Command};
+
+    #[test]
+    fn the_arguments_are_consistent() {
+        // Among others: `rank --all-windows` conflicts with an argument that exists.
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn every_read_command_takes_the_read_flags() {
+        let flags = [
+            "--scope", "s", "--window", "1d", "--period", "previous", "--json",
+        ];
+        for args in [
+            &["top", "b"][..],
+            &["rank", "b", "m"],
+            &["around", "b", "m"],
+        ] {
+            let argv = ["rollboard"].iter().chain(args).chain(&flags);
+            let read = match Cli::try_parse_from(argv).unwrap().command {
+                Command::Top { read, .. }
+                | Command::Rank { read, .. }
+                | Command::Around { read, .. } => read,
+                other => panic!("{other:?}"),
+            };
+            let ranking = read.ranking();
+            assert_eq!(ranking.scope, Some("s"));
+            assert_eq!(ranking.window, Some("1d"));
+            assert_eq!(ranking.period, Some("previous"));
+            assert!(read.json);
+        }
+    }
+
+    #[test]
+    fn all_windows_conflicts_with_window() {
+        let argv = [
+            "rollboard",
+            "rank",
+            "b",
+            "m",
+            "--window",
+            "1d",
+            "--all-windows",
+        ];
+        let e = Cli::try_parse_from(argv).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::ArgumentConflict);
     }
 }

@@ -34,9 +34,10 @@ pub fn resolve_board<'a>(
     }
 }
 
-/// What a read command reads of its board: `--scope`, `--period` and `--window`.
+/// The ranking a read command reads of its board: of the instance `--scope` and `--period`
+/// name, in the window `--window` names (`rank --all-windows` reads all of its windows).
 #[derive(Debug, Clone, Copy, Default)]
-pub(super) struct Target<'a> {
+pub(super) struct Ranking<'a> {
     /// The scope value, on a scoped board.
     pub scope: Option<&'a str>,
     /// The period of a period board (the current one when absent).
@@ -56,7 +57,7 @@ fn view_of(board: &Board, window: Option<&str>) -> Result<Board, Usage> {
 async fn open(
     settings: &Settings,
     board: &Board,
-    Target { scope, period, .. }: Target<'_>,
+    Ranking { scope, period, .. }: Ranking<'_>,
 ) -> anyhow::Result<(Store, i64, Selected)> {
     period_of(board, scope, period, 0)?;
     let store = connect(settings).await?;
@@ -75,14 +76,14 @@ fn check_member(member: &str) -> Result<(), Usage> {
 pub(super) async fn top(
     settings: &Settings,
     board: &str,
-    target: Target<'_>,
+    ranking: Ranking<'_>,
     limit: u64,
     offset: u64,
     json: bool,
 ) -> anyhow::Result<u8> {
-    let scope = target.scope;
+    let scope = ranking.scope;
     let board = resolve_board(settings, board, scope)?;
-    let view = view_of(board, target.window)?;
+    let view = view_of(board, ranking.window)?;
     if board.is_sharded() && offset.saturating_add(limit) > SHARDED_DEPTH {
         return Err(Usage(format!(
             "a page of a sharded board reaches at most rank {SHARDED_DEPTH}: --offset + --limit is {}",
@@ -90,7 +91,7 @@ pub(super) async fn top(
         ))
         .into());
     }
-    let (store, now, selected) = open(settings, board, target).await?;
+    let (store, now, selected) = open(settings, board, ranking).await?;
     let page = store
         .top(&view, selected.instance(scope), offset, limit, now)
         .await?;
@@ -103,14 +104,14 @@ pub(super) async fn rank(
     settings: &Settings,
     board: &str,
     member: &str,
-    target: Target<'_>,
+    ranking: Ranking<'_>,
     json: bool,
 ) -> anyhow::Result<u8> {
-    let scope = target.scope;
+    let scope = ranking.scope;
     let board = resolve_board(settings, board, scope)?;
-    let view = view_of(board, target.window)?;
+    let view = view_of(board, ranking.window)?;
     check_member(member)?;
-    let (store, now, selected) = open(settings, board, target).await?;
+    let (store, now, selected) = open(settings, board, ranking).await?;
     let rank = store
         .rank(&view, selected.instance(scope), member, now)
         .await?;
@@ -162,12 +163,12 @@ pub(super) async fn ranks(
     settings: &Settings,
     board: &str,
     members: &[String],
-    target: Target<'_>,
+    ranking: Ranking<'_>,
     json: bool,
 ) -> anyhow::Result<u8> {
-    let scope = target.scope;
+    let scope = ranking.scope;
     let board = resolve_board(settings, board, scope)?;
-    let view = view_of(board, target.window)?;
+    let view = view_of(board, ranking.window)?;
     if members.len() > MAX_RANKS_MEMBERS {
         return Err(Usage(format!(
             "rank takes at most {MAX_RANKS_MEMBERS} members, not {}",
@@ -178,7 +179,7 @@ pub(super) async fn ranks(
     for member in members {
         check_member(member)?;
     }
-    let (store, now, selected) = open(settings, board, target).await?;
+    let (store, now, selected) = open(settings, board, ranking).await?;
     let names: Vec<&str> = members.iter().map(String::as_str).collect();
     let mut subset = store
         .ranks(&view, selected.instance(scope), &names, now)
@@ -252,15 +253,15 @@ pub(super) async fn around(
     settings: &Settings,
     board: &str,
     member: &str,
-    target: Target<'_>,
+    ranking: Ranking<'_>,
     radius: u64,
     json: bool,
 ) -> anyhow::Result<u8> {
-    let scope = target.scope;
+    let scope = ranking.scope;
     let board = resolve_board(settings, board, scope)?;
-    let view = view_of(board, target.window)?;
+    let view = view_of(board, ranking.window)?;
     check_member(member)?;
-    let (store, now, selected) = open(settings, board, target).await?;
+    let (store, now, selected) = open(settings, board, ranking).await?;
     let instance = selected.instance(scope);
     match store.around(&view, instance, member, radius, now).await? {
         Ok(page) => {
@@ -288,13 +289,13 @@ pub(super) async fn rank_all_windows(
     settings: &Settings,
     board: &str,
     member: &str,
-    target: Target<'_>,
+    ranking: Ranking<'_>,
     json: bool,
 ) -> anyhow::Result<u8> {
-    let scope = target.scope;
+    let scope = ranking.scope;
     let board = resolve_board(settings, board, scope)?;
     check_member(member)?;
-    let (store, now, selected) = open(settings, board, target).await?;
+    let (store, now, selected) = open(settings, board, ranking).await?;
     let mut answer = store
         .rank_in_windows(board, selected.instance(scope), member, now)
         .await?;
