@@ -2,7 +2,7 @@
 //! rebuild and verify. Every function takes `now` as a parameter.
 //!
 //! * `expire.rs`: one instance rolled: watermark raised, dead slices expired, due
-//!   idempotency keys forgotten ([`roll_instance`], [`expire_fields`]).
+//!   idempotency keys forgotten ([`InstanceRoll`]).
 //! * `resummarize.rs`: the live slices summed again and swapped in whole ([`resummarize`]).
 //! * `verify.rs`: an instance's ranking compared with its slices ([`verify`]), or rebuilt
 //!   from them ([`rebuild`]).
@@ -14,7 +14,7 @@ mod expire;
 mod resummarize;
 mod verify;
 
-pub use expire::{expire_fields, roll_instance};
+pub use expire::InstanceRoll;
 pub use resummarize::resummarize;
 pub use verify::{rebuild, verify, Drift, Rebuilt, Verified};
 
@@ -304,17 +304,15 @@ async fn roll_window(
         futures_util::stream::iter(instances(store, board).await?)
             .map(|scope| async move {
                 let mut part = Report::default();
-                let outcome = roll_instance(
+                let instance = InstanceRoll {
                     store,
                     board,
-                    scope.as_deref(),
+                    scope: scope.as_deref(),
                     now,
-                    target,
                     chunk,
                     cancel,
-                    &mut part,
-                )
-                .await;
+                };
+                let outcome = instance.roll(target, &mut part).await;
                 (scope, outcome.map(|()| part))
             })
             .buffer_unordered(INSTANCES_AT_ONCE)

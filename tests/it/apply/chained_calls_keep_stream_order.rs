@@ -184,16 +184,15 @@ fn outcomes_of(reply: &[i64], slice_of: &[usize]) -> Option<Vec<Outcome>> {
 
 async fn roll_at(store: &Store, board: &Board, now: i64) {
     let mut report = Report::default();
-    roll::roll_instance(
+    roll::InstanceRoll {
         store,
         board,
-        None,
+        scope: None,
         now,
-        board.slice_of(now) - board.slices_in_window(),
-        100,
-        &CancellationToken::new(),
-        &mut report,
-    )
+        chunk: 100,
+        cancel: &CancellationToken::new(),
+    }
+    .roll(board.slice_of(now) - board.slices_in_window(), &mut report)
     .await
     .expect("roll");
 }

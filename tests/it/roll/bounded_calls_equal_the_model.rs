@@ -128,16 +128,15 @@ async fn run_case(store: &Store, case: &Case) {
     cancel.cancel();
     let mut report = Report::default();
     for n in &dead {
-        let outcome = roll::expire_fields(
+        let outcome = roll::InstanceRoll {
             store,
-            &b,
-            None,
-            *n,
-            &names,
-            case.cancelled_per_call,
-            &cancel,
-            &mut report,
-        )
+            board: &b,
+            scope: None,
+            now,
+            chunk: case.cancelled_per_call,
+            cancel: &cancel,
+        }
+        .expire_fields(*n, &names, case.cancelled_per_call, &mut report)
         .await;
         assert!(matches!(outcome, Err(RollError::Cancelled)), "{outcome:?}");
     }

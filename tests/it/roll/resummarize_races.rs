@@ -196,16 +196,15 @@ impl Shrink {
         let (_, dead) = other.raise_watermark(b, None, target, now).await.unwrap();
         assert!(dead.contains(&self.n));
         let mut report = roll::Report::default();
-        roll::expire_fields(
-            other,
-            b,
-            None,
-            self.n,
-            &self.expire,
-            EXPIRE_CALL_FIELDS,
-            &CancellationToken::new(),
-            &mut report,
-        )
+        roll::InstanceRoll {
+            store: other,
+            board: b,
+            scope: None,
+            now,
+            chunk: EXPIRE_CALL_FIELDS,
+            cancel: &CancellationToken::new(),
+        }
+        .expire_fields(self.n, &self.expire, EXPIRE_CALL_FIELDS, &mut report)
         .await
         .unwrap();
         assert_eq!(report.fields_expired, self.expire.len() as u64);

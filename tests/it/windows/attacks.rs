@@ -128,16 +128,15 @@ async fn a_forced_roll_stopped_after_the_narrow_window_is_finished_by_the_next()
         .await
         .expect("floor");
     let mut part = rollboard::roll::Report::default();
-    rollboard::roll::roll_instance(
-        &store,
-        &narrow,
-        None,
-        at,
-        target,
-        10,
-        &tokio_util::sync::CancellationToken::new(),
-        &mut part,
-    )
+    rollboard::roll::InstanceRoll {
+        store: &store,
+        board: &narrow,
+        scope: None,
+        now: at,
+        chunk: 10,
+        cancel: &tokio_util::sync::CancellationToken::new(),
+    }
+    .roll(target, &mut part)
     .await
     .expect("roll the 2h window");
     assert_eq!(total_in(&store, &narrow, None, "ann", now).await, None);

@@ -332,16 +332,15 @@ impl Run<'_> {
                 .await
                 .expect("board watermark");
             let mut report = Report::default();
-            roll::roll_instance(
+            roll::InstanceRoll {
                 store,
-                view,
+                board: view,
                 scope,
                 now,
-                target,
-                10,
-                &CancellationToken::new(),
-                &mut report,
-            )
+                chunk: 10,
+                cancel: &CancellationToken::new(),
+            }
+            .roll(target, &mut report)
             .await
             .expect("roll of one window");
             self.model.roll(w, now);
