@@ -233,15 +233,14 @@ async fn serve_parts(parts: Parts, started: Started, cancel: CancellationToken) 
         settings.http.changes_heartbeat,
         cancel.clone(),
     );
-    let state_metrics = metrics.clone();
     let state = Arc::new(AppState {
         store,
         settings: settings.clone(),
+        answers: Answers::new(&settings.http, metrics.clone()),
         metrics,
         group_ready,
         clock,
         hub,
-        answers: Answers::new(&settings.http, state_metrics),
     });
     let _ = started.send(Ok(()));
     serve_listeners(state, listener, admin, cancel).await;

@@ -603,14 +603,8 @@ pub(super) async fn ranks(
     let period = select(b, scope, body.period.as_deref(), now).map_err(period_error)?;
     let members: Vec<&str> = body.members.iter().map(String::as_str).collect();
     let instance = period.instance(scope);
-    let key = kept_as(&state, &view, instance, now, &{
-        let mut what = String::from("ranks");
-        for m in &members {
-            what.push('\0');
-            what.push_str(m);
-        }
-        what
-    });
+    let what = format!("ranks\0{}", members.join("\0"));
+    let key = kept_as(&state, &view, instance, now, &what);
     let read = async {
         let subset = redis(&state, state.store.ranks(&view, instance, &members, now)).await?;
         Ok(period.relabel(json!(subset), scope))
