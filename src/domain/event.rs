@@ -437,8 +437,10 @@ pub fn fresh_id(fields: &[Field]) -> Option<String> {
         .then(|| uuid::Uuid::now_v7().to_string())
 }
 
-/// Converts one JSON object into event fields: strings as they are, numbers exactly as
-/// written; booleans, nulls, arrays and objects are refused.
+/// Converts one JSON object into event fields: strings as they are, numbers by their exact
+/// value written plainly ([`plain_number`]: `12.50` is `12.5`, `7823.0` is `7823`, `1e3` is
+/// `1000`, never rounded through a float), so that a number means what JSON Schema says it
+/// does; booleans, nulls, arrays and objects are refused.
 pub fn fields_from_json(value: &serde_json::Value) -> Result<Vec<Field>, String> {
     let object = value.as_object().ok_or("an event must be a JSON object")?;
     object
@@ -446,7 +448,9 @@ pub fn fields_from_json(value: &serde_json::Value) -> Result<Vec<Field>, String>
         .map(|(name, v)| match v {
             serde_json::Value::String(s) => Ok((name.as_bytes().to_vec(), s.as_bytes().to_vec())),
             serde_json::Value::Number(n) => {
-                Ok((name.as_bytes().to_vec(), n.to_string().into_bytes()))
+                let written = n.to_string();
+                let value = plain_number(&written).unwrap_or(written);
+                Ok((name.as_bytes().to_vec(), value.into_bytes()))
             }
             other => Err(format!(
                 "field {} is {}, only strings and numbers are accepted",
@@ -460,6 +464,60 @@ pub fn fields_from_json(value: &serde_json::Value) -> Result<Vec<Field>, String>
             )),
         })
         .collect()
+}
+
+/// A JSON number as written (`-12.50e3`) in its plain exact form (`-12500`): no exponent,
+/// no leading zero before the point, no trailing zero after it, `0` for minus zero. `None`
+/// when that form is longer than [`MAX_ID_BYTES`] (`1e300`): the number is then kept as
+/// written (no amount or time is that long, and an id, member or scope may be what it
+/// wrote).
+pub fn plain_number(written: &str) -> Option<String> {
+    let (negative, unsigned) = match written.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, written),
+    };
+    let (mantissa, exponent) = match unsigned.split_once(['e', 'E']) {
+        Some((m, e)) => (m, e.parse::<i64>().ok()?),
+        None => (unsigned, 0),
+    };
+    let (whole, fraction) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    let digits = format!("{whole}{fraction}");
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    // The point sits after `point` of `digits`.
+    let trimmed = digits.trim_start_matches('0');
+    let point = (whole.len() as i64).checked_add(exponent)? - (digits.len() - trimmed.len()) as i64;
+    let digits = trimmed.trim_end_matches('0');
+    if digits.is_empty() {
+        return Some("0".into());
+    }
+    let n = digits.len() as i64;
+    let length = match point {
+        p if p <= 0 => 2 - p + n,
+        p if p >= n => p,
+        _ => n + 1,
+    } + i64::from(negative);
+    if length > MAX_ID_BYTES as i64 {
+        return None;
+    }
+    let mut out = String::with_capacity(length as usize);
+    if negative {
+        out.push('-');
+    }
+    if point <= 0 {
+        out.push_str("0.");
+        out.extend(std::iter::repeat_n('0', (-point) as usize));
+        out.push_str(digits);
+    } else if point >= n {
+        out.push_str(digits);
+        out.extend(std::iter::repeat_n('0', (point - n) as usize));
+    } else {
+        out.push_str(&digits[..point as usize]);
+        out.push('.');
+        out.push_str(&digits[point as usize..]);
+    }
+    Some(out)
 }
 
 #[cfg(test)]
@@ -681,12 +739,31 @@ mod tests {
     }
 
     #[test]
-    fn json_numbers_are_taken_as_written() {
+    fn json_numbers_are_taken_by_their_exact_value() {
         let v: serde_json::Value =
-            serde_json::from_str(r#"{"room":42,"amount":12.50,"ts":1763700000123}"#).unwrap();
+            serde_json::from_str(r#"{"room":42,"amount":12.50,"ts":1763700000123.0}"#).unwrap();
         let f = fields_from_json(&v).unwrap();
-        assert!(f.contains(&(b"amount".to_vec(), b"12.50".to_vec())));
+        assert!(f.contains(&(b"amount".to_vec(), b"12.5".to_vec())));
         assert!(f.contains(&(b"room".to_vec(), b"42".to_vec())));
+        assert!(f.contains(&(b"ts".to_vec(), b"1763700000123".to_vec())));
+        for (written, plain) in [
+            ("0", "0"),
+            ("-0.0", "0"),
+            ("1e3", "1000"),
+            ("1E+3", "1000"),
+            ("-12.50e3", "-12500"),
+            ("0.0012", "0.0012"),
+            ("12e-4", "0.0012"),
+            ("100", "100"),
+            ("9007199254740991", "9007199254740991"),
+            ("0.10000000000000000001", "0.10000000000000000001"),
+        ] {
+            assert_eq!(plain_number(written).as_deref(), Some(plain), "{written}");
+        }
+        // Too long written plainly: kept as written.
+        for long in ["1e300", "5.139025901379653e-279", "1e99999999999999999999"] {
+            assert_eq!(plain_number(long), None, "{long}");
+        }
         for bad in [
             r#"{"a":true}"#,
             r#"{"a":null}"#,

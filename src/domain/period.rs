@@ -68,6 +68,31 @@ impl Period {
         self.span_at(zone, span.start_ms - 1)
     }
 
+    /// The pattern of this period's ids (`2026-W48` for weeks from Monday, `2026-11-26`
+    /// for days and other weeks, `2026-11` for months), without anchors: the shape an id
+    /// has, whether or not it names a period ([`Period::parse_id`] tells).
+    pub fn id_pattern(self) -> &'static str {
+        match self {
+            Period::Week(Weekday::Mon) => "[0-9]{4}-W[0-9]{2}",
+            Period::Day | Period::Week(_) => "[0-9]{4}-[0-9]{2}-[0-9]{2}",
+            Period::Month => "[0-9]{4}-[0-9]{2}",
+        }
+    }
+
+    /// Whether `id` has the shape of this period's ids ([`Period::id_pattern`]).
+    pub fn has_id_shape(self, id: &str) -> bool {
+        let shape = match self {
+            Period::Week(Weekday::Mon) => "dddd-Wdd",
+            Period::Day | Period::Week(_) => "dddd-dd-dd",
+            Period::Month => "dddd-dd",
+        };
+        id.len() == shape.len()
+            && id.bytes().zip(shape.bytes()).all(|(c, s)| match s {
+                b'd' => c.is_ascii_digit(),
+                other => c == other,
+            })
+    }
+
     /// The period whose id is `id`, if `id` names one.
     pub fn parse_id(self, zone: Tz, id: &str) -> Option<Span> {
         let first = match self {

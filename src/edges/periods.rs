@@ -51,11 +51,19 @@ pub fn select(
     };
     let selector = PeriodSelector::parse(period.unwrap_or("current"));
     let span = calendar.select(&selector, now).ok_or_else(|| {
-        let example = calendar.span_at(now).id;
-        PeriodError::Usage(format!(
-            "period must be current, previous or a {} id such as {example}",
-            calendar.period_name()
-        ))
+        let name = calendar.period_name();
+        match &selector {
+            // Shaped as an id, but no period has it (`2026-02-30`, `2026-W60`): none kept.
+            PeriodSelector::Id(id) if calendar.period.has_id_shape(id) => PeriodError::NotKept(
+                format!("period {id} of board {}: no {name} has this id", board.name),
+            ),
+            _ => {
+                let example = calendar.span_at(now).id;
+                PeriodError::Usage(format!(
+                    "period must be current, previous or a {name} id such as {example}"
+                ))
+            }
+        }
     })?;
     if !calendar.keeps(&span, now) {
         return Err(PeriodError::NotKept(format!(

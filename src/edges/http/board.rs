@@ -10,7 +10,7 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use super::error::{redis, ApiError, ApiResult, ErrorBody};
-use super::params::params;
+use super::params::none;
 use super::AppState;
 use crate::domain::board::Board;
 
@@ -153,7 +153,7 @@ pub(super) async fn board(
     let Path(name) = name.map_err(|_| {
         ApiError::BadRequest("invalid path: a segment is not UTF-8 once percent-decoded".into())
     })?;
-    params(query, &[])?;
+    none(query)?;
     let b = state.settings.board(&name).ok_or_else(|| {
         ApiError::NotFound(format!(
             "unknown board {}",

@@ -29,7 +29,7 @@ use tracing::{debug, warn, Instrument};
 use utoipa::IntoParams;
 
 use super::error::{ApiError, ApiResult, ErrorBody};
-use super::params::params;
+use super::params::{read_query, Name};
 use super::AppState;
 use crate::config::RedisSettings;
 use crate::metrics::{Disconnect, Metrics};
@@ -225,13 +225,13 @@ async fn read_feed(
 }
 
 /// The query parameters of `changes`.
-// Described only: `params` reads the query.
-#[derive(IntoParams)]
+#[derive(Debug, serde::Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
-#[allow(dead_code)]
+#[serde(deny_unknown_fields)]
 pub(super) struct ChangesQuery {
     /// The scope value: required on a scoped board, refused on another.
-    scope: Option<String>,
+    #[param(inline)]
+    scope: Option<Name>,
     /// The window whose feed is read: one of the board's `windows` as the configuration
     /// writes it (`24h`) or an equal duration (`1d`); the first configured when absent.
     window: Option<String>,
@@ -267,7 +267,7 @@ pub(super) async fn changes(
     closer: Option<axum::Extension<Closer>>,
 ) -> ApiResult<Response> {
     let name = super::query::path(name)?;
-    let params = params(query, &["scope", "window", "period"])?;
+    let q: ChangesQuery = read_query(query)?;
     let b = super::query::board(&state, &name)?;
     if b.changes.is_none() {
         return Err(ApiError::NotFound(format!(
@@ -275,8 +275,8 @@ pub(super) async fn changes(
             b.name
         )));
     }
-    let scope = super::query::scope_of(b, &params)?;
-    let view = super::query::view_of(b, params.get("window").map(String::as_str))?;
+    let scope = super::query::scope_of(b, q.scope.as_ref(), "?scope=")?;
+    let view = super::query::view_of(b, q.window.as_deref())?;
     let resume = match headers.get("last-event-id") {
         None => None,
         Some(value) => Some(
@@ -307,7 +307,7 @@ pub(super) async fn changes(
     };
     // A period board's feed is its period instance's: the current period's unless named.
     // Each window of a board keeps a feed of its own: the widest's without a suffix.
-    let (_, selected) = super::query::period_of(&state, b, scope, &params)?;
+    let (_, selected) = super::query::period_of(&state, b, scope, q.period.as_deref())?;
     let key = state.store.keys().changes(
         &b.name,
         selected.instance(scope),

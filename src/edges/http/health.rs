@@ -15,7 +15,7 @@ use tracing::warn;
 use utoipa::ToSchema;
 
 use super::error::{ApiError, ApiResult, ErrorBody};
-use super::params::params;
+use super::params::none;
 use super::AppState;
 use crate::domain::roles::Role;
 use crate::ingest::stream::{self, group_info};
@@ -73,7 +73,7 @@ pub(super) async fn metrics(
     State(state): State<Arc<AppState>>,
     RawQuery(query): RawQuery,
 ) -> ApiResult<Response> {
-    params(query, &[])?;
+    none(query)?;
     state.answers.count_held().await;
     Ok((
         [(
@@ -96,7 +96,7 @@ pub(super) async fn metrics(
     )
 )]
 pub(super) async fn healthz(RawQuery(query): RawQuery) -> Result<Json<Health>, ApiError> {
-    params(query, &[]).map(|_| Json(Health { status: "ok" }))
+    none(query).map(|_| Json(Health { status: "ok" }))
 }
 
 /// `GET /readyz`: 200 when Redis answers and every consumer's group exists, 503 otherwise;
@@ -115,7 +115,7 @@ pub(super) async fn readyz(
     State(state): State<Arc<AppState>>,
     RawQuery(query): RawQuery,
 ) -> Response {
-    if let Err(e) = params(query, &[]) {
+    if let Err(e) = none(query) {
         return e.into_response();
     }
     let (redis_ok, group) = match check(&state).await {

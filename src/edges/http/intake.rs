@@ -19,7 +19,7 @@ use utoipa::openapi::RefOr;
 use utoipa::{PartialSchema, ToSchema};
 
 use super::error::{redis, ApiError, ApiResult, ErrorBody};
-use super::params::params;
+use super::params::none;
 use super::AppState;
 use crate::ingest::intake::{self, BodyError, MAX_EVENTS};
 use crate::metrics::Intake;
@@ -165,7 +165,7 @@ pub(super) async fn events(
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Response> {
     let metrics = &state.metrics;
-    params(query, &[]).inspect_err(|_| metrics.intake(Intake::Malformed, 1))?;
+    none(query).inspect_err(|_| metrics.intake(Intake::Malformed, 1))?;
     if !is_json(&headers) {
         metrics.intake(Intake::Malformed, 1);
         return Err(ApiError::UnsupportedMediaType(

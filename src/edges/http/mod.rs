@@ -21,7 +21,8 @@
 //!
 //! Layout: this file holds the state, the thread the server runs on, the routers and the
 //! connection loop; `query`, `board`, `changes` (the change feed's Server-Sent Events),
-//! `page` (the live page at `/`), `intake` and `health` the handlers of each route group, `openapi` the document describing them all (`GET /v1/openapi.json`),
+//! `page` (the live page at `/`), `intake` and `health` the handlers of each route group, `openapi` the document describing them all (`GET /v1/openapi.json`) and `document` its
+//! form for the boards configured,
 //! `params` the query string they share, `auth` the bearer tokens, `middleware` the
 //! route metrics, `error` the error answers and the Redis error mapping, `answers` the
 //! query answers kept and their `ETag` and `Cache-Control`.
@@ -56,6 +57,7 @@ mod answers;
 mod auth;
 mod board;
 mod changes;
+mod document;
 mod error;
 mod health;
 mod intake;
@@ -91,6 +93,8 @@ pub struct AppState {
     pub hub: Hub,
     /// The query answers kept (see [`Answers`]).
     pub answers: Answers,
+    /// The OpenAPI document of this API with these boards, as JSON.
+    pub document: String,
 }
 
 /// The store the API reads through.
@@ -241,6 +245,7 @@ async fn serve_parts(parts: Parts, started: Started, cancel: CancellationToken) 
         group_ready,
         clock,
         hub,
+        document: openapi::document(&settings.boards),
     });
     let _ = started.send(Ok(()));
     serve_listeners(state, listener, admin, cancel).await;

@@ -1,7 +1,7 @@
 //! `GET /v1/openapi.json`: the OpenAPI 3.1 description of every route, generated from the
 //! handlers and the types of their answers (see docs/api.md).
 
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 
 use axum::extract::{RawQuery, State};
 use axum::http::header;
@@ -10,8 +10,9 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi, ToSchema};
 
 use super::error::{ApiResult, ErrorBody};
-use super::params::params;
+use super::params::none;
 use super::AppState;
+use crate::domain::board::Board;
 
 /// The description of the API: every route, its parameters, bodies and answers.
 #[derive(OpenApi)]
@@ -103,11 +104,12 @@ pub(super) struct OpenApiDocument {
     components: (),
 }
 
-/// The document, as JSON, built once.
-static DOCUMENT: LazyLock<String> = LazyLock::new(|| {
+/// The document of this API for `boards`, as JSON (see [`super::document`]).
+pub(super) fn document(boards: &[Board]) -> String {
+    let generic = serde_json::to_value(ApiDoc::openapi()).unwrap_or_default();
     // Plain data: serializing it cannot fail.
-    ApiDoc::openapi().to_json().unwrap_or_default()
-});
+    serde_json::to_string(&super::document::served(generic, boards)).unwrap_or_default()
+}
 
 /// `GET /v1/openapi.json`: this API's OpenAPI 3.1 document.
 #[utoipa::path(
@@ -116,19 +118,19 @@ static DOCUMENT: LazyLock<String> = LazyLock::new(|| {
     tag = "meta",
     security((), ("reader" = [])),
     responses(
-        (status = 200, description = "The OpenAPI 3.1 document of this API", body = OpenApiDocument),
+        (status = 200, description = "The OpenAPI 3.1 document of this API with the boards this daemon is configured with: each board its own paths", body = OpenApiDocument),
         (status = 400, description = "A query parameter (this route takes none)", body = ErrorBody),
         (status = 401, description = "The reader's token is required", body = ErrorBody),
     )
 )]
 pub(super) async fn openapi(
-    State(_): State<Arc<AppState>>,
+    State(state): State<Arc<AppState>>,
     RawQuery(query): RawQuery,
 ) -> ApiResult<Response> {
-    params(query, &[])?;
+    none(query)?;
     Ok((
         [(header::CONTENT_TYPE, "application/json")],
-        DOCUMENT.as_str(),
+        state.document.clone(),
     )
         .into_response())
 }

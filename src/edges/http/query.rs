@@ -2,7 +2,6 @@
 //! entries around it and the ranks of a list of members, answered at Redis's clock, and
 //! the checks of their path, query parameters and body.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::body::Bytes;
@@ -11,16 +10,16 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::HeaderMap;
 use axum::response::Response;
 use axum::Json;
+use serde::Deserialize;
 use serde_json::json;
 use utoipa::{IntoParams, ToSchema};
 
 use super::answers::Key;
 use super::board::BoardList;
 use super::error::{redis, ApiError, ApiResult, ErrorBody};
-use super::params::params;
+use super::params::{bounded, none, read_query, Flag, Name};
 use super::AppState;
 use crate::domain::board::Board;
-use crate::domain::event::check_name;
 use crate::domain::ranking::{MemberRank, MemberWindows, Page, Subset};
 use crate::edges::periods::{select, PeriodError, Selected};
 use crate::store::SHARDED_DEPTH;
@@ -35,26 +34,23 @@ pub(super) fn board<'a>(state: &'a AppState, name: &str) -> ApiResult<&'a Board>
     })
 }
 
-/// The `scope` parameter of a request to `board`: required on a scoped board, refused on
-/// another, a valid name.
+/// The `scope` of a request to `board`: required on a scoped board, refused on another;
+/// `given` names where it was missing from or given (`?scope=`, `"scope" in the body`).
 pub(super) fn scope_of<'a>(
     board: &Board,
-    params: &'a HashMap<String, String>,
+    scope: Option<&'a Name>,
+    given: &str,
 ) -> ApiResult<Option<&'a str>> {
-    let scope = params.get("scope").map(String::as_str);
     match (&board.scope, scope) {
         (Some(field), None) => Err(ApiError::BadRequest(format!(
-            "board {} is scoped by `{field}`: give ?scope=",
+            "board {} is scoped by `{field}`: give {given}",
             board.name
         ))),
         (None, Some(_)) => Err(ApiError::BadRequest(format!(
-            "board {} is not scoped: drop ?scope=",
+            "board {} is not scoped: drop {given}",
             board.name
         ))),
-        (_, Some(s)) => check_name(s.as_bytes())
-            .map(Some)
-            .map_err(|why| ApiError::BadRequest(format!("scope {why}"))),
-        _ => Ok(None),
+        (_, scope) => Ok(scope.map(Name::as_str)),
     }
 }
 
@@ -65,36 +61,15 @@ pub(super) fn view_of(board: &Board, window: Option<&str>) -> ApiResult<Board> {
     crate::edges::windows::view(board, window, "window").map_err(ApiError::BadRequest)
 }
 
-/// Whether `?all_windows=true` asks for a member in every window: `true` or `false`
-/// (the default), refused beside `window=`, which asks for one.
-fn all_windows(params: &HashMap<String, String>) -> ApiResult<bool> {
-    let all = match params.get("all_windows").map(String::as_str) {
-        None | Some("false") => false,
-        Some("true") => true,
-        Some(_) => {
-            return Err(ApiError::BadRequest(
-                "all_windows must be true or false".into(),
-            ))
-        }
-    };
-    if all && params.contains_key("window") {
-        return Err(ApiError::BadRequest(
-            "all_windows=true answers every window: drop window=, or all_windows".into(),
-        ));
-    }
-    Ok(all)
-}
-
 /// Redis's clock now, and the period `?period=` names on a period board (see
 /// [`crate::edges::periods::select`]).
 pub(super) fn period_of(
     state: &AppState,
     board: &Board,
     scope: Option<&str>,
-    params: &HashMap<String, String>,
+    period: Option<&str>,
 ) -> ApiResult<(i64, Selected)> {
     let now = state.clock.now();
-    let period = params.get("period").map(String::as_str);
     let selected = select(board, scope, period, now).map_err(period_error)?;
     Ok((now, selected))
 }
@@ -118,41 +93,12 @@ fn kept_as(state: &AppState, view: &Board, instance: Option<&str>, now: i64, wha
     Key::new(query, generation, clock)
 }
 
-fn number(
-    params: &HashMap<String, String>,
-    name: &str,
-    default: u64,
-    range: std::ops::RangeInclusive<u64>,
-) -> ApiResult<u64> {
-    let Some(text) = params.get(name) else {
-        return Ok(default);
-    };
-    // The value is not echoed: it can be arbitrarily long.
-    text.parse::<u64>()
-        .ok()
-        .filter(|n| range.contains(n))
-        .ok_or_else(|| {
-            let to = match *range.end() {
-                u64::MAX => String::new(),
-                end => format!(" to {end}"),
-            };
-            ApiError::BadRequest(format!(
-                "{name} must be an integer from {}{to}",
-                range.start(),
-            ))
-        })
-}
-
 /// The path parameters, or a JSON 400 when they cannot be decoded (e.g. invalid UTF-8).
 pub(super) fn path<T>(extracted: Result<Path<T>, PathRejection>) -> ApiResult<T> {
     // The rejection's own text quotes the segment, which can be long: not echoed.
     extracted.map(|Path(value)| value).map_err(|_| {
         ApiError::BadRequest("invalid path: a segment is not UTF-8 once percent-decoded".into())
     })
-}
-
-fn member_of(member: &str) -> ApiResult<&str> {
-    check_name(member.as_bytes()).map_err(|why| ApiError::BadRequest(format!("member {why}")))
 }
 
 /// What a calendar-period board's answers add.
@@ -240,21 +186,39 @@ pub(super) struct RanksAnswer {
     period: PeriodRead,
 }
 
+bounded!(
+    /// Entries in a page of `top`.
+    Limit, 1, 1000, 10
+);
+bounded!(
+    /// Entries skipped before a page of `top`: up to 2^53 - 1, a number every JSON client
+    /// holds exactly; on a sharded board at most [`SHARDED_OFFSET`].
+    Offset, 0, crate::domain::board::MAX_TOTAL as u64, 0
+);
+bounded!(
+    /// Entries on each side of the member in `around`.
+    Radius, 0, 100, 5
+);
+
+/// The largest `offset` of a sharded board's page: its page is merged from each shard's
+/// first `offset + limit` entries, at most [`SHARDED_DEPTH`] for the largest `limit`.
+pub(super) const SHARDED_OFFSET: u64 = SHARDED_DEPTH - Limit::MAX;
+
 /// The query parameters of `top`.
-// Described only, as are the two below: `params` reads the query.
-#[derive(IntoParams)]
+#[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
-#[allow(dead_code)]
+#[serde(deny_unknown_fields)]
 pub(super) struct TopQuery {
     /// Entries in the page.
-    #[param(default = 10, minimum = 1, maximum = 1000)]
-    limit: Option<u64>,
-    /// Entries skipped before the page (a page past the end is empty). On a sharded
-    /// board `offset + limit` is at most 10000.
-    #[param(default = 0, minimum = 0)]
-    offset: Option<u64>,
+    #[param(inline)]
+    limit: Option<Limit>,
+    /// Entries skipped before the page (a page past the end is empty); on a sharded board
+    /// at most 9000, so that a page reaches at most rank 10000.
+    #[param(inline)]
+    offset: Option<Offset>,
     /// The scope value: required on a scoped board, refused on another.
-    scope: Option<String>,
+    #[param(inline)]
+    scope: Option<Name>,
     /// The window read: one of the board's `windows` as the configuration writes it
     /// (`24h`) or an equal duration (`1d`); the first configured when absent. On a
     /// calendar-period board, the period's length (`week`) or absent.
@@ -265,38 +229,45 @@ pub(super) struct TopQuery {
 }
 
 /// The query parameters of `members/{member}`.
-#[derive(IntoParams)]
+#[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
-#[allow(dead_code)]
+#[serde(deny_unknown_fields)]
 pub(super) struct MemberQuery {
     /// The scope value: required on a scoped board, refused on another.
-    scope: Option<String>,
+    #[param(inline)]
+    scope: Option<Name>,
     /// The window read: one of the board's `windows` as the configuration writes it
-    /// (`24h`) or an equal duration (`1d`); the first configured when absent. Refused
-    /// with `all_windows=true`.
+    /// (`24h`) or an equal duration (`1d`); the first configured when absent. With
+    /// `all_windows=true` it is checked, and every window is answered.
     window: Option<String>,
     /// `true`: the member in every window of the board at once, in the configuration's
     /// order (`MemberWindows`), answered 200 whether or not it is ranked.
-    #[param(default = false)]
-    all_windows: Option<bool>,
+    #[param(inline)]
+    all_windows: Option<Flag>,
     /// Calendar-period boards only: `current` (default), `previous` or a period id.
     period: Option<String>,
 }
 
 /// The query parameters of `around`.
-#[derive(IntoParams)]
+#[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
-#[allow(dead_code)]
+#[serde(deny_unknown_fields)]
 pub(super) struct AroundQuery {
     /// Entries on each side of the member.
-    #[param(default = 5, minimum = 0, maximum = 100)]
-    radius: Option<u64>,
+    #[param(inline)]
+    radius: Option<Radius>,
     /// The scope value: required on a scoped board, refused on another.
-    scope: Option<String>,
+    #[param(inline)]
+    scope: Option<Name>,
     /// The window read, as for `top`; the first configured when absent.
     window: Option<String>,
     /// Calendar-period boards only: `current` (default), `previous` or a period id.
     period: Option<String>,
+}
+
+/// The member of a route's path, or a 400 saying why it is not one.
+fn member_of(member: String) -> ApiResult<Name> {
+    Name::new(member).map_err(|why| ApiError::BadRequest(format!("member {why}")))
 }
 
 /// `GET /v1/boards`: every configured board and its settings.
@@ -315,7 +286,7 @@ pub(super) async fn boards(
     State(state): State<Arc<AppState>>,
     RawQuery(query): RawQuery,
 ) -> ApiResult<Json<BoardList>> {
-    params(query, &[])?;
+    none(query)?;
     Ok(Json(BoardList::of(&state.settings.boards)))
 }
 
@@ -343,24 +314,19 @@ pub(super) async fn top(
     headers: HeaderMap,
 ) -> ApiResult<Response> {
     let name = path(name)?;
-    let params = params(query, &["limit", "offset", "scope", "window", "period"])?;
+    let q: TopQuery = read_query(query)?;
     let b = board(&state, &name)?;
-    let scope = scope_of(b, &params)?;
-    let view = view_of(b, params.get("window").map(String::as_str))?;
-    let limit = number(&params, "limit", 10, 1..=1000)?;
-    // A sharded board's page is merged from each shard's first offset + limit entries.
-    let offset = if b.is_sharded() {
-        number(&params, "offset", 0, 0..=SHARDED_DEPTH - limit).map_err(|e| match e {
-            ApiError::BadRequest(m) => ApiError::BadRequest(format!(
-                "{m}: a page of a sharded board reaches at most rank {SHARDED_DEPTH} \
-                 (offset + limit)"
-            )),
-            other => other,
-        })?
-    } else {
-        number(&params, "offset", 0, 0..=u64::MAX)?
-    };
-    let (now, period) = period_of(&state, b, scope, &params)?;
+    let scope = scope_of(b, q.scope.as_ref(), "?scope=")?;
+    let view = view_of(b, q.window.as_deref())?;
+    let limit = Limit::or_default(q.limit);
+    let offset = Offset::or_default(q.offset);
+    if b.is_sharded() && offset > SHARDED_OFFSET {
+        return Err(ApiError::BadRequest(format!(
+            "offset must be an integer from 0 to {SHARDED_OFFSET} on a sharded board: a page \
+             of it reaches at most rank {SHARDED_DEPTH}"
+        )));
+    }
+    let (now, period) = period_of(&state, b, scope, q.period.as_deref())?;
     let instance = period.instance(scope);
     let key = kept_as(
         &state,
@@ -406,13 +372,14 @@ pub(super) async fn rank(
     headers: HeaderMap,
 ) -> ApiResult<Response> {
     let (name, member) = path(names)?;
-    let params = params(query, &["scope", "window", "all_windows", "period"])?;
+    let q: MemberQuery = read_query(query)?;
     let b = board(&state, &name)?;
-    let scope = scope_of(b, &params)?;
-    let every = all_windows(&params)?;
-    let view = view_of(b, params.get("window").map(String::as_str))?;
-    let member = member_of(&member)?;
-    let (now, period) = period_of(&state, b, scope, &params)?;
+    let scope = scope_of(b, q.scope.as_ref(), "?scope=")?;
+    let every = q.all_windows.is_some_and(|f| f.0);
+    let view = view_of(b, q.window.as_deref())?;
+    let member = member_of(member)?;
+    let member = member.as_str();
+    let (now, period) = period_of(&state, b, scope, q.period.as_deref())?;
     let instance = period.instance(scope);
     if every {
         let key = kept_as(&state, b, instance, now, &format!("windows\0{member}"));
@@ -470,13 +437,14 @@ pub(super) async fn around(
     headers: HeaderMap,
 ) -> ApiResult<Response> {
     let (name, member) = path(names)?;
-    let params = params(query, &["radius", "scope", "window", "period"])?;
+    let q: AroundQuery = read_query(query)?;
     let b = board(&state, &name)?;
-    let scope = scope_of(b, &params)?;
-    let view = view_of(b, params.get("window").map(String::as_str))?;
-    let member = member_of(&member)?;
-    let radius = number(&params, "radius", 5, 0..=100)?;
-    let (now, period) = period_of(&state, b, scope, &params)?;
+    let scope = scope_of(b, q.scope.as_ref(), "?scope=")?;
+    let view = view_of(b, q.window.as_deref())?;
+    let member = member_of(member)?;
+    let member = member.as_str();
+    let radius = Radius::or_default(q.radius);
+    let (now, period) = period_of(&state, b, scope, q.period.as_deref())?;
     let instance = period.instance(scope);
     let key = kept_as(
         &state,
@@ -508,13 +476,14 @@ pub const MAX_RANKS_MEMBERS: usize = 1000;
 #[derive(Debug, serde::Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RanksBody {
-    /// The members, 1 to 1000 ([`MAX_RANKS_MEMBERS`]), each a valid member name; a member
-    /// listed twice is answered once.
-    #[schema(min_items = 1, max_items = 1000)]
-    members: Vec<String>,
+    /// The members, 1 to 1000 ([`MAX_RANKS_MEMBERS`]); a member listed twice is answered
+    /// once.
+    #[schema(min_items = 1, max_items = 1000, inline)]
+    members: Vec<Name>,
     /// The scope, for a scoped board.
     #[serde(default)]
-    scope: Option<String>,
+    #[schema(inline)]
+    scope: Option<Name>,
     /// The window read: one of the board's `windows` as the configuration writes it
     /// (`24h`) or an equal duration (`1d`), the first configured when absent; on a
     /// calendar-period board, the period's length (`week`) or absent.
@@ -552,42 +521,11 @@ pub(super) async fn ranks(
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Response> {
     let name = path(name)?;
-    params(query, &[])?;
+    none(query)?;
     let b = board(&state, &name)?;
     let body = body.map_err(ApiError::of_body)?;
-    // serde's own message may quote a value of the body, which can be long: only where.
-    let body: RanksBody = serde_json::from_slice(&body).map_err(|e| {
-        let what = match e.classify() {
-            serde_json::error::Category::Data => "is not",
-            _ => "is not JSON, so not",
-        };
-        ApiError::BadRequest(format!(
-            "the body {what} {{\"members\": [strings], \"scope\": string, \"window\": string, \
-             \"period\": string}} (line {} column {})",
-            e.line(),
-            e.column()
-        ))
-    })?;
-    match (&b.scope, &body.scope) {
-        (Some(field), None) => {
-            return Err(ApiError::BadRequest(format!(
-                "board {} is scoped by `{field}`: give \"scope\" in the body",
-                b.name
-            )))
-        }
-        (None, Some(_)) => {
-            return Err(ApiError::BadRequest(format!(
-                "board {} is not scoped: drop \"scope\" from the body",
-                b.name
-            )))
-        }
-        _ => {}
-    }
-    let mut scoped = HashMap::new();
-    if let Some(scope) = body.scope {
-        scoped.insert("scope".to_string(), scope);
-    }
-    let scope = scope_of(b, &scoped)?;
+    let body: RanksBody = ranks_body(&body)?;
+    let scope = scope_of(b, body.scope.as_ref(), "\"scope\" in the body")?;
     let view = view_of(b, body.window.as_deref())?;
     if body.members.is_empty() || body.members.len() > MAX_RANKS_MEMBERS {
         return Err(ApiError::BadRequest(format!(
@@ -595,13 +533,9 @@ pub(super) async fn ranks(
             body.members.len()
         )));
     }
-    for (i, member) in body.members.iter().enumerate() {
-        check_name(member.as_bytes())
-            .map_err(|why| ApiError::BadRequest(format!("members[{i}] {why}")))?;
-    }
     let now = state.clock.now();
     let period = select(b, scope, body.period.as_deref(), now).map_err(period_error)?;
-    let members: Vec<&str> = body.members.iter().map(String::as_str).collect();
+    let members: Vec<&str> = body.members.iter().map(Name::as_str).collect();
     let instance = period.instance(scope);
     let what = format!("ranks\0{}", members.join("\0"));
     let key = kept_as(&state, &view, instance, now, &what);
@@ -611,4 +545,37 @@ pub(super) async fn ranks(
     };
     // A POST is never answered 304: `If-None-Match` is a precondition of a GET.
     state.answers.answer(key, &HeaderMap::new(), read).await
+}
+
+/// The body of `ranks` read: a member or scope that is not a name is refused naming where
+/// it is (`members[3] is empty`); anything else with where serde stopped, never quoting a
+/// value of the body, which can be long.
+fn ranks_body(body: &[u8]) -> ApiResult<RanksBody> {
+    let mut reader = serde_json::Deserializer::from_slice(body);
+    let read: RanksBody = serde_path_to_error::deserialize(&mut reader).map_err(|e| {
+        let path = e.path().to_string();
+        let e = e.into_inner();
+        let why = e.to_string();
+        let why = why.split(" at line ").next().unwrap_or_default();
+        if e.classify() == serde_json::error::Category::Data && Name::is_refusal(why) {
+            return ApiError::BadRequest(format!("{path} {why}"));
+        }
+        not_ranks_body(&e)
+    })?;
+    reader.end().map_err(|e| not_ranks_body(&e))?;
+    Ok(read)
+}
+
+/// The 400 of a body that is not the one of `ranks`, with where serde stopped.
+fn not_ranks_body(e: &serde_json::Error) -> ApiError {
+    let what = match e.classify() {
+        serde_json::error::Category::Data => "is not",
+        _ => "is not JSON, so not",
+    };
+    ApiError::BadRequest(format!(
+        "the body {what} {{\"members\": [strings], \"scope\": string, \"window\": string, \
+         \"period\": string}} (line {} column {})",
+        e.line(),
+        e.column()
+    ))
 }

@@ -374,7 +374,7 @@ async fn real_answers_validate_against_the_served_openapi_document() {
         (around, "/v1/boards/rooms_7d/members/r1/around?radius=101"),
         (
             member,
-            "/v1/boards/multi/members/u1?all_windows=true&window=1h",
+            "/v1/boards/multi/members/u1?all_windows=true&window=5h",
         ),
         (member, "/v1/boards/multi/members/u1?window=2h"),
     ] {

@@ -419,9 +419,18 @@ async fn all_windows_answers_the_member_in_every_window_exactly_after_a_roll() {
             .all(|w| w["rank"].is_null() && w["total"].is_null()),
         "{nobody}"
     );
-    // Refused: beside window=, or not a boolean.
-    for path in [
+    // Beside a window= of the board, every window all the same; beside one it does not
+    // rank, or not a boolean, refused.
+    let every = get_json(daemon, "/v1/boards/duo/members/ann?all_windows=true", 200).await;
+    let beside = get_json(
+        daemon,
         "/v1/boards/duo/members/ann?all_windows=true&window=2h",
+        200,
+    )
+    .await;
+    assert_eq!(beside, every);
+    for path in [
+        "/v1/boards/duo/members/ann?all_windows=true&window=5h",
         "/v1/boards/duo/members/ann?all_windows=yes",
     ] {
         get_json(daemon, path, 400).await;
