@@ -41,6 +41,10 @@ pub(super) fn served(mut generic: Value, boards: &[Board]) -> Value {
             if let Some(operations) = item.as_object_mut() {
                 for operation in operations.values_mut() {
                     for_board(operation, board);
+                    // Unique among the document's operations, as OpenAPI wants.
+                    if let Some(id) = operation.get("operationId").and_then(Value::as_str) {
+                        operation["operationId"] = json!(format!("{id}_{}", board.name));
+                    }
                 }
             }
             served.insert(path.replace(BOARD, &board.name), item);

@@ -26,6 +26,7 @@ const EXTRA_BOARDS: &str = concat!(
 struct Exchange {
     method: &'static str,
     template: &'static str,
+    path: String,
     status: u16,
     content_type: String,
     body: String,
@@ -68,6 +69,7 @@ impl Client {
         self.seen.push(Exchange {
             method,
             template,
+            path: path.to_string(),
             status,
             content_type,
             body: body.clone(),
@@ -90,6 +92,7 @@ impl Client {
         self.seen.push(Exchange {
             method: "get",
             template,
+            path: path.to_string(),
             status,
             content_type,
             body: String::new(),
@@ -116,6 +119,28 @@ fn content_type(answer: &reqwest::Response) -> String {
         .to_string()
 }
 
+/// The path of the document that describes a request to `path` of route `template`: the
+/// board's own path for a board's route (`/v1/boards/rooms_7d/top`); `None` for a board
+/// the daemon does not have, which the document does not describe.
+fn documented_path(doc: &Value, template: &str, path: &str) -> Option<String> {
+    if !template.contains("{board}") {
+        return Some(template.to_string());
+    }
+    let path = path.split('?').next().unwrap_or_default();
+    let board = path.split('/').nth(3)?;
+    let documented = template.replace("{board}", board);
+    doc["paths"].get(&documented).map(|_| documented)
+}
+
+/// A board's path of the document as the route it is (`/v1/boards/{board}/top`).
+fn route_of(path: &str) -> String {
+    let mut parts: Vec<&str> = path.split('/').collect();
+    if parts.len() > 3 && parts[1] == "v1" && parts[2] == "boards" {
+        parts[3] = "{board}";
+    }
+    parts.join("/")
+}
+
 /// The schema the document gives for the answer of `method template` with `status`, as a
 /// schema of its own (the document's components beside it, for its `$ref`s).
 fn response_schema(doc: &Value, method: &str, template: &str, status: u16) -> Value {
@@ -140,7 +165,11 @@ fn response_schema(doc: &Value, method: &str, template: &str, status: u16) -> Va
 fn assert_answers_valid(doc: &Value, seen: &[Exchange]) {
     let mut failures = Vec::new();
     for exchange in seen {
-        let (method, template, status) = (exchange.method, exchange.template, exchange.status);
+        let (method, status) = (exchange.method, exchange.status);
+        let Some(template) = documented_path(doc, exchange.template, &exchange.path) else {
+            continue;
+        };
+        let template = template.as_str();
         if !exchange.content_type.starts_with("application/json") {
             let media = &doc["paths"][template][method]["responses"][status.to_string()]["content"];
             let documented = media
@@ -187,7 +216,7 @@ fn documented_routes(doc: &Value) -> BTreeSet<(String, String)> {
                 .expect("path item")
                 .keys()
                 .filter(|k| ["get", "post", "put", "patch", "delete"].contains(&k.as_str()))
-                .map(move |method| (method.clone(), path.clone()))
+                .map(move |method| (method.clone(), route_of(path)))
         })
         .collect()
 }
@@ -466,10 +495,13 @@ async fn real_answers_validate_against_the_served_openapi_document() {
     let (_, page) = client.get(top, "/v1/boards/dense_7d/top").await;
     let mut page = json(&page);
     page.as_object_mut().map(|p| p.remove("entries"));
-    let schema = response_schema(&doc, "get", top, 200);
+    let dense_top = documented_path(&doc, top, "/v1/boards/dense_7d/top").expect("dense top");
+    let schema = response_schema(&doc, "get", &dense_top, 200);
     assert!(!jsonschema::is_valid(&schema, &page), "{page}");
     missing.as_object_mut().map(|m| m.remove("error"));
-    let schema = response_schema(&doc, "get", member, 404);
+    let dense_member =
+        documented_path(&doc, member, "/v1/boards/dense_7d/members/x").expect("member");
+    let schema = response_schema(&doc, "get", &dense_member, 404);
     assert!(!jsonschema::is_valid(&schema, &missing), "{missing}");
 
     // Every route the router answered (its own templates, from its metrics) is in the

@@ -500,11 +500,21 @@ async fn http_answers_periods_and_the_board_state() {
     let (status, body) = daemon.get("/v1/boards/daily/members/bob?scope=room1").await;
     assert_eq!(status, 404, "{body}");
     assert!(body.contains(&today) && !body.contains('@'), "{body}");
-    for bad in ["2026-13-01", "yesterday", "2026-W48"] {
+    for bad in ["yesterday", "2026-W48", "2026-1-01"] {
         let (status, body) = daemon
             .get(&format!("/v1/boards/daily/top?scope=room1&period={bad}"))
             .await;
         assert_eq!(status, 400, "{bad}: {body}");
+    }
+    // The shape of a day's id that names no day: no such period, a 404.
+    for missing in ["2026-13-01", "2026-02-30"] {
+        let (status, body) = daemon
+            .get(&format!(
+                "/v1/boards/daily/top?scope=room1&period={missing}"
+            ))
+            .await;
+        assert_eq!(status, 404, "{missing}: {body}");
+        assert!(body.contains("no day has this id"), "{body}");
     }
     let (status, _) = daemon.get("/v1/boards/rooms_7d/top?period=current").await;
     assert_eq!(status, 400);
@@ -542,11 +552,13 @@ async fn http_answers_periods_and_the_board_state() {
         .collect();
     assert_eq!(order, [("bob", 1), ("alice", 2)]);
     for bad in [
-        r#"{"scope":"room1","members":["bob"],"period":"2026-13-01"}"#,
+        r#"{"scope":"room1","members":["bob"],"period":"2026-1-01"}"#,
         r#"{"scope":"room1","members":["bob"],"window":"1d"}"#,
     ] {
         assert_eq!(ranks(bad).await.0, 400, "{bad}");
     }
+    let missing = r#"{"scope":"room1","members":["bob"],"period":"2026-13-01"}"#;
+    assert_eq!(ranks(missing).await.0, 404, "{missing}");
     // The oldest of the 12 closed days kept answers; the day before it is gone, a 404.
     let c = board.period.expect("period");
     let mut oldest = c.span_at(now);
