@@ -226,3 +226,40 @@ impl PartialSchema for Flag {
 }
 
 impl ToSchema for Flag {}
+
+#[cfg(test)]
+mod tests {
+    use super::Name;
+    use proptest::prelude::*;
+    use utoipa::PartialSchema;
+
+    proptest! {
+        /// On ASCII (where JSON Schema's length in characters is the length in bytes) the
+        /// schema of a name takes exactly what `check_name` takes.
+        #[test]
+        fn the_name_schema_is_the_name_rule(
+            text in prop_oneof!["[ -~]{0,300}", "[\\x00-\\x7f]{0,12}"],
+        ) {
+            let schema = serde_json::to_value(Name::schema()).expect("schema");
+            let check = jsonschema::draft202012::new(&schema).expect("valid schema");
+            prop_assert_eq!(
+                check.is_valid(&serde_json::json!(text)),
+                Name::new(text.clone()).is_ok(),
+                "{:?}", text
+            );
+        }
+
+        /// Beyond ASCII the schema still refuses every control character the rule refuses.
+        #[test]
+        fn a_control_character_is_refused_by_both(
+            before in "[a-z]{0,8}",
+            control in prop::sample::select(vec!['\u{0}', '\u{1f}', '\u{7f}', '\u{85}', '\u{9f}']),
+        ) {
+            let text = format!("{before}{control}");
+            let schema = serde_json::to_value(Name::schema()).expect("schema");
+            let check = jsonschema::draft202012::new(&schema).expect("valid schema");
+            prop_assert!(!check.is_valid(&serde_json::json!(text)));
+            prop_assert!(Name::new(text).is_err());
+        }
+    }
+}
