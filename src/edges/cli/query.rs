@@ -7,7 +7,7 @@ use super::periods::{period_of, period_rank, print_period_page};
 use super::time::{as_of, show_time};
 use super::{Usage, EXIT_NOT_FOUND};
 use crate::config::Settings;
-use crate::domain::board::Board;
+use crate::domain::board::{Board, View};
 use crate::domain::event::check_name;
 use crate::domain::ranking::{format_total, MemberRank, MemberWindows, Subset};
 use crate::edges::periods::Selected;
@@ -46,9 +46,9 @@ pub(super) struct Ranking<'a> {
     pub window: Option<&'a str>,
 }
 
-/// The board ranking the window `--window` names: the first configured when absent; a
-/// window the board does not rank is a usage error naming those it does.
-fn view_of(board: &Board, window: Option<&str>) -> Result<Board, Usage> {
+/// The board's window `--window` names: the first configured when absent; a window the
+/// board does not rank is a usage error naming those it does.
+fn view_of<'a>(board: &'a Board, window: Option<&str>) -> Result<View<'a>, Usage> {
     crate::edges::windows::view(board, window, "--window").map_err(Usage)
 }
 

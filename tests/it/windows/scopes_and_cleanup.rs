@@ -7,7 +7,7 @@
 use std::collections::BTreeSet;
 
 use fred::prelude::*;
-use rollboard::domain::board::{Board, Changes};
+use rollboard::domain::board::{Board, Changes, View};
 use rollboard::store::{Outcome, Store};
 
 use crate::support::*;
@@ -50,7 +50,7 @@ async fn registered(store: &Store, scope: &str) -> bool {
 }
 
 /// The total of `member` in the instance `scope` of `view` at `now`.
-async fn total(store: &Store, view: &Board, scope: &str, member: &str, now: i64) -> Option<i64> {
+async fn total(store: &Store, view: &View<'_>, scope: &str, member: &str, now: i64) -> Option<i64> {
     store
         .rank(view, Some(scope), member, now)
         .await
