@@ -9,8 +9,8 @@ use super::{
 use crate::domain::board::{Board, Mode, View};
 use crate::domain::keys::{InstanceKeys, Keys};
 use crate::domain::ranking::{
-    decode_member, Entry, MemberRank, MemberWindows, Page, Percentile, Subset, SubsetEntry,
-    WindowRank,
+    decode_member, Entry, Envelope, MemberRank, MemberWindows, Page, Percentile, Subset,
+    SubsetEntry, WindowRank,
 };
 
 pub(super) struct Snapshot {
@@ -140,16 +140,8 @@ impl Store {
     }
 
     pub(super) fn page(view: &View<'_>, scope: Option<&str>, snap: Snapshot) -> Page {
-        let board = view.board();
         Page {
-            board: board.name.clone(),
-            scope: scope.map(str::to_string),
-            window: view.window_name().to_string(),
-            scale: board.scale,
-            count: snap.count,
-            window_from: snap.window_from,
-            window_to: snap.window_to,
-            as_of: snap.as_of,
+            envelope: envelope(view, scope, &snap),
             entries: snap.entries,
         }
     }
@@ -161,20 +153,14 @@ impl Store {
         snap: Snapshot,
     ) -> MemberRank {
         let board = view.board();
+        let envelope = envelope(view, scope, &snap);
         let entry = snap
             .entries
             .into_iter()
             .next()
             .filter(|_| snap.rank.is_some());
         MemberRank {
-            board: board.name.clone(),
-            scope: scope.map(str::to_string),
-            window: view.window_name().to_string(),
-            scale: board.scale,
-            count: snap.count,
-            window_from: snap.window_from,
-            window_to: snap.window_to,
-            as_of: snap.as_of,
+            envelope,
             member: member.to_string(),
             rank: entry.as_ref().map(|e| e.rank),
             competition_rank: entry.as_ref().map(|e| e.competition_rank),
@@ -441,6 +427,7 @@ pub(super) fn subset(
 ) -> Result<Subset, StoreError> {
     let board = view.board();
     let count = snap.count;
+    let envelope = envelope(view, scope, &snap);
     let mut ranked = Vec::new();
     let mut unranked = Vec::new();
     let mut rows = snap.subset.into_iter();
@@ -491,16 +478,24 @@ pub(super) fn subset(
     }
     ranked.extend(unranked);
     Ok(Subset {
-        board: board.name.clone(),
+        envelope,
+        entries: ranked,
+    })
+}
+
+/// The envelope of an answer from `snap`, a read of the instance `scope` in the window
+/// `view`.
+fn envelope(view: &View<'_>, scope: Option<&str>, snap: &Snapshot) -> Envelope {
+    Envelope {
+        board: view.board().name.clone(),
         scope: scope.map(str::to_string),
         window: view.window_name().to_string(),
-        scale: board.scale,
-        count,
+        scale: view.board().scale,
+        count: snap.count,
         window_from: snap.window_from,
         window_to: snap.window_to,
         as_of: snap.as_of,
-        entries: ranked,
-    })
+    }
 }
 
 /// What a page's first row is, by the script's answer.

@@ -132,7 +132,7 @@ async fn pages_and_neighbourhoods() {
         .collect();
     apply_events(&store, &b, &events, NOW).await;
     let page = store.top(&b.widest(), None, 10, 10, NOW).await.unwrap();
-    assert_eq!(page.count, 25);
+    assert_eq!(page.envelope.count, 25);
     assert_eq!(page.entries.len(), 10);
     assert_eq!(page.entries[0].rank, 11);
     assert_eq!(page.entries[0].member, "m15");
@@ -141,7 +141,7 @@ async fn pages_and_neighbourhoods() {
     assert_eq!(tail.entries.len(), 5);
     let past = store.top(&b.widest(), None, 25, 10, NOW).await.unwrap();
     assert!(past.entries.is_empty());
-    assert_eq!(past.count, 25);
+    assert_eq!(past.envelope.count, 25);
     let around = store
         .around(&b.widest(), None, "m02", 3, NOW)
         .await
@@ -171,7 +171,7 @@ async fn pages_and_neighbourhoods() {
             .rank,
         None
     );
-    let (from, to) = (page.window_from, page.window_to);
+    let (from, to) = (page.envelope.window_from, page.envelope.window_to);
     assert_eq!(from, (b.slice_of(NOW) - 23) * HOUR);
     assert_eq!(to - from, 24 * HOUR);
 }
@@ -186,7 +186,7 @@ async fn refunds_take_a_member_off_and_back_on_with_its_exact_total() {
     apply_events(&store, &b, &batch, NOW).await;
     apply_events(&store, &b, &[ev("3", NOW - 8, "u", -700)], NOW).await;
     let page = store.top(&b.widest(), None, 0, 10, NOW).await.unwrap();
-    assert_eq!(page.count, 1);
+    assert_eq!(page.envelope.count, 1);
     assert_eq!(page.entries[0].member, "v");
     assert_eq!(
         store.rank(&b.widest(), None, "u", NOW).await.unwrap().rank,
@@ -219,6 +219,7 @@ async fn scoped_instances_are_independent_and_registered() {
             .top(&b.widest(), Some("r3"), 0, 10, NOW)
             .await
             .unwrap()
+            .envelope
             .count,
         0
     );

@@ -48,7 +48,7 @@ async fn assert_answers(
         .top(&board.widest(), scope, 0, 1000, now)
         .await
         .expect("top");
-    assert_eq!(page.count, count, "{}: count", board.name);
+    assert_eq!(page.envelope.count, count, "{}: count", board.name);
     assert_eq!(page.entries.len(), expected.len());
     for (i, e) in page.entries.iter().enumerate() {
         assert_eq!(
@@ -80,7 +80,7 @@ async fn assert_answers(
             .rank(&board.widest(), scope, member, now)
             .await
             .expect("rank");
-        assert_eq!(r.count, count);
+        assert_eq!(r.envelope.count, count);
         match expected.iter().position(|row| row.0 == member) {
             Some(i) => {
                 assert_eq!(r.rank, Some(i as u64 + 1));
@@ -98,7 +98,7 @@ async fn assert_answers(
         .ranks(&board.widest(), scope, asked, now)
         .await
         .expect("ranks");
-    assert_eq!(subset.count, count);
+    assert_eq!(subset.envelope.count, count);
     let mut want: Vec<(usize, &str)> = Vec::new();
     let mut missing: Vec<&str> = Vec::new();
     for m in asked {

@@ -304,6 +304,7 @@ async fn an_emptied_scope_leaves_the_registry_and_redis() {
             .top(&b.widest(), Some("new"), 0, 10, T0 + 3 * HOUR)
             .await
             .unwrap()
+            .envelope
             .count,
         1
     );

@@ -72,7 +72,12 @@ async fn resummarize_tracks_new_events_only_at_its_runs() {
     let b = resummarize("res", HOUR, 3);
     apply_events(&store, &b, &[ev("1", T0, "a", 5)], T0).await;
     assert_eq!(
-        store.top(&b.widest(), None, 0, 10, T0).await.unwrap().count,
+        store
+            .top(&b.widest(), None, 0, 10, T0)
+            .await
+            .unwrap()
+            .envelope
+            .count,
         0,
         "nothing until the job runs"
     );
@@ -292,7 +297,7 @@ async fn a_scoped_resummarize_refund_board_rolls_to_empty_and_comes_back() {
                 .iter()
                 .map(|e| (e.member.clone(), e.total))
                 .collect();
-            (page.count, ranked)
+            (page.envelope.count, ranked)
         }
     };
 

@@ -338,7 +338,12 @@ async fn a_watermark_lowered_by_the_readme_procedure_is_summed_and_then_kept() {
     let far = store.summed(&b.widest(), None).await.unwrap();
     assert_eq!(far.summed_through, Some(b.slice_of(ahead) - 3));
     assert_eq!(
-        store.top(&b.widest(), None, 0, 10, s0).await.unwrap().count,
+        store
+            .top(&b.widest(), None, 0, 10, s0)
+            .await
+            .unwrap()
+            .envelope
+            .count,
         0
     );
 

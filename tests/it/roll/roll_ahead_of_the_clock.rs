@@ -54,7 +54,7 @@ async fn a_scope_first_seen_after_or_during_a_roll_ahead_follows_it() {
             assert_eq!(out, [Outcome::Applied], "{x}: first live slice");
             let page = store.top(&x.widest(), scope, 0, 10, clock).await.unwrap();
             assert_eq!(
-                (page.window_from, page.window_to),
+                (page.envelope.window_from, page.envelope.window_to),
                 ((s0 + 8) * HOUR, (s0 + 11) * HOUR),
                 "{x}: the window of the roll ahead, at the wall clock"
             );
@@ -102,11 +102,11 @@ async fn a_scope_first_seen_after_or_during_a_roll_ahead_follows_it() {
             .await
             .unwrap();
         assert_eq!(
-            (page.count, page.entries.len()),
+            (page.envelope.count, page.entries.len()),
             (0, 0),
             "round {round} ({applied:?}): a dead slice stayed ranked: {page:?}"
         );
-        assert_eq!(page.window_from, (s0 + 8) * HOUR, "round {round}");
+        assert_eq!(page.envelope.window_from, (s0 + 8) * HOUR, "round {round}");
         let again = apply_events_in(&store, &b, "new", &[ev("z", clock, "v", 1)], clock).await;
         assert_eq!(again, [Outcome::Late], "round {round}");
         // A second roll at the same time leaves no slice behind in the instance.
@@ -297,7 +297,7 @@ async fn a_roll_ahead_of_the_clock_moves_every_instance_even_cleaned_up_ones() {
                 .await
                 .unwrap();
             assert_eq!(
-                (page.window_from, page.window_to),
+                (page.envelope.window_from, page.envelope.window_to),
                 window,
                 "{b} [{scope}]: the window of the roll at {ahead}"
             );
@@ -321,7 +321,11 @@ async fn a_roll_ahead_of_the_clock_moves_every_instance_even_cleaned_up_ones() {
                 .top(&b.widest(), Some(scope), 0, 10, clock)
                 .await
                 .unwrap();
-            assert_eq!((page.window_from, page.window_to), window, "{b} [{scope}]");
+            assert_eq!(
+                (page.envelope.window_from, page.envelope.window_to),
+                window,
+                "{b} [{scope}]"
+            );
         }
     }
 }

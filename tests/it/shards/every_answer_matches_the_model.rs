@@ -198,20 +198,20 @@ pub async fn apply_routed(
 /// `page` with `board` as its board, without `as_of` (the server's time of a write, and
 /// null on a sharded board no event reached, where a resummarize run has no instance).
 fn page_as(mut page: Page, board: &str) -> Page {
-    page.board = board.to_string();
-    page.as_of = None;
+    page.envelope.board = board.to_string();
+    page.envelope.as_of = None;
     page
 }
 
 fn rank_as(mut rank: MemberRank, board: &str) -> MemberRank {
-    rank.board = board.to_string();
-    rank.as_of = None;
+    rank.envelope.board = board.to_string();
+    rank.envelope.as_of = None;
     rank
 }
 
 fn subset_as(mut subset: Subset, board: &str) -> Subset {
-    subset.board = board.to_string();
-    subset.as_of = None;
+    subset.envelope.board = board.to_string();
+    subset.envelope.as_of = None;
     subset
 }
 
@@ -499,7 +499,7 @@ impl<'a> Run<'a> {
                         ranked.entries(o, o + l),
                         "top {offset}+{limit} of {what}"
                     );
-                    assert_eq!(got.count, count, "count of {what}");
+                    assert_eq!(got.envelope.count, count, "count of {what}");
                 }
             }
             let ranks = join_all(asked.iter().map(|&m| async move {
@@ -521,7 +521,7 @@ impl<'a> Run<'a> {
                         got.competition_rank,
                         got.total,
                         got.last_ts,
-                        got.count,
+                        got.envelope.count,
                     );
                     assert_eq!(answered, expected_rank(&ranked, m), "rank of {m} in {what}");
                     let percentile = got
@@ -551,11 +551,11 @@ impl<'a> Run<'a> {
                             let r = r as usize;
                             let want = ranked.entries(i.saturating_sub(r), i + r + 1);
                             assert_eq!(page.entries, want, "around {m} radius {r} in {what}");
-                            assert_eq!(page.count, count);
+                            assert_eq!(page.envelope.count, count);
                         }
                         (None, Err(rank)) => {
                             assert_eq!(rank.rank, None, "around {m} in {what}");
-                            assert_eq!(rank.count, count);
+                            assert_eq!(rank.envelope.count, count);
                         }
                         (at, got) => {
                             panic!("around {m} in {what}: {got:?}, the model ranks it at {at:?}")
@@ -582,7 +582,7 @@ impl<'a> Run<'a> {
                         expected_subset(&ranked, s),
                         "ranks of {s:?} in {what}"
                     );
-                    assert_eq!(got.count, count);
+                    assert_eq!(got.envelope.count, count);
                 }
             }
             if fresh {

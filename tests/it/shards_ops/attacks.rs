@@ -95,7 +95,7 @@ async fn a_key_of_the_wrong_type_in_one_shard_fails_the_merged_queries_and_nothi
             .top(&b.widest(), Some(shard), 0, 10, now)
             .await
             .expect("a shard");
-        assert_eq!(page.count, 2, "{shard}");
+        assert_eq!(page.envelope.count, 2, "{shard}");
     }
 
     // Ingest goes on for the other shards; the broken shard's events are dead-lettered.
@@ -129,12 +129,12 @@ async fn a_key_of_the_wrong_type_in_one_shard_fails_the_merged_queries_and_nothi
     // restores the shard from its slices.
     let _: () = store.client().del(&broken).await.expect("DEL");
     let top = store.top(&b.widest(), None, 0, 10, now).await.expect("top");
-    assert_eq!(top.count, 6);
+    assert_eq!(top.envelope.count, 6);
     rollboard::roll::rebuild(&store, &b.widest(), Some("#2"), 10)
         .await
         .expect("rebuild");
     let top = store.top(&b.widest(), None, 0, 10, now).await.expect("top");
-    assert_eq!(top.count, 8);
+    assert_eq!(top.envelope.count, 8);
     assert_eq!(total_at(&store, &b.widest(), in_broken, now).await, Some(5));
     assert_eq!(
         total_at(&store, &b.widest(), elsewhere, now).await,
@@ -157,7 +157,7 @@ async fn a_key_of_the_wrong_type_in_one_shard_fails_the_merged_queries_and_nothi
         .top(&b.widest(), None, 0, 10, later)
         .await
         .expect("top");
-    assert_eq!(top.count, 0);
+    assert_eq!(top.envelope.count, 0);
     for shard in b.shard_names() {
         assert_verified(&store, &b.widest(), Some(&shard)).await;
     }

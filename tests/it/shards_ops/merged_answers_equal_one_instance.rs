@@ -85,6 +85,7 @@ async fn assert_same_answers(
         .top(&plain.widest(), None, 0, 1, now)
         .await
         .expect("top")
+        .envelope
         .count;
     for &limit in sweep.limits {
         for offset in 0..count + 3 {
@@ -182,6 +183,7 @@ async fn same_as_one_instance(tie: TieBreak, refunds: bool) {
         .top(&plain.widest(), None, 0, 1, now)
         .await
         .expect("top")
+        .envelope
         .count;
     assert!(count > 10, "{count}");
     assert_same_answers(&store, &plain, &shard, &members, now, &WIDE).await;
@@ -268,7 +270,7 @@ async fn around_at_the_top_and_bottom_edges_and_with_empty_shards() {
         .expect("ranked");
     assert_eq!(at_bottom.entries.len(), 3);
     assert_eq!(at_bottom.entries[2].member, *last);
-    assert_eq!(at_bottom.entries[2].rank, top.count);
+    assert_eq!(at_bottom.entries[2].rank, top.envelope.count);
 }
 
 /// `all_windows` of a sharded board with two windows (2h, 6h): every member, held in

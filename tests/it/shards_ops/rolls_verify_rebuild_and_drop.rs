@@ -48,6 +48,7 @@ async fn every_shard_rolls_and_an_emptied_shard_leaves_the_registry_and_comes_ba
             .top(&b.widest(), None, 0, 10, now)
             .await
             .expect("top")
+            .envelope
             .count,
         8
     );
@@ -71,13 +72,13 @@ async fn every_shard_rolls_and_an_emptied_shard_leaves_the_registry_and_comes_ba
         .top(&b.widest(), None, 0, 10, later)
         .await
         .expect("top");
-    assert_eq!(top.count, 6);
+    assert_eq!(top.envelope.count, 6);
     assert!(top.entries.iter().all(|e| shard_index(&b, &e.member) != 0));
     let r = store
         .rank(&b.widest(), None, &by_shard[0][0], later)
         .await
         .expect("rank");
-    assert_eq!((r.rank, r.total, r.count), (None, None, 6));
+    assert_eq!((r.rank, r.total, r.envelope.count), (None, None, 6));
 
     // An event of a member of #0: the shard is registered again and counts it.
     let out = apply_sharded(&store, &b, &[ev("back", later, &by_shard[0][1], 4)], later).await;
@@ -87,7 +88,7 @@ async fn every_shard_rolls_and_an_emptied_shard_leaves_the_registry_and_comes_ba
         .rank(&b.widest(), None, &by_shard[0][1], later)
         .await
         .expect("rank");
-    assert_eq!((r.rank, r.total, r.count), (Some(7), Some(4), 7));
+    assert_eq!((r.rank, r.total, r.envelope.count), (Some(7), Some(4), 7));
     // A copy of an event #0 let go of is late, never counted again.
     let out = apply_sharded(&store, &b, &events[..1], later).await;
     assert_eq!(out, [Outcome::Late]);
@@ -104,8 +105,8 @@ async fn every_shard_rolls_and_an_emptied_shard_leaves_the_registry_and_comes_ba
         );
     }
     let top = store.top(&b.widest(), None, 0, 10, end).await.expect("top");
-    assert_eq!((top.count, top.entries.len()), (0, 0));
-    assert!(top.window_from > later, "{top:?}");
+    assert_eq!((top.envelope.count, top.entries.len()), (0, 0));
+    assert!(top.envelope.window_from > later, "{top:?}");
 }
 
 /// A board `tips` of two shards and a plain board `solo`, as the command line reads them.
@@ -278,7 +279,7 @@ async fn answers(store: &Store, boards: &[Board], now: i64) -> Vec<Value> {
             .top(&b.widest(), None, 0, 100, now)
             .await
             .expect("top");
-        assert!(top.count > 0, "{} holds data", b.name);
+        assert!(top.envelope.count > 0, "{} holds data", b.name);
         out.push(comparable(&top));
     }
     out
@@ -327,7 +328,7 @@ async fn drop_board_deletes_every_shard(
         .top(&tips.widest(), None, 0, 10, now)
         .await
         .expect("top");
-    assert_eq!(top.count, 0);
+    assert_eq!(top.envelope.count, 0);
 }
 
 #[tokio::test]

@@ -154,7 +154,7 @@ async fn every_event_of_a_member_lands_in_its_shard_and_queries_find_it_there() 
         .top(&b.widest(), None, 0, 100, now)
         .await
         .expect("top");
-    assert_eq!(top.count, members.len() as u64);
+    assert_eq!(top.envelope.count, members.len() as u64);
     assert_eq!(top.entries[0].member, members[members.len() - 1]);
 }
 

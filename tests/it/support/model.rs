@@ -152,7 +152,7 @@ pub async fn assert_matches(
             .top(view, scope, entries.len() as u64, 1000, now)
             .await
             .expect("top");
-        count = page.count;
+        count = page.envelope.count;
         if page.entries.is_empty() {
             break;
         }

@@ -294,7 +294,7 @@ async fn a_window_named_by_an_equal_duration_reads_that_window() {
     for name in ["24h", "1d", "1440m", "86400s"] {
         let view = rollboard::edges::windows::view(&b, Some(name), "window").expect(name);
         let page = store.top(&view, None, 0, 10, now).await.expect("top");
-        assert_eq!(page.window, "24h", "{name}");
+        assert_eq!(page.envelope.window, "24h", "{name}");
         assert_eq!(page.entries[0].total, 3, "{name}");
     }
     let first = rollboard::edges::windows::view(&b, None, "window").expect("first");

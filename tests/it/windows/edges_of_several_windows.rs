@@ -175,8 +175,24 @@ async fn an_event_live_only_in_the_wide_window_leaves_the_narrow_untouched() {
     assert_eq!(redis.cli(&["EXISTS", &slice]).trim(), "0");
     assert_eq!(total_at(&store, &wide, "bob", now).await, Some(9));
     assert_eq!(total_at(&store, &narrow, "bob", now).await, None);
-    assert_eq!(store.top(&narrow, None, 0, 10, now).await.unwrap().count, 1);
-    assert_eq!(store.top(&wide, None, 0, 10, now).await.unwrap().count, 2);
+    assert_eq!(
+        store
+            .top(&narrow, None, 0, 10, now)
+            .await
+            .unwrap()
+            .envelope
+            .count,
+        1
+    );
+    assert_eq!(
+        store
+            .top(&wide, None, 0, 10, now)
+            .await
+            .unwrap()
+            .envelope
+            .count,
+        2
+    );
 
     let everything = every_key(&store, "wideonly").await;
     let late = [ev("3", now - 7 * HOUR, "cat", 4)];
@@ -220,13 +236,23 @@ async fn a_duplicate_is_one_whichever_windows_its_first_copy_counted_in() {
     roll_board(&store, &b, later).await;
     model.roll_all(later);
     assert_eq!(
-        store.top(&narrow, None, 0, 10, later).await.unwrap().count,
+        store
+            .top(&narrow, None, 0, 10, later)
+            .await
+            .unwrap()
+            .envelope
+            .count,
         0
     );
     let copies = [ev("both", now, "m", 5), ev("wide", now - 3 * HOUR, "m", 7)];
     apply_both(&store, &b, &mut model, &copies, later, &[Duplicate; 2]).await;
     assert_eq!(
-        store.top(&narrow, None, 0, 10, later).await.unwrap().count,
+        store
+            .top(&narrow, None, 0, 10, later)
+            .await
+            .unwrap()
+            .envelope
+            .count,
         0
     );
     assert_eq!(total_at(&store, &wide, "m", later).await, Some(12));
@@ -430,9 +456,9 @@ async fn a_refund_to_zero_in_one_window_leaves_the_member_ranked_in_the_other() 
     apply_both(&store, &b, &mut model, &refund, now, &[Applied]).await;
 
     let r = store.rank(&narrow, None, "m", now).await.unwrap();
-    assert_eq!((r.rank, r.total, r.count), (None, None, 1));
+    assert_eq!((r.rank, r.total, r.envelope.count), (None, None, 1));
     let r = store.rank(&wide, None, "m", now).await.unwrap();
-    assert_eq!((r.rank, r.total, r.count), (Some(1), Some(5), 2));
+    assert_eq!((r.rank, r.total, r.envelope.count), (Some(1), Some(5), 2));
     assert_eq!(r.dense_rank, Some(Some(1)));
     let n = store.rank(&narrow, None, "n", now).await.unwrap();
     assert_eq!((n.rank, n.dense_rank), (Some(1), Some(Some(1))));

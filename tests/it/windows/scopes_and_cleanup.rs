@@ -178,7 +178,11 @@ async fn a_scope_empty_only_in_the_narrower_window_stays_and_answers_in_each() {
         .top(&short, Some("r1"), 0, 10, later)
         .await
         .expect("top 2h");
-    assert_eq!((page.count, page.entries.len()), (0, 0), "{page:?}");
+    assert_eq!(
+        (page.envelope.count, page.entries.len()),
+        (0, 0),
+        "{page:?}"
+    );
     assert_eq!(total(&store, &short, "r1", "ann", later).await, None);
     let page = store
         .top(&wide, Some("r1"), 0, 10, later)
