@@ -1325,7 +1325,7 @@ async fn bench_ceiling(redis: &RedisServer) -> Result<()> {
     store.load_library().await.map_err(|e| e.to_string())?;
     let function = rollboard::store::lua::library().function("apply.lua");
     let now = now_ms();
-    let k = store.instance(&board, None);
+    let k = store.instance(&board.widest(), None);
     // One chunk of the size the store sends; ids get independent random numbers per
     // request, so every call applies new events (the members are one fixed random draw).
     let mut rng = 0x9e37_79b9_7f4a_7c15_u64;
@@ -1340,7 +1340,14 @@ async fn bench_ceiling(redis: &RedisServer) -> Result<()> {
             }
         })
         .collect();
-    let (keys, values) = apply_call(&board, &k, &board.fingerprint(), &events, now, false);
+    let (keys, values) = apply_call(
+        &board,
+        &k,
+        &board.widest().fingerprint(),
+        &events,
+        now,
+        false,
+    );
     let mut args: Vec<String> = vec!["FCALL".into(), function, keys.len().to_string()];
     args.extend(keys);
     args.extend(values.iter().map(|v| v.as_string().unwrap_or_default()));

@@ -875,7 +875,7 @@ async fn quiet(quick: bool) -> Result<bool> {
     };
     run("first run (every instance new)", now).await?;
     for r in 0..instances {
-        let meta = store.instance(&b, Some(&scope(r))).meta();
+        let meta = store.instance(&b.widest(), Some(&scope(r))).meta();
         let _: i64 = store.client().hdel(meta, "summed_gen").await?;
     }
     let every = run("every instance summed (record deleted)", now + 1).await?;
@@ -894,7 +894,7 @@ async fn quiet(quick: bool) -> Result<bool> {
     let some = run(&format!("1 in {QUIET_ACTIVE_EVERY} instances changed"), at).await?;
     let mut ok = every.0 == instances as u64 && none.0 == 0 && some.0 == active.len() as u64;
     for r in active.iter().copied().chain([1, instances - 1]) {
-        let v = roll::verify(&store, &b, Some(&scope(r)), 250).await?;
+        let v = roll::verify(&store, &b.widest(), Some(&scope(r)), 250).await?;
         if !v.differences.is_empty() {
             println!(
                 "MISMATCH: {} behind its slices: {:?}",
@@ -1066,7 +1066,7 @@ async fn memory(store: &Store, members: usize) -> Result<(bool, MemoryFigures)> 
         took.as_secs_f64(),
         per_second(members, took)
     );
-    let k = store.instance(&b, None);
+    let k = store.instance(&b.widest(), None);
     let ranked = integer(client, "ZCARD", &[&k.result()]).await?;
     let ok = ranked == members as i64;
     println!(
@@ -1580,16 +1580,16 @@ async fn query_bound(
     let now = T0 + HOUR - 1;
     let work = async {
         for i in 0..QUERY_CALLS {
-            store.top(&b, None, 0, 10, now).await?;
+            store.top(&b.widest(), None, 0, 10, now).await?;
             store
-                .rank(&b, None, &member_name(i * 7919 % members), now)
+                .rank(&b.widest(), None, &member_name(i * 7919 % members), now)
                 .await?;
         }
         anyhow::Ok(())
     };
     let (_, m) = measure_beside(client, slowlog_us, Some(beside), work).await?;
     let ours = by_script(&m).remove("query").unwrap_or_default();
-    let k = store.instance(&b, None);
+    let k = store.instance(&b.widest(), None);
     let (result, index) = (k.result(), k.members());
     let work = async {
         for i in 0..QUERY_CALLS {
@@ -1628,10 +1628,10 @@ async fn query_bound(
 async fn apply_unsplit(store: &Store, members: usize, slowlog_us: u64) -> Result<Stats> {
     let client = store.client();
     let b = board("apply_unsplit", 2, 2 * HOUR);
-    let k = store.instance(&b, None);
+    let k = store.instance(&b.widest(), None);
     store.load_library().await?;
     let function = rollboard::store::lua::library().function("apply.lua");
-    let fingerprint = b.fingerprint();
+    let fingerprint = b.widest().fingerprint();
     let now = T0 + HOUR - 1;
     let work = async {
         for from in (0..members).step_by(EXPIRY_BATCH) {
@@ -1690,7 +1690,10 @@ async fn resummarize_round(
     println!(
         "-- resummarize, chunk {chunk}: a board in resummarize mode holding a COPY of the slice"
     );
-    let (a, k) = (store.instance(&filled, None), store.instance(&b, None));
+    let (a, k) = (
+        store.instance(&filled.widest(), None),
+        store.instance(&b.widest(), None),
+    );
     let n = filled.slice_of(T0);
     for (src, dst) in [
         (a.members(), k.members()),
@@ -2036,7 +2039,10 @@ impl CpuTimes {
 
 /// Copies every key of the `from` instance onto the `to` instance.
 async fn copy_instance(store: &Store, from: &Board, to: &Board) -> Result<()> {
-    let (a, b) = (store.instance(from, None), store.instance(to, None));
+    let (a, b) = (
+        store.instance(&from.widest(), None),
+        store.instance(&to.widest(), None),
+    );
     let n = from.slice_of(T0);
     let pairs = [
         (a.meta(), b.meta()),
@@ -2074,7 +2080,7 @@ fn print_report(r: &Report, wall: Duration) {
 
 async fn check_rolled(store: &Store, b: &Board) -> Result<bool> {
     let client = store.client();
-    let k = store.instance(b, None);
+    let k = store.instance(&b.widest(), None);
     let result = integer(client, "ZCARD", &[&k.result()]).await?;
     let members = integer(client, "HLEN", &[&k.members()]).await?;
     let slice = integer(client, "EXISTS", &[&k.slice(b.slice_of(T0))]).await?;

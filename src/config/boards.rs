@@ -131,7 +131,7 @@ pub(super) fn validate(
         // The digest table tags each remembered id with its slice number mod 2^32 and
         // keeps it while the tag is less than 2^31 slices above the forget point: the
         // window's slices plus those an event ahead of the clock can land in must fit.
-        let reach = board.slices_in_window() + max_future_ms / board.slice_ms;
+        let reach = board.widest().slices_in_window() + max_future_ms / board.slice_ms;
         if reach > MAX_SLICES_REACHED {
             return Err(invalid(
                 format!("boards[{i}].slice"),
@@ -193,7 +193,7 @@ impl RawBoard {
             Some(_) => (Vec::new(), PERIOD_TICK_MS),
             None => self.span(&key)?,
         };
-        // The widest: its instance keeps the idempotency keys (`Board::view` the others).
+        // The widest: its instance keeps the idempotency keys (`Board::widest`).
         let window_ms = windows.iter().map(|w| w.ms).max().unwrap_or(PERIOD_TICK_MS);
         if period.is_some() && self.mode != "incremental" {
             return Err(invalid(

@@ -164,7 +164,7 @@ mod tests {
         assert_eq!(b.mode, Mode::Incremental);
         assert_eq!(b.tie_break, TieBreak::Earliest);
         assert!(!b.allow_negative);
-        assert_eq!(b.slices_in_window(), 28);
+        assert_eq!(b.widest().slices_in_window(), 28);
         assert_eq!(b.dedup, Dedup::Window);
     }
 

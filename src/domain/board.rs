@@ -2,6 +2,12 @@
 //!
 //! Time is always a parameter (epoch milliseconds); nothing here reads the clock.
 //!
+//! A [`Board`] is the definition and what concerns it whole (its slices' numbering, how
+//! long its idempotency keys live, its shards); a [`View`] is one of its windows, whose
+//! instances are read, written and rolled on their own (docs/design.md, *Several
+//! windows*): the width a window's arithmetic (watermark, live range, lateness) and its
+//! instances' keys and settings fingerprint depend on.
+//!
 //! A calendar-period board ([`Calendar`]) keeps one instance per period, each holding one
 //! slice that lives until the period's end plus its grace: the same window arithmetic then
 //! judges its events late exactly when the grace has passed (see [`Calendar::slice_of`]).
@@ -79,9 +85,10 @@ pub struct Board {
     pub amount: String,
     /// Decimal places accepted in the amount; totals are in units of 10^-scale.
     pub scale: u32,
-    /// Window width in milliseconds, a whole multiple of `slice_ms`: the window this
-    /// value ranks. A board read from the configuration holds its widest window, the one
-    /// whose instance keeps the board's idempotency keys; [`Board::view`] gives the others.
+    /// Width of the board's widest window in milliseconds (its one window unless
+    /// `windows` lists several), a whole multiple of `slice_ms`: the window whose instance
+    /// keeps the board's idempotency keys. Each window is read through its [`View`]
+    /// ([`Board::view`], [`Board::views`]).
     pub window_ms: i64,
     /// Every window of the board as configured (`windows = ["24h", "7d"]`, or the one
     /// `window`), in the configuration's order, each with the text written there (the name
@@ -117,6 +124,19 @@ pub struct Window {
     pub name: String,
     /// The width in milliseconds, a whole multiple of the board's slice.
     pub ms: i64,
+}
+
+/// One window of a board: the board seen through one of its windows, whose instances
+/// (one per scope, shard or period) have their own slices, ranking, watermark and feed
+/// (docs/design.md, *Several windows*). Everything that reads or writes one window's
+/// instance takes a view; what concerns the whole board (its settings, its slices'
+/// numbering, its idempotency keys' lifetime) stays on [`Board`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct View<'a> {
+    /// The board.
+    board: &'a Board,
+    /// The window: its name as configured and its width.
+    window: Window,
 }
 
 /// A board's change feed: every change of the membership or order of its top `top`,
@@ -299,11 +319,6 @@ impl Board {
         self.changes.filter(|_| self.mode == Mode::Incremental)
     }
 
-    /// Number of slices in the window (`N`).
-    pub fn slices_in_window(&self) -> i64 {
-        self.window_ms / self.slice_ms
-    }
-
     /// The board's windows as configured, in the configuration's order (one for a board
     /// built in code with `windows` left empty).
     pub fn window_list(&self) -> Vec<Window> {
@@ -332,27 +347,12 @@ impl Board {
             .max(self.window_ms)
     }
 
-    /// The name of this value's window as configured (`24h`), as answers carry it.
-    pub fn window_name(&self) -> String {
-        self.windows
-            .iter()
-            .find(|w| w.ms == self.window_ms)
-            .map_or_else(|| format_duration_ms(self.window_ms), |w| w.name.clone())
-    }
-
-    /// The suffix of this value's window in its instances' keys: `None` for the widest
-    /// window (the keys of a board with one window), else the width as
-    /// [`format_duration_ms`] writes it, in its largest whole unit (`1d` for `24h` or `1d`).
-    pub fn window_suffix(&self) -> Option<String> {
-        (self.window_ms != self.widest_ms()).then(|| format_duration_ms(self.window_ms))
-    }
-
-    /// The board ranking window `window` (its name as configured, or a duration equal to
-    /// one of its windows; `None`: the first configured), or `None` when the board has no
-    /// such window. A period board has one view, itself.
-    pub fn view(&self, window: Option<&str>) -> Option<Board> {
+    /// The board's window `window` (its name as configured, or a duration equal to one
+    /// of its windows; `None`: the first configured), or `None` when the board has no such
+    /// window. A period board has one window, of one [`PERIOD_TICK_MS`] slice.
+    pub fn view(&self, window: Option<&str>) -> Option<View<'_>> {
         if self.period.is_some() {
-            return window.is_none().then(|| self.clone());
+            return window.is_none().then(|| self.widest());
         }
         let list = self.window_list();
         let found = match window {
@@ -362,33 +362,45 @@ impl Board {
                 list.iter().find(|w| w.ms == ms)
             }),
         }?;
-        Some(self.with_window(found.ms))
+        Some(self.view_of(found.ms))
+    }
+
+    /// The board's widest window: the one whose instance keeps the idempotency keys,
+    /// decides what is late, and stands for a scope in the registry (a board's only
+    /// window unless it has several).
+    pub fn widest(&self) -> View<'_> {
+        self.view_of(self.widest_ms())
     }
 
     /// Every window of the board, narrowest first (the order a roll takes them in: the
     /// widest, whose instance holds the idempotency keys, last).
-    pub fn views(&self) -> Vec<Board> {
+    pub fn views(&self) -> Vec<View<'_>> {
         let mut widths: Vec<i64> = self.window_list().iter().map(|w| w.ms).collect();
         widths.sort_unstable();
         widths.dedup();
-        widths.into_iter().map(|ms| self.with_window(ms)).collect()
+        widths.into_iter().map(|ms| self.view_of(ms)).collect()
     }
 
     /// The windows other than the widest, narrowest first: an apply writes them beside the
     /// widest in one call.
-    pub fn narrower_views(&self) -> Vec<Board> {
-        let widest = self.widest_ms();
+    pub fn narrower_views(&self) -> Vec<View<'_>> {
         self.views()
             .into_iter()
-            .filter(|v| v.window_ms != widest)
+            .filter(|v| !v.is_widest())
             .collect()
     }
 
-    /// This board ranking the window of `ms`.
-    fn with_window(&self, ms: i64) -> Board {
-        Board {
-            window_ms: ms,
-            ..self.clone()
+    /// The board's window of `ms`, named as configured (by [`format_duration_ms`] on a
+    /// board built in code with one window, and on a period board).
+    fn view_of(&self, ms: i64) -> View<'_> {
+        let name = self
+            .windows
+            .iter()
+            .find(|w| w.ms == ms)
+            .map_or_else(|| format_duration_ms(ms), |w| w.name.clone());
+        View {
+            board: self,
+            window: Window { name, ms },
         }
     }
 
@@ -404,41 +416,6 @@ impl Board {
             Some(calendar) => calendar.slice_of(ts),
             None => ts.div_euclid(self.slice_ms),
         }
-    }
-
-    /// The watermark at `now`: the last dead slice, slices at or below it being outside the
-    /// window: the stored watermark (the `expired_through` field) or the clock's, whichever
-    /// is later.
-    pub fn watermark_at(&self, now: i64, stored: Option<i64>) -> i64 {
-        let by_clock = now.div_euclid(self.slice_ms) - self.slices_in_window();
-        stored.map_or(by_clock, |w| w.max(by_clock))
-    }
-
-    /// The earliest time at which the clock alone puts the watermark at `watermark`:
-    /// judging events at this time or later is judging them against that watermark.
-    pub fn time_of_watermark(&self, watermark: i64) -> i64 {
-        watermark
-            .saturating_add(self.slices_in_window())
-            .saturating_mul(self.slice_ms)
-    }
-
-    /// Whether an event at `ts` is late at `now`: its slice left the window, or (with a
-    /// `dedup_window` duration) the idempotency keys of its slice may be forgotten. An id
-    /// is forgotten only once events of its slice can no longer be applied.
-    pub fn is_late(&self, ts: i64, now: i64, expired_through: Option<i64>) -> bool {
-        let slice = self.slice_of(ts);
-        slice <= self.watermark_at(now, expired_through) || slice <= self.forgettable_through(now)
-    }
-
-    /// Start (inclusive) and end (exclusive) of the live range in epoch ms; on a period
-    /// board, the current period.
-    pub fn live_range(&self, now: i64, expired_through: Option<i64>) -> (i64, i64) {
-        if let Some(calendar) = &self.period {
-            let span = calendar.span_at(now);
-            return (span.start_ms, span.end_ms);
-        }
-        let from = (self.watermark_at(now, expired_through) + 1) * self.slice_ms;
-        (from, from + self.window_ms)
     }
 
     /// Time (epoch ms) from which an idempotency key of slice `n` may be forgotten.
@@ -462,68 +439,15 @@ impl Board {
         }
     }
 
-    /// The settings that shape this board's keys and scores, as (name, value) pairs in a
-    /// fixed order: a board whose stored settings differ must be rebuilt or renamed.
-    /// A period board has `period` and `time_zone` where a rolling one has `window` and
-    /// `slice` (the grace and the archives kept change no key or score). A setting of
-    /// [`DEFAULTED_SETTINGS`] is listed only away from its default, so the settings (and
-    /// the fingerprint) of a board that leaves it alone are those it had before the
-    /// setting existed.
-    pub fn shaping_settings(&self) -> Vec<(&'static str, String)> {
-        let mut settings = vec![
-            ("mode", self.mode.as_str().to_string()),
-            ("tie_break", self.tie_break.as_str().to_string()),
-            ("allow_negative", self.allow_negative.to_string()),
-            ("scale", self.scale.to_string()),
-        ];
-        match &self.period {
-            Some(calendar) => settings.extend(calendar.shaping()),
-            None => settings.extend([
-                ("window", format!("{}ms", self.window_ms)),
-                ("slice", format!("{}ms", self.slice_ms)),
-            ]),
-        }
-        if self.has_several_windows() {
-            // Each window's instance holds what was applied since it existed: a window
-            // added, removed or resized over existing data needs a rebuild. Their order
-            // (which one queries default to) and how each is written shape nothing.
-            let mut ms: Vec<i64> = self.windows.iter().map(|w| w.ms).collect();
-            ms.sort_unstable();
-            let widths: Vec<String> = ms.iter().map(|ms| format!("{ms}ms")).collect();
-            settings.push(("windows", widths.join(" ")));
-        }
-        if self.dense_rank {
-            // The distinct totals exist only for data written with it: turning it on or
-            // off over existing data needs a rebuild, like the settings above.
-            settings.push(("dense_rank", "true".into()));
-        }
-        if self.is_sharded() {
-            // A member's shard depends on their number: with another, its events would
-            // go to another shard than its total.
-            settings.push(("shards", self.shards.to_string()));
-        }
-        settings
-    }
-
-    /// The settings pinned when the board's data is first written: the shaping settings
-    /// and `scope` (the event field naming the instance, `""` for an unscoped board). A
+    /// The settings pinned when the board's data is first written: the widest window's
+    /// shaping settings ([`View::shaping_settings`]) and `scope` (the event field naming the instance, `""` for an unscoped board). A
     /// change of scope would start the board over empty under other keys and orphan its
     /// data, so it is refused like the others. `scope` is not part of the instances'
-    /// [`Board::fingerprint`]: every key of an instance already says whether it is scoped.
+    /// [`View::fingerprint`]: every key of an instance already says whether it is scoped.
     pub fn pinned_settings(&self) -> Vec<(&'static str, String)> {
-        let mut pinned = self.shaping_settings();
+        let mut pinned = self.widest().shaping_settings();
         pinned.push(("scope", self.scope.clone().unwrap_or_default()));
         pinned
-    }
-
-    /// [`Board::shaping_settings`] as one string, stored in every instance's `meta` and
-    /// checked by every script that writes the instance.
-    pub fn fingerprint(&self) -> String {
-        self.shaping_settings()
-            .iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect::<Vec<_>>()
-            .join(",")
     }
 
     /// Whether this board ranks one instance per scope value.
@@ -561,6 +485,129 @@ impl Board {
     }
 }
 
+impl<'a> View<'a> {
+    /// The board this is a window of.
+    pub fn board(&self) -> &'a Board {
+        self.board
+    }
+
+    /// The window's name as configured (`24h`), as answers carry it.
+    pub fn window_name(&self) -> &str {
+        &self.window.name
+    }
+
+    /// The window's width in milliseconds.
+    pub fn window_ms(&self) -> i64 {
+        self.window.ms
+    }
+
+    /// Whether this is the board's widest window ([`Board::widest`]).
+    pub fn is_widest(&self) -> bool {
+        self.window.ms == self.board.widest_ms()
+    }
+
+    /// The suffix of this window in its instances' keys: `None` for the widest window (the
+    /// keys of a board with one window), else the width as [`format_duration_ms`] writes
+    /// it, in its largest whole unit (`1d` for `24h` or `1d`).
+    pub fn window_suffix(&self) -> Option<String> {
+        (!self.is_widest()).then(|| format_duration_ms(self.window.ms))
+    }
+
+    /// Number of slices in the window (`N`).
+    pub fn slices_in_window(&self) -> i64 {
+        self.window.ms / self.board.slice_ms
+    }
+
+    /// The watermark at `now`: the last dead slice, slices at or below it being outside the
+    /// window: the stored watermark (the `expired_through` field) or the clock's, whichever
+    /// is later.
+    pub fn watermark_at(&self, now: i64, stored: Option<i64>) -> i64 {
+        let by_clock = now.div_euclid(self.board.slice_ms) - self.slices_in_window();
+        stored.map_or(by_clock, |w| w.max(by_clock))
+    }
+
+    /// The earliest time at which the clock alone puts the watermark at `watermark`:
+    /// judging events at this time or later is judging them against that watermark.
+    pub fn time_of_watermark(&self, watermark: i64) -> i64 {
+        watermark
+            .saturating_add(self.slices_in_window())
+            .saturating_mul(self.board.slice_ms)
+    }
+
+    /// Whether an event at `ts` is late at `now`: its slice left the window, or (with a
+    /// `dedup_window` duration) the idempotency keys of its slice may be forgotten. An id
+    /// is forgotten only once events of its slice can no longer be applied.
+    pub fn is_late(&self, ts: i64, now: i64, expired_through: Option<i64>) -> bool {
+        let slice = self.board.slice_of(ts);
+        slice <= self.watermark_at(now, expired_through)
+            || slice <= self.board.forgettable_through(now)
+    }
+
+    /// Start (inclusive) and end (exclusive) of the live range in epoch ms; on a period
+    /// board, the current period.
+    pub fn live_range(&self, now: i64, expired_through: Option<i64>) -> (i64, i64) {
+        if let Some(calendar) = &self.board.period {
+            let span = calendar.span_at(now);
+            return (span.start_ms, span.end_ms);
+        }
+        let from = (self.watermark_at(now, expired_through) + 1) * self.board.slice_ms;
+        (from, from + self.window.ms)
+    }
+
+    /// The settings that shape this window's instances' keys and scores, as (name, value) pairs in a
+    /// fixed order: a board whose stored settings differ must be rebuilt or renamed.
+    /// A period board has `period` and `time_zone` where a rolling one has `window` and
+    /// `slice` (the grace and the archives kept change no key or score). A setting of
+    /// [`DEFAULTED_SETTINGS`] is listed only away from its default, so the settings (and
+    /// the fingerprint) of a board that leaves it alone are those it had before the
+    /// setting existed.
+    pub fn shaping_settings(&self) -> Vec<(&'static str, String)> {
+        let mut settings = vec![
+            ("mode", self.board.mode.as_str().to_string()),
+            ("tie_break", self.board.tie_break.as_str().to_string()),
+            ("allow_negative", self.board.allow_negative.to_string()),
+            ("scale", self.board.scale.to_string()),
+        ];
+        match &self.board.period {
+            Some(calendar) => settings.extend(calendar.shaping()),
+            None => settings.extend([
+                ("window", format!("{}ms", self.window.ms)),
+                ("slice", format!("{}ms", self.board.slice_ms)),
+            ]),
+        }
+        if self.board.has_several_windows() {
+            // Each window's instance holds what was applied since it existed: a window
+            // added, removed or resized over existing data needs a rebuild. Their order
+            // (which one queries default to) and how each is written shape nothing.
+            let mut ms: Vec<i64> = self.board.windows.iter().map(|w| w.ms).collect();
+            ms.sort_unstable();
+            let widths: Vec<String> = ms.iter().map(|ms| format!("{ms}ms")).collect();
+            settings.push(("windows", widths.join(" ")));
+        }
+        if self.board.dense_rank {
+            // The distinct totals exist only for data written with it: turning it on or
+            // off over existing data needs a rebuild, like the settings above.
+            settings.push(("dense_rank", "true".into()));
+        }
+        if self.board.is_sharded() {
+            // A member's shard depends on their number: with another, its events would
+            // go to another shard than its total.
+            settings.push(("shards", self.board.shards.to_string()));
+        }
+        settings
+    }
+
+    /// [`View::shaping_settings`] as one string, stored in every instance's `meta` and
+    /// checked by every script that writes the instance.
+    pub fn fingerprint(&self) -> String {
+        self.shaping_settings()
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+}
+
 impl fmt::Display for Board {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.name)
@@ -568,7 +615,7 @@ impl fmt::Display for Board {
 }
 
 /// The shaping settings added after boards were first pinned, with the value that a
-/// stored record or fingerprint without them stands for (see [`Board::shaping_settings`]).
+/// stored record or fingerprint without them stands for (see [`View::shaping_settings`]).
 pub const DEFAULTED_SETTINGS: [(&str, &str); 3] =
     [("dense_rank", "false"), ("windows", ""), ("shards", "1")];
 
@@ -653,12 +700,12 @@ mod tests {
     fn dense_rank_leaves_the_fingerprint_of_other_boards_alone() {
         let mut b = board(4_000, 1_000);
         assert_eq!(
-            b.fingerprint(),
+            b.widest().fingerprint(),
             "mode=incremental,tie_break=earliest,allow_negative=false,scale=0,window=4000ms,slice=1000ms"
         );
         b.dense_rank = true;
         assert_eq!(
-            b.fingerprint(),
+            b.widest().fingerprint(),
             "mode=incremental,tie_break=earliest,allow_negative=false,scale=0,window=4000ms,slice=1000ms,dense_rank=true"
         );
         assert_eq!(b.pinned_settings().last(), Some(&("scope", String::new())));
@@ -679,7 +726,7 @@ mod tests {
         };
         let two = with(&[("2s", 2_000), ("6s", 6_000)]);
         assert_eq!(
-            two.fingerprint(),
+            two.widest().fingerprint(),
             "mode=incremental,tie_break=earliest,allow_negative=false,scale=0,window=6000ms,slice=1000ms,windows=2000ms 6000ms"
         );
         // Another order or spelling of the same widths: the same data.
@@ -699,12 +746,12 @@ mod tests {
         }
         // A list of one is the board's one `window`.
         assert_eq!(
-            with(&[("6s", 6_000)]).fingerprint(),
-            board(6_000, 1_000).fingerprint()
+            with(&[("6s", 6_000)]).widest().fingerprint(),
+            board(6_000, 1_000).widest().fingerprint()
         );
         // Each narrower view keeps the list and names its own window.
-        let views: Vec<String> = two.views().iter().map(Board::fingerprint).collect();
-        assert_eq!(views[1], two.fingerprint());
+        let views: Vec<String> = two.views().iter().map(View::fingerprint).collect();
+        assert_eq!(views[1], two.widest().fingerprint());
         assert!(
             views[0].contains("window=2000ms,") && views[0].ends_with("windows=2000ms 6000ms"),
             "{}",
@@ -753,24 +800,32 @@ mod tests {
         assert_eq!(b.slice_of(0), 0);
         assert_eq!(b.slice_of(999), 0);
         assert_eq!(b.slice_of(1_000), 1);
-        assert_eq!(b.slices_in_window(), 4);
+        assert_eq!(b.widest().slices_in_window(), 4);
     }
 
     #[test]
     fn liveness_follows_the_definition() {
         let b = board(4_000, 1_000);
         let now = 10_500; // slice 10: live slices are 7..=10
-        assert!(b.is_late(6_999, now, None));
-        assert!(!b.is_late(7_000, now, None));
-        assert_eq!(b.live_range(now, None), (7_000, 11_000));
+        assert!(b.widest().is_late(6_999, now, None));
+        assert!(!b.widest().is_late(7_000, now, None));
+        assert_eq!(b.widest().live_range(now, None), (7_000, 11_000));
         // A watermark ahead of the clock wins; one behind it does not.
-        assert!(b.is_late(7_000, now, Some(7)));
-        assert!(!b.is_late(7_000, now, Some(2)));
-        assert_eq!(b.live_range(now, Some(8)), (9_000, 13_000));
+        assert!(b.widest().is_late(7_000, now, Some(7)));
+        assert!(!b.widest().is_late(7_000, now, Some(2)));
+        assert_eq!(b.widest().live_range(now, Some(8)), (9_000, 13_000));
         // The clock reaches a watermark at the start of the slice N after it.
-        assert_eq!(b.time_of_watermark(8), 12_000);
-        assert_eq!(b.watermark_at(b.time_of_watermark(8), None), 8);
-        assert_eq!(b.watermark_at(b.time_of_watermark(8) - 1, None), 7);
+        assert_eq!(b.widest().time_of_watermark(8), 12_000);
+        assert_eq!(
+            b.widest()
+                .watermark_at(b.widest().time_of_watermark(8), None),
+            8
+        );
+        assert_eq!(
+            b.widest()
+                .watermark_at(b.widest().time_of_watermark(8) - 1, None),
+            7
+        );
     }
 
     #[test]
@@ -788,12 +843,12 @@ mod tests {
         let mut b = board(4_000, 1_000);
         b.dedup = Dedup::AfterSlice(500);
         // Slice 7 ends at 8_000; its ids may be forgotten from 8_500 on.
-        assert!(!b.is_late(7_000, 8_499, None));
-        assert!(b.is_late(7_999, 8_500, None));
-        assert!(!b.is_late(8_000, 8_500, None));
+        assert!(!b.widest().is_late(7_000, 8_499, None));
+        assert!(b.widest().is_late(7_999, 8_500, None));
+        assert!(!b.widest().is_late(8_000, 8_500, None));
         b.dedup = Dedup::Window;
-        assert!(!b.is_late(7_000, 10_999, None));
-        assert!(b.is_late(7_000, 11_000, None));
+        assert!(!b.widest().is_late(7_000, 10_999, None));
+        assert!(b.widest().is_late(7_000, 11_000, None));
     }
 
     #[test]

@@ -134,9 +134,12 @@ pub struct Entry {
     pub last_ts: Option<i64>,
 }
 
-/// A page of a ranking (`top`, `around`).
+/// What every answer about one window of a board opens with: the board, scope and window
+/// read, the scale of its totals, how many members it ranks, its live range and when its
+/// ranking last changed. A page, a member's rank and a subset answer each open with
+/// these fields, in this order.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
-pub struct Page {
+pub struct Envelope {
     /// Board name.
     pub board: String,
     /// Scope value, for scoped boards.
@@ -148,7 +151,7 @@ pub struct Page {
     pub window: String,
     /// Decimal places of `total` (total = amount x 10^scale).
     pub scale: u32,
-    /// Number of ranked members.
+    /// Number of ranked members (of the whole board, in a subset answer).
     pub count: u64,
     /// Start of the live range, epoch ms.
     pub window_from: i64,
@@ -159,6 +162,15 @@ pub struct Page {
     /// nothing has been recorded yet (an instance never written).
     #[schema(required = true)]
     pub as_of: Option<i64>,
+}
+
+/// A page of a ranking (`top`, `around`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct Page {
+    /// The board, window and live range read.
+    #[serde(flatten)]
+    #[schema(inline)]
+    pub envelope: Envelope,
     /// The entries, best first.
     pub entries: Vec<Entry>,
 }
@@ -166,28 +178,10 @@ pub struct Page {
 /// The position of one member (`rank`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
 pub struct MemberRank {
-    /// Board name.
-    pub board: String,
-    /// Scope value, for scoped boards.
-    #[schema(required = true)]
-    pub scope: Option<String>,
-    /// The window read, as the configuration writes it (`24h`); on a calendar-period
-    /// board, the period's length (`week`).
-    #[schema(example = "7d")]
-    pub window: String,
-    /// Decimal places of `total`.
-    pub scale: u32,
-    /// Number of ranked members.
-    pub count: u64,
-    /// Start of the live range, epoch ms.
-    pub window_from: i64,
-    /// End of the live range, epoch ms.
-    pub window_to: i64,
-    /// When the ranking last changed, epoch ms (Redis's clock): the last apply or roll of
-    /// an incremental instance, the last run that summed a resummarize one; null when
-    /// nothing has been recorded yet (an instance never written).
-    #[schema(required = true)]
-    pub as_of: Option<i64>,
+    /// The board, window and live range read.
+    #[serde(flatten)]
+    #[schema(inline)]
+    pub envelope: Envelope,
     /// The member.
     pub member: String,
     /// 1-based position, null when the member is not on the board.
@@ -226,6 +220,7 @@ impl MemberRank {
         // Plain fields: serializing them cannot fail.
         let mut value = serde_json::to_value(self).unwrap_or_default();
         let scope = self
+            .envelope
             .scope
             .as_deref()
             .map(|s| format!(" (scope {s:?})"))
@@ -233,7 +228,11 @@ impl MemberRank {
         if let serde_json::Value::Object(fields) = &mut value {
             fields.insert(
                 "error".into(),
-                format!("{:?} is not on board {}{scope}", self.member, self.board).into(),
+                format!(
+                    "{:?} is not on board {}{scope}",
+                    self.member, self.envelope.board
+                )
+                .into(),
             );
         }
         value
@@ -312,10 +311,10 @@ impl WindowRank {
             competition_rank: rank.competition_rank,
             dense_rank: rank.dense_rank,
             total: rank.total,
-            count: rank.count,
+            count: rank.envelope.count,
             percentile: rank.percentile,
-            window_from: rank.window_from,
-            window_to: rank.window_to,
+            window_from: rank.envelope.window_from,
+            window_to: rank.envelope.window_to,
         }
     }
 }
@@ -351,27 +350,10 @@ pub struct SubsetEntry {
 /// Several members re-ranked among themselves, from one snapshot (`POST .../ranks`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
 pub struct Subset {
-    /// Board name.
-    pub board: String,
-    /// Scope value, for scoped boards.
-    #[schema(required = true)]
-    pub scope: Option<String>,
-    /// The window read, as the configuration writes it (`24h`); on a calendar-period
-    /// board, the period's length (`week`).
-    #[schema(example = "7d")]
-    pub window: String,
-    /// Decimal places of `total`.
-    pub scale: u32,
-    /// Number of ranked members of the whole board.
-    pub count: u64,
-    /// Start of the live range, epoch ms.
-    pub window_from: i64,
-    /// End of the live range, epoch ms.
-    pub window_to: i64,
-    /// When the ranking last changed, epoch ms (Redis's clock), as in a page; null when
-    /// nothing has been recorded yet.
-    #[schema(required = true)]
-    pub as_of: Option<i64>,
+    /// The board, window and live range read.
+    #[serde(flatten)]
+    #[schema(inline)]
+    pub envelope: Envelope,
     /// The ranked members asked for, best first, then the others in the order asked.
     pub entries: Vec<SubsetEntry>,
 }
@@ -478,6 +460,57 @@ mod tests {
         assert_eq!(json(4, 3), "null");
         let value: serde_json::Value = serde_json::from_str(&json(1, 200)).unwrap_or_default();
         assert_eq!(value.as_f64(), Some(99.5));
+    }
+
+    fn envelope() -> Envelope {
+        Envelope {
+            board: "tips".into(),
+            scope: Some("r1".into()),
+            window: "7d".into(),
+            scale: 2,
+            count: 1,
+            window_from: 10,
+            window_to: 20,
+            as_of: None,
+        }
+    }
+
+    #[test]
+    fn the_envelope_opens_every_answer_with_its_fields_in_order() {
+        let page = Page {
+            envelope: envelope(),
+            entries: Vec::new(),
+        };
+        let head = r#""board":"tips","scope":"r1","window":"7d","scale":2,"count":1,"window_from":10,"window_to":20,"as_of":null"#;
+        assert_eq!(
+            serde_json::to_string(&page).unwrap_or_default(),
+            format!("{{{head},\"entries\":[]}}")
+        );
+        let rank = MemberRank {
+            envelope: envelope(),
+            member: "ann".into(),
+            rank: Some(1),
+            competition_rank: Some(1),
+            dense_rank: None,
+            percentile: Percentile::of(1, 1),
+            total: Some(5),
+            last_ts: None,
+        };
+        assert_eq!(
+            serde_json::to_string(&rank).unwrap_or_default(),
+            format!(
+                "{{{head},\"member\":\"ann\",\"rank\":1,\"competition_rank\":1,\
+                 \"percentile\":0,\"total\":5,\"last_ts\":null}}"
+            )
+        );
+        let subset = Subset {
+            envelope: envelope(),
+            entries: Vec::new(),
+        };
+        assert_eq!(
+            serde_json::to_string(&subset).unwrap_or_default(),
+            format!("{{{head},\"entries\":[]}}")
+        );
     }
 
     #[test]

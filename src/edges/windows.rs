@@ -1,20 +1,20 @@
 //! The `window` of a query (`window=` over HTTP, a `ranks` body's `"window"`, `--window` on
 //! the command line): which of a board's windows it reads.
 
-use crate::domain::board::Board;
+use crate::domain::board::{Board, View};
 use crate::domain::event::shown;
 
-/// The board ranking the window `window` names (see [`Board::view`]): its name as the
+/// The board's window that `window` names (see [`Board::view`]): its name as the
 /// configuration writes it (`24h`) or an equal duration (`1d`), the first configured when
 /// absent. A calendar-period board's one window is its period: `window` is then its
 /// length (`week`) or absent. Anything else is refused with a message naming the board's
 /// windows; `option` is how the caller spells the option (`window`, `--window`).
-pub fn view(board: &Board, window: Option<&str>, option: &str) -> Result<Board, String> {
+pub fn view<'a>(board: &'a Board, window: Option<&str>, option: &str) -> Result<View<'a>, String> {
     if let Some(calendar) = &board.period {
         let length = calendar.period_name();
         return match window {
-            None => Ok(board.clone()),
-            Some(w) if w == length => Ok(board.clone()),
+            None => Ok(board.widest()),
+            Some(w) if w == length => Ok(board.widest()),
             Some(w) => Err(format!(
                 "board {} has one period, {length}: {option} must be it or absent, not {}",
                 board.name,

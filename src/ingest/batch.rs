@@ -360,9 +360,13 @@ impl<'a> Batch<'a> {
                     .as_ref()
                     .map(|_| self.store.keys().scopes(&board.name));
                 let Some(calendar) = &board.period else {
-                    return std::iter::once(self.store.instance(board, scope.as_deref()).meta())
-                        .chain(registry)
-                        .collect::<Vec<_>>();
+                    return std::iter::once(
+                        self.store
+                            .instance(&board.widest(), scope.as_deref())
+                            .meta(),
+                    )
+                    .chain(registry)
+                    .collect::<Vec<_>>();
                 };
                 // A period board's events went to the instance of their period, each
                 // registered in the board's instance and period registries.
@@ -372,7 +376,7 @@ impl<'a> Batch<'a> {
                 ids.iter()
                     .map(|id| {
                         let instance = period_instance(scope.as_deref(), id);
-                        self.store.instance(board, Some(&instance)).meta()
+                        self.store.instance(&board.widest(), Some(&instance)).meta()
                     })
                     .chain([keys.scopes(&board.name), keys.periods(&board.name)])
                     .collect()

@@ -517,8 +517,12 @@ impl<'a> Replayer<'a> {
                     .scope
                     .as_ref()
                     .map(|_| self.store.keys().scopes(&d.board.name));
-                std::iter::once(self.store.instance(d.board, d.scope.as_deref()).meta())
-                    .chain(registry)
+                std::iter::once(
+                    self.store
+                        .instance(&d.board.widest(), d.scope.as_deref())
+                        .meta(),
+                )
+                .chain(registry)
             })
             .collect();
         if !tried.letters.is_empty() {

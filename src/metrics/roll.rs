@@ -171,7 +171,7 @@ impl Metrics {
     /// roll sets them again, from the stored watermark.
     pub fn windows_at(&self, boards: &[Board], now_ms: i64) {
         for board in boards {
-            let (from, to) = board.live_range(now_ms, None);
+            let (from, to) = board.widest().live_range(now_ms, None);
             self.roll.window(&board.name, from, to);
         }
     }

@@ -9,7 +9,7 @@
 use futures_util::StreamExt;
 use tokio_util::sync::CancellationToken;
 
-use crate::domain::board::{Board, Mode};
+use crate::domain::board::{Mode, View};
 use crate::roll::resummarize::resummarize;
 use crate::roll::{Report, RollError};
 use crate::store::{Store, EXPIRE_CALL_FIELDS, TRIM_CALL_IDS, TRIM_CALL_LOG};
@@ -24,8 +24,8 @@ const EXPIRE_CALLS_IN_FLIGHT: usize = 2;
 pub struct InstanceRoll<'a> {
     /// Where the instance lives.
     pub store: &'a Store,
-    /// Its board (one window of it).
-    pub board: &'a Board,
+    /// The window of its board it is in.
+    pub view: &'a View<'a>,
     /// Its scope (or shard, or period), `None` for an unscoped board.
     pub scope: Option<&'a str>,
     /// The time it is rolled at (epoch ms, Redis's clock).
@@ -44,14 +44,14 @@ impl InstanceRoll<'_> {
     pub async fn roll(&self, target: i64, report: &mut Report) -> Result<(), RollError> {
         let Self {
             store,
-            board,
+            view,
             scope,
             now,
             chunk,
             ..
         } = *self;
         report.instances += 1;
-        let (watermark, dead) = store.raise_watermark(board, scope, target, now).await?;
+        let (watermark, dead) = store.raise_watermark(view, scope, target, now).await?;
         report.expired_through = Some(watermark);
         for n in dead {
             self.expire_slice(n, report).await?;
@@ -59,20 +59,22 @@ impl InstanceRoll<'_> {
         // The widest window's instance holds the idempotency keys and stands for the scope
         // in the registry (a narrower window's instance empties first, and is cleaned up on
         // its own).
-        let widest = board.window_suffix().is_none();
+        let widest = view.is_widest();
         if widest {
             self.forget_seen(report).await?;
         }
-        if board.mode == Mode::Resummarize
-            && resummarize(store, board, scope, watermark, now, chunk).await?
+        if view.board().mode == Mode::Resummarize
+            && resummarize(store, view, scope, watermark, now, chunk).await?
         {
             report.resummed += 1;
         }
         if let Some(scope) = scope {
-            if store.cleanup(board, Some(scope)).await?
+            if store.cleanup(view, Some(scope)).await?
                 && widest
-                && narrower_cleaned_up(store, board, scope).await?
-                && store.unregister_scope(board, scope, watermark).await?
+                && narrower_cleaned_up(store, view, scope).await?
+                && store
+                    .unregister_scope(view.board(), scope, watermark)
+                    .await?
             {
                 report.scopes_removed += 1;
             }
@@ -87,19 +89,19 @@ impl InstanceRoll<'_> {
     async fn forget_seen(&self, report: &mut Report) -> Result<(), RollError> {
         let Self {
             store,
-            board,
+            view,
             scope,
             now,
             ..
         } = *self;
         let per_call = self.chunk.clamp(1, TRIM_CALL_IDS);
         let mut due = store
-            .forgettable_slices(board, scope, now)
+            .forgettable_slices(view, scope, now)
             .await?
             .into_iter();
         let mut slice = due.next();
         loop {
-            let trimmed = store.trim_seen(board, scope, slice, now, per_call).await?;
+            let trimmed = store.trim_seen(view, scope, slice, now, per_call).await?;
             report.ids_forgotten += trimmed.legacy + trimmed.digests;
             if trimmed.taken < TRIM_CALL_LOG as u64 {
                 slice = due.next();
@@ -122,7 +124,7 @@ impl InstanceRoll<'_> {
             // The slice's idempotency keys go before its registration: the forget log is
             // found through the registry.
             self.forget_slice(n, report).await?;
-            if self.store.drop_slice(self.board, self.scope, n).await? {
+            if self.store.drop_slice(self.view, self.scope, n).await? {
                 report.slices_expired += 1;
                 return Ok(());
             }
@@ -131,7 +133,7 @@ impl InstanceRoll<'_> {
 
     /// One full HSCAN pass over dead slice `n`, expiring each page's fields.
     async fn expire_pass(&self, n: i64, report: &mut Report) -> Result<(), RollError> {
-        let key = self.store.instance(self.board, self.scope).slice(n);
+        let key = self.store.instance(self.view, self.scope).slice(n);
         let mut cursor = "0".to_string();
         loop {
             self.check_cancelled()?;
@@ -152,7 +154,7 @@ impl InstanceRoll<'_> {
         loop {
             let trimmed = self
                 .store
-                .trim_seen(self.board, self.scope, Some(n), self.now, per_call)
+                .trim_seen(self.view, self.scope, Some(n), self.now, per_call)
                 .await?;
             report.ids_forgotten += trimmed.legacy + trimmed.digests;
             if trimmed.taken < TRIM_CALL_LOG as u64 {
@@ -176,7 +178,7 @@ impl InstanceRoll<'_> {
     ) -> Result<(), RollError> {
         let Self {
             store,
-            board,
+            view,
             scope,
             cancel,
             ..
@@ -189,7 +191,7 @@ impl InstanceRoll<'_> {
                 if cancel.is_cancelled() {
                     return Err(RollError::Cancelled);
                 }
-                Ok(store.expire_chunk(board, scope, n, part).await?)
+                Ok(store.expire_chunk(view, scope, n, part).await?)
             })
             .collect();
         let mut calls = futures_util::stream::iter(calls).buffered(EXPIRE_CALLS_IN_FLIGHT);
@@ -210,12 +212,16 @@ impl InstanceRoll<'_> {
     }
 }
 
-/// Whether every narrower window's instance of `scope` is cleaned up too (holds no slice
+/// Whether every window's instance of `scope` narrower than `widest` is cleaned up too (holds no slice
 /// and ranks no member), so that the scope may leave the registry: the registry is how a
 /// roll finds every window's instance, so a narrower one whose roll failed (and still
 /// holds a dead slice) keeps the scope listed until a roll has expired it.
-async fn narrower_cleaned_up(store: &Store, board: &Board, scope: &str) -> Result<bool, RollError> {
-    for view in board.narrower_views() {
+async fn narrower_cleaned_up(
+    store: &Store,
+    widest: &View<'_>,
+    scope: &str,
+) -> Result<bool, RollError> {
+    for view in widest.board().narrower_views() {
         if !store.cleanup(&view, Some(scope)).await? {
             return Ok(false);
         }

@@ -25,7 +25,7 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
-use crate::domain::board::{Board, Calendar, Mode};
+use crate::domain::board::{Board, Calendar, Mode, View};
 use crate::metrics::Rolled;
 use crate::store::{Store, StoreError};
 
@@ -257,7 +257,7 @@ pub async fn roll_board(
         return roll_periods(store, board, calendar, now).await;
     }
     if !board.has_several_windows() {
-        return roll_window(store, board, now, chunk, cancel).await;
+        return roll_window(store, &board.widest(), now, chunk, cancel).await;
     }
     // A roll at a later time (a forced `roll --at`) that stopped after the narrower
     // windows left the board's last roll ahead of `now`. Applies judge every window at
@@ -289,16 +289,17 @@ pub async fn roll_board(
     Ok(report)
 }
 
-/// [`roll_board`] for one window of the board (`board` ranking it: [`Board::view`]).
+/// [`roll_board`] for one window of the board.
 async fn roll_window(
     store: &Store,
-    board: &Board,
+    view: &View<'_>,
     now: i64,
     chunk: usize,
     cancel: &CancellationToken,
 ) -> Result<Report, RollError> {
+    let board = view.board();
     let target = store
-        .raise_board_watermark(board, board.slice_of(now) - board.slices_in_window(), now)
+        .raise_board_watermark(view, board.slice_of(now) - view.slices_in_window(), now)
         .await?;
     let outcomes: Vec<(Option<String>, Result<Report, RollError>)> =
         futures_util::stream::iter(instances(store, board).await?)
@@ -306,7 +307,7 @@ async fn roll_window(
                 let mut part = Report::default();
                 let instance = InstanceRoll {
                     store,
-                    board,
+                    view,
                     scope: scope.as_deref(),
                     now,
                     chunk,
@@ -328,7 +329,7 @@ async fn roll_window(
         report.add_instance(board, scope, outcome)?;
     }
     if let Some(w) = report.expired_through {
-        let (from, to) = board.live_range(now, Some(w));
+        let (from, to) = view.live_range(now, Some(w));
         (report.window_from, report.window_to) = (Some(from), Some(to));
     }
     Ok(report)

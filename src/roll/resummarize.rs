@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use tracing::debug;
 
-use crate::domain::board::{Board, MAX_TOTAL};
+use crate::domain::board::{Board, View, MAX_TOTAL};
 use crate::domain::keys::unique_token;
 use crate::roll::RollError;
 use crate::store::{StageTargets, Staged, Store, StoreError, SwapCheck, STAGE_CALL_ROWS};
@@ -25,15 +25,15 @@ pub(crate) type Sums = BTreeMap<String, (i128, i64, i64)>;
 /// slice counts once, at the last value read.
 pub(crate) async fn sum_slices(
     store: &Store,
-    board: &Board,
+    view: &View<'_>,
     scope: Option<&str>,
     watermark: Option<i64>,
     chunk: usize,
 ) -> Result<Sums, StoreError> {
-    let k = store.instance(board, scope);
+    let k = store.instance(view, scope);
     let mut sums = Sums::new();
     for n in store
-        .live_slices(board, scope, watermark.unwrap_or(i64::MIN))
+        .live_slices(view, scope, watermark.unwrap_or(i64::MIN))
         .await?
     {
         for (member, amount) in slice_fields(store, &k.slice(n), chunk).await? {
@@ -98,7 +98,7 @@ pub(crate) fn staged(board: &Board, sums: Sums, repair: bool) -> Result<Vec<Stag
 /// whose lost `members` entry was restored (see [`Staged::fallback_ts`]).
 pub(crate) async fn replace(
     store: &Store,
-    board: &Board,
+    view: &View<'_>,
     scope: Option<&str>,
     parts: &[(StageTargets, &[Staged])],
     chunk: usize,
@@ -114,16 +114,16 @@ pub(crate) async fn replace(
             all.refs |= targets.refs;
             all.totals |= targets.totals;
             // At least one call per part, so that the run's marker exists even when empty.
-            store.stage(board, scope, &token, *targets, &[]).await?;
+            store.stage(view, scope, &token, *targets, &[]).await?;
             for part in rows.chunks(chunk.clamp(1, STAGE_CALL_ROWS)) {
-                repaired.extend(store.stage(board, scope, &token, *targets, part).await?.1);
+                repaired.extend(store.stage(view, scope, &token, *targets, part).await?.1);
             }
         }
-        store.swap(board, scope, &token, all, check).await
+        store.swap(view, scope, &token, all, check).await
     }
     .await;
     if !matches!(outcome, Ok(true)) {
-        store.discard(board, scope, &token).await?;
+        store.discard(view, scope, &token).await?;
     }
     repaired.sort();
     repaired.dedup();
@@ -147,21 +147,22 @@ pub(crate) fn ranking_targets() -> StageTargets {
 /// true when it summed.
 pub async fn resummarize(
     store: &Store,
-    board: &Board,
+    view: &View<'_>,
     scope: Option<&str>,
     watermark: i64,
     now: i64,
     chunk: usize,
 ) -> Result<bool, RollError> {
+    let board = view.board();
     // Read before the slices: a change after this read moves `gen` past what the swap
     // records, so the next run sums again.
-    let summed = store.summed(board, scope).await?;
+    let summed = store.summed(view, scope).await?;
     if summed.unchanged(watermark, now) {
         return Ok(false);
     }
     let rows = staged(
         board,
-        sum_slices(store, board, scope, Some(watermark), chunk).await?,
+        sum_slices(store, view, scope, Some(watermark), chunk).await?,
         false,
     )?;
     let check = SwapCheck {
@@ -170,7 +171,7 @@ pub async fn resummarize(
         ..SwapCheck::default()
     };
     let parts = [(ranking_targets(), rows.as_slice())];
-    let (swapped, _) = replace(store, board, scope, &parts, chunk, check).await?;
+    let (swapped, _) = replace(store, view, scope, &parts, chunk, check).await?;
     if !swapped {
         // Only a newer run's sum (a higher watermark, or the same one read later: another
         // replica's run), a sum over slices that a raised watermark made dead meanwhile, or

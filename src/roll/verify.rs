@@ -1,7 +1,8 @@
 //! Checking and repairing an instance's derived state against its slices: [`verify`]
 //! compares the stored ranking with the sums, [`rebuild`] recomputes and swaps it in.
 //!
-//! Both work on one window of a board: given a view ([`Board::view`], [`Board::views`]),
+//! Both work on one window of a board: given its [`View`]
+//! ([`Board::view`](crate::domain::board::Board::view), [`Board::views`](crate::domain::board::Board::views)),
 //! they read and write only that window's instance keys. A narrower window's instance
 //! holds its own slices, ranking and bookkeeping, and no idempotency key, so rebuilding it
 //! leaves the widest window's instance, which keeps them, as it was.
@@ -10,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
-use crate::domain::board::{Board, Mode};
+use crate::domain::board::{Mode, View};
 use crate::roll::resummarize::{ranking_targets, replace, staged, sum_slices};
 use crate::roll::RollError;
 use crate::store::{StageTargets, Staged, Store, SwapCheck};
@@ -85,32 +86,33 @@ impl Verified {
 /// time, and listed in [`Rebuilt::estimated`]: its total is exact, its place among equal
 /// totals may not be.
 ///
-/// `board` ranks one window: a board with several is rebuilt one view at a time.
+/// `view` is one window: a board with several is rebuilt one window at a time.
 pub async fn rebuild(
     store: &Store,
-    board: &Board,
+    view: &View<'_>,
     scope: Option<&str>,
     chunk: usize,
 ) -> Result<Rebuilt, RollError> {
+    let board = view.board();
     // A member repaired by an attempt whose swap was refused (the repair itself moves
     // `gen`) is known to `members` at the next attempt: it counts as estimated all the same.
     let mut estimated_all: Vec<String> = Vec::new();
     for _ in 0..MAX_ATTEMPTS {
-        let (watermark, gen) = store.meta(board, scope).await?;
+        let (watermark, gen) = store.meta(view, scope).await?;
         let every = staged(
             board,
-            sum_slices(store, board, scope, None, chunk).await?,
+            sum_slices(store, view, scope, None, chunk).await?,
             true,
         )?;
         let before: BTreeMap<String, i64> = store
-            .result_entries(board, scope)
+            .result_entries(view, scope)
             .await?
             .into_iter()
             .collect();
         let (swapped, estimated, ranked) = match board.mode {
-            Mode::Incremental => swap_every(store, board, scope, &every, &gen, chunk).await?,
+            Mode::Incremental => swap_every(store, view, scope, &every, &gen, chunk).await?,
             Mode::Resummarize => {
-                swap_live(store, board, scope, &every, (watermark, &gen), chunk).await?
+                swap_live(store, view, scope, &every, (watermark, &gen), chunk).await?
             }
         };
         estimated_all.extend(estimated);
@@ -136,12 +138,13 @@ type Swapped = (bool, Vec<String>, BTreeMap<String, i64>);
 /// ranking, unless `gen` moved since it was read.
 async fn swap_every(
     store: &Store,
-    board: &Board,
+    view: &View<'_>,
     scope: Option<&str>,
     every: &[Staged],
     gen: &str,
     chunk: usize,
 ) -> Result<Swapped, RollError> {
+    let board = view.board();
     let targets = StageTargets {
         result: true,
         refs: board.allow_negative,
@@ -152,7 +155,7 @@ async fn swap_every(
         ..SwapCheck::default()
     };
     let (swapped, estimated) =
-        replace(store, board, scope, &[(targets, every)], chunk, check).await?;
+        replace(store, view, scope, &[(targets, every)], chunk, check).await?;
     Ok((swapped, estimated, totals(every, false)))
 }
 
@@ -160,15 +163,16 @@ async fn swap_every(
 /// bookkeeping and the live slices (above the watermark read with `gen`) the ranking.
 async fn swap_live(
     store: &Store,
-    board: &Board,
+    view: &View<'_>,
     scope: Option<&str>,
     every: &[Staged],
     (watermark, gen): (Option<i64>, &str),
     chunk: usize,
 ) -> Result<Swapped, RollError> {
+    let board = view.board();
     let live = staged(
         board,
-        sum_slices(store, board, scope, watermark, chunk).await?,
+        sum_slices(store, view, scope, watermark, chunk).await?,
         true,
     )?;
     let bookkeeping = StageTargets {
@@ -185,7 +189,7 @@ async fn swap_live(
         summed_at: None,
     };
     let parts = [(bookkeeping, every), (ranking_targets(), live.as_slice())];
-    let (swapped, estimated) = replace(store, board, scope, &parts, chunk, check).await?;
+    let (swapped, estimated) = replace(store, view, scope, &parts, chunk, check).await?;
     Ok((swapped, estimated, totals(&live, true)))
 }
 
@@ -199,36 +203,37 @@ fn totals(rows: &[Staged], positive: bool) -> BTreeMap<String, i64> {
 
 /// Compares an instance's stored ranking with its slices: on incremental boards with the
 /// sum of every registered slice (fields of dead slices count until their chunk is
-/// expired), on resummarize boards with the sum of the live slices. `board` ranks one
-/// window, whose instance is compared with its own slices.
+/// expired), on resummarize boards with the sum of the live slices, in the window `view`,
+/// whose instance is compared with its own slices.
 pub async fn verify(
     store: &Store,
-    board: &Board,
+    view: &View<'_>,
     scope: Option<&str>,
     chunk: usize,
 ) -> Result<Verified, RollError> {
+    let board = view.board();
     for attempt in 0..MAX_ATTEMPTS {
-        let (watermark, gen) = store.meta(board, scope).await?;
+        let (watermark, gen) = store.meta(view, scope).await?;
         let above = match board.mode {
             Mode::Incremental => None,
             Mode::Resummarize => watermark,
         };
         let sums = staged(
             board,
-            sum_slices(store, board, scope, above, chunk).await?,
+            sum_slices(store, view, scope, above, chunk).await?,
             false,
         )?;
         let stored: BTreeMap<String, i64> = store
-            .result_entries(board, scope)
+            .result_entries(view, scope)
             .await?
             .into_iter()
             .collect();
         let distinct = if board.dense_rank {
-            store.dense_entries(board, scope).await?
+            store.dense_entries(view, scope).await?
         } else {
             Vec::new()
         };
-        if store.meta(board, scope).await?.1 != gen && board.mode == Mode::Incremental {
+        if store.meta(view, scope).await?.1 != gen && board.mode == Mode::Incremental {
             continue;
         }
         let dense_drift = if board.dense_rank {
@@ -254,7 +259,9 @@ pub async fn verify(
         return Ok(Verified {
             board: board.name.clone(),
             scope: scope.map(str::to_string),
-            window: board.has_several_windows().then(|| board.window_name()),
+            window: board
+                .has_several_windows()
+                .then(|| view.window_name().to_string()),
             mode: board.mode.as_str(),
             members: names as u64,
             differences,

@@ -104,7 +104,7 @@ fn call_head(
     let mut args: Vec<Value> = Vec::with_capacity(14 + 3 * slices.len() + members + 5 * count);
     args.extend([
         Value::from(now),
-        Value::from(board.slices_in_window()),
+        Value::from(board.widest().slices_in_window()),
         Value::from(board.slice_ms),
         Value::from(mode_flag(board)),
         Value::from(tie_flag(board)),
@@ -487,7 +487,8 @@ struct InstanceApply<'a> {
     board: &'a Board,
     /// The instance's keys.
     k: InstanceKeys,
-    /// The board's settings pin.
+    /// The settings pin of the board's widest window ([`View::fingerprint`](crate::domain::board::View::fingerprint)), whose
+    /// instance's keys `k` are (the call writes the narrower windows' beside them).
     fingerprint: String,
     /// The time the events are judged by.
     now: i64,
@@ -574,14 +575,15 @@ impl Store {
             Ok(now) => now,
             Err(e) => return shares.iter().map(|_| Err(e.clone())).collect(),
         };
-        let fingerprint = board.fingerprint();
+        let widest = board.widest();
+        let fingerprint = widest.fingerprint();
         join_all(registered.iter().map(|&(scope, events)| {
             let apply = InstanceApply {
                 client: self.client(),
                 board,
                 fingerprint: fingerprint.clone(),
                 now,
-                k: self.instance(board, Some(scope)),
+                k: self.instance(&widest, Some(scope)),
             };
             async move { self.apply_prepared(&apply, events).await }
         }))
@@ -609,12 +611,13 @@ impl Store {
             }
             None => now,
         };
+        let widest = board.widest();
         let apply = InstanceApply {
             client,
             board,
-            fingerprint: board.fingerprint(),
+            fingerprint: widest.fingerprint(),
             now,
-            k: self.instance(board, scope),
+            k: self.instance(&widest, scope),
         };
         self.apply_prepared(&apply, events).await
     }
@@ -710,7 +713,7 @@ impl Store {
             pipeline.all().await?;
         let mut now = now;
         if let Some(watermark) = parse_watermark(watermark)? {
-            now = now.max(board.time_of_watermark(watermark));
+            now = now.max(board.widest().time_of_watermark(watermark));
         }
         // Time never goes back: the board's last roll time is a floor too (the instance's
         // own is read by the script).
@@ -972,7 +975,7 @@ mod tests {
         let k = Keys::new("rb").instance("tips", None);
         for (dense, feed) in [(false, false), (true, true)] {
             let b = board(&[24], dense, feed);
-            let call = fold_call(&b, &k, &b.fingerprint(), &events(), 1_000 * HOUR);
+            let call = fold_call(&b, &k, &b.widest().fingerprint(), &events(), 1_000 * HOUR);
             let tail = usize::from(dense) + usize::from(feed);
             assert_eq!(call.keys.len(), 8 + 2 * 2 + tail);
             assert_eq!(call.args.len(), 14 + 3 * 2 + 2 + 5 * 3);
@@ -993,7 +996,7 @@ mod tests {
     fn a_fold_call_of_several_windows_follows_the_chain_tokens_with_the_narrower_ones() {
         let k = Keys::new("rb").instance("tips", None);
         let b = board(&[24, 1, 168], true, true);
-        let call = fold_call(&b, &k, &b.fingerprint(), &events(), 1_000 * HOUR);
+        let call = fold_call(&b, &k, &b.widest().fingerprint(), &events(), 1_000 * HOUR);
         assert_eq!(call.keys.len(), 8 + 2 * 2 + 2 + 2 * (6 + 2 + 2));
         assert_eq!(call.keys[14], "rb:{tips}:w:1h:meta");
         assert_eq!(call.keys[24], "rb:{tips}:w:1d:meta");

@@ -15,7 +15,7 @@ use super::{reply_err, Scripts, Store, StoreError};
 use crate::config::tls::tls_client_config;
 use crate::config::Durability;
 use crate::config::{RedisSettings, TlsFiles};
-use crate::domain::board::{Board, DEFAULTED_SETTINGS};
+use crate::domain::board::{Board, View, DEFAULTED_SETTINGS};
 use crate::domain::keys::{InstanceKeys, Keys};
 use crate::metrics::Metrics;
 
@@ -194,7 +194,7 @@ fn shown(value: &str) -> &str {
 #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"))]
 pub struct Conflicts(pub Vec<Conflict>);
 
-/// The (setting, value) pairs of a fingerprint written by [`Board::fingerprint`].
+/// The (setting, value) pairs of a fingerprint written by [`View::fingerprint`].
 /// A stored record of settings (not empty) completed with the value each setting of
 /// [`DEFAULTED_SETTINGS`] it lacks stands for: it was written before the setting existed,
 /// or by a board that left it at its default.
@@ -601,7 +601,7 @@ impl Store {
     /// older versions did not record, with the scope registry); `None` when there is no
     /// data to tell.
     async fn scope_in_data(&self, board: &Board) -> Result<Option<(String, String)>, StoreError> {
-        let unscoped = self.instance(board, None);
+        let unscoped = self.instance(&board.widest(), None);
         for key in [unscoped.meta(), unscoped.result(), unscoped.slices()] {
             let exists: i64 = self.client().exists(&key).await?;
             if exists > 0 {
@@ -651,8 +651,9 @@ impl Store {
                 .await?;
             scopes.extend(some.into_iter().map(Some));
         }
+        let widest = board.widest();
         for scope in scopes {
-            let meta = self.instance(board, scope.as_deref()).meta();
+            let meta = self.instance(&widest, scope.as_deref()).meta();
             let fingerprint: Option<String> = self.client().hget(&meta, "settings").await?;
             if let Some(f) = fingerprint {
                 return Ok(Some((meta, f)));
@@ -734,7 +735,7 @@ impl Store {
         let mut probes = Vec::new();
         let lua = script_commands();
         for board in boards {
-            let k = self.instance(board, None);
+            let k = self.instance(&board.widest(), None);
             let (meta, settings) = (k.meta(), self.keys.settings(&board.name));
             let (scopes, window) = (self.keys.scopes(&board.name), self.keys.window(&board.name));
             // A change stream lies outside the instance's base (`rb:changes:{board}`): a key
@@ -746,7 +747,7 @@ impl Store {
             let narrower = board
                 .narrower_views()
                 .first()
-                .and_then(Board::window_suffix)
+                .and_then(View::window_suffix)
                 .map(|suffix| k.in_window(&suffix));
             let narrower_meta = narrower.as_ref().map(InstanceKeys::meta);
             let narrower_changes = narrower

@@ -8,7 +8,7 @@ use super::{
     as_array, as_i64, as_string, feed_args, mode_flag, negative_flag, reply_err, tie_flag, Store,
     StoreError,
 };
-use crate::domain::board::Board;
+use crate::domain::board::{Board, View};
 use crate::domain::keys::Keys;
 
 /// Result of expiring one chunk of a slice.
@@ -48,23 +48,23 @@ pub struct Trimmed {
 }
 
 impl Store {
-    /// Raises the board's own watermark (see
+    /// Raises the board's own watermark of the window `view` (see
     /// [`Keys::window`](crate::domain::keys::Keys::window)) to at least `target`; returns it. Every
     /// roll does this before it touches an instance.
     pub async fn raise_board_watermark(
         &self,
-        board: &Board,
+        view: &View<'_>,
         target: i64,
         now: i64,
     ) -> Result<i64, StoreError> {
         let v = self
             .eval(
                 &self.scripts.floor,
-                vec![self.keys.window(&board.name)],
+                vec![self.keys.window(&view.board().name)],
                 vec![
                     target.into(),
                     now.into(),
-                    Keys::floor_field(board.window_suffix().as_deref()).into(),
+                    Keys::floor_field(view.window_suffix().as_deref()).into(),
                 ],
             )
             .await?;
@@ -94,17 +94,17 @@ impl Store {
     /// registered slices at or below it (the ones to expire), oldest first.
     pub async fn raise_watermark(
         &self,
-        board: &Board,
+        view: &View<'_>,
         scope: Option<&str>,
         target: i64,
         now: i64,
     ) -> Result<(i64, Vec<i64>), StoreError> {
-        let k = self.instance(board, scope);
+        let k = self.instance(view, scope);
         let out = as_array(
             self.eval(
                 &self.scripts.watermark,
                 vec![k.meta(), k.slices()],
-                vec![target.into(), now.into(), board.fingerprint().into()],
+                vec![target.into(), now.into(), view.fingerprint().into()],
             )
             .await?,
         )
@@ -169,12 +169,13 @@ impl Store {
     /// dead slice never changes). Callers pass at most [`EXPIRE_CALL_FIELDS`] names.
     pub async fn expire_chunk(
         &self,
-        board: &Board,
+        view: &View<'_>,
         scope: Option<&str>,
         n: i64,
         members: &[String],
     ) -> Result<Expired, StoreError> {
-        let k = self.instance(board, scope);
+        let board = view.board();
+        let k = self.instance(view, scope);
         let mut keys = vec![
             k.meta(),
             k.result(),
@@ -189,7 +190,7 @@ impl Store {
         let args: Vec<Value> = [
             Value::from(mode_flag(board)),
             Value::from(negative_flag(board)),
-            Value::from(board.fingerprint()),
+            Value::from(view.fingerprint()),
             Value::from(tie_flag(board)),
         ]
         .into_iter()
@@ -213,11 +214,11 @@ impl Store {
     /// Unregisters slice `n` if it is empty; false when fields remain.
     pub async fn drop_slice(
         &self,
-        board: &Board,
+        view: &View<'_>,
         scope: Option<&str>,
         n: i64,
     ) -> Result<bool, StoreError> {
-        let k = self.instance(board, scope);
+        let k = self.instance(view, scope);
         let v = self
             .eval(
                 &self.scripts.drop_slice,
@@ -228,17 +229,18 @@ impl Store {
         Ok(as_i64(&v) == Some(1))
     }
 
-    /// The registered slices whose idempotency keys may be forgotten at `now`
-    /// ([`Board::forget_at`]), oldest first: with `dedup_window = "window"` only dead
+    /// The registered slices of the instance `scope` in the window `view` (the widest, whose
+    /// instance holds the idempotency keys) whose idempotency keys may be forgotten at
+    /// `now` ([`Board::forget_at`]), oldest first: with `dedup_window = "window"` only dead
     /// slices, with a shorter window live ones too.
     pub async fn forgettable_slices(
         &self,
-        board: &Board,
+        view: &View<'_>,
         scope: Option<&str>,
         now: i64,
     ) -> Result<Vec<i64>, StoreError> {
-        let k = self.instance(board, scope);
-        let through = board.forgettable_through(now);
+        let k = self.instance(view, scope);
+        let through = view.board().forgettable_through(now);
         let found: Vec<String> = self
             .client()
             .zrangebyscore(k.slices(), "-inf", through, false, None)
@@ -262,13 +264,13 @@ impl Store {
     /// instance that still holds it and the roll drains it.
     pub async fn trim_seen(
         &self,
-        board: &Board,
+        view: &View<'_>,
         scope: Option<&str>,
         slice: Option<i64>,
         now: i64,
         chunk: usize,
     ) -> Result<Trimmed, StoreError> {
-        let k = self.instance(board, scope);
+        let k = self.instance(view, scope);
         let log = slice.map_or_else(|| k.seen_log(0), |n| k.seen_log(n));
         let v = as_array(
             self.eval(

@@ -73,7 +73,7 @@ use fred::prelude::*;
 use fred::types::{ClusterHash, CustomCommand};
 
 use crate::config::Durability;
-use crate::domain::board::{Board, Changes, Mode, TieBreak};
+use crate::domain::board::{Board, Changes, Mode, TieBreak, View};
 use crate::domain::keys::{InstanceKeys, Keys};
 use crate::metrics::Metrics;
 
@@ -356,10 +356,10 @@ impl Store {
         &self.pool
     }
 
-    /// The keys of one instance.
-    pub fn instance(&self, board: &Board, scope: Option<&str>) -> InstanceKeys {
+    /// The keys of one instance: `scope`'s (or the unscoped one) in the window `view`.
+    pub fn instance(&self, view: &View<'_>, scope: Option<&str>) -> InstanceKeys {
         self.keys
-            .instance_in(&board.name, scope, board.window_suffix().as_deref())
+            .instance_in(&view.board().name, scope, view.window_suffix().as_deref())
     }
 
     async fn eval(

@@ -175,7 +175,7 @@ impl Store {
             names.push(suffix);
         }
         for name in &names {
-            let k = self.instance(board, Some(name));
+            let k = self.instance(&board.widest(), Some(name));
             let mut keys = k.apply_keys();
             // The distinct totals and the change stream too: they are the period's alone.
             keys.extend([

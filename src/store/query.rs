@@ -6,11 +6,11 @@ use fred::prelude::*;
 use super::{
     as_array, as_i64, as_string, parse_watermark, reply_err, score, tie_flag, Store, StoreError,
 };
-use crate::domain::board::{Board, Mode};
+use crate::domain::board::{Board, Mode, View};
 use crate::domain::keys::{InstanceKeys, Keys};
 use crate::domain::ranking::{
-    decode_member, Entry, MemberRank, MemberWindows, Page, Percentile, Subset, SubsetEntry,
-    WindowRank,
+    decode_member, Entry, Envelope, MemberRank, MemberWindows, Page, Percentile, Subset,
+    SubsetEntry, WindowRank,
 };
 
 pub(super) struct Snapshot {
@@ -39,60 +39,62 @@ impl Store {
 
     /// The keys `query.lua` reads for one window of an instance: its `meta`, `result`,
     /// lookup and, on a dense_rank board, `dense`.
-    fn query_keys(&self, board: &Board, scope: Option<&str>) -> Vec<String> {
-        let k = self.instance(board, scope);
+    fn query_keys(&self, view: &View<'_>, scope: Option<&str>) -> Vec<String> {
+        let board = view.board();
+        let k = self.instance(view, scope);
         let mut keys = vec![k.meta(), k.result(), self.lookup(board, &k)];
         keys.extend(board.dense_rank.then(|| k.dense()));
         keys
     }
 
-    /// The sum of this process's write counters of what a query of `scope` on `board`
-    /// reads (see [`super::Generations`]): every window's instance (they share its hash
-    /// tag), every shard of a sharded board, and the board's own watermark. It grows
+    /// The sum of this process's write counters of what a query of `scope` in the window
+    /// `view` reads (see [`super::Generations`]): every window's instance (they share its
+    /// hash tag), every shard of a sharded board, and the board's own watermark. It grows
     /// whenever this process writes any of them.
-    pub fn read_generation(&self, board: &Board, scope: Option<&str>) -> u64 {
+    pub fn read_generation(&self, view: &View<'_>, scope: Option<&str>) -> u64 {
+        let board = view.board();
         let mut keys = vec![self.keys.window(&board.name)];
         if scope.is_none() && board.is_sharded() {
             keys.extend(
                 board
                     .shard_names()
                     .iter()
-                    .map(|shard| self.instance(board, Some(shard)).meta()),
+                    .map(|shard| self.instance(view, Some(shard)).meta()),
             );
         } else {
-            keys.push(self.instance(board, scope).meta());
+            keys.push(self.instance(view, scope).meta());
         }
         self.generations.of(keys.iter().map(String::as_str))
     }
 
     pub(super) async fn query(
         &self,
-        board: &Board,
+        view: &View<'_>,
         scope: Option<&str>,
         args: Vec<Value>,
         now: i64,
     ) -> Result<Snapshot, StoreError> {
         let subset = args.first().and_then(|op| op.as_str()).as_deref() == Some("ranks");
-        self.query_as(board, scope, args, now, subset).await
+        self.query_as(view, scope, args, now, subset).await
     }
 
     /// One `query.lua` call (`args` without the tie-break, which is added here) of the
-    /// instance `scope` of `board`, decoded; with `raw` its rows are left undecoded, in
-    /// [`Snapshot::subset`].
+    /// instance `scope` in the window `view`, decoded; with `raw` its rows are left
+    /// undecoded, in [`Snapshot::subset`].
     pub(super) async fn query_as(
         &self,
-        board: &Board,
+        view: &View<'_>,
         scope: Option<&str>,
         mut args: Vec<Value>,
         now: i64,
         raw: bool,
     ) -> Result<Snapshot, StoreError> {
-        let keys = self.query_keys(board, scope);
-        args.insert(1, Value::from(tie_flag(board)));
-        let views = std::slice::from_ref(board);
+        let keys = self.query_keys(view, scope);
+        args.insert(1, Value::from(tie_flag(view.board())));
+        let views = std::slice::from_ref(view);
         let (out, board_watermarks, board_rolled) = self.snapshot(views, scope, keys, args).await?;
         let board_watermark = board_watermarks.into_iter().next().flatten();
-        decode(board, out, board_watermark, board_rolled, raw, now)
+        decode(view, out, board_watermark, board_rolled, raw, now)
     }
 
     /// The script call and, for a scoped instance, the board's watermark of each of
@@ -104,7 +106,7 @@ impl Store {
     /// the script call.
     async fn snapshot(
         &self,
-        views: &[Board],
+        views: &[View<'_>],
         scope: Option<&str>,
         keys: Vec<String>,
         args: Vec<Value>,
@@ -119,7 +121,7 @@ impl Store {
         let Some(first) = views.first().filter(|_| scope.is_some()) else {
             return Ok((snapshot.await?, vec![None; views.len()], None));
         };
-        let window = self.keys.window(&first.name);
+        let window = self.keys.window(&first.board().name);
         let mut fields: Vec<String> = views
             .iter()
             .map(|v| Keys::floor_field(v.window_suffix().as_deref()))
@@ -137,40 +139,28 @@ impl Store {
         Ok((out, watermarks, rolled))
     }
 
-    pub(super) fn page(board: &Board, scope: Option<&str>, snap: Snapshot) -> Page {
+    pub(super) fn page(view: &View<'_>, scope: Option<&str>, snap: Snapshot) -> Page {
         Page {
-            board: board.name.clone(),
-            scope: scope.map(str::to_string),
-            window: board.window_name(),
-            scale: board.scale,
-            count: snap.count,
-            window_from: snap.window_from,
-            window_to: snap.window_to,
-            as_of: snap.as_of,
+            envelope: envelope(view, scope, &snap),
             entries: snap.entries,
         }
     }
 
     pub(super) fn member_rank(
-        board: &Board,
+        view: &View<'_>,
         scope: Option<&str>,
         member: &str,
         snap: Snapshot,
     ) -> MemberRank {
+        let board = view.board();
+        let envelope = envelope(view, scope, &snap);
         let entry = snap
             .entries
             .into_iter()
             .next()
             .filter(|_| snap.rank.is_some());
         MemberRank {
-            board: board.name.clone(),
-            scope: scope.map(str::to_string),
-            window: board.window_name(),
-            scale: board.scale,
-            count: snap.count,
-            window_from: snap.window_from,
-            window_to: snap.window_to,
-            as_of: snap.as_of,
+            envelope,
             member: member.to_string(),
             rank: entry.as_ref().map(|e| e.rank),
             competition_rank: entry.as_ref().map(|e| e.competition_rank),
@@ -186,18 +176,18 @@ impl Store {
     /// The ranking from position `offset` (0-based), at most `limit` entries.
     pub async fn top(
         &self,
-        board: &Board,
+        view: &View<'_>,
         scope: Option<&str>,
         offset: u64,
         limit: u64,
         now: i64,
     ) -> Result<Page, StoreError> {
-        if scope.is_none() && board.is_sharded() {
-            return self.sharded_top(board, offset, limit, now).await;
+        if scope.is_none() && view.board().is_sharded() {
+            return self.sharded_top(view, offset, limit, now).await;
         }
         let snap = self
             .query(
-                board,
+                view,
                 scope,
                 vec![
                     "top".into(),
@@ -207,24 +197,24 @@ impl Store {
                 now,
             )
             .await?;
-        Ok(Self::page(board, scope, snap))
+        Ok(Self::page(view, scope, snap))
     }
 
     /// The position of `member`; its rank fields are null when it is not on the board.
     pub async fn rank(
         &self,
-        board: &Board,
+        view: &View<'_>,
         scope: Option<&str>,
         member: &str,
         now: i64,
     ) -> Result<MemberRank, StoreError> {
-        if scope.is_none() && board.is_sharded() {
-            return self.sharded_rank(board, member, now).await;
+        if scope.is_none() && view.board().is_sharded() {
+            return self.sharded_rank(view, member, now).await;
         }
         let snap = self
-            .query(board, scope, vec!["rank".into(), member.into()], now)
+            .query(view, scope, vec!["rank".into(), member.into()], now)
             .await?;
-        Ok(Self::member_rank(board, scope, member, snap))
+        Ok(Self::member_rank(view, scope, member, snap))
     }
 
     /// The position of `member` in every window of `board`, in the configuration's order
@@ -243,8 +233,8 @@ impl Store {
         member: &str,
         now: i64,
     ) -> Result<MemberWindows, StoreError> {
-        let views: Vec<Board> = if board.period.is_some() {
-            vec![board.clone()]
+        let views: Vec<View<'_>> = if board.period.is_some() {
+            vec![board.widest()]
         } else {
             board
                 .window_list()
@@ -258,7 +248,7 @@ impl Store {
             let mut windows = Vec::with_capacity(views.len());
             for view in &views {
                 let rank = self.sharded_rank(view, member, now).await?;
-                windows.push(WindowRank::of(view.window_name(), &rank));
+                windows.push(WindowRank::of(view.window_name().to_string(), &rank));
             }
             windows
         } else {
@@ -280,7 +270,7 @@ impl Store {
     async fn windows_in_one_call(
         &self,
         board: &Board,
-        views: &[Board],
+        views: &[View<'_>],
         scope: Option<&str>,
         member: &str,
         now: i64,
@@ -309,7 +299,7 @@ impl Store {
         for ((view, out), watermark) in views.iter().zip(answers).zip(board_watermarks) {
             let snap = decode(view, out, watermark, board_rolled, false, now)?;
             let rank = Self::member_rank(view, scope, member, snap);
-            windows.push(WindowRank::of(view.window_name(), &rank));
+            windows.push(WindowRank::of(view.window_name().to_string(), &rank));
         }
         Ok(windows)
     }
@@ -318,7 +308,7 @@ impl Store {
     /// one script call: the ranked ones in the board's order, then the others as listed.
     pub async fn ranks(
         &self,
-        board: &Board,
+        view: &View<'_>,
         scope: Option<&str>,
         members: &[&str],
         now: i64,
@@ -329,14 +319,14 @@ impl Store {
             .copied()
             .filter(|m| seen.insert(*m))
             .collect();
-        if scope.is_none() && board.is_sharded() {
-            return self.sharded_ranks(board, &members, now).await;
+        if scope.is_none() && view.board().is_sharded() {
+            return self.sharded_ranks(view, &members, now).await;
         }
         let mut args: Vec<Value> = Vec::with_capacity(members.len() + 1);
         args.push("ranks".into());
         args.extend(members.iter().map(|&m| Value::from(m)));
-        let snap = self.query(board, scope, args, now).await?;
-        subset(board, scope, &members, snap)
+        let snap = self.query(view, scope, args, now).await?;
+        subset(view, scope, &members, snap)
     }
 
     /// The entries from `rank - radius` to `rank + radius` around `member`; when the
@@ -344,40 +334,41 @@ impl Store {
     /// "not on the board" has the one shape of [`Store::rank`]'s.
     pub async fn around(
         &self,
-        board: &Board,
+        view: &View<'_>,
         scope: Option<&str>,
         member: &str,
         radius: u64,
         now: i64,
     ) -> Result<Result<Page, MemberRank>, StoreError> {
-        if scope.is_none() && board.is_sharded() {
-            return self.sharded_around(board, member, radius, now).await;
+        if scope.is_none() && view.board().is_sharded() {
+            return self.sharded_around(view, member, radius, now).await;
         }
         let snap = self
             .query(
-                board,
+                view,
                 scope,
                 vec!["around".into(), member.into(), (radius as i64).into()],
                 now,
             )
             .await?;
         if snap.rank.is_none() {
-            return Ok(Err(Self::member_rank(board, scope, member, snap)));
+            return Ok(Err(Self::member_rank(view, scope, member, snap)));
         }
-        Ok(Ok(Self::page(board, scope, snap)))
+        Ok(Ok(Self::page(view, scope, snap)))
     }
 }
 
-/// One `query.lua` answer (`out`) decoded for `board` (the window read): the board's
+/// One `query.lua` answer (`out`) decoded for the window `view` read: the board's
 /// watermark of that window and last roll, for a scoped instance, are read beside it.
 pub(super) fn decode(
-    board: &Board,
+    view: &View<'_>,
     out: Value,
     board_watermark: Option<i64>,
     board_rolled: Option<i64>,
     subset: bool,
     now: i64,
 ) -> Result<Snapshot, StoreError> {
+    let board = view.board();
     let out = as_array(out).ok_or_else(|| reply_err("query: not an array"))?;
     let mut it = out.into_iter();
     let expired = it.next().as_ref().and_then(as_i64).max(board_watermark);
@@ -404,7 +395,7 @@ pub(super) fn decode(
         Mode::Incremental => changed.max(rolled).max(board_rolled),
         Mode::Resummarize => summed,
     };
-    let (window_from, window_to) = board.live_range(now, expired);
+    let (window_from, window_to) = view.live_range(now, expired);
     let (entries, subset) = if subset {
         (Vec::new(), rows)
     } else {
@@ -429,12 +420,14 @@ pub(super) fn decode(
 
 /// The subset answer from the script's `ranks` rows (five per member asked, in order).
 pub(super) fn subset(
-    board: &Board,
+    view: &View<'_>,
     scope: Option<&str>,
     members: &[&str],
     snap: Snapshot,
 ) -> Result<Subset, StoreError> {
+    let board = view.board();
     let count = snap.count;
+    let envelope = envelope(view, scope, &snap);
     let mut ranked = Vec::new();
     let mut unranked = Vec::new();
     let mut rows = snap.subset.into_iter();
@@ -485,16 +478,24 @@ pub(super) fn subset(
     }
     ranked.extend(unranked);
     Ok(Subset {
-        board: board.name.clone(),
+        envelope,
+        entries: ranked,
+    })
+}
+
+/// The envelope of an answer from `snap`, a read of the instance `scope` in the window
+/// `view`.
+fn envelope(view: &View<'_>, scope: Option<&str>, snap: &Snapshot) -> Envelope {
+    Envelope {
+        board: view.board().name.clone(),
         scope: scope.map(str::to_string),
-        window: board.window_name(),
-        scale: board.scale,
-        count,
+        window: view.window_name().to_string(),
+        scale: view.board().scale,
+        count: snap.count,
         window_from: snap.window_from,
         window_to: snap.window_to,
         as_of: snap.as_of,
-        entries: ranked,
-    })
+    }
 }
 
 /// What a page's first row is, by the script's answer.

@@ -1,5 +1,5 @@
 //! The reads of a sharded board (`shards = K`): its one ranking is spread over K
-//! instances, a member in the shard its name hashes to ([`Board::shard_of`]), each shard
+//! instances, a member in the shard its name hashes to ([`Board::shard_of`](crate::domain::board::Board::shard_of)), each shard
 //! under a hash tag (so a cluster slot, so a core) of its own. Every answer is as exact
 //! as one instance's, made here from one `query.lua` call per shard, sent at once:
 //!
@@ -27,7 +27,7 @@ use futures_util::future::try_join_all;
 
 use super::query::{entries, subset, Firsts, Snapshot};
 use super::{as_i64, as_string, reply_err, score, Store, StoreError};
-use crate::domain::board::Board;
+use crate::domain::board::View;
 use crate::domain::ranking::{MemberRank, Page, Subset};
 
 /// The deepest rank a page of a sharded board reaches (`offset + limit`): each shard
@@ -106,23 +106,23 @@ fn positions(snap: &Snapshot) -> Result<Vec<(u64, u64)>, StoreError> {
 }
 
 impl Store {
-    /// One `query.lua` call per shard of `board` but `except`, at once, the rows left
+    /// One `query.lua` call per shard of `view`'s board but `except`, at once, the rows left
     /// undecoded.
     async fn each_shard(
         &self,
-        board: &Board,
+        view: &View<'_>,
         except: Option<&str>,
         args: Vec<Value>,
         now: i64,
     ) -> Result<Vec<Snapshot>, StoreError> {
         try_join_all(
-            board
+            view.board()
                 .shard_names()
                 .into_iter()
                 .filter(|shard| Some(shard.as_str()) != except)
                 .map(|shard| {
                     let args = args.clone();
-                    async move { self.query_as(board, Some(&shard), args, now, true).await }
+                    async move { self.query_as(view, Some(&shard), args, now, true).await }
                 }),
         )
         .await
@@ -132,7 +132,7 @@ impl Store {
     /// (entries above it, entries with a greater total); and those shards' answers.
     async fn placed(
         &self,
-        board: &Board,
+        view: &View<'_>,
         except: Option<&str>,
         rows: &[&Row],
         now: i64,
@@ -141,7 +141,7 @@ impl Store {
         for row in rows {
             args.extend([row.score.clone(), Value::from(row.z.as_str())]);
         }
-        let snaps = self.each_shard(board, except, args, now).await?;
+        let snaps = self.each_shard(view, except, args, now).await?;
         let mut per_shard = Vec::with_capacity(snaps.len());
         for snap in &snaps {
             let found = positions(snap)?;
@@ -156,16 +156,16 @@ impl Store {
     /// `member`'s shard, its row there (`None`: not ranked) and that shard's answer.
     async fn own_row(
         &self,
-        board: &Board,
+        view: &View<'_>,
         member: &str,
         now: i64,
     ) -> Result<(String, Option<Row>, Snapshot), StoreError> {
-        let Some(shard) = board.shard_of(member) else {
+        let Some(shard) = view.board().shard_of(member) else {
             return Err(reply_err("query: the board has no shards"));
         };
         let mut snap = self
             .query_as(
-                board,
+                view,
                 Some(&shard),
                 vec!["rank".into(), member.into()],
                 now,
@@ -181,7 +181,7 @@ impl Store {
     /// [`Store::top`] of a sharded board.
     pub(super) async fn sharded_top(
         &self,
-        board: &Board,
+        view: &View<'_>,
         offset: u64,
         limit: u64,
         now: i64,
@@ -194,7 +194,7 @@ impl Store {
         let depth = offset + limit;
         let snaps = self
             .each_shard(
-                board,
+                view,
                 None,
                 vec!["top".into(), 0.into(), (depth as i64).into()],
                 now,
@@ -221,21 +221,21 @@ impl Store {
             dense: None,
         };
         let count = snaps.iter().map(|s| s.count).sum();
-        let page = entries(board, flat(&rows[start..]), first, count)?;
-        Ok(Self::page(board, None, joined(&snaps, None, page)))
+        let page = entries(view.board(), flat(&rows[start..]), first, count)?;
+        Ok(Self::page(view, None, joined(&snaps, None, page)))
     }
 
     /// [`Store::rank`] of a sharded board: one call to the member's shard, then one to
     /// each other shard, at once.
     pub(super) async fn sharded_rank(
         &self,
-        board: &Board,
+        view: &View<'_>,
         member: &str,
         now: i64,
     ) -> Result<MemberRank, StoreError> {
-        let (shard, own, own_snap) = self.own_row(board, member, now).await?;
+        let (shard, own, own_snap) = self.own_row(view, member, now).await?;
         let rows: Vec<&Row> = own.iter().collect();
-        let (placed, mut snaps) = self.placed(board, Some(&shard), &rows, now).await?;
+        let (placed, mut snaps) = self.placed(view, Some(&shard), &rows, now).await?;
         // On its own shard the member is `rank` and has `competition - 1` greater totals.
         let own_above = own_snap.rank.map_or(0, |r| r - 1);
         let own_greater = own_snap.first_competition.saturating_sub(1);
@@ -243,7 +243,7 @@ impl Store {
         let count = snaps.iter().map(|s| s.count).sum();
         let Some(row) = own.as_ref() else {
             return Ok(Self::member_rank(
-                board,
+                view,
                 None,
                 member,
                 joined(&snaps, None, Vec::new()),
@@ -256,9 +256,9 @@ impl Store {
             competition: greater + 1,
             dense: None,
         };
-        let found = entries(board, flat(std::slice::from_ref(row)), first, count)?;
+        let found = entries(view.board(), flat(std::slice::from_ref(row)), first, count)?;
         Ok(Self::member_rank(
-            board,
+            view,
             None,
             member,
             joined(&snaps, Some(above + 1), found),
@@ -268,13 +268,13 @@ impl Store {
     /// [`Store::around`] of a sharded board.
     pub(super) async fn sharded_around(
         &self,
-        board: &Board,
+        view: &View<'_>,
         member: &str,
         radius: u64,
         now: i64,
     ) -> Result<Result<Page, MemberRank>, StoreError> {
-        let (_, Some(own), _) = self.own_row(board, member, now).await? else {
-            return Ok(Err(self.sharded_rank(board, member, now).await?));
+        let (_, Some(own), _) = self.own_row(view, member, now).await? else {
+            return Ok(Err(self.sharded_rank(view, member, now).await?));
         };
         let args: Vec<Value> = vec![
             "near".into(),
@@ -282,7 +282,7 @@ impl Store {
             own.z.as_str().into(),
             (radius as i64).into(),
         ];
-        let snaps = self.each_shard(board, None, args, now).await?;
+        let snaps = self.each_shard(view, None, args, now).await?;
         // Each shard's `near` rank is the place the member takes there, plus one.
         let mut above = 0;
         let mut greater = 0;
@@ -298,7 +298,7 @@ impl Store {
         rows.sort_by(board_order);
         let Some(i) = rows.iter().position(|r| r.z == own.z) else {
             // The member left its shard's ranking between the two reads.
-            return Ok(Err(self.sharded_rank(board, member, now).await?));
+            return Ok(Err(self.sharded_rank(view, member, now).await?));
         };
         let radius = radius as usize;
         let (lo, hi) = (i.saturating_sub(radius), (i + radius + 1).min(rows.len()));
@@ -308,7 +308,7 @@ impl Store {
             Some(first) if first.total == own.total => greater + 1,
             Some(first) => {
                 let first_row = [first];
-                let (placed, _) = self.placed(board, None, &first_row, now).await?;
+                let (placed, _) = self.placed(view, None, &first_row, now).await?;
                 placed.iter().map(|p| p[0].1).sum::<u64>() + 1
             }
             None => 0,
@@ -319,9 +319,9 @@ impl Store {
             dense: None,
         };
         let count = snaps.iter().map(|s| s.count).sum();
-        let found = entries(board, flat(page), first, count)?;
+        let found = entries(view.board(), flat(page), first, count)?;
         Ok(Ok(Self::page(
-            board,
+            view,
             None,
             joined(&snaps, Some(above + 1), found),
         )))
@@ -330,14 +330,15 @@ impl Store {
     /// [`Store::ranks`] of a sharded board (`members` without repeats).
     pub(super) async fn sharded_ranks(
         &self,
-        board: &Board,
+        view: &View<'_>,
         members: &[&str],
         now: i64,
     ) -> Result<Subset, StoreError> {
         // Each member's row on its shard: one `ranks` call per shard holding any of them.
         let mut by_shard: std::collections::BTreeMap<String, Vec<usize>> = Default::default();
         for (i, member) in members.iter().enumerate() {
-            let shard = board
+            let shard = view
+                .board()
                 .shard_of(member)
                 .ok_or_else(|| reply_err("query: the board has no shards"))?;
             by_shard.entry(shard).or_default().push(i);
@@ -345,12 +346,12 @@ impl Store {
         let answers = try_join_all(by_shard.iter().map(|(shard, of_shard)| {
             let mut args: Vec<Value> = vec!["ranks".into()];
             args.extend(of_shard.iter().map(|&i| Value::from(members[i])));
-            async move { self.query_as(board, Some(shard), args, now, true).await }
+            async move { self.query_as(view, Some(shard), args, now, true).await }
         }))
         .await?;
         // Per member: its row, its shard's index and its place there (entries above it,
         // entries with a greater total), as that shard answered.
-        let names = board.shard_names();
+        let names = view.board().shard_names();
         let mut own: Vec<Option<Own>> = members.iter().map(|_| None).collect();
         for ((shard, of_shard), snap) in by_shard.iter().zip(answers) {
             if snap.subset.len() != 5 * of_shard.len() {
@@ -366,7 +367,7 @@ impl Store {
             }
         }
         let ranked: Vec<&Row> = own.iter().flatten().map(|(row, _, _)| row).collect();
-        let (placed, snaps) = self.placed(board, None, &ranked, now).await?;
+        let (placed, snaps) = self.placed(view, None, &ranked, now).await?;
         // The rows `ranks` answers (see query.lua), with each member's place on the board:
         // on its own shard as that shard answered first (an apply between the two reads
         // could otherwise place the member against its own newer entry).
@@ -398,6 +399,6 @@ impl Store {
         }
         let mut snap = joined(&snaps, None, Vec::new());
         snap.subset = rows;
-        subset(board, None, members, snap)
+        subset(view, None, members, snap)
     }
 }

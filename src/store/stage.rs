@@ -6,7 +6,7 @@ use fred::prelude::*;
 use super::{
     as_array, as_i64, as_string, feed_args, reply_err, score, tie_flag, Store, StoreError,
 };
-use crate::domain::board::Board;
+use crate::domain::board::View;
 use crate::domain::keys::InstanceKeys;
 use crate::domain::ranking::{decode_member, encode_member};
 
@@ -144,11 +144,11 @@ impl Store {
     /// The registered slices above `watermark` (the live ones), oldest first.
     pub async fn live_slices(
         &self,
-        board: &Board,
+        view: &View<'_>,
         scope: Option<&str>,
         watermark: i64,
     ) -> Result<Vec<i64>, StoreError> {
-        let k = self.instance(board, scope);
+        let k = self.instance(view, scope);
         let v: Vec<String> = self
             .client()
             .zrangebyscore(k.slices(), format!("({watermark}"), "+inf", false, None)
@@ -163,8 +163,8 @@ impl Store {
 
     /// What the instance's last swapped-in sum of its live slices was taken at (see
     /// [`Summed`]).
-    pub async fn summed(&self, board: &Board, scope: Option<&str>) -> Result<Summed, StoreError> {
-        let k = self.instance(board, scope);
+    pub async fn summed(&self, view: &View<'_>, scope: Option<&str>) -> Result<Summed, StoreError> {
+        let k = self.instance(view, scope);
         let (gen, summed_gen, summed_through, summed_ms): (
             Option<String>,
             Option<String>,
@@ -188,10 +188,10 @@ impl Store {
     /// The instance's `expired_through` and `gen` (change counter).
     pub async fn meta(
         &self,
-        board: &Board,
+        view: &View<'_>,
         scope: Option<&str>,
     ) -> Result<(Option<i64>, String), StoreError> {
-        let k = self.instance(board, scope);
+        let k = self.instance(view, scope);
         let (w, gen): (Option<String>, Option<String>) = self
             .client()
             .hmget(k.meta(), vec!["expired_through", "gen"])
@@ -208,13 +208,14 @@ impl Store {
     /// Callers pass at most [`STAGE_CALL_ROWS`] rows.
     pub async fn stage(
         &self,
-        board: &Board,
+        view: &View<'_>,
         scope: Option<&str>,
         token: &str,
         targets: StageTargets,
         rows: &[Staged],
     ) -> Result<(u64, Vec<String>), StoreError> {
-        let k = self.instance(board, scope);
+        let board = view.board();
+        let k = self.instance(view, scope);
         let mut keys = vec![
             k.members(),
             k.scratch(token, "result"),
@@ -263,13 +264,14 @@ impl Store {
     /// (false) when the run already swapped, or as `check` says.
     pub async fn swap(
         &self,
-        board: &Board,
+        view: &View<'_>,
         scope: Option<&str>,
         token: &str,
         targets: StageTargets,
         check: SwapCheck<'_>,
     ) -> Result<bool, StoreError> {
-        let k = self.instance(board, scope);
+        let board = view.board();
+        let k = self.instance(view, scope);
         let mut keys = vec![k.meta(), k.scratch(token, "marker")];
         // The ranking swapped in is a change of the top like any other: the feed records it.
         let feed = board.changes.filter(|_| targets.result);
@@ -308,11 +310,12 @@ impl Store {
     /// Deletes the scratch keys of an abandoned run.
     pub async fn discard(
         &self,
-        board: &Board,
+        view: &View<'_>,
         scope: Option<&str>,
         token: &str,
     ) -> Result<(), StoreError> {
-        let k = self.instance(board, scope);
+        let board = view.board();
+        let k = self.instance(view, scope);
         let dense = board.dense_rank.then_some("dense");
         let keys: Vec<String> = ["result", "ranked", "refs", "totals", "marker"]
             .into_iter()
@@ -327,8 +330,9 @@ impl Store {
     /// Deletes the derived keys of an instance that holds no slice and no idempotency key
     /// (its `meta` stays, so its watermark keeps judging late events, and its change
     /// stream for [`CHANGES_RETAIN_MS`]); true when done.
-    pub async fn cleanup(&self, board: &Board, scope: Option<&str>) -> Result<bool, StoreError> {
-        let k = self.instance(board, scope);
+    pub async fn cleanup(&self, view: &View<'_>, scope: Option<&str>) -> Result<bool, StoreError> {
+        let board = view.board();
+        let k = self.instance(view, scope);
         let mut keys = vec![
             k.slices(),
             k.seen(),
@@ -351,10 +355,10 @@ impl Store {
     /// [`InstanceKeys::dense`]).
     pub async fn dense_entries(
         &self,
-        board: &Board,
+        view: &View<'_>,
         scope: Option<&str>,
     ) -> Result<Vec<i64>, StoreError> {
-        let k = self.instance(board, scope);
+        let k = self.instance(view, scope);
         let mut out = Vec::new();
         let mut cursor = "0".to_string();
         loop {
@@ -375,10 +379,11 @@ impl Store {
     /// Every (member, total) pair of the stored ranking ZSet, decoded.
     pub async fn result_entries(
         &self,
-        board: &Board,
+        view: &View<'_>,
         scope: Option<&str>,
     ) -> Result<Vec<(String, i64)>, StoreError> {
-        let k = self.instance(board, scope);
+        let board = view.board();
+        let k = self.instance(view, scope);
         let mut out = Vec::new();
         let mut cursor = "0".to_string();
         loop {

@@ -14,6 +14,7 @@ pub(super) fn print_page(page: &Page, json: bool) -> anyhow::Result<()> {
         return Ok(());
     }
     let scope = page
+        .envelope
         .scope
         .as_deref()
         .map(|s| format!(" [{s}]"))
@@ -21,12 +22,12 @@ pub(super) fn print_page(page: &Page, json: bool) -> anyhow::Result<()> {
     writeln!(
         out,
         "{}{scope}: {} ranked, window {} {} .. {}{}",
-        page.board,
-        page.count,
-        page.window,
-        show_time(page.window_from),
-        show_time(page.window_to),
-        as_of(page.as_of)
+        page.envelope.board,
+        page.envelope.count,
+        page.envelope.window,
+        show_time(page.envelope.window_from),
+        show_time(page.envelope.window_to),
+        as_of(page.envelope.as_of)
     )?;
     let width = member_width(page.entries.iter().map(|e| e.member.as_str()));
     let dense = page.entries.iter().any(|e| e.dense_rank.is_some());
@@ -56,7 +57,7 @@ pub(super) fn print_page(page: &Page, json: bool) -> anyhow::Result<()> {
             out,
             "{rank:>6} {competition_rank:>6}{dense} {:>6}  {member:<width$}  {:>20}  {last}",
             percentile.to_string(),
-            format_total(*total, page.scale)
+            format_total(*total, page.envelope.scale)
         )?;
     }
     Ok(())

@@ -40,9 +40,9 @@ pub(super) fn print_period_page(
         show_time(span.start_ms),
         show_time(span.end_ms)
     );
-    page.scope = scope.map(str::to_string);
-    (page.window_from, page.window_to) = (span.start_ms, span.end_ms);
-    page.window = selected.length().unwrap_or_default().to_string();
+    page.envelope.scope = scope.map(str::to_string);
+    (page.envelope.window_from, page.envelope.window_to) = (span.start_ms, span.end_ms);
+    page.envelope.window = selected.length().unwrap_or_default().to_string();
     print_page(&page, false)
 }
 
@@ -61,9 +61,9 @@ pub(super) fn period_rank(
     };
     let json = selected.relabel(json, scope);
     if let Some(span) = selected.span() {
-        rank.scope = scope.map(str::to_string);
-        (rank.window_from, rank.window_to) = (span.start_ms, span.end_ms);
-        rank.window = selected.length().unwrap_or_default().to_string();
+        rank.envelope.scope = scope.map(str::to_string);
+        (rank.envelope.window_from, rank.envelope.window_to) = (span.start_ms, span.end_ms);
+        rank.envelope.window = selected.length().unwrap_or_default().to_string();
     }
     (rank, json)
 }

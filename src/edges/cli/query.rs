@@ -7,7 +7,7 @@ use super::periods::{period_of, period_rank, print_period_page};
 use super::time::{as_of, show_time};
 use super::{Usage, EXIT_NOT_FOUND};
 use crate::config::Settings;
-use crate::domain::board::Board;
+use crate::domain::board::{Board, View};
 use crate::domain::event::check_name;
 use crate::domain::ranking::{format_total, MemberRank, MemberWindows, Subset};
 use crate::edges::periods::Selected;
@@ -46,9 +46,9 @@ pub(super) struct Ranking<'a> {
     pub window: Option<&'a str>,
 }
 
-/// The board ranking the window `--window` names: the first configured when absent; a
-/// window the board does not rank is a usage error naming those it does.
-fn view_of(board: &Board, window: Option<&str>) -> Result<Board, Usage> {
+/// The board's window `--window` names: the first configured when absent; a window the
+/// board does not rank is a usage error naming those it does.
+fn view_of<'a>(board: &'a Board, window: Option<&str>) -> Result<View<'a>, Usage> {
     crate::edges::windows::view(board, window, "--window").map_err(Usage)
 }
 
@@ -137,19 +137,19 @@ fn print_rank(rank: &MemberRank) {
         println!(
             "{} rank {r} (competition rank {c}{dense}) of {} on {} ({}), percentile {percentile}: total {}{}{}",
             rank.member,
-            rank.count,
-            rank.board,
-            rank.window,
-            format_total(t, rank.scale),
+            rank.envelope.count,
+            rank.envelope.board,
+            rank.envelope.window,
+            format_total(t, rank.envelope.scale),
             rank.last_ts
                 .map(|ts| format!(", last {}", show_time(ts)))
                 .unwrap_or_default(),
-            as_of(rank.as_of)
+            as_of(rank.envelope.as_of)
         );
     } else {
         println!(
             "{} is not on {} ({} ranked)",
-            rank.member, rank.board, rank.count
+            rank.member, rank.envelope.board, rank.envelope.count
         );
     }
 }
@@ -185,7 +185,7 @@ pub(super) async fn ranks(
         .ranks(&view, selected.instance(scope), &names, now)
         .await?;
     // A period's instance is the board's period, not a scope of its own.
-    subset.scope = scope.map(str::to_string);
+    subset.envelope.scope = scope.map(str::to_string);
     if json {
         println!(
             "{}",
@@ -201,18 +201,19 @@ pub(super) async fn ranks(
 /// The table of `rank` with several members.
 fn print_subset(subset: &Subset) {
     let scope = subset
+        .envelope
         .scope
         .as_deref()
         .map(|s| format!(" [{s}]"))
         .unwrap_or_default();
     println!(
         "{}{scope}: {} ranked, window {} {} .. {}{}",
-        subset.board,
-        subset.count,
-        subset.window,
-        show_time(subset.window_from),
-        show_time(subset.window_to),
-        as_of(subset.as_of)
+        subset.envelope.board,
+        subset.envelope.count,
+        subset.envelope.window,
+        show_time(subset.envelope.window_from),
+        show_time(subset.envelope.window_to),
+        as_of(subset.envelope.as_of)
     );
     let width = member_width(subset.entries.iter().map(|e| e.member.as_str()));
     let dense = subset.entries.iter().any(|e| e.dense_rank.is_some());
@@ -242,7 +243,7 @@ fn print_subset(subset: &Subset) {
             e.member,
             e.total.map_or_else(
                 || "not on the board".to_string(),
-                |t| format_total(t, subset.scale)
+                |t| format_total(t, subset.envelope.scale)
             ),
         );
     }
@@ -275,7 +276,7 @@ pub(super) async fn around(
             } else {
                 println!(
                     "{} is not on {} ({} ranked)",
-                    missing.member, missing.board, missing.count
+                    missing.member, missing.envelope.board, missing.envelope.count
                 );
             }
             Ok(EXIT_NOT_FOUND)

@@ -8,7 +8,9 @@ use super::output::{shell_word, Progress};
 use super::query::resolve_board;
 use super::Usage;
 use crate::config::Settings;
-use crate::domain::board::{period_instance, scope_of_period_instance, Board, PeriodSelector};
+use crate::domain::board::{
+    period_instance, scope_of_period_instance, Board, PeriodSelector, View,
+};
 use crate::domain::ranking::format_total;
 use crate::roll;
 
@@ -39,7 +41,7 @@ pub(super) async fn rebuild(
     };
     let (mut instances, mut repaired, mut changed) = (0u64, 0u64, 0u64);
     for scope in scopes {
-        for view in windows(b) {
+        for view in b.views() {
             let rebuilt =
                 roll::rebuild(&store, &view, scope.as_deref(), settings.schedule.chunk).await?;
             let label = format!(
@@ -71,19 +73,11 @@ pub(super) async fn rebuild(
     Ok(0)
 }
 
-/// Every window of `board` to check or rebuild, narrowest first: its views on a board with
-/// several windows, else the board itself.
-fn windows(board: &Board) -> Vec<Board> {
-    if board.has_several_windows() {
-        board.views()
-    } else {
-        vec![board.clone()]
-    }
-}
-
-/// The name of the window `view` ranks, as configured, on a board with several windows.
-fn window_of(view: &Board) -> Option<String> {
-    view.has_several_windows().then(|| view.window_name())
+/// The name of the window `view`, as configured, on a board with several windows.
+fn window_of(view: &View<'_>) -> Option<String> {
+    view.board()
+        .has_several_windows()
+        .then(|| view.window_name().to_string())
 }
 
 /// ` [scope]` after a board's name, or nothing for the unscoped instance.
@@ -136,22 +130,23 @@ pub(super) async fn verify(
         .iter()
         .filter(|b| board.as_ref().is_none_or(|n| *n == b.name))
     {
-        // The scope registry is the board's: every window's instance of a scope is checked.
-        let views = windows(b);
+        // The scope registry is the board's: every window's instance of a scope is checked,
+        // narrowest first.
+        let views = b.views();
         for scope in roll::instances(&store, b).await? {
             all.extend(views.iter().map(|view| (view.clone(), scope.clone())));
         }
     }
     let mut progress = Progress::new(all.len());
     let mut summary = VerifySummary::default();
-    for (b, scope) in all {
-        let v = roll::verify(&store, &b, scope.as_deref(), settings.schedule.chunk).await?;
-        summary.add(&v, &b, strict);
+    for (view, scope) in all {
+        let v = roll::verify(&store, &view, scope.as_deref(), settings.schedule.chunk).await?;
+        summary.add(&v, view.board(), strict);
         progress.step(summary.differing);
         if json {
             println!("{}", serde_json::to_string(&v)?);
         } else {
-            print_verified(&v, &b, strict);
+            print_verified(&v, view.board(), strict);
         }
     }
     progress.done();

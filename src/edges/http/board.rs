@@ -201,7 +201,7 @@ fn description(b: &Board) -> BoardDescription {
         tie_break: b.tie_break.as_str().to_string(),
         time_zone: calendar.map(|c| c.zone.name().to_string()),
         week_start: calendar.map(|c| c.week_start().map(str::to_string)),
-        window_ms: b.view(None).and_then(|v| rolling(v.window_ms)),
+        window_ms: b.view(None).and_then(|v| rolling(v.window_ms())),
         windows: calendar.is_none().then(|| {
             b.window_list()
                 .into_iter()

@@ -19,7 +19,7 @@ use super::board::BoardList;
 use super::error::{redis, ApiError, ApiResult, ErrorBody};
 use super::params::{bounded, none, read_query, Flag, Name};
 use super::AppState;
-use crate::domain::board::Board;
+use crate::domain::board::{Board, View};
 use crate::domain::ranking::{MemberRank, MemberWindows, Page, Subset};
 use crate::edges::periods::{select, PeriodError, Selected};
 use crate::store::SHARDED_DEPTH;
@@ -54,10 +54,10 @@ pub(super) fn scope_of<'a>(
     }
 }
 
-/// The board ranking the window `window` names (`?window=` or a body's `"window"`): the
-/// first configured when absent; a window the board does not rank is a 400 naming those
-/// it does (see [`crate::edges::windows::view`]).
-pub(super) fn view_of(board: &Board, window: Option<&str>) -> ApiResult<Board> {
+/// The board's window `window` names (`?window=` or a body's `"window"`): the first
+/// configured when absent; a window the board does not rank is a 400 naming those it
+/// does (see [`crate::edges::windows::view`]).
+pub(super) fn view_of<'a>(board: &'a Board, window: Option<&str>) -> ApiResult<View<'a>> {
     crate::edges::windows::view(board, window, "window").map_err(ApiError::BadRequest)
 }
 
@@ -85,11 +85,16 @@ fn period_error(e: PeriodError) -> ApiError {
 /// What the answer to `what` (the route and its parameters, `\0` between them) on the
 /// instance `instance` of `view` at `now` is kept under: see [`super::answers`]. This
 /// process's write counters are read here, before the query reads Redis.
-fn kept_as(state: &AppState, view: &Board, instance: Option<&str>, now: i64, what: &str) -> Key {
+fn kept_as(state: &AppState, view: &View<'_>, instance: Option<&str>, now: i64, what: &str) -> Key {
     let generation = state.store.read_generation(view, instance);
     // What moves the answer by the clock alone: the slice (or period) `now` is in.
     let (clock, _) = view.live_range(now, None);
-    let query = format!("{}\0{}\0{:?}\0{what}", view.name, view.window_ms, instance);
+    let query = format!(
+        "{}\0{}\0{:?}\0{what}",
+        view.board().name,
+        view.window_ms(),
+        instance
+    );
     Key::new(query, generation, clock)
 }
 
@@ -382,7 +387,13 @@ pub(super) async fn rank(
     let (now, period) = period_of(&state, b, scope, q.period.as_deref())?;
     let instance = period.instance(scope);
     if every {
-        let key = kept_as(&state, b, instance, now, &format!("windows\0{member}"));
+        let key = kept_as(
+            &state,
+            &b.widest(),
+            instance,
+            now,
+            &format!("windows\0{member}"),
+        );
         let read = async {
             let mut answer = redis(
                 &state,

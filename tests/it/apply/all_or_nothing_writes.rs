@@ -30,10 +30,10 @@ async fn roll_at(store: &Store, board: &Board, now: i64, chunk: usize) {
 async fn assert_model(store: &Store, board: &Board, model: &mut Instance, now: i64, chunk: usize) {
     if board.mode == Mode::Resummarize {
         roll_at(store, board, now, chunk).await;
-        model.roll(board, now);
+        model.roll(&board.widest(), now);
     }
-    assert_matches(store, board, None, model, now).await;
-    assert_verified(store, board, None).await;
+    assert_matches(store, &board.widest(), None, model, now).await;
+    assert_verified(store, &board.widest(), None).await;
 }
 
 /// Moves `key` aside to `<key>:saved` and puts the string `value` where it was.
@@ -66,7 +66,7 @@ async fn a_failed_apply_of_new_members_writes_nothing() {
     let (_redis, store) = RedisServer::start_with_store("rb").await;
     let mut wrote = Vec::new();
     for b in variants() {
-        let k = store.instance(&b, None);
+        let k = store.instance(&b.widest(), None);
         // Keys every call writes, broken one at a time, on an instance whose chunk holds
         // only members it has never seen.
         let mut breakers: Vec<(&str, String)> = vec![("meta.gen", k.meta())];
@@ -78,7 +78,7 @@ async fn a_failed_apply_of_new_members_writes_nothing() {
             let mut model = Instance::default();
             let first = [ev("old", NOW - 5, "zed", 3)];
             for e in &first {
-                model.apply(&b, e, NOW);
+                model.apply(&b.widest(), e, NOW);
             }
             apply_events(&store, &b, &first, NOW).await;
             if what == "meta.gen" {
@@ -113,11 +113,16 @@ async fn a_failed_apply_of_new_members_writes_nothing() {
                 let _: i64 = store.client().del(&key).await.expect("del");
                 restore_saved(&store, &key).await;
             }
-            let expected: Vec<Outcome> = events.iter().map(|e| model.apply(&b, e, NOW)).collect();
+            let expected: Vec<Outcome> = events
+                .iter()
+                .map(|e| model.apply(&b.widest(), e, NOW))
+                .collect();
             let got = apply_events(&store, &b, &events, NOW).await;
             if got != expected {
                 // Listed for the report; a resummarize ranking also lags until its next roll.
-                let v = roll::verify(&store, &b, None, 100).await.expect("verify");
+                let v = roll::verify(&store, &b.widest(), None, 100)
+                    .await
+                    .expect("verify");
                 wrote.push(format!(
                     "{} after {what} was restored: the retry answered {got:?}, not {expected:?}; verify: {:?}",
                     b.name, v.differences
@@ -220,7 +225,10 @@ async fn long_instances_across_apply_calls_equal_the_model_through_every_roll() 
             let events = long_instance(&b);
             assert!(events.len() > 2 * APPLY_CHUNK);
             let mut model = Instance::default();
-            let expected: Vec<Outcome> = events.iter().map(|e| model.apply(&b, e, NOW)).collect();
+            let expected: Vec<Outcome> = events
+                .iter()
+                .map(|e| model.apply(&b.widest(), e, NOW))
+                .collect();
             let got = apply_events(&store, &b, &events, NOW).await;
             if let Some(i) = (0..events.len()).find(|&i| got[i] != expected[i]) {
                 panic!(
@@ -239,7 +247,10 @@ async fn long_instances_across_apply_calls_equal_the_model_through_every_roll() 
             assert_model(&store, &b, &mut model, NOW, chunk).await;
             // Redelivered as a whole: what was applied is a duplicate now, and an event
             // that overflowed is judged again against the new totals.
-            let expected: Vec<Outcome> = events.iter().map(|e| model.apply(&b, e, NOW)).collect();
+            let expected: Vec<Outcome> = events
+                .iter()
+                .map(|e| model.apply(&b.widest(), e, NOW))
+                .collect();
             let again = apply_events(&store, &b, &events, NOW).await;
             assert_eq!(again, expected, "{}: redelivered", b.name);
             assert_model(&store, &b, &mut model, NOW, chunk).await;
@@ -250,7 +261,7 @@ async fn long_instances_across_apply_calls_equal_the_model_through_every_roll() 
                 roll_at(&store, &b, now, chunk).await;
                 assert_rolled_and_verified(&store, &b, &mut model, now).await;
             }
-            let k = store.instance(&b, None);
+            let k = store.instance(&b.widest(), None);
             for key in [k.result(), k.members(), k.refs(), k.totals(), k.slices()] {
                 let left: i64 = store.client().exists(&key).await.expect("exists");
                 assert_eq!(left, 0, "{} (chunk {chunk}) left {key} behind", b.name);
@@ -343,7 +354,7 @@ async fn a_broken_scoped_instance_is_dead_lettered_and_its_replay_counts_once() 
     xadd_all(store.client(), "rb:events", &tips(0, 10, now)).await;
     assert!(drained(&store).await, "log:\n{}", daemon.logs());
     // Then fans_7d of room r1 gets a String where its `members` Hash belongs.
-    let broken = store.instance(&boards[1], Some("r1")).members();
+    let broken = store.instance(&boards[1].widest(), Some("r1")).members();
     break_with_string(&store, &broken, "oops").await;
     let first = tips(10, 50, now);
     xadd_all(store.client(), "rb:events", &first).await;
@@ -372,7 +383,7 @@ async fn a_broken_scoped_instance_is_dead_lettered_and_its_replay_counts_once() 
     let models = models_of_entries(&stream(&store).await, &boards, now);
     let rooms_model = &models[&(0, None)];
     let fans_r2 = &models[&(1, Some("r2".to_string()))];
-    assert_matches(&store, rooms, None, rooms_model, now).await;
+    assert_matches(&store, &rooms.widest(), None, rooms_model, now).await;
     let fans = &boards[1];
     let expected = fans_r2.ranking(fans);
     assert!(
@@ -424,7 +435,7 @@ async fn a_board_whose_result_key_is_broken_dead_letters_its_events() {
     let boards = test_boards();
     let tips_24h = &boards[2];
     let now = rollboard::domain::clock::local_ms();
-    let broken = store.instance(tips_24h, None).result();
+    let broken = store.instance(&tips_24h.widest(), None).result();
     set_string(&store, &broken, "oops").await;
     let payments: Vec<Fields> = (0..10)
         .map(|i| {
@@ -440,7 +451,7 @@ async fn a_board_whose_result_key_is_broken_dead_letters_its_events() {
     assert!(drained(&store).await, "log:\n{}", daemon.logs());
     let dead = dead_letters(&store).await;
     let reasons: Vec<&str> = dead.iter().map(|(_, d)| d["reason"].as_str()).collect();
-    let seen = crate::support::seen_table(&store, tips_24h, None)
+    let seen = crate::support::seen_table(&store, &tips_24h.widest(), None)
         .await
         .len();
     assert_eq!(

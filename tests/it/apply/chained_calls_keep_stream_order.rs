@@ -108,7 +108,7 @@ async fn a_chain_cut_after_its_first_calls_leaves_a_prefix_and_redelivery_comple
         assert!(!proxy.armed(), "no cut: {failed:?}");
         assert!(failed.is_err(), "a cut chain answered {failed:?}");
         // Which calls ran: the first member of each segment is known or not.
-        let k = direct.instance(&board, None);
+        let k = direct.instance(&board.widest(), None);
         let mut ran = Vec::new();
         for t in tags {
             let known: bool = direct
@@ -186,13 +186,16 @@ async fn roll_at(store: &Store, board: &Board, now: i64) {
     let mut report = Report::default();
     roll::InstanceRoll {
         store,
-        board,
+        view: &board.widest(),
         scope: None,
         now,
         chunk: 100,
         cancel: &CancellationToken::new(),
     }
-    .roll(board.slice_of(now) - board.slices_in_window(), &mut report)
+    .roll(
+        board.slice_of(now) - board.widest().slices_in_window(),
+        &mut report,
+    )
     .await
     .expect("roll");
 }
@@ -206,8 +209,8 @@ async fn a_roll_between_two_chained_calls_is_seen_as_between_them() {
     for shape in 0..4 {
         let board = shaped(shape);
         let control = twin(&board);
-        let k = store.instance(&board, None);
-        let fingerprint = board.fingerprint();
+        let k = store.instance(&board.widest(), None);
+        let fingerprint = board.widest().fingerprint();
         // Events across slices 997..1000; the roll at NOW + 2 slices expires 997 and 998.
         let spread = |tag: &str| -> Vec<ApplyEvent> {
             (0..SEG as i64)
@@ -312,8 +315,8 @@ async fn a_roll_racing_a_chain_splits_it_in_stream_order() {
         roll_at(&store, &board, NOW + 2 * SLICE).await;
         roll_at(&store, &control, NOW + 2 * SLICE).await;
         let (got, want) = (
-            contents(&store, &board).await,
-            contents(&store, &control).await,
+            contents(&store, &board.widest()).await,
+            contents(&store, &control.widest()).await,
         );
         let differing: Vec<_> = got
             .keys()
@@ -420,7 +423,7 @@ async fn a_chain_after_function_flush_reloads_and_applies_in_order() {
     }
     let copy: Option<String> = store
         .client()
-        .hget(store.instance(&board, None).members(), "copy")
+        .hget(store.instance(&board.widest(), None).members(), "copy")
         .await
         .expect("HGET");
     assert_eq!(copy, None, "the second copy of an id counted");
@@ -538,7 +541,7 @@ async fn an_all_late_chain_counts_nothing() {
     assert_calls(&board, &events, 3);
     let got = apply_events(&store, &board, &events, NOW).await;
     assert!(got.iter().all(|o| *o == Outcome::Late));
-    let k = store.instance(&board, None);
+    let k = store.instance(&board.widest(), None);
     for key in [k.result(), k.members(), k.slices(), k.totals()] {
         let exists: i64 = store.client().exists(key.clone()).await.expect("EXISTS");
         assert_eq!(exists, 0, "{key} written by an all-late batch");
@@ -557,7 +560,7 @@ async fn a_chain_field_set_by_hand_does_not_hold_a_batch_back() {
     let (_redis, store) = RedisServer::start_with_store("rb").await;
     let board = shaped(1);
     let control = twin(&board);
-    let k = store.instance(&board, None);
+    let k = store.instance(&board.widest(), None);
     for (round, value) in ["garbage", "", "0000000000000000"].iter().enumerate() {
         let _: () = store
             .client()
@@ -589,7 +592,13 @@ async fn a_meta_key_of_the_wrong_type_fails_the_chain_writing_nothing() {
     for b in [&board, &control] {
         let _: () = store
             .client()
-            .set(store.instance(b, None).meta(), "x", None, None, false)
+            .set(
+                store.instance(&b.widest(), None).meta(),
+                "x",
+                None,
+                None,
+                false,
+            )
             .await
             .expect("SET");
     }
@@ -621,7 +630,7 @@ async fn a_legacy_seen_zset_found_mid_chain_is_honoured_from_there() {
     assert_calls(&board, &events, 4);
     let forget = board.forget_at(board.slice_of(live)).to_string();
     for b in [&board, &control] {
-        let seen = store.instance(b, None).seen();
+        let seen = store.instance(&b.widest(), None).seen();
         for id in ["b3", "c7", "d24"] {
             redis.cli(&["ZADD", &seen, &forget, id]);
         }
@@ -646,7 +655,7 @@ async fn a_legacy_seen_zset_found_mid_chain_is_honoured_from_there() {
 /// Sets a slice field of `member` to a non-number in `board`'s instance (its slice
 /// registered), so that a call touching it fails before writing.
 async fn corrupt_field(store: &Store, board: &Board, ts: i64, member: &str) {
-    let k = store.instance(board, None);
+    let k = store.instance(&board.widest(), None);
     let n = board.slice_of(ts);
     let _: () = store
         .client()
@@ -691,13 +700,13 @@ async fn a_slow_call_then_a_failing_call_stop_where_the_calls_in_turn_stop() {
         assert_same_contents(&store, &board, &control, &format!("case {case}")).await;
         let counted: Option<String> = store
             .client()
-            .hget(store.instance(&board, None).members(), "am0")
+            .hget(store.instance(&board.widest(), None).members(), "am0")
             .await
             .expect("HGET");
         assert!(counted.is_some(), "call 0 not counted");
         let after: Option<String> = store
             .client()
-            .hget(store.instance(&board, None).members(), "dm0")
+            .hget(store.instance(&board.widest(), None).members(), "dm0")
             .await
             .expect("HGET");
         assert!(after.is_none(), "a call after the failing one ran");
@@ -717,7 +726,7 @@ async fn a_gen_redis_cannot_increment_fails_chained_and_unchained_calls_alike() 
         for b in [&board, &control] {
             let _: () = store
                 .client()
-                .hset(store.instance(b, None).meta(), ("gen", *gen))
+                .hset(store.instance(&b.widest(), None).meta(), ("gen", *gen))
                 .await
                 .expect("HSET");
         }
@@ -735,7 +744,7 @@ async fn a_gen_redis_cannot_increment_fails_chained_and_unchained_calls_alike() 
         assert_eq!(snapshot(&store, &board).await, before, "{gen:?}");
         let twin_seen: i64 = store
             .client()
-            .exists(store.instance(&control, None).seen_table())
+            .exists(store.instance(&control.widest(), None).seen_table())
             .await
             .expect("EXISTS");
         assert_eq!(
@@ -772,7 +781,10 @@ async fn a_chain_across_a_cluster_failover_counts_each_event_once() {
         apply_events(&store, b, &[ev("w", NOW - 10, "w", 1)], NOW).await;
     }
     let events = numbered("f", 30, NOW - 400);
-    let master = owner(store.client(), &store.instance(&board, None).meta());
+    let master = owner(
+        store.client(),
+        &store.instance(&board.widest(), None).meta(),
+    );
     let replica = cluster.replica_of(master);
     let (first, answer) = tokio::join!(store.apply(&board, None, &events, NOW), async {
         tokio::time::sleep(Duration::from_millis(2)).await;

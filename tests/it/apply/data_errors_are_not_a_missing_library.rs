@@ -23,7 +23,7 @@ async fn a_member_named_function_not_found_is_not_a_missing_library() {
     // The library is loaded by a first apply.
     apply_events(&store, &board, &[ev("w", now, "m", 1)], now).await;
     let member = "Function not found";
-    let members = store.instance(&board, None).members();
+    let members = store.instance(&board.widest(), None).members();
     redis.cli(&["HSET", &members, member, "not-a-time"]);
     let (calls, loads) = (fcall_calls(&redis), function_loads(&redis));
     let error = store

@@ -61,7 +61,7 @@ async fn restore_key(store: &Store, key: &str) {
 
 /// The keys a call of `apply.lua` for `events` reads or writes on this board.
 fn apply_keys(store: &Store, board: &Board, events: &[ApplyEvent]) -> Vec<String> {
-    let k = store.instance(board, None);
+    let k = store.instance(&board.widest(), None);
     let mut keys = vec![k.meta(), k.members(), k.slices(), k.seen(), k.seen_table()];
     match board.mode {
         Mode::Incremental => keys.push(k.result()),
@@ -83,9 +83,9 @@ async fn assert_model(store: &Store, board: &Board, model: &mut Instance, now: i
     if board.mode == Mode::Resummarize {
         let report = roll_once(store, board, now).await;
         assert_eq!(report.instances_failed, 0, "{:?}", report.first_error);
-        model.roll(board, now);
+        model.roll(&board.widest(), now);
     }
-    assert_matches(store, board, None, model, now).await;
+    assert_matches(store, &board.widest(), None, model, now).await;
     let d = verify_differences(store, board, None).await;
     assert!(d.is_empty(), "{:?}", d);
 }
@@ -101,7 +101,7 @@ async fn an_apply_that_fails_on_any_key_writes_nothing_and_its_retry_counts_ever
             let mut model = Instance::default();
             let first = batch(&mut rng, &board, "b0", 12);
             for e in &first {
-                model.apply(&board, e, NOW);
+                model.apply(&board.widest(), e, NOW);
             }
             apply_events(&store, &board, &first, NOW).await;
             let second = batch(&mut rng, &board, "b1", 12);
@@ -125,8 +125,10 @@ async fn an_apply_that_fails_on_any_key_writes_nothing_and_its_retry_counts_ever
                 assert_eq!(snapshot(&store, &board).await, before);
                 calls += 1;
             }
-            let expected: Vec<Outcome> =
-                second.iter().map(|e| model.apply(&board, e, NOW)).collect();
+            let expected: Vec<Outcome> = second
+                .iter()
+                .map(|e| model.apply(&board.widest(), e, NOW))
+                .collect();
             let got = apply_events(&store, &board, &second, NOW).await;
             assert_eq!(got, expected, "seed {seed} {}", board.name);
             assert_model(&store, &board, &mut model, NOW).await;
@@ -145,12 +147,12 @@ async fn an_expiry_that_fails_on_any_key_writes_nothing_and_the_next_roll_finish
             let mut model = Instance::default();
             let events = batch(&mut rng, &board, "b0", 30);
             for e in &events {
-                model.apply(&board, e, NOW);
+                model.apply(&board.widest(), e, NOW);
             }
             apply_events(&store, &board, &events, NOW).await;
             // Two slices later the older of the two batch slices is dead.
             let later = NOW + 4 * SLICE;
-            let k = store.instance(&board, None);
+            let k = store.instance(&board.widest(), None);
             let mut keys = vec![k.members()];
             match board.mode {
                 Mode::Incremental => keys.push(k.result()),
@@ -185,8 +187,8 @@ async fn an_expiry_that_fails_on_any_key_writes_nothing_and_the_next_roll_finish
             }
             let report = roll_once(&store, &board, later).await;
             assert_eq!(report.instances_failed, 0, "{:?}", report.first_error);
-            model.roll(&board, later);
-            assert_matches(&store, &board, None, &model, later).await;
+            model.roll(&board.widest(), later);
+            assert_matches(&store, &board.widest(), None, &model, later).await;
             let d = verify_differences(&store, &board, None).await;
             assert!(d.is_empty(), "{:?}", d);
         }
@@ -213,7 +215,10 @@ async fn refunds_roll_cleanly(store: &Store, board: &Board, plan: &[(u8, i64, i6
             events.push(ev(&format!("x{i}"), tip_ts, member, 1));
         }
     }
-    let expected: Vec<Outcome> = events.iter().map(|e| model.apply(board, e, NOW)).collect();
+    let expected: Vec<Outcome> = events
+        .iter()
+        .map(|e| model.apply(&board.widest(), e, NOW))
+        .collect();
     let got = apply_events(store, board, &events, NOW).await;
     assert_eq!(got, expected);
     let mut now = NOW;
@@ -224,14 +229,14 @@ async fn refunds_roll_cleanly(store: &Store, board: &Board, plan: &[(u8, i64, i6
             "{}: {:?}",
             board.name, report.first_error
         );
-        model.roll(board, now);
-        assert_matches(store, board, None, &model, now).await;
+        model.roll(&board.widest(), now);
+        assert_matches(store, &board.widest(), None, &model, now).await;
         let d = verify_differences(store, board, None).await;
         assert!(d.is_empty(), "{:?}", d);
         now += SLICE;
     }
     // Everything has left the window: nothing may stay behind.
-    let k = store.instance(board, None);
+    let k = store.instance(&board.widest(), None);
     for key in [k.result(), k.members(), k.refs(), k.totals(), k.slices()] {
         let left: i64 = store.client().exists(&key).await.expect("exists");
         assert_eq!(left, 0, "{} left {key} behind", board.name);

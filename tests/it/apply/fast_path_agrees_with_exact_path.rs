@@ -24,10 +24,10 @@ async fn apply_exact(
     events: &[ApplyEvent],
     now: i64,
 ) -> Vec<Outcome> {
-    let k = store.instance(board, None);
+    let k = store.instance(&board.widest(), None);
     let mut out = Vec::new();
     for chunk in events.chunks(APPLY_CHUNK) {
-        let (keys, args) = apply_call(board, &k, &board.fingerprint(), chunk, now, false);
+        let (keys, args) = apply_call(board, &k, &board.widest().fingerprint(), chunk, now, false);
         let reply: Vec<i64> = fcall(store.client(), "apply", keys, args)
             .await
             .expect("apply.lua");
@@ -46,7 +46,7 @@ type Batch = (Vec<ApplyEvent>, i64);
 
 /// The `gen` field of the unscoped instance of `board`'s meta hash.
 async fn gen_of(store: &rollboard::store::Store, board: &rollboard::domain::board::Board) -> i64 {
-    let meta = store.instance(board, None).meta();
+    let meta = store.instance(&board.widest(), None).meta();
     store.client().hget(meta, "gen").await.expect("gen")
 }
 
@@ -100,7 +100,10 @@ fn the_fast_path_agrees_with_the_event_by_event_script() {
                     );
                 }
             }
-            let (a, b) = (contents(store, &board).await, contents(store, &exact).await);
+            let (a, b) = (
+                contents(store, &board.widest()).await,
+                contents(store, &exact.widest()).await,
+            );
             for (part, values) in &a {
                 assert_eq!(Some(values), b.get(part), "{}: {part}", board.name);
             }
@@ -212,8 +215,8 @@ async fn one_fold_call_writes_every_window_its_events_count_in() {
     let (_redis, store) = RedisServer::start_with_store("rb").await;
     let board = windowed(shaped(1), 3, true);
     let control = twin(&board);
-    let k = store.instance(&board, None);
-    let fingerprint = board.fingerprint();
+    let k = store.instance(&board.widest(), None);
+    let fingerprint = board.widest().fingerprint();
     let run = |call: rollboard::store::FoldCall| async {
         fcall::<Vec<i64>, _, _>(store.client(), "fold", call.keys, call.args)
             .await
@@ -368,7 +371,7 @@ fn redelivery_and_mixed_batches_count_once() {
         let total: f64 = store
             .client()
             .zrange::<Vec<(String, f64)>, _, _, _>(
-                store.instance(&board, None).result(),
+                store.instance(&board.widest(), None).result(),
                 0,
                 -1,
                 None,
@@ -429,7 +432,10 @@ fn a_batch_cut_short_at_any_point_and_redelivered_counts_once() {
                     );
                 }
             }
-            let (a, b) = (contents(store, &board).await, contents(store, &once).await);
+            let (a, b) = (
+                contents(store, &board.widest()).await,
+                contents(store, &once.widest()).await,
+            );
             assert_eq!(a, b, "{}", board.name);
         },
     );
@@ -489,8 +495,8 @@ fn concurrent_overlapping_batches_count_each_id_once() {
                 assert!(single.iter().all(|o| *o == Outcome::Applied));
             }
             let (got, want) = (
-                contents(&store, &board).await,
-                contents(&store, &once).await,
+                contents(&store, &board.widest()).await,
+                contents(&store, &once.widest()).await,
             );
             assert_eq!(got, want, "{}", board.name);
         }
@@ -512,7 +518,7 @@ async fn write_old_members(store: &Store, board: &Board, key: &str) -> usize {
 
 /// [`contents`] with every `members` value as the current layout writes it.
 async fn normalized(store: &Store, board: &Board) -> BTreeMap<String, Vec<String>> {
-    let mut out = contents(store, board).await;
+    let mut out = contents(store, &board.widest()).await;
     if let Some(members) = out.get_mut("members") {
         for entry in members.iter_mut() {
             let (member, value) = entry.split_once('=').expect("field=value");
@@ -529,7 +535,10 @@ async fn normalized(store: &Store, board: &Board) -> BTreeMap<String, Vec<String
 
 /// Every ranked row of an instance and each member's own rank answer.
 async fn answers(store: &Store, board: &Board, now: i64) -> Vec<String> {
-    let page = store.top(board, None, 0, 1000, now).await.expect("top");
+    let page = store
+        .top(&board.widest(), None, 0, 1000, now)
+        .await
+        .expect("top");
     let mut out: Vec<String> = page
         .entries
         .iter()
@@ -542,7 +551,7 @@ async fn answers(store: &Store, board: &Board, now: i64) -> Vec<String> {
         .collect();
     for m in 0..13 {
         let r = store
-            .rank(board, None, &format!("m{m}"), now)
+            .rank(&board.widest(), None, &format!("m{m}"), now)
             .await
             .expect("rank");
         out.push(format!("m{m}: {:?} {:?} {:?}", r.rank, r.total, r.last_ts));
@@ -581,7 +590,7 @@ async fn members_written_by_an_older_version_are_read_as_before() {
             let expected = apply_events(&store, &control, batch, NOW).await;
             assert_eq!(outcomes, expected, "{}", board.name);
             if std::ptr::eq(batch, &first) {
-                let members = store.instance(&board, None).members();
+                let members = store.instance(&board.widest(), None).members();
                 assert_eq!(write_old_members(&store, &board, &members).await, 13);
             }
             assert_eq!(
@@ -617,7 +626,7 @@ async fn members_written_by_an_older_version_are_read_as_before() {
         );
         // The lookup a resummarize run wrote, as an older version wrote it.
         if board.mode == Mode::Resummarize {
-            let ranked = store.instance(&board, None).ranked();
+            let ranked = store.instance(&board.widest(), None).ranked();
             assert!(write_old_members(&store, &board, &ranked).await > 0);
             assert_eq!(
                 answers(&store, &board, later).await,
@@ -668,7 +677,7 @@ async fn a_slow_call_holds_back_the_calls_chained_after_it() {
         assert_same_contents(&store, &board, &control, &format!("shape {shape}")).await;
         let members: Option<String> = store
             .client()
-            .hget(store.instance(&board, None).members(), "late-copy")
+            .hget(store.instance(&board.widest(), None).members(), "late-copy")
             .await
             .expect("HGET");
         assert_eq!(members, None, "the later copy of e10 counted");
@@ -682,8 +691,8 @@ async fn a_slow_call_holds_back_the_calls_chained_after_it() {
 async fn a_chained_call_runs_only_after_the_token_before_it() {
     let (_redis, store) = RedisServer::start_with_store("rb").await;
     let board = shaped(0);
-    let k = store.instance(&board, None);
-    let fingerprint = board.fingerprint();
+    let k = store.instance(&board.widest(), None);
+    let fingerprint = board.widest().fingerprint();
     let first = [ev("a", NOW - 10, "ann", 5)];
     let second = [ev("b", NOW - 5, "bob", 7)];
     let fold = |events: &[ApplyEvent], after: Option<&str>, token: &str| {
@@ -707,10 +716,10 @@ async fn a_chained_call_runs_only_after_the_token_before_it() {
         meta().await,
         [Some("t1".to_string()), Some("1".to_string())]
     );
-    let before = contents(&store, &board).await;
+    let before = contents(&store, &board.widest()).await;
     assert_eq!(run(fold(&second, Some("t0"), "t2")).await, [3], "not run");
     assert_eq!(
-        contents(&store, &board).await,
+        contents(&store, &board.widest()).await,
         before,
         "a call that did not run wrote"
     );

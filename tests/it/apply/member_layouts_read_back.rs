@@ -57,7 +57,7 @@ async fn write_old(store: &Store, board: &Board, key: &str, every: usize) -> usi
 }
 
 async fn write_old_all(store: &Store, board: &Board, every: usize) {
-    let k = store.instance(board, None);
+    let k = store.instance(&board.widest(), None);
     assert!(write_old(store, board, &k.members(), every).await > 0);
     if board.mode == Mode::Resummarize {
         assert!(write_old(store, board, &k.ranked(), every).await > 0);
@@ -88,7 +88,10 @@ async fn check(store: &Store, b: &Board, now: i64, model: &Model, what: &str) {
         let zy = encode_member(tie, &y.0, y.2.unwrap_or(0));
         (y.1, zy).cmp(&(x.1, zx))
     });
-    let page = store.top(b, None, 0, 100, now).await.expect("top");
+    let page = store
+        .top(&b.widest(), None, 0, 100, now)
+        .await
+        .expect("top");
     let got: Vec<_> = page
         .entries
         .iter()
@@ -96,7 +99,7 @@ async fn check(store: &Store, b: &Board, now: i64, model: &Model, what: &str) {
         .collect();
     assert_eq!(got, expected, "{} {what}: top", b.name);
     for (i, (m, total, ts)) in expected.iter().enumerate() {
-        let r = store.rank(b, None, m, now).await.expect("rank");
+        let r = store.rank(&b.widest(), None, m, now).await.expect("rank");
         assert_eq!(
             (r.rank, r.total, r.last_ts),
             (Some(i as u64 + 1), Some(*total), *ts),
@@ -104,7 +107,7 @@ async fn check(store: &Store, b: &Board, now: i64, model: &Model, what: &str) {
             b.name
         );
         let around = store
-            .around(b, None, m, 1, now)
+            .around(&b.widest(), None, m, 1, now)
             .await
             .expect("around")
             .expect("on the board");
@@ -125,7 +128,9 @@ async fn check(store: &Store, b: &Board, now: i64, model: &Model, what: &str) {
 /// Resummarize boards rank only what a run summed: a rebuild does that here.
 async fn settle(store: &Store, b: &Board) {
     if b.mode == Mode::Resummarize {
-        let r = roll::rebuild(store, b, None, 7).await.expect("rebuild");
+        let r = roll::rebuild(store, &b.widest(), None, 7)
+            .await
+            .expect("rebuild");
         assert!(r.estimated.is_empty(), "{r:?}");
     }
 }
@@ -167,9 +172,13 @@ async fn extreme_times_and_digit_names_read_back_in_both_layouts() {
             check(&store, &b, now, &model, &format!("{end}: written")).await;
             write_old_all(&store, &b, 1).await;
             check(&store, &b, now, &model, &format!("{end}: old layout")).await;
-            let v = roll::verify(&store, &b, None, 7).await.expect("verify");
+            let v = roll::verify(&store, &b.widest(), None, 7)
+                .await
+                .expect("verify");
             assert!(v.differences.is_empty(), "{} {end}: {v:?}", b.name);
-            let r = roll::rebuild(&store, &b, None, 7).await.expect("rebuild");
+            let r = roll::rebuild(&store, &b.widest(), None, 7)
+                .await
+                .expect("rebuild");
             assert!(r.estimated.is_empty(), "{} {end}: {r:?}", b.name);
             check(&store, &b, now, &model, &format!("{end}: rebuilt from old")).await;
             // Half the values old, half new.
@@ -200,7 +209,9 @@ async fn extreme_times_and_digit_names_read_back_in_both_layouts() {
                 &format!("{end}: after more events"),
             )
             .await;
-            let v = roll::verify(&store, &b, None, 7).await.expect("verify");
+            let v = roll::verify(&store, &b.widest(), None, 7)
+                .await
+                .expect("verify");
             assert!(v.differences.is_empty(), "{} {end}: {v:?}", b.name);
         }
     }
@@ -236,7 +247,7 @@ async fn corrupt_members_values_are_refused() {
         .into_iter()
         .filter(|b| b.tie_break != TieBreak::None)
     {
-        let k = store.instance(&b, None);
+        let k = store.instance(&b.widest(), None);
         let first = vec![
             ev("a1", NOW - 10, "m", 4),
             ev("a2", NOW - 20, "other", 9),
@@ -272,11 +283,13 @@ async fn corrupt_members_values_are_refused() {
                     // Expiry of the slice holding it (called directly: a roll would
                     // first raise the watermark, which a failed call does not undo).
                     let e = store
-                        .expire_chunk(&b, None, b.slice_of(NOW - 10), &["m".to_string()])
+                        .expire_chunk(&b.widest(), None, b.slice_of(NOW - 10), &["m".to_string()])
                         .await
                         .expect_err(&what);
                     assert!(e.to_string().contains("ROLLBOARD corrupt"), "{what}: {e}");
-                    let e = roll::rebuild(&store, &b, None, 7).await.expect_err(&what);
+                    let e = roll::rebuild(&store, &b.widest(), None, 7)
+                        .await
+                        .expect_err(&what);
                     assert!(e.to_string().contains("corrupt"), "{what}: {e}");
                 }
                 let lookup = if b.mode == Mode::Resummarize {
@@ -285,9 +298,15 @@ async fn corrupt_members_values_are_refused() {
                     k.members()
                 };
                 if key == &lookup {
-                    let e = store.rank(&b, None, "m", NOW).await.expect_err(&what);
+                    let e = store
+                        .rank(&b.widest(), None, "m", NOW)
+                        .await
+                        .expect_err(&what);
                     assert!(e.to_string().contains("ROLLBOARD corrupt"), "{what}: {e}");
-                    let e = store.around(&b, None, "m", 1, NOW).await.expect_err(&what);
+                    let e = store
+                        .around(&b.widest(), None, "m", 1, NOW)
+                        .await
+                        .expect_err(&what);
                     assert!(e.to_string().contains("ROLLBOARD corrupt"), "{what}: {e}");
                 }
                 assert_eq!(
@@ -302,7 +321,7 @@ async fn corrupt_members_values_are_refused() {
                 .await
                 .expect("hset");
         }
-        let r = store.rank(&b, None, "m", NOW).await.expect("rank");
+        let r = store.rank(&b.widest(), None, "m", NOW).await.expect("rank");
         assert_eq!(r.total, Some(4), "{}", b.name);
     }
 }
@@ -315,22 +334,26 @@ async fn a_lost_entry_restored_in_the_last_slice_stays_readable() {
     let (_redis, store) = RedisServer::start_with_store("rb").await;
     let now = LIMIT;
     for b in boards() {
-        let k = store.instance(&b, None);
+        let k = store.instance(&b.widest(), None);
         let first = vec![ev("a1", now - 3, "m", 4), ev("a2", now - 2_500, "n", 4)];
         apply_events(&store, &b, &first, now).await;
         let _: i64 = store.client().hdel(k.members(), "m").await.expect("hdel");
-        let r = roll::rebuild(&store, &b, None, 7).await.expect("rebuild");
+        let r = roll::rebuild(&store, &b.widest(), None, 7)
+            .await
+            .expect("rebuild");
         assert_eq!(r.estimated, vec!["m".to_string()], "{}", b.name);
-        let rank = store.rank(&b, None, "m", now).await.expect("rank");
+        let rank = store.rank(&b.widest(), None, "m", now).await.expect("rank");
         assert_eq!(rank.total, Some(4), "{}", b.name);
         store
             .apply(&b, None, &[ev("a3", now - 1, "m", 1)], now)
             .await
             .unwrap_or_else(|e| panic!("{}: {e}", b.name));
         settle(&store, &b).await;
-        let rank = store.rank(&b, None, "m", now).await.expect("rank");
+        let rank = store.rank(&b.widest(), None, "m", now).await.expect("rank");
         assert_eq!(rank.total, Some(5), "{}", b.name);
-        let v = roll::verify(&store, &b, None, 7).await.expect("verify");
+        let v = roll::verify(&store, &b.widest(), None, 7)
+            .await
+            .expect("verify");
         assert!(v.differences.is_empty(), "{}: {v:?}", b.name);
     }
 }

@@ -36,13 +36,17 @@ async fn totals_are_exact_and_readable_with_plain_zrevrange() {
     assert_eq!(lines[1], "9007199254740991");
     assert!(lines[2].ends_with(":room42"), "{raw}");
     assert_eq!(lines[3], "1500");
-    let r = store.rank(&b, None, "room7", NOW).await.unwrap();
+    let r = store.rank(&b.widest(), None, "room7", NOW).await.unwrap();
     assert_eq!(r.total, Some(MAX_TOTAL));
     // One more unit would pass 2^53 - 1: refused, nothing changes, the id is not remembered.
     let out = apply_events(&store, &b, &[ev("4", NOW + 3, "room7", 1)], NOW).await;
     assert_eq!(out, vec![Outcome::Overflow]);
     assert_eq!(
-        store.rank(&b, None, "room7", NOW).await.unwrap().total,
+        store
+            .rank(&b.widest(), None, "room7", NOW)
+            .await
+            .unwrap()
+            .total,
         Some(MAX_TOTAL)
     );
     assert!(!remembers(&store, &b, None, "4", (NOW + 3) / HOUR).await);
@@ -76,7 +80,7 @@ async fn ties_go_to_whoever_got_there_first() {
             ev("4", NOW - 3_000, "aa", 4),
         ];
         apply_events(&store, &b, &events, NOW).await;
-        let page = store.top(&b, None, 0, 10, NOW).await.unwrap();
+        let page = store.top(&b.widest(), None, 0, 10, NOW).await.unwrap();
         let got: Vec<&str> = page.entries.iter().map(|e| e.member.as_str()).collect();
         if tie == TieBreak::None {
             // Equal totals fall back to name order, descending.
@@ -103,14 +107,18 @@ async fn a_later_tip_moves_the_tie_break_time() {
     apply_events(&store, &b, &batch, NOW).await;
     // a reaches 10 later than b did: b keeps first place.
     apply_events(&store, &b, &[ev("3", NOW - 1_000, "a", 5)], NOW).await;
-    let page = store.top(&b, None, 0, 10, NOW).await.unwrap();
+    let page = store.top(&b.widest(), None, 0, 10, NOW).await.unwrap();
     assert_eq!(page.entries[0].member, "b");
     assert_eq!(page.entries[1].member, "a");
     assert_eq!(page.entries[1].last_ts, Some(NOW - 1_000));
     // An older event does not move the time back.
     apply_events(&store, &b, &[ev("4", NOW - 20_000, "a", 1)], NOW).await;
     assert_eq!(
-        store.rank(&b, None, "a", NOW).await.unwrap().last_ts,
+        store
+            .rank(&b.widest(), None, "a", NOW)
+            .await
+            .unwrap()
+            .last_ts,
         Some(NOW - 1_000)
     );
 }
@@ -123,26 +131,26 @@ async fn pages_and_neighbourhoods() {
         .map(|i| ev(&i.to_string(), NOW - i, &format!("m{i:02}"), i))
         .collect();
     apply_events(&store, &b, &events, NOW).await;
-    let page = store.top(&b, None, 10, 10, NOW).await.unwrap();
-    assert_eq!(page.count, 25);
+    let page = store.top(&b.widest(), None, 10, 10, NOW).await.unwrap();
+    assert_eq!(page.envelope.count, 25);
     assert_eq!(page.entries.len(), 10);
     assert_eq!(page.entries[0].rank, 11);
     assert_eq!(page.entries[0].member, "m15");
     assert_eq!(page.entries[0].competition_rank, 11);
-    let tail = store.top(&b, None, 20, 10, NOW).await.unwrap();
+    let tail = store.top(&b.widest(), None, 20, 10, NOW).await.unwrap();
     assert_eq!(tail.entries.len(), 5);
-    let past = store.top(&b, None, 25, 10, NOW).await.unwrap();
+    let past = store.top(&b.widest(), None, 25, 10, NOW).await.unwrap();
     assert!(past.entries.is_empty());
-    assert_eq!(past.count, 25);
+    assert_eq!(past.envelope.count, 25);
     let around = store
-        .around(&b, None, "m02", 3, NOW)
+        .around(&b.widest(), None, "m02", 3, NOW)
         .await
         .unwrap()
         .expect("on the board");
     let ranks: Vec<u64> = around.entries.iter().map(|e| e.rank).collect();
     assert_eq!(ranks, [21, 22, 23, 24, 25], "clipped at the end");
     let around = store
-        .around(&b, None, "m25", 2, NOW)
+        .around(&b.widest(), None, "m25", 2, NOW)
         .await
         .unwrap()
         .expect("on the board");
@@ -151,15 +159,19 @@ async fn pages_and_neighbourhoods() {
         [1, 2, 3]
     );
     assert!(store
-        .around(&b, None, "nobody", 2, NOW)
+        .around(&b.widest(), None, "nobody", 2, NOW)
         .await
         .unwrap()
         .is_err());
     assert_eq!(
-        store.rank(&b, None, "nobody", NOW).await.unwrap().rank,
+        store
+            .rank(&b.widest(), None, "nobody", NOW)
+            .await
+            .unwrap()
+            .rank,
         None
     );
-    let (from, to) = (page.window_from, page.window_to);
+    let (from, to) = (page.envelope.window_from, page.envelope.window_to);
     assert_eq!(from, (b.slice_of(NOW) - 23) * HOUR);
     assert_eq!(to - from, 24 * HOUR);
 }
@@ -173,12 +185,15 @@ async fn refunds_take_a_member_off_and_back_on_with_its_exact_total() {
     let batch = [ev("1", NOW - 10, "u", 500), ev("2", NOW - 9, "v", 100)];
     apply_events(&store, &b, &batch, NOW).await;
     apply_events(&store, &b, &[ev("3", NOW - 8, "u", -700)], NOW).await;
-    let page = store.top(&b, None, 0, 10, NOW).await.unwrap();
-    assert_eq!(page.count, 1);
+    let page = store.top(&b.widest(), None, 0, 10, NOW).await.unwrap();
+    assert_eq!(page.envelope.count, 1);
     assert_eq!(page.entries[0].member, "v");
-    assert_eq!(store.rank(&b, None, "u", NOW).await.unwrap().rank, None);
+    assert_eq!(
+        store.rank(&b.widest(), None, "u", NOW).await.unwrap().rank,
+        None
+    );
     apply_events(&store, &b, &[ev("4", NOW - 7, "u", 250)], NOW).await;
-    let r = store.rank(&b, None, "u", NOW).await.unwrap();
+    let r = store.rank(&b.widest(), None, "u", NOW).await.unwrap();
     assert_eq!(
         (r.rank, r.total, r.last_ts),
         (Some(2), Some(50), Some(NOW - 7)),
@@ -193,11 +208,19 @@ async fn scoped_instances_are_independent_and_registered() {
     apply_events_in(&store, &b, "r1", &[ev("1", NOW, "alice", 5)], NOW).await;
     apply_events_in(&store, &b, "r2", &[ev("1", NOW, "alice", 7)], NOW).await;
     for (scope, total) in [("r1", 5), ("r2", 7)] {
-        let rank = store.rank(&b, Some(scope), "alice", NOW).await.unwrap();
+        let rank = store
+            .rank(&b.widest(), Some(scope), "alice", NOW)
+            .await
+            .unwrap();
         assert_eq!(rank.total, Some(total), "{scope}");
     }
     assert_eq!(
-        store.top(&b, Some("r3"), 0, 10, NOW).await.unwrap().count,
+        store
+            .top(&b.widest(), Some("r3"), 0, 10, NOW)
+            .await
+            .unwrap()
+            .envelope
+            .count,
         0
     );
     assert_eq!(store.scopes(&b).await.unwrap(), ["r1", "r2"]);
@@ -254,11 +277,11 @@ async fn concurrent_overlapping_batches_end_in_the_model_state() {
     let mut model = Instance::default();
     for e in events.iter().take(400) {
         if (e.id[1..].parse::<usize>().unwrap()) < 400 {
-            model.apply(&b, e, NOW);
+            model.apply(&b.widest(), e, NOW);
         }
     }
     let store = redis.store("rb").await;
-    assert_matches(&store, &b, None, &model, NOW).await;
+    assert_matches(&store, &b.widest(), None, &model, NOW).await;
 }
 
 #[derive(Debug, Clone)]
@@ -321,7 +344,10 @@ async fn run_case(store: &Store, case: &Case) {
     for (b, scope, events, now) in &case.batches {
         let board = &case.boards[*b];
         let inst = model.entry((*b, scope.clone())).or_default();
-        let expected: Vec<Outcome> = events.iter().map(|e| inst.apply(board, e, *now)).collect();
+        let expected: Vec<Outcome> = events
+            .iter()
+            .map(|e| inst.apply(&board.widest(), e, *now))
+            .collect();
         let got = store
             .apply(board, scope.as_deref(), events, *now)
             .await
@@ -330,7 +356,14 @@ async fn run_case(store: &Store, case: &Case) {
     }
     let now = case.batches.last().map_or(0, |b| b.3);
     for ((b, scope), inst) in &model {
-        assert_matches(store, &case.boards[*b], scope.as_deref(), inst, now).await;
+        assert_matches(
+            store,
+            &case.boards[*b].widest(),
+            scope.as_deref(),
+            inst,
+            now,
+        )
+        .await;
     }
 }
 

@@ -236,7 +236,11 @@ async fn answers(store: &Store, boards: &[Board], now: i64) -> Vec<(Page, Verifi
             let verified = rollboard::roll::verify(store, b, scope.as_deref(), 100)
                 .await
                 .expect("verify");
-            assert!(!top.entries.is_empty(), "{b} {scope:?} holds data");
+            assert!(
+                !top.entries.is_empty(),
+                "{} {scope:?} holds data",
+                b.board()
+            );
             assert!(verified.differences.is_empty(), "{verified:?}");
             out.push((top, verified));
         }
@@ -461,7 +465,9 @@ async fn the_shipped_redis_user_may_not_scan_so_drop_board_stops_before_deleting
     let out = rollboard(Some(&config), &["drop-board", "tips"], &[]);
     assert_eq!(out.status.code(), Some(64), "{}", stderr(&out));
     assert!(stderr(&out).contains("SCAN"), "{}", stderr(&out));
-    let members = store.instance(&scoped("tips"), Some("a:b")).members();
+    let members = store
+        .instance(&scoped("tips").widest(), Some("a:b"))
+        .members();
     let exists: i64 = store.client().exists(members).await.expect("exists");
     assert_eq!(exists, 1, "nothing was deleted");
 }

@@ -69,7 +69,7 @@ async fn a_redelivered_tip_after_a_forced_roll_ahead_is_never_counted_twice() {
         )
     };
     deliver(&store, &boards, &[tip(&format!("{t}-0"))], t).await;
-    assert_eq!(total_at(&store, &b, "u1", t).await, Some(7));
+    assert_eq!(total_at(&store, &b.widest(), "u1", t).await, Some(7));
     // Five minutes ahead: the ids of the tip's slice (forgotten one minute after it ends)
     // are due and forgotten.
     let reports = roll_all(&store, &boards, t + 5 * MINUTE, 100).await;
@@ -80,7 +80,7 @@ async fn a_redelivered_tip_after_a_forced_roll_ahead_is_never_counted_twice() {
     // The same tip again, judged by a consumer whose clock is still at t.
     deliver(&store, &boards, &[tip(&format!("{t}-1"))], t).await;
     assert_eq!(
-        total_at(&store, &b, "u1", t + 5 * MINUTE).await,
+        total_at(&store, &b.widest(), "u1", t + 5 * MINUTE).await,
         Some(7),
         "the redelivered tip counted twice"
     );
@@ -114,7 +114,7 @@ async fn a_tip_whose_ids_may_be_forgotten_is_late_not_counted_again() {
         later,
     )
     .await;
-    assert_eq!(total_at(&store, &b, "u1", later).await, Some(7));
+    assert_eq!(total_at(&store, &b.widest(), "u1", later).await, Some(7));
     assert_eq!(
         letters(&store).await,
         vec![("late".to_string(), "tip-1".to_string())]
@@ -130,7 +130,10 @@ async fn a_tip_whose_ids_may_be_forgotten_is_late_not_counted_again() {
         later - 1,
     )
     .await;
-    assert_eq!(total_at(&store2, &b, "u1", later - 1).await, Some(7));
+    assert_eq!(
+        total_at(&store2, &b.widest(), "u1", later - 1).await,
+        Some(7)
+    );
     assert!(letters(&store2).await.is_empty());
 }
 
@@ -266,7 +269,7 @@ async fn daemons_ten_minutes_off_either_way_count_every_tip_exactly_once() {
     .boards
     .remove(0);
     let page = store
-        .top(&board, None, 0, 100, redis_now(&store).await)
+        .top(&board.widest(), None, 0, 100, redis_now(&store).await)
         .await
         .expect("top");
     let got: HashMap<String, i64> = page
@@ -422,14 +425,14 @@ async fn run_skewed(
                         id
                     })
                     .collect();
-                let (watermark, _) = store.meta(&b, None).await.expect("meta");
+                let (watermark, _) = store.meta(&b.widest(), None).await.expect("meta");
                 for &i in &picked {
                     let (id, _, _, ts) = &events[i];
                     if refused.contains(id) {
                         // Late by Redis's clock (or by a roll made by it), never by a
                         // replica's own.
                         assert!(
-                            b.is_late(*ts, after, watermark),
+                            b.widest().is_late(*ts, after, watermark),
                             "{id} at {ts} refused as late by replica {r} (skew {}), Redis at {after}, watermark {watermark:?}",
                             skews[r]
                         );
@@ -443,7 +446,7 @@ async fn run_skewed(
             }
         }
     }
-    let (watermark, _) = store.meta(&b, None).await.expect("meta");
+    let (watermark, _) = store.meta(&b.widest(), None).await.expect("meta");
     let w = watermark.expect("rolled");
     let mut expected: std::collections::BTreeMap<String, i64> = Default::default();
     for &i in &applied {
@@ -453,7 +456,7 @@ async fn run_skewed(
         }
     }
     let page = store
-        .top(&b, None, 0, 100, redis_now(store).await)
+        .top(&b.widest(), None, 0, 100, redis_now(store).await)
         .await
         .expect("top");
     let got: std::collections::BTreeMap<String, i64> = page

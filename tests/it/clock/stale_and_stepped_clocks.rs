@@ -122,21 +122,21 @@ async fn a_roll_is_never_ahead_of_redis_when_the_clock_measure_is_stale_and_the_
     rig.send(&[tip_1(redis_now(store).await - 8 * 60_000)])
         .await;
     assert_eq!(
-        total_at(store, b, "u1", redis_now(store).await).await,
+        total_at(store, &b.widest(), "u1", redis_now(store).await).await,
         Some(7)
     );
     // The measure goes stale, then the host's clock is stepped to the right time.
     rig.go_stale_then_step(Duration::from_secs(4)).await;
     let now = redis_now(store).await;
-    let (watermark, _) = store.meta(b, None).await.expect("meta");
+    let (watermark, _) = store.meta(&b.widest(), None).await.expect("meta");
     assert!(
-        watermark.is_none_or(|w| w <= b.slice_of(now) - b.slices_in_window()),
+        watermark.is_none_or(|w| w <= b.slice_of(now) - b.widest().slices_in_window()),
         "watermark {watermark:?} is ahead of Redis's clock ({} by it); log:\n{}",
-        b.slice_of(now) - b.slices_in_window(),
+        b.slice_of(now) - b.widest().slices_in_window(),
         daemon.logs()
     );
     assert_eq!(
-        total_at(store, b, "u1", now).await,
+        total_at(store, &b.widest(), "u1", now).await,
         Some(7),
         "a live tip was expired; log:\n{}",
         daemon.logs()
@@ -193,7 +193,7 @@ async fn a_replay_on_a_host_whose_clock_runs_ahead_never_counts_a_remembered_tip
         .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
         .output()
         .expect("run rollboard");
-    let total = total_at(&store, &b, "u1", redis_now(&store).await).await;
+    let total = total_at(&store, &b.widest(), "u1", redis_now(&store).await).await;
     assert_eq!(
         total,
         Some(7),
@@ -238,7 +238,7 @@ async fn the_forget_edge_is_judged_alike_by_the_fast_and_the_exact_path() {
                 "dedup {ms} ms, now {now}: apply"
             );
             assert_eq!(
-                b.is_late(ts, now, None),
+                b.widest().is_late(ts, now, None),
                 expected == Late,
                 "dedup {ms} ms, now {now}: Board::is_late"
             );
@@ -260,7 +260,7 @@ async fn a_consumer_whose_clock_measure_is_stale_and_whose_host_clock_steps_neve
     rig.go_stale_then_step(Duration::from_millis(500)).await;
     rig.send(&[tip_1(now + 60_000)]).await;
     assert_eq!(
-        total_at(store, b, "u1", redis_now(store).await).await,
+        total_at(store, &b.widest(), "u1", redis_now(store).await).await,
         Some(7),
         "the tip counted twice; log:\n{}",
         daemon.logs()

@@ -651,8 +651,11 @@ async fn frozen_replicas_then_a_dead_master(
     );
     // The victim: the master (not the stream's) holding the most instances.
     let model = models(&events, &boards, now);
-    let meta =
-        |(b, scope): &(usize, Option<String>)| store.instance(&boards[*b], scope.as_deref()).meta();
+    let meta = |(b, scope): &(usize, Option<String>)| {
+        store
+            .instance(&boards[*b].widest(), scope.as_deref())
+            .meta()
+    };
     let victim = *masters
         .iter()
         .filter(|m| **m != stream_master)
@@ -687,7 +690,7 @@ async fn frozen_replicas_then_a_dead_master(
         let expected = instance.ranking(board);
         let same = wait_for(Duration::from_secs(3), || async {
             store
-                .top(board, scope.as_deref(), 0, 1000, now)
+                .top(&board.widest(), scope.as_deref(), 0, 1000, now)
                 .await
                 .map(|p| {
                     p.entries
@@ -701,7 +704,9 @@ async fn frozen_replicas_then_a_dead_master(
         .await;
         if !same {
             differ += 1;
-            let got = store.top(board, scope.as_deref(), 0, 1000, now).await;
+            let got = store
+                .top(&board.widest(), scope.as_deref(), 0, 1000, now)
+                .await;
             let got = got.map(|p| p.entries.into_iter().take(3).collect::<Vec<_>>());
             eprintln!(
                 "{} {scope:?} differs: expected {:?}, got {got:?}",

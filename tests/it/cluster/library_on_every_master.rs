@@ -37,13 +37,13 @@ async fn every_master_gets_the_library_back() {
     }
 
     let board = board("libless", 3_600_000, 24);
-    let owner = cluster.owner_of(&store.instance(&board, None).meta());
+    let owner = cluster.owner_of(&store.instance(&board.widest(), None).meta());
     cli(owner, &["FUNCTION", "FLUSH"]);
     let now = now_ms();
     let events = stepped_events(50, now, 1000, 7);
     let mut model = Instance::default();
     for e in &events {
-        model.apply(&board, e, now);
+        model.apply(&board.widest(), e, now);
     }
     let got = apply_events(&store, &board, &events, now).await;
     assert!(
@@ -52,6 +52,6 @@ async fn every_master_gets_the_library_back() {
     );
     assert!(holds_library(owner));
     cli(owner, &["FUNCTION", "FLUSH"]);
-    crate::support::model::assert_matches(&store, &board, None, &model, now).await;
+    crate::support::model::assert_matches(&store, &board.widest(), None, &model, now).await;
     assert!(holds_library(owner));
 }

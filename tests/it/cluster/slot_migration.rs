@@ -363,7 +363,7 @@ async fn top(
     board: &Board,
     scope: Option<&str>,
 ) -> Result<Vec<(String, i64)>, StoreError> {
-    let page = store.top(board, scope, 0, 10, NOW).await?;
+    let page = store.top(&board.widest(), scope, 0, 10, NOW).await?;
     Ok(page
         .entries
         .into_iter()
@@ -381,7 +381,7 @@ async fn a_query_of_a_moving_instance_is_right_or_an_outage() {
     let (store, client) = connect(&cluster, Reconnect::Never).await;
     let keys = store.keys().clone();
     let moved = board("moved");
-    let k = store.instance(&moved, None);
+    let k = store.instance(&moved.widest(), None);
     let batch = [ev("a", NOW - 10, "ann", 5), ev("b", NOW - 5, "bob", 7)];
     apply_events(&store, &moved, &batch, NOW).await;
     let moving = Moving::begin(&cluster, &client, &k.meta());
@@ -435,11 +435,11 @@ async fn a_scoped_query_after_the_watermark_moved_answers_at_once() {
     let scoped = scoped(board("rooms"));
     apply_events_in(&store, &scoped, "r1", &[ev("a", NOW - 10, "ann", 5)], NOW).await;
     let floor = store
-        .raise_board_watermark(&scoped, 1, NOW)
+        .raise_board_watermark(&scoped.widest(), 1, NOW)
         .await
         .expect("floor");
     let window = store.keys().window(&scoped.name);
-    let instance = store.instance(&scoped, Some("r1")).meta();
+    let instance = store.instance(&scoped.widest(), Some("r1")).meta();
     assert_ne!(
         ClusterRouting::hash_key(window.as_bytes()),
         ClusterRouting::hash_key(instance.as_bytes())
@@ -473,7 +473,7 @@ async fn a_roll_script_on_a_moving_slot_runs_once_where_the_key_is() {
     let window = store.keys().window(&b.name);
     assert_eq!(
         store
-            .raise_board_watermark(&b, 100, NOW)
+            .raise_board_watermark(&b.widest(), 100, NOW)
             .await
             .expect("floor"),
         100
@@ -481,14 +481,14 @@ async fn a_roll_script_on_a_moving_slot_runs_once_where_the_key_is() {
     let moving = Moving::begin(&cluster, &client, &window);
     assert_eq!(
         store
-            .raise_board_watermark(&b, 200, NOW)
+            .raise_board_watermark(&b.widest(), 200, NOW)
             .await
             .expect("on the source"),
         200
     );
     moving.migrate(&[&window]);
     let error = store
-        .raise_board_watermark(&b, 300, NOW)
+        .raise_board_watermark(&b.widest(), 300, NOW)
         .await
         .expect_err("moved while the slot moves");
     assert!(error.is_outage(), "{error}");
@@ -500,7 +500,7 @@ async fn a_roll_script_on_a_moving_slot_runs_once_where_the_key_is() {
     );
     assert_eq!(
         store
-            .raise_board_watermark(&b, 300, NOW)
+            .raise_board_watermark(&b.widest(), 300, NOW)
             .await
             .expect("on the target"),
         300
@@ -717,7 +717,11 @@ async fn an_apply_across_a_slot_move_counts_each_event_once() {
     let store = cluster.store().await;
     let b = board("applied");
     apply_events(&store, &b, &[ev("a0", NOW - 500, "x", 10)], NOW).await;
-    let moving = Moving::begin(&cluster, store.client(), &store.instance(&b, None).meta());
+    let moving = Moving::begin(
+        &cluster,
+        store.client(),
+        &store.instance(&b.widest(), None).meta(),
+    );
     moving.migrate_all();
     let batch = [ev("a1", NOW - 400, "x", 5), ev("a2", NOW - 300, "y", 7)];
     if let Err(e) = store.apply(&b, None, &batch, NOW).await {

@@ -80,8 +80,10 @@ fn the_digest_table_splits_through_thousands_of_ids_and_keeps_its_invariants() {
                         let end = (at + 1 + rng.next(300) as usize).min(batch.len());
                         for _ in 0..2 {
                             let part = &batch[at..end];
-                            let want: Vec<Outcome> =
-                                part.iter().map(|e| model.apply(&b, e, NOW)).collect();
+                            let want: Vec<Outcome> = part
+                                .iter()
+                                .map(|e| model.apply(&b.widest(), e, NOW))
+                                .collect();
                             let got = apply_events(&store, &b, part, NOW).await;
                             assert_eq!(got, want, "seed {seed}");
                             for (e, o) in part.iter().zip(&got) {
@@ -92,12 +94,15 @@ fn the_digest_table_splits_through_thousands_of_ids_and_keeps_its_invariants() {
                         }
                         at = end;
                     }
-                    let mut held = seen_table(&store, &b, None).await;
+                    let mut held = seen_table(&store, &b.widest(), None).await;
                     held.sort();
                     assert_eq!(held, expected_entries(&b, &applied, NOW), "seed {seed}");
                     let state: Vec<String> = store
                         .client()
-                        .hmget(store.instance(&b, None).seen_table(), vec!["#L", "#p"])
+                        .hmget(
+                            store.instance(&b.widest(), None).seen_table(),
+                            vec!["#L", "#p"],
+                        )
                         .await
                         .unwrap();
                     let buckets = (1u64 << state[0].parse::<u32>().unwrap())
@@ -105,13 +110,13 @@ fn the_digest_table_splits_through_thousands_of_ids_and_keeps_its_invariants() {
                     assert!(buckets >= held.len() as u64 / 16, "{buckets} buckets");
                     assert!(buckets > 64, "many splits: {buckets} buckets");
                     // Every log entry is the bucket hash of an entry of its slice.
-                    let logs = seen_logs(&store, &b, None).await;
+                    let logs = seen_logs(&store, &b.widest(), None).await;
                     let mut logged = 0;
                     for key in &logs {
                         logged += store.client().llen::<u64, _>(key).await.unwrap();
                     }
                     assert_eq!(logged, held.len() as u64, "{logs:?}");
-                    assert_matches(&store, &b, None, &model, NOW).await;
+                    assert_matches(&store, &b.widest(), None, &model, NOW).await;
                 });
                 Ok(())
             },
@@ -149,15 +154,19 @@ fn a_batch_split_into_calls_and_replayed_after_a_crash_counts_every_event_once()
                     // Some calls, then the crash, then the whole batch again.
                     for w in cuts.windows(2).take(crash_after) {
                         let part = &batch[w[0]..w[1]];
-                        let want: Vec<Outcome> =
-                            part.iter().map(|e| model.apply(&b, e, NOW)).collect();
+                        let want: Vec<Outcome> = part
+                            .iter()
+                            .map(|e| model.apply(&b.widest(), e, NOW))
+                            .collect();
                         assert_eq!(apply_events(&store, &b, part, NOW).await, want);
                     }
-                    let want: Vec<Outcome> =
-                        batch.iter().map(|e| model.apply(&b, e, NOW)).collect();
+                    let want: Vec<Outcome> = batch
+                        .iter()
+                        .map(|e| model.apply(&b.widest(), e, NOW))
+                        .collect();
                     assert_eq!(apply_events(&store, &b, &batch, NOW).await, want);
-                    assert_matches(&store, &b, None, &model, NOW).await;
-                    seen_table(&store, &b, None).await;
+                    assert_matches(&store, &b.widest(), None, &model, NOW).await;
+                    seen_table(&store, &b.widest(), None).await;
                 });
                 Ok(())
             },
@@ -178,7 +187,7 @@ async fn digests_are_forgotten_with_their_slices_and_nothing_is_left_behind() {
         // Four slices of events, then rolls through the window, a redelivery after each.
         let batch = events(&mut rng, 600, 500, 4);
         for e in &batch {
-            if model.apply(&b, e, NOW) == Outcome::Applied {
+            if model.apply(&b.widest(), e, NOW) == Outcome::Applied {
                 applied.push((e.id.clone(), b.slice_of(e.ts)));
             }
         }
@@ -193,20 +202,27 @@ async fn digests_are_forgotten_with_their_slices_and_nothing_is_left_behind() {
             let now = NOW + step * SLICE + SLICE / 2;
             let report = roll_at(&store, &b, now).await;
             forgotten += report.ids_forgotten;
-            model.roll(&b, now);
-            let mut held = seen_table(&store, &b, None).await;
+            model.roll(&b.widest(), now);
+            let mut held = seen_table(&store, &b.widest(), None).await;
             held.sort();
             assert_eq!(held, expected_entries(&b, &applied, now), "{dedup:?} {now}");
             // A log exists exactly for the slices still remembered.
             let mut want_logs: Vec<String> = applied
                 .iter()
                 .filter(|(_, n)| b.forget_at(*n) > now)
-                .map(|(_, n)| store.instance(&b, None).seen_log(*n))
+                .map(|(_, n)| store.instance(&b.widest(), None).seen_log(*n))
                 .collect();
             want_logs.sort();
             want_logs.dedup();
-            assert_eq!(seen_logs(&store, &b, None).await, want_logs, "{dedup:?}");
-            let want: Vec<Outcome> = batch.iter().map(|e| model.apply(&b, e, now)).collect();
+            assert_eq!(
+                seen_logs(&store, &b.widest(), None).await,
+                want_logs,
+                "{dedup:?}"
+            );
+            let want: Vec<Outcome> = batch
+                .iter()
+                .map(|e| model.apply(&b.widest(), e, now))
+                .collect();
             let got = apply_events(&store, &b, &batch, now).await;
             assert_eq!(got, want, "{dedup:?} redelivered at {now}");
             for (e, o) in batch.iter().zip(&got) {
@@ -217,14 +233,17 @@ async fn digests_are_forgotten_with_their_slices_and_nothing_is_left_behind() {
                     }
                 }
             }
-            assert_matches(&store, &b, None, &model, now).await;
+            assert_matches(&store, &b.widest(), None, &model, now).await;
         }
         // Past the window everything is forgotten, once each.
         let end = NOW + 10 * SLICE;
         forgotten += roll_at(&store, &b, end).await.ids_forgotten;
         assert_eq!(forgotten, remembered as u64, "{dedup:?}");
-        assert_eq!(seen_table(&store, &b, None).await, vec![]);
-        assert_eq!(seen_logs(&store, &b, None).await, Vec::<String>::new());
+        assert_eq!(seen_table(&store, &b.widest(), None).await, vec![]);
+        assert_eq!(
+            seen_logs(&store, &b.widest(), None).await,
+            Vec::<String>::new()
+        );
     }
 }
 
@@ -235,10 +254,10 @@ async fn a_scope_that_empties_leaves_no_digest_table_behind() {
     apply_events_in(&store, &b, "r1", &[ev("x", NOW, "a", 5)], NOW).await;
     assert!(remembers(&store, &b, Some("r1"), "x", b.slice_of(NOW)).await);
     roll_at(&store, &b, NOW + 10 * SLICE).await;
-    let table = store.instance(&b, Some("r1")).seen_table();
+    let table = store.instance(&b.widest(), Some("r1")).seen_table();
     assert_eq!(store.client().exists::<i64, _>(&table).await.unwrap(), 0);
     assert_eq!(
-        seen_logs(&store, &b, Some("r1")).await,
+        seen_logs(&store, &b.widest(), Some("r1")).await,
         Vec::<String>::new()
     );
 }
@@ -247,12 +266,12 @@ async fn a_scope_that_empties_leaves_no_digest_table_behind() {
 async fn an_instance_still_holding_the_old_seen_zset_counts_nothing_twice() {
     let (redis, store) = RedisServer::start_with_store("rb").await;
     let b = board("up", SLICE, 4);
-    let k = store.instance(&b, None);
+    let k = store.instance(&b.widest(), None);
     let mut rng = Lcg(11);
     let old = events(&mut rng, 200, 150, 3);
     let mut model = Instance::default();
     for e in &old {
-        model.apply(&b, e, NOW);
+        model.apply(&b.widest(), e, NOW);
     }
     apply_events(&store, &b, &old, NOW).await;
     // Turn the instance into the layout before digests: the raw ids in one ZSet scored
@@ -266,7 +285,7 @@ async fn an_instance_still_holding_the_old_seen_zset_counts_nothing_twice() {
         zadd.push(b.forget_at(*n).into());
         zadd.push((*id).into());
     }
-    let mut doomed = seen_logs(&store, &b, None).await;
+    let mut doomed = seen_logs(&store, &b.widest(), None).await;
     doomed.push(k.seen_table());
     let _: i64 = store.client().del(doomed).await.unwrap();
     let _: i64 = store
@@ -293,30 +312,36 @@ async fn an_instance_still_holding_the_old_seen_zset_counts_nothing_twice() {
                 e
             }),
     );
-    let want: Vec<Outcome> = again.iter().map(|e| model.apply(&b, e, NOW)).collect();
+    let want: Vec<Outcome> = again
+        .iter()
+        .map(|e| model.apply(&b.widest(), e, NOW))
+        .collect();
     assert!(want[..old.len()].iter().all(|o| *o == Outcome::Duplicate));
     assert_eq!(apply_events(&store, &b, &again, NOW).await, want);
     let new_ids = seen_count(&want);
-    assert_matches(&store, &b, None, &model, NOW).await;
+    assert_matches(&store, &b.widest(), None, &model, NOW).await;
     assert_ne!(snapshot(&store, &b).await, before);
     // The old ZSet is only read; the new ids went to the digest table.
     let zcard: i64 = store.client().zcard(k.seen()).await.unwrap();
     assert_eq!(zcard, first.len() as i64);
-    assert_eq!(seen_table(&store, &b, None).await.len(), new_ids);
+    assert_eq!(seen_table(&store, &b.widest(), None).await.len(), new_ids);
     // A second store (another worker, which has not met the old ZSet yet) also counts
     // nothing twice.
     let other = redis.store("rb").await;
-    let want: Vec<Outcome> = again.iter().map(|e| model.apply(&b, e, NOW)).collect();
+    let want: Vec<Outcome> = again
+        .iter()
+        .map(|e| model.apply(&b.widest(), e, NOW))
+        .collect();
     assert_eq!(apply_events(&other, &b, &again, NOW).await, want);
-    assert_matches(&store, &b, None, &model, NOW).await;
+    assert_matches(&store, &b.widest(), None, &model, NOW).await;
 
     // The roll drains the old ZSet when its ids are due, and it is gone.
     let end = NOW + 10 * SLICE;
     let report = roll_at(&store, &b, end).await;
     assert_eq!(report.ids_forgotten as usize, first.len() + new_ids);
     assert_eq!(store.client().exists::<i64, _>(k.seen()).await.unwrap(), 0);
-    model.roll(&b, end);
-    assert_matches(&store, &b, None, &model, end).await;
+    model.roll(&b.widest(), end);
+    assert_matches(&store, &b.widest(), None, &model, end).await;
 }
 
 fn seen_count(outcomes: &[Outcome]) -> usize {
@@ -327,12 +352,12 @@ fn seen_count(outcomes: &[Outcome]) -> usize {
 async fn a_broken_digest_table_fails_the_call_before_anything_is_written() {
     let (_redis, store) = RedisServer::start_with_store("rb").await;
     let b = board("br", SLICE, 4);
-    let table = store.instance(&b, None).seen_table();
+    let table = store.instance(&b.widest(), None).seen_table();
     let mut rng = Lcg(5);
     let mut model = Instance::default();
     let first = events(&mut rng, 400, 300, 2);
     for e in &first {
-        model.apply(&b, e, NOW);
+        model.apply(&b.widest(), e, NOW);
     }
     apply_events(&store, &b, &first, NOW).await;
     let second = events(&mut rng, 200, 600, 2);
@@ -375,7 +400,7 @@ async fn a_broken_digest_table_fails_the_call_before_anything_is_written() {
                 failed += 1;
                 retry.push(e.clone());
             }
-            Ok(got) => assert_eq!(got, vec![model.apply(&b, e, NOW)]),
+            Ok(got) => assert_eq!(got, vec![model.apply(&b.widest(), e, NOW)]),
         }
     }
     assert!(failed > 0);
@@ -385,10 +410,13 @@ async fn a_broken_digest_table_fails_the_call_before_anything_is_written() {
         .await
         .unwrap();
     // Repaired, the failed calls are retried and count exactly what the model does.
-    let want: Vec<Outcome> = retry.iter().map(|e| model.apply(&b, e, NOW)).collect();
+    let want: Vec<Outcome> = retry
+        .iter()
+        .map(|e| model.apply(&b.widest(), e, NOW))
+        .collect();
     assert_eq!(apply_events(&store, &b, &retry, NOW).await, want);
-    assert_matches(&store, &b, None, &model, NOW).await;
-    seen_table(&store, &b, None).await;
+    assert_matches(&store, &b.widest(), None, &model, NOW).await;
+    seen_table(&store, &b.widest(), None).await;
 }
 
 /// Forgetting a slice's digests finds its entries by their 4-byte tag: the same four bytes
@@ -400,7 +428,7 @@ fn a_slice_tag_inside_a_digest_is_not_taken_for_an_entry_of_the_slice() {
     rt.block_on(async {
         let store = redis.store("rb").await;
         let b = board("tags", SLICE, 4);
-        let k = store.instance(&b, None);
+        let k = store.instance(&b.widest(), None);
         let c = store.client();
         let n: i64 = 0x0102_0304;
         let tag = [1u8, 2, 3, 4];
@@ -442,7 +470,7 @@ fn a_slice_tag_inside_a_digest_is_not_taken_for_an_entry_of_the_slice() {
             .await
             .expect("log");
         let trimmed = store
-            .trim_seen(&b, None, Some(n), NOW, 0)
+            .trim_seen(&b.widest(), None, Some(n), NOW, 0)
             .await
             .expect("trim");
         assert_eq!((trimmed.taken, trimmed.digests), (1, 2));

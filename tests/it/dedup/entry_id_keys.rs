@@ -16,7 +16,7 @@ async fn total(store: &Store, name: &str, scope: Option<&str>, member: &str) -> 
     let boards = test_boards();
     let board = boards.iter().find(|b| b.name == name).expect("board");
     store
-        .rank(board, scope, member, now_ms())
+        .rank(&board.widest(), scope, member, now_ms())
         .await
         .expect("rank")
         .total
@@ -135,12 +135,12 @@ async fn a_replayed_apply_failed_event_without_ts_keeps_its_original_time() {
     let t0: i64 = 1_000_000;
 
     // Board b is broken (a key of the wrong type): its share is dead-lettered.
-    let result_b = store.instance(&b, None).result();
+    let result_b = store.instance(&b.widest(), None).result();
     set_string(&store, &result_b, "x").await;
     Consumer::new(&store, &boards, &settings, &metrics)
         .process_one("rb:events", &[("user", "u1"), ("amount", "5")], t0)
         .await;
-    assert_eq!(total_at(&store, &a, "u1", t0).await, Some(5));
+    assert_eq!(total_at(&store, &a.widest(), "u1", t0).await, Some(5));
     let letters: Vec<(String, HashMap<String, String>)> = store
         .client()
         .xrange("rb:events:dead", "-", "+", None)
@@ -178,12 +178,12 @@ async fn a_replayed_apply_failed_event_without_ts_keeps_its_original_time() {
     let t = t0 + 4 * SLICE;
     roll_all(&store, &boards, t, 100).await;
     assert_eq!(
-        total_at(&store, &a, "u1", t).await,
+        total_at(&store, &a.widest(), "u1", t).await,
         None,
         "a: the event left the window"
     );
     assert_eq!(
-        total_at(&store, &b, "u1", t).await,
+        total_at(&store, &b.widest(), "u1", t).await,
         None,
         "b: the same event, the same window"
     );
@@ -227,7 +227,7 @@ async fn a_dead_letter_stream_named_like_another_layouts_partition_is_refused_or
         .into_iter()
         .find(|b| b.name == "fans_7d")
         .expect("fans_7d");
-    let meta = store.instance(&fans, Some("r1")).meta();
+    let meta = store.instance(&fans.widest(), Some("r1")).meta();
     set_string(&store, &meta, "x").await;
     let daemon = Daemon::start(&path, port).await;
     xadd_one(

@@ -57,7 +57,7 @@ fn replay_entry(letter: &HashMap<String, String>, primary: &str, id: &str) -> En
 /// Board `b` of `boards` made unusable (its result key of the wrong type), so every event
 /// it gets is dead-lettered `apply_failed`; returns the key, to delete for the repair.
 async fn break_board(store: &Store, b: &Board) -> String {
-    let key = store.instance(b, None).result();
+    let key = store.instance(&b.widest(), None).result();
     set_string(store, &key, "x").await;
     key
 }
@@ -121,12 +121,12 @@ async fn the_readme_replay_keeps_key_and_time_on_the_bare_stream_and_a_partition
             );
             for (member, amount) in [("u1", 5), ("u2", 6), ("u3", 7)] {
                 assert_eq!(
-                    total_at(&store, &a, member, t1).await,
+                    total_at(&store, &a.widest(), member, t1).await,
                     Some(amount),
                     "{stream} delivery {delivery}: a {member} counted once"
                 );
                 assert_eq!(
-                    total_at(&store, &b, member, t1).await,
+                    total_at(&store, &b.widest(), member, t1).await,
                     Some(amount),
                     "{stream} delivery {delivery}: b {member} counted once"
                 );
@@ -137,7 +137,7 @@ async fn the_readme_replay_keeps_key_and_time_on_the_bare_stream_and_a_partition
             async move {
                 let t: HashMap<String, String> = store
                     .client()
-                    .hgetall(store.instance(&bd, None).members())
+                    .hgetall(store.instance(&bd.widest(), None).members())
                     .await
                     .expect("hgetall");
                 t
@@ -154,13 +154,13 @@ async fn the_readme_replay_keeps_key_and_time_on_the_bare_stream_and_a_partition
         roll_all(&store, &boards, t, 100).await;
         for bd in [&a, &b] {
             assert_eq!(
-                total_at(&store, bd, "u3", t).await,
+                total_at(&store, &bd.widest(), "u3", t).await,
                 None,
                 "{stream} {}",
                 bd.name
             );
             assert_eq!(
-                total_at(&store, bd, "u1", t).await,
+                total_at(&store, &bd.widest(), "u1", t).await,
                 Some(5),
                 "{stream} {}",
                 bd.name
@@ -172,7 +172,7 @@ async fn the_readme_replay_keeps_key_and_time_on_the_bare_stream_and_a_partition
         for bd in [&a, &b] {
             for member in ["u1", "u2"] {
                 assert_eq!(
-                    total_at(&store, bd, member, t).await,
+                    total_at(&store, &bd.widest(), member, t).await,
                     None,
                     "{stream} {} {member}",
                     bd.name
@@ -212,7 +212,7 @@ async fn the_readme_replay_of_a_tip_from_a_long_named_partition_is_counted() {
     Consumer::new(&store, &boards, &settings, &metrics)
         .process_one(&stream, &[("user", "u1"), ("amount", "5")], t0)
         .await;
-    assert_eq!(total_at(&store, &a, "u1", t0).await, Some(5));
+    assert_eq!(total_at(&store, &a.widest(), "u1", t0).await, Some(5));
     let dead = letters(&store).await;
     assert_eq!(dead.len(), 1, "{dead:?}");
     let _: () = store.client().del(broken.as_str()).await.expect("repair");
@@ -302,7 +302,7 @@ async fn applied_then_crashed(
         .expect("rooms_7d");
     assert_eq!(
         store
-            .rank(rooms, None, room, now_ms())
+            .rank(&rooms.widest(), None, room, now_ms())
             .await
             .expect("rank")
             .total,
@@ -326,7 +326,7 @@ async fn room_total(store: &Store, room: &str) -> Option<i64> {
         .find(|b| b.name == "rooms_7d")
         .expect("rooms_7d");
     store
-        .rank(rooms, None, room, now_ms())
+        .rank(&rooms.widest(), None, room, now_ms())
         .await
         .expect("rank")
         .total
@@ -417,7 +417,7 @@ async fn tips_without_id_sharing_an_entry_id_on_a_slashed_stream_and_its_retired
         }
         for (_, user, amount) in &streams {
             assert_eq!(
-                total_at(&store, &a, user, t0).await,
+                total_at(&store, &a.widest(), user, t0).await,
                 Some(amount.parse().unwrap()),
                 "round {round}: {user}"
             );
@@ -551,7 +551,7 @@ async fn a_partitioned_daemon_replays_dead_letters_of_tips_without_id_once() {
         let fans = &fans;
         async move {
             store
-                .rank(fans, Some("r1"), member, now_ms())
+                .rank(&fans.widest(), Some("r1"), member, now_ms())
                 .await
                 .ok()
                 .and_then(|r| r.total)
@@ -585,7 +585,7 @@ async fn a_partitioned_daemon_replays_dead_letters_of_tips_without_id_once() {
     assert!(drained_streams(&store, &streams).await, "replays read");
     let replayed_once = crate::support::wait_for(Duration::from_secs(30), || async {
         store
-            .rank(&rooms, None, "r1", now_ms())
+            .rank(&rooms.widest(), None, "r1", now_ms())
             .await
             .ok()
             .and_then(|r| r.total)
@@ -595,7 +595,7 @@ async fn a_partitioned_daemon_replays_dead_letters_of_tips_without_id_once() {
     assert!(replayed_once, "rooms_7d r1: 5 + 7; log:\n{}", daemon.logs());
     // Once the ranking is current (`summed_gen` equal to `gen`, which every apply that
     // writes bumps): still one of each on fans_7d, in its live totals too.
-    let keys = store.instance(&fans, Some("r1"));
+    let keys = store.instance(&fans.widest(), Some("r1"));
     let meta = keys.meta();
     let resummed = crate::support::wait_for(Duration::from_secs(30), || async {
         let state: Vec<Option<String>> = store

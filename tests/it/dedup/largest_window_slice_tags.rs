@@ -52,7 +52,10 @@ fn a_window_the_slice_tags_cannot_serve_is_refused_by_the_configuration() {
     }
     let largest = format!("{}ms", MAX_SLICES_REACHED - 300_000);
     let board = config(&largest, "5m").expect("the largest window").boards[0].clone();
-    assert_eq!(board.slices_in_window(), MAX_SLICES_REACHED - 300_000);
+    assert_eq!(
+        board.widest().slices_in_window(),
+        MAX_SLICES_REACHED - 300_000
+    );
 }
 
 /// The largest window the slice tags serve: 2^31 - 4 slices (`slice = "1ms"`, no event
@@ -66,7 +69,7 @@ async fn the_largest_window_recognises_redeliveries_at_both_ends() {
     let settings = one_board("[ingest]\nmax_future = \"0s\"\n", "edge", "2147483644ms")
         .expect("the configuration accepts the board");
     let board = settings.boards[0].clone();
-    let n = board.slices_in_window();
+    let n = board.widest().slices_in_window();
     assert_eq!(n, rollboard::config::MAX_SLICES_REACHED);
     let (_redis, store) = RedisServer::start_with_store("rb").await;
     let now = 1_763_700_000_000;
@@ -83,17 +86,20 @@ async fn the_largest_window_recognises_redeliveries_at_both_ends() {
         let mixed = apply_events(&store, &board, &[oldest.clone(), fresh], now).await;
         assert_eq!(mixed[0], Outcome::Duplicate);
     }
-    assert_eq!(total_at(&store, &board, "u1", now).await, Some(6));
-    assert_eq!(total_at(&store, &board, "u2", now).await, Some(7));
+    assert_eq!(total_at(&store, &board.widest(), "u1", now).await, Some(6));
+    assert_eq!(total_at(&store, &board.widest(), "u2", now).await, Some(7));
     // One millisecond later the oldest slice has left the window.
     let later = now + 1;
     roll_all(&store, std::slice::from_ref(&board), later, 100).await;
-    assert_eq!(total_at(&store, &board, "u2", later).await, None);
+    assert_eq!(total_at(&store, &board.widest(), "u2", later).await, None);
     let copy = apply_events(&store, &board, std::slice::from_ref(&oldest), later).await;
     assert_eq!(copy, [Outcome::Late]);
     let copy = apply_events(&store, &board, std::slice::from_ref(&newest), later).await;
     assert_eq!(copy, [Outcome::Duplicate]);
-    assert_eq!(total_at(&store, &board, "u1", later).await, Some(6));
+    assert_eq!(
+        total_at(&store, &board.widest(), "u1", later).await,
+        Some(6)
+    );
 }
 
 /// The largest window the default `max_future` (5 minutes) leaves room for, with a tip as
@@ -106,7 +112,7 @@ async fn a_tip_max_future_ahead_in_the_largest_window_counts_once() {
         one_board("", "edge", "2147183644ms").expect("the configuration accepts the board");
     let board = settings.boards[0].clone();
     assert_eq!(
-        board.slices_in_window() + 300_000,
+        board.widest().slices_in_window() + 300_000,
         rollboard::config::MAX_SLICES_REACHED
     );
     let (_redis, store) = RedisServer::start_with_store("rb").await;
@@ -117,7 +123,7 @@ async fn a_tip_max_future_ahead_in_the_largest_window_counts_once() {
     assert_eq!(first, [Outcome::Applied]);
     let again = apply_events(&store, &board, std::slice::from_ref(&ahead), now).await;
     assert_eq!(
-        total_at(&store, &board, "u1", now).await,
+        total_at(&store, &board.widest(), "u1", now).await,
         Some(5),
         "one tip of 5; the redelivery was {again:?}"
     );
@@ -150,7 +156,7 @@ async fn the_largest_window_with_a_max_future_not_a_multiple_of_the_slice_counts
         let settings = Settings::from_toml(&text(n)).expect("the largest window");
         let boards = settings.boards.clone();
         let board = boards[0].clone();
-        assert_eq!(board.slices_in_window(), n);
+        assert_eq!(board.widest().slices_in_window(), n);
         let mut ingest_settings = ingest_settings("rb:events", 1);
         ingest_settings.max_future_ms = settings.ingest.max_future_ms;
         assert_eq!(ingest_settings.max_future_ms, 300_000);
@@ -196,12 +202,12 @@ async fn the_largest_window_with_a_max_future_not_a_multiple_of_the_slice_counts
                 "{dedup}: dead-lettered"
             );
             assert_eq!(
-                total_at(&store, &board, "u1", now).await,
+                total_at(&store, &board.widest(), "u1", now).await,
                 Some(5),
                 "{dedup} delivery {delivery}: the tip max_future ahead counts once"
             );
             assert_eq!(
-                total_at(&store, &board, "u2", now).await,
+                total_at(&store, &board.widest(), "u2", now).await,
                 (dedup == "window").then_some(7),
                 "{dedup} delivery {delivery}: the tip in the oldest slice counts at most once"
             );

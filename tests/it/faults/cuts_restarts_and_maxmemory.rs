@@ -83,7 +83,7 @@ impl Figures {
         let mut stored: HashMap<String, i64> = HashMap::new();
         loop {
             let page = store
-                .top(board, scope, stored.len() as u64, 1000, now)
+                .top(&board.widest(), scope, stored.len() as u64, 1000, now)
                 .await
                 .expect("top");
             if page.entries.is_empty() {
@@ -314,10 +314,10 @@ async fn roll_calls_cut_at_random_points_end_in_the_model_state() {
                 })
                 .collect();
             for e in &events {
-                models[b].apply(board, e, applied_at);
+                models[b].apply(&board.widest(), e, applied_at);
             }
             apply_events(&direct, board, &events, applied_at).await;
-            models[b].roll(board, rolled_at);
+            models[b].roll(&board.widest(), rolled_at);
         }
         let nth = dice.within(1, calls) as usize;
         proxy.cut_at(&function_name(name), nth, 2);
@@ -328,7 +328,7 @@ async fn roll_calls_cut_at_random_points_end_in_the_model_state() {
         );
         assert!(proxy.cuts() >= 1, "no cut made (seed {seed})");
         for (b, board) in boards.iter().enumerate() {
-            assert_matches(&direct, board, None, &models[b], rolled_at).await;
+            assert_matches(&direct, &board.widest(), None, &models[b], rolled_at).await;
             let d = verify_differences(&direct, board, None).await;
             assert!(d.is_empty(), "{} (seed {seed}): {:?}", board.name, d);
             if !board.allow_negative {
@@ -419,7 +419,7 @@ async fn an_apply_call_cut_after_it_reached_redis_is_not_resent() {
     assert_eq!(chunks.len(), 3, "three calls expected");
     let mut model = Instance::default();
     for e in &events {
-        model.apply(&board, e, now);
+        model.apply(&board.widest(), e, now);
     }
     // A first apply elsewhere loads the library (a call answered "function not found"
     // counts as a call).
@@ -452,7 +452,7 @@ async fn an_apply_call_cut_after_it_reached_redis_is_not_resent() {
         })
         .collect();
     assert_eq!(again, expected);
-    assert_matches(&store, &board, None, &model, now).await;
+    assert_matches(&store, &board.widest(), None, &model, now).await;
     let d = verify_differences(&store, &board, None).await;
     assert!(d.is_empty(), "{:?}", d);
 }
@@ -653,15 +653,15 @@ async fn redis_restarted_during_a_roll_ends_in_the_model_state() {
             })
             .collect();
         for e in &events {
-            models[b].apply(board, e, applied_at);
+            models[b].apply(&board.widest(), e, applied_at);
         }
         apply_events(&direct, board, &events, applied_at).await;
-        models[b].roll(board, rolled_at);
+        models[b].roll(&board.widest(), rolled_at);
         sent += models[b].totals().values().map(|t| t.0).sum::<i64>();
     }
     proxy.latency(Duration::from_millis(5));
     let first_slice = direct
-        .instance(&boards[0], None)
+        .instance(&boards[0].widest(), None)
         .slice(boards[0].slice_of(t0));
     let roll = {
         let boards = boards.clone();
@@ -704,7 +704,7 @@ async fn redis_restarted_during_a_roll_ends_in_the_model_state() {
         ..Figures::default()
     };
     for (b, board) in boards.iter().enumerate() {
-        assert_matches(&direct, board, None, &models[b], rolled_at).await;
+        assert_matches(&direct, &board.widest(), None, &models[b], rolled_at).await;
         let d = verify_differences(&direct, board, None).await;
         assert!(d.is_empty(), "{}: {:?}", board.name, d);
         figures

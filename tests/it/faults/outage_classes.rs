@@ -397,7 +397,7 @@ async fn an_unrecognised_error_holds_the_events_until_it_clears() {
 async fn wrongtype_met_inside_a_script_is_bad_data() {
     let (_redis, store) = RedisServer::start_with_store("rb").await;
     let board = test_boards().remove(0);
-    let meta = store.instance(&board, None).meta();
+    let meta = store.instance(&board.widest(), None).meta();
     set_string(&store, &meta, "x").await;
     let now = rollboard::domain::clock::local_ms();
     let error = store
@@ -446,7 +446,7 @@ async fn misconf_on_one_cluster_master_holds_only_its_boards() {
             vec![None]
         };
         for scope in scopes {
-            let meta = rig.admin.instance(board, scope.as_deref()).meta();
+            let meta = rig.admin.instance(&board.widest(), scope.as_deref()).meta();
             let mut masters = vec![cluster.owner_of(&meta)];
             if scope.is_some() {
                 masters.push(cluster.owner_of(&rig.admin.keys().scopes(&board.name)));

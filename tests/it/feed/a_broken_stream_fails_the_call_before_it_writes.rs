@@ -45,7 +45,7 @@ async fn a_stream_of_another_type_fails_every_writing_call_before_it_writes() {
     let (_redis, store) = RedisServer::start_with_store("rb").await;
     for b in variants(SLICE, 4).into_iter().map(with_feed) {
         let _: () = store.client().flushall(false).await.expect("flush");
-        let key = store.instance(&b, None).changes();
+        let key = store.instance(&b.widest(), None).changes();
         let mut model = Instance::default();
         let first = [
             ev("a1", NOW - 1_500, "alice", 5),
@@ -55,7 +55,7 @@ async fn a_stream_of_another_type_fails_every_writing_call_before_it_writes() {
         // A resummarize board's ranking (and its feed) changes at its swap.
         if b.mode == Mode::Resummarize {
             assert_eq!(roll_failures(&store, &b, NOW).await, 0);
-            model.roll(&b, NOW);
+            model.roll(&b.widest(), NOW);
         }
         assert_eq!(stream_len(&store, &key).await, 2, "{}", b.name);
 
@@ -89,7 +89,9 @@ async fn a_stream_of_another_type_fails_every_writing_call_before_it_writes() {
             b.name
         );
         if b.mode == Mode::Incremental {
-            let slice = store.instance(&b, None).slice(b.slice_of(NOW - 1_500));
+            let slice = store
+                .instance(&b.widest(), None)
+                .slice(b.slice_of(NOW - 1_500));
             assert_eq!(
                 snapshot(&store, &b).await.get(&slice),
                 before.get(&slice),
@@ -102,18 +104,21 @@ async fn a_stream_of_another_type_fails_every_writing_call_before_it_writes() {
         let _: () = store.client().del(&key).await.expect("del");
         if b.mode == Mode::Incremental {
             apply_model(&store, &b, &mut model, &second, later).await;
-            assert_eq!(model.apply(&b, &second[0], later), Outcome::Duplicate);
+            assert_eq!(
+                model.apply(&b.widest(), &second[0], later),
+                Outcome::Duplicate
+            );
         }
         roll_board(&store, &b, later).await;
-        model.roll(&b, later);
-        assert_matches(&store, &b, None, &model, later).await;
+        model.roll(&b.widest(), later);
+        assert_matches(&store, &b.widest(), None, &model, later).await;
         assert!(stream_len(&store, &key).await > 0, "{}", b.name);
     }
 }
 
 /// The stored ranking: ZSet member and score, lowest first.
 async fn ranking(store: &Store, b: &Board) -> Vec<(String, f64)> {
-    let key = store.instance(b, None).result();
+    let key = store.instance(&b.widest(), None).result();
     store
         .client()
         .zrange(key, 0, -1, None, false, None, true)

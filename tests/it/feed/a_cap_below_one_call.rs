@@ -16,7 +16,7 @@ async fn a_reader_that_never_falls_behind_replays_every_call() {
     let mut b = board("tight", SLICE, 4);
     b.changes = Some(Changes { top: 3, max_len: 6 });
     let now = T0 / SLICE * SLICE + SLICE / 2;
-    let key = store.instance(&b, None).changes();
+    let key = store.instance(&b.widest(), None).changes();
     let first = [
         ev("a", now, "alice", 3),
         ev("b", now, "bob", 2),

@@ -32,7 +32,7 @@ async fn one_call_writes_entries_in_proportion_to_the_top() {
             .collect();
         apply_events(&store, &b, &events, now).await;
         // The run's swap: first the whole top enters, then its order turns over.
-        let key = store.instance(&b, None).changes();
+        let key = store.instance(&b.widest(), None).changes();
         let before = changes_after(&store, &key, None).await.0.len();
         roll_board(&store, &b, now).await;
         let written = changes_after(&store, &key, None).await.0.len() - before;

@@ -79,7 +79,7 @@ impl<'a> Reader<'a> {
     async fn step(&mut self, cause: &str, now: i64) -> Vec<Change> {
         let key = self
             .store
-            .instance(&self.b, self.scope.as_deref())
+            .instance(&self.b.widest(), self.scope.as_deref())
             .changes();
         let (changes, last) = changes_after(self.store, &key, self.last.as_deref()).await;
         self.last = last;
@@ -146,7 +146,7 @@ async fn a_batch_cut_into_many_calls_writes_each_calls_change() {
     assert_eq!(chunks.len(), 4);
     apply_events(&store, &b, &events, now).await;
     // The entries of every call, in order: each the change its chunk made.
-    let key = store.instance(&b, None).changes();
+    let key = store.instance(&b.widest(), None).changes();
     let (changes, _) = changes_after(&store, &key, None).await;
     let mut expected = Vec::new();
     let mut before: Vec<(String, i64)> = Vec::new();
@@ -186,7 +186,7 @@ async fn a_call_whose_reply_is_lost_is_not_recorded_twice() {
     assert!(failed.is_err());
     apply_events(&store, &b, &events, now).await;
     apply_events(&store, &b, &events, now).await;
-    let key = store.instance(&b, None).changes();
+    let key = store.instance(&b.widest(), None).changes();
     let (changes, _) = changes_after(&store, &key, None).await;
     let mut replayed = Vec::new();
     replay(&mut replayed, &changes, 4);
@@ -325,14 +325,14 @@ async fn a_dense_rank_board_keeps_its_feed_and_its_distinct_totals() {
             roll_board(&store, &b, now).await;
         }
         r.step(cause, now).await;
-        assert_verified(&store, &b, None).await;
+        assert_verified(&store, &b.widest(), None).await;
         // The first slice dies: alice and bob leave, dave enters.
         let later = now + 3 * SLICE;
         roll_board(&store, &b, later).await;
         r.step("roll", later).await;
-        assert_verified(&store, &b, None).await;
+        assert_verified(&store, &b.widest(), None).await;
         // A rebuild over a ranking that matches changes nothing.
-        rollboard::roll::rebuild(&store, &b, None, 10)
+        rollboard::roll::rebuild(&store, &b.widest(), None, 10)
             .await
             .expect("rebuild");
         r.step("roll", later).await;
@@ -345,7 +345,7 @@ async fn the_stream_holds_exactly_changes_max_len_entries() {
     let mut b = board("capped", SLICE, 4);
     b.changes = Some(Changes { top: 2, max_len: 5 });
     let now = now0();
-    let key = store.instance(&b, None).changes();
+    let key = store.instance(&b.widest(), None).changes();
     // Two members overtaking each other 20 times: one `passed` entry each.
     let mut totals = [0i64; 2];
     for i in 0..20 {
@@ -413,10 +413,16 @@ async fn a_refused_swap_records_nothing() {
         now,
     )
     .await;
-    let (_, gen) = store.meta(&b, None).await.expect("meta");
+    let (_, gen) = store.meta(&b.widest(), None).await.expect("meta");
     let token = "race1";
     store
-        .stage(&b, None, token, RANKING, &[row("alice", 4), row("bob", 2)])
+        .stage(
+            &b.widest(),
+            None,
+            token,
+            RANKING,
+            &[row("alice", 4), row("bob", 2)],
+        )
         .await
         .expect("stage");
     apply_events(&store, &b, &[ev("c", now, "carol", 9)], now).await;
@@ -425,10 +431,10 @@ async fn a_refused_swap_records_nothing() {
         ..Default::default()
     };
     assert!(!store
-        .swap(&b, None, token, RANKING, check)
+        .swap(&b.widest(), None, token, RANKING, check)
         .await
         .expect("swap"));
-    let key = store.instance(&b, None).changes();
+    let key = store.instance(&b.widest(), None).changes();
     assert_eq!(changes_after(&store, &key, None).await.0, Vec::new());
     roll_board(&store, &b, now).await;
     assert_eq!(r.step("roll", now).await.len(), 3);
@@ -514,15 +520,15 @@ async fn a_roll_split_across_calls_records_each_calls_change() {
     r.step("tip", now).await;
     r.tip("b", now, &[("dave", 1), ("bob", 1)]).await;
     let later = now + 2 * SLICE;
-    let target = b.slice_of(later) - b.slices_in_window();
+    let target = b.slice_of(later) - b.widest().slices_in_window();
     let (_, dead) = store
-        .raise_watermark(&b, None, target, later)
+        .raise_watermark(&b.widest(), None, target, later)
         .await
         .expect("watermark");
     assert_eq!(dead, vec![b.slice_of(old)]);
     for member in ["alice", "dave"] {
         store
-            .expire_chunk(&b, None, dead[0], &[member.to_string()])
+            .expire_chunk(&b.widest(), None, dead[0], &[member.to_string()])
             .await
             .expect("expire");
         let changes = r.step("roll", later).await;

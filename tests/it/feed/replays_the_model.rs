@@ -99,7 +99,7 @@ impl Run<'_> {
 
     /// Reads the entries written since the last read and replays them; the entries.
     async fn read(&mut self) -> Vec<Change> {
-        let key = self.store.instance(&self.b, self.scope).changes();
+        let key = self.store.instance(&self.b.widest(), self.scope).changes();
         let (changes, last) = changes_after(self.store, &key, self.last.as_deref()).await;
         self.last = last;
         replay(&mut self.replayed, &changes, TOP);
@@ -132,17 +132,20 @@ impl Run<'_> {
     /// dead slice: each expiry call's entries fit the top the reader holds.
     async fn crash(&mut self, k: usize) {
         let (b, scope) = (&self.b, self.scope);
-        let target = b.slice_of(self.now) - b.slices_in_window();
+        let target = b.slice_of(self.now) - b.widest().slices_in_window();
         let (_, dead) = self
             .store
-            .raise_watermark(b, scope, target, self.now)
+            .raise_watermark(&b.widest(), scope, target, self.now)
             .await
             .unwrap();
         if let Some(&n) = dead.first() {
-            let key = self.store.instance(b, scope).slice(n);
+            let key = self.store.instance(&b.widest(), scope).slice(n);
             let (_, fields) = self.store.scan("HSCAN", &key, "0", 1000).await.unwrap();
             let part: Vec<String> = fields.into_iter().map(|(f, _)| f).take(k).collect();
-            self.store.expire_chunk(b, scope, n, &part).await.unwrap();
+            self.store
+                .expire_chunk(&b.widest(), scope, n, &part)
+                .await
+                .unwrap();
         }
         let changes = self.read().await;
         assert!(changes.iter().all(|c| c.cause == "roll"), "{changes:?}");
@@ -153,7 +156,7 @@ impl Run<'_> {
     /// one swap writes exactly its change.
     async fn roll(&mut self) {
         roll_board(self.store, &self.b, self.now).await;
-        self.model.roll(&self.b, self.now);
+        self.model.roll(&self.b.widest(), self.now);
         let changes = self.read().await;
         let top = model_top(&self.model, &self.b);
         if !self.incremental() {

@@ -100,7 +100,7 @@ struct Run<'a> {
 impl Run<'_> {
     /// Reads what was written since the last read and replays it: the stored top.
     async fn check(&mut self, what: &Step) -> usize {
-        let key = self.store.instance(&self.b, None).changes();
+        let key = self.store.instance(&self.b.widest(), None).changes();
         let (changes, last) = changes_after(self.store, &key, self.last.as_deref()).await;
         self.last = last;
         replay(
@@ -178,22 +178,25 @@ async fn run_case(store: &Store, case: Case) {
             Step::Crash(advance, k) => {
                 run.now += advance * SLICE;
                 let b = &run.b.clone();
-                let target = b.slice_of(run.now) - b.slices_in_window();
+                let target = b.slice_of(run.now) - b.widest().slices_in_window();
                 let (_, dead) = store
-                    .raise_watermark(b, None, target, run.now)
+                    .raise_watermark(&b.widest(), None, target, run.now)
                     .await
                     .unwrap();
                 if let Some(&n) = dead.first() {
-                    let key = store.instance(b, None).slice(n);
+                    let key = store.instance(&b.widest(), None).slice(n);
                     let (_, fields) = store.scan("HSCAN", &key, "0", 1000).await.unwrap();
                     for (f, _) in fields.into_iter().take(*k) {
-                        store.expire_chunk(b, None, n, &[f]).await.unwrap();
+                        store
+                            .expire_chunk(&b.widest(), None, n, &[f])
+                            .await
+                            .unwrap();
                         run.check(step).await;
                     }
                 }
             }
             Step::Rebuild => {
-                rollboard::roll::rebuild(store, &run.b, None, 7)
+                rollboard::roll::rebuild(store, &run.b.widest(), None, 7)
                     .await
                     .expect("rebuild");
             }

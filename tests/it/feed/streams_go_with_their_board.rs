@@ -54,7 +54,7 @@ async fn drop_board_deletes_the_change_stream_of_every_instance() {
         left.iter().all(|k| k.contains("tips_v2")),
         "left behind: {left:?}"
     );
-    assert!(left.contains(&store.instance(&other, None).changes()));
+    assert!(left.contains(&store.instance(&other.widest(), None).changes()));
 }
 
 #[tokio::test]
@@ -100,7 +100,7 @@ async fn an_archived_period_is_deleted_with_its_change_stream() {
     }
     let first = calendar.span_at(day0 + HOUR);
     let stream = store
-        .instance(&b, Some(&period_instance(None, &first.id)))
+        .instance(&b.widest(), Some(&period_instance(None, &first.id)))
         .changes();
     assert_eq!(
         keys_matching(&store, &stream).await,
@@ -139,7 +139,7 @@ async fn drop_board_deletes_the_change_streams_on_a_cluster() {
     let streams = |board: &Board| -> Vec<String> {
         names
             .iter()
-            .map(|room| store.instance(board, Some(room)).changes())
+            .map(|room| store.instance(&board.widest(), Some(room)).changes())
             .collect()
     };
     let exists = async |keys: Vec<String>| -> usize {
@@ -171,7 +171,7 @@ async fn an_emptied_scope_leaves_its_meta_and_a_stream_that_expires() {
     let later = now + 10 * SLICE;
     let report = roll_board(&store, &rooms, later).await;
     assert_eq!(report.scopes_removed, 1);
-    let k = store.instance(&rooms, Some("r1"));
+    let k = store.instance(&rooms.widest(), Some("r1"));
     let (changes, _) = crate::support::feed::changes_after(&store, &k.changes(), None).await;
     assert_eq!(changes.len(), 2, "entered, then left: {changes:?}");
     let mut left: Vec<String> = all_keys(&store)

@@ -37,7 +37,7 @@ async fn replayed_and_ranked(
     now: i64,
 ) -> (Vec<String>, Vec<String>, usize) {
     let n = b.changes.expect("a feed").top as usize;
-    let key = store.instance(b, scope).changes();
+    let key = store.instance(&b.widest(), scope).changes();
     let (changes, _) = changes_after(store, &key, None).await;
     let mut top = Vec::new();
     replay(&mut top, &changes, n);

@@ -32,7 +32,8 @@ async fn a_feed_turned_on_over_a_ranking_replays_into_its_top() {
     .await;
     let b = with_top(plain, 3);
     apply_events(&store, &b, &[ev("c", now, "carol", 1)], now).await;
-    let (changes, _) = changes_after(&store, &store.instance(&b, None).changes(), None).await;
+    let (changes, _) =
+        changes_after(&store, &store.instance(&b.widest(), None).changes(), None).await;
     let mut top = Vec::new();
     replay(&mut top, &changes, 3);
     assert_eq!(top, ["alice", "bob", "carol"], "from {changes:?}");
@@ -56,7 +57,12 @@ async fn a_feed_whose_top_grows_replays_into_its_top() {
     .await;
     let large = with_top(small, 4);
     apply_events(&store, &large, &[ev("d", now, "dave", 1)], now).await;
-    let (changes, _) = changes_after(&store, &store.instance(&large, None).changes(), None).await;
+    let (changes, _) = changes_after(
+        &store,
+        &store.instance(&large.widest(), None).changes(),
+        None,
+    )
+    .await;
     let mut top = Vec::new();
     replay(&mut top, &changes, 4);
     assert_eq!(top, ["alice", "bob", "carol", "dave"], "from {changes:?}");

@@ -26,7 +26,7 @@ async fn a_cleanup_after_a_refused_swap_leaves_no_member_in_the_feed() {
     let now = T0 / SLICE * SLICE + SLICE / 2;
     apply_events_in(&store, &b, "r1", &[ev("a", now, "alice", 5)], now).await;
     roll_board(&store, &b, now).await;
-    let key = store.instance(&b, scope).changes();
+    let key = store.instance(&b.widest(), scope).changes();
     let mut top = Vec::new();
     let (changes, last) = changes_after(&store, &key, None).await;
     replay(&mut top, &changes, 3);
@@ -34,29 +34,32 @@ async fn a_cleanup_after_a_refused_swap_leaves_no_member_in_the_feed() {
 
     // Roller A: the slice dies; A expires it and sums nothing.
     let later = now + 4 * SLICE;
-    let target = b.slice_of(later) - b.slices_in_window();
+    let target = b.slice_of(later) - b.widest().slices_in_window();
     let (w, dead) = store
-        .raise_watermark(&b, scope, target, later)
+        .raise_watermark(&b.widest(), scope, target, later)
         .await
         .expect("raise");
     assert_eq!(dead, vec![b.slice_of(now)]);
     let n = dead[0];
-    let slice = store.instance(&b, scope).slice(n);
+    let slice = store.instance(&b.widest(), scope).slice(n);
     let (_, fields) = store.scan("HSCAN", &slice, "0", 100).await.expect("hscan");
     let names: Vec<String> = fields.into_iter().map(|(f, _)| f).collect();
     store
-        .expire_chunk(&b, scope, n, &names)
+        .expire_chunk(&b.widest(), scope, n, &names)
         .await
         .expect("expire");
-    assert!(store.drop_slice(&b, scope, n).await.expect("drop slice"));
-    let summed = store.summed(&b, scope).await.expect("summed");
+    assert!(store
+        .drop_slice(&b.widest(), scope, n)
+        .await
+        .expect("drop slice"));
+    let summed = store.summed(&b.widest(), scope).await.expect("summed");
     store
-        .stage(&b, scope, "runA", RANKING, &[])
+        .stage(&b.widest(), scope, "runA", RANKING, &[])
         .await
         .expect("stage");
     // Roller B, a moment later, raises the watermark past A's.
     store
-        .raise_watermark(&b, scope, target + 1, later + SLICE)
+        .raise_watermark(&b.widest(), scope, target + 1, later + SLICE)
         .await
         .expect("raise");
     // A's swap is refused; A cleans up.
@@ -66,11 +69,14 @@ async fn a_cleanup_after_a_refused_swap_leaves_no_member_in_the_feed() {
         ..SwapCheck::default()
     };
     assert!(!store
-        .swap(&b, scope, "runA", RANKING, check)
+        .swap(&b.widest(), scope, "runA", RANKING, check)
         .await
         .expect("swap"));
-    store.discard(&b, scope, "runA").await.expect("discard");
-    let cleaned = store.cleanup(&b, scope).await.expect("cleanup");
+    store
+        .discard(&b.widest(), scope, "runA")
+        .await
+        .expect("discard");
+    let cleaned = store.cleanup(&b.widest(), scope).await.expect("cleanup");
     if cleaned {
         assert!(store
             .unregister_scope(&b, "r1", w)

@@ -407,7 +407,7 @@ async fn own_writes_show_at_once_on_every_board_kind_while_many_readers_race_the
     let fans_total = || async {
         let now = redis_now(&store).await;
         store
-            .rank(&fans, Some("r1"), "u1", now)
+            .rank(&fans.widest(), Some("r1"), "u1", now)
             .await
             .expect("rank")
             .total
@@ -553,7 +553,7 @@ async fn an_apply_whose_connection_was_cut_after_it_reached_redis_shows_at_once(
     let cut = wait_for(Duration::from_secs(10), || async { proxy.cuts() == 1 }).await;
     assert!(cut, "the apply call was never cut; log:\n{}", daemon.logs());
     let landed = wait_for(Duration::from_secs(5), || async {
-        total_at(&store, &b, "r1", redis_now(&store).await).await == Some(9)
+        total_at(&store, &b.widest(), "r1", redis_now(&store).await).await == Some(9)
     })
     .await;
     assert!(landed, "the cut apply call never ran in Redis");

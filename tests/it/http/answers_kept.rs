@@ -59,7 +59,10 @@ async fn daemon_on(
 /// body the API gives for it.
 async fn direct_top(store: &Store, board: &Board) -> Vec<u8> {
     let now = redis_now(store).await;
-    let page = store.top(board, None, 0, 10, now).await.expect("top");
+    let page = store
+        .top(&board.widest(), None, 0, 10, now)
+        .await
+        .expect("top");
     serde_json::to_vec(&json!(page)).expect("JSON")
 }
 
@@ -169,17 +172,18 @@ impl Spec {
     async fn expected(&self, store: &Store, b: &Board, now: i64) -> (u16, Vec<u8>) {
         let (status, value) = match self {
             Spec::Top { offset, limit } => {
-                let page = store.top(b, None, *offset, *limit, now).await;
+                let page = store.top(&b.widest(), None, *offset, *limit, now).await;
                 (200, json!(page.expect("top")))
             }
             Spec::Rank(m) => {
-                let rank = store.rank(b, None, m, now).await.expect("rank");
+                let rank = store.rank(&b.widest(), None, m, now).await.expect("rank");
                 match rank.is_ranked() {
                     true => (200, json!(rank)),
                     false => (404, rank.not_on_board()),
                 }
             }
-            Spec::Around(m, radius) => match store.around(b, None, m, *radius, now).await {
+            Spec::Around(m, radius) => match store.around(&b.widest(), None, m, *radius, now).await
+            {
                 Ok(Ok(page)) => (200, json!(page)),
                 Ok(Err(missing)) => (404, missing.not_on_board()),
                 Err(e) => panic!("around: {e}"),
@@ -189,7 +193,7 @@ impl Spec {
                 (200, json!(windows.expect("all windows")))
             }
             Spec::Ranks(members) => {
-                let subset = store.ranks(b, None, members, now).await;
+                let subset = store.ranks(&b.widest(), None, members, now).await;
                 (200, json!(subset.expect("ranks")))
             }
         };
@@ -366,7 +370,7 @@ async fn observe(
     clock: &Clock,
 ) -> Vec<(u16, Vec<u8>)> {
     let now = clock.now();
-    assert_matches(store, b, None, model, now).await;
+    assert_matches(store, &b.widest(), None, model, now).await;
     let mut answers = Vec::with_capacity(specs.len());
     for spec in specs {
         answers.push(spec.expected(store, b, now).await);
@@ -551,7 +555,7 @@ async fn run_case(redis: &RedisServer, store: &Store, case: &Case, writer: Write
     let mut now = api.clock.now() + 2 * HOUR;
     let origin = Instant::now();
     roll_board(store, &b, now).await;
-    model.roll(&b, now);
+    model.roll(&b.widest(), now);
     let answers = observe(store, &b, &model, &specs, &api.clock).await;
     let mut states = vec![State {
         start: origin,
@@ -612,10 +616,10 @@ async fn run_case(redis: &RedisServer, store: &Store, case: &Case, writer: Write
             (Op::Roll(quarters), None) => {
                 now += quarters * QUARTER;
                 roll_board(store, &b, now).await;
-                model.roll(&b, now);
+                model.roll(&b.widest(), now);
             }
             (_, None) => {
-                rollboard::roll::rebuild(store, &b, None, 10)
+                rollboard::roll::rebuild(store, &b.widest(), None, 10)
                     .await
                     .expect("rebuild");
             }
@@ -1243,7 +1247,7 @@ async fn writes_of_other_processes_show_within_max_staleness() {
     .await;
 
     // The ranking lost (by hand), then `rollboard rebuild`.
-    let result = store.instance(&b, None).result();
+    let result = store.instance(&b.widest(), None).result();
     assert_eq!(redis.cli(&["DEL", &result]).trim(), "1", "DEL {result}");
     let written = Instant::now();
     shows_within(&client, &top, written, bound, "the ranking lost", |a| {

@@ -190,8 +190,8 @@ async fn every_query_answer_carries_as_of() {
             v.and_then(|v| v.parse::<i64>().ok())
         }
     };
-    let rooms_meta = store.instance(rooms, None).meta();
-    let fans_meta = store.instance(fans, Some("r1")).meta();
+    let rooms_meta = store.instance(&rooms.widest(), None).meta();
+    let fans_meta = store.instance(&fans.widest(), Some("r1")).meta();
     let changed = meta(rooms_meta.clone(), "changed_ms")
         .await
         .expect("an apply records changed_ms");

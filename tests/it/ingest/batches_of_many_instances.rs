@@ -127,7 +127,7 @@ async fn run(store: &Store, steps: Vec<Step>) {
                 roll_all(store, &boards, now, 10).await;
                 for ((name, _), instance) in model.instances.iter_mut() {
                     let board = boards.iter().find(|b| &b.name == name).expect("board");
-                    instance.roll(board, now);
+                    instance.roll(&board.widest(), now);
                 }
                 Vec::new()
             }
@@ -142,25 +142,29 @@ async fn run(store: &Store, steps: Vec<Step>) {
                     .expect("id")
                     .to_string();
                 let (id, ts, room, fan, amount) = events[&id].clone();
-                model
-                    .instance("rooms", None)
-                    .apply(rooms, &ev(&id, ts, &room, amount), now);
-                model
-                    .instance("fans", Some(&room))
-                    .apply(fans, &ev(&id, ts, &fan, amount), now);
+                model.instance("rooms", None).apply(
+                    &rooms.widest(),
+                    &ev(&id, ts, &room, amount),
+                    now,
+                );
+                model.instance("fans", Some(&room)).apply(
+                    &fans.widest(),
+                    &ev(&id, ts, &fan, amount),
+                    now,
+                );
             }
         }
         // A resummarize board's ranking changes when the job sums it: checked after rolls.
         for ((name, scope), instance) in &model.instances {
             let board = boards.iter().find(|b| &b.name == name).expect("board");
             if board.mode == Mode::Incremental || rolled {
-                assert_matches(store, board, scope.as_deref(), instance, now).await;
+                assert_matches(store, &board.widest(), scope.as_deref(), instance, now).await;
             }
         }
         // The sharded board, read as one, is the unscoped board: its ranking as the
         // model's, and every other answer as the unscoped board's.
         if let Some(instance) = model.instances.get(&("rooms".to_string(), None)) {
-            assert_matches(store, sharded, None, instance, now).await;
+            assert_matches(store, &sharded.widest(), None, instance, now).await;
             same_answers(store, rooms, sharded, now).await;
         }
     }
@@ -181,11 +185,11 @@ async fn same_answers(store: &Store, one: &Board, sharded: &Board, now: i64) {
     for room in &rooms {
         for radius in 0..=2 {
             let a = store
-                .around(one, None, room, radius, now)
+                .around(&one.widest(), None, room, radius, now)
                 .await
                 .expect("around");
             let b = store
-                .around(sharded, None, room, radius, now)
+                .around(&sharded.widest(), None, room, radius, now)
                 .await
                 .expect("around");
             let (a, b) = match (a, b) {
@@ -197,9 +201,12 @@ async fn same_answers(store: &Store, one: &Board, sharded: &Board, now: i64) {
         }
     }
     let asked: Vec<&str> = rooms.iter().map(String::as_str).collect();
-    let a = store.ranks(one, None, &asked, now).await.expect("ranks");
+    let a = store
+        .ranks(&one.widest(), None, &asked, now)
+        .await
+        .expect("ranks");
     let b = store
-        .ranks(sharded, None, &asked, now)
+        .ranks(&sharded.widest(), None, &asked, now)
         .await
         .expect("ranks");
     assert_eq!(unnamed(a), unnamed(b), "ranks");

@@ -77,7 +77,10 @@ async fn standing(
     member: &str,
     now: i64,
 ) -> (Option<i64>, Option<i64>) {
-    let rank = store.rank(board, scope, member, now).await.expect("rank");
+    let rank = store
+        .rank(&board.widest(), scope, member, now)
+        .await
+        .expect("rank");
     (rank.total, rank.last_ts)
 }
 
@@ -123,7 +126,7 @@ async fn an_overflow_letter_counts_once_on_the_refusing_instance_and_never_again
     let dead = letters(&store).await;
     assert_eq!(dead.len(), 1, "{dead:?}");
     assert_eq!(dead[0].1["reason"], "overflow");
-    assert_eq!(total_at(&store, &users, "u1", t0).await, Some(100));
+    assert_eq!(total_at(&store, &users.widest(), "u1", t0).await, Some(100));
 
     // Room on the refusing instance: a refund.
     apply_events_in(
@@ -145,7 +148,7 @@ async fn an_overflow_letter_counts_once_on_the_refusing_instance_and_never_again
     );
     let once = (Some(MAX_TOTAL - 10 - 1000 + 100), Some(t0));
     assert_eq!(standing(&store, &fans, Some(scope), "u1", t1).await, once);
-    assert_eq!(total_at(&store, &users, "u1", t1).await, Some(100));
+    assert_eq!(total_at(&store, &users.widest(), "u1", t1).await, Some(100));
     assert!(letters(&store).await.is_empty());
     // Under the consumer's key for an event without id on a partition.
     assert!(remembers(&store, &fans, Some(scope), &key, t0 / SLICE).await);
@@ -168,7 +171,7 @@ async fn an_overflow_letter_counts_once_on_the_refusing_instance_and_never_again
     );
     assert!(letters(&store).await.is_empty());
     assert_eq!(standing(&store, &fans, Some(scope), "u1", t1).await, once);
-    assert_eq!(total_at(&store, &users, "u1", t1).await, Some(100));
+    assert_eq!(total_at(&store, &users.widest(), "u1", t1).await, Some(100));
 }
 
 /// An `apply_failed` letter (its board's result key of the wrong type) stays, unchanged and
@@ -181,7 +184,7 @@ async fn an_apply_failed_letter_stays_until_its_board_is_repaired_and_then_count
     let (a, b, boards, metrics) = boards_a_b_metered(SLICE);
     let settings = ingest_settings("rb:events", 1);
     let t0: i64 = 1_000_500;
-    let broken = store.instance(&b, None).result();
+    let broken = store.instance(&b.widest(), None).result();
     set_string(&store, &broken, "x").await;
     let tip = [("user", "u1"), ("amount", "5"), ("id", "tip-1")];
     Consumer::new(&store, &boards, &settings, &metrics)
@@ -207,8 +210,8 @@ async fn an_apply_failed_letter_stays_until_its_board_is_repaired_and_then_count
         replay(&store, &boards, &settings, &only, t1).await,
         counts(1, 0, 0)
     );
-    assert_eq!(total_at(&store, &a, "u1", t1).await, Some(5));
-    assert_eq!(total_at(&store, &b, "u1", t1).await, Some(5));
+    assert_eq!(total_at(&store, &a.widest(), "u1", t1).await, Some(5));
+    assert_eq!(total_at(&store, &b.widest(), "u1", t1).await, Some(5));
     assert!(letters(&store).await.is_empty());
 }
 
@@ -241,8 +244,11 @@ async fn a_revalidated_letter_refused_by_one_instance_leaves_a_letter_for_that_i
         replay(&store, &boards, &settings, &everything, t0).await,
         first
     );
-    assert_eq!(total_at(&store, &a, "u1", t0).await, Some(100));
-    assert_eq!(total_at(&store, &b, "u1", t0).await, Some(MAX_TOTAL - 10));
+    assert_eq!(total_at(&store, &a.widest(), "u1", t0).await, Some(100));
+    assert_eq!(
+        total_at(&store, &b.widest(), "u1", t0).await,
+        Some(MAX_TOTAL - 10)
+    );
     let left = letters(&store).await;
     assert_eq!(left.len(), 1, "{left:?}");
     assert_eq!(left[0].1["reason"], "overflow");
@@ -254,9 +260,9 @@ async fn a_revalidated_letter_refused_by_one_instance_leaves_a_letter_for_that_i
         replay(&store, &boards, &settings, &everything, t0).await,
         counts(1, 0, 0)
     );
-    assert_eq!(total_at(&store, &a, "u1", t0).await, Some(100));
+    assert_eq!(total_at(&store, &a.widest(), "u1", t0).await, Some(100));
     assert_eq!(
-        total_at(&store, &b, "u1", t0).await,
+        total_at(&store, &b.widest(), "u1", t0).await,
         Some(MAX_TOTAL - 10 - 1000 + 100)
     );
     assert!(letters(&store).await.is_empty());
@@ -329,7 +335,7 @@ async fn letters_refused_as_a_whole_are_selected_by_board_and_reason_and_stay_wh
         replay(&store, &boards, &settings, &by_board("rooms_7d"), now).await,
         counts(1, 0, 2)
     );
-    assert_eq!(total_at(&store, &rooms, "r3", now).await, Some(7));
+    assert_eq!(total_at(&store, &rooms.widest(), "r3", now).await, Some(7));
     let left: Vec<String> = letters(&store)
         .await
         .into_iter()
@@ -383,7 +389,7 @@ async fn the_dead_letters_command_lists_and_replays_an_overflow_to_its_board_onl
         .process("rb:events", &batch, now)
         .await
         .expect("batch");
-    assert_eq!(total_at(&store, &rooms, "r1", now).await, Some(3));
+    assert_eq!(total_at(&store, &rooms.widest(), "r1", now).await, Some(3));
     apply_events(&store, &tips, &[ev("refund", now - 500, "u1", -1000)], now).await;
 
     let run = |args: &[&str]| rollboard(Some(&config), args, &[]);
@@ -418,10 +424,10 @@ async fn the_dead_letters_command_lists_and_replays_an_overflow_to_its_board_onl
         "replayed 1, already counted 0, still refused 1",
     );
     assert_eq!(
-        total_at(&store, &tips, "u1", now).await,
+        total_at(&store, &tips.widest(), "u1", now).await,
         Some(MAX_TOTAL - 50 - 1000 + 100)
     );
-    assert_eq!(total_at(&store, &rooms, "r1", now).await, Some(3));
+    assert_eq!(total_at(&store, &rooms.widest(), "r1", now).await, Some(3));
     let left = letters(&store).await;
     assert_eq!(left.len(), 1);
     assert_eq!(left[0].1["reason"], "late");
@@ -429,7 +435,7 @@ async fn the_dead_letters_command_lists_and_replays_an_overflow_to_its_board_onl
     let out = run(&["dead-letters", "replay", "--reason", "overflow"]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert!(stdout(&out).contains("replayed 0"), "{}", stdout(&out));
-    assert_eq!(total_at(&store, &rooms, "r1", now).await, Some(3));
+    assert_eq!(total_at(&store, &rooms.widest(), "r1", now).await, Some(3));
 }
 
 /// A stream of several pages: every letter is seen once, in order, and `--id` takes just

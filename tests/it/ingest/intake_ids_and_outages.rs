@@ -115,7 +115,12 @@ async fn a_post_whose_exec_reply_is_lost_is_counted_once() {
         let member = format!("r{i}");
         let appended = entries.iter().filter(|(_, f)| f["room"] == member).count();
         let rank = store
-            .rank(&board, None, &member, rollboard::domain::clock::local_ms())
+            .rank(
+                &board.widest(),
+                None,
+                &member,
+                rollboard::domain::clock::local_ms(),
+            )
             .await
             .expect("rank");
         if accepted.contains(&i) {

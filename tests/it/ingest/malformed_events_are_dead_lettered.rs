@@ -96,7 +96,7 @@ async fn every_malformed_kind_is_dead_lettered_with_its_reason() {
     );
     assert_eq!(
         store
-            .rank(&test_boards()[0], None, "big", now)
+            .rank(&test_boards()[0].widest(), None, "big", now)
             .await
             .expect("rank")
             .total,

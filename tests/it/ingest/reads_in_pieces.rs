@@ -172,7 +172,7 @@ async fn a_consumer_reading_in_pieces_applies_every_entry_once() {
     for user in 0..5 {
         let expected: i64 = (0..n).filter(|i| i % 5 == user).map(|i| i as i64 + 1).sum();
         assert_eq!(
-            total_at(&store, &board, &format!("u{user}"), now).await,
+            total_at(&store, &board.widest(), &format!("u{user}"), now).await,
             Some(expected),
             "u{user}"
         );

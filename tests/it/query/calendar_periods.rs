@@ -168,7 +168,7 @@ async fn dead_ids(store: &Store, reason: &str) -> Vec<String> {
 async fn stored(store: &Store, board: &Board, id: &str, now: i64) -> Vec<(String, i64, i64)> {
     let instance = period_instance(None, id);
     store
-        .top(board, Some(&instance), 0, 1000, now)
+        .top(&board.widest(), Some(&instance), 0, 1000, now)
         .await
         .expect("top")
         .entries
@@ -351,7 +351,7 @@ async fn the_grace_ends_exactly_and_the_roll_keeps_only_keep_periods_archives() 
         .await
         .expect("instances")
     {
-        let v = rollboard::roll::verify(&store, day, instance.as_deref(), 100)
+        let v = rollboard::roll::verify(&store, &day.widest(), instance.as_deref(), 100)
             .await
             .expect("verify");
         assert!(v.differences.is_empty(), "{v:?}");
@@ -691,7 +691,7 @@ async fn verify_names_the_rebuild_of_a_damaged_period_and_it_repairs_it() {
     let (redis, store, board) = (&rig.redis, &rig.store, &rig.board);
     let (config, yesterday) = (rig.config.clone(), rig.yesterday.clone());
     let instance = rollboard::domain::board::period_instance(Some("room1"), &yesterday);
-    let result = store.instance(board, Some(&instance)).result();
+    let result = store.instance(&board.widest(), Some(&instance)).result();
     redis.cli(&["DEL", &result]);
     let out = run_rollboard(&config, &["verify", "--board", "daily"]);
     let text = String::from_utf8_lossy(&out.stdout).into_owned();

@@ -44,8 +44,11 @@ async fn assert_answers(
     let totals: Vec<i64> = expected.iter().map(|r| r.1).collect();
     let competition = competition_ranks(&totals);
     let dense = dense_ranks(&totals);
-    let page = store.top(board, scope, 0, 1000, now).await.expect("top");
-    assert_eq!(page.count, count, "{}: count", board.name);
+    let page = store
+        .top(&board.widest(), scope, 0, 1000, now)
+        .await
+        .expect("top");
+    assert_eq!(page.envelope.count, count, "{}: count", board.name);
     assert_eq!(page.entries.len(), expected.len());
     for (i, e) in page.entries.iter().enumerate() {
         assert_eq!(
@@ -66,12 +69,18 @@ async fn assert_answers(
     }
     // A page that starts inside a run of ties reads its first dense rank from Redis.
     for offset in 1..expected.len() as u64 {
-        let p = store.top(board, scope, offset, 2, now).await.expect("top");
+        let p = store
+            .top(&board.widest(), scope, offset, 2, now)
+            .await
+            .expect("top");
         assert_eq!(p.entries[0].dense_rank, Some(dense[offset as usize]));
     }
     for member in MEMBERS {
-        let r = store.rank(board, scope, member, now).await.expect("rank");
-        assert_eq!(r.count, count);
+        let r = store
+            .rank(&board.widest(), scope, member, now)
+            .await
+            .expect("rank");
+        assert_eq!(r.envelope.count, count);
         match expected.iter().position(|row| row.0 == member) {
             Some(i) => {
                 assert_eq!(r.rank, Some(i as u64 + 1));
@@ -85,8 +94,11 @@ async fn assert_answers(
             }
         }
     }
-    let subset = store.ranks(board, scope, asked, now).await.expect("ranks");
-    assert_eq!(subset.count, count);
+    let subset = store
+        .ranks(&board.widest(), scope, asked, now)
+        .await
+        .expect("ranks");
+    assert_eq!(subset.envelope.count, count);
     let mut want: Vec<(usize, &str)> = Vec::new();
     let mut missing: Vec<&str> = Vec::new();
     for m in asked {
@@ -122,7 +134,7 @@ async fn assert_answers(
             }
         }
     }
-    let verified = rollboard::roll::verify(store, board, scope, 100).await;
+    let verified = rollboard::roll::verify(store, &board.widest(), scope, 100).await;
     let drift = verified.expect("verify").dense_drift;
     assert!(drift.is_empty(), "{}: {drift:?}", board.name);
 }
@@ -162,7 +174,7 @@ async fn run_case(store: &Store, scope: Option<&str>, (shape, steps): (usize, Ve
             })
             .collect();
         for e in &batch {
-            model.apply(&board, e, now);
+            model.apply(&board.widest(), e, now);
         }
         store
             .apply(&board, scope, &batch, now)
@@ -170,9 +182,9 @@ async fn run_case(store: &Store, scope: Option<&str>, (shape, steps): (usize, Ve
             .expect("apply");
         now += advance;
         roll_all(store, std::slice::from_ref(&board), now, 2).await;
-        model.roll(&board, now);
+        model.roll(&board.widest(), now);
         if *rebuild {
-            rollboard::roll::rebuild(store, &board, scope, 2)
+            rollboard::roll::rebuild(store, &board.widest(), scope, 2)
                 .await
                 .expect("rebuild");
         }
@@ -223,14 +235,14 @@ fn boards_without_dense_rank_keep_no_distinct_totals() {
                 .expect("apply");
             roll_board(&store, &board, START + 10).await;
             let page = store
-                .top(&board, None, 0, 10, START + 10)
+                .top(&board.widest(), None, 0, 10, START + 10)
                 .await
                 .expect("top");
             assert!(page.entries.iter().all(|e| e.dense_rank.is_none()));
             let json = serde_json::to_value(&page).expect("json");
             assert!(json["entries"][0].get("dense_rank").is_none(), "{json}");
             assert_eq!(json["entries"][0]["percentile"], serde_json::json!(50));
-            let dense = store.instance(&board, None).dense();
+            let dense = store.instance(&board.widest(), None).dense();
             let exists: i64 = fred::prelude::KeysInterface::exists(store.client(), dense)
                 .await
                 .expect("exists");

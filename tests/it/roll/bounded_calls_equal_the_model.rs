@@ -94,7 +94,7 @@ async fn run_case(store: &Store, case: &Case) {
         .collect();
     let mut model = Instance::default();
     for e in &events {
-        model.apply(&b, e, now);
+        model.apply(&b.widest(), e, now);
     }
     apply_events(store, &b, &events, now).await;
 
@@ -102,11 +102,11 @@ async fn run_case(store: &Store, case: &Case) {
     // sizes and died after `stop` of them.
     let later = s0 + 2 * HOUR;
     let (w, dead) = store
-        .raise_watermark(&b, None, b.slice_of(s0), later)
+        .raise_watermark(&b.widest(), None, b.slice_of(s0), later)
         .await
         .unwrap();
     assert_eq!(w, b.slice_of(s0));
-    let key = store.instance(&b, None).slice(b.slice_of(s0));
+    let key = store.instance(&b.widest(), None).slice(b.slice_of(s0));
     let names = fields(store, &key).await;
     let mut at = 0;
     for &size in case.sizes.iter().take(case.stop) {
@@ -115,13 +115,13 @@ async fn run_case(store: &Store, case: &Case) {
         }
         let part = &names[at..(at + size).min(names.len())];
         store
-            .expire_chunk(&b, None, b.slice_of(s0), part)
+            .expire_chunk(&b.widest(), None, b.slice_of(s0), part)
             .await
             .unwrap();
         at += part.len();
         // Between two calls the instance is consistent: what is left of the dead slice
         // still counts, the rest is gone, member by member.
-        assert_verified(store, &b, None).await;
+        assert_verified(store, &b.widest(), None).await;
     }
     // A second roller, cancelled before any of its calls, changes nothing.
     let cancel = CancellationToken::new();
@@ -130,7 +130,7 @@ async fn run_case(store: &Store, case: &Case) {
     for n in &dead {
         let outcome = roll::InstanceRoll {
             store,
-            board: &b,
+            view: &b.widest(),
             scope: None,
             now,
             chunk: case.cancelled_per_call,
@@ -141,13 +141,13 @@ async fn run_case(store: &Store, case: &Case) {
         assert!(matches!(outcome, Err(RollError::Cancelled)), "{outcome:?}");
     }
     assert_eq!(report.fields_expired, 0);
-    assert_verified(store, &b, None).await;
+    assert_verified(store, &b.widest(), None).await;
 
     // The next roll finishes the slice: exactly the model.
     roll_one(store, &b, later, 1 + case.sizes[0] * 7).await;
-    model.roll(&b, later);
-    assert_matches(store, &b, None, &model, later).await;
-    assert_verified(store, &b, None).await;
+    model.roll(&b.widest(), later);
+    assert_matches(store, &b.widest(), None, &model, later).await;
+    assert_verified(store, &b.widest(), None).await;
 }
 
 #[test]
@@ -223,11 +223,11 @@ async fn run_swap_case(redis: &RedisServer, store: &Store, case: &SwapCase) {
     let mut model = Instance::default();
     let before = swap_events(case, &case.before, "b", s0);
     for e in &before {
-        model.apply(&b, e, now);
+        model.apply(&b.widest(), e, now);
     }
     apply_events(store, &b, &before, now).await;
     roll_one(store, &b, now, case.chunk).await;
-    assert_matches(store, &b, None, &model, now).await;
+    assert_matches(store, &b.widest(), None, &model, now).await;
     let shown = model.clone();
 
     // The cut run stages what a run summing now would (each member's exact total over the
@@ -254,21 +254,27 @@ async fn run_swap_case(redis: &RedisServer, store: &Store, case: &SwapCase) {
         })
         .collect();
     rows.sort_by(|x, y| x.member.cmp(&y.member));
-    store.stage(&b, None, "cut", targets, &[]).await.unwrap();
+    store
+        .stage(&b.widest(), None, "cut", targets, &[])
+        .await
+        .unwrap();
     let during = swap_events(case, &case.during, "d", s0);
     let mut next = during.iter();
     let mut at = 0;
     for &size in case.sizes.iter().take(case.stop) {
         let part = &rows[at.min(rows.len())..(at + size).min(rows.len())];
         at += part.len();
-        store.stage(&b, None, "cut", targets, part).await.unwrap();
+        store
+            .stage(&b.widest(), None, "cut", targets, part)
+            .await
+            .unwrap();
         if let Some(e) = next.next() {
-            let expected = model.apply(&b, e, now);
+            let expected = model.apply(&b.widest(), e, now);
             let got = apply_events(store, &b, std::slice::from_ref(e), now).await;
             assert_eq!(got, vec![expected], "{e:?}");
         }
         // Readers see the last complete run's ranking, untouched by the cut one.
-        assert_matches(store, &b, None, &shown, now).await;
+        assert_matches(store, &b.widest(), None, &shown, now).await;
     }
     // The cut run's scratch keys go by themselves.
     let scratch = redis.cli(&["KEYS", "rb:{cut}:tmp:cut:*"]);
@@ -280,16 +286,16 @@ async fn run_swap_case(redis: &RedisServer, store: &Store, case: &SwapCase) {
     }
     // Events applied after the cut run are not shown until a complete run.
     for e in next {
-        let expected = model.apply(&b, e, now);
+        let expected = model.apply(&b.widest(), e, now);
         let got = apply_events(store, &b, std::slice::from_ref(e), now).await;
         assert_eq!(got, vec![expected], "{e:?}");
     }
-    assert_matches(store, &b, None, &shown, now).await;
+    assert_matches(store, &b.widest(), None, &shown, now).await;
 
     // The next complete run shows exactly every event; it leaves none of its own keys.
     roll_one(store, &b, now, case.chunk).await;
-    assert_matches(store, &b, None, &model, now).await;
-    assert_verified(store, &b, None).await;
+    assert_matches(store, &b.widest(), None, &model, now).await;
+    assert_verified(store, &b.widest(), None).await;
     let left = redis.cli(&["KEYS", "rb:{cut}:tmp:*"]);
     let mut left: Vec<&str> = left.lines().filter(|l| !l.is_empty()).collect();
     left.sort_unstable();
@@ -300,9 +306,9 @@ async fn run_swap_case(redis: &RedisServer, store: &Store, case: &SwapCase) {
     // Past the older slice: the roll and the next run agree with the model.
     let later = s0 + 2 * HOUR;
     roll_one(store, &b, later, case.chunk).await;
-    model.roll(&b, later);
-    assert_matches(store, &b, None, &model, later).await;
-    assert_verified(store, &b, None).await;
+    model.roll(&b.widest(), later);
+    assert_matches(store, &b.widest(), None, &model, later).await;
+    assert_verified(store, &b.widest(), None).await;
 }
 
 #[test]
@@ -341,16 +347,16 @@ async fn large_instances_are_staged_trimmed_and_swapped_in_bounded_calls() {
             .collect();
         let mut model = Instance::default();
         for e in &events {
-            model.apply(&b, e, s0);
+            model.apply(&b.widest(), e, s0);
         }
         apply_events(&store, &b, &events, s0).await;
         // A default-sized chunk: the stage calls are split below it.
         roll_one(&store, &b, s0, 1000).await;
-        assert_matches(&store, &b, None, &model, s0).await;
+        assert_matches(&store, &b.widest(), None, &model, s0).await;
         // Resummarize again over the ranking just swapped in: the old one is renamed away
         // and unlinked, nothing of the run is left behind.
         roll_one(&store, &b, s0 + 1, 1000).await;
-        assert_matches(&store, &b, None, &model, s0 + 1).await;
+        assert_matches(&store, &b.widest(), None, &model, s0 + 1).await;
         let pattern = format!("rb:{{{}}}:tmp:*", b.name);
         assert_eq!(redis.cli(&["KEYS", &pattern]).trim(), "", "{b}");
 
@@ -360,9 +366,9 @@ async fn large_instances_are_staged_trimmed_and_swapped_in_bounded_calls() {
         let report = roll_one(&store, &b, gone, 1000).await;
         assert_eq!(report.ids_forgotten, members as u64, "{b}");
         assert_rolled_and_verified(&store, &b, &mut model, gone).await;
-        assert_eq!(seen_table(&store, &b, None).await, vec![], "{b}");
+        assert_eq!(seen_table(&store, &b.widest(), None).await, vec![], "{b}");
         assert_eq!(
-            seen_logs(&store, &b, None).await,
+            seen_logs(&store, &b.widest(), None).await,
             Vec::<String>::new(),
             "{b}"
         );

@@ -28,7 +28,7 @@ async fn a_corrupt_last_roll_fails_every_script_of_the_instance_before_it_writes
         let _: () = store.client().flushall(false).await.expect("flushall");
         let applied = apply_events(&store, &b, &[ev("first", now, "u1", 5)], now).await;
         assert_eq!(applied, vec![rollboard::store::Outcome::Applied]);
-        let meta = store.instance(&b, None).meta();
+        let meta = store.instance(&b.widest(), None).meta();
         hset(&store, &meta, "last_roll", value).await;
         let before = snapshot(&store, &b).await;
         // The fold path (one new event) and apply.lua (an id twice in one chunk).
@@ -76,11 +76,11 @@ async fn a_corrupt_expired_through_fails_the_roll_before_it_writes() {
     for value in ["soon", "", "1e3", "0x10", "17.5"] {
         let _: () = store.client().flushall(false).await.expect("flushall");
         apply_events(&store, &b, &[ev("first", now, "u1", 5)], now).await;
-        let meta = store.instance(&b, None).meta();
+        let meta = store.instance(&b.widest(), None).meta();
         hset(&store, &meta, "expired_through", value).await;
         let before = snapshot(&store, &b).await;
         let e = store
-            .raise_watermark(&b, None, b.slice_of(now) - 10, now)
+            .raise_watermark(&b.widest(), None, b.slice_of(now) - 10, now)
             .await
             .expect_err(&format!("expired_through {value:?} was overwritten"));
         assert!(e.to_string().contains("ROLLBOARD"), "{value:?}: {e}");
@@ -107,7 +107,7 @@ async fn a_corrupt_board_last_roll_fails_applies_and_rolls_of_a_scoped_board() {
             .expect_err(&format!("board last_roll {value:?} was ignored"));
         assert!(e.to_string().contains("last_roll"), "{value:?}: {e}");
         let e = store
-            .raise_board_watermark(&b, b.slice_of(now) - 10, now)
+            .raise_board_watermark(&b.widest(), b.slice_of(now) - 10, now)
             .await
             .expect_err(&format!("board last_roll {value:?} was overwritten"));
         assert!(e.to_string().contains("ROLLBOARD"), "{value:?}: {e}");
@@ -122,7 +122,7 @@ async fn a_corrupt_board_last_roll_fails_applies_and_rolls_of_a_scoped_board() {
             "the corrupt record was overwritten"
         );
         let total = store
-            .rank(&b, Some("r1"), "u1", now)
+            .rank(&b.widest(), Some("r1"), "u1", now)
             .await
             .expect("rank")
             .total;

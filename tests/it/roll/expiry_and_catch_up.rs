@@ -26,7 +26,7 @@ async fn expiry_subtracts_each_dead_slice_and_forgets_its_members() {
     apply_events(&store, &b, &events, s0 + 2 * HOUR).await;
     let mut model = Instance::default();
     for e in &events {
-        model.apply(&b, e, s0 + 2 * HOUR);
+        model.apply(&b.widest(), e, s0 + 2 * HOUR);
     }
     // At s0 + 3h the first slice leaves the window.
     let reports = roll_all(&store, std::slice::from_ref(&b), s0 + 3 * HOUR, 2).await;
@@ -38,11 +38,11 @@ async fn expiry_subtracts_each_dead_slice_and_forgets_its_members() {
         ),
         (1, 1, 0)
     );
-    model.roll(&b, s0 + 3 * HOUR);
-    assert_matches(&store, &b, None, &model, s0 + 3 * HOUR).await;
+    model.roll(&b.widest(), s0 + 3 * HOUR);
+    assert_matches(&store, &b.widest(), None, &model, s0 + 3 * HOUR).await;
     assert_eq!(
         store
-            .rank(&b, None, "a", s0 + 3 * HOUR)
+            .rank(&b.widest(), None, "a", s0 + 3 * HOUR)
             .await
             .unwrap()
             .total,
@@ -54,8 +54,8 @@ async fn expiry_subtracts_each_dead_slice_and_forgets_its_members() {
         (reports[0].slices_expired, reports[0].members_removed),
         (1, 2)
     );
-    model.roll(&b, s0 + 4 * HOUR);
-    assert_matches(&store, &b, None, &model, s0 + 4 * HOUR).await;
+    model.roll(&b.widest(), s0 + 4 * HOUR);
+    assert_matches(&store, &b.widest(), None, &model, s0 + 4 * HOUR).await;
     assert_eq!(redis.cli(&["HLEN", "rb:{rooms}:members"]).trim(), "1");
     assert_eq!(redis.cli(&["ZCARD", "rb:{rooms}:slices"]).trim(), "1");
     assert_eq!(
@@ -70,7 +70,7 @@ async fn expiry_subtracts_each_dead_slice_and_forgets_its_members() {
             .trim(),
         (s0 / HOUR + 1).to_string()
     );
-    assert_verified(&store, &b, None).await;
+    assert_verified(&store, &b.widest(), None).await;
 }
 
 #[tokio::test]
@@ -117,7 +117,10 @@ async fn late_events_never_land_in_a_dead_slice() {
             .trim(),
         "0"
     );
-    assert_eq!(store.rank(&b, None, "a", T0).await.unwrap().total, Some(1));
+    assert_eq!(
+        store.rank(&b.widest(), None, "a", T0).await.unwrap().total,
+        Some(1)
+    );
 }
 
 #[tokio::test]
@@ -151,7 +154,10 @@ async fn catch_up_after_ten_days_equals_the_model() {
                 })
                 .collect();
             let model = models.entry((bi, scope.clone())).or_default();
-            let expected: Vec<Outcome> = events.iter().map(|e| model.apply(b, e, now)).collect();
+            let expected: Vec<Outcome> = events
+                .iter()
+                .map(|e| model.apply(&b.widest(), e, now))
+                .collect();
             assert_eq!(
                 store
                     .apply(b, scope.as_deref(), &events, now)
@@ -165,9 +171,9 @@ async fn catch_up_after_ten_days_equals_the_model() {
     let reports = roll_all(&store, &boards, end, 7).await;
     assert!(reports[0].slices_expired >= 10 * 24 - 72 - 1, "{reports:?}");
     for ((bi, scope), model) in &mut models {
-        model.roll(&boards[*bi], end);
-        assert_matches(&store, &boards[*bi], scope.as_deref(), model, end).await;
-        assert_verified(&store, &boards[*bi], scope.as_deref()).await;
+        model.roll(&boards[*bi].widest(), end);
+        assert_matches(&store, &boards[*bi].widest(), scope.as_deref(), model, end).await;
+        assert_verified(&store, &boards[*bi].widest(), scope.as_deref()).await;
     }
 }
 
@@ -188,7 +194,7 @@ async fn two_rollers_subtract_every_amount_exactly_once() {
         let out = apply_events(&setup, &b, chunk, T0 + HOUR).await;
         assert!(out.iter().all(|o| *o == Outcome::Applied));
         for e in chunk {
-            model.apply(&b, e, T0 + HOUR);
+            model.apply(&b.widest(), e, T0 + HOUR);
         }
     }
     let at = T0 + 2 * HOUR;
@@ -205,9 +211,9 @@ async fn two_rollers_subtract_every_amount_exactly_once() {
         fields += t.await.unwrap()[0].fields_expired;
     }
     assert_eq!(fields, 6000, "each field expired by exactly one roller");
-    model.roll(&b, at);
-    assert_matches(&setup, &b, None, &model, at).await;
-    assert_verified(&setup, &b, None).await;
+    model.roll(&b.widest(), at);
+    assert_matches(&setup, &b.widest(), None, &model, at).await;
+    assert_verified(&setup, &b.widest(), None).await;
 }
 
 fn config_file(dir: &std::path::Path, url: &str, chunk: usize) -> std::path::PathBuf {
@@ -235,7 +241,7 @@ async fn a_roll_killed_mid_slice_then_rerun_ends_in_the_model_state() {
     for chunk in dead.chunks(1000).chain(live.chunks(1000)) {
         apply_events(&store, &b, chunk, T0 + HOUR).await;
         for e in chunk {
-            model.apply(&b, e, T0 + HOUR);
+            model.apply(&b.widest(), e, T0 + HOUR);
         }
     }
     let dir = tempfile::tempdir().unwrap();
@@ -295,9 +301,10 @@ async fn an_emptied_scope_leaves_the_registry_and_redis() {
     );
     assert_eq!(
         store
-            .top(&b, Some("new"), 0, 10, T0 + 3 * HOUR)
+            .top(&b.widest(), Some("new"), 0, 10, T0 + 3 * HOUR)
             .await
             .unwrap()
+            .envelope
             .count,
         1
     );
@@ -386,8 +393,10 @@ async fn run_steps(store: &Store, steps: &[(Step, i64)]) {
                     })
                     .collect();
                 let model = models.entry((*b, scope.clone())).or_default();
-                let expected: Vec<Outcome> =
-                    events.iter().map(|e| model.apply(board, e, now)).collect();
+                let expected: Vec<Outcome> = events
+                    .iter()
+                    .map(|e| model.apply(&board.widest(), e, now))
+                    .collect();
                 assert_eq!(
                     store
                         .apply(board, scope.as_deref(), &events, now)
@@ -396,15 +405,15 @@ async fn run_steps(store: &Store, steps: &[(Step, i64)]) {
                     expected
                 );
                 if board.mode == Mode::Incremental {
-                    assert_matches(store, board, scope.as_deref(), model, now).await;
+                    assert_matches(store, &board.widest(), scope.as_deref(), model, now).await;
                 }
             }
             Step::Roll => {
                 roll_all(store, &boards, now, 2).await;
                 for ((b, scope), model) in models.iter_mut() {
-                    model.roll(&boards[*b], now);
-                    assert_matches(store, &boards[*b], scope.as_deref(), model, now).await;
-                    assert_verified(store, &boards[*b], scope.as_deref()).await;
+                    model.roll(&boards[*b].widest(), now);
+                    assert_matches(store, &boards[*b].widest(), scope.as_deref(), model, now).await;
+                    assert_verified(store, &boards[*b].widest(), scope.as_deref()).await;
                 }
             }
         }

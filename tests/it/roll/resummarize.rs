@@ -31,21 +31,39 @@ async fn a_swap_that_runs_twice_changes_nothing_the_second_time() {
         watermark: Some(watermark),
         ..SwapCheck::default()
     };
-    store.stage(&b, None, "t1", targets, &rows).await.unwrap();
-    assert!(store.swap(&b, None, "t1", targets, at(5)).await.unwrap());
+    store
+        .stage(&b.widest(), None, "t1", targets, &rows)
+        .await
+        .unwrap();
+    assert!(store
+        .swap(&b.widest(), None, "t1", targets, at(5))
+        .await
+        .unwrap());
     assert!(
-        !store.swap(&b, None, "t1", targets, at(5)).await.unwrap(),
+        !store
+            .swap(&b.widest(), None, "t1", targets, at(5))
+            .await
+            .unwrap(),
         "resent swap refused"
     );
     assert_eq!(
-        store.rank(&b, None, "a", T0).await.unwrap().total,
+        store.rank(&b.widest(), None, "a", T0).await.unwrap().total,
         Some(5),
         "ranking intact"
     );
     // A sum above an older watermark never replaces a newer one.
-    store.stage(&b, None, "t2", targets, &[]).await.unwrap();
-    assert!(!store.swap(&b, None, "t2", targets, at(4)).await.unwrap());
-    assert_eq!(store.rank(&b, None, "a", T0).await.unwrap().total, Some(5));
+    store
+        .stage(&b.widest(), None, "t2", targets, &[])
+        .await
+        .unwrap();
+    assert!(!store
+        .swap(&b.widest(), None, "t2", targets, at(4))
+        .await
+        .unwrap());
+    assert_eq!(
+        store.rank(&b.widest(), None, "a", T0).await.unwrap().total,
+        Some(5)
+    );
 }
 
 #[tokio::test]
@@ -54,18 +72,26 @@ async fn resummarize_tracks_new_events_only_at_its_runs() {
     let b = resummarize("res", HOUR, 3);
     apply_events(&store, &b, &[ev("1", T0, "a", 5)], T0).await;
     assert_eq!(
-        store.top(&b, None, 0, 10, T0).await.unwrap().count,
+        store
+            .top(&b.widest(), None, 0, 10, T0)
+            .await
+            .unwrap()
+            .envelope
+            .count,
         0,
         "nothing until the job runs"
     );
     roll_board(&store, &b, T0).await;
-    assert_eq!(store.rank(&b, None, "a", T0).await.unwrap().total, Some(5));
+    assert_eq!(
+        store.rank(&b.widest(), None, "a", T0).await.unwrap().total,
+        Some(5)
+    );
     apply_events(&store, &b, &[ev("2", T0 + 1, "a", 5)], T0).await;
-    let lag = roll::verify(&store, &b, None, 10).await.unwrap();
+    let lag = roll::verify(&store, &b.widest(), None, 10).await.unwrap();
     assert_eq!((lag.differences.len(), lag.amount_behind), (1, 5));
     assert!(!lag.fails(false) && lag.fails(true));
     roll_board(&store, &b, T0 + 2).await;
-    let r = store.rank(&b, None, "a", T0).await.unwrap();
+    let r = store.rank(&b.widest(), None, "a", T0).await.unwrap();
     assert_eq!((r.total, r.last_ts), (Some(10), Some(T0 + 1)));
     // No scratch key is left behind.
     assert_eq!(redis.cli(&["KEYS", "rb:{res}:tmp:*"]).trim(), "");
@@ -86,7 +112,10 @@ async fn a_resummarize_instance_that_did_not_change_keeps_its_ranking_without_a_
     let (redis, store, b, s0) = resummarize_at_t0("res", HOUR, 3).await;
     let mut model = Instance::default();
     let apply = async |model: &mut Instance, events: &[ApplyEvent], now: i64| {
-        let expected: Vec<Outcome> = events.iter().map(|e| model.apply(&b, e, now)).collect();
+        let expected: Vec<Outcome> = events
+            .iter()
+            .map(|e| model.apply(&b.widest(), e, now))
+            .collect();
         assert_eq!(apply_events(&store, &b, events, now).await, expected);
     };
     let run = async |now: i64| {
@@ -102,9 +131,9 @@ async fn a_resummarize_instance_that_did_not_change_keeps_its_ranking_without_a_
     )
     .await;
     assert_eq!(run(s0).await, (1, 1), "summed: one live slice listed");
-    assert_matches(&store, &b, None, &model, s0).await;
+    assert_matches(&store, &b.widest(), None, &model, s0).await;
     assert_eq!(run(s0 + 1).await, (0, 0), "nothing changed: not summed");
-    assert_matches(&store, &b, None, &model, s0 + 1).await;
+    assert_matches(&store, &b.widest(), None, &model, s0 + 1).await;
 
     // A duplicate changes nothing either.
     apply(&mut model, &[ev("1", s0, "a", 5)], s0 + 2).await;
@@ -113,34 +142,34 @@ async fn a_resummarize_instance_that_did_not_change_keeps_its_ranking_without_a_
     // A new event, in a second slice: summed again, then left.
     apply(&mut model, &[ev("3", s0 + HOUR, "a", 4)], s0 + HOUR).await;
     assert_eq!(run(s0 + HOUR).await, (1, 2));
-    assert_matches(&store, &b, None, &model, s0 + HOUR).await;
+    assert_matches(&store, &b.widest(), None, &model, s0 + HOUR).await;
     assert_eq!(run(s0 + HOUR + 1).await, (0, 0));
 
     // The first slice dies: its expiry changes the instance, so the next sum runs.
     let later = s0 + 3 * HOUR;
-    model.roll(&b, later);
+    model.roll(&b.widest(), later);
     assert_eq!(
         run(later).await,
         (1, 2),
         "the dead slice listed to expire, the live one summed"
     );
-    assert_matches(&store, &b, None, &model, later).await;
+    assert_matches(&store, &b.widest(), None, &model, later).await;
     assert_eq!(run(later + 1).await, (0, 0));
-    assert_matches(&store, &b, None, &model, later + 1).await;
+    assert_matches(&store, &b.widest(), None, &model, later + 1).await;
 
     // The watermark moves with no slice to expire: summed once more (a new window), then
     // left.
     let empty = s0 + 4 * HOUR;
-    model.roll(&b, empty);
+    model.roll(&b.widest(), empty);
     assert_eq!(run(empty).await.0, 1);
     assert_eq!(run(empty + 1).await, (0, 0));
-    assert_matches(&store, &b, None, &model, empty + 1).await;
+    assert_matches(&store, &b.widest(), None, &model, empty + 1).await;
 
     // The sums' record lost (an operator lowering a watermark drops it): summed again.
     redis.cli(&["HDEL", "rb:{res}:meta", "summed_gen"]);
     assert_eq!(run(empty + 2).await.0, 1);
-    assert_matches(&store, &b, None, &model, empty + 2).await;
-    assert_verified(&store, &b, None).await;
+    assert_matches(&store, &b.widest(), None, &model, empty + 2).await;
+    assert_verified(&store, &b.widest(), None).await;
 }
 
 #[tokio::test]
@@ -154,9 +183,15 @@ async fn an_unchanged_resummarize_ranking_is_summed_again_after_an_hour() {
     // A write that no `gen` counts (by hand): shown once the hour is up.
     let slice = format!("rb:{{daily}}:slice:{}", b.slice_of(d0));
     redis.cli(&["HSET", &slice, "a", "8"]);
-    assert_eq!(store.rank(&b, None, "a", d0).await.unwrap().total, Some(5));
+    assert_eq!(
+        store.rank(&b.widest(), None, "a", d0).await.unwrap().total,
+        Some(5)
+    );
     assert_eq!(resummed(d0 + EVERY).await, 1, "an hour after the last sum");
-    assert_eq!(store.rank(&b, None, "a", d0).await.unwrap().total, Some(8));
+    assert_eq!(
+        store.rank(&b.widest(), None, "a", d0).await.unwrap().total,
+        Some(8)
+    );
     assert_eq!(resummed(d0 + EVERY + 1).await, 0);
 }
 
@@ -179,14 +214,14 @@ async fn a_sum_read_before_a_newer_one_of_the_same_window_is_not_swapped_over_it
         fallback_ts: None,
     };
     // A slow run sums a = 5; meanwhile an event arrives and a faster run sums a = 9.
-    let slow = store.summed(&b, None).await.unwrap();
+    let slow = store.summed(&b.widest(), None).await.unwrap();
     store
-        .stage(&b, None, "slow", targets, &[row(5)])
+        .stage(&b.widest(), None, "slow", targets, &[row(5)])
         .await
         .unwrap();
     apply_events(&store, &b, &[ev("2", s0 + 1, "a", 4)], s0 + 1).await;
     roll_board(&store, &b, s0 + 1).await;
-    let fast = store.summed(&b, None).await.unwrap();
+    let fast = store.summed(&b.widest(), None).await.unwrap();
     assert_ne!(fast.gen, slow.gen);
     assert_eq!(fast.summed_gen.as_deref(), Some(fast.gen.as_str()));
     let watermark = fast.summed_through.expect("summed_through");
@@ -198,20 +233,29 @@ async fn a_sum_read_before_a_newer_one_of_the_same_window_is_not_swapped_over_it
             summed_at: Some((gen, s0 + 2)),
             ..SwapCheck::default()
         };
-        store.swap(&b, None, run, targets, check).await.unwrap()
+        store
+            .swap(&b.widest(), None, run, targets, check)
+            .await
+            .unwrap()
     };
-    let total_of_a = async || store.rank(&b, None, "a", s0 + 1).await.unwrap().total;
+    let total_of_a = async || {
+        store
+            .rank(&b.widest(), None, "a", s0 + 1)
+            .await
+            .unwrap()
+            .total
+    };
     assert!(!swap("slow", slow.gen.as_str()).await);
     assert_eq!(total_of_a().await, Some(9));
-    assert_eq!(store.summed(&b, None).await.unwrap(), fast);
+    assert_eq!(store.summed(&b.widest(), None).await.unwrap(), fast);
     // A run that read the same `gen` may swap (its sum is as new).
     store
-        .stage(&b, None, "twin", targets, &[row(9)])
+        .stage(&b.widest(), None, "twin", targets, &[row(9)])
         .await
         .unwrap();
     assert!(swap("twin", fast.gen.as_str()).await);
     assert_eq!(total_of_a().await, Some(9));
-    let twin = store.summed(&b, None).await.unwrap();
+    let twin = store.summed(&b.widest(), None).await.unwrap();
     assert_eq!(
         (twin.summed_gen, twin.summed_through, twin.summed_ms),
         (fast.summed_gen, fast.summed_through, Some(s0 + 2))
@@ -244,13 +288,16 @@ async fn a_scoped_resummarize_refund_board_rolls_to_empty_and_comes_back() {
         let (store, b, boards) = (&store, &b, &boards);
         async move {
             roll_all(store, boards, now, 100).await;
-            let page = store.top(b, scope, 0, 10, now).await.expect("top");
+            let page = store
+                .top(&b.widest(), scope, 0, 10, now)
+                .await
+                .expect("top");
             let ranked: Vec<(String, i64)> = page
                 .entries
                 .iter()
                 .map(|e| (e.member.clone(), e.total))
                 .collect();
-            (page.count, ranked)
+            (page.envelope.count, ranked)
         }
     };
 
@@ -289,7 +336,7 @@ async fn a_scoped_resummarize_refund_board_rolls_to_empty_and_comes_back() {
     let now = at(s0 + 5);
     assert_eq!(rolled_totals(now).await, (0, vec![]));
     assert!(store.scopes(&b).await.expect("scopes").is_empty());
-    let k = store.instance(&b, scope);
+    let k = store.instance(&b.widest(), scope);
     let left: i64 = store
         .client()
         .exists(vec![

@@ -33,18 +33,24 @@ async fn a_sum_read_before_a_rebuild_is_not_swapped_over_the_rebuilt_ranking() {
 
     // Replica A's run: b's event moved `gen`, so it reads the record and sums (a 5, b 3).
     apply_model(&store, &b, &mut model, &[ev("2", d0 + 1, "b", 3)], d0 + 1).await;
-    let before = store.summed(&b, None).await.unwrap();
+    let before = store.summed(&b.widest(), None).await.unwrap();
     assert_ne!(before.summed_gen.as_deref(), Some(before.gen.as_str()));
     let watermark = before.summed_through.expect("summed once");
     store
-        .stage(&b, None, "replica-a", RANKING, &[row("a", 5), row("b", 3)])
+        .stage(
+            &b.widest(),
+            None,
+            "replica-a",
+            RANKING,
+            &[row("a", 5), row("b", 3)],
+        )
         .await
         .unwrap();
 
     // c's event, then the operator's rebuild: the ranking holds all three.
     apply_model(&store, &b, &mut model, &[ev("3", d0 + 2, "c", 4)], d0 + 2).await;
-    roll::rebuild(&store, &b, None, 100).await.unwrap();
-    assert_matches(&store, &b, None, &model, d0 + 3).await;
+    roll::rebuild(&store, &b.widest(), None, 100).await.unwrap();
+    assert_matches(&store, &b.widest(), None, &model, d0 + 3).await;
 
     // Replica A swaps last.
     let check = SwapCheck {
@@ -53,20 +59,20 @@ async fn a_sum_read_before_a_rebuild_is_not_swapped_over_the_rebuilt_ranking() {
         ..SwapCheck::default()
     };
     let swapped = store
-        .swap(&b, None, "replica-a", RANKING, check)
+        .swap(&b.widest(), None, "replica-a", RANKING, check)
         .await
         .unwrap();
     if !swapped {
-        store.discard(&b, None, "replica-a").await.unwrap();
+        store.discard(&b.widest(), None, "replica-a").await.unwrap();
     }
-    let right_after = roll::verify(&store, &b, None, 100).await.unwrap();
+    let right_after = roll::verify(&store, &b.widest(), None, 100).await.unwrap();
 
     // The next regular run, and the one after it (which may skip), end equal to the model.
     roll_board(&store, &b, d0 + 4).await;
-    assert_matches(&store, &b, None, &model, d0 + 4).await;
+    assert_matches(&store, &b.widest(), None, &model, d0 + 4).await;
     roll_board(&store, &b, d0 + 5).await;
-    assert_matches(&store, &b, None, &model, d0 + 5).await;
-    assert!(roll::verify(&store, &b, None, 100)
+    assert_matches(&store, &b.widest(), None, &model, d0 + 5).await;
+    assert!(roll::verify(&store, &b.widest(), None, 100)
         .await
         .unwrap()
         .differences
@@ -127,7 +133,7 @@ async fn big_slice(store: &Store, b: &Board, model: &mut Instance, n: i64) -> Sh
     for part in events.chunks(200) {
         apply_model(store, b, model, part, ts + MEMBERS as i64).await;
     }
-    let key = store.instance(b, None).slice(n);
+    let key = store.instance(&b.widest(), None).slice(n);
     let mut pages: Vec<(String, Vec<String>)> = Vec::new();
     let mut cursor = "0".to_string();
     loop {
@@ -191,14 +197,17 @@ impl Shrink {
     /// that an HSCAN resuming at the held scan's cursor is handed fields that scan has
     /// already read: the race this plan sets up is the one that makes Redis repeat fields.
     async fn expire_under_the_scan(&self, other: &Store, b: &Board, now: i64) {
-        let target = b.slice_of(now) - b.slices_in_window();
+        let target = b.slice_of(now) - b.widest().slices_in_window();
         assert!(target >= self.n);
-        let (_, dead) = other.raise_watermark(b, None, target, now).await.unwrap();
+        let (_, dead) = other
+            .raise_watermark(&b.widest(), None, target, now)
+            .await
+            .unwrap();
         assert!(dead.contains(&self.n));
         let mut report = roll::Report::default();
         roll::InstanceRoll {
             store: other,
-            board: b,
+            view: &b.widest(),
             scope: None,
             now,
             chunk: EXPIRE_CALL_FIELDS,
@@ -301,7 +310,7 @@ async fn a_slice_expired_under_a_resummarize_sum_is_never_counted_twice() {
     assert_eq!(reports[0].resummed, 1);
 
     let amounts: BTreeMap<String, i64> = (0..MEMBERS).map(|i| (member(i), amount(i))).collect();
-    let ranked = direct.result_entries(&b, None).await.unwrap();
+    let ranked = direct.result_entries(&b.widest(), None).await.unwrap();
     let inflated: Vec<&(String, i64)> = ranked
         .iter()
         .filter(|(m, t)| *t > amounts.get(m).copied().unwrap_or(9))
@@ -309,14 +318,14 @@ async fn a_slice_expired_under_a_resummarize_sum_is_never_counted_twice() {
     assert_none_inflated(&inflated, "ranked");
 
     // Refused: nothing of the run's sum was swapped in.
-    let record = direct.summed(&b, None).await.unwrap();
+    let record = direct.summed(&b.widest(), None).await.unwrap();
     assert_eq!(record.summed_through, None, "the run's sum was swapped in");
     assert!(ranked.is_empty(), "ranked: {} members", ranked.len());
 
     // The other replica's run finishes its expiry and sums above its watermark.
     roll_all(&direct, boards, other_at, CHUNK).await;
-    model.roll(&b, other_at);
-    assert_matches(&direct, &b, None, &model, other_at).await;
+    model.roll(&b.widest(), other_at);
+    assert_matches(&direct, &b.widest(), None, &model, other_at).await;
 }
 
 /// `verify` of a resummarize instance sums the live slices like a run does, and nothing
@@ -339,7 +348,11 @@ async fn verify_counts_a_field_repeated_by_hscan_once() {
             .await;
         hold.release();
     };
-    let (verified, ()) = tokio::join!(roll::verify(&verify_store, &b, None, CHUNK), interleave);
+    let widest = b.widest();
+    let (verified, ()) = tokio::join!(
+        roll::verify(&verify_store, &widest, None, CHUNK),
+        interleave
+    );
     let verified = verified.unwrap();
 
     let amounts: BTreeMap<String, i64> = (0..MEMBERS).map(|i| (member(i), amount(i))).collect();

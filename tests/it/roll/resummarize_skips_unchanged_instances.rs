@@ -29,7 +29,10 @@ async fn a_member_repaired_by_rebuild_is_not_lost_to_a_racing_run_for_an_hour() 
     )
     .await;
     assert_eq!(roll_board(&store, &b, d0).await.resummed, 1);
-    assert_eq!(store.rank(&b, None, "x", d0).await.unwrap().total, Some(7));
+    assert_eq!(
+        store.rank(&b.widest(), None, "x", d0).await.unwrap().total,
+        Some(7)
+    );
 
     // x's tie-break time is lost (the case `rebuild` repairs), and another event arrives.
     redis.cli(&["HDEL", "rb:{res}:members", "x"]);
@@ -37,12 +40,12 @@ async fn a_member_repaired_by_rebuild_is_not_lost_to_a_racing_run_for_an_hour() 
 
     // Replica A's run starts: gen moved, so it sums (a 5, x 7, y 3) and stages; x is
     // skipped, `members` does not know it.
-    let before = store.summed(&b, None).await.unwrap();
+    let before = store.summed(&b.widest(), None).await.unwrap();
     let watermark = before.summed_through.expect("summed once");
     assert_ne!(before.summed_gen.as_deref(), Some(before.gen.as_str()));
     let (skipped, _) = store
         .stage(
-            &b,
+            &b.widest(),
             None,
             "replica-a",
             RANKING,
@@ -56,10 +59,14 @@ async fn a_member_repaired_by_rebuild_is_not_lost_to_a_racing_run_for_an_hour() 
     );
 
     // The operator's rebuild runs meanwhile: x is restored and ranked.
-    let rebuilt = roll::rebuild(&store, &b, None, 100).await.unwrap();
+    let rebuilt = roll::rebuild(&store, &b.widest(), None, 100).await.unwrap();
     assert_eq!(rebuilt.estimated, ["x"]);
     assert_eq!(
-        store.rank(&b, None, "x", d0 + 3).await.unwrap().total,
+        store
+            .rank(&b.widest(), None, "x", d0 + 3)
+            .await
+            .unwrap()
+            .total,
         Some(7)
     );
 
@@ -70,25 +77,33 @@ async fn a_member_repaired_by_rebuild_is_not_lost_to_a_racing_run_for_an_hour() 
         ..SwapCheck::default()
     };
     assert!(!store
-        .swap(&b, None, "replica-a", RANKING, check)
+        .swap(&b.widest(), None, "replica-a", RANKING, check)
         .await
         .unwrap());
-    store.discard(&b, None, "replica-a").await.unwrap();
+    store.discard(&b.widest(), None, "replica-a").await.unwrap();
     assert_eq!(
-        store.rank(&b, None, "x", d0 + 3).await.unwrap().total,
+        store
+            .rank(&b.widest(), None, "x", d0 + 3)
+            .await
+            .unwrap()
+            .total,
         Some(7)
     );
 
     // The next run sums again (the rebuild recorded no run time) and keeps x ranked.
     assert_eq!(roll_board(&store, &b, d0 + 4).await.resummed, 1);
-    let v = roll::verify(&store, &b, None, 100).await.unwrap();
+    let v = roll::verify(&store, &b.widest(), None, 100).await.unwrap();
     assert!(
         v.differences.is_empty(),
         "one run after the rebuild, the ranking still lacks {:?}",
         v.differences
     );
     assert_eq!(
-        store.rank(&b, None, "x", d0 + 4).await.unwrap().total,
+        store
+            .rank(&b.widest(), None, "x", d0 + 4)
+            .await
+            .unwrap()
+            .total,
         Some(7)
     );
 }
@@ -108,22 +123,29 @@ async fn a_member_restored_by_an_interrupted_rebuild_is_ranked_at_the_next_run()
     redis.cli(&["HDEL", "rb:{res}:members", "x"]);
     apply_events(&store, &b, &[ev("2", d0 + 1, "a", 5)], d0 + 1).await;
     assert_eq!(roll_board(&store, &b, d0 + 2).await.resummed, 1);
-    assert_eq!(store.rank(&b, None, "x", d0 + 2).await.unwrap().total, None);
+    assert_eq!(
+        store
+            .rank(&b.widest(), None, "x", d0 + 2)
+            .await
+            .unwrap()
+            .total,
+        None
+    );
 
     // A rebuild stages its rows (x's fallback time is written into `members`) and stops
     // before its swap; its scratch keys are discarded, as `replace` does on an error.
     let mut x = row("x", 7);
     x.fallback_ts = Some(d0 + DAY - 1);
     let (_, repaired) = store
-        .stage(&b, None, "rebuild", RANKING, &[row("a", 5), x])
+        .stage(&b.widest(), None, "rebuild", RANKING, &[row("a", 5), x])
         .await
         .unwrap();
     assert_eq!(repaired, ["x"]);
-    store.discard(&b, None, "rebuild").await.unwrap();
+    store.discard(&b.widest(), None, "rebuild").await.unwrap();
 
     // The next run: a sum of the live slices now ranks x.
     roll_board(&store, &b, d0 + 3).await;
-    let r = store.rank(&b, None, "x", d0 + 3).await.unwrap();
+    let r = store.rank(&b.widest(), None, "x", d0 + 3).await.unwrap();
     assert_eq!(
         (r.total, r.last_ts),
         (Some(7), Some(d0 + DAY - 1)),
@@ -154,10 +176,10 @@ async fn a_scope_cleaned_up_and_back_at_the_same_watermark_is_summed() {
     // The slice dies: expired, summed (empty), cleaned up, unregistered.
     let dead = s0 + 3 * HOUR;
     let report = roll_board(&store, &b, dead).await;
-    model.roll(&b, dead);
+    model.roll(&b.widest(), dead);
     assert_eq!((report.resummed, report.scopes_removed), (1, 1));
     assert!(store.scopes(&b).await.unwrap().is_empty());
-    let record = store.summed(&b, Some("r")).await.unwrap();
+    let record = store.summed(&b.widest(), Some("r")).await.unwrap();
     assert_eq!(record.summed_gen.as_deref(), Some(record.gen.as_str()));
 
     // Back within the same slice (same watermark): summed again, equal to the model.
@@ -171,16 +193,20 @@ async fn a_scope_cleaned_up_and_back_at_the_same_watermark_is_summed() {
     )
     .await;
     let report = roll_board(&store, &b, dead + 3).await;
-    model.roll(&b, dead + 3);
+    model.roll(&b.widest(), dead + 3);
     assert_eq!(report.resummed, 1);
     assert_eq!(report.scopes_removed, 0);
     assert_eq!(
-        store.summed(&b, Some("r")).await.unwrap().summed_through,
+        store
+            .summed(&b.widest(), Some("r"))
+            .await
+            .unwrap()
+            .summed_through,
         record.summed_through
     );
-    assert_matches(&store, &b, Some("r"), &model, dead + 3).await;
+    assert_matches(&store, &b.widest(), Some("r"), &model, dead + 3).await;
     assert_eq!(roll_board(&store, &b, dead + 4).await.resummed, 0);
-    assert_matches(&store, &b, Some("r"), &model, dead + 4).await;
+    assert_matches(&store, &b.widest(), Some("r"), &model, dead + 4).await;
 }
 
 /// A refund that brings a member back to the same total changes only its tie-break time:
@@ -196,7 +222,11 @@ async fn a_tie_break_time_that_moves_without_a_total_change_is_shown_at_the_next
     apply_model(&store, &b, &mut model, &tied, s0 + 10).await;
     roll_and_match(&store, &b, None, &mut model, s0 + 10).await;
     assert_eq!(
-        store.rank(&b, None, "b", s0 + 10).await.unwrap().rank,
+        store
+            .rank(&b.widest(), None, "b", s0 + 10)
+            .await
+            .unwrap()
+            .rank,
         Some(1)
     );
 
@@ -213,7 +243,7 @@ async fn a_tie_break_time_that_moves_without_a_total_change_is_shown_at_the_next
         roll_and_match(&store, &b, None, &mut model, s0 + 22).await,
         1
     );
-    let a = store.rank(&b, None, "a", s0 + 22).await.unwrap();
+    let a = store.rank(&b.widest(), None, "a", s0 + 22).await.unwrap();
     assert_eq!(
         (a.rank, a.total, a.last_ts),
         (Some(1), Some(5), Some(s0 + 21))
@@ -240,7 +270,7 @@ async fn a_batch_of_many_calls_is_summed_whole_and_its_redelivery_changes_nothin
         })
         .collect();
     apply_model(&store, &b, &mut model, &events, s0 + 1).await;
-    let gen = store.summed(&b, None).await.unwrap().gen;
+    let gen = store.summed(&b.widest(), None).await.unwrap().gen;
     assert!(gen.parse::<u64>().unwrap() > 1, "several calls: gen {gen}");
     assert_eq!(
         roll_and_match(&store, &b, None, &mut model, s0 + 2).await,
@@ -248,9 +278,9 @@ async fn a_batch_of_many_calls_is_summed_whole_and_its_redelivery_changes_nothin
     );
 
     apply_model(&store, &b, &mut model, &events, s0 + 3).await;
-    assert_eq!(store.summed(&b, None).await.unwrap().gen, gen);
+    assert_eq!(store.summed(&b.widest(), None).await.unwrap().gen, gen);
     assert_eq!(roll_board(&store, &b, s0 + 4).await.resummed, 0);
-    assert_matches(&store, &b, None, &model, s0 + 4).await;
+    assert_matches(&store, &b.widest(), None, &model, s0 + 4).await;
 }
 
 /// A sum record that is not what this version writes (a `summed_gen` that is no number, or
@@ -278,11 +308,15 @@ async fn a_sum_record_that_is_not_a_number_is_summed_over() {
             "{field} = {value:?}"
         );
         assert_eq!(
-            store.rank(&b, None, "a", d0 + 1).await.unwrap().total,
+            store
+                .rank(&b.widest(), None, "a", d0 + 1)
+                .await
+                .unwrap()
+                .total,
             Some(6 + value.len() as i64),
             "{field} = {value:?}: swapped"
         );
-        let record = store.summed(&b, None).await.unwrap();
+        let record = store.summed(&b.widest(), None).await.unwrap();
         assert_eq!(record.summed_gen.as_deref(), Some(record.gen.as_str()));
         assert_eq!(record.summed_ms, Some(d0 + 1));
         assert_eq!(roll_board(&store, &b, d0 + 2).await.resummed, 0);
@@ -301,9 +335,17 @@ async fn a_watermark_lowered_by_the_readme_procedure_is_summed_and_then_kept() {
     roll_board(&store, &b, s0).await;
     let ahead = s0 + 10 * HOUR;
     roll_board(&store, &b, ahead).await;
-    let far = store.summed(&b, None).await.unwrap();
+    let far = store.summed(&b.widest(), None).await.unwrap();
     assert_eq!(far.summed_through, Some(b.slice_of(ahead) - 3));
-    assert_eq!(store.top(&b, None, 0, 10, s0).await.unwrap().count, 0);
+    assert_eq!(
+        store
+            .top(&b.widest(), None, 0, 10, s0)
+            .await
+            .unwrap()
+            .envelope
+            .count,
+        0
+    );
 
     // docs/operations.md's script, at W = the clock's watermark.
     let w = (b.slice_of(s0 + 1) - 3).to_string();
@@ -330,10 +372,10 @@ async fn a_watermark_lowered_by_the_readme_procedure_is_summed_and_then_kept() {
         roll_and_match(&store, &b, None, &mut model, s0 + 2).await,
         1
     );
-    let record = store.summed(&b, None).await.unwrap();
+    let record = store.summed(&b.widest(), None).await.unwrap();
     assert_eq!(record.summed_through, Some(b.slice_of(s0) - 3));
     assert_eq!(roll_board(&store, &b, s0 + 3).await.resummed, 0);
-    assert_matches(&store, &b, None, &model, s0 + 3).await;
+    assert_matches(&store, &b.widest(), None, &model, s0 + 3).await;
 }
 
 /// Two replicas running the job on the same instance at once, many times, with events
@@ -360,7 +402,10 @@ async fn two_replicas_racing_with_ingest_end_equal_to_the_model() {
                 )
             })
             .collect();
-        let expected: Vec<Outcome> = events.iter().map(|e| model.apply(&b, e, now + 5)).collect();
+        let expected: Vec<Outcome> = events
+            .iter()
+            .map(|e| model.apply(&b.widest(), e, now + 5))
+            .collect();
         let (x, y, applied) = tokio::join!(
             roll_board(&one, &b, now + 5),
             roll_board(&two, &b, now + 5),
@@ -371,15 +416,15 @@ async fn two_replicas_racing_with_ingest_end_equal_to_the_model() {
     }
     let end = d0 + 1_000;
     tokio::join!(roll_board(&one, &b, end), roll_board(&two, &b, end));
-    model.roll(&b, end);
+    model.roll(&b.widest(), end);
     // One more run: whichever of the racing swaps landed last, a record at an older gen
     // cannot claim the ranking is current.
     roll_board(&one, &b, end + 1).await;
-    assert_matches(&one, &b, None, &model, end + 1).await;
-    let record = one.summed(&b, None).await.unwrap();
+    assert_matches(&one, &b.widest(), None, &model, end + 1).await;
+    let record = one.summed(&b.widest(), None).await.unwrap();
     assert_eq!(record.summed_gen.as_deref(), Some(record.gen.as_str()));
     assert_eq!(roll_board(&two, &b, end + 2).await.resummed, 0);
-    assert_matches(&two, &b, None, &model, end + 2).await;
+    assert_matches(&two, &b.widest(), None, &model, end + 2).await;
     assert_eq!(redis.cli(&["KEYS", "rb:{race}:tmp:*"]).trim(), "");
 }
 
@@ -396,11 +441,11 @@ async fn rolls_at_an_earlier_time_skip_or_sum_above_the_current_watermark() {
     let clock = s0 + 3 * HOUR + 5;
     apply_model(&store, &b, &mut model, &[ev("2", clock, "b", 4)], clock).await;
     roll_and_match(&store, &b, None, &mut model, clock).await;
-    let at_clock = store.summed(&b, None).await.unwrap();
+    let at_clock = store.summed(&b.widest(), None).await.unwrap();
 
     // A roll two hours back: nothing changed, left as it is.
     assert_eq!(roll_board(&store, &b, clock - 2 * HOUR).await.resummed, 0);
-    assert_matches(&store, &b, None, &model, clock).await;
+    assert_matches(&store, &b.widest(), None, &model, clock).await;
 
     // An event, then a roll two hours back: summed above the current watermark.
     apply_model(
@@ -412,8 +457,8 @@ async fn rolls_at_an_earlier_time_skip_or_sum_above_the_current_watermark() {
     )
     .await;
     assert_eq!(roll_board(&store, &b, clock - 2 * HOUR).await.resummed, 1);
-    assert_matches(&store, &b, None, &model, clock + 1).await;
-    let back = store.summed(&b, None).await.unwrap();
+    assert_matches(&store, &b.widest(), None, &model, clock + 1).await;
+    let back = store.summed(&b.widest(), None).await.unwrap();
     assert_eq!(back.summed_through, at_clock.summed_through);
     assert_eq!(back.summed_ms, Some(clock - 2 * HOUR));
 
@@ -421,5 +466,5 @@ async fn rolls_at_an_earlier_time_skip_or_sum_above_the_current_watermark() {
     assert_eq!(roll_board(&store, &b, clock + 2).await.resummed, 1);
     assert_eq!(roll_board(&store, &b, clock + 3).await.resummed, 0);
     assert!(clock + 3 - (clock - 2 * HOUR) > EVERY);
-    assert_matches(&store, &b, None, &model, clock + 3).await;
+    assert_matches(&store, &b.widest(), None, &model, clock + 3).await;
 }

@@ -52,9 +52,9 @@ async fn a_scope_first_seen_after_or_during_a_roll_ahead_follows_it() {
                 .await
                 .unwrap();
             assert_eq!(out, [Outcome::Applied], "{x}: first live slice");
-            let page = store.top(x, scope, 0, 10, clock).await.unwrap();
+            let page = store.top(&x.widest(), scope, 0, 10, clock).await.unwrap();
             assert_eq!(
-                (page.window_from, page.window_to),
+                (page.envelope.window_from, page.envelope.window_to),
                 ((s0 + 8) * HOUR, (s0 + 11) * HOUR),
                 "{x}: the window of the roll ahead, at the wall clock"
             );
@@ -97,13 +97,16 @@ async fn a_scope_first_seen_after_or_during_a_roll_ahead_follows_it() {
         assert_eq!(rolled.instances_failed, 0, "{:?}", rolled.first_error);
         // Whoever won, the board is as of the roll: nothing of slice s0 is ranked, the
         // window is the roll's, and a later apply of the same slice is late.
-        let page = store.top(&b, Some("new"), 0, 10, clock).await.unwrap();
+        let page = store
+            .top(&b.widest(), Some("new"), 0, 10, clock)
+            .await
+            .unwrap();
         assert_eq!(
-            (page.count, page.entries.len()),
+            (page.envelope.count, page.entries.len()),
             (0, 0),
             "round {round} ({applied:?}): a dead slice stayed ranked: {page:?}"
         );
-        assert_eq!(page.window_from, (s0 + 8) * HOUR, "round {round}");
+        assert_eq!(page.envelope.window_from, (s0 + 8) * HOUR, "round {round}");
         let again = apply_events_in(&store, &b, "new", &[ev("z", clock, "v", 1)], clock).await;
         assert_eq!(again, [Outcome::Late], "round {round}");
         // A second roll at the same time leaves no slice behind in the instance.
@@ -111,7 +114,7 @@ async fn a_scope_first_seen_after_or_during_a_roll_ahead_follows_it() {
             .await
             .expect("roll");
         let live = store
-            .live_slices(&b, Some("new"), i64::MIN)
+            .live_slices(&b.widest(), Some("new"), i64::MIN)
             .await
             .expect("slices");
         assert!(live.is_empty(), "round {round}: slices left {live:?}");
@@ -289,9 +292,12 @@ async fn a_roll_ahead_of_the_clock_moves_every_instance_even_cleaned_up_ones() {
         let window = ((s0 + 8) * HOUR, (s0 + 11) * HOUR);
         roll_board(&store, &b, ahead).await;
         for scope in ["kept", "gone", "never_seen"] {
-            let page = store.top(&b, Some(scope), 0, 10, clock).await.unwrap();
+            let page = store
+                .top(&b.widest(), Some(scope), 0, 10, clock)
+                .await
+                .unwrap();
             assert_eq!(
-                (page.window_from, page.window_to),
+                (page.envelope.window_from, page.envelope.window_to),
                 window,
                 "{b} [{scope}]: the window of the roll at {ahead}"
             );
@@ -311,8 +317,15 @@ async fn a_roll_ahead_of_the_clock_moves_every_instance_even_cleaned_up_ones() {
         // Time never goes back: a roll at the clock again changes nothing.
         roll_board(&store, &b, clock).await;
         for scope in ["kept", "gone"] {
-            let page = store.top(&b, Some(scope), 0, 10, clock).await.unwrap();
-            assert_eq!((page.window_from, page.window_to), window, "{b} [{scope}]");
+            let page = store
+                .top(&b.widest(), Some(scope), 0, 10, clock)
+                .await
+                .unwrap();
+            assert_eq!(
+                (page.envelope.window_from, page.envelope.window_to),
+                window,
+                "{b} [{scope}]"
+            );
         }
     }
 }

@@ -26,7 +26,7 @@ async fn verify_summarises_and_rebuild_says_what_it_repaired() {
         .expect("fans");
     // The resummarize run has summed the tip.
     let summed = wait_for(Duration::from_secs(10), || async {
-        rollboard::roll::verify(&store, &fans, Some("r1"), 100)
+        rollboard::roll::verify(&store, &fans.widest(), Some("r1"), 100)
             .await
             .is_ok_and(|v| v.differences.is_empty())
     })
@@ -49,7 +49,7 @@ async fn verify_summarises_and_rebuild_says_what_it_repaired() {
         .into_iter()
         .find(|b| b.name == "rooms_7d")
         .expect("rooms");
-    let result = store.instance(&rooms, None).result();
+    let result = store.instance(&rooms.widest(), None).result();
     let members: Vec<String> = store
         .client()
         .zrange(result.as_str(), 0, -1, None, false, None, false)
@@ -118,9 +118,9 @@ async fn verify_finds_drift_and_rebuild_repairs_it() {
     apply_events(&store, &b, &events, T0).await;
     let mut model = Instance::default();
     for e in &events {
-        model.apply(&b, e, T0);
+        model.apply(&b.widest(), e, T0);
     }
-    let before = store.top(&b, None, 0, 100, T0).await.unwrap();
+    let before = store.top(&b.widest(), None, 0, 100, T0).await.unwrap();
     // Corrupt: bump one member's score and add a stranger. (`members` holds the
     // tie-break time the ZSet member is made of.)
     let ts: String = store
@@ -146,7 +146,7 @@ async fn verify_finds_drift_and_rebuild_repairs_it() {
         )
         .await
         .unwrap();
-    let v = roll::verify(&store, &b, None, 10).await.unwrap();
+    let v = roll::verify(&store, &b.widest(), None, 10).await.unwrap();
     let drifted: Vec<&str> = v.differences.iter().map(|d| d.member.as_str()).collect();
     assert_eq!(drifted, ["ghost", "m3"]);
     assert!(v.fails(false));
@@ -180,9 +180,12 @@ async fn verify_finds_drift_and_rebuild_repairs_it() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert_verified(&store, &b, None).await;
-    assert_eq!(store.top(&b, None, 0, 100, T0).await.unwrap(), before);
-    assert_matches(&store, &b, None, &model, T0).await;
+    assert_verified(&store, &b.widest(), None).await;
+    assert_eq!(
+        store.top(&b.widest(), None, 0, 100, T0).await.unwrap(),
+        before
+    );
+    assert_matches(&store, &b.widest(), None, &model, T0).await;
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_rollboard"))
         .args(["--config", config.to_str().unwrap(), "verify"])
         .output()
@@ -202,19 +205,19 @@ async fn verify_and_rebuild_see_a_slice_that_a_cancelled_roll_left_behind() {
     apply_events(&store, &b, &events, T0 + HOUR).await;
     let mut model = Instance::default();
     for e in &events {
-        model.apply(&b, e, T0 + HOUR);
+        model.apply(&b.widest(), e, T0 + HOUR);
     }
     // A roll that raised the watermark and was stopped before its first chunk.
     let (w, dead) = store
-        .raise_watermark(&b, None, b.slice_of(T0), T0 + 2 * HOUR)
+        .raise_watermark(&b.widest(), None, b.slice_of(T0), T0 + 2 * HOUR)
         .await
         .unwrap();
     assert_eq!((w, dead.len()), (b.slice_of(T0), 1));
-    assert_verified(&store, &b, None).await;
-    roll::rebuild(&store, &b, None, 10).await.unwrap();
+    assert_verified(&store, &b.widest(), None).await;
+    roll::rebuild(&store, &b.widest(), None, 10).await.unwrap();
     assert_eq!(
         store
-            .rank(&b, None, "alice", T0 + HOUR)
+            .rank(&b.widest(), None, "alice", T0 + HOUR)
             .await
             .unwrap()
             .total,
@@ -239,7 +242,7 @@ async fn rebuild_repairs_every_difference_verify_lists() {
         ];
         apply_events(&store, &board, &events, NOW).await;
         roll_once(&store, &board, NOW).await;
-        let k = store.instance(&board, None);
+        let k = store.instance(&board.widest(), None);
         let c = store.client();
         // Damage: b's tie-break entry and ranking row lost, a's slice amount changed
         // behind the script's back, c's ranking score changed.
@@ -263,12 +266,12 @@ async fn rebuild_repairs_every_difference_verify_lists() {
             .zincrby(&ranking, 5.0, zmember(zc, "c"))
             .await
             .expect("zincrby");
-        let v = roll::verify(&store, &board, None, 100)
+        let v = roll::verify(&store, &board.widest(), None, 100)
             .await
             .expect("verify");
         let listed: Vec<&str> = v.differences.iter().map(|d| d.member.as_str()).collect();
         assert_eq!(listed, ["a", "b", "c"], "{}", board.name);
-        let rebuilt = roll::rebuild(&store, &board, None, 2)
+        let rebuilt = roll::rebuild(&store, &board.widest(), None, 2)
             .await
             .expect("rebuild");
         assert_eq!(rebuilt.estimated, ["b"], "{}", board.name);
@@ -277,7 +280,10 @@ async fn rebuild_repairs_every_difference_verify_lists() {
         let totals: Vec<(String, Option<i64>)> = {
             let mut out = Vec::new();
             for m in ["a", "b", "c"] {
-                let r = store.rank(&board, None, m, NOW).await.expect("rank");
+                let r = store
+                    .rank(&board.widest(), None, m, NOW)
+                    .await
+                    .expect("rank");
                 out.push((m.to_string(), r.total));
             }
             out
@@ -295,7 +301,10 @@ async fn rebuild_repairs_every_difference_verify_lists() {
         // New events for the repaired member count on top of the repaired total.
         apply_events(&store, &board, &[ev("5", NOW, "b", 1)], NOW).await;
         roll_once(&store, &board, NOW).await;
-        let r = store.rank(&board, None, "b", NOW).await.expect("rank");
+        let r = store
+            .rank(&board.widest(), None, "b", NOW)
+            .await
+            .expect("rank");
         assert_eq!(r.total, Some(10), "{}", board.name);
     }
 }

@@ -17,7 +17,7 @@ use fred::prelude::*;
 use fred::types::cluster::ClusterRouting;
 use futures_util::future::join_all;
 use proptest::prelude::*;
-use rollboard::domain::board::{Board, Mode, TieBreak};
+use rollboard::domain::board::{Board, Mode, TieBreak, View};
 use rollboard::domain::ranking::{MemberRank, MemberWindows, Page, Subset, SubsetEntry};
 use rollboard::store::{ApplyEvent, Outcome, Store};
 
@@ -198,20 +198,20 @@ pub async fn apply_routed(
 /// `page` with `board` as its board, without `as_of` (the server's time of a write, and
 /// null on a sharded board no event reached, where a resummarize run has no instance).
 fn page_as(mut page: Page, board: &str) -> Page {
-    page.board = board.to_string();
-    page.as_of = None;
+    page.envelope.board = board.to_string();
+    page.envelope.as_of = None;
     page
 }
 
 fn rank_as(mut rank: MemberRank, board: &str) -> MemberRank {
-    rank.board = board.to_string();
-    rank.as_of = None;
+    rank.envelope.board = board.to_string();
+    rank.envelope.as_of = None;
     rank
 }
 
 fn subset_as(mut subset: Subset, board: &str) -> Subset {
-    subset.board = board.to_string();
-    subset.as_of = None;
+    subset.envelope.board = board.to_string();
+    subset.envelope.as_of = None;
     subset
 }
 
@@ -330,7 +330,7 @@ impl<'a> Run<'a> {
             a if a > 0 => a,
             a => 1 - a,
         };
-        let back = back % (self.b.slices_in_window() + 2);
+        let back = back % (self.b.widest().slices_in_window() + 2);
         let ts = self.now - back * SLICE - minutes * 60_000;
         let member = self.members[m % self.members.len()];
         ev(&format!("e{}", self.next_id), ts, member, amount)
@@ -466,7 +466,7 @@ impl<'a> Run<'a> {
         asked.push(NOBODY);
         let twins = self.control.views();
         for (view, twin) in self.b.views().iter().zip(&twins) {
-            let ranked = Ranked::of(self.model.window(view.window_ms), view);
+            let ranked = Ranked::of(self.model.window(view.window_ms()), view.board());
             let what = format!("window {} after {step:?}", view.window_name());
             let count = ranked.count();
             let mut pages: Vec<(u64, u64)> = vec![(0, 1000)];
@@ -486,10 +486,10 @@ impl<'a> Run<'a> {
             }))
             .await;
             for (&(offset, limit), (got, want)) in pages.iter().zip(tops) {
-                let got = page_as(got, &twin.name);
+                let got = page_as(got, &twin.board().name);
                 assert_eq!(
                     got,
-                    page_as(want, &twin.name),
+                    page_as(want, &twin.board().name),
                     "top {offset}+{limit} of {what}"
                 );
                 if fresh {
@@ -499,7 +499,7 @@ impl<'a> Run<'a> {
                         ranked.entries(o, o + l),
                         "top {offset}+{limit} of {what}"
                     );
-                    assert_eq!(got.count, count, "count of {what}");
+                    assert_eq!(got.envelope.count, count, "count of {what}");
                 }
             }
             let ranks = join_all(asked.iter().map(|&m| async move {
@@ -509,15 +509,19 @@ impl<'a> Run<'a> {
             }))
             .await;
             for (m, (got, want)) in asked.iter().zip(ranks) {
-                let got = rank_as(got, &twin.name);
-                assert_eq!(got, rank_as(want, &twin.name), "rank of {m} in {what}");
+                let got = rank_as(got, &twin.board().name);
+                assert_eq!(
+                    got,
+                    rank_as(want, &twin.board().name),
+                    "rank of {m} in {what}"
+                );
                 if fresh {
                     let answered = (
                         got.rank,
                         got.competition_rank,
                         got.total,
                         got.last_ts,
-                        got.count,
+                        got.envelope.count,
                     );
                     assert_eq!(answered, expected_rank(&ranked, m), "rank of {m} in {what}");
                     let percentile = got
@@ -537,7 +541,7 @@ impl<'a> Run<'a> {
             }))
             .await;
             for (&(m, r), (got, want)) in arounds.iter().zip(answers) {
-                let name = &twin.name;
+                let name = &twin.board().name;
                 let got = got.map(|p| page_as(p, name)).map_err(|n| rank_as(n, name));
                 let want = want.map(|p| page_as(p, name)).map_err(|n| rank_as(n, name));
                 assert_eq!(got, want, "around {m} radius {r} in {what}");
@@ -547,11 +551,11 @@ impl<'a> Run<'a> {
                             let r = r as usize;
                             let want = ranked.entries(i.saturating_sub(r), i + r + 1);
                             assert_eq!(page.entries, want, "around {m} radius {r} in {what}");
-                            assert_eq!(page.count, count);
+                            assert_eq!(page.envelope.count, count);
                         }
                         (None, Err(rank)) => {
                             assert_eq!(rank.rank, None, "around {m} in {what}");
-                            assert_eq!(rank.count, count);
+                            assert_eq!(rank.envelope.count, count);
                         }
                         (at, got) => {
                             panic!("around {m} in {what}: {got:?}, the model ranks it at {at:?}")
@@ -566,15 +570,19 @@ impl<'a> Run<'a> {
             }))
             .await;
             for (s, (got, want)) in self.subsets.iter().zip(subsets) {
-                let got = subset_as(got, &twin.name);
-                assert_eq!(got, subset_as(want, &twin.name), "ranks of {s:?} in {what}");
+                let got = subset_as(got, &twin.board().name);
+                assert_eq!(
+                    got,
+                    subset_as(want, &twin.board().name),
+                    "ranks of {s:?} in {what}"
+                );
                 if fresh {
                     assert_eq!(
                         got.entries,
                         expected_subset(&ranked, s),
                         "ranks of {s:?} in {what}"
                     );
-                    assert_eq!(got.count, count);
+                    assert_eq!(got.envelope.count, count);
                 }
             }
             if fresh {
@@ -607,7 +615,7 @@ impl<'a> Run<'a> {
             assert_eq!(got.windows.len(), listed.len());
             for (w, window) in listed.iter().zip(&got.windows) {
                 let view = self.b.view(Some(&w.name)).expect("a listed window");
-                let ranked = Ranked::of(self.model.window(view.window_ms), &view);
+                let ranked = Ranked::of(self.model.window(view.window_ms()), view.board());
                 assert_eq!(window.window, w.name);
                 let answered = (
                     window.rank,
@@ -628,8 +636,8 @@ impl<'a> Run<'a> {
     }
 
     /// Each shard's ranking holds exactly the ranked members its name hashes to.
-    async fn assert_shards_hold_their_members(&self, view: &Board, ranked: &Ranked) {
-        for shard in view.shard_names() {
+    async fn assert_shards_hold_their_members(&self, view: &View<'_>, ranked: &Ranked) {
+        for shard in view.board().shard_names() {
             let key = self.store.instance(view, Some(&shard)).result();
             let held: u64 = self
                 .store
@@ -641,7 +649,7 @@ impl<'a> Run<'a> {
             let want = ranked
                 .rows
                 .iter()
-                .filter(|r| view.shard_of(&r.0).as_deref() == Some(shard.as_str()))
+                .filter(|r| view.board().shard_of(&r.0).as_deref() == Some(shard.as_str()))
                 .count() as u64;
             assert_eq!(held, want, "members ranked in {key}");
         }
@@ -748,7 +756,7 @@ fn every_answer_of_a_sharded_board_matches_the_model_on_a_cluster() {
             let mut slots = HashSet::new();
             let mut masters = HashSet::new();
             for shard in b.shard_names() {
-                let key = store.instance(b, Some(&shard)).result();
+                let key = store.instance(&b.widest(), Some(&shard)).result();
                 slots.insert(ClusterRouting::hash_key(key.as_bytes()));
                 masters.insert(owner(store.client(), &key));
                 // The shard's data is on that master: it answers for the key itself.

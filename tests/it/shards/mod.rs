@@ -44,9 +44,9 @@ pub struct Ranked {
 }
 
 impl Ranked {
-    /// The ranking of `model` in `view`.
-    pub fn of(model: &Instance, view: &Board) -> Ranked {
-        let rows = model.ranking(view);
+    /// The ranking of `model`, in the order of `board`.
+    pub fn of(model: &Instance, board: &Board) -> Ranked {
+        let rows = model.ranking(board);
         let totals: Vec<i64> = rows.iter().map(|r| r.1).collect();
         Ranked {
             competition: competition_ranks(&totals),

@@ -60,18 +60,24 @@ async fn a_key_of_the_wrong_type_in_one_shard_fails_the_merged_queries_and_nothi
         .process("rb:events", &batch(&members, "a", now), now)
         .await
         .expect("batch");
-    let broken = store.instance(&b, Some("#2")).result();
+    let broken = store.instance(&b.widest(), Some("#2")).result();
     let _: () = store.client().del(&broken).await.expect("DEL");
     set_string(&store, &broken, "oops").await;
 
     // Every merged query fails, with the server's error; none panics.
     let (in_broken, elsewhere) = (&by_shard[2][0], &by_shard[0][0]);
-    let err = store.top(&b, None, 0, 10, now).await.expect_err("top");
+    let err = store
+        .top(&b.widest(), None, 0, 10, now)
+        .await
+        .expect_err("top");
     assert!(err.to_string().contains("WRONGTYPE"), "{err}");
     for m in [in_broken, elsewhere, &"nobody".to_string()] {
-        assert!(store.rank(&b, None, m, now).await.is_err(), "rank {m}");
         assert!(
-            store.around(&b, None, m, 2, now).await.is_err(),
+            store.rank(&b.widest(), None, m, now).await.is_err(),
+            "rank {m}"
+        );
+        assert!(
+            store.around(&b.widest(), None, m, 2, now).await.is_err(),
             "around {m}"
         );
         assert!(
@@ -80,16 +86,16 @@ async fn a_key_of_the_wrong_type_in_one_shard_fails_the_merged_queries_and_nothi
         );
     }
     assert!(store
-        .ranks(&b, None, &[elsewhere.as_str()], now)
+        .ranks(&b.widest(), None, &[elsewhere.as_str()], now)
         .await
         .is_err());
     // Each other shard reads alone.
     for shard in ["#0", "#1", "#3"] {
         let page = store
-            .top(&b, Some(shard), 0, 10, now)
+            .top(&b.widest(), Some(shard), 0, 10, now)
             .await
             .expect("a shard");
-        assert_eq!(page.count, 2, "{shard}");
+        assert_eq!(page.envelope.count, 2, "{shard}");
     }
 
     // Ingest goes on for the other shards; the broken shard's events are dead-lettered.
@@ -110,7 +116,7 @@ async fn a_key_of_the_wrong_type_in_one_shard_fails_the_merged_queries_and_nothi
     );
     for shard in ["#0", "#1", "#3"] {
         let page = store
-            .top(&b, Some(shard), 0, 10, now)
+            .top(&b.widest(), Some(shard), 0, 10, now)
             .await
             .expect("a shard");
         assert!(
@@ -122,15 +128,18 @@ async fn a_key_of_the_wrong_type_in_one_shard_fails_the_merged_queries_and_nothi
     // The key removed (the shard's ranking lost), the board answers again; a rebuild
     // restores the shard from its slices.
     let _: () = store.client().del(&broken).await.expect("DEL");
-    let top = store.top(&b, None, 0, 10, now).await.expect("top");
-    assert_eq!(top.count, 6);
-    rollboard::roll::rebuild(&store, &b, Some("#2"), 10)
+    let top = store.top(&b.widest(), None, 0, 10, now).await.expect("top");
+    assert_eq!(top.envelope.count, 6);
+    rollboard::roll::rebuild(&store, &b.widest(), Some("#2"), 10)
         .await
         .expect("rebuild");
-    let top = store.top(&b, None, 0, 10, now).await.expect("top");
-    assert_eq!(top.count, 8);
-    assert_eq!(total_at(&store, &b, in_broken, now).await, Some(5));
-    assert_eq!(total_at(&store, &b, elsewhere, now).await, Some(10));
+    let top = store.top(&b.widest(), None, 0, 10, now).await.expect("top");
+    assert_eq!(top.envelope.count, 8);
+    assert_eq!(total_at(&store, &b.widest(), in_broken, now).await, Some(5));
+    assert_eq!(
+        total_at(&store, &b.widest(), elsewhere, now).await,
+        Some(10)
+    );
 
     // Broken again: past the window, a roll rolls the others (emptied, they leave the
     // registry) and counts the broken one failed; it stays registered, and the next
@@ -144,10 +153,13 @@ async fn a_key_of_the_wrong_type_in_one_shard_fails_the_merged_queries_and_nothi
     let _: () = store.client().del(&broken).await.expect("DEL");
     let report = roll_board(&store, &b, later).await;
     assert_eq!(report.scopes_removed, 1, "{report:?}");
-    let top = store.top(&b, None, 0, 10, later).await.expect("top");
-    assert_eq!(top.count, 0);
+    let top = store
+        .top(&b.widest(), None, 0, 10, later)
+        .await
+        .expect("top");
+    assert_eq!(top.envelope.count, 0);
     for shard in b.shard_names() {
-        assert_verified(&store, &b, Some(&shard)).await;
+        assert_verified(&store, &b.widest(), Some(&shard)).await;
     }
 }
 

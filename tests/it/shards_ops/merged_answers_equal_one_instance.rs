@@ -81,15 +81,20 @@ async fn assert_same_answers(
     now: i64,
     sweep: &Sweep,
 ) {
-    let count = store.top(plain, None, 0, 1, now).await.expect("top").count;
+    let count = store
+        .top(&plain.widest(), None, 0, 1, now)
+        .await
+        .expect("top")
+        .envelope
+        .count;
     for &limit in sweep.limits {
         for offset in 0..count + 3 {
             let a = store
-                .top(plain, None, offset, limit, now)
+                .top(&plain.widest(), None, offset, limit, now)
                 .await
                 .expect("top");
             let b = store
-                .top(shard, None, offset, limit, now)
+                .top(&shard.widest(), None, offset, limit, now)
                 .await
                 .expect("top");
             assert_eq!(
@@ -105,16 +110,22 @@ async fn assert_same_answers(
         if m.is_empty() {
             continue;
         }
-        let a = store.rank(plain, None, m, now).await.expect("rank");
-        let b = store.rank(shard, None, m, now).await.expect("rank");
+        let a = store
+            .rank(&plain.widest(), None, m, now)
+            .await
+            .expect("rank");
+        let b = store
+            .rank(&shard.widest(), None, m, now)
+            .await
+            .expect("rank");
         assert_eq!(comparable(&b), comparable(&a), "rank {m}");
         for &radius in sweep.radii {
             let a = store
-                .around(plain, None, m, radius, now)
+                .around(&plain.widest(), None, m, radius, now)
                 .await
                 .expect("around");
             let b = store
-                .around(shard, None, m, radius, now)
+                .around(&shard.widest(), None, m, radius, now)
                 .await
                 .expect("around");
             if sweep.all_ranked && members.iter().any(|held| held == m) {
@@ -139,8 +150,14 @@ async fn assert_same_answers(
         asked.iter().rev().skip(1).copied().collect(),
     ];
     for subset in subsets {
-        let a = store.ranks(plain, None, &subset, now).await.expect("ranks");
-        let b = store.ranks(shard, None, &subset, now).await.expect("ranks");
+        let a = store
+            .ranks(&plain.widest(), None, &subset, now)
+            .await
+            .expect("ranks");
+        let b = store
+            .ranks(&shard.widest(), None, &subset, now)
+            .await
+            .expect("ranks");
         assert_eq!(comparable(&b), comparable(&a), "ranks {subset:?}");
     }
 }
@@ -162,7 +179,12 @@ async fn same_as_one_instance(tie: TieBreak, refunds: bool) {
     let b = apply_sharded(&store, &shard, &evs, now).await;
     assert_eq!(a, b);
     let members: Vec<String> = by_shard.concat();
-    let count = store.top(&plain, None, 0, 1, now).await.expect("top").count;
+    let count = store
+        .top(&plain.widest(), None, 0, 1, now)
+        .await
+        .expect("top")
+        .envelope
+        .count;
     assert!(count > 10, "{count}");
     assert_same_answers(&store, &plain, &shard, &members, now, &WIDE).await;
 
@@ -228,24 +250,27 @@ async fn around_at_the_top_and_bottom_edges_and_with_empty_shards() {
     let mut all = spread.clone();
     all.extend(lone.iter().cloned());
     assert_same_answers(&store, &plain, &shard, &all, now, &SMALL).await;
-    let top = store.top(&shard, None, 0, 100, now).await.expect("top");
+    let top = store
+        .top(&shard.widest(), None, 0, 100, now)
+        .await
+        .expect("top");
     let first = &top.entries[0].member;
     let last = &top.entries[top.entries.len() - 1].member;
     let at_top = store
-        .around(&shard, None, first, 2, now)
+        .around(&shard.widest(), None, first, 2, now)
         .await
         .expect("around")
         .expect("ranked");
     assert_eq!(at_top.entries[0].rank, 1);
     assert_eq!(at_top.entries.len(), 3);
     let at_bottom = store
-        .around(&shard, None, last, 2, now)
+        .around(&shard.widest(), None, last, 2, now)
         .await
         .expect("around")
         .expect("ranked");
     assert_eq!(at_bottom.entries.len(), 3);
     assert_eq!(at_bottom.entries[2].member, *last);
-    assert_eq!(at_bottom.entries[2].rank, top.count);
+    assert_eq!(at_bottom.entries[2].rank, top.envelope.count);
 }
 
 /// `all_windows` of a sharded board with two windows (2h, 6h): every member, held in

@@ -43,7 +43,15 @@ async fn every_shard_rolls_and_an_emptied_shard_leaves_the_registry_and_comes_ba
         apply_sharded(&store, &b, &events, now).await,
         vec![Outcome::Applied; events.len()]
     );
-    assert_eq!(store.top(&b, None, 0, 10, now).await.expect("top").count, 8);
+    assert_eq!(
+        store
+            .top(&b.widest(), None, 0, 10, now)
+            .await
+            .expect("top")
+            .envelope
+            .count,
+        8
+    );
 
     // Two hours on, shard #0's slice has left the window: #0 is emptied and cleaned up.
     let later = now + 2 * HOUR;
@@ -53,31 +61,34 @@ async fn every_shard_rolls_and_an_emptied_shard_leaves_the_registry_and_comes_ba
     assert!(!registered(&store, "tips", "#0").await);
     for shard in ["#1", "#2", "#3"] {
         assert!(registered(&store, "tips", shard).await, "{shard}");
-        assert_verified(&store, &b, Some(shard)).await;
+        assert_verified(&store, &b.widest(), Some(shard)).await;
     }
     assert_eq!(
         shard_keys(&store, "tips", "#0").await,
         BTreeSet::from(["rb:{tips:#0}:meta".to_string()]),
         "only meta stays"
     );
-    let top = store.top(&b, None, 0, 10, later).await.expect("top");
-    assert_eq!(top.count, 6);
+    let top = store
+        .top(&b.widest(), None, 0, 10, later)
+        .await
+        .expect("top");
+    assert_eq!(top.envelope.count, 6);
     assert!(top.entries.iter().all(|e| shard_index(&b, &e.member) != 0));
     let r = store
-        .rank(&b, None, &by_shard[0][0], later)
+        .rank(&b.widest(), None, &by_shard[0][0], later)
         .await
         .expect("rank");
-    assert_eq!((r.rank, r.total, r.count), (None, None, 6));
+    assert_eq!((r.rank, r.total, r.envelope.count), (None, None, 6));
 
     // An event of a member of #0: the shard is registered again and counts it.
     let out = apply_sharded(&store, &b, &[ev("back", later, &by_shard[0][1], 4)], later).await;
     assert_eq!(out, [Outcome::Applied]);
     assert!(registered(&store, "tips", "#0").await);
     let r = store
-        .rank(&b, None, &by_shard[0][1], later)
+        .rank(&b.widest(), None, &by_shard[0][1], later)
         .await
         .expect("rank");
-    assert_eq!((r.rank, r.total, r.count), (Some(7), Some(4), 7));
+    assert_eq!((r.rank, r.total, r.envelope.count), (Some(7), Some(4), 7));
     // A copy of an event #0 let go of is late, never counted again.
     let out = apply_sharded(&store, &b, &events[..1], later).await;
     assert_eq!(out, [Outcome::Late]);
@@ -93,9 +104,9 @@ async fn every_shard_rolls_and_an_emptied_shard_leaves_the_registry_and_comes_ba
             BTreeSet::from([format!("rb:{{tips:{shard}}}:meta")]),
         );
     }
-    let top = store.top(&b, None, 0, 10, end).await.expect("top");
-    assert_eq!((top.count, top.entries.len()), (0, 0));
-    assert!(top.window_from > later, "{top:?}");
+    let top = store.top(&b.widest(), None, 0, 10, end).await.expect("top");
+    assert_eq!((top.envelope.count, top.entries.len()), (0, 0));
+    assert!(top.envelope.window_from > later, "{top:?}");
 }
 
 /// A board `tips` of two shards and a plain board `solo`, as the command line reads them.
@@ -131,7 +142,7 @@ fn config(dir: &Path, url: &str) -> PathBuf {
 
 /// Adds `by` to the stored total of `member` in its shard, behind the scripts' back.
 async fn bump(store: &Store, b: &Board, member: &str, by: f64) {
-    let k = store.instance(b, b.shard_of(member).as_deref());
+    let k = store.instance(&b.widest(), b.shard_of(member).as_deref());
     let ts: String = store
         .client()
         .hget(k.members(), member)
@@ -218,7 +229,7 @@ async fn verify_names_every_shard_and_its_repair_command_runs() {
     );
     for (i, m) in by_shard.concat().iter().enumerate() {
         assert_eq!(
-            total_at(&store, &tips, m, now).await,
+            total_at(&store, &tips.widest(), m, now).await,
             Some(i as i64 + 1),
             "{m}"
         );
@@ -264,8 +275,11 @@ fn of_tips(key: &str) -> bool {
 async fn answers(store: &Store, boards: &[Board], now: i64) -> Vec<Value> {
     let mut out = Vec::new();
     for b in boards {
-        let top = store.top(b, None, 0, 100, now).await.expect("top");
-        assert!(top.count > 0, "{} holds data", b.name);
+        let top = store
+            .top(&b.widest(), None, 0, 100, now)
+            .await
+            .expect("top");
+        assert!(top.envelope.count > 0, "{} holds data", b.name);
         out.push(comparable(&top));
     }
     out
@@ -310,8 +324,11 @@ async fn drop_board_deletes_every_shard(
     let expected: BTreeSet<String> = before.iter().filter(|k| !of_tips(k)).cloned().collect();
     assert_eq!(keys(), expected);
     assert_eq!(answers(store, &survivors, now).await, answers_before);
-    let top = store.top(&tips, None, 0, 10, now).await.expect("top");
-    assert_eq!(top.count, 0);
+    let top = store
+        .top(&tips.widest(), None, 0, 10, now)
+        .await
+        .expect("top");
+    assert_eq!(top.envelope.count, 0);
 }
 
 #[tokio::test]

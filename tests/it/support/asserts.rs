@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use rollboard::domain::board::{Board, Mode};
+use rollboard::domain::board::{Board, Mode, View};
 use rollboard::roll;
 use rollboard::store::Store;
 
@@ -33,14 +33,12 @@ pub async fn assert_drained_into_model_at(
 }
 
 /// `verify` finds nothing wrong with the instance.
-pub async fn assert_verified(store: &Store, board: &Board, scope: Option<&str>) {
-    let v = roll::verify(store, board, scope, 100)
-        .await
-        .expect("verify");
+pub async fn assert_verified(store: &Store, view: &View<'_>, scope: Option<&str>) {
+    let v = roll::verify(store, view, scope, 100).await.expect("verify");
     assert!(
         v.differences.is_empty(),
         "verify {}{scope:?}: {:?}",
-        board.name,
+        view.board().name,
         v.differences
     );
 }
@@ -81,7 +79,10 @@ pub async fn assert_state_or(
                     .filter(|e| !got.contains(e))
                     .take(5)
                     .collect();
-                let (meta, _) = store.meta(board, scope.as_deref()).await.expect("meta");
+                let (meta, _) = store
+                    .meta(&board.widest(), scope.as_deref())
+                    .await
+                    .expect("meta");
                 let sums =
                     live_sums(store, board, scope.as_deref(), meta.unwrap_or(i64::MIN)).await;
                 let slices_differ: Vec<_> = expected
@@ -102,7 +103,8 @@ pub async fn assert_state_or(
                 );
             }
         }
-        crate::support::model::assert_matches(store, board, scope.as_deref(), model, now).await;
+        crate::support::model::assert_matches(store, &board.widest(), scope.as_deref(), model, now)
+            .await;
     }
 }
 
@@ -113,10 +115,10 @@ async fn live_sums(
     scope: Option<&str>,
     watermark: i64,
 ) -> std::collections::HashMap<String, i64> {
-    let k = store.instance(board, scope);
+    let k = store.instance(&board.widest(), scope);
     let mut sums = std::collections::HashMap::new();
     for n in store
-        .live_slices(board, scope, watermark)
+        .live_slices(&board.widest(), scope, watermark)
         .await
         .expect("live slices")
     {
@@ -136,7 +138,7 @@ pub async fn verify_differences(
     board: &Board,
     scope: Option<&str>,
 ) -> Vec<rollboard::roll::Drift> {
-    roll::verify(store, board, scope, 100)
+    roll::verify(store, &board.widest(), scope, 100)
         .await
         .expect("verify")
         .differences
@@ -166,7 +168,10 @@ pub async fn ranked(
     scope: Option<&str>,
     now: i64,
 ) -> Vec<(String, i64, Option<i64>)> {
-    let page = store.top(board, scope, 0, 1000, now).await.expect("top");
+    let page = store
+        .top(&board.widest(), scope, 0, 1000, now)
+        .await
+        .expect("top");
     page.entries
         .iter()
         .map(|e| (e.member.clone(), e.total, e.last_ts))

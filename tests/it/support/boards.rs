@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use fred::prelude::*;
-use rollboard::domain::board::{Board, Dedup, Mode, TieBreak};
+use rollboard::domain::board::{Board, Dedup, Mode, TieBreak, View};
 use rollboard::roll::{self, Job};
 use rollboard::store::{ApplyEvent, Outcome, StageTargets, Staged, Store};
 use tokio_util::sync::CancellationToken;
@@ -136,9 +136,9 @@ pub type SeenEntry = ([u8; 16], u32);
 /// checks its invariants: the state fields, every bucket named by an address below
 /// 2^L + p holding whole 20-byte entries whose digests all address that bucket, and `#n`
 /// equal to the entries held. Returns every entry.
-pub async fn seen_table(store: &Store, board: &Board, scope: Option<&str>) -> Vec<SeenEntry> {
+pub async fn seen_table(store: &Store, view: &View<'_>, scope: Option<&str>) -> Vec<SeenEntry> {
     use fred::prelude::*;
-    let key = store.instance(board, scope).seen_table();
+    let key = store.instance(view, scope).seen_table();
     let fields: std::collections::HashMap<String, Vec<u8>> =
         store.client().hgetall(&key).await.expect("hgetall");
     if fields.is_empty() {
@@ -192,14 +192,14 @@ pub async fn remembers(
     n: i64,
 ) -> bool {
     let digest = rollboard::store::id_digest(id);
-    seen_table(store, board, scope)
+    seen_table(store, &board.widest(), scope)
         .await
         .contains(&(digest, n.rem_euclid(1 << 32) as u32))
 }
 
 /// The instance's forget-log keys (`seen:<n>`) that exist.
-pub async fn seen_logs(store: &Store, board: &Board, scope: Option<&str>) -> Vec<String> {
-    let table = store.instance(board, scope).seen_table();
+pub async fn seen_logs(store: &Store, view: &View<'_>, scope: Option<&str>) -> Vec<String> {
+    let table = store.instance(view, scope).seen_table();
     let pattern = format!("{}:*", table.trim_end_matches(":ids"));
     let mut keys = keys_matching(store, &pattern).await;
     keys.retain(|k| k != &table);
@@ -258,8 +258,8 @@ pub async fn roll_and_match(
     now: i64,
 ) -> u64 {
     let report = roll_board(store, board, now).await;
-    model.roll(board, now);
-    crate::support::model::assert_matches(store, board, scope, model, now).await;
+    model.roll(&board.widest(), now);
+    crate::support::model::assert_matches(store, &board.widest(), scope, model, now).await;
     report.resummed
 }
 
@@ -296,10 +296,10 @@ pub fn entry(id: &str, fields: &[(&str, &str)]) -> rollboard::ingest::stream::En
     }
 }
 
-/// The total of `member` on the unscoped instance of `board` at `now`.
-pub async fn total_at(store: &Store, board: &Board, member: &str, now: i64) -> Option<i64> {
+/// The total of `member` on the unscoped instance in the window `view` at `now`.
+pub async fn total_at(store: &Store, view: &View<'_>, member: &str, now: i64) -> Option<i64> {
     store
-        .rank(board, None, member, now)
+        .rank(view, None, member, now)
         .await
         .expect("rank")
         .total
@@ -397,7 +397,10 @@ pub async fn apply_scoped_model(
     events: &[ApplyEvent],
     now: i64,
 ) {
-    let expected: Vec<Outcome> = events.iter().map(|e| model.apply(b, e, now)).collect();
+    let expected: Vec<Outcome> = events
+        .iter()
+        .map(|e| model.apply(&b.widest(), e, now))
+        .collect();
     assert_eq!(store.apply(b, scope, events, now).await.unwrap(), expected);
 }
 

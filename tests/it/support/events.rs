@@ -53,7 +53,7 @@ pub fn models_of_entries(
             };
             out.entry((u.board, u.scope))
                 .or_default()
-                .apply(&boards[u.board], &e, now);
+                .apply(&boards[u.board].widest(), &e, now);
         }
     }
     out

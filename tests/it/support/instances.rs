@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use fred::prelude::*;
-use rollboard::domain::board::{Board, Dedup};
+use rollboard::domain::board::{Board, Dedup, View};
 use rollboard::store::Store;
 
 use crate::support::{seen_logs, seen_table, variants};
@@ -21,8 +21,8 @@ pub fn twin(board: &Board) -> Board {
 }
 
 /// What an instance holds, its key names left out: every Hash, ZSet and List by suffix.
-pub async fn contents(store: &Store, board: &Board) -> BTreeMap<String, Vec<String>> {
-    let k = store.instance(board, None);
+pub async fn contents(store: &Store, view: &View<'_>) -> BTreeMap<String, Vec<String>> {
+    let k = store.instance(view, None);
     let c = store.client();
     let mut out = BTreeMap::new();
     let zset = |v: Vec<(String, f64)>| v.into_iter().map(|(m, s)| format!("{m}={s}")).collect();
@@ -51,14 +51,14 @@ pub async fn contents(store: &Store, board: &Board) -> BTreeMap<String, Vec<Stri
         let fields: BTreeMap<String, String> = c.hgetall(key).await.expect("hash");
         out.insert(name.to_string(), hash(fields));
     }
-    let mut entries: Vec<String> = seen_table(store, board, None)
+    let mut entries: Vec<String> = seen_table(store, view, None)
         .await
         .into_iter()
         .map(|e| format!("{e:?}"))
         .collect();
     entries.sort();
     out.insert("seen".to_string(), entries);
-    for key in seen_logs(store, board, None).await {
+    for key in seen_logs(store, view, None).await {
         let n = key.rsplit(':').next().expect("slice").to_string();
         let entries: Vec<Vec<u8>> = c.lrange(&key, 0, -1).await.expect("log");
         let mut entries: Vec<String> = entries.iter().map(|e| format!("{e:02x?}")).collect();
@@ -83,8 +83,8 @@ pub fn shaped(shape: usize) -> Board {
 /// `board` and `control` hold the same data, their key names aside; `what` says where.
 pub async fn assert_same_contents(store: &Store, board: &Board, control: &Board, what: &str) {
     assert_eq!(
-        contents(store, board).await,
-        contents(store, control).await,
+        contents(store, &board.widest()).await,
+        contents(store, &control.widest()).await,
         "{what}"
     );
 }

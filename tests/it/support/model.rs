@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use rollboard::domain::board::{Board, TieBreak, MAX_TOTAL};
+use rollboard::domain::board::{Board, TieBreak, View, MAX_TOTAL};
 use rollboard::store::{ApplyEvent, Outcome};
 
 /// One applied event at one instance.
@@ -37,12 +37,13 @@ impl Instance {
         self.events.iter().filter(move |e| e.slice > w)
     }
 
-    /// Applies one event as the apply script must.
-    pub fn apply(&mut self, board: &Board, e: &ApplyEvent, now: i64) -> Outcome {
+    /// Applies one event as the apply script must, to the instance in the window `view`.
+    pub fn apply(&mut self, view: &View<'_>, e: &ApplyEvent, now: i64) -> Outcome {
+        let board = view.board();
         let now = self.last_roll.map_or(now, |r| r.max(now));
         let n = board.slice_of(e.ts);
         // Late once its slice left the window or its ids may be forgotten.
-        if board.is_late(e.ts, now, self.expired_through) {
+        if view.is_late(e.ts, now, self.expired_through) {
             return Outcome::Late;
         }
         if self.seen.get(&e.id).is_some_and(|&forget| forget > now) {
@@ -69,10 +70,10 @@ impl Instance {
         Outcome::Applied
     }
 
-    /// Rolls the instance at `now`.
-    pub fn roll(&mut self, board: &Board, now: i64) {
+    /// Rolls the instance in the window `view` at `now`.
+    pub fn roll(&mut self, view: &View<'_>, now: i64) {
         self.last_roll = Some(self.last_roll.map_or(now, |r| r.max(now)));
-        let target = board.slice_of(now) - board.slices_in_window();
+        let target = view.board().slice_of(now) - view.slices_in_window();
         let w = self.expired_through.map_or(target, |w| w.max(target));
         self.expired_through = Some(w);
         self.events.retain(|e| e.slice > w);
@@ -137,20 +138,21 @@ pub fn competition_ranks(totals: &[i64]) -> Vec<u64> {
 /// competition rank, total and last_ts, the count, and `rank` of every member.
 pub async fn assert_matches(
     store: &rollboard::store::Store,
-    board: &Board,
+    view: &View<'_>,
     scope: Option<&str>,
     model: &Instance,
     now: i64,
 ) {
+    let board = view.board();
     let expected = model.ranking(board);
     let mut entries = Vec::new();
     let mut count;
     loop {
         let page = store
-            .top(board, scope, entries.len() as u64, 1000, now)
+            .top(view, scope, entries.len() as u64, 1000, now)
             .await
             .expect("top");
-        count = page.count;
+        count = page.envelope.count;
         if page.entries.is_empty() {
             break;
         }
@@ -187,7 +189,7 @@ pub async fn assert_matches(
         board.name
     );
     for (i, (member, total, last_ts)) in expected.iter().enumerate() {
-        let r = store.rank(board, scope, member, now).await.expect("rank");
+        let r = store.rank(view, scope, member, now).await.expect("rank");
         assert_eq!(r.rank, Some(i as u64 + 1), "rank of {member}");
         assert_eq!(r.total, Some(*total), "total of {member}");
         assert_eq!(r.last_ts, *last_ts, "last_ts of {member}");
@@ -199,7 +201,7 @@ pub async fn assert_matches(
     }
     for (member, (total, _)) in model.totals() {
         if total <= 0 {
-            let r = store.rank(board, scope, &member, now).await.expect("rank");
+            let r = store.rank(view, scope, &member, now).await.expect("rank");
             assert_eq!(
                 r.rank, None,
                 "{member} with total {total} must not be ranked"
@@ -215,7 +217,7 @@ pub async fn assert_rolled_and_verified(
     model: &mut Instance,
     now: i64,
 ) {
-    model.roll(board, now);
-    assert_matches(store, board, None, model, now).await;
-    crate::support::assert_verified(store, board, None).await;
+    model.roll(&board.widest(), now);
+    assert_matches(store, &board.widest(), None, model, now).await;
+    crate::support::assert_verified(store, &board.widest(), None).await;
 }

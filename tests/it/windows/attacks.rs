@@ -6,7 +6,7 @@
 
 use fred::prelude::*;
 
-use rollboard::domain::board::{Board, Changes, Window};
+use rollboard::domain::board::{Board, Changes, View, Window};
 use rollboard::store::{Outcome, Store};
 
 use crate::support::*;
@@ -31,7 +31,7 @@ fn scoped_feed(name: &str) -> Board {
 /// The total of `member` in the instance `scope` of `view` at `now`.
 async fn total_in(
     store: &Store,
-    view: &Board,
+    view: &View<'_>,
     scope: Option<&str>,
     member: &str,
     now: i64,
@@ -122,7 +122,7 @@ async fn a_forced_roll_stopped_after_the_narrow_window_is_finished_by_the_next()
 
     // `roll --at now+3h` rolls the 2h window, and stops.
     let at = now + 3 * HOUR;
-    let target = narrow.slice_of(at) - narrow.slices_in_window();
+    let target = b.slice_of(at) - narrow.slices_in_window();
     store
         .raise_board_watermark(&narrow, target, at)
         .await
@@ -130,7 +130,7 @@ async fn a_forced_roll_stopped_after_the_narrow_window_is_finished_by_the_next()
     let mut part = rollboard::roll::Report::default();
     rollboard::roll::InstanceRoll {
         store: &store,
-        board: &narrow,
+        view: &narrow,
         scope: None,
         now: at,
         chunk: 10,
@@ -178,12 +178,12 @@ async fn two_rollers_at_once_expire_every_window_once() {
     }
     // What each window holds an hour and a half later: the events of its live slices.
     let later = now + 3 * HOUR / 2;
-    let expected = |view: &Board, member: &str| -> Option<i64> {
+    let expected = |view: &View<'_>, member: &str| -> Option<i64> {
         let w = view.watermark_at(later, None);
         let sum: i64 = events
             .iter()
-            .filter(|e| e.member == member && view.slice_of(e.ts) > w)
-            .filter(|e| view.slice_of(e.ts) > plain.watermark_at(now, None))
+            .filter(|e| e.member == member && view.board().slice_of(e.ts) > w)
+            .filter(|e| view.board().slice_of(e.ts) > plain.widest().watermark_at(now, None))
             .map(|e| e.amount)
             .sum();
         (sum > 0).then_some(sum)
@@ -294,7 +294,7 @@ async fn a_window_named_by_an_equal_duration_reads_that_window() {
     for name in ["24h", "1d", "1440m", "86400s"] {
         let view = rollboard::edges::windows::view(&b, Some(name), "window").expect(name);
         let page = store.top(&view, None, 0, 10, now).await.expect("top");
-        assert_eq!(page.window, "24h", "{name}");
+        assert_eq!(page.envelope.window, "24h", "{name}");
         assert_eq!(page.entries[0].total, 3, "{name}");
     }
     let first = rollboard::edges::windows::view(&b, None, "window").expect("first");

@@ -64,7 +64,7 @@ async fn apply_both(
 
 /// Every window of `b` equals the model.
 async fn assert_windows(store: &Store, model: &Windows, now: i64) {
-    for (view, window) in model.views.iter().zip(&model.windows) {
+    for (view, window) in model.views().iter().zip(&model.windows) {
         assert_window(store, view, None, window, now).await;
     }
 }
@@ -120,7 +120,7 @@ async fn a_total_past_the_limit_in_the_narrow_window_only_is_an_overflow_everywh
         Some(MAX_TOTAL - 8)
     );
     assert_windows(&store, &model, later).await;
-    for view in &model.views {
+    for view in &model.views() {
         assert_verified(&store, view, None).await;
     }
 }
@@ -175,8 +175,24 @@ async fn an_event_live_only_in_the_wide_window_leaves_the_narrow_untouched() {
     assert_eq!(redis.cli(&["EXISTS", &slice]).trim(), "0");
     assert_eq!(total_at(&store, &wide, "bob", now).await, Some(9));
     assert_eq!(total_at(&store, &narrow, "bob", now).await, None);
-    assert_eq!(store.top(&narrow, None, 0, 10, now).await.unwrap().count, 1);
-    assert_eq!(store.top(&wide, None, 0, 10, now).await.unwrap().count, 2);
+    assert_eq!(
+        store
+            .top(&narrow, None, 0, 10, now)
+            .await
+            .unwrap()
+            .envelope
+            .count,
+        1
+    );
+    assert_eq!(
+        store
+            .top(&wide, None, 0, 10, now)
+            .await
+            .unwrap()
+            .envelope
+            .count,
+        2
+    );
 
     let everything = every_key(&store, "wideonly").await;
     let late = [ev("3", now - 7 * HOUR, "cat", 4)];
@@ -220,13 +236,23 @@ async fn a_duplicate_is_one_whichever_windows_its_first_copy_counted_in() {
     roll_board(&store, &b, later).await;
     model.roll_all(later);
     assert_eq!(
-        store.top(&narrow, None, 0, 10, later).await.unwrap().count,
+        store
+            .top(&narrow, None, 0, 10, later)
+            .await
+            .unwrap()
+            .envelope
+            .count,
         0
     );
     let copies = [ev("both", now, "m", 5), ev("wide", now - 3 * HOUR, "m", 7)];
     apply_both(&store, &b, &mut model, &copies, later, &[Duplicate; 2]).await;
     assert_eq!(
-        store.top(&narrow, None, 0, 10, later).await.unwrap().count,
+        store
+            .top(&narrow, None, 0, 10, later)
+            .await
+            .unwrap()
+            .envelope
+            .count,
         0
     );
     assert_eq!(total_at(&store, &wide, "m", later).await, Some(12));
@@ -286,13 +312,13 @@ async fn a_batch_retried_after_a_lost_reply_counts_once_in_every_window() {
     assert_windows(&store, &model, now).await;
     apply_both(&store, &b, &mut model, &events, now, &[Duplicate; 40]).await;
     assert_windows(&store, &model, now).await;
-    for (view, window) in model.views.iter().zip(&model.windows) {
+    for (view, window) in model.views().iter().zip(&model.windows) {
         let key = store.instance(view, None).changes();
         let (changes, _) = changes_after(&store, &key, None).await;
         let mut replayed = Vec::new();
         replay(&mut replayed, &changes, 3);
         let top: Vec<String> = window
-            .ranking(view)
+            .ranking(view.board())
             .into_iter()
             .take(3)
             .map(|(m, _, _)| m)
@@ -300,7 +326,7 @@ async fn a_batch_retried_after_a_lost_reply_counts_once_in_every_window() {
         assert_eq!(replayed, top, "feed of window {}", view.window_name());
         assert_verified(&store, view, None).await;
     }
-    let one_hour = model.window(HOUR).ranking(&model.views[0]);
+    let one_hour = model.window(HOUR).ranking(model.views()[0].board());
     assert_eq!(
         one_hour.iter().map(|r| r.1).sum::<i64>(),
         (0..40).filter(|i| i % 5 == 0).map(|i| i + 1).sum::<i64>(),
@@ -350,7 +376,7 @@ async fn a_key_of_the_wrong_type_in_a_narrower_window_fails_the_call_before_any_
             let _: () = store.client().rename(&key, &aside).await.expect("rename");
         }
         set_string(&store, &key, "not-the-right-type").await;
-        let table = seen_table(&store, &b, None).await;
+        let table = seen_table(&store, &b.widest(), None).await;
         let before = every_key(&store, "typed").await;
         let events = [
             ev("e1", now, "m", 3),
@@ -371,7 +397,7 @@ async fn a_key_of_the_wrong_type_in_a_narrower_window_fails_the_call_before_any_
         if !wrote.is_empty() {
             problems.push(format!("{what}: the failed call wrote {wrote:?}"));
         }
-        if seen_table(&store, &b, None).await != table {
+        if seen_table(&store, &b.widest(), None).await != table {
             problems.push(format!("{what}: the failed call remembered ids"));
         }
         // Put right, the same events count once.
@@ -396,7 +422,7 @@ async fn a_key_of_the_wrong_type_in_a_narrower_window_fails_the_call_before_any_
         )
         .await;
         assert_windows(&store, &model, now).await;
-        for view in &model.views {
+        for view in &model.views() {
             assert_verified(&store, view, None).await;
         }
     }
@@ -430,9 +456,9 @@ async fn a_refund_to_zero_in_one_window_leaves_the_member_ranked_in_the_other() 
     apply_both(&store, &b, &mut model, &refund, now, &[Applied]).await;
 
     let r = store.rank(&narrow, None, "m", now).await.unwrap();
-    assert_eq!((r.rank, r.total, r.count), (None, None, 1));
+    assert_eq!((r.rank, r.total, r.envelope.count), (None, None, 1));
     let r = store.rank(&wide, None, "m", now).await.unwrap();
-    assert_eq!((r.rank, r.total, r.count), (Some(1), Some(5), 2));
+    assert_eq!((r.rank, r.total, r.envelope.count), (Some(1), Some(5), 2));
     assert_eq!(r.dense_rank, Some(Some(1)));
     let n = store.rank(&narrow, None, "n", now).await.unwrap();
     assert_eq!((n.rank, n.dense_rank), (Some(1), Some(Some(1))));
@@ -444,7 +470,7 @@ async fn a_refund_to_zero_in_one_window_leaves_the_member_ranked_in_the_other() 
         assert_eq!(replayed, top, "feed of window {}", view.window_name());
     }
     assert_windows(&store, &model, now).await;
-    for view in &model.views {
+    for view in &model.views() {
         assert_verified(&store, view, None).await;
     }
 }
@@ -465,7 +491,7 @@ async fn a_dense_key_of_the_wrong_type_fails_the_call_before_any_write() {
         };
         b.dense_rank = true;
         apply_events(&store, &b, &[ev("a", now, "m", 1)], now).await;
-        let key = store.instance(&b, None).dense();
+        let key = store.instance(&b.widest(), None).dense();
         let _: i64 = store.client().del(&key).await.expect("del");
         set_string(&store, &key, "not-a-zset").await;
         let before = every_key(&store, name).await;

@@ -8,7 +8,7 @@
 //! on one server and on the cluster fixture.
 
 use proptest::prelude::*;
-use rollboard::domain::board::{Board, Changes, Mode, TieBreak, Window, MAX_TOTAL};
+use rollboard::domain::board::{Board, Changes, Mode, TieBreak, View, Window, MAX_TOTAL};
 use rollboard::roll::{self, Report};
 use rollboard::store::{ApplyEvent, Outcome, Store};
 use tokio_util::sync::CancellationToken;
@@ -50,9 +50,9 @@ pub fn windowed(name: &str, hours: &[i64]) -> Board {
 /// changes. Every window judges at the latest of `now` and the last roll of any window.
 #[derive(Debug, Clone)]
 pub struct Windows {
-    /// The board's views, narrowest first.
-    pub views: Vec<Board>,
-    /// One instance per view.
+    /// The board.
+    board: Board,
+    /// One instance per window, as [`Windows::views`] lists them.
     pub windows: Vec<Instance>,
     last_roll: Option<i64>,
 }
@@ -60,25 +60,30 @@ pub struct Windows {
 impl Windows {
     /// The empty model of `board`.
     pub fn new(board: &Board) -> Windows {
-        let views = board.views();
-        let windows = vec![Instance::default(); views.len()];
+        let windows = vec![Instance::default(); board.views().len()];
         Windows {
-            views,
+            board: board.clone(),
             windows,
             last_roll: None,
         }
     }
 
+    /// The board's windows, narrowest first.
+    pub fn views(&self) -> Vec<View<'_>> {
+        self.board.views()
+    }
+
     /// Applies one event at `now`; its outcome.
     pub fn apply(&mut self, e: &ApplyEvent, now: i64) -> Outcome {
         let now = self.last_roll.map_or(now, |r| r.max(now));
-        let widest = self.views.len() - 1;
+        let views = self.board.views();
+        let widest = views.len() - 1;
         let mut trial = self.windows.clone();
-        let outcome = trial[widest].apply(&self.views[widest], e, now);
+        let outcome = trial[widest].apply(&views[widest], e, now);
         if outcome != Outcome::Applied {
             return outcome;
         }
-        for (w, (window, view)) in trial.iter_mut().zip(&self.views).take(widest).enumerate() {
+        for (w, (window, view)) in trial.iter_mut().zip(&views).take(widest).enumerate() {
             match window.apply(view, e, now) {
                 Outcome::Applied | Outcome::Late => {}
                 Outcome::Overflow => return Outcome::Overflow,
@@ -97,19 +102,19 @@ impl Windows {
     /// Rolls window `w` (an index of `views`) at `now`.
     pub fn roll(&mut self, w: usize, now: i64) {
         self.last_roll = Some(self.last_roll.map_or(now, |r| r.max(now)));
-        self.windows[w].roll(&self.views[w], now);
+        self.windows[w].roll(&self.board.views()[w], now);
     }
 
     /// Rolls every window at `now`.
     pub fn roll_all(&mut self, now: i64) {
-        for w in 0..self.views.len() {
+        for w in 0..self.windows.len() {
             self.roll(w, now);
         }
     }
 
     /// The instance of the window `ms` wide.
     pub fn window(&self, ms: i64) -> &Instance {
-        let w = self.views.iter().position(|v| v.window_ms == ms);
+        let w = self.views().iter().position(|v| v.window_ms() == ms);
         &self.windows[w.expect("a window of the board")]
     }
 }
@@ -133,12 +138,12 @@ fn dense_ranks(totals: &[i64]) -> Vec<u64> {
 /// (absent on a board without `dense_rank`).
 pub async fn assert_window(
     store: &Store,
-    view: &Board,
+    view: &View<'_>,
     scope: Option<&str>,
     model: &Instance,
     now: i64,
 ) {
-    let expected = model.ranking(view);
+    let expected = model.ranking(view.board());
     let page = store.top(view, scope, 0, 1000, now).await.expect("top");
     let rows: Vec<(String, i64, Option<i64>)> = page
         .entries
@@ -148,7 +153,7 @@ pub async fn assert_window(
     assert_eq!(rows, expected, "window {} of {scope:?}", view.window_name());
     assert_matches(store, view, scope, model, now).await;
     let got: Vec<Option<u64>> = page.entries.iter().map(|e| e.dense_rank).collect();
-    let want: Vec<Option<u64>> = if view.dense_rank {
+    let want: Vec<Option<u64>> = if view.board().dense_rank {
         let totals: Vec<i64> = expected.iter().map(|r| r.1).collect();
         dense_ranks(&totals).into_iter().map(Some).collect()
     } else {
@@ -274,7 +279,7 @@ struct Run<'a> {
     scope: Option<&'a str>,
     model: Windows,
     now: i64,
-    /// Per window (as `model.views`): the last entry read and the top replayed so far.
+    /// Per window (as `model.views()`): the last entry read and the top replayed so far.
     feeds: Vec<(Option<String>, Vec<String>)>,
     sent: Vec<Vec<ApplyEvent>>,
     next_id: usize,
@@ -283,7 +288,7 @@ struct Run<'a> {
 impl Run<'_> {
     fn new<'a>(store: &'a Store, b: Board, scope: Option<&'a str>) -> Run<'a> {
         let model = Windows::new(&b);
-        let feeds = vec![(None, Vec::new()); model.views.len()];
+        let feeds = vec![(None, Vec::new()); model.views().len()];
         Run {
             store,
             b,
@@ -307,7 +312,7 @@ impl Run<'_> {
             (false, a) if a > 0 => a,
             (false, a) => 1 - a,
         };
-        let back = back % (self.b.slices_in_window() + 2);
+        let back = back % (self.b.widest().slices_in_window() + 2);
         let ts = self.now - back * SLICE - minutes * 60_000;
         ev(&format!("e{}", self.next_id), ts, &format!("m{m}"), amount)
     }
@@ -325,16 +330,16 @@ impl Run<'_> {
     /// Rolls the `k` narrowest windows at `now`, as `roll_board` rolls each.
     async fn roll_narrowest(&mut self, k: usize) {
         let (store, scope, now) = (self.store, self.scope, self.now);
-        for w in 0..k {
-            let view = &self.model.views[w];
+        let views = self.b.views();
+        for (w, view) in views.iter().enumerate().take(k) {
             let target = store
-                .raise_board_watermark(view, view.slice_of(now) - view.slices_in_window(), now)
+                .raise_board_watermark(view, self.b.slice_of(now) - view.slices_in_window(), now)
                 .await
                 .expect("board watermark");
             let mut report = Report::default();
             roll::InstanceRoll {
                 store,
-                board: view,
+                view,
                 scope,
                 now,
                 chunk: 10,
@@ -351,7 +356,7 @@ impl Run<'_> {
     /// marked `fresh` (a resummarize window shows its events only once rolled) against
     /// the model, their replayed feeds against the model's top.
     async fn check(&mut self, fresh: &[bool], step: &Step) {
-        for (w, view) in self.model.views.iter().enumerate() {
+        for (w, view) in self.model.views().iter().enumerate() {
             if self.b.changes.is_some() {
                 let key = self.store.instance(view, self.scope).changes();
                 let (last, replayed) = &mut self.feeds[w];
@@ -366,7 +371,7 @@ impl Run<'_> {
             assert_window(self.store, view, self.scope, model, self.now).await;
             if self.b.changes.is_some() {
                 let top: Vec<String> = model
-                    .ranking(view)
+                    .ranking(view.board())
                     .into_iter()
                     .take(TOP)
                     .map(|(m, _, _)| m)
@@ -385,7 +390,7 @@ impl Run<'_> {
 async fn run_case(store: &Store, scope: Option<&str>, case: Case) {
     let b = case.shape.board(scope.is_some());
     let mut run = Run::new(store, b, scope);
-    let windows = run.model.views.len();
+    let windows = run.model.views().len();
     let incremental = run.b.mode == Mode::Incremental;
     for step in &case.steps {
         let mut fresh = vec![incremental; windows];
@@ -431,7 +436,7 @@ async fn run_case(store: &Store, scope: Option<&str>, case: Case) {
         }
         run.check(&fresh, step).await;
         if matches!(step, Step::Roll(_)) {
-            for view in &run.model.views {
+            for view in &run.model.views() {
                 assert_verified(store, view, scope).await;
             }
         }

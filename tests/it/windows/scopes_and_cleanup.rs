@@ -7,7 +7,7 @@
 use std::collections::BTreeSet;
 
 use fred::prelude::*;
-use rollboard::domain::board::{Board, Changes};
+use rollboard::domain::board::{Board, Changes, View};
 use rollboard::store::{Outcome, Store};
 
 use crate::support::*;
@@ -50,7 +50,7 @@ async fn registered(store: &Store, scope: &str) -> bool {
 }
 
 /// The total of `member` in the instance `scope` of `view` at `now`.
-async fn total(store: &Store, view: &Board, scope: &str, member: &str, now: i64) -> Option<i64> {
+async fn total(store: &Store, view: &View<'_>, scope: &str, member: &str, now: i64) -> Option<i64> {
     store
         .rank(view, Some(scope), member, now)
         .await
@@ -178,7 +178,11 @@ async fn a_scope_empty_only_in_the_narrower_window_stays_and_answers_in_each() {
         .top(&short, Some("r1"), 0, 10, later)
         .await
         .expect("top 2h");
-    assert_eq!((page.count, page.entries.len()), (0, 0), "{page:?}");
+    assert_eq!(
+        (page.envelope.count, page.entries.len()),
+        (0, 0),
+        "{page:?}"
+    );
     assert_eq!(total(&store, &short, "r1", "ann", later).await, None);
     let page = store
         .top(&wide, Some("r1"), 0, 10, later)

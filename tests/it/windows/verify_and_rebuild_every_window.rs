@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use fred::prelude::*;
-use rollboard::domain::board::Board;
+use rollboard::domain::board::{Board, View};
 use rollboard::domain::ranking::encode_member;
 use rollboard::roll;
 use rollboard::store::{Outcome, Store};
@@ -41,14 +41,14 @@ fn boards() -> Vec<Board> {
 
 /// Adds `by` to the stored total of `member` in the ranking of `view`'s instance `scope`,
 /// behind the scripts' back.
-async fn bump(store: &Store, view: &Board, scope: Option<&str>, member: &str, by: f64) {
+async fn bump(store: &Store, view: &View<'_>, scope: Option<&str>, member: &str, by: f64) {
     let k = store.instance(view, scope);
     let ts: String = store
         .client()
         .hget(k.members(), member)
         .await
         .expect("HGET members");
-    let z = encode_member(view.tie_break, member, ts.parse().expect("a time"));
+    let z = encode_member(view.board().tie_break, member, ts.parse().expect("a time"));
     let _: f64 = store
         .client()
         .zincrby(k.result(), by, z)
@@ -187,18 +187,13 @@ async fn verify_names_each_window_and_rebuild_repairs_every_window() {
     // Still deduplicated once, and counted in each window as the model says.
     let out = apply_events_in(&store, &tips, "r1", &events, now).await;
     assert_eq!(out, vec![Outcome::Duplicate; 3]);
-    let total = |view: &Board, member: &'static str| {
-        let (store, view) = (&store, view.clone());
-        async move {
-            store
-                .rank(&view, Some("r1"), member, now)
-                .await
-                .expect("rank")
-                .total
-        }
-    };
-    assert_eq!(total(&short, "ann").await, Some(7));
-    assert_eq!(total(&short, "bob").await, Some(50));
-    assert_eq!(total(&wide, "ann").await, Some(107));
-    assert_eq!(total(&wide, "bob").await, Some(50));
+    for (view, member, want) in [
+        (&short, "ann", 7),
+        (&short, "bob", 50),
+        (&wide, "ann", 107),
+        (&wide, "bob", 50),
+    ] {
+        let rank = store.rank(view, Some("r1"), member, now).await;
+        assert_eq!(rank.expect("rank").total, Some(want), "{member}");
+    }
 }
