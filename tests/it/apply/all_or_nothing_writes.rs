@@ -10,8 +10,16 @@ use rollboard::domain::board::{Board, Mode, MAX_TOTAL};
 use rollboard::roll::{self};
 use rollboard::store::{ApplyEvent, Outcome, Store, APPLY_CHUNK};
 
+use crate::support::asserts::{
+    assert_metrics, assert_state, assert_verified, ranked, verify_differences,
+};
+use crate::support::boards::{apply_events, ev, roll_all, set_string, snapshot, test_boards};
+use crate::support::config::config_for;
+use crate::support::daemon::Daemon;
+use crate::support::events::{models_of_entries, stream_entries, xadd_all, Fields};
 use crate::support::model::{assert_matches, assert_rolled_and_verified, Instance};
-use crate::support::*;
+use crate::support::redis::RedisServer;
+use crate::support::wait::{drained, wait_for};
 
 const SLICE: i64 = 1_000;
 /// Slices per window of the boards below: wide enough for events in many slices.
@@ -19,7 +27,7 @@ const N: i64 = 40;
 const NOW: i64 = 1_000_000;
 
 fn variants() -> Vec<Board> {
-    crate::support::variants(SLICE, N)
+    crate::support::boards::variants(SLICE, N)
 }
 
 async fn roll_at(store: &Store, board: &Board, now: i64, chunk: usize) {
@@ -440,7 +448,7 @@ async fn a_board_whose_result_key_is_broken_dead_letters_its_events() {
     assert!(drained(&store).await, "log:\n{}", daemon.logs());
     let dead = dead_letters(&store).await;
     let reasons: Vec<&str> = dead.iter().map(|(_, d)| d["reason"].as_str()).collect();
-    let seen = crate::support::seen_table(&store, tips_24h, None)
+    let seen = crate::support::boards::seen_table(&store, tips_24h, None)
         .await
         .len();
     assert_eq!(

@@ -7,14 +7,17 @@ use proptest::prelude::*;
 use rollboard::domain::board::{Board, Mode};
 use rollboard::store::{ApplyEvent, Outcome, Store};
 
+use crate::support::asserts::verify_differences;
+use crate::support::boards::{apply_events, ev, roll_once, snapshot};
 use crate::support::model::{assert_matches, Instance};
-use crate::support::*;
+use crate::support::proptests::{proptest_runner, runtime, Lcg};
+use crate::support::redis::RedisServer;
 
 const SLICE: i64 = 1_000;
 const NOW: i64 = 1_000_000;
 
 fn variants() -> Vec<Board> {
-    crate::support::variants(SLICE, 4)
+    crate::support::boards::variants(SLICE, 4)
 }
 
 /// A random batch: ids partly reused from earlier batches, members a..f, two live slices,

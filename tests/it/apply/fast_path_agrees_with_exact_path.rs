@@ -11,7 +11,10 @@ use rollboard::domain::board::{Board, Changes, Mode, TieBreak, Window, MAX_TOTAL
 use rollboard::domain::ranking::{decode_member, encode_member};
 use rollboard::store::{apply_call, ApplyEvent, Outcome, Store, APPLY_CHUNK};
 
-use crate::support::*;
+use crate::support::boards::{apply_events, ev, set_string, snapshot, total_at, variants};
+use crate::support::instances::{assert_same_contents, contents, shaped, twin};
+use crate::support::proptests::run_cases_threaded;
+use crate::support::redis::{fcall, RedisServer};
 
 const SLICE: i64 = 1_000;
 const N: i64 = 4;

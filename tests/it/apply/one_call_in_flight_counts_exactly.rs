@@ -1,7 +1,12 @@
 //! One call in flight per instance: a scoped board spread over many rooms, fed through
 //! HTTP, still counts every tip exactly.
 
-use crate::support::*;
+use crate::support::asserts::{assert_drained_into_model, assert_metrics};
+use crate::support::boards::now_ms;
+use crate::support::config::{config_for, edit_config};
+use crate::support::daemon::Daemon;
+use crate::support::events::{post_events, spread_tip, xadd_all, Fields};
+use crate::support::redis::RedisServer;
 
 #[tokio::test]
 async fn one_call_in_flight_with_a_scoped_board_over_many_rooms_counts_exactly() {

@@ -8,8 +8,12 @@ use proptest::prelude::*;
 use rollboard::domain::board::{Board, Mode, TieBreak, MAX_TOTAL};
 use rollboard::store::{ApplyEvent, Outcome, Store};
 
+use crate::support::boards::{
+    amount_for, apply_events, apply_events_in, board, ev, remembers, scoped, HOUR,
+};
 use crate::support::model::{assert_matches, Instance};
-use crate::support::*;
+use crate::support::proptests::run_cases;
+use crate::support::redis::RedisServer;
 
 const NOW: i64 = 1_763_700_000_000;
 

@@ -16,7 +16,9 @@ use rollboard::metrics::Metrics;
 use rollboard::roll::Verified;
 use rollboard::store::Store;
 
-use crate::support::*;
+use crate::support::boards::{board, dump, entry, ingest_settings, roll_all, set_string, Consumer};
+use crate::support::cli::{assert_contains, rollboard, stderr, stdout};
+use crate::support::redis::RedisServer;
 
 const SLICE: i64 = 60_000;
 const N: i64 = 10;
@@ -395,7 +397,7 @@ async fn a_configured_board_is_refused_without_force_and_names_must_be_board_nam
 
 #[tokio::test]
 async fn dropping_a_board_on_a_cluster_scans_every_master() {
-    let cluster = crate::support::RedisCluster::start();
+    let cluster = crate::support::cluster::RedisCluster::start();
     let store = cluster.store().await;
     let (survivors, now) = fill_lookalikes(&store).await;
     let keys = || -> BTreeSet<String> {
@@ -403,7 +405,7 @@ async fn dropping_a_board_on_a_cluster_scans_every_master() {
             .masters()
             .into_iter()
             .flat_map(|port| {
-                crate::support::cli(port, &["--scan"])
+                crate::support::cluster::cli(port, &["--scan"])
                     .lines()
                     .map(str::to_string)
                     .collect::<Vec<_>>()
@@ -416,7 +418,7 @@ async fn dropping_a_board_on_a_cluster_scans_every_master() {
         .masters()
         .into_iter()
         .filter(|port| {
-            crate::support::cli(*port, &["--scan", "--pattern", "rb:{tips:*"])
+            crate::support::cluster::cli(*port, &["--scan", "--pattern", "rb:{tips:*"])
                 .lines()
                 .next()
                 .is_some()
@@ -449,8 +451,8 @@ async fn dropping_a_board_on_a_cluster_scans_every_master() {
 #[tokio::test]
 async fn the_shipped_redis_user_may_not_scan_so_drop_board_stops_before_deleting() {
     let dir = tempfile::tempdir().expect("dir");
-    let redis = crate::support::acl_server(dir.path(), &[]);
-    let url = crate::support::acl_url(&redis);
+    let redis = crate::support::acl::acl_server(dir.path(), &[]);
+    let url = crate::support::acl::acl_url(&redis);
     let store = Store::connect(&url, "rb", 2, rollboard::store::Reconnect::Never)
         .await
         .expect("connect as the rollboard user");

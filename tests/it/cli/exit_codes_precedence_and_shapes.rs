@@ -3,7 +3,13 @@
 
 use fred::prelude::*;
 
-use crate::support::*;
+use crate::support::boards::apply_events;
+use crate::support::cli::{
+    assert_configs_refused_naming, assert_contains, assert_exit, rollboard, stderr, stdout,
+};
+use crate::support::config::{config_for, write_file};
+use crate::support::daemon::redis_and_config;
+use crate::support::redis::RedisServer;
 
 #[test]
 fn invalid_configuration_exits_64_naming_the_key() {
@@ -70,7 +76,7 @@ async fn config_flag_wins_over_the_environment_and_keys_can_be_overridden() {
 #[tokio::test]
 async fn queries_answer_with_the_documented_shapes_and_statuses() {
     let (_redis, store, _dir, config, _) = redis_and_config("a").await;
-    let board = &rollboard::config::Settings::from_toml(crate::support::BOARDS)
+    let board = &rollboard::config::Settings::from_toml(crate::support::config::BOARDS)
         .expect("boards")
         .boards;
     let now = rollboard::domain::clock::local_ms();

@@ -4,7 +4,10 @@
 use std::io::Write;
 use std::process::Command;
 
-use crate::support::*;
+use crate::support::cli::{assert_contains, send, text};
+use crate::support::config::config_for;
+use crate::support::daemon::xlen;
+use crate::support::redis::RedisServer;
 
 /// `send` edges: a BOM on line 1 only, CRLF, an invalid line after the first batch,
 /// empty input, /dev/null, a line of exactly the limit (LF and CRLF) and one byte over.

@@ -8,7 +8,18 @@ use std::time::Duration;
 use rollboard::domain::board::{Board, Dedup};
 use rollboard::metrics::Metrics;
 
-use crate::support::*;
+use crate::support::asserts::verify_differences;
+use crate::support::boards::{
+    board, entry, ingest_settings, redis_now, roll_all, total_at, Consumer,
+};
+use crate::support::cli::run_rollboard;
+use crate::support::config::write_config;
+use crate::support::daemon::Daemon;
+use crate::support::env::faketime_library;
+use crate::support::events::{xadd_all, Fields};
+use crate::support::proptests::runtime;
+use crate::support::redis::{free_port, RedisServer};
+use crate::support::wait::{drained, wait_for};
 
 const MINUTE: i64 = 60_000;
 
@@ -22,7 +33,7 @@ fn forgetful() -> (Board, Vec<Board>) {
 
 /// Dead letters in `rb:events:dead`, as (reason, id) pairs.
 async fn letters(store: &rollboard::store::Store) -> Vec<(String, String)> {
-    crate::support::letters(store)
+    crate::support::events::letters(store)
         .await
         .into_iter()
         .map(|(_, f)| {

@@ -7,7 +7,12 @@ use std::time::Duration;
 use fred::prelude::*;
 use rollboard::store::Store;
 
-use crate::support::*;
+use crate::support::boards::{apply_events, board, ev, redis_now, total_at};
+use crate::support::daemon::Daemon;
+use crate::support::env::faketime_library;
+use crate::support::events::{xadd_all, Fields};
+use crate::support::redis::{free_port, RedisServer};
+use crate::support::wait::drained;
 
 /// libfaketime (preloaded directly, so that signals reach the daemon itself), its offset read
 /// from `file` on every call: writing the file steps the daemon's clock as NTP would.

@@ -7,7 +7,19 @@ use std::time::Duration;
 
 use rollboard::store::{Reconnect, Store};
 
-use crate::support::*;
+use crate::support::asserts::{assert_drained_into_model_at, assert_state};
+use crate::support::boards::test_boards;
+use crate::support::cli::{assert_success, rollboard, stderr, stdout};
+use crate::support::cluster::{cli, one_replica_store, RedisCluster};
+use crate::support::config::{
+    config_for_url, edit_config, write_config, write_config_url, write_file,
+};
+use crate::support::daemon::Daemon;
+use crate::support::env::{env_count, env_seed};
+use crate::support::events::{models, post_fields, tip, tip_or_payment, xadd_all, Fields};
+use crate::support::proptests::SplitMix;
+use crate::support::redis::{free_port, RedisServer};
+use crate::support::wait::{drained, wait_for};
 
 /// The fixture itself: six nodes, three masters with 16384 slots between them, each with
 /// a synced replica; a killed master's replica takes over and the killed node rejoins.
@@ -62,7 +74,11 @@ async fn core_flows_on_a_cluster_equal_the_model() {
         .collect();
     let file = write_file(dir.path(), "events.jsonl", &lines.join("\n"));
     let out = rollboard(Some(&config), &["send", file.to_str().expect("path")], &[]);
-    assert!(out.status.success(), "{}", crate::support::stderr(&out));
+    assert!(
+        out.status.success(),
+        "{}",
+        crate::support::cli::stderr(&out)
+    );
     let r = post_fields(&daemon.base, &events[800..]).await;
     let status = r.status().as_u16();
     assert_eq!(status, 202, "{}", r.text().await.unwrap_or_default());
@@ -74,7 +90,7 @@ async fn core_flows_on_a_cluster_equal_the_model() {
     let more: Vec<Fields> = (1000..6000).map(event).collect();
     xadd_all(store.client(), "rb:events", &more).await;
     events.extend(more);
-    let applying = crate::support::wait_for(Duration::from_secs(30), || async {
+    let applying = crate::support::wait::wait_for(Duration::from_secs(30), || async {
         daemon
             .metric("rollboard_events_applied_total", &[("board", "rooms_7d")])
             .await
@@ -113,7 +129,11 @@ async fn core_flows_on_a_cluster_equal_the_model() {
         ],
         &[],
     );
-    assert!(out.status.success(), "{}", crate::support::stderr(&out));
+    assert!(
+        out.status.success(),
+        "{}",
+        crate::support::cli::stderr(&out)
+    );
     let page: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("json");
     assert_eq!(page["count"].as_u64(), Some(expected.len() as u64));
     let (member, total, _) = &expected[0];
@@ -122,7 +142,11 @@ async fn core_flows_on_a_cluster_equal_the_model() {
         &["rank", "fans_7d", member, "--scope", "r3", "--json"],
         &[],
     );
-    assert!(out.status.success(), "{}", crate::support::stderr(&out));
+    assert!(
+        out.status.success(),
+        "{}",
+        crate::support::cli::stderr(&out)
+    );
     let rank: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("json");
     assert_eq!(rank["rank"], 1, "{rank}");
     assert_eq!(rank["total"].to_string(), total.to_string(), "{rank}");
@@ -135,7 +159,11 @@ async fn core_flows_on_a_cluster_equal_the_model() {
         &["roll", "--at", &later.to_string(), "--force"],
         &[],
     );
-    assert!(out.status.success(), "{}", crate::support::stderr(&out));
+    assert!(
+        out.status.success(),
+        "{}",
+        crate::support::cli::stderr(&out)
+    );
     assert_state(&store, &boards, &models(&events, &boards, later), later).await;
     let out = rollboard(Some(&config), &["verify", "--strict"], &[]);
     assert_success(&out, "verify");
@@ -144,7 +172,7 @@ async fn core_flows_on_a_cluster_equal_the_model() {
         assert!(
             out.status.success(),
             "rebuild {board}: {}",
-            crate::support::stderr(&out)
+            crate::support::cli::stderr(&out)
         );
     }
     let out = rollboard(Some(&config), &["verify"], &[]);

@@ -14,7 +14,10 @@ use rollboard::domain::event::Field;
 use rollboard::ingest::stream;
 use rollboard::store::{Reconnect, Store, StoreError};
 
-use crate::support::*;
+use crate::support::boards::{apply_events, apply_events_in, ev, scoped};
+use crate::support::cluster::{cli, one_replica_store, RedisCluster};
+use crate::support::config::config_for_url;
+use crate::support::wait::wait_for;
 
 const NOW: i64 = 1_000_000;
 
@@ -354,7 +357,7 @@ async fn a_partitioned_append_with_one_partition_moving_lands_every_event() {
 
 /// A board named `name` with slices of a minute.
 fn board(name: &str) -> Board {
-    crate::support::board(name, 60_000, 10)
+    crate::support::boards::board(name, 60_000, 10)
 }
 
 /// (member, total) of the board's top 10.
@@ -673,7 +676,7 @@ async fn an_append_confirmed_while_its_slot_moves_waits_for_the_replica_that_hol
 /// is redirected and fails as an outage, by design: see `Store::confirm_writes`.)
 #[tokio::test]
 async fn posts_after_the_events_slot_moved_are_accepted_at_once() {
-    use crate::support::Daemon;
+    use crate::support::daemon::Daemon;
 
     let cluster = RedisCluster::start();
     let (store, _) = connect(&cluster, Reconnect::Never).await;

@@ -10,7 +10,12 @@ use rollboard::domain::board::TieBreak;
 use rollboard::roll::{self, Job};
 use tokio_util::sync::CancellationToken;
 
-use crate::support::*;
+use crate::support::boards::{apply_events, board, ev, snapshot};
+use crate::support::cli::run_rollboard;
+use crate::support::config::{config_for, write_config};
+use crate::support::daemon::Daemon;
+use crate::support::redis::{free_port, RedisServer};
+use crate::support::wait::drained;
 
 const SLICE: i64 = 1_000;
 const NOW: i64 = 1_000_000;
@@ -233,7 +238,7 @@ async fn a_board_whose_settings_changed_is_refused_before_anything_is_written() 
 async fn the_cli_and_the_daemon_exit_64_naming_a_changed_setting() {
     let redis = RedisServer::start();
     let dir = tempfile::tempdir().expect("dir");
-    let port = crate::support::free_port();
+    let port = crate::support::redis::free_port();
     let config = write_config(dir.path(), &redis, port, "a", "");
     let run = run_rollboard;
     let out = run(&config, &["top", "rooms_7d"]);

@@ -11,8 +11,12 @@ use rollboard::roll::{self, Job, Report};
 use rollboard::store::{ApplyEvent, Outcome, Store};
 use tokio_util::sync::CancellationToken;
 
+use crate::support::boards::{
+    apply_events, apply_events_in, board, ev, remembers, scoped, seen_logs, seen_table, snapshot,
+};
 use crate::support::model::{assert_matches, Instance};
-use crate::support::*;
+use crate::support::proptests::{proptest_runner, runtime, Lcg};
+use crate::support::redis::RedisServer;
 
 const SLICE: i64 = 1_000;
 const NOW: i64 = 1_000_000;

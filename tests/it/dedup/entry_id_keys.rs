@@ -9,7 +9,15 @@ use std::time::Duration;
 use fred::prelude::*;
 use rollboard::store::Store;
 
-use crate::support::*;
+use crate::support::boards::{
+    boards_a_b_metered, entry, ingest_settings, now_ms, roll_all, set_string, test_boards,
+    total_at, Consumer,
+};
+use crate::support::config::config_for;
+use crate::support::daemon::{partitioned_daemon, Daemon};
+use crate::support::events::xadd_one;
+use crate::support::redis::RedisServer;
+use crate::support::wait::drained_streams;
 
 /// The exact total of `member` on the unscoped board `name` (None when not ranked).
 async fn total(store: &Store, name: &str, scope: Option<&str>, member: &str) -> Option<i64> {
@@ -241,7 +249,7 @@ async fn a_dead_letter_stream_named_like_another_layouts_partition_is_refused_or
         "the tip is processed"
     );
     // Wait for a second count of the tip (none should come).
-    let grew = crate::support::wait_for(Duration::from_secs(8), || async {
+    let grew = crate::support::wait::wait_for(Duration::from_secs(8), || async {
         total(&store, "rooms_7d", None, "r1").await != Some(5)
     })
     .await;

@@ -11,7 +11,14 @@ use rollboard::ingest::stream::Entry;
 use rollboard::metrics::Metrics;
 use rollboard::store::{Outcome, Store};
 
-use crate::support::*;
+use crate::support::boards::{
+    apply_events, board, boards_a_b, boards_a_b_metered, entry, ingest_settings, now_ms, roll_all,
+    set_string, test_boards, total_at, Consumer,
+};
+use crate::support::daemon::partitioned_daemon;
+use crate::support::events::{letters, xadd_one};
+use crate::support::redis::RedisServer;
+use crate::support::wait::drained_streams;
 
 /// docs/operations.md's replay ("A board that keeps failing") of one `apply_failed` dead letter:
 /// the original fields (reserved names dropped, `orig.*` renamed back), `id` set to
@@ -444,7 +451,7 @@ async fn a_dead_letter_from_a_partition_written_before_the_upgrade_replays_once(
     let first = apply_events(
         &store,
         &a,
-        &[crate::support::ev(&source_id, t0, "u1", 5)],
+        &[crate::support::boards::ev(&source_id, t0, "u1", 5)],
         t0,
     )
     .await;
@@ -557,7 +564,7 @@ async fn a_partitioned_daemon_replays_dead_letters_of_tips_without_id_once() {
                 .and_then(|r| r.total)
         }
     };
-    let dead_two = crate::support::wait_for(Duration::from_secs(60), || async {
+    let dead_two = crate::support::wait::wait_for(Duration::from_secs(60), || async {
         letters(&store).await.len() == 2
     })
     .await;
@@ -566,7 +573,7 @@ async fn a_partitioned_daemon_replays_dead_letters_of_tips_without_id_once() {
     for (_, l) in &dead {
         assert_eq!(l["reason"], "apply_failed", "{l:?}");
     }
-    let counted = crate::support::wait_for(Duration::from_secs(30), || async {
+    let counted = crate::support::wait::wait_for(Duration::from_secs(30), || async {
         fans_total("u1").await == Some(5) && fans_total("u2").await == Some(7)
     })
     .await;
@@ -583,7 +590,7 @@ async fn a_partitioned_daemon_replays_dead_letters_of_tips_without_id_once() {
     }
     let streams = vec!["rb:events:{0}".to_string(), "rb:events:{1}".to_string()];
     assert!(drained_streams(&store, &streams).await, "replays read");
-    let replayed_once = crate::support::wait_for(Duration::from_secs(30), || async {
+    let replayed_once = crate::support::wait::wait_for(Duration::from_secs(30), || async {
         store
             .rank(&rooms, None, "r1", now_ms())
             .await
@@ -597,7 +604,7 @@ async fn a_partitioned_daemon_replays_dead_letters_of_tips_without_id_once() {
     // writes bumps): still one of each on fans_7d, in its live totals too.
     let keys = store.instance(&fans, Some("r1"));
     let meta = keys.meta();
-    let resummed = crate::support::wait_for(Duration::from_secs(30), || async {
+    let resummed = crate::support::wait::wait_for(Duration::from_secs(30), || async {
         let state: Vec<Option<String>> = store
             .client()
             .hmget(meta.as_str(), vec!["gen", "summed_gen"])

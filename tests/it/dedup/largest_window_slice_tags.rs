@@ -5,7 +5,9 @@
 use rollboard::metrics::Metrics;
 use rollboard::store::Outcome;
 
-use crate::support::*;
+use crate::support::boards::{apply_events, entry, ingest_settings, roll_all, total_at, Consumer};
+use crate::support::events::letters;
+use crate::support::redis::RedisServer;
 
 /// Settings of one board `name` over `window` in 1 ms slices, below the TOML `ingest` (may be empty).
 fn one_board(
@@ -70,8 +72,8 @@ async fn the_largest_window_recognises_redeliveries_at_both_ends() {
     assert_eq!(n, rollboard::config::MAX_SLICES_REACHED);
     let (_redis, store) = RedisServer::start_with_store("rb").await;
     let now = 1_763_700_000_000;
-    let newest = crate::support::ev("newest", now, "u1", 5);
-    let oldest = crate::support::ev("oldest", now - n + 1, "u2", 7);
+    let newest = crate::support::boards::ev("newest", now, "u1", 5);
+    let oldest = crate::support::boards::ev("oldest", now - n + 1, "u2", 7);
     let batch = [newest.clone(), oldest.clone()];
     let first = apply_events(&store, &board, &batch, now).await;
     assert_eq!(first, [Outcome::Applied, Outcome::Applied]);
@@ -79,7 +81,7 @@ async fn the_largest_window_recognises_redeliveries_at_both_ends() {
         let again = apply_events(&store, &board, &batch, now).await;
         assert_eq!(again, [Outcome::Duplicate, Outcome::Duplicate]);
         // One at a time too (apply.lua's path when a call holds a duplicate and a new one).
-        let fresh = crate::support::ev("fresh", now, "u1", 1);
+        let fresh = crate::support::boards::ev("fresh", now, "u1", 1);
         let mixed = apply_events(&store, &board, &[oldest.clone(), fresh], now).await;
         assert_eq!(mixed[0], Outcome::Duplicate);
     }
@@ -112,7 +114,7 @@ async fn a_tip_max_future_ahead_in_the_largest_window_counts_once() {
     let (_redis, store) = RedisServer::start_with_store("rb").await;
     let now = 1_763_700_000_000;
     // As far ahead as the default max_future of 5 minutes allows.
-    let ahead = crate::support::ev("ahead", now + 300_000, "u1", 5);
+    let ahead = crate::support::boards::ev("ahead", now + 300_000, "u1", 5);
     let first = apply_events(&store, &board, std::slice::from_ref(&ahead), now).await;
     assert_eq!(first, [Outcome::Applied]);
     let again = apply_events(&store, &board, std::slice::from_ref(&ahead), now).await;
@@ -210,7 +212,7 @@ async fn the_largest_window_with_a_max_future_not_a_multiple_of_the_slice_counts
         let again = apply_events(
             &store,
             &board,
-            &[crate::support::ev("ahead", ahead, "u1", 5)],
+            &[crate::support::boards::ev("ahead", ahead, "u1", 5)],
             now,
         )
         .await;

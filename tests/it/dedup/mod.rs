@@ -13,7 +13,7 @@ use rollboard::store::Store;
 /// Asserts that u1's replayed 5 counts once on `repaired` and stays a duplicate on `counted`.
 async fn assert_replayed_once(store: &Store, repaired: &Board, counted: &Board, now: i64) {
     let (once, dup) = (&repaired.name, &counted.name);
-    let total = |b| crate::support::total_at(store, b, "u1", now);
+    let total = |b| crate::support::boards::total_at(store, b, "u1", now);
     assert_eq!(total(repaired).await, Some(5), "{once}: counted once");
     assert_eq!(total(counted).await, Some(5), "{dup}: a duplicate");
 }

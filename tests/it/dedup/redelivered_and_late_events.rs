@@ -3,7 +3,8 @@
 
 use rollboard::store::Outcome;
 
-use crate::support::*;
+use crate::support::boards::{apply_events, board, ev, HOUR};
+use crate::support::redis::RedisServer;
 
 const NOW: i64 = 1_763_700_000_000;
 

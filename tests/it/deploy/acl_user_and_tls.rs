@@ -7,7 +7,14 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use crate::support::*;
+use crate::support::acl::{acl_server, acl_url, Server, PASSWORD};
+use crate::support::cli::{assert_contains, SpawnPiped};
+use crate::support::config::{write_config_url, BOARDS};
+use crate::support::daemon::Daemon;
+use crate::support::events::{tips, tips_total};
+use crate::support::redis::free_port;
+use crate::support::sse::{entered, feed_boards, Sse};
+use crate::support::wait::wait_for;
 
 fn rollboard(config: &Path, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_rollboard"))

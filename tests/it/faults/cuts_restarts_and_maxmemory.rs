@@ -18,9 +18,16 @@ use rollboard::roll::{self, Job};
 use rollboard::store::{ApplyEvent, Outcome, Reconnect, Store};
 use tokio_util::sync::CancellationToken;
 
+use crate::support::asserts::{assert_state, verify_differences};
+use crate::support::boards::{apply_events, ev, now_ms, test_boards, variants, HOUR};
+use crate::support::cli::assert_success;
+use crate::support::config::config_for_url;
+use crate::support::daemon::Daemon;
+use crate::support::events::{models, xadd_all, Fields};
 use crate::support::model::{assert_matches, Instance};
 use crate::support::proxy::Proxy;
-use crate::support::*;
+use crate::support::redis::{fcall_calls, function_name, RedisServer};
+use crate::support::wait::{drained, wait_for};
 
 /// A small xorshift generator; the seed is printed with every failure.
 struct Dice(u64);
@@ -409,7 +416,7 @@ async fn an_apply_call_cut_after_it_reached_redis_is_not_resent() {
     let redis = RedisServer::start();
     let proxy = Proxy::start(redis.port).await;
     let store = proxy.store().await;
-    let board = crate::support::board("cut_once", HOUR, 24);
+    let board = crate::support::boards::board("cut_once", HOUR, 24);
     let now = now_ms();
     // 70 events of distinct members: three `fold.lua` calls; the second one is cut.
     let events: Vec<ApplyEvent> = (0..70)
@@ -423,7 +430,7 @@ async fn an_apply_call_cut_after_it_reached_redis_is_not_resent() {
     }
     // A first apply elsewhere loads the library (a call answered "function not found"
     // counts as a call).
-    let warm = crate::support::board("warm", HOUR, 24);
+    let warm = crate::support::boards::board("warm", HOUR, 24);
     apply_events(&store, &warm, &[ev("w", now, "m", 1)], now).await;
     let before = fcall_calls(&redis);
     proxy.cut_at(&function_name("fold"), 2, 1);

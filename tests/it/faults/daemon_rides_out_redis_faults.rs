@@ -9,7 +9,15 @@ use std::time::Duration;
 use fred::prelude::*;
 use rollboard::store::Store;
 
-use crate::support::*;
+use crate::support::asserts::{
+    assert_drained_into_model, assert_metrics, assert_state, verify_differences,
+};
+use crate::support::boards::{now_ms, test_boards};
+use crate::support::config::{config_for, config_for_url};
+use crate::support::daemon::{redis_and_config, Daemon};
+use crate::support::events::{models, payment, tip, tip_or_payment, tips_now, xadd_all, Fields};
+use crate::support::redis::RedisServer;
+use crate::support::wait::{drained, wait_for};
 
 #[tokio::test]
 async fn a_redis_restart_turns_readyz_503_then_200_and_loses_nothing() {

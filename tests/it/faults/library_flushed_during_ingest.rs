@@ -5,7 +5,13 @@ use std::time::Duration;
 
 use rollboard::store::{Reconnect, Store};
 
-use crate::support::*;
+use crate::support::asserts::assert_drained_into_model_at;
+use crate::support::boards::now_ms;
+use crate::support::config::config_for_url;
+use crate::support::daemon::Daemon;
+use crate::support::events::{tip, xadd_all, Fields};
+use crate::support::redis::RedisServer;
+use crate::support::wait::wait_for;
 
 /// A library as an older release left it: its functions have this build's short names
 /// under another version, and each answers an error, so a call of one would show.

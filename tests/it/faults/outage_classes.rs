@@ -13,7 +13,15 @@ use fred::prelude::*;
 use rollboard::ingest::stream::group_info;
 use rollboard::store::Store;
 
-use crate::support::*;
+use crate::support::asserts::{assert_metrics, assert_state};
+use crate::support::boards::{set_string, test_boards};
+use crate::support::cluster::{cli, RedisCluster};
+use crate::support::config::config_for_url;
+use crate::support::daemon::Daemon;
+use crate::support::events::{models, payment, tip, xadd_all, Fields};
+use crate::support::http::answer_parts;
+use crate::support::redis::RedisServer;
+use crate::support::wait::{drained, wait_for};
 
 /// A board instance: board index and scope.
 type Instance = (usize, Option<String>);
@@ -404,7 +412,7 @@ async fn wrongtype_met_inside_a_script_is_bad_data() {
         .apply(
             &board,
             None,
-            &[crate::support::ev("e1", now - 10, "m", 5)],
+            &[crate::support::boards::ev("e1", now - 10, "m", 5)],
             now,
         )
         .await

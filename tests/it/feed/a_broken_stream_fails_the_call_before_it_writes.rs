@@ -6,8 +6,9 @@ use fred::prelude::*;
 use rollboard::domain::board::{Board, Changes, Mode};
 use rollboard::store::{Outcome, Store};
 
+use crate::support::boards::{apply_model, ev, roll_board, set_string, snapshot, variants};
 use crate::support::model::{assert_matches, Instance};
-use crate::support::*;
+use crate::support::redis::RedisServer;
 
 const SLICE: i64 = 1_000;
 const NOW: i64 = 1_000_000;

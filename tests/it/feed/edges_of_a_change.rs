@@ -10,9 +10,11 @@
 use rollboard::domain::board::{Board, Changes, Mode, TieBreak};
 use rollboard::store::{ApplyEvent, Outcome, Store};
 
+use crate::support::asserts::{assert_verified, ranked};
+use crate::support::boards::{apply_events, board, ev, roll_board, row, RANKING, T0};
 use crate::support::feed::{changes_after, expected_changes, replay, Change};
 use crate::support::proxy::Proxy;
-use crate::support::*;
+use crate::support::redis::{function_name, RedisServer};
 
 const SLICE: i64 = 60_000;
 

@@ -7,7 +7,11 @@ use rollboard::config::Settings;
 use rollboard::domain::board::{period_instance, Board, Changes};
 use rollboard::store::Store;
 
-use crate::support::*;
+use crate::support::boards::{
+    apply_events, apply_events_in, board, ev, keys_matching, roll_board, scoped, DAY, HOUR, T0,
+};
+use crate::support::cluster::RedisCluster;
+use crate::support::redis::RedisServer;
 
 const SLICE: i64 = 60_000;
 

@@ -7,8 +7,13 @@ use rollboard::config::Settings;
 use rollboard::domain::board::Board;
 use rollboard::store::Store;
 
+use crate::support::asserts::ranked;
+use crate::support::boards::redis_now;
+use crate::support::config::{server_and_config, write_config};
+use crate::support::daemon::Daemon;
+use crate::support::events::{tip, xadd_all, Fields};
 use crate::support::feed::{changes_after, replay};
-use crate::support::*;
+use crate::support::wait::drained;
 
 const FEED_BOARDS: &str = r#"
 [[boards]]

@@ -7,7 +7,8 @@
 use rollboard::domain::board::Changes;
 use rollboard::store::{Reconnect, Store};
 
-use crate::support::*;
+use crate::support::boards::{apply_events, board, ev, T0};
+use crate::support::redis::RedisServer;
 
 const SLICE: i64 = 60_000;
 

@@ -11,7 +11,13 @@ use fred::prelude::*;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::support::*;
+use crate::support::boards::redis_now;
+use crate::support::config::{config_for_url, write_config, write_file};
+use crate::support::daemon::{addr, assert_exited_within, Daemon};
+use crate::support::http::{answer_parts, json, post_tip};
+use crate::support::redis::{free_port, RedisServer};
+use crate::support::sse::{entered, feed_boards, feed_daemon, open_stream, xadd_change, Sse};
+use crate::support::wait::wait_for;
 
 const ROOMS: &str = "/v1/boards/rooms_7d/changes";
 const ROOMS_FEED: &str = "rb:changes:{rooms_7d}";

@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use fred::prelude::*;
 
-use crate::support::*;
+use crate::support::daemon::{redis_and_config, Daemon, METRIC_FAMILIES};
+use crate::support::events::{tips_now, xadd_all};
+use crate::support::wait::{drained, wait_for};
 
 /// POSTs a body over the 4 MiB limit on a raw connection (the server answers before it has
 /// read everything, which an ordinary client reports as a broken request); returns the status.

@@ -12,7 +12,13 @@ use std::time::Duration;
 use headless_chrome::protocol::cdp::Page::CaptureScreenshotFormatOption;
 use headless_chrome::{Browser, LaunchOptions};
 
-use crate::support::*;
+use crate::support::boards::redis_now;
+use crate::support::config::{write_config, write_file};
+use crate::support::daemon::Daemon;
+use crate::support::http::{get, post_tip};
+use crate::support::redis::{free_port, RedisServer};
+use crate::support::sse::{entered, feed_boards};
+use crate::support::wait::drained;
 
 const TOKEN: &str = "page-reader-token-3e9a";
 

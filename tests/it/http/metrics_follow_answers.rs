@@ -7,7 +7,11 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::support::*;
+use crate::support::asserts::assert_metrics;
+use crate::support::config::{config_for, server_and_config, write_config};
+use crate::support::daemon::Daemon;
+use crate::support::redis::RedisServer;
+use crate::support::wait::wait_for;
 
 /// A config of the test boards whose roll and resummarize jobs do not tick during a test
 /// (once a year, at midnight on January 1st).

@@ -3,7 +3,12 @@
 
 use std::time::Duration;
 
-use crate::support::*;
+use crate::support::asserts::assert_state;
+use crate::support::boards::{now_ms, test_boards};
+use crate::support::config::config_for;
+use crate::support::daemon::Daemon;
+use crate::support::events::{models, spread_tip, xadd_all, Fields};
+use crate::support::redis::RedisServer;
 
 #[tokio::test]
 async fn queries_answer_while_the_daemon_ingests_a_backlog_and_rolls() {

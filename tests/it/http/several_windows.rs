@@ -12,7 +12,14 @@ use rollboard::store::Store;
 use serde_json::{json, Value};
 use tempfile::TempDir;
 
-use crate::support::*;
+use crate::support::boards::{redis_now, DAY, HOUR};
+use crate::support::cli::{assert_success, run_rollboard, stderr, stdout};
+use crate::support::config::write_config;
+use crate::support::daemon::Daemon;
+use crate::support::http::{answer_parts, get, json, post, post_tip, post_to};
+use crate::support::redis::{free_port, RedisServer};
+use crate::support::sse::{open_stream, Sse, SseEvent};
+use crate::support::wait::drained;
 
 const WAIT: Duration = Duration::from_secs(10);
 

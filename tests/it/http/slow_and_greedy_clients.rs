@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::support::*;
+use crate::support::daemon::{addr, assert_exited_within, daemon_with, xlen};
 
 /// Whether the server closed `conn` (EOF or reset) within `limit`.
 async fn closed_within(conn: &mut TcpStream, limit: Duration) -> bool {

@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::support::*;
+use crate::support::cli::text;
+use crate::support::daemon::{addr, daemon_with, xlen, Daemon, METRIC_FAMILIES};
+use crate::support::wait::{drained, wait_for};
 
 /// Writes `request` on a fresh connection and reads until the server closes it or
 /// `limit` passes; returns what was read.

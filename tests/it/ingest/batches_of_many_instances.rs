@@ -15,8 +15,10 @@ use rollboard::ingest::stream::Entry;
 use rollboard::metrics::Metrics;
 use rollboard::store::Store;
 
+use crate::support::boards::{board, entry, ev, ingest_settings, roll_all, scoped, Consumer};
+use crate::support::env::env_count;
 use crate::support::model::{assert_matches, Instance};
-use crate::support::*;
+use crate::support::proptests::run_cases;
 
 const SLICE: i64 = 1_000;
 const START: i64 = 1_763_700_000_000;

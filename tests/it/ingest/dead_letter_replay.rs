@@ -14,7 +14,14 @@ use rollboard::ingest::dead_letters::{Counts, Replayer, Selection};
 use rollboard::metrics::Metrics;
 use rollboard::store::Store;
 
-use crate::support::*;
+use crate::support::boards::{
+    apply_events, apply_events_in, board, boards_a_b, boards_a_b_metered, entry, ev,
+    ingest_settings, remembers, roll_all, scoped, set_string, test_boards, total_at, Consumer,
+};
+use crate::support::cli::{assert_contains, rollboard, stderr, stdout};
+use crate::support::daemon::redis_and_config;
+use crate::support::events::xadd_all;
+use crate::support::redis::RedisServer;
 
 type Letter = (String, HashMap<String, String>);
 

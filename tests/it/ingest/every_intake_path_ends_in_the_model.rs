@@ -3,7 +3,12 @@
 
 use std::collections::HashMap;
 
-use crate::support::*;
+use crate::support::asserts::{assert_drained_into_model, assert_metrics};
+use crate::support::boards::now_ms;
+use crate::support::cli::send_file;
+use crate::support::config::write_file;
+use crate::support::daemon::{redis_and_config, Daemon};
+use crate::support::events::{payment, post_fields, tip, xadd_all, Fields};
 
 #[tokio::test]
 async fn events_from_the_stream_send_and_http_end_in_the_model_state() {

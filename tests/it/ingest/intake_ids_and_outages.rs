@@ -11,8 +11,12 @@ use rollboard::config::Settings;
 use rollboard::store::Store;
 use serde_json::json;
 
+use crate::support::cli::send_file;
+use crate::support::config::{config_for_url, write_file, BOARDS};
+use crate::support::daemon::{redis_and_config, Daemon};
 use crate::support::proxy::Proxy;
-use crate::support::*;
+use crate::support::redis::RedisServer;
+use crate::support::wait::drained;
 
 type Entries = Vec<(String, HashMap<String, String>)>;
 

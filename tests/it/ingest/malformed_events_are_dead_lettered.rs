@@ -4,7 +4,12 @@ use std::collections::HashMap;
 
 use fred::prelude::*;
 
-use crate::support::*;
+use crate::support::asserts::assert_metrics;
+use crate::support::boards::{now_ms, test_boards};
+use crate::support::config::write_config;
+use crate::support::daemon::{redis_and_config, Daemon};
+use crate::support::events::{xadd_all, Fields};
+use crate::support::wait::drained;
 
 #[tokio::test]
 async fn every_malformed_kind_is_dead_lettered_with_its_reason() {

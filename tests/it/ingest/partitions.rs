@@ -8,7 +8,14 @@ use std::time::Duration;
 use fred::prelude::*;
 use rollboard::store::Store;
 
-use crate::support::*;
+use crate::support::asserts::{assert_metrics, assert_state};
+use crate::support::boards::{now_ms, test_boards};
+use crate::support::cli::{assert_success, run_rollboard, send_file};
+use crate::support::config::{edit_config, partitioned_config, write_file};
+use crate::support::daemon::Daemon;
+use crate::support::events::{models, post_fields, tips_now, xadd_all, Fields};
+use crate::support::redis::{free_port, RedisServer};
+use crate::support::wait::{drained_streams, wait_for};
 
 type Entries = Vec<(String, HashMap<String, String>)>;
 
@@ -342,8 +349,8 @@ async fn changing_the_partition_count_drains_the_old_layout() {
 
 #[tokio::test]
 async fn three_partitions_on_a_cluster_sit_in_distinct_slots_and_equal_the_model() {
-    use crate::support::write_config_url;
-    use crate::support::{cli, RedisCluster};
+    use crate::support::cluster::{cli, RedisCluster};
+    use crate::support::config::write_config_url;
 
     let cluster = RedisCluster::start();
     let node = cluster.ports()[0];

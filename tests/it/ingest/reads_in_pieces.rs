@@ -13,7 +13,9 @@ use rollboard::metrics::Metrics;
 use rollboard::store::{Reconnect, Store};
 use tokio_util::sync::CancellationToken;
 
-use crate::support::*;
+use crate::support::boards::{board, ingest_settings, now_ms, redis_now, total_at};
+use crate::support::redis::RedisServer;
+use crate::support::wait::wait_for;
 
 const STREAM: &str = "rb:events";
 

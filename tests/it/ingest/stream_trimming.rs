@@ -10,7 +10,13 @@ use fred::prelude::*;
 use rollboard::ingest::stream::StreamId;
 use rollboard::store::Store;
 
-use crate::support::*;
+use crate::support::asserts::{assert_drained_into_model, assert_metrics, assert_state};
+use crate::support::boards::{now_ms, test_boards};
+use crate::support::config::write_config;
+use crate::support::daemon::Daemon;
+use crate::support::events::{models, tip, tips_now, xadd_all, Fields};
+use crate::support::redis::{free_port, RedisServer};
+use crate::support::wait::{drained, drained_streams, wait_for};
 
 const STREAM: &str = "rb:events";
 const DEAD: &str = "rb:events:dead";

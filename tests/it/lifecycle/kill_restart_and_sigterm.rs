@@ -7,7 +7,15 @@ use std::time::Duration;
 use fred::prelude::*;
 use rollboard::ingest::stream::group_info;
 
-use crate::support::*;
+use crate::support::asserts::assert_drained_into_model;
+use crate::support::boards::now_ms;
+use crate::support::config::{edit_config, write_config};
+use crate::support::daemon::{redis_and_config, Daemon};
+use crate::support::env::{env_count, env_seed};
+use crate::support::events::{tip_or_payment, tips_now, xadd_all, Fields};
+use crate::support::proptests::SplitMix;
+use crate::support::redis::free_port;
+use crate::support::wait::{drained, wait_for};
 
 /// Waits up to 30 s for rooms_7d's ranking to hold anyone; whether it did.
 async fn rooms_ranked_soon(store: &rollboard::store::Store) -> bool {

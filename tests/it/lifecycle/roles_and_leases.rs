@@ -8,7 +8,12 @@ use std::time::{Duration, Instant};
 use fred::prelude::*;
 use futures_util::StreamExt;
 
-use crate::support::*;
+use crate::support::boards::ev;
+use crate::support::config::{partitioned_config, write_config, BOARDS};
+use crate::support::daemon::Daemon;
+use crate::support::http::post;
+use crate::support::redis::{free_port, RedisServer};
+use crate::support::wait::wait_for;
 
 /// The clients connected to `redis`, not counting the `redis-cli` that asks.
 fn connections(redis: &RedisServer) -> usize {

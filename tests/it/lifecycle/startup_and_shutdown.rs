@@ -9,7 +9,14 @@ use rollboard::store::Store;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::support::*;
+use crate::support::asserts::{assert_drained_into_model, assert_metrics};
+use crate::support::boards::now_ms;
+use crate::support::cli::text;
+use crate::support::config::{config_for, config_for_url, write_config};
+use crate::support::daemon::{addr, assert_exited_within, daemon_with, Daemon};
+use crate::support::events::{post_events, spread_tip, Fields};
+use crate::support::redis::{free_port, RedisServer};
+use crate::support::wait::wait_for;
 
 #[tokio::test]
 async fn a_taken_http_address_fails_the_start_with_a_clear_error() {

@@ -13,7 +13,13 @@ use rollboard::ingest::consumer::process_batch;
 use rollboard::metrics::Metrics;
 use rollboard::store::Store;
 
-use crate::support::*;
+use crate::support::boards::{entry, ev, ingest_settings, redis_now, roll_all};
+use crate::support::cli::run_rollboard;
+use crate::support::config::write_config;
+use crate::support::daemon::Daemon;
+use crate::support::http::post_to;
+use crate::support::proptests::run_cases_on_a_cluster;
+use crate::support::redis::{free_port, RedisServer};
 
 const MINUTE: i64 = 60_000;
 const HOUR: i64 = 3_600_000;

@@ -10,8 +10,13 @@ use rollboard::roll::{self, Report, RollError};
 use rollboard::store::{ApplyEvent, StageTargets, Staged, Store, STAGE_CALL_ROWS, TRIM_CALL_IDS};
 use tokio_util::sync::CancellationToken;
 
+use crate::support::asserts::assert_verified;
+use crate::support::boards::{
+    apply_events, board, ev, resummarize, roll_all, seen_logs, seen_table, HOUR,
+};
 use crate::support::model::{assert_matches, assert_rolled_and_verified, Instance};
-use crate::support::*;
+use crate::support::proptests::{proptest_runner, run_cases, runtime};
+use crate::support::redis::RedisServer;
 
 const T0: i64 = 1_763_700_000_000 / HOUR * HOUR;
 

@@ -4,7 +4,10 @@
 use fred::prelude::*;
 use rollboard::store::Store;
 
-use crate::support::*;
+use crate::support::boards::{
+    apply_events, apply_events_in, board, ev, redis_now, scoped, snapshot,
+};
+use crate::support::redis::RedisServer;
 
 /// `HSET key field value` through the store's client.
 async fn hset(store: &Store, key: &str, field: &str, value: &str) {

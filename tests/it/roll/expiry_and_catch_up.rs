@@ -9,8 +9,15 @@ use proptest::prelude::*;
 use rollboard::domain::board::{Board, Mode, TieBreak};
 use rollboard::store::{ApplyEvent, Outcome, Store};
 
+use crate::support::asserts::assert_verified;
+use crate::support::boards::{
+    amount_for, apply_events, apply_events_in, board, ev, resummarize, roll_all, roll_board,
+    scoped, DAY, HOUR, T0,
+};
 use crate::support::model::{assert_matches, assert_rolled_and_verified, Instance};
-use crate::support::*;
+use crate::support::proptests::run_cases;
+use crate::support::redis::RedisServer;
+use crate::support::wait::wait_for;
 
 #[tokio::test]
 async fn expiry_subtracts_each_dead_slice_and_forgets_its_members() {

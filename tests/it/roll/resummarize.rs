@@ -6,8 +6,13 @@ use fred::prelude::*;
 use rollboard::roll;
 use rollboard::store::{ApplyEvent, Outcome};
 
+use crate::support::asserts::{assert_verified, verify_differences};
+use crate::support::boards::{
+    apply_events, board, ev, resummarize, resummarize_at_t0, roll_all, roll_board, scoped, DAY,
+    HOUR, T0,
+};
 use crate::support::model::{assert_matches, Instance};
-use crate::support::*;
+use crate::support::redis::RedisServer;
 
 #[tokio::test]
 async fn a_swap_that_runs_twice_changes_nothing_the_second_time() {
@@ -236,7 +241,7 @@ async fn a_scoped_resummarize_refund_board_rolls_to_empty_and_comes_back() {
     let (_redis, store) = RedisServer::start_with_store("rb").await;
     let s0: i64 = 1_000;
     let at = |slice: i64| slice * SLICE + 100;
-    let ev = crate::support::ev;
+    let ev = crate::support::boards::ev;
     let scope = Some("r1");
     let only_u2 = || (1, vec![("u2".to_string(), 3)]);
     // Rolls every instance at `now`, then the scope's count and ranking.

@@ -6,8 +6,12 @@ use rollboard::domain::board::TieBreak;
 use rollboard::roll;
 use rollboard::store::{ApplyEvent, Outcome, SwapCheck};
 
+use crate::support::boards::{
+    apply_events, apply_model, apply_scoped_model, ev, resummarize, resummarize_at_t0,
+    roll_and_match, roll_board, row, scoped, DAY, HOUR, RANKING, T0,
+};
 use crate::support::model::{assert_matches, Instance};
-use crate::support::*;
+use crate::support::redis::RedisServer;
 
 /// `rollboard rebuild` restores a member whose `members` entry (its tie-break time) was
 /// lost: stage.lua writes the fallback time into `members` and moves `gen`, and rebuild's

@@ -10,7 +10,14 @@ use rollboard::roll;
 use rollboard::store::Outcome;
 use tokio_util::sync::CancellationToken;
 
-use crate::support::*;
+use crate::support::boards::{apply_events_in, board, ev, roll_board, scoped, DAY, HOUR, T0};
+use crate::support::cli::{
+    assert_contains, assert_exit, rollboard, run_rollboard, stderr, stdout, text,
+};
+use crate::support::config::config_for;
+use crate::support::daemon::daemon_with;
+use crate::support::redis::RedisServer;
+use crate::support::wait::{drained, wait_for};
 
 /// A roll ahead of the clock on a board that has no scope yet: a scope first seen after
 /// it is judged against that roll, in both modes, and an unscoped board likewise. Then a

@@ -8,8 +8,16 @@ use rollboard::domain::board::TieBreak;
 use rollboard::roll::{self};
 use serde_json::Value;
 
+use crate::support::asserts::{assert_verified, verify_differences};
+use crate::support::boards::{
+    apply_events, board, ev, roll_board, roll_once, test_boards, variants, HOUR, T0,
+};
+use crate::support::cli::{rollboard, stderr, stdout};
+use crate::support::events::stepped_events;
+use crate::support::http::{json, with_one_tip};
 use crate::support::model::{assert_matches, assert_rolled_and_verified, Instance};
-use crate::support::*;
+use crate::support::redis::RedisServer;
+use crate::support::wait::wait_for;
 
 const SLICE: i64 = 1_000;
 const NOW: i64 = 1_000_000;

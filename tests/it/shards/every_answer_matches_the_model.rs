@@ -22,7 +22,11 @@ use rollboard::domain::ranking::{MemberRank, MemberWindows, Page, Subset, Subset
 use rollboard::store::{ApplyEvent, Outcome, Store};
 
 use super::{sharded, Ranked, Windows, SLICE};
-use crate::support::*;
+use crate::support::asserts::assert_verified;
+use crate::support::boards::{entry, ev, ingest_settings, roll_all, Consumer, HOUR, T0};
+use crate::support::cluster::cli;
+use crate::support::env::env_count;
+use crate::support::proptests::{run_cases_on_a_cluster, run_cases_threaded};
 
 const QUARTER: i64 = HOUR / 4;
 

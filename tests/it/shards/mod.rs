@@ -9,8 +9,9 @@ mod over_http;
 use rollboard::domain::board::{Board, Window};
 use rollboard::domain::ranking::{Entry, Percentile};
 
+use crate::support::boards::{board, HOUR};
 use crate::support::model::{competition_ranks, Instance, Row};
-use crate::support::*;
+
 /// The model of a board's one ranking per window, as a board with several windows keeps
 /// them: the widest window alone remembers ids and decides what is late.
 pub use crate::windows::every_window_matches_the_model::Windows;

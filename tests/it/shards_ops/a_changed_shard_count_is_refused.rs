@@ -9,8 +9,12 @@ use std::path::{Path, PathBuf};
 use rollboard::domain::board::Board;
 use rollboard::store::Store;
 
-use super::*;
-use crate::support::*;
+use super::apply_sharded;
+use crate::support::boards::{apply_events, ev, redis_now};
+use crate::support::cli::{assert_exit, run_rollboard, stderr};
+use crate::support::config::{board_of, write_config};
+use crate::support::daemon::Daemon;
+use crate::support::redis::{free_port, RedisServer};
 
 /// The board `tips` of hourly slices over 6 hours with the line `shards` (or none).
 fn tips(shards: &str) -> String {

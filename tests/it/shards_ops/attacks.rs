@@ -10,8 +10,16 @@ use fred::prelude::*;
 use rollboard::store::Store;
 use serde_json::json;
 
-use super::*;
-use crate::support::*;
+use super::{members_by_shard, now0, registered, sharded};
+use crate::support::asserts::assert_verified;
+use crate::support::boards::{
+    entry, ingest_settings, redis_now, roll_board, run_jobs, set_string, total_at, Consumer, HOUR,
+};
+use crate::support::config::write_config;
+use crate::support::daemon::Daemon;
+use crate::support::http::{post, post_to};
+use crate::support::redis::{free_port, RedisServer};
+use crate::support::wait::drained;
 
 /// The stream entries of a batch: `member` gets `amount`, at `now`.
 fn batch(members: &[String], tag: &str, now: i64) -> Vec<rollboard::ingest::stream::Entry> {

@@ -7,7 +7,10 @@
 use rollboard::config::Settings;
 use rollboard::store::Outcome;
 
-use crate::support::*;
+use crate::support::boards::{apply_events, ev, keys_matching, redis_now};
+use crate::support::cli::{assert_exit, rollboard, run_rollboard, stderr, stdout};
+use crate::support::http::json;
+use crate::support::redis::RedisServer;
 
 /// A board `r` (the second board of the file, so `boards[1]`) with `extra` lines, after a
 /// plain board `first`.

@@ -8,8 +8,9 @@
 use rollboard::domain::board::{Board, TieBreak};
 use rollboard::store::{ApplyEvent, Store};
 
-use super::*;
-use crate::support::*;
+use super::{apply_sharded, comparable, members_by_shard, now0, sharded, two_windows};
+use crate::support::boards::{apply_events, board, ev, roll_board, HOUR};
+use crate::support::redis::RedisServer;
 
 /// Events for the members of `by_shard`: ties between shards at every total (each total
 /// given to members of different shards, at different times so that each tie-break

@@ -17,7 +17,7 @@ use rollboard::domain::board::Board;
 use rollboard::store::{ApplyEvent, Outcome, Store};
 use serde_json::Value;
 
-use crate::support::*;
+use crate::support::boards::{board, HOUR, T0};
 
 /// Half past an hour: `now0() - k * HOUR` is in the k-th hourly slice before now's.
 pub fn now0() -> i64 {

@@ -14,8 +14,16 @@ use rollboard::domain::ranking::encode_member;
 use rollboard::store::{Outcome, Store};
 use serde_json::Value;
 
-use super::*;
-use crate::support::*;
+use super::{apply_sharded, comparable, members_by_shard, now0, registered, shard_index, sharded};
+use crate::support::asserts::assert_verified;
+use crate::support::boards::{
+    apply_events, board, ev, keys_matching, redis_now, roll_board, total_at, HOUR,
+};
+use crate::support::cli::{assert_exit, rollboard, run_rollboard, stderr, stdout};
+use crate::support::cluster::RedisCluster;
+use crate::support::config::write_file;
+use crate::support::http::json;
+use crate::support::redis::RedisServer;
 
 /// Every key under the hash tag of `shard` of board `name`.
 async fn shard_keys(store: &Store, name: &str, shard: &str) -> BTreeSet<String> {
@@ -337,7 +345,7 @@ async fn drop_board_deletes_every_shards_keys_on_a_cluster() {
             .masters()
             .into_iter()
             .flat_map(|port| {
-                crate::support::cli(port, &["--scan"])
+                crate::support::cluster::cli(port, &["--scan"])
                     .lines()
                     .filter(|l| !l.is_empty())
                     .map(str::to_string)

@@ -11,8 +11,13 @@ use fred::prelude::*;
 use rollboard::domain::board::Board;
 use rollboard::store::Store;
 
-use super::*;
-use crate::support::*;
+use super::{apply_sharded, members_by_shard, now0, registered, shard_index, sharded};
+use crate::support::asserts::assert_verified;
+use crate::support::boards::{
+    apply_events, board, entry, ev, ingest_settings, keys_matching, remembers, total_at, Consumer,
+    HOUR,
+};
+use crate::support::redis::RedisServer;
 
 /// The stream every test batch is read from.
 const STREAM: &str = "rb:events";

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::support::free_port;
+use crate::support::redis::free_port;
 
 /// The password the tests give the ACL user; it must never show in a log or an error.
 pub const PASSWORD: &str = "s3cret-acl-password-7Qx";

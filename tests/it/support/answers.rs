@@ -19,7 +19,13 @@ use serde_json::Value;
 use tempfile::TempDir;
 use tokio_util::sync::CancellationToken;
 
-use crate::support::*;
+use crate::support::boards::{apply_events, ev, redis_now, HOUR};
+use crate::support::cli::text;
+use crate::support::config::{config_for_url, edit_config, BOARDS};
+use crate::support::daemon::Daemon;
+use crate::support::events::xadd_one;
+use crate::support::redis::{free_port, RedisServer};
+use crate::support::wait::{drained, wait_for};
 
 /// An unscoped board of rooms (slices of 6 h: no slice begins during a test, in practice).
 pub const ROOMS_BOARD: &str =

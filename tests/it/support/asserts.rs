@@ -7,7 +7,10 @@ use rollboard::domain::board::{Board, Mode};
 use rollboard::roll;
 use rollboard::store::Store;
 
-use crate::support::*;
+use crate::support::boards::{now_ms, test_boards};
+use crate::support::daemon::Daemon;
+use crate::support::events::{models, Fields};
+use crate::support::wait::{drained, wait_for};
 
 /// Waits until the group has taken everything, then checks every instance against the
 /// model of `events` (with the daemon's log when a resummarize instance lags).

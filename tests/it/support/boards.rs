@@ -9,8 +9,9 @@ use rollboard::roll::{self, Job};
 use rollboard::store::{ApplyEvent, Outcome, StageTargets, Staged, Store};
 use tokio_util::sync::CancellationToken;
 
+use crate::support::config::BOARDS;
 use crate::support::model::Instance;
-use crate::support::*;
+use crate::support::redis::RedisServer;
 
 /// An event for `Store::apply`.
 pub fn ev(id: &str, ts: i64, member: &str, amount: i64) -> ApplyEvent {

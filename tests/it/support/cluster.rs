@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 
 use rollboard::store::{Reconnect, Store};
 
-use crate::support::{assert_success, free_port, SpawnIn};
+use crate::support::cli::assert_success;
+use crate::support::redis::{free_port, SpawnIn};
 
 /// Milliseconds without an answer before the other nodes mark a node as failing.
 pub const NODE_TIMEOUT_MS: u64 = 1000;

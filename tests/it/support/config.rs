@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::support::*;
+use crate::support::redis::{free_port, RedisServer};
 
 /// The board definitions the daemon tests run with (as in config/rollboard.toml, with
 /// quick jobs and short timeouts).

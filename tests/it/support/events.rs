@@ -61,7 +61,7 @@ pub fn models_of_entries(
 
 /// `n` tips ([`tip`] 0 to n - 1) at the local time now.
 pub fn tips_now(n: usize) -> Vec<Fields> {
-    let now = crate::support::now_ms();
+    let now = crate::support::boards::now_ms();
     (0..n).map(|i| tip(i, now)).collect()
 }
 
@@ -222,7 +222,7 @@ pub fn stepped_events(
 ) -> Vec<rollboard::store::ApplyEvent> {
     (0..n)
         .map(|i| {
-            crate::support::ev(
+            crate::support::boards::ev(
                 &format!("e{i}"),
                 latest - i * step,
                 &format!("m{}", i % members),

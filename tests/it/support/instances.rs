@@ -7,7 +7,7 @@ use fred::prelude::*;
 use rollboard::domain::board::{Board, Dedup};
 use rollboard::store::Store;
 
-use crate::support::{seen_logs, seen_table, variants};
+use crate::support::boards::{seen_logs, seen_table, variants};
 
 /// The slice length and window (in slices) of the boards [`shaped`] builds.
 const SLICE: i64 = 1_000;

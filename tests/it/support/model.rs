@@ -217,5 +217,5 @@ pub async fn assert_rolled_and_verified(
 ) {
     model.roll(board, now);
     assert_matches(store, board, None, model, now).await;
-    crate::support::assert_verified(store, board, None).await;
+    crate::support::asserts::assert_verified(store, board, None).await;
 }

@@ -6,7 +6,8 @@ use proptest::strategy::Strategy;
 use proptest::test_runner::{Config, TestRunner};
 use rollboard::store::Store;
 
-use crate::support::{RedisCluster, RedisServer};
+use crate::support::cluster::RedisCluster;
+use crate::support::redis::RedisServer;
 
 /// A current-thread runtime with I/O and time enabled.
 pub fn runtime() -> tokio::runtime::Runtime {

@@ -9,7 +9,11 @@ use std::path::{Path, PathBuf};
 use rollboard::domain::board::Board;
 use rollboard::store::Store;
 
-use crate::support::*;
+use crate::support::boards::{apply_events, board, ev, snapshot, HOUR};
+use crate::support::cli::{assert_exit, run_rollboard, stderr};
+use crate::support::config::{board_of, edit_config, write_config};
+use crate::support::daemon::Daemon;
+use crate::support::redis::{free_port, RedisServer};
 
 const NOW: i64 = 1_763_700_000_000;
 

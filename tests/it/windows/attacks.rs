@@ -5,11 +5,15 @@
 //! window for a query and a roll.
 
 use fred::prelude::*;
-
 use rollboard::domain::board::{Board, Changes, Window};
 use rollboard::store::{Outcome, Store};
 
-use crate::support::*;
+use crate::support::asserts::assert_verified;
+use crate::support::boards::{
+    apply_events, apply_events_in, board, ev, keys_matching, roll_board, run_jobs, set_string,
+    HOUR, T0,
+};
+use crate::support::redis::RedisServer;
 use crate::windows::one_ingest_every_window::two_windows;
 
 /// Half past an hour: `now - k * HOUR` is in the k-th slice before now's.

@@ -6,14 +6,18 @@
 use std::collections::BTreeMap;
 
 use fred::prelude::*;
-
 use rollboard::domain::board::{Board, Changes, MAX_TOTAL};
 use rollboard::store::{ApplyEvent, Outcome, Store};
 
 use super::every_window_matches_the_model::{assert_window, windowed, Windows};
+use crate::support::asserts::assert_verified;
+use crate::support::boards::{
+    apply_events, board, dump, ev, keys_matching, remembers, roll_board, seen_table, set_string,
+    total_at, HOUR, T0,
+};
 use crate::support::feed::{changes_after, replay};
 use crate::support::proxy::Proxy;
-use crate::support::*;
+use crate::support::redis::{function_name, RedisServer};
 
 /// Half past the hour of [`T0`]: `now - k * HOUR` is in the k-th slice before now's.
 fn now0() -> i64 {

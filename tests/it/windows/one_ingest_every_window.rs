@@ -4,7 +4,8 @@
 use rollboard::domain::board::{Board, Window};
 use rollboard::store::Outcome;
 
-use crate::support::*;
+use crate::support::boards::{apply_events, board, ev, roll_board, total_at, HOUR};
+use crate::support::redis::RedisServer;
 
 const NOW: i64 = 1_763_700_000_000;
 

@@ -10,7 +10,8 @@ use fred::prelude::*;
 use rollboard::domain::board::{Board, Changes};
 use rollboard::store::{Outcome, Store};
 
-use crate::support::*;
+use crate::support::boards::{apply_events_in, ev, keys_matching, roll_board, HOUR};
+use crate::support::redis::RedisServer;
 use crate::windows::one_ingest_every_window::two_windows;
 
 const NOW: i64 = 1_763_700_000_000;

@@ -7,7 +7,9 @@
 use rollboard::domain::board::{Board, Changes};
 use rollboard::store::{Outcome, Reconnect, Store};
 
-use crate::support::*;
+use crate::support::acl::{acl_server, acl_url};
+use crate::support::boards::{apply_events, apply_events_in, board, ev, roll_board, HOUR};
+use crate::support::redis::RedisServer;
 use crate::windows::one_ingest_every_window::two_windows;
 
 const NOW: i64 = 1_763_700_000_000;

@@ -12,7 +12,11 @@ use rollboard::roll;
 use rollboard::store::{Outcome, Store};
 use serde_json::Value;
 
-use crate::support::*;
+use crate::support::boards::{apply_events, apply_events_in, dump, ev, keys_matching, HOUR};
+use crate::support::cli::{assert_exit, run_rollboard, stdout};
+use crate::support::config::write_file;
+use crate::support::http::json;
+use crate::support::redis::RedisServer;
 
 const NOW: i64 = 1_763_700_000_000;
 
