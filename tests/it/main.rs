@@ -12,6 +12,7 @@ mod faults;
 mod feed;
 mod http;
 mod ingest;
+mod key_layout;
 mod lifecycle;
 mod query;
 mod roll;

@@ -17,6 +17,7 @@ use crate::support::boards::{apply_events, ev, roll_all, set_string, snapshot, t
 use crate::support::config::config_for;
 use crate::support::daemon::Daemon;
 use crate::support::events::{models_of_entries, stream_entries, xadd_all, Fields};
+use crate::support::keys::{dead_letter_stream, intake_stream};
 use crate::support::model::{assert_matches, assert_rolled_and_verified, Instance};
 use crate::support::redis::RedisServer;
 use crate::support::wait::{drained, wait_for};
@@ -279,7 +280,7 @@ type Entries = Vec<(String, HashMap<String, String>)>;
 async fn dead_letters(store: &Store) -> Entries {
     store
         .client()
-        .xrange("rb:events:dead", "-", "+", None)
+        .xrange(dead_letter_stream(), "-", "+", None)
         .await
         .expect("xrange")
 }
@@ -301,7 +302,7 @@ fn reappended(entry: &HashMap<String, String>) -> Fields {
 
 /// The stream's entries in order.
 async fn stream(store: &Store) -> Vec<(String, Fields)> {
-    stream_entries(store, "rb:events")
+    stream_entries(store, intake_stream())
         .await
         .into_iter()
         .map(|(id, f)| (id, f.into_iter().collect()))
@@ -348,13 +349,13 @@ async fn a_broken_scoped_instance_is_dead_lettered_and_its_replay_counts_once() 
     let now = rollboard::domain::clock::local_ms();
     // r1's instance holds data first (an empty instance is cleaned up by the next roll,
     // which would delete the broken key and repair it by accident).
-    xadd_all(store.client(), "rb:events", &tips(0, 10, now)).await;
+    xadd_all(store.client(), intake_stream(), &tips(0, 10, now)).await;
     assert!(drained(&store).await, "log:\n{}", daemon.logs());
     // Then fans_7d of room r1 gets a String where its `members` Hash belongs.
     let broken = store.instance(&boards[1], Some("r1")).members();
     break_with_string(&store, &broken, "oops").await;
     let first = tips(10, 50, now);
-    xadd_all(store.client(), "rb:events", &first).await;
+    xadd_all(store.client(), intake_stream(), &first).await;
     assert!(drained(&store).await, "log:\n{}", daemon.logs());
     let dead = dead_letters(&store).await;
     let r1: Vec<&Fields> = first.iter().filter(|f| f[0].1 == "r1").collect();
@@ -394,7 +395,7 @@ async fn a_broken_scoped_instance_is_dead_lettered_and_its_replay_counts_once() 
     let _: i64 = store.client().del(&broken).await.expect("del");
     restore_saved(&store, &broken).await;
     let replay: Vec<Fields> = dead.iter().map(|(_, d)| reappended(d)).collect();
-    xadd_all(store.client(), "rb:events", &replay).await;
+    xadd_all(store.client(), intake_stream(), &replay).await;
     assert!(drained(&store).await, "log:\n{}", daemon.logs());
     assert_eq!(
         dead_letters(&store).await.len(),
@@ -444,7 +445,7 @@ async fn a_board_whose_result_key_is_broken_dead_letters_its_events() {
             ])
         })
         .collect();
-    xadd_all(store.client(), "rb:events", &payments).await;
+    xadd_all(store.client(), intake_stream(), &payments).await;
     assert!(drained(&store).await, "log:\n{}", daemon.logs());
     let dead = dead_letters(&store).await;
     let reasons: Vec<&str> = dead.iter().map(|(_, d)| d["reason"].as_str()).collect();
@@ -466,7 +467,7 @@ async fn a_board_whose_result_key_is_broken_dead_letters_its_events() {
     // Put the key right and replay the dead letters: each payment must count once.
     let _: i64 = store.client().del(&broken).await.expect("del");
     let replay: Vec<Fields> = dead.iter().map(|(_, d)| reappended(d)).collect();
-    xadd_all(store.client(), "rb:events", &replay).await;
+    xadd_all(store.client(), intake_stream(), &replay).await;
     assert!(drained(&store).await, "log:\n{}", daemon.logs());
     let d = verify_differences(&store, tips_24h, None).await;
     assert!(

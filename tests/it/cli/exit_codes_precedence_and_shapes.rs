@@ -9,6 +9,7 @@ use crate::support::cli::{
 };
 use crate::support::config::{config_for, write_file};
 use crate::support::daemon::redis_and_config;
+use crate::support::keys::intake_stream;
 use crate::support::redis::RedisServer;
 
 #[test]
@@ -195,7 +196,7 @@ async fn send_appends_all_or_nothing_and_lists_every_bad_line() {
         !err.contains("line 1:") && !err.contains("line 6:"),
         "{err}"
     );
-    let len: i64 = store.client().xlen("rb:events").await.expect("xlen");
+    let len: i64 = store.client().xlen(intake_stream()).await.expect("xlen");
     assert_eq!(len, 0, "nothing appended");
     std::fs::write(
         &file,
@@ -206,7 +207,7 @@ async fn send_appends_all_or_nothing_and_lists_every_bad_line() {
     assert!(out.status.success(), "{}", stderr(&out));
     let entries: Vec<(String, std::collections::HashMap<String, String>)> = store
         .client()
-        .xrange("rb:events", "-", "+", None)
+        .xrange(intake_stream(), "-", "+", None)
         .await
         .expect("xrange");
     assert_eq!(entries.len(), 2);

@@ -17,6 +17,7 @@ use crate::support::config::write_config;
 use crate::support::daemon::Daemon;
 use crate::support::env::faketime_library;
 use crate::support::events::{xadd_all, Fields};
+use crate::support::keys::{intake_stream, schema};
 use crate::support::proptests::runtime;
 use crate::support::redis::{free_port, RedisServer};
 use crate::support::wait::{drained, wait_for};
@@ -53,9 +54,9 @@ async fn deliver(
     now: i64,
 ) {
     let metrics = Metrics::new(boards);
-    let settings = ingest_settings("rb:events", 1);
+    let settings = ingest_settings(intake_stream(), 1);
     Consumer::new(store, boards, &settings, &metrics)
-        .process("rb:events", entries, now)
+        .process(intake_stream(), entries, now)
         .await
         .expect("batch");
 }
@@ -162,7 +163,7 @@ async fn roll_at_a_time_later_than_redis_now_needs_force() {
         "{err}"
     );
     assert_eq!(
-        redis.cli(&["EXISTS", "rb:board:rooms_7d:window"]).trim(),
+        redis.cli(&["EXISTS", &schema().window("rooms_7d")]).trim(),
         "0",
         "a refused roll wrote a watermark"
     );
@@ -252,7 +253,7 @@ async fn daemons_ten_minutes_off_either_way_count_every_tip_exactly_once() {
         events.push(fields);
     }
     for chunk in events.chunks(60) {
-        xadd_all(store.client(), "rb:events", chunk).await;
+        xadd_all(store.client(), intake_stream(), chunk).await;
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert!(drained(&store).await, "a:\n{}\nb:\n{}", a.logs(), b.logs());

@@ -17,6 +17,7 @@ use crate::support::config::{
 use crate::support::daemon::Daemon;
 use crate::support::env::{env_count, env_seed};
 use crate::support::events::{models, post_fields, tip, tip_or_payment, xadd_all, Fields};
+use crate::support::keys::{dead_letter_stream, intake_stream};
 use crate::support::proptests::SplitMix;
 use crate::support::redis::{free_port, RedisServer};
 use crate::support::wait::{drained, wait_for};
@@ -54,7 +55,7 @@ async fn core_flows_on_a_cluster_equal_the_model() {
 
     // Stream, send, HTTP; bad events are dead-lettered.
     let daemon = Daemon::start(&config, port).await;
-    xadd_all(store.client(), "rb:events", &events[..600]).await;
+    xadd_all(store.client(), intake_stream(), &events[..600]).await;
     let bad: Vec<Fields> = (0..5)
         .map(|i| {
             vec![
@@ -65,7 +66,7 @@ async fn core_flows_on_a_cluster_equal_the_model() {
             ]
         })
         .collect();
-    xadd_all(store.client(), "rb:events", &bad).await;
+    xadd_all(store.client(), intake_stream(), &bad).await;
     let lines: Vec<String> = events[600..800]
         .iter()
         .map(|f| {
@@ -83,12 +84,16 @@ async fn core_flows_on_a_cluster_equal_the_model() {
     let status = r.status().as_u16();
     assert_eq!(status, 202, "{}", r.text().await.unwrap_or_default());
     assert_drained_into_model_at(&store, &events, &daemon, now).await;
-    let dead: i64 = store.client().xlen("rb:events:dead").await.expect("xlen");
+    let dead: i64 = store
+        .client()
+        .xlen(dead_letter_stream())
+        .await
+        .expect("xlen");
     assert_eq!(dead, 5);
 
     // kill -9 mid-backlog, restart: nothing lost, nothing doubled.
     let more: Vec<Fields> = (1000..6000).map(event).collect();
-    xadd_all(store.client(), "rb:events", &more).await;
+    xadd_all(store.client(), intake_stream(), &more).await;
     events.extend(more);
     let applying = crate::support::wait::wait_for(Duration::from_secs(30), || async {
         daemon
@@ -105,11 +110,19 @@ async fn core_flows_on_a_cluster_equal_the_model() {
     // A consumer that read and died: its entries are claimed after claim_idle.
     let more: Vec<Fields> = (6000..6300).map(event).collect();
     assert!(daemon.terminate().await.success());
-    xadd_all(store.client(), "rb:events", &more).await;
+    xadd_all(store.client(), intake_stream(), &more).await;
     events.extend(more);
     let _: Value = store
         .client()
-        .xreadgroup("rollboard", "b", Some(100), None, false, "rb:events", ">")
+        .xreadgroup(
+            "rollboard",
+            "b",
+            Some(100),
+            None,
+            false,
+            intake_stream(),
+            ">",
+        )
         .await
         .expect("b reads without acking");
     let daemon = Daemon::start(&config, port).await;
@@ -198,7 +211,7 @@ async fn resharding_under_load_equals_the_model() {
             let mut events: Vec<Fields> = Vec::new();
             while !done.load(std::sync::atomic::Ordering::Relaxed) {
                 let chunk: Vec<Fields> = (events.len()..events.len() + 25).map(event).collect();
-                xadd_all(&client, "rb:events", &chunk).await;
+                xadd_all(&client, intake_stream(), &chunk).await;
                 events.extend(chunk);
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
@@ -233,7 +246,11 @@ async fn resharding_under_load_equals_the_model() {
     eprintln!("slots per master after resharding: {slots:?}");
     assert_drained_into_model_at(&store, &events, &daemon, now).await;
     // Every event is valid and a moving slot is an outage, retried: nothing set aside.
-    let dead: i64 = store.client().xlen("rb:events:dead").await.expect("XLEN");
+    let dead: i64 = store
+        .client()
+        .xlen(dead_letter_stream())
+        .await
+        .expect("XLEN");
     assert_eq!(
         dead,
         0,
@@ -400,7 +417,8 @@ async fn masters_killed_under_load_lose_nothing_acked() {
         let tail: Vec<&str> = log.lines().rev().take(40).collect();
         panic!(
             "seed {seed}: not drained: {:?}; log tail:\n{}",
-            rollboard::ingest::stream::group_info(store.client(), "rb:events", "rollboard").await,
+            rollboard::ingest::stream::group_info(store.client(), intake_stream(), "rollboard")
+                .await,
             tail.into_iter().rev().collect::<Vec<_>>().join("\n")
         );
     }
@@ -451,7 +469,7 @@ async fn without_enough_replicas_nothing_is_acked_or_confirmed() {
     let now = rollboard::domain::clock::local_ms();
     let mut events: Vec<Fields> = (0..300).map(|i| tip(i, now)).collect();
     let daemon = Daemon::start(&config, port).await;
-    xadd_all(store.client(), "rb:events", &events).await;
+    xadd_all(store.client(), intake_stream(), &events).await;
     let refused = wait_for(Duration::from_secs(20), || async {
         daemon
             .metric("rollboard_replica_ack_failures_total", &[])
@@ -461,7 +479,7 @@ async fn without_enough_replicas_nothing_is_acked_or_confirmed() {
     .await;
     assert!(refused, "log:\n{}", daemon.logs());
     let (pending, _) =
-        rollboard::ingest::stream::group_info(store.client(), "rb:events", "rollboard")
+        rollboard::ingest::stream::group_info(store.client(), intake_stream(), "rollboard")
             .await
             .expect("xinfo")
             .expect("group");
@@ -517,7 +535,7 @@ async fn a_confirmation_cut_short_by_a_reconnect_confirms_nothing() {
     // (Fails fast until the pool is connected.)
     assert!(
         wait_for(Duration::from_secs(10), || async {
-            store.confirm_writes(&["rb:events"]).await.is_ok()
+            store.confirm_writes(&[intake_stream()]).await.is_ok()
         })
         .await,
         "not confirmed while the replica runs"
@@ -530,7 +548,7 @@ async fn a_confirmation_cut_short_by_a_reconnect_confirms_nothing() {
         assert!(status.success());
     };
     freeze("-STOP");
-    let confirm = tokio::spawn(async move { store.confirm_writes(&["rb:events"]).await });
+    let confirm = tokio::spawn(async move { store.confirm_writes(&[intake_stream()]).await });
     let waiting = || {
         primary
             .cli(&["CLIENT", "LIST"])

@@ -7,6 +7,7 @@ use rollboard::store::Outcome;
 
 use crate::support::boards::{apply_events, entry, ingest_settings, roll_all, total_at, Consumer};
 use crate::support::events::letters;
+use crate::support::keys::intake_stream;
 use crate::support::redis::RedisServer;
 
 /// Settings of one board `name` over `window` in 1 ms slices, below the TOML `ingest` (may be empty).
@@ -153,7 +154,7 @@ async fn the_largest_window_with_a_max_future_not_a_multiple_of_the_slice_counts
         let boards = settings.boards.clone();
         let board = boards[0].clone();
         assert_eq!(board.slices_in_window(), n);
-        let mut ingest_settings = ingest_settings("rb:events", 1);
+        let mut ingest_settings = ingest_settings(intake_stream(), 1);
         ingest_settings.max_future_ms = settings.ingest.max_future_ms;
         assert_eq!(ingest_settings.max_future_ms, 300_000);
 
@@ -186,7 +187,7 @@ async fn the_largest_window_with_a_max_future_not_a_multiple_of_the_slice_counts
         ];
         for delivery in 0..3 {
             Consumer::new(&store, &boards, &ingest_settings, &metrics)
-                .process("rb:events", &batch, now)
+                .process(intake_stream(), &batch, now)
                 .await
                 .expect("batch");
             // With "1h" the oldest slice is past the hour: its ids may be forgotten, so its

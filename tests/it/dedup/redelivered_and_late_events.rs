@@ -4,6 +4,7 @@
 use rollboard::store::Outcome;
 
 use crate::support::boards::{apply_events, board, ev, HOUR};
+use crate::support::keys::instance;
 use crate::support::redis::RedisServer;
 
 const NOW: i64 = 1_763_700_000_000;
@@ -22,11 +23,23 @@ async fn a_redelivered_batch_changes_nothing() {
         first,
         vec![Outcome::Applied, Outcome::Applied, Outcome::Duplicate]
     );
-    let before = redis.cli(&["ZREVRANGE", "rb:{rooms}:result", "0", "-1", "WITHSCORES"]);
+    let before = redis.cli(&[
+        "ZREVRANGE",
+        &instance("rooms", None).result(),
+        "0",
+        "-1",
+        "WITHSCORES",
+    ]);
     let again = apply_events(&store, &b, &batch, NOW).await;
     assert_eq!(again, vec![Outcome::Duplicate; 3]);
     assert_eq!(
-        redis.cli(&["ZREVRANGE", "rb:{rooms}:result", "0", "-1", "WITHSCORES"]),
+        redis.cli(&[
+            "ZREVRANGE",
+            &instance("rooms", None).result(),
+            "0",
+            "-1",
+            "WITHSCORES"
+        ]),
         before
     );
     // Same key, other fields (even another slice): still a duplicate, the first one wins.

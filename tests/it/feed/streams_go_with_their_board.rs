@@ -11,6 +11,7 @@ use crate::support::boards::{
     apply_events, apply_events_in, board, ev, keys_matching, roll_board, scoped, DAY, HOUR, T0,
 };
 use crate::support::cluster::RedisCluster;
+use crate::support::keys::{prefix, schema};
 use crate::support::redis::RedisServer;
 
 const SLICE: i64 = 60_000;
@@ -44,7 +45,7 @@ async fn drop_board_deletes_the_change_stream_of_every_instance() {
     for room in ["lobby", "a:b", "{c}", "d}e"] {
         apply_events_in(&store, &rooms, room, &events, now).await;
     }
-    let streams = keys_matching(&store, "rb:changes:*").await;
+    let streams = keys_matching(&store, &format!("{}:changes:*", prefix())).await;
     assert_eq!(streams.len(), 6, "{streams:?}");
 
     for b in [&plain, &rooms] {
@@ -71,7 +72,7 @@ async fn a_scope_that_left_the_registry_still_has_its_stream_dropped() {
     // finds its keys.
     let _: i64 = store
         .client()
-        .zrem(format!("rb:board:{}:scopes", rooms.name), "gone")
+        .zrem(schema().scopes(&rooms.name), "gone")
         .await
         .expect("zrem");
     let found = store.board_keys(&rooms.name).await.expect("board keys");

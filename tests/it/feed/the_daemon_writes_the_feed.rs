@@ -13,6 +13,7 @@ use crate::support::config::{server_and_config, write_config};
 use crate::support::daemon::Daemon;
 use crate::support::events::{tip, xadd_all, Fields};
 use crate::support::feed::{changes_after, replay};
+use crate::support::keys::intake_stream;
 use crate::support::wait::drained;
 
 const FEED_BOARDS: &str = r#"
@@ -65,7 +66,7 @@ async fn the_daemon_writes_each_instances_feed_once() {
     let daemon = Daemon::start(&config, port).await;
     let now = redis_now(&store).await;
     let events: Vec<Fields> = (0..120).map(|i| tip(i, now)).collect();
-    xadd_all(store.client(), "rb:events", &events).await;
+    xadd_all(store.client(), intake_stream(), &events).await;
     assert!(drained(&store).await, "the events were not applied");
     let mut written = Vec::new();
     for b in &boards {
@@ -81,7 +82,7 @@ async fn the_daemon_writes_each_instances_feed_once() {
         }
     }
     // The same entries again: every event a duplicate, no entry written.
-    xadd_all(store.client(), "rb:events", &events).await;
+    xadd_all(store.client(), intake_stream(), &events).await;
     assert!(drained(&store).await, "the events were not applied");
     let mut again = Vec::new();
     for b in &boards {

@@ -8,6 +8,7 @@ use rollboard::domain::board::Changes;
 use rollboard::store::{Reconnect, Store};
 
 use crate::support::boards::{apply_events, board, ev, T0};
+use crate::support::keys::{dead_letter_stream, intake_stream};
 use crate::support::redis::RedisServer;
 
 const SLICE: i64 = 60_000;
@@ -42,7 +43,11 @@ async fn a_user_that_may_not_write_the_change_stream_is_refused_at_start() {
     });
     // The same user is enough for a board without a feed.
     let denied = store
-        .check_permissions(std::slice::from_ref(&plain), "rb:events", "rb:events:dead")
+        .check_permissions(
+            std::slice::from_ref(&plain),
+            intake_stream(),
+            dead_letter_stream(),
+        )
         .await
         .expect("check");
     assert_eq!(denied, Vec::<String>::new());
@@ -50,7 +55,11 @@ async fn a_user_that_may_not_write_the_change_stream_is_refused_at_start() {
     apply_events(&store, &plain, &[ev("a", now, "alice", 1)], now).await;
     // With a feed, its stream is named at start.
     let denied = store
-        .check_permissions(std::slice::from_ref(&fed), "rb:events", "rb:events:dead")
+        .check_permissions(
+            std::slice::from_ref(&fed),
+            intake_stream(),
+            dead_letter_stream(),
+        )
         .await
         .expect("check");
     assert_eq!(denied, vec!["key rb:changes:{fed}".to_string()]);

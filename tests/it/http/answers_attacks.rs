@@ -36,6 +36,7 @@ use crate::support::cli::{assert_exit, run_rollboard, text};
 use crate::support::config::{board_of, edit_config, write_file};
 use crate::support::daemon::Daemon;
 use crate::support::http::json;
+use crate::support::keys::intake_stream;
 use crate::support::proxy::Proxy;
 use crate::support::redis::{fcall_calls, function_name, RedisServer};
 use crate::support::wait::{drained, wait_for};
@@ -567,9 +568,10 @@ async fn an_apply_whose_connection_was_cut_after_it_reached_redis_shows_at_once(
     })
     .await;
     assert!(landed, "the cut apply call never ran in Redis");
-    let pending = rollboard::ingest::stream::group_info(store.client(), "rb:events", "rollboard")
-        .await
-        .expect("XINFO GROUPS");
+    let pending =
+        rollboard::ingest::stream::group_info(store.client(), intake_stream(), "rollboard")
+            .await
+            .expect("XINFO GROUPS");
     assert!(
         matches!(pending, Some((n, _)) if n >= 1),
         "the batch is not acknowledged yet: {pending:?}"

@@ -16,6 +16,7 @@ use crate::support::boards::redis_now;
 use crate::support::config::{write_config, write_file};
 use crate::support::daemon::Daemon;
 use crate::support::http::{get, post_tip};
+use crate::support::keys::schema;
 use crate::support::redis::{free_port, RedisServer};
 use crate::support::sse::{entered, feed_boards};
 use crate::support::wait::drained;
@@ -178,7 +179,14 @@ async fn the_page_shows_a_new_tip_live_with_the_readers_token() {
     assert_eq!(status, 202, "{body}");
     assert!(drained(&store).await, "the tip was not applied");
     // The change it makes, as the feed records it.
-    entered(&store, "rb:changes:{rooms_7d}", "room-live", 1, 45).await;
+    entered(
+        &store,
+        &schema().changes("rooms_7d", None, None),
+        "room-live",
+        1,
+        45,
+    )
+    .await;
     go.send(()).expect("the browser thread");
     let (arrow, png, feed_events, picker) = match next() {
         Seen::Shown {

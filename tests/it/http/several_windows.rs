@@ -17,6 +17,7 @@ use crate::support::cli::{assert_success, run_rollboard, stderr, stdout};
 use crate::support::config::write_config;
 use crate::support::daemon::Daemon;
 use crate::support::http::{answer_parts, get, json, post, post_tip, post_to};
+use crate::support::keys::schema;
 use crate::support::redis::{free_port, RedisServer};
 use crate::support::sse::{open_stream, Sse, SseEvent};
 use crate::support::wait::drained;
@@ -548,8 +549,15 @@ async fn each_window_streams_its_own_changes() {
         );
     }
     // The streams are the windows' own: the widest's key has no suffix, dan is only in it.
-    let wide_feed = d.redis.cli(&["XRANGE", "rb:changes:{duo}", "-", "+"]);
-    let narrow_feed = d.redis.cli(&["XRANGE", "rb:changes:{duo}:2h", "-", "+"]);
+    let wide_feed = d
+        .redis
+        .cli(&["XRANGE", &schema().changes("duo", None, None), "-", "+"]);
+    let narrow_feed = d.redis.cli(&[
+        "XRANGE",
+        &schema().changes("duo", None, Some("2h")),
+        "-",
+        "+",
+    ]);
     assert!(
         wide_feed.contains("dan") && wide_feed.contains("eve"),
         "{wide_feed}"

@@ -17,6 +17,7 @@ use rollboard::store::Store;
 
 use crate::support::boards::{board, entry, ev, ingest_settings, roll_all, scoped, Consumer};
 use crate::support::env::env_count;
+use crate::support::keys::intake_stream;
 use crate::support::model::{assert_matches, Instance};
 use crate::support::proptests::run_cases;
 
@@ -83,7 +84,7 @@ impl Model {
 async fn run(store: &Store, steps: Vec<Step>) {
     let boards = boards();
     let (rooms, fans, sharded) = (&boards[0], &boards[1], &boards[2]);
-    let settings = ingest_settings("rb:events", 1);
+    let settings = ingest_settings(intake_stream(), 1);
     let metrics = Metrics::new(&boards);
     let mut model = Model::default();
     let mut now = START;
@@ -136,7 +137,7 @@ async fn run(store: &Store, steps: Vec<Step>) {
         };
         if !batch.is_empty() {
             Consumer::new(store, &boards, &settings, &metrics)
-                .process("rb:events", &batch, now)
+                .process(intake_stream(), &batch, now)
                 .await
                 .expect("batch");
             for e in &batch {

@@ -18,6 +18,7 @@ use crate::support::cli::run_rollboard;
 use crate::support::config::write_config;
 use crate::support::daemon::Daemon;
 use crate::support::http::post_to;
+use crate::support::keys::{base, dead_letter_stream, instance, intake_stream, prefix, schema};
 use crate::support::proptests::run_cases_on_a_cluster;
 use crate::support::redis::{free_port, RedisServer};
 
@@ -160,7 +161,7 @@ async fn dead_ids(store: &Store, reason: &str) -> Vec<String> {
     use fred::prelude::*;
     let entries: Vec<(String, HashMap<String, String>)> = store
         .client()
-        .xrange("rb:events:dead", "-", "+", None)
+        .xrange(dead_letter_stream(), "-", "+", None)
         .await
         .expect("xrange");
     entries
@@ -188,7 +189,7 @@ async fn stored(store: &Store, board: &Board, id: &str, now: i64) -> Vec<(String
 async fn check_against_model(store: &Store, case: usize, batches: Vec<Batch>) {
     let boards = period_boards();
     let metrics = Metrics::new(&boards);
-    let settings = ingest_settings("rb:events", 1);
+    let settings = ingest_settings(intake_stream(), 1);
     let mut models: Vec<Model> = boards.iter().map(|_| Model::default()).collect();
     let mut late_everywhere = Vec::new();
     let mut entry_no = 0;
@@ -222,7 +223,7 @@ async fn check_against_model(store: &Store, case: usize, batches: Vec<Batch>) {
             &boards,
             &settings,
             &metrics,
-            "rb:events",
+            intake_stream(),
             &entries,
             *now,
         )
@@ -333,11 +334,17 @@ async fn the_grace_ends_exactly_and_the_roll_keeps_only_keep_periods_archives() 
     assert_eq!(state.archived, ["2026-10-27", "2026-10-26"]);
     let reports = roll_all(&store, &boards, now, 100).await;
     assert_eq!(reports[0].periods_removed, 2, "{reports:?}");
-    let keys = redis.cli(&["KEYS", "rb:{berlin_day:@2026-10-2[45]}*"]);
+    let keys = redis.cli(&[
+        "KEYS",
+        &format!("{}:{{berlin_day:@2026-10-2[45]}}*", prefix()),
+    ]);
     assert!(keys.trim().is_empty(), "deleted archives left keys: {keys}");
-    let kept = redis.cli(&["KEYS", "rb:{berlin_day:@2026-10-26}:result"]);
+    let kept = redis.cli(&[
+        "KEYS",
+        &instance("berlin_day", Some("@2026-10-26")).result(),
+    ]);
     assert!(!kept.trim().is_empty());
-    let registry = redis.cli(&["ZRANGE", "rb:board:berlin_day:periods", "0", "-1"]);
+    let registry = redis.cli(&["ZRANGE", &schema().periods("berlin_day"), "0", "-1"]);
     assert_eq!(
         registry.split_whitespace().collect::<Vec<_>>(),
         ["2026-10-26", "2026-10-27", "2026-10-28"]
@@ -349,7 +356,10 @@ async fn the_grace_ends_exactly_and_the_roll_keeps_only_keep_periods_archives() 
         .expect("apply");
     assert_eq!(out, [rollboard::store::Outcome::Late]);
     assert!(redis
-        .cli(&["KEYS", "rb:{berlin_day:@2026-10-24}*"])
+        .cli(&[
+            "KEYS",
+            &format!("{}*", base(&instance("berlin_day", Some("@2026-10-24"))))
+        ])
         .trim()
         .is_empty());
     // Verify reads each period instance.

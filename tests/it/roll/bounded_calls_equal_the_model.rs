@@ -14,6 +14,7 @@ use crate::support::asserts::assert_verified;
 use crate::support::boards::{
     apply_events, board, ev, resummarize, roll_all, seen_logs, seen_table, HOUR,
 };
+use crate::support::keys::{instance, under};
 use crate::support::model::{assert_matches, assert_rolled_and_verified, Instance};
 use crate::support::proptests::{proptest_runner, run_cases, runtime};
 use crate::support::redis::RedisServer;
@@ -276,7 +277,7 @@ async fn run_swap_case(redis: &RedisServer, store: &Store, case: &SwapCase) {
         assert_matches(store, &b, None, &shown, now).await;
     }
     // The cut run's scratch keys go by themselves.
-    let scratch = redis.cli(&["KEYS", "rb:{cut}:tmp:cut:*"]);
+    let scratch = redis.cli(&["KEYS", &under(&instance("cut", None), "tmp:cut:*")]);
     let scratch: Vec<&str> = scratch.lines().filter(|l| !l.is_empty()).collect();
     assert!(!scratch.is_empty(), "the cut run's marker at least");
     for key in &scratch {
@@ -295,7 +296,7 @@ async fn run_swap_case(redis: &RedisServer, store: &Store, case: &SwapCase) {
     roll_one(store, &b, now, case.chunk).await;
     assert_matches(store, &b, None, &model, now).await;
     assert_verified(store, &b, None).await;
-    let left = redis.cli(&["KEYS", "rb:{cut}:tmp:*"]);
+    let left = redis.cli(&["KEYS", &under(&instance("cut", None), "tmp:*")]);
     let mut left: Vec<&str> = left.lines().filter(|l| !l.is_empty()).collect();
     left.sort_unstable();
     let mut cut = scratch.clone();
@@ -356,7 +357,7 @@ async fn large_instances_are_staged_trimmed_and_swapped_in_bounded_calls() {
         // and unlinked, nothing of the run is left behind.
         roll_one(&store, &b, s0 + 1, 1000).await;
         assert_matches(&store, &b, None, &model, s0 + 1).await;
-        let pattern = format!("rb:{{{}}}:tmp:*", b.name);
+        let pattern = under(&instance(&b.name, None), "tmp:*");
         assert_eq!(redis.cli(&["KEYS", &pattern]).trim(), "", "{b}");
 
         // Past the window: every member expires and every idempotency key is forgotten,

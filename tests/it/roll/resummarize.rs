@@ -11,6 +11,7 @@ use crate::support::boards::{
     apply_events, board, ev, resummarize, resummarize_at_t0, roll_all, roll_board, scoped, DAY,
     HOUR, T0,
 };
+use crate::support::keys::{instance, under};
 use crate::support::model::{assert_matches, Instance};
 use crate::support::redis::RedisServer;
 
@@ -73,7 +74,12 @@ async fn resummarize_tracks_new_events_only_at_its_runs() {
     let r = store.rank(&b, None, "a", T0).await.unwrap();
     assert_eq!((r.total, r.last_ts), (Some(10), Some(T0 + 1)));
     // No scratch key is left behind.
-    assert_eq!(redis.cli(&["KEYS", "rb:{res}:tmp:*"]).trim(), "");
+    assert_eq!(
+        redis
+            .cli(&["KEYS", &under(&instance("res", None), "tmp:*")])
+            .trim(),
+        ""
+    );
 }
 
 /// Calls of one command since the server started (`INFO commandstats`).
@@ -142,7 +148,7 @@ async fn a_resummarize_instance_that_did_not_change_keeps_its_ranking_without_a_
     assert_matches(&store, &b, None, &model, empty + 1).await;
 
     // The sums' record lost (an operator lowering a watermark drops it): summed again.
-    redis.cli(&["HDEL", "rb:{res}:meta", "summed_gen"]);
+    redis.cli(&["HDEL", &instance("res", None).meta(), "summed_gen"]);
     assert_eq!(run(empty + 2).await.0, 1);
     assert_matches(&store, &b, None, &model, empty + 2).await;
     assert_verified(&store, &b, None).await;
@@ -157,7 +163,7 @@ async fn an_unchanged_resummarize_ranking_is_summed_again_after_an_hour() {
     assert_eq!(resummed(d0).await, 1);
     assert_eq!(resummed(d0 + EVERY - 1).await, 0, "within the hour");
     // A write that no `gen` counts (by hand): shown once the hour is up.
-    let slice = format!("rb:{{daily}}:slice:{}", b.slice_of(d0));
+    let slice = instance("daily", None).slice(b.slice_of(d0));
     redis.cli(&["HSET", &slice, "a", "8"]);
     assert_eq!(store.rank(&b, None, "a", d0).await.unwrap().total, Some(5));
     assert_eq!(resummed(d0 + EVERY).await, 1, "an hour after the last sum");

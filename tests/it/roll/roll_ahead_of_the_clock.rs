@@ -16,6 +16,7 @@ use crate::support::cli::{
 };
 use crate::support::config::config_for;
 use crate::support::daemon::daemon_with;
+use crate::support::keys::{dead_letter_stream, instance, schema};
 use crate::support::redis::RedisServer;
 use crate::support::wait::{drained, wait_for};
 
@@ -153,7 +154,7 @@ async fn after_a_forced_roll_ahead_the_daemon_judges_and_reports_by_it() {
     assert!(drained(&store).await, "not consumed");
     let dead: Vec<(String, std::collections::HashMap<String, String>)> = store
         .client()
-        .xrange("rb:events:dead", "-", "+", None)
+        .xrange(dead_letter_stream(), "-", "+", None)
         .await
         .expect("xrange");
     assert_eq!(dead.len(), 1, "{dead:?}");
@@ -269,7 +270,7 @@ async fn roll_ahead_of_the_clock_is_refused_in_both_spellings() {
     // The board's window is the one of that time (6 h slices for rooms_7d).
     let six = 6 * HOUR;
     let w: i64 = redis
-        .cli(&["HGET", "rb:board:rooms_7d:window", "expired_through"])
+        .cli(&["HGET", &schema().window("rooms_7d"), "expired_through"])
         .trim()
         .parse()
         .expect("watermark");
@@ -343,7 +344,9 @@ async fn a_roll_too_far_ahead_is_refused_unless_forced() {
         );
     }
     assert_eq!(
-        redis.cli(&["EXISTS", "rb:{rooms_7d}:meta"]).trim(),
+        redis
+            .cli(&["EXISTS", &instance("rooms_7d", None).meta()])
+            .trim(),
         "0",
         "a refused roll touched nothing"
     );

@@ -26,6 +26,7 @@ use crate::support::asserts::assert_verified;
 use crate::support::boards::{entry, ev, ingest_settings, roll_all, Consumer, HOUR, T0};
 use crate::support::cluster::cli;
 use crate::support::env::env_count;
+use crate::support::keys::intake_stream;
 use crate::support::proptests::{run_cases_on_a_cluster, run_cases_threaded};
 
 const QUARTER: i64 = HOUR / 4;
@@ -305,7 +306,7 @@ impl<'a> Run<'a> {
             Path::Consumer(Box::new(Ingest {
                 metrics: rollboard::metrics::Metrics::new(&boards),
                 boards,
-                settings: ingest_settings("rb:events", 1),
+                settings: ingest_settings(intake_stream(), 1),
             }))
         } else {
             Path::Store
@@ -368,7 +369,7 @@ impl<'a> Run<'a> {
                 }
                 if !batch.is_empty() {
                     consumer
-                        .process("rb:events", &batch, now)
+                        .process(intake_stream(), &batch, now)
                         .await
                         .expect("batch");
                 }

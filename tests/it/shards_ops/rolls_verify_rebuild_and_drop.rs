@@ -23,11 +23,12 @@ use crate::support::cli::{assert_exit, rollboard, run_rollboard, stderr, stdout}
 use crate::support::cluster::RedisCluster;
 use crate::support::config::write_file;
 use crate::support::http::json;
+use crate::support::keys::{instance, records_prefix, scoped_prefix, shard, under};
 use crate::support::redis::RedisServer;
 
 /// Every key under the hash tag of `shard` of board `name`.
 async fn shard_keys(store: &Store, name: &str, shard: &str) -> BTreeSet<String> {
-    keys_matching(store, &format!("rb:{{{name}:{shard}}}:*"))
+    keys_matching(store, &under(&instance(name, Some(shard)), "*"))
         .await
         .into_iter()
         .collect()
@@ -65,7 +66,7 @@ async fn every_shard_rolls_and_an_emptied_shard_leaves_the_registry_and_comes_ba
     }
     assert_eq!(
         shard_keys(&store, "tips", "#0").await,
-        BTreeSet::from(["rb:{tips:#0}:meta".to_string()]),
+        BTreeSet::from([instance("tips", Some(&shard(0))).meta().to_string()]),
         "only meta stays"
     );
     let top = store.top(&b, None, 0, 10, later).await.expect("top");
@@ -98,7 +99,7 @@ async fn every_shard_rolls_and_an_emptied_shard_leaves_the_registry_and_comes_ba
         assert!(!registered(&store, "tips", &shard).await, "{shard}");
         assert_eq!(
             shard_keys(&store, "tips", &shard).await,
-            BTreeSet::from([format!("rb:{{tips:{shard}}}:meta")]),
+            BTreeSet::from([instance("tips", Some(&shard)).meta()]),
         );
     }
     let top = store.top(&b, None, 0, 10, end).await.expect("top");
@@ -265,7 +266,8 @@ async fn fill(store: &Store, now: i64) -> (Board, Vec<Board>) {
 
 /// Whether `key` is one of the keys of `tips` drop-board must delete.
 fn of_tips(key: &str) -> bool {
-    key.starts_with("rb:{tips:#") || key.starts_with("rb:board:tips:")
+    key.starts_with(&format!("{}#", scoped_prefix("tips")))
+        || key.starts_with(&records_prefix("tips"))
 }
 
 /// The top and the totals of `boards`, to compare before and after a drop.
@@ -292,7 +294,7 @@ async fn drop_board_deletes_every_shard(
         assert!(
             doomed
                 .iter()
-                .any(|k| k.starts_with(&format!("rb:{{tips:{shard}}}:"))),
+                .any(|k| k.starts_with(&under(&instance("tips", Some(&shard)), ""))),
             "{shard} holds keys: {doomed:?}"
         );
     }
@@ -354,7 +356,7 @@ async fn drop_board_deletes_every_shards_keys_on_a_cluster() {
             .collect()
     };
     let holders: BTreeSet<u16> = (0..8)
-        .map(|s| cluster.owner_of(&format!("rb:{{tips:#{s}}}:result")))
+        .map(|s| cluster.owner_of(&instance("tips", Some(&shard(s))).result()))
         .collect();
     assert!(holders.len() > 1, "the shards span masters: {holders:?}");
     drop_board_deletes_every_shard(&store, &cluster.url(), keys).await;

@@ -7,6 +7,7 @@ use fred::prelude::*;
 use rollboard::domain::board::Board;
 use rollboard::store::{ApplyEvent, Store};
 
+use crate::support::keys::dead_letter_stream;
 use crate::support::model::Instance;
 
 /// The fields of one stream entry, in order.
@@ -170,7 +171,7 @@ pub async fn stream_entries(store: &Store, key: &str) -> Vec<Letter> {
 
 /// The dead letters in `rb:events:dead`, in order.
 pub async fn letters(store: &Store) -> Vec<Letter> {
-    stream_entries(store, "rb:events:dead").await
+    stream_entries(store, dead_letter_stream()).await
 }
 
 /// JSON lines of `n` tips to rooms r0..r2, each 1..=3.

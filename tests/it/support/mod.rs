@@ -15,6 +15,7 @@ pub mod events;
 pub mod feed;
 pub mod http;
 pub mod instances;
+pub mod keys;
 pub mod model;
 pub mod proptests;
 pub mod proxy;

@@ -13,6 +13,7 @@ use crate::support::boards::{
     apply_events, apply_events_in, board, ev, keys_matching, roll_board, run_jobs, set_string,
     HOUR, T0,
 };
+use crate::support::keys::{instance, instance_in, under};
 use crate::support::redis::RedisServer;
 use crate::windows::one_ingest_every_window::two_windows;
 
@@ -304,9 +305,12 @@ async fn a_window_named_by_an_equal_duration_reads_that_window() {
     let first = rollboard::edges::windows::view(&b, None, "window").expect("first");
     assert_eq!(first.window_name(), "7d");
     assert_eq!(total_in(&store, &first, None, "ann", now).await, Some(7));
-    let keys = keys_matching(&store, "rb:{days}:w:*").await;
+    let keys = keys_matching(&store, &under(&instance("days", None), "w:*")).await;
     assert!(
-        !keys.is_empty() && keys.iter().all(|k| k.starts_with("rb:{days}:w:1d:")),
+        !keys.is_empty()
+            && keys
+                .iter()
+                .all(|k| k.starts_with(&under(&instance_in("days", None, "1d"), ""))),
         "{keys:?}"
     );
     for bad in ["25h", "1w", "7 d", ""] {

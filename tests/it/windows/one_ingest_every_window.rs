@@ -5,6 +5,7 @@ use rollboard::domain::board::{Board, Window};
 use rollboard::store::Outcome;
 
 use crate::support::boards::{apply_events, board, ev, roll_board, total_at, HOUR};
+use crate::support::keys::instance_in;
 use crate::support::redis::RedisServer;
 
 const NOW: i64 = 1_763_700_000_000;
@@ -59,7 +60,7 @@ async fn an_event_counts_in_every_window_it_falls_in_and_once() {
     assert_eq!(total_at(&store, &short, "bob", now).await, Some(50));
     let raw = redis.cli(&[
         "ZREVRANGE",
-        "rb:{tips}:w:2h:result",
+        &instance_in("tips", None, "2h").result(),
         "0",
         "-1",
         "WITHSCORES",

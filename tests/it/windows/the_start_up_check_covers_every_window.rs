@@ -9,6 +9,7 @@ use rollboard::store::{Outcome, Reconnect, Store};
 
 use crate::support::acl::{acl_server, acl_url};
 use crate::support::boards::{apply_events, apply_events_in, board, ev, roll_board, HOUR};
+use crate::support::keys::{dead_letter_stream, instance, intake_stream};
 use crate::support::redis::RedisServer;
 use crate::windows::one_ingest_every_window::two_windows;
 
@@ -26,7 +27,11 @@ fn fed(mut board: Board) -> Board {
 /// The permissions `store`'s user lacks for `board`.
 async fn denied(store: &Store, board: &Board) -> Vec<String> {
     store
-        .check_permissions(std::slice::from_ref(board), "rb:events", "rb:events:dead")
+        .check_permissions(
+            std::slice::from_ref(board),
+            intake_stream(),
+            dead_letter_stream(),
+        )
         .await
         .expect("check")
 }
@@ -78,7 +83,12 @@ async fn a_user_that_may_not_write_a_narrower_window_is_refused_at_start() {
         format!("{failed:?}").contains("NOPERM"),
         "the apply answered {failed:?}"
     );
-    assert_eq!(redis.cli(&["EXISTS", "rb:{tips}:result"]).trim(), "0");
+    assert_eq!(
+        redis
+            .cli(&["EXISTS", &instance("tips", None).result()])
+            .trim(),
+        "0"
+    );
 
     // With the narrower window's instance keys allowed, its change stream is named.
     let ok = redis.cli(&["ACL", "SETUSER", "widest", "~rb:{*}:w:*"]);

@@ -16,6 +16,7 @@ use crate::support::boards::{apply_events, apply_events_in, dump, ev, keys_match
 use crate::support::cli::{assert_exit, run_rollboard, stdout};
 use crate::support::config::write_file;
 use crate::support::http::json;
+use crate::support::keys::{instance, under};
 use crate::support::redis::RedisServer;
 
 const NOW: i64 = 1_763_700_000_000;
@@ -64,7 +65,7 @@ async fn bump(store: &Store, view: &Board, scope: Option<&str>, member: &str, by
 /// DUMP.
 async fn widest_keys(store: &Store, scope: &str) -> BTreeMap<String, Vec<u8>> {
     let mut out = BTreeMap::new();
-    for key in keys_matching(store, &format!("rb:{{tips:{scope}}}:*")).await {
+    for key in keys_matching(store, &under(&instance("tips", Some(scope)), "*")).await {
         if !key.contains(":w:") {
             let bytes = dump(store, &key).await;
             out.insert(key, bytes);
@@ -148,11 +149,15 @@ async fn verify_names_each_window_and_rebuild_repairs_every_window() {
     // The narrower window rebuilt alone: not one key of the widest's instance changes (its
     // digest table and forget logs, and its drift, stay).
     let before = widest_keys(&store, "r1").await;
-    assert!(before.contains_key("rb:{tips:r1}:seen:ids"), "{before:?}");
     assert!(
-        before
-            .keys()
-            .any(|k| k.starts_with("rb:{tips:r1}:seen:") && k != "rb:{tips:r1}:seen:ids"),
+        before.contains_key(&instance("tips", Some("r1")).seen_table()),
+        "{before:?}"
+    );
+    assert!(
+        before.keys().any(
+            |k| k.starts_with(&under(&instance("tips", Some("r1")), "seen:"))
+                && *k != instance("tips", Some("r1")).seen_table()
+        ),
         "forget logs: {before:?}"
     );
     let rebuilt = roll::rebuild(&store, &short, Some("r1"), 10)
