@@ -16,7 +16,9 @@ use crate::support::config::{
 };
 use crate::support::daemon::Daemon;
 use crate::support::env::{env_count, env_seed};
-use crate::support::events::{models, post_fields, tip, tip_or_payment, xadd_all, Fields};
+use crate::support::events::{
+    models, post_fields, read_unacked, stream_len, tip, tip_or_payment, xadd_all, Fields,
+};
 use crate::support::keys::{dead_letter_stream, intake_stream};
 use crate::support::proptests::SplitMix;
 use crate::support::redis::{free_port, RedisServer};
@@ -45,8 +47,6 @@ fn a_cluster_starts_fails_over_and_heals() {
 /// roll three days ahead (catch-up), `verify` and `rebuild`: every board equals the model.
 #[tokio::test]
 async fn core_flows_on_a_cluster_equal_the_model() {
-    use fred::prelude::*;
-
     let (_cluster, store, (dir, port, config)) = cluster_and_config().await;
     let boards = test_boards();
     let now = rollboard::domain::clock::local_ms();
@@ -84,11 +84,7 @@ async fn core_flows_on_a_cluster_equal_the_model() {
     let status = r.status().as_u16();
     assert_eq!(status, 202, "{}", r.text().await.unwrap_or_default());
     assert_drained_into_model_at(&store, &events, &daemon, now).await;
-    let dead: i64 = store
-        .client()
-        .xlen(dead_letter_stream())
-        .await
-        .expect("xlen");
+    let dead = stream_len(&store, dead_letter_stream()).await;
     assert_eq!(dead, 5);
 
     // kill -9 mid-backlog, restart: nothing lost, nothing doubled.
@@ -112,19 +108,7 @@ async fn core_flows_on_a_cluster_equal_the_model() {
     assert!(daemon.terminate().await.success());
     xadd_all(store.client(), intake_stream(), &more).await;
     events.extend(more);
-    let _: Value = store
-        .client()
-        .xreadgroup(
-            "rollboard",
-            "b",
-            Some(100),
-            None,
-            false,
-            intake_stream(),
-            ">",
-        )
-        .await
-        .expect("b reads without acking");
+    read_unacked(&store, "rollboard", "b", 100).await;
     let daemon = Daemon::start(&config, port).await;
     assert_drained_into_model_at(&store, &events, &daemon, now).await;
 

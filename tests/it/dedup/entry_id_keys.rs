@@ -15,7 +15,7 @@ use crate::support::boards::{
 };
 use crate::support::config::config_for;
 use crate::support::daemon::{partitioned_daemon, Daemon};
-use crate::support::events::xadd_one;
+use crate::support::events::{stream_len, xadd_one};
 use crate::support::keys::{dead_letter_stream, intake_stream, partition_stream};
 use crate::support::redis::RedisServer;
 use crate::support::wait::drained_streams;
@@ -56,11 +56,7 @@ async fn append_under_one_entry_id(
         drained_streams(store, &streams).await,
         "{streams:?} drained"
     );
-    let dead: i64 = store
-        .client()
-        .xlen(dead_letter_stream())
-        .await
-        .expect("xlen");
+    let dead = stream_len(&store, dead_letter_stream()).await;
     assert_eq!(dead, 0, "nothing dead-lettered");
 }
 

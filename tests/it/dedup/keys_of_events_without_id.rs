@@ -16,7 +16,7 @@ use crate::support::boards::{
     set_string, test_boards, total_at, Consumer,
 };
 use crate::support::daemon::partitioned_daemon;
-use crate::support::events::{letters, xadd_one};
+use crate::support::events::{letters, stream_len, xadd_one};
 use crate::support::keys::{dead_letter_stream, intake_stream, partition_stream};
 use crate::support::redis::RedisServer;
 use crate::support::wait::drained_streams;
@@ -382,11 +382,7 @@ async fn a_pending_tip_without_id_claimed_after_a_change_of_partitions_counts_on
     for (room, amount) in [("p1-2to1", 6), ("bare-1to1", 7)] {
         assert_eq!(room_total(&store, room).await, Some(amount), "{room}");
     }
-    let dead: i64 = store
-        .client()
-        .xlen(dead_letter_stream())
-        .await
-        .expect("xlen");
+    let dead = stream_len(&store, dead_letter_stream()).await;
     assert_eq!(dead, 0);
 }
 

@@ -15,6 +15,7 @@ use rollboard::ingest::stream::Entry;
 use rollboard::metrics::Metrics;
 use rollboard::store::Store;
 
+use crate::support::asserts::arounds;
 use crate::support::boards::{board, entry, ev, ingest_settings, roll_all, scoped, Consumer};
 use crate::support::env::env_count;
 use crate::support::keys::intake_stream;
@@ -183,14 +184,7 @@ async fn same_answers(store: &Store, one: &Board, sharded: &Board, now: i64) {
     rooms.push("nobody".into());
     for room in &rooms {
         for radius in 0..=2 {
-            let a = store
-                .around(one, None, room, radius, now)
-                .await
-                .expect("around");
-            let b = store
-                .around(sharded, None, room, radius, now)
-                .await
-                .expect("around");
+            let (a, b) = arounds(store, (one, sharded), room, radius, now).await;
             let (a, b) = match (a, b) {
                 (Ok(a), Ok(b)) => (unnamed(a), unnamed(b)),
                 (Err(a), Err(b)) => (unnamed(a), unnamed(b)),

@@ -13,7 +13,9 @@ use crate::support::boards::{now_ms, test_boards};
 use crate::support::cli::{assert_success, run_rollboard, send_file};
 use crate::support::config::{edit_config, partitioned_config, write_file};
 use crate::support::daemon::Daemon;
-use crate::support::events::{models, post_fields, tips_now, xadd_all, Fields};
+use crate::support::events::{
+    existing, models, post_fields, read_unacked, tips_now, xadd_all, Fields,
+};
 use crate::support::keys::{dead_letter_stream, intake_stream, partition_stream};
 use crate::support::redis::{free_port, RedisServer};
 use crate::support::wait::{drained_streams, wait_for};
@@ -152,11 +154,7 @@ async fn two_daemons_share_three_partitions_and_a_killed_one_loses_nothing() {
     assert_model(&store, &events).await;
     verify(&config_a);
     // Nothing went to the bare stream key.
-    let bare: i64 = store
-        .client()
-        .exists(intake_stream())
-        .await
-        .expect("exists");
+    let bare = existing(&store, intake_stream()).await;
     assert_eq!(bare, 0);
     assert!(a.terminate().await.success());
 }
@@ -234,11 +232,7 @@ async fn send_and_post_append_to_the_partition_the_rule_names() {
     for i in (0..120).step_by(2) {
         assert!(ids.contains(&format!("own-{i}")));
     }
-    let bare: i64 = store
-        .client()
-        .exists(intake_stream())
-        .await
-        .expect("exists");
+    let bare = existing(&store, intake_stream()).await;
     assert_eq!(bare, 0, "nothing on the bare stream key");
     assert!(drained_streams(&store, &keys(3)).await);
     assert!(daemon.terminate().await.success());
@@ -317,19 +311,7 @@ async fn changing_the_partition_count_drains_the_old_layout() {
         .xgroup_create(intake_stream(), "rollboard", "0", false)
         .await
         .expect("group");
-    let _: Value = store
-        .client()
-        .xreadgroup(
-            "rollboard",
-            "old",
-            Some(100),
-            None,
-            false,
-            intake_stream(),
-            ">",
-        )
-        .await
-        .expect("old consumer reads without acking");
+    read_unacked(&store, "rollboard", "old", 100).await;
     // A daemon with three partitions takes them, besides its own partitions.
     let three = partitioned_config(dir.path(), &redis, port, "a", 3);
     let daemon = Daemon::start(&three, port).await;

@@ -14,6 +14,7 @@ use rollboard::store::{Reconnect, Store};
 use tokio_util::sync::CancellationToken;
 
 use crate::support::boards::{board, ingest_settings, now_ms, redis_now, total_at};
+use crate::support::events::read_unacked;
 use crate::support::keys::intake_stream;
 use crate::support::redis::RedisServer;
 use crate::support::wait::wait_for;
@@ -135,19 +136,7 @@ async fn a_consumer_reading_in_pieces_applies_every_entry_once() {
     for (consumer, count) in [("c1", 37), ("gone", 41)] {
         append(&store, n, count, now).await;
         n += count;
-        let _: Value = store
-            .client()
-            .xreadgroup(
-                settings.group.as_str(),
-                consumer,
-                Some(1000),
-                None,
-                false,
-                intake_stream(),
-                ">",
-            )
-            .await
-            .expect("deliver");
+        read_unacked(&store, settings.group.as_str(), consumer, 1000).await;
     }
     append(&store, n, 29, now).await;
     n += 29;

@@ -12,7 +12,7 @@ use crate::support::boards::now_ms;
 use crate::support::config::{edit_config, write_config};
 use crate::support::daemon::{redis_and_config, Daemon};
 use crate::support::env::{env_count, env_seed};
-use crate::support::events::{tip_or_payment, tips_now, xadd_all, Fields};
+use crate::support::events::{read_unacked, tip_or_payment, tips_now, xadd_all, Fields};
 use crate::support::keys::{instance, intake_stream};
 use crate::support::proptests::SplitMix;
 use crate::support::redis::free_port;
@@ -78,33 +78,9 @@ async fn two_daemons_share_a_group_and_take_over_a_dead_ones_entries() {
     );
     // Kill b while it holds entries; a claims them after claim_idle (1s).
     assert!(b.terminate().await.success());
-    let _: Value = store
-        .client()
-        .xreadgroup(
-            "rollboard",
-            "b",
-            Some(100),
-            None,
-            false,
-            intake_stream(),
-            ">",
-        )
-        .await
-        .expect("b reads without acking");
+    read_unacked(&store, "rollboard", "b", 100).await;
     xadd_all(store.client(), intake_stream(), &events[3000..]).await;
-    let _: Value = store
-        .client()
-        .xreadgroup(
-            "rollboard",
-            "b",
-            Some(100),
-            None,
-            false,
-            intake_stream(),
-            ">",
-        )
-        .await
-        .expect("b reads without acking");
+    read_unacked(&store, "rollboard", "b", 100).await;
     assert_drained_into_model(&store, &events, &a).await;
     assert!(a.terminate().await.success());
 }

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use rollboard::domain::board::{Board, Mode};
+use rollboard::domain::ranking::{MemberRank, Page};
 use rollboard::roll;
 use rollboard::store::Store;
 
@@ -174,4 +175,36 @@ pub async fn ranked(
         .iter()
         .map(|e| (e.member.clone(), e.total, e.last_ts))
         .collect()
+}
+
+/// The pages `top` answers at `offset` and `limit` on the unscoped instances of two boards,
+/// `a`'s and `b`'s: a board beside its twin.
+pub async fn tops(
+    store: &Store,
+    (a, b): (&Board, &Board),
+    offset: u64,
+    limit: u64,
+    now: i64,
+) -> (Page, Page) {
+    let top = |board| async move {
+        let page = store.top(board, None, offset, limit, now).await;
+        page.expect("top")
+    };
+    (top(a).await, top(b).await)
+}
+
+/// What `around` answers for `member` within `radius` on the unscoped instances of two
+/// boards, `a`'s and `b`'s: a board beside its twin.
+pub async fn arounds(
+    store: &Store,
+    (a, b): (&Board, &Board),
+    member: &str,
+    radius: u64,
+    now: i64,
+) -> (Result<Page, MemberRank>, Result<Page, MemberRank>) {
+    let around = |board| async move {
+        let answer = store.around(board, None, member, radius, now).await;
+        answer.expect("around")
+    };
+    (around(a).await, around(b).await)
 }

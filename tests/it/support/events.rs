@@ -7,7 +7,7 @@ use fred::prelude::*;
 use rollboard::domain::board::Board;
 use rollboard::store::{ApplyEvent, Store};
 
-use crate::support::keys::dead_letter_stream;
+use crate::support::keys::{dead_letter_stream, intake_stream};
 use crate::support::model::Instance;
 
 /// The fields of one stream entry, in order.
@@ -231,4 +231,32 @@ pub fn stepped_events(
             )
         })
         .collect()
+}
+
+/// Reads up to `count` new entries of the intake stream as `consumer` of `group` and
+/// leaves them unacked, pending as a consumer that died before its acks leaves them.
+pub async fn read_unacked(store: &Store, group: &str, consumer: &str, count: u64) {
+    let _: fred::types::Value = store
+        .client()
+        .xreadgroup(
+            group,
+            consumer,
+            Some(count),
+            None,
+            false,
+            intake_stream(),
+            ">",
+        )
+        .await
+        .expect("read without acking");
+}
+
+/// The length of the stream `key` (0 when it does not exist).
+pub async fn stream_len(store: &Store, key: &str) -> i64 {
+    store.client().xlen(key).await.expect("xlen")
+}
+
+/// Whether `key` exists: 1, or 0.
+pub async fn existing(store: &Store, key: &str) -> i64 {
+    store.client().exists(key).await.expect("exists")
 }
