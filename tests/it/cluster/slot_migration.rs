@@ -14,10 +14,10 @@ use rollboard::domain::event::Field;
 use rollboard::ingest::stream;
 use rollboard::store::{Reconnect, Store, StoreError};
 
-use crate::support::boards::{apply_events, apply_events_in, ev, scoped};
-use crate::support::cluster::{cli, one_replica_store, RedisCluster};
+use crate::support::boards::{apply_events, apply_events_in, ev, ingest_settings, scoped};
+use crate::support::cluster::{cli, one_replica_store, owner, RedisCluster};
 use crate::support::config::config_for_url;
-use crate::support::keys::{dead_letter_stream, intake_stream};
+use crate::support::keys::intake_stream;
 use crate::support::wait::wait_for;
 
 const NOW: i64 = 1_000_000;
@@ -28,16 +28,6 @@ struct Moving {
     source: u16,
     target: u16,
     target_id: String,
-}
-
-/// The port of the master `client` believes serves `key`.
-fn owner(client: &Client, key: &str) -> u16 {
-    client
-        .cached_cluster_state()
-        .expect("cluster state")
-        .get_server(ClusterRouting::hash_key(key.as_bytes()))
-        .expect("owner")
-        .port
 }
 
 /// The first of `prefix0`, `prefix1`, ... that `client` believes lives on `port`.
@@ -125,19 +115,8 @@ impl Moving {
 /// Ingest settings with the default stream names and `partitions`.
 fn ingest(partitions: usize) -> IngestSettings {
     IngestSettings {
-        stream: intake_stream().into(),
-        partitions,
-        group: "rollboard".into(),
-        consumer: "c1".into(),
-        batch_size: 100,
-        block: Duration::from_millis(100),
-        read_piece: rollboard::config::ingest::READ_PIECE,
-        claim_piece: rollboard::config::ingest::CLAIM_PIECE,
         claim_idle: Duration::from_secs(1),
-        dead_letter_stream: dead_letter_stream().into(),
-        dead_letter_max_len: 100_000,
-        retain: Duration::from_secs(60),
-        max_future_ms: 60_000,
+        ..ingest_settings(intake_stream(), partitions)
     }
 }
 

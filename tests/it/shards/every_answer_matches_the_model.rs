@@ -24,7 +24,7 @@ use rollboard::store::{ApplyEvent, Outcome, Store};
 use super::{sharded, Ranked, Windows, SLICE};
 use crate::support::asserts::{assert_verified, tops};
 use crate::support::boards::{entry, ev, ingest_settings, roll_all, Consumer, HOUR, T0};
-use crate::support::cluster::cli;
+use crate::support::cluster::{cli, owner};
 use crate::support::env::env_count;
 use crate::support::keys::intake_stream;
 use crate::support::proptests::{run_cases_on_a_cluster, run_cases_threaded};
@@ -720,16 +720,6 @@ fn every_event_through_the_consumer_reaches_its_shard() {
             run_case(store, &case, "sharded", true).await;
         },
     );
-}
-
-/// The port of the master `client` believes serves `key`.
-fn owner(client: &Client, key: &str) -> u16 {
-    client
-        .cached_cluster_state()
-        .expect("cluster state")
-        .get_server(ClusterRouting::hash_key(key.as_bytes()))
-        .expect("owner")
-        .port
 }
 
 #[test]

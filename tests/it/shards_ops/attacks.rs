@@ -10,10 +10,11 @@ use fred::prelude::*;
 use rollboard::store::Store;
 use serde_json::json;
 
-use super::{members_by_shard, now0, registered, sharded};
+use super::{members_by_shard, now0, sharded};
 use crate::support::asserts::assert_verified;
 use crate::support::boards::{
-    entry, ingest_settings, redis_now, roll_board, run_jobs, set_string, total_at, Consumer, HOUR,
+    entry, ingest_settings, redis_now, registered, roll_board, run_jobs, set_string, total_at,
+    Consumer, HOUR,
 };
 use crate::support::config::write_config;
 use crate::support::daemon::Daemon;

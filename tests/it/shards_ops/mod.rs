@@ -116,14 +116,3 @@ pub fn comparable(answer: &impl serde::Serialize) -> Value {
     }
     v
 }
-
-/// Whether `scope` is in board `name`'s scope registry.
-pub async fn registered(store: &Store, name: &str, scope: &str) -> bool {
-    use fred::prelude::*;
-    let score: Option<f64> = store
-        .client()
-        .zscore(store.keys().scopes(name), scope)
-        .await
-        .expect("ZSCORE");
-    score.is_some()
-}

@@ -14,10 +14,10 @@ use rollboard::domain::ranking::encode_member;
 use rollboard::store::{Outcome, Store};
 use serde_json::Value;
 
-use super::{apply_sharded, comparable, members_by_shard, now0, registered, shard_index, sharded};
+use super::{apply_sharded, comparable, members_by_shard, now0, shard_index, sharded};
 use crate::support::asserts::assert_verified;
 use crate::support::boards::{
-    apply_events, board, ev, keys_matching, redis_now, roll_board, total_at, HOUR,
+    apply_events, board, ev, keys_matching, redis_now, registered, roll_board, total_at, HOUR,
 };
 use crate::support::cli::{assert_exit, rollboard, run_rollboard, stderr, stdout};
 use crate::support::cluster::RedisCluster;

@@ -11,11 +11,11 @@ use fred::prelude::*;
 use rollboard::domain::board::Board;
 use rollboard::store::Store;
 
-use super::{apply_sharded, members_by_shard, now0, registered, shard_index, sharded};
+use super::{apply_sharded, members_by_shard, now0, shard_index, sharded};
 use crate::support::asserts::assert_verified;
 use crate::support::boards::{
-    apply_events, board, entry, ev, ingest_settings, keys_matching, remembers, total_at, Consumer,
-    HOUR,
+    apply_events, board, entry, ev, ingest_settings, keys_matching, registered, remembers,
+    total_at, Consumer, HOUR,
 };
 use crate::support::keys::{instance, intake_stream, prefix, under};
 use crate::support::redis::RedisServer;

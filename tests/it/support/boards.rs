@@ -496,3 +496,13 @@ impl<'a> Consumer<'a> {
         .await
     }
 }
+
+/// Whether `scope` is in board `name`'s scope registry.
+pub async fn registered(store: &Store, name: &str, scope: &str) -> bool {
+    let score: Option<f64> = store
+        .client()
+        .zscore(store.keys().scopes(name), scope)
+        .await
+        .expect("ZSCORE");
+    score.is_some()
+}

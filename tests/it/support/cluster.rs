@@ -470,3 +470,15 @@ pub async fn one_replica_store(url: &str, reconnect: Reconnect, timeout: Duratio
         timeout,
     })
 }
+
+/// The port of the master `client` believes serves `key`.
+pub fn owner(client: &fred::prelude::Client, key: &str) -> u16 {
+    use fred::prelude::*;
+    use fred::types::cluster::ClusterRouting;
+    client
+        .cached_cluster_state()
+        .expect("cluster state")
+        .get_server(ClusterRouting::hash_key(key.as_bytes()))
+        .expect("owner")
+        .port
+}

@@ -10,8 +10,8 @@ use rollboard::store::{Outcome, Store};
 
 use crate::support::asserts::assert_verified;
 use crate::support::boards::{
-    apply_events, apply_events_in, board, ev, keys_matching, roll_board, run_jobs, set_string,
-    HOUR, T0,
+    apply_events, apply_events_in, board, ev, keys_matching, registered, roll_board, run_jobs,
+    set_string, HOUR, T0,
 };
 use crate::support::keys::{instance, instance_in, under};
 use crate::support::redis::RedisServer;
@@ -46,16 +46,6 @@ async fn total_in(
         .await
         .expect("rank")
         .total
-}
-
-/// Whether `scope` is in board `name`'s scope registry.
-async fn registered(store: &Store, name: &str, scope: &str) -> bool {
-    let score: Option<f64> = store
-        .client()
-        .zscore(store.keys().scopes(name), scope)
-        .await
-        .expect("ZSCORE");
-    score.is_some()
 }
 
 /// A scope whose narrower window fails to roll (its change stream is of the wrong type)
