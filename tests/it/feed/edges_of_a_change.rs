@@ -301,28 +301,18 @@ async fn a_dense_rank_board_keeps_its_feed_and_its_distinct_totals() {
         } else {
             "roll"
         };
-        apply_events(
-            &store,
-            &b,
-            &tips(
-                "a",
-                now - 2 * SLICE,
-                &[("alice", 4), ("bob", 4), ("carol", 2)],
-            ),
-            now,
-        )
-        .await;
+        let events = tips(
+            "a",
+            now - 2 * SLICE,
+            &[("alice", 4), ("bob", 4), ("carol", 2)],
+        );
+        apply_events(&store, &b, &events, now).await;
         if mode == Mode::Resummarize {
             roll_board(&store, &b, now).await;
         }
         r.step(cause, now).await;
-        apply_events(
-            &store,
-            &b,
-            &tips("b", now, &[("dave", 3), ("carol", 5)]),
-            now,
-        )
-        .await;
+        let events = tips("b", now, &[("dave", 3), ("carol", 5)]);
+        apply_events(&store, &b, &events, now).await;
         if mode == Mode::Resummarize {
             roll_board(&store, &b, now).await;
         }
@@ -355,13 +345,8 @@ async fn the_stream_holds_exactly_changes_max_len_entries() {
         let amount = totals[other] - totals[who] + 1;
         totals[who] += amount;
         let member = ["alice", "bob"][who];
-        apply_events(
-            &store,
-            &b,
-            &[ev(&format!("e{i}"), now, member, amount)],
-            now,
-        )
-        .await;
+        let tip = ev(&format!("e{i}"), now, member, amount);
+        apply_events(&store, &b, &[tip], now).await;
     }
     let (changes, _) = changes_after(&store, &key, None).await;
     // The first tip: alice entered; the second: bob entered ahead... each later tip one pass.
@@ -408,13 +393,8 @@ async fn a_refused_swap_records_nothing() {
     b.mode = Mode::Resummarize;
     let now = now0();
     let mut r = Reader::new(&store, &b, None);
-    apply_events(
-        &store,
-        &b,
-        &tips("a", now, &[("alice", 4), ("bob", 2)]),
-        now,
-    )
-    .await;
+    let events = tips("a", now, &[("alice", 4), ("bob", 2)]);
+    apply_events(&store, &b, &events, now).await;
     let (_, gen) = store.meta(&b, None).await.expect("meta");
     let token = "race1";
     store
@@ -496,23 +476,18 @@ async fn a_roll_split_across_calls_records_each_calls_change() {
     let now = now0();
     let mut r = Reader::new(&store, &b, None);
     let old = now - 2 * SLICE;
-    apply_events(
-        &store,
-        &b,
-        &tips(
-            "a",
-            old,
-            &[
-                ("alice", 9),
-                ("bob", 8),
-                ("carol", 7),
-                ("dave", 6),
-                ("erin", 5),
-            ],
-        ),
-        now,
-    )
-    .await;
+    let events = tips(
+        "a",
+        old,
+        &[
+            ("alice", 9),
+            ("bob", 8),
+            ("carol", 7),
+            ("dave", 6),
+            ("erin", 5),
+        ],
+    );
+    apply_events(&store, &b, &events, now).await;
     r.step("tip", now).await;
     r.tip("b", now, &[("dave", 1), ("bob", 1)]).await;
     let later = now + 2 * SLICE;

@@ -84,6 +84,13 @@ async fn shrinks_to(store: &Store, key: &str, most: i64) -> bool {
     .await
 }
 
+/// Waits until every entry of the intake stream is trimmed away, which `daemon` does once
+/// every group has acked them.
+async fn assert_trimmed_away(store: &Store, daemon: &Daemon) {
+    let gone = shrinks_to(store, intake_stream(), 0).await;
+    assert!(gone, "log:\n{}", daemon.logs());
+}
+
 /// Appends `events` one by one (in order) and returns their entry IDs.
 async fn append(store: &Store, events: &[Fields]) -> Vec<String> {
     let mut ids = Vec::with_capacity(events.len());
@@ -178,11 +185,7 @@ async fn entries_pending_in_the_group_are_kept_until_another_consumer_applies_th
     // nothing counted twice, and then the stream is trimmed empty.
     let b = trimming_daemon(&dir, &redis, "b", "retain = \"0s\"").await;
     assert_drained_into_model(&store, &events[500..], &b).await;
-    assert!(
-        shrinks_to(&store, intake_stream(), 0).await,
-        "log:\n{}",
-        b.logs()
-    );
+    assert_trimmed_away(&store, &b).await;
     assert!(b.terminate().await.success());
 }
 
@@ -239,11 +242,7 @@ async fn a_killed_consumers_pending_entries_survive_and_are_applied_by_another()
     }
     let b = trimming_daemon(&dir, &redis, "b", "retain = \"0s\"\nclaim_idle = \"2s\"").await;
     assert_drained_into_model(&store, events, &b).await;
-    assert!(
-        shrinks_to(&store, intake_stream(), 0).await,
-        "log:\n{}",
-        b.logs()
-    );
+    assert_trimmed_away(&store, &b).await;
     assert!(b.terminate().await.success());
 }
 
@@ -290,11 +289,7 @@ async fn entries_another_group_has_not_read_or_acked_are_kept() {
     let mut ack = vec!["XACK", intake_stream(), "other"];
     ack.extend(ids[1000..].iter().map(String::as_str));
     redis.cli(&ack);
-    assert!(
-        shrinks_to(&store, intake_stream(), 0).await,
-        "log:\n{}",
-        daemon.logs()
-    );
+    assert_trimmed_away(&store, &daemon).await;
     assert!(daemon.terminate().await.success());
 }
 
@@ -317,11 +312,7 @@ async fn two_replicas_trimming_at_once_lose_and_double_nothing() {
         xadd_all(store.client(), intake_stream(), chunk).await;
     }
     assert_drained_into_model(&store, &events, &a).await;
-    assert!(
-        shrinks_to(&store, intake_stream(), 0).await,
-        "log:\n{}",
-        a.logs()
-    );
+    assert_trimmed_away(&store, &a).await;
     let trimmed = a
         .metric(
             "rollboard_stream_trimmed_total",
