@@ -19,9 +19,11 @@ use crate::support::asserts::assert_verified;
 use crate::support::boards::{
     apply_events, board, ev, keys_matching, redis_now, registered, roll_board, total_at, HOUR,
 };
-use crate::support::cli::{assert_exit, rollboard, run_rollboard, stderr, stdout};
+use crate::support::cli::{
+    assert_deleted_all, assert_exit, rollboard, run_rollboard, stderr, stdout,
+};
 use crate::support::cluster::RedisCluster;
-use crate::support::config::write_file;
+use crate::support::config::{boards_in, write_file, SOLO_BOARD};
 use crate::support::http::json;
 use crate::support::keys::{instance, records_prefix, scoped_prefix, shard, under};
 use crate::support::redis::RedisServer;
@@ -107,7 +109,7 @@ async fn every_shard_rolls_and_an_emptied_shard_leaves_the_registry_and_comes_ba
     assert!(top.window_from > later, "{top:?}");
 }
 
-/// A board `tips` of two shards and a plain board `solo`, as the command line reads them.
+/// A board `tips` of two shards, configured beside [`SOLO_BOARD`].
 const BOARDS: &str = r#"
 [[boards]]
 name = "tips"
@@ -115,18 +117,11 @@ member = "user"
 window = "6h"
 slice = "1h"
 shards = 2
-
-[[boards]]
-name = "solo"
-member = "user"
-window = "6h"
-slice = "1h"
 "#;
 
+/// The boards of [`BOARDS`] and [`SOLO_BOARD`], as the command line reads them.
 fn boards() -> Vec<Board> {
-    rollboard::config::Settings::from_toml(BOARDS)
-        .expect("valid boards")
-        .boards
+    boards_in(&format!("{BOARDS}{SOLO_BOARD}"))
 }
 
 /// A config file for the Redis at `url` with [`BOARDS`].
@@ -134,7 +129,7 @@ fn config(dir: &Path, url: &str) -> PathBuf {
     write_file(
         dir,
         "c.toml",
-        &format!("[redis]\nurl = \"{url}\"\n{BOARDS}"),
+        &format!("[redis]\nurl = \"{url}\"\n{BOARDS}{SOLO_BOARD}"),
     )
 }
 
@@ -308,15 +303,7 @@ async fn drop_board_deletes_every_shard(
     );
     let out = rollboard(Some(&config), &["drop-board", "tips"], &[]);
     assert_exit(&out, 0, "drop-board");
-    assert!(
-        stdout(&out).contains(&format!(
-            "deleted {} of {} key(s)",
-            doomed.len(),
-            doomed.len()
-        )),
-        "{}",
-        stdout(&out)
-    );
+    assert_deleted_all(&out, doomed.len());
     let expected: BTreeSet<String> = before.iter().filter(|k| !of_tips(k)).cloned().collect();
     assert_eq!(keys(), expected);
     assert_eq!(answers(store, &survivors, now).await, answers_before);

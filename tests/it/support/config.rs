@@ -136,3 +136,15 @@ pub fn edit_config(path: &Path, from: &str, to: &str) {
     assert!(text.contains(from), "{from} is in the config");
     std::fs::write(path, text.replacen(from, to, 1)).expect("write config");
 }
+
+/// A plain board `solo` (a 6h window of hourly slices), for a configuration that wants one
+/// beside the boards a test is about.
+pub const SOLO_BOARD: &str =
+    "[[boards]]\nname = \"solo\"\nmember = \"user\"\nwindow = \"6h\"\nslice = \"1h\"\n";
+
+/// The boards of the configuration text `toml`, as the command line reads them.
+pub fn boards_in(toml: &str) -> Vec<rollboard::domain::board::Board> {
+    rollboard::config::Settings::from_toml(toml)
+        .expect("valid boards")
+        .boards
+}

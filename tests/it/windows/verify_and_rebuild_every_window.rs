@@ -14,14 +14,15 @@ use serde_json::Value;
 
 use crate::support::boards::{apply_events, apply_events_in, dump, ev, keys_matching, HOUR};
 use crate::support::cli::{assert_exit, run_rollboard, stdout};
-use crate::support::config::write_file;
+use crate::support::config::{boards_in, write_file, SOLO_BOARD};
 use crate::support::http::json;
 use crate::support::keys::{instance, under};
 use crate::support::redis::RedisServer;
 
 const NOW: i64 = 1_763_700_000_000;
 
-/// A scoped board ranking the last 2 and 6 hours, and an unscoped board with one window.
+/// A scoped board ranking the last 2 and 6 hours, configured beside [`SOLO_BOARD`] (an
+/// unscoped board with one window).
 const BOARDS: &str = r#"
 [[boards]]
 name = "tips"
@@ -29,19 +30,11 @@ member = "user"
 scope = "room"
 windows = ["2h", "6h"]
 slice = "1h"
-
-[[boards]]
-name = "solo"
-member = "user"
-window = "6h"
-slice = "1h"
 "#;
 
-/// The boards of [`BOARDS`] as the command line reads them.
+/// The boards of [`BOARDS`] and [`SOLO_BOARD`], as the command line reads them.
 fn boards() -> Vec<Board> {
-    rollboard::config::Settings::from_toml(BOARDS)
-        .expect("valid boards")
-        .boards
+    boards_in(&format!("{BOARDS}{SOLO_BOARD}"))
 }
 
 /// Adds `by` to the stored total of `member` in the ranking of `view`'s instance `scope`,
@@ -81,7 +74,7 @@ async fn verify_names_each_window_and_rebuild_repairs_every_window() {
     let config = write_file(
         dir.path(),
         "c.toml",
-        &format!("[redis]\nurl = \"{}\"\n{BOARDS}", redis.url()),
+        &format!("[redis]\nurl = \"{}\"\n{BOARDS}{SOLO_BOARD}", redis.url()),
     );
     let [tips, solo] = <[Board; 2]>::try_from(boards()).expect("two boards");
     let (short, wide) = (
