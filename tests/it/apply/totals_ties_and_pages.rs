@@ -34,13 +34,7 @@ async fn totals_are_exact_and_readable_with_plain_zrevrange() {
     )
     .await;
     assert_eq!(out, vec![Outcome::Applied; 3]);
-    let raw = redis.cli(&[
-        "ZREVRANGE",
-        &instance("rooms", None).result(),
-        "0",
-        "-1",
-        "WITHSCORES",
-    ]);
+    let raw = redis.ranking(&instance("rooms", None).result());
     let lines: Vec<&str> = raw.lines().collect();
     assert_eq!(lines.len(), 4, "{raw}");
     assert!(lines[0].ends_with(":room7"), "{raw}");

@@ -8,9 +8,7 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use fred::prelude::*;
 use rollboard::domain::board::Board;
-use rollboard::domain::ranking::encode_member;
 use rollboard::store::{Outcome, Store};
 use serde_json::Value;
 
@@ -25,6 +23,7 @@ use crate::support::cli::{
 use crate::support::cluster::RedisCluster;
 use crate::support::config::{boards_in, write_file, SOLO_BOARD};
 use crate::support::http::json;
+use crate::support::instances::bump;
 use crate::support::keys::{instance, records_prefix, scoped_prefix, shard, under};
 use crate::support::redis::RedisServer;
 
@@ -134,19 +133,8 @@ fn config(dir: &Path, url: &str) -> PathBuf {
 }
 
 /// Adds `by` to the stored total of `member` in its shard, behind the scripts' back.
-async fn bump(store: &Store, b: &Board, member: &str, by: f64) {
-    let k = store.instance(b, b.shard_of(member).as_deref());
-    let ts: String = store
-        .client()
-        .hget(k.members(), member)
-        .await
-        .expect("HGET members");
-    let z = encode_member(b.tie_break, member, ts.parse().expect("a time"));
-    let _: f64 = store
-        .client()
-        .zincrby(k.result(), by, z)
-        .await
-        .expect("ZINCRBY");
+async fn bump_in_shard(store: &Store, b: &Board, member: &str, by: f64) {
+    bump(store, b, b.shard_of(member).as_deref(), member, by).await;
 }
 
 /// `verify` names each shard; drift in one shard fails it, and the repair command it
@@ -179,8 +167,8 @@ async fn verify_names_every_shard_and_its_repair_command_runs() {
     );
 
     // Drift in both shards: one repair command for the board.
-    bump(&store, &tips, &by_shard[0][0], 4.0).await;
-    bump(&store, &tips, &by_shard[1][1], 1.0).await;
+    bump_in_shard(&store, &tips, &by_shard[0][0], 4.0).await;
+    bump_in_shard(&store, &tips, &by_shard[1][1], 1.0).await;
     let out = run_rollboard(&config, &["verify", "--json"]);
     assert_exit(&out, 1, "verify --json");
     let lines: Vec<Value> = stdout(&out).lines().map(json).collect();

@@ -88,3 +88,21 @@ pub async fn assert_same_contents(store: &Store, board: &Board, control: &Board,
         "{what}"
     );
 }
+
+/// Adds `by` to the stored total of `member` in the ranking of `view`'s instance `scope`,
+/// behind the scripts' back: drift for verify and rebuild to find.
+pub async fn bump(store: &Store, view: &Board, scope: Option<&str>, member: &str, by: f64) {
+    let k = store.instance(view, scope);
+    let ts: String = store
+        .client()
+        .hget(k.members(), member)
+        .await
+        .expect("HGET members");
+    let time = ts.parse().expect("a time");
+    let z = rollboard::domain::ranking::encode_member(view.tie_break, member, time);
+    let _: f64 = store
+        .client()
+        .zincrby(k.result(), by, z)
+        .await
+        .expect("ZINCRBY");
+}

@@ -150,6 +150,12 @@ impl RedisServer {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
+    /// The ZSet `key` as `redis-cli` prints `ZREVRANGE key 0 -1 WITHSCORES`: a ranking,
+    /// best first, each member followed by its score.
+    pub fn ranking(&self, key: &str) -> String {
+        self.cli(&["ZREVRANGE", key, "0", "-1", "WITHSCORES"])
+    }
+
     /// Runs redis-cli against the server and returns its standard output.
     pub fn cli(&self, args: &[&str]) -> String {
         let out = Command::new("redis-cli")

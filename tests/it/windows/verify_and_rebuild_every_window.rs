@@ -5,9 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use fred::prelude::*;
 use rollboard::domain::board::Board;
-use rollboard::domain::ranking::encode_member;
 use rollboard::roll;
 use rollboard::store::{Outcome, Store};
 use serde_json::Value;
@@ -16,6 +14,7 @@ use crate::support::boards::{apply_events, apply_events_in, dump, ev, keys_match
 use crate::support::cli::{assert_exit, run_rollboard, stdout};
 use crate::support::config::{boards_in, write_file, SOLO_BOARD};
 use crate::support::http::json;
+use crate::support::instances::bump;
 use crate::support::keys::{instance, under};
 use crate::support::redis::RedisServer;
 
@@ -35,23 +34,6 @@ slice = "1h"
 /// The boards of [`BOARDS`] and [`SOLO_BOARD`], as the command line reads them.
 fn boards() -> Vec<Board> {
     boards_in(&format!("{BOARDS}{SOLO_BOARD}"))
-}
-
-/// Adds `by` to the stored total of `member` in the ranking of `view`'s instance `scope`,
-/// behind the scripts' back.
-async fn bump(store: &Store, view: &Board, scope: Option<&str>, member: &str, by: f64) {
-    let k = store.instance(view, scope);
-    let ts: String = store
-        .client()
-        .hget(k.members(), member)
-        .await
-        .expect("HGET members");
-    let z = encode_member(view.tie_break, member, ts.parse().expect("a time"));
-    let _: f64 = store
-        .client()
-        .zincrby(k.result(), by, z)
-        .await
-        .expect("ZINCRBY");
 }
 
 /// Every key of the widest window's instance of `scope` (no `:w:` in its name) with its
