@@ -415,18 +415,7 @@ async fn dropping_a_board_on_a_cluster_scans_every_master() {
     let cluster = crate::support::cluster::RedisCluster::start();
     let store = cluster.store().await;
     let (survivors, now) = fill_lookalikes(&store).await;
-    let keys = || -> BTreeSet<String> {
-        cluster
-            .masters()
-            .into_iter()
-            .flat_map(|port| {
-                crate::support::cluster::cli(port, &["--scan"])
-                    .lines()
-                    .map(str::to_string)
-                    .collect::<Vec<_>>()
-            })
-            .collect()
-    };
+    let keys = || cluster.scan_all();
     let before = keys();
     let doomed: Vec<&String> = before.iter().filter(|k| of_tips(k)).collect();
     let holders: BTreeSet<u16> = cluster

@@ -356,6 +356,14 @@ async fn the_stream_holds_exactly_changes_max_len_entries() {
     assert_eq!(changes.last().expect("one").total, totals[1]);
 }
 
+/// Part `part` of a hundred tips `<prefix><i>` to the members `m000` to `m099`, 25 a part,
+/// tip `i` of `amount(i)`, all at `now`.
+fn part_of_100(prefix: &str, part: i64, now: i64, amount: impl Fn(i64) -> i64) -> Vec<ApplyEvent> {
+    (25 * part..25 * part + 25)
+        .map(|i| ev(&format!("{prefix}{i}"), now, &format!("m{i:03}"), amount(i)))
+        .collect()
+}
+
 /// A top of 100, and 25 members from its bottom jumping to its head in one call: 25 × 75
 /// `passed` entries in that call, exact and replayable.
 #[tokio::test]
@@ -365,9 +373,7 @@ async fn a_top_of_100_records_every_pass_of_a_call() {
     let now = now0();
     let mut r = Reader::new(&store, &b, None);
     for part in 0..4 {
-        let events: Vec<ApplyEvent> = (25 * part..25 * part + 25)
-            .map(|i| ev(&format!("a{i}"), now, &format!("m{i:03}"), 1_000 + i))
-            .collect();
+        let events = part_of_100("a", part, now, |i| 1_000 + i);
         apply_events(&store, &b, &events, now).await;
         assert_eq!(r.step("tip", now).await.len(), 25);
     }
@@ -445,17 +451,13 @@ async fn a_swap_that_reverses_a_top_of_100_records_every_pass() {
     let now = now0();
     let mut r = Reader::new(&store, &b, None);
     for part in 0..4 {
-        let events: Vec<ApplyEvent> = (25 * part..25 * part + 25)
-            .map(|i| ev(&format!("a{i}"), now, &format!("m{i:03}"), 1_000 + i))
-            .collect();
+        let events = part_of_100("a", part, now, |i| 1_000 + i);
         apply_events(&store, &b, &events, now).await;
     }
     roll_board(&store, &b, now).await;
     assert_eq!(r.step("roll", now).await.len(), 100);
     for part in 0..4 {
-        let events: Vec<ApplyEvent> = (25 * part..25 * part + 25)
-            .map(|i| ev(&format!("b{i}"), now, &format!("m{i:03}"), 200 - 2 * i))
-            .collect();
+        let events = part_of_100("b", part, now, |i| 200 - 2 * i);
         apply_events(&store, &b, &events, now).await;
     }
     redis.cli(&["CONFIG", "SET", "slowlog-log-slower-than", "0"]);

@@ -17,8 +17,9 @@ use crate::support::boards::{entry, ev, ingest_settings, redis_now, roll_all};
 use crate::support::cli::run_rollboard;
 use crate::support::config::write_config;
 use crate::support::daemon::Daemon;
+use crate::support::events::letters;
 use crate::support::http::post_to;
-use crate::support::keys::{base, dead_letter_stream, instance, intake_stream, prefix, schema};
+use crate::support::keys::{base, instance, intake_stream, prefix, schema};
 use crate::support::proptests::run_cases_on_a_cluster;
 use crate::support::redis::{free_port, RedisServer};
 
@@ -158,13 +159,8 @@ fn batches() -> impl Strategy<Value = Vec<Batch>> {
 
 /// Dead letters of `rb:events:dead` with `reason`: their `id` fields.
 async fn dead_ids(store: &Store, reason: &str) -> Vec<String> {
-    use fred::prelude::*;
-    let entries: Vec<(String, HashMap<String, String>)> = store
-        .client()
-        .xrange(dead_letter_stream(), "-", "+", None)
+    letters(store)
         .await
-        .expect("xrange");
-    entries
         .into_iter()
         .filter(|(_, f)| f.get("reason").map(String::as_str) == Some(reason))
         .map(|(_, f)| f.get("id").cloned().unwrap_or_default())

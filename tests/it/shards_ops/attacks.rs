@@ -18,8 +18,9 @@ use crate::support::boards::{
 };
 use crate::support::config::write_config;
 use crate::support::daemon::Daemon;
+use crate::support::events::letters;
 use crate::support::http::{post, post_to};
-use crate::support::keys::{dead_letter_stream, instance, intake_stream, shard};
+use crate::support::keys::{instance, intake_stream, shard};
 use crate::support::redis::{free_port, RedisServer};
 use crate::support::wait::drained;
 
@@ -44,12 +45,8 @@ fn batch(members: &[String], tag: &str, now: i64) -> Vec<rollboard::ingest::stre
 
 /// The dead letters' (member, reason) pairs.
 async fn dead_letters(store: &Store) -> Vec<(String, String)> {
-    let letters: Vec<(String, std::collections::HashMap<String, String>)> = store
-        .client()
-        .xrange(dead_letter_stream(), "-", "+", None)
+    letters(store)
         .await
-        .expect("XRANGE");
-    letters
         .into_iter()
         .map(|(_, f)| (f["user"].clone(), f["reason"].clone()))
         .collect()

@@ -302,14 +302,7 @@ async fn drop_board_deletes_every_shard(
 #[tokio::test]
 async fn drop_board_deletes_every_shards_keys_on_one_server() {
     let (redis, store) = RedisServer::start_with_store("rb").await;
-    let keys = || -> BTreeSet<String> {
-        redis
-            .cli(&["--scan"])
-            .lines()
-            .filter(|l| !l.is_empty())
-            .map(str::to_string)
-            .collect()
-    };
+    let keys = || redis.scan_all();
     drop_board_deletes_every_shard(&store, &redis.url(), keys).await;
 }
 
@@ -317,19 +310,7 @@ async fn drop_board_deletes_every_shards_keys_on_one_server() {
 async fn drop_board_deletes_every_shards_keys_on_a_cluster() {
     let cluster = RedisCluster::start();
     let store = cluster.store().await;
-    let keys = || -> BTreeSet<String> {
-        cluster
-            .masters()
-            .into_iter()
-            .flat_map(|port| {
-                crate::support::cluster::cli(port, &["--scan"])
-                    .lines()
-                    .filter(|l| !l.is_empty())
-                    .map(str::to_string)
-                    .collect::<Vec<_>>()
-            })
-            .collect()
-    };
+    let keys = || cluster.scan_all();
     let holders: BTreeSet<u16> = (0..8)
         .map(|s| cluster.owner_of(&instance("tips", Some(&shard(s))).result()))
         .collect();

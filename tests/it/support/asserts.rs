@@ -208,3 +208,18 @@ pub async fn arounds(
     };
     (around(a).await, around(b).await)
 }
+
+/// The total of `member` in the instance `scope` of `view` at `now`.
+pub async fn total_in(
+    store: &Store,
+    view: &Board,
+    scope: Option<&str>,
+    member: &str,
+    now: i64,
+) -> Option<i64> {
+    store
+        .rank(view, scope, member, now)
+        .await
+        .expect("rank")
+        .total
+}

@@ -214,6 +214,20 @@ impl RedisCluster {
         panic!("no live node answers CLUSTER NODES")
     }
 
+    /// Every key on every master, as `redis-cli --scan` lists them.
+    pub fn scan_all(&self) -> std::collections::BTreeSet<String> {
+        self.masters()
+            .into_iter()
+            .flat_map(|port| {
+                cli(port, &["--scan"])
+                    .lines()
+                    .filter(|l| !l.is_empty())
+                    .map(str::to_string)
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
     /// The client ports of the masters serving slots.
     pub fn masters(&self) -> Vec<u16> {
         self.topology()

@@ -150,6 +150,15 @@ impl RedisServer {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
+    /// Every key of the server, as `redis-cli --scan` lists them.
+    pub fn scan_all(&self) -> std::collections::BTreeSet<String> {
+        self.cli(&["--scan"])
+            .lines()
+            .filter(|l| !l.is_empty())
+            .map(str::to_string)
+            .collect()
+    }
+
     /// The ZSet `key` as `redis-cli` prints `ZREVRANGE key 0 -1 WITHSCORES`: a ranking,
     /// best first, each member followed by its score.
     pub fn ranking(&self, key: &str) -> String {

@@ -6,9 +6,9 @@
 
 use fred::prelude::*;
 use rollboard::domain::board::{Board, Changes, Window};
-use rollboard::store::{Outcome, Store};
+use rollboard::store::Outcome;
 
-use crate::support::asserts::assert_verified;
+use crate::support::asserts::{assert_verified, total_in};
 use crate::support::boards::{
     apply_events, apply_events_in, board, ev, keys_matching, registered, roll_board, run_jobs,
     set_string, HOUR, T0,
@@ -31,21 +31,6 @@ fn scoped_feed(name: &str) -> Board {
         max_len: 100,
     });
     b
-}
-
-/// The total of `member` in the instance `scope` of `view` at `now`.
-async fn total_in(
-    store: &Store,
-    view: &Board,
-    scope: Option<&str>,
-    member: &str,
-    now: i64,
-) -> Option<i64> {
-    store
-        .rank(view, scope, member, now)
-        .await
-        .expect("rank")
-        .total
 }
 
 /// A scope whose narrower window fails to roll (its change stream is of the wrong type)

@@ -10,6 +10,7 @@ use fred::prelude::*;
 use rollboard::domain::board::{Board, Changes};
 use rollboard::store::{Outcome, Store};
 
+use crate::support::asserts::total_in;
 use crate::support::boards::{apply_events_in, ev, keys_matching, roll_board, HOUR};
 use crate::support::keys::{instance, instance_in, schema, under};
 use crate::support::redis::RedisServer;
@@ -53,11 +54,7 @@ async fn registered(store: &Store, scope: &str) -> bool {
 
 /// The total of `member` in the instance `scope` of `view` at `now`.
 async fn total(store: &Store, view: &Board, scope: &str, member: &str, now: i64) -> Option<i64> {
-    store
-        .rank(view, Some(scope), member, now)
-        .await
-        .expect("rank")
-        .total
+    total_in(store, view, Some(scope), member, now).await
 }
 
 #[tokio::test]
