@@ -126,11 +126,7 @@ async fn core_flows_on_a_cluster_equal_the_model() {
         ],
         &[],
     );
-    assert!(
-        out.status.success(),
-        "{}",
-        crate::support::cli::stderr(&out)
-    );
+    assert_success(&out, "top");
     let page: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("json");
     assert_eq!(page["count"].as_u64(), Some(expected.len() as u64));
     let (member, total, _) = &expected[0];
@@ -139,11 +135,7 @@ async fn core_flows_on_a_cluster_equal_the_model() {
         &["rank", "fans_7d", member, "--scope", "r3", "--json"],
         &[],
     );
-    assert!(
-        out.status.success(),
-        "{}",
-        crate::support::cli::stderr(&out)
-    );
+    assert_success(&out, "rank");
     let rank: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("json");
     assert_eq!(rank["rank"], 1, "{rank}");
     assert_eq!(rank["total"].to_string(), total.to_string(), "{rank}");

@@ -87,8 +87,13 @@ async fn shrinks_to(store: &Store, key: &str, most: i64) -> bool {
 /// Waits until every entry of the intake stream is trimmed away, which `daemon` does once
 /// every group has acked them.
 async fn assert_trimmed_away(store: &Store, daemon: &Daemon) {
-    let gone = shrinks_to(store, intake_stream(), 0).await;
-    assert!(gone, "log:\n{}", daemon.logs());
+    assert_trimmed_to(store, daemon, 0).await;
+}
+
+/// Waits until `daemon` has trimmed the intake stream to at most `most` entries.
+async fn assert_trimmed_to(store: &Store, daemon: &Daemon, most: i64) {
+    let trimmed = shrinks_to(store, intake_stream(), most).await;
+    assert!(trimmed, "never trimmed to {most}; log:\n{}", daemon.logs());
 }
 
 /// Appends `events` one by one (in order) and returns their entry IDs.
@@ -173,11 +178,7 @@ async fn entries_pending_in_the_group_are_kept_until_another_consumer_applies_th
     .await;
     assert!(rest_taken, "a never took the rest; log:\n{}", a.logs());
     // The acked history goes; the pending 150 and everything after them stay.
-    assert!(
-        shrinks_to(&store, intake_stream(), 1500 + NODE).await,
-        "never trimmed; log:\n{}",
-        a.logs()
-    );
+    assert_trimmed_to(&store, &a, 1500 + NODE).await;
     assert_kept(&store, &ids[500..]).await;
     assert!(a.terminate().await.success());
 
@@ -268,21 +269,13 @@ async fn entries_another_group_has_not_read_or_acked_are_kept() {
     let mut ack = vec!["XACK", intake_stream(), "other"];
     ack.extend(ids[..500].iter().map(String::as_str));
     redis.cli(&ack);
-    assert!(
-        shrinks_to(&store, intake_stream(), 1500 + NODE).await,
-        "never trimmed; log:\n{}",
-        daemon.logs()
-    );
+    assert_trimmed_to(&store, &daemon, 1500 + NODE).await;
     assert_kept(&store, &ids[500..]).await;
     // It acks everything it read: its 1000 unread entries are still kept.
     let mut ack = vec!["XACK", intake_stream(), "other"];
     ack.extend(ids[500..1000].iter().map(String::as_str));
     redis.cli(&ack);
-    assert!(
-        shrinks_to(&store, intake_stream(), 1000 + NODE).await,
-        "log:\n{}",
-        daemon.logs()
-    );
+    assert_trimmed_to(&store, &daemon, 1000 + NODE).await;
     assert_kept(&store, &ids[1000..]).await;
     // Once it has read and acked the rest, nothing is left.
     other("1000");
