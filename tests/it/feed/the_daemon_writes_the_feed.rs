@@ -56,6 +56,14 @@ async fn replayed_and_ranked(
     (top, ranked, changes.len())
 }
 
+/// The instances of `b` the tips of [`tip`] go to: the unscoped one, or rooms r0 to r6.
+fn tipped_scopes(b: &Board) -> Vec<Option<String>> {
+    match b.scope {
+        None => vec![None],
+        Some(_) => (0..7).map(|r| Some(format!("r{r}"))).collect(),
+    }
+}
+
 #[tokio::test]
 async fn the_daemon_writes_each_instances_feed_once() {
     let (redis, dir, port, config) =
@@ -70,11 +78,7 @@ async fn the_daemon_writes_each_instances_feed_once() {
     assert!(drained(&store).await, "the events were not applied");
     let mut written = Vec::new();
     for b in &boards {
-        let scopes: Vec<Option<String>> = match b.scope {
-            None => vec![None],
-            Some(_) => (0..7).map(|r| Some(format!("r{r}"))).collect(),
-        };
-        for scope in &scopes {
+        for scope in &tipped_scopes(b) {
             let (top, ranked, n) = replayed_and_ranked(&store, b, scope.as_deref(), now).await;
             assert_eq!(top, ranked, "{} {scope:?}", b.name);
             assert!(!top.is_empty());
@@ -86,11 +90,7 @@ async fn the_daemon_writes_each_instances_feed_once() {
     assert!(drained(&store).await, "the events were not applied");
     let mut again = Vec::new();
     for b in &boards {
-        let scopes: Vec<Option<String>> = match b.scope {
-            None => vec![None],
-            Some(_) => (0..7).map(|r| Some(format!("r{r}"))).collect(),
-        };
-        for scope in &scopes {
+        for scope in &tipped_scopes(b) {
             again.push(
                 replayed_and_ranked(&store, b, scope.as_deref(), now)
                     .await

@@ -6,12 +6,12 @@ use fred::prelude::*;
 use rollboard::roll;
 use rollboard::store::{ApplyEvent, Outcome};
 
-use crate::support::asserts::{assert_verified, verify_differences};
+use crate::support::asserts::{assert_no_scratch, assert_verified, verify_differences};
 use crate::support::boards::{
     apply_events, board, ev, resummarize, resummarize_at_t0, roll_all, roll_board, scoped, DAY,
     HOUR, T0,
 };
-use crate::support::keys::{instance, under};
+use crate::support::keys::instance;
 use crate::support::model::{assert_matches, Instance};
 use crate::support::redis::RedisServer;
 
@@ -74,12 +74,7 @@ async fn resummarize_tracks_new_events_only_at_its_runs() {
     let r = store.rank(&b, None, "a", T0).await.unwrap();
     assert_eq!((r.total, r.last_ts), (Some(10), Some(T0 + 1)));
     // No scratch key is left behind.
-    assert_eq!(
-        redis
-            .cli(&["KEYS", &under(&instance("res", None), "tmp:*")])
-            .trim(),
-        ""
-    );
+    assert_no_scratch(&redis, "res");
 }
 
 /// Calls of one command since the server started (`INFO commandstats`).

@@ -6,11 +6,12 @@ use rollboard::domain::board::TieBreak;
 use rollboard::roll;
 use rollboard::store::{ApplyEvent, Outcome, SwapCheck};
 
+use crate::support::asserts::assert_no_scratch;
 use crate::support::boards::{
     apply_events, apply_model, apply_scoped_model, ev, resummarize, resummarize_at_t0,
     roll_and_match, roll_board, row, scoped, DAY, HOUR, RANKING, T0,
 };
-use crate::support::keys::{instance, schema, under};
+use crate::support::keys::{instance, schema};
 use crate::support::model::{assert_matches, Instance};
 use crate::support::redis::RedisServer;
 
@@ -292,12 +293,7 @@ async fn a_sum_record_that_is_not_a_number_is_summed_over() {
         assert_eq!(record.summed_ms, Some(d0 + 1));
         assert_eq!(roll_board(&store, &b, d0 + 2).await.resummed, 0);
     }
-    assert_eq!(
-        redis
-            .cli(&["KEYS", &under(&instance("odd", None), "tmp:*")])
-            .trim(),
-        ""
-    );
+    assert_no_scratch(&redis, "odd");
 }
 
 /// docs/operations.md "A watermark that is wrong": a forced roll far ahead records its sum above the
@@ -390,12 +386,7 @@ async fn two_replicas_racing_with_ingest_end_equal_to_the_model() {
     assert_eq!(record.summed_gen.as_deref(), Some(record.gen.as_str()));
     assert_eq!(roll_board(&two, &b, end + 2).await.resummed, 0);
     assert_matches(&two, &b, None, &model, end + 2).await;
-    assert_eq!(
-        redis
-            .cli(&["KEYS", &under(&instance("race", None), "tmp:*")])
-            .trim(),
-        ""
-    );
+    assert_no_scratch(&redis, "race");
 }
 
 /// Rolls at a time before the clock (`roll --at` in the past): the watermark does not go

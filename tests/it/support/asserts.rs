@@ -11,6 +11,8 @@ use rollboard::store::Store;
 use crate::support::boards::{now_ms, test_boards};
 use crate::support::daemon::Daemon;
 use crate::support::events::{models, Fields};
+use crate::support::keys::{instance, under};
+use crate::support::redis::RedisServer;
 use crate::support::wait::{drained, wait_for};
 
 /// Waits until the group has taken everything, then checks every instance against the
@@ -222,4 +224,10 @@ pub async fn total_in(
         .await
         .expect("rank")
         .total
+}
+
+/// Asserts that no scratch key (`tmp:…`) of `board`'s unscoped instance is left on `redis`.
+pub fn assert_no_scratch(redis: &RedisServer, board: &str) {
+    let left = redis.cli(&["KEYS", &under(&instance(board, None), "tmp:*")]);
+    assert_eq!(left.trim(), "", "scratch keys of {board} left behind");
 }
