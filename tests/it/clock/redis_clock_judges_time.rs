@@ -18,7 +18,7 @@ use crate::support::daemon::Daemon;
 use crate::support::env::faketime_library;
 use crate::support::events::{xadd_all, Fields};
 use crate::support::keys::{intake_stream, schema};
-use crate::support::proptests::runtime;
+use crate::support::proptests::runtime_with_store;
 use crate::support::redis::{free_port, RedisServer};
 use crate::support::wait::{drained, wait_for};
 
@@ -345,8 +345,7 @@ const EVENTS: usize = 40;
 #[test]
 fn replicas_with_clocks_skewed_at_random_count_every_event_once() {
     use fred::prelude::*;
-    let rt = runtime();
-    let (_redis, store) = rt.block_on(RedisServer::start_with_store("rb"));
+    let (rt, _redis, store) = runtime_with_store();
     let mut runner = proptest::test_runner::TestRunner::new(proptest::test_runner::Config {
         cases: 16,
         ..proptest::test_runner::Config::default()

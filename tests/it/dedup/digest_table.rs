@@ -15,7 +15,7 @@ use crate::support::boards::{
     apply_events, apply_events_in, board, ev, remembers, scoped, seen_logs, seen_table, snapshot,
 };
 use crate::support::model::{assert_matches, Instance};
-use crate::support::proptests::{proptest_runner, runtime, Lcg};
+use crate::support::proptests::{proptest_runner, runtime, runtime_with_store, Lcg};
 use crate::support::redis::RedisServer;
 
 const SLICE: i64 = 1_000;
@@ -64,8 +64,7 @@ fn expected_entries(b: &Board, applied: &[(String, i64)], now: i64) -> Vec<([u8;
 
 #[test]
 fn the_digest_table_splits_through_thousands_of_ids_and_keeps_its_invariants() {
-    let rt = runtime();
-    let (_redis, store) = rt.block_on(RedisServer::start_with_store("rb"));
+    let (rt, _redis, store) = runtime_with_store();
     let mut runner = proptest_runner(6);
     runner
         .run(
@@ -125,8 +124,7 @@ fn the_digest_table_splits_through_thousands_of_ids_and_keeps_its_invariants() {
 
 #[test]
 fn a_batch_split_into_calls_and_replayed_after_a_crash_counts_every_event_once() {
-    let rt = runtime();
-    let (_redis, store) = rt.block_on(RedisServer::start_with_store("rb"));
+    let (rt, _redis, store) = runtime_with_store();
     let mut runner = proptest_runner(24);
     runner
         .run(

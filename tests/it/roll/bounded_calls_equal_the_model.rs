@@ -16,7 +16,7 @@ use crate::support::boards::{
 };
 use crate::support::keys::{instance, under};
 use crate::support::model::{assert_matches, assert_rolled_and_verified, Instance};
-use crate::support::proptests::{proptest_runner, run_cases, runtime};
+use crate::support::proptests::{proptest_runner, run_cases, runtime_with_store};
 use crate::support::redis::RedisServer;
 
 const T0: i64 = 1_763_700_000_000 / HOUR * HOUR;
@@ -313,8 +313,7 @@ async fn run_swap_case(redis: &RedisServer, store: &Store, case: &SwapCase) {
 
 #[test]
 fn resummarize_cut_at_random_points_with_ingest_between_calls_equals_the_model() {
-    let rt = runtime();
-    let (redis, store) = rt.block_on(RedisServer::start_with_store("rb"));
+    let (rt, redis, store) = runtime_with_store();
     let mut runner = proptest_runner(48);
     runner
         .run(&swap_cases(), |case| {

@@ -17,6 +17,14 @@ pub fn runtime() -> tokio::runtime::Runtime {
         .expect("runtime")
 }
 
+/// A [`runtime`] and a fresh redis-server with a store on it (key prefix `rb`), started
+/// on that runtime.
+pub fn runtime_with_store() -> (tokio::runtime::Runtime, RedisServer, Store) {
+    let rt = runtime();
+    let (redis, store) = rt.block_on(RedisServer::start_with_store("rb"));
+    (rt, redis, store)
+}
+
 /// A proptest runner trying `cases` cases (the rest of the configuration is the default).
 pub fn proptest_runner(cases: u32) -> TestRunner {
     TestRunner::new(Config {
