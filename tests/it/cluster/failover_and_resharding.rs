@@ -432,9 +432,7 @@ async fn masters_killed_under_load_lose_nothing_acked() {
 /// acked, and the boards equal the model: nothing lost, nothing counted twice.
 #[tokio::test]
 async fn without_enough_replicas_nothing_is_acked_or_confirmed() {
-    let primary = RedisServer::start();
-    let store = primary.store("rb").await;
-    let dir = tempfile::tempdir().expect("temp dir");
+    let (primary, store, dir) = RedisServer::start_with_store_and_dir("rb").await;
     let port = free_port();
     let config = write_config(dir.path(), &primary, port, "a", "");
     edit_config(

@@ -129,24 +129,12 @@ async fn a_stream_of_a_scoped_board_reads_its_instance_and_mistakes_are_refused(
     )
     .await;
     let mut r2 = Sse::open(&daemon, "/v1/boards/fans_7d/changes?scope=r2", None).await;
-    let id = entered(
-        &store,
-        &schema().changes("fans_7d", Some("r1"), None),
-        "u1",
-        1,
-        5,
-    )
-    .await;
+    let feed = schema().changes("fans_7d", Some("r1"), None);
+    let id = entered(&store, &feed, "u1", 1, 5).await;
     let event = r1.next_event(WAIT).await.expect("r1's event");
     assert_eq!(event.id, Some(id));
-    let other = entered(
-        &store,
-        &schema().changes("fans_7d", Some("r2"), None),
-        "u2",
-        1,
-        5,
-    )
-    .await;
+    let feed = schema().changes("fans_7d", Some("r2"), None);
+    let other = entered(&store, &feed, "u2", 1, 5).await;
     let event = r2.next_event(WAIT).await.expect("r2's event");
     assert_eq!(event.id, Some(other), "r2 sees only its own instance");
 
@@ -216,14 +204,8 @@ async fn subscribers_of_one_feed_share_one_reader_and_the_metrics_follow_them() 
         daemon.metric_becomes(feeds, &[], 1.0, WAIT).await,
         "the reader stopped"
     );
-    let id = entered(
-        &store,
-        &schema().changes("fans_7d", Some("r1"), None),
-        "u1",
-        1,
-        5,
-    )
-    .await;
+    let feed = schema().changes("fans_7d", Some("r1"), None);
+    let id = entered(&store, &feed, "u1", 1, 5).await;
     assert_eq!(scoped.next_event(WAIT).await.and_then(|e| e.id), Some(id));
     drop(scoped);
     assert!(daemon.metric_becomes(feeds, &[], 0.0, WAIT).await);

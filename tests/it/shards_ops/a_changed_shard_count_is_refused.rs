@@ -71,9 +71,7 @@ fn assert_refused_naming_shards(
 /// Each change of `from` to the others: the daemon stops before it listens, each command
 /// refuses; the same count again starts.
 async fn refused_for_each_change(from: &str, stored: &str, changes: &[(&str, &str)]) {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
-    let dir = tempfile::tempdir().expect("dir");
+    let (redis, store, dir) = RedisServer::start_with_store_and_dir("rb").await;
     let port = free_port();
     let path = config(dir.path(), &redis, port, from);
     start_with_data(&path, &store).await;
@@ -156,9 +154,7 @@ async fn without_the_settings_record_the_instances_fingerprints_refuse_the_chang
             &under(&instance("tips", None), "meta)"),
         ),
     ] {
-        let redis = RedisServer::start();
-        let store = redis.store("rb").await;
-        let dir = tempfile::tempdir().expect("dir");
+        let (redis, store, dir) = RedisServer::start_with_store_and_dir("rb").await;
         let port = free_port();
         let path = config(dir.path(), &redis, port, built);
         start_with_data(&path, &store).await;

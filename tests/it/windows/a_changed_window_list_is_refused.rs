@@ -61,9 +61,7 @@ fn assert_refused_naming_windows(out: &std::process::Output, stored: &str) {
 
 #[tokio::test]
 async fn a_window_added_removed_or_resized_is_refused_at_start() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
-    let dir = tempfile::tempdir().expect("dir");
+    let (redis, store, dir) = RedisServer::start_with_store_and_dir("rb").await;
     let port = free_port();
     let path = config(dir.path(), &redis, port, "windows = [\"2h\", \"6h\"]");
     start_with_data(&path, &store).await;
