@@ -15,7 +15,7 @@ use rollboard::ingest::stream::Entry;
 use rollboard::metrics::Metrics;
 use rollboard::store::Store;
 
-use crate::support::asserts::arounds;
+use crate::support::asserts::side_by_side;
 use crate::support::boards::{board, entry, ev, ingest_settings, roll_all, scoped, Consumer};
 use crate::support::env::env_count;
 use crate::support::keys::intake_stream;
@@ -184,7 +184,8 @@ async fn same_answers(store: &Store, one: &Board, sharded: &Board, now: i64) {
     rooms.push("nobody".into());
     for room in &rooms {
         for radius in 0..=2 {
-            let (a, b) = arounds(store, (one, sharded), room, radius, now).await;
+            let (a, b) =
+                side_by_side((one, sharded), |b| store.around(b, None, room, radius, now)).await;
             let (a, b) = match (a, b) {
                 (Ok(a), Ok(b)) => (unnamed(a), unnamed(b)),
                 (Err(a), Err(b)) => (unnamed(a), unnamed(b)),
@@ -194,11 +195,7 @@ async fn same_answers(store: &Store, one: &Board, sharded: &Board, now: i64) {
         }
     }
     let asked: Vec<&str> = rooms.iter().map(String::as_str).collect();
-    let a = store.ranks(one, None, &asked, now).await.expect("ranks");
-    let b = store
-        .ranks(sharded, None, &asked, now)
-        .await
-        .expect("ranks");
+    let (a, b) = side_by_side((one, sharded), |b| store.ranks(b, None, &asked, now)).await;
     assert_eq!(unnamed(a), unnamed(b), "ranks");
 }
 

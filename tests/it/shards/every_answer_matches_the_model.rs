@@ -22,7 +22,7 @@ use rollboard::domain::ranking::{MemberRank, MemberWindows, Page, Subset, Subset
 use rollboard::store::{ApplyEvent, Outcome, Store};
 
 use super::{sharded, Ranked, Windows, SLICE};
-use crate::support::asserts::{assert_verified, tops};
+use crate::support::asserts::{assert_verified, side_by_side};
 use crate::support::boards::{entry, ev, ingest_settings, roll_all, Consumer, HOUR, T0};
 use crate::support::cluster::{cli, owner};
 use crate::support::env::env_count;
@@ -479,7 +479,8 @@ impl<'a> Run<'a> {
                 pages.extend((1..=4).map(|limit| (offset, limit)));
             }
             let tops = join_all(pages.iter().map(|&(offset, limit)| async move {
-                let (got, want) = tops(store, (view, twin), offset, limit, now).await;
+                let (got, want) =
+                    side_by_side((view, twin), |b| store.top(b, None, offset, limit, now)).await;
                 (got, want)
             }))
             .await;

@@ -9,7 +9,7 @@ use rollboard::domain::board::{Board, TieBreak};
 use rollboard::store::{ApplyEvent, Store};
 
 use super::{apply_sharded, comparable, members_by_shard, now0, sharded, two_windows};
-use crate::support::asserts::{arounds, tops};
+use crate::support::asserts::side_by_side;
 use crate::support::boards::{apply_events, board, ev, roll_board, HOUR};
 use crate::support::redis::RedisServer;
 
@@ -86,7 +86,8 @@ async fn assert_same_answers(
     let count = store.top(plain, None, 0, 1, now).await.expect("top").count;
     for &limit in sweep.limits {
         for offset in 0..count + 3 {
-            let (a, b) = tops(store, (plain, shard), offset, limit, now).await;
+            let (a, b) =
+                side_by_side((plain, shard), |b| store.top(b, None, offset, limit, now)).await;
             assert_eq!(
                 comparable(&b),
                 comparable(&a),
@@ -104,7 +105,8 @@ async fn assert_same_answers(
         let b = store.rank(shard, None, m, now).await.expect("rank");
         assert_eq!(comparable(&b), comparable(&a), "rank {m}");
         for &radius in sweep.radii {
-            let (a, b) = arounds(store, (plain, shard), m, radius, now).await;
+            let (a, b) =
+                side_by_side((plain, shard), |b| store.around(b, None, m, radius, now)).await;
             if sweep.all_ranked && members.iter().any(|held| held == m) {
                 assert!(a.is_ok() && b.is_ok(), "around {m} {radius}: ranked");
             }

@@ -4,7 +4,6 @@
 use std::time::Duration;
 
 use rollboard::domain::board::{Board, Mode};
-use rollboard::domain::ranking::{MemberRank, Page};
 use rollboard::roll;
 use rollboard::store::Store;
 
@@ -179,36 +178,18 @@ pub async fn ranked(
         .collect()
 }
 
-/// The pages `top` answers at `offset` and `limit` on the unscoped instances of two boards,
-/// `a`'s and `b`'s: a board beside its twin.
-pub async fn tops(
-    store: &Store,
-    (a, b): (&Board, &Board),
-    offset: u64,
-    limit: u64,
-    now: i64,
-) -> (Page, Page) {
-    let top = |board| async move {
-        let page = store.top(board, None, offset, limit, now).await;
-        page.expect("top")
-    };
-    (top(a).await, top(b).await)
-}
-
-/// What `around` answers for `member` within `radius` on the unscoped instances of two
-/// boards, `a`'s and `b`'s: a board beside its twin.
-pub async fn arounds(
-    store: &Store,
-    (a, b): (&Board, &Board),
-    member: &str,
-    radius: u64,
-    now: i64,
-) -> (Result<Page, MemberRank>, Result<Page, MemberRank>) {
-    let around = |board| async move {
-        let answer = store.around(board, None, member, radius, now).await;
-        answer.expect("around")
-    };
-    (around(a).await, around(b).await)
+/// The answers of `query` on each of two boards, `a` and `b`: a board beside its twin
+/// (`query` one of the store's reads, e.g. `|b| store.top(b, None, 0, 10, now)`).
+pub async fn side_by_side<'a, T, Fut>(
+    (a, b): (&'a Board, &'a Board),
+    query: impl Fn(&'a Board) -> Fut,
+) -> (T, T)
+where
+    Fut: std::future::Future<Output = Result<T, rollboard::store::StoreError>>,
+{
+    let first = query(a).await.expect("the first board's answer");
+    let second = query(b).await.expect("the second board's answer");
+    (first, second)
 }
 
 /// The total of `member` in the instance `scope` of `view` at `now`.
