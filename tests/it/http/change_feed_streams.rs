@@ -12,7 +12,7 @@ use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::support::boards::redis_now;
-use crate::support::config::{config_for_url, write_config, write_file};
+use crate::support::config::{append_config, config_for_url, write_config, write_file};
 use crate::support::daemon::{addr, assert_exited_within, Daemon};
 use crate::support::http::{answer_parts, json, post_tip};
 use crate::support::keys::schema;
@@ -395,11 +395,10 @@ async fn a_period_boards_stream_follows_its_current_period() {
     let dir = tempfile::tempdir().expect("dir");
     let port = free_port();
     let config = write_config(dir.path(), &redis, port, "period", "");
-    let mut text = std::fs::read_to_string(&config).expect("read config");
-    text.push_str(
+    append_config(
+        &config,
         "\n[[boards]]\nname = \"tips_day\"\nmember = \"user\"\nperiod = \"day\"\nchanges_top = 5\n",
     );
-    std::fs::write(&config, text).expect("write config");
     let store = redis.store("rb").await;
     let daemon = Daemon::start(&config, port).await;
 

@@ -14,7 +14,7 @@ use tempfile::TempDir;
 
 use crate::support::boards::{redis_now, DAY, HOUR};
 use crate::support::cli::{assert_success, run_rollboard, stderr, stdout};
-use crate::support::config::write_config;
+use crate::support::config::{append_config, write_config};
 use crate::support::daemon::Daemon;
 use crate::support::http::{answer_parts, get, json, post, post_tip, post_to};
 use crate::support::keys::schema;
@@ -63,9 +63,7 @@ async fn duo() -> Duo {
     let dir = tempfile::tempdir().expect("dir");
     let port = free_port();
     let config = write_config(dir.path(), &redis, port, "duo", "");
-    let mut text = std::fs::read_to_string(&config).expect("read config");
-    text.push_str(DUO_BOARDS);
-    std::fs::write(&config, text).expect("write config");
+    append_config(&config, DUO_BOARDS);
     let store = redis.store("rb").await;
     let daemon = Daemon::start(&config, port).await;
     let now = redis_now(&store).await;

@@ -137,6 +137,13 @@ pub fn edit_config(path: &Path, from: &str, to: &str) {
     std::fs::write(path, text.replacen(from, to, 1)).expect("write config");
 }
 
+/// Appends `text` (e.g. a `[[boards]]` table) to the configuration at `path`.
+pub fn append_config(path: &Path, text: &str) {
+    let mut config = std::fs::read_to_string(path).expect("read config");
+    config.push_str(text);
+    std::fs::write(path, config).expect("write config");
+}
+
 /// A plain board `solo` (a 6h window of hourly slices), for a configuration that wants one
 /// beside the boards a test is about.
 pub const SOLO_BOARD: &str =
