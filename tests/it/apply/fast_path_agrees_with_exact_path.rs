@@ -84,6 +84,21 @@ fn batches() -> impl Strategy<Value = (usize, Vec<Batch>)> {
     })
 }
 
+/// Applies each of `batches` to `board` (the fast path first) and with `apply.lua` alone
+/// to `exact`, its twin; panics at the first event whose outcomes differ.
+async fn apply_both_ways(store: &Store, board: &Board, exact: &Board, batches: &[Batch]) {
+    for (events, now) in batches {
+        let fast = apply_events(store, board, events, *now).await;
+        let slow = apply_exact(store, exact, events, *now).await;
+        if let Some(i) = (0..events.len()).find(|&i| fast[i] != slow[i]) {
+            panic!(
+                "{}: event {i} {:?} at {now}: fast path {:?}, apply.lua {:?}",
+                board.name, events[i], fast[i], slow[i]
+            );
+        }
+    }
+}
+
 #[test]
 fn the_fast_path_agrees_with_the_event_by_event_script() {
     run_cases_threaded(
@@ -93,16 +108,7 @@ fn the_fast_path_agrees_with_the_event_by_event_script() {
         async |store, (shape, batches)| {
             let board = shaped(shape);
             let exact = twin(&board);
-            for (events, now) in &batches {
-                let fast = apply_events(store, &board, events, *now).await;
-                let slow = apply_exact(store, &exact, events, *now).await;
-                if let Some(i) = (0..events.len()).find(|&i| fast[i] != slow[i]) {
-                    panic!(
-                        "{}: event {i} {:?} at {now}: fast path {:?}, apply.lua {:?}",
-                        board.name, events[i], fast[i], slow[i]
-                    );
-                }
-            }
+            apply_both_ways(store, &board, &exact, &batches).await;
             let (a, b) = (contents(store, &board).await, contents(store, &exact).await);
             for (part, values) in &a {
                 assert_eq!(Some(values), b.get(part), "{}: {part}", board.name);
@@ -183,16 +189,7 @@ fn the_fast_path_agrees_with_the_event_by_event_script_in_every_window() {
         async |store, (count, extras, (shape, batches))| {
             let board = windowed(shaped(shape), count, extras);
             let exact = twin(&board);
-            for (events, now) in &batches {
-                let fast = apply_events(store, &board, events, *now).await;
-                let slow = apply_exact(store, &exact, events, *now).await;
-                if let Some(i) = (0..events.len()).find(|&i| fast[i] != slow[i]) {
-                    panic!(
-                        "{}: event {i} {:?} at {now}: fast path {:?}, apply.lua {:?}",
-                        board.name, events[i], fast[i], slow[i]
-                    );
-                }
-            }
+            apply_both_ways(store, &board, &exact, &batches).await;
             let (a, b) = (
                 every_window(store, &board).await,
                 every_window(store, &exact).await,
