@@ -19,7 +19,7 @@ use rollboard::store::Store;
 use crate::support::boards::{board, dump, entry, ingest_settings, roll_all, set_string, Consumer};
 use crate::support::cli::{assert_contains, assert_deleted_all, rollboard, stderr, stdout};
 use crate::support::keys::{instance, instance_in, intake_stream, records_prefix, schema, under};
-use crate::support::redis::RedisServer;
+use crate::support::redis::{keyed, RedisServer};
 
 const SLICE: i64 = 60_000;
 const N: i64 = 10;
@@ -211,9 +211,9 @@ async fn dump_all(store: &Store) -> BTreeMap<String, Vec<u8>> {
     }
     let mut out = BTreeMap::new();
     for key in keys {
-        let kind: String = key_command(store, "TYPE", &key).await;
+        let kind: String = keyed(store, "TYPE", vec![&key]).await;
         if kind == "hash" {
-            let flat: Vec<Value> = key_command(store, "HGETALL", &key).await;
+            let flat: Vec<Value> = keyed(store, "HGETALL", vec![&key]).await;
             let bytes = |v: &Value| v.as_bytes().map(<[u8]>::to_vec).unwrap_or_default();
             let fields: BTreeMap<Vec<u8>, Vec<u8>> = flat
                 .chunks(2)
@@ -226,13 +226,6 @@ async fn dump_all(store: &Store) -> BTreeMap<String, Vec<u8>> {
         out.insert(key, bytes);
     }
     out
-}
-
-/// The reply to `name key`, sent to the node that holds `key` whatever its type.
-async fn key_command<R: FromValue>(store: &Store, name: &'static str, key: &str) -> R {
-    let command = CustomCommand::new_static(name, ClusterHash::FirstKey, false);
-    let reply = store.client().custom(command, vec![key.to_string()]).await;
-    reply.expect(name)
 }
 
 /// The top page and the verification of every instance of `boards`, in each window.

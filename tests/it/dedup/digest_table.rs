@@ -16,7 +16,7 @@ use crate::support::boards::{
 };
 use crate::support::model::{assert_matches, Instance};
 use crate::support::proptests::{proptest_runner, runtime, runtime_with_store, Lcg};
-use crate::support::redis::RedisServer;
+use crate::support::redis::{keyed, RedisServer};
 
 const SLICE: i64 = 1_000;
 const NOW: i64 = 1_000_000;
@@ -271,18 +271,7 @@ async fn an_instance_still_holding_the_old_seen_zset_counts_nothing_twice() {
     let mut doomed = seen_logs(&store, &b, None).await;
     doomed.push(k.seen_table());
     let _: i64 = store.client().del(doomed).await.unwrap();
-    let _: i64 = store
-        .client()
-        .custom(
-            fred::types::CustomCommand::new_static(
-                "ZADD",
-                fred::types::ClusterHash::FirstKey,
-                false,
-            ),
-            [vec![Value::from(k.seen())], zadd].concat(),
-        )
-        .await
-        .unwrap();
+    let _: i64 = keyed(&store, "ZADD", [vec![Value::from(k.seen())], zadd].concat()).await;
     let before = snapshot(&store, &b).await;
 
     // Redelivered after the upgrade, mixed with new events: the old ids are duplicates.

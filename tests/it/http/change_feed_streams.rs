@@ -16,7 +16,7 @@ use crate::support::config::{append_config, config_for_url, write_config, write_
 use crate::support::daemon::{addr, assert_exited_within, Daemon};
 use crate::support::http::{answer_parts, json, post_tip};
 use crate::support::keys::schema;
-use crate::support::redis::{free_port, RedisServer};
+use crate::support::redis::{free_port, keyed, RedisServer};
 use crate::support::sse::{entered, feed_boards, feed_daemon, open_stream, xadd_change, Sse};
 use crate::support::wait::wait_for;
 
@@ -88,18 +88,7 @@ async fn a_resume_past_what_the_feed_keeps_gets_a_reset_and_goes_on_after_the_ne
         ids.push(entered(&store, &rooms_feed(), &format!("u{i}"), 1, i).await);
     }
     // Trimmed to the newest 3, as `changes_max_len` does.
-    let trimmed: i64 = store
-        .client()
-        .custom(
-            fred::types::CustomCommand::new_static(
-                "XTRIM",
-                fred::types::ClusterHash::FirstKey,
-                false,
-            ),
-            vec![&rooms_feed(), "MAXLEN", "3"],
-        )
-        .await
-        .expect("xtrim");
+    let trimmed: i64 = keyed(&store, "XTRIM", vec![&rooms_feed(), "MAXLEN", "3"]).await;
     assert_eq!(trimmed, 7);
 
     // ids[7] is still kept: an exact resume.

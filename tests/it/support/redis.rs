@@ -262,3 +262,16 @@ impl RedisServer {
         (redis, store, tempfile::tempdir().expect("temp dir"))
     }
 }
+
+/// The reply to the command `name` with `args`, the key first, sent to the node that holds
+/// that key: any command, whatever the key's type, unchecked by the client.
+pub async fn keyed<R, T>(store: &Store, name: &'static str, args: Vec<T>) -> R
+where
+    R: FromValue,
+    T: TryInto<Value> + Send,
+    T::Error: Into<Error> + Send,
+{
+    use fred::types::{ClusterHash, CustomCommand};
+    let command = CustomCommand::new_static(name, ClusterHash::FirstKey, false);
+    store.client().custom(command, args).await.expect(name)
+}
