@@ -164,9 +164,8 @@ async fn a_board_whose_apply_keeps_failing_is_reported_and_holds_no_other_board(
 
 #[tokio::test]
 async fn connections_cut_after_scripts_and_acks_reach_redis_lose_nothing_and_double_nothing() {
-    let redis = RedisServer::start();
+    let (redis, store) = RedisServer::start_with_store("rb").await;
     let proxy = crate::support::proxy::Proxy::start(redis.port).await;
-    let store = redis.store("rb").await;
     let (_dir, port, config) = config_for_url(&proxy.url(), "a", "");
     let now = now_ms();
     let events: Vec<Fields> = (0..4000).map(|i| tip_or_payment(i, now, 3)).collect();

@@ -338,9 +338,8 @@ async fn sigterm_ends_every_stream_and_the_daemon_exits_promptly() {
 
 #[tokio::test]
 async fn a_stream_rides_out_a_lost_redis_connection_and_loses_nothing() {
-    let redis = RedisServer::start();
+    let (redis, store) = RedisServer::start_with_store("rb").await;
     let proxy = crate::support::proxy::Proxy::start(redis.port).await;
-    let store = redis.store("rb").await;
     let (_dir, port, config) = config_for_url(&proxy.url(), "feed", "changes_heartbeat = \"1s\"\n");
     feed_boards(&config);
     let daemon = Daemon::start(&config, port).await;

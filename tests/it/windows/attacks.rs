@@ -33,6 +33,12 @@ fn scoped_feed(name: &str) -> Board {
     b
 }
 
+/// The 2h and 6h windows of a board of [`two_windows`].
+fn windows_of(b: &Board) -> (Board, Board) {
+    let view = |width| b.view(Some(width)).expect("a window of the board");
+    (view("2h"), view("6h"))
+}
+
 /// A scope whose narrower window fails to roll (its change stream is of the wrong type)
 /// while its widest window empties stays registered: the next roll, the fault gone,
 /// expires the narrower window too, which must not keep its old totals for ever.
@@ -86,7 +92,7 @@ async fn a_forced_roll_stopped_after_the_narrow_window_is_finished_by_the_next()
     use Outcome::*;
     let (_redis, store) = RedisServer::start_with_store("rb").await;
     let b = two_windows("tips");
-    let (narrow, wide) = (b.view(Some("2h")).unwrap(), b.view(Some("6h")).unwrap());
+    let (narrow, wide) = windows_of(&b);
     let now = now0();
     let out = apply_events(
         &store,
@@ -305,7 +311,7 @@ async fn a_short_dedup_window_never_counts_a_copy_twice_in_any_window() {
     let (_redis, store) = RedisServer::start_with_store("rb").await;
     let mut b = two_windows("short");
     b.dedup = rollboard::domain::board::Dedup::AfterSlice(HOUR);
-    let (narrow, wide) = (b.view(Some("2h")).unwrap(), b.view(Some("6h")).unwrap());
+    let (narrow, wide) = windows_of(&b);
     let now = now0();
     let events = [
         ev("kept", now - HOUR, "ann", 5),
@@ -341,7 +347,7 @@ async fn a_short_dedup_window_never_counts_a_copy_twice_in_any_window() {
 async fn a_narrow_key_of_the_wrong_type_fails_its_query_and_roll_only() {
     let (_redis, store) = RedisServer::start_with_store("rb").await;
     let b = two_windows("bad");
-    let (narrow, wide) = (b.view(Some("2h")).unwrap(), b.view(Some("6h")).unwrap());
+    let (narrow, wide) = windows_of(&b);
     let now = now0();
     apply_events(
         &store,
