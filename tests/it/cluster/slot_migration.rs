@@ -494,8 +494,6 @@ async fn a_roll_script_on_a_moving_slot_runs_once_where_the_key_is() {
     );
 }
 
-/// The stream the reader tests read.
-
 /// A fresh cluster, a store on it, its pool client, a dedicated stream reader, and the
 /// settings of one unpartitioned [`intake_stream`], created with its consumer group.
 async fn stream_rig() -> (RedisCluster, Store, Client, Client, IngestSettings) {

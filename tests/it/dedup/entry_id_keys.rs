@@ -56,7 +56,7 @@ async fn append_under_one_entry_id(
         drained_streams(store, &streams).await,
         "{streams:?} drained"
     );
-    let dead = stream_len(&store, dead_letter_stream()).await;
+    let dead = stream_len(store, dead_letter_stream()).await;
     assert_eq!(dead, 0, "nothing dead-lettered");
 }
 

@@ -352,7 +352,7 @@ async fn a_stream_rides_out_a_lost_redis_connection_and_loses_nothing() {
 
     // The feed reader's connection is cut right after each of its next three reads reaches
     // Redis (the key names only its reads): each time it reconnects and reads again.
-    proxy.cut_after(&rooms_feed().as_bytes(), 3);
+    proxy.cut_after(rooms_feed().as_bytes(), 3);
     let mut written = vec![entered(&store, &rooms_feed(), "r2", 1, 6).await];
     let cut = wait_for(WAIT, || async { proxy.cuts() >= 1 }).await;
     assert!(cut, "the reader's connection was not cut");

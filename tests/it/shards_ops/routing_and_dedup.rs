@@ -20,8 +20,6 @@ use crate::support::boards::{
 use crate::support::keys::{instance, intake_stream, prefix, under};
 use crate::support::redis::RedisServer;
 
-/// The stream every test batch is read from.
-
 /// One stream entry of `member` at `ts` with `amount` and the event id `id`.
 fn tip(n: usize, id: &str, ts: i64, member: &str, amount: i64) -> rollboard::ingest::stream::Entry {
     entry(
@@ -122,10 +120,10 @@ async fn every_event_of_a_member_lands_in_its_shard_and_queries_find_it_there() 
             .collect();
         want.sort();
         assert_eq!(members_in(&store, &b, Some(shard)).await, want, "{shard}");
-        let keys = keys_matching(&store, &under(&instance("tips", Some(&shard)), "*")).await;
+        let keys = keys_matching(&store, &under(&instance("tips", Some(shard)), "*")).await;
         assert!(
             keys.iter()
-                .any(|k| *k == instance("tips", Some(&shard)).result()),
+                .any(|k| *k == instance("tips", Some(shard)).result()),
             "{shard}: {keys:?}"
         );
         assert!(registered(&store, "tips", shard).await, "{shard}");

@@ -97,8 +97,8 @@ async fn a_scope_empty_in_every_window_is_cleaned_up_in_each_and_leaves_the_regi
     assert_eq!(
         instance_keys(&store, "r1").await,
         BTreeSet::from([
-            instance("tips", Some("r1")).meta().into(),
-            instance_in("tips", Some("r1"), "2h").meta().into()
+            instance("tips", Some("r1")).meta(),
+            instance_in("tips", Some("r1"), "2h").meta()
         ]),
         "only each window's meta stays"
     );
