@@ -1,5 +1,5 @@
 //! Integration tests against a real redis-server (started per test by
-//! [`support::RedisServer`]), one folder per behaviour; fixtures live in `support/`.
+//! [`support::redis::RedisServer`]), one folder per behaviour; fixtures live in `support/`.
 
 mod apply;
 mod cli;
@@ -12,6 +12,7 @@ mod faults;
 mod feed;
 mod http;
 mod ingest;
+mod key_layout;
 mod lifecycle;
 mod query;
 mod roll;

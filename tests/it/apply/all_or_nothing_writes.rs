@@ -10,8 +10,17 @@ use rollboard::domain::board::{Board, Mode, MAX_TOTAL};
 use rollboard::roll::{self};
 use rollboard::store::{ApplyEvent, Outcome, Store, APPLY_CHUNK};
 
+use crate::support::asserts::{
+    assert_metrics, assert_state, assert_verified, ranked, verify_differences,
+};
+use crate::support::boards::{apply_events, ev, roll_all, set_string, snapshot, test_boards};
+use crate::support::config::config_for;
+use crate::support::daemon::Daemon;
+use crate::support::events::{models_of_entries, stream_entries, xadd_all, Fields};
+use crate::support::keys::{dead_letter_stream, intake_stream};
 use crate::support::model::{assert_matches, assert_rolled_and_verified, Instance};
-use crate::support::*;
+use crate::support::redis::RedisServer;
+use crate::support::wait::{drained, wait_for};
 
 const SLICE: i64 = 1_000;
 /// Slices per window of the boards below: wide enough for events in many slices.
@@ -19,7 +28,7 @@ const N: i64 = 40;
 const NOW: i64 = 1_000_000;
 
 fn variants() -> Vec<Board> {
-    crate::support::variants(SLICE, N)
+    crate::support::boards::variants(SLICE, N)
 }
 
 async fn roll_at(store: &Store, board: &Board, now: i64, chunk: usize) {
@@ -282,7 +291,7 @@ type Entries = Vec<(String, HashMap<String, String>)>;
 async fn dead_letters(store: &Store) -> Entries {
     store
         .client()
-        .xrange("rb:events:dead", "-", "+", None)
+        .xrange(dead_letter_stream(), "-", "+", None)
         .await
         .expect("xrange")
 }
@@ -304,7 +313,7 @@ fn reappended(entry: &HashMap<String, String>) -> Fields {
 
 /// The stream's entries in order.
 async fn stream(store: &Store) -> Vec<(String, Fields)> {
-    stream_entries(store, "rb:events")
+    stream_entries(store, intake_stream())
         .await
         .into_iter()
         .map(|(id, f)| (id, f.into_iter().collect()))
@@ -351,13 +360,13 @@ async fn a_broken_scoped_instance_is_dead_lettered_and_its_replay_counts_once() 
     let now = rollboard::domain::clock::local_ms();
     // r1's instance holds data first (an empty instance is cleaned up by the next roll,
     // which would delete the broken key and repair it by accident).
-    xadd_all(store.client(), "rb:events", &tips(0, 10, now)).await;
+    xadd_all(store.client(), intake_stream(), &tips(0, 10, now)).await;
     assert!(drained(&store).await, "log:\n{}", daemon.logs());
     // Then fans_7d of room r1 gets a String where its `members` Hash belongs.
     let broken = store.instance(&boards[1].widest(), Some("r1")).members();
     break_with_string(&store, &broken, "oops").await;
     let first = tips(10, 50, now);
-    xadd_all(store.client(), "rb:events", &first).await;
+    xadd_all(store.client(), intake_stream(), &first).await;
     assert!(drained(&store).await, "log:\n{}", daemon.logs());
     let dead = dead_letters(&store).await;
     let r1: Vec<&Fields> = first.iter().filter(|f| f[0].1 == "r1").collect();
@@ -397,7 +406,7 @@ async fn a_broken_scoped_instance_is_dead_lettered_and_its_replay_counts_once() 
     let _: i64 = store.client().del(&broken).await.expect("del");
     restore_saved(&store, &broken).await;
     let replay: Vec<Fields> = dead.iter().map(|(_, d)| reappended(d)).collect();
-    xadd_all(store.client(), "rb:events", &replay).await;
+    xadd_all(store.client(), intake_stream(), &replay).await;
     assert!(drained(&store).await, "log:\n{}", daemon.logs());
     assert_eq!(
         dead_letters(&store).await.len(),
@@ -447,11 +456,11 @@ async fn a_board_whose_result_key_is_broken_dead_letters_its_events() {
             ])
         })
         .collect();
-    xadd_all(store.client(), "rb:events", &payments).await;
+    xadd_all(store.client(), intake_stream(), &payments).await;
     assert!(drained(&store).await, "log:\n{}", daemon.logs());
     let dead = dead_letters(&store).await;
     let reasons: Vec<&str> = dead.iter().map(|(_, d)| d["reason"].as_str()).collect();
-    let seen = crate::support::seen_table(&store, &tips_24h.widest(), None)
+    let seen = crate::support::boards::seen_table(&store, &tips_24h.widest(), None)
         .await
         .len();
     assert_eq!(
@@ -469,7 +478,7 @@ async fn a_board_whose_result_key_is_broken_dead_letters_its_events() {
     // Put the key right and replay the dead letters: each payment must count once.
     let _: i64 = store.client().del(&broken).await.expect("del");
     let replay: Vec<Fields> = dead.iter().map(|(_, d)| reappended(d)).collect();
-    xadd_all(store.client(), "rb:events", &replay).await;
+    xadd_all(store.client(), intake_stream(), &replay).await;
     assert!(drained(&store).await, "log:\n{}", daemon.logs());
     let d = verify_differences(&store, tips_24h, None).await;
     assert!(

@@ -12,8 +12,10 @@ use rollboard::roll::{self, Report};
 use rollboard::store::{fold_call, fold_chunks, ApplyEvent, Outcome, Reconnect, Store, StoreError};
 use tokio_util::sync::CancellationToken;
 
+use crate::support::boards::{apply_events, ev, snapshot};
+use crate::support::instances::{assert_same_contents, contents, shaped, twin};
 use crate::support::proxy::Proxy;
-use crate::support::*;
+use crate::support::redis::{fcall, fcall_calls, function_name, RedisServer};
 
 const SLICE: i64 = 1_000;
 const NOW: i64 = 1_000_000;
@@ -772,7 +774,7 @@ fn owner(client: &Client, key: &str) -> u16 {
 /// as the calls made in turn on another instance.
 #[tokio::test]
 async fn a_chain_across_a_cluster_failover_counts_each_event_once() {
-    use crate::support::{cli, RedisCluster};
+    use crate::support::cluster::{cli, RedisCluster};
     let cluster = RedisCluster::start();
     let store = cluster.store().await;
     let board = shaped(0);
@@ -791,7 +793,7 @@ async fn a_chain_across_a_cluster_failover_counts_each_event_once() {
         cli(replica, &["CLUSTER", "FAILOVER"])
     });
     assert_eq!(answer.trim(), "OK");
-    let healed = crate::support::wait_for(Duration::from_secs(30), || async {
+    let healed = crate::support::wait::wait_for(Duration::from_secs(30), || async {
         cluster.masters().contains(&replica) && cluster.healthy()
     })
     .await;

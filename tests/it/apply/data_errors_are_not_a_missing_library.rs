@@ -2,7 +2,8 @@
 //! again and resend the call; an error that merely mentions those words (in a member name
 //! from an event) is the error it is.
 
-use crate::support::*;
+use crate::support::boards::{apply_events, board, ev, now_ms};
+use crate::support::redis::{fcall_calls, RedisServer};
 
 /// How many `FUNCTION LOAD` commands the server has run (`INFO commandstats`).
 fn function_loads(redis: &RedisServer) -> u64 {

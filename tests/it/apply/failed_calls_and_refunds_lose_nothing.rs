@@ -7,14 +7,17 @@ use proptest::prelude::*;
 use rollboard::domain::board::{Board, Mode};
 use rollboard::store::{ApplyEvent, Outcome, Store};
 
+use crate::support::asserts::verify_differences;
+use crate::support::boards::{apply_events, ev, roll_once, snapshot};
 use crate::support::model::{assert_matches, Instance};
-use crate::support::*;
+use crate::support::proptests::{proptest_runner, runtime_with_store, Lcg};
+use crate::support::redis::RedisServer;
 
 const SLICE: i64 = 1_000;
 const NOW: i64 = 1_000_000;
 
 fn variants() -> Vec<Board> {
-    crate::support::variants(SLICE, 4)
+    crate::support::boards::variants(SLICE, 4)
 }
 
 /// A random batch: ids partly reused from earlier batches, members a..f, two live slices,
@@ -245,8 +248,7 @@ async fn refunds_roll_cleanly(store: &Store, board: &Board, plan: &[(u8, i64, i6
 
 #[test]
 fn refunds_that_cancel_their_tips_exactly_roll_without_a_failure() {
-    let rt = runtime();
-    let (_redis, store) = rt.block_on(RedisServer::start_with_store("rb"));
+    let (rt, _redis, store) = runtime_with_store();
     let boards: Vec<Board> = variants()
         .into_iter()
         .filter(|b| b.allow_negative)

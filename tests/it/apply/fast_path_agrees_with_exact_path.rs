@@ -11,7 +11,10 @@ use rollboard::domain::board::{Board, Changes, Mode, TieBreak, Window, MAX_TOTAL
 use rollboard::domain::ranking::{decode_member, encode_member};
 use rollboard::store::{apply_call, ApplyEvent, Outcome, Store, APPLY_CHUNK};
 
-use crate::support::*;
+use crate::support::boards::{apply_events, ev, set_string, snapshot, total_at, variants};
+use crate::support::instances::{assert_same_contents, contents, shaped, twin};
+use crate::support::proptests::run_cases_threaded;
+use crate::support::redis::{fcall, RedisServer};
 
 const SLICE: i64 = 1_000;
 const N: i64 = 4;
@@ -81,6 +84,21 @@ fn batches() -> impl Strategy<Value = (usize, Vec<Batch>)> {
     })
 }
 
+/// Applies each of `batches` to `board` (the fast path first) and with `apply.lua` alone
+/// to `exact`, its twin; panics at the first event whose outcomes differ.
+async fn apply_both_ways(store: &Store, board: &Board, exact: &Board, batches: &[Batch]) {
+    for (events, now) in batches {
+        let fast = apply_events(store, board, events, *now).await;
+        let slow = apply_exact(store, exact, events, *now).await;
+        if let Some(i) = (0..events.len()).find(|&i| fast[i] != slow[i]) {
+            panic!(
+                "{}: event {i} {:?} at {now}: fast path {:?}, apply.lua {:?}",
+                board.name, events[i], fast[i], slow[i]
+            );
+        }
+    }
+}
+
 #[test]
 fn the_fast_path_agrees_with_the_event_by_event_script() {
     run_cases_threaded(
@@ -90,16 +108,7 @@ fn the_fast_path_agrees_with_the_event_by_event_script() {
         async |store, (shape, batches)| {
             let board = shaped(shape);
             let exact = twin(&board);
-            for (events, now) in &batches {
-                let fast = apply_events(store, &board, events, *now).await;
-                let slow = apply_exact(store, &exact, events, *now).await;
-                if let Some(i) = (0..events.len()).find(|&i| fast[i] != slow[i]) {
-                    panic!(
-                        "{}: event {i} {:?} at {now}: fast path {:?}, apply.lua {:?}",
-                        board.name, events[i], fast[i], slow[i]
-                    );
-                }
-            }
+            apply_both_ways(store, &board, &exact, &batches).await;
             let (a, b) = (
                 contents(store, &board.widest()).await,
                 contents(store, &exact.widest()).await,
@@ -183,16 +192,7 @@ fn the_fast_path_agrees_with_the_event_by_event_script_in_every_window() {
         async |store, (count, extras, (shape, batches))| {
             let board = windowed(shaped(shape), count, extras);
             let exact = twin(&board);
-            for (events, now) in &batches {
-                let fast = apply_events(store, &board, events, *now).await;
-                let slow = apply_exact(store, &exact, events, *now).await;
-                if let Some(i) = (0..events.len()).find(|&i| fast[i] != slow[i]) {
-                    panic!(
-                        "{}: event {i} {:?} at {now}: fast path {:?}, apply.lua {:?}",
-                        board.name, events[i], fast[i], slow[i]
-                    );
-                }
-            }
+            apply_both_ways(store, &board, &exact, &batches).await;
             let (a, b) = (
                 every_window(store, &board).await,
                 every_window(store, &exact).await,

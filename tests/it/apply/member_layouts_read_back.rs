@@ -10,7 +10,8 @@ use rollboard::domain::ranking::encode_member;
 use rollboard::roll;
 use rollboard::store::{ApplyEvent, Store};
 
-use crate::support::*;
+use crate::support::boards::{apply_events, board, ev, snapshot};
+use crate::support::redis::RedisServer;
 
 const SLICE: i64 = 1_000;
 const N: i64 = 4;

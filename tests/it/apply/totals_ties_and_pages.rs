@@ -8,8 +8,13 @@ use proptest::prelude::*;
 use rollboard::domain::board::{Board, Mode, TieBreak, MAX_TOTAL};
 use rollboard::store::{ApplyEvent, Outcome, Store};
 
+use crate::support::boards::{
+    amount_for, apply_events, apply_events_in, board, ev, remembers, scoped, HOUR,
+};
+use crate::support::keys::instance;
 use crate::support::model::{assert_matches, Instance};
-use crate::support::*;
+use crate::support::proptests::run_cases;
+use crate::support::redis::RedisServer;
 
 const NOW: i64 = 1_763_700_000_000;
 
@@ -29,7 +34,7 @@ async fn totals_are_exact_and_readable_with_plain_zrevrange() {
     )
     .await;
     assert_eq!(out, vec![Outcome::Applied; 3]);
-    let raw = redis.cli(&["ZREVRANGE", "rb:{rooms}:result", "0", "-1", "WITHSCORES"]);
+    let raw = redis.ranking(&instance("rooms", None).result());
     let lines: Vec<&str> = raw.lines().collect();
     assert_eq!(lines.len(), 4, "{raw}");
     assert!(lines[0].ends_with(":room7"), "{raw}");
@@ -53,11 +58,7 @@ async fn totals_are_exact_and_readable_with_plain_zrevrange() {
     assert!(remembers(&store, &b, None, "3", (NOW + 2) / HOUR).await);
     assert_eq!(
         redis
-            .cli(&[
-                "HGET",
-                &format!("rb:{{rooms}}:slice:{}", NOW / HOUR),
-                "room42"
-            ])
+            .cli(&["HGET", &instance("rooms", None).slice(NOW / HOUR), "room42"])
             .trim(),
         "1500"
     );

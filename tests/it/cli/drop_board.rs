@@ -16,7 +16,10 @@ use rollboard::metrics::Metrics;
 use rollboard::roll::Verified;
 use rollboard::store::Store;
 
-use crate::support::*;
+use crate::support::boards::{board, dump, entry, ingest_settings, roll_all, set_string, Consumer};
+use crate::support::cli::{assert_contains, assert_deleted_all, rollboard, stderr, stdout};
+use crate::support::keys::{instance, instance_in, intake_stream, records_prefix, schema, under};
+use crate::support::redis::{keyed, RedisServer};
 
 const SLICE: i64 = 60_000;
 const N: i64 = 10;
@@ -45,7 +48,7 @@ fn scoped(name: &str) -> Board {
 /// each, to every board of `boards` they match.
 async fn fill(store: &Store, boards: &[Board], now: i64, rooms: &[&str], tag: &str, count: usize) {
     let metrics = Metrics::new(boards);
-    let settings = ingest_settings("rb:events", 1);
+    let settings = ingest_settings(intake_stream(), 1);
     let entries: Vec<_> = (0..count)
         .map(|i| {
             let ts = (now - (i as i64 % 3) * SLICE).to_string();
@@ -65,7 +68,7 @@ async fn fill(store: &Store, boards: &[Board], now: i64, rooms: &[&str], tag: &s
         })
         .collect();
     Consumer::new(store, boards, &settings, &metrics)
-        .process("rb:events", &entries, now)
+        .process(intake_stream(), &entries, now)
         .await
         .expect("apply");
 }
@@ -110,26 +113,38 @@ async fn fill_lookalikes(store: &Store) -> (Vec<Board>, i64) {
     fill(store, std::slice::from_ref(&tips_v2), now, &rooms, "v2", 40).await;
     roll_all(store, &all, now, 100).await;
     for key in [
-        "rb:{tips}:tmp:18f00d:result",
-        "rb:{tips:a:b}:tmp:18f00d:ranked:old",
-        "rb:{tips}:not-ours",
+        instance("tips", None).scratch("18f00d", "result"),
+        format!(
+            "{}:old",
+            instance("tips", Some("a:b")).scratch("18f00d", "ranked")
+        ),
+        under(&instance("tips", None), "not-ours"),
     ] {
-        set_string(store, key, "x").await;
+        set_string(store, &key, "x").await;
     }
     // Change feeds: of tips (unscoped, scoped, another window) and of the lookalikes.
     for key in [
-        "rb:changes:{tips}",
-        "rb:changes:{tips}:24h",
-        "rb:changes:{tips:a:b}",
-        "rb:changes:{tips:d}e}:7d",
-        "rb:changes:{tips:lobby}:4m",
-        "rb:changes:{tips_v2}",
-        "rb:changes:{tips_v2:tips}",
-        "rb:changes:{tips_v2:tips}:4m",
-        "rb:changes:{tips_24h}",
+        schema().changes("tips", None, None),
+        schema().changes("tips", None, Some("24h")),
+        schema().changes("tips", Some("a:b"), None),
+        schema().changes("tips", Some("d}e"), Some("7d")),
+        schema().changes("tips", Some("lobby"), Some("4m")),
+        schema().changes("tips_v2", None, None),
+        schema().changes("tips_v2", Some("tips"), None),
+        schema().changes("tips_v2", Some("tips"), Some("4m")),
+        schema().changes("tips_24h", None, None),
     ] {
         let command = CustomCommand::new_static("XADD", ClusterHash::FirstKey, false);
-        let args = vec![key, "*", "kind", "entered", "member", "u1", "rank", "1"];
+        let args = vec![
+            key.as_str(),
+            "*",
+            "kind",
+            "entered",
+            "member",
+            "u1",
+            "rank",
+            "1",
+        ];
         let _: String = store.client().custom(command, args).await.expect("xadd");
     }
     for view in tips.views() {
@@ -161,13 +176,16 @@ async fn fill_lookalikes(store: &Store) -> (Vec<Board>, i64) {
 
 /// Whether `key` is one of the keys of `tips` that drop-board must delete.
 fn of_tips(key: &str) -> bool {
-    (key.starts_with("rb:{tips}:")
-        || key.starts_with("rb:{tips:")
-        || key == "rb:changes:{tips}"
-        || key.starts_with("rb:changes:{tips}:")
-        || key.starts_with("rb:changes:{tips:")
-        || key.starts_with("rb:board:tips:"))
-        && key != "rb:{tips}:not-ours"
+    // The board's patterns, each a prefix and `*`, but its widest window's change feed.
+    let [unscoped, scoped, feed, feeds, scoped_feeds] = schema().board_patterns("tips");
+    let starts = |pattern: &str| key.starts_with(pattern.trim_end_matches('*'));
+    (starts(&unscoped)
+        || starts(&scoped)
+        || key == feed
+        || starts(&feeds)
+        || starts(&scoped_feeds)
+        || key.starts_with(&records_prefix("tips")))
+        && key != under(&instance("tips", None), "not-ours")
 }
 
 /// Every key of the server, with its DUMP (a Hash with its fields and values instead: the
@@ -193,9 +211,9 @@ async fn dump_all(store: &Store) -> BTreeMap<String, Vec<u8>> {
     }
     let mut out = BTreeMap::new();
     for key in keys {
-        let kind: String = key_command(store, "TYPE", &key).await;
+        let kind: String = keyed(store, "TYPE", vec![&key]).await;
         if kind == "hash" {
-            let flat: Vec<Value> = key_command(store, "HGETALL", &key).await;
+            let flat: Vec<Value> = keyed(store, "HGETALL", vec![&key]).await;
             let bytes = |v: &Value| v.as_bytes().map(<[u8]>::to_vec).unwrap_or_default();
             let fields: BTreeMap<Vec<u8>, Vec<u8>> = flat
                 .chunks(2)
@@ -208,13 +226,6 @@ async fn dump_all(store: &Store) -> BTreeMap<String, Vec<u8>> {
         out.insert(key, bytes);
     }
     out
-}
-
-/// The reply to `name key`, sent to the node that holds `key` whatever its type.
-async fn key_command<R: FromValue>(store: &Store, name: &'static str, key: &str) -> R {
-    let command = CustomCommand::new_static(name, ClusterHash::FirstKey, false);
-    let reply = store.client().custom(command, vec![key.to_string()]).await;
-    reply.expect(name)
 }
 
 /// The top page and the verification of every instance of `boards`, in each window.
@@ -272,28 +283,31 @@ async fn dropping_a_board_deletes_exactly_its_keys_and_leaves_boards_with_the_sa
     let answers_before = answers(&store, &survivors, now).await;
     let doomed: BTreeSet<&String> = before.keys().filter(|k| of_tips(k)).collect();
     for key in [
-        "rb:{tips}:result",
-        "rb:{tips:a:b}:result",
-        "rb:{tips:x*}:ranked",
-        "rb:{tips:{c}}:totals",
-        "rb:{tips:d}e}:refs",
-        "rb:{tips:tips:x}:seen:ids",
-        "rb:{tips:gone}:meta",
-        "rb:{tips:gone}:w:4m:meta",
-        "rb:{tips:a:b}:w:4m:result",
-        "rb:{tips:x*}:w:4m:ranked",
-        "rb:{tips:{c}}:w:4m:totals",
-        "rb:{tips:d}e}:w:4m:refs",
-        "rb:{tips}:tmp:18f00d:result",
-        "rb:{tips:a:b}:tmp:18f00d:ranked:old",
-        "rb:board:tips:scopes",
-        "rb:board:tips:window",
-        "rb:board:tips:settings",
-        "rb:changes:{tips}",
-        "rb:changes:{tips}:24h",
-        "rb:changes:{tips:a:b}",
-        "rb:changes:{tips:d}e}:7d",
-        "rb:changes:{tips:lobby}:4m",
+        instance("tips", None).result(),
+        instance("tips", Some("a:b")).result(),
+        instance("tips", Some("x*")).ranked(),
+        instance("tips", Some("{c}")).totals(),
+        instance("tips", Some("d}e")).refs(),
+        instance("tips", Some("tips:x")).seen_table(),
+        instance("tips", Some("gone")).meta(),
+        instance_in("tips", Some("gone"), "4m").meta(),
+        instance_in("tips", Some("a:b"), "4m").result(),
+        instance_in("tips", Some("x*"), "4m").ranked(),
+        instance_in("tips", Some("{c}"), "4m").totals(),
+        instance_in("tips", Some("d}e"), "4m").refs(),
+        instance("tips", None).scratch("18f00d", "result"),
+        format!(
+            "{}:old",
+            instance("tips", Some("a:b")).scratch("18f00d", "ranked")
+        ),
+        schema().scopes("tips"),
+        schema().window("tips"),
+        schema().settings("tips"),
+        schema().changes("tips", None, None),
+        schema().changes("tips", None, Some("24h")),
+        schema().changes("tips", Some("a:b"), None),
+        schema().changes("tips", Some("d}e"), Some("7d")),
+        schema().changes("tips", Some("lobby"), Some("4m")),
     ] {
         assert!(
             doomed.contains(&key.to_string()),
@@ -304,15 +318,15 @@ async fn dropping_a_board_deletes_exactly_its_keys_and_leaves_boards_with_the_sa
     assert!(
         doomed
             .iter()
-            .any(|k| k.starts_with("rb:{tips:lobby}:w:4m:slice:")),
+            .any(|k| k.starts_with(&under(&instance_in("tips", Some("lobby"), "4m"), "slice:"))),
         "the narrower window's slices: {doomed:?}"
     );
     for key in [
-        "rb:{tips_v2:a:b}:w:4m:result",
-        "rb:{tips_v2:tips}:w:4m:members",
-        "rb:changes:{tips_v2:tips}:4m",
+        instance_in("tips_v2", Some("a:b"), "4m").result(),
+        instance_in("tips_v2", Some("tips"), "4m").members(),
+        schema().changes("tips_v2", Some("tips"), Some("4m")),
     ] {
-        assert!(before.contains_key(key), "{key} of tips_v2 was written");
+        assert!(before.contains_key(&key), "{key} of tips_v2 was written");
     }
 
     // --dry-run lists every key and deletes none.
@@ -322,7 +336,10 @@ async fn dropping_a_board_deletes_exactly_its_keys_and_leaves_boards_with_the_sa
     for key in &doomed {
         assert!(listed.contains(key.as_str()), "{key} not listed:\n{listed}");
     }
-    assert!(listed.contains("rb:{tips}:not-ours"), "{listed}");
+    assert!(
+        listed.contains(&under(&instance("tips", None), "not-ours")),
+        "{listed}"
+    );
     assert!(listed.contains("nothing was deleted"), "{listed}");
     // The registries name every key of the registered scopes in both windows: the scan
     // alone finds the emptied room's `meta` in each window, the scratch keys and the
@@ -336,14 +353,7 @@ async fn dropping_a_board_deletes_exactly_its_keys_and_leaves_boards_with_the_sa
     let out = rollboard(Some(&config), &["drop-board", "tips"], &[]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let report = stdout(&out);
-    assert!(
-        report.contains(&format!(
-            "deleted {} of {} key(s)",
-            doomed.len(),
-            doomed.len()
-        )),
-        "{report}"
-    );
+    assert_deleted_all(&out, doomed.len());
     for instance in [
         "(unscoped)",
         "scope \"gone\"",
@@ -399,31 +409,23 @@ async fn a_configured_board_is_refused_without_force_and_names_must_be_board_nam
 
 #[tokio::test]
 async fn dropping_a_board_on_a_cluster_scans_every_master() {
-    let cluster = crate::support::RedisCluster::start();
+    let cluster = crate::support::cluster::RedisCluster::start();
     let store = cluster.store().await;
     let (survivors, now) = fill_lookalikes(&store).await;
-    let keys = || -> BTreeSet<String> {
-        cluster
-            .masters()
-            .into_iter()
-            .flat_map(|port| {
-                crate::support::cli(port, &["--scan"])
-                    .lines()
-                    .map(str::to_string)
-                    .collect::<Vec<_>>()
-            })
-            .collect()
-    };
+    let keys = || cluster.scan_all();
     let before = keys();
     let doomed: Vec<&String> = before.iter().filter(|k| of_tips(k)).collect();
     let holders: BTreeSet<u16> = cluster
         .masters()
         .into_iter()
         .filter(|port| {
-            crate::support::cli(*port, &["--scan", "--pattern", "rb:{tips:*"])
-                .lines()
-                .next()
-                .is_some()
+            crate::support::cluster::cli(
+                *port,
+                &["--scan", "--pattern", &schema().board_patterns("tips")[1]],
+            )
+            .lines()
+            .next()
+            .is_some()
         })
         .collect();
     assert!(
@@ -436,15 +438,7 @@ async fn dropping_a_board_on_a_cluster_scans_every_master() {
 
     let out = rollboard(Some(&config), &["drop-board", "tips"], &[]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    assert!(
-        stdout(&out).contains(&format!(
-            "deleted {} of {} key(s)",
-            doomed.len(),
-            doomed.len()
-        )),
-        "{}",
-        stdout(&out)
-    );
+    assert_deleted_all(&out, doomed.len());
     let expected: BTreeSet<String> = before.iter().filter(|k| !of_tips(k)).cloned().collect();
     assert_eq!(keys(), expected);
     assert_eq!(answers(&store, &survivors, now).await, answers_before);
@@ -453,8 +447,8 @@ async fn dropping_a_board_on_a_cluster_scans_every_master() {
 #[tokio::test]
 async fn the_shipped_redis_user_may_not_scan_so_drop_board_stops_before_deleting() {
     let dir = tempfile::tempdir().expect("dir");
-    let redis = crate::support::acl_server(dir.path(), &[]);
-    let url = crate::support::acl_url(&redis);
+    let redis = crate::support::acl::acl_server(dir.path(), &[]);
+    let url = crate::support::acl::acl_url(&redis);
     let store = Store::connect(&url, "rb", 2, rollboard::store::Reconnect::Never)
         .await
         .expect("connect as the rollboard user");

@@ -3,7 +3,14 @@
 
 use fred::prelude::*;
 
-use crate::support::*;
+use crate::support::boards::apply_events;
+use crate::support::cli::{
+    assert_configs_refused_naming, assert_contains, assert_exit, rollboard, stderr, stdout,
+};
+use crate::support::config::{config_for, write_file};
+use crate::support::daemon::redis_and_config;
+use crate::support::keys::intake_stream;
+use crate::support::redis::RedisServer;
 
 #[test]
 fn invalid_configuration_exits_64_naming_the_key() {
@@ -70,7 +77,7 @@ async fn config_flag_wins_over_the_environment_and_keys_can_be_overridden() {
 #[tokio::test]
 async fn queries_answer_with_the_documented_shapes_and_statuses() {
     let (_redis, store, _dir, config, _) = redis_and_config("a").await;
-    let board = &rollboard::config::Settings::from_toml(crate::support::BOARDS)
+    let board = &rollboard::config::Settings::from_toml(crate::support::config::BOARDS)
         .expect("boards")
         .boards;
     let now = rollboard::domain::clock::local_ms();
@@ -189,7 +196,7 @@ async fn send_appends_all_or_nothing_and_lists_every_bad_line() {
         !err.contains("line 1:") && !err.contains("line 6:"),
         "{err}"
     );
-    let len: i64 = store.client().xlen("rb:events").await.expect("xlen");
+    let len: i64 = store.client().xlen(intake_stream()).await.expect("xlen");
     assert_eq!(len, 0, "nothing appended");
     std::fs::write(
         &file,
@@ -200,7 +207,7 @@ async fn send_appends_all_or_nothing_and_lists_every_bad_line() {
     assert!(out.status.success(), "{}", stderr(&out));
     let entries: Vec<(String, std::collections::HashMap<String, String>)> = store
         .client()
-        .xrange("rb:events", "-", "+", None)
+        .xrange(intake_stream(), "-", "+", None)
         .await
         .expect("xrange");
     assert_eq!(entries.len(), 2);

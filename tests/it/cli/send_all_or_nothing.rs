@@ -4,7 +4,11 @@
 use std::io::Write;
 use std::process::Command;
 
-use crate::support::*;
+use crate::support::cli::{assert_contains, send, text};
+use crate::support::config::config_for;
+use crate::support::daemon::xlen;
+use crate::support::keys::intake_stream;
+use crate::support::redis::RedisServer;
 
 /// `send` edges: a BOM on line 1 only, CRLF, an invalid line after the first batch,
 /// empty input, /dev/null, a line of exactly the limit (LF and CRLF) and one byte over.
@@ -52,7 +56,7 @@ async fn send_edges_all_or_nothing() {
             !err.contains("line 1000:") && !err.contains("line 1002:"),
             "{err}"
         );
-        assert_eq!(xlen(&redis, "rb:events").await, 0, "{file:?}");
+        assert_eq!(xlen(&redis, intake_stream()).await, 0, "{file:?}");
     }
 
     // A BOM on line 1 is skipped; one on line 2 is not (it is not JSON).
@@ -65,7 +69,7 @@ async fn send_edges_all_or_nothing() {
         "{}",
         text(&out.stderr)
     );
-    assert_eq!(xlen(&redis, "rb:events").await, 0);
+    assert_eq!(xlen(&redis, intake_stream()).await, 0);
 
     // Over 1001 lines, CRLF, BOM first: 2001 appended, each with its own id.
     let mut input = String::from("\u{feff}");
@@ -75,8 +79,8 @@ async fn send_edges_all_or_nothing() {
     }
     let out = send(&config, None, input.as_bytes());
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    assert_eq!(xlen(&redis, "rb:events").await, 2001);
-    redis.cli(&["DEL", "rb:events"]);
+    assert_eq!(xlen(&redis, intake_stream()).await, 2001);
+    redis.cli(&["DEL", intake_stream()]);
 
     // A line of exactly MAX_LINE_BYTES is accepted, whatever its line break; one byte
     // more is refused and named.
@@ -93,8 +97,8 @@ async fn send_edges_all_or_nothing() {
         let out = send(&config, None, input.as_bytes());
         assert_eq!(out.status.code(), Some(0), "ending {ending:?}");
     }
-    assert_eq!(xlen(&redis, "rb:events").await, 4);
-    redis.cli(&["DEL", "rb:events"]);
+    assert_eq!(xlen(&redis, intake_stream()).await, 4);
+    redis.cli(&["DEL", intake_stream()]);
     let over = format!("{}\n{}\n{}\n", good(0), line(limit + 1), good(1));
     let out = send(&config, None, over.as_bytes());
     assert_eq!(out.status.code(), Some(1));
@@ -105,7 +109,7 @@ async fn send_edges_all_or_nothing() {
         &err[..err.len().min(300)]
     );
     assert!(err.len() < 1_000, "the line is not echoed");
-    assert_eq!(xlen(&redis, "rb:events").await, 0);
+    assert_eq!(xlen(&redis, intake_stream()).await, 0);
 
     // BREAK (fixed with this test): a line of exactly 1 MiB ended by CRLF was refused as
     // "longer than" the limit while the same line ended by LF was accepted: next_line()
@@ -119,7 +123,7 @@ async fn send_edges_all_or_nothing() {
         "a CRLF line of exactly the limit: {}",
         text(&out.stderr).chars().take(300).collect::<String>()
     );
-    assert_eq!(xlen(&redis, "rb:events").await, 2);
+    assert_eq!(xlen(&redis, intake_stream()).await, 2);
 }
 
 #[tokio::test]
@@ -164,7 +168,7 @@ async fn send_memory_is_bounded_by_a_batch_not_by_the_input() {
         peak_kb < 100 * 1024,
         "send of {EVENTS} events peaked at {peak_kb} kB"
     );
-    assert_eq!(xlen(&redis, "rb:events").await, EVENTS as i64);
+    assert_eq!(xlen(&redis, intake_stream()).await, EVENTS as i64);
 }
 
 #[tokio::test]
@@ -208,11 +212,11 @@ async fn send_names_long_and_non_utf8_lines_and_keeps_all_or_nothing() {
         err.contains("line 3:") && err.contains("more than once"),
         "{err}"
     );
-    assert_eq!(xlen(&redis, "rb:events").await, 0, "nothing appended");
+    assert_eq!(xlen(&redis, intake_stream()).await, 0, "nothing appended");
 
     // A byte-order mark is accepted; CRLF line ends too.
     let input = format!("\u{feff}{good}{}", good.replace('\n', "\r\n"));
     let (code, err) = send(input.as_bytes());
     assert_eq!(code, Some(0), "{err}");
-    assert_eq!(xlen(&redis, "rb:events").await, 2);
+    assert_eq!(xlen(&redis, intake_stream()).await, 2);
 }

@@ -8,7 +8,19 @@ use std::time::Duration;
 use rollboard::domain::board::{Board, Dedup};
 use rollboard::metrics::Metrics;
 
-use crate::support::*;
+use crate::support::asserts::verify_differences;
+use crate::support::boards::{
+    board, entry, ingest_settings, redis_now, roll_all, total_at, Consumer,
+};
+use crate::support::cli::run_rollboard;
+use crate::support::config::write_config;
+use crate::support::daemon::Daemon;
+use crate::support::env::faketime_library;
+use crate::support::events::{xadd_all, Fields};
+use crate::support::keys::{intake_stream, schema};
+use crate::support::proptests::runtime_with_store;
+use crate::support::redis::{free_port, RedisServer};
+use crate::support::wait::{drained, wait_for};
 
 const MINUTE: i64 = 60_000;
 
@@ -22,7 +34,7 @@ fn forgetful() -> (Board, Vec<Board>) {
 
 /// Dead letters in `rb:events:dead`, as (reason, id) pairs.
 async fn letters(store: &rollboard::store::Store) -> Vec<(String, String)> {
-    crate::support::letters(store)
+    crate::support::events::letters(store)
         .await
         .into_iter()
         .map(|(_, f)| {
@@ -42,9 +54,9 @@ async fn deliver(
     now: i64,
 ) {
     let metrics = Metrics::new(boards);
-    let settings = ingest_settings("rb:events", 1);
+    let settings = ingest_settings(intake_stream(), 1);
     Consumer::new(store, boards, &settings, &metrics)
-        .process("rb:events", entries, now)
+        .process(intake_stream(), entries, now)
         .await
         .expect("batch");
 }
@@ -154,7 +166,7 @@ async fn roll_at_a_time_later_than_redis_now_needs_force() {
         "{err}"
     );
     assert_eq!(
-        redis.cli(&["EXISTS", "rb:board:rooms_7d:window"]).trim(),
+        redis.cli(&["EXISTS", &schema().window("rooms_7d")]).trim(),
         "0",
         "a refused roll wrote a watermark"
     );
@@ -244,7 +256,7 @@ async fn daemons_ten_minutes_off_either_way_count_every_tip_exactly_once() {
         events.push(fields);
     }
     for chunk in events.chunks(60) {
-        xadd_all(store.client(), "rb:events", chunk).await;
+        xadd_all(store.client(), intake_stream(), chunk).await;
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert!(drained(&store).await, "a:\n{}\nb:\n{}", a.logs(), b.logs());
@@ -336,8 +348,7 @@ const EVENTS: usize = 40;
 #[test]
 fn replicas_with_clocks_skewed_at_random_count_every_event_once() {
     use fred::prelude::*;
-    let rt = runtime();
-    let (_redis, store) = rt.block_on(RedisServer::start_with_store("rb"));
+    let (rt, _redis, store) = runtime_with_store();
     let mut runner = proptest::test_runner::TestRunner::new(proptest::test_runner::Config {
         cases: 16,
         ..proptest::test_runner::Config::default()

@@ -7,7 +7,13 @@ use std::time::Duration;
 use fred::prelude::*;
 use rollboard::store::Store;
 
-use crate::support::*;
+use crate::support::boards::{apply_events, board, ev, redis_now, total_at};
+use crate::support::daemon::Daemon;
+use crate::support::env::faketime_library;
+use crate::support::events::{xadd_all, Fields};
+use crate::support::keys::{dead_letter_stream, intake_stream};
+use crate::support::redis::{free_port, RedisServer};
+use crate::support::wait::drained;
 
 /// libfaketime (preloaded directly, so that signals reach the daemon itself), its offset read
 /// from `file` on every call: writing the file steps the daemon's clock as NTP would.
@@ -86,7 +92,7 @@ impl SteppedRig {
 
     /// Appends `events` and waits until the daemon has taken them.
     async fn send(&self, events: &[Fields]) {
-        xadd_all(self.store.client(), "rb:events", events).await;
+        xadd_all(self.store.client(), intake_stream(), events).await;
         assert!(drained(&self.store).await, "{}", self.daemon.logs());
     }
 
@@ -162,7 +168,7 @@ async fn a_replay_on_a_host_whose_clock_runs_ahead_never_counts_a_remembered_tip
     let _: String = store
         .client()
         .xadd(
-            "rb:events:dead",
+            dead_letter_stream(),
             false,
             None,
             "*",
@@ -177,7 +183,7 @@ async fn a_replay_on_a_host_whose_clock_runs_ahead_never_counts_a_remembered_tip
                     "board tips_10m: apply failed through every retry: boom; applied to the other boards only",
                 ),
                 ("source_id", "1-0"),
-                ("source_stream", "rb:events"),
+                ("source_stream", intake_stream()),
             ],
         )
         .await

@@ -7,7 +7,22 @@ use std::time::Duration;
 
 use rollboard::store::{Reconnect, Store};
 
-use crate::support::*;
+use crate::support::asserts::{assert_drained_into_model_at, assert_state};
+use crate::support::boards::test_boards;
+use crate::support::cli::{assert_success, rollboard, stderr, stdout};
+use crate::support::cluster::{cli, one_replica_store, RedisCluster};
+use crate::support::config::{
+    config_for_url, edit_config, write_config, write_config_url, write_file,
+};
+use crate::support::daemon::Daemon;
+use crate::support::env::{env_count, env_seed};
+use crate::support::events::{
+    models, post_fields, read_unacked, stream_len, tip, tip_or_payment, xadd_all, Fields,
+};
+use crate::support::keys::{dead_letter_stream, intake_stream};
+use crate::support::proptests::SplitMix;
+use crate::support::redis::{free_port, RedisServer};
+use crate::support::wait::{drained, wait_for};
 
 /// The fixture itself: six nodes, three masters with 16384 slots between them, each with
 /// a synced replica; a killed master's replica takes over and the killed node rejoins.
@@ -32,8 +47,6 @@ fn a_cluster_starts_fails_over_and_heals() {
 /// roll three days ahead (catch-up), `verify` and `rebuild`: every board equals the model.
 #[tokio::test]
 async fn core_flows_on_a_cluster_equal_the_model() {
-    use fred::prelude::*;
-
     let (_cluster, store, (dir, port, config)) = cluster_and_config().await;
     let boards = test_boards();
     let now = rollboard::domain::clock::local_ms();
@@ -42,7 +55,7 @@ async fn core_flows_on_a_cluster_equal_the_model() {
 
     // Stream, send, HTTP; bad events are dead-lettered.
     let daemon = Daemon::start(&config, port).await;
-    xadd_all(store.client(), "rb:events", &events[..600]).await;
+    xadd_all(store.client(), intake_stream(), &events[..600]).await;
     let bad: Vec<Fields> = (0..5)
         .map(|i| {
             vec![
@@ -53,7 +66,7 @@ async fn core_flows_on_a_cluster_equal_the_model() {
             ]
         })
         .collect();
-    xadd_all(store.client(), "rb:events", &bad).await;
+    xadd_all(store.client(), intake_stream(), &bad).await;
     let lines: Vec<String> = events[600..800]
         .iter()
         .map(|f| {
@@ -62,19 +75,23 @@ async fn core_flows_on_a_cluster_equal_the_model() {
         .collect();
     let file = write_file(dir.path(), "events.jsonl", &lines.join("\n"));
     let out = rollboard(Some(&config), &["send", file.to_str().expect("path")], &[]);
-    assert!(out.status.success(), "{}", crate::support::stderr(&out));
+    assert!(
+        out.status.success(),
+        "{}",
+        crate::support::cli::stderr(&out)
+    );
     let r = post_fields(&daemon.base, &events[800..]).await;
     let status = r.status().as_u16();
     assert_eq!(status, 202, "{}", r.text().await.unwrap_or_default());
     assert_drained_into_model_at(&store, &events, &daemon, now).await;
-    let dead: i64 = store.client().xlen("rb:events:dead").await.expect("xlen");
+    let dead = stream_len(&store, dead_letter_stream()).await;
     assert_eq!(dead, 5);
 
     // kill -9 mid-backlog, restart: nothing lost, nothing doubled.
     let more: Vec<Fields> = (1000..6000).map(event).collect();
-    xadd_all(store.client(), "rb:events", &more).await;
+    xadd_all(store.client(), intake_stream(), &more).await;
     events.extend(more);
-    let applying = crate::support::wait_for(Duration::from_secs(30), || async {
+    let applying = crate::support::wait::wait_for(Duration::from_secs(30), || async {
         daemon
             .metric("rollboard_events_applied_total", &[("board", "rooms_7d")])
             .await
@@ -89,13 +106,9 @@ async fn core_flows_on_a_cluster_equal_the_model() {
     // A consumer that read and died: its entries are claimed after claim_idle.
     let more: Vec<Fields> = (6000..6300).map(event).collect();
     assert!(daemon.terminate().await.success());
-    xadd_all(store.client(), "rb:events", &more).await;
+    xadd_all(store.client(), intake_stream(), &more).await;
     events.extend(more);
-    let _: Value = store
-        .client()
-        .xreadgroup("rollboard", "b", Some(100), None, false, "rb:events", ">")
-        .await
-        .expect("b reads without acking");
+    read_unacked(&store, "rollboard", "b", 100).await;
     let daemon = Daemon::start(&config, port).await;
     assert_drained_into_model_at(&store, &events, &daemon, now).await;
 
@@ -113,7 +126,7 @@ async fn core_flows_on_a_cluster_equal_the_model() {
         ],
         &[],
     );
-    assert!(out.status.success(), "{}", crate::support::stderr(&out));
+    assert_success(&out, "top");
     let page: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("json");
     assert_eq!(page["count"].as_u64(), Some(expected.len() as u64));
     let (member, total, _) = &expected[0];
@@ -122,7 +135,7 @@ async fn core_flows_on_a_cluster_equal_the_model() {
         &["rank", "fans_7d", member, "--scope", "r3", "--json"],
         &[],
     );
-    assert!(out.status.success(), "{}", crate::support::stderr(&out));
+    assert_success(&out, "rank");
     let rank: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("json");
     assert_eq!(rank["rank"], 1, "{rank}");
     assert_eq!(rank["total"].to_string(), total.to_string(), "{rank}");
@@ -135,7 +148,11 @@ async fn core_flows_on_a_cluster_equal_the_model() {
         &["roll", "--at", &later.to_string(), "--force"],
         &[],
     );
-    assert!(out.status.success(), "{}", crate::support::stderr(&out));
+    assert!(
+        out.status.success(),
+        "{}",
+        crate::support::cli::stderr(&out)
+    );
     assert_state(&store, &boards, &models(&events, &boards, later), later).await;
     let out = rollboard(Some(&config), &["verify", "--strict"], &[]);
     assert_success(&out, "verify");
@@ -144,7 +161,7 @@ async fn core_flows_on_a_cluster_equal_the_model() {
         assert!(
             out.status.success(),
             "rebuild {board}: {}",
-            crate::support::stderr(&out)
+            crate::support::cli::stderr(&out)
         );
     }
     let out = rollboard(Some(&config), &["verify"], &[]);
@@ -170,7 +187,7 @@ async fn resharding_under_load_equals_the_model() {
             let mut events: Vec<Fields> = Vec::new();
             while !done.load(std::sync::atomic::Ordering::Relaxed) {
                 let chunk: Vec<Fields> = (events.len()..events.len() + 25).map(event).collect();
-                xadd_all(&client, "rb:events", &chunk).await;
+                xadd_all(&client, intake_stream(), &chunk).await;
                 events.extend(chunk);
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
@@ -205,7 +222,11 @@ async fn resharding_under_load_equals_the_model() {
     eprintln!("slots per master after resharding: {slots:?}");
     assert_drained_into_model_at(&store, &events, &daemon, now).await;
     // Every event is valid and a moving slot is an outage, retried: nothing set aside.
-    let dead: i64 = store.client().xlen("rb:events:dead").await.expect("XLEN");
+    let dead: i64 = store
+        .client()
+        .xlen(dead_letter_stream())
+        .await
+        .expect("XLEN");
     assert_eq!(
         dead,
         0,
@@ -372,7 +393,8 @@ async fn masters_killed_under_load_lose_nothing_acked() {
         let tail: Vec<&str> = log.lines().rev().take(40).collect();
         panic!(
             "seed {seed}: not drained: {:?}; log tail:\n{}",
-            rollboard::ingest::stream::group_info(store.client(), "rb:events", "rollboard").await,
+            rollboard::ingest::stream::group_info(store.client(), intake_stream(), "rollboard")
+                .await,
             tail.into_iter().rev().collect::<Vec<_>>().join("\n")
         );
     }
@@ -410,9 +432,7 @@ async fn masters_killed_under_load_lose_nothing_acked() {
 /// acked, and the boards equal the model: nothing lost, nothing counted twice.
 #[tokio::test]
 async fn without_enough_replicas_nothing_is_acked_or_confirmed() {
-    let primary = RedisServer::start();
-    let store = primary.store("rb").await;
-    let dir = tempfile::tempdir().expect("temp dir");
+    let (primary, store, dir) = RedisServer::start_with_store_and_dir("rb").await;
     let port = free_port();
     let config = write_config(dir.path(), &primary, port, "a", "");
     edit_config(
@@ -423,7 +443,7 @@ async fn without_enough_replicas_nothing_is_acked_or_confirmed() {
     let now = rollboard::domain::clock::local_ms();
     let mut events: Vec<Fields> = (0..300).map(|i| tip(i, now)).collect();
     let daemon = Daemon::start(&config, port).await;
-    xadd_all(store.client(), "rb:events", &events).await;
+    xadd_all(store.client(), intake_stream(), &events).await;
     let refused = wait_for(Duration::from_secs(20), || async {
         daemon
             .metric("rollboard_replica_ack_failures_total", &[])
@@ -433,7 +453,7 @@ async fn without_enough_replicas_nothing_is_acked_or_confirmed() {
     .await;
     assert!(refused, "log:\n{}", daemon.logs());
     let (pending, _) =
-        rollboard::ingest::stream::group_info(store.client(), "rb:events", "rollboard")
+        rollboard::ingest::stream::group_info(store.client(), intake_stream(), "rollboard")
             .await
             .expect("xinfo")
             .expect("group");
@@ -489,7 +509,7 @@ async fn a_confirmation_cut_short_by_a_reconnect_confirms_nothing() {
     // (Fails fast until the pool is connected.)
     assert!(
         wait_for(Duration::from_secs(10), || async {
-            store.confirm_writes(&["rb:events"]).await.is_ok()
+            store.confirm_writes(&[intake_stream()]).await.is_ok()
         })
         .await,
         "not confirmed while the replica runs"
@@ -502,7 +522,7 @@ async fn a_confirmation_cut_short_by_a_reconnect_confirms_nothing() {
         assert!(status.success());
     };
     freeze("-STOP");
-    let confirm = tokio::spawn(async move { store.confirm_writes(&["rb:events"]).await });
+    let confirm = tokio::spawn(async move { store.confirm_writes(&[intake_stream()]).await });
     let waiting = || {
         primary
             .cli(&["CLIENT", "LIST"])

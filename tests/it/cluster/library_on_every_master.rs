@@ -1,8 +1,10 @@
 //! rollboard's Lua library on a cluster: each master holds its own copy, and one that lost
 //! it (`FUNCTION FLUSH`, a restart without persistence) gets it back.
 
+use crate::support::boards::{apply_events, board, now_ms};
+use crate::support::cluster::{cli, RedisCluster};
+use crate::support::events::stepped_events;
 use crate::support::model::Instance;
-use crate::support::*;
 
 /// Whether the server on `port` holds this build's library.
 fn holds_library(port: u16) -> bool {

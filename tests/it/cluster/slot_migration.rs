@@ -14,7 +14,11 @@ use rollboard::domain::event::Field;
 use rollboard::ingest::stream;
 use rollboard::store::{Reconnect, Store, StoreError};
 
-use crate::support::*;
+use crate::support::boards::{apply_events, apply_events_in, ev, ingest_settings, scoped};
+use crate::support::cluster::{cli, one_replica_store, owner, RedisCluster};
+use crate::support::config::config_for_url;
+use crate::support::keys::intake_stream;
+use crate::support::wait::wait_for;
 
 const NOW: i64 = 1_000_000;
 
@@ -24,16 +28,6 @@ struct Moving {
     source: u16,
     target: u16,
     target_id: String,
-}
-
-/// The port of the master `client` believes serves `key`.
-fn owner(client: &Client, key: &str) -> u16 {
-    client
-        .cached_cluster_state()
-        .expect("cluster state")
-        .get_server(ClusterRouting::hash_key(key.as_bytes()))
-        .expect("owner")
-        .port
 }
 
 /// The first of `prefix0`, `prefix1`, ... that `client` believes lives on `port`.
@@ -121,19 +115,8 @@ impl Moving {
 /// Ingest settings with the default stream names and `partitions`.
 fn ingest(partitions: usize) -> IngestSettings {
     IngestSettings {
-        stream: "rb:events".into(),
-        partitions,
-        group: "rollboard".into(),
-        consumer: "c1".into(),
-        batch_size: 100,
-        block: Duration::from_millis(100),
-        read_piece: rollboard::config::ingest::READ_PIECE,
-        claim_piece: rollboard::config::ingest::CLAIM_PIECE,
         claim_idle: Duration::from_secs(1),
-        dead_letter_stream: "rb:events:dead".into(),
-        dead_letter_max_len: 100_000,
-        retain: Duration::from_secs(60),
-        max_future_ms: 60_000,
+        ..ingest_settings(intake_stream(), partitions)
     }
 }
 
@@ -159,7 +142,7 @@ async fn connect(cluster: &RedisCluster, reconnect: Reconnect) -> (Store, Client
 async fn moving_stream(cluster: &RedisCluster, reconnect: Reconnect) -> (Store, Client, Moving) {
     let (store, client) = connect(cluster, reconnect).await;
     first_event(&client).await;
-    let moving = Moving::begin(cluster, &client, "rb:events");
+    let moving = Moving::begin(cluster, &client, intake_stream());
     (store, client, moving)
 }
 
@@ -218,7 +201,7 @@ fn slow_call(
 async fn an_append_to_a_stream_moved_mid_migration_is_an_outage_and_lands_once_after() {
     let cluster = RedisCluster::start();
     let (_store, client, moving) = moving_stream(&cluster, Reconnect::Never).await;
-    let (settings, key) = (ingest(1), "rb:events");
+    let (settings, key) = (ingest(1), intake_stream());
     moving.migrate(&[key]);
     assert_eq!(
         (moving.keys_on(moving.source), moving.keys_on(moving.target)),
@@ -256,7 +239,7 @@ async fn an_append_to_a_stream_moved_mid_migration_is_an_outage_and_lands_once_a
 async fn an_append_to_a_stream_not_yet_moved_lands_once_on_the_source() {
     let cluster = RedisCluster::start();
     let (_store, client, moving) = moving_stream(&cluster, Reconnect::Never).await;
-    let (settings, key) = (ingest(1), "rb:events");
+    let (settings, key) = (ingest(1), intake_stream());
     stream::append(&client, &settings, &[event("e1"), event("e2")])
         .await
         .expect("append on the source");
@@ -272,7 +255,7 @@ async fn an_append_to_a_stream_not_yet_moved_lands_once_on_the_source() {
 async fn append_after_the_slot_moved(reconnect: Reconnect) {
     let cluster = RedisCluster::start();
     let (_store, client, moving) = moving_stream(&cluster, reconnect).await;
-    let (settings, key) = (ingest(1), "rb:events");
+    let (settings, key) = (ingest(1), intake_stream());
     moving.migrate(&[key]);
     moving.finish(&cluster);
     assert_eq!(
@@ -354,7 +337,7 @@ async fn a_partitioned_append_with_one_partition_moving_lands_every_event() {
 
 /// A board named `name` with slices of a minute.
 fn board(name: &str) -> Board {
-    crate::support::board(name, 60_000, 10)
+    crate::support::boards::board(name, 60_000, 10)
 }
 
 /// (member, total) of the board's top 10.
@@ -511,11 +494,8 @@ async fn a_roll_script_on_a_moving_slot_runs_once_where_the_key_is() {
     );
 }
 
-/// The stream the reader tests read.
-const STREAM: &str = "rb:events";
-
 /// A fresh cluster, a store on it, its pool client, a dedicated stream reader, and the
-/// settings of one unpartitioned [`STREAM`], created with its consumer group.
+/// settings of one unpartitioned [`intake_stream`], created with its consumer group.
 async fn stream_rig() -> (RedisCluster, Store, Client, Client, IngestSettings) {
     let cluster = RedisCluster::start();
     let (store, client) = connect(&cluster, Reconnect::Never).await;
@@ -523,7 +503,7 @@ async fn stream_rig() -> (RedisCluster, Store, Client, Client, IngestSettings) {
         .await
         .expect("reader");
     let settings = ingest(1);
-    stream::ensure_group(&client, STREAM, &settings.group)
+    stream::ensure_group(&client, intake_stream(), &settings.group)
         .await
         .expect("group");
     (cluster, store, client, reader, settings)
@@ -537,7 +517,7 @@ async fn append_and_read_new(client: &Client, reader: &Client, ids: &[&str]) -> 
     stream::append(client, &settings, &events)
         .await
         .expect("append");
-    stream::read(reader, &settings, STREAM, ">", Some(100))
+    stream::read(reader, &settings, intake_stream(), ">", Some(100))
         .await
         .expect("read new")
 }
@@ -548,7 +528,7 @@ async fn read_after_the_move(reader: &Client, id: &str) -> Vec<stream::Entry> {
     let mut tries = 0;
     loop {
         tries += 1;
-        match stream::read(reader, &ingest(1), STREAM, id, Some(100)).await {
+        match stream::read(reader, &ingest(1), intake_stream(), id, Some(100)).await {
             Ok(entries) => break entries,
             Err(e) if tries < 3 && e.is_outage() => {}
             Err(e) => panic!("read {id} after {tries} tries: {e}"),
@@ -564,10 +544,10 @@ async fn the_stream_reader_recovers_its_pending_entries_after_the_stream_moved()
     let (cluster, _store, client, reader, settings) = stream_rig().await;
     let got = append_and_read_new(&client, &reader, &["e1", "e2"]).await;
     assert_eq!(got.len(), 2);
-    let moving = Moving::begin(&cluster, &client, STREAM);
-    moving.migrate(&[STREAM]);
+    let moving = Moving::begin(&cluster, &client, intake_stream());
+    moving.migrate(&[intake_stream()]);
     for id in ["0", ">"] {
-        let error = stream::read(&reader, &settings, STREAM, id, Some(100))
+        let error = stream::read(&reader, &settings, intake_stream(), id, Some(100))
             .await
             .expect_err("the stream is moving");
         assert!(error.is_outage(), "{error}");
@@ -591,10 +571,12 @@ async fn a_blocked_stream_read_survives_its_stream_moving_away() {
     let (cluster, _store, client, reader, settings) = stream_rig().await;
     let first = append_and_read_new(&client, &reader, &["e1"]).await;
     assert_eq!(first.len(), 1);
-    let source = owner(&client, STREAM);
+    let source = owner(&client, intake_stream());
     let blocked = {
         let (reader, settings) = (reader.clone(), settings.clone());
-        tokio::spawn(async move { stream::read(&reader, &settings, STREAM, ">", Some(3000)).await })
+        tokio::spawn(async move {
+            stream::read(&reader, &settings, intake_stream(), ">", Some(3000)).await
+        })
     };
     assert!(
         wait_for(Duration::from_secs(5), || async {
@@ -603,8 +585,8 @@ async fn a_blocked_stream_read_survives_its_stream_moving_away() {
         .await,
         "the read blocks on the source"
     );
-    let moving = Moving::begin(&cluster, &client, STREAM);
-    moving.migrate(&[STREAM]);
+    let moving = Moving::begin(&cluster, &client, intake_stream());
+    moving.migrate(&[intake_stream()]);
     moving.finish(&cluster);
     stream::append(&client, &settings, &[event("e2")])
         .await
@@ -639,7 +621,7 @@ async fn an_append_confirmed_while_its_slot_moves_waits_for_the_replica_that_hol
         one_replica_store(&cluster.url(), Reconnect::Never, Duration::from_millis(300)).await;
     let client = store.client().clone();
     let settings = ingest(1);
-    let key = "rb:events";
+    let key = intake_stream();
     let written = stream::append(&client, &settings, &[event("e0")])
         .await
         .expect("first append");
@@ -673,7 +655,7 @@ async fn an_append_confirmed_while_its_slot_moves_waits_for_the_replica_that_hol
 /// is redirected and fails as an outage, by design: see `Store::confirm_writes`.)
 #[tokio::test]
 async fn posts_after_the_events_slot_moved_are_accepted_at_once() {
-    use crate::support::Daemon;
+    use crate::support::daemon::Daemon;
 
     let cluster = RedisCluster::start();
     let (store, _) = connect(&cluster, Reconnect::Never).await;
@@ -696,13 +678,13 @@ async fn posts_after_the_events_slot_moved_are_accepted_at_once() {
         }
     };
     assert_eq!(post(0).await, 202, "log:\n{}", daemon.logs());
-    let moving = Moving::begin(&cluster, store.client(), "rb:events");
-    moving.migrate(&["rb:events"]);
+    let moving = Moving::begin(&cluster, store.client(), intake_stream());
+    moving.migrate(&[intake_stream()]);
     moving.finish(&cluster);
     for n in 1..=8 {
         assert_eq!(post(n).await, 202, "post {n}; log:\n{}", daemon.logs());
     }
-    let ids = ids_in(&cluster, "rb:events").await;
+    let ids = ids_in(&cluster, intake_stream()).await;
     let want: Vec<String> = (0..=8).map(|n| format!("p{n}")).collect();
     assert_eq!(ids, want);
     assert!(daemon.terminate().await.success());

@@ -3,7 +3,10 @@
 
 use std::path::Path;
 
-use crate::support::*;
+use crate::support::cli::{
+    assert_configs_refused_naming, assert_contains, rollboard, run_rollboard, stderr,
+};
+use crate::support::config::{edit_config, write_config_url};
 
 #[test]
 fn a_binary_config_is_not_shown_and_its_path_is_named_once() {

@@ -10,7 +10,13 @@ use rollboard::domain::board::TieBreak;
 use rollboard::roll::{self, Job};
 use tokio_util::sync::CancellationToken;
 
-use crate::support::*;
+use crate::support::boards::{apply_events, board, ev, snapshot};
+use crate::support::cli::run_rollboard;
+use crate::support::config::{config_for, write_config};
+use crate::support::daemon::Daemon;
+use crate::support::keys::{instance, schema};
+use crate::support::redis::{free_port, RedisServer};
+use crate::support::wait::drained;
 
 const SLICE: i64 = 1_000;
 const NOW: i64 = 1_000_000;
@@ -111,7 +117,7 @@ async fn a_scope_change_is_refused_on_data_recorded_before_scope_was_pinned() {
     assert!(drained(&store).await, "log:\n{}", daemon.logs());
     assert_eq!(daemon.terminate().await.code(), Some(0));
     for board in ["rooms_7d", "fans_7d"] {
-        redis.cli(&["HDEL", &format!("rb:board:{board}:settings"), "scope"]);
+        redis.cli(&["HDEL", &schema().settings(board), "scope"]);
     }
 
     let added = edited(
@@ -132,14 +138,14 @@ async fn a_scope_change_is_refused_on_data_recorded_before_scope_was_pinned() {
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     assert_eq!(
         redis
-            .cli(&["HGET", "rb:board:fans_7d:settings", "scope"])
+            .cli(&["HGET", &schema().settings("fans_7d"), "scope"])
             .trim(),
         "room",
         "the record learns the scope"
     );
     assert_eq!(
         redis
-            .cli(&["HGET", "rb:board:rooms_7d:settings", "scope"])
+            .cli(&["HGET", &schema().settings("rooms_7d"), "scope"])
             .trim(),
         ""
     );
@@ -209,11 +215,11 @@ async fn a_board_whose_settings_changed_is_refused_before_anything_is_written() 
         .await
         .expect("check");
     assert_eq!(conflicts.len(), 1);
-    assert_eq!(conflicts[0].key, "rb:{tips}:meta");
+    assert_eq!(conflicts[0].key, instance("tips", None).meta());
     assert_eq!(
         store
             .client()
-            .exists::<i64, _>("rb:board:tips:settings")
+            .exists::<i64, _>(schema().settings("tips"))
             .await
             .expect("exists"),
         0
@@ -233,7 +239,7 @@ async fn a_board_whose_settings_changed_is_refused_before_anything_is_written() 
 async fn the_cli_and_the_daemon_exit_64_naming_a_changed_setting() {
     let redis = RedisServer::start();
     let dir = tempfile::tempdir().expect("dir");
-    let port = crate::support::free_port();
+    let port = crate::support::redis::free_port();
     let config = write_config(dir.path(), &redis, port, "a", "");
     let run = run_rollboard;
     let out = run(&config, &["top", "rooms_7d"]);

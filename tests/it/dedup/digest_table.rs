@@ -11,8 +11,12 @@ use rollboard::roll::{self, Job, Report};
 use rollboard::store::{ApplyEvent, Outcome, Store};
 use tokio_util::sync::CancellationToken;
 
+use crate::support::boards::{
+    apply_events, apply_events_in, board, ev, remembers, scoped, seen_logs, seen_table, snapshot,
+};
 use crate::support::model::{assert_matches, Instance};
-use crate::support::*;
+use crate::support::proptests::{proptest_runner, runtime, runtime_with_store, Lcg};
+use crate::support::redis::{keyed, RedisServer};
 
 const SLICE: i64 = 1_000;
 const NOW: i64 = 1_000_000;
@@ -60,8 +64,7 @@ fn expected_entries(b: &Board, applied: &[(String, i64)], now: i64) -> Vec<([u8;
 
 #[test]
 fn the_digest_table_splits_through_thousands_of_ids_and_keeps_its_invariants() {
-    let rt = runtime();
-    let (_redis, store) = rt.block_on(RedisServer::start_with_store("rb"));
+    let (rt, _redis, store) = runtime_with_store();
     let mut runner = proptest_runner(6);
     runner
         .run(
@@ -126,8 +129,7 @@ fn the_digest_table_splits_through_thousands_of_ids_and_keeps_its_invariants() {
 
 #[test]
 fn a_batch_split_into_calls_and_replayed_after_a_crash_counts_every_event_once() {
-    let rt = runtime();
-    let (_redis, store) = rt.block_on(RedisServer::start_with_store("rb"));
+    let (rt, _redis, store) = runtime_with_store();
     let mut runner = proptest_runner(24);
     runner
         .run(
@@ -288,18 +290,7 @@ async fn an_instance_still_holding_the_old_seen_zset_counts_nothing_twice() {
     let mut doomed = seen_logs(&store, &b.widest(), None).await;
     doomed.push(k.seen_table());
     let _: i64 = store.client().del(doomed).await.unwrap();
-    let _: i64 = store
-        .client()
-        .custom(
-            fred::types::CustomCommand::new_static(
-                "ZADD",
-                fred::types::ClusterHash::FirstKey,
-                false,
-            ),
-            [vec![Value::from(k.seen())], zadd].concat(),
-        )
-        .await
-        .unwrap();
+    let _: i64 = keyed(&store, "ZADD", [vec![Value::from(k.seen())], zadd].concat()).await;
     let before = snapshot(&store, &b).await;
 
     // Redelivered after the upgrade, mixed with new events: the old ids are duplicates.

@@ -9,7 +9,16 @@ use std::time::Duration;
 use fred::prelude::*;
 use rollboard::store::Store;
 
-use crate::support::*;
+use crate::support::boards::{
+    boards_a_b_metered, entry, ingest_settings, now_ms, roll_all, set_string, test_boards,
+    total_at, Consumer,
+};
+use crate::support::config::config_for;
+use crate::support::daemon::{partitioned_daemon, Daemon};
+use crate::support::events::{stream_len, xadd_one};
+use crate::support::keys::{dead_letter_stream, intake_stream, partition_stream};
+use crate::support::redis::RedisServer;
+use crate::support::wait::drained_streams;
 
 /// The exact total of `member` on the unscoped board `name` (None when not ranked).
 async fn total(store: &Store, name: &str, scope: Option<&str>, member: &str) -> Option<i64> {
@@ -47,7 +56,7 @@ async fn append_under_one_entry_id(
         drained_streams(store, &streams).await,
         "{streams:?} drained"
     );
-    let dead: i64 = store.client().xlen("rb:events:dead").await.expect("xlen");
+    let dead = stream_len(store, dead_letter_stream()).await;
     assert_eq!(dead, 0, "nothing dead-lettered");
 }
 
@@ -66,15 +75,15 @@ async fn tips_without_id_on_two_partitions_with_equal_entry_ids_both_count() {
         &store,
         [
             (
-                "rb:events:{0}",
+                &partition_stream(0),
                 [("room", "r1"), ("user", "u1"), ("amount", "5")],
             ),
             (
-                "rb:events:{1}",
+                &partition_stream(1),
                 [("room", "r1"), ("user", "u2"), ("amount", "7")],
             ),
         ],
-        &["rb:events:{0}", "rb:events:{1}"],
+        &[&partition_stream(0), &partition_stream(1)],
     )
     .await;
     // Two tips to room r1: 5 + 7.
@@ -98,15 +107,15 @@ async fn a_tip_on_the_retired_stream_and_one_on_a_partition_with_equal_entry_ids
         &store,
         [
             (
-                "rb:events",
+                intake_stream(),
                 [("room", "r9"), ("user", "u1"), ("amount", "3")],
             ),
             (
-                "rb:events:{0}",
+                &partition_stream(0),
                 [("room", "r9"), ("user", "u2"), ("amount", "4")],
             ),
         ],
-        &["rb:events", "rb:events:{0}", "rb:events:{1}"],
+        &[intake_stream(), &partition_stream(0), &partition_stream(1)],
     )
     .await;
     assert_eq!(
@@ -131,19 +140,19 @@ async fn a_replayed_apply_failed_event_without_ts_keeps_its_original_time() {
     let (_redis, store) = RedisServer::start_with_store("rb").await;
     const SLICE: i64 = 1_000;
     let (a, b, boards, metrics) = boards_a_b_metered(SLICE);
-    let settings = ingest_settings("rb:events", 1);
+    let settings = ingest_settings(intake_stream(), 1);
     let t0: i64 = 1_000_000;
 
     // Board b is broken (a key of the wrong type): its share is dead-lettered.
     let result_b = store.instance(&b.widest(), None).result();
     set_string(&store, &result_b, "x").await;
     Consumer::new(&store, &boards, &settings, &metrics)
-        .process_one("rb:events", &[("user", "u1"), ("amount", "5")], t0)
+        .process_one(intake_stream(), &[("user", "u1"), ("amount", "5")], t0)
         .await;
     assert_eq!(total_at(&store, &a.widest(), "u1", t0).await, Some(5));
     let letters: Vec<(String, HashMap<String, String>)> = store
         .client()
-        .xrange("rb:events:dead", "-", "+", None)
+        .xrange(dead_letter_stream(), "-", "+", None)
         .await
         .expect("xrange");
     assert_eq!(letters.len(), 1, "{letters:?}");
@@ -159,7 +168,11 @@ async fn a_replayed_apply_failed_event_without_ts_keeps_its_original_time() {
         .collect();
     assert!(!letter.contains_key("id"));
     assert!(!letter.contains_key("ts"));
-    assert_eq!(letter["source_stream"], "rb:events", "ingest.stream itself");
+    assert_eq!(
+        letter["source_stream"],
+        intake_stream(),
+        "ingest.stream itself"
+    );
     fields.push(("id", letter["source_id"].as_str()));
     let source_ts = letter["source_id"]
         .split('-')
@@ -169,7 +182,7 @@ async fn a_replayed_apply_failed_event_without_ts_keeps_its_original_time() {
     let t1 = t0 + 2 * SLICE + SLICE / 2;
     let replay = entry(&format!("{t1}-0"), &fields);
     Consumer::new(&store, &boards, &settings, &metrics)
-        .process("rb:events", &[replay], t1)
+        .process(intake_stream(), &[replay], t1)
         .await
         .expect("replay");
     super::assert_replayed_once(&store, &b, &a, t1).await;
@@ -232,20 +245,24 @@ async fn a_dead_letter_stream_named_like_another_layouts_partition_is_refused_or
     let daemon = Daemon::start(&path, port).await;
     xadd_one(
         &store,
-        "rb:events",
+        intake_stream(),
         vec![("room", "r1"), ("user", "u1"), ("amount", "5")],
     )
     .await;
     assert!(
-        drained_streams(&store, &["rb:events".to_string()]).await,
+        drained_streams(&store, &[intake_stream().to_string()]).await,
         "the tip is processed"
     );
     // Wait for a second count of the tip (none should come).
-    let grew = crate::support::wait_for(Duration::from_secs(8), || async {
+    let grew = crate::support::wait::wait_for(Duration::from_secs(8), || async {
         total(&store, "rooms_7d", None, "r1").await != Some(5)
     })
     .await;
-    let dead: i64 = store.client().xlen("rb:events:{7}").await.expect("xlen");
+    let dead: i64 = store
+        .client()
+        .xlen(partition_stream(7))
+        .await
+        .expect("xlen");
     let total = total(&store, "rooms_7d", None, "r1").await;
     daemon.kill().await;
     assert!(

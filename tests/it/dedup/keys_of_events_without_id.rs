@@ -11,7 +11,15 @@ use rollboard::ingest::stream::Entry;
 use rollboard::metrics::Metrics;
 use rollboard::store::{Outcome, Store};
 
-use crate::support::*;
+use crate::support::boards::{
+    apply_events, board, boards_a_b, boards_a_b_metered, entry, ingest_settings, now_ms, roll_all,
+    set_string, test_boards, total_at, Consumer,
+};
+use crate::support::daemon::partitioned_daemon;
+use crate::support::events::{letters, stream_len, xadd_one};
+use crate::support::keys::{dead_letter_stream, intake_stream, partition_stream};
+use crate::support::redis::RedisServer;
+use crate::support::wait::drained_streams;
 
 /// docs/operations.md's replay ("A board that keeps failing") of one `apply_failed` dead letter:
 /// the original fields (reserved names dropped, `orig.*` renamed back), `id` set to
@@ -71,10 +79,10 @@ async fn break_board(store: &Store, b: &Board) -> String {
 #[tokio::test]
 async fn the_readme_replay_keeps_key_and_time_on_the_bare_stream_and_a_partition() {
     const SLICE: i64 = 1_000;
-    for (partitions, stream) in [(1usize, "rb:events"), (2, "rb:events:{1}")] {
+    for (partitions, stream) in [(1usize, intake_stream()), (2, &partition_stream(1))] {
         let (_redis, store) = RedisServer::start_with_store("rb").await;
         let (a, b, boards, metrics) = boards_a_b_metered(SLICE);
-        let settings = ingest_settings("rb:events", partitions);
+        let settings = ingest_settings(intake_stream(), partitions);
         let t0: i64 = 1_000_500;
         let early = t0 - 1_500; // slice 999, live at t0 (slices 997..=1000)
         let broken = break_board(&store, &b).await;
@@ -105,7 +113,7 @@ async fn the_readme_replay_keeps_key_and_time_on_the_bare_stream_and_a_partition
         let replays: Vec<Entry> = dead
             .iter()
             .enumerate()
-            .map(|(i, (_, l))| replay_entry(l, "rb:events", &format!("{t1}-{i}")))
+            .map(|(i, (_, l))| replay_entry(l, intake_stream(), &format!("{t1}-{i}")))
             .collect();
         for delivery in 0..2 {
             Consumer::new(&store, &boards, &settings, &metrics)
@@ -285,7 +293,7 @@ async fn applied_then_crashed(
     // Applied as a daemon with `partitions` would, not acked: what a crash between apply
     // and XACK leaves. process_batch acks in its group, so it is given a throwaway one and
     // the entry stays pending in the real group.
-    let mut shadow = ingest_settings("rb:events", partitions);
+    let mut shadow = ingest_settings(intake_stream(), partitions);
     shadow.group = "shadow".into();
     let _: Value = store
         .client()
@@ -344,11 +352,11 @@ async fn room_total(store: &Store, room: &str) -> Option<i64> {
 async fn a_pending_tip_without_id_claimed_after_a_change_of_partitions_counts_once() {
     let (redis, store, dir) = RedisServer::start_with_store_and_dir("rb").await;
 
-    applied_then_crashed(&store, "rb:events", 1, "bare-1to2", 3).await;
-    applied_then_crashed(&store, "rb:events:{1}", 2, "p1-2to2", 4).await;
-    applied_then_crashed(&store, "rb:events:{5}", 8, "p5-8to2", 5).await;
+    applied_then_crashed(&store, intake_stream(), 1, "bare-1to2", 3).await;
+    applied_then_crashed(&store, &partition_stream(1), 2, "p1-2to2", 4).await;
+    applied_then_crashed(&store, &partition_stream(5), 8, "p5-8to2", 5).await;
     let daemon = partitioned_daemon(dir.path(), &redis, "a", 2).await;
-    let streams = ["rb:events", "rb:events:{1}", "rb:events:{5}"].map(String::from);
+    let streams = [intake_stream(), &partition_stream(1), &partition_stream(5)].map(String::from);
     assert!(
         drained_streams(&store, &streams).await,
         "claimed and acked; log:\n{}",
@@ -361,10 +369,10 @@ async fn a_pending_tip_without_id_claimed_after_a_change_of_partitions_counts_on
 
     // The same, towards one partition.
     let (redis, store) = RedisServer::start_with_store("rb").await;
-    applied_then_crashed(&store, "rb:events:{1}", 2, "p1-2to1", 6).await;
-    applied_then_crashed(&store, "rb:events", 1, "bare-1to1", 7).await;
+    applied_then_crashed(&store, &partition_stream(1), 2, "p1-2to1", 6).await;
+    applied_then_crashed(&store, intake_stream(), 1, "bare-1to1", 7).await;
     let daemon = partitioned_daemon(dir.path(), &redis, "b", 1).await;
-    let streams = ["rb:events", "rb:events:{1}"].map(String::from);
+    let streams = [intake_stream(), &partition_stream(1)].map(String::from);
     assert!(
         drained_streams(&store, &streams).await,
         "claimed and acked; log:\n{}",
@@ -374,7 +382,7 @@ async fn a_pending_tip_without_id_claimed_after_a_change_of_partitions_counts_on
     for (room, amount) in [("p1-2to1", 6), ("bare-1to1", 7)] {
         assert_eq!(room_total(&store, room).await, Some(amount), "{room}");
     }
-    let dead: i64 = store.client().xlen("rb:events:dead").await.expect("xlen");
+    let dead = stream_len(&store, dead_letter_stream()).await;
     assert_eq!(dead, 0);
 }
 
@@ -437,28 +445,28 @@ async fn a_dead_letter_from_a_partition_written_before_the_upgrade_replays_once(
     const SLICE: i64 = 1_000;
     let (_redis, store) = RedisServer::start_with_store("rb").await;
     let (a, b, boards, metrics) = boards_a_b_metered(SLICE);
-    let settings = ingest_settings("rb:events", 2);
+    let settings = ingest_settings(intake_stream(), 2);
     let t0: i64 = 1_764_000_000_500;
     let source_id = format!("{t0}-0");
     // The old version: board a counted the tip under the bare entry ID, board b failed.
     let first = apply_events(
         &store,
         &a,
-        &[crate::support::ev(&source_id, t0, "u1", 5)],
+        &[crate::support::boards::ev(&source_id, t0, "u1", 5)],
         t0,
     )
     .await;
     assert_eq!(first, [Outcome::Applied]);
     xadd_one(
         &store,
-        "rb:events:dead",
+        dead_letter_stream(),
         vec![
             ("user", "u1"),
             ("amount", "5"),
             ("reason", "apply_failed"),
             ("detail", "b: WRONGTYPE"),
             ("source_id", source_id.as_str()),
-            ("source_stream", "rb:events:{1}"),
+            ("source_stream", &partition_stream(1)),
         ],
     )
     .await;
@@ -466,9 +474,9 @@ async fn a_dead_letter_from_a_partition_written_before_the_upgrade_replays_once(
     // bare `source_id` as its `id`.
     let dead = letters(&store).await;
     let t1 = t0 + SLICE;
-    let replay = replay_entry(&dead[0].1, "rb:events:{1}", &format!("{t1}-0"));
+    let replay = replay_entry(&dead[0].1, &partition_stream(1), &format!("{t1}-0"));
     Consumer::new(&store, &boards, &settings, &metrics)
-        .process("rb:events:{1}", &[replay], t1)
+        .process(&partition_stream(1), &[replay], t1)
         .await
         .expect("replay");
     super::assert_replayed_once(&store, &b, &a, t1).await;
@@ -489,11 +497,11 @@ async fn the_readme_replay_within_a_dedup_window_duration_counts_once() {
     b.dedup = Dedup::AfterSlice(1_000);
     let boards = vec![a.clone(), b.clone()];
     let metrics = Metrics::new(&boards);
-    let settings = ingest_settings("rb:events", 2);
+    let settings = ingest_settings(intake_stream(), 2);
     let t0: i64 = 1_764_000_000_500;
     let broken = break_board(&store, &b).await;
     Consumer::new(&store, &boards, &settings, &metrics)
-        .process_one("rb:events:{0}", &[("user", "u1"), ("amount", "5")], t0)
+        .process_one(&partition_stream(0), &[("user", "u1"), ("amount", "5")], t0)
         .await;
     let dead = letters(&store).await;
     assert_eq!(dead.len(), 1);
@@ -501,9 +509,9 @@ async fn the_readme_replay_within_a_dedup_window_duration_counts_once() {
     // One slice later: the slice ended 500 ms ago, its keys are kept for 1 s after that.
     let t1 = t0 + SLICE;
     roll_all(&store, &boards, t1, 100).await;
-    let replay = replay_entry(&dead[0].1, "rb:events", &format!("{t1}-0"));
+    let replay = replay_entry(&dead[0].1, intake_stream(), &format!("{t1}-0"));
     Consumer::new(&store, &boards, &settings, &metrics)
-        .process("rb:events:{0}", &[replay], t1)
+        .process(&partition_stream(0), &[replay], t1)
         .await
         .expect("replay");
     assert_eq!(letters(&store).await.len(), 1, "not late");
@@ -533,7 +541,10 @@ async fn a_partitioned_daemon_replays_dead_letters_of_tips_without_id_once() {
     let broken = break_board(&store, &rooms).await;
 
     let same = format!("{}-0", now_ms());
-    for (stream, user, amount) in [("rb:events:{0}", "u1", "5"), ("rb:events:{1}", "u2", "7")] {
+    for (stream, user, amount) in [
+        (partition_stream(0), "u1", "5"),
+        (partition_stream(1), "u2", "7"),
+    ] {
         let _: String = store
             .client()
             .xadd(
@@ -557,7 +568,7 @@ async fn a_partitioned_daemon_replays_dead_letters_of_tips_without_id_once() {
                 .and_then(|r| r.total)
         }
     };
-    let dead_two = crate::support::wait_for(Duration::from_secs(60), || async {
+    let dead_two = crate::support::wait::wait_for(Duration::from_secs(60), || async {
         letters(&store).await.len() == 2
     })
     .await;
@@ -566,7 +577,7 @@ async fn a_partitioned_daemon_replays_dead_letters_of_tips_without_id_once() {
     for (_, l) in &dead {
         assert_eq!(l["reason"], "apply_failed", "{l:?}");
     }
-    let counted = crate::support::wait_for(Duration::from_secs(30), || async {
+    let counted = crate::support::wait::wait_for(Duration::from_secs(30), || async {
         fans_total("u1").await == Some(5) && fans_total("u2").await == Some(7)
     })
     .await;
@@ -574,16 +585,19 @@ async fn a_partitioned_daemon_replays_dead_letters_of_tips_without_id_once() {
 
     let _: () = store.client().del(broken.as_str()).await.expect("repair");
     for (_, l) in &dead {
-        let fields = replayed(l, "rb:events");
+        let fields = replayed(l, intake_stream());
         let _: String = store
             .client()
             .xadd(l["source_stream"].as_str(), false, None, "*", fields)
             .await
             .expect("replay");
     }
-    let streams = vec!["rb:events:{0}".to_string(), "rb:events:{1}".to_string()];
+    let streams = vec![
+        partition_stream(0).to_string(),
+        partition_stream(1).to_string(),
+    ];
     assert!(drained_streams(&store, &streams).await, "replays read");
-    let replayed_once = crate::support::wait_for(Duration::from_secs(30), || async {
+    let replayed_once = crate::support::wait::wait_for(Duration::from_secs(30), || async {
         store
             .rank(&rooms.widest(), None, "r1", now_ms())
             .await
@@ -597,7 +611,7 @@ async fn a_partitioned_daemon_replays_dead_letters_of_tips_without_id_once() {
     // writes bumps): still one of each on fans_7d, in its live totals too.
     let keys = store.instance(&fans.widest(), Some("r1"));
     let meta = keys.meta();
-    let resummed = crate::support::wait_for(Duration::from_secs(30), || async {
+    let resummed = crate::support::wait::wait_for(Duration::from_secs(30), || async {
         let state: Vec<Option<String>> = store
             .client()
             .hmget(meta.as_str(), vec!["gen", "summed_gen"])
@@ -643,7 +657,7 @@ fn every_key_the_daemon_reads_is_refused_as_the_dead_letter_stream() {
             "[ingest]\nstream = \"{stream}\"\npartitions = {partitions}\ndead_letter_stream = \"{dead}\"\n[[boards]]\nname = \"a\"\nmember = \"user\"\nwindow = \"4s\"\nslice = \"1s\"\n"
         ))
     };
-    for (stream, layouts) in [("rb:events", 1..=MAX_PARTITIONS), ("{rb}/ev", 1..=1)] {
+    for (stream, layouts) in [(intake_stream(), 1..=MAX_PARTITIONS), ("{rb}/ev", 1..=1)] {
         for partitions in layouts {
             let mut read = partition_keys(stream, partitions);
             read.extend(retired_keys(stream, partitions));

@@ -5,7 +5,10 @@
 use rollboard::metrics::Metrics;
 use rollboard::store::Outcome;
 
-use crate::support::*;
+use crate::support::boards::{apply_events, entry, ingest_settings, roll_all, total_at, Consumer};
+use crate::support::events::letters;
+use crate::support::keys::intake_stream;
+use crate::support::redis::RedisServer;
 
 /// Settings of one board `name` over `window` in 1 ms slices, below the TOML `ingest` (may be empty).
 fn one_board(
@@ -73,8 +76,8 @@ async fn the_largest_window_recognises_redeliveries_at_both_ends() {
     assert_eq!(n, rollboard::config::MAX_SLICES_REACHED);
     let (_redis, store) = RedisServer::start_with_store("rb").await;
     let now = 1_763_700_000_000;
-    let newest = crate::support::ev("newest", now, "u1", 5);
-    let oldest = crate::support::ev("oldest", now - n + 1, "u2", 7);
+    let newest = crate::support::boards::ev("newest", now, "u1", 5);
+    let oldest = crate::support::boards::ev("oldest", now - n + 1, "u2", 7);
     let batch = [newest.clone(), oldest.clone()];
     let first = apply_events(&store, &board, &batch, now).await;
     assert_eq!(first, [Outcome::Applied, Outcome::Applied]);
@@ -82,7 +85,7 @@ async fn the_largest_window_recognises_redeliveries_at_both_ends() {
         let again = apply_events(&store, &board, &batch, now).await;
         assert_eq!(again, [Outcome::Duplicate, Outcome::Duplicate]);
         // One at a time too (apply.lua's path when a call holds a duplicate and a new one).
-        let fresh = crate::support::ev("fresh", now, "u1", 1);
+        let fresh = crate::support::boards::ev("fresh", now, "u1", 1);
         let mixed = apply_events(&store, &board, &[oldest.clone(), fresh], now).await;
         assert_eq!(mixed[0], Outcome::Duplicate);
     }
@@ -118,7 +121,7 @@ async fn a_tip_max_future_ahead_in_the_largest_window_counts_once() {
     let (_redis, store) = RedisServer::start_with_store("rb").await;
     let now = 1_763_700_000_000;
     // As far ahead as the default max_future of 5 minutes allows.
-    let ahead = crate::support::ev("ahead", now + 300_000, "u1", 5);
+    let ahead = crate::support::boards::ev("ahead", now + 300_000, "u1", 5);
     let first = apply_events(&store, &board, std::slice::from_ref(&ahead), now).await;
     assert_eq!(first, [Outcome::Applied]);
     let again = apply_events(&store, &board, std::slice::from_ref(&ahead), now).await;
@@ -157,7 +160,7 @@ async fn the_largest_window_with_a_max_future_not_a_multiple_of_the_slice_counts
         let boards = settings.boards.clone();
         let board = boards[0].clone();
         assert_eq!(board.widest().slices_in_window(), n);
-        let mut ingest_settings = ingest_settings("rb:events", 1);
+        let mut ingest_settings = ingest_settings(intake_stream(), 1);
         ingest_settings.max_future_ms = settings.ingest.max_future_ms;
         assert_eq!(ingest_settings.max_future_ms, 300_000);
 
@@ -190,7 +193,7 @@ async fn the_largest_window_with_a_max_future_not_a_multiple_of_the_slice_counts
         ];
         for delivery in 0..3 {
             Consumer::new(&store, &boards, &ingest_settings, &metrics)
-                .process("rb:events", &batch, now)
+                .process(intake_stream(), &batch, now)
                 .await
                 .expect("batch");
             // With "1h" the oldest slice is past the hour: its ids may be forgotten, so its
@@ -216,7 +219,7 @@ async fn the_largest_window_with_a_max_future_not_a_multiple_of_the_slice_counts
         let again = apply_events(
             &store,
             &board,
-            &[crate::support::ev("ahead", ahead, "u1", 5)],
+            &[crate::support::boards::ev("ahead", ahead, "u1", 5)],
             now,
         )
         .await;

@@ -14,7 +14,7 @@ use rollboard::store::Store;
 async fn assert_replayed_once(store: &Store, repaired: &Board, counted: &Board, now: i64) {
     let (once, dup) = (&repaired.name, &counted.name);
     let (repaired, counted) = (repaired.widest(), counted.widest());
-    let total = |b| crate::support::total_at(store, b, "u1", now);
+    let total = |b| crate::support::boards::total_at(store, b, "u1", now);
     assert_eq!(total(&repaired).await, Some(5), "{once}: counted once");
     assert_eq!(total(&counted).await, Some(5), "{dup}: a duplicate");
 }

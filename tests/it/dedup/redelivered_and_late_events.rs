@@ -3,7 +3,9 @@
 
 use rollboard::store::Outcome;
 
-use crate::support::*;
+use crate::support::boards::{apply_events, board, ev, HOUR};
+use crate::support::keys::instance;
+use crate::support::redis::RedisServer;
 
 const NOW: i64 = 1_763_700_000_000;
 
@@ -21,13 +23,10 @@ async fn a_redelivered_batch_changes_nothing() {
         first,
         vec![Outcome::Applied, Outcome::Applied, Outcome::Duplicate]
     );
-    let before = redis.cli(&["ZREVRANGE", "rb:{rooms}:result", "0", "-1", "WITHSCORES"]);
+    let before = redis.ranking(&instance("rooms", None).result());
     let again = apply_events(&store, &b, &batch, NOW).await;
     assert_eq!(again, vec![Outcome::Duplicate; 3]);
-    assert_eq!(
-        redis.cli(&["ZREVRANGE", "rb:{rooms}:result", "0", "-1", "WITHSCORES"]),
-        before
-    );
+    assert_eq!(redis.ranking(&instance("rooms", None).result()), before);
     // Same key, other fields (even another slice): still a duplicate, the first one wins.
     let other = apply_events(&store, &b, &[ev("b", NOW - 2 * HOUR, "z", 100)], NOW).await;
     assert_eq!(other, vec![Outcome::Duplicate]);

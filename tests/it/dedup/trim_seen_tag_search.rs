@@ -3,7 +3,8 @@
 
 use fred::prelude::*;
 
-use crate::support::*;
+use crate::support::boards::now_ms;
+use crate::support::redis::{fcall, RedisServer};
 
 /// One 20-byte digest-table entry: the digest, then the slice tag, big-endian.
 fn entry(digest: [u8; 16], tag: u32) -> Vec<u8> {

@@ -7,7 +7,15 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use crate::support::*;
+use crate::support::acl::{acl_server, acl_url, Server, PASSWORD};
+use crate::support::cli::{assert_contains, SpawnPiped};
+use crate::support::config::{write_config_url, BOARDS};
+use crate::support::daemon::Daemon;
+use crate::support::events::{tips, tips_total};
+use crate::support::keys::{intake_stream, schema};
+use crate::support::redis::free_port;
+use crate::support::sse::{entered, feed_boards, Sse};
+use crate::support::wait::wait_for;
 
 fn rollboard(config: &Path, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_rollboard"))
@@ -89,7 +97,14 @@ async fn the_shipped_acl_user_runs_the_daemon_and_the_cli_end_to_end() {
     )
     .await
     .expect("connect as the rollboard user");
-    let id = entered(&store, "rb:changes:{rooms_7d}", "r1", 1, 5).await;
+    let id = entered(
+        &store,
+        &schema().changes("rooms_7d", None, None),
+        "r1",
+        1,
+        5,
+    )
+    .await;
     let event = feed.next_event(Duration::from_secs(10)).await;
     assert_eq!(event.and_then(|e| e.id), Some(id), "{}", daemon.logs());
     drop(feed);
@@ -203,7 +218,7 @@ async fn a_missing_command_or_key_permission_stops_the_daemon_naming_it() {
     let out = rollboard(&other, &["top", "rooms_7d"]);
     assert_eq!(out.status.code(), Some(64), "{}", text(&out));
     assert_contains(&text(&out), "key other:{rooms_7d}:meta");
-    assert!(!text(&out).contains("rb:events"), "{}", text(&out));
+    assert!(!text(&out).contains(intake_stream()), "{}", text(&out));
 
     // A board with a change feed needs the feed's stream commands.
     let redis_noxread = acl_server(dir.path(), &["+xread"]);

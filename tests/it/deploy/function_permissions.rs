@@ -3,7 +3,10 @@
 
 use std::time::Duration;
 
-use crate::support::*;
+use crate::support::acl::{acl_server, acl_url, PASSWORD};
+use crate::support::cli::rollboard;
+use crate::support::config::write_config_url;
+use crate::support::redis::free_port;
 
 /// For each of the three library permissions taken from the shipped ACL user: `rollboard
 /// run` exits by itself with 64, naming the command, and so does a CLI query.

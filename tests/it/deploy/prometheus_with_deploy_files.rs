@@ -11,7 +11,11 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::support::*;
+use crate::support::cli::SpawnPiped;
+use crate::support::config::server_and_config;
+use crate::support::daemon::Daemon;
+use crate::support::redis::{free_port, RedisServer};
+use crate::support::wait::wait_for;
 
 /// Where the deploy files live.
 fn deploy() -> PathBuf {

@@ -18,9 +18,17 @@ use rollboard::roll::{self, Job};
 use rollboard::store::{ApplyEvent, Outcome, Reconnect, Store};
 use tokio_util::sync::CancellationToken;
 
+use crate::support::asserts::{assert_state, verify_differences};
+use crate::support::boards::{apply_events, ev, now_ms, test_boards, variants, HOUR};
+use crate::support::cli::assert_success;
+use crate::support::config::config_for_url;
+use crate::support::daemon::Daemon;
+use crate::support::events::{models, xadd_all, Fields};
+use crate::support::keys::{dead_letter_stream, instance, intake_stream};
 use crate::support::model::{assert_matches, Instance};
 use crate::support::proxy::Proxy;
-use crate::support::*;
+use crate::support::redis::{fcall_calls, function_name, RedisServer};
+use crate::support::wait::{drained, wait_for};
 
 /// A small xorshift generator; the seed is printed with every failure.
 struct Dice(u64);
@@ -214,7 +222,7 @@ impl Rig {
             .await;
         verify_cli(&self.config).await;
         // Nothing was set aside: every event is valid, and an outage never dead-letters.
-        let dead = self.redis.cli(&["XLEN", "rb:events:dead"]);
+        let dead = self.redis.cli(&["XLEN", dead_letter_stream()]);
         assert_eq!(dead.trim(), "0", "dead letters after a fault");
         figures
     }
@@ -370,7 +378,7 @@ async fn cuts_mid_batch_mid_ack_and_mid_swap_lose_nothing_and_double_nothing() {
         } as usize;
         proxy.cut_at(pattern, nth, 1);
         let batch = events(&format!("w{wave}-"), 0..600, now);
-        xadd_all(rig.store.client(), "rb:events", &batch).await;
+        xadd_all(rig.store.client(), intake_stream(), &batch).await;
         sent.extend(batch);
         if wait_for(Duration::from_secs(5), || async { !proxy.armed() }).await {
             *fired.entry(name).or_default() += 1;
@@ -409,7 +417,7 @@ async fn an_apply_call_cut_after_it_reached_redis_is_not_resent() {
     let redis = RedisServer::start();
     let proxy = Proxy::start(redis.port).await;
     let store = proxy.store().await;
-    let board = crate::support::board("cut_once", HOUR, 24);
+    let board = crate::support::boards::board("cut_once", HOUR, 24);
     let now = now_ms();
     // 70 events of distinct members: three `fold.lua` calls; the second one is cut.
     let events: Vec<ApplyEvent> = (0..70)
@@ -423,7 +431,7 @@ async fn an_apply_call_cut_after_it_reached_redis_is_not_resent() {
     }
     // A first apply elsewhere loads the library (a call answered "function not found"
     // counts as a call).
-    let warm = crate::support::board("warm", HOUR, 24);
+    let warm = crate::support::boards::board("warm", HOUR, 24);
     apply_events(&store, &warm, &[ev("w", now, "m", 1)], now).await;
     let before = fcall_calls(&redis);
     proxy.cut_at(&function_name("fold"), 2, 1);
@@ -434,7 +442,11 @@ async fn an_apply_call_cut_after_it_reached_redis_is_not_resent() {
     assert!(failed.is_err(), "a cut apply call answered {failed:?}");
     // Whether the third call reached Redis: the member of its last event is known.
     let third = redis
-        .cli(&["HEXISTS", "rb:{cut_once}:members", &events[69].member])
+        .cli(&[
+            "HEXISTS",
+            &instance("cut_once", None).members(),
+            &events[69].member,
+        ])
         .trim()
         == "1";
     let reached: usize = if third { 3 } else { 2 };
@@ -471,7 +483,7 @@ async fn latency_on_every_chunk_changes_no_result() {
         let ms = dice.within(20, 50);
         proxy.latency(Duration::from_millis(ms));
         let batch = events(&format!("l{wave}-"), 0..500, now);
-        xadd_all(rig.store.client(), "rb:events", &batch).await;
+        xadd_all(rig.store.client(), intake_stream(), &batch).await;
         sent.extend(batch);
         // Let each latency work on a backlog for a while.
         let progressed = wait_for(Duration::from_secs(20), || async {
@@ -505,11 +517,11 @@ async fn a_partition_shows_in_readyz_metrics_and_log_and_heals_by_itself() {
     let proxy = rig.proxy();
     let now = now_ms();
     let mut sent = events("b", 0..2000, now);
-    xadd_all(rig.store.client(), "rb:events", &sent[..1000]).await;
+    xadd_all(rig.store.client(), intake_stream(), &sent[..1000]).await;
     let errors_before = rig.metric("rollboard_redis_errors_total", &[]).await;
     proxy.blackhole(true);
     let partitioned = std::time::Instant::now();
-    xadd_all(rig.store.client(), "rb:events", &sent[1000..]).await;
+    xadd_all(rig.store.client(), intake_stream(), &sent[1000..]).await;
     let unready = rig
         .daemon
         .readyz_becomes(503, Duration::from_secs(10))
@@ -542,7 +554,7 @@ async fn a_partition_shows_in_readyz_metrics_and_log_and_heals_by_itself() {
         .await;
     assert!(ready, "never ready again; log:\n{}", rig.daemon.logs());
     let more = events("b2-", 0..500, now);
-    xadd_all(rig.store.client(), "rb:events", &more).await;
+    xadd_all(rig.store.client(), intake_stream(), &more).await;
     sent.extend(more);
     let figures = rig.settle(&sent).await;
     let logs = rig.daemon.logs();
@@ -569,11 +581,11 @@ async fn redis_restarted_with_aof_during_ingest_loses_and_doubles_nothing() {
     let mut sent = events("k", 0..3000, now);
     for (phase, graceful) in [(0usize, false), (1, true)] {
         let part = &sent[phase * 1500..(phase + 1) * 1500];
-        xadd_all(rig.store.client(), "rb:events", part).await;
+        xadd_all(rig.store.client(), intake_stream(), part).await;
         // Restart once the daemon is part-way through the backlog.
         let started = wait_for(Duration::from_secs(20), || async {
             matches!(
-                rollboard::ingest::stream::group_info(rig.store.client(), "rb:events", "rollboard").await,
+                rollboard::ingest::stream::group_info(rig.store.client(), intake_stream(), "rollboard").await,
                 Ok(Some((_, Some(lag)))) if lag < 1400
             )
         })
@@ -604,7 +616,7 @@ async fn redis_restarted_with_aof_during_ingest_loses_and_doubles_nothing() {
         assert!(ready, "never ready again; log:\n{}", rig.daemon.logs());
     }
     let more = events("k2-", 0..300, now);
-    xadd_all(rig.store.client(), "rb:events", &more).await;
+    xadd_all(rig.store.client(), intake_stream(), &more).await;
     sent.extend(more);
     let figures = rig.settle(&sent).await;
     let reconnects = rig.metric("rollboard_redis_reconnects_total", &[]).await;
@@ -725,7 +737,7 @@ async fn maxmemory_refuses_scripts_and_the_backlog_drains_once_raised() {
     let sent = events("m", 0..3000, now);
     rig.redis
         .cli(&["CONFIG", "SET", "maxmemory-policy", "noeviction"]);
-    xadd_all(rig.store.client(), "rb:events", &sent[..500]).await;
+    xadd_all(rig.store.client(), intake_stream(), &sent[..500]).await;
     let started = wait_for(Duration::from_secs(20), || async {
         rig.metric("rollboard_events_applied_total", &[]).await >= 1.0
     })
@@ -734,7 +746,7 @@ async fn maxmemory_refuses_scripts_and_the_backlog_drains_once_raised() {
     // The rest goes into the stream before the limit, which refuses XADD too; the daemon
     // is held off meanwhile (for well under its timeouts), so that the limit meets a backlog.
     rig.proxy().blackhole(true);
-    xadd_all(rig.store.client(), "rb:events", &sent[500..]).await;
+    xadd_all(rig.store.client(), intake_stream(), &sent[500..]).await;
     let errors_before = rig.metric("rollboard_redis_errors_total", &[]).await;
     rig.redis.cli(&["CONFIG", "SET", "maxmemory", "1"]);
     rig.proxy().blackhole(false);
@@ -747,9 +759,10 @@ async fn maxmemory_refuses_scripts_and_the_backlog_drains_once_raised() {
         "no Redis error counted; log:\n{}",
         rig.daemon.logs()
     );
-    let held = rollboard::ingest::stream::group_info(rig.store.client(), "rb:events", "rollboard")
-        .await
-        .expect("group info");
+    let held =
+        rollboard::ingest::stream::group_info(rig.store.client(), intake_stream(), "rollboard")
+            .await
+            .expect("group info");
     eprintln!("at maxmemory: (pending, lag) = {held:?}");
     assert!(
         held.is_some_and(|(pending, _)| pending > 0),
@@ -767,7 +780,7 @@ async fn maxmemory_refuses_scripts_and_the_backlog_drains_once_raised() {
     let (_, body) = rig.daemon.get("/readyz").await;
     assert!(reported, "readyz at maxmemory: {body}");
     eprintln!("readyz at maxmemory: {body}");
-    let dead = rig.redis.cli(&["XLEN", "rb:events:dead"]);
+    let dead = rig.redis.cli(&["XLEN", dead_letter_stream()]);
     assert_eq!(dead.trim(), "0", "nothing dead-lettered at maxmemory");
     rig.redis.cli(&["CONFIG", "SET", "maxmemory", "0"]);
     let figures = rig.settle(&sent).await;

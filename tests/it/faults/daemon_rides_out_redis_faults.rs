@@ -9,7 +9,16 @@ use std::time::Duration;
 use fred::prelude::*;
 use rollboard::store::Store;
 
-use crate::support::*;
+use crate::support::asserts::{
+    assert_drained_into_model, assert_metrics, assert_state, verify_differences,
+};
+use crate::support::boards::{now_ms, test_boards};
+use crate::support::config::{config_for, config_for_url};
+use crate::support::daemon::{redis_and_config, Daemon};
+use crate::support::events::{models, payment, tip, tip_or_payment, tips_now, xadd_all, Fields};
+use crate::support::keys::{dead_letter_stream, instance, intake_stream};
+use crate::support::redis::RedisServer;
+use crate::support::wait::{drained, wait_for};
 
 #[tokio::test]
 async fn a_redis_restart_turns_readyz_503_then_200_and_loses_nothing() {
@@ -24,7 +33,7 @@ async fn a_redis_restart_turns_readyz_503_then_200_and_loses_nothing() {
         let store = Store::connect(&store_url, "rb", 1, rollboard::store::Reconnect::Never)
             .await
             .expect("connect");
-        xadd_all(store.client(), "rb:events", &events[..500]).await;
+        xadd_all(store.client(), intake_stream(), &events[..500]).await;
         assert!(drained(&store).await);
     }
     redis.kill();
@@ -41,7 +50,7 @@ async fn a_redis_restart_turns_readyz_503_then_200_and_loses_nothing() {
     let store = Store::connect(&store_url, "rb", 1, rollboard::store::Reconnect::Never)
         .await
         .expect("connect");
-    xadd_all(store.client(), "rb:events", &events[500..]).await;
+    xadd_all(store.client(), intake_stream(), &events[500..]).await;
     assert_drained_into_model(&store, &events, &daemon).await;
     assert!(daemon.metric("rollboard_redis_reconnects_total", &[]).await >= 1.0);
     assert!(daemon.terminate().await.success());
@@ -54,14 +63,20 @@ async fn a_board_whose_apply_keeps_failing_is_reported_and_holds_no_other_board(
     let c = store.client();
     // rooms_7d's members hash is of the wrong type: every apply of that board fails.
     let _: () = c
-        .set("rb:{rooms_7d}:members", "broken", None, None, false)
+        .set(
+            instance("rooms_7d", None).members(),
+            "broken",
+            None,
+            None,
+            false,
+        )
         .await
         .expect("set");
     let daemon = Daemon::start(&config, port).await;
     let tips: Vec<Fields> = (0..300).map(|i| tip(i, now)).collect();
     let payments: Vec<Fields> = (0..100).map(|i| payment(i, now)).collect();
-    xadd_all(c, "rb:events", &tips).await;
-    xadd_all(c, "rb:events", &payments).await;
+    xadd_all(c, intake_stream(), &tips).await;
+    xadd_all(c, intake_stream(), &payments).await;
     assert!(drained(&store).await, "the other boards were held back");
 
     // The other boards hold exactly their events.
@@ -71,7 +86,7 @@ async fn a_board_whose_apply_keeps_failing_is_reported_and_holds_no_other_board(
     expected.retain(|(b, _), _| boards[*b].name != "rooms_7d");
     assert_state(&store, &boards, &expected, now).await;
     assert_eq!(
-        c.exists::<i64, _>("rb:{rooms_7d}:result")
+        c.exists::<i64, _>(instance("rooms_7d", None).result())
             .await
             .expect("exists"),
         0
@@ -79,7 +94,7 @@ async fn a_board_whose_apply_keeps_failing_is_reported_and_holds_no_other_board(
 
     // Every tip is in the dead-letter stream once, for rooms_7d only, as apply_failed.
     let dead: Vec<(String, HashMap<String, String>)> = c
-        .xrange("rb:events:dead", "-", "+", None)
+        .xrange(dead_letter_stream(), "-", "+", None)
         .await
         .expect("xrange");
     // Once each: a batch read ahead while the previous one was retried is not claimed
@@ -114,7 +129,10 @@ async fn a_board_whose_apply_keeps_failing_is_reported_and_holds_no_other_board(
 
     // Repaired and replayed (original fields, same ids): rooms_7d gets every tip once,
     // the boards that already counted them skip them as duplicates.
-    let _: i64 = c.del("rb:{rooms_7d}:members").await.expect("del");
+    let _: i64 = c
+        .del(instance("rooms_7d", None).members())
+        .await
+        .expect("del");
     let replay: Vec<Fields> = dead
         .iter()
         .map(|(_, fields)| {
@@ -129,7 +147,7 @@ async fn a_board_whose_apply_keeps_failing_is_reported_and_holds_no_other_board(
             f
         })
         .collect();
-    xadd_all(c, "rb:events", &replay).await;
+    xadd_all(c, intake_stream(), &replay).await;
     assert!(drained(&store).await);
     assert_state(&store, &boards, &models(&everything, &boards, now), now).await;
     let recovered = daemon
@@ -146,13 +164,12 @@ async fn a_board_whose_apply_keeps_failing_is_reported_and_holds_no_other_board(
 
 #[tokio::test]
 async fn connections_cut_after_scripts_and_acks_reach_redis_lose_nothing_and_double_nothing() {
-    let redis = RedisServer::start();
+    let (redis, store) = RedisServer::start_with_store("rb").await;
     let proxy = crate::support::proxy::Proxy::start(redis.port).await;
-    let store = redis.store("rb").await;
     let (_dir, port, config) = config_for_url(&proxy.url(), "a", "");
     let now = now_ms();
     let events: Vec<Fields> = (0..4000).map(|i| tip_or_payment(i, now, 3)).collect();
-    xadd_all(store.client(), "rb:events", &events).await;
+    xadd_all(store.client(), intake_stream(), &events).await;
     let daemon = Daemon::start(&config, port).await;
     // Cut a connection right after an apply script, an XACK or an expiry chunk reached
     // Redis (its reply lost), over and over while the backlog drains.

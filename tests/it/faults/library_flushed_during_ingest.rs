@@ -5,7 +5,14 @@ use std::time::Duration;
 
 use rollboard::store::{Reconnect, Store};
 
-use crate::support::*;
+use crate::support::asserts::assert_drained_into_model_at;
+use crate::support::boards::now_ms;
+use crate::support::config::config_for_url;
+use crate::support::daemon::Daemon;
+use crate::support::events::{tip, xadd_all, Fields};
+use crate::support::keys::{dead_letter_stream, intake_stream};
+use crate::support::redis::RedisServer;
+use crate::support::wait::wait_for;
 
 /// A library as an older release left it: its functions have this build's short names
 /// under another version, and each answers an error, so a call of one would show.
@@ -63,11 +70,11 @@ async fn a_library_flushed_mid_ingest_loses_and_doubles_nothing() {
     for (wave, part) in events.chunks(600).enumerate() {
         // Before the wave (its calls find no library) and while the daemon applies it.
         take_away(wave);
-        xadd_all(store.client(), "rb:events", part).await;
+        xadd_all(store.client(), intake_stream(), part).await;
         take_away(wave + 1);
     }
     assert_drained_into_model_at(&store, &events, &daemon, now).await;
-    assert_eq!(redis.cli(&["XLEN", "rb:events:dead"]).trim(), "0");
+    assert_eq!(redis.cli(&["XLEN", dead_letter_stream()]).trim(), "0");
     // The daemon's own calls loaded it again.
     assert!(
         wait_for(Duration::from_secs(10), || async {

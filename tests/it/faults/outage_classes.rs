@@ -13,7 +13,16 @@ use fred::prelude::*;
 use rollboard::ingest::stream::group_info;
 use rollboard::store::Store;
 
-use crate::support::*;
+use crate::support::asserts::{assert_metrics, assert_state};
+use crate::support::boards::{set_string, test_boards};
+use crate::support::cluster::{cli, RedisCluster};
+use crate::support::config::config_for_url;
+use crate::support::daemon::Daemon;
+use crate::support::events::{models, payment, tip, xadd_all, Fields};
+use crate::support::http::answer_parts;
+use crate::support::keys::{dead_letter_stream, intake_stream};
+use crate::support::redis::RedisServer;
+use crate::support::wait::{drained, wait_for};
 
 /// A board instance: board index and scope.
 type Instance = (usize, Option<String>);
@@ -97,7 +106,7 @@ async fn xadd_at_once(client: &Client, events: &[Fields]) {
     let tx = client.multi();
     for f in events {
         let _: () = tx
-            .xadd("rb:events", false, None, "*", f.clone())
+            .xadd(intake_stream(), false, None, "*", f.clone())
             .await
             .expect("queue xadd");
     }
@@ -105,7 +114,7 @@ async fn xadd_at_once(client: &Client, events: &[Fields]) {
 }
 
 async fn pending(store: &Store) -> Option<i64> {
-    match group_info(store.client(), "rb:events", "rollboard").await {
+    match group_info(store.client(), intake_stream(), "rollboard").await {
         Ok(Some((pending, _))) => Some(pending),
         _ => None,
     }
@@ -114,7 +123,7 @@ async fn pending(store: &Store) -> Option<i64> {
 async fn dead_letters(store: &Store) -> i64 {
     store
         .client()
-        .xlen("rb:events:dead")
+        .xlen(dead_letter_stream())
         .await
         .expect("xlen of the dead letters")
 }
@@ -206,7 +215,7 @@ async fn held_until_cleared<T>(
     let boards = test_boards();
     let daemon = &rig.daemon;
     let mut sent = events(0, 30, now);
-    xadd_all(rig.admin.client(), "rb:events", &sent).await;
+    xadd_all(rig.admin.client(), intake_stream(), &sent).await;
     assert!(drained(&rig.admin).await, "log:\n{}", daemon.logs());
     // Read before the freeze: a frozen daemon answers nothing.
     let errors_before = daemon.metric("rollboard_redis_errors_total", &[]).await;
@@ -404,7 +413,7 @@ async fn wrongtype_met_inside_a_script_is_bad_data() {
         .apply(
             &board,
             None,
-            &[crate::support::ev("e1", now - 10, "m", 5)],
+            &[crate::support::boards::ev("e1", now - 10, "m", 5)],
             now,
         )
         .await
@@ -433,8 +442,8 @@ async fn misconf_on_one_cluster_master_holds_only_its_boards() {
     let boards = test_boards();
     let now = rollboard::domain::clock::local_ms();
     let streams = [
-        cluster.owner_of("rb:events"),
-        cluster.owner_of("rb:events:dead"),
+        cluster.owner_of(intake_stream()),
+        cluster.owner_of(dead_letter_stream()),
     ];
     // Every instance the test events touch, with the masters its apply writes to: its own
     // and, for a scoped board, its board's scope registry's.
@@ -472,7 +481,7 @@ async fn misconf_on_one_cluster_master_holds_only_its_boards() {
     );
 
     let mut sent = events(0, 30, now);
-    xadd_all(rig.admin.client(), "rb:events", &sent).await;
+    xadd_all(rig.admin.client(), intake_stream(), &sent).await;
     assert!(drained(&rig.admin).await, "log:\n{}", daemon.logs());
 
     stop_persisting(broken, &cluster.dir_of(broken));
@@ -487,7 +496,7 @@ async fn misconf_on_one_cluster_master_holds_only_its_boards() {
     // ones wait.
     for round in 0..3 {
         let batch = events(1_000 + round * 300, 300, now);
-        xadd_all(rig.admin.client(), "rb:events", &batch).await;
+        xadd_all(rig.admin.client(), intake_stream(), &batch).await;
         sent.extend(batch);
     }
     let posted = events(5_000, 40, now);
@@ -517,7 +526,7 @@ async fn misconf_on_one_cluster_master_holds_only_its_boards() {
     let kept_going = wait_for(Duration::from_secs(60), || async {
         pending(&rig.admin).await == Some(held)
             && matches!(
-                group_info(rig.admin.client(), "rb:events", "rollboard").await,
+                group_info(rig.admin.client(), intake_stream(), "rollboard").await,
                 Ok(Some((_, Some(0))))
             )
     })

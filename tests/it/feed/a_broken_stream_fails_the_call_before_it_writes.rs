@@ -6,8 +6,11 @@ use fred::prelude::*;
 use rollboard::domain::board::{Board, Changes, Mode};
 use rollboard::store::{Outcome, Store};
 
+use crate::support::boards::{
+    apply_model, ev, roll_board, run_jobs, set_string, snapshot, variants,
+};
 use crate::support::model::{assert_matches, Instance};
-use crate::support::*;
+use crate::support::redis::RedisServer;
 
 const SLICE: i64 = 1_000;
 const NOW: i64 = 1_000_000;
@@ -22,17 +25,7 @@ fn with_feed(mut b: Board) -> Board {
 
 /// Runs both jobs over `b` at `now`; how many instances failed.
 async fn roll_failures(store: &Store, b: &Board, now: i64) -> u64 {
-    let reports = rollboard::roll::run_once(
-        store,
-        std::slice::from_ref(b),
-        rollboard::roll::Job::All,
-        None,
-        now,
-        10,
-        &tokio_util::sync::CancellationToken::new(),
-    )
-    .await
-    .expect("roll");
+    let reports = run_jobs(store, std::slice::from_ref(b), now, 10).await;
     reports[0].instances_failed
 }
 

@@ -5,8 +5,9 @@
 
 use rollboard::domain::board::Changes;
 
+use crate::support::boards::{apply_events, board, ev, T0};
 use crate::support::feed::{changes_after, replay};
-use crate::support::*;
+use crate::support::redis::RedisServer;
 
 const SLICE: i64 = 60_000;
 

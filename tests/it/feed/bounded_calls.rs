@@ -7,8 +7,9 @@
 use rollboard::domain::board::{Changes, Mode};
 use rollboard::store::ApplyEvent;
 
+use crate::support::boards::{apply_events, board, ev, roll_board, T0};
 use crate::support::feed::changes_after;
-use crate::support::*;
+use crate::support::redis::RedisServer;
 
 const SLICE: i64 = 60_000;
 

@@ -10,9 +10,11 @@
 use rollboard::domain::board::{Board, Changes, Mode, TieBreak};
 use rollboard::store::{ApplyEvent, Outcome, Store};
 
+use crate::support::asserts::{assert_verified, ranked};
+use crate::support::boards::{apply_events, board, ev, roll_board, row, RANKING, T0};
 use crate::support::feed::{changes_after, expected_changes, replay, Change};
 use crate::support::proxy::Proxy;
-use crate::support::*;
+use crate::support::redis::{function_name, RedisServer};
 
 const SLICE: i64 = 60_000;
 
@@ -299,28 +301,18 @@ async fn a_dense_rank_board_keeps_its_feed_and_its_distinct_totals() {
         } else {
             "roll"
         };
-        apply_events(
-            &store,
-            &b,
-            &tips(
-                "a",
-                now - 2 * SLICE,
-                &[("alice", 4), ("bob", 4), ("carol", 2)],
-            ),
-            now,
-        )
-        .await;
+        let events = tips(
+            "a",
+            now - 2 * SLICE,
+            &[("alice", 4), ("bob", 4), ("carol", 2)],
+        );
+        apply_events(&store, &b, &events, now).await;
         if mode == Mode::Resummarize {
             roll_board(&store, &b, now).await;
         }
         r.step(cause, now).await;
-        apply_events(
-            &store,
-            &b,
-            &tips("b", now, &[("dave", 3), ("carol", 5)]),
-            now,
-        )
-        .await;
+        let events = tips("b", now, &[("dave", 3), ("carol", 5)]);
+        apply_events(&store, &b, &events, now).await;
         if mode == Mode::Resummarize {
             roll_board(&store, &b, now).await;
         }
@@ -353,13 +345,8 @@ async fn the_stream_holds_exactly_changes_max_len_entries() {
         let amount = totals[other] - totals[who] + 1;
         totals[who] += amount;
         let member = ["alice", "bob"][who];
-        apply_events(
-            &store,
-            &b,
-            &[ev(&format!("e{i}"), now, member, amount)],
-            now,
-        )
-        .await;
+        let tip = ev(&format!("e{i}"), now, member, amount);
+        apply_events(&store, &b, &[tip], now).await;
     }
     let (changes, _) = changes_after(&store, &key, None).await;
     // The first tip: alice entered; the second: bob entered ahead... each later tip one pass.
@@ -367,6 +354,14 @@ async fn the_stream_holds_exactly_changes_max_len_entries() {
     assert!(changes.iter().all(|c| c.kind == "passed"));
     assert_eq!(changes.last().expect("one").member, "bob");
     assert_eq!(changes.last().expect("one").total, totals[1]);
+}
+
+/// Part `part` of a hundred tips `<prefix><i>` to the members `m000` to `m099`, 25 a part,
+/// tip `i` of `amount(i)`, all at `now`.
+fn part_of_100(prefix: &str, part: i64, now: i64, amount: impl Fn(i64) -> i64) -> Vec<ApplyEvent> {
+    (25 * part..25 * part + 25)
+        .map(|i| ev(&format!("{prefix}{i}"), now, &format!("m{i:03}"), amount(i)))
+        .collect()
 }
 
 /// A top of 100, and 25 members from its bottom jumping to its head in one call: 25 × 75
@@ -378,9 +373,7 @@ async fn a_top_of_100_records_every_pass_of_a_call() {
     let now = now0();
     let mut r = Reader::new(&store, &b, None);
     for part in 0..4 {
-        let events: Vec<ApplyEvent> = (25 * part..25 * part + 25)
-            .map(|i| ev(&format!("a{i}"), now, &format!("m{i:03}"), 1_000 + i))
-            .collect();
+        let events = part_of_100("a", part, now, |i| 1_000 + i);
         apply_events(&store, &b, &events, now).await;
         assert_eq!(r.step("tip", now).await.len(), 25);
     }
@@ -406,13 +399,8 @@ async fn a_refused_swap_records_nothing() {
     b.mode = Mode::Resummarize;
     let now = now0();
     let mut r = Reader::new(&store, &b, None);
-    apply_events(
-        &store,
-        &b,
-        &tips("a", now, &[("alice", 4), ("bob", 2)]),
-        now,
-    )
-    .await;
+    let events = tips("a", now, &[("alice", 4), ("bob", 2)]);
+    apply_events(&store, &b, &events, now).await;
     let (_, gen) = store.meta(&b.widest(), None).await.expect("meta");
     let token = "race1";
     store
@@ -469,17 +457,13 @@ async fn a_swap_that_reverses_a_top_of_100_records_every_pass() {
     let now = now0();
     let mut r = Reader::new(&store, &b, None);
     for part in 0..4 {
-        let events: Vec<ApplyEvent> = (25 * part..25 * part + 25)
-            .map(|i| ev(&format!("a{i}"), now, &format!("m{i:03}"), 1_000 + i))
-            .collect();
+        let events = part_of_100("a", part, now, |i| 1_000 + i);
         apply_events(&store, &b, &events, now).await;
     }
     roll_board(&store, &b, now).await;
     assert_eq!(r.step("roll", now).await.len(), 100);
     for part in 0..4 {
-        let events: Vec<ApplyEvent> = (25 * part..25 * part + 25)
-            .map(|i| ev(&format!("b{i}"), now, &format!("m{i:03}"), 200 - 2 * i))
-            .collect();
+        let events = part_of_100("b", part, now, |i| 200 - 2 * i);
         apply_events(&store, &b, &events, now).await;
     }
     redis.cli(&["CONFIG", "SET", "slowlog-log-slower-than", "0"]);
@@ -500,23 +484,18 @@ async fn a_roll_split_across_calls_records_each_calls_change() {
     let now = now0();
     let mut r = Reader::new(&store, &b, None);
     let old = now - 2 * SLICE;
-    apply_events(
-        &store,
-        &b,
-        &tips(
-            "a",
-            old,
-            &[
-                ("alice", 9),
-                ("bob", 8),
-                ("carol", 7),
-                ("dave", 6),
-                ("erin", 5),
-            ],
-        ),
-        now,
-    )
-    .await;
+    let events = tips(
+        "a",
+        old,
+        &[
+            ("alice", 9),
+            ("bob", 8),
+            ("carol", 7),
+            ("dave", 6),
+            ("erin", 5),
+        ],
+    );
+    apply_events(&store, &b, &events, now).await;
     r.step("tip", now).await;
     r.tip("b", now, &[("dave", 1), ("bob", 1)]).await;
     let later = now + 2 * SLICE;

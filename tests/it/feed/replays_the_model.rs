@@ -8,9 +8,10 @@ use proptest::prelude::*;
 use rollboard::domain::board::{Board, Changes, Mode};
 use rollboard::store::{ApplyEvent, Store};
 
+use crate::support::boards::{apply_scoped_model, ev, roll_board, scoped, variants, HOUR, T0};
 use crate::support::feed::{changes_after, expected_changes, replay, Change};
 use crate::support::model::Instance;
-use crate::support::*;
+use crate::support::proptests::{run_cases, run_cases_on_a_cluster};
 
 /// The size of the watched top: small beside the members, so that it churns.
 const TOP: usize = 3;

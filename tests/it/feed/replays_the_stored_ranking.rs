@@ -11,8 +11,11 @@ use proptest::prelude::*;
 use rollboard::domain::board::{Board, Changes, Mode, TieBreak};
 use rollboard::store::{ApplyEvent, Outcome, Store};
 
+use crate::support::asserts::ranked;
+use crate::support::boards::{apply_events, board, ev, roll_board, HOUR, T0};
+use crate::support::env::env_count;
 use crate::support::feed::{changes_after, replay};
-use crate::support::*;
+use crate::support::proptests::run_cases;
 
 const SLICE: i64 = HOUR;
 

@@ -7,7 +7,12 @@ use rollboard::config::Settings;
 use rollboard::domain::board::{period_instance, Board, Changes};
 use rollboard::store::Store;
 
-use crate::support::*;
+use crate::support::boards::{
+    apply_events, apply_events_in, board, ev, keys_matching, roll_board, scoped, DAY, HOUR, T0,
+};
+use crate::support::cluster::RedisCluster;
+use crate::support::keys::{prefix, schema};
+use crate::support::redis::RedisServer;
 
 const SLICE: i64 = 60_000;
 
@@ -17,6 +22,16 @@ fn with_feed(mut b: Board) -> Board {
         max_len: 100,
     });
     b
+}
+
+/// Half way through the slice of [`T0`].
+fn mid_slice() -> i64 {
+    T0 / SLICE * SLICE + SLICE / 2
+}
+
+/// A scoped board `rooms` with a change feed.
+fn fed_rooms() -> Board {
+    with_feed(scoped(board("rooms", SLICE, 4)))
 }
 
 /// Every key of the server (one server).
@@ -29,7 +44,7 @@ async fn all_keys(store: &Store) -> Vec<String> {
 #[tokio::test]
 async fn drop_board_deletes_the_change_stream_of_every_instance() {
     let (_redis, store) = RedisServer::start_with_store("rb").await;
-    let now = T0 / SLICE * SLICE + SLICE / 2;
+    let now = mid_slice();
     let plain = with_feed(board("tips", SLICE, 4));
     let rooms = with_feed(scoped(board("rooms", SLICE, 4)));
     // A board whose name starts the same way keeps its stream.
@@ -40,7 +55,7 @@ async fn drop_board_deletes_the_change_stream_of_every_instance() {
     for room in ["lobby", "a:b", "{c}", "d}e"] {
         apply_events_in(&store, &rooms, room, &events, now).await;
     }
-    let streams = keys_matching(&store, "rb:changes:*").await;
+    let streams = keys_matching(&store, &format!("{}:changes:*", prefix())).await;
     assert_eq!(streams.len(), 6, "{streams:?}");
 
     for b in [&plain, &rooms] {
@@ -60,14 +75,13 @@ async fn drop_board_deletes_the_change_stream_of_every_instance() {
 #[tokio::test]
 async fn a_scope_that_left_the_registry_still_has_its_stream_dropped() {
     let (_redis, store) = RedisServer::start_with_store("rb").await;
-    let now = T0 / SLICE * SLICE + SLICE / 2;
-    let rooms = with_feed(scoped(board("rooms", SLICE, 4)));
+    let (now, rooms) = (mid_slice(), fed_rooms());
     apply_events_in(&store, &rooms, "gone", &[ev("a", now, "alice", 5)], now).await;
     // The scope left the registry (as a roll that found it empty does): only the scan
     // finds its keys.
     let _: i64 = store
         .client()
-        .zrem(format!("rb:board:{}:scopes", rooms.name), "gone")
+        .zrem(schema().scopes(&rooms.name), "gone")
         .await
         .expect("zrem");
     let found = store.board_keys(&rooms.name).await.expect("board keys");
@@ -127,8 +141,7 @@ async fn an_archived_period_is_deleted_with_its_change_stream() {
 async fn drop_board_deletes_the_change_streams_on_a_cluster() {
     let cluster = RedisCluster::start();
     let store = cluster.store().await;
-    let now = T0 / SLICE * SLICE + SLICE / 2;
-    let rooms = with_feed(scoped(board("rooms", SLICE, 4)));
+    let (now, rooms) = (mid_slice(), fed_rooms());
     let rooms_v2 = with_feed(scoped(board("rooms_v2", SLICE, 4)));
     let names: Vec<String> = (0..12).map(|i| format!("room{i}")).collect();
     for room in &names {
@@ -165,8 +178,7 @@ async fn drop_board_deletes_the_change_streams_on_a_cluster() {
 #[tokio::test]
 async fn an_emptied_scope_leaves_its_meta_and_a_stream_that_expires() {
     let (_redis, store) = RedisServer::start_with_store("rb").await;
-    let now = T0 / SLICE * SLICE + SLICE / 2;
-    let rooms = with_feed(scoped(board("rooms", SLICE, 4)));
+    let (now, rooms) = (mid_slice(), fed_rooms());
     apply_events_in(&store, &rooms, "r1", &[ev("a", now, "alice", 5)], now).await;
     let later = now + 10 * SLICE;
     let report = roll_board(&store, &rooms, later).await;

@@ -7,8 +7,14 @@ use rollboard::config::Settings;
 use rollboard::domain::board::Board;
 use rollboard::store::Store;
 
+use crate::support::asserts::ranked;
+use crate::support::boards::redis_now;
+use crate::support::config::{server_and_config, write_config};
+use crate::support::daemon::Daemon;
+use crate::support::events::{tip, xadd_all, Fields};
 use crate::support::feed::{changes_after, replay};
-use crate::support::*;
+use crate::support::keys::intake_stream;
+use crate::support::wait::drained;
 
 const FEED_BOARDS: &str = r#"
 [[boards]]
@@ -50,6 +56,14 @@ async fn replayed_and_ranked(
     (top, ranked, changes.len())
 }
 
+/// The instances of `b` the tips of [`tip`] go to: the unscoped one, or rooms r0 to r6.
+fn tipped_scopes(b: &Board) -> Vec<Option<String>> {
+    match b.scope {
+        None => vec![None],
+        Some(_) => (0..7).map(|r| Some(format!("r{r}"))).collect(),
+    }
+}
+
 #[tokio::test]
 async fn the_daemon_writes_each_instances_feed_once() {
     let (redis, dir, port, config) =
@@ -60,15 +74,11 @@ async fn the_daemon_writes_each_instances_feed_once() {
     let daemon = Daemon::start(&config, port).await;
     let now = redis_now(&store).await;
     let events: Vec<Fields> = (0..120).map(|i| tip(i, now)).collect();
-    xadd_all(store.client(), "rb:events", &events).await;
+    xadd_all(store.client(), intake_stream(), &events).await;
     assert!(drained(&store).await, "the events were not applied");
     let mut written = Vec::new();
     for b in &boards {
-        let scopes: Vec<Option<String>> = match b.scope {
-            None => vec![None],
-            Some(_) => (0..7).map(|r| Some(format!("r{r}"))).collect(),
-        };
-        for scope in &scopes {
+        for scope in &tipped_scopes(b) {
             let (top, ranked, n) = replayed_and_ranked(&store, b, scope.as_deref(), now).await;
             assert_eq!(top, ranked, "{} {scope:?}", b.name);
             assert!(!top.is_empty());
@@ -76,15 +86,11 @@ async fn the_daemon_writes_each_instances_feed_once() {
         }
     }
     // The same entries again: every event a duplicate, no entry written.
-    xadd_all(store.client(), "rb:events", &events).await;
+    xadd_all(store.client(), intake_stream(), &events).await;
     assert!(drained(&store).await, "the events were not applied");
     let mut again = Vec::new();
     for b in &boards {
-        let scopes: Vec<Option<String>> = match b.scope {
-            None => vec![None],
-            Some(_) => (0..7).map(|r| Some(format!("r{r}"))).collect(),
-        };
-        for scope in &scopes {
+        for scope in &tipped_scopes(b) {
             again.push(
                 replayed_and_ranked(&store, b, scope.as_deref(), now)
                     .await

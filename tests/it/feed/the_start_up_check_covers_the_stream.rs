@@ -5,34 +5,28 @@
 //! its first apply (a NOPERM there is an outage, retried for ever).
 
 use rollboard::domain::board::Changes;
-use rollboard::store::{Reconnect, Store};
 
-use crate::support::*;
+use crate::support::acl::{denied, store_as};
+use crate::support::boards::{apply_events, board, ev, T0};
+use crate::support::redis::RedisServer;
 
 const SLICE: i64 = 60_000;
 
 #[tokio::test]
 async fn a_user_that_may_not_write_the_change_stream_is_refused_at_start() {
     let redis = RedisServer::start();
-    let ok = redis.cli(&[
-        "ACL",
-        "SETUSER",
+    let store = store_as(
+        &redis,
         "narrow",
-        "on",
-        ">narrow-pw",
-        "resetkeys",
-        "~rb:{*",
-        "~rb:board:*",
-        "~rb:events*",
-        "~rb:job:*",
-        "~rb:sync:*",
-        "+@all",
-    ]);
-    assert_eq!(ok.trim(), "OK");
-    let url = format!("redis://narrow:narrow-pw@127.0.0.1:{}", redis.port);
-    let store = Store::connect(&url, "rb", 1, Reconnect::Never)
-        .await
-        .expect("connect");
+        &[
+            "~rb:{*",
+            "~rb:board:*",
+            "~rb:events*",
+            "~rb:job:*",
+            "~rb:sync:*",
+        ],
+    )
+    .await;
     let plain = board("plain", SLICE, 4);
     let mut fed = board("fed", SLICE, 4);
     fed.changes = Some(Changes {
@@ -40,19 +34,14 @@ async fn a_user_that_may_not_write_the_change_stream_is_refused_at_start() {
         max_len: 100,
     });
     // The same user is enough for a board without a feed.
-    let denied = store
-        .check_permissions(std::slice::from_ref(&plain), "rb:events", "rb:events:dead")
-        .await
-        .expect("check");
-    assert_eq!(denied, Vec::<String>::new());
+    assert_eq!(denied(&store, &plain).await, Vec::<String>::new());
     let now = T0 / SLICE * SLICE + SLICE / 2;
     apply_events(&store, &plain, &[ev("a", now, "alice", 1)], now).await;
     // With a feed, its stream is named at start.
-    let denied = store
-        .check_permissions(std::slice::from_ref(&fed), "rb:events", "rb:events:dead")
-        .await
-        .expect("check");
-    assert_eq!(denied, vec!["key rb:changes:{fed}".to_string()]);
+    assert_eq!(
+        denied(&store, &fed).await,
+        vec!["key rb:changes:{fed}".to_string()]
+    );
     // What the check spares the daemon: every apply fails.
     let failed = store
         .apply(&fed, None, &[ev("a", now, "alice", 1)], now)

@@ -7,15 +7,27 @@
 //! stream written with two different N mixes two views a reader cannot tell apart.
 
 use rollboard::domain::board::{Board, Changes};
+use rollboard::store::Store;
 
-use crate::support::feed::{changes_after, replay};
-use crate::support::*;
+use crate::support::boards::{apply_events, board, ev, T0};
+use crate::support::feed::{changes_after, replay, Change};
+use crate::support::redis::RedisServer;
 
 const SLICE: i64 = 60_000;
 
 fn with_top(mut b: Board, top: u32) -> Board {
     b.changes = Some(Changes { top, max_len: 1000 });
     b
+}
+
+/// The top that replaying the whole feed of `b`'s unscoped instance gives, and the feed.
+async fn replayed_top(store: &Store, b: &Board) -> (Vec<String>, Vec<Change>) {
+    let (changes, _) =
+        changes_after(store, &store.instance(&b.widest(), None).changes(), None).await;
+    let mut top = Vec::new();
+    let n = b.changes.as_ref().expect("a feed").top as usize;
+    replay(&mut top, &changes, n);
+    (top, changes)
 }
 
 #[tokio::test]
@@ -32,10 +44,7 @@ async fn a_feed_turned_on_over_a_ranking_replays_into_its_top() {
     .await;
     let b = with_top(plain, 3);
     apply_events(&store, &b, &[ev("c", now, "carol", 1)], now).await;
-    let (changes, _) =
-        changes_after(&store, &store.instance(&b.widest(), None).changes(), None).await;
-    let mut top = Vec::new();
-    replay(&mut top, &changes, 3);
+    let (top, changes) = replayed_top(&store, &b).await;
     assert_eq!(top, ["alice", "bob", "carol"], "from {changes:?}");
 }
 
@@ -57,13 +66,6 @@ async fn a_feed_whose_top_grows_replays_into_its_top() {
     .await;
     let large = with_top(small, 4);
     apply_events(&store, &large, &[ev("d", now, "dave", 1)], now).await;
-    let (changes, _) = changes_after(
-        &store,
-        &store.instance(&large.widest(), None).changes(),
-        None,
-    )
-    .await;
-    let mut top = Vec::new();
-    replay(&mut top, &changes, 4);
+    let (top, changes) = replayed_top(&store, &large).await;
     assert_eq!(top, ["alice", "bob", "carol", "dave"], "from {changes:?}");
 }

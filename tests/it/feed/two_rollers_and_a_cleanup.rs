@@ -8,8 +8,10 @@
 use rollboard::domain::board::{Changes, Mode};
 use rollboard::store::SwapCheck;
 
+use crate::support::asserts::ranked;
+use crate::support::boards::{apply_events_in, board, ev, roll_board, scoped, RANKING, T0};
 use crate::support::feed::{changes_after, replay};
-use crate::support::*;
+use crate::support::redis::RedisServer;
 
 const SLICE: i64 = 60_000;
 

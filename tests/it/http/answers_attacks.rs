@@ -27,8 +27,19 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use crate::support::answers::{
+    answer_sources, append_tip, apply_now, ask, clear_of_the_hour, held_gauges, kept_daemon,
+    server_holding, tip_applied, totals_of, Answered, Api, ALL_JOBS, ROOMS_BOARD,
+};
+use crate::support::boards::{apply_events, ev, redis_now, total_at};
+use crate::support::cli::{assert_exit, run_rollboard, text};
+use crate::support::config::{board_of, edit_config, write_file};
+use crate::support::daemon::Daemon;
+use crate::support::http::json;
+use crate::support::keys::intake_stream;
 use crate::support::proxy::Proxy;
-use crate::support::*;
+use crate::support::redis::{fcall_calls, function_name, RedisServer};
+use crate::support::wait::{drained, wait_for};
 
 // ---------------------------------------------------------------------------------------
 // Fixtures of this module: raw HTTP exchanges and the API's connections (the rest are
@@ -557,9 +568,10 @@ async fn an_apply_whose_connection_was_cut_after_it_reached_redis_shows_at_once(
     })
     .await;
     assert!(landed, "the cut apply call never ran in Redis");
-    let pending = rollboard::ingest::stream::group_info(store.client(), "rb:events", "rollboard")
-        .await
-        .expect("XINFO GROUPS");
+    let pending =
+        rollboard::ingest::stream::group_info(store.client(), intake_stream(), "rollboard")
+            .await
+            .expect("XINFO GROUPS");
     assert!(
         matches!(pending, Some((n, _)) if n >= 1),
         "the batch is not acknowledged yet: {pending:?}"

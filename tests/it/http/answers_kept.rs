@@ -27,8 +27,21 @@ use rollboard::store::{ApplyEvent, Generations, Store};
 use serde_json::{json, Value};
 use tempfile::TempDir;
 
+use crate::support::answers::{
+    answer_sources, apply_now, ask, clear_of_the_hour, held_gauges, kept_daemon, sample, scrape,
+    server_holding, tip_applied, totals_of, Answered, Api, ALL_JOBS, ROOMS_BOARD,
+};
+use crate::support::boards::{
+    amount_for, apply_events, apply_model, ev, redis_now, roll_board, HOUR,
+};
+use crate::support::cli::{assert_exit, run_rollboard, text};
+use crate::support::config::{board_of, write_file};
+use crate::support::daemon::Daemon;
+use crate::support::env::env_count;
 use crate::support::model::{assert_matches, Instance};
-use crate::support::*;
+use crate::support::proptests::{proptest_runner, SplitMix};
+use crate::support::redis::RedisServer;
+use crate::support::wait::wait_for;
 
 const MINUTE: i64 = 60_000;
 const QUARTER: i64 = 15 * MINUTE;

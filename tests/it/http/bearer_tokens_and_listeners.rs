@@ -9,7 +9,12 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::support::*;
+use crate::support::cli::run_rollboard;
+use crate::support::config::{config_for, edit_config, write_config, write_config_url, write_file};
+use crate::support::daemon::Daemon;
+use crate::support::events::tips;
+use crate::support::redis::{free_port, RedisServer};
+use crate::support::wait::wait_for;
 
 /// A directory laid out as the kubelet mounts a Secret: `<key>` is a symlink to
 /// `..data/<key>`, `..data` a symlink to a timestamped directory; an update writes a new

@@ -11,23 +11,34 @@ use fred::prelude::*;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::support::*;
+use crate::support::boards::redis_now;
+use crate::support::config::{append_config, config_for_url, write_config, write_file};
+use crate::support::daemon::{addr, assert_exited_within, Daemon};
+use crate::support::http::{answer_parts, json, post_tip};
+use crate::support::keys::schema;
+use crate::support::redis::{free_port, keyed, RedisServer};
+use crate::support::sse::{entered, feed_boards, feed_daemon, open_stream, xadd_change, Sse};
+use crate::support::wait::wait_for;
 
 const ROOMS: &str = "/v1/boards/rooms_7d/changes";
-const ROOMS_FEED: &str = "rb:changes:{rooms_7d}";
 const WAIT: Duration = Duration::from_secs(10);
+
+/// The change feed of the unscoped `rooms_7d`.
+fn rooms_feed() -> String {
+    schema().changes("rooms_7d", None, None)
+}
 
 #[tokio::test]
 async fn a_stream_starts_after_the_newest_entry_and_resumes_after_last_event_id() {
     let (_redis, store, _dir, daemon) = feed_daemon("changes_heartbeat = \"1s\"\n").await;
     for i in 0..3 {
-        entered(&store, ROOMS_FEED, &format!("old{i}"), i + 1, 100).await;
+        entered(&store, &rooms_feed(), &format!("old{i}"), i + 1, 100).await;
     }
     let mut stream = Sse::open(&daemon, ROOMS, None).await;
     let ts = redis_now(&store).await.to_string();
     let passed = xadd_change(
         &store,
-        ROOMS_FEED,
+        &rooms_feed(),
         &[
             ("kind", "passed"),
             ("member", "r7"),
@@ -53,10 +64,10 @@ async fn a_stream_starts_after_the_newest_entry_and_resumes_after_last_event_id(
     // Written while nobody listens: a resume gets them, in order, then what comes next.
     let mut missed = Vec::new();
     for i in 0..3 {
-        missed.push(entered(&store, ROOMS_FEED, &format!("m{i}"), 3, i).await);
+        missed.push(entered(&store, &rooms_feed(), &format!("m{i}"), 3, i).await);
     }
     let mut stream = Sse::open(&daemon, ROOMS, Some(&passed)).await;
-    let later = entered(&store, ROOMS_FEED, "later", 1, 9).await;
+    let later = entered(&store, &rooms_feed(), "later", 1, 9).await;
     missed.push(later);
     let mut got = Vec::new();
     while got.len() < missed.len() {
@@ -64,7 +75,7 @@ async fn a_stream_starts_after_the_newest_entry_and_resumes_after_last_event_id(
         got.push(event.id.expect("an id"));
     }
     assert_eq!(got, missed, "nothing lost or repeated");
-    let after = entered(&store, ROOMS_FEED, "after", 1, 10).await;
+    let after = entered(&store, &rooms_feed(), "after", 1, 10).await;
     let next = stream.next_event(WAIT).await.expect("the next event");
     assert_eq!(next.id, Some(after), "no duplicate of what the resume sent");
 }
@@ -74,21 +85,10 @@ async fn a_resume_past_what_the_feed_keeps_gets_a_reset_and_goes_on_after_the_ne
     let (_redis, store, _dir, daemon) = feed_daemon("").await;
     let mut ids = Vec::new();
     for i in 0..10 {
-        ids.push(entered(&store, ROOMS_FEED, &format!("u{i}"), 1, i).await);
+        ids.push(entered(&store, &rooms_feed(), &format!("u{i}"), 1, i).await);
     }
     // Trimmed to the newest 3, as `changes_max_len` does.
-    let trimmed: i64 = store
-        .client()
-        .custom(
-            fred::types::CustomCommand::new_static(
-                "XTRIM",
-                fred::types::ClusterHash::FirstKey,
-                false,
-            ),
-            vec![ROOMS_FEED, "MAXLEN", "3"],
-        )
-        .await
-        .expect("xtrim");
+    let trimmed: i64 = keyed(&store, "XTRIM", vec![&rooms_feed(), "MAXLEN", "3"]).await;
     assert_eq!(trimmed, 7);
 
     // ids[7] is still kept: an exact resume.
@@ -104,7 +104,7 @@ async fn a_resume_past_what_the_feed_keeps_gets_a_reset_and_goes_on_after_the_ne
     assert_eq!(reset.event.as_deref(), Some("reset"), "{reset:?}");
     assert_eq!(reset.id.as_deref(), Some(ids[9].as_str()), "{reset:?}");
     assert_eq!(json(&reset.data)["oldest"], json!(ids[7]), "{reset:?}");
-    let new = entered(&store, ROOMS_FEED, "new", 1, 99).await;
+    let new = entered(&store, &rooms_feed(), "new", 1, 99).await;
     assert_eq!(lost.next_event(WAIT).await.and_then(|e| e.id), Some(new));
 }
 
@@ -118,10 +118,12 @@ async fn a_stream_of_a_scoped_board_reads_its_instance_and_mistakes_are_refused(
     )
     .await;
     let mut r2 = Sse::open(&daemon, "/v1/boards/fans_7d/changes?scope=r2", None).await;
-    let id = entered(&store, "rb:changes:{fans_7d:r1}", "u1", 1, 5).await;
+    let feed = schema().changes("fans_7d", Some("r1"), None);
+    let id = entered(&store, &feed, "u1", 1, 5).await;
     let event = r1.next_event(WAIT).await.expect("r1's event");
     assert_eq!(event.id, Some(id));
-    let other = entered(&store, "rb:changes:{fans_7d:r2}", "u2", 1, 5).await;
+    let feed = schema().changes("fans_7d", Some("r2"), None);
+    let other = entered(&store, &feed, "u2", 1, 5).await;
     let event = r2.next_event(WAIT).await.expect("r2's event");
     assert_eq!(event.id, Some(other), "r2 sees only its own instance");
 
@@ -153,7 +155,7 @@ async fn an_idle_stream_gets_a_heartbeat_comment_and_outlives_the_request_timeou
     }
     assert!(started.elapsed() >= Duration::from_secs(2));
     // Past `http.request_timeout`, which bounds a request up to its answer's head only.
-    let id = entered(&store, ROOMS_FEED, "r1", 1, 5).await;
+    let id = entered(&store, &rooms_feed(), "r1", 1, 5).await;
     assert_eq!(stream.next_event(WAIT).await.and_then(|e| e.id), Some(id));
 }
 
@@ -172,7 +174,7 @@ async fn subscribers_of_one_feed_share_one_reader_and_the_metrics_follow_them() 
     let mut scoped = Sse::open(&daemon, "/v1/boards/fans_7d/changes?scope=r1", None).await;
     assert_eq!(daemon.metric(gauge, &[]).await, 6.0);
     assert_eq!(daemon.metric(feeds, &[]).await, 2.0, "one reader per feed");
-    let id = entered(&store, ROOMS_FEED, "r1", 1, 5).await;
+    let id = entered(&store, &rooms_feed(), "r1", 1, 5).await;
     for stream in &mut streams {
         assert_eq!(
             stream.next_event(WAIT).await.and_then(|e| e.id).as_ref(),
@@ -191,7 +193,8 @@ async fn subscribers_of_one_feed_share_one_reader_and_the_metrics_follow_them() 
         daemon.metric_becomes(feeds, &[], 1.0, WAIT).await,
         "the reader stopped"
     );
-    let id = entered(&store, "rb:changes:{fans_7d:r1}", "u1", 1, 5).await;
+    let feed = schema().changes("fans_7d", Some("r1"), None);
+    let id = entered(&store, &feed, "u1", 1, 5).await;
     assert_eq!(scoped.next_event(WAIT).await.and_then(|e| e.id), Some(id));
     drop(scoped);
     assert!(daemon.metric_becomes(feeds, &[], 0.0, WAIT).await);
@@ -231,10 +234,10 @@ async fn a_client_too_slow_is_disconnected_while_a_fast_one_keeps_receiving() {
                  'ts', '0') end return 0";
     let _: i64 = store
         .client()
-        .eval(flood, vec![ROOMS_FEED], vec!["20000", padding.as_str()])
+        .eval(flood, vec![&rooms_feed()], vec!["20000", padding.as_str()])
         .await
         .expect("flood");
-    let last = entered(&store, ROOMS_FEED, "last", 1, 1).await;
+    let last = entered(&store, &rooms_feed(), "last", 1, 1).await;
     let mut received = 0;
     let reached = loop {
         match fast.next_event(WAIT).await {
@@ -262,7 +265,7 @@ async fn a_client_too_slow_is_disconnected_while_a_fast_one_keeps_receiving() {
     let mut rest = Vec::new();
     let ended = tokio::time::timeout(WAIT, slow.read_to_end(&mut rest)).await;
     assert!(ended.is_ok(), "the slow connection is still open");
-    let after = entered(&store, ROOMS_FEED, "after", 1, 1).await;
+    let after = entered(&store, &rooms_feed(), "after", 1, 1).await;
     assert_eq!(fast.next_event(WAIT).await.and_then(|e| e.id), Some(after));
 }
 
@@ -300,7 +303,7 @@ async fn a_stream_needs_the_readers_token_when_one_is_set() {
     }
     let store = redis.store("rb").await;
     let mut stream = Sse::open_with(&daemon, ROOMS, None, Some("feed-reader-token-81f2")).await;
-    let id = entered(&store, ROOMS_FEED, "r1", 1, 5).await;
+    let id = entered(&store, &rooms_feed(), "r1", 1, 5).await;
     assert_eq!(stream.next_event(WAIT).await.and_then(|e| e.id), Some(id));
 }
 
@@ -311,7 +314,7 @@ async fn sigterm_ends_every_stream_and_the_daemon_exits_promptly() {
     for path in [ROOMS, ROOMS, "/v1/boards/fans_7d/changes?scope=r1"] {
         streams.push(Sse::open(&daemon, path, None).await);
     }
-    let id = entered(&store, ROOMS_FEED, "r1", 1, 5).await;
+    let id = entered(&store, &rooms_feed(), "r1", 1, 5).await;
     assert_eq!(
         streams[0].next_event(WAIT).await.and_then(|e| e.id),
         Some(id)
@@ -335,14 +338,13 @@ async fn sigterm_ends_every_stream_and_the_daemon_exits_promptly() {
 
 #[tokio::test]
 async fn a_stream_rides_out_a_lost_redis_connection_and_loses_nothing() {
-    let redis = RedisServer::start();
+    let (redis, store) = RedisServer::start_with_store("rb").await;
     let proxy = crate::support::proxy::Proxy::start(redis.port).await;
-    let store = redis.store("rb").await;
     let (_dir, port, config) = config_for_url(&proxy.url(), "feed", "changes_heartbeat = \"1s\"\n");
     feed_boards(&config);
     let daemon = Daemon::start(&config, port).await;
     let mut stream = Sse::open(&daemon, ROOMS, None).await;
-    let first = entered(&store, ROOMS_FEED, "r1", 1, 5).await;
+    let first = entered(&store, &rooms_feed(), "r1", 1, 5).await;
     assert_eq!(
         stream.next_event(WAIT).await.and_then(|e| e.id),
         Some(first)
@@ -350,14 +352,14 @@ async fn a_stream_rides_out_a_lost_redis_connection_and_loses_nothing() {
 
     // The feed reader's connection is cut right after each of its next three reads reaches
     // Redis (the key names only its reads): each time it reconnects and reads again.
-    proxy.cut_after(ROOMS_FEED.as_bytes(), 3);
-    let mut written = vec![entered(&store, ROOMS_FEED, "r2", 1, 6).await];
+    proxy.cut_after(rooms_feed().as_bytes(), 3);
+    let mut written = vec![entered(&store, &rooms_feed(), "r2", 1, 6).await];
     let cut = wait_for(WAIT, || async { proxy.cuts() >= 1 }).await;
     assert!(cut, "the reader's connection was not cut");
-    written.push(entered(&store, ROOMS_FEED, "r3", 1, 7).await);
+    written.push(entered(&store, &rooms_feed(), "r3", 1, 7).await);
     let cut = wait_for(Duration::from_secs(20), || async { proxy.cuts() >= 3 }).await;
     assert!(cut, "only {} cuts", proxy.cuts());
-    written.push(entered(&store, ROOMS_FEED, "r4", 1, 8).await);
+    written.push(entered(&store, &rooms_feed(), "r4", 1, 8).await);
     let mut got = Vec::new();
     while got.len() < written.len() {
         let event = stream.next_event(Duration::from_secs(20)).await;
@@ -381,11 +383,10 @@ async fn a_period_boards_stream_follows_its_current_period() {
     let dir = tempfile::tempdir().expect("dir");
     let port = free_port();
     let config = write_config(dir.path(), &redis, port, "period", "");
-    let mut text = std::fs::read_to_string(&config).expect("read config");
-    text.push_str(
+    append_config(
+        &config,
         "\n[[boards]]\nname = \"tips_day\"\nmember = \"user\"\nperiod = \"day\"\nchanges_top = 5\n",
     );
-    std::fs::write(&config, text).expect("write config");
     let store = redis.store("rb").await;
     let daemon = Daemon::start(&config, port).await;
 

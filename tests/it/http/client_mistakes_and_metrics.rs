@@ -5,7 +5,10 @@ use std::time::Duration;
 
 use fred::prelude::*;
 
-use crate::support::*;
+use crate::support::daemon::{redis_and_config, Daemon, METRIC_FAMILIES};
+use crate::support::events::{tips_now, xadd_all};
+use crate::support::keys::intake_stream;
+use crate::support::wait::{drained, wait_for};
 
 /// POSTs a body over the 4 MiB limit on a raw connection (the server answers before it has
 /// read everything, which an ordinary client reports as a broken request); returns the status.
@@ -101,7 +104,7 @@ async fn http_client_mistakes_are_400_or_404_with_a_json_error() {
         413,
         "a ranks body over the limit"
     );
-    let len: i64 = store.client().xlen("rb:events").await.expect("xlen");
+    let len: i64 = store.client().xlen(intake_stream()).await.expect("xlen");
     assert_eq!(len, 1, "only the one valid request appended");
     let r = post(r#"[{"room":"r1","amount":1},{"room":"r1","amount":1.5},{"x":1}]"#)
         .await
@@ -135,7 +138,7 @@ async fn metrics_parse_and_count_what_was_applied() {
         );
     }
     let events = tips_now(300);
-    xadd_all(store.client(), "rb:events", &events).await;
+    xadd_all(store.client(), intake_stream(), &events).await;
     assert!(drained(&store).await);
     for (board, applied) in [("rooms_7d", 300.0), ("fans_7d", 300.0), ("tips_24h", 0.0)] {
         assert_eq!(

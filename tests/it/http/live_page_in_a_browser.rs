@@ -12,7 +12,14 @@ use std::time::Duration;
 use headless_chrome::protocol::cdp::Page::CaptureScreenshotFormatOption;
 use headless_chrome::{Browser, LaunchOptions};
 
-use crate::support::*;
+use crate::support::boards::redis_now;
+use crate::support::config::{append_config, write_config, write_file};
+use crate::support::daemon::Daemon;
+use crate::support::http::{get, post_tip};
+use crate::support::keys::schema;
+use crate::support::redis::{free_port, RedisServer};
+use crate::support::sse::{entered, feed_boards};
+use crate::support::wait::drained;
 
 const TOKEN: &str = "page-reader-token-3e9a";
 
@@ -136,11 +143,7 @@ async fn the_page_shows_a_new_tip_live_with_the_readers_token() {
     let extra = format!("query_token_file = \"{}\"\n", token.display());
     let config = write_config(dir.path(), &redis, port, "page", &extra);
     feed_boards(&config);
-    let mut text = std::fs::read_to_string(&config).expect("read config");
-    text.push_str(
-        "\n[[boards]]\nname = \"duo\"\nmember = \"player\"\nwindows = [\"2h\", \"6h\"]\nslice = \"1h\"\n",
-    );
-    std::fs::write(&config, text).expect("write config");
+    append_config(&config, "\n[[boards]]\nname = \"duo\"\nmember = \"player\"\nwindows = [\"2h\", \"6h\"]\nslice = \"1h\"\n");
     let store = redis.store("rb").await;
     let daemon = Daemon::start(&config, port).await;
     let now = redis_now(&store).await;
@@ -172,7 +175,14 @@ async fn the_page_shows_a_new_tip_live_with_the_readers_token() {
     assert_eq!(status, 202, "{body}");
     assert!(drained(&store).await, "the tip was not applied");
     // The change it makes, as the feed records it.
-    entered(&store, "rb:changes:{rooms_7d}", "room-live", 1, 45).await;
+    entered(
+        &store,
+        &schema().changes("rooms_7d", None, None),
+        "room-live",
+        1,
+        45,
+    )
+    .await;
     go.send(()).expect("the browser thread");
     let (arrow, png, feed_events, picker) = match next() {
         Seen::Shown {

@@ -7,7 +7,12 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::support::*;
+use crate::support::asserts::assert_metrics;
+use crate::support::config::{config_for, server_and_config, write_config};
+use crate::support::daemon::Daemon;
+use crate::support::keys::schema;
+use crate::support::redis::RedisServer;
+use crate::support::wait::wait_for;
 
 /// A config of the test boards whose roll and resummarize jobs do not tick during a test
 /// (once a year, at midnight on January 1st).
@@ -61,7 +66,7 @@ async fn window_gauges_build_info_and_process_metrics_show_from_the_first_scrape
     // Another replica holds both jobs' leases, as when this one joins a running
     // deployment: none of its ticks runs, not even the one at start-up.
     for job in ["roll", "resummarize"] {
-        let key = format!("rb:job:{{{job}}}:lease");
+        let key = schema().lease(job);
         let set = redis.cli(&["SET", &key, "another-replica@0", "PX", "600000"]);
         assert!(set.contains("OK"), "SET {key}: {set}");
     }

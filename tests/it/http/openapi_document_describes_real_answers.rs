@@ -9,7 +9,12 @@ use std::collections::BTreeSet;
 
 use serde_json::{json, Value};
 
-use crate::support::*;
+use crate::support::boards::redis_now;
+use crate::support::config::{write_config, write_file};
+use crate::support::daemon::Daemon;
+use crate::support::http::json;
+use crate::support::redis::{free_port, RedisServer};
+use crate::support::wait::drained;
 
 const READER_TOKEN: &str = "openapi-reader-token-5c1d";
 

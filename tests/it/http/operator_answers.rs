@@ -8,7 +8,13 @@ use std::time::{Duration, Instant};
 use fred::prelude::*;
 use serde_json::Value;
 
-use crate::support::*;
+use crate::support::boards::{redis_now, test_boards};
+use crate::support::cli::{rollboard, stderr, stdout};
+use crate::support::config::{write_config, write_config_url};
+use crate::support::daemon::Daemon;
+use crate::support::http::{get, json, post, post_tip, post_to, with_one_tip};
+use crate::support::redis::{free_port, RedisServer};
+use crate::support::wait::{drained, wait_for};
 
 /// With redis-server gone, the query routes and the intake answer 503 with `Retry-After`
 /// at once, instead of holding the client for the 5 s Redis timeout.

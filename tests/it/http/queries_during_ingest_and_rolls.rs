@@ -3,7 +3,13 @@
 
 use std::time::Duration;
 
-use crate::support::*;
+use crate::support::asserts::assert_state;
+use crate::support::boards::{now_ms, test_boards};
+use crate::support::config::config_for;
+use crate::support::daemon::Daemon;
+use crate::support::events::{models, spread_tip, xadd_all, Fields};
+use crate::support::keys::intake_stream;
+use crate::support::redis::RedisServer;
 
 #[tokio::test]
 async fn queries_answer_while_the_daemon_ingests_a_backlog_and_rolls() {
@@ -11,7 +17,7 @@ async fn queries_answer_while_the_daemon_ingests_a_backlog_and_rolls() {
     let (_dir, port, config) = config_for(&redis, "a", "");
     let now = now_ms();
     let events: Vec<Fields> = (0..12_000).map(|i| spread_tip(i, now)).collect();
-    xadd_all(store.client(), "rb:events", &events).await;
+    xadd_all(store.client(), intake_stream(), &events).await;
     let daemon = Daemon::start(&config, port).await;
     let client = reqwest::Client::new();
     let (mut answered, mut slowest) = (0usize, Duration::ZERO);
@@ -24,7 +30,8 @@ async fn queries_answer_while_the_daemon_ingests_a_backlog_and_rolls() {
     let mut during_ingest = 0usize;
     loop {
         let done = matches!(
-            rollboard::ingest::stream::group_info(store.client(), "rb:events", "rollboard").await,
+            rollboard::ingest::stream::group_info(store.client(), intake_stream(), "rollboard")
+                .await,
             Ok(Some((0, Some(0))))
         );
         if done && answered >= 30 {

@@ -12,7 +12,15 @@ use rollboard::store::Store;
 use serde_json::{json, Value};
 use tempfile::TempDir;
 
-use crate::support::*;
+use crate::support::boards::{redis_now, DAY, HOUR};
+use crate::support::cli::{assert_success, run_rollboard, stderr, stdout};
+use crate::support::config::{append_config, write_config};
+use crate::support::daemon::Daemon;
+use crate::support::http::{answer_parts, get, json, post, post_tip, post_to};
+use crate::support::keys::schema;
+use crate::support::redis::{free_port, RedisServer};
+use crate::support::sse::{open_stream, Sse, SseEvent};
+use crate::support::wait::drained;
 
 const WAIT: Duration = Duration::from_secs(10);
 
@@ -55,9 +63,7 @@ async fn duo() -> Duo {
     let dir = tempfile::tempdir().expect("dir");
     let port = free_port();
     let config = write_config(dir.path(), &redis, port, "duo", "");
-    let mut text = std::fs::read_to_string(&config).expect("read config");
-    text.push_str(DUO_BOARDS);
-    std::fs::write(&config, text).expect("write config");
+    append_config(&config, DUO_BOARDS);
     let store = redis.store("rb").await;
     let daemon = Daemon::start(&config, port).await;
     let now = redis_now(&store).await;
@@ -550,8 +556,15 @@ async fn each_window_streams_its_own_changes() {
         );
     }
     // The streams are the windows' own: the widest's key has no suffix, dan is only in it.
-    let wide_feed = d.redis.cli(&["XRANGE", "rb:changes:{duo}", "-", "+"]);
-    let narrow_feed = d.redis.cli(&["XRANGE", "rb:changes:{duo}:2h", "-", "+"]);
+    let wide_feed = d
+        .redis
+        .cli(&["XRANGE", &schema().changes("duo", None, None), "-", "+"]);
+    let narrow_feed = d.redis.cli(&[
+        "XRANGE",
+        &schema().changes("duo", None, Some("2h")),
+        "-",
+        "+",
+    ]);
     assert!(
         wide_feed.contains("dan") && wide_feed.contains("eve"),
         "{wide_feed}"

@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::support::*;
+use crate::support::daemon::{addr, assert_exited_within, daemon_with, xlen};
+use crate::support::keys::intake_stream;
 
 /// Whether the server closed `conn` (EOF or reset) within `limit`.
 async fn closed_within(conn: &mut TcpStream, limit: Duration) -> bool {
@@ -213,14 +214,14 @@ async fn every_error_is_json_with_the_right_status() {
     let body: serde_json::Value = r.json().await.expect("json");
     assert_eq!(body["invalid"][0]["index"], 1, "{body}");
     assert_eq!(
-        xlen(&redis, "rb:events").await,
+        xlen(&redis, intake_stream()).await,
         0,
         "a repeated key appends nothing"
     );
 
     // Data rollboard did not write where it expects its stream: a 500 naming the problem,
     // not a 503 (Redis is up).
-    redis.cli(&["SET", "rb:events", "not a stream"]);
+    redis.cli(&["SET", intake_stream(), "not a stream"]);
     let r = post(r#"{"room":"r1","amount":1}"#, Some("application/json"))
         .await
         .expect("post");

@@ -7,7 +7,10 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::support::*;
+use crate::support::cli::text;
+use crate::support::daemon::{addr, daemon_with, xlen, Daemon, METRIC_FAMILIES};
+use crate::support::keys::{intake_stream, schema};
+use crate::support::wait::{drained, wait_for};
 
 /// Writes `request` on a fresh connection and reads until the server closes it or
 /// `limit` passes; returns what was read.
@@ -147,7 +150,7 @@ async fn http_wire_and_parameter_edges() {
             .expect("post");
         assert_eq!(r.status().as_u16(), status, "{content_type}");
     }
-    assert_eq!(xlen(&redis, "rb:events").await, 4);
+    assert_eq!(xlen(&redis, intake_stream()).await, 4);
 
     // 10,001 events are refused as a whole; 10,000 are accepted.
     let many = |n: usize| {
@@ -160,10 +163,10 @@ async fn http_wire_and_parameter_edges() {
     assert_eq!(r.status().as_u16(), 400);
     let body = r.text().await.expect("body");
     assert!(body.contains("10000"), "{body}");
-    assert_eq!(xlen(&redis, "rb:events").await, 4);
+    assert_eq!(xlen(&redis, intake_stream()).await, 4);
     let r = post(many(10_000), "application/json").await.expect("post");
     assert_eq!(r.status().as_u16(), 202);
-    assert_eq!(xlen(&redis, "rb:events").await, 10_004);
+    assert_eq!(xlen(&redis, intake_stream()).await, 10_004);
 
     // Numbers by their exact value: 1.50 at scale 2 is 150 minor units, 1e3 is 1000
     // (100000), 1E2 is 100, 1.500 is 1.5; 0.00 and -0 are zero, refused; a member given as
@@ -247,7 +250,7 @@ async fn error_answers_do_not_echo_long_input() {
         assert_eq!(r.status().as_u16(), 400, "{what}");
         echoes.push((what, r.text().await.expect("body").len()));
     }
-    assert_eq!(xlen(&redis, "rb:events").await, 0);
+    assert_eq!(xlen(&redis, intake_stream()).await, 0);
     // BREAK (fixed with this test: event::shown cuts quoted input at 64 characters):
     // `unknown board {name:?}` (src/http.rs board()) echoed the whole path segment, and
     // parse_amount/parse_ts (src/event.rs) and fields_from_json the whole value or field
@@ -337,18 +340,23 @@ async fn a_broken_board_watermark_is_a_500_not_an_outage() {
     // Let the start-up rolls write it first, then break it two ways.
     assert!(
         wait_for(Duration::from_secs(8), || async {
-            redis.cli(&["EXISTS", "rb:board:fans_7d:window"]).trim() == "1"
+            redis.cli(&["EXISTS", &schema().window("fans_7d")]).trim() == "1"
         })
         .await
     );
     for (setup, what) in [
         (
-            vec!["HSET", "rb:board:fans_7d:window", "expired_through", "abc"],
+            vec![
+                "HSET",
+                &schema().window("fans_7d"),
+                "expired_through",
+                "abc",
+            ],
             "not a number",
         ),
-        (vec!["SET", "rb:board:fans_7d:window", "x"], "WRONGTYPE"),
+        (vec!["SET", &schema().window("fans_7d"), "x"], "WRONGTYPE"),
     ] {
-        redis.cli(&["DEL", "rb:board:fans_7d:window"]);
+        redis.cli(&["DEL", &schema().window("fans_7d")]);
         redis.cli(&setup);
         let (status, body) = daemon.get("/v1/boards/fans_7d/top?scope=a").await;
         assert_eq!(status, 500, "{what}: {body}");

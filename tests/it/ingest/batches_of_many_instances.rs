@@ -15,8 +15,12 @@ use rollboard::ingest::stream::Entry;
 use rollboard::metrics::Metrics;
 use rollboard::store::Store;
 
+use crate::support::asserts::side_by_side;
+use crate::support::boards::{board, entry, ev, ingest_settings, roll_all, scoped, Consumer};
+use crate::support::env::env_count;
+use crate::support::keys::intake_stream;
 use crate::support::model::{assert_matches, Instance};
-use crate::support::*;
+use crate::support::proptests::run_cases;
 
 const SLICE: i64 = 1_000;
 const START: i64 = 1_763_700_000_000;
@@ -81,7 +85,7 @@ impl Model {
 async fn run(store: &Store, steps: Vec<Step>) {
     let boards = boards();
     let (rooms, fans, sharded) = (&boards[0], &boards[1], &boards[2]);
-    let settings = ingest_settings("rb:events", 1);
+    let settings = ingest_settings(intake_stream(), 1);
     let metrics = Metrics::new(&boards);
     let mut model = Model::default();
     let mut now = START;
@@ -134,7 +138,7 @@ async fn run(store: &Store, steps: Vec<Step>) {
         };
         if !batch.is_empty() {
             Consumer::new(store, &boards, &settings, &metrics)
-                .process("rb:events", &batch, now)
+                .process(intake_stream(), &batch, now)
                 .await
                 .expect("batch");
             for e in &batch {
@@ -184,14 +188,10 @@ async fn same_answers(store: &Store, one: &Board, sharded: &Board, now: i64) {
     rooms.push("nobody".into());
     for room in &rooms {
         for radius in 0..=2 {
-            let a = store
-                .around(&one.widest(), None, room, radius, now)
-                .await
-                .expect("around");
-            let b = store
-                .around(&sharded.widest(), None, room, radius, now)
-                .await
-                .expect("around");
+            let (a, b) = side_by_side((&one.widest(), &sharded.widest()), |v| {
+                store.around(v, None, room, radius, now)
+            })
+            .await;
             let (a, b) = match (a, b) {
                 (Ok(a), Ok(b)) => (unnamed(a), unnamed(b)),
                 (Err(a), Err(b)) => (unnamed(a), unnamed(b)),
@@ -201,14 +201,10 @@ async fn same_answers(store: &Store, one: &Board, sharded: &Board, now: i64) {
         }
     }
     let asked: Vec<&str> = rooms.iter().map(String::as_str).collect();
-    let a = store
-        .ranks(&one.widest(), None, &asked, now)
-        .await
-        .expect("ranks");
-    let b = store
-        .ranks(&sharded.widest(), None, &asked, now)
-        .await
-        .expect("ranks");
+    let (a, b) = side_by_side((&one.widest(), &sharded.widest()), |v| {
+        store.ranks(v, None, &asked, now)
+    })
+    .await;
     assert_eq!(unnamed(a), unnamed(b), "ranks");
 }
 

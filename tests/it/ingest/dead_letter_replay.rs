@@ -14,16 +14,22 @@ use rollboard::ingest::dead_letters::{Counts, Replayer, Selection};
 use rollboard::metrics::Metrics;
 use rollboard::store::Store;
 
-use crate::support::*;
+use crate::support::boards::{
+    apply_events, apply_events_in, board, boards_a_b, boards_a_b_metered, entry, ev,
+    ingest_settings, remembers, roll_all, scoped, set_string, test_boards, total_at, Consumer,
+};
+use crate::support::cli::{assert_contains, rollboard, stderr, stdout};
+use crate::support::daemon::redis_and_config;
+use crate::support::events::xadd_all;
+use crate::support::keys::{dead_letter_stream, intake_stream, partition_stream};
+use crate::support::redis::RedisServer;
 
 type Letter = (String, HashMap<String, String>);
-
-const DEAD: &str = "rb:events:dead";
 
 async fn letters(store: &Store) -> Vec<Letter> {
     store
         .client()
-        .xrange(DEAD, "-", "+", None)
+        .xrange(dead_letter_stream(), "-", "+", None)
         .await
         .expect("xrange")
 }
@@ -38,10 +44,14 @@ async fn correct_amount(store: &Store, id: &str, letter: HashMap<String, String>
     }
     let _: String = store
         .client()
-        .xadd(DEAD, false, None, "*", fixed)
+        .xadd(dead_letter_stream(), false, None, "*", fixed)
         .await
         .expect("xadd");
-    let _: i64 = store.client().xdel(DEAD, id).await.expect("xdel");
+    let _: i64 = store
+        .client()
+        .xdel(dead_letter_stream(), id)
+        .await
+        .expect("xdel");
 }
 
 /// Replays what `selection` takes at `now`; the tally.
@@ -102,8 +112,8 @@ async fn an_overflow_letter_counts_once_on_the_refusing_instance_and_never_again
     users.dedup = Dedup::AfterSlice(100);
     let boards = vec![fans.clone(), users.clone()];
     let metrics = Metrics::new(&boards);
-    let settings = ingest_settings("rb:events", 2);
-    let stream = "rb:events:{1}";
+    let settings = ingest_settings(intake_stream(), 2);
+    let stream = partition_stream(1);
     // Quotes and a backslash: the scope is read back from the letter's detail.
     let scope = "r \"1\" \\";
     let t0: i64 = 1_000_500;
@@ -120,7 +130,7 @@ async fn an_overflow_letter_counts_once_on_the_refusing_instance_and_never_again
         &[("user", "u1"), ("room", scope), ("amount", "100")],
     );
     Consumer::new(&store, &boards, &settings, &metrics)
-        .process(stream, std::slice::from_ref(&tip), t0)
+        .process(&stream, std::slice::from_ref(&tip), t0)
         .await
         .expect("batch");
     let dead = letters(&store).await;
@@ -162,7 +172,7 @@ async fn an_overflow_letter_counts_once_on_the_refusing_instance_and_never_again
     let fields: Vec<(String, String)> = dead[0].1.clone().into_iter().collect();
     let _: String = store
         .client()
-        .xadd(DEAD, false, None, "*", fields)
+        .xadd(dead_letter_stream(), false, None, "*", fields)
         .await
         .expect("xadd");
     assert_eq!(
@@ -182,13 +192,13 @@ async fn an_apply_failed_letter_stays_until_its_board_is_repaired_and_then_count
     const SLICE: i64 = 1_000;
     let (_redis, store) = RedisServer::start_with_store("rb").await;
     let (a, b, boards, metrics) = boards_a_b_metered(SLICE);
-    let settings = ingest_settings("rb:events", 1);
+    let settings = ingest_settings(intake_stream(), 1);
     let t0: i64 = 1_000_500;
     let broken = store.instance(&b.widest(), None).result();
     set_string(&store, &broken, "x").await;
     let tip = [("user", "u1"), ("amount", "5"), ("id", "tip-1")];
     Consumer::new(&store, &boards, &settings, &metrics)
-        .process_one("rb:events", &tip, t0)
+        .process_one(intake_stream(), &tip, t0)
         .await;
     let dead = letters(&store).await;
     assert_eq!(dead.len(), 1, "{dead:?}");
@@ -226,12 +236,12 @@ async fn a_revalidated_letter_refused_by_one_instance_leaves_a_letter_for_that_i
     b.allow_negative = true;
     let boards = vec![a.clone(), b.clone()];
     let metrics = Metrics::new(&boards);
-    let settings = ingest_settings("rb:events", 1);
+    let settings = ingest_settings(intake_stream(), 1);
     let t0: i64 = 1_000_500;
     apply_events(&store, &b, &[ev("big", t0 - 100, "u1", MAX_TOTAL - 10)], t0).await;
     let bad = [("user", "u1"), ("amount", "1x"), ("id", "tip-9")];
     Consumer::new(&store, &boards, &settings, &metrics)
-        .process_one("rb:events", &bad, t0)
+        .process_one(intake_stream(), &bad, t0)
         .await;
     let (bad_id, letter) = letters(&store).await.remove(0);
     assert_eq!(letter["reason"], "amount");
@@ -278,7 +288,7 @@ async fn letters_refused_as_a_whole_are_selected_by_board_and_reason_and_stay_wh
     let boards = test_boards();
     let rooms = boards[0].clone();
     let metrics = Metrics::new(&boards);
-    let settings = ingest_settings("rb:events", 1);
+    let settings = ingest_settings(intake_stream(), 1);
     let now = rollboard::domain::clock::local_ms();
     let old = (now - 8 * 86_400_000).to_string();
     let at = |seq: u32| format!("{now}-{seq}");
@@ -300,7 +310,7 @@ async fn letters_refused_as_a_whole_are_selected_by_board_and_reason_and_stay_wh
         entry(&at(3), &[("user", "u5"), ("amount", "1")]),
     ];
     Consumer::new(&store, &boards, &settings, &metrics)
-        .process("rb:events", &batch, now)
+        .process(intake_stream(), &batch, now)
         .await
         .expect("batch");
     let dead = letters(&store).await;
@@ -359,7 +369,7 @@ async fn the_dead_letters_command_lists_and_replays_an_overflow_to_its_board_onl
     let boards = test_boards();
     let (rooms, tips) = (boards[0].clone(), boards[2].clone());
     let metrics = Metrics::new(&boards);
-    let settings = ingest_settings("rb:events", 1);
+    let settings = ingest_settings(intake_stream(), 1);
     let now = rollboard::domain::clock::local_ms();
     // u1 on tips_24h (scale 2, refunds allowed) 50 minor units below the limit.
     apply_events(
@@ -386,7 +396,7 @@ async fn the_dead_letters_command_lists_and_replays_an_overflow_to_its_board_onl
         ),
     ];
     Consumer::new(&store, &boards, &settings, &metrics)
-        .process("rb:events", &batch, now)
+        .process(intake_stream(), &batch, now)
         .await
         .expect("batch");
     assert_eq!(total_at(&store, &rooms.widest(), "r1", now).await, Some(3));
@@ -444,7 +454,7 @@ async fn the_dead_letters_command_lists_and_replays_an_overflow_to_its_board_onl
 async fn replay_reads_every_page_once_and_takes_given_entries_only() {
     let (_redis, store) = RedisServer::start_with_store("rb").await;
     let boards = test_boards();
-    let settings = ingest_settings("rb:events", 1);
+    let settings = ingest_settings(intake_stream(), 1);
     let now = rollboard::domain::clock::local_ms();
     let junk: Vec<Vec<(String, String)>> = (0..250)
         .map(|i| {
@@ -454,14 +464,14 @@ async fn replay_reads_every_page_once_and_takes_given_entries_only() {
                 ("reason", "no_board".into()),
                 ("detail", "the event matches no board".into()),
                 ("source_id", format!("{now}-{i}")),
-                ("source_stream", "rb:events".into()),
+                ("source_stream", intake_stream().into()),
             ]
             .into_iter()
             .map(|(k, v)| (k.to_string(), v))
             .collect()
         })
         .collect();
-    xadd_all(store.client(), DEAD, &junk).await;
+    xadd_all(store.client(), dead_letter_stream(), &junk).await;
     let ids: Vec<String> = letters(&store)
         .await
         .into_iter()

@@ -3,7 +3,13 @@
 
 use std::collections::HashMap;
 
-use crate::support::*;
+use crate::support::asserts::{assert_drained_into_model, assert_metrics};
+use crate::support::boards::now_ms;
+use crate::support::cli::send_file;
+use crate::support::config::write_file;
+use crate::support::daemon::{redis_and_config, Daemon};
+use crate::support::events::{payment, post_fields, tip, xadd_all, Fields};
+use crate::support::keys::intake_stream;
 
 #[tokio::test]
 async fn events_from_the_stream_send_and_http_end_in_the_model_state() {
@@ -14,7 +20,7 @@ async fn events_from_the_stream_send_and_http_end_in_the_model_state() {
         .map(|i| tip(i, now))
         .chain((0..200).map(|i| payment(i, now)))
         .collect();
-    xadd_all(store.client(), "rb:events", &events[..400]).await;
+    xadd_all(store.client(), intake_stream(), &events[..400]).await;
     // Through `rollboard send`, from a JSON-lines file (numbers taken as written).
     let lines: Vec<String> = events[400..700]
         .iter()
@@ -29,7 +35,7 @@ async fn events_from_the_stream_send_and_http_end_in_the_model_state() {
     let r = post_fields(&daemon.base, &events[700..]).await;
     assert_eq!(r.status().as_u16(), 202);
     // Redelivering the same events changes nothing.
-    xadd_all(store.client(), "rb:events", &events[..50]).await;
+    xadd_all(store.client(), intake_stream(), &events[..50]).await;
     events.truncate(800);
     assert_drained_into_model(&store, &events, &daemon).await;
     assert_metrics(

@@ -11,8 +11,13 @@ use rollboard::config::Settings;
 use rollboard::store::Store;
 use serde_json::json;
 
+use crate::support::cli::send_file;
+use crate::support::config::{config_for_url, write_file, BOARDS};
+use crate::support::daemon::{redis_and_config, Daemon};
+use crate::support::keys::intake_stream;
 use crate::support::proxy::Proxy;
-use crate::support::*;
+use crate::support::redis::RedisServer;
+use crate::support::wait::drained;
 
 type Entries = Vec<(String, HashMap<String, String>)>;
 
@@ -101,7 +106,7 @@ async fn a_post_whose_exec_reply_is_lost_is_counted_once() {
     );
     let entries: Entries = store
         .client()
-        .xrange("rb:events", "-", "+", None)
+        .xrange(intake_stream(), "-", "+", None)
         .await
         .expect("xrange");
     let board = Settings::from_toml(BOARDS)
@@ -165,7 +170,7 @@ async fn send_gives_each_event_without_an_id_its_own_and_keeps_given_ids() {
     }
     let entries: Entries = store
         .client()
-        .xrange("rb:events", "-", "+", None)
+        .xrange(intake_stream(), "-", "+", None)
         .await
         .expect("xrange");
     assert_eq!(entries.len(), 10);

@@ -4,7 +4,13 @@ use std::collections::HashMap;
 
 use fred::prelude::*;
 
-use crate::support::*;
+use crate::support::asserts::assert_metrics;
+use crate::support::boards::{now_ms, test_boards};
+use crate::support::config::write_config;
+use crate::support::daemon::{redis_and_config, Daemon};
+use crate::support::events::{xadd_all, Fields};
+use crate::support::keys::{dead_letter_stream, intake_stream};
+use crate::support::wait::drained;
 
 #[tokio::test]
 async fn every_malformed_kind_is_dead_lettered_with_its_reason() {
@@ -63,11 +69,11 @@ async fn every_malformed_kind_is_dead_lettered_with_its_reason() {
         ),
     ];
     let fields: Vec<Fields> = cases.iter().map(|(_, f)| f.clone()).collect();
-    xadd_all(store.client(), "rb:events", &fields).await;
+    xadd_all(store.client(), intake_stream(), &fields).await;
     assert!(drained(&store).await);
     let entries: Vec<(String, HashMap<String, String>)> = store
         .client()
-        .xrange("rb:events:dead", "-", "+", None)
+        .xrange(dead_letter_stream(), "-", "+", None)
         .await
         .expect("xrange");
     let reasons: Vec<&str> = entries.iter().map(|(_, e)| e["reason"].as_str()).collect();

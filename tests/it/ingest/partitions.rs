@@ -8,13 +8,23 @@ use std::time::Duration;
 use fred::prelude::*;
 use rollboard::store::Store;
 
-use crate::support::*;
+use crate::support::asserts::{assert_metrics, assert_state};
+use crate::support::boards::{now_ms, test_boards};
+use crate::support::cli::{assert_success, run_rollboard, send_file};
+use crate::support::config::{edit_config, partitioned_config, write_file};
+use crate::support::daemon::Daemon;
+use crate::support::events::{
+    existing, models, post_fields, read_unacked, tips_now, xadd_all, Fields,
+};
+use crate::support::keys::{dead_letter_stream, intake_stream, partition_stream};
+use crate::support::redis::{free_port, RedisServer};
+use crate::support::wait::{drained_streams, wait_for};
 
 type Entries = Vec<(String, HashMap<String, String>)>;
 
 /// The key of partition `p` of 3.
 fn key(p: usize) -> String {
-    format!("rb:events:{{{p}}}")
+    partition_stream(p)
 }
 
 fn keys(n: usize) -> Vec<String> {
@@ -144,7 +154,7 @@ async fn two_daemons_share_three_partitions_and_a_killed_one_loses_nothing() {
     assert_model(&store, &events).await;
     verify(&config_a);
     // Nothing went to the bare stream key.
-    let bare: i64 = store.client().exists("rb:events").await.expect("exists");
+    let bare = existing(&store, intake_stream()).await;
     assert_eq!(bare, 0);
     assert!(a.terminate().await.success());
 }
@@ -222,7 +232,7 @@ async fn send_and_post_append_to_the_partition_the_rule_names() {
     for i in (0..120).step_by(2) {
         assert!(ids.contains(&format!("own-{i}")));
     }
-    let bare: i64 = store.client().exists("rb:events").await.expect("exists");
+    let bare = existing(&store, intake_stream()).await;
     assert_eq!(bare, 0, "nothing on the bare stream key");
     assert!(drained_streams(&store, &keys(3)).await);
     assert!(daemon.terminate().await.success());
@@ -256,7 +266,7 @@ async fn dead_letters_name_their_partition() {
     let dead = || async {
         store
             .client()
-            .xrange::<Entries, _, _, _>("rb:events:dead", "-", "+", None)
+            .xrange::<Entries, _, _, _>(dead_letter_stream(), "-", "+", None)
             .await
             .expect("xrange")
     };
@@ -295,23 +305,19 @@ async fn changing_the_partition_count_drains_the_old_layout() {
     let events = tips_now(1500);
 
     // One partition's stream holds unread entries and entries a dead consumer left pending.
-    xadd_all(store.client(), "rb:events", &events[..500]).await;
+    xadd_all(store.client(), intake_stream(), &events[..500]).await;
     let _: Value = store
         .client()
-        .xgroup_create("rb:events", "rollboard", "0", false)
+        .xgroup_create(intake_stream(), "rollboard", "0", false)
         .await
         .expect("group");
-    let _: Value = store
-        .client()
-        .xreadgroup("rollboard", "old", Some(100), None, false, "rb:events", ">")
-        .await
-        .expect("old consumer reads without acking");
+    read_unacked(&store, "rollboard", "old", 100).await;
     // A daemon with three partitions takes them, besides its own partitions.
     let three = partitioned_config(dir.path(), &redis, port, "a", 3);
     let daemon = Daemon::start(&three, port).await;
     append_to(&store, &events[500..1000], |_, e| key(rule(id_of(e), 3))).await;
     let mut all = keys(3);
-    all.push("rb:events".into());
+    all.push(intake_stream().into());
     assert!(
         drained_streams(&store, &all).await,
         "not drained; log:\n{}",
@@ -342,15 +348,15 @@ async fn changing_the_partition_count_drains_the_old_layout() {
 
 #[tokio::test]
 async fn three_partitions_on_a_cluster_sit_in_distinct_slots_and_equal_the_model() {
-    use crate::support::write_config_url;
-    use crate::support::{cli, RedisCluster};
+    use crate::support::cluster::{cli, RedisCluster};
+    use crate::support::config::write_config_url;
 
     let cluster = RedisCluster::start();
     let node = cluster.ports()[0];
     // Redis itself puts the keys of every partition count up to 64 in distinct slots.
     for n in [2, 3, 16, 64] {
         let slots: HashSet<String> = (0..n)
-            .map(|p| cli(node, &["CLUSTER", "KEYSLOT", &format!("rb:events:{{{p}}}")]))
+            .map(|p| cli(node, &["CLUSTER", "KEYSLOT", &partition_stream(p)]))
             .map(|s| s.trim().to_string())
             .collect();
         assert_eq!(slots.len(), n, "{n} partitions: {slots:?}");

@@ -13,9 +13,11 @@ use rollboard::metrics::Metrics;
 use rollboard::store::{Reconnect, Store};
 use tokio_util::sync::CancellationToken;
 
-use crate::support::*;
-
-const STREAM: &str = "rb:events";
+use crate::support::boards::{board, ingest_settings, now_ms, redis_now, total_at};
+use crate::support::events::read_unacked;
+use crate::support::keys::intake_stream;
+use crate::support::redis::RedisServer;
+use crate::support::wait::wait_for;
 
 /// Batches of 10 read in pieces of 3, claims in pieces of 4.
 fn settings() -> IngestSettings {
@@ -23,7 +25,7 @@ fn settings() -> IngestSettings {
         batch_size: 10,
         read_piece: 3,
         claim_piece: 4,
-        ..ingest_settings(STREAM, 1)
+        ..ingest_settings(intake_stream(), 1)
     }
 }
 
@@ -34,7 +36,7 @@ async fn append(store: &Store, from: usize, n: usize, now: i64) -> Vec<String> {
         let id: String = store
             .client()
             .xadd(
-                STREAM,
+                intake_stream(),
                 false,
                 None,
                 "*",
@@ -61,7 +63,7 @@ async fn new_pending_and_claimed_entries_come_once_each_in_stream_order() {
     let (redis, store) = RedisServer::start_with_store("rb").await;
     let settings = settings();
     let appended = append(&store, 0, 23, now_ms()).await;
-    ensure_group(store.client(), STREAM, &settings.group)
+    ensure_group(store.client(), intake_stream(), &settings.group)
         .await
         .expect("group");
     let reader = Store::dedicated(&redis.url(), Reconnect::Never)
@@ -71,7 +73,7 @@ async fn new_pending_and_claimed_entries_come_once_each_in_stream_order() {
     // New entries: batches of 10 (pieces 3 + 3 + 3 + 1), the last one short.
     let mut read = Vec::new();
     for expected in [10, 10, 3, 0] {
-        let batch = stream::read(&reader, &settings, STREAM, ">", Some(50))
+        let batch = stream::read(&reader, &settings, intake_stream(), ">", Some(50))
             .await
             .expect("read");
         assert_eq!(batch.len(), expected);
@@ -82,7 +84,7 @@ async fn new_pending_and_claimed_entries_come_once_each_in_stream_order() {
     // The same entries re-read from the own pending list, each batch after the last.
     let (mut reread, mut from) = (Vec::new(), "0".to_string());
     for expected in [10, 10, 3, 0] {
-        let batch = stream::read(&reader, &settings, STREAM, &from, None)
+        let batch = stream::read(&reader, &settings, intake_stream(), &from, None)
             .await
             .expect("pending read");
         assert_eq!(batch.len(), expected);
@@ -101,7 +103,7 @@ async fn new_pending_and_claimed_entries_come_once_each_in_stream_order() {
     };
     let (mut claimed, mut start) = (Vec::new(), "0-0".to_string());
     loop {
-        let (next, entries) = stream::claim(store.client(), &other, STREAM, &start, 10)
+        let (next, entries) = stream::claim(store.client(), &other, intake_stream(), &start, 10)
             .await
             .expect("claim");
         assert!(entries.len() <= 4, "{} claimed in one call", entries.len());
@@ -125,7 +127,7 @@ async fn a_consumer_reading_in_pieces_applies_every_entry_once() {
         ..settings()
     };
     let now = redis_now(&store).await;
-    ensure_group(store.client(), STREAM, &settings.group)
+    ensure_group(store.client(), intake_stream(), &settings.group)
         .await
         .expect("group");
     // 37 entries pending for this consumer (as after a crash), 41 for one that is gone,
@@ -134,19 +136,7 @@ async fn a_consumer_reading_in_pieces_applies_every_entry_once() {
     for (consumer, count) in [("c1", 37), ("gone", 41)] {
         append(&store, n, count, now).await;
         n += count;
-        let _: Value = store
-            .client()
-            .xreadgroup(
-                settings.group.as_str(),
-                consumer,
-                Some(1000),
-                None,
-                false,
-                STREAM,
-                ">",
-            )
-            .await
-            .expect("deliver");
+        read_unacked(&store, settings.group.as_str(), consumer, 1000).await;
     }
     append(&store, n, 29, now).await;
     n += 29;
@@ -161,7 +151,7 @@ async fn a_consumer_reading_in_pieces_applies_every_entry_once() {
     let running = tokio::spawn(ingest.run(cancel.clone()));
     let drained = wait_for(Duration::from_secs(30), || async {
         matches!(
-            group_info(store.client(), STREAM, &settings.group).await,
+            group_info(store.client(), intake_stream(), &settings.group).await,
             Ok(Some((0, Some(0))))
         )
     })

@@ -10,10 +10,15 @@ use fred::prelude::*;
 use rollboard::ingest::stream::StreamId;
 use rollboard::store::Store;
 
-use crate::support::*;
+use crate::support::asserts::{assert_drained_into_model, assert_metrics, assert_state};
+use crate::support::boards::{now_ms, test_boards};
+use crate::support::config::write_config;
+use crate::support::daemon::Daemon;
+use crate::support::events::{models, tip, tips_now, xadd_all, Fields};
+use crate::support::keys::{dead_letter_stream, intake_stream};
+use crate::support::redis::{free_port, RedisServer};
+use crate::support::wait::{drained, drained_streams, wait_for};
 
-const STREAM: &str = "rb:events";
-const DEAD: &str = "rb:events:dead";
 /// Most entries one stream node holds (`stream-node-max-entries`): `~` trims whole nodes,
 /// so a trimmed stream keeps up to one node more than the bound asks.
 const NODE: i64 = 100;
@@ -37,9 +42,12 @@ fn config(dir: &Path, redis: &RedisServer, port: u16, consumer: &str, ingest: &s
     path
 }
 
-/// `XREADGROUP` of up to `count` new entries of [`STREAM`] for `consumer` of `group`.
+/// `XREADGROUP` of up to `count` new entries of [`intake_stream`] for `consumer` of `group`.
 fn read_group(redis: &RedisServer, group: &str, consumer: &str, count: &str) -> String {
-    let args = format!("XREADGROUP GROUP {group} {consumer} COUNT {count} STREAMS {STREAM} >");
+    let args = format!(
+        "XREADGROUP GROUP {group} {consumer} COUNT {count} STREAMS {} >",
+        intake_stream()
+    );
     redis.cli(&args.split(' ').collect::<Vec<_>>())
 }
 
@@ -76,6 +84,18 @@ async fn shrinks_to(store: &Store, key: &str, most: i64) -> bool {
     .await
 }
 
+/// Waits until every entry of the intake stream is trimmed away, which `daemon` does once
+/// every group has acked them.
+async fn assert_trimmed_away(store: &Store, daemon: &Daemon) {
+    assert_trimmed_to(store, daemon, 0).await;
+}
+
+/// Waits until `daemon` has trimmed the intake stream to at most `most` entries.
+async fn assert_trimmed_to(store: &Store, daemon: &Daemon, most: i64) {
+    let trimmed = shrinks_to(store, intake_stream(), most).await;
+    assert!(trimmed, "never trimmed to {most}; log:\n{}", daemon.logs());
+}
+
 /// Appends `events` one by one (in order) and returns their entry IDs.
 async fn append(store: &Store, events: &[Fields]) -> Vec<String> {
     let mut ids = Vec::with_capacity(events.len());
@@ -83,7 +103,7 @@ async fn append(store: &Store, events: &[Fields]) -> Vec<String> {
         let chunk_ids: Vec<String> = futures_util::future::try_join_all(chunk.iter().map(|f| {
             store
                 .client()
-                .xadd::<String, _, _, _, _>(STREAM, false, None, "*", f.clone())
+                .xadd::<String, _, _, _, _>(intake_stream(), false, None, "*", f.clone())
         }))
         .await
         .expect("xadd");
@@ -96,7 +116,7 @@ async fn append(store: &Store, events: &[Fields]) -> Vec<String> {
 
 /// Asserts that the entries of the stream from `ids[0]` on begin with every one of `ids`.
 async fn assert_kept(store: &Store, ids: &[String]) {
-    let kept = ids_from(store, STREAM, &ids[0]).await;
+    let kept = ids_from(store, intake_stream(), &ids[0]).await;
     assert!(
         kept.starts_with(ids),
         "{} entries expected from {}, {} there (first {:?})",
@@ -112,18 +132,18 @@ async fn with_no_retention_acked_entries_are_trimmed_away() {
     let (redis, store, dir) = RedisServer::start_with_store_and_dir("rb").await;
     let daemon = trimming_daemon(&dir, &redis, "a", "retain = \"0s\"").await;
     let events = tips_now(3000);
-    xadd_all(store.client(), STREAM, &events).await;
+    xadd_all(store.client(), intake_stream(), &events).await;
     assert_drained_into_model(&store, &events, &daemon).await;
     assert!(
-        shrinks_to(&store, STREAM, 0).await,
+        shrinks_to(&store, intake_stream(), 0).await,
         "acked entries never trimmed: {} left; log:\n{}",
-        xlen(&store, STREAM).await,
+        xlen(&store, intake_stream()).await,
         daemon.logs()
     );
     let trimmed = daemon
         .metric_becomes(
             "rollboard_stream_trimmed_total",
-            &[("stream", STREAM)],
+            &[("stream", intake_stream())],
             3000.0,
             Duration::from_secs(10),
         )
@@ -137,12 +157,12 @@ async fn entries_pending_in_the_group_are_kept_until_another_consumer_applies_th
     let (redis, store, dir) = RedisServer::start_with_store_and_dir("rb").await;
     let events = tips_now(2000);
     let ids = append(&store, &events).await;
-    redis.cli(&["XGROUP", "CREATE", STREAM, "rollboard", "0"]);
+    redis.cli(&["XGROUP", "CREATE", intake_stream(), "rollboard", "0"]);
     let read = |consumer: &str, count: &str| read_group(&redis, "rollboard", consumer, count);
     // The oldest 500 stand for history acked long ago (not applied here), then a consumer
     // reads the next 150 and dies before acking them.
     read("early", "500");
-    let mut ack = vec!["XACK", STREAM, "rollboard"];
+    let mut ack = vec!["XACK", intake_stream(), "rollboard"];
     ack.extend(ids[..500].iter().map(String::as_str));
     redis.cli(&ack);
     read("ghost", "150");
@@ -150,18 +170,15 @@ async fn entries_pending_in_the_group_are_kept_until_another_consumer_applies_th
     let a = trimming_daemon(&dir, &redis, "a", "retain = \"0s\"\nclaim_idle = \"1h\"").await;
     let rest_taken = wait_for(Duration::from_secs(60), || async {
         matches!(
-            rollboard::ingest::stream::group_info(store.client(), STREAM, "rollboard").await,
+            rollboard::ingest::stream::group_info(store.client(), intake_stream(), "rollboard")
+                .await,
             Ok(Some((150, Some(0))))
         )
     })
     .await;
     assert!(rest_taken, "a never took the rest; log:\n{}", a.logs());
     // The acked history goes; the pending 150 and everything after them stay.
-    assert!(
-        shrinks_to(&store, STREAM, 1500 + NODE).await,
-        "never trimmed; log:\n{}",
-        a.logs()
-    );
+    assert_trimmed_to(&store, &a, 1500 + NODE).await;
     assert_kept(&store, &ids[500..]).await;
     assert!(a.terminate().await.success());
 
@@ -169,7 +186,7 @@ async fn entries_pending_in_the_group_are_kept_until_another_consumer_applies_th
     // nothing counted twice, and then the stream is trimmed empty.
     let b = trimming_daemon(&dir, &redis, "b", "retain = \"0s\"").await;
     assert_drained_into_model(&store, &events[500..], &b).await;
-    assert!(shrinks_to(&store, STREAM, 0).await, "log:\n{}", b.logs());
+    assert_trimmed_away(&store, &b).await;
     assert!(b.terminate().await.success());
 }
 
@@ -183,17 +200,20 @@ async fn a_killed_consumers_pending_entries_survive_and_are_applied_by_another()
     // the kill; while it holds nothing, it is thawed and the traffic goes on.
     let mut sent = 0;
     for chunk in events.chunks(500) {
-        xadd_all(store.client(), STREAM, chunk).await;
+        xadd_all(store.client(), intake_stream(), chunk).await;
         sent += chunk.len();
-        if a.metric("rollboard_stream_trimmed_total", &[("stream", STREAM)])
-            .await
+        if a.metric(
+            "rollboard_stream_trimmed_total",
+            &[("stream", intake_stream())],
+        )
+        .await
             == 0.0
         {
             continue;
         }
         a.freeze(true);
         let busy = matches!(
-            rollboard::ingest::stream::group_info(store.client(), STREAM, "rollboard").await,
+            rollboard::ingest::stream::group_info(store.client(), intake_stream(), "rollboard").await,
             Ok(Some((p, _))) if p > 0
         );
         if busy {
@@ -206,31 +226,38 @@ async fn a_killed_consumers_pending_entries_survive_and_are_applied_by_another()
     // Every entry still pending for the dead consumer is in the stream.
     let pending: Vec<(String, String, u64, u64)> = store
         .client()
-        .xpending(STREAM, "rollboard", ("-", "+", 100_000))
+        .xpending(intake_stream(), "rollboard", ("-", "+", 100_000))
         .await
         .expect("xpending");
     assert!(!pending.is_empty(), "killed with nothing pending");
     assert!(
-        xlen(&store, STREAM).await < sent as i64,
+        xlen(&store, intake_stream()).await < sent as i64,
         "nothing trimmed before the kill"
     );
     for (id, _, _, _) in &pending {
         assert_eq!(
-            ids_from(&store, STREAM, id).await.first(),
+            ids_from(&store, intake_stream(), id).await.first(),
             Some(id),
             "pending {id} trimmed"
         );
     }
     let b = trimming_daemon(&dir, &redis, "b", "retain = \"0s\"\nclaim_idle = \"2s\"").await;
     assert_drained_into_model(&store, events, &b).await;
-    assert!(shrinks_to(&store, STREAM, 0).await, "log:\n{}", b.logs());
+    assert_trimmed_away(&store, &b).await;
     assert!(b.terminate().await.success());
 }
 
 #[tokio::test]
 async fn entries_another_group_has_not_read_or_acked_are_kept() {
     let (redis, store, dir) = RedisServer::start_with_store_and_dir("rb").await;
-    redis.cli(&["XGROUP", "CREATE", STREAM, "other", "0", "MKSTREAM"]);
+    redis.cli(&[
+        "XGROUP",
+        "CREATE",
+        intake_stream(),
+        "other",
+        "0",
+        "MKSTREAM",
+    ]);
     let daemon = trimming_daemon(&dir, &redis, "a", "retain = \"0s\"").await;
     let events = tips_now(2000);
     let ids = append(&store, &events).await;
@@ -239,35 +266,23 @@ async fn entries_another_group_has_not_read_or_acked_are_kept() {
     let other = |count: &str| read_group(&redis, "other", "o1", count);
     // It reads 1000 and acks the first 500; the trim follows its first pending entry.
     other("1000");
-    let mut ack = vec!["XACK", STREAM, "other"];
+    let mut ack = vec!["XACK", intake_stream(), "other"];
     ack.extend(ids[..500].iter().map(String::as_str));
     redis.cli(&ack);
-    assert!(
-        shrinks_to(&store, STREAM, 1500 + NODE).await,
-        "never trimmed; log:\n{}",
-        daemon.logs()
-    );
+    assert_trimmed_to(&store, &daemon, 1500 + NODE).await;
     assert_kept(&store, &ids[500..]).await;
     // It acks everything it read: its 1000 unread entries are still kept.
-    let mut ack = vec!["XACK", STREAM, "other"];
+    let mut ack = vec!["XACK", intake_stream(), "other"];
     ack.extend(ids[500..1000].iter().map(String::as_str));
     redis.cli(&ack);
-    assert!(
-        shrinks_to(&store, STREAM, 1000 + NODE).await,
-        "log:\n{}",
-        daemon.logs()
-    );
+    assert_trimmed_to(&store, &daemon, 1000 + NODE).await;
     assert_kept(&store, &ids[1000..]).await;
     // Once it has read and acked the rest, nothing is left.
     other("1000");
-    let mut ack = vec!["XACK", STREAM, "other"];
+    let mut ack = vec!["XACK", intake_stream(), "other"];
     ack.extend(ids[1000..].iter().map(String::as_str));
     redis.cli(&ack);
-    assert!(
-        shrinks_to(&store, STREAM, 0).await,
-        "log:\n{}",
-        daemon.logs()
-    );
+    assert_trimmed_away(&store, &daemon).await;
     assert!(daemon.terminate().await.success());
 }
 
@@ -287,15 +302,21 @@ async fn two_replicas_trimming_at_once_lose_and_double_nothing() {
     .await;
     let events = tips_now(6000);
     for chunk in events.chunks(1000) {
-        xadd_all(store.client(), STREAM, chunk).await;
+        xadd_all(store.client(), intake_stream(), chunk).await;
     }
     assert_drained_into_model(&store, &events, &a).await;
-    assert!(shrinks_to(&store, STREAM, 0).await, "log:\n{}", a.logs());
+    assert_trimmed_away(&store, &a).await;
     let trimmed = a
-        .metric("rollboard_stream_trimmed_total", &[("stream", STREAM)])
+        .metric(
+            "rollboard_stream_trimmed_total",
+            &[("stream", intake_stream())],
+        )
         .await
-        + b.metric("rollboard_stream_trimmed_total", &[("stream", STREAM)])
-            .await;
+        + b.metric(
+            "rollboard_stream_trimmed_total",
+            &[("stream", intake_stream())],
+        )
+        .await;
     assert!(trimmed >= 6000.0, "trimmed {trimmed}");
     assert!(a.terminate().await.success());
     assert!(b.terminate().await.success());
@@ -312,7 +333,7 @@ async fn retain_keeps_that_much_acked_history() {
         let _: String = store
             .client()
             .xadd(
-                STREAM,
+                intake_stream(),
                 false,
                 None::<()>,
                 format!("{old_ms}-{}", i + 1),
@@ -325,13 +346,16 @@ async fn retain_keeps_that_much_acked_history() {
     let daemon = trimming_daemon(&dir, &redis, "a", "retain = \"1h\"").await;
     assert_drained_into_model(&store, &events, &daemon).await;
     assert!(
-        shrinks_to(&store, STREAM, 1000 + NODE).await,
+        shrinks_to(&store, intake_stream(), 1000 + NODE).await,
         "history older than retain never trimmed; log:\n{}",
         daemon.logs()
     );
     // Acked, but younger than an hour: kept, through several more trims.
     let trims = daemon
-        .metric("rollboard_stream_trimmed_total", &[("stream", STREAM)])
+        .metric(
+            "rollboard_stream_trimmed_total",
+            &[("stream", intake_stream())],
+        )
         .await;
     assert!(trims >= 1000.0 - NODE as f64, "trimmed {trims}");
     assert_kept(&store, &recent).await;
@@ -352,19 +376,19 @@ async fn the_dead_letter_stream_stays_near_its_cap_and_lengths_are_reported() {
     for e in events.iter_mut().step_by(2) {
         e[2].1 = "lots".into();
     }
-    xadd_all(store.client(), STREAM, &events).await;
+    xadd_all(store.client(), intake_stream(), &events).await;
     assert!(drained(&store).await, "log:\n{}", daemon.logs());
     assert_metrics(
         &daemon,
         &["rollboard_events_dead_lettered_total{reason=amount} 500"],
     )
     .await;
-    let letters = xlen(&store, DEAD).await;
+    let letters = xlen(&store, dead_letter_stream()).await;
     assert!((300..300 + NODE).contains(&letters), "{letters} letters");
     // The newest letters are the ones kept.
     let last: Vec<(String, std::collections::HashMap<String, String>)> = store
         .client()
-        .xrevrange(DEAD, "+", "-", Some(1))
+        .xrevrange(dead_letter_stream(), "+", "-", Some(1))
         .await
         .expect("xrevrange");
     assert_eq!(last[0].1.get("id").map(String::as_str), Some("t998"));
@@ -372,14 +396,17 @@ async fn the_dead_letter_stream_stays_near_its_cap_and_lengths_are_reported() {
     // The poller (every 5 s) reports what XLEN says, for the intake and the letters.
     let reported = wait_for(Duration::from_secs(20), || async {
         daemon
-            .metric("rollboard_stream_length", &[("stream", DEAD)])
+            .metric(
+                "rollboard_stream_length",
+                &[("stream", dead_letter_stream())],
+            )
             .await
             == letters as f64
             && daemon
-                .metric("rollboard_stream_length", &[("stream", STREAM)])
+                .metric("rollboard_stream_length", &[("stream", intake_stream())])
                 .await
-                == xlen(&store, STREAM).await as f64
-            && xlen(&store, STREAM).await == 0
+                == xlen(&store, intake_stream()).await as f64
+            && xlen(&store, intake_stream()).await == 0
     })
     .await;
     assert!(reported, "lengths not reported; log:\n{}", daemon.logs());
@@ -388,7 +415,7 @@ async fn the_dead_letter_stream_stays_near_its_cap_and_lengths_are_reported() {
 
 /// Events on the partitions of a 3-partition layout, each by the partition rule.
 async fn append_partitioned(store: &Store, events: &[Fields]) -> Vec<String> {
-    let keys = rollboard::domain::partition::partition_keys(STREAM, 3);
+    let keys = rollboard::domain::partition::partition_keys(intake_stream(), 3);
     for f in events {
         let id = &f.iter().find(|(k, _)| k == "id").expect("an id").1;
         let key = &keys[rollboard::domain::partition::partition_of(id.as_bytes(), 3)];

@@ -7,14 +7,23 @@ use std::time::Duration;
 use fred::prelude::*;
 use rollboard::ingest::stream::group_info;
 
-use crate::support::*;
+use crate::support::asserts::assert_drained_into_model;
+use crate::support::boards::now_ms;
+use crate::support::config::{edit_config, write_config};
+use crate::support::daemon::{redis_and_config, Daemon};
+use crate::support::env::{env_count, env_seed};
+use crate::support::events::{read_unacked, tip_or_payment, tips_now, xadd_all, Fields};
+use crate::support::keys::{instance, intake_stream};
+use crate::support::proptests::SplitMix;
+use crate::support::redis::free_port;
+use crate::support::wait::{drained, wait_for};
 
 /// Waits up to 30 s for rooms_7d's ranking to hold anyone; whether it did.
 async fn rooms_ranked_soon(store: &rollboard::store::Store) -> bool {
     wait_for(Duration::from_secs(30), || async {
         store
             .client()
-            .zcard::<i64, _>("rb:{rooms_7d}:result")
+            .zcard::<i64, _>(instance("rooms_7d", None).result())
             .await
             .unwrap_or(0)
             > 0
@@ -27,12 +36,12 @@ async fn a_killed_daemon_restarted_loses_nothing_and_counts_nothing_twice() {
     let (_redis, store, _dir, config, port) = redis_and_config("a").await;
     let now = now_ms();
     let events: Vec<Fields> = (0..8000).map(|i| tip_or_payment(i, now, 0)).collect();
-    xadd_all(store.client(), "rb:events", &events).await;
+    xadd_all(store.client(), intake_stream(), &events).await;
     let daemon = Daemon::start(&config, port).await;
     let started = rooms_ranked_soon(&store).await;
     assert!(started);
     daemon.kill().await;
-    let pending = group_info(store.client(), "rb:events", "rollboard")
+    let pending = group_info(store.client(), intake_stream(), "rollboard")
         .await
         .expect("xinfo")
         .expect("group");
@@ -53,7 +62,7 @@ async fn two_daemons_share_a_group_and_take_over_a_dead_ones_entries() {
     let events = tips_now(6000);
     let a = Daemon::start(&config_a, port_a).await;
     let b = Daemon::start(&config_b, port_b).await;
-    xadd_all(store.client(), "rb:events", &events[..3000]).await;
+    xadd_all(store.client(), intake_stream(), &events[..3000]).await;
     assert!(drained(&store).await);
     assert!(
         a.metric("rollboard_events_applied_total", &[("board", "rooms_7d")])
@@ -69,17 +78,9 @@ async fn two_daemons_share_a_group_and_take_over_a_dead_ones_entries() {
     );
     // Kill b while it holds entries; a claims them after claim_idle (1s).
     assert!(b.terminate().await.success());
-    let _: Value = store
-        .client()
-        .xreadgroup("rollboard", "b", Some(100), None, false, "rb:events", ">")
-        .await
-        .expect("b reads without acking");
-    xadd_all(store.client(), "rb:events", &events[3000..]).await;
-    let _: Value = store
-        .client()
-        .xreadgroup("rollboard", "b", Some(100), None, false, "rb:events", ">")
-        .await
-        .expect("b reads without acking");
+    read_unacked(&store, "rollboard", "b", 100).await;
+    xadd_all(store.client(), intake_stream(), &events[3000..]).await;
+    read_unacked(&store, "rollboard", "b", 100).await;
     assert_drained_into_model(&store, &events, &a).await;
     assert!(a.terminate().await.success());
 }
@@ -92,7 +93,7 @@ async fn sigterm_under_load_exits_0_and_loses_nothing() {
     let producer = {
         let client = store.client().clone();
         let events = events.clone();
-        tokio::spawn(async move { xadd_all(&client, "rb:events", &events).await })
+        tokio::spawn(async move { xadd_all(&client, intake_stream(), &events).await })
     };
     let busy = rooms_ranked_soon(&store).await;
     assert!(busy);
@@ -136,9 +137,9 @@ async fn sigterm_at_random_points_leaves_nothing_pending() {
     let now = now_ms();
     let event = |i: usize| tip_or_payment(i, now, 0);
     let mut events: Vec<Fields> = (0..BACKLOG).map(event).collect();
-    xadd_all(store.client(), "rb:events", &events).await;
+    xadd_all(store.client(), intake_stream(), &events).await;
     let group = || async {
-        group_info(store.client(), "rb:events", "rollboard")
+        group_info(store.client(), intake_stream(), "rollboard")
             .await
             .expect("xinfo groups")
     };
@@ -149,7 +150,7 @@ async fn sigterm_at_random_points_leaves_nothing_pending() {
             let more: Vec<Fields> = (events.len()..events.len() + BACKLOG / 4)
                 .map(event)
                 .collect();
-            xadd_all(store.client(), "rb:events", &more).await;
+            xadd_all(store.client(), intake_stream(), &more).await;
             events.extend(more);
         }
         let daemon = Daemon::start(&config, port).await;
@@ -202,29 +203,37 @@ async fn sigterm_drains_own_pending_entries_the_loop_never_saw() {
     let (_redis, store, _dir, config, port) = redis_and_config("a").await;
     let events = tips_now(300);
     let daemon = Daemon::start(&config, port).await;
-    xadd_all(store.client(), "rb:events", &events[..100]).await;
+    xadd_all(store.client(), intake_stream(), &events[..100]).await;
     assert!(drained(&store).await, "log:\n{}", daemon.logs());
     // Append and deliver to "a" in one transaction: the daemon's own read never sees them,
     // and they are idle for far less than claim_idle (1s) when the SIGTERM comes.
     let tx = store.client().multi();
     for fields in &events[100..] {
         let _: () = tx
-            .xadd("rb:events", false, None, "*", fields.clone())
+            .xadd(intake_stream(), false, None, "*", fields.clone())
             .await
             .expect("queue xadd");
     }
     let _: () = tx
-        .xreadgroup("rollboard", "a", Some(1000), None, false, "rb:events", ">")
+        .xreadgroup(
+            "rollboard",
+            "a",
+            Some(1000),
+            None,
+            false,
+            intake_stream(),
+            ">",
+        )
         .await
         .expect("queue xreadgroup");
     let _: Value = tx.exec(true).await.expect("exec");
-    let pending = group_info(store.client(), "rb:events", "rollboard")
+    let pending = group_info(store.client(), intake_stream(), "rollboard")
         .await
         .expect("xinfo groups");
     assert_eq!(pending, Some((200, Some(0))));
     let status = daemon.terminate().await;
     assert!(status.success(), "exit status {status:?}");
-    let pending = group_info(store.client(), "rb:events", "rollboard")
+    let pending = group_info(store.client(), intake_stream(), "rollboard")
         .await
         .expect("xinfo groups");
     assert_eq!(pending, Some((0, Some(0))), "nothing left pending at exit");

@@ -8,7 +8,13 @@ use std::time::{Duration, Instant};
 use fred::prelude::*;
 use futures_util::StreamExt;
 
-use crate::support::*;
+use crate::support::boards::ev;
+use crate::support::config::{partitioned_config, write_config, BOARDS};
+use crate::support::daemon::Daemon;
+use crate::support::http::post;
+use crate::support::keys::{partition_stream, schema};
+use crate::support::redis::{free_port, RedisServer};
+use crate::support::wait::wait_for;
 
 /// The clients connected to `redis`, not counting the `redis-cli` that asks.
 fn connections(redis: &RedisServer) -> usize {
@@ -106,7 +112,7 @@ async fn connections_per_role_and_the_routes_of_each() {
     assert_eq!(sidecar.get("/metrics").await.0, 200);
     // No consumer, no scheduled job ran here.
     assert_eq!(
-        redis.cli(&["EXISTS", "rb:job:{roll}:tick"]).trim(),
+        redis.cli(&["EXISTS", &schema().lease_tick("roll")]).trim(),
         "0",
         "the sidecar ran a job"
     );
@@ -328,7 +334,7 @@ async fn a_killed_holder_is_taken_over_within_the_lease() {
     let lease = || async {
         let v: Option<String> = store
             .client()
-            .get("rb:job:{roll}:lease")
+            .get(schema().lease("roll"))
             .await
             .expect("get");
         v
@@ -352,7 +358,7 @@ async fn a_killed_holder_is_taken_over_within_the_lease() {
         if v.contains(&holder_of(a_pid)) {
             let pttl: i64 = store
                 .client()
-                .pttl("rb:job:{roll}:lease")
+                .pttl(schema().lease("roll"))
                 .await
                 .expect("pttl");
             assert!(pttl > 0 && pttl <= ttl.as_millis() as i64, "pttl {pttl}");
@@ -405,21 +411,18 @@ async fn a_clean_exit_removes_its_consumer_from_every_partition() {
     let port = free_port();
     let config = partitioned_config(dir.path(), &redis, port, "leaver", 2);
     let daemon = Daemon::start(&config, port).await;
-    let streams = ["rb:events:{0}", "rb:events:{1}"];
-    let consumers = |stream: &'static str| {
-        let redis = &redis;
-        move || redis.cli(&["XINFO", "CONSUMERS", stream, "rollboard"])
-    };
-    for stream in streams {
+    let streams = [partition_stream(0), partition_stream(1)];
+    let consumers = |stream: &str| redis.cli(&["XINFO", "CONSUMERS", stream, "rollboard"]);
+    for stream in &streams {
         let listed = wait_for(Duration::from_secs(10), || async {
-            consumers(stream)().contains("leaver")
+            consumers(stream).contains("leaver")
         })
         .await;
-        assert!(listed, "{stream}: {}", consumers(stream)());
+        assert!(listed, "{stream}: {}", consumers(stream));
     }
     assert_eq!(daemon.terminate().await.code(), Some(0));
     for stream in streams {
-        let left = consumers(stream)();
+        let left = consumers(&stream);
         assert!(!left.contains("leaver"), "{stream}: {left}");
     }
 }
@@ -474,7 +477,7 @@ async fn the_lease_runs_each_tick_once() {
     let a = lease("roll", "a", t).await.expect("a takes the tick");
     assert_eq!(a.value, format!("a@{t}"));
     assert_eq!(
-        redis.cli(&["GET", "rb:job:{roll}:lease"]).trim(),
+        redis.cli(&["GET", &schema().lease("roll")]).trim(),
         format!("a@{t}")
     );
     assert!(lease("roll", "b", t).await.is_none());
@@ -500,7 +503,7 @@ async fn the_lease_runs_each_tick_once() {
     // Jobs are leased apart.
     assert!(lease("resummarize", "a", t).await.is_some());
     let pttl: i64 = redis
-        .cli(&["PTTL", "rb:job:{resummarize}:lease"])
+        .cli(&["PTTL", &schema().lease("resummarize")])
         .trim()
         .parse()
         .expect("pttl");

@@ -9,7 +9,15 @@ use rollboard::store::Store;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::support::*;
+use crate::support::asserts::{assert_drained_into_model, assert_metrics};
+use crate::support::boards::now_ms;
+use crate::support::cli::text;
+use crate::support::config::{config_for, config_for_url, write_config};
+use crate::support::daemon::{addr, assert_exited_within, daemon_with, Daemon};
+use crate::support::events::{post_events, spread_tip, Fields};
+use crate::support::keys::intake_stream;
+use crate::support::redis::{free_port, RedisServer};
+use crate::support::wait::wait_for;
 
 #[tokio::test]
 async fn a_taken_http_address_fails_the_start_with_a_clear_error() {
@@ -107,7 +115,7 @@ async fn read_reply(conn: &mut tokio::net::TcpStream) -> String {
 async fn appended(store: &Store) -> Vec<Fields> {
     let entries: Vec<(String, Fields)> = store
         .client()
-        .xrange("rb:events", "-", "+", None)
+        .xrange(intake_stream(), "-", "+", None)
         .await
         .expect("xrange");
     entries.into_iter().map(|(_, f)| f).collect()
@@ -217,7 +225,7 @@ async fn while_a_request_drains_at_shutdown_new_connections_are_refused() {
     assert!(refused, "the listener stayed open during the drain");
     assert!(reply.starts_with("HTTP/1.1 202"), "{reply:?}");
     assert!(daemon.wait_exit().await.success());
-    let len: i64 = store.client().xlen("rb:events").await.expect("xlen");
+    let len: i64 = store.client().xlen(intake_stream()).await.expect("xlen");
     assert_eq!(len, 1);
 }
 

@@ -13,7 +13,15 @@ use rollboard::ingest::consumer::process_batch;
 use rollboard::metrics::Metrics;
 use rollboard::store::Store;
 
-use crate::support::*;
+use crate::support::boards::{entry, ev, ingest_settings, redis_now, roll_all};
+use crate::support::cli::run_rollboard;
+use crate::support::config::write_config;
+use crate::support::daemon::Daemon;
+use crate::support::events::letters;
+use crate::support::http::post_to;
+use crate::support::keys::{base, instance, intake_stream, prefix, schema};
+use crate::support::proptests::run_cases_on_a_cluster;
+use crate::support::redis::{free_port, RedisServer};
 
 const MINUTE: i64 = 60_000;
 const HOUR: i64 = 3_600_000;
@@ -151,13 +159,8 @@ fn batches() -> impl Strategy<Value = Vec<Batch>> {
 
 /// Dead letters of `rb:events:dead` with `reason`: their `id` fields.
 async fn dead_ids(store: &Store, reason: &str) -> Vec<String> {
-    use fred::prelude::*;
-    let entries: Vec<(String, HashMap<String, String>)> = store
-        .client()
-        .xrange("rb:events:dead", "-", "+", None)
+    letters(store)
         .await
-        .expect("xrange");
-    entries
         .into_iter()
         .filter(|(_, f)| f.get("reason").map(String::as_str) == Some(reason))
         .map(|(_, f)| f.get("id").cloned().unwrap_or_default())
@@ -182,7 +185,7 @@ async fn stored(store: &Store, board: &Board, id: &str, now: i64) -> Vec<(String
 async fn check_against_model(store: &Store, case: usize, batches: Vec<Batch>) {
     let boards = period_boards();
     let metrics = Metrics::new(&boards);
-    let settings = ingest_settings("rb:events", 1);
+    let settings = ingest_settings(intake_stream(), 1);
     let mut models: Vec<Model> = boards.iter().map(|_| Model::default()).collect();
     let mut late_everywhere = Vec::new();
     let mut entry_no = 0;
@@ -216,7 +219,7 @@ async fn check_against_model(store: &Store, case: usize, batches: Vec<Batch>) {
             &boards,
             &settings,
             &metrics,
-            "rb:events",
+            intake_stream(),
             &entries,
             *now,
         )
@@ -327,11 +330,17 @@ async fn the_grace_ends_exactly_and_the_roll_keeps_only_keep_periods_archives() 
     assert_eq!(state.archived, ["2026-10-27", "2026-10-26"]);
     let reports = roll_all(&store, &boards, now, 100).await;
     assert_eq!(reports[0].periods_removed, 2, "{reports:?}");
-    let keys = redis.cli(&["KEYS", "rb:{berlin_day:@2026-10-2[45]}*"]);
+    let keys = redis.cli(&[
+        "KEYS",
+        &format!("{}:{{berlin_day:@2026-10-2[45]}}*", prefix()),
+    ]);
     assert!(keys.trim().is_empty(), "deleted archives left keys: {keys}");
-    let kept = redis.cli(&["KEYS", "rb:{berlin_day:@2026-10-26}:result"]);
+    let kept = redis.cli(&[
+        "KEYS",
+        &instance("berlin_day", Some("@2026-10-26")).result(),
+    ]);
     assert!(!kept.trim().is_empty());
-    let registry = redis.cli(&["ZRANGE", "rb:board:berlin_day:periods", "0", "-1"]);
+    let registry = redis.cli(&["ZRANGE", &schema().periods("berlin_day"), "0", "-1"]);
     assert_eq!(
         registry.split_whitespace().collect::<Vec<_>>(),
         ["2026-10-26", "2026-10-27", "2026-10-28"]
@@ -343,7 +352,10 @@ async fn the_grace_ends_exactly_and_the_roll_keeps_only_keep_periods_archives() 
         .expect("apply");
     assert_eq!(out, [rollboard::store::Outcome::Late]);
     assert!(redis
-        .cli(&["KEYS", "rb:{berlin_day:@2026-10-24}*"])
+        .cli(&[
+            "KEYS",
+            &format!("{}*", base(&instance("berlin_day", Some("@2026-10-24"))))
+        ])
         .trim()
         .is_empty());
     // Verify reads each period instance.

@@ -9,8 +9,16 @@ use rollboard::domain::board::Board;
 use rollboard::domain::ranking::Percentile;
 use rollboard::store::{ApplyEvent, Store};
 
+use crate::support::boards::{ev, redis_now, roll_all, roll_board, variants};
+use crate::support::cli::run_rollboard;
+use crate::support::config::{write_config, write_file};
+use crate::support::daemon::Daemon;
+use crate::support::events::xadd_all;
+use crate::support::keys::intake_stream;
 use crate::support::model::{competition_ranks, Instance, Row};
-use crate::support::*;
+use crate::support::proptests::{run_cases_on_a_cluster, run_cases_threaded};
+use crate::support::redis::{free_port, RedisServer};
+use crate::support::wait::wait_for;
 
 const SLICE: i64 = 1_000;
 const N: i64 = 4;
@@ -295,7 +303,7 @@ async fn the_ranks_route_answers_a_subset_and_refuses_bad_requests() {
         fields("2", "p2", "5"),
         fields("3", "p3", "2"),
     ];
-    xadd_all(store.client(), "rb:events", &events).await;
+    xadd_all(store.client(), intake_stream(), &events).await;
     let token = Some("s3cret");
     let body = r#"{"members": ["p3", "ghost", "p2", "p1"]}"#;
     assert!(

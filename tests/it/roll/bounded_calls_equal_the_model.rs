@@ -10,8 +10,14 @@ use rollboard::roll::{self, Report, RollError};
 use rollboard::store::{ApplyEvent, StageTargets, Staged, Store, STAGE_CALL_ROWS, TRIM_CALL_IDS};
 use tokio_util::sync::CancellationToken;
 
+use crate::support::asserts::assert_verified;
+use crate::support::boards::{
+    apply_events, board, ev, resummarize, roll_all, seen_logs, seen_table, HOUR,
+};
+use crate::support::keys::{instance, under};
 use crate::support::model::{assert_matches, assert_rolled_and_verified, Instance};
-use crate::support::*;
+use crate::support::proptests::{proptest_runner, run_cases, runtime_with_store};
+use crate::support::redis::RedisServer;
 
 const T0: i64 = 1_763_700_000_000 / HOUR * HOUR;
 
@@ -277,7 +283,7 @@ async fn run_swap_case(redis: &RedisServer, store: &Store, case: &SwapCase) {
         assert_matches(store, &b.widest(), None, &shown, now).await;
     }
     // The cut run's scratch keys go by themselves.
-    let scratch = redis.cli(&["KEYS", "rb:{cut}:tmp:cut:*"]);
+    let scratch = redis.cli(&["KEYS", &under(&instance("cut", None), "tmp:cut:*")]);
     let scratch: Vec<&str> = scratch.lines().filter(|l| !l.is_empty()).collect();
     assert!(!scratch.is_empty(), "the cut run's marker at least");
     for key in &scratch {
@@ -296,7 +302,7 @@ async fn run_swap_case(redis: &RedisServer, store: &Store, case: &SwapCase) {
     roll_one(store, &b, now, case.chunk).await;
     assert_matches(store, &b.widest(), None, &model, now).await;
     assert_verified(store, &b.widest(), None).await;
-    let left = redis.cli(&["KEYS", "rb:{cut}:tmp:*"]);
+    let left = redis.cli(&["KEYS", &under(&instance("cut", None), "tmp:*")]);
     let mut left: Vec<&str> = left.lines().filter(|l| !l.is_empty()).collect();
     left.sort_unstable();
     let mut cut = scratch.clone();
@@ -313,8 +319,7 @@ async fn run_swap_case(redis: &RedisServer, store: &Store, case: &SwapCase) {
 
 #[test]
 fn resummarize_cut_at_random_points_with_ingest_between_calls_equals_the_model() {
-    let rt = runtime();
-    let (redis, store) = rt.block_on(RedisServer::start_with_store("rb"));
+    let (rt, redis, store) = runtime_with_store();
     let mut runner = proptest_runner(48);
     runner
         .run(&swap_cases(), |case| {
@@ -357,7 +362,7 @@ async fn large_instances_are_staged_trimmed_and_swapped_in_bounded_calls() {
         // and unlinked, nothing of the run is left behind.
         roll_one(&store, &b, s0 + 1, 1000).await;
         assert_matches(&store, &b.widest(), None, &model, s0 + 1).await;
-        let pattern = format!("rb:{{{}}}:tmp:*", b.name);
+        let pattern = under(&instance(&b.name, None), "tmp:*");
         assert_eq!(redis.cli(&["KEYS", &pattern]).trim(), "", "{b}");
 
         // Past the window: every member expires and every idempotency key is forgotten,

@@ -4,7 +4,10 @@
 use fred::prelude::*;
 use rollboard::store::Store;
 
-use crate::support::*;
+use crate::support::boards::{
+    apply_events, apply_events_in, board, ev, redis_now, run_jobs, scoped, snapshot,
+};
+use crate::support::redis::RedisServer;
 
 /// `HSET key field value` through the store's client.
 async fn hset(store: &Store, key: &str, field: &str, value: &str) {
@@ -47,17 +50,7 @@ async fn a_corrupt_last_roll_fails_every_script_of_the_instance_before_it_writes
             assert_eq!(snapshot(&store, &b).await, before, "{value:?}: a write");
         }
         // The roll's watermark script too: the roll fails and the instance is unchanged.
-        let reports = rollboard::roll::run_once(
-            &store,
-            std::slice::from_ref(&b),
-            rollboard::roll::Job::All,
-            None,
-            now,
-            100,
-            &tokio_util::sync::CancellationToken::new(),
-        )
-        .await
-        .expect("roll");
+        let reports = run_jobs(&store, std::slice::from_ref(&b), now, 100).await;
         assert_eq!(reports[0].instances_failed, 1, "{value:?}: {reports:?}");
         let error = reports[0].first_error.clone().unwrap_or_default();
         assert!(

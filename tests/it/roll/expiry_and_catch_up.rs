@@ -9,8 +9,16 @@ use proptest::prelude::*;
 use rollboard::domain::board::{Board, Mode, TieBreak};
 use rollboard::store::{ApplyEvent, Outcome, Store};
 
+use crate::support::asserts::assert_verified;
+use crate::support::boards::{
+    amount_for, apply_events, apply_events_in, board, ev, resummarize, roll_all, roll_board,
+    scoped, DAY, HOUR, T0,
+};
+use crate::support::keys::{base, instance};
 use crate::support::model::{assert_matches, assert_rolled_and_verified, Instance};
-use crate::support::*;
+use crate::support::proptests::run_cases;
+use crate::support::redis::RedisServer;
+use crate::support::wait::wait_for;
 
 #[tokio::test]
 async fn expiry_subtracts_each_dead_slice_and_forgets_its_members() {
@@ -56,17 +64,27 @@ async fn expiry_subtracts_each_dead_slice_and_forgets_its_members() {
     );
     model.roll(&b.widest(), s0 + 4 * HOUR);
     assert_matches(&store, &b.widest(), None, &model, s0 + 4 * HOUR).await;
-    assert_eq!(redis.cli(&["HLEN", "rb:{rooms}:members"]).trim(), "1");
-    assert_eq!(redis.cli(&["ZCARD", "rb:{rooms}:slices"]).trim(), "1");
     assert_eq!(
         redis
-            .cli(&["EXISTS", &format!("rb:{{rooms}}:slice:{}", s0 / HOUR)])
+            .cli(&["HLEN", &instance("rooms", None).members()])
+            .trim(),
+        "1"
+    );
+    assert_eq!(
+        redis
+            .cli(&["ZCARD", &instance("rooms", None).slices()])
+            .trim(),
+        "1"
+    );
+    assert_eq!(
+        redis
+            .cli(&["EXISTS", &instance("rooms", None).slice(s0 / HOUR)])
             .trim(),
         "0"
     );
     assert_eq!(
         redis
-            .cli(&["HGET", "rb:{rooms}:meta", "expired_through"])
+            .cli(&["HGET", &instance("rooms", None).meta(), "expired_through"])
             .trim(),
         (s0 / HOUR + 1).to_string()
     );
@@ -79,10 +97,10 @@ async fn a_roll_at_an_earlier_time_changes_nothing() {
     let b = board("rooms", HOUR, 3);
     apply_events(&store, &b, &[ev("1", T0, "a", 5)], T0).await;
     roll_board(&store, &b, T0 + 10 * HOUR).await;
-    let w = redis.cli(&["HGET", "rb:{rooms}:meta", "expired_through"]);
+    let w = redis.cli(&["HGET", &instance("rooms", None).meta(), "expired_through"]);
     roll_board(&store, &b, T0).await;
     assert_eq!(
-        redis.cli(&["HGET", "rb:{rooms}:meta", "expired_through"]),
+        redis.cli(&["HGET", &instance("rooms", None).meta(), "expired_through"]),
         w
     );
     // An empty board still records its watermark.
@@ -90,7 +108,7 @@ async fn a_roll_at_an_earlier_time_changes_nothing() {
     roll_board(&store, &empty, T0).await;
     assert_eq!(
         redis
-            .cli(&["HGET", "rb:{empty}:meta", "expired_through"])
+            .cli(&["HGET", &instance("empty", None).meta(), "expired_through"])
             .trim(),
         (T0 / HOUR - 3).to_string()
     );
@@ -113,7 +131,7 @@ async fn late_events_never_land_in_a_dead_slice() {
     assert_eq!(out, vec![Outcome::Late, Outcome::Applied]);
     assert_eq!(
         redis
-            .cli(&["EXISTS", &format!("rb:{{rooms}}:slice:{}", T0 / HOUR)])
+            .cli(&["EXISTS", &instance("rooms", None).slice(T0 / HOUR)])
             .trim(),
         "0"
     );
@@ -247,7 +265,7 @@ async fn a_roll_killed_mid_slice_then_rerun_ends_in_the_model_state() {
     let dir = tempfile::tempdir().unwrap();
     let config = config_file(dir.path(), &redis.url(), 20);
     let at = (T0 + 2 * HOUR).to_string();
-    let slice_key = format!("rb:{{rooms}}:slice:{}", T0 / HOUR);
+    let slice_key = instance("rooms", None).slice(T0 / HOUR);
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_rollboard"))
         .args(["--config", config.to_str().unwrap(), "roll", "--at", &at])
         .stdout(std::process::Stdio::null())
@@ -295,8 +313,13 @@ async fn an_emptied_scope_leaves_the_registry_and_redis() {
     assert_eq!(report.scopes_removed, 1);
     assert_eq!(store.scopes(&b).await.unwrap(), ["new"]);
     assert_eq!(
-        redis.cli(&["KEYS", "rb:{fans:old}*"]).trim(),
-        "rb:{fans:old}:meta",
+        redis
+            .cli(&[
+                "KEYS",
+                &format!("{}*", base(&instance("fans", Some("old"))))
+            ])
+            .trim(),
+        instance("fans", Some("old")).meta(),
         "only the watermark stays"
     );
     assert_eq!(

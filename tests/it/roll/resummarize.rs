@@ -6,8 +6,14 @@ use fred::prelude::*;
 use rollboard::roll;
 use rollboard::store::{ApplyEvent, Outcome};
 
+use crate::support::asserts::{assert_no_scratch, assert_verified, verify_differences};
+use crate::support::boards::{
+    apply_events, board, ev, resummarize, resummarize_at_t0, roll_all, roll_board, scoped, DAY,
+    HOUR, T0,
+};
+use crate::support::keys::instance;
 use crate::support::model::{assert_matches, Instance};
-use crate::support::*;
+use crate::support::redis::RedisServer;
 
 #[tokio::test]
 async fn a_swap_that_runs_twice_changes_nothing_the_second_time() {
@@ -94,7 +100,7 @@ async fn resummarize_tracks_new_events_only_at_its_runs() {
     let r = store.rank(&b.widest(), None, "a", T0).await.unwrap();
     assert_eq!((r.total, r.last_ts), (Some(10), Some(T0 + 1)));
     // No scratch key is left behind.
-    assert_eq!(redis.cli(&["KEYS", "rb:{res}:tmp:*"]).trim(), "");
+    assert_no_scratch(&redis, "res");
 }
 
 /// Calls of one command since the server started (`INFO commandstats`).
@@ -166,7 +172,7 @@ async fn a_resummarize_instance_that_did_not_change_keeps_its_ranking_without_a_
     assert_matches(&store, &b.widest(), None, &model, empty + 1).await;
 
     // The sums' record lost (an operator lowering a watermark drops it): summed again.
-    redis.cli(&["HDEL", "rb:{res}:meta", "summed_gen"]);
+    redis.cli(&["HDEL", &instance("res", None).meta(), "summed_gen"]);
     assert_eq!(run(empty + 2).await.0, 1);
     assert_matches(&store, &b.widest(), None, &model, empty + 2).await;
     assert_verified(&store, &b.widest(), None).await;
@@ -181,7 +187,7 @@ async fn an_unchanged_resummarize_ranking_is_summed_again_after_an_hour() {
     assert_eq!(resummed(d0).await, 1);
     assert_eq!(resummed(d0 + EVERY - 1).await, 0, "within the hour");
     // A write that no `gen` counts (by hand): shown once the hour is up.
-    let slice = format!("rb:{{daily}}:slice:{}", b.slice_of(d0));
+    let slice = instance("daily", None).slice(b.slice_of(d0));
     redis.cli(&["HSET", &slice, "a", "8"]);
     assert_eq!(
         store.rank(&b.widest(), None, "a", d0).await.unwrap().total,
@@ -280,7 +286,7 @@ async fn a_scoped_resummarize_refund_board_rolls_to_empty_and_comes_back() {
     let (_redis, store) = RedisServer::start_with_store("rb").await;
     let s0: i64 = 1_000;
     let at = |slice: i64| slice * SLICE + 100;
-    let ev = crate::support::ev;
+    let ev = crate::support::boards::ev;
     let scope = Some("r1");
     let only_u2 = || (1, vec![("u2".to_string(), 3)]);
     // Rolls every instance at `now`, then the scope's count and ranking.

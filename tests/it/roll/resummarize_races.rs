@@ -11,9 +11,13 @@ use rollboard::roll;
 use rollboard::store::{ApplyEvent, Reconnect, Store, SwapCheck, EXPIRE_CALL_FIELDS};
 use tokio_util::sync::CancellationToken;
 
+use crate::support::boards::{
+    apply_model, ev, resummarize, resummarize_at_t0, roll_all, roll_board, row, DAY, HOUR, RANKING,
+    T0,
+};
 use crate::support::model::{assert_matches, Instance};
 use crate::support::proxy::Proxy;
-use crate::support::*;
+use crate::support::redis::RedisServer;
 
 /// A replica's resummarize run reads the sum record and sums the live slices; an event is
 /// applied; the operator's `rebuild` swaps in a ranking that holds it; then the run swaps

@@ -6,8 +6,14 @@ use rollboard::domain::board::TieBreak;
 use rollboard::roll;
 use rollboard::store::{ApplyEvent, Outcome, SwapCheck};
 
+use crate::support::asserts::assert_no_scratch;
+use crate::support::boards::{
+    apply_events, apply_model, apply_scoped_model, ev, resummarize, resummarize_at_t0,
+    roll_and_match, roll_board, row, scoped, DAY, HOUR, RANKING, T0,
+};
+use crate::support::keys::{instance, schema};
 use crate::support::model::{assert_matches, Instance};
-use crate::support::*;
+use crate::support::redis::RedisServer;
 
 /// `rollboard rebuild` restores a member whose `members` entry (its tie-break time) was
 /// lost: stage.lua writes the fallback time into `members` and moves `gen`, and rebuild's
@@ -35,7 +41,7 @@ async fn a_member_repaired_by_rebuild_is_not_lost_to_a_racing_run_for_an_hour() 
     );
 
     // x's tie-break time is lost (the case `rebuild` repairs), and another event arrives.
-    redis.cli(&["HDEL", "rb:{res}:members", "x"]);
+    redis.cli(&["HDEL", &instance("res", None).members(), "x"]);
     apply_events(&store, &b, &[ev("3", d0 + 2, "y", 3)], d0 + 2).await;
 
     // Replica A's run starts: gen moved, so it sums (a 5, x 7, y 3) and stages; x is
@@ -120,7 +126,7 @@ async fn a_member_restored_by_an_interrupted_rebuild_is_ranked_at_the_next_run()
     roll_board(&store, &b, d0).await;
     // x's tie-break time is lost; an event of another member makes the next run sum,
     // without x (`members` does not know it).
-    redis.cli(&["HDEL", "rb:{res}:members", "x"]);
+    redis.cli(&["HDEL", &instance("res", None).members(), "x"]);
     apply_events(&store, &b, &[ev("2", d0 + 1, "a", 5)], d0 + 1).await;
     assert_eq!(roll_board(&store, &b, d0 + 2).await.resummed, 1);
     assert_eq!(
@@ -292,7 +298,7 @@ async fn a_sum_record_that_is_not_a_number_is_summed_over() {
     let mut model = Instance::default();
     apply_model(&store, &b, &mut model, &[ev("1", d0, "a", 5)], d0).await;
     roll_board(&store, &b, d0).await;
-    let slice = format!("rb:{{odd}}:slice:{}", b.slice_of(d0));
+    let slice = instance("odd", None).slice(b.slice_of(d0));
     for (field, value) in [
         ("summed_gen", "abc"),
         ("summed_ms", "soon"),
@@ -301,7 +307,7 @@ async fn a_sum_record_that_is_not_a_number_is_summed_over() {
         // A write no `gen` counts, to see whether the run sums.
         let amount = format!("{}", 6 + value.len());
         redis.cli(&["HSET", &slice, "a", &amount]);
-        redis.cli(&["HSET", "rb:{odd}:meta", field, value]);
+        redis.cli(&["HSET", &instance("odd", None).meta(), field, value]);
         assert_eq!(
             roll_board(&store, &b, d0 + 1).await.resummed,
             1,
@@ -321,7 +327,7 @@ async fn a_sum_record_that_is_not_a_number_is_summed_over() {
         assert_eq!(record.summed_ms, Some(d0 + 1));
         assert_eq!(roll_board(&store, &b, d0 + 2).await.resummed, 0);
     }
-    assert_eq!(redis.cli(&["KEYS", "rb:{odd}:tmp:*"]).trim(), "");
+    assert_no_scratch(&redis, "odd");
 }
 
 /// docs/operations.md "A watermark that is wrong": a forced roll far ahead records its sum above the
@@ -354,8 +360,8 @@ async fn a_watermark_lowered_by_the_readme_procedure_is_summed_and_then_kept() {
         redis.call('HSET', KEYS[1], 'expired_through', ARGV[1])
         redis.call('HDEL', KEYS[1], 'summed_through', 'summed_gen', 'summed_ms', 'last_roll')
       end";
-    for key in ["rb:board:fans_7d:window", "rb:{fans_7d}:meta"] {
-        redis.cli(&["EVAL", lower, "1", key, &w]);
+    for key in [schema().window("fans_7d"), instance("fans_7d", None).meta()] {
+        redis.cli(&["EVAL", lower, "1", &key, &w]);
     }
 
     // The events sent again (their ids were forgotten) and a new one count once more.
@@ -425,7 +431,7 @@ async fn two_replicas_racing_with_ingest_end_equal_to_the_model() {
     assert_eq!(record.summed_gen.as_deref(), Some(record.gen.as_str()));
     assert_eq!(roll_board(&two, &b, end + 2).await.resummed, 0);
     assert_matches(&two, &b.widest(), None, &model, end + 2).await;
-    assert_eq!(redis.cli(&["KEYS", "rb:{race}:tmp:*"]).trim(), "");
+    assert_no_scratch(&redis, "race");
 }
 
 /// Rolls at a time before the clock (`roll --at` in the past): the watermark does not go

@@ -10,7 +10,15 @@ use rollboard::roll;
 use rollboard::store::Outcome;
 use tokio_util::sync::CancellationToken;
 
-use crate::support::*;
+use crate::support::boards::{apply_events_in, board, ev, roll_board, scoped, DAY, HOUR, T0};
+use crate::support::cli::{
+    assert_contains, assert_exit, rollboard, run_rollboard, stderr, stdout, text,
+};
+use crate::support::config::config_for;
+use crate::support::daemon::daemon_with;
+use crate::support::keys::{dead_letter_stream, instance, schema};
+use crate::support::redis::RedisServer;
+use crate::support::wait::{drained, wait_for};
 
 /// A roll ahead of the clock on a board that has no scope yet: a scope first seen after
 /// it is judged against that roll, in both modes, and an unscoped board likewise. Then a
@@ -149,7 +157,7 @@ async fn after_a_forced_roll_ahead_the_daemon_judges_and_reports_by_it() {
     assert!(drained(&store).await, "not consumed");
     let dead: Vec<(String, std::collections::HashMap<String, String>)> = store
         .client()
-        .xrange("rb:events:dead", "-", "+", None)
+        .xrange(dead_letter_stream(), "-", "+", None)
         .await
         .expect("xrange");
     assert_eq!(dead.len(), 1, "{dead:?}");
@@ -265,7 +273,7 @@ async fn roll_ahead_of_the_clock_is_refused_in_both_spellings() {
     // The board's window is the one of that time (6 h slices for rooms_7d).
     let six = 6 * HOUR;
     let w: i64 = redis
-        .cli(&["HGET", "rb:board:rooms_7d:window", "expired_through"])
+        .cli(&["HGET", &schema().window("rooms_7d"), "expired_through"])
         .trim()
         .parse()
         .expect("watermark");
@@ -349,7 +357,9 @@ async fn a_roll_too_far_ahead_is_refused_unless_forced() {
         );
     }
     assert_eq!(
-        redis.cli(&["EXISTS", "rb:{rooms_7d}:meta"]).trim(),
+        redis
+            .cli(&["EXISTS", &instance("rooms_7d", None).meta()])
+            .trim(),
         "0",
         "a refused roll touched nothing"
     );

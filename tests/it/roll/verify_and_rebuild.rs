@@ -8,8 +8,17 @@ use rollboard::domain::board::TieBreak;
 use rollboard::roll::{self};
 use serde_json::Value;
 
+use crate::support::asserts::{assert_verified, verify_differences};
+use crate::support::boards::{
+    apply_events, board, ev, roll_board, roll_once, test_boards, variants, HOUR, T0,
+};
+use crate::support::cli::{rollboard, stderr, stdout};
+use crate::support::events::stepped_events;
+use crate::support::http::{json, with_one_tip};
+use crate::support::keys::instance;
 use crate::support::model::{assert_matches, assert_rolled_and_verified, Instance};
-use crate::support::*;
+use crate::support::redis::RedisServer;
+use crate::support::wait::wait_for;
 
 const SLICE: i64 = 1_000;
 const NOW: i64 = 1_000_000;
@@ -125,19 +134,19 @@ async fn verify_finds_drift_and_rebuild_repairs_it() {
     // tie-break time the ZSet member is made of.)
     let ts: String = store
         .client()
-        .hget("rb:{rooms}:members", "m3")
+        .hget(instance("rooms", None).members(), "m3")
         .await
         .unwrap();
     let z = rollboard::domain::ranking::encode_member(b.tie_break, "m3", ts.parse().unwrap());
     let _: f64 = store
         .client()
-        .zincrby("rb:{rooms}:result", 5.0, &z)
+        .zincrby(instance("rooms", None).result(), 5.0, &z)
         .await
         .unwrap();
     let _: i64 = store
         .client()
         .zadd(
-            "rb:{rooms}:result",
+            instance("rooms", None).result(),
             None,
             None,
             false,

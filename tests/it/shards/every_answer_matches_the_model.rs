@@ -22,7 +22,12 @@ use rollboard::domain::ranking::{MemberRank, MemberWindows, Page, Subset, Subset
 use rollboard::store::{ApplyEvent, Outcome, Store};
 
 use super::{sharded, Ranked, Windows, SLICE};
-use crate::support::*;
+use crate::support::asserts::{assert_verified, side_by_side};
+use crate::support::boards::{entry, ev, ingest_settings, roll_all, Consumer, HOUR, T0};
+use crate::support::cluster::{cli, owner};
+use crate::support::env::env_count;
+use crate::support::keys::intake_stream;
+use crate::support::proptests::{run_cases_on_a_cluster, run_cases_threaded};
 
 const QUARTER: i64 = HOUR / 4;
 
@@ -301,7 +306,7 @@ impl<'a> Run<'a> {
             Path::Consumer(Box::new(Ingest {
                 metrics: rollboard::metrics::Metrics::new(&boards),
                 boards,
-                settings: ingest_settings("rb:events", 1),
+                settings: ingest_settings(intake_stream(), 1),
             }))
         } else {
             Path::Store
@@ -364,7 +369,7 @@ impl<'a> Run<'a> {
                 }
                 if !batch.is_empty() {
                     consumer
-                        .process("rb:events", &batch, now)
+                        .process(intake_stream(), &batch, now)
                         .await
                         .expect("batch");
                 }
@@ -474,14 +479,8 @@ impl<'a> Run<'a> {
                 pages.extend((1..=4).map(|limit| (offset, limit)));
             }
             let tops = join_all(pages.iter().map(|&(offset, limit)| async move {
-                let got = store
-                    .top(view, None, offset, limit, now)
-                    .await
-                    .expect("top");
-                let want = store
-                    .top(twin, None, offset, limit, now)
-                    .await
-                    .expect("top");
+                let (got, want) =
+                    side_by_side((view, twin), |b| store.top(b, None, offset, limit, now)).await;
                 (got, want)
             }))
             .await;
@@ -730,16 +729,6 @@ fn every_event_through_the_consumer_reaches_its_shard() {
             run_case(store, &case, "sharded", true).await;
         },
     );
-}
-
-/// The port of the master `client` believes serves `key`.
-fn owner(client: &Client, key: &str) -> u16 {
-    client
-        .cached_cluster_state()
-        .expect("cluster state")
-        .get_server(ClusterRouting::hash_key(key.as_bytes()))
-        .expect("owner")
-        .port
 }
 
 #[test]

@@ -6,11 +6,13 @@
 mod every_answer_matches_the_model;
 mod over_http;
 
-use rollboard::domain::board::{Board, Window};
+use rollboard::domain::board::Board;
 use rollboard::domain::ranking::{Entry, Percentile};
 
+use crate::support::boards::HOUR;
 use crate::support::model::{competition_ranks, Instance, Row};
-use crate::support::*;
+use crate::windows::every_window_matches_the_model::windowed;
+
 /// The model of a board's one ranking per window, as a board with several windows keeps
 /// them: the widest window alone remembers ids and decides what is late.
 pub use crate::windows::every_window_matches_the_model::Windows;
@@ -21,16 +23,9 @@ pub const SLICE: i64 = HOUR;
 /// A board of hourly slices ranking the windows of `hours` (one listed: a board of one
 /// window, `windows` left empty as on a board built in code), spread over `shards`.
 pub fn sharded(name: &str, hours: &[i64], shards: u32) -> Board {
-    let widest = hours.iter().copied().max().expect("a window");
-    let mut b = board(name, SLICE, widest);
-    if hours.len() > 1 {
-        b.windows = hours
-            .iter()
-            .map(|h| Window {
-                name: format!("{h}h"),
-                ms: h * HOUR,
-            })
-            .collect();
+    let mut b = windowed(name, hours);
+    if hours.len() == 1 {
+        b.windows.clear();
     }
     b.shards = shards;
     b

@@ -9,7 +9,14 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::every_answer_matches_the_model::{NAMES, NOBODY};
-use crate::support::*;
+use crate::support::boards::{redis_now, HOUR};
+use crate::support::config::{server_and_config, write_config};
+use crate::support::daemon::Daemon;
+use crate::support::env::env_seed;
+use crate::support::events::{letters, post_events, Fields};
+use crate::support::http::{get, json, post_to};
+use crate::support::proptests::SplitMix;
+use crate::support::wait::{drained, wait_for};
 
 /// Two boards of the same events, one spread over four shards. Windows wide beside the
 /// events (at most three hours old): a roll during the test changes no ranking.

@@ -9,8 +9,13 @@ use std::path::{Path, PathBuf};
 use rollboard::domain::board::Board;
 use rollboard::store::Store;
 
-use super::*;
-use crate::support::*;
+use super::apply_sharded;
+use crate::support::boards::{apply_events, ev, redis_now};
+use crate::support::cli::{assert_exit, run_rollboard, stderr};
+use crate::support::config::{board_of, write_config};
+use crate::support::daemon::Daemon;
+use crate::support::keys::{instance, schema, scoped_prefix, under};
+use crate::support::redis::{free_port, RedisServer};
 
 /// The board `tips` of hourly slices over 6 hours with the line `shards` (or none).
 fn tips(shards: &str) -> String {
@@ -66,13 +71,11 @@ fn assert_refused_naming_shards(
 /// Each change of `from` to the others: the daemon stops before it listens, each command
 /// refuses; the same count again starts.
 async fn refused_for_each_change(from: &str, stored: &str, changes: &[(&str, &str)]) {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
-    let dir = tempfile::tempdir().expect("dir");
+    let (redis, store, dir) = RedisServer::start_with_store_and_dir("rb").await;
     let port = free_port();
     let path = config(dir.path(), &redis, port, from);
     start_with_data(&path, &store).await;
-    let recorded = redis.cli(&["HGET", "rb:board:tips:settings", "shards"]);
+    let recorded = redis.cli(&["HGET", &schema().settings("tips"), "shards"]);
     if stored == "1" {
         assert_eq!(recorded.trim(), "", "a board of one shard records none");
     } else {
@@ -96,7 +99,7 @@ async fn refused_for_each_change(from: &str, stored: &str, changes: &[(&str, &st
                 &run_rollboard(&path, args),
                 configured,
                 stored,
-                "rb:board:tips:settings)",
+                &format!("{})", schema().settings("tips")),
             );
         }
     }
@@ -139,18 +142,23 @@ async fn one_shard_changed_to_four_over_existing_data_is_refused_at_start() {
 /// board's own.
 #[tokio::test]
 async fn without_the_settings_record_the_instances_fingerprints_refuse_the_change() {
+    let shard_prefix = format!("{}#", scoped_prefix("tips"));
     for (built, stored, edited, configured, key) in [
-        ("shards = 2", "2", "shards = 4", "4", "rb:{tips:#"),
-        ("shards = 4", "4", "", "1", "rb:{tips:#"),
-        ("", "1", "shards = 4", "4", "rb:{tips}:meta)"),
+        ("shards = 2", "2", "shards = 4", "4", &shard_prefix),
+        ("shards = 4", "4", "", "1", &shard_prefix),
+        (
+            "",
+            "1",
+            "shards = 4",
+            "4",
+            &under(&instance("tips", None), "meta)"),
+        ),
     ] {
-        let redis = RedisServer::start();
-        let store = redis.store("rb").await;
-        let dir = tempfile::tempdir().expect("dir");
+        let (redis, store, dir) = RedisServer::start_with_store_and_dir("rb").await;
         let port = free_port();
         let path = config(dir.path(), &redis, port, built);
         start_with_data(&path, &store).await;
-        redis.cli(&["DEL", "rb:board:tips:settings"]);
+        redis.cli(&["DEL", &schema().settings("tips")]);
         config(dir.path(), &redis, port, edited);
         let out = run_rollboard(&path, &["verify"]);
         assert_refused_naming_shards(&out, configured, stored, key);

@@ -10,8 +10,19 @@ use fred::prelude::*;
 use rollboard::store::Store;
 use serde_json::json;
 
-use super::*;
-use crate::support::*;
+use super::{members_by_shard, now0, sharded};
+use crate::support::asserts::assert_verified;
+use crate::support::boards::{
+    entry, ingest_settings, redis_now, registered, roll_board, run_jobs, set_string, total_at,
+    Consumer, HOUR,
+};
+use crate::support::config::write_config;
+use crate::support::daemon::Daemon;
+use crate::support::events::letters;
+use crate::support::http::{post, post_to};
+use crate::support::keys::{instance, intake_stream, shard};
+use crate::support::redis::{free_port, RedisServer};
+use crate::support::wait::drained;
 
 /// The stream entries of a batch: `member` gets `amount`, at `now`.
 fn batch(members: &[String], tag: &str, now: i64) -> Vec<rollboard::ingest::stream::Entry> {
@@ -34,12 +45,8 @@ fn batch(members: &[String], tag: &str, now: i64) -> Vec<rollboard::ingest::stre
 
 /// The dead letters' (member, reason) pairs.
 async fn dead_letters(store: &Store) -> Vec<(String, String)> {
-    let letters: Vec<(String, std::collections::HashMap<String, String>)> = store
-        .client()
-        .xrange("rb:events:dead", "-", "+", None)
+    letters(store)
         .await
-        .expect("XRANGE");
-    letters
         .into_iter()
         .map(|(_, f)| (f["user"].clone(), f["reason"].clone()))
         .collect()
@@ -51,13 +58,13 @@ async fn a_key_of_the_wrong_type_in_one_shard_fails_the_merged_queries_and_nothi
     let b = sharded("tips", 4);
     let boards = vec![b.clone()];
     let metrics = rollboard::metrics::Metrics::new(&boards);
-    let settings = ingest_settings("rb:events", 1);
+    let settings = ingest_settings(intake_stream(), 1);
     let consumer = Consumer::new(&store, &boards, &settings, &metrics);
     let by_shard = members_by_shard(&b, "u", 2);
     let members = by_shard.concat();
     let now = now0();
     consumer
-        .process("rb:events", &batch(&members, "a", now), now)
+        .process(intake_stream(), &batch(&members, "a", now), now)
         .await
         .expect("batch");
     let broken = store.instance(&b.widest(), Some("#2")).result();
@@ -100,7 +107,7 @@ async fn a_key_of_the_wrong_type_in_one_shard_fails_the_merged_queries_and_nothi
 
     // Ingest goes on for the other shards; the broken shard's events are dead-lettered.
     let held = consumer
-        .process("rb:events", &batch(&members, "b", now), now)
+        .process(intake_stream(), &batch(&members, "b", now), now)
         .await
         .expect("batch");
     assert_eq!(held.entries, 0, "{:?}", held.error);
@@ -184,8 +191,8 @@ async fn over_http_a_broken_shard_is_a_500_not_an_outage() {
     assert!(drained(&store).await);
     let (status, _) = daemon.get("/v1/boards/sh/top").await;
     assert_eq!(status, 200);
-    redis.cli(&["DEL", "rb:{sh:#1}:result"]);
-    redis.cli(&["SET", "rb:{sh:#1}:result", "x"]);
+    redis.cli(&["DEL", &instance("sh", Some(&shard(1))).result()]);
+    redis.cli(&["SET", &instance("sh", Some(&shard(1))).result(), "x"]);
     for path in [
         "/v1/boards/sh/top",
         "/v1/boards/sh/members/ann",
@@ -206,7 +213,7 @@ async fn over_http_a_broken_shard_is_a_500_not_an_outage() {
     let (status, _) = daemon.get("/v1/boards/rooms_7d/top").await;
     assert_eq!(status, 200);
     // Repaired by hand (the key removed), the board answers.
-    redis.cli(&["DEL", "rb:{sh:#1}:result"]);
+    redis.cli(&["DEL", &instance("sh", Some(&shard(1))).result()]);
     let (status, body) = daemon.get("/v1/boards/sh/top").await;
     assert_eq!(status, 200, "{body}");
 }

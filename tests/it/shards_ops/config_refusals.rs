@@ -7,7 +7,11 @@
 use rollboard::config::Settings;
 use rollboard::store::Outcome;
 
-use crate::support::*;
+use crate::support::boards::{apply_events, ev, keys_matching, redis_now};
+use crate::support::cli::{assert_exit, rollboard, run_rollboard, stderr, stdout};
+use crate::support::http::json;
+use crate::support::keys::{instance, prefix, schema, under};
+use crate::support::redis::RedisServer;
 
 /// A board `r` (the second board of the file, so `boards[1]`) with `extra` lines, after a
 /// plain board `first`.
@@ -134,19 +138,22 @@ async fn one_shard_is_the_plain_board() {
     let now = redis_now(&store).await;
     let out = apply_events(&store, &one, &[ev("1", now, "ann", 7)], now).await;
     assert_eq!(out, [Outcome::Applied]);
-    let mut keys = keys_matching(&store, "rb:{r*").await;
+    let mut keys = keys_matching(&store, &format!("{}:{{r*", prefix())).await;
     keys.sort();
     assert!(
-        !keys.is_empty() && keys.iter().all(|k| k.starts_with("rb:{r}:")),
+        !keys.is_empty()
+            && keys
+                .iter()
+                .all(|k| k.starts_with(&under(&instance("r", None), ""))),
         "{keys:?}"
     );
     assert_eq!(
         redis
-            .cli(&["HEXISTS", "rb:board:r:settings", "shards"])
+            .cli(&["HEXISTS", &schema().settings("r"), "shards"])
             .trim(),
         "0"
     );
-    assert_eq!(redis.cli(&["ZCARD", "rb:board:r:scopes"]).trim(), "0");
+    assert_eq!(redis.cli(&["ZCARD", &schema().scopes("r")]).trim(), "0");
     std::fs::write(&path, with("")).expect("write");
     let out = run_rollboard(&path, &["rank", "r", "ann", "--json"]);
     assert_exit(&out, 0, "without shards");

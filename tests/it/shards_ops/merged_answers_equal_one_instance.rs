@@ -8,8 +8,10 @@
 use rollboard::domain::board::{Board, TieBreak};
 use rollboard::store::{ApplyEvent, Store};
 
-use super::*;
-use crate::support::*;
+use super::{apply_sharded, comparable, members_by_shard, now0, sharded, two_windows};
+use crate::support::asserts::side_by_side;
+use crate::support::boards::{apply_events, board, ev, roll_board, HOUR};
+use crate::support::redis::RedisServer;
 
 /// Events for the members of `by_shard`: ties between shards at every total (each total
 /// given to members of different shards, at different times so that each tie-break
@@ -89,14 +91,10 @@ async fn assert_same_answers(
         .count;
     for &limit in sweep.limits {
         for offset in 0..count + 3 {
-            let a = store
-                .top(&plain.widest(), None, offset, limit, now)
-                .await
-                .expect("top");
-            let b = store
-                .top(&shard.widest(), None, offset, limit, now)
-                .await
-                .expect("top");
+            let (a, b) = side_by_side((&plain.widest(), &shard.widest()), |v| {
+                store.top(v, None, offset, limit, now)
+            })
+            .await;
             assert_eq!(
                 comparable(&b),
                 comparable(&a),
@@ -120,14 +118,10 @@ async fn assert_same_answers(
             .expect("rank");
         assert_eq!(comparable(&b), comparable(&a), "rank {m}");
         for &radius in sweep.radii {
-            let a = store
-                .around(&plain.widest(), None, m, radius, now)
-                .await
-                .expect("around");
-            let b = store
-                .around(&shard.widest(), None, m, radius, now)
-                .await
-                .expect("around");
+            let (a, b) = side_by_side((&plain.widest(), &shard.widest()), |v| {
+                store.around(v, None, m, radius, now)
+            })
+            .await;
             if sweep.all_ranked && members.iter().any(|held| held == m) {
                 assert!(a.is_ok() && b.is_ok(), "around {m} {radius}: ranked");
             }

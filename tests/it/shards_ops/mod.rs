@@ -17,7 +17,7 @@ use rollboard::domain::board::Board;
 use rollboard::store::{ApplyEvent, Outcome, Store};
 use serde_json::Value;
 
-use crate::support::*;
+use crate::support::boards::{board, HOUR, T0};
 
 /// Half past an hour: `now0() - k * HOUR` is in the k-th hourly slice before now's.
 pub fn now0() -> i64 {
@@ -115,15 +115,4 @@ pub fn comparable(answer: &impl serde::Serialize) -> Value {
         o.remove("as_of");
     }
     v
-}
-
-/// Whether `scope` is in board `name`'s scope registry.
-pub async fn registered(store: &Store, name: &str, scope: &str) -> bool {
-    use fred::prelude::*;
-    let score: Option<f64> = store
-        .client()
-        .zscore(store.keys().scopes(name), scope)
-        .await
-        .expect("ZSCORE");
-    score.is_some()
 }

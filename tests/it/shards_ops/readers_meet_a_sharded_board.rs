@@ -10,7 +10,13 @@ use std::path::PathBuf;
 use serde_json::{json, Value};
 use tempfile::TempDir;
 
-use crate::support::*;
+use crate::support::boards::redis_now;
+use crate::support::cli::{assert_contains, assert_exit, run_rollboard, stderr, stdout};
+use crate::support::config::write_config;
+use crate::support::daemon::Daemon;
+use crate::support::http::{get, json, post, post_to};
+use crate::support::redis::{free_port, RedisServer};
+use crate::support::wait::drained;
 
 /// `sh`, spread over 4 shards, and `pl`, its twin on one instance: players' points over
 /// the last 6 hours. Their events match no test board.

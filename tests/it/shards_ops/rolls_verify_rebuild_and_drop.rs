@@ -8,18 +8,28 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use fred::prelude::*;
 use rollboard::domain::board::Board;
-use rollboard::domain::ranking::encode_member;
 use rollboard::store::{Outcome, Store};
 use serde_json::Value;
 
-use super::*;
-use crate::support::*;
+use super::{apply_sharded, comparable, members_by_shard, now0, shard_index, sharded};
+use crate::support::asserts::assert_verified;
+use crate::support::boards::{
+    apply_events, board, ev, keys_matching, redis_now, registered, roll_board, total_at, HOUR,
+};
+use crate::support::cli::{
+    assert_deleted_all, assert_exit, rollboard, run_rollboard, stderr, stdout,
+};
+use crate::support::cluster::RedisCluster;
+use crate::support::config::{boards_in, write_file, SOLO_BOARD};
+use crate::support::http::json;
+use crate::support::instances::bump;
+use crate::support::keys::{instance, records_prefix, scoped_prefix, shard, under};
+use crate::support::redis::RedisServer;
 
 /// Every key under the hash tag of `shard` of board `name`.
 async fn shard_keys(store: &Store, name: &str, shard: &str) -> BTreeSet<String> {
-    keys_matching(store, &format!("rb:{{{name}:{shard}}}:*"))
+    keys_matching(store, &under(&instance(name, Some(shard)), "*"))
         .await
         .into_iter()
         .collect()
@@ -65,7 +75,7 @@ async fn every_shard_rolls_and_an_emptied_shard_leaves_the_registry_and_comes_ba
     }
     assert_eq!(
         shard_keys(&store, "tips", "#0").await,
-        BTreeSet::from(["rb:{tips:#0}:meta".to_string()]),
+        BTreeSet::from([instance("tips", Some(&shard(0))).meta().to_string()]),
         "only meta stays"
     );
     let top = store
@@ -101,7 +111,7 @@ async fn every_shard_rolls_and_an_emptied_shard_leaves_the_registry_and_comes_ba
         assert!(!registered(&store, "tips", &shard).await, "{shard}");
         assert_eq!(
             shard_keys(&store, "tips", &shard).await,
-            BTreeSet::from([format!("rb:{{tips:{shard}}}:meta")]),
+            BTreeSet::from([instance("tips", Some(&shard)).meta()]),
         );
     }
     let top = store.top(&b.widest(), None, 0, 10, end).await.expect("top");
@@ -109,7 +119,7 @@ async fn every_shard_rolls_and_an_emptied_shard_leaves_the_registry_and_comes_ba
     assert!(top.envelope.window_from > later, "{top:?}");
 }
 
-/// A board `tips` of two shards and a plain board `solo`, as the command line reads them.
+/// A board `tips` of two shards, configured beside [`SOLO_BOARD`].
 const BOARDS: &str = r#"
 [[boards]]
 name = "tips"
@@ -117,18 +127,11 @@ member = "user"
 window = "6h"
 slice = "1h"
 shards = 2
-
-[[boards]]
-name = "solo"
-member = "user"
-window = "6h"
-slice = "1h"
 "#;
 
+/// The boards of [`BOARDS`] and [`SOLO_BOARD`], as the command line reads them.
 fn boards() -> Vec<Board> {
-    rollboard::config::Settings::from_toml(BOARDS)
-        .expect("valid boards")
-        .boards
+    boards_in(&format!("{BOARDS}{SOLO_BOARD}"))
 }
 
 /// A config file for the Redis at `url` with [`BOARDS`].
@@ -136,24 +139,20 @@ fn config(dir: &Path, url: &str) -> PathBuf {
     write_file(
         dir,
         "c.toml",
-        &format!("[redis]\nurl = \"{url}\"\n{BOARDS}"),
+        &format!("[redis]\nurl = \"{url}\"\n{BOARDS}{SOLO_BOARD}"),
     )
 }
 
 /// Adds `by` to the stored total of `member` in its shard, behind the scripts' back.
-async fn bump(store: &Store, b: &Board, member: &str, by: f64) {
-    let k = store.instance(&b.widest(), b.shard_of(member).as_deref());
-    let ts: String = store
-        .client()
-        .hget(k.members(), member)
-        .await
-        .expect("HGET members");
-    let z = encode_member(b.tie_break, member, ts.parse().expect("a time"));
-    let _: f64 = store
-        .client()
-        .zincrby(k.result(), by, z)
-        .await
-        .expect("ZINCRBY");
+async fn bump_in_shard(store: &Store, b: &Board, member: &str, by: f64) {
+    bump(
+        store,
+        &b.widest(),
+        b.shard_of(member).as_deref(),
+        member,
+        by,
+    )
+    .await;
 }
 
 /// `verify` names each shard; drift in one shard fails it, and the repair command it
@@ -186,8 +185,8 @@ async fn verify_names_every_shard_and_its_repair_command_runs() {
     );
 
     // Drift in both shards: one repair command for the board.
-    bump(&store, &tips, &by_shard[0][0], 4.0).await;
-    bump(&store, &tips, &by_shard[1][1], 1.0).await;
+    bump_in_shard(&store, &tips, &by_shard[0][0], 4.0).await;
+    bump_in_shard(&store, &tips, &by_shard[1][1], 1.0).await;
     let out = run_rollboard(&config, &["verify", "--json"]);
     assert_exit(&out, 1, "verify --json");
     let lines: Vec<Value> = stdout(&out).lines().map(json).collect();
@@ -268,7 +267,8 @@ async fn fill(store: &Store, now: i64) -> (Board, Vec<Board>) {
 
 /// Whether `key` is one of the keys of `tips` drop-board must delete.
 fn of_tips(key: &str) -> bool {
-    key.starts_with("rb:{tips:#") || key.starts_with("rb:board:tips:")
+    key.starts_with(&format!("{}#", scoped_prefix("tips")))
+        || key.starts_with(&records_prefix("tips"))
 }
 
 /// The top and the totals of `boards`, to compare before and after a drop.
@@ -298,7 +298,7 @@ async fn drop_board_deletes_every_shard(
         assert!(
             doomed
                 .iter()
-                .any(|k| k.starts_with(&format!("rb:{{tips:{shard}}}:"))),
+                .any(|k| k.starts_with(&under(&instance("tips", Some(&shard)), ""))),
             "{shard} holds keys: {doomed:?}"
         );
     }
@@ -312,15 +312,7 @@ async fn drop_board_deletes_every_shard(
     );
     let out = rollboard(Some(&config), &["drop-board", "tips"], &[]);
     assert_exit(&out, 0, "drop-board");
-    assert!(
-        stdout(&out).contains(&format!(
-            "deleted {} of {} key(s)",
-            doomed.len(),
-            doomed.len()
-        )),
-        "{}",
-        stdout(&out)
-    );
+    assert_deleted_all(&out, doomed.len());
     let expected: BTreeSet<String> = before.iter().filter(|k| !of_tips(k)).cloned().collect();
     assert_eq!(keys(), expected);
     assert_eq!(answers(store, &survivors, now).await, answers_before);
@@ -334,14 +326,7 @@ async fn drop_board_deletes_every_shard(
 #[tokio::test]
 async fn drop_board_deletes_every_shards_keys_on_one_server() {
     let (redis, store) = RedisServer::start_with_store("rb").await;
-    let keys = || -> BTreeSet<String> {
-        redis
-            .cli(&["--scan"])
-            .lines()
-            .filter(|l| !l.is_empty())
-            .map(str::to_string)
-            .collect()
-    };
+    let keys = || redis.scan_all();
     drop_board_deletes_every_shard(&store, &redis.url(), keys).await;
 }
 
@@ -349,21 +334,9 @@ async fn drop_board_deletes_every_shards_keys_on_one_server() {
 async fn drop_board_deletes_every_shards_keys_on_a_cluster() {
     let cluster = RedisCluster::start();
     let store = cluster.store().await;
-    let keys = || -> BTreeSet<String> {
-        cluster
-            .masters()
-            .into_iter()
-            .flat_map(|port| {
-                crate::support::cli(port, &["--scan"])
-                    .lines()
-                    .filter(|l| !l.is_empty())
-                    .map(str::to_string)
-                    .collect::<Vec<_>>()
-            })
-            .collect()
-    };
+    let keys = || cluster.scan_all();
     let holders: BTreeSet<u16> = (0..8)
-        .map(|s| cluster.owner_of(&format!("rb:{{tips:#{s}}}:result")))
+        .map(|s| cluster.owner_of(&instance("tips", Some(&shard(s))).result()))
         .collect();
     assert!(holders.len() > 1, "the shards span masters: {holders:?}");
     drop_board_deletes_every_shard(&store, &cluster.url(), keys).await;

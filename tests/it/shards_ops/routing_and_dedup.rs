@@ -11,11 +11,14 @@ use fred::prelude::*;
 use rollboard::domain::board::Board;
 use rollboard::store::Store;
 
-use super::*;
-use crate::support::*;
-
-/// The stream every test batch is read from.
-const STREAM: &str = "rb:events";
+use super::{apply_sharded, members_by_shard, now0, shard_index, sharded};
+use crate::support::asserts::assert_verified;
+use crate::support::boards::{
+    apply_events, board, entry, ev, ingest_settings, keys_matching, registered, remembers,
+    total_at, Consumer, HOUR,
+};
+use crate::support::keys::{instance, intake_stream, prefix, under};
+use crate::support::redis::RedisServer;
 
 /// One stream entry of `member` at `ts` with `amount` and the event id `id`.
 fn tip(n: usize, id: &str, ts: i64, member: &str, amount: i64) -> rollboard::ingest::stream::Entry {
@@ -34,9 +37,9 @@ fn tip(n: usize, id: &str, ts: i64, member: &str, amount: i64) -> rollboard::ing
 async fn ingest(store: &Store, b: &Board, batch: &[rollboard::ingest::stream::Entry], now: i64) {
     let boards = vec![b.clone()];
     let metrics = rollboard::metrics::Metrics::new(&boards);
-    let settings = ingest_settings(STREAM, 1);
+    let settings = ingest_settings(intake_stream(), 1);
     let held = Consumer::new(store, &boards, &settings, &metrics)
-        .process(STREAM, batch, now)
+        .process(intake_stream(), batch, now)
         .await
         .expect("batch");
     assert_eq!(held.entries, 0, "{:?}", held.error);
@@ -117,20 +120,20 @@ async fn every_event_of_a_member_lands_in_its_shard_and_queries_find_it_there() 
             .collect();
         want.sort();
         assert_eq!(members_in(&store, &b, Some(shard)).await, want, "{shard}");
-        let keys = keys_matching(&store, &format!("rb:{{tips:{shard}}}:*")).await;
+        let keys = keys_matching(&store, &under(&instance("tips", Some(shard)), "*")).await;
         assert!(
             keys.iter()
-                .any(|k| k == &format!("rb:{{tips:{shard}}}:result")),
+                .any(|k| *k == instance("tips", Some(shard)).result()),
             "{shard}: {keys:?}"
         );
         assert!(registered(&store, "tips", shard).await, "{shard}");
     }
     assert_eq!(
-        keys_matching(&store, "rb:{tips}:*").await,
+        keys_matching(&store, &under(&instance("tips", None), "*")).await,
         Vec::<String>::new()
     );
     // Every key of the board is a shard's or a board-level record.
-    for key in keys_matching(&store, "rb:*tips*").await {
+    for key in keys_matching(&store, &format!("{}:*tips*", prefix())).await {
         let read = store.keys().board_key("tips", &key);
         assert!(
             matches!(

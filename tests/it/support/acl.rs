@@ -6,7 +6,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::support::free_port;
+use rollboard::domain::board::Board;
+use rollboard::store::{Reconnect, Store};
+
+use crate::support::keys::{dead_letter_stream, intake_stream};
+use crate::support::redis::{free_port, RedisServer};
 
 /// The password the tests give the ACL user; it must never show in a log or an error.
 pub const PASSWORD: &str = "s3cret-acl-password-7Qx";
@@ -116,4 +120,31 @@ pub fn acl_server(dir: &Path, drop: &[&str]) -> Server {
 /// The URL of the shipped ACL user on `server`.
 pub fn acl_url(server: &Server) -> String {
     format!("redis://rollboard:{PASSWORD}@127.0.0.1:{}", server.port)
+}
+
+/// A store connected to `redis` as the user `user` (password `<user>-pw`, created here),
+/// who may run every command on the keys matching `patterns` (ACL `~` rules) alone.
+pub async fn store_as(redis: &RedisServer, user: &str, patterns: &[&str]) -> Store {
+    let password = format!(">{user}-pw");
+    let mut acl = vec!["ACL", "SETUSER", user, "on", &password, "resetkeys"];
+    acl.extend(patterns);
+    acl.push("+@all");
+    assert_eq!(redis.cli(&acl).trim(), "OK");
+    let url = format!("redis://{user}:{user}-pw@127.0.0.1:{}", redis.port);
+    Store::connect(&url, "rb", 1, Reconnect::Never)
+        .await
+        .expect("connect")
+}
+
+/// The permissions `store`'s user lacks for `board`, as the daemon's start-up check finds
+/// them.
+pub async fn denied(store: &Store, board: &Board) -> Vec<String> {
+    store
+        .check_permissions(
+            std::slice::from_ref(board),
+            intake_stream(),
+            dead_letter_stream(),
+        )
+        .await
+        .expect("check")
 }

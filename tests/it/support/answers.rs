@@ -19,7 +19,14 @@ use serde_json::Value;
 use tempfile::TempDir;
 use tokio_util::sync::CancellationToken;
 
-use crate::support::*;
+use crate::support::boards::{apply_events, ev, redis_now, HOUR};
+use crate::support::cli::text;
+use crate::support::config::{config_for_url, edit_config, BOARDS};
+use crate::support::daemon::Daemon;
+use crate::support::events::xadd_one;
+use crate::support::keys::{intake_stream, schema};
+use crate::support::redis::{free_port, RedisServer};
+use crate::support::wait::{drained, wait_for};
 
 /// An unscoped board of rooms (slices of 6 h: no slice begins during a test, in practice).
 pub const ROOMS_BOARD: &str =
@@ -258,7 +265,7 @@ pub async fn clear_of_the_hour(store: &Store, margin_ms: i64) {
 /// them, not even at start-up.
 pub fn hold_leases(redis: &RedisServer, jobs: &[&str]) {
     for job in jobs {
-        let key = format!("rb:job:{{{job}}}:lease");
+        let key = schema().lease(job);
         let set = redis.cli(&["SET", &key, "another-replica@0", "PX", "600000"]);
         assert!(set.contains("OK"), "SET {key}: {set}");
     }
@@ -301,7 +308,7 @@ pub async fn append_tip(store: &Store, id: &str, room: &str, user: &str, amount:
         ("user", user),
         ("amount", amount.as_str()),
     ];
-    xadd_one(store, "rb:events", fields).await;
+    xadd_one(store, intake_stream(), fields).await;
 }
 
 /// As [`append_tip`], then waits until the daemon's consumer applied and acknowledged it.

@@ -7,7 +7,12 @@ use rollboard::domain::board::{Board, Mode, View};
 use rollboard::roll;
 use rollboard::store::Store;
 
-use crate::support::*;
+use crate::support::boards::{now_ms, test_boards};
+use crate::support::daemon::Daemon;
+use crate::support::events::{models, Fields};
+use crate::support::keys::{instance, under};
+use crate::support::redis::RedisServer;
+use crate::support::wait::{drained, wait_for};
 
 /// Waits until the group has taken everything, then checks every instance against the
 /// model of `events` (with the daemon's log when a resummarize instance lags).
@@ -176,4 +181,39 @@ pub async fn ranked(
         .iter()
         .map(|e| (e.member.clone(), e.total, e.last_ts))
         .collect()
+}
+
+/// The answers of `query` on each of two views, `a` and `b`: a board's window beside its
+/// twin's (`query` one of the store's reads, e.g. `|v| store.top(v, None, 0, 10, now)`).
+pub async fn side_by_side<'a, T, Fut>(
+    (a, b): (&'a View<'a>, &'a View<'a>),
+    query: impl Fn(&'a View<'a>) -> Fut,
+) -> (T, T)
+where
+    Fut: std::future::Future<Output = Result<T, rollboard::store::StoreError>>,
+{
+    let first = query(a).await.expect("the first view's answer");
+    let second = query(b).await.expect("the second view's answer");
+    (first, second)
+}
+
+/// The total of `member` in the instance `scope` of `view` at `now`.
+pub async fn total_in(
+    store: &Store,
+    view: &View<'_>,
+    scope: Option<&str>,
+    member: &str,
+    now: i64,
+) -> Option<i64> {
+    store
+        .rank(view, scope, member, now)
+        .await
+        .expect("rank")
+        .total
+}
+
+/// Asserts that no scratch key (`tmp:…`) of `board`'s unscoped instance is left on `redis`.
+pub fn assert_no_scratch(redis: &RedisServer, board: &str) {
+    let left = redis.cli(&["KEYS", &under(&instance(board, None), "tmp:*")]);
+    assert_eq!(left.trim(), "", "scratch keys of {board} left behind");
 }

@@ -9,8 +9,10 @@ use rollboard::roll::{self, Job};
 use rollboard::store::{ApplyEvent, Outcome, StageTargets, Staged, Store};
 use tokio_util::sync::CancellationToken;
 
+use crate::support::config::BOARDS;
+use crate::support::keys::{dead_letter_stream, instance, under};
 use crate::support::model::Instance;
-use crate::support::*;
+use crate::support::redis::RedisServer;
 
 /// An event for `Store::apply`.
 pub fn ev(id: &str, ts: i64, member: &str, amount: i64) -> ApplyEvent {
@@ -82,7 +84,7 @@ pub fn variants(slice: i64, n: i64) -> Vec<Board> {
 /// Every key under an unscoped board's hash tag with its DUMP, to prove a call wrote
 /// nothing.
 pub async fn snapshot(store: &Store, board: &Board) -> std::collections::BTreeMap<String, Vec<u8>> {
-    let pattern = format!("rb:{{{}}}:*", board.name);
+    let pattern = under(&instance(&board.name, None), "*");
     let mut out = std::collections::BTreeMap::new();
     for key in keys_matching(store, &pattern).await {
         let bytes = dump(store, &key).await;
@@ -276,7 +278,7 @@ pub fn ingest_settings(stream: &str, partitions: usize) -> rollboard::config::In
         read_piece: rollboard::config::ingest::READ_PIECE,
         claim_piece: rollboard::config::ingest::CLAIM_PIECE,
         claim_idle: Duration::from_secs(30),
-        dead_letter_stream: "rb:events:dead".into(),
+        dead_letter_stream: dead_letter_stream().into(),
         dead_letter_max_len: 100_000,
         retain: Duration::from_secs(60),
         max_future_ms: 60_000,
@@ -496,4 +498,14 @@ impl<'a> Consumer<'a> {
         )
         .await
     }
+}
+
+/// Whether `scope` is in board `name`'s scope registry.
+pub async fn registered(store: &Store, name: &str, scope: &str) -> bool {
+    let score: Option<f64> = store
+        .client()
+        .zscore(store.keys().scopes(name), scope)
+        .await
+        .expect("ZSCORE");
+    score.is_some()
 }

@@ -118,3 +118,11 @@ impl SpawnPiped for Command {
             .expect(what)
     }
 }
+
+/// Asserts that the report of `drop-board` (its stdout, in `out`) says it deleted all of
+/// `doomed` keys.
+pub fn assert_deleted_all(out: &Output, doomed: usize) {
+    let report = stdout(out);
+    let all = format!("deleted {doomed} of {doomed} key(s)");
+    assert!(report.contains(&all), "{report}");
+}

@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 
 use rollboard::store::{Reconnect, Store};
 
-use crate::support::{assert_success, free_port, SpawnIn};
+use crate::support::cli::assert_success;
+use crate::support::redis::{free_port, SpawnIn};
 
 /// Milliseconds without an answer before the other nodes mark a node as failing.
 pub const NODE_TIMEOUT_MS: u64 = 1000;
@@ -211,6 +212,20 @@ impl RedisCluster {
             }
         }
         panic!("no live node answers CLUSTER NODES")
+    }
+
+    /// Every key on every master, as `redis-cli --scan` lists them.
+    pub fn scan_all(&self) -> std::collections::BTreeSet<String> {
+        self.masters()
+            .into_iter()
+            .flat_map(|port| {
+                cli(port, &["--scan"])
+                    .lines()
+                    .filter(|l| !l.is_empty())
+                    .map(str::to_string)
+                    .collect::<Vec<_>>()
+            })
+            .collect()
     }
 
     /// The client ports of the masters serving slots.
@@ -468,4 +483,16 @@ pub async fn one_replica_store(url: &str, reconnect: Reconnect, timeout: Duratio
         replicas: Some(1),
         timeout,
     })
+}
+
+/// The port of the master `client` believes serves `key`.
+pub fn owner(client: &fred::prelude::Client, key: &str) -> u16 {
+    use fred::prelude::*;
+    use fred::types::cluster::ClusterRouting;
+    client
+        .cached_cluster_state()
+        .expect("cluster state")
+        .get_server(ClusterRouting::hash_key(key.as_bytes()))
+        .expect("owner")
+        .port
 }

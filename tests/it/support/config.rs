@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::support::*;
+use crate::support::redis::{free_port, RedisServer};
 
 /// The board definitions the daemon tests run with (as in config/rollboard.toml, with
 /// quick jobs and short timeouts).
@@ -135,4 +135,23 @@ pub fn edit_config(path: &Path, from: &str, to: &str) {
     let text = std::fs::read_to_string(path).expect("read config");
     assert!(text.contains(from), "{from} is in the config");
     std::fs::write(path, text.replacen(from, to, 1)).expect("write config");
+}
+
+/// Appends `text` (e.g. a `[[boards]]` table) to the configuration at `path`.
+pub fn append_config(path: &Path, text: &str) {
+    let mut config = std::fs::read_to_string(path).expect("read config");
+    config.push_str(text);
+    std::fs::write(path, config).expect("write config");
+}
+
+/// A plain board `solo` (a 6h window of hourly slices), for a configuration that wants one
+/// beside the boards a test is about.
+pub const SOLO_BOARD: &str =
+    "[[boards]]\nname = \"solo\"\nmember = \"user\"\nwindow = \"6h\"\nslice = \"1h\"\n";
+
+/// The boards of the configuration text `toml`, as the command line reads them.
+pub fn boards_in(toml: &str) -> Vec<rollboard::domain::board::Board> {
+    rollboard::config::Settings::from_toml(toml)
+        .expect("valid boards")
+        .boards
 }

@@ -9,7 +9,9 @@ use fred::prelude::*;
 use rollboard::store::Store;
 use tempfile::TempDir;
 
-use crate::support::*;
+use crate::support::config::{partitioned_config, server_and_config, write_config};
+use crate::support::redis::{free_port, RedisServer};
+use crate::support::wait::wait_for;
 
 /// A `rollboard run` child process.
 pub struct Daemon {

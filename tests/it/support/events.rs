@@ -7,6 +7,7 @@ use fred::prelude::*;
 use rollboard::domain::board::Board;
 use rollboard::store::{ApplyEvent, Store};
 
+use crate::support::keys::{dead_letter_stream, intake_stream};
 use crate::support::model::Instance;
 
 /// The fields of one stream entry, in order.
@@ -61,7 +62,7 @@ pub fn models_of_entries(
 
 /// `n` tips ([`tip`] 0 to n - 1) at the local time now.
 pub fn tips_now(n: usize) -> Vec<Fields> {
-    let now = crate::support::now_ms();
+    let now = crate::support::boards::now_ms();
     (0..n).map(|i| tip(i, now)).collect()
 }
 
@@ -170,7 +171,7 @@ pub async fn stream_entries(store: &Store, key: &str) -> Vec<Letter> {
 
 /// The dead letters in `rb:events:dead`, in order.
 pub async fn letters(store: &Store) -> Vec<Letter> {
-    stream_entries(store, "rb:events:dead").await
+    stream_entries(store, dead_letter_stream()).await
 }
 
 /// JSON lines of `n` tips to rooms r0..r2, each 1..=3.
@@ -222,7 +223,7 @@ pub fn stepped_events(
 ) -> Vec<rollboard::store::ApplyEvent> {
     (0..n)
         .map(|i| {
-            crate::support::ev(
+            crate::support::boards::ev(
                 &format!("e{i}"),
                 latest - i * step,
                 &format!("m{}", i % members),
@@ -230,4 +231,32 @@ pub fn stepped_events(
             )
         })
         .collect()
+}
+
+/// Reads up to `count` new entries of the intake stream as `consumer` of `group` and
+/// leaves them unacked, pending as a consumer that died before its acks leaves them.
+pub async fn read_unacked(store: &Store, group: &str, consumer: &str, count: u64) {
+    let _: fred::types::Value = store
+        .client()
+        .xreadgroup(
+            group,
+            consumer,
+            Some(count),
+            None,
+            false,
+            intake_stream(),
+            ">",
+        )
+        .await
+        .expect("read without acking");
+}
+
+/// The length of the stream `key` (0 when it does not exist).
+pub async fn stream_len(store: &Store, key: &str) -> i64 {
+    store.client().xlen(key).await.expect("xlen")
+}
+
+/// Whether `key` exists: 1, or 0.
+pub async fn existing(store: &Store, key: &str) -> i64 {
+    store.client().exists(key).await.expect("exists")
 }

@@ -7,7 +7,11 @@ use rollboard::store::Store;
 use serde_json::Value;
 use tempfile::TempDir;
 
-use crate::support::*;
+use crate::support::boards::redis_now;
+use crate::support::config::{server_and_config, write_config};
+use crate::support::daemon::Daemon;
+use crate::support::redis::RedisServer;
+use crate::support::wait::drained;
 
 /// POSTs `body` to the intake; status, `Retry-After` and body.
 pub async fn post(daemon: &Daemon, body: &str) -> (u16, Option<String>, String) {

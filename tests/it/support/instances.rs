@@ -7,7 +7,7 @@ use fred::prelude::*;
 use rollboard::domain::board::{Board, Dedup, View};
 use rollboard::store::Store;
 
-use crate::support::{seen_logs, seen_table, variants};
+use crate::support::boards::{seen_logs, seen_table, variants};
 
 /// The slice length and window (in slices) of the boards [`shaped`] builds.
 const SLICE: i64 = 1_000;
@@ -87,4 +87,22 @@ pub async fn assert_same_contents(store: &Store, board: &Board, control: &Board,
         contents(store, &control.widest()).await,
         "{what}"
     );
+}
+
+/// Adds `by` to the stored total of `member` in the ranking of `view`'s instance `scope`,
+/// behind the scripts' back: drift for verify and rebuild to find.
+pub async fn bump(store: &Store, view: &View<'_>, scope: Option<&str>, member: &str, by: f64) {
+    let k = store.instance(view, scope);
+    let ts: String = store
+        .client()
+        .hget(k.members(), member)
+        .await
+        .expect("HGET members");
+    let time = ts.parse().expect("a time");
+    let z = rollboard::domain::ranking::encode_member(view.board().tie_break, member, time);
+    let _: f64 = store
+        .client()
+        .zincrby(k.result(), by, z)
+        .await
+        .expect("ZINCRBY");
 }

@@ -2,39 +2,23 @@
 //! the daemon and CLI as child processes, configuration files, events, waits and
 //! assertions against the in-memory model, and a fault-injecting proxy.
 
-mod acl;
-mod answers;
-mod asserts;
-mod boards;
-mod cli;
-mod cluster;
-mod config;
-mod daemon;
-mod env;
-mod events;
+pub mod acl;
+pub mod answers;
+pub mod asserts;
+pub mod boards;
+pub mod cli;
+pub mod cluster;
+pub mod config;
+pub mod daemon;
+pub mod env;
+pub mod events;
 pub mod feed;
-mod http;
-mod instances;
+pub mod http;
+pub mod instances;
+pub mod keys;
 pub mod model;
-mod proptests;
+pub mod proptests;
 pub mod proxy;
-mod redis;
-mod sse;
-mod wait;
-
-pub use acl::*;
-pub use answers::*;
-pub use asserts::*;
-pub use boards::*;
-pub use cli::*;
-pub use cluster::*;
-pub use config::*;
-pub use daemon::*;
-pub use env::*;
-pub use events::*;
-pub use http::*;
-pub use instances::*;
-pub use proptests::*;
-pub use redis::*;
-pub use sse::*;
-pub use wait::*;
+pub mod redis;
+pub mod sse;
+pub mod wait;

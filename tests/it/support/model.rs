@@ -219,5 +219,5 @@ pub async fn assert_rolled_and_verified(
 ) {
     model.roll(&board.widest(), now);
     assert_matches(store, &board.widest(), None, model, now).await;
-    crate::support::assert_verified(store, &board.widest(), None).await;
+    crate::support::asserts::assert_verified(store, &board.widest(), None).await;
 }

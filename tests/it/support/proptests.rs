@@ -6,7 +6,8 @@ use proptest::strategy::Strategy;
 use proptest::test_runner::{Config, TestRunner};
 use rollboard::store::Store;
 
-use crate::support::{RedisCluster, RedisServer};
+use crate::support::cluster::RedisCluster;
+use crate::support::redis::RedisServer;
 
 /// A current-thread runtime with I/O and time enabled.
 pub fn runtime() -> tokio::runtime::Runtime {
@@ -14,6 +15,14 @@ pub fn runtime() -> tokio::runtime::Runtime {
         .enable_all()
         .build()
         .expect("runtime")
+}
+
+/// A [`runtime`] and a fresh redis-server with a store on it (key prefix `rb`), started
+/// on that runtime.
+pub fn runtime_with_store() -> (tokio::runtime::Runtime, RedisServer, Store) {
+    let rt = runtime();
+    let (redis, store) = rt.block_on(RedisServer::start_with_store("rb"));
+    (rt, redis, store)
 }
 
 /// A proptest runner trying `cases` cases (the rest of the configuration is the default).

@@ -150,6 +150,21 @@ impl RedisServer {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
+    /// Every key of the server, as `redis-cli --scan` lists them.
+    pub fn scan_all(&self) -> std::collections::BTreeSet<String> {
+        self.cli(&["--scan"])
+            .lines()
+            .filter(|l| !l.is_empty())
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// The ZSet `key` as `redis-cli` prints `ZREVRANGE key 0 -1 WITHSCORES`: a ranking,
+    /// best first, each member followed by its score.
+    pub fn ranking(&self, key: &str) -> String {
+        self.cli(&["ZREVRANGE", key, "0", "-1", "WITHSCORES"])
+    }
+
     /// Runs redis-cli against the server and returns its standard output.
     pub fn cli(&self, args: &[&str]) -> String {
         let out = Command::new("redis-cli")
@@ -246,4 +261,17 @@ impl RedisServer {
         let (redis, store) = RedisServer::start_with_store(prefix).await;
         (redis, store, tempfile::tempdir().expect("temp dir"))
     }
+}
+
+/// The reply to the command `name` with `args`, the key first, sent to the node that holds
+/// that key: any command, whatever the key's type, unchecked by the client.
+pub async fn keyed<R, T>(store: &Store, name: &'static str, args: Vec<T>) -> R
+where
+    R: FromValue,
+    T: TryInto<Value> + Send,
+    T::Error: Into<Error> + Send,
+{
+    use fred::types::{ClusterHash, CustomCommand};
+    let command = CustomCommand::new_static(name, ClusterHash::FirstKey, false);
+    store.client().custom(command, args).await.expect(name)
 }

@@ -8,7 +8,10 @@ use fred::prelude::*;
 use fred::types::{ClusterHash, CustomCommand};
 use rollboard::store::Store;
 
-use crate::support::*;
+use crate::support::boards::redis_now;
+use crate::support::config::write_config;
+use crate::support::daemon::Daemon;
+use crate::support::redis::{free_port, RedisServer};
 
 /// The test boards, `rooms_7d` and `fans_7d` with a change feed of their top 10.
 pub fn feed_boards(config: &std::path::Path) {

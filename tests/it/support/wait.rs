@@ -2,6 +2,7 @@
 
 use std::time::{Duration, Instant};
 
+use crate::support::keys::intake_stream;
 use rollboard::store::Store;
 
 /// Polls `check` until it returns true or `limit` passes.
@@ -26,7 +27,8 @@ where
 pub async fn drained(store: &Store) -> bool {
     wait_for(Duration::from_secs(180), || async {
         matches!(
-            rollboard::ingest::stream::group_info(store.client(), "rb:events", "rollboard").await,
+            rollboard::ingest::stream::group_info(store.client(), intake_stream(), "rollboard")
+                .await,
             Ok(Some((0, Some(0))))
         )
     })

@@ -9,7 +9,12 @@ use std::path::{Path, PathBuf};
 use rollboard::domain::board::Board;
 use rollboard::store::Store;
 
-use crate::support::*;
+use crate::support::boards::{apply_events, board, ev, snapshot, HOUR};
+use crate::support::cli::{assert_exit, run_rollboard, stderr};
+use crate::support::config::{board_of, edit_config, write_config};
+use crate::support::daemon::Daemon;
+use crate::support::keys::{instance_in, schema};
+use crate::support::redis::{free_port, RedisServer};
 
 const NOW: i64 = 1_763_700_000_000;
 
@@ -56,16 +61,14 @@ fn assert_refused_naming_windows(out: &std::process::Output, stored: &str) {
 
 #[tokio::test]
 async fn a_window_added_removed_or_resized_is_refused_at_start() {
-    let redis = RedisServer::start();
-    let store = redis.store("rb").await;
-    let dir = tempfile::tempdir().expect("dir");
+    let (redis, store, dir) = RedisServer::start_with_store_and_dir("rb").await;
     let port = free_port();
     let path = config(dir.path(), &redis, port, "windows = [\"2h\", \"6h\"]");
     start_with_data(&path, &store).await;
     let recorded = "7200000ms 21600000ms";
     assert_eq!(
         redis
-            .cli(&["HGET", "rb:board:tips:settings", "windows"])
+            .cli(&["HGET", &schema().settings("tips"), "windows"])
             .trim(),
         recorded
     );
@@ -133,7 +136,7 @@ async fn a_board_with_one_window_given_several_is_refused_at_start() {
     // The record of a board with one window holds no `windows`.
     assert_eq!(
         redis
-            .cli(&["HEXISTS", "rb:board:tips:settings", "windows"])
+            .cli(&["HEXISTS", &schema().settings("tips"), "windows"])
             .trim(),
         "0"
     );
@@ -147,7 +150,7 @@ async fn a_board_with_one_window_given_several_is_refused_at_start() {
     );
     // Without the board-level record (data written before it existed), the instance's
     // own fingerprint tells the same.
-    redis.cli(&["DEL", "rb:board:tips:settings"]);
+    redis.cli(&["DEL", &schema().settings("tips")]);
     let err = stderr(&run_rollboard(&path, &["verify"]));
     assert!(
         err.contains("board tips: windows is 7200000ms 21600000ms in the configuration")
@@ -167,7 +170,10 @@ async fn an_apply_with_an_edited_window_list_writes_nothing() {
     let now = (NOW / HOUR) * HOUR + HOUR / 2;
     apply_events(&store, &b, &[ev("1", now, "ann", 7)], now).await;
     let before = snapshot(&store, &b).await;
-    assert!(before.contains_key("rb:{tips}:w:2h:result"), "{before:?}");
+    assert!(
+        before.contains_key(&instance_in("tips", None, "2h").result()),
+        "{before:?}"
+    );
     let with = |widths: &[i64]| {
         let mut edited = board("tips", HOUR, *widths.iter().max().expect("a width"));
         edited.windows = widths

@@ -5,11 +5,16 @@
 //! window for a query and a roll.
 
 use fred::prelude::*;
-
 use rollboard::domain::board::{Board, Changes, View, Window};
-use rollboard::store::{Outcome, Store};
+use rollboard::store::Outcome;
 
-use crate::support::*;
+use crate::support::asserts::{assert_verified, total_in};
+use crate::support::boards::{
+    apply_events, apply_events_in, board, ev, keys_matching, registered, roll_board, run_jobs,
+    set_string, HOUR, T0,
+};
+use crate::support::keys::{instance, instance_in, under};
+use crate::support::redis::RedisServer;
 use crate::windows::one_ingest_every_window::two_windows;
 
 /// Half past an hour: `now - k * HOUR` is in the k-th slice before now's.
@@ -28,29 +33,10 @@ fn scoped_feed(name: &str) -> Board {
     b
 }
 
-/// The total of `member` in the instance `scope` of `view` at `now`.
-async fn total_in(
-    store: &Store,
-    view: &View<'_>,
-    scope: Option<&str>,
-    member: &str,
-    now: i64,
-) -> Option<i64> {
-    store
-        .rank(view, scope, member, now)
-        .await
-        .expect("rank")
-        .total
-}
-
-/// Whether `scope` is in board `name`'s scope registry.
-async fn registered(store: &Store, name: &str, scope: &str) -> bool {
-    let score: Option<f64> = store
-        .client()
-        .zscore(store.keys().scopes(name), scope)
-        .await
-        .expect("ZSCORE");
-    score.is_some()
+/// The 2h and 6h windows of a board of [`two_windows`].
+fn windows_of(b: &Board) -> (View<'_>, View<'_>) {
+    let view = |width| b.view(Some(width)).expect("a window of the board");
+    (view("2h"), view("6h"))
 }
 
 /// A scope whose narrower window fails to roll (its change stream is of the wrong type)
@@ -106,7 +92,7 @@ async fn a_forced_roll_stopped_after_the_narrow_window_is_finished_by_the_next()
     use Outcome::*;
     let (_redis, store) = RedisServer::start_with_store("rb").await;
     let b = two_windows("tips");
-    let (narrow, wide) = (b.view(Some("2h")).unwrap(), b.view(Some("6h")).unwrap());
+    let (narrow, wide) = windows_of(&b);
     let now = now0();
     let out = apply_events(
         &store,
@@ -300,9 +286,12 @@ async fn a_window_named_by_an_equal_duration_reads_that_window() {
     let first = rollboard::edges::windows::view(&b, None, "window").expect("first");
     assert_eq!(first.window_name(), "7d");
     assert_eq!(total_in(&store, &first, None, "ann", now).await, Some(7));
-    let keys = keys_matching(&store, "rb:{days}:w:*").await;
+    let keys = keys_matching(&store, &under(&instance("days", None), "w:*")).await;
     assert!(
-        !keys.is_empty() && keys.iter().all(|k| k.starts_with("rb:{days}:w:1d:")),
+        !keys.is_empty()
+            && keys
+                .iter()
+                .all(|k| k.starts_with(&under(&instance_in("days", None, "1d"), ""))),
         "{keys:?}"
     );
     for bad in ["25h", "1w", "7 d", ""] {
@@ -322,7 +311,7 @@ async fn a_short_dedup_window_never_counts_a_copy_twice_in_any_window() {
     let (_redis, store) = RedisServer::start_with_store("rb").await;
     let mut b = two_windows("short");
     b.dedup = rollboard::domain::board::Dedup::AfterSlice(HOUR);
-    let (narrow, wide) = (b.view(Some("2h")).unwrap(), b.view(Some("6h")).unwrap());
+    let (narrow, wide) = windows_of(&b);
     let now = now0();
     let events = [
         ev("kept", now - HOUR, "ann", 5),
@@ -358,7 +347,7 @@ async fn a_short_dedup_window_never_counts_a_copy_twice_in_any_window() {
 async fn a_narrow_key_of_the_wrong_type_fails_its_query_and_roll_only() {
     let (_redis, store) = RedisServer::start_with_store("rb").await;
     let b = two_windows("bad");
-    let (narrow, wide) = (b.view(Some("2h")).unwrap(), b.view(Some("6h")).unwrap());
+    let (narrow, wide) = windows_of(&b);
     let now = now0();
     apply_events(
         &store,

@@ -6,14 +6,19 @@
 use std::collections::BTreeMap;
 
 use fred::prelude::*;
-
 use rollboard::domain::board::{Board, Changes, MAX_TOTAL};
 use rollboard::store::{ApplyEvent, Outcome, Store};
 
 use super::every_window_matches_the_model::{assert_window, windowed, Windows};
+use crate::support::asserts::assert_verified;
+use crate::support::boards::{
+    apply_events, board, dump, ev, keys_matching, remembers, roll_board, seen_table, set_string,
+    total_at, HOUR, T0,
+};
 use crate::support::feed::{changes_after, replay};
+use crate::support::keys::{instance_in, schema, under};
 use crate::support::proxy::Proxy;
-use crate::support::*;
+use crate::support::redis::{function_name, RedisServer};
 
 /// Half past the hour of [`T0`]: `now - k * HOUR` is in the k-th slice before now's.
 fn now0() -> i64 {
@@ -24,10 +29,8 @@ fn now0() -> i64 {
 /// with their DUMP: to prove a call wrote nothing.
 async fn every_key(store: &Store, name: &str) -> BTreeMap<String, Vec<u8>> {
     let mut out = BTreeMap::new();
-    for pattern in [
-        format!("rb:{{{name}}}:*"),
-        format!("rb:changes:{{{name}}}*"),
-    ] {
+    let [unscoped, ..] = schema().board_patterns(name);
+    for pattern in [unscoped, format!("{}*", schema().changes(name, None, None))] {
         for key in keys_matching(store, &pattern).await {
             let bytes = dump(store, &key).await;
             out.insert(key, bytes);
@@ -151,12 +154,12 @@ async fn an_event_live_only_in_the_wide_window_leaves_the_narrow_untouched() {
     .await;
     let narrow_keys = || async {
         let mut all = every_key(&store, "wideonly").await;
-        all.retain(|k, _| k.starts_with("rb:{wideonly}:w:2h:"));
+        all.retain(|k, _| k.starts_with(&under(&instance_in("wideonly", None, "2h"), "")));
         all
     };
     let before = narrow_keys().await;
     assert!(
-        before.contains_key("rb:{wideonly}:w:2h:result"),
+        before.contains_key(&instance_in("wideonly", None, "2h").result()),
         "{before:?}"
     );
 
@@ -171,7 +174,7 @@ async fn an_event_live_only_in_the_wide_window_leaves_the_narrow_untouched() {
     )
     .await;
     assert_eq!(narrow_keys().await, before, "the 2h window was written");
-    let slice = format!("rb:{{wideonly}}:w:2h:slice:{}", b.slice_of(old));
+    let slice = instance_in("wideonly", None, "2h").slice(b.slice_of(old));
     assert_eq!(redis.cli(&["EXISTS", &slice]).trim(), "0");
     assert_eq!(total_at(&store, &wide, "bob", now).await, Some(9));
     assert_eq!(total_at(&store, &narrow, "bob", now).await, None);

@@ -13,9 +13,12 @@ use rollboard::roll::{self, Report};
 use rollboard::store::{ApplyEvent, Outcome, Store};
 use tokio_util::sync::CancellationToken;
 
+use crate::support::asserts::assert_verified;
+use crate::support::boards::{board, ev, roll_board, scoped, HOUR, T0};
+use crate::support::env::env_count;
 use crate::support::feed::{changes_after, replay};
 use crate::support::model::{assert_matches, Instance};
-use crate::support::*;
+use crate::support::proptests::{run_cases, run_cases_on_a_cluster};
 
 const SLICE: i64 = HOUR;
 /// The size of the watched top of a board with a feed: small beside the members.

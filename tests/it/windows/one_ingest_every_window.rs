@@ -4,7 +4,9 @@
 use rollboard::domain::board::{Board, Window};
 use rollboard::store::Outcome;
 
-use crate::support::*;
+use crate::support::boards::{apply_events, board, ev, roll_board, total_at, HOUR};
+use crate::support::keys::instance_in;
+use crate::support::redis::RedisServer;
 
 const NOW: i64 = 1_763_700_000_000;
 
@@ -56,13 +58,7 @@ async fn an_event_counts_in_every_window_it_falls_in_and_once() {
     assert_eq!(total_at(&store, &short, "ann", now).await, Some(7));
     assert_eq!(total_at(&store, &wide, "ann", now).await, Some(107));
     assert_eq!(total_at(&store, &short, "bob", now).await, Some(50));
-    let raw = redis.cli(&[
-        "ZREVRANGE",
-        "rb:{tips}:w:2h:result",
-        "0",
-        "-1",
-        "WITHSCORES",
-    ]);
+    let raw = redis.ranking(&instance_in("tips", None, "2h").result());
     assert!(raw.contains("bob") && raw.contains("ann"), "{raw}");
     // Two hours later, the 2h window forgets bob and the first `new`; the 6h window keeps all.
     let later = now + 2 * HOUR;

@@ -10,7 +10,10 @@ use fred::prelude::*;
 use rollboard::domain::board::{Board, Changes, View};
 use rollboard::store::{Outcome, Store};
 
-use crate::support::*;
+use crate::support::asserts::total_in;
+use crate::support::boards::{apply_events_in, ev, keys_matching, roll_board, HOUR};
+use crate::support::keys::{instance, instance_in, schema, under};
+use crate::support::redis::RedisServer;
 use crate::windows::one_ingest_every_window::two_windows;
 
 const NOW: i64 = 1_763_700_000_000;
@@ -28,7 +31,7 @@ fn tips() -> Board {
 
 /// Every key of the instances of `scope` (both windows), change streams aside.
 async fn instance_keys(store: &Store, scope: &str) -> BTreeSet<String> {
-    keys_matching(store, &format!("rb:{{tips:{scope}}}:*"))
+    keys_matching(store, &under(&instance("tips", Some(scope)), "*"))
         .await
         .into_iter()
         .collect()
@@ -51,11 +54,7 @@ async fn registered(store: &Store, scope: &str) -> bool {
 
 /// The total of `member` in the instance `scope` of `view` at `now`.
 async fn total(store: &Store, view: &View<'_>, scope: &str, member: &str, now: i64) -> Option<i64> {
-    store
-        .rank(view, Some(scope), member, now)
-        .await
-        .expect("rank")
-        .total
+    total_in(store, view, Some(scope), member, now).await
 }
 
 #[tokio::test]
@@ -76,15 +75,18 @@ async fn a_scope_empty_in_every_window_is_cleaned_up_in_each_and_leaves_the_regi
     apply_events_in(&store, &b, "r2", &[ev("3", later, "cy", 4)], later).await;
     let held = instance_keys(&store, "r1").await;
     for key in [
-        "rb:{tips:r1}:result",
-        "rb:{tips:r1}:seen:ids",
-        "rb:{tips:r1}:w:2h:result",
-        "rb:{tips:r1}:w:2h:members",
+        instance("tips", Some("r1")).result(),
+        instance("tips", Some("r1")).seen_table(),
+        instance_in("tips", Some("r1"), "2h").result(),
+        instance_in("tips", Some("r1"), "2h").members(),
     ] {
-        assert!(held.contains(key), "{key}: {held:?}");
+        assert!(held.contains(&key), "{key}: {held:?}");
     }
-    for feed in ["rb:changes:{tips:r1}", "rb:changes:{tips:r1}:2h"] {
-        assert_eq!(pttl(&store, feed).await, -1, "{feed} is written, for good");
+    for feed in [
+        schema().changes("tips", Some("r1"), None),
+        schema().changes("tips", Some("r1"), Some("2h")),
+    ] {
+        assert_eq!(pttl(&store, &feed).await, -1, "{feed} is written, for good");
     }
 
     // Past the 6h window of r1's newest event: both windows of r1 empty.
@@ -94,11 +96,17 @@ async fn a_scope_empty_in_every_window_is_cleaned_up_in_each_and_leaves_the_regi
     assert!(!registered(&store, "r1").await, "r1 left the registry");
     assert_eq!(
         instance_keys(&store, "r1").await,
-        BTreeSet::from(["rb:{tips:r1}:meta".into(), "rb:{tips:r1}:w:2h:meta".into()]),
+        BTreeSet::from([
+            instance("tips", Some("r1")).meta(),
+            instance_in("tips", Some("r1"), "2h").meta()
+        ]),
         "only each window's meta stays"
     );
-    for feed in ["rb:changes:{tips:r1}", "rb:changes:{tips:r1}:2h"] {
-        let ttl = pttl(&store, feed).await;
+    for feed in [
+        schema().changes("tips", Some("r1"), None),
+        schema().changes("tips", Some("r1"), Some("2h")),
+    ] {
+        let ttl = pttl(&store, &feed).await;
         assert!(
             ttl > 0 && ttl <= rollboard::store::CHANGES_RETAIN_MS,
             "{feed} stays for its readers a while: {ttl}"
@@ -120,7 +128,7 @@ async fn a_scope_empty_in_every_window_is_cleaned_up_in_each_and_leaves_the_regi
         r2.iter()
             .filter(|k| k.contains(":w:2h:"))
             .collect::<Vec<_>>(),
-        ["rb:{tips:r2}:w:2h:meta"],
+        [&instance_in("tips", Some("r2"), "2h").meta()],
         "{r2:?}"
     );
     assert_eq!(total(&store, &wide, "r2", "cy", end).await, Some(4));
@@ -161,17 +169,24 @@ async fn a_scope_empty_only_in_the_narrower_window_stays_and_answers_in_each() {
     assert!(registered(&store, "r1").await, "r1 stays registered");
     let keys = instance_keys(&store, "r1").await;
     let narrow: Vec<&String> = keys.iter().filter(|k| k.contains(":w:2h:")).collect();
-    assert_eq!(narrow, ["rb:{tips:r1}:w:2h:meta"], "{keys:?}");
+    assert_eq!(
+        narrow,
+        [&instance_in("tips", Some("r1"), "2h").meta()],
+        "{keys:?}"
+    );
     for key in [
-        "rb:{tips:r1}:result",
-        "rb:{tips:r1}:members",
-        "rb:{tips:r1}:seen:ids",
+        instance("tips", Some("r1")).result(),
+        instance("tips", Some("r1")).members(),
+        instance("tips", Some("r1")).seen_table(),
     ] {
-        assert!(keys.contains(key), "{key}: {keys:?}");
+        assert!(keys.contains(&key), "{key}: {keys:?}");
     }
-    let ttl = pttl(&store, "rb:changes:{tips:r1}:2h").await;
+    let ttl = pttl(&store, &schema().changes("tips", Some("r1"), Some("2h"))).await;
     assert!(ttl > 0, "the 2h feed stays a while: {ttl}");
-    assert_eq!(pttl(&store, "rb:changes:{tips:r1}").await, -1);
+    assert_eq!(
+        pttl(&store, &schema().changes("tips", Some("r1"), None)).await,
+        -1
+    );
 
     // The 2h window answers empty, the 6h window exactly.
     let page = store

@@ -7,7 +7,10 @@
 use rollboard::domain::board::{Board, Changes};
 use rollboard::store::{Outcome, Reconnect, Store};
 
-use crate::support::*;
+use crate::support::acl::{acl_server, acl_url, denied, store_as};
+use crate::support::boards::{apply_events, apply_events_in, board, ev, roll_board, HOUR};
+use crate::support::keys::instance;
+use crate::support::redis::RedisServer;
 use crate::windows::one_ingest_every_window::two_windows;
 
 const NOW: i64 = 1_763_700_000_000;
@@ -21,39 +24,24 @@ fn fed(mut board: Board) -> Board {
     board
 }
 
-/// The permissions `store`'s user lacks for `board`.
-async fn denied(store: &Store, board: &Board) -> Vec<String> {
-    store
-        .check_permissions(std::slice::from_ref(board), "rb:events", "rb:events:dead")
-        .await
-        .expect("check")
-}
-
 #[tokio::test]
 async fn a_user_that_may_not_write_a_narrower_window_is_refused_at_start() {
     let redis = RedisServer::start();
     // Every key but a narrower window's: after an instance's hash tag only a kind (which
     // never starts with `w`), and change streams without a window.
-    let ok = redis.cli(&[
-        "ACL",
-        "SETUSER",
+    let store = store_as(
+        &redis,
         "widest",
-        "on",
-        ">widest-pw",
-        "resetkeys",
-        "~rb:{*}:[a-v]*",
-        "~rb:changes:{*}",
-        "~rb:board:*",
-        "~rb:events*",
-        "~rb:job:*",
-        "~rb:sync:*",
-        "+@all",
-    ]);
-    assert_eq!(ok.trim(), "OK");
-    let url = format!("redis://widest:widest-pw@127.0.0.1:{}", redis.port);
-    let store = Store::connect(&url, "rb", 1, Reconnect::Never)
-        .await
-        .expect("connect");
+        &[
+            "~rb:{*}:[a-v]*",
+            "~rb:changes:{*}",
+            "~rb:board:*",
+            "~rb:events*",
+            "~rb:job:*",
+            "~rb:sync:*",
+        ],
+    )
+    .await;
     let now = (NOW / HOUR) * HOUR + HOUR / 2;
     // Enough for a board with one window, feed and all.
     let one = fed(board("one", HOUR, 6));
@@ -76,7 +64,12 @@ async fn a_user_that_may_not_write_a_narrower_window_is_refused_at_start() {
         format!("{failed:?}").contains("NOPERM"),
         "the apply answered {failed:?}"
     );
-    assert_eq!(redis.cli(&["EXISTS", "rb:{tips}:result"]).trim(), "0");
+    assert_eq!(
+        redis
+            .cli(&["EXISTS", &instance("tips", None).result()])
+            .trim(),
+        "0"
+    );
 
     // With the narrower window's instance keys allowed, its change stream is named.
     let ok = redis.cli(&["ACL", "SETUSER", "widest", "~rb:{*}:w:*"]);

@@ -5,18 +5,23 @@
 
 use std::collections::BTreeMap;
 
-use fred::prelude::*;
-use rollboard::domain::board::{Board, View};
-use rollboard::domain::ranking::encode_member;
+use rollboard::domain::board::Board;
 use rollboard::roll;
 use rollboard::store::{Outcome, Store};
 use serde_json::Value;
 
-use crate::support::*;
+use crate::support::boards::{apply_events, apply_events_in, dump, ev, keys_matching, HOUR};
+use crate::support::cli::{assert_exit, run_rollboard, stdout};
+use crate::support::config::{boards_in, write_file, SOLO_BOARD};
+use crate::support::http::json;
+use crate::support::instances::bump;
+use crate::support::keys::{instance, under};
+use crate::support::redis::RedisServer;
 
 const NOW: i64 = 1_763_700_000_000;
 
-/// A scoped board ranking the last 2 and 6 hours, and an unscoped board with one window.
+/// A scoped board ranking the last 2 and 6 hours, configured beside [`SOLO_BOARD`] (an
+/// unscoped board with one window).
 const BOARDS: &str = r#"
 [[boards]]
 name = "tips"
@@ -24,43 +29,18 @@ member = "user"
 scope = "room"
 windows = ["2h", "6h"]
 slice = "1h"
-
-[[boards]]
-name = "solo"
-member = "user"
-window = "6h"
-slice = "1h"
 "#;
 
-/// The boards of [`BOARDS`] as the command line reads them.
+/// The boards of [`BOARDS`] and [`SOLO_BOARD`], as the command line reads them.
 fn boards() -> Vec<Board> {
-    rollboard::config::Settings::from_toml(BOARDS)
-        .expect("valid boards")
-        .boards
-}
-
-/// Adds `by` to the stored total of `member` in the ranking of `view`'s instance `scope`,
-/// behind the scripts' back.
-async fn bump(store: &Store, view: &View<'_>, scope: Option<&str>, member: &str, by: f64) {
-    let k = store.instance(view, scope);
-    let ts: String = store
-        .client()
-        .hget(k.members(), member)
-        .await
-        .expect("HGET members");
-    let z = encode_member(view.board().tie_break, member, ts.parse().expect("a time"));
-    let _: f64 = store
-        .client()
-        .zincrby(k.result(), by, z)
-        .await
-        .expect("ZINCRBY");
+    boards_in(&format!("{BOARDS}{SOLO_BOARD}"))
 }
 
 /// Every key of the widest window's instance of `scope` (no `:w:` in its name) with its
 /// DUMP.
 async fn widest_keys(store: &Store, scope: &str) -> BTreeMap<String, Vec<u8>> {
     let mut out = BTreeMap::new();
-    for key in keys_matching(store, &format!("rb:{{tips:{scope}}}:*")).await {
+    for key in keys_matching(store, &under(&instance("tips", Some(scope)), "*")).await {
         if !key.contains(":w:") {
             let bytes = dump(store, &key).await;
             out.insert(key, bytes);
@@ -76,7 +56,7 @@ async fn verify_names_each_window_and_rebuild_repairs_every_window() {
     let config = write_file(
         dir.path(),
         "c.toml",
-        &format!("[redis]\nurl = \"{}\"\n{BOARDS}", redis.url()),
+        &format!("[redis]\nurl = \"{}\"\n{BOARDS}{SOLO_BOARD}", redis.url()),
     );
     let [tips, solo] = <[Board; 2]>::try_from(boards()).expect("two boards");
     let (short, wide) = (
@@ -144,11 +124,15 @@ async fn verify_names_each_window_and_rebuild_repairs_every_window() {
     // The narrower window rebuilt alone: not one key of the widest's instance changes (its
     // digest table and forget logs, and its drift, stay).
     let before = widest_keys(&store, "r1").await;
-    assert!(before.contains_key("rb:{tips:r1}:seen:ids"), "{before:?}");
     assert!(
-        before
-            .keys()
-            .any(|k| k.starts_with("rb:{tips:r1}:seen:") && k != "rb:{tips:r1}:seen:ids"),
+        before.contains_key(&instance("tips", Some("r1")).seen_table()),
+        "{before:?}"
+    );
+    assert!(
+        before.keys().any(
+            |k| k.starts_with(&under(&instance("tips", Some("r1")), "seen:"))
+                && *k != instance("tips", Some("r1")).seen_table()
+        ),
         "forget logs: {before:?}"
     );
     let rebuilt = roll::rebuild(&store, &short, Some("r1"), 10)
