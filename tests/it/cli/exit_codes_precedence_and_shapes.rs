@@ -212,7 +212,7 @@ async fn send_appends_all_or_nothing_and_lists_every_bad_line() {
         .expect("xrange");
     assert_eq!(entries.len(), 2);
     assert_eq!(
-        entries[1].1["value"], "12.50",
-        "numbers are taken exactly as written"
+        entries[1].1["value"], "12.5",
+        "numbers are taken by their exact value, written plainly"
     );
 }
