@@ -4,7 +4,26 @@
 use std::io::Write;
 
 use super::time::{as_of, show_time};
-use crate::domain::ranking::{format_total, Entry, Page};
+use crate::domain::ranking::{format_total, Entry, Envelope, Page};
+
+/// The head line of a table of answers: board, scope, how many are ranked, the window
+/// and when the ranking last changed.
+pub(super) fn head_line(envelope: &Envelope) -> String {
+    let scope = envelope
+        .scope
+        .as_deref()
+        .map(|s| format!(" [{s}]"))
+        .unwrap_or_default();
+    format!(
+        "{}{scope}: {} ranked, window {} {} .. {}{}",
+        envelope.board,
+        envelope.count,
+        envelope.window,
+        show_time(envelope.window_from),
+        show_time(envelope.window_to),
+        as_of(envelope.as_of)
+    )
+}
 
 /// Prints `page` as a table (a head line, then one row per entry), or as one JSON line.
 pub(super) fn print_page(page: &Page, json: bool) -> anyhow::Result<()> {
@@ -13,22 +32,7 @@ pub(super) fn print_page(page: &Page, json: bool) -> anyhow::Result<()> {
         writeln!(out, "{}", serde_json::to_string(page)?)?;
         return Ok(());
     }
-    let scope = page
-        .envelope
-        .scope
-        .as_deref()
-        .map(|s| format!(" [{s}]"))
-        .unwrap_or_default();
-    writeln!(
-        out,
-        "{}{scope}: {} ranked, window {} {} .. {}{}",
-        page.envelope.board,
-        page.envelope.count,
-        page.envelope.window,
-        show_time(page.envelope.window_from),
-        show_time(page.envelope.window_to),
-        as_of(page.envelope.as_of)
-    )?;
+    writeln!(out, "{}", head_line(&page.envelope))?;
     let width = member_width(page.entries.iter().map(|e| e.member.as_str()));
     let dense = page.entries.iter().any(|e| e.dense_rank.is_some());
     writeln!(

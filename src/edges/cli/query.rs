@@ -2,7 +2,7 @@
 //! checks of their board, scope, window and member arguments.
 
 use super::connect::connect;
-use super::output::member_width;
+use super::output::{head_line, member_width};
 use super::periods::{period_of, period_rank, print_period_page};
 use super::time::{as_of, show_time};
 use super::{Usage, EXIT_NOT_FOUND};
@@ -200,21 +200,7 @@ pub(super) async fn ranks(
 
 /// The table of `rank` with several members.
 fn print_subset(subset: &Subset) {
-    let scope = subset
-        .envelope
-        .scope
-        .as_deref()
-        .map(|s| format!(" [{s}]"))
-        .unwrap_or_default();
-    println!(
-        "{}{scope}: {} ranked, window {} {} .. {}{}",
-        subset.envelope.board,
-        subset.envelope.count,
-        subset.envelope.window,
-        show_time(subset.envelope.window_from),
-        show_time(subset.envelope.window_to),
-        as_of(subset.envelope.as_of)
-    );
+    println!("{}", head_line(&subset.envelope));
     let width = member_width(subset.entries.iter().map(|e| e.member.as_str()));
     let dense = subset.entries.iter().any(|e| e.dense_rank.is_some());
     println!(
