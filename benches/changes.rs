@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fred::prelude::*;
-use support::{invoked_by_cargo_bench, percentile, Daemon, RedisServer};
+use support::{cpu, invoked_by_cargo_bench, percentile, Daemon, RedisServer};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::Barrier;
 
@@ -70,26 +70,6 @@ fn rss_kb(pid: u32) -> u64 {
                 .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         })
         .unwrap_or(0)
-}
-
-/// CPU time the process has used (user + system), from `/proc/<pid>/stat` (100 ticks/s).
-fn cpu(pid: u32) -> Duration {
-    let ticks = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            // The fields after the command's closing parenthesis; utime and stime are the
-            // 12th and 13th of them.
-            let rest = s.rsplit_once(')')?.1.to_string();
-            let fields: Vec<u64> = rest
-                .split_whitespace()
-                .skip(11)
-                .take(2)
-                .filter_map(|f| f.parse().ok())
-                .collect();
-            Some(fields.iter().sum::<u64>())
-        })
-        .unwrap_or(0);
-    Duration::from_millis(ticks * 10)
 }
 
 fn config(redis: &str, listen: &str, subscribers: usize) -> String {

@@ -12,13 +12,16 @@
 //! cargo bench --bench ingest -- feed         # the cost of changes_top = 10 (valgrind)
 //! cargo bench --bench ingest -- windows      # the cost of a 2nd and 3rd window (valgrind)
 //! cargo bench --bench ingest -- instructions # Redis under callgrind (needs valgrind)
+//! cargo bench --bench ingest -- cost         # rollboard alone on the shipped shapes (valgrind)
 //! ```
 //!
-//! Three workloads: `Skewed` (a power law over 10 000 rooms) and `Uniform` (100 000 rooms)
-//! on one unscoped board, and `Shipped`, the shape of config/rollboard.toml: every event
-//! reaches an unscoped incremental `rooms_7d` board and its room's instance of the scoped
-//! resummarize `fans_7d` board, power-law skewed over rooms and over the fans of a room.
-//! Every event carries an id.
+//! Four workloads: `Skewed` (a power law over 10 000 rooms) and `Uniform` (100 000 rooms)
+//! on one unscoped board, their events within the last day; and `Shipped`, the shape of
+//! config/rollboard.toml: every event reaches an unscoped incremental `rooms_7d` board and
+//! its room's instance of the scoped resummarize `fans_7d` board, power-law skewed over
+//! rooms and over the fans of a room, its events over the last 5 days, and `ShippedNow`,
+//! the same with every event within the last minute (a live platform). Every event carries
+//! an id.
 //!
 //! * `naive`: one client sending HINCRBY then ZINCRBY per event and per board, awaited one at
 //!   a time; two passes, as `e2e`.
@@ -39,6 +42,8 @@
 //!   Redis runs per event (valgrind's callgrind, smoke-run sizes): the same count for the
 //!   same work however busy the machine is, so two versions compare on any host. Named
 //!   explicitly only: it takes about ten minutes.
+//! * `cost`: as `instructions`, rollboard's consumer alone, on the two shipped workloads:
+//!   the figure to compare two versions of the apply path by. Named explicitly only.
 //! * `ceiling`: the same apply script driven by redis-benchmark (Redis-side ceiling).
 //! * `query`: top-10 and rank latency over HTTP (served as the daemon serves it, on a thread
 //!   and connections of its own; the client on another thread), idle and while one consumer
@@ -84,7 +89,7 @@ use rollboard::metrics::Metrics;
 use rollboard::store::{apply_call, ApplyEvent, Reconnect, Store, APPLY_CHUNK};
 use support::workload::{apply_event, fields, fill_stream, Spread, MEMBERS, SKEWED_ROOMS};
 use support::{
-    invoked_by_cargo_bench, percentile, slow_by_kind, slowlog_start, slowlog_take, RedisServer,
+    cpu, invoked_by_cargo_bench, percentile, slow_by_kind, slowlog_start, slowlog_take, RedisServer,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -169,11 +174,12 @@ fn main() -> ExitCode {
         FULL
     };
     let wanted: Vec<&String> = args.iter().filter(|a| !a.starts_with("--")).collect();
-    // Run only when named: `instructions`, `dense`, `feed` and `windows` run Redis under
-    // valgrind (minutes), `partitions` and `reads` compare layouts.
-    let named_only = 6;
+    // Run only when named: `instructions`, `cost`, `dense`, `feed` and `windows` run Redis
+    // under valgrind (minutes), `partitions` and `reads` compare layouts.
+    let named_only = 7;
     let all = [
         "instructions",
+        "cost",
         "dense",
         "feed",
         "windows",
@@ -242,7 +248,7 @@ impl Variant<'_> {
 /// The settings of `spread`, every board changed as `variant` says.
 fn settings_with(redis: &RedisServer, spread: Spread, variant: Variant) -> Result<Settings> {
     let boards = match spread {
-        Spread::Shipped => SHIPPED_CONFIG,
+        s if s.is_shipped() => SHIPPED_CONFIG,
         _ => CONFIG,
     };
     let boards = match variant {
@@ -371,6 +377,9 @@ pub struct Pass {
     /// The server process's user + sys CPU, per event (µs, INFO cpu): also what commandstats
     /// leaves out, reading requests and writing replies.
     pub cpu_us: f64,
+    /// This process's user + sys CPU per event (µs): the consumer's (validation, grouping,
+    /// building calls, decoding replies) or the naive client's.
+    pub own_us: f64,
 }
 
 /// Throughput and Redis cost per event of one run.
@@ -382,6 +391,8 @@ pub struct Throughput {
     pub redis_us: f64,
     /// The server's user + sys CPU per event (µs).
     pub cpu_us: f64,
+    /// This process's CPU per event (µs), as [`Pass::own_us`].
+    pub own_us: f64,
     /// The first pass, from an empty Redis, when the figures are of a second one.
     pub cold: Option<Pass>,
 }
@@ -393,6 +404,7 @@ impl Throughput {
             rate: steady.rate,
             redis_us: steady.redis_us,
             cpu_us: steady.cpu_us,
+            own_us: steady.own_us,
             cold: Some(cold),
         }
     }
@@ -515,15 +527,24 @@ pub struct Figures {
 /// Runs the `chosen` scenarios, each on a fresh redis-server, and prints a summary.
 pub async fn run(chosen: &[&str], sizes: Sizes) -> Result<Figures> {
     let mut figures = Figures::default();
-    for spread in [Spread::Shipped, Spread::Skewed, Spread::Uniform] {
+    let spreads = [
+        Spread::Shipped,
+        Spread::ShippedNow,
+        Spread::Skewed,
+        Spread::Uniform,
+    ];
+    for spread in spreads {
         let mut w = WorkloadFigures::default();
         for scenario in chosen {
             let applies = match *scenario {
                 "naive" | "pipelined" | "e2e" | "instructions" => true,
-                "script" => spread != Spread::Shipped,
+                "cost" => spread.is_shipped(),
+                "script" => !spread.is_shipped(),
                 "ceiling" => spread == Spread::Uniform,
                 "query" => spread == Spread::Skewed,
-                "dense" | "feed" | "windows" => spread != Spread::Uniform,
+                "dense" | "feed" | "windows" => {
+                    spread == Spread::Shipped || spread == Spread::Skewed
+                }
                 "partitions" => spread == Spread::Skewed,
                 "reads" => spread == Spread::Shipped,
                 _ => false,
@@ -555,6 +576,11 @@ pub async fn run(chosen: &[&str], sizes: Sizes) -> Result<Figures> {
                 "instructions" => {
                     drop(redis);
                     bench_instructions(spread).await?
+                }
+                "cost" => {
+                    drop(redis);
+                    let count = instructions_per_event(spread, Variant::Plain).await?;
+                    println!("== cost, instructions per event: {count:.0}");
                 }
                 "dense" => {
                     drop(redis);
@@ -625,14 +651,15 @@ fn print_summary(figures: &Figures) {
         let line = |label: &str, t: &Throughput| {
             let first = match t.cold {
                 Some(c) => format!(
-                    "   (first pass {:.0}, {:.2} µs, CPU {:.2} µs)",
-                    c.rate, c.redis_us, c.cpu_us
+                    "   (first pass {:.0}, {:.2} µs, CPU {:.2} µs, own CPU {:.2} µs)",
+                    c.rate, c.redis_us, c.cpu_us, c.own_us
                 ),
                 None => String::new(),
             };
             println!(
-                "{label:<22} {:>12.0}   {:>6.2} µs/event   CPU {:>6.2} µs/event{first}",
-                t.rate, t.redis_us, t.cpu_us
+                "{label:<22} {:>12.0}   {:>6.2} µs/event   CPU {:>6.2} µs/event   own CPU \
+                 {:>6.2} µs/event{first}",
+                t.rate, t.redis_us, t.cpu_us, t.own_us
             );
         };
         if let Some(n) = w.naive {
@@ -652,10 +679,10 @@ fn print_summary(figures: &Figures) {
                 "Redis CPU per event, end to end / naive pipelined = {:.2}x{} (commandstats \
                  {:.2}x)",
                 e.cpu_us / p.cpu_us,
-                if *spread == Spread::Shipped {
-                    " (target <= 1.5x)"
-                } else {
-                    ""
+                match spread {
+                    Spread::Shipped => " (target <= 1.5x)",
+                    Spread::ShippedNow => " (target <= 0.75x)",
+                    _ => "",
                 },
                 e.redis_us / p.redis_us
             );
@@ -721,6 +748,7 @@ async fn bench_naive_in(
     for (pass, events) in [("first pass", 0..n), ("second pass", n..2 * n)] {
         reset_stats(redis);
         let cpu = server_cpu_seconds(redis);
+        let own = own_cpu();
         let started = Instant::now();
         let all: Vec<usize> = events.collect();
         for trip in all.chunks(per_trip) {
@@ -732,7 +760,7 @@ async fn bench_naive_in(
                     "naive:rooms:result".to_string(),
                     e.member.clone(),
                 )];
-                if spread == Spread::Shipped {
+                if spread.is_shipped() {
                     writes.push((
                         format!("naive:fans:{}:slice:{}", e.member, e.ts / 3_600_000),
                         format!("naive:fans:{}:result", e.member),
@@ -767,15 +795,18 @@ async fn bench_naive_in(
         }
         let r = rate(n, started.elapsed());
         let cpu_us = (server_cpu_seconds(redis) - cpu) * 1e6 / n as f64;
+        let own_us = (own_cpu() - own).as_secs_f64() * 1e6 / n as f64;
         let redis_us = workload_usec(redis, false) / n as f64;
         println!(
             "naive HINCRBY+ZINCRBY per board, {how}, {pass}: {n} events, {r:.0} events/s, \
-             Redis {redis_us:.2} µs per event, CPU {cpu_us:.2} µs per event"
+             Redis {redis_us:.2} µs per event, CPU {cpu_us:.2} µs per event, client CPU \
+             {own_us:.2} µs per event"
         );
         passes.push(Pass {
             rate: r,
             redis_us,
             cpu_us,
+            own_us,
         });
     }
     Ok(Throughput::of(passes[1], passes[0]))
@@ -1010,6 +1041,7 @@ async fn drain_pass(
         Duration::from_millis(20)
     };
     let cpu = server_cpu_seconds(redis);
+    let own = own_cpu();
     let started = Instant::now();
     start_consumer(store.clone(), reader, settings, &cancel);
     loop {
@@ -1024,6 +1056,7 @@ async fn drain_pass(
     }
     let elapsed = started.elapsed();
     let cpu_us = (server_cpu_seconds(redis) - cpu) * 1e6 / n as f64;
+    let own_us = (own_cpu() - own).as_secs_f64() * 1e6 / n as f64;
     let redis_us = workload_usec(redis, true) / n as f64;
     let mut calls = CallFigures {
         per_call: command_calls(redis),
@@ -1046,7 +1079,7 @@ async fn drain_pass(
     let per_event = |command: &str| command_usec(redis, command) / n as f64;
     println!(
         "redis time per event: every command (script time once) {redis_us:.2} µs (FCALL {:.2}, XREADGROUP {:.2}, \
-         XACK {:.2}); server CPU {cpu_us:.2} µs; wall {:.2} µs",
+         XACK {:.2}); server CPU {cpu_us:.2} µs; consumer CPU {own_us:.2} µs; wall {:.2} µs",
         per_event("fcall"),
         per_event("xreadgroup"),
         per_event("xack"),
@@ -1064,6 +1097,7 @@ async fn drain_pass(
         rate: r,
         redis_us,
         cpu_us,
+        own_us,
     };
     Ok((pass, calls))
 }
@@ -1213,6 +1247,12 @@ async fn bench_reads(spread: Spread, sizes: Sizes) -> Result<()> {
 }
 
 /// The server process's user + sys CPU so far, in seconds (INFO cpu).
+/// This process's CPU time so far (the consumer's, or the naive client's, and the bench's
+/// polls beside it).
+fn own_cpu() -> Duration {
+    cpu(std::process::id())
+}
+
 fn server_cpu_seconds(redis: &RedisServer) -> f64 {
     redis
         .cli(&["INFO", "cpu"])

@@ -457,6 +457,7 @@ fn print_table(
     };
     let targets = [
         (Spread::Shipped, 10.0, 4.0),
+        (Spread::ShippedNow, 10.0, 4.0),
         (Spread::Skewed, 10.0, 4.0),
         (Spread::Uniform, 8.0, 10.0),
     ];
@@ -513,41 +514,46 @@ fn print_table(
             });
         }
     }
-    if let ingest::WorkloadFigures {
-        naive: Some(n),
-        pipelined: Some(p),
-        e2e: Some(e),
-        ..
-    } = workload(Spread::Shipped)
-    {
-        let cold = |t: &ingest::Throughput| match t.cold {
-            Some(c) => format!(" ({:.2} from an empty Redis)", c.cpu_us),
-            None => String::new(),
-        };
-        rows.push(Row {
-            figure: format!(
-                "Redis CPU per event (user + sys), second pass, {}, vs the naive commands \
-                 pipelined {} events at a time on the same events",
-                Spread::Shipped.describe(),
-                ingest::NAIVE_PIPELINE
-            ),
-            ours: format!(
-                "{:.2} µs{} (commandstats {:.2} µs)",
-                e.cpu_us,
-                cold(&e),
-                e.redis_us
-            ),
-            base: format!(
-                "{:.2} µs pipelined{} (commandstats {:.2} µs); one command at a time {:.2} µs",
-                p.cpu_us,
-                cold(&p),
-                p.redis_us,
-                n.cpu_us
-            ),
-            ratio: ratio(e.cpu_us, p.cpu_us),
-            target: "<= 1.5x",
-            met: e.cpu_us <= 1.5 * p.cpu_us,
-        });
+    // The target of the apply path's price: Redis CPU per event against the naive commands
+    // pipelined, on both shipped workloads; this process's CPU (the consumer's) beside it.
+    for (spread, most) in [(Spread::Shipped, 1.5), (Spread::ShippedNow, 0.75)] {
+        if let ingest::WorkloadFigures {
+            naive: Some(n),
+            pipelined: Some(p),
+            e2e: Some(e),
+            ..
+        } = workload(spread)
+        {
+            let cold = |t: &ingest::Throughput| match t.cold {
+                Some(c) => format!(" ({:.2} from an empty Redis)", c.cpu_us),
+                None => String::new(),
+            };
+            rows.push(Row {
+                figure: format!(
+                    "Redis CPU per event (user + sys), second pass, {}, vs the naive commands \
+                     pipelined {} events at a time on the same events",
+                    spread.describe(),
+                    ingest::NAIVE_PIPELINE
+                ),
+                ours: format!(
+                    "{:.2} µs{} (commandstats {:.2} µs); the consumer's own CPU {:.2} µs",
+                    e.cpu_us,
+                    cold(&e),
+                    e.redis_us,
+                    e.own_us
+                ),
+                base: format!(
+                    "{:.2} µs pipelined{} (commandstats {:.2} µs); one command at a time {:.2} µs",
+                    p.cpu_us,
+                    cold(&p),
+                    p.redis_us,
+                    n.cpu_us
+                ),
+                ratio: ratio(e.cpu_us, p.cpu_us),
+                target: if most == 1.5 { "<= 1.5x" } else { "<= 0.75x" },
+                met: e.cpu_us <= most * p.cpu_us,
+            });
+        }
     }
     if options.expiry {
         rows.push(Row {

@@ -451,3 +451,23 @@ pub fn slow_by_kind(log: &[SlowEntry]) -> BTreeMap<String, (usize, usize, u64)> 
     }
     kinds
 }
+
+/// CPU time the process has used (user + system), from `/proc/<pid>/stat` (100 ticks/s).
+pub fn cpu(pid: u32) -> Duration {
+    let ticks = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            // The fields after the command's closing parenthesis; utime and stime are the
+            // 12th and 13th of them.
+            let rest = s.rsplit_once(')')?.1.to_string();
+            let fields: Vec<u64> = rest
+                .split_whitespace()
+                .skip(11)
+                .take(2)
+                .filter_map(|f| f.parse().ok())
+                .collect();
+            Some(fields.iter().sum::<u64>())
+        })
+        .unwrap_or(0);
+    Duration::from_millis(ticks * 10)
+}

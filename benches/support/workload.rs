@@ -15,8 +15,11 @@ pub enum Spread {
     /// Every one of MEMBERS rooms equally likely: nearly every event touches a new member.
     Uniform,
     /// The shipped config's shape: rooms as `Skewed`, and within a room a power law over
-    /// FANS_PER_ROOM fans; two boards per event.
+    /// FANS_PER_ROOM fans; two boards per event; event times spread over the last 5 days.
     Shipped,
+    /// The shipped shape with every event time within the last minute, as on a live
+    /// platform: a batch's events of one member fall in one slice.
+    ShippedNow,
 }
 
 /// Rooms of the skewed workloads.
@@ -38,7 +41,7 @@ impl Spread {
         match self {
             Spread::Uniform => (i * 7919) % MEMBERS,
             // u^4 piles the mass on low ids.
-            Spread::Skewed | Spread::Shipped => {
+            Spread::Skewed | Spread::Shipped | Spread::ShippedNow => {
                 (unit(i, 0x5851_F42D_4C95_7F2D).powi(4) * SKEWED_ROOMS as f64) as usize
             }
         }
@@ -54,7 +57,23 @@ impl Spread {
     pub fn rooms(self) -> usize {
         match self {
             Spread::Uniform => MEMBERS,
-            Spread::Skewed | Spread::Shipped => SKEWED_ROOMS,
+            Spread::Skewed | Spread::Shipped | Spread::ShippedNow => SKEWED_ROOMS,
+        }
+    }
+
+    /// The shape of config/rollboard.toml: two boards per event, `fans_7d` scoped by room.
+    pub fn is_shipped(self) -> bool {
+        matches!(self, Spread::Shipped | Spread::ShippedNow)
+    }
+
+    /// How long before `now` event `i` happened (ms): within the last day on one board,
+    /// the last 5 days on the shipped shape, the last minute on `ShippedNow`.
+    fn age(self, i: usize) -> i64 {
+        let i = i as i64;
+        match self {
+            Spread::Skewed | Spread::Uniform => (i * 431) % 86_400_000,
+            Spread::Shipped => (i * 2_161) % (5 * 86_400_000),
+            Spread::ShippedNow => (i * 7) % 60_000,
         }
     }
 
@@ -64,17 +83,21 @@ impl Spread {
             Spread::Skewed => format!("power law over {SKEWED_ROOMS} rooms, one board"),
             Spread::Shipped => format!(
                 "shipped shape: rooms_7d + fans_7d scoped by room, power law over \
-                 {SKEWED_ROOMS} rooms and {FANS_PER_ROOM} fans per room"
+                 {SKEWED_ROOMS} rooms and {FANS_PER_ROOM} fans per room, ts over the last 5 days"
+            ),
+            Spread::ShippedNow => format!(
+                "shipped shape, every ts within the last minute: rooms_7d + fans_7d scoped by \
+                 room, power law over {SKEWED_ROOMS} rooms and {FANS_PER_ROOM} fans per room"
             ),
         }
     }
 }
 
-/// Event `i`: a tip of 1..=50 to a room, within the last day.
+/// Event `i`: a tip of 1..=50 to a room, as long ago as `spread` says ([`Spread::age`]).
 pub fn apply_event(spread: Spread, i: usize, now: i64) -> ApplyEvent {
     ApplyEvent {
         id: format!("e{i}"),
-        ts: now - (i as i64 * 431) % 86_400_000,
+        ts: now - spread.age(i),
         member: format!("room{}", spread.room(i)),
         amount: 1 + (i % 50) as i64,
     }
@@ -89,7 +112,7 @@ pub fn fields(spread: Spread, i: usize, now: i64) -> Vec<(String, String)> {
         ("id".into(), e.id),
         ("ts".into(), e.ts.to_string()),
     ];
-    if spread == Spread::Shipped {
+    if spread.is_shipped() {
         f.push(("user".into(), spread.user(i)));
     }
     f
