@@ -56,7 +56,8 @@
 --
 -- Redis does not roll back a script that fails half-way, so this one is in two phases.
 -- Phase 1 only reads: the stored settings, the watermark, the digest table's state and
--- every bucket the chunk's digests address (two HMGETs; the legacy ZSet's existence,
+-- every bucket the chunk's digests address (two HMGETs; the legacy ZSet's existence unless
+-- the table's `#c` rules it out,
 -- and while it exists the chunk's raw ids in it), every member's state (HMGET, ZMSCORE),
 -- every slice field it touches (one HMGET per slice) and the slice registry (one
 -- ZMSCORE). Each read also proves its key has the right type, and every stored value is
@@ -143,12 +144,16 @@ for e = 1, E do
 end
 if #live == 0 then return status end
 
-local remembered, legacy_refused = legacy_remembered(seen, with_ids, ids)
-if legacy_refused then return legacy_refused end
-
--- The digest table: its state and every bucket the chunk's digests address.
-local L, p, held, table_refused = table_state(table_key, 0)
+-- The digest table: its state and every bucket the chunk's digests address; the legacy
+-- ZSet looked up unless the table's `#c` says there is none (marked here as in fold.lua).
+local L, p, held, table_refused, clean, bucket0 = table_state(table_key, 0)
 if table_refused then return table_refused end
+local remembered, mark_clean = {}, false
+if not clean then
+  local legacy_refused
+  remembered, legacy_refused, mark_clean = legacy_remembered(seen, with_ids, ids)
+  if legacy_refused then return legacy_refused end
+end
 -- The live events' digests, end to end: the k-th at byte DIGEST * (k - 1) + 1, its bucket
 -- addr[k].
 local live_digests = table.concat(digests)
@@ -170,7 +175,7 @@ end
 -- The buckets that inserting every event of the chunk would split.
 splits_ahead(L, p, held + candidates, wanted, listed_bucket)
 local bucket_field = {}
-local buckets, buckets_refused = read_buckets(table_key, wanted, bucket_field)
+local buckets, buckets_refused = read_buckets(table_key, wanted, bucket_field, bucket0)
 if not buckets then return buckets_refused end
 -- found[k]: the table holds the k-th live event's digest.
 local found = {}
@@ -283,7 +288,8 @@ if #added > 0 then
     logs[s] = logs[s] or {}
     logs[s][#logs[s] + 1] = string.sub(d, 1, 4)
   end
-  write_table(table_key, L, p, held + #added, dirty, buckets, bucket_field, forgotten_through)
+  write_table(table_key, L, p, held + #added, dirty, buckets, bucket_field, forgotten_through,
+    mark_clean)
   for s, entries in pairs(logs) do variadic('RPUSH', log_key[s], entries) end
 end
 for _, view in ipairs(views) do

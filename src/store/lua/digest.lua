@@ -7,7 +7,8 @@
 -- by the caller) tagged with its slice number mod 2^32 (4 bytes, big-endian), in one Hash
 -- per instance (`seen:ids`) organised by linear hashing, so it stays compact at any size
 -- and every call's work is bounded: fields `#L` (level), `#p` (split pointer), `#n`
--- (entries held), and buckets named by their decimal address whose value is the
+-- (entries held), `#c` ('1' once a write found the instance holding no legacy `seen`
+-- ZSet, which no release since writes: fold.lua then looks for one no more), and buckets named by their decimal address whose value is the
 -- concatenation of their 20-byte entries. With h the first 4 bytes of a digest as a
 -- big-endian number, its bucket is h mod 2^L, or h mod 2^(L+1) when that is below p.
 -- After the inserts, while #n > LOAD * (2^L + p), bucket p is split: its entries with
@@ -33,15 +34,18 @@ end
 local function field_of(a) return string.format('%d', a) end
 
 -- The table's level, split pointer and entries held, each `absent` when the table has no
--- state; or, when its state is not three integers in range, three nils and the error.
+-- state, then nil, whether `#c` marks the instance free of the legacy ZSet, and bucket 0
+-- as stored (nil for none; read in the same HMGET: on a table of level 0 with no split,
+-- as every small instance's, it is the only bucket); or, when its state is not three
+-- integers in range, three nils and the error.
 local function table_state(table_key, absent)
-  local state = redis.call('HMGET', table_key, '#L', '#p', '#n')
-  if not (state[1] or state[2] or state[3]) then return absent, absent, absent end
+  local state = redis.call('HMGET', table_key, '#L', '#p', '#n', '#c', '0')
+  if not (state[1] or state[2] or state[3]) then return absent, absent, absent, nil, false, state[5] end
   local L, p, held = integer(state[1]), integer(state[2]), integer(state[3])
   if not L or not p or not held or L < 0 or L > 40 or p < 0 or p >= 2 ^ L or held < 0 then
     return nil, nil, nil, fail('corrupt: ' .. table_key .. ' state #L/#p/#n')
   end
-  return L, p, held
+  return L, p, held, nil, state[4] == '1', state[5]
 end
 
 -- The buckets of the keys at bytes from, from + step, ... to of `blob` (a digest, or a
@@ -79,24 +83,32 @@ local function splits_ahead(L, p, n, wanted, listed)
   end
 end
 
--- The buckets at the addresses `wanted`, in one HMGET: address -> value ('' for an empty
--- bucket), and the Hash field of each in `field` (address -> field, for the writes); or
--- nil and the error when one is not a whole number of entries.
-local function read_buckets(table_key, wanted, field)
-  local format, fields = string.format, {}
-  for i, a in ipairs(wanted) do
-    local f = format('%d', a) -- field_of(a)
-    fields[i] = f
-    field[a] = f
-  end
-  local values = variadic('HMGET', table_key, fields)
+-- The buckets at the addresses `wanted`, in one HMGET (none when bucket 0, already read
+-- by table_state as `bucket0`, is the only one): address -> value ('' for an empty bucket),
+-- and the Hash field of each in `field` (address -> field, for the writes); or nil and
+-- the error when one is not a whole number of entries.
+local function read_buckets(table_key, wanted, field, bucket0)
+  local format, fields, at = string.format, {}, {}
   local buckets = {}
-  for i, a in ipairs(wanted) do
-    local v = values[i] or ''
-    if #v % ENTRY ~= 0 then
-      return nil, fail('corrupt: ' .. table_key .. ' bucket ' .. fields[i] .. ' is ' .. #v .. ' bytes')
+  for _, a in ipairs(wanted) do
+    local f = format('%d', a) -- field_of(a)
+    field[a] = f
+    if a == 0 then
+      buckets[0] = bucket0 or ''
+    else
+      fields[#fields + 1] = f
+      at[#fields] = a
     end
-    buckets[a] = v
+  end
+  if #fields > 0 then
+    local values = variadic('HMGET', table_key, fields)
+    for i, a in ipairs(at) do buckets[a] = values[i] or '' end
+  end
+  for _, a in ipairs(wanted) do
+    local v = buckets[a]
+    if #v % ENTRY ~= 0 then
+      return nil, fail('corrupt: ' .. table_key .. ' bucket ' .. field[a] .. ' is ' .. #v .. ' bytes')
+    end
   end
   return buckets
 end
@@ -157,8 +169,9 @@ end
 -- `buckets` and `field` those read in phase 1 (read_buckets), and `held` the entries now
 -- held. Splits buckets while the table is over its load (bounded: at most one per LOAD
 -- inserts, and one more; every bucket a split touches was read and checked in phase 1),
--- then writes the changed buckets and the state.
-local function write_table(table_key, L, p, held, dirty, buckets, field, through)
+-- then writes the changed buckets and the state (with `#c` when `clean`: the caller found
+-- no legacy ZSet).
+local function write_table(table_key, L, p, held, dirty, buckets, field, through, clean)
   local byte, sub, format = string.byte, string.sub, string.format
   local size = 2 ^ L
   while held > LOAD * (size + p) do
@@ -190,5 +203,8 @@ local function write_table(table_key, L, p, held, dirty, buckets, field, through
     end
   end
   local state = { '#L', format('%d', L), '#p', format('%d', p), '#n', format('%d', held) }
+  if clean then
+    state[7], state[8] = '#c', '1'
+  end
   write_buckets(table_key, state, dirty, field)
 end

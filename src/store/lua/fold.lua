@@ -149,14 +149,19 @@ if live_count == 0 then
   return out
 end
 
-if legacy_held(seen) then
-  out[1] = 2
-  return out
-end
-
--- The digest table: its state and every bucket the live digests address.
-local L, p, held, table_refused = table_state(table_key, 0)
+-- The digest table: its state and every bucket the live digests address. Its `#c` says
+-- the instance holds no legacy ZSet; without it, that is looked up (and `#c` written with
+-- the table when there is none).
+local L, p, held, table_refused, clean, bucket0 = table_state(table_key, 0)
 if table_refused then return table_refused end
+local mark_clean = false
+if not clean then
+  if legacy_held(seen) then
+    out[1] = 2
+    return out
+  end
+  mark_clean = true
+end
 -- addr[k]: the bucket of the k-th digest of the blob (at byte DIGEST * (k - 1) + 1).
 local wanted, listed_bucket, addr = {}, {}, {}
 local remembered = 0
@@ -166,14 +171,18 @@ for s = 1, S do
     locate(blob, first[s], last[s], DIGEST, L, p, addr, wanted, listed_bucket)
   end
 end
--- The forget logs that will be appended to, read so that their type is checked too.
+-- The forget logs that will be appended to, read so that their type is checked too; all
+-- but the first live slice's, whose RPUSH is phase 2's first write (below).
+local unchecked = nil
 for s = 1, S do
-  if not late[s] then redis.call('LLEN', KEYS[8 + S + s]) end
+  if not late[s] then
+    if unchecked then redis.call('LLEN', KEYS[8 + S + s]) else unchecked = s end
+  end
 end
 -- The buckets the inserts would split.
 splits_ahead(L, p, held + remembered, wanted, listed_bucket)
 local bucket_field = {}
-local buckets, buckets_refused = read_buckets(table_key, wanted, bucket_field)
+local buckets, buckets_refused = read_buckets(table_key, wanted, bucket_field, bucket0)
 if not buckets then return buckets_refused end
 
 -- The duplicates among the live events.
@@ -287,28 +296,29 @@ for v = 1, V do
   end
 end
 
--- Phase 2: write. Every key's type and every value were checked above.
+-- Phase 2: write. Every key's type and every value were checked above, but the first
+-- live slice's forget log: its RPUSH comes first, so a key of the wrong type there fails
+-- the call before anything is written. Some slice is live here, so `remembered` > 0.
+-- dirty[a]: the new value of bucket a.
+local dirty = {}
+for s = 1, S do
+  if not late[s] then
+    local tag = tag_of(slice_no[s])
+    local log = {}
+    for i = first[s], last[s], DIGEST do
+      local a = addr[(i - 1) / DIGEST + 1]
+      dirty[a] = (dirty[a] or buckets[a]) .. sub(blob, i, i + DIGEST - 1) .. tag
+      log[#log + 1] = sub(blob, i, i + 3)
+    end
+    variadic('RPUSH', KEYS[8 + S + s], log)
+  end
+end
+write_table(table_key, L, p, held + remembered, dirty, buckets, bucket_field, forgotten_through,
+  mark_clean)
 pin_settings(meta, stored, settings)
 for v = 1, V do
   local view = narrower[v]
   if #view.touched > 0 then pin_settings(view.meta, view.stored, view.settings) end
-end
-if remembered > 0 then
-  -- dirty[a]: the new value of bucket a.
-  local dirty = {}
-  for s = 1, S do
-    if not late[s] then
-      local tag = tag_of(slice_no[s])
-      local log = {}
-      for i = first[s], last[s], DIGEST do
-        local a = addr[(i - 1) / DIGEST + 1]
-        dirty[a] = (dirty[a] or buckets[a]) .. sub(blob, i, i + DIGEST - 1) .. tag
-        log[#log + 1] = sub(blob, i, i + 3)
-      end
-      variadic('RPUSH', KEYS[8 + S + s], log)
-    end
-  end
-  write_table(table_key, L, p, held + remembered, dirty, buckets, bucket_field, forgotten_through)
 end
 
 local total, refs_new = write_groups(KEYS, 8, slices, touched, numbers, listed, by_slice, g_old,

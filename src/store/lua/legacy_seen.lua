@@ -14,11 +14,12 @@ local function legacy_held(seen)
 end
 
 -- For apply.lua, whose entries in the ZSet stay authoritative while it exists: the
--- forget-at time of each of the raw `ids` (false for an id it does not hold; none at all
--- without the ZSet); or nil and the `legacy-seen` error when it exists and the caller sent
--- no ids (`with_ids` false), so that the caller repeats the call with them.
+-- forget-at time of each of the raw `ids` (false for an id it does not hold; none at all,
+-- then nil and true, without the ZSet); or nil and the `legacy-seen` error when it exists
+-- and the caller sent no ids (`with_ids` false), so that the caller repeats the call with
+-- them.
 local function legacy_remembered(seen, with_ids, ids)
-  if not legacy_held(seen) then return {} end
+  if not legacy_held(seen) then return {}, nil, true end
   if not with_ids then return nil, fail('legacy-seen: ' .. seen .. ' still holds raw ids') end
   return variadic('ZMSCORE', seen, ids)
 end

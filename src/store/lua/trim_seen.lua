@@ -25,9 +25,9 @@ if ARGV[3] ~= '' then
   local tag = tag_of(tonumber(ARGV[3]))
   taken = redis.call('LRANGE', log_key, 0, tonumber(ARGV[4]) - 1)
   if #taken > 0 then
-    local L, p, table_refused
+    local L, p, table_refused, _, bucket0
     -- No table (or no state): nothing of the slice is held any more.
-    L, p, held, table_refused = table_state(table_key, nil)
+    L, p, held, table_refused, _, bucket0 = table_state(table_key, nil)
     if table_refused then return table_refused end
     if L then
       for _, h in ipairs(taken) do
@@ -36,7 +36,7 @@ if ARGV[3] ~= '' then
       local hashes = table.concat(taken)
       local wanted, addr = {}, {}
       locate(hashes, 1, #hashes, 4, L, p, addr, wanted, {})
-      local buckets, buckets_refused = read_buckets(table_key, wanted, field)
+      local buckets, buckets_refused = read_buckets(table_key, wanted, field, bucket0)
       if not buckets then return buckets_refused end
       for _, a in ipairs(wanted) do
         local v = buckets[a]

@@ -62,10 +62,12 @@ async fn restore_key(store: &Store, key: &str) {
     }
 }
 
-/// The keys a call of `apply.lua` for `events` reads or writes on this board.
+/// The keys a call of `apply.lua` for `events` reads or writes on this board, once an
+/// earlier call has written its digest table: not the legacy `seen` ZSet, which the table's
+/// `#c` then rules out.
 fn apply_keys(store: &Store, board: &Board, events: &[ApplyEvent]) -> Vec<String> {
     let k = store.instance(&board.widest(), None);
-    let mut keys = vec![k.meta(), k.members(), k.slices(), k.seen(), k.seen_table()];
+    let mut keys = vec![k.meta(), k.members(), k.slices(), k.seen_table()];
     match board.mode {
         Mode::Incremental => keys.push(k.result()),
         Mode::Resummarize => keys.push(k.totals()),

@@ -335,6 +335,62 @@ async fn an_instance_still_holding_the_old_seen_zset_counts_nothing_twice() {
     assert_matches(&store, &b.widest(), None, &model, end).await;
 }
 
+/// The digest table's `#c`: written by the first call that finds no legacy ZSet, after
+/// which calls no longer look for one; a table without it (as the previous release wrote
+/// it) still has the legacy ZSet looked up and honoured.
+#[tokio::test]
+async fn a_digest_table_marks_the_instance_free_of_the_old_seen_zset_once_it_found_none() {
+    let (_redis, store) = RedisServer::start_with_store("rb").await;
+    let b = board("mark", SLICE, 4);
+    let k = store.instance(&b.widest(), None);
+    let clean = |store: &Store| {
+        let table = k.seen_table();
+        let client = store.client().clone();
+        async move {
+            client
+                .hget::<Option<String>, _, _>(table, "#c")
+                .await
+                .unwrap()
+        }
+    };
+    let first = [ev("one", NOW - 10, "a", 5)];
+    assert_eq!(
+        apply_events(&store, &b, &first, NOW).await,
+        [Outcome::Applied]
+    );
+    assert_eq!(clean(&store).await.as_deref(), Some("1"));
+
+    // The mark taken away, as a table the previous release wrote; a legacy ZSet holding
+    // the next event's raw id: that event is a duplicate.
+    let _: i64 = store.client().hdel(k.seen_table(), "#c").await.unwrap();
+    let next = ev("two", NOW - 10, "a", 7);
+    let forget = b.forget_at(b.slice_of(next.ts));
+    let zadd = vec![Value::from(k.seen()), forget.into(), "two".into()];
+    let _: i64 = keyed(&store, "ZADD", zadd).await;
+    assert_eq!(
+        apply_events(&store, &b, &[next], NOW).await,
+        [Outcome::Duplicate]
+    );
+    assert_eq!(
+        clean(&store).await,
+        None,
+        "no mark while the legacy ZSet exists"
+    );
+    // Once the legacy ZSet is gone, the next call marks the table again and counts.
+    let _: i64 = store.client().del(k.seen()).await.unwrap();
+    let third = [ev("three", NOW - 10, "a", 11)];
+    assert_eq!(
+        apply_events(&store, &b, &third, NOW).await,
+        [Outcome::Applied]
+    );
+    assert_eq!(clean(&store).await.as_deref(), Some("1"));
+    let mut model = Instance::default();
+    for e in [&first[0], &third[0]] {
+        model.apply(&b.widest(), e, NOW);
+    }
+    assert_matches(&store, &b.widest(), None, &model, NOW).await;
+}
+
 fn seen_count(outcomes: &[Outcome]) -> usize {
     outcomes.iter().filter(|o| **o == Outcome::Applied).count()
 }

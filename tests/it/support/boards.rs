@@ -81,8 +81,8 @@ pub fn variants(slice: i64, n: i64) -> Vec<Board> {
     vec![inc, inc_neg, res, res_neg]
 }
 
-/// Every key under an unscoped board's hash tag with its DUMP, to prove a call wrote
-/// nothing.
+/// Every key under an unscoped board's hash tag with its content ([`dump`]), to prove a
+/// call wrote nothing.
 pub async fn snapshot(store: &Store, board: &Board) -> std::collections::BTreeMap<String, Vec<u8>> {
     let pattern = under(&instance(&board.name, None), "*");
     let mut out = std::collections::BTreeMap::new();
@@ -106,9 +106,36 @@ pub async fn keys_matching(store: &Store, pattern: &str) -> Vec<String> {
         .expect("keys")
 }
 
-/// The `DUMP` of `key`.
+/// What `key` holds, to compare by content: its `DUMP`, but for a Hash its fields and
+/// values in byte order (the `DUMP` of a hashtable-encoded Hash lists its fields in the
+/// table's order, which a read can change while the table is being rehashed, and Valkey
+/// orders them its own way).
 pub async fn dump(store: &Store, key: &str) -> Vec<u8> {
     use fred::types::{ClusterHash, CustomCommand};
+    let kind: String = store
+        .client()
+        .custom(
+            CustomCommand::new_static("TYPE", ClusterHash::FirstKey, false),
+            vec![key],
+        )
+        .await
+        .expect("type");
+    if kind == "hash" {
+        let flat: Vec<fred::types::Value> = store
+            .client()
+            .custom(
+                CustomCommand::new_static("HGETALL", ClusterHash::FirstKey, false),
+                vec![key],
+            )
+            .await
+            .expect("hgetall");
+        let bytes = |v: &fred::types::Value| v.as_bytes().map(<[u8]>::to_vec).unwrap_or_default();
+        let fields: std::collections::BTreeMap<Vec<u8>, Vec<u8>> = flat
+            .chunks(2)
+            .map(|pair| (bytes(&pair[0]), bytes(&pair[pair.len() - 1])))
+            .collect();
+        return format!("hash {fields:?}").into_bytes();
+    }
     let dump: fred::types::Value = store
         .client()
         .custom(
