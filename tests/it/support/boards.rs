@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use fred::prelude::*;
 use rollboard::domain::board::{Board, Dedup, Mode, TieBreak, View};
+use rollboard::domain::ranking::MemberRank;
 use rollboard::roll::{self, Job};
 use rollboard::store::{ApplyEvent, Outcome, StageTargets, Staged, Store};
 use tokio_util::sync::CancellationToken;
@@ -298,13 +299,25 @@ pub fn entry(id: &str, fields: &[(&str, &str)]) -> rollboard::ingest::stream::En
     }
 }
 
+/// What `rank` answers for `member` on the unscoped instance in the window `view` at `now`.
+pub async fn rank_of(store: &Store, view: &View<'_>, member: &str, now: i64) -> MemberRank {
+    store.rank(view, None, member, now).await.expect("rank")
+}
+
 /// The total of `member` on the unscoped instance in the window `view` at `now`.
 pub async fn total_at(store: &Store, view: &View<'_>, member: &str, now: i64) -> Option<i64> {
-    store
-        .rank(view, None, member, now)
-        .await
-        .expect("rank")
-        .total
+    rank_of(store, view, member, now).await.total
+}
+
+/// The rank of `member` on the unscoped instance in the window `view` at `now`.
+pub async fn rank_at(store: &Store, view: &View<'_>, member: &str, now: i64) -> Option<u64> {
+    rank_of(store, view, member, now).await.rank
+}
+
+/// How many members the instance `scope` of `view` ranks at `now` (the count of a `top`).
+pub async fn count_at(store: &Store, view: &View<'_>, scope: Option<&str>, now: i64) -> u64 {
+    let page = store.top(view, scope, 0, 10, now).await.expect("top");
+    page.envelope.count
 }
 
 /// Redis's clock (`TIME`), in epoch ms: the time rollboard judges by.
