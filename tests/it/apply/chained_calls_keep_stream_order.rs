@@ -12,7 +12,7 @@ use rollboard::roll::{self, Report};
 use rollboard::store::{fold_call, fold_chunks, ApplyEvent, Outcome, Reconnect, Store, StoreError};
 use tokio_util::sync::CancellationToken;
 
-use crate::support::boards::{apply_events, ev, snapshot};
+use crate::support::boards::{apply_events, ev, snapshot, with_fresh_store};
 use crate::support::instances::{assert_same_contents, contents, shaped, twin};
 use crate::support::proxy::Proxy;
 use crate::support::redis::{fcall, fcall_calls, function_name, RedisServer};
@@ -396,8 +396,7 @@ async fn two_stores_chaining_on_one_instance_count_each_id_once_and_finish() {
 /// sent again, possibly out of order; the calls still take effect in order, and only once.
 #[tokio::test]
 async fn a_chain_after_function_flush_reloads_and_applies_in_order() {
-    let (redis, store) = RedisServer::start_with_store("rb").await;
-    let board = shaped(0);
+    let (redis, store, board) = with_fresh_store(shaped(0)).await;
     let control = twin(&board);
     let mut events = numbered("s", 40, NOW - 900);
     // Call 30 opens with a second copy of an id of call 2, for another member: the first
@@ -537,8 +536,7 @@ async fn late_duplicate_and_overflowing_calls_mid_chain_agree_with_calls_in_turn
 /// token.
 #[tokio::test]
 async fn an_all_late_chain_counts_nothing() {
-    let (_redis, store) = RedisServer::start_with_store("rb").await;
-    let board = shaped(0);
+    let (_redis, store, board) = with_fresh_store(shaped(0)).await;
     let events = segments(&["a", "b", "c"], NOW - 10 * SLICE);
     assert_calls(&board, &events, 3);
     let got = apply_events(&store, &board, &events, NOW).await;
@@ -559,8 +557,7 @@ async fn an_all_late_chain_counts_nothing() {
 /// of a chain runs whatever it holds.
 #[tokio::test]
 async fn a_chain_field_set_by_hand_does_not_hold_a_batch_back() {
-    let (_redis, store) = RedisServer::start_with_store("rb").await;
-    let board = shaped(1);
+    let (_redis, store, board) = with_fresh_store(shaped(1)).await;
     let control = twin(&board);
     let k = store.instance(&board.widest(), None);
     for (round, value) in ["garbage", "", "0000000000000000"].iter().enumerate() {
@@ -588,8 +585,7 @@ async fn a_chain_field_set_by_hand_does_not_hold_a_batch_back() {
 /// is written.
 #[tokio::test]
 async fn a_meta_key_of_the_wrong_type_fails_the_chain_writing_nothing() {
-    let (_redis, store) = RedisServer::start_with_store("rb").await;
-    let board = shaped(0);
+    let (_redis, store, board) = with_fresh_store(shaped(0)).await;
     let control = twin(&board);
     for b in [&board, &control] {
         let _: () = store
@@ -621,8 +617,7 @@ async fn a_meta_key_of_the_wrong_type_fails_the_chain_writing_nothing() {
 /// legacy ZSet holds are duplicates, in every call after.
 #[tokio::test]
 async fn a_legacy_seen_zset_found_mid_chain_is_honoured_from_there() {
-    let (redis, store) = RedisServer::start_with_store("rb").await;
-    let board = shaped(0);
+    let (redis, store, board) = with_fresh_store(shaped(0)).await;
     let control = twin(&board);
     let live = NOW - 200;
     let mut events = segment("a", NOW - 10 * SLICE, 1);
@@ -865,8 +860,7 @@ async fn two_chains_on_one_connection_count_each_id_once_and_finish() {
 /// goes through once memory is back.
 #[tokio::test]
 async fn at_maxmemory_a_redelivered_chain_fails_as_calls_in_turn_do() {
-    let (redis, store) = RedisServer::start_with_store("rb").await;
-    let board = shaped(0);
+    let (redis, store, board) = with_fresh_store(shaped(0)).await;
     let control = twin(&board);
     let events = segments(&["a", "b", "c"], NOW - 100);
     let mut late = segments(&["x", "y"], NOW - 10 * SLICE);

@@ -380,6 +380,13 @@ pub fn resummarize(name: &str, slice: i64, n: i64) -> Board {
     b
 }
 
+/// A fresh redis-server, a store on it (key prefix `rb`) and `board`: a test's start-up
+/// in one call.
+pub async fn with_fresh_store(board: Board) -> (RedisServer, Store, Board) {
+    let (redis, store) = RedisServer::start_with_store("rb").await;
+    (redis, store, board)
+}
+
 /// A fresh server, a store, a [`resummarize`] board and the start of the slice holding [`T0`].
 pub async fn resummarize_at_t0(name: &str, slice: i64, n: i64) -> (RedisServer, Store, Board, i64) {
     let (redis, store) = RedisServer::start_with_store("rb").await;
