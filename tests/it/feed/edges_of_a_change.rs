@@ -12,7 +12,7 @@ use rollboard::store::{ApplyEvent, Outcome, Store};
 
 use crate::support::asserts::{assert_verified, ranked};
 use crate::support::boards::{
-    apply_events, board, ev, roll_board, row, with_fresh_store, RANKING, T0,
+    apply_events, board, ev, raise_for_roll_at, roll_board, row, with_fresh_store, RANKING, T0,
 };
 use crate::support::feed::{changes_after, expected_changes, replay, Change};
 use crate::support::proxy::Proxy;
@@ -101,6 +101,14 @@ fn tips(prefix: &str, now: i64, rows: &[(&str, i64)]) -> Vec<ApplyEvent> {
     rows.iter()
         .enumerate()
         .map(|(i, &(m, a))| ev(&format!("{prefix}{i}"), now, m, a))
+        .collect()
+}
+
+/// Part `part` of a hundred tips `<prefix><i>` to the members `m000` to `m099`, 25 a part,
+/// tip `i` of `amount(i)`, all at `now`.
+fn part_of_100(prefix: &str, part: i64, now: i64, amount: impl Fn(i64) -> i64) -> Vec<ApplyEvent> {
+    (25 * part..25 * part + 25)
+        .map(|i| ev(&format!("{prefix}{i}"), now, &format!("m{i:03}"), amount(i)))
         .collect()
 }
 
@@ -353,14 +361,6 @@ async fn the_stream_holds_exactly_changes_max_len_entries() {
     assert_eq!(changes.last().expect("one").total, totals[1]);
 }
 
-/// Part `part` of a hundred tips `<prefix><i>` to the members `m000` to `m099`, 25 a part,
-/// tip `i` of `amount(i)`, all at `now`.
-fn part_of_100(prefix: &str, part: i64, now: i64, amount: impl Fn(i64) -> i64) -> Vec<ApplyEvent> {
-    (25 * part..25 * part + 25)
-        .map(|i| ev(&format!("{prefix}{i}"), now, &format!("m{i:03}"), amount(i)))
-        .collect()
-}
-
 /// A top of 100, and 25 members from its bottom jumping to its head in one call: 25 × 75
 /// `passed` entries in that call, exact and replayable.
 #[tokio::test]
@@ -492,11 +492,7 @@ async fn a_roll_split_across_calls_records_each_calls_change() {
     r.step("tip", now).await;
     r.tip("b", now, &[("dave", 1), ("bob", 1)]).await;
     let later = now + 2 * SLICE;
-    let target = b.slice_of(later) - b.widest().slices_in_window();
-    let (_, dead) = store
-        .raise_watermark(&b.widest(), None, target, later)
-        .await
-        .expect("watermark");
+    let (_, dead) = raise_for_roll_at(&store, &b, None, later).await;
     assert_eq!(dead, vec![b.slice_of(old)]);
     for member in ["alice", "dave"] {
         store

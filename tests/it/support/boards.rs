@@ -320,6 +320,22 @@ pub async fn count_at(store: &Store, view: &View<'_>, scope: Option<&str>, now: 
     page.envelope.count
 }
 
+/// Raises the watermark of `board`'s instance `scope` to where a roll at `now` puts it (the
+/// slice of `now` less a window's slices), as a roll's first step: the watermark and the
+/// slices that died.
+pub async fn raise_for_roll_at(
+    store: &Store,
+    board: &Board,
+    scope: Option<&str>,
+    now: i64,
+) -> (i64, Vec<i64>) {
+    let target = board.slice_of(now) - board.widest().slices_in_window();
+    store
+        .raise_watermark(&board.widest(), scope, target, now)
+        .await
+        .expect("raise the watermark")
+}
+
 /// Redis's clock (`TIME`), in epoch ms: the time rollboard judges by.
 pub async fn redis_now(store: &Store) -> i64 {
     store.time_ms().await.expect("TIME")
