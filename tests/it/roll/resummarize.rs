@@ -4,7 +4,7 @@
 
 use fred::prelude::*;
 use rollboard::roll;
-use rollboard::store::{ApplyEvent, Outcome};
+use rollboard::store::ApplyEvent;
 
 use crate::support::asserts::{assert_no_scratch, assert_verified, verify_differences};
 use crate::support::boards::{
@@ -107,10 +107,7 @@ async fn a_resummarize_instance_that_did_not_change_keeps_its_ranking_without_a_
     let (redis, store, b, s0) = resummarize_at_t0("res", HOUR, 3).await;
     let mut model = Instance::default();
     let apply = async |model: &mut Instance, events: &[ApplyEvent], now: i64| {
-        let expected: Vec<Outcome> = events
-            .iter()
-            .map(|e| model.apply(&b.widest(), e, now))
-            .collect();
+        let expected = model.apply_all(&b.widest(), events, now);
         assert_eq!(apply_events(&store, &b, events, now).await, expected);
     };
     let run = async |now: i64| {

@@ -4,7 +4,7 @@
 
 use rollboard::domain::board::TieBreak;
 use rollboard::roll;
-use rollboard::store::{ApplyEvent, Outcome, SwapCheck};
+use rollboard::store::{ApplyEvent, SwapCheck};
 
 use crate::support::asserts::assert_no_scratch;
 use crate::support::boards::{
@@ -358,10 +358,7 @@ async fn two_replicas_racing_with_ingest_end_equal_to_the_model() {
                 )
             })
             .collect();
-        let expected: Vec<Outcome> = events
-            .iter()
-            .map(|e| model.apply(&b.widest(), e, now + 5))
-            .collect();
+        let expected = model.apply_all(&b.widest(), &events, now + 5);
         let (x, y, applied) = tokio::join!(
             roll_board(&one, &b, now + 5),
             roll_board(&two, &b, now + 5),

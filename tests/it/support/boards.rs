@@ -435,10 +435,7 @@ pub async fn apply_scoped_model(
     events: &[ApplyEvent],
     now: i64,
 ) {
-    let expected: Vec<Outcome> = events
-        .iter()
-        .map(|e| model.apply(&b.widest(), e, now))
-        .collect();
+    let expected = model.apply_all(&b.widest(), events, now);
     assert_eq!(store.apply(b, scope, events, now).await.unwrap(), expected);
 }
 
