@@ -16,7 +16,7 @@ use crate::support::boards::{
 };
 use crate::support::events::cycled_events;
 use crate::support::instances::{assert_same_contents, contents, shaped, twin};
-use crate::support::proptests::run_cases_threaded;
+use crate::support::proptests::{run_cases_threaded, threaded_runtime_with_store};
 use crate::support::redis::{fcall, RedisServer};
 
 const SLICE: i64 = 1_000;
@@ -329,10 +329,8 @@ async fn one_fold_call_writes_every_window_its_events_count_in() {
 /// mixing new and seen ids is judged event by event: both exact.
 #[test]
 fn redelivery_and_mixed_batches_count_once() {
-    let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let redis = RedisServer::start();
+    let (rt, _redis, store) = threaded_runtime_with_store();
     rt.block_on(async {
-        let store = redis.store("rb").await;
         let board = variants(SLICE, N)[0].clone();
         let events = cycled_events("t", 500, NOW, SLICE, 3);
         let first = apply_events(&store, &board, &events, NOW).await;
@@ -439,10 +437,8 @@ fn a_batch_cut_short_at_any_point_and_redelivered_counts_once() {
 /// once, and the instance holds what one pass over the events in order leaves.
 #[test]
 fn concurrent_overlapping_batches_count_each_id_once() {
-    let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let redis = RedisServer::start();
+    let (rt, _redis, store) = threaded_runtime_with_store();
     rt.block_on(async {
-        let store = redis.store("rb").await;
         for shape in 0..8 {
             let board = shaped(shape);
             let once = twin(&board);
