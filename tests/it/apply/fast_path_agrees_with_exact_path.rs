@@ -15,7 +15,7 @@ use crate::support::boards::{
     apply_events, ev, set_string, snapshot, total_at, variants, with_fresh_store,
 };
 use crate::support::events::cycled_events;
-use crate::support::instances::{assert_same_contents, contents, shaped, twin};
+use crate::support::instances::{assert_same_contents, contents, shaped, shaped_and_twin, twin};
 use crate::support::proptests::{run_cases_threaded, threaded_runtime_with_store};
 use crate::support::redis::{fcall, RedisServer};
 
@@ -556,8 +556,7 @@ async fn members_written_by_an_older_version_are_read_as_before() {
     use rollboard::roll::{self, Job};
     let (_redis, store) = RedisServer::start_with_store("rb").await;
     for shape in 0..4 {
-        let board = shaped(shape);
-        let control = twin(&board);
+        let (board, control) = shaped_and_twin(shape);
         let first: Vec<ApplyEvent> = (0..60)
             .map(|i| {
                 let member = format!("m{}", i % 13);
@@ -640,8 +639,7 @@ async fn members_written_by_an_older_version_are_read_as_before() {
 async fn a_slow_call_holds_back_the_calls_chained_after_it() {
     let (_redis, store) = RedisServer::start_with_store("rb").await;
     for shape in 0..4 {
-        let board = shaped(shape);
-        let control = twin(&board);
+        let (board, control) = shaped_and_twin(shape);
         // Three calls of distinct members; the second one opens with the id of an event of
         // the first, another member and amount.
         let mut events: Vec<ApplyEvent> = (0..25)

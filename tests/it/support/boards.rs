@@ -396,11 +396,11 @@ pub fn resummarize(name: &str, slice: i64, n: i64) -> Board {
     b
 }
 
-/// A fresh redis-server, a store on it (key prefix `rb`) and `board`: a test's start-up
-/// in one call.
-pub async fn with_fresh_store(board: Board) -> (RedisServer, Store, Board) {
+/// A fresh redis-server, a store on it (key prefix `rb`) and `boards` (a board, or a
+/// board and its twin, …): a test's start-up in one call.
+pub async fn with_fresh_store<B>(boards: B) -> (RedisServer, Store, B) {
     let (redis, store) = RedisServer::start_with_store("rb").await;
-    (redis, store, board)
+    (redis, store, boards)
 }
 
 /// A fresh server, a store, a [`resummarize`] board and the start of the slice holding [`T0`].
