@@ -14,8 +14,7 @@ use crate::support::asserts::{
     assert_metrics, assert_state, assert_verified, ranked, verify_differences,
 };
 use crate::support::boards::{apply_events, ev, roll_all, set_string, snapshot, test_boards};
-use crate::support::config::config_for;
-use crate::support::daemon::Daemon;
+use crate::support::daemon::daemon_with;
 use crate::support::events::{models_of_entries, stream_entries, xadd_all, Fields};
 use crate::support::keys::{dead_letter_stream, intake_stream};
 use crate::support::model::{assert_matches, assert_rolled_and_verified, Instance};
@@ -122,10 +121,7 @@ async fn a_failed_apply_of_new_members_writes_nothing() {
                 let _: i64 = store.client().del(&key).await.expect("del");
                 restore_saved(&store, &key).await;
             }
-            let expected: Vec<Outcome> = events
-                .iter()
-                .map(|e| model.apply(&b.widest(), e, NOW))
-                .collect();
+            let expected = model.apply_all(&b.widest(), &events, NOW);
             let got = apply_events(&store, &b, &events, NOW).await;
             if got != expected {
                 // Listed for the report; a resummarize ranking also lags until its next roll.
@@ -234,10 +230,7 @@ async fn long_instances_across_apply_calls_equal_the_model_through_every_roll() 
             let events = long_instance(&b);
             assert!(events.len() > 2 * APPLY_CHUNK);
             let mut model = Instance::default();
-            let expected: Vec<Outcome> = events
-                .iter()
-                .map(|e| model.apply(&b.widest(), e, NOW))
-                .collect();
+            let expected = model.apply_all(&b.widest(), &events, NOW);
             let got = apply_events(&store, &b, &events, NOW).await;
             if let Some(i) = (0..events.len()).find(|&i| got[i] != expected[i]) {
                 panic!(
@@ -256,10 +249,7 @@ async fn long_instances_across_apply_calls_equal_the_model_through_every_roll() 
             assert_model(&store, &b, &mut model, NOW, chunk).await;
             // Redelivered as a whole: what was applied is a duplicate now, and an event
             // that overflowed is judged again against the new totals.
-            let expected: Vec<Outcome> = events
-                .iter()
-                .map(|e| model.apply(&b.widest(), e, NOW))
-                .collect();
+            let expected = model.apply_all(&b.widest(), &events, NOW);
             let again = apply_events(&store, &b, &events, NOW).await;
             assert_eq!(again, expected, "{}: redelivered", b.name);
             assert_model(&store, &b, &mut model, NOW, chunk).await;
@@ -353,9 +343,8 @@ fn tips(from: usize, to: usize, now: i64) -> Vec<Fields> {
 
 #[tokio::test]
 async fn a_broken_scoped_instance_is_dead_lettered_and_its_replay_counts_once() {
-    let (redis, store) = RedisServer::start_with_store("rb").await;
-    let (_dir, port, config) = config_for(&redis, "a", "");
-    let daemon = Daemon::start(&config, port).await;
+    let (redis, _dir, daemon, _config) = daemon_with("").await;
+    let store = redis.store("rb").await;
     let boards = test_boards();
     let now = rollboard::domain::clock::local_ms();
     // r1's instance holds data first (an empty instance is cleaned up by the next roll,
@@ -438,9 +427,8 @@ async fn a_broken_scoped_instance_is_dead_lettered_and_its_replay_counts_once() 
 // dead letters were all duplicates and their money never reached the ranking.
 #[tokio::test]
 async fn a_board_whose_result_key_is_broken_dead_letters_its_events() {
-    let (redis, store) = RedisServer::start_with_store("rb").await;
-    let (_dir, port, config) = config_for(&redis, "a", "");
-    let daemon = Daemon::start(&config, port).await;
+    let (redis, _dir, daemon, _config) = daemon_with("").await;
+    let store = redis.store("rb").await;
     let boards = test_boards();
     let tips_24h = &boards[2];
     let now = rollboard::domain::clock::local_ms();

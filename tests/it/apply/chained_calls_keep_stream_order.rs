@@ -12,8 +12,8 @@ use rollboard::roll::{self, Report};
 use rollboard::store::{fold_call, fold_chunks, ApplyEvent, Outcome, Reconnect, Store, StoreError};
 use tokio_util::sync::CancellationToken;
 
-use crate::support::boards::{apply_events, ev, snapshot};
-use crate::support::instances::{assert_same_contents, contents, shaped, twin};
+use crate::support::boards::{apply_events, ev, snapshot, with_fresh_store};
+use crate::support::instances::{assert_same_contents, contents, shaped, shaped_and_twin, twin};
 use crate::support::proxy::Proxy;
 use crate::support::redis::{fcall, fcall_calls, function_name, RedisServer};
 
@@ -39,6 +39,28 @@ async fn in_turn(
         }
     }
     (out, None)
+}
+
+/// `events` applied to `board` at [`NOW`] through `a` and `b` at once, both calls' results;
+/// fails the test unless both finish within 20 s (a livelock).
+async fn at_once(
+    a: &Store,
+    b: &Store,
+    board: &Board,
+    events: &[ApplyEvent],
+) -> (
+    Result<Vec<Outcome>, StoreError>,
+    Result<Vec<Outcome>, StoreError>,
+) {
+    let both = async {
+        tokio::join!(
+            a.apply(board, None, events, NOW),
+            b.apply(board, None, events, NOW)
+        )
+    };
+    tokio::time::timeout(Duration::from_secs(20), both)
+        .await
+        .expect("a livelock: the two chains never finished")
 }
 
 /// One segment: `SEG` events of distinct members `{tag}m{i}`, ids `{tag}{i}`, at `ts + i`.
@@ -209,8 +231,7 @@ async fn roll_at(store: &Store, board: &Board, now: i64) {
 async fn a_roll_between_two_chained_calls_is_seen_as_between_them() {
     let (_redis, store) = RedisServer::start_with_store("rb").await;
     for shape in 0..4 {
-        let board = shaped(shape);
-        let control = twin(&board);
+        let (board, control) = shaped_and_twin(shape);
         let k = store.instance(&board.widest(), None);
         let fingerprint = board.widest().fingerprint();
         // Events across slices 997..1000; the roll at NOW + 2 slices expires 997 and 998.
@@ -347,8 +368,7 @@ async fn two_stores_chaining_on_one_instance_count_each_id_once_and_finish() {
     let a = redis.store("rb").await;
     let b = redis.store("rb").await;
     for shape in [0, 1, 2, 3, 5] {
-        let board = shaped(shape);
-        let control = twin(&board);
+        let (board, control) = shaped_and_twin(shape);
         for round in 0..4 {
             let calls: u64 = 10;
             let events = numbered(
@@ -357,14 +377,7 @@ async fn two_stores_chaining_on_one_instance_count_each_id_once_and_finish() {
                 NOW - 300 + round * 10,
             );
             let before = fcall_calls(&redis);
-            let (x, y) = tokio::time::timeout(Duration::from_secs(20), async {
-                tokio::join!(
-                    a.apply(&board, None, &events, NOW),
-                    b.apply(&board, None, &events, NOW)
-                )
-            })
-            .await
-            .expect("a livelock: the two chains never finished");
+            let (x, y) = at_once(&a, &b, &board, &events).await;
             let sent = fcall_calls(&redis) - before;
             let (x, y) = (x.expect("a"), y.expect("b"));
             for (i, (p, q)) in x.iter().zip(&y).enumerate() {
@@ -396,9 +409,7 @@ async fn two_stores_chaining_on_one_instance_count_each_id_once_and_finish() {
 /// sent again, possibly out of order; the calls still take effect in order, and only once.
 #[tokio::test]
 async fn a_chain_after_function_flush_reloads_and_applies_in_order() {
-    let (redis, store) = RedisServer::start_with_store("rb").await;
-    let board = shaped(0);
-    let control = twin(&board);
+    let (redis, store, (board, control)) = with_fresh_store(shaped_and_twin(0)).await;
     let mut events = numbered("s", 40, NOW - 900);
     // Call 30 opens with a second copy of an id of call 2, for another member: the first
     // copy must win.
@@ -438,8 +449,7 @@ async fn a_chain_after_function_flush_reloads_and_applies_in_order() {
 async fn a_long_chain_with_one_call_in_flight_finishes_and_agrees() {
     let redis = RedisServer::start();
     let store = redis.store("rb").await.with_calls_in_flight(1);
-    let board = shaped(2);
-    let control = twin(&board);
+    let (board, control) = shaped_and_twin(2);
     let events = numbered("q", 35, NOW - 700);
     let got = tokio::time::timeout(
         Duration::from_secs(20),
@@ -462,8 +472,7 @@ async fn a_long_chain_with_one_call_in_flight_finishes_and_agrees() {
 async fn late_duplicate_and_overflowing_calls_mid_chain_agree_with_calls_in_turn() {
     let (_redis, store) = RedisServer::start_with_store("rb").await;
     for shape in 0..8 {
-        let board = shaped(shape);
-        let control = twin(&board);
+        let (board, control) = shaped_and_twin(shape);
         let live = NOW - 300;
         let near = MAX_TOTAL - 40;
         let mut events = Vec::new();
@@ -537,8 +546,7 @@ async fn late_duplicate_and_overflowing_calls_mid_chain_agree_with_calls_in_turn
 /// token.
 #[tokio::test]
 async fn an_all_late_chain_counts_nothing() {
-    let (_redis, store) = RedisServer::start_with_store("rb").await;
-    let board = shaped(0);
+    let (_redis, store, board) = with_fresh_store(shaped(0)).await;
     let events = segments(&["a", "b", "c"], NOW - 10 * SLICE);
     assert_calls(&board, &events, 3);
     let got = apply_events(&store, &board, &events, NOW).await;
@@ -559,9 +567,7 @@ async fn an_all_late_chain_counts_nothing() {
 /// of a chain runs whatever it holds.
 #[tokio::test]
 async fn a_chain_field_set_by_hand_does_not_hold_a_batch_back() {
-    let (_redis, store) = RedisServer::start_with_store("rb").await;
-    let board = shaped(1);
-    let control = twin(&board);
+    let (_redis, store, (board, control)) = with_fresh_store(shaped_and_twin(1)).await;
     let k = store.instance(&board.widest(), None);
     for (round, value) in ["garbage", "", "0000000000000000"].iter().enumerate() {
         let _: () = store
@@ -588,9 +594,7 @@ async fn a_chain_field_set_by_hand_does_not_hold_a_batch_back() {
 /// is written.
 #[tokio::test]
 async fn a_meta_key_of_the_wrong_type_fails_the_chain_writing_nothing() {
-    let (_redis, store) = RedisServer::start_with_store("rb").await;
-    let board = shaped(0);
-    let control = twin(&board);
+    let (_redis, store, (board, control)) = with_fresh_store(shaped_and_twin(0)).await;
     for b in [&board, &control] {
         let _: () = store
             .client()
@@ -621,9 +625,7 @@ async fn a_meta_key_of_the_wrong_type_fails_the_chain_writing_nothing() {
 /// legacy ZSet holds are duplicates, in every call after.
 #[tokio::test]
 async fn a_legacy_seen_zset_found_mid_chain_is_honoured_from_there() {
-    let (redis, store) = RedisServer::start_with_store("rb").await;
-    let board = shaped(0);
-    let control = twin(&board);
+    let (redis, store, (board, control)) = with_fresh_store(shaped_and_twin(0)).await;
     let live = NOW - 200;
     let mut events = segment("a", NOW - 10 * SLICE, 1);
     events.extend(segment("b", live, 1));
@@ -700,18 +702,16 @@ async fn a_slow_call_then_a_failing_call_stop_where_the_calls_in_turn_stop() {
         assert!(err.to_string().contains("corrupt"), "{err}");
         assert_eq!(done.len(), failing * SEG);
         assert_same_contents(&store, &board, &control, &format!("case {case}")).await;
-        let counted: Option<String> = store
-            .client()
-            .hget(store.instance(&board.widest(), None).members(), "am0")
-            .await
-            .expect("HGET");
-        assert!(counted.is_some(), "call 0 not counted");
-        let after: Option<String> = store
-            .client()
-            .hget(store.instance(&board.widest(), None).members(), "dm0")
-            .await
-            .expect("HGET");
-        assert!(after.is_none(), "a call after the failing one ran");
+        // The tie-break time `members` records for `member`, when it counted.
+        let time_of = async |member: &str| -> Option<String> {
+            let members = store.instance(&board.widest(), None).members();
+            store.client().hget(members, member).await.expect("HGET")
+        };
+        assert!(time_of("am0").await.is_some(), "call 0 not counted");
+        assert!(
+            time_of("dm0").await.is_none(),
+            "a call after the failing one ran"
+        );
     }
 }
 
@@ -777,8 +777,7 @@ async fn a_chain_across_a_cluster_failover_counts_each_event_once() {
     use crate::support::cluster::{cli, RedisCluster};
     let cluster = RedisCluster::start();
     let store = cluster.store().await;
-    let board = shaped(0);
-    let control = twin(&board);
+    let (board, control) = shaped_and_twin(0);
     for b in [&board, &control] {
         apply_events(&store, b, &[ev("w", NOW - 10, "w", 1)], NOW).await;
     }
@@ -832,18 +831,10 @@ async fn two_chains_on_one_connection_count_each_id_once_and_finish() {
     let store = Store::connect(&redis.url(), "rb", 1, Reconnect::Never)
         .await
         .expect("connect");
-    let board = shaped(1);
-    let control = twin(&board);
+    let (board, control) = shaped_and_twin(1);
     for round in 0..4 {
         let events = numbered(&format!("o{round}s"), 12, NOW - 200 + round * 10);
-        let (x, y) = tokio::time::timeout(Duration::from_secs(20), async {
-            tokio::join!(
-                store.apply(&board, None, &events, NOW),
-                store.apply(&board, None, &events, NOW)
-            )
-        })
-        .await
-        .expect("a livelock: the two chains never finished");
+        let (x, y) = at_once(&store, &store, &board, &events).await;
         let (x, y) = (x.expect("x"), y.expect("y"));
         for (i, (p, q)) in x.iter().zip(&y).enumerate() {
             assert!(
@@ -865,9 +856,7 @@ async fn two_chains_on_one_connection_count_each_id_once_and_finish() {
 /// goes through once memory is back.
 #[tokio::test]
 async fn at_maxmemory_a_redelivered_chain_fails_as_calls_in_turn_do() {
-    let (redis, store) = RedisServer::start_with_store("rb").await;
-    let board = shaped(0);
-    let control = twin(&board);
+    let (redis, store, (board, control)) = with_fresh_store(shaped_and_twin(0)).await;
     let events = segments(&["a", "b", "c"], NOW - 100);
     let mut late = segments(&["x", "y"], NOW - 10 * SLICE);
     late.extend(segment("z", NOW - 10 * SLICE, 1));

@@ -5,7 +5,7 @@
 use fred::prelude::*;
 use proptest::prelude::*;
 use rollboard::domain::board::{Board, Mode};
-use rollboard::store::{ApplyEvent, Outcome, Store};
+use rollboard::store::{ApplyEvent, Store};
 
 use crate::support::asserts::verify_differences;
 use crate::support::boards::{apply_events, ev, roll_once, snapshot};
@@ -130,10 +130,7 @@ async fn an_apply_that_fails_on_any_key_writes_nothing_and_its_retry_counts_ever
                 assert_eq!(snapshot(&store, &board).await, before);
                 calls += 1;
             }
-            let expected: Vec<Outcome> = second
-                .iter()
-                .map(|e| model.apply(&board.widest(), e, NOW))
-                .collect();
+            let expected = model.apply_all(&board.widest(), &second, NOW);
             let got = apply_events(&store, &board, &second, NOW).await;
             assert_eq!(got, expected, "seed {seed} {}", board.name);
             assert_model(&store, &board, &mut model, NOW).await;
@@ -220,10 +217,7 @@ async fn refunds_roll_cleanly(store: &Store, board: &Board, plan: &[(u8, i64, i6
             events.push(ev(&format!("x{i}"), tip_ts, member, 1));
         }
     }
-    let expected: Vec<Outcome> = events
-        .iter()
-        .map(|e| model.apply(&board.widest(), e, NOW))
-        .collect();
+    let expected = model.apply_all(&board.widest(), &events, NOW);
     let got = apply_events(store, board, &events, NOW).await;
     assert_eq!(got, expected);
     let mut now = NOW;

@@ -11,9 +11,12 @@ use rollboard::domain::board::{Board, Changes, Mode, TieBreak, Window, MAX_TOTAL
 use rollboard::domain::ranking::{decode_member, encode_member};
 use rollboard::store::{apply_call, ApplyEvent, Outcome, Store, APPLY_CHUNK};
 
-use crate::support::boards::{apply_events, ev, set_string, snapshot, total_at, variants};
-use crate::support::instances::{assert_same_contents, contents, shaped, twin};
-use crate::support::proptests::run_cases_threaded;
+use crate::support::boards::{
+    apply_events, ev, set_string, snapshot, total_at, variants, with_fresh_store,
+};
+use crate::support::events::cycled_events;
+use crate::support::instances::{assert_same_contents, contents, shaped, shaped_and_twin, twin};
+use crate::support::proptests::{run_cases_threaded, threaded_runtime_with_store};
 use crate::support::redis::{fcall, RedisServer};
 
 const SLICE: i64 = 1_000;
@@ -212,8 +215,7 @@ fn the_fast_path_agrees_with_the_event_by_event_script_in_every_window() {
 /// wrong type.
 #[tokio::test]
 async fn one_fold_call_writes_every_window_its_events_count_in() {
-    let (_redis, store) = RedisServer::start_with_store("rb").await;
-    let board = windowed(shaped(1), 3, true);
+    let (_redis, store, board) = with_fresh_store(windowed(shaped(1), 3, true)).await;
     let control = twin(&board);
     let k = store.instance(&board.widest(), None);
     let fingerprint = board.widest().fingerprint();
@@ -327,21 +329,10 @@ async fn one_fold_call_writes_every_window_its_events_count_in() {
 /// mixing new and seen ids is judged event by event: both exact.
 #[test]
 fn redelivery_and_mixed_batches_count_once() {
-    let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let redis = RedisServer::start();
+    let (rt, _redis, store) = threaded_runtime_with_store();
     rt.block_on(async {
-        let store = redis.store("rb").await;
         let board = variants(SLICE, N)[0].clone();
-        let events: Vec<ApplyEvent> = (0..500)
-            .map(|i| {
-                ev(
-                    &format!("t{i}"),
-                    NOW - (i % 3) * SLICE,
-                    &format!("m{}", i % 7),
-                    1 + i,
-                )
-            })
-            .collect();
+        let events = cycled_events("t", 500, NOW, SLICE, 3);
         let first = apply_events(&store, &board, &events, NOW).await;
         assert!(first.iter().all(|o| *o == Outcome::Applied));
         let gen_before = gen_of(&store, &board).await;
@@ -446,10 +437,8 @@ fn a_batch_cut_short_at_any_point_and_redelivered_counts_once() {
 /// once, and the instance holds what one pass over the events in order leaves.
 #[test]
 fn concurrent_overlapping_batches_count_each_id_once() {
-    let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let redis = RedisServer::start();
+    let (rt, _redis, store) = threaded_runtime_with_store();
     rt.block_on(async {
-        let store = redis.store("rb").await;
         for shape in 0..8 {
             let board = shaped(shape);
             let once = twin(&board);
@@ -567,8 +556,7 @@ async fn members_written_by_an_older_version_are_read_as_before() {
     use rollboard::roll::{self, Job};
     let (_redis, store) = RedisServer::start_with_store("rb").await;
     for shape in 0..4 {
-        let board = shaped(shape);
-        let control = twin(&board);
+        let (board, control) = shaped_and_twin(shape);
         let first: Vec<ApplyEvent> = (0..60)
             .map(|i| {
                 let member = format!("m{}", i % 13);
@@ -651,8 +639,7 @@ async fn members_written_by_an_older_version_are_read_as_before() {
 async fn a_slow_call_holds_back_the_calls_chained_after_it() {
     let (_redis, store) = RedisServer::start_with_store("rb").await;
     for shape in 0..4 {
-        let board = shaped(shape);
-        let control = twin(&board);
+        let (board, control) = shaped_and_twin(shape);
         // Three calls of distinct members; the second one opens with the id of an event of
         // the first, another member and amount.
         let mut events: Vec<ApplyEvent> = (0..25)
@@ -689,8 +676,7 @@ async fn a_slow_call_holds_back_the_calls_chained_after_it() {
 /// own.
 #[tokio::test]
 async fn a_chained_call_runs_only_after_the_token_before_it() {
-    let (_redis, store) = RedisServer::start_with_store("rb").await;
-    let board = shaped(0);
+    let (_redis, store, board) = with_fresh_store(shaped(0)).await;
     let k = store.instance(&board.widest(), None);
     let fingerprint = board.widest().fingerprint();
     let first = [ev("a", NOW - 10, "ann", 5)];

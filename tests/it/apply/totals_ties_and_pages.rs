@@ -9,7 +9,8 @@ use rollboard::domain::board::{Board, Mode, TieBreak, MAX_TOTAL};
 use rollboard::store::{ApplyEvent, Outcome, Store};
 
 use crate::support::boards::{
-    amount_for, apply_events, apply_events_in, board, ev, remembers, scoped, HOUR,
+    amount_for, apply_events, apply_events_in, board, count_at, ev, rank_at, remembers, scoped,
+    total_at, HOUR,
 };
 use crate::support::keys::instance;
 use crate::support::model::{assert_matches, Instance};
@@ -47,11 +48,7 @@ async fn totals_are_exact_and_readable_with_plain_zrevrange() {
     let out = apply_events(&store, &b, &[ev("4", NOW + 3, "room7", 1)], NOW).await;
     assert_eq!(out, vec![Outcome::Overflow]);
     assert_eq!(
-        store
-            .rank(&b.widest(), None, "room7", NOW)
-            .await
-            .unwrap()
-            .total,
+        total_at(&store, &b.widest(), "room7", NOW).await,
         Some(MAX_TOTAL)
     );
     assert!(!remembers(&store, &b, None, "4", (NOW + 3) / HOUR).await);
@@ -164,14 +161,7 @@ async fn pages_and_neighbourhoods() {
         .await
         .unwrap()
         .is_err());
-    assert_eq!(
-        store
-            .rank(&b.widest(), None, "nobody", NOW)
-            .await
-            .unwrap()
-            .rank,
-        None
-    );
+    assert_eq!(rank_at(&store, &b.widest(), "nobody", NOW).await, None);
     let (from, to) = (page.envelope.window_from, page.envelope.window_to);
     assert_eq!(from, (b.slice_of(NOW) - 23) * HOUR);
     assert_eq!(to - from, 24 * HOUR);
@@ -189,10 +179,7 @@ async fn refunds_take_a_member_off_and_back_on_with_its_exact_total() {
     let page = store.top(&b.widest(), None, 0, 10, NOW).await.unwrap();
     assert_eq!(page.envelope.count, 1);
     assert_eq!(page.entries[0].member, "v");
-    assert_eq!(
-        store.rank(&b.widest(), None, "u", NOW).await.unwrap().rank,
-        None
-    );
+    assert_eq!(rank_at(&store, &b.widest(), "u", NOW).await, None);
     apply_events(&store, &b, &[ev("4", NOW - 7, "u", 250)], NOW).await;
     let r = store.rank(&b.widest(), None, "u", NOW).await.unwrap();
     assert_eq!(
@@ -215,15 +202,7 @@ async fn scoped_instances_are_independent_and_registered() {
             .unwrap();
         assert_eq!(rank.total, Some(total), "{scope}");
     }
-    assert_eq!(
-        store
-            .top(&b.widest(), Some("r3"), 0, 10, NOW)
-            .await
-            .unwrap()
-            .envelope
-            .count,
-        0
-    );
+    assert_eq!(count_at(&store, &b.widest(), Some("r3"), NOW).await, 0);
     assert_eq!(store.scopes(&b).await.unwrap(), ["r1", "r2"]);
     assert_eq!(
         redis.cli(&["ZSCORE", "lb:board:fans:scopes", "r1"]).trim(),

@@ -454,26 +454,12 @@ async fn a_roll_script_on_a_moving_slot_runs_once_where_the_key_is() {
     let (store, client) = connect(&cluster, Reconnect::Never).await;
     let b = board("rolled");
     let window = store.keys().window(&b.name);
-    assert_eq!(
-        store
-            .raise_board_watermark(&b.widest(), 100, NOW)
-            .await
-            .expect("floor"),
-        100
-    );
+    let raise = async |to: i64| store.raise_board_watermark(&b.widest(), to, NOW).await;
+    assert_eq!(raise(100).await.expect("floor"), 100);
     let moving = Moving::begin(&cluster, &client, &window);
-    assert_eq!(
-        store
-            .raise_board_watermark(&b.widest(), 200, NOW)
-            .await
-            .expect("on the source"),
-        200
-    );
+    assert_eq!(raise(200).await.expect("on the source"), 200);
     moving.migrate(&[&window]);
-    let error = store
-        .raise_board_watermark(&b.widest(), 300, NOW)
-        .await
-        .expect_err("moved while the slot moves");
+    let error = raise(300).await.expect_err("moved while the slot moves");
     assert!(error.is_outage(), "{error}");
     moving.finish(&cluster);
     assert_eq!(
@@ -481,13 +467,7 @@ async fn a_roll_script_on_a_moving_slot_runs_once_where_the_key_is() {
         "200",
         "nothing ran while the slot moved"
     );
-    assert_eq!(
-        store
-            .raise_board_watermark(&b.widest(), 300, NOW)
-            .await
-            .expect("on the target"),
-        300
-    );
+    assert_eq!(raise(300).await.expect("on the target"), 300);
     assert_eq!(
         cli(moving.target, &["HGET", &window, "expired_through"]).trim(),
         "300"

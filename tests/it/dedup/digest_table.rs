@@ -65,8 +65,7 @@ fn expected_entries(b: &Board, applied: &[(String, i64)], now: i64) -> Vec<([u8;
 #[test]
 fn the_digest_table_splits_through_thousands_of_ids_and_keeps_its_invariants() {
     let (rt, _redis, store) = runtime_with_store();
-    let mut runner = proptest_runner(6);
-    runner
+    proptest_runner(6)
         .run(
             &(any::<u64>(), 2_000usize..4_000, 1u64..3),
             |(seed, len, slices)| {
@@ -83,10 +82,7 @@ fn the_digest_table_splits_through_thousands_of_ids_and_keeps_its_invariants() {
                         let end = (at + 1 + rng.next(300) as usize).min(batch.len());
                         for _ in 0..2 {
                             let part = &batch[at..end];
-                            let want: Vec<Outcome> = part
-                                .iter()
-                                .map(|e| model.apply(&b.widest(), e, NOW))
-                                .collect();
+                            let want = model.apply_all(&b.widest(), part, NOW);
                             let got = apply_events(&store, &b, part, NOW).await;
                             assert_eq!(got, want, "seed {seed}");
                             for (e, o) in part.iter().zip(&got) {
@@ -130,8 +126,7 @@ fn the_digest_table_splits_through_thousands_of_ids_and_keeps_its_invariants() {
 #[test]
 fn a_batch_split_into_calls_and_replayed_after_a_crash_counts_every_event_once() {
     let (rt, _redis, store) = runtime_with_store();
-    let mut runner = proptest_runner(24);
-    runner
+    proptest_runner(24)
         .run(
             &(
                 any::<u64>(),
@@ -156,16 +151,10 @@ fn a_batch_split_into_calls_and_replayed_after_a_crash_counts_every_event_once()
                     // Some calls, then the crash, then the whole batch again.
                     for w in cuts.windows(2).take(crash_after) {
                         let part = &batch[w[0]..w[1]];
-                        let want: Vec<Outcome> = part
-                            .iter()
-                            .map(|e| model.apply(&b.widest(), e, NOW))
-                            .collect();
+                        let want = model.apply_all(&b.widest(), part, NOW);
                         assert_eq!(apply_events(&store, &b, part, NOW).await, want);
                     }
-                    let want: Vec<Outcome> = batch
-                        .iter()
-                        .map(|e| model.apply(&b.widest(), e, NOW))
-                        .collect();
+                    let want = model.apply_all(&b.widest(), &batch, NOW);
                     assert_eq!(apply_events(&store, &b, &batch, NOW).await, want);
                     assert_matches(&store, &b.widest(), None, &model, NOW).await;
                     seen_table(&store, &b.widest(), None).await;
@@ -221,10 +210,7 @@ async fn digests_are_forgotten_with_their_slices_and_nothing_is_left_behind() {
                 want_logs,
                 "{dedup:?}"
             );
-            let want: Vec<Outcome> = batch
-                .iter()
-                .map(|e| model.apply(&b.widest(), e, now))
-                .collect();
+            let want = model.apply_all(&b.widest(), &batch, now);
             let got = apply_events(&store, &b, &batch, now).await;
             assert_eq!(got, want, "{dedup:?} redelivered at {now}");
             for (e, o) in batch.iter().zip(&got) {
@@ -303,10 +289,7 @@ async fn an_instance_still_holding_the_old_seen_zset_counts_nothing_twice() {
                 e
             }),
     );
-    let want: Vec<Outcome> = again
-        .iter()
-        .map(|e| model.apply(&b.widest(), e, NOW))
-        .collect();
+    let want = model.apply_all(&b.widest(), &again, NOW);
     assert!(want[..old.len()].iter().all(|o| *o == Outcome::Duplicate));
     assert_eq!(apply_events(&store, &b, &again, NOW).await, want);
     let new_ids = seen_count(&want);
@@ -319,10 +302,7 @@ async fn an_instance_still_holding_the_old_seen_zset_counts_nothing_twice() {
     // A second store (another worker, which has not met the old ZSet yet) also counts
     // nothing twice.
     let other = redis.store("rb").await;
-    let want: Vec<Outcome> = again
-        .iter()
-        .map(|e| model.apply(&b.widest(), e, NOW))
-        .collect();
+    let want = model.apply_all(&b.widest(), &again, NOW);
     assert_eq!(apply_events(&other, &b, &again, NOW).await, want);
     assert_matches(&store, &b.widest(), None, &model, NOW).await;
 
@@ -457,10 +437,7 @@ async fn a_broken_digest_table_fails_the_call_before_anything_is_written() {
         .await
         .unwrap();
     // Repaired, the failed calls are retried and count exactly what the model does.
-    let want: Vec<Outcome> = retry
-        .iter()
-        .map(|e| model.apply(&b.widest(), e, NOW))
-        .collect();
+    let want = model.apply_all(&b.widest(), &retry, NOW);
     assert_eq!(apply_events(&store, &b, &retry, NOW).await, want);
     assert_matches(&store, &b.widest(), None, &model, NOW).await;
     seen_table(&store, &b.widest(), None).await;

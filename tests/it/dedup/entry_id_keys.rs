@@ -60,6 +60,14 @@ async fn append_under_one_entry_id(
     assert_eq!(dead, 0, "nothing dead-lettered");
 }
 
+/// A fresh redis-server, a store on it, and a daemon (with its temp dir) reading the
+/// intake stream in two partitions.
+async fn two_partitions() -> (RedisServer, Store, tempfile::TempDir, Daemon) {
+    let (redis, store, dir) = RedisServer::start_with_store_and_dir("rb").await;
+    let daemon = partitioned_daemon(dir.path(), &redis, "a", 2).await;
+    (redis, store, dir, daemon)
+}
+
 /// Two different tips appended without an `id` to two partitions in one millisecond (one
 /// producer, or two) get the same stream entry ID, `<ms>-0`: each
 /// stream numbers its own entries. docs/operations.md allows such events ("one `XADD`ed without
@@ -68,8 +76,7 @@ async fn append_under_one_entry_id(
 /// by the bare entry ID, the second tip was taken for a copy of the first and dropped.
 #[tokio::test]
 async fn tips_without_id_on_two_partitions_with_equal_entry_ids_both_count() {
-    let (redis, store, dir) = RedisServer::start_with_store_and_dir("rb").await;
-    let daemon = partitioned_daemon(dir.path(), &redis, "a", 2).await;
+    let (_redis, store, _dir, daemon) = two_partitions().await;
 
     append_under_one_entry_id(
         &store,
@@ -100,8 +107,7 @@ async fn tips_without_id_on_two_partitions_with_equal_entry_ids_both_count() {
 /// one of them was lost.
 #[tokio::test]
 async fn a_tip_on_the_retired_stream_and_one_on_a_partition_with_equal_entry_ids_both_count() {
-    let (redis, store, dir) = RedisServer::start_with_store_and_dir("rb").await;
-    let daemon = partitioned_daemon(dir.path(), &redis, "a", 2).await;
+    let (_redis, store, _dir, daemon) = two_partitions().await;
 
     append_under_one_entry_id(
         &store,

@@ -3,16 +3,14 @@
 
 use rollboard::store::Outcome;
 
-use crate::support::boards::{apply_events, board, ev, HOUR};
+use crate::support::boards::{apply_events, board, ev, with_fresh_store, HOUR};
 use crate::support::keys::instance;
-use crate::support::redis::RedisServer;
 
 const NOW: i64 = 1_763_700_000_000;
 
 #[tokio::test]
 async fn a_redelivered_batch_changes_nothing() {
-    let (redis, store) = RedisServer::start_with_store("rb").await;
-    let b = board("rooms", HOUR, 24);
+    let (redis, store, b) = with_fresh_store(board("rooms", HOUR, 24)).await;
     let batch = [
         ev("a", NOW, "x", 5),
         ev("b", NOW, "y", 7),
@@ -38,8 +36,7 @@ async fn a_redelivered_batch_changes_nothing() {
 
 #[tokio::test]
 async fn late_events_are_rejected_before_duplicates() {
-    let (_redis, store) = RedisServer::start_with_store("rb").await;
-    let b = board("rooms", HOUR, 4);
+    let (_redis, store, b) = with_fresh_store(board("rooms", HOUR, 4)).await;
     // Live slices at NOW: slice_of(NOW) - 3 ..= slice_of(NOW).
     let edge = (b.slice_of(NOW) - 3) * HOUR;
     let out = apply_events(
@@ -58,8 +55,7 @@ async fn late_events_are_rejected_before_duplicates() {
 
 #[tokio::test]
 async fn dedup_window_duration_refuses_as_late_once_it_may_forget() {
-    let (_redis, store) = RedisServer::start_with_store("rb").await;
-    let mut b = board("rooms", HOUR, 24);
+    let (_redis, store, mut b) = with_fresh_store(board("rooms", HOUR, 24)).await;
     b.dedup = rollboard::domain::board::Dedup::AfterSlice(60_000);
     let ts = b.slice_of(NOW) * HOUR; // start of the current slice
     apply_events(&store, &b, &[ev("k", ts, "x", 1)], NOW).await;

@@ -11,7 +11,9 @@ use rollboard::domain::board::{Board, Changes, Mode, TieBreak};
 use rollboard::store::{ApplyEvent, Outcome, Store};
 
 use crate::support::asserts::{assert_verified, ranked};
-use crate::support::boards::{apply_events, board, ev, roll_board, row, RANKING, T0};
+use crate::support::boards::{
+    apply_events, board, ev, raise_for_roll_at, roll_board, row, with_fresh_store, RANKING, T0,
+};
 use crate::support::feed::{changes_after, expected_changes, replay, Change};
 use crate::support::proxy::Proxy;
 use crate::support::redis::{function_name, RedisServer};
@@ -102,10 +104,17 @@ fn tips(prefix: &str, now: i64, rows: &[(&str, i64)]) -> Vec<ApplyEvent> {
         .collect()
 }
 
+/// Part `part` of a hundred tips `<prefix><i>` to the members `m000` to `m099`, 25 a part,
+/// tip `i` of `amount(i)`, all at `now`.
+fn part_of_100(prefix: &str, part: i64, now: i64, amount: impl Fn(i64) -> i64) -> Vec<ApplyEvent> {
+    (25 * part..25 * part + 25)
+        .map(|i| ev(&format!("{prefix}{i}"), now, &format!("m{i:03}"), amount(i)))
+        .collect()
+}
+
 #[tokio::test]
 async fn a_fold_that_answers_slow_records_the_change_once_from_the_exact_path() {
-    let (_redis, store) = RedisServer::start_with_store("rb").await;
-    let b = with_feed(board("slow", SLICE, 4), 3);
+    let (_redis, store, b) = with_fresh_store(with_feed(board("slow", SLICE, 4), 3)).await;
     let now = now0();
     let mut r = Reader::new(&store, &b, None);
     let first = tips("a", now, &[("alice", 5), ("bob", 3), ("carol", 1)]);
@@ -137,8 +146,7 @@ async fn a_fold_that_answers_slow_records_the_change_once_from_the_exact_path() 
 
 #[tokio::test]
 async fn a_batch_cut_into_many_calls_writes_each_calls_change() {
-    let (_redis, store) = RedisServer::start_with_store("rb").await;
-    let b = with_feed(board("many", SLICE, 4), 5);
+    let (_redis, store, b) = with_fresh_store(with_feed(board("many", SLICE, 4), 5)).await;
     let now = now0();
     // 90 distinct members, rising amounts: four fold calls, each one pushing the top.
     let events: Vec<ApplyEvent> = (0..90)
@@ -237,8 +245,7 @@ async fn ties_are_recorded_in_the_order_queries_rank_them() {
 
 #[tokio::test]
 async fn a_total_that_changes_without_a_change_of_place_records_nothing() {
-    let (_redis, store) = RedisServer::start_with_store("rb").await;
-    let b = with_feed(board("still", SLICE, 4), 3);
+    let (_redis, store, b) = with_fresh_store(with_feed(board("still", SLICE, 4), 3)).await;
     let now = now0();
     let mut r = Reader::new(&store, &b, None);
     r.tip("a", now, &[("alice", 9), ("bob", 5)]).await;
@@ -253,8 +260,7 @@ async fn a_total_that_changes_without_a_change_of_place_records_nothing() {
 
 #[tokio::test]
 async fn a_refund_to_zero_or_below_leaves_and_back_above_enters() {
-    let (_redis, store) = RedisServer::start_with_store("rb").await;
-    let mut b = with_feed(board("refund", SLICE, 4), 3);
+    let (_redis, store, mut b) = with_fresh_store(with_feed(board("refund", SLICE, 4), 3)).await;
     b.allow_negative = true;
     let now = now0();
     let mut r = Reader::new(&store, &b, None);
@@ -333,8 +339,7 @@ async fn a_dense_rank_board_keeps_its_feed_and_its_distinct_totals() {
 
 #[tokio::test]
 async fn the_stream_holds_exactly_changes_max_len_entries() {
-    let (_redis, store) = RedisServer::start_with_store("rb").await;
-    let mut b = board("capped", SLICE, 4);
+    let (_redis, store, mut b) = with_fresh_store(board("capped", SLICE, 4)).await;
     b.changes = Some(Changes { top: 2, max_len: 5 });
     let now = now0();
     let key = store.instance(&b.widest(), None).changes();
@@ -356,20 +361,11 @@ async fn the_stream_holds_exactly_changes_max_len_entries() {
     assert_eq!(changes.last().expect("one").total, totals[1]);
 }
 
-/// Part `part` of a hundred tips `<prefix><i>` to the members `m000` to `m099`, 25 a part,
-/// tip `i` of `amount(i)`, all at `now`.
-fn part_of_100(prefix: &str, part: i64, now: i64, amount: impl Fn(i64) -> i64) -> Vec<ApplyEvent> {
-    (25 * part..25 * part + 25)
-        .map(|i| ev(&format!("{prefix}{i}"), now, &format!("m{i:03}"), amount(i)))
-        .collect()
-}
-
 /// A top of 100, and 25 members from its bottom jumping to its head in one call: 25 × 75
 /// `passed` entries in that call, exact and replayable.
 #[tokio::test]
 async fn a_top_of_100_records_every_pass_of_a_call() {
-    let (redis, store) = RedisServer::start_with_store("rb").await;
-    let b = with_feed(board("hundred", SLICE, 4), 100);
+    let (redis, store, b) = with_fresh_store(with_feed(board("hundred", SLICE, 4), 100)).await;
     let now = now0();
     let mut r = Reader::new(&store, &b, None);
     for part in 0..4 {
@@ -394,8 +390,7 @@ async fn a_top_of_100_records_every_pass_of_a_call() {
 /// nothing; the next run writes the whole change.
 #[tokio::test]
 async fn a_refused_swap_records_nothing() {
-    let (_redis, store) = RedisServer::start_with_store("rb").await;
-    let mut b = with_feed(board("race", SLICE, 4), 3);
+    let (_redis, store, mut b) = with_fresh_store(with_feed(board("race", SLICE, 4), 3)).await;
     b.mode = Mode::Resummarize;
     let now = now0();
     let mut r = Reader::new(&store, &b, None);
@@ -450,8 +445,7 @@ fn longest_call(redis: &RedisServer, function: &str) -> u64 {
 /// long the call held Redis (docs/design.md *Bounded calls*: about 2 ms at most).
 #[tokio::test]
 async fn a_swap_that_reverses_a_top_of_100_records_every_pass() {
-    let (redis, store) = RedisServer::start_with_store("rb").await;
-    let mut b = with_feed(board("reversed", SLICE, 4), 100);
+    let (redis, store, mut b) = with_fresh_store(with_feed(board("reversed", SLICE, 4), 100)).await;
     b.mode = Mode::Resummarize;
     b.allow_negative = true;
     let now = now0();
@@ -479,8 +473,7 @@ async fn a_swap_that_reverses_a_top_of_100_records_every_pass() {
 /// writes its own, and the next roll writes the rest.
 #[tokio::test]
 async fn a_roll_split_across_calls_records_each_calls_change() {
-    let (_redis, store) = RedisServer::start_with_store("rb").await;
-    let b = with_feed(board("pieces", SLICE, 4), 3);
+    let (_redis, store, b) = with_fresh_store(with_feed(board("pieces", SLICE, 4), 3)).await;
     let now = now0();
     let mut r = Reader::new(&store, &b, None);
     let old = now - 2 * SLICE;
@@ -499,11 +492,7 @@ async fn a_roll_split_across_calls_records_each_calls_change() {
     r.step("tip", now).await;
     r.tip("b", now, &[("dave", 1), ("bob", 1)]).await;
     let later = now + 2 * SLICE;
-    let target = b.slice_of(later) - b.widest().slices_in_window();
-    let (_, dead) = store
-        .raise_watermark(&b.widest(), None, target, later)
-        .await
-        .expect("watermark");
+    let (_, dead) = raise_for_roll_at(&store, &b, None, later).await;
     assert_eq!(dead, vec![b.slice_of(old)]);
     for member in ["alice", "dave"] {
         store

@@ -8,8 +8,10 @@ use proptest::prelude::*;
 use rollboard::domain::board::{Board, Changes, Mode};
 use rollboard::store::{ApplyEvent, Store};
 
-use crate::support::boards::{apply_scoped_model, ev, roll_board, scoped, variants, HOUR, T0};
-use crate::support::feed::{changes_after, expected_changes, replay, Change};
+use crate::support::boards::{
+    apply_scoped_model, raise_for_roll_at, roll_board, scoped, variants, HOUR, T0,
+};
+use crate::support::feed::{changes_after, expected_changes, replay, tip_events, Change, Tip};
 use crate::support::model::Instance;
 use crate::support::proptests::{run_cases, run_cases_on_a_cluster};
 
@@ -20,7 +22,7 @@ const SLICE: i64 = HOUR;
 #[derive(Debug, Clone)]
 enum Step {
     /// Events (member, amount, slices back from now).
-    Tips(Vec<(usize, i64, i64)>),
+    Tips(Vec<Tip>),
     /// The last tips sent again, with their ids.
     Redeliver,
     /// Time moves this many slices and both jobs run.
@@ -133,12 +135,7 @@ impl Run<'_> {
     /// dead slice: each expiry call's entries fit the top the reader holds.
     async fn crash(&mut self, k: usize) {
         let (b, scope) = (&self.b, self.scope);
-        let target = b.slice_of(self.now) - b.widest().slices_in_window();
-        let (_, dead) = self
-            .store
-            .raise_watermark(&b.widest(), scope, target, self.now)
-            .await
-            .unwrap();
+        let (_, dead) = raise_for_roll_at(self.store, b, scope, self.now).await;
         if let Some(&n) = dead.first() {
             let key = self.store.instance(&b.widest(), scope).slice(n);
             let (_, fields) = self.store.scan("HSCAN", &key, "0", 1000).await.unwrap();
@@ -187,23 +184,7 @@ async fn run_case(store: &Store, scope: Option<&str>, case: Case) {
     for step in &case.steps {
         match step {
             Step::Tips(tips) => {
-                sent = tips
-                    .iter()
-                    .map(|&(m, amount, back)| {
-                        next_id += 1;
-                        let amount = if run.b.allow_negative || amount > 0 {
-                            amount
-                        } else {
-                            1 - amount
-                        };
-                        ev(
-                            &format!("e{next_id}"),
-                            run.now - back * SLICE,
-                            &format!("m{m}"),
-                            amount,
-                        )
-                    })
-                    .collect();
+                sent = tip_events(&run.b, tips, &mut next_id, run.now);
                 run.tips(&sent, false).await;
             }
             Step::Redeliver => run.tips(&sent, true).await,

@@ -12,9 +12,9 @@ use rollboard::domain::board::{Board, Changes, Mode, TieBreak};
 use rollboard::store::{ApplyEvent, Outcome, Store};
 
 use crate::support::asserts::ranked;
-use crate::support::boards::{apply_events, board, ev, roll_board, HOUR, T0};
+use crate::support::boards::{apply_events, board, raise_for_roll_at, roll_board, HOUR, T0};
 use crate::support::env::env_count;
-use crate::support::feed::{changes_after, replay};
+use crate::support::feed::{changes_after, replay, tip_events, Tip};
 use crate::support::proptests::run_cases;
 
 const SLICE: i64 = HOUR;
@@ -22,11 +22,11 @@ const SLICE: i64 = HOUR;
 #[derive(Debug, Clone)]
 enum Step {
     /// Events (member, amount, slices back from now).
-    Tips(Vec<(usize, i64, i64)>),
+    Tips(Vec<Tip>),
     /// The last batch again, alone.
     Redeliver,
     /// The last batch again with new events after it.
-    RedeliverAnd(Vec<(usize, i64, i64)>),
+    RedeliverAnd(Vec<Tip>),
     /// Time moves this many slices and both jobs run.
     Roll(i64),
     /// Time moves this many slices and a roll dies after `k` expiry calls of one field.
@@ -120,25 +120,6 @@ impl Run<'_> {
         assert_eq!(self.replayed, stored, "after {what:?}");
         changes.len()
     }
-
-    fn events(&self, tips: &[(usize, i64, i64)], next_id: &mut usize) -> Vec<ApplyEvent> {
-        tips.iter()
-            .map(|&(m, amount, back)| {
-                *next_id += 1;
-                let amount = if self.b.allow_negative || amount > 0 {
-                    amount
-                } else {
-                    1 - amount
-                };
-                ev(
-                    &format!("e{next_id}"),
-                    self.now - back * SLICE,
-                    &format!("m{m}"),
-                    amount,
-                )
-            })
-            .collect()
-    }
 }
 
 async fn run_case(store: &Store, case: Case) {
@@ -155,7 +136,7 @@ async fn run_case(store: &Store, case: Case) {
     for step in &case.steps {
         match step {
             Step::Tips(tips) => {
-                sent = run.events(tips, &mut next_id);
+                sent = tip_events(&run.b, tips, &mut next_id, run.now);
                 apply_events(store, &run.b, &sent, run.now).await;
             }
             Step::Redeliver => {
@@ -170,7 +151,7 @@ async fn run_case(store: &Store, case: Case) {
             }
             Step::RedeliverAnd(tips) => {
                 let mut batch = sent.clone();
-                batch.extend(run.events(tips, &mut next_id));
+                batch.extend(tip_events(&run.b, tips, &mut next_id, run.now));
                 apply_events(store, &run.b, &batch, run.now).await;
                 sent = batch;
             }
@@ -181,11 +162,7 @@ async fn run_case(store: &Store, case: Case) {
             Step::Crash(advance, k) => {
                 run.now += advance * SLICE;
                 let b = &run.b.clone();
-                let target = b.slice_of(run.now) - b.widest().slices_in_window();
-                let (_, dead) = store
-                    .raise_watermark(&b.widest(), None, target, run.now)
-                    .await
-                    .unwrap();
+                let (_, dead) = raise_for_roll_at(store, b, None, run.now).await;
                 if let Some(&n) = dead.first() {
                     let key = store.instance(&b.widest(), None).slice(n);
                     let (_, fields) = store.scan("HSCAN", &key, "0", 1000).await.unwrap();

@@ -9,31 +9,25 @@ use rollboard::store::Store;
 
 use crate::support::asserts::ranked;
 use crate::support::boards::redis_now;
-use crate::support::config::{server_and_config, write_config};
+use crate::support::config::{board_table, server_and_config, write_config};
 use crate::support::daemon::Daemon;
 use crate::support::events::{tip, xadd_all, Fields};
 use crate::support::feed::{changes_after, replay};
 use crate::support::keys::intake_stream;
 use crate::support::wait::drained;
 
-const FEED_BOARDS: &str = r#"
-[[boards]]
-name = "top_24h"
-member = "user"
-window = "24h"
-slice = "1h"
-changes_top = 3
-changes_max_len = 1000
-
-[[boards]]
-name = "room_top"
-member = "user"
-scope = "room"
-window = "24h"
-slice = "1h"
-tie_break = "latest"
-changes_top = 2
-"#;
+/// A board of the last day's tips keeping a feed of its top 3, and one by room keeping a
+/// feed of each room's top 2.
+fn feed_boards() -> String {
+    let top = board_table(
+        "top_24h",
+        "user",
+        "24h",
+        "changes_top = 3\nchanges_max_len = 1000\n",
+    );
+    let by_room = "scope = \"room\"\ntie_break = \"latest\"\nchanges_top = 2\n";
+    top + &board_table("room_top", "user", "24h", by_room)
+}
 
 /// The stream of one instance replayed from empty, and its top as the store ranks it.
 async fn replayed_and_ranked(
@@ -66,11 +60,12 @@ fn tipped_scopes(b: &Board) -> Vec<Option<String>> {
 
 #[tokio::test]
 async fn the_daemon_writes_each_instances_feed_once() {
-    let (redis, dir, port, config) =
-        server_and_config(|dir, redis, port| write_config(dir, redis, port, "feed", FEED_BOARDS));
+    let (redis, dir, port, config) = server_and_config(|dir, redis, port| {
+        write_config(dir, redis, port, "feed", &feed_boards())
+    });
     let _dir = dir;
     let store = redis.store("rb").await;
-    let boards = Settings::from_toml(FEED_BOARDS).expect("valid").boards;
+    let boards = Settings::from_toml(&feed_boards()).expect("valid").boards;
     let daemon = Daemon::start(&config, port).await;
     let now = redis_now(&store).await;
     let events: Vec<Fields> = (0..120).map(|i| tip(i, now)).collect();

@@ -39,7 +39,7 @@ use crate::support::config::{board_of, write_file};
 use crate::support::daemon::Daemon;
 use crate::support::env::env_count;
 use crate::support::model::{assert_matches, Instance};
-use crate::support::proptests::{proptest_runner, SplitMix};
+use crate::support::proptests::{proptest_runner, threaded_runtime_with_store, SplitMix};
 use crate::support::redis::RedisServer;
 use crate::support::wait::wait_for;
 
@@ -680,9 +680,7 @@ async fn run_case(redis: &RedisServer, store: &Store, case: &Case, writer: Write
 /// before it, on a multi-thread runtime (the readers' tasks beside the writes); what the
 /// reads showed.
 fn every_answer_is_one_the_board_held(writer: Writer, cases_n: u32) -> Seen {
-    let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let redis = RedisServer::start();
-    let store = rt.block_on(redis.store("rb"));
+    let (rt, redis, store) = threaded_runtime_with_store();
     let seen = std::sync::Mutex::new(Seen::default());
     proptest_runner(cases_n)
         .run(&cases(), |case| {

@@ -13,11 +13,12 @@ use headless_chrome::protocol::cdp::Page::CaptureScreenshotFormatOption;
 use headless_chrome::{Browser, LaunchOptions};
 
 use crate::support::boards::redis_now;
-use crate::support::config::{append_config, write_config, write_file};
+use crate::support::config::{
+    append_config, board_table, server_and_config, write_config, write_file,
+};
 use crate::support::daemon::Daemon;
 use crate::support::http::{get, post_tip};
 use crate::support::keys::schema;
-use crate::support::redis::{free_port, RedisServer};
 use crate::support::sse::{entered, feed_boards};
 use crate::support::wait::drained;
 
@@ -136,14 +137,16 @@ fn browse(
 
 #[tokio::test]
 async fn the_page_shows_a_new_tip_live_with_the_readers_token() {
-    let redis = RedisServer::start();
-    let dir = tempfile::tempdir().expect("dir");
-    let port = free_port();
-    let token = write_file(dir.path(), "reader.token", TOKEN);
-    let extra = format!("query_token_file = \"{}\"\n", token.display());
-    let config = write_config(dir.path(), &redis, port, "page", &extra);
+    let (redis, _dir, port, config) = server_and_config(|dir, redis, port| {
+        let token = write_file(dir, "reader.token", TOKEN);
+        let extra = format!("query_token_file = \"{}\"\n", token.display());
+        write_config(dir, redis, port, "page", &extra)
+    });
     feed_boards(&config);
-    append_config(&config, "\n[[boards]]\nname = \"duo\"\nmember = \"player\"\nwindows = [\"2h\", \"6h\"]\nslice = \"1h\"\n");
+    append_config(
+        &config,
+        &board_table("duo", "player", r#"["2h", "6h"]"#, ""),
+    );
     let store = redis.store("rb").await;
     let daemon = Daemon::start(&config, port).await;
     let now = redis_now(&store).await;

@@ -10,10 +10,9 @@ use std::collections::BTreeSet;
 use serde_json::{json, Value};
 
 use crate::support::boards::redis_now;
-use crate::support::config::{write_config, write_file};
+use crate::support::config::{server_and_config, write_config, write_file};
 use crate::support::daemon::Daemon;
 use crate::support::http::json;
-use crate::support::redis::{free_port, RedisServer};
 use crate::support::wait::drained;
 
 const READER_TOKEN: &str = "openapi-reader-token-5c1d";
@@ -107,6 +106,14 @@ impl Client {
 
     async fn get(&mut self, template: &'static str, path: &str) -> (u16, String) {
         self.send("get", template, path, None, true).await
+    }
+
+    /// GETs each `(template, path)` with the reader's token; every answer must be `status`.
+    async fn get_each(&mut self, cases: &[(&'static str, &str)], status: u16) {
+        for &(template, path) in cases {
+            let (got, body) = self.get(template, path).await;
+            assert_eq!(got, status, "{path}: {body}");
+        }
     }
 
     async fn post(&mut self, template: &'static str, path: &str, body: &str) -> (u16, String) {
@@ -252,15 +259,14 @@ async fn answered_routes(client: &Client) -> BTreeSet<String> {
 
 #[tokio::test]
 async fn real_answers_validate_against_the_served_openapi_document() {
-    let redis = RedisServer::start();
-    let dir = tempfile::tempdir().expect("dir");
-    let port = free_port();
-    let token_file = write_file(dir.path(), "reader.token", READER_TOKEN);
-    let extra = format!(
-        "query_token_file = \"{}\"\n{EXTRA_BOARDS}",
-        token_file.display()
-    );
-    let config = write_config(dir.path(), &redis, port, "oa", &extra);
+    let (redis, _dir, port, config) = server_and_config(|dir, redis, port| {
+        let token_file = write_file(dir, "reader.token", READER_TOKEN);
+        let extra = format!(
+            "query_token_file = \"{}\"\n{EXTRA_BOARDS}",
+            token_file.display()
+        );
+        write_config(dir, redis, port, "oa", &extra)
+    });
     let store = redis.store("rb").await;
     let daemon = Daemon::start(&config, port).await;
     let mut client = Client {
@@ -359,7 +365,7 @@ async fn real_answers_validate_against_the_served_openapi_document() {
     // One member, and the entries around it.
     let member = "/v1/boards/{board}/members/{member}";
     let around = "/v1/boards/{board}/members/{member}/around";
-    for (template, path) in [
+    let found = [
         (member, "/v1/boards/rooms_7d/members/r1"),
         (member, "/v1/boards/dense_7d/members/u2"),
         (member, "/v1/boards/weekly/members/u3"),
@@ -372,17 +378,15 @@ async fn real_answers_validate_against_the_served_openapi_document() {
         (member, "/v1/boards/multi/members/nobody?all_windows=true"),
         (member, "/v1/boards/weekly/members/u3?all_windows=true"),
         (member, "/v1/boards/rooms_7d/members/r1?all_windows=true"),
-    ] {
-        let (status, body) = client.get(template, path).await;
-        assert_eq!(status, 200, "{path}: {body}");
-    }
+    ];
+    client.get_each(&found, 200).await;
     let (_, body) = client
         .get(member, "/v1/boards/weekly/members/u3?all_windows=true")
         .await;
     let weekly = json(&body);
     assert_eq!(weekly["windows"][0]["window"], "week", "{body}");
     assert!(weekly["period"].is_string(), "{body}");
-    for (template, path) in [
+    let unknown = [
         (member, "/v1/boards/rooms_7d/members/nobody"),
         (member, "/v1/boards/dense_7d/members/nobody"),
         (member, "/v1/boards/weekly/members/nobody"),
@@ -391,10 +395,8 @@ async fn real_answers_validate_against_the_served_openapi_document() {
         (around, "/v1/boards/weekly/members/nobody/around"),
         (member, "/v1/boards/nope/members/u1"),
         (around, "/v1/boards/nope/members/u1/around"),
-    ] {
-        let (status, body) = client.get(template, path).await;
-        assert_eq!(status, 404, "{path}: {body}");
-    }
+    ];
+    client.get_each(&unknown, 404).await;
     let (_, body) = client
         .get(member, "/v1/boards/dense_7d/members/nobody")
         .await;
@@ -403,7 +405,7 @@ async fn real_answers_validate_against_the_served_openapi_document() {
         missing["error"].is_string() && missing["dense_rank"].is_null(),
         "{body}"
     );
-    for (template, path) in [
+    let refused = [
         (member, "/v1/boards/rooms_7d/members/r1?radius=1"),
         (around, "/v1/boards/rooms_7d/members/r1/around?radius=101"),
         (
@@ -411,10 +413,8 @@ async fn real_answers_validate_against_the_served_openapi_document() {
             "/v1/boards/multi/members/u1?all_windows=true&window=5h",
         ),
         (member, "/v1/boards/multi/members/u1?window=2h"),
-    ] {
-        let (status, body) = client.get(template, path).await;
-        assert_eq!(status, 400, "{path}: {body}");
-    }
+    ];
+    client.get_each(&refused, 400).await;
 
     // A list of members re-ranked.
     let ranks = "/v1/boards/{board}/ranks";

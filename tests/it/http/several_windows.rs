@@ -14,11 +14,11 @@ use tempfile::TempDir;
 
 use crate::support::boards::{redis_now, DAY, HOUR};
 use crate::support::cli::{assert_success, run_rollboard, stderr, stdout};
-use crate::support::config::{append_config, write_config};
+use crate::support::config::{append_config, server_and_config, write_config};
 use crate::support::daemon::Daemon;
 use crate::support::http::{answer_parts, get, json, post, post_tip, post_to};
 use crate::support::keys::schema;
-use crate::support::redis::{free_port, RedisServer};
+use crate::support::redis::RedisServer;
 use crate::support::sse::{open_stream, Sse, SseEvent};
 use crate::support::wait::drained;
 
@@ -59,10 +59,8 @@ struct Duo {
 }
 
 async fn duo() -> Duo {
-    let redis = RedisServer::start();
-    let dir = tempfile::tempdir().expect("dir");
-    let port = free_port();
-    let config = write_config(dir.path(), &redis, port, "duo", "");
+    let (redis, dir, port, config) =
+        server_and_config(|dir, redis, port| write_config(dir, redis, port, "duo", ""));
     append_config(&config, DUO_BOARDS);
     let store = redis.store("rb").await;
     let daemon = Daemon::start(&config, port).await;
@@ -96,6 +94,13 @@ async fn get_json(daemon: &Daemon, path: &str, want: u16) -> Value {
     let (status, _, body) = get(daemon, path).await;
     assert_eq!(status, want, "{path}: {body}");
     json(&body)
+}
+
+/// GETs every window's answer for `member` of `board` (`query`: what goes before
+/// `all_windows=true` in the query, e.g. `scope=t1&`); it must be a 200.
+async fn all_windows(daemon: &Daemon, board: &str, member: &str, query: &str) -> Value {
+    let path = format!("/v1/boards/{board}/members/{member}?{query}all_windows=true");
+    get_json(daemon, &path, 200).await
 }
 
 /// `(member, total)` of each entry of a page.
@@ -353,20 +358,15 @@ async fn all_windows_answers_the_member_in_every_window_exactly_after_a_roll() {
                "scale": 2, "member": member, "windows": windows})
     };
 
-    let ann = get_json(daemon, "/v1/boards/duo/members/ann?all_windows=true", 200).await;
-    assert_eq!(
-        strip(&ann),
-        expect(
-            "ann",
-            Value::Null,
-            vec![
-                window("2h", json!(2), json!(20), 2, json!(0)),
-                window("6h", json!(2), json!(120), 3, json!(33.33)),
-            ]
-        ),
-        "{ann}"
-    );
-    let cara = get_json(daemon, "/v1/boards/duo/members/cara?all_windows=true", 200).await;
+    // ann's windows, the same in the unscoped board and in table t1 of the scoped one.
+    let ann_windows = vec![
+        window("2h", json!(2), json!(20), 2, json!(0)),
+        window("6h", json!(2), json!(120), 3, json!(33.33)),
+    ];
+    let ann = all_windows(daemon, "duo", "ann", "").await;
+    let want = expect("ann", Value::Null, ann_windows.clone());
+    assert_eq!(strip(&ann), want, "{ann}");
+    let cara = all_windows(daemon, "duo", "cara", "").await;
     assert_eq!(
         strip(&cara),
         expect(
@@ -380,43 +380,18 @@ async fn all_windows_answers_the_member_in_every_window_exactly_after_a_roll() {
         "{cara}"
     );
     // A scoped board reads the scope's instance in each window.
-    let scoped = get_json(
-        daemon,
-        "/v1/boards/duo_rooms/members/ann?scope=t1&all_windows=true",
-        200,
-    )
-    .await;
-    assert_eq!(
-        strip(&scoped),
-        expect(
-            "ann",
-            json!("t1"),
-            vec![
-                window("2h", json!(2), json!(20), 2, json!(0)),
-                window("6h", json!(2), json!(120), 3, json!(33.33)),
-            ]
-        ),
-        "{scoped}"
-    );
+    let scoped = all_windows(daemon, "duo_rooms", "ann", "scope=t1&").await;
+    let want = expect("ann", json!("t1"), ann_windows);
+    assert_eq!(strip(&scoped), want, "{scoped}");
     // A board with one window answers a list of one; a member ranked nowhere is no 404.
-    let one = get_json(
-        daemon,
-        "/v1/boards/rooms_7d/members/r1?all_windows=true",
-        200,
-    )
-    .await;
+    let one = all_windows(daemon, "rooms_7d", "r1", "").await;
     let windows = one["windows"].as_array().expect("windows");
     assert_eq!(windows.len(), 1, "{one}");
     assert_eq!(
         (&windows[0]["window"], &windows[0]["rank"]),
         (&json!("7d"), &json!(1))
     );
-    let nobody = get_json(
-        daemon,
-        "/v1/boards/duo/members/nobody?all_windows=true",
-        200,
-    )
-    .await;
+    let nobody = all_windows(daemon, "duo", "nobody", "").await;
     assert!(
         nobody["windows"]
             .as_array()
@@ -427,7 +402,7 @@ async fn all_windows_answers_the_member_in_every_window_exactly_after_a_roll() {
     );
     // Beside a window= of the board, every window all the same; beside one it does not
     // rank, or not a boolean, refused.
-    let every = get_json(daemon, "/v1/boards/duo/members/ann?all_windows=true", 200).await;
+    let every = all_windows(daemon, "duo", "ann", "").await;
     let beside = get_json(
         daemon,
         "/v1/boards/duo/members/ann?all_windows=true&window=2h",

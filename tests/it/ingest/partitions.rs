@@ -12,7 +12,7 @@ use crate::support::asserts::{assert_metrics, assert_state};
 use crate::support::boards::{now_ms, test_boards};
 use crate::support::cli::{assert_success, run_rollboard, send_file};
 use crate::support::config::{edit_config, partitioned_config, write_file};
-use crate::support::daemon::Daemon;
+use crate::support::daemon::{partitioned_daemon, Daemon};
 use crate::support::events::{
     existing, models, post_fields, read_unacked, tips_now, xadd_all, Fields,
 };
@@ -162,10 +162,8 @@ async fn two_daemons_share_three_partitions_and_a_killed_one_loses_nothing() {
 #[tokio::test]
 async fn a_copy_on_another_partition_is_a_duplicate() {
     let (redis, store, dir) = RedisServer::start_with_store_and_dir("rb").await;
-    let port = free_port();
-    let cfg = partitioned_config(dir.path(), &redis, port, "a", 3);
     let events = tips_now(900);
-    let daemon = Daemon::start(&cfg, port).await;
+    let daemon = partitioned_daemon(dir.path(), &redis, "a", 3).await;
     append_to(&store, &events, |_, e| key(rule(id_of(e), 3))).await;
     append_to(&store, &events, |_, e| key((rule(id_of(e), 3) + 1) % 3)).await;
     assert!(drained_streams(&store, &keys(3)).await);
@@ -241,9 +239,7 @@ async fn send_and_post_append_to_the_partition_the_rule_names() {
 #[tokio::test]
 async fn dead_letters_name_their_partition() {
     let (redis, store, dir) = RedisServer::start_with_store_and_dir("rb").await;
-    let port = free_port();
-    let cfg = partitioned_config(dir.path(), &redis, port, "a", 3);
-    let daemon = Daemon::start(&cfg, port).await;
+    let daemon = partitioned_daemon(dir.path(), &redis, "a", 3).await;
     let now = now_ms().to_string();
     for (p, id) in [(1, "bad-1"), (2, "bad-2")] {
         let _: String = store

@@ -16,7 +16,9 @@ use crate::support::daemon::Daemon;
 use crate::support::events::xadd_all;
 use crate::support::keys::intake_stream;
 use crate::support::model::{competition_ranks, Instance, Row};
-use crate::support::proptests::{run_cases_on_a_cluster, run_cases_threaded};
+use crate::support::proptests::{
+    run_cases_on_a_cluster, run_cases_threaded, threaded_runtime_with_store,
+};
 use crate::support::redis::{free_port, RedisServer};
 use crate::support::wait::wait_for;
 
@@ -231,10 +233,8 @@ fn on_a_cluster_counts_percentiles_dense_and_subset_ranks_equal_the_model() {
 /// A board without dense rank keeps no distinct totals and answers none.
 #[test]
 fn boards_without_dense_rank_keep_no_distinct_totals() {
-    let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let redis = RedisServer::start();
+    let (rt, _redis, store) = threaded_runtime_with_store();
     rt.block_on(async {
-        let store = redis.store("rb").await;
         for board in variants(SLICE, N) {
             let events = [ev("1", START, "a", 2), ev("2", START, "b", 2)];
             store

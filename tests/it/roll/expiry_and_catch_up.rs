@@ -11,8 +11,8 @@ use rollboard::store::{ApplyEvent, Outcome, Store};
 
 use crate::support::asserts::assert_verified;
 use crate::support::boards::{
-    amount_for, apply_events, apply_events_in, board, ev, resummarize, roll_all, roll_board,
-    scoped, DAY, HOUR, T0,
+    amount_for, apply_events, apply_events_in, apply_scoped_model, board, count_at, ev,
+    resummarize, roll_all, roll_board, scoped, total_at, DAY, HOUR, T0,
 };
 use crate::support::keys::{base, instance};
 use crate::support::model::{assert_matches, assert_rolled_and_verified, Instance};
@@ -49,11 +49,7 @@ async fn expiry_subtracts_each_dead_slice_and_forgets_its_members() {
     model.roll(&b.widest(), s0 + 3 * HOUR);
     assert_matches(&store, &b.widest(), None, &model, s0 + 3 * HOUR).await;
     assert_eq!(
-        store
-            .rank(&b.widest(), None, "a", s0 + 3 * HOUR)
-            .await
-            .unwrap()
-            .total,
+        total_at(&store, &b.widest(), "a", s0 + 3 * HOUR).await,
         Some(7)
     );
     // Then the second: a and b leave the ranking and the members map.
@@ -83,42 +79,46 @@ async fn expiry_subtracts_each_dead_slice_and_forgets_its_members() {
         "0"
     );
     assert_eq!(
-        redis
-            .cli(&["HGET", &instance("rooms", None).meta(), "expired_through"])
-            .trim(),
+        expired_through(&redis, "rooms").trim(),
         (s0 / HOUR + 1).to_string()
     );
     assert_verified(&store, &b.widest(), None).await;
 }
 
+/// The watermark (`expired_through`) recorded in the `meta` of `board`'s unscoped
+/// instance, as redis-cli prints it.
+fn expired_through(redis: &RedisServer, board: &str) -> String {
+    redis.cli(&["HGET", &instance(board, None).meta(), "expired_through"])
+}
+
+/// A fresh server and store, and a board `rooms` of `slices` hourly slices holding one
+/// event (`a`, 5 at [`T0`]).
+async fn rooms_with_one_event(slices: i64) -> (RedisServer, Store, Board) {
+    let (redis, store) = RedisServer::start_with_store("rb").await;
+    let b = board("rooms", HOUR, slices);
+    apply_events(&store, &b, &[ev("1", T0, "a", 5)], T0).await;
+    (redis, store, b)
+}
+
 #[tokio::test]
 async fn a_roll_at_an_earlier_time_changes_nothing() {
-    let (redis, store) = RedisServer::start_with_store("rb").await;
-    let b = board("rooms", HOUR, 3);
-    apply_events(&store, &b, &[ev("1", T0, "a", 5)], T0).await;
+    let (redis, store, b) = rooms_with_one_event(3).await;
     roll_board(&store, &b, T0 + 10 * HOUR).await;
-    let w = redis.cli(&["HGET", &instance("rooms", None).meta(), "expired_through"]);
+    let w = expired_through(&redis, "rooms");
     roll_board(&store, &b, T0).await;
-    assert_eq!(
-        redis.cli(&["HGET", &instance("rooms", None).meta(), "expired_through"]),
-        w
-    );
+    assert_eq!(expired_through(&redis, "rooms"), w);
     // An empty board still records its watermark.
     let empty = board("empty", HOUR, 3);
     roll_board(&store, &empty, T0).await;
     assert_eq!(
-        redis
-            .cli(&["HGET", &instance("empty", None).meta(), "expired_through"])
-            .trim(),
+        expired_through(&redis, "empty").trim(),
         (T0 / HOUR - 3).to_string()
     );
 }
 
 #[tokio::test]
 async fn late_events_never_land_in_a_dead_slice() {
-    let (redis, store) = RedisServer::start_with_store("rb").await;
-    let b = board("rooms", HOUR, 4);
-    apply_events(&store, &b, &[ev("1", T0, "a", 5)], T0).await;
+    let (redis, store, b) = rooms_with_one_event(4).await;
     // A roll ahead of the clock raises the watermark past slice_of(T0).
     roll_board(&store, &b, T0 + 5 * HOUR).await;
     let out = apply_events(
@@ -135,10 +135,7 @@ async fn late_events_never_land_in_a_dead_slice() {
             .trim(),
         "0"
     );
-    assert_eq!(
-        store.rank(&b.widest(), None, "a", T0).await.unwrap().total,
-        Some(1)
-    );
+    assert_eq!(total_at(&store, &b.widest(), "a", T0).await, Some(1));
 }
 
 #[tokio::test]
@@ -172,17 +169,7 @@ async fn catch_up_after_ten_days_equals_the_model() {
                 })
                 .collect();
             let model = models.entry((bi, scope.clone())).or_default();
-            let expected: Vec<Outcome> = events
-                .iter()
-                .map(|e| model.apply(&b.widest(), e, now))
-                .collect();
-            assert_eq!(
-                store
-                    .apply(b, scope.as_deref(), &events, now)
-                    .await
-                    .unwrap(),
-                expected
-            );
+            apply_scoped_model(&store, b, scope.as_deref(), model, &events, now).await;
         }
     }
     let end = T0 + 10 * DAY;
@@ -195,6 +182,24 @@ async fn catch_up_after_ten_days_equals_the_model() {
     }
 }
 
+/// `dead` events `d<i>` in the slice of [`T0`], of members `m<i>` sending `1 + i % cycle`,
+/// and `live` events `l<i>` an hour later, of the first `live` of those members sending
+/// `amount` each.
+fn dead_and_live(
+    dead: i64,
+    cycle: i64,
+    live: i64,
+    amount: i64,
+) -> (Vec<ApplyEvent>, Vec<ApplyEvent>) {
+    let dead = (0..dead)
+        .map(|i| ev(&format!("d{i}"), T0, &format!("m{i}"), 1 + i % cycle))
+        .collect();
+    let live = (0..live)
+        .map(|i| ev(&format!("l{i}"), T0 + HOUR, &format!("m{i}"), amount))
+        .collect();
+    (dead, live)
+}
+
 #[tokio::test]
 async fn two_rollers_subtract_every_amount_exactly_once() {
     let redis = RedisServer::start();
@@ -202,12 +207,7 @@ async fn two_rollers_subtract_every_amount_exactly_once() {
     let setup = redis.store("rb").await;
     let mut model = Instance::default();
     // 6000 members in the dead slice, 300 of them also live later.
-    let dead: Vec<ApplyEvent> = (0..6000)
-        .map(|i| ev(&format!("d{i}"), T0, &format!("m{i}"), 1 + i % 3))
-        .collect();
-    let live: Vec<ApplyEvent> = (0..300)
-        .map(|i| ev(&format!("l{i}"), T0 + HOUR, &format!("m{i}"), 10))
-        .collect();
+    let (dead, live) = dead_and_live(6000, 3, 300, 10);
     for chunk in dead.chunks(500).chain(live.chunks(500)) {
         let out = apply_events(&setup, &b, chunk, T0 + HOUR).await;
         assert!(out.iter().all(|o| *o == Outcome::Applied));
@@ -250,12 +250,7 @@ async fn a_roll_killed_mid_slice_then_rerun_ends_in_the_model_state() {
     let b = board("rooms", HOUR, 2);
     let mut model = Instance::default();
     let n = 60_000;
-    let dead: Vec<ApplyEvent> = (0..n)
-        .map(|i| ev(&format!("d{i}"), T0, &format!("m{i}"), 1 + i % 5))
-        .collect();
-    let live: Vec<ApplyEvent> = (0..2000)
-        .map(|i| ev(&format!("l{i}"), T0 + HOUR, &format!("m{i}"), 3))
-        .collect();
+    let (dead, live) = dead_and_live(n, 5, 2000, 3);
     for chunk in dead.chunks(1000).chain(live.chunks(1000)) {
         apply_events(&store, &b, chunk, T0 + HOUR).await;
         for e in chunk {
@@ -323,12 +318,7 @@ async fn an_emptied_scope_leaves_the_registry_and_redis() {
         "only the watermark stays"
     );
     assert_eq!(
-        store
-            .top(&b.widest(), Some("new"), 0, 10, T0 + 3 * HOUR)
-            .await
-            .unwrap()
-            .envelope
-            .count,
+        count_at(&store, &b.widest(), Some("new"), T0 + 3 * HOUR).await,
         1
     );
     // A copy of the old event, even judged at an old clock, is late: time never goes back.
@@ -416,17 +406,7 @@ async fn run_steps(store: &Store, steps: &[(Step, i64)]) {
                     })
                     .collect();
                 let model = models.entry((*b, scope.clone())).or_default();
-                let expected: Vec<Outcome> = events
-                    .iter()
-                    .map(|e| model.apply(&board.widest(), e, now))
-                    .collect();
-                assert_eq!(
-                    store
-                        .apply(board, scope.as_deref(), &events, now)
-                        .await
-                        .unwrap(),
-                    expected
-                );
+                apply_scoped_model(store, board, scope.as_deref(), model, &events, now).await;
                 if board.mode == Mode::Incremental {
                     assert_matches(store, &board.widest(), scope.as_deref(), model, now).await;
                 }

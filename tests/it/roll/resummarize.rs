@@ -4,12 +4,12 @@
 
 use fred::prelude::*;
 use rollboard::roll;
-use rollboard::store::{ApplyEvent, Outcome};
+use rollboard::store::ApplyEvent;
 
 use crate::support::asserts::{assert_no_scratch, assert_verified, verify_differences};
 use crate::support::boards::{
-    apply_events, board, ev, resummarize, resummarize_at_t0, roll_all, roll_board, scoped, DAY,
-    HOUR, T0,
+    apply_events, board, count_at, ev, resummarize, resummarize_at_t0, roll_all, roll_board,
+    scoped, total_at, DAY, HOUR, T0,
 };
 use crate::support::keys::instance;
 use crate::support::model::{assert_matches, Instance};
@@ -53,7 +53,7 @@ async fn a_swap_that_runs_twice_changes_nothing_the_second_time() {
         "resent swap refused"
     );
     assert_eq!(
-        store.rank(&b.widest(), None, "a", T0).await.unwrap().total,
+        total_at(&store, &b.widest(), "a", T0).await,
         Some(5),
         "ranking intact"
     );
@@ -66,10 +66,7 @@ async fn a_swap_that_runs_twice_changes_nothing_the_second_time() {
         .swap(&b.widest(), None, "t2", targets, at(4))
         .await
         .unwrap());
-    assert_eq!(
-        store.rank(&b.widest(), None, "a", T0).await.unwrap().total,
-        Some(5)
-    );
+    assert_eq!(total_at(&store, &b.widest(), "a", T0).await, Some(5));
 }
 
 #[tokio::test]
@@ -78,20 +75,12 @@ async fn resummarize_tracks_new_events_only_at_its_runs() {
     let b = resummarize("res", HOUR, 3);
     apply_events(&store, &b, &[ev("1", T0, "a", 5)], T0).await;
     assert_eq!(
-        store
-            .top(&b.widest(), None, 0, 10, T0)
-            .await
-            .unwrap()
-            .envelope
-            .count,
+        count_at(&store, &b.widest(), None, T0).await,
         0,
         "nothing until the job runs"
     );
     roll_board(&store, &b, T0).await;
-    assert_eq!(
-        store.rank(&b.widest(), None, "a", T0).await.unwrap().total,
-        Some(5)
-    );
+    assert_eq!(total_at(&store, &b.widest(), "a", T0).await, Some(5));
     apply_events(&store, &b, &[ev("2", T0 + 1, "a", 5)], T0).await;
     let lag = roll::verify(&store, &b.widest(), None, 10).await.unwrap();
     assert_eq!((lag.differences.len(), lag.amount_behind), (1, 5));
@@ -118,10 +107,7 @@ async fn a_resummarize_instance_that_did_not_change_keeps_its_ranking_without_a_
     let (redis, store, b, s0) = resummarize_at_t0("res", HOUR, 3).await;
     let mut model = Instance::default();
     let apply = async |model: &mut Instance, events: &[ApplyEvent], now: i64| {
-        let expected: Vec<Outcome> = events
-            .iter()
-            .map(|e| model.apply(&b.widest(), e, now))
-            .collect();
+        let expected = model.apply_all(&b.widest(), events, now);
         assert_eq!(apply_events(&store, &b, events, now).await, expected);
     };
     let run = async |now: i64| {
@@ -189,15 +175,9 @@ async fn an_unchanged_resummarize_ranking_is_summed_again_after_an_hour() {
     // A write that no `gen` counts (by hand): shown once the hour is up.
     let slice = instance("daily", None).slice(b.slice_of(d0));
     redis.cli(&["HSET", &slice, "a", "8"]);
-    assert_eq!(
-        store.rank(&b.widest(), None, "a", d0).await.unwrap().total,
-        Some(5)
-    );
+    assert_eq!(total_at(&store, &b.widest(), "a", d0).await, Some(5));
     assert_eq!(resummed(d0 + EVERY).await, 1, "an hour after the last sum");
-    assert_eq!(
-        store.rank(&b.widest(), None, "a", d0).await.unwrap().total,
-        Some(8)
-    );
+    assert_eq!(total_at(&store, &b.widest(), "a", d0).await, Some(8));
     assert_eq!(resummed(d0 + EVERY + 1).await, 0);
 }
 
@@ -244,13 +224,7 @@ async fn a_sum_read_before_a_newer_one_of_the_same_window_is_not_swapped_over_it
             .await
             .unwrap()
     };
-    let total_of_a = async || {
-        store
-            .rank(&b.widest(), None, "a", s0 + 1)
-            .await
-            .unwrap()
-            .total
-    };
+    let total_of_a = async || total_at(&store, &b.widest(), "a", s0 + 1).await;
     assert!(!swap("slow", slow.gen.as_str()).await);
     assert_eq!(total_of_a().await, Some(9));
     assert_eq!(store.summed(&b.widest(), None).await.unwrap(), fast);

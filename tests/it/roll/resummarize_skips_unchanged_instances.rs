@@ -4,12 +4,12 @@
 
 use rollboard::domain::board::TieBreak;
 use rollboard::roll;
-use rollboard::store::{ApplyEvent, Outcome, SwapCheck};
+use rollboard::store::{ApplyEvent, SwapCheck};
 
 use crate::support::asserts::assert_no_scratch;
 use crate::support::boards::{
-    apply_events, apply_model, apply_scoped_model, ev, resummarize, resummarize_at_t0,
-    roll_and_match, roll_board, row, scoped, DAY, HOUR, RANKING, T0,
+    apply_events, apply_model, apply_scoped_model, count_at, ev, rank_at, resummarize,
+    resummarize_at_t0, roll_and_match, roll_board, row, scoped, total_at, DAY, HOUR, RANKING, T0,
 };
 use crate::support::keys::{instance, schema};
 use crate::support::model::{assert_matches, Instance};
@@ -35,10 +35,7 @@ async fn a_member_repaired_by_rebuild_is_not_lost_to_a_racing_run_for_an_hour() 
     )
     .await;
     assert_eq!(roll_board(&store, &b, d0).await.resummed, 1);
-    assert_eq!(
-        store.rank(&b.widest(), None, "x", d0).await.unwrap().total,
-        Some(7)
-    );
+    assert_eq!(total_at(&store, &b.widest(), "x", d0).await, Some(7));
 
     // x's tie-break time is lost (the case `rebuild` repairs), and another event arrives.
     redis.cli(&["HDEL", &instance("res", None).members(), "x"]);
@@ -67,14 +64,7 @@ async fn a_member_repaired_by_rebuild_is_not_lost_to_a_racing_run_for_an_hour() 
     // The operator's rebuild runs meanwhile: x is restored and ranked.
     let rebuilt = roll::rebuild(&store, &b.widest(), None, 100).await.unwrap();
     assert_eq!(rebuilt.estimated, ["x"]);
-    assert_eq!(
-        store
-            .rank(&b.widest(), None, "x", d0 + 3)
-            .await
-            .unwrap()
-            .total,
-        Some(7)
-    );
+    assert_eq!(total_at(&store, &b.widest(), "x", d0 + 3).await, Some(7));
 
     // Replica A swaps last: refused, its sum was read before the rebuild's.
     let check = SwapCheck {
@@ -87,14 +77,7 @@ async fn a_member_repaired_by_rebuild_is_not_lost_to_a_racing_run_for_an_hour() 
         .await
         .unwrap());
     store.discard(&b.widest(), None, "replica-a").await.unwrap();
-    assert_eq!(
-        store
-            .rank(&b.widest(), None, "x", d0 + 3)
-            .await
-            .unwrap()
-            .total,
-        Some(7)
-    );
+    assert_eq!(total_at(&store, &b.widest(), "x", d0 + 3).await, Some(7));
 
     // The next run sums again (the rebuild recorded no run time) and keeps x ranked.
     assert_eq!(roll_board(&store, &b, d0 + 4).await.resummed, 1);
@@ -104,14 +87,7 @@ async fn a_member_repaired_by_rebuild_is_not_lost_to_a_racing_run_for_an_hour() 
         "one run after the rebuild, the ranking still lacks {:?}",
         v.differences
     );
-    assert_eq!(
-        store
-            .rank(&b.widest(), None, "x", d0 + 4)
-            .await
-            .unwrap()
-            .total,
-        Some(7)
-    );
+    assert_eq!(total_at(&store, &b.widest(), "x", d0 + 4).await, Some(7));
 }
 
 /// The same gap without a race: a rebuild that stops between its stage calls (which
@@ -129,14 +105,7 @@ async fn a_member_restored_by_an_interrupted_rebuild_is_ranked_at_the_next_run()
     redis.cli(&["HDEL", &instance("res", None).members(), "x"]);
     apply_events(&store, &b, &[ev("2", d0 + 1, "a", 5)], d0 + 1).await;
     assert_eq!(roll_board(&store, &b, d0 + 2).await.resummed, 1);
-    assert_eq!(
-        store
-            .rank(&b.widest(), None, "x", d0 + 2)
-            .await
-            .unwrap()
-            .total,
-        None
-    );
+    assert_eq!(total_at(&store, &b.widest(), "x", d0 + 2).await, None);
 
     // A rebuild stages its rows (x's fallback time is written into `members`) and stops
     // before its swap; its scratch keys are discarded, as `replace` does on an error.
@@ -227,14 +196,7 @@ async fn a_tie_break_time_that_moves_without_a_total_change_is_shown_at_the_next
     let mut model = Instance::default();
     apply_model(&store, &b, &mut model, &tied, s0 + 10).await;
     roll_and_match(&store, &b, None, &mut model, s0 + 10).await;
-    assert_eq!(
-        store
-            .rank(&b.widest(), None, "b", s0 + 10)
-            .await
-            .unwrap()
-            .rank,
-        Some(1)
-    );
+    assert_eq!(rank_at(&store, &b.widest(), "b", s0 + 10).await, Some(1));
 
     // a: +3 then -3, later than b's event; the total stays 5, the latest time moves.
     apply_model(
@@ -314,11 +276,7 @@ async fn a_sum_record_that_is_not_a_number_is_summed_over() {
             "{field} = {value:?}"
         );
         assert_eq!(
-            store
-                .rank(&b.widest(), None, "a", d0 + 1)
-                .await
-                .unwrap()
-                .total,
+            total_at(&store, &b.widest(), "a", d0 + 1).await,
             Some(6 + value.len() as i64),
             "{field} = {value:?}: swapped"
         );
@@ -343,15 +301,7 @@ async fn a_watermark_lowered_by_the_readme_procedure_is_summed_and_then_kept() {
     roll_board(&store, &b, ahead).await;
     let far = store.summed(&b.widest(), None).await.unwrap();
     assert_eq!(far.summed_through, Some(b.slice_of(ahead) - 3));
-    assert_eq!(
-        store
-            .top(&b.widest(), None, 0, 10, s0)
-            .await
-            .unwrap()
-            .envelope
-            .count,
-        0
-    );
+    assert_eq!(count_at(&store, &b.widest(), None, s0).await, 0);
 
     // docs/operations.md's script, at W = the clock's watermark.
     let w = (b.slice_of(s0 + 1) - 3).to_string();
@@ -408,10 +358,7 @@ async fn two_replicas_racing_with_ingest_end_equal_to_the_model() {
                 )
             })
             .collect();
-        let expected: Vec<Outcome> = events
-            .iter()
-            .map(|e| model.apply(&b.widest(), e, now + 5))
-            .collect();
+        let expected = model.apply_all(&b.widest(), &events, now + 5);
         let (x, y, applied) = tokio::join!(
             roll_board(&one, &b, now + 5),
             roll_board(&two, &b, now + 5),

@@ -5,9 +5,9 @@
 use std::time::Duration;
 
 use fred::prelude::*;
-use rollboard::domain::board::Mode;
+use rollboard::domain::board::{Board, Mode};
 use rollboard::roll;
-use rollboard::store::Outcome;
+use rollboard::store::{Outcome, Store};
 use tokio_util::sync::CancellationToken;
 
 use crate::support::boards::{apply_events_in, board, ev, roll_board, scoped, DAY, HOUR, T0};
@@ -280,6 +280,15 @@ async fn roll_ahead_of_the_clock_is_refused_in_both_spellings() {
     assert_eq!(w, (now - 60_000) / six - 28);
 }
 
+/// The window (from, to) a `top` of `board`'s instance `scope` at `now` answers for.
+async fn window_of(store: &Store, board: &Board, scope: &str, now: i64) -> (i64, i64) {
+    let page = store
+        .top(&board.widest(), Some(scope), 0, 10, now)
+        .await
+        .unwrap();
+    (page.envelope.window_from, page.envelope.window_to)
+}
+
 #[tokio::test]
 async fn a_roll_ahead_of_the_clock_moves_every_instance_even_cleaned_up_ones() {
     let (_redis, store) = RedisServer::start_with_store("rb").await;
@@ -300,12 +309,8 @@ async fn a_roll_ahead_of_the_clock_moves_every_instance_even_cleaned_up_ones() {
         let window = ((s0 + 8) * HOUR, (s0 + 11) * HOUR);
         roll_board(&store, &b, ahead).await;
         for scope in ["kept", "gone", "never_seen"] {
-            let page = store
-                .top(&b.widest(), Some(scope), 0, 10, clock)
-                .await
-                .unwrap();
             assert_eq!(
-                (page.envelope.window_from, page.envelope.window_to),
+                window_of(&store, &b, scope, clock).await,
                 window,
                 "{b} [{scope}]: the window of the roll at {ahead}"
             );
@@ -325,12 +330,8 @@ async fn a_roll_ahead_of_the_clock_moves_every_instance_even_cleaned_up_ones() {
         // Time never goes back: a roll at the clock again changes nothing.
         roll_board(&store, &b, clock).await;
         for scope in ["kept", "gone"] {
-            let page = store
-                .top(&b.widest(), Some(scope), 0, 10, clock)
-                .await
-                .unwrap();
             assert_eq!(
-                (page.envelope.window_from, page.envelope.window_to),
+                window_of(&store, &b, scope, clock).await,
                 window,
                 "{b} [{scope}]"
             );

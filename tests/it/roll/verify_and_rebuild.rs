@@ -10,7 +10,8 @@ use serde_json::Value;
 
 use crate::support::asserts::{assert_verified, verify_differences};
 use crate::support::boards::{
-    apply_events, board, ev, roll_board, roll_once, test_boards, variants, HOUR, T0,
+    apply_events, board, ev, roll_board, roll_once, test_boards, variants, with_fresh_store, HOUR,
+    T0,
 };
 use crate::support::cli::{rollboard, stderr, stdout};
 use crate::support::events::stepped_events;
@@ -120,8 +121,7 @@ async fn verify_summarises_and_rebuild_says_what_it_repaired() {
 
 #[tokio::test]
 async fn verify_finds_drift_and_rebuild_repairs_it() {
-    let (redis, store) = RedisServer::start_with_store("rb").await;
-    let mut b = board("rooms", HOUR, 24);
+    let (redis, store, mut b) = with_fresh_store(board("rooms", HOUR, 24)).await;
     b.tie_break = TieBreak::Latest;
     let events = stepped_events(50, T0, 60_000, 9);
     apply_events(&store, &b, &events, T0).await;
@@ -204,8 +204,7 @@ async fn verify_finds_drift_and_rebuild_repairs_it() {
 
 #[tokio::test]
 async fn verify_and_rebuild_see_a_slice_that_a_cancelled_roll_left_behind() {
-    let (_redis, store) = RedisServer::start_with_store("rb").await;
-    let b = board("rooms", HOUR, 2);
+    let (_redis, store, b) = with_fresh_store(board("rooms", HOUR, 2)).await;
     let events = [
         ev("1", T0, "alice", 10),
         ev("2", T0 + HOUR, "alice", 5),

@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use super::every_answer_matches_the_model::{NAMES, NOBODY};
 use crate::support::boards::{redis_now, HOUR};
-use crate::support::config::{server_and_config, write_config};
+use crate::support::config::{board_table, server_and_config, write_config};
 use crate::support::daemon::Daemon;
 use crate::support::env::env_seed;
 use crate::support::events::{letters, post_events, Fields};
@@ -20,26 +20,17 @@ use crate::support::wait::{drained, wait_for};
 
 /// Two boards of the same events, one spread over four shards. Windows wide beside the
 /// events (at most three hours old): a roll during the test changes no ranking.
-const BOARDS: &str = r#"
-[[boards]]
-name = "fans_sharded"
-member = "fan"
-amount = "coins"
-windows = ["6h", "24h"]
-slice = "1h"
-tie_break = "none"
-allow_negative = true
-shards = 4
-
-[[boards]]
-name = "fans_twin"
-member = "fan"
-amount = "coins"
-windows = ["6h", "24h"]
-slice = "1h"
-tie_break = "none"
-allow_negative = true
-"#;
+fn boards() -> String {
+    let fans = "amount = \"coins\"\ntie_break = \"none\"\nallow_negative = true\n";
+    let windows = r#"["6h", "24h"]"#;
+    let sharded = board_table(
+        "fans_sharded",
+        "fan",
+        windows,
+        &format!("{fans}shards = 4\n"),
+    );
+    sharded + &board_table("fans_twin", "fan", windows, fans)
+}
 
 /// An answer without what may differ between two boards of the same events: the board's
 /// name (also in an error's text) and `as_of` (the server's time of each board's last
@@ -103,7 +94,7 @@ async fn assert_alike(daemon: &Daemon, path: &str, body: Option<&str>) {
 #[tokio::test]
 async fn a_sharded_board_answers_over_http_as_its_unsharded_twin() {
     let (redis, _dir, port, config) =
-        server_and_config(|dir, redis, port| write_config(dir, redis, port, "shards", BOARDS));
+        server_and_config(|dir, redis, port| write_config(dir, redis, port, "shards", &boards()));
     let store = redis.store("rb").await;
     let daemon = Daemon::start(&config, port).await;
     let seed = env_seed("SHARDS_HTTP_SEED");

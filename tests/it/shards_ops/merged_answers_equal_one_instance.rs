@@ -10,7 +10,7 @@ use rollboard::store::{ApplyEvent, Store};
 
 use super::{apply_sharded, comparable, members_by_shard, now0, sharded, two_windows};
 use crate::support::asserts::side_by_side;
-use crate::support::boards::{apply_events, board, ev, roll_board, HOUR};
+use crate::support::boards::{apply_events, board, count_at, ev, roll_board, HOUR};
 use crate::support::redis::RedisServer;
 
 /// Events for the members of `by_shard`: ties between shards at every total (each total
@@ -83,12 +83,7 @@ async fn assert_same_answers(
     now: i64,
     sweep: &Sweep,
 ) {
-    let count = store
-        .top(&plain.widest(), None, 0, 1, now)
-        .await
-        .expect("top")
-        .envelope
-        .count;
+    let count = count_at(store, &plain.widest(), None, now).await;
     for &limit in sweep.limits {
         for offset in 0..count + 3 {
             let (a, b) = side_by_side((&plain.widest(), &shard.widest()), |v| {
@@ -173,12 +168,7 @@ async fn same_as_one_instance(tie: TieBreak, refunds: bool) {
     let b = apply_sharded(&store, &shard, &evs, now).await;
     assert_eq!(a, b);
     let members: Vec<String> = by_shard.concat();
-    let count = store
-        .top(&plain.widest(), None, 0, 1, now)
-        .await
-        .expect("top")
-        .envelope
-        .count;
+    let count = count_at(&store, &plain.widest(), None, now).await;
     assert!(count > 10, "{count}");
     assert_same_answers(&store, &plain, &shard, &members, now, &WIDE).await;
 

@@ -12,10 +12,10 @@ use tempfile::TempDir;
 
 use crate::support::boards::redis_now;
 use crate::support::cli::{assert_contains, assert_exit, run_rollboard, stderr, stdout};
-use crate::support::config::write_config;
+use crate::support::config::{server_and_config, write_config};
 use crate::support::daemon::Daemon;
 use crate::support::http::{get, json, post, post_to};
-use crate::support::redis::{free_port, RedisServer};
+use crate::support::redis::RedisServer;
 use crate::support::wait::drained;
 
 /// `sh`, spread over 4 shards, and `pl`, its twin on one instance: players' points over
@@ -50,10 +50,8 @@ struct Twins {
 
 /// A daemon with the twins, and each player's points posted (ties among them).
 async fn twins() -> Twins {
-    let redis = RedisServer::start();
-    let dir = tempfile::tempdir().expect("dir");
-    let port = free_port();
-    let config = write_config(dir.path(), &redis, port, "sh", TWINS);
+    let (redis, dir, port, config) =
+        server_and_config(|dir, redis, port| write_config(dir, redis, port, "sh", TWINS));
     let store = redis.store("rb").await;
     let daemon = Daemon::start(&config, port).await;
     let now = redis_now(&store).await;

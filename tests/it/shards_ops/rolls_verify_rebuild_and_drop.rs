@@ -21,7 +21,7 @@ use crate::support::cli::{
     assert_deleted_all, assert_exit, rollboard, run_rollboard, stderr, stdout,
 };
 use crate::support::cluster::RedisCluster;
-use crate::support::config::{boards_in, write_file, SOLO_BOARD};
+use crate::support::config::{board_table, boards_in, write_file, SOLO_BOARD};
 use crate::support::http::json;
 use crate::support::instances::bump;
 use crate::support::keys::{instance, records_prefix, scoped_prefix, shard, under};
@@ -120,27 +120,19 @@ async fn every_shard_rolls_and_an_emptied_shard_leaves_the_registry_and_comes_ba
 }
 
 /// A board `tips` of two shards, configured beside [`SOLO_BOARD`].
-const BOARDS: &str = r#"
-[[boards]]
-name = "tips"
-member = "user"
-window = "6h"
-slice = "1h"
-shards = 2
-"#;
-
-/// The boards of [`BOARDS`] and [`SOLO_BOARD`], as the command line reads them.
-fn boards() -> Vec<Board> {
-    boards_in(&format!("{BOARDS}{SOLO_BOARD}"))
+fn boards_toml() -> String {
+    board_table("tips", "user", "6h", "shards = 2\n") + SOLO_BOARD
 }
 
-/// A config file for the Redis at `url` with [`BOARDS`].
+/// The boards of [`boards_toml`], as the command line reads them.
+fn boards() -> Vec<Board> {
+    boards_in(&boards_toml())
+}
+
+/// A config file for the Redis at `url` with [`boards_toml`].
 fn config(dir: &Path, url: &str) -> PathBuf {
-    write_file(
-        dir,
-        "c.toml",
-        &format!("[redis]\nurl = \"{url}\"\n{BOARDS}{SOLO_BOARD}"),
-    )
+    let text = format!("[redis]\nurl = \"{url}\"\n{}", boards_toml());
+    write_file(dir, "c.toml", &text)
 }
 
 /// Adds `by` to the stored total of `member` in its shard, behind the scripts' back.

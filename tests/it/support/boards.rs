@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use fred::prelude::*;
 use rollboard::domain::board::{Board, Dedup, Mode, TieBreak, View};
+use rollboard::domain::ranking::MemberRank;
 use rollboard::roll::{self, Job};
 use rollboard::store::{ApplyEvent, Outcome, StageTargets, Staged, Store};
 use tokio_util::sync::CancellationToken;
@@ -325,13 +326,41 @@ pub fn entry(id: &str, fields: &[(&str, &str)]) -> rollboard::ingest::stream::En
     }
 }
 
+/// What `rank` answers for `member` on the unscoped instance in the window `view` at `now`.
+pub async fn rank_of(store: &Store, view: &View<'_>, member: &str, now: i64) -> MemberRank {
+    store.rank(view, None, member, now).await.expect("rank")
+}
+
 /// The total of `member` on the unscoped instance in the window `view` at `now`.
 pub async fn total_at(store: &Store, view: &View<'_>, member: &str, now: i64) -> Option<i64> {
+    rank_of(store, view, member, now).await.total
+}
+
+/// The rank of `member` on the unscoped instance in the window `view` at `now`.
+pub async fn rank_at(store: &Store, view: &View<'_>, member: &str, now: i64) -> Option<u64> {
+    rank_of(store, view, member, now).await.rank
+}
+
+/// How many members the instance `scope` of `view` ranks at `now` (the count of a `top`).
+pub async fn count_at(store: &Store, view: &View<'_>, scope: Option<&str>, now: i64) -> u64 {
+    let page = store.top(view, scope, 0, 10, now).await.expect("top");
+    page.envelope.count
+}
+
+/// Raises the watermark of `board`'s instance `scope` to where a roll at `now` puts it (the
+/// slice of `now` less a window's slices), as a roll's first step: the watermark and the
+/// slices that died.
+pub async fn raise_for_roll_at(
+    store: &Store,
+    board: &Board,
+    scope: Option<&str>,
+    now: i64,
+) -> (i64, Vec<i64>) {
+    let target = board.slice_of(now) - board.widest().slices_in_window();
     store
-        .rank(view, None, member, now)
+        .raise_watermark(&board.widest(), scope, target, now)
         .await
-        .expect("rank")
-        .total
+        .expect("raise the watermark")
 }
 
 /// Redis's clock (`TIME`), in epoch ms: the time rollboard judges by.
@@ -394,6 +423,13 @@ pub fn resummarize(name: &str, slice: i64, n: i64) -> Board {
     b
 }
 
+/// A fresh redis-server, a store on it (key prefix `rb`) and `boards` (a board, or a
+/// board and its twin, …): a test's start-up in one call.
+pub async fn with_fresh_store<B>(boards: B) -> (RedisServer, Store, B) {
+    let (redis, store) = RedisServer::start_with_store("rb").await;
+    (redis, store, boards)
+}
+
 /// A fresh server, a store, a [`resummarize`] board and the start of the slice holding [`T0`].
 pub async fn resummarize_at_t0(name: &str, slice: i64, n: i64) -> (RedisServer, Store, Board, i64) {
     let (redis, store) = RedisServer::start_with_store("rb").await;
@@ -426,10 +462,7 @@ pub async fn apply_scoped_model(
     events: &[ApplyEvent],
     now: i64,
 ) {
-    let expected: Vec<Outcome> = events
-        .iter()
-        .map(|e| model.apply(&b.widest(), e, now))
-        .collect();
+    let expected = model.apply_all(&b.widest(), events, now);
     assert_eq!(store.apply(b, scope, events, now).await.unwrap(), expected);
 }
 

@@ -149,6 +149,20 @@ pub fn append_config(path: &Path, text: &str) {
 pub const SOLO_BOARD: &str =
     "[[boards]]\nname = \"solo\"\nmember = \"user\"\nwindow = \"6h\"\nslice = \"1h\"\n";
 
+/// A `[[boards]]` table: board `name` ranking `member` in hourly slices over `window` (a
+/// width such as `6h`, or a TOML list of widths such as `["2h", "6h"]`), then the `extra`
+/// lines (`key = value`, each ending in a newline).
+pub fn board_table(name: &str, member: &str, window: &str, extra: &str) -> String {
+    let window = if window.starts_with('[') {
+        format!("windows = {window}")
+    } else {
+        format!("window = \"{window}\"")
+    };
+    format!(
+        "\n[[boards]]\nname = \"{name}\"\nmember = \"{member}\"\n{window}\nslice = \"1h\"\n{extra}"
+    )
+}
+
 /// The boards of the configuration text `toml`, as the command line reads them.
 pub fn boards_in(toml: &str) -> Vec<rollboard::domain::board::Board> {
     rollboard::config::Settings::from_toml(toml)

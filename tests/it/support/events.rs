@@ -213,6 +213,24 @@ pub async fn xadd_one(store: &Store, key: &str, fields: Vec<(&str, &str)>) -> St
         .expect("xadd")
 }
 
+/// `n` events `{prefix}0`, `{prefix}1`, …: event `i` for member `m{i % 7}` of amount
+/// `i + 1`, at `latest - (i % slices) * slice` (spread over the `slices` slices up to
+/// `latest`'s).
+pub fn cycled_events(
+    prefix: &str,
+    n: i64,
+    latest: i64,
+    slice: i64,
+    slices: i64,
+) -> Vec<rollboard::store::ApplyEvent> {
+    (0..n)
+        .map(|i| {
+            let (id, member) = (format!("{prefix}{i}"), format!("m{}", i % 7));
+            crate::support::boards::ev(&id, latest - (i % slices) * slice, &member, i + 1)
+        })
+        .collect()
+}
+
 /// `n` events `e0`, `e1`, …: event `i` at `latest - i * step` ms, for member `m{i % members}`,
 /// of amount `i + 1`.
 pub fn stepped_events(

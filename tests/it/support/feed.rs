@@ -1,10 +1,35 @@
 //! The change feed as a reader sees it (docs/design.md, *The change feed*): its entries read
-//! back, the entries one change of the top must write, and their replay over a top.
+//! back, the entries one change of the top must write, their replay over a top, and the
+//! generated tips a feed is tested with.
 
 use std::collections::HashMap;
 
 use fred::prelude::*;
-use rollboard::store::Store;
+use rollboard::domain::board::Board;
+use rollboard::store::{ApplyEvent, Store};
+
+use crate::support::boards::ev;
+
+/// A generated tip: its member's number, its amount and how many slices before now it is.
+pub type Tip = (usize, i64, i64);
+
+/// The events of `tips` to `board` at `now`, their ids `e<n>` counted on from
+/// `next_id`: tip `(m, amount, back)` is `amount` for member `m<m>`, `back` slices before
+/// `now`; an amount the board cannot take (0 or below, without refunds) is `1 - amount`.
+pub fn tip_events(board: &Board, tips: &[Tip], next_id: &mut usize, now: i64) -> Vec<ApplyEvent> {
+    let mut events = Vec::new();
+    for &(m, amount, back) in tips {
+        *next_id += 1;
+        let amount = if board.allow_negative || amount > 0 {
+            amount
+        } else {
+            1 - amount
+        };
+        let (id, member) = (format!("e{next_id}"), format!("m{m}"));
+        events.push(ev(&id, now - back * board.slice_ms, &member, amount));
+    }
+    events
+}
 
 /// One entry of a change stream, as written.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -80,6 +80,13 @@ pub fn shaped(shape: usize) -> Board {
     board
 }
 
+/// Board shape `shape` ([`shaped`]) and its [`twin`], the control it is compared with.
+pub fn shaped_and_twin(shape: usize) -> (Board, Board) {
+    let board = shaped(shape);
+    let control = twin(&board);
+    (board, control)
+}
+
 /// `board` and `control` hold the same data, their key names aside; `what` says where.
 pub async fn assert_same_contents(store: &Store, board: &Board, control: &Board, what: &str) {
     assert_eq!(

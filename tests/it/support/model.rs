@@ -70,6 +70,12 @@ impl Instance {
         Outcome::Applied
     }
 
+    /// Applies `events` in order to the instance in the window `view`, as [`Instance::apply`]
+    /// does each; their outcomes.
+    pub fn apply_all(&mut self, view: &View<'_>, events: &[ApplyEvent], now: i64) -> Vec<Outcome> {
+        events.iter().map(|e| self.apply(view, e, now)).collect()
+    }
+
     /// Rolls the instance in the window `view` at `now`.
     pub fn roll(&mut self, view: &View<'_>, now: i64) {
         self.last_roll = Some(self.last_roll.map_or(now, |r| r.max(now)));

@@ -25,6 +25,14 @@ pub fn runtime_with_store() -> (tokio::runtime::Runtime, RedisServer, Store) {
     (rt, redis, store)
 }
 
+/// A multi-thread runtime and a fresh redis-server with a store on it (key prefix `rb`),
+/// connected on that runtime.
+pub fn threaded_runtime_with_store() -> (tokio::runtime::Runtime, RedisServer, Store) {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let (redis, store) = rt.block_on(RedisServer::start_with_store("rb"));
+    (rt, redis, store)
+}
+
 /// A proptest runner trying `cases` cases (the rest of the configuration is the default).
 pub fn proptest_runner(cases: u32) -> TestRunner {
     TestRunner::new(Config {

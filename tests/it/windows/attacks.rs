@@ -11,10 +11,9 @@ use rollboard::store::Outcome;
 use crate::support::asserts::{assert_verified, total_in};
 use crate::support::boards::{
     apply_events, apply_events_in, board, ev, keys_matching, registered, roll_board, run_jobs,
-    set_string, HOUR, T0,
+    set_string, with_fresh_store, HOUR, T0,
 };
 use crate::support::keys::{instance, instance_in, under};
-use crate::support::redis::RedisServer;
 use crate::windows::one_ingest_every_window::two_windows;
 
 /// Half past an hour: `now - k * HOUR` is in the k-th slice before now's.
@@ -44,8 +43,7 @@ fn windows_of(b: &Board) -> (View<'_>, View<'_>) {
 /// expires the narrower window too, which must not keep its old totals for ever.
 #[tokio::test]
 async fn a_narrow_window_that_failed_to_roll_keeps_its_scope_registered() {
-    let (_redis, store) = RedisServer::start_with_store("rb").await;
-    let b = scoped_feed("tips");
+    let (_redis, store, b) = with_fresh_store(scoped_feed("tips")).await;
     let narrow = b.view(Some("2h")).unwrap();
     let now = now0();
     let out = apply_events_in(&store, &b, "r1", &[ev("1", now, "ann", 7)], now).await;
@@ -90,8 +88,7 @@ async fn a_narrow_window_that_failed_to_roll_keeps_its_scope_registered() {
 #[tokio::test]
 async fn a_forced_roll_stopped_after_the_narrow_window_is_finished_by_the_next() {
     use Outcome::*;
-    let (_redis, store) = RedisServer::start_with_store("rb").await;
-    let b = two_windows("tips");
+    let (_redis, store, b) = with_fresh_store(two_windows("tips")).await;
     let (narrow, wide) = windows_of(&b);
     let now = now0();
     let out = apply_events(
@@ -144,8 +141,7 @@ async fn a_forced_roll_stopped_after_the_narrow_window_is_finished_by_the_next()
 /// each window's slices are expired once, every total exact.
 #[tokio::test]
 async fn two_rollers_at_once_expire_every_window_once() {
-    let (_redis, store) = RedisServer::start_with_store("rb").await;
-    let plain = two_windows("plain");
+    let (_redis, store, plain) = with_fresh_store(two_windows("plain")).await;
     let rooms = scoped_feed("rooms");
     let now = now0();
     let mut events = Vec::new();
@@ -223,8 +219,7 @@ async fn two_rollers_at_once_expire_every_window_once() {
 /// window named as configured (the widest listed first here), each unranked.
 #[tokio::test]
 async fn all_windows_of_a_member_or_scope_held_nowhere_is_unranked_in_each() {
-    let (_redis, store) = RedisServer::start_with_store("rb").await;
-    let mut b = scoped_feed("tips");
+    let (_redis, store, mut b) = with_fresh_store(scoped_feed("tips")).await;
     b.windows.reverse();
     let now = now0();
     apply_events_in(&store, &b, "r1", &[ev("1", now, "ann", 7)], now).await;
@@ -257,8 +252,7 @@ async fn all_windows_of_a_member_or_scope_held_nowhere_is_unranked_in_each() {
 /// answers with its name as configured; its keys carry its width in its largest unit.
 #[tokio::test]
 async fn a_window_named_by_an_equal_duration_reads_that_window() {
-    let (_redis, store) = RedisServer::start_with_store("rb").await;
-    let mut b = board("days", HOUR, 7 * 24);
+    let (_redis, store, mut b) = with_fresh_store(board("days", HOUR, 7 * 24)).await;
     b.windows = vec![
         Window {
             name: "7d".into(),
@@ -308,8 +302,7 @@ async fn a_window_named_by_an_equal_duration_reads_that_window() {
 #[tokio::test]
 async fn a_short_dedup_window_never_counts_a_copy_twice_in_any_window() {
     use Outcome::*;
-    let (_redis, store) = RedisServer::start_with_store("rb").await;
-    let mut b = two_windows("short");
+    let (_redis, store, mut b) = with_fresh_store(two_windows("short")).await;
     b.dedup = rollboard::domain::board::Dedup::AfterSlice(HOUR);
     let (narrow, wide) = windows_of(&b);
     let now = now0();
@@ -345,8 +338,7 @@ async fn a_short_dedup_window_never_counts_a_copy_twice_in_any_window() {
 /// other answers), and a roll counts the instance failed there while it rolls the widest.
 #[tokio::test]
 async fn a_narrow_key_of_the_wrong_type_fails_its_query_and_roll_only() {
-    let (_redis, store) = RedisServer::start_with_store("rb").await;
-    let b = two_windows("bad");
+    let (_redis, store, b) = with_fresh_store(two_windows("bad")).await;
     let (narrow, wide) = windows_of(&b);
     let now = now0();
     apply_events(

@@ -12,9 +12,10 @@ use rollboard::store::{ApplyEvent, Outcome, Store};
 use super::every_window_matches_the_model::{assert_window, windowed, Windows};
 use crate::support::asserts::assert_verified;
 use crate::support::boards::{
-    apply_events, board, dump, ev, keys_matching, remembers, roll_board, seen_table, set_string,
-    total_at, HOUR, T0,
+    apply_events, board, count_at, dump, ev, keys_matching, remembers, roll_board, seen_table,
+    set_string, total_at, with_fresh_store, HOUR, T0,
 };
+use crate::support::events::cycled_events;
 use crate::support::feed::{changes_after, replay};
 use crate::support::keys::{instance_in, schema, under};
 use crate::support::proxy::Proxy;
@@ -72,14 +73,21 @@ async fn assert_windows(store: &Store, model: &Windows, now: i64) {
     }
 }
 
+/// Every window of `b` equals the model, and `verify` finds nothing wrong in any of them.
+async fn assert_windows_verified(store: &Store, model: &Windows, now: i64) {
+    assert_windows(store, model, now).await;
+    for view in &model.views() {
+        assert_verified(store, view, None).await;
+    }
+}
+
 /// A 2h window at exactly 2^53 - 1 while the 6h window, holding a refund older than 2h,
 /// is below it: one more unit there is an overflow in every window, writes nothing and is
 /// not remembered; once the 2h window has let go of its older slice the same event counts.
 #[tokio::test]
 async fn a_total_past_the_limit_in_the_narrow_window_only_is_an_overflow_everywhere() {
     use Outcome::*;
-    let (_redis, store) = RedisServer::start_with_store("rb").await;
-    let mut b = windowed("limit", &[2, 6]);
+    let (_redis, store, mut b) = with_fresh_store(windowed("limit", &[2, 6])).await;
     b.allow_negative = true;
     let (narrow, wide) = (b.view(Some("2h")).unwrap(), b.view(Some("6h")).unwrap());
     let mut model = Windows::new(&b);
@@ -122,10 +130,7 @@ async fn a_total_past_the_limit_in_the_narrow_window_only_is_an_overflow_everywh
         total_at(&store, &wide, "m", later).await,
         Some(MAX_TOTAL - 8)
     );
-    assert_windows(&store, &model, later).await;
-    for view in &model.views() {
-        assert_verified(&store, view, None).await;
-    }
+    assert_windows_verified(&store, &model, later).await;
 }
 
 /// An event older than the 2h window but inside the 6h one counts in the 6h window and
@@ -133,8 +138,7 @@ async fn a_total_past_the_limit_in_the_narrow_window_only_is_an_overflow_everywh
 #[tokio::test]
 async fn an_event_live_only_in_the_wide_window_leaves_the_narrow_untouched() {
     use Outcome::*;
-    let (redis, store) = RedisServer::start_with_store("rb").await;
-    let b = windowed("wideonly", &[6, 2]);
+    let (redis, store, b) = with_fresh_store(windowed("wideonly", &[6, 2])).await;
     let (narrow, wide) = (b.view(Some("2h")).unwrap(), b.view(Some("6h")).unwrap());
     assert_eq!(
         b.view(None),
@@ -143,15 +147,8 @@ async fn an_event_live_only_in_the_wide_window_leaves_the_narrow_untouched() {
     );
     let mut model = Windows::new(&b);
     let now = now0();
-    apply_both(
-        &store,
-        &b,
-        &mut model,
-        &[ev("1", now, "ann", 2)],
-        now,
-        &[Applied],
-    )
-    .await;
+    let first = [ev("1", now, "ann", 2)];
+    apply_both(&store, &b, &mut model, &first, now, &[Applied]).await;
     let narrow_keys = || async {
         let mut all = every_key(&store, "wideonly").await;
         all.retain(|k, _| k.starts_with(&under(&instance_in("wideonly", None, "2h"), "")));
@@ -164,38 +161,15 @@ async fn an_event_live_only_in_the_wide_window_leaves_the_narrow_untouched() {
     );
 
     let old = now - 3 * HOUR;
-    apply_both(
-        &store,
-        &b,
-        &mut model,
-        &[ev("2", old, "bob", 9)],
-        now,
-        &[Applied],
-    )
-    .await;
+    let second = [ev("2", old, "bob", 9)];
+    apply_both(&store, &b, &mut model, &second, now, &[Applied]).await;
     assert_eq!(narrow_keys().await, before, "the 2h window was written");
     let slice = instance_in("wideonly", None, "2h").slice(b.slice_of(old));
     assert_eq!(redis.cli(&["EXISTS", &slice]).trim(), "0");
     assert_eq!(total_at(&store, &wide, "bob", now).await, Some(9));
     assert_eq!(total_at(&store, &narrow, "bob", now).await, None);
-    assert_eq!(
-        store
-            .top(&narrow, None, 0, 10, now)
-            .await
-            .unwrap()
-            .envelope
-            .count,
-        1
-    );
-    assert_eq!(
-        store
-            .top(&wide, None, 0, 10, now)
-            .await
-            .unwrap()
-            .envelope
-            .count,
-        2
-    );
+    assert_eq!(count_at(&store, &narrow, None, now).await, 1);
+    assert_eq!(count_at(&store, &wide, None, now).await, 2);
 
     let everything = every_key(&store, "wideonly").await;
     let late = [ev("3", now - 7 * HOUR, "cat", 4)];
@@ -214,8 +188,7 @@ async fn an_event_live_only_in_the_wide_window_leaves_the_narrow_untouched() {
 #[tokio::test]
 async fn a_duplicate_is_one_whichever_windows_its_first_copy_counted_in() {
     use Outcome::*;
-    let (_redis, store) = RedisServer::start_with_store("rb").await;
-    let b = windowed("dups", &[2, 6]);
+    let (_redis, store, b) = with_fresh_store(windowed("dups", &[2, 6])).await;
     let (narrow, wide) = (b.view(Some("2h")).unwrap(), b.view(Some("6h")).unwrap());
     let mut model = Windows::new(&b);
     let now = now0();
@@ -238,26 +211,10 @@ async fn a_duplicate_is_one_whichever_windows_its_first_copy_counted_in() {
     let later = now + 2 * HOUR;
     roll_board(&store, &b, later).await;
     model.roll_all(later);
-    assert_eq!(
-        store
-            .top(&narrow, None, 0, 10, later)
-            .await
-            .unwrap()
-            .envelope
-            .count,
-        0
-    );
+    assert_eq!(count_at(&store, &narrow, None, later).await, 0);
     let copies = [ev("both", now, "m", 5), ev("wide", now - 3 * HOUR, "m", 7)];
     apply_both(&store, &b, &mut model, &copies, later, &[Duplicate; 2]).await;
-    assert_eq!(
-        store
-            .top(&narrow, None, 0, 10, later)
-            .await
-            .unwrap()
-            .envelope
-            .count,
-        0
-    );
+    assert_eq!(count_at(&store, &narrow, None, later).await, 0);
     assert_eq!(total_at(&store, &wide, "m", later).await, Some(12));
     assert_windows(&store, &model, later).await;
 }
@@ -281,16 +238,7 @@ async fn a_batch_retried_after_a_lost_reply_counts_once_in_every_window() {
     // The library loaded, so that the first apply call of the batch is the one cut.
     let warm = board("warm", HOUR, 1);
     apply_events(&store, &warm, &[ev("w", now, "m", 1)], now).await;
-    let events: Vec<ApplyEvent> = (0..40)
-        .map(|i| {
-            ev(
-                &format!("e{i}"),
-                now - (i % 5) * HOUR,
-                &format!("m{}", i % 7),
-                i + 1,
-            )
-        })
-        .collect();
+    let events = cycled_events("e", 40, now, HOUR, 5);
     // The events as the calls take them (member by member), and the first call's share.
     let order = rollboard::store::apply_order(&events);
     let taken: Vec<ApplyEvent> = order.iter().map(|&i| events[i].clone()).collect();
@@ -344,8 +292,7 @@ async fn a_batch_retried_after_a_lost_reply_counts_once_in_every_window() {
 #[tokio::test]
 async fn a_key_of_the_wrong_type_in_a_narrower_window_fails_the_call_before_any_write() {
     use Outcome::*;
-    let (_redis, store) = RedisServer::start_with_store("rb").await;
-    let mut b = windowed("typed", &[1, 2, 6]);
+    let (_redis, store, mut b) = with_fresh_store(windowed("typed", &[1, 2, 6])).await;
     b.allow_negative = true;
     b.dense_rank = true;
     b.changes = Some(Changes {
@@ -424,10 +371,7 @@ async fn a_key_of_the_wrong_type_in_a_narrower_window_fails_the_call_before_any_
             &[Duplicate, Duplicate, Duplicate, Late],
         )
         .await;
-        assert_windows(&store, &model, now).await;
-        for view in &model.views() {
-            assert_verified(&store, view, None).await;
-        }
+        assert_windows_verified(&store, &model, now).await;
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
@@ -437,8 +381,7 @@ async fn a_key_of_the_wrong_type_in_a_narrower_window_fails_the_call_before_any_
 #[tokio::test]
 async fn a_refund_to_zero_in_one_window_leaves_the_member_ranked_in_the_other() {
     use Outcome::*;
-    let (_redis, store) = RedisServer::start_with_store("rb").await;
-    let mut b = windowed("zero", &[2, 6]);
+    let (_redis, store, mut b) = with_fresh_store(windowed("zero", &[2, 6])).await;
     b.allow_negative = true;
     b.dense_rank = true;
     b.changes = Some(Changes {
@@ -472,10 +415,7 @@ async fn a_refund_to_zero_in_one_window_leaves_the_member_ranked_in_the_other() 
         replay(&mut replayed, &changes, 3);
         assert_eq!(replayed, top, "feed of window {}", view.window_name());
     }
-    assert_windows(&store, &model, now).await;
-    for view in &model.views() {
-        assert_verified(&store, view, None).await;
-    }
+    assert_windows_verified(&store, &model, now).await;
 }
 
 /// The distinct totals of a `dense_rank` board's widest window (and of a board with one

@@ -12,7 +12,7 @@ use serde_json::Value;
 
 use crate::support::boards::{apply_events, apply_events_in, dump, ev, keys_matching, HOUR};
 use crate::support::cli::{assert_exit, run_rollboard, stdout};
-use crate::support::config::{boards_in, write_file, SOLO_BOARD};
+use crate::support::config::{board_table, boards_in, write_file, SOLO_BOARD};
 use crate::support::http::json;
 use crate::support::instances::bump;
 use crate::support::keys::{instance, under};
@@ -20,20 +20,15 @@ use crate::support::redis::RedisServer;
 
 const NOW: i64 = 1_763_700_000_000;
 
-/// A scoped board ranking the last 2 and 6 hours, configured beside [`SOLO_BOARD`] (an
-/// unscoped board with one window).
-const BOARDS: &str = r#"
-[[boards]]
-name = "tips"
-member = "user"
-scope = "room"
-windows = ["2h", "6h"]
-slice = "1h"
-"#;
+/// A scoped board `tips` ranking the last 2 and 6 hours, configured beside [`SOLO_BOARD`]
+/// (an unscoped board with one window).
+fn boards_toml() -> String {
+    board_table("tips", "user", r#"["2h", "6h"]"#, "scope = \"room\"\n") + SOLO_BOARD
+}
 
-/// The boards of [`BOARDS`] and [`SOLO_BOARD`], as the command line reads them.
+/// The boards of [`boards_toml`], as the command line reads them.
 fn boards() -> Vec<Board> {
-    boards_in(&format!("{BOARDS}{SOLO_BOARD}"))
+    boards_in(&boards_toml())
 }
 
 /// Every key of the widest window's instance of `scope` (no `:w:` in its name) with its
@@ -56,7 +51,7 @@ async fn verify_names_each_window_and_rebuild_repairs_every_window() {
     let config = write_file(
         dir.path(),
         "c.toml",
-        &format!("[redis]\nurl = \"{}\"\n{BOARDS}{SOLO_BOARD}", redis.url()),
+        &format!("[redis]\nurl = \"{}\"\n{}", redis.url(), boards_toml()),
     );
     let [tips, solo] = <[Board; 2]>::try_from(boards()).expect("two boards");
     let (short, wide) = (
