@@ -19,7 +19,7 @@ use rollboard::store::Store;
 use crate::support::boards::{board, dump, entry, ingest_settings, roll_all, set_string, Consumer};
 use crate::support::cli::{assert_contains, assert_deleted_all, rollboard, stderr, stdout};
 use crate::support::keys::{instance, instance_in, intake_stream, records_prefix, schema, under};
-use crate::support::redis::{keyed, RedisServer};
+use crate::support::redis::RedisServer;
 
 const SLICE: i64 = 60_000;
 const N: i64 = 10;
@@ -188,9 +188,7 @@ fn of_tips(key: &str) -> bool {
         && key != under(&instance("tips", None), "not-ours")
 }
 
-/// Every key of the server, with its DUMP (a Hash with its fields and values instead: the
-/// DUMP of a hashtable-encoded Hash lists its fields in the table's order, which a read
-/// can change while the table is being rehashed).
+/// Every key of the server, with its content (support's `dump`).
 async fn dump_all(store: &Store) -> BTreeMap<String, Vec<u8>> {
     let mut keys = BTreeSet::new();
     let mut cursor = "0".to_string();
@@ -211,17 +209,6 @@ async fn dump_all(store: &Store) -> BTreeMap<String, Vec<u8>> {
     }
     let mut out = BTreeMap::new();
     for key in keys {
-        let kind: String = keyed(store, "TYPE", vec![&key]).await;
-        if kind == "hash" {
-            let flat: Vec<Value> = keyed(store, "HGETALL", vec![&key]).await;
-            let bytes = |v: &Value| v.as_bytes().map(<[u8]>::to_vec).unwrap_or_default();
-            let fields: BTreeMap<Vec<u8>, Vec<u8>> = flat
-                .chunks(2)
-                .map(|pair| (bytes(&pair[0]), bytes(&pair[pair.len() - 1])))
-                .collect();
-            out.insert(key, format!("hash {fields:?}").into_bytes());
-            continue;
-        }
         let bytes = dump(store, &key).await;
         out.insert(key, bytes);
     }

@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use crate::support::config::BOARDS;
 use crate::support::keys::{dead_letter_stream, instance, under};
 use crate::support::model::Instance;
-use crate::support::redis::RedisServer;
+use crate::support::redis::{keyed, RedisServer};
 
 /// An event for `Store::apply`.
 pub fn ev(id: &str, ts: i64, member: &str, amount: i64) -> ApplyEvent {
@@ -112,43 +112,20 @@ pub async fn keys_matching(store: &Store, pattern: &str) -> Vec<String> {
 /// table's order, which a read can change while the table is being rehashed, and Valkey
 /// orders them its own way).
 pub async fn dump(store: &Store, key: &str) -> Vec<u8> {
-    use fred::types::{ClusterHash, CustomCommand};
-    let kind: String = store
-        .client()
-        .custom(
-            CustomCommand::new_static("TYPE", ClusterHash::FirstKey, false),
-            vec![key],
-        )
-        .await
-        .expect("type");
+    let kind: String = keyed(store, "TYPE", vec![key]).await;
+    let bytes = |v: &fred::types::Value| v.as_bytes().map(<[u8]>::to_vec).unwrap_or_default();
     if kind == "hash" {
-        let flat: Vec<fred::types::Value> = store
-            .client()
-            .custom(
-                CustomCommand::new_static("HGETALL", ClusterHash::FirstKey, false),
-                vec![key],
-            )
-            .await
-            .expect("hgetall");
-        let bytes = |v: &fred::types::Value| v.as_bytes().map(<[u8]>::to_vec).unwrap_or_default();
+        let flat: Vec<fred::types::Value> = keyed(store, "HGETALL", vec![key]).await;
         let fields: std::collections::BTreeMap<Vec<u8>, Vec<u8>> = flat
             .chunks(2)
             .map(|pair| (bytes(&pair[0]), bytes(&pair[pair.len() - 1])))
             .collect();
         return format!("hash {fields:?}").into_bytes();
     }
-    let dump: fred::types::Value = store
-        .client()
-        .custom(
-            CustomCommand::new_static("DUMP", ClusterHash::FirstKey, false),
-            vec![key],
-        )
-        .await
-        .expect("dump");
+    let dump: fred::types::Value = keyed(store, "DUMP", vec![key]).await;
     match dump {
-        fred::types::Value::Bytes(b) => b.to_vec(),
-        fred::types::Value::String(s) => s.as_bytes().to_vec(),
-        other => format!("{other:?}").into_bytes(),
+        fred::types::Value::Null => Vec::new(),
+        other => bytes(&other),
     }
 }
 
