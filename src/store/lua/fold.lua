@@ -194,6 +194,9 @@ for s = 1, S do
 end
 if dups > 0 then
   if dups == live_count then
+    -- Judged without a write: the first live forget log, which phase 2's first RPUSH
+    -- would have checked, is checked here, as every other key the call names.
+    if unchecked then redis.call('LLEN', KEYS[8 + S + unchecked]) end
     out[1] = 1
     if token ~= '' then redis.call('HSET', meta, 'chain', token) end
     return out

@@ -12,7 +12,8 @@ use rollboard::store::{ApplyEvent, Outcome, Store};
 use tokio_util::sync::CancellationToken;
 
 use crate::support::boards::{
-    apply_events, apply_events_in, board, ev, remembers, scoped, seen_logs, seen_table, snapshot,
+    apply_events, apply_events_in, board, ev, remembers, scoped, seen_logs, seen_table, set_string,
+    snapshot,
 };
 use crate::support::model::{assert_matches, Instance};
 use crate::support::proptests::{proptest_runner, runtime, runtime_with_store, Lcg};
@@ -369,6 +370,27 @@ async fn a_digest_table_marks_the_instance_free_of_the_old_seen_zset_once_it_fou
         model.apply(&b.widest(), e, NOW);
     }
     assert_matches(&store, &b.widest(), None, &model, NOW).await;
+}
+
+/// A call whose events are all duplicates writes nothing, and still checks every key it
+/// names: a forget log of the wrong type is a data error there too, as in `apply.lua`.
+#[tokio::test]
+async fn an_all_duplicate_call_with_a_forget_log_of_the_wrong_type_is_a_data_error() {
+    let (_redis, store) = RedisServer::start_with_store("rb").await;
+    let b = board("dupty", SLICE, 4);
+    let k = store.instance(&b.widest(), None);
+    let events = [ev("x1", NOW - 10, "m", 5), ev("x2", NOW - 10, "n", 2)];
+    assert_eq!(
+        apply_events(&store, &b, &events, NOW).await,
+        [Outcome::Applied; 2]
+    );
+    set_string(&store, &k.seen_log(b.slice_of(NOW - 10)), "not-a-list").await;
+    let got = store.apply(&b, None, &events, NOW).await;
+    assert!(
+        got.as_ref()
+            .is_err_and(|e| e.to_string().contains("WRONGTYPE")),
+        "a key of the wrong type is a data error; got {got:?}"
+    );
 }
 
 fn seen_count(outcomes: &[Outcome]) -> usize {
