@@ -337,23 +337,17 @@ pub fn fold_call(
     );
     args.push(Value::Bytes(blob.into()));
     let cost = events.len() * FOLD_EVENT_COST + grouped.groups.len() * fold_group_cost(board);
+    // The slices' and the groups' numbers, in one MessagePack array: the script unpacks
+    // them in one call, where each decimal argument would cost it a `tonumber`.
+    let mut numbers = Vec::with_capacity(3 * grouped.slices.len() + 5 * grouped.groups.len());
     for (&n, &c) in grouped.slices.iter().zip(&counts) {
-        args.extend([
-            Value::from(n),
-            Value::from(board.forget_at(n)),
-            Value::from(c as i64),
-        ]);
+        numbers.extend([n, board.forget_at(n), c as i64]);
     }
+    for &(m, s, sum, abs, newest) in &grouped.groups {
+        numbers.extend([m as i64 + 1, s as i64 + 1, sum, abs, newest]);
+    }
+    args.push(Value::Bytes(packed(&numbers).into()));
     args.extend(grouped.members.iter().map(|&m| Value::from(m)));
-    for (m, s, sum, abs, newest) in grouped.groups {
-        args.extend([
-            Value::from(m as i64 + 1),
-            Value::from(s as i64 + 1),
-            Value::from(sum),
-            Value::from(abs),
-            Value::from(newest),
-        ]);
-    }
     // A board with several windows: the chain tokens (none yet), then the narrower
     // windows'; a board with one sends neither here.
     let mut chain_at = None;
@@ -371,6 +365,20 @@ pub fn fold_call(
         cost,
         chain_at,
     }
+}
+
+/// `numbers` as one MessagePack array of integers (`cmsgpack.unpack` in the script).
+fn packed(numbers: &[i64]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(5 + 9 * numbers.len());
+    // A call holds a few hundred numbers (FOLD_BUDGET); a count beyond u32 would be
+    // refused by the script, which checks it against its S and G.
+    let len = u32::try_from(numbers.len()).unwrap_or(u32::MAX);
+    // Writing to a Vec cannot fail.
+    let _ = rmp::encode::write_array_len(&mut out, len);
+    for &n in numbers {
+        let _ = rmp::encode::write_sint(&mut out, n);
+    }
+    out
 }
 
 /// The order to apply `events` in, member by member (members in the order of their first
@@ -968,8 +976,8 @@ mod tests {
         assert_eq!(apply_order(&events[..2]), vec![0, 1]);
     }
 
-    /// M + 5G ARGV, then the two chain tokens last when chained: the layout of the calls
-    /// before boards could have several windows.
+    /// The numbers in one argument and the M names, then the two chain tokens last when
+    /// chained: the layout of the calls before boards could have several windows.
     #[test]
     fn a_fold_call_of_one_window_is_laid_out_as_before_several() {
         let k = Keys::new("rb").instance("tips", None);
@@ -978,10 +986,10 @@ mod tests {
             let call = fold_call(&b, &k, &b.widest().fingerprint(), &events(), 1_000 * HOUR);
             let tail = usize::from(dense) + usize::from(feed);
             assert_eq!(call.keys.len(), 8 + 2 * 2 + tail);
-            assert_eq!(call.args.len(), 14 + 3 * 2 + 2 + 5 * 3);
+            assert_eq!(call.args.len(), 15 + 2);
             assert_eq!(call.cost, 3 * FOLD_EVENT_COST + 3 * FOLD_GROUP_COST);
             let chained = call.chained(Some("t0"), "t1");
-            assert_eq!(chained.args.len(), 14 + 3 * 2 + 2 + 5 * 3 + 2);
+            assert_eq!(chained.args.len(), 15 + 2 + 2);
             assert_eq!(
                 chained.args[chained.args.len() - 2..],
                 ["t0", "t1"].map(Value::from)
@@ -1001,7 +1009,7 @@ mod tests {
         assert_eq!(call.keys[14], "rb:{tips}:w:1h:meta");
         assert_eq!(call.keys[24], "rb:{tips}:w:1d:meta");
         assert_eq!(call.cost, 3 * FOLD_EVENT_COST + 3 * 3 * FOLD_GROUP_COST);
-        let groups_end = 14 + 3 * 2 + 2 + 5 * 3;
+        let groups_end = 15 + 2;
         assert_eq!(call.args.len(), groups_end + 2 + 2 + 2 * 2);
         let chained = call.chained(None, "t1");
         let tail = &chained.args[groups_end..];

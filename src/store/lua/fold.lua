@@ -25,10 +25,12 @@
 -- ARGV[12] the size of the top the change feed watches (0: no feed)
 -- ARGV[13] the change stream's cap (entries)
 -- ARGV[14] the digests: 16 bytes per event, concatenated, the events of slice 1 first
--- then S triples (slice number, forget-at epoch ms, events in the slice), slice i stored at
--- KEYS[8 + i]; then the M member names; then G groups of five: member index 1..M, slice
--- index 1..S, the sum of the group's amounts, the sum of their absolute values, and the
--- newest event time among them. Then, optionally, two chain tokens (below). Then, on a
+-- ARGV[15] the numbers, one MessagePack array of 3S + 5G integers (one `cmsgpack.unpack`
+-- instead of a `tonumber` each): S triples (slice number, forget-at epoch ms, events in
+-- the slice), slice i stored at KEYS[8 + i]; then G groups of five: member index 1..M,
+-- slice index 1..S, the sum of the group's amounts, the sum of their absolute values, and
+-- the newest event time among them. Then the M member names. Then, optionally, two chain
+-- tokens (below). Then, on a
 -- board with several windows only (the two chain tokens then always sent, '' for none):
 -- V, the board's windows narrower than the widest, '1' on a dense_rank board, and V pairs
 -- (slices per window, settings fingerprint), one per narrower window. A board with one
@@ -68,9 +70,12 @@ local S, M, G = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
 local forgotten_through = tonumber(ARGV[11]) % WRAP
 local width, top, cap = tonumber(ARGV[3]), tonumber(ARGV[12]), ARGV[13]
 local blob = ARGV[14]
-local slice_base, member_base = 14, 14 + 3 * S
-local group_base = member_base + M
-local tail = group_base + 5 * G
+local unpacked, nums = pcall(cmsgpack.unpack, ARGV[15])
+if not unpacked or type(nums) ~= 'table' or #nums ~= 3 * S + 5 * G then
+  return fail('the numbers are not ' .. (3 * S + 5 * G) .. ' integers')
+end
+local member_base, group_base = 15, 3 * S
+local tail = member_base + M
 local after, token = ARGV[tail + 1] or '', ARGV[tail + 2] or ''
 -- V, the narrower windows; a board with one window sends neither V nor the dense flag:
 -- its call ends with `dense` when it has one.
@@ -125,15 +130,15 @@ local slice_no, late, first, last = {}, {}, {}, {}
 local out = { 0 }
 local digest_at, live_count = 1, 0
 for i = 1, S do
-  local b = slice_base + 3 * (i - 1)
-  local n, count = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 3])
+  local b = 3 * (i - 1)
+  local n, count = nums[b + 1], nums[b + 3]
   slice_no[i] = n
   first[i] = digest_at
   digest_at = digest_at + DIGEST * count
   last[i] = digest_at - 1
   -- Late too once the slice's ids may be forgotten (a `dedup_window` duration): an id is
   -- forgotten only once events of its slice can no longer be applied.
-  if n <= watermark or tonumber(ARGV[b + 2]) <= now then
+  if n <= watermark or nums[b + 2] <= now then
     late[i] = true
     out[#out + 1] = i
   else
@@ -225,11 +230,11 @@ local g_slice, g_newest
 if V > 0 then g_slice, g_newest = {}, {} end
 for g = 1, G do
   local b = group_base + 5 * (g - 1)
-  local m, s = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
+  local m, s = nums[b + 1], nums[b + 2]
   if not late[s] then
-    g_member[g], g_sum[g], g_abs[g] = m, tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4])
+    g_member[g], g_sum[g], g_abs[g] = m, nums[b + 3], nums[b + 4]
     bound[m] = bound[m] + g_abs[g]
-    local t = tonumber(ARGV[b + 5])
+    local t = nums[b + 5]
     if not newest[m] or t > newest[m] then newest[m] = t end
     local list = by_slice[s]
     if not list then

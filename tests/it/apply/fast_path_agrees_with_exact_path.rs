@@ -725,3 +725,37 @@ async fn a_chained_call_runs_only_after_the_token_before_it() {
         [Some("t3".to_string()), Some("2".to_string())]
     );
 }
+
+/// The numbers of a fold call travel in one MessagePack argument, checked against the
+/// call's slice and group counts before anything is read: a short or garbled one is
+/// refused as rollboard's own error, and nothing is written.
+#[tokio::test]
+async fn a_fold_call_whose_numbers_do_not_match_its_counts_is_refused() {
+    let (_redis, store, board) = with_fresh_store(shaped(0)).await;
+    let k = store.instance(&board.widest(), None);
+    let fingerprint = board.widest().fingerprint();
+    let events = [ev("a", NOW - 10, "ann", 5), ev("b", NOW - 20, "bob", 7)];
+    let before = snapshot(&store, &board).await;
+    let good = rollboard::store::fold_call(&board, &k, &fingerprint, &events, NOW);
+    // One group of five numbers fewer (a MessagePack array of 3 + 5 integers, not 3 + 10),
+    // an array cut short, and a value that is no MessagePack array at all.
+    let short: Vec<u8> = [0x98, 0x00].into_iter().chain([0x01; 7]).collect();
+    let cut = vec![0x9d, 0x01];
+    let wrong = [
+        Value::Bytes(short.into()),
+        Value::Bytes(cut.into()),
+        Value::from("12,3"),
+    ];
+    for numbers in wrong {
+        let mut args = good.args.clone();
+        args[14] = numbers;
+        let got = fcall::<Vec<i64>, _, _>(store.client(), "fold", good.keys.clone(), args).await;
+        let error = got
+            .expect_err("a call with the wrong numbers is refused")
+            .to_string();
+        assert!(error.contains("ROLLBOARD"), "{error}");
+        assert_eq!(snapshot(&store, &board).await, before);
+    }
+    let run = fcall::<Vec<i64>, _, _>(store.client(), "fold", good.keys, good.args).await;
+    assert_eq!(run.expect("the call as built"), [0]);
+}
