@@ -34,7 +34,7 @@ pub use crate::config::http::{HttpSettings, HttpTokens};
 pub use crate::config::ingest::{IngestSettings, MAX_STREAM_BYTES};
 pub use crate::config::load::{resolve_path, DEFAULT_PATH};
 pub use crate::config::log::{LogFormat, LogSettings};
-pub use crate::config::redis::{Durability, RedisSettings, DEFAULT_CALLS_IN_FLIGHT};
+pub use crate::config::redis::{Durability, RedisSettings, ScriptCalls, DEFAULT_CALLS_IN_FLIGHT};
 pub use crate::config::schedule::ScheduleSettings;
 pub use crate::config::tls::TlsFiles;
 pub use crate::config::tokens::Token;

@@ -44,6 +44,8 @@ pub(super) struct RawRedis {
     max_calls_in_flight: i64,
     /// `redis.max_clock_skew`: the clock skew reported as one.
     max_clock_skew: String,
+    /// `redis.scripts`: how the Lua scripts are loaded and called.
+    scripts: String,
 }
 
 impl Default for RawRedis {
@@ -58,6 +60,7 @@ impl Default for RawRedis {
             replica_ack_timeout: "2s".into(),
             max_calls_in_flight: DEFAULT_CALLS_IN_FLIGHT as i64,
             max_clock_skew: "2s".into(),
+            scripts: "auto".into(),
         }
     }
 }
@@ -83,6 +86,8 @@ pub struct RedisSettings {
     /// How far this process's own clock may be from Redis's (`TIME`) before the process
     /// says so (`redis.max_clock_skew`, ms). Time is always Redis's; this only reports.
     pub max_clock_skew_ms: i64,
+    /// How the Lua scripts are loaded and called (`redis.scripts`).
+    pub scripts: ScriptCalls,
 }
 
 impl RedisSettings {
@@ -107,8 +112,23 @@ impl std::fmt::Debug for RedisSettings {
             .field("durability", &self.durability)
             .field("calls_in_flight", &self.calls_in_flight)
             .field("max_clock_skew_ms", &self.max_clock_skew_ms)
+            .field("scripts", &self.scripts)
             .finish()
     }
+}
+
+/// How rollboard loads its Lua scripts into Redis and calls them (`redis.scripts`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ScriptCalls {
+    /// Functions where the server and the user allow them, else [`ScriptCalls::Eval`]:
+    /// decided once, at the first need, and logged.
+    #[default]
+    Auto,
+    /// One library, loaded with `FUNCTION LOAD`, its functions called with `FCALL`.
+    Functions,
+    /// Each script loaded with `SCRIPT LOAD` and called with `EVALSHA` (a service that
+    /// refuses `FUNCTION` and `FCALL`).
+    Eval,
 }
 
 /// How many replicas must hold a write before rollboard confirms it (`[redis]`
@@ -157,7 +177,22 @@ impl RawRedis {
             durability,
             calls_in_flight,
             max_clock_skew_ms: duration("redis.max_clock_skew", &self.max_clock_skew)?,
+            scripts: self.scripts()?,
         })
+    }
+
+    /// `redis.scripts`: `auto`, `functions` or `eval`.
+    fn scripts(&self) -> Result<ScriptCalls, ConfigError> {
+        match self.scripts.as_str() {
+            "auto" => Ok(ScriptCalls::Auto),
+            "functions" => Ok(ScriptCalls::Functions),
+            "eval" => Ok(ScriptCalls::Eval),
+            other => Err(invalid(
+                "redis.scripts",
+                other,
+                "expected \"auto\", \"functions\" or \"eval\"",
+            )),
+        }
     }
 
     /// `redis.url`: one of the known schemes, and a URL the client accepts.

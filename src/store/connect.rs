@@ -9,11 +9,11 @@ use std::time::Duration;
 
 use fred::prelude::*;
 use fred::types::config::TlsConnector;
-use fred::types::{ClusterHash, CustomCommand};
 
+use super::calls::Calling;
 use super::{reply_err, Scripts, Store, StoreError};
 use crate::config::tls::tls_client_config;
-use crate::config::Durability;
+use crate::config::{Durability, ScriptCalls};
 use crate::config::{RedisSettings, TlsFiles};
 use crate::domain::board::{Board, View, DEFAULTED_SETTINGS};
 use crate::domain::keys::{InstanceKeys, Keys};
@@ -41,7 +41,7 @@ fn lua_sources() -> impl Iterator<Item = &'static str> {
 /// Asks Redis whether the current user may run each command of ARGV (groups of a count
 /// followed by that many words), without running any; returns one status per group:
 /// 1 allowed, 0 denied, 2 not a command Redis knows (`acl_check_cmd` raises an error).
-const PERMISSION_PROBE: &str = r#"
+pub(super) const PERMISSION_PROBE: &str = r#"
 local status, i = {}, 1
 while i <= #ARGV do
   local n = tonumber(ARGV[i])
@@ -234,17 +234,17 @@ fn parse_fingerprint(text: &str) -> HashMap<String, String> {
 fn probe_parts(probe: &[String]) -> (String, Option<&str>) {
     let command = probe.first().map(String::as_str).unwrap_or_default();
     let key = match command {
-        "FUNCTION" | "XGROUP" | "XINFO" => {
+        "FUNCTION" | "SCRIPT" | "XGROUP" | "XINFO" => {
             return (
                 probe[..probe.len().min(2)].join(" "),
                 probe
                     .get(2)
-                    .filter(|_| command != "FUNCTION")
+                    .filter(|_| command != "FUNCTION" && command != "SCRIPT")
                     .map(String::as_str),
             )
         }
         "PING" | "MULTI" | "EXEC" | "WAIT" | "ROLE" | "TIME" => None,
-        "FCALL" => probe.get(3),
+        "FCALL" | "EVALSHA" => probe.get(3),
         "XREADGROUP" | "XREAD" => probe.len().checked_sub(2).and_then(|i| probe.get(i)),
         _ => probe.get(1),
     };
@@ -268,6 +268,7 @@ fn describe_denied(probes: &[Vec<String>], denied: &[&Vec<String>]) -> Vec<Strin
             Some(key) if whole(&|p| p.1 == Some(*key)) => format!("key {key}"),
             _ if whole(&|p| &p.0 == command) => command.clone(),
             Some(key) => format!("{command} on key {key}"),
+            None if command == "WAIT" => WAIT_DENIED.to_string(),
             None => command.clone(),
         };
         if !out.contains(&line) {
@@ -277,9 +278,29 @@ fn describe_denied(probes: &[Vec<String>], denied: &[&Vec<String>]) -> Vec<Strin
     out
 }
 
+/// How a denied `WAIT` is named: a service that refuses it replicates by itself, and
+/// rollboard then asks no replica to acknowledge.
+pub const WAIT_DENIED: &str = "WAIT (a service that refuses WAIT replicates for you: set \
+                               redis.min_replicas_acked = 0)";
+
 /// A probe: one command's words.
 fn words(list: &[&str]) -> Vec<String> {
     list.iter().map(|w| w.to_string()).collect()
+}
+
+/// The probes of loading the scripts and checking that a server holds them, as `calling`
+/// does it (the calls themselves are probed on the keys they touch).
+fn loading_probes(calling: Calling) -> Vec<Vec<String>> {
+    match calling {
+        Calling::Functions => vec![
+            words(&["FUNCTION", "LOAD", "REPLACE", "#!lua name=probe\n"]),
+            words(&["FUNCTION", "LIST", "LIBRARYNAME", "probe"]),
+        ],
+        Calling::Eval => vec![
+            words(&["SCRIPT", "LOAD", "return 1"]),
+            words(&["SCRIPT", "EXISTS", "0"]),
+        ],
+    }
 }
 
 /// The probes of the stream commands (intake, consumer, trimming, dead letters).
@@ -287,8 +308,6 @@ fn stream_probes(stream: &str, dead_letter: &str) -> Vec<Vec<String>> {
     vec![
         words(&["PING"]),
         words(&["TIME"]),
-        words(&["FUNCTION", "LOAD", "REPLACE", "#!lua name=probe\n"]),
-        words(&["FUNCTION", "LIST", "LIBRARYNAME", "probe"]),
         words(&["MULTI"]),
         words(&["EXEC"]),
         words(&[
@@ -385,7 +404,8 @@ impl Store {
             Self::connect_builder(builder, &redis.key_prefix, size, reconnect)
                 .await?
                 .with_durability(redis.durability)
-                .with_calls_in_flight(redis.calls_in_flight),
+                .with_calls_in_flight(redis.calls_in_flight)
+                .with_script_calls(redis.scripts),
         )
     }
 
@@ -439,7 +459,16 @@ impl Store {
             legacy: Default::default(),
             failed,
             generations: Default::default(),
+            script_calls: ScriptCalls::Auto,
+            calling: tokio::sync::OnceCell::new(),
         })
+    }
+
+    /// Calls the scripts as `scripts` says (`redis.scripts`; `auto` by default).
+    pub fn with_script_calls(mut self, scripts: ScriptCalls) -> Store {
+        self.script_calls = scripts;
+        self.calling = tokio::sync::OnceCell::new();
+        self
     }
 
     /// Counts this store's writes in `generations`, shared with the other stores of the
@@ -492,25 +521,6 @@ impl Store {
             }
         }
         Ok(client)
-    }
-
-    /// Whether the server holds rollboard's library (`FUNCTION LIST`); loads it if not.
-    /// On a cluster every master is asked: a new master, or one restarted without
-    /// persistence, lacks it while the others hold it.
-    pub async fn ensure_library(&self) -> Result<(), StoreError> {
-        let name = super::lua::library().name.as_str();
-        let list = CustomCommand::new_static("FUNCTION", ClusterHash::Random, false);
-        let args = vec![Value::from("LIST"), "LIBRARYNAME".into(), name.into()];
-        let replies = super::on_every_master(self.client(), list, args).await?;
-        if replies.iter().any(|listed| listed.array_len() == Some(0)) {
-            self.load_library().await?;
-        }
-        Ok(())
-    }
-
-    /// Loads rollboard's library (`FUNCTION LOAD REPLACE`); on a cluster, on every master.
-    pub async fn load_library(&self) -> Result<(), StoreError> {
-        Ok(super::load_library(self.client()).await?)
     }
 
     /// Records each board's shaping settings in Redis the first time the board is seen,
@@ -672,9 +682,11 @@ impl Store {
         stream: &str,
         dead_letter: &str,
     ) -> Result<Vec<String>, StoreError> {
+        let calling = self.calling().await?;
         let mut probes = stream_probes(stream, dead_letter);
-        probes.extend(self.job_probes());
-        probes.extend(self.board_probes(boards));
+        probes.extend(loading_probes(calling));
+        probes.extend(self.job_probes(calling));
+        probes.extend(self.board_probes(calling, boards));
         let mut args: Vec<Value> = Vec::new();
         for probe in &probes {
             args.push(Value::from(probe.len() as i64));
@@ -702,14 +714,14 @@ impl Store {
     }
 
     /// The probes of the daemon's own commands (lease, replica confirmation).
-    fn job_probes(&self) -> Vec<Vec<String>> {
-        let lease_function = super::lua::library().function("lease.lua");
+    fn job_probes(&self, calling: Calling) -> Vec<Vec<String>> {
+        let (call, lease_script) = calling.command(&self.scripts.lease);
         let mut probes = Vec::new();
         // Each tick of a scheduled job runs under a lease (`lease.lua`).
         for job in ["roll", "resummarize"] {
             let (lease, tick) = (self.keys.lease(job), self.keys.lease_tick(job));
             probes.extend([
-                words(&["FCALL", &lease_function, "2", &lease, &tick]),
+                words(&[call, lease_script, "2", &lease, &tick]),
                 words(&["GET", &lease]),
                 words(&["SET", &lease, "v", "NX", "PX", "1"]),
                 words(&["PEXPIRE", &lease, "1"]),
@@ -730,8 +742,8 @@ impl Store {
     }
 
     /// The probes of every command the scripts and the roll run on each board's keys.
-    fn board_probes(&self, boards: &[Board]) -> Vec<Vec<String>> {
-        let function = super::lua::library().function("apply.lua");
+    fn board_probes(&self, calling: Calling, boards: &[Board]) -> Vec<Vec<String>> {
+        let (call, apply) = calling.command(&self.scripts.apply);
         let mut probes = Vec::new();
         let lua = script_commands();
         for board in boards {
@@ -760,7 +772,7 @@ impl Store {
                 .chain(narrower_meta.as_ref())
                 .chain(narrower_changes.as_ref())
             {
-                probes.push(words(&["FCALL", &function, "1", key]));
+                probes.push(words(&[call, apply, "1", key]));
                 for command in &lua {
                     // The key three times: enough arguments for every key spec the
                     // scripts use (RENAME takes two keys).

@@ -105,6 +105,63 @@ pub fn library() -> &'static Library {
     &LIBRARY
 }
 
+/// One script as `SCRIPT LOAD` takes it, for a server that refuses functions
+/// (`redis.scripts = "eval"`): the same script and the pieces it uses, in one text.
+#[derive(Debug)]
+pub struct EvalScript {
+    /// The script's file, e.g. `fold.lua`.
+    pub file: &'static str,
+    /// The text: a `#!lua` line with the flags of its function, the pieces the script
+    /// uses (in the order of [`PIECES`]), then the script's body as a local function that
+    /// is called and its answer returned.
+    pub text: String,
+    /// The SHA1 digest of the text, by which `EVALSHA` calls it. A release that changes a
+    /// script's text (or a piece it uses) calls it by another digest, so two releases
+    /// side by side each run their own.
+    pub sha: String,
+}
+
+/// The text of `file` for `SCRIPT LOAD`. Its body runs as a function of its own, as in the
+/// library: the pieces' locals and the script's do not share one Lua function's limits.
+/// Each `EVALSHA` runs the whole text, so it defines the pieces it uses anew each time.
+fn eval_text(file: &str, script: &str) -> String {
+    let flags = if READ_ONLY.contains(&file) {
+        " flags=no-writes"
+    } else {
+        ""
+    };
+    let mut text = format!("#!lua{flags}\n");
+    for (_, piece, users) in PIECES {
+        if users.contains(&file) {
+            text.push_str(piece);
+            text.push('\n');
+        }
+    }
+    text.push_str("local function script()\n");
+    text.push_str(script);
+    text.push_str("\nend\nreturn script()\n");
+    text
+}
+
+/// Every script of this build as `SCRIPT LOAD` takes it, in the order of [`SCRIPTS`],
+/// made once.
+pub fn eval_scripts() -> &'static [EvalScript] {
+    static SCRIPTS_TO_EVAL: std::sync::LazyLock<Vec<EvalScript>> = std::sync::LazyLock::new(|| {
+        SCRIPTS
+            .iter()
+            .map(|(file, script)| {
+                let text = eval_text(file, script);
+                EvalScript {
+                    file,
+                    sha: fred::util::sha1_hash(&text),
+                    text,
+                }
+            })
+            .collect()
+    });
+    &SCRIPTS_TO_EVAL
+}
+
 /// The shared pieces by the name of their file, in the order they are put in front of a
 /// script (each uses only those before it), with the scripts that take each.
 pub const PIECES: [(&str, &str, &[&str]); 7] = [
@@ -156,7 +213,7 @@ pub const PIECES: [(&str, &str, &[&str]); 7] = [
 
 #[cfg(test)]
 mod tests {
-    use super::{library, PIECES, READ_ONLY, SCRIPTS};
+    use super::{eval_scripts, library, PIECES, READ_ONLY, SCRIPTS};
 
     /// The names a piece defines at its top level: its functions and its constants.
     fn defined(piece: &str) -> Vec<&str> {
@@ -248,6 +305,30 @@ mod tests {
                 READ_ONLY.contains(&file),
                 "{file}"
             );
+        }
+    }
+
+    /// Each script's text for `EVALSHA` holds the pieces it uses and no other, once, before
+    /// its body, under the flags of its function; its digest is its text's.
+    #[test]
+    fn each_script_to_eval_holds_its_pieces_and_its_flags() {
+        assert_eq!(eval_scripts().len(), SCRIPTS.len());
+        for (script, (file, body)) in eval_scripts().iter().zip(SCRIPTS) {
+            assert_eq!(script.file, file);
+            let first = script.text.lines().next().unwrap_or_default();
+            let flags = if READ_ONLY.contains(&file) {
+                "#!lua flags=no-writes"
+            } else {
+                "#!lua"
+            };
+            assert_eq!(first, flags, "{file}");
+            for (piece, text, users) in PIECES {
+                let count = script.text.matches(text).count();
+                assert_eq!(count, usize::from(users.contains(&file)), "{file}: {piece}");
+            }
+            assert!(script.text.contains(body), "{file}");
+            assert_eq!(script.sha, fred::util::sha1_hash(&script.text));
+            assert_eq!(script.sha.len(), 40);
         }
     }
 }

@@ -15,8 +15,10 @@
 //!
 //! * `mod.rs`: [`Store`] and [`StoreError`], the script table and the timed script call,
 //!   and the small reply decoders the other files share.
-//! * `connect.rs`: connecting (pool, dedicated client, TLS), loading the scripts, and the
-//!   start-up checks: the Redis user's permissions and the boards' stored settings.
+//! * `connect.rs`: connecting (pool, dedicated client, TLS) and the start-up checks: the
+//!   Redis user's permissions and the boards' stored settings.
+//! * `calls.rs`: loading the scripts and calling them, as functions or by `EVALSHA`
+//!   (`redis.scripts`).
 //! * `apply.rs`: bounded apply calls and the scope registry.
 //! * `expire.rs`: the board and instance watermarks, expiry chunks, dropping slices and
 //!   forgetting idempotency keys.
@@ -31,6 +33,7 @@
 //! * `lua.rs`: the scripts' text as Redis receives it.
 
 mod apply;
+mod calls;
 mod changes;
 mod connect;
 mod drop;
@@ -72,7 +75,8 @@ use std::time::{Duration, Instant};
 use fred::prelude::*;
 use fred::types::{ClusterHash, CustomCommand};
 
-use crate::config::Durability;
+use self::calls::Calling;
+use crate::config::{Durability, ScriptCalls};
 use crate::domain::board::{Board, Changes, Mode, TieBreak, View};
 use crate::domain::keys::{InstanceKeys, Keys};
 use crate::metrics::Metrics;
@@ -210,20 +214,34 @@ pub struct Store {
     failed: Arc<std::sync::Mutex<Option<String>>>,
     /// What this process wrote, by hash tag (see [`Generations`]).
     generations: Arc<Generations>,
+    /// How the scripts are to be called (`redis.scripts`).
+    script_calls: ScriptCalls,
+    /// How they are called, once `auto` has chosen (see [`Store::calling`]).
+    calling: tokio::sync::OnceCell<Calling>,
 }
 
-/// One function of rollboard's library ([`lua::library`]), with its `script` label.
+/// One script of rollboard's, by both of its names (see [`calls`]), with its `script`
+/// label.
 struct Function {
-    /// `rollboard_<version>_<script>`.
+    /// `rollboard_<version>_<script>`: its function in the library ([`lua::library`]).
     name: String,
+    /// The SHA1 digest of its text for `EVALSHA` ([`lua::eval_scripts`]).
+    sha: String,
     /// One of [`SCRIPT_NAMES`].
     label: &'static str,
 }
 
 impl Function {
     fn new(label: &'static str) -> Function {
+        let file = format!("{label}.lua");
+        let sha = lua::eval_scripts()
+            .iter()
+            .find(|s| s.file == file)
+            .map(|s| s.sha.clone())
+            .unwrap_or_default();
         Function {
-            name: lua::library().function(&format!("{label}.lua")),
+            name: lua::library().function(&file),
+            sha,
             label,
         }
     }
@@ -378,9 +396,10 @@ impl Store {
 }
 
 impl Store {
-    /// `FCALL` of `function` on `client`. A server without rollboard's library (restarted
-    /// without persistence, a new master, a `FUNCTION FLUSH`) answers that the function is
-    /// not found and runs nothing: the library is loaded and the call sent once more.
+    /// `FCALL` (or `EVALSHA`, see [`calls`]) of `function` on `client`. A server without
+    /// rollboard's scripts (restarted without persistence, a new master, a flush) answers
+    /// that it does not hold the script and runs nothing: the scripts are loaded and the
+    /// call sent once more.
     async fn fcall(
         &self,
         client: &Client,
@@ -388,8 +407,20 @@ impl Store {
         keys: Vec<String>,
         args: Vec<Value>,
     ) -> Result<Value, fred::error::Error> {
-        let out = reloading(client, || {
-            client.fcall(function.name.as_str(), keys.clone(), args.clone())
+        let calling = self.calling_for_call().await?;
+        let out = calls::reloading(client, calling, || async {
+            match calling {
+                Calling::Functions => {
+                    client
+                        .fcall(function.name.as_str(), keys.clone(), args.clone())
+                        .await
+                }
+                Calling::Eval => {
+                    client
+                        .evalsha(function.sha.as_str(), keys.clone(), args.clone())
+                        .await
+                }
+            }
         })
         .await;
         self.wrote(function, &keys);
@@ -424,42 +455,6 @@ impl Store {
     pub fn generations(&self) -> &Arc<Generations> {
         &self.generations
     }
-}
-
-/// Sends a function call with `send`; when Redis does not know the function (nothing ran),
-/// loads the library through `client` and sends it once more.
-async fn reloading<F, Fut>(client: &Client, send: F) -> Result<Value, fred::error::Error>
-where
-    F: Fn() -> Fut,
-    Fut: Future<Output = Result<Value, fred::error::Error>>,
-{
-    match send().await {
-        Err(e) if function_missing(&e) => {
-            load_library(client).await?;
-            send().await
-        }
-        reply => reply,
-    }
-}
-
-/// Whether Redis refused a call because it does not know the function (nothing ran): its
-/// own error reply, whole. A script's error may carry those words too (in a member name
-/// from an event) and is not one.
-fn function_missing(e: &fred::error::Error) -> bool {
-    e.details() == "ERR Function not found"
-}
-
-/// Loads rollboard's library (`FUNCTION LOAD REPLACE`); on a cluster, on every master.
-/// Replacing the library by the same text changes nothing for calls in flight: Redis runs
-/// one command at a time.
-async fn load_library(client: &Client) -> Result<(), fred::error::Error> {
-    let text = lua::library().text.as_str();
-    if client.is_clustered() {
-        client.function_load_cluster::<Value, _>(true, text).await?;
-    } else {
-        client.function_load::<Value, _>(true, text).await?;
-    }
-    Ok(())
 }
 
 /// The servers that hold data: every master of a cluster (`Some`), or the one server

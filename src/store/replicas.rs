@@ -28,7 +28,7 @@ use fred::types::{ClusterHash, CustomCommand};
 use futures_util::future::try_join_all;
 use tracing::info;
 
-use super::{reloading, reply_err, Function, Store, StoreError};
+use super::{reply_err, Function, Store, StoreError};
 use crate::config::Durability;
 
 /// How long the tiny write of a confirmation lives (it only has to outlast the `WAIT`).
@@ -74,6 +74,26 @@ fn tag_for_slot(slot: u16) -> String {
         .unwrap_or_default()
 }
 
+/// `e`, or where it is Redis refusing `command` for good (an ACL's `NOPERM`, a service that
+/// does not offer it), that refusal with what to set: such a service replicates for you,
+/// and `redis.min_replicas_acked = 0` sends neither `ROLE` nor `WAIT`.
+fn refusal_named(e: StoreError, command: &str, by: &str) -> StoreError {
+    let StoreError::Redis(error) = &e else {
+        return e;
+    };
+    let details = error.details();
+    if e.kind() != "other" || !details.to_ascii_uppercase().contains(command) {
+        return e;
+    }
+    StoreError::Redis(fred::error::Error::new(
+        error.kind().clone(),
+        format!(
+            "{details} ({command} is how {by}: on a service that refuses it and replicates \
+             for you, set redis.min_replicas_acked = 0)"
+        ),
+    ))
+}
+
 /// Whether a `ROLE` reply is a master's with at least one replica.
 fn master_with_replicas(reply: &Value) -> bool {
     match reply {
@@ -111,9 +131,9 @@ impl Store {
         client.with_options(&send_once())
     }
 
-    /// `FCALL` of `function` sent at most once (see [`Store::once`]); an answer that the
-    /// function is not found (nothing ran: a promoted replica or a restarted server) loads
-    /// the library and sends the call once more, at most once again.
+    /// `FCALL` (or `EVALSHA`) of `function` sent at most once (see [`Store::once`]); an
+    /// answer that the script is not held (nothing ran: a promoted replica or a restarted
+    /// server) loads the scripts and sends the call once more, at most once again.
     pub(super) async fn fcall_once(
         &self,
         function: &Function,
@@ -121,19 +141,24 @@ impl Store {
         keys: Vec<String>,
         args: Vec<Value>,
     ) -> Result<Value, fred::error::Error> {
+        let calling = self.calling_for_call().await?;
+        let (command, name) = calling.command(function);
         let route = keys
             .first()
             .map(|k| ClusterHash::Custom(ClusterRouting::hash_key(k.as_bytes())))
             .unwrap_or(ClusterHash::Random);
         let mut call: Vec<Value> = Vec::with_capacity(2 + keys.len() + args.len());
-        call.push(Value::from(function.name.as_str()));
+        call.push(Value::from(name));
         call.push(Value::from(keys.len() as i64));
         call.extend(keys.iter().map(|k| Value::from(k.as_str())));
         call.extend(args);
         let written = keys;
-        let fcall = CustomCommand::new("FCALL", route, false);
+        let script_call = CustomCommand::new(command, route, false);
         let once = self.once(client);
-        let out = reloading(client, || once.custom(fcall.clone(), call.clone())).await;
+        let out = super::calls::reloading(client, calling, || {
+            once.custom(script_call.clone(), call.clone())
+        })
+        .await;
         self.wrote(function, &written);
         out
     }
@@ -158,7 +183,9 @@ impl Store {
                 // ROLE on every master lists its connected replicas. (CLUSTER SLOTS
                 // leaves out replicas that have not yet received a byte of replication.)
                 let role = CustomCommand::new_static("ROLE", ClusterHash::Random, false);
-                let replies = super::on_every_master(client, role, Vec::new()).await?;
+                let replies = super::on_every_master(client, role, Vec::new())
+                    .await
+                    .map_err(|e| refusal_named(e, "ROLE", "the replica count is decided"))?;
                 let replicated = replies.iter().all(master_with_replicas);
                 let n = u32::from(replicated);
                 info!(
@@ -258,7 +285,7 @@ impl Store {
                     ),
                 ))
             } else {
-                StoreError::Redis(e)
+                refusal_named(StoreError::Redis(e), "WAIT", "writes are confirmed")
             }
         })?;
         if acked < i64::from(wanted) {
@@ -289,6 +316,40 @@ mod tests {
                 ClusterRouting::hash_key(format!("rb:sync:{{{tag}}}").as_bytes()),
                 slot
             );
+        }
+    }
+
+    #[test]
+    fn a_refused_wait_names_the_setting_that_avoids_it() {
+        let refused = |text: &'static str| {
+            StoreError::Redis(fred::error::Error::new(
+                fred::error::ErrorKind::Unknown,
+                text,
+            ))
+        };
+        let named = refusal_named(
+            refused("NOPERM User sl has no permissions to run the 'wait' command"),
+            "WAIT",
+            "writes are confirmed",
+        );
+        assert!(
+            named
+                .to_string()
+                .contains("set redis.min_replicas_acked = 0"),
+            "{named}"
+        );
+        assert!(named.is_outage());
+        // An outage, or another command's refusal, is left as it is.
+        for other in [
+            StoreError::Redis(fred::error::Error::new(
+                fred::error::ErrorKind::IO,
+                "connection reset (WAIT)",
+            )),
+            refused("LOADING Redis is loading the dataset in memory"),
+            refused("ERR unknown command 'XADD'"),
+        ] {
+            let text = other.to_string();
+            assert_eq!(refusal_named(other, "WAIT", "x").to_string(), text);
         }
     }
 

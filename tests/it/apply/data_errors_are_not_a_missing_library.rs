@@ -3,16 +3,7 @@
 //! from an event) is the error it is.
 
 use crate::support::boards::{apply_events, board, ev, now_ms};
-use crate::support::redis::{fcall_calls, RedisServer};
-
-/// How many `FUNCTION LOAD` commands the server has run (`INFO commandstats`).
-fn function_loads(redis: &RedisServer) -> u64 {
-    let info = redis.cli(&["INFO", "commandstats"]);
-    info.lines()
-        .find_map(|line| line.strip_prefix("cmdstat_function|load:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |n| n.parse().expect("calls"))
-}
+use crate::support::redis::{fcall_calls, script_loads, RedisServer};
 
 /// A corrupt `members` value for a member named "Function not found": the apply fails as
 /// bad data after one call, and the library is not loaded again.
@@ -26,7 +17,7 @@ async fn a_member_named_function_not_found_is_not_a_missing_library() {
     let member = "Function not found";
     let members = store.instance(&board.widest(), None).members();
     redis.cli(&["HSET", &members, member, "not-a-time"]);
-    let (calls, loads) = (fcall_calls(&redis), function_loads(&redis));
+    let (calls, loads) = (fcall_calls(&redis), script_loads(&redis));
     let error = store
         .apply(&board, None, &[ev("e1", now - 10, member, 5)], now)
         .await
@@ -36,7 +27,7 @@ async fn a_member_named_function_not_found_is_not_a_missing_library() {
     assert_eq!(error.kind(), "data", "{text}");
     assert_eq!(fcall_calls(&redis) - calls, 1, "the call was sent again");
     assert_eq!(
-        function_loads(&redis) - loads,
+        script_loads(&redis) - loads,
         0,
         "the library was loaded again"
     );

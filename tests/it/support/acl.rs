@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use rollboard::domain::board::Board;
 use rollboard::store::{Reconnect, Store};
 
+use crate::support::env::script_calls;
 use crate::support::keys::{dead_letter_stream, intake_stream};
 use crate::support::redis::{free_port, RedisServer};
 
@@ -134,6 +135,7 @@ pub async fn store_as(redis: &RedisServer, user: &str, patterns: &[&str]) -> Sto
     Store::connect(&url, "rb", 1, Reconnect::Never)
         .await
         .expect("connect")
+        .with_script_calls(script_calls())
 }
 
 /// The permissions `store`'s user lacks for `board`, as the daemon's start-up check finds

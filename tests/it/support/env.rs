@@ -3,6 +3,8 @@
 
 use std::path::PathBuf;
 
+use rollboard::config::ScriptCalls;
+
 /// The number in environment variable `name`, else `default`.
 pub fn env_count(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -17,6 +19,17 @@ pub fn env_seed(name: &str) -> u64 {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| rollboard::domain::clock::local_ms() as u64)
+}
+
+/// How the run's stores call the scripts: `ROLLBOARD_REDIS__SCRIPTS` (`auto`, `functions`
+/// or `eval`), the variable that also sets `redis.scripts` of every daemon and CLI the
+/// tests start (they inherit the environment). Unset: `auto`, as a daemon by default.
+pub fn script_calls() -> ScriptCalls {
+    match std::env::var("ROLLBOARD_REDIS__SCRIPTS").as_deref() {
+        Ok("eval") => ScriptCalls::Eval,
+        Ok("functions") => ScriptCalls::Functions,
+        _ => ScriptCalls::Auto,
+    }
 }
 
 /// Debian's libfaketime, preloaded directly so that signals reach the daemon itself.

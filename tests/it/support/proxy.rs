@@ -188,6 +188,7 @@ impl Proxy {
         Store::connect(&self.url(), "rb", 1, Reconnect::Forever)
             .await
             .expect("connect")
+            .with_script_calls(crate::support::env::script_calls())
     }
 
     /// The Redis URL that goes through the proxy.

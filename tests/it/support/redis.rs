@@ -10,6 +10,11 @@ use fred::prelude::*;
 use fred::types::{MultipleKeys, MultipleValues};
 use rollboard::store::{Reconnect, Store};
 
+use rollboard::config::ScriptCalls;
+use rollboard::store::lua::EvalScript;
+
+use crate::support::env::script_calls;
+
 /// A redis-server child process listening on 127.0.0.1.
 pub struct RedisServer {
     child: Child,
@@ -180,6 +185,7 @@ impl RedisServer {
         Store::connect(&self.url(), prefix, 2, Reconnect::Never)
             .await
             .expect("connect")
+            .with_script_calls(script_calls())
     }
 
     /// The server's working directory (`dir`), where it would write its snapshots.
@@ -205,16 +211,30 @@ impl Drop for RedisServer {
     }
 }
 
-/// The name `script` (e.g. `fold`) is called by (`FCALL <name> ...`): a proxy pattern that
-/// matches the calls of that script only.
+/// The name `script` (e.g. `fold`) is called by (`FCALL <name> ...`, or `EVALSHA <sha>
+/// ...` when the run calls by [`script_calls`] `eval`): a proxy pattern that matches the
+/// calls of that script only.
 pub fn function_name(script: &str) -> Vec<u8> {
+    let file = format!("{script}.lua");
+    if script_calls() == ScriptCalls::Eval {
+        return eval_script(&file).sha.clone().into_bytes();
+    }
     rollboard::store::lua::library()
-        .function(&format!("{script}.lua"))
+        .function(&file)
         .into_bytes()
 }
 
-/// Calls `script` (e.g. `fold`) of rollboard's Lua library as the daemon does, loading the
-/// library first when the server lacks it.
+/// `file`'s text for `EVALSHA`.
+fn eval_script(file: &str) -> &'static EvalScript {
+    rollboard::store::lua::eval_scripts()
+        .iter()
+        .find(|s| s.file == file)
+        .expect("a script of the library")
+}
+
+/// Calls `script` (e.g. `fold`) of rollboard's Lua scripts as the daemon does (by `FCALL`,
+/// or `EVALSHA` when the run calls by [`script_calls`] `eval`), loading the scripts first
+/// when the server lacks them.
 pub async fn fcall<R, K, V>(client: &Client, script: &str, keys: K, args: V) -> Result<R, Error>
 where
     R: FromValue,
@@ -222,9 +242,23 @@ where
     V: TryInto<MultipleValues> + Send,
     V::Error: Into<Error> + Send,
 {
-    let library = rollboard::store::lua::library();
-    let function = library.function(&format!("{script}.lua"));
+    let file = format!("{script}.lua");
     let (keys, args) = (keys.into(), args.try_into().map_err(Into::into)?);
+    if script_calls() == ScriptCalls::Eval {
+        let script = eval_script(&file);
+        return match client
+            .evalsha(script.sha.as_str(), keys.clone(), args.clone())
+            .await
+        {
+            Err(e) if e.details().starts_with("NOSCRIPT") => {
+                client.script_load::<Value, _>(script.text.as_str()).await?;
+                client.evalsha(script.sha.as_str(), keys, args).await
+            }
+            reply => reply,
+        };
+    }
+    let library = rollboard::store::lua::library();
+    let function = library.function(&file);
     match client
         .fcall(function.as_str(), keys.clone(), args.clone())
         .await
@@ -239,11 +273,23 @@ where
     }
 }
 
-/// How many `FCALL` calls the server has run (`INFO commandstats`).
+/// How many script calls (`FCALL` and `EVALSHA`) the server has run (`INFO commandstats`).
 pub fn fcall_calls(redis: &RedisServer) -> u64 {
+    command_calls(redis, "fcall") + command_calls(redis, "evalsha")
+}
+
+/// How many loads of rollboard's scripts (`FUNCTION LOAD` or `SCRIPT LOAD`) the server has
+/// run (`INFO commandstats`).
+pub fn script_loads(redis: &RedisServer) -> u64 {
+    command_calls(redis, "function|load") + command_calls(redis, "script|load")
+}
+
+/// How many times the server has run `command` (`INFO commandstats`, e.g. `function|load`).
+pub fn command_calls(redis: &RedisServer, command: &str) -> u64 {
     let info = redis.cli(&["INFO", "commandstats"]);
+    let prefix = format!("cmdstat_{command}:calls=");
     info.lines()
-        .find_map(|line| line.strip_prefix("cmdstat_fcall:calls="))
+        .find_map(|line| line.strip_prefix(prefix.as_str()))
         .and_then(|rest| rest.split(',').next())
         .map_or(0, |n| n.parse().expect("calls"))
 }

@@ -1,0 +1,242 @@
+//! How the Lua scripts reach Redis (`redis.scripts`): as one library of functions
+//! (`FUNCTION LOAD`, `FCALL`), or each by itself (`SCRIPT LOAD`, `EVALSHA`) where a service
+//! refuses functions. Both run the same script text over the same KEYS and ARGV, so the
+//! choice changes no answer and no key; it is made once per process, at the first need.
+
+use std::future::Future;
+
+use fred::prelude::*;
+use fred::types::{ClusterHash, CustomCommand};
+use tracing::info;
+
+use super::{lua, Function, Store, StoreError};
+use crate::config::ScriptCalls;
+
+/// How this process calls its scripts, once chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Calling {
+    /// `FCALL rollboard_<version>_<script>`.
+    Functions,
+    /// `EVALSHA <sha1 of the script's text>`.
+    Eval,
+}
+
+impl Calling {
+    /// The command that calls `function`, and the word that names it: its function name or
+    /// its text's digest. The rest of the call (the key count, the keys, the arguments) is
+    /// the same for both.
+    pub(super) fn command<'f>(self, function: &'f Function) -> (&'static str, &'f str) {
+        match self {
+            Calling::Functions => ("FCALL", function.name.as_str()),
+            Calling::Eval => ("EVALSHA", function.sha.as_str()),
+        }
+    }
+
+    /// Whether Redis refused a call because it does not hold the script (nothing ran): its
+    /// own error reply. A script's error may carry those words too (in a member name from
+    /// an event) and is not one: a function's is the whole reply, a script's the code.
+    fn missing(self, e: &fred::error::Error) -> bool {
+        match self {
+            Calling::Functions => e.details() == "ERR Function not found",
+            Calling::Eval => e.details().starts_with("NOSCRIPT "),
+        }
+    }
+
+    /// Loads every script: the library (`FUNCTION LOAD REPLACE`) or each script (`SCRIPT
+    /// LOAD`); on a cluster, on every master. Loading the same text again changes nothing
+    /// for calls in flight: Redis runs one command at a time.
+    pub(super) async fn load(self, client: &Client) -> Result<(), fred::error::Error> {
+        match self {
+            Calling::Functions => {
+                let text = lua::library().text.as_str();
+                if client.is_clustered() {
+                    client.function_load_cluster::<Value, _>(true, text).await?;
+                } else {
+                    client.function_load::<Value, _>(true, text).await?;
+                }
+            }
+            Calling::Eval => {
+                for script in lua::eval_scripts() {
+                    let text = script.text.as_str();
+                    if client.is_clustered() {
+                        client.script_load_cluster::<Value, _>(text).await?;
+                    } else {
+                        client.script_load::<Value, _>(text).await?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The command (and its arguments) that tells whether one master holds every script:
+    /// `FUNCTION LIST LIBRARYNAME <name>` answers an empty list when it does not,
+    /// `SCRIPT EXISTS <sha>...` a 0 for each script it lacks.
+    fn listing(self) -> (CustomCommand, Vec<Value>) {
+        match self {
+            Calling::Functions => (
+                CustomCommand::new_static("FUNCTION", ClusterHash::Random, false),
+                vec![
+                    "LIST".into(),
+                    "LIBRARYNAME".into(),
+                    lua::library().name.as_str().into(),
+                ],
+            ),
+            Calling::Eval => {
+                let mut args = vec![Value::from("EXISTS")];
+                args.extend(lua::eval_scripts().iter().map(|s| s.sha.as_str().into()));
+                (
+                    CustomCommand::new_static("SCRIPT", ClusterHash::Random, false),
+                    args,
+                )
+            }
+        }
+    }
+
+    /// Whether a master's answer to [`Calling::listing`] says it holds every script.
+    fn holds_all(self, listed: &Value) -> bool {
+        match (self, listed) {
+            (Calling::Functions, listed) => listed.array_len() != Some(0),
+            (Calling::Eval, Value::Array(found)) => {
+                found.iter().all(|f| super::as_i64(f) == Some(1))
+            }
+            (Calling::Eval, _) => false,
+        }
+    }
+}
+
+/// Sends a script call with `send`; when Redis does not hold the script (nothing ran: a
+/// server restarted without persistence, a promoted replica, a flush), loads the scripts
+/// through `client` and sends it once more.
+pub(super) async fn reloading<F, Fut>(
+    client: &Client,
+    calling: Calling,
+    send: F,
+) -> Result<Value, fred::error::Error>
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<Value, fred::error::Error>>,
+{
+    match send().await {
+        Err(e) if calling.missing(&e) => {
+            calling.load(client).await?;
+            send().await
+        }
+        reply => reply,
+    }
+}
+
+/// Whether `e` is Redis refusing a command for good (an ACL's `NOPERM`, a command the
+/// service does not offer) rather than an outage or a redirection.
+fn refused(e: &fred::error::Error) -> bool {
+    StoreError::Redis(e.clone()).kind() == "other"
+}
+
+/// Asks Redis, without running them, whether the user may run each of `commands` (see
+/// `connect::PERMISSION_PROBE`): `None` when the probe itself is refused.
+async fn allowed(client: &Client, commands: &[&[&str]]) -> Result<Option<bool>, StoreError> {
+    let mut args: Vec<Value> = Vec::new();
+    for command in commands {
+        args.push(Value::from(command.len() as i64));
+        args.extend(command.iter().map(|w| Value::from(*w)));
+    }
+    match client
+        .eval::<Vec<i64>, _, _, _>(super::connect::PERMISSION_PROBE, (), args)
+        .await
+    {
+        Ok(status) => Ok(Some(status.iter().all(|s| *s == 1))),
+        Err(e) if refused(&e) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+impl Store {
+    /// How this process calls its scripts: the setting, or for `auto` the choice made at
+    /// the first need ([`Store::choose_calling`]) and kept.
+    pub(super) async fn calling(&self) -> Result<Calling, StoreError> {
+        match self.script_calls {
+            ScriptCalls::Functions => Ok(Calling::Functions),
+            ScriptCalls::Eval => Ok(Calling::Eval),
+            ScriptCalls::Auto => self
+                .calling
+                .get_or_try_init(|| self.choose_calling())
+                .await
+                .copied(),
+        }
+    }
+
+    /// As [`Store::calling`], with the error a script call reports.
+    pub(super) async fn calling_for_call(&self) -> Result<Calling, fred::error::Error> {
+        self.calling().await.map_err(|e| match e {
+            StoreError::Redis(e) => e,
+            StoreError::Reply(what) => fred::error::Error::new(ErrorKind::Unknown, what),
+        })
+    }
+
+    /// `redis.scripts = "auto"`: functions when every master answers `FUNCTION LIST` and
+    /// the user may load and call functions, else `EVALSHA` (a service that refuses
+    /// `FUNCTION`, such as a serverless one, or an ACL that denies it). Logged once.
+    async fn choose_calling(&self) -> Result<Calling, StoreError> {
+        let client = self.client();
+        let (list, args) = Calling::Functions.listing();
+        let reason = match super::on_every_master(client, list, args).await {
+            Err(StoreError::Redis(e)) if refused(&e) => Some(format!(
+                "FUNCTION LIST was refused ({})",
+                e.details().chars().take(120).collect::<String>()
+            )),
+            Err(e) => return Err(e),
+            Ok(_) => {
+                let fcall = lua::library().function("lease.lua");
+                let probes: [&[&str]; 3] = [
+                    &["FUNCTION", "LOAD", "REPLACE", "#!lua name=probe\n"],
+                    &["FUNCTION", "LIST"],
+                    &["FCALL", &fcall, "0"],
+                ];
+                match allowed(client, &probes).await? {
+                    Some(false) => Some("the user may not run FUNCTION LOAD or FCALL".into()),
+                    // Functions answer; a user denied EVAL has no other way anyway.
+                    Some(true) | None => None,
+                }
+            }
+        };
+        let calling = match &reason {
+            Some(reason) => {
+                info!(
+                    scripts = "eval",
+                    "redis.scripts = auto: {reason}, so the scripts are loaded with SCRIPT \
+                     LOAD and called with EVALSHA"
+                );
+                Calling::Eval
+            }
+            None => {
+                info!(
+                    scripts = "functions",
+                    "redis.scripts = auto: the server allows functions, so the scripts are \
+                     one library (FUNCTION LOAD) called with FCALL"
+                );
+                Calling::Functions
+            }
+        };
+        Ok(calling)
+    }
+
+    /// Whether the server holds every script; loads them if not. On a cluster every master
+    /// is asked: a new master, or one restarted without persistence, lacks them while the
+    /// others hold them.
+    pub async fn ensure_library(&self) -> Result<(), StoreError> {
+        let calling = self.calling().await?;
+        let (list, args) = calling.listing();
+        let replies = super::on_every_master(self.client(), list, args).await?;
+        if !replies.iter().all(|listed| calling.holds_all(listed)) {
+            self.load_library().await?;
+        }
+        Ok(())
+    }
+
+    /// Loads every script (the library, or each script by `SCRIPT LOAD`); on a cluster, on
+    /// every master.
+    pub async fn load_library(&self) -> Result<(), StoreError> {
+        let calling = self.calling().await?;
+        Ok(calling.load(self.client()).await?)
+    }
+}
