@@ -134,16 +134,22 @@ fn refused(e: &fred::error::Error) -> bool {
 
 /// Asks Redis, without running them, whether the user may run each of `commands` (see
 /// `connect::PERMISSION_PROBE`): `None` when the probe itself is refused.
-async fn allowed(client: &Client, commands: &[&[&str]]) -> Result<Option<bool>, StoreError> {
+async fn allowed(
+    client: &Client,
+    key: &str,
+    commands: &[&[&str]],
+) -> Result<Option<bool>, StoreError> {
     let mut args: Vec<Value> = Vec::new();
     for command in commands {
         args.push(Value::from(command.len() as i64));
         args.extend(command.iter().map(|w| Value::from(*w)));
     }
     match client
-        .eval::<Vec<i64>, _, _, _>(super::connect::PERMISSION_PROBE, (), args)
+        .eval::<Vec<i64>, _, _, _>(super::connect::PERMISSION_PROBE, key, args)
         .await
     {
+        // `{-1}`: no `redis.acl_check_cmd` to ask.
+        Ok(status) if status == [-1] => Ok(None),
         Ok(status) => Ok(Some(status.iter().all(|s| *s == 1))),
         Err(e) if refused(&e) => Ok(None),
         Err(e) => Err(e.into()),
@@ -192,7 +198,7 @@ impl Store {
                     &["FUNCTION", "LIST"],
                     &["FCALL", &fcall, "0"],
                 ];
-                match allowed(client, &probes).await? {
+                match allowed(client, &self.keys.lease("roll"), &probes).await? {
                     Some(false) => Some("the user may not run FUNCTION LOAD or FCALL".into()),
                     // Functions answer; a user denied EVAL has no other way anyway.
                     Some(true) | None => None,

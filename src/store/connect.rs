@@ -10,6 +10,8 @@ use std::time::Duration;
 use fred::prelude::*;
 use fred::types::config::TlsConnector;
 
+use tracing::warn;
+
 use super::calls::Calling;
 use super::{reply_err, Scripts, Store, StoreError};
 use crate::config::tls::tls_client_config;
@@ -40,8 +42,12 @@ fn lua_sources() -> impl Iterator<Item = &'static str> {
 
 /// Asks Redis whether the current user may run each command of ARGV (groups of a count
 /// followed by that many words), without running any; returns one status per group:
-/// 1 allowed, 0 denied, 2 not a command Redis knows (`acl_check_cmd` raises an error).
+/// 1 allowed, 0 denied, 2 not a command Redis knows (`acl_check_cmd` raises an error); or
+/// `{-1}` alone where the server offers no `redis.acl_check_cmd`. KEYS[1] is any key of
+/// rollboard's, unread: a service that runs no script without a key (ElastiCache
+/// Serverless) runs this one, and a cluster routes it.
 pub(super) const PERMISSION_PROBE: &str = r#"
+if not redis.acl_check_cmd then return {-1} end
 local status, i = {}, 1
 while i <= #ARGV do
   local n = tonumber(ARGV[i])
@@ -692,7 +698,14 @@ impl Store {
             args.push(Value::from(probe.len() as i64));
             args.extend(probe.iter().map(|w| Value::from(w.as_str())));
         }
-        let status: Vec<i64> = self.client().eval(PERMISSION_PROBE, (), args).await?;
+        let status: Vec<i64> = self.client().eval(PERMISSION_PROBE, stream, args).await?;
+        if status == [-1] {
+            warn!(
+                "the server offers no redis.acl_check_cmd: the redis user's permissions are \
+                 not checked at start, and a denied command fails when it is first sent"
+            );
+            return Ok(Vec::new());
+        }
         if status.len() != probes.len() {
             return Err(reply_err(
                 "permission probe: one status per command expected",
