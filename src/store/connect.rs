@@ -377,6 +377,10 @@ impl Store {
                 // to the new owner. Append transactions re-read the slot map themselves
                 // after a redirection (see [`crate::ingest::stream::append`]).
                 c.max_redirections = 0;
+                // No `CLUSTER INFO` on each new cluster connection: the Redis user needs no
+                // permission for it (deploy/redis/users.acl grants none), and a failing
+                // cluster answers `CLUSTERDOWN`, an outage rollboard waits out anyway.
+                c.disable_cluster_health_check = true;
             })
             .with_performance_config(|p| {
                 p.default_command_timeout = Duration::from_secs(30);
