@@ -179,31 +179,24 @@ impl Store {
         })
     }
 
-    /// `redis.scripts = "auto"`: functions when every master answers `FUNCTION LIST` and
-    /// the user may load and call functions, else `EVALSHA` (a service that refuses
-    /// `FUNCTION`, such as a serverless one, or an ACL that denies it). Logged once.
+    /// `redis.scripts = "auto"`: `EVALSHA` where the server refuses `FUNCTION LIST` for a
+    /// reason of its own (a service that does not offer functions, such as a serverless
+    /// one), or where the user may not load or call functions but may load and call
+    /// scripts (an ACL made for `EVALSHA`); functions otherwise, so that a user who may do
+    /// neither is told what functions need, as the shipped ACL grants. Logged once.
     async fn choose_calling(&self) -> Result<Calling, StoreError> {
         let client = self.client();
         let (list, args) = Calling::Functions.listing();
         let reason = match super::on_every_master(client, list, args).await {
-            Err(StoreError::Redis(e)) if refused(&e) => Some(format!(
-                "FUNCTION LIST was refused ({})",
-                e.details().chars().take(120).collect::<String>()
-            )),
-            Err(e) => return Err(e),
-            Ok(_) => {
-                let fcall = lua::library().function("lease.lua");
-                let probes: [&[&str]; 3] = [
-                    &["FUNCTION", "LOAD", "REPLACE", "#!lua name=probe\n"],
-                    &["FUNCTION", "LIST"],
-                    &["FCALL", &fcall, "0"],
-                ];
-                match allowed(client, &self.keys.lease("roll"), &probes).await? {
-                    Some(false) => Some("the user may not run FUNCTION LOAD or FCALL".into()),
-                    // Functions answer; a user denied EVAL has no other way anyway.
-                    Some(true) | None => None,
-                }
+            Err(StoreError::Redis(e)) if refused(&e) && !e.details().starts_with("NOPERM") => {
+                Some(format!(
+                    "the server refused FUNCTION LIST ({})",
+                    e.details().chars().take(120).collect::<String>()
+                ))
             }
+            Err(StoreError::Redis(e)) if refused(&e) => self.eval_allowed_instead().await?,
+            Err(e) => return Err(e),
+            Ok(_) => self.eval_allowed_instead().await?,
         };
         let calling = match &reason {
             Some(reason) => {
@@ -217,13 +210,42 @@ impl Store {
             None => {
                 info!(
                     scripts = "functions",
-                    "redis.scripts = auto: the server allows functions, so the scripts are \
-                     one library (FUNCTION LOAD) called with FCALL"
+                    "redis.scripts = auto: the scripts are one library (FUNCTION LOAD) called \
+                     with FCALL"
                 );
                 Calling::Functions
             }
         };
         Ok(calling)
+    }
+
+    /// Why to call by `EVALSHA` on a server that offers functions: the user may not load,
+    /// list or call them, and may load, check and call scripts. `None` when functions are
+    /// allowed, when neither is, or when the server cannot tell (no `EVAL`, no
+    /// `redis.acl_check_cmd`).
+    async fn eval_allowed_instead(&self) -> Result<Option<String>, StoreError> {
+        let client = self.client();
+        let key = self.keys.lease("roll");
+        let fcall = lua::library().function("lease.lua");
+        let functions: [&[&str]; 3] = [
+            &["FUNCTION", "LOAD", "REPLACE", "#!lua name=probe\n"],
+            &["FUNCTION", "LIST"],
+            &["FCALL", &fcall, "1", &key],
+        ];
+        if allowed(client, &key, &functions).await? != Some(false) {
+            return Ok(None);
+        }
+        let sha = &self.scripts.lease.sha;
+        let eval: [&[&str]; 3] = [
+            &["SCRIPT", "LOAD", "return 1"],
+            &["SCRIPT", "EXISTS", sha],
+            &["EVALSHA", sha, "1", &key],
+        ];
+        Ok(
+            (allowed(client, &key, &eval).await? == Some(true)).then(|| {
+                "the user may not load or call functions, and may load and call scripts".into()
+            }),
+        )
     }
 
     /// Whether the server holds every script; loads them if not. On a cluster every master

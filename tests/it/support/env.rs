@@ -21,11 +21,11 @@ pub fn env_seed(name: &str) -> u64 {
         .unwrap_or_else(|| rollboard::domain::clock::local_ms() as u64)
 }
 
-/// How the run's stores call the scripts: `ROLLBOARD_REDIS__SCRIPTS` (`auto`, `functions`
+/// How the run's stores call the scripts: `ROLLBOARD__REDIS__SCRIPTS` (`auto`, `functions`
 /// or `eval`), the variable that also sets `redis.scripts` of every daemon and CLI the
 /// tests start (they inherit the environment). Unset: `auto`, as a daemon by default.
 pub fn script_calls() -> ScriptCalls {
-    match std::env::var("ROLLBOARD_REDIS__SCRIPTS").as_deref() {
+    match std::env::var("ROLLBOARD__REDIS__SCRIPTS").as_deref() {
         Ok("eval") => ScriptCalls::Eval,
         Ok("functions") => ScriptCalls::Functions,
         _ => ScriptCalls::Auto,
