@@ -1,5 +1,7 @@
-//! The shipped deploy files: the ACL user, TLS, tokens, and Prometheus rules and dashboards.
+//! The shipped deploy files: the ACL user, TLS, tokens, and Prometheus rules and dashboards;
+//! and the two ways the scripts reach Redis (`redis.scripts`).
 
 mod acl_user_and_tls;
 mod function_permissions;
 mod prometheus_with_deploy_files;
+mod script_calls;

@@ -1,0 +1,164 @@
+//! `redis.scripts`: on a server that refuses functions, `auto` calls the same scripts by
+//! `EVALSHA` and every call writes what it writes by `FCALL`; a script the server lost
+//! (`SCRIPT FLUSH`, a restart) is loaded again and the call sent once more; the start-up
+//! check names what the chosen way needs.
+
+use rollboard::config::ScriptCalls;
+use rollboard::store::{Reconnect, Store};
+
+use crate::support::acl::Server;
+use crate::support::boards::{apply_events, ev, roll_board, snapshot, variants};
+use crate::support::instances::contents;
+use crate::support::redis::RedisServer;
+
+/// How many times the server on `port` ran `command` (`INFO commandstats`).
+fn calls(port: u16, command: &str) -> u64 {
+    let out = std::process::Command::new("redis-cli")
+        .args(["-p", &port.to_string(), "INFO", "commandstats"])
+        .output()
+        .expect("redis-cli");
+    let prefix = format!("cmdstat_{command}:calls=");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|line| line.strip_prefix(prefix.as_str()))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().expect("calls"))
+}
+
+/// A redis-server whose `FUNCTION`, `FCALL` and `FCALL_RO` are renamed away, as a service
+/// that does not offer them answers: `ERR unknown command`.
+fn server_without_functions() -> Server {
+    let mut args = Vec::new();
+    for command in ["FUNCTION", "FCALL", "FCALL_RO"] {
+        args.extend(["--rename-command".to_string(), command.to_string(), String::new()]);
+    }
+    Server::start(&args, false)
+}
+
+async fn store_on(port: u16, scripts: ScriptCalls) -> Store {
+    Store::connect(&format!("redis://127.0.0.1:{port}"), "rb", 2, Reconnect::Never)
+        .await
+        .expect("connect")
+        .with_script_calls(scripts)
+}
+
+/// The same events and rolls on a server without functions (`auto`) and on one with them
+/// (`functions`): every key of every board variant holds the same content, the first
+/// server ran EVALSHA and no FCALL. Its scripts flushed, the next apply loads them again
+/// and counts its events once.
+#[tokio::test]
+async fn without_functions_auto_calls_by_evalsha_and_writes_the_same() {
+    let bare = server_without_functions();
+    let plain = RedisServer::start();
+    let by_eval = store_on(bare.port, ScriptCalls::Auto).await;
+    let by_function = store_on(plain.port, ScriptCalls::Functions).await;
+    let now = 1_700_000_000_000;
+    let boards = variants(60_000, 5);
+    for board in &boards {
+        for store in [&by_eval, &by_function] {
+            let events = [
+                ev("a", now - 130_000, "m1", 5),
+                ev("b", now - 70_000, "m2", 5),
+                ev("c", now - 10_000, "m3", 7),
+                ev("a", now - 130_000, "m1", 5),
+            ];
+            apply_events(store, board, &events, now).await;
+            roll_board(store, board, now + 200_000).await;
+            apply_events(store, board, &[ev("d", now + 200_000, "m2", 3)], now + 200_000).await;
+        }
+        // Every key but `meta`, whose chain token is drawn afresh by each call.
+        assert_eq!(
+            contents(&by_eval, &board.widest()).await,
+            contents(&by_function, &board.widest()).await,
+            "{}",
+            board.name
+        );
+    }
+    assert!(calls(bare.port, "evalsha") > 0, "EVALSHA was called");
+    assert_eq!(calls(bare.port, "fcall"), 0);
+    let loads = calls(bare.port, "script|load");
+    assert!(loads > 0, "the scripts were loaded");
+
+    // The server loses its scripts: the next call is answered NOSCRIPT, runs nothing, and
+    // is sent again once they are loaded.
+    let out = std::process::Command::new("redis-cli")
+        .args(["-p", &bare.port.to_string(), "SCRIPT", "FLUSH"])
+        .output()
+        .expect("redis-cli");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "OK");
+    let board = &boards[0];
+    let later = now + 210_000;
+    for store in [&by_eval, &by_function] {
+        apply_events(store, board, &[ev("e", later, "m4", 11)], later).await;
+    }
+    assert!(calls(bare.port, "script|load") > loads, "loaded again");
+    assert_eq!(
+        contents(&by_eval, &board.widest()).await,
+        contents(&by_function, &board.widest()).await
+    );
+    let top = by_eval
+        .top(&board.widest(), None, 0, 10, later)
+        .await
+        .expect("top");
+    assert_eq!(top.entries[0].member, "m4");
+
+    // Told to call functions there, a call fails, naming the command, and writes nothing.
+    let forced = store_on(bare.port, ScriptCalls::Functions).await;
+    let before = snapshot(&by_eval, board).await;
+    let refused = forced
+        .apply(board, None, &[ev("f", later, "m5", 1)], later)
+        .await
+        .expect_err("no FCALL on this server");
+    assert!(refused.to_string().contains("unknown command"), "{refused}");
+    assert_eq!(snapshot(&by_eval, board).await, before);
+}
+
+/// The start-up check names what the chosen way needs: by `EVALSHA` (told so), the script
+/// commands the user lacks; by `auto`, for a user who may call neither functions nor
+/// scripts, what functions need (as the shipped ACL grants).
+#[tokio::test]
+async fn the_start_up_check_asks_for_what_the_chosen_way_needs() {
+    let redis = RedisServer::start();
+    let board = &variants(60_000, 5)[0];
+    for (rules, scripts, named, not_named) in [
+        (
+            "-script|load -fcall",
+            ScriptCalls::Eval,
+            "SCRIPT LOAD",
+            "FCALL",
+        ),
+        (
+            "-script|load -fcall",
+            ScriptCalls::Auto,
+            "FCALL",
+            "SCRIPT LOAD",
+        ),
+        (
+            "-function -fcall -fcall_ro",
+            ScriptCalls::Auto,
+            "",
+            "FUNCTION",
+        ),
+    ] {
+        let user = format!("u{}", rules.len() + named.len());
+        let mut acl = vec!["ACL", "SETUSER", &user, "reset", "on", ">pw", "~*", "&*", "+@all"];
+        acl.extend(rules.split_whitespace());
+        assert_eq!(redis.cli(&acl).trim(), "OK");
+        let url = format!("redis://{user}:pw@127.0.0.1:{}", redis.port);
+        let store = Store::connect(&url, "rb", 1, Reconnect::Never)
+            .await
+            .expect("connect")
+            .with_script_calls(scripts);
+        let denied = store
+            .check_permissions(std::slice::from_ref(board), "rb:events", "rb:events:dead")
+            .await
+            .expect("the check runs");
+        let text = denied.join(", ");
+        if named.is_empty() {
+            assert!(denied.is_empty(), "{rules} {scripts:?}: {text}");
+        } else {
+            assert!(text.contains(named), "{rules} {scripts:?}: {text}");
+        }
+        assert!(!text.contains(not_named), "{rules} {scripts:?}: {text}");
+    }
+}
