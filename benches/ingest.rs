@@ -82,7 +82,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fred::prelude::*;
-use rollboard::config::{IngestSettings, Settings};
+use rollboard::config::{IngestSettings, ScriptCalls, Settings};
 use rollboard::domain::board::Board;
 use rollboard::ingest::{consumer::Ingest, stream::group_info};
 use rollboard::metrics::Metrics;
@@ -283,10 +283,19 @@ fn probe_fields(k: usize) -> Vec<(String, String)> {
     ]
 }
 
+/// A store on `redis` with `size` connections, calling the scripts as
+/// `ROLLBOARD__REDIS__SCRIPTS` says (`functions`, `eval`; unset or else: `auto`), the
+/// variable that sets a daemon's `redis.scripts`: the same bench measures either way.
 async fn connect(redis: &RedisServer, size: usize) -> Result<Store> {
-    Store::connect(&redis.url(), "rb", size, Reconnect::Never)
+    let scripts = match std::env::var("ROLLBOARD__REDIS__SCRIPTS").as_deref() {
+        Ok("eval") => ScriptCalls::Eval,
+        Ok("functions") => ScriptCalls::Functions,
+        _ => ScriptCalls::Auto,
+    };
+    Ok(Store::connect(&redis.url(), "rb", size, Reconnect::Never)
         .await
-        .map_err(|e| e.to_string())
+        .map_err(|e| e.to_string())?
+        .with_script_calls(scripts))
 }
 
 /// Total Redis-side time spent in `command` so far, in µs (INFO commandstats).

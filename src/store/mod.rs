@@ -54,7 +54,7 @@ pub use apply::{
     FOLD_EVENT_COST, FOLD_GROUP_COST,
 };
 pub use changes::{wait_feed, FeedEntry, FeedId, FeedState, FEED_PAGE};
-pub use connect::{script_commands, Conflict, Conflicts, Denied, Reconnect, Refused};
+pub use connect::{script_commands, Conflict, Conflicts, Denied, Reconnect, Refused, WAIT_DENIED};
 pub use drop::{scan_denied, BoardKeys, UNLINK_BATCH};
 pub use expire::{Expired, Trimmed, EXPIRE_CALL_FIELDS, TRIM_CALL_IDS, TRIM_CALL_LOG};
 pub use generations::{tag, Generations};

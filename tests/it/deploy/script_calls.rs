@@ -1,10 +1,11 @@
 //! `redis.scripts`: on a server that refuses functions, `auto` calls the same scripts by
 //! `EVALSHA` and every call writes what it writes by `FCALL`; a script the server lost
 //! (`SCRIPT FLUSH`, a restart) is loaded again and the call sent once more; the start-up
-//! check names what the chosen way needs.
+//! check names what the chosen way needs. A refused `WAIT` names the setting that sends
+//! none.
 
-use rollboard::config::ScriptCalls;
-use rollboard::store::{Reconnect, Store};
+use rollboard::config::{Durability, ScriptCalls};
+use rollboard::store::{Reconnect, Store, WAIT_DENIED};
 
 use crate::support::acl::Server;
 use crate::support::boards::{apply_events, ev, roll_board, snapshot, variants};
@@ -161,4 +162,54 @@ async fn the_start_up_check_asks_for_what_the_chosen_way_needs() {
         }
         assert!(!text.contains(not_named), "{rules} {scripts:?}: {text}");
     }
+}
+
+/// A user denied `WAIT` (a serverless service refuses it, and replicates by itself): the
+/// start-up check names it with the setting that needs none, and so does a confirmation
+/// that meets the refusal; with `min_replicas_acked = 0` neither asks for it.
+#[tokio::test]
+async fn a_refused_wait_names_min_replicas_acked_0() {
+    let redis = RedisServer::start();
+    let board = &variants(60_000, 5)[0];
+    let acl = ["ACL", "SETUSER", "nowait", "reset", "on", ">pw", "~*", "&*", "+@all", "-wait"];
+    assert_eq!(redis.cli(&acl).trim(), "OK");
+    let url = format!("redis://nowait:pw@127.0.0.1:{}", redis.port);
+    let connect = |replicas: Option<u32>| {
+        let url = url.clone();
+        async move {
+            Store::connect(&url, "rb", 1, Reconnect::Never)
+                .await
+                .expect("connect")
+                .with_durability(Durability {
+                    replicas,
+                    timeout: std::time::Duration::from_millis(100),
+                })
+        }
+    };
+    let check = |store: Store| async move {
+        store
+            .check_permissions(std::slice::from_ref(board), "rb:events", "rb:events:dead")
+            .await
+            .expect("the check runs")
+    };
+    for replicas in [None, Some(1)] {
+        let denied = check(connect(replicas).await).await;
+        assert_eq!(denied, [WAIT_DENIED], "{replicas:?}");
+        assert!(WAIT_DENIED.contains("redis.min_replicas_acked = 0"));
+    }
+    assert!(check(connect(Some(0)).await).await.is_empty());
+
+    let refused = connect(Some(1))
+        .await
+        .confirm_writes(&["rb:{x}:meta"])
+        .await
+        .expect_err("WAIT is refused");
+    let text = refused.to_string();
+    assert!(text.contains("NOPERM"), "{text}");
+    assert!(text.contains("set redis.min_replicas_acked = 0"), "{text}");
+    connect(Some(0))
+        .await
+        .confirm_writes(&["rb:{x}:meta"])
+        .await
+        .expect("nothing to wait for");
 }
