@@ -25,7 +25,7 @@ impl Calling {
     /// The command that calls `function`, and the word that names it: its function name or
     /// its text's digest. The rest of the call (the key count, the keys, the arguments) is
     /// the same for both.
-    pub(super) fn command<'f>(self, function: &'f Function) -> (&'static str, &'f str) {
+    pub(super) fn command(self, function: &Function) -> (&'static str, &str) {
         match self {
             Calling::Functions => ("FCALL", function.name.as_str()),
             Calling::Eval => ("EVALSHA", function.sha.as_str()),
@@ -105,6 +105,30 @@ impl Calling {
     }
 }
 
+/// Asks Redis whether the current user may run each command of ARGV (groups of a count
+/// followed by that many words), without running any; returns one status per group:
+/// 1 allowed, 0 denied, 2 not a command Redis knows (`acl_check_cmd` raises an error); or
+/// `{-1}` alone where the server offers no `redis.acl_check_cmd`. KEYS[1] is any key of
+/// rollboard's, unread: a service that runs no script without a key (ElastiCache
+/// Serverless) runs this one, and a cluster routes it.
+pub(super) const PERMISSION_PROBE: &str = r#"
+if not redis.acl_check_cmd then return {-1} end
+local status, i = {}, 1
+while i <= #ARGV do
+  local n = tonumber(ARGV[i])
+  local ok, allowed = pcall(redis.acl_check_cmd, unpack(ARGV, i + 1, i + n))
+  if not ok then
+    status[#status + 1] = 2
+  elseif allowed then
+    status[#status + 1] = 1
+  else
+    status[#status + 1] = 0
+  end
+  i = i + n + 1
+end
+return status
+"#;
+
 /// Sends a script call with `send`; when Redis does not hold the script (nothing ran: a
 /// server restarted without persistence, a promoted replica, a flush), loads the scripts
 /// through `client` and sends it once more.
@@ -133,11 +157,11 @@ fn refused(e: &fred::error::Error) -> bool {
 }
 
 /// Asks Redis, without running them, whether the user may run each of `commands` (see
-/// `connect::PERMISSION_PROBE`): `None` when the probe itself is refused.
+/// [`PERMISSION_PROBE`]): `None` when the probe itself is refused.
 async fn allowed(
     client: &Client,
     key: &str,
-    commands: &[&[&str]],
+    commands: &[Vec<&str>],
 ) -> Result<Option<bool>, StoreError> {
     let mut args: Vec<Value> = Vec::new();
     for command in commands {
@@ -145,7 +169,7 @@ async fn allowed(
         args.extend(command.iter().map(|w| Value::from(*w)));
     }
     match client
-        .eval::<Vec<i64>, _, _, _>(super::connect::PERMISSION_PROBE, key, args)
+        .eval::<Vec<i64>, _, _, _>(PERMISSION_PROBE, key, args)
         .await
     {
         // `{-1}`: no `redis.acl_check_cmd` to ask.
@@ -179,24 +203,31 @@ impl Store {
         })
     }
 
-    /// `redis.scripts = "auto"`: `EVALSHA` where the server refuses `FUNCTION LIST` for a
-    /// reason of its own (a service that does not offer functions, such as a serverless
-    /// one), or where the user may not load or call functions but may load and call
-    /// scripts (an ACL made for `EVALSHA`); functions otherwise, so that a user who may do
-    /// neither is told what functions need, as the shipped ACL grants. Logged once.
+    /// `redis.scripts = "auto"`: `EVALSHA` where the user may not load or call functions
+    /// but may load and call scripts (an ACL made for `EVALSHA`), or where the server
+    /// refuses `FUNCTION LIST` for a reason of its own (a service that does not offer
+    /// functions, such as a serverless one); functions otherwise, so that a user who may
+    /// do neither is told what functions need, as the shipped ACL grants. The user's
+    /// permissions are asked first (`redis.acl_check_cmd`, which runs nothing and leaves no
+    /// denial in the ACL log). Logged once.
     async fn choose_calling(&self) -> Result<Calling, StoreError> {
-        let client = self.client();
-        let (list, args) = Calling::Functions.listing();
-        let reason = match super::on_every_master(client, list, args).await {
-            Err(StoreError::Redis(e)) if refused(&e) && !e.details().starts_with("NOPERM") => {
-                Some(format!(
-                    "the server refused FUNCTION LIST ({})",
-                    e.details().chars().take(120).collect::<String>()
-                ))
+        let reason = match self.may_use(Calling::Functions).await? {
+            Some(false) if self.may_use(Calling::Eval).await? == Some(true) => Some(
+                "the user may not load or call functions, and may load and call scripts"
+                    .to_string(),
+            ),
+            Some(false) => None,
+            Some(true) | None => {
+                let (list, args) = Calling::Functions.listing();
+                match super::on_every_master(self.client(), list, args).await {
+                    Err(StoreError::Redis(e)) if refused(&e) => Some(format!(
+                        "the server refused FUNCTION LIST ({})",
+                        e.details().chars().take(120).collect::<String>()
+                    )),
+                    Err(e) => return Err(e),
+                    Ok(_) => None,
+                }
             }
-            Err(StoreError::Redis(e)) if refused(&e) => self.eval_allowed_instead().await?,
-            Err(e) => return Err(e),
-            Ok(_) => self.eval_allowed_instead().await?,
         };
         let calling = match &reason {
             Some(reason) => {
@@ -219,33 +250,23 @@ impl Store {
         Ok(calling)
     }
 
-    /// Why to call by `EVALSHA` on a server that offers functions: the user may not load,
-    /// list or call them, and may load, check and call scripts. `None` when functions are
-    /// allowed, when neither is, or when the server cannot tell (no `EVAL`, no
-    /// `redis.acl_check_cmd`).
-    async fn eval_allowed_instead(&self) -> Result<Option<String>, StoreError> {
-        let client = self.client();
+    /// Whether the user may load, list and call scripts the way `calling` does; `None`
+    /// when the server cannot tell (no `EVAL`, no `redis.acl_check_cmd`).
+    async fn may_use(&self, calling: Calling) -> Result<Option<bool>, StoreError> {
         let key = self.keys.lease("roll");
-        let fcall = lua::library().function("lease.lua");
-        let functions: [&[&str]; 3] = [
-            &["FUNCTION", "LOAD", "REPLACE", "#!lua name=probe\n"],
-            &["FUNCTION", "LIST"],
-            &["FCALL", &fcall, "1", &key],
-        ];
-        if allowed(client, &key, &functions).await? != Some(false) {
-            return Ok(None);
-        }
-        let sha = &self.scripts.lease.sha;
-        let eval: [&[&str]; 3] = [
-            &["SCRIPT", "LOAD", "return 1"],
-            &["SCRIPT", "EXISTS", sha],
-            &["EVALSHA", sha, "1", &key],
-        ];
-        Ok(
-            (allowed(client, &key, &eval).await? == Some(true)).then(|| {
-                "the user may not load or call functions, and may load and call scripts".into()
-            }),
-        )
+        let (call, name) = calling.command(&self.scripts.lease);
+        let mut probes: Vec<Vec<&str>> = match calling {
+            Calling::Functions => vec![
+                vec!["FUNCTION", "LOAD", "REPLACE", "#!lua name=probe\n"],
+                vec!["FUNCTION", "LIST"],
+            ],
+            Calling::Eval => vec![
+                vec!["SCRIPT", "LOAD", "return 1"],
+                vec!["SCRIPT", "EXISTS", name],
+            ],
+        };
+        probes.push(vec![call, name, "1", &key]);
+        allowed(self.client(), &key, &probes).await
     }
 
     /// Whether the server holds every script; loads them if not. On a cluster every master

@@ -12,7 +12,7 @@ use fred::types::config::TlsConnector;
 
 use tracing::warn;
 
-use super::calls::Calling;
+use super::calls::{Calling, PERMISSION_PROBE};
 use super::{reply_err, Scripts, Store, StoreError};
 use crate::config::tls::tls_client_config;
 use crate::config::{Durability, ScriptCalls};
@@ -39,30 +39,6 @@ fn lua_sources() -> impl Iterator<Item = &'static str> {
         .map(|(_, text)| text)
         .chain(pieces)
 }
-
-/// Asks Redis whether the current user may run each command of ARGV (groups of a count
-/// followed by that many words), without running any; returns one status per group:
-/// 1 allowed, 0 denied, 2 not a command Redis knows (`acl_check_cmd` raises an error); or
-/// `{-1}` alone where the server offers no `redis.acl_check_cmd`. KEYS[1] is any key of
-/// rollboard's, unread: a service that runs no script without a key (ElastiCache
-/// Serverless) runs this one, and a cluster routes it.
-pub(super) const PERMISSION_PROBE: &str = r#"
-if not redis.acl_check_cmd then return {-1} end
-local status, i = {}, 1
-while i <= #ARGV do
-  local n = tonumber(ARGV[i])
-  local ok, allowed = pcall(redis.acl_check_cmd, unpack(ARGV, i + 1, i + n))
-  if not ok then
-    status[#status + 1] = 2
-  elseif allowed then
-    status[#status + 1] = 1
-  else
-    status[#status + 1] = 0
-  end
-  i = i + n + 1
-end
-return status
-"#;
 
 /// Every name a Lua source might call as a command: each quoted upper-case word, whether
 /// it is passed to `redis.call` directly or through a helper such as `variadic('HSET', ...)`.

@@ -31,16 +31,25 @@ fn calls(port: u16, command: &str) -> u64 {
 fn server_without_functions() -> Server {
     let mut args = Vec::new();
     for command in ["FUNCTION", "FCALL", "FCALL_RO"] {
-        args.extend(["--rename-command".to_string(), command.to_string(), String::new()]);
+        args.extend([
+            "--rename-command".to_string(),
+            command.to_string(),
+            String::new(),
+        ]);
     }
     Server::start(&args, false)
 }
 
 async fn store_on(port: u16, scripts: ScriptCalls) -> Store {
-    Store::connect(&format!("redis://127.0.0.1:{port}"), "rb", 2, Reconnect::Never)
-        .await
-        .expect("connect")
-        .with_script_calls(scripts)
+    Store::connect(
+        &format!("redis://127.0.0.1:{port}"),
+        "rb",
+        2,
+        Reconnect::Never,
+    )
+    .await
+    .expect("connect")
+    .with_script_calls(scripts)
 }
 
 /// The same events and rolls on a server without functions (`auto`) and on one with them
@@ -65,7 +74,13 @@ async fn without_functions_auto_calls_by_evalsha_and_writes_the_same() {
             ];
             apply_events(store, board, &events, now).await;
             roll_board(store, board, now + 200_000).await;
-            apply_events(store, board, &[ev("d", now + 200_000, "m2", 3)], now + 200_000).await;
+            apply_events(
+                store,
+                board,
+                &[ev("d", now + 200_000, "m2", 3)],
+                now + 200_000,
+            )
+            .await;
         }
         // Every key but `meta`, whose chain token is drawn afresh by each call.
         assert_eq!(
@@ -142,7 +157,9 @@ async fn the_start_up_check_asks_for_what_the_chosen_way_needs() {
         ),
     ] {
         let user = format!("u{}", rules.len() + named.len());
-        let mut acl = vec!["ACL", "SETUSER", &user, "reset", "on", ">pw", "~*", "&*", "+@all"];
+        let mut acl = vec![
+            "ACL", "SETUSER", &user, "reset", "on", ">pw", "~*", "&*", "+@all",
+        ];
         acl.extend(rules.split_whitespace());
         assert_eq!(redis.cli(&acl).trim(), "OK");
         let url = format!("redis://{user}:pw@127.0.0.1:{}", redis.port);
@@ -171,7 +188,9 @@ async fn the_start_up_check_asks_for_what_the_chosen_way_needs() {
 async fn a_refused_wait_names_min_replicas_acked_0() {
     let redis = RedisServer::start();
     let board = &variants(60_000, 5)[0];
-    let acl = ["ACL", "SETUSER", "nowait", "reset", "on", ">pw", "~*", "&*", "+@all", "-wait"];
+    let acl = [
+        "ACL", "SETUSER", "nowait", "reset", "on", ">pw", "~*", "&*", "+@all", "-wait",
+    ];
     assert_eq!(redis.cli(&acl).trim(), "OK");
     let url = format!("redis://nowait:pw@127.0.0.1:{}", redis.port);
     let connect = |replicas: Option<u32>| {
