@@ -16,6 +16,7 @@ mod key_layout;
 mod lifecycle;
 mod query;
 mod roll;
+mod serverless;
 mod shards;
 mod shards_ops;
 mod support;
