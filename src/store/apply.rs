@@ -13,7 +13,7 @@ use super::{
 };
 use crate::domain::board::Board;
 use crate::domain::keys::{unique_token, InstanceKeys};
-use crate::domain::limits::MAX_REQUEST_ARGS;
+use crate::domain::limits::{per_request, MAX_REQUEST_ARGS};
 
 /// What became of one event at one board instance.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -511,6 +511,39 @@ pub fn apply_order(events: &[ApplyEvent]) -> Vec<usize> {
     by_member(events).unwrap_or_else(|| (0..events.len()).collect())
 }
 
+/// Scopes one `ZADD` of [`registrations`] registers: `ZADD`, the key and `GT`, then two
+/// arguments a scope.
+const REGISTER_PIECE: usize = per_request(3, 2);
+
+/// The `ZADD GT` arguments (the command's name aside) that register each scope of `shares`
+/// in `registry`, scored by the newest slice of its events: one `ZADD` per
+/// [`REGISTER_PIECE`] scopes, in the shares' order. `GT` judges each scope on its own, so
+/// several `ZADD`s register exactly what one would.
+fn registrations(
+    registry: &str,
+    board: &Board,
+    shares: &[(&str, &[ApplyEvent])],
+) -> Vec<Vec<Value>> {
+    shares
+        .chunks(REGISTER_PIECE)
+        .map(|piece| {
+            let mut zadd = Vec::with_capacity(2 + 2 * piece.len());
+            zadd.push(Value::from(registry));
+            zadd.push("GT".into());
+            for (scope, events) in piece {
+                let newest = events
+                    .iter()
+                    .map(|e| board.slice_of(e.ts))
+                    .max()
+                    .unwrap_or_default();
+                zadd.push(Value::from(newest));
+                zadd.push(Value::from(*scope));
+            }
+            zadd
+        })
+        .collect()
+}
+
 /// A fold call's events aggregated per (member, slice), in order of first appearance.
 struct Grouped<'a> {
     /// The slices the events fall in.
@@ -775,8 +808,9 @@ impl Store {
     }
 
     /// Registers each scope of `shares` in its board's registry (score: the newest slice
-    /// of its events; one `ZADD GT` for all) and returns the time to judge the events by:
-    /// `now`, raised to the board's watermark and last roll.
+    /// of its events; one `ZADD GT` per [`REGISTER_PIECE`] scopes, pipelined with the
+    /// watermark read after them, one round trip) and returns the time to judge the events
+    /// by: `now`, raised to the board's watermark and last roll.
     ///
     /// The instance may be one that no roll visits (its scope left the registry), so it
     /// is judged against the board's watermark too, read after the registration: a roll
@@ -789,33 +823,26 @@ impl Store {
         shares: &[(&str, &[ApplyEvent])],
         now: i64,
     ) -> Result<i64, StoreError> {
-        let mut zadd = Vec::with_capacity(2 + 2 * shares.len());
-        zadd.push(Value::from(self.keys.scopes(&board.name)));
-        zadd.push("GT".into());
-        for (scope, events) in shares {
-            let newest = events
-                .iter()
-                .map(|e| board.slice_of(e.ts))
-                .max()
-                .unwrap_or_default();
-            zadd.push(Value::from(newest));
-            zadd.push(Value::from(*scope));
-        }
         let pipeline = fred::clients::Pipeline::from(self.once(client));
-        let _: () = pipeline
-            .custom(
-                CustomCommand::new_static("ZADD", ClusterHash::FirstKey, false),
-                zadd,
-            )
-            .await?;
+        for zadd in registrations(&self.keys.scopes(&board.name), board, shares) {
+            let _: () = pipeline
+                .custom(
+                    CustomCommand::new_static("ZADD", ClusterHash::FirstKey, false),
+                    zadd,
+                )
+                .await?;
+        }
         let _: () = pipeline
             .hmget(
                 self.keys.window(&board.name),
                 vec!["expired_through", "last_roll"],
             )
             .await?;
-        let (_, (watermark, rolled)): (Value, (Option<String>, Option<String>)) =
-            pipeline.all().await?;
+        let mut replies: Vec<Value> = pipeline.all().await?;
+        let (watermark, rolled): (Option<String>, Option<String>) = replies
+            .pop()
+            .ok_or_else(|| reply_err("scope registration: no watermark read"))?
+            .convert()?;
         let mut now = now;
         if let Some(watermark) = parse_watermark(watermark)? {
             now = now.max(board.widest().time_of_watermark(watermark));
@@ -1249,5 +1276,31 @@ mod tests {
             let (keys, args) = apply_call(&b, &k, &fingerprint, chunk, 1_000 * HOUR, true);
             assert!(request(&keys, &args) <= MAX_REQUEST_ARGS);
         }
+    }
+
+    /// A batch's scopes are registered in `ZADD`s of at most the cap's worth of arguments,
+    /// every scope once, in the shares' order, scored by its newest slice.
+    #[test]
+    fn scopes_are_registered_in_zadds_within_the_cap() {
+        let b = board(&[24], false, false);
+        let events: Vec<ApplyEvent> = spread(2, 2, 1);
+        let scopes: Vec<String> = (0..4_500).map(|i| format!("room{i}")).collect();
+        let shares: Vec<(&str, &[ApplyEvent])> =
+            scopes.iter().map(|s| (s.as_str(), &events[..])).collect();
+        let zadds = super::registrations("rb:board:tips:scopes", &b, &shares);
+        assert_eq!(zadds.len(), 3);
+        let mut registered = Vec::new();
+        for zadd in &zadds {
+            let request = 1 + zadd.len();
+            assert!(request <= MAX_REQUEST_ARGS);
+            assert_eq!(zadd[..2], ["rb:board:tips:scopes", "GT"].map(Value::from));
+            for pair in zadd[2..].chunks(2) {
+                assert_eq!(pair[0], Value::from(1_000));
+                registered.push(pair[1].as_str().expect("a scope").to_string());
+            }
+        }
+        assert_eq!(zadds[0].len(), 2 + 2 * super::REGISTER_PIECE);
+        assert_eq!(registered, scopes);
+        assert_eq!(super::registrations("k", &b, &shares[..1]).len(), 1);
     }
 }
