@@ -21,6 +21,7 @@ use tracing::info;
 use crate::config::IngestSettings;
 use crate::domain::board::Board;
 use crate::domain::event::{field, fresh_id, Field, Rejection};
+use crate::domain::limits::{MAX_LETTER_FIELDS, MAX_REQUEST_ARGS};
 use crate::domain::partition::{partition_key, partition_keys, partition_of};
 use crate::store::{redirected, Store, StoreError, TRANSACTION_REDIRECTED};
 
@@ -97,10 +98,21 @@ pub struct DeadLetter {
 
 impl DeadLetter {
     /// The dead-letter entry: original fields flat (renamed `orig.<name>` where they collide
-    /// with `reason`, `detail`, `source_id` or `source_stream`), then those four.
+    /// with `reason`, `detail`, `source_id` or `source_stream`), then those four. An entry
+    /// of more than [`MAX_LETTER_FIELDS`] fields (only one added to the stream by hand can
+    /// be) keeps its first ones, so that the letter is one request within
+    /// [`MAX_REQUEST_ARGS`]; its `detail` then says how many it kept.
     pub fn entry(&self) -> Vec<(Vec<u8>, Vec<u8>)> {
-        let mut out: Vec<(Vec<u8>, Vec<u8>)> = self
-            .fields
+        let kept = self.fields.len().min(MAX_LETTER_FIELDS);
+        let mut detail = self.rejection.detail.clone();
+        if kept < self.fields.len() {
+            detail.push_str(&format!(
+                " (this letter keeps the first {kept} of the entry's {} fields: a request to \
+                 Redis holds at most {MAX_REQUEST_ARGS} arguments)",
+                self.fields.len()
+            ));
+        }
+        let mut out: Vec<(Vec<u8>, Vec<u8>)> = self.fields[..kept]
             .iter()
             .map(|(k, v)| {
                 let name = if RESERVED.iter().any(|r| r.as_bytes() == k.as_slice()) {
@@ -115,10 +127,7 @@ impl DeadLetter {
             b"reason".to_vec(),
             self.rejection.reason.as_str().as_bytes().to_vec(),
         ));
-        out.push((
-            b"detail".to_vec(),
-            self.rejection.detail.as_bytes().to_vec(),
-        ));
+        out.push((b"detail".to_vec(), detail.into_bytes()));
         out.push((b"source_id".to_vec(), self.source_id.as_bytes().to_vec()));
         out.push((
             b"source_stream".to_vec(),
@@ -752,6 +761,38 @@ mod tests {
         );
         assert_eq!(d.entry()[2].1, b"amount");
         assert_eq!(d.entry()[5].1, b"rb:events");
+    }
+
+    /// A letter of an entry with more fields than one request can carry keeps the first
+    /// ones, says so in its detail, and is one `XADD … MAXLEN ~ n *` within the cap.
+    #[test]
+    fn a_letter_of_too_many_fields_keeps_what_one_request_holds() {
+        let fields: Vec<Field> = (0..2_500)
+            .map(|i| (format!("f{i}").into_bytes(), b"v".to_vec()))
+            .collect();
+        let mut d = DeadLetter {
+            fields,
+            source_id: "1-0".into(),
+            source_stream: "rb:events".into(),
+            rejection: Rejection::new(Reason::NoBoard, "the event matches no board"),
+        };
+        let entry = d.entry();
+        assert_eq!(entry.len(), MAX_LETTER_FIELDS + 4);
+        assert!(6 + 2 * entry.len() <= MAX_REQUEST_ARGS);
+        assert_eq!(entry[MAX_LETTER_FIELDS - 1].0, b"f1991");
+        let detail = String::from_utf8_lossy(&entry[MAX_LETTER_FIELDS + 1].1).into_owned();
+        assert!(
+            detail.starts_with("the event matches no board (this letter keeps the first 1992 of the entry's 2500 fields"),
+            "{detail}"
+        );
+        // An entry that fits keeps every field and its detail as it was.
+        d.fields.truncate(MAX_LETTER_FIELDS);
+        let entry = d.entry();
+        assert_eq!(entry.len(), MAX_LETTER_FIELDS + 4);
+        assert_eq!(
+            entry[MAX_LETTER_FIELDS + 1].1,
+            b"the event matches no board"
+        );
     }
 
     #[test]
