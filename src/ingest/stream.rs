@@ -41,6 +41,11 @@ pub fn keys(settings: &IngestSettings) -> Vec<String> {
 
 /// The Redis user's missing permissions for the boards, every partition and the
 /// dead-letter stream (see `Store::check_permissions`).
+///
+/// One probe per board (and one per further partition): a probe's script call carries
+/// several hundred arguments for each board it checks, so checking every board in one
+/// would pass [`MAX_REQUEST_ARGS`] with a handful of boards; one board's stays within it
+/// whatever the number of boards.
 pub async fn check_permissions(
     store: &Store,
     boards: &[Board],
@@ -48,13 +53,18 @@ pub async fn check_permissions(
 ) -> Result<Vec<String>, StoreError> {
     let mut denied = Vec::new();
     for (i, key) in keys(settings).iter().enumerate() {
-        let boards = if i == 0 { boards } else { &[] };
-        for d in store
-            .check_permissions(boards, key, &settings.dead_letter_stream)
-            .await?
-        {
-            if !denied.contains(&d) {
-                denied.push(d);
+        let each: Vec<&[Board]> = match boards {
+            [_, ..] if i == 0 => boards.chunks(1).collect(),
+            _ => vec![&[]],
+        };
+        for boards in each {
+            for d in store
+                .check_permissions(boards, key, &settings.dead_letter_stream)
+                .await?
+            {
+                if !denied.contains(&d) {
+                    denied.push(d);
+                }
             }
         }
     }
