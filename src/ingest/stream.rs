@@ -21,7 +21,7 @@ use tracing::info;
 use crate::config::IngestSettings;
 use crate::domain::board::Board;
 use crate::domain::event::{field, fresh_id, Field, Rejection};
-use crate::domain::limits::{MAX_LETTER_FIELDS, MAX_REQUEST_ARGS};
+use crate::domain::limits::{per_request, MAX_LETTER_FIELDS, MAX_REQUEST_ARGS};
 use crate::domain::partition::{partition_key, partition_keys, partition_of};
 use crate::store::{redirected, Store, StoreError, TRANSACTION_REDIRECTED};
 
@@ -530,6 +530,9 @@ pub async fn dead_letter(
 /// 500 on the reference machine), so a batch of `ingest.batch_size` is acked in calls of
 /// this many, sent at once.
 pub const ACK_PIECE: usize = 500;
+
+// `XACK`, the stream and the group, then the ids.
+const _: () = assert!(ACK_PIECE <= per_request(3, 1));
 
 /// Acknowledges entries of `stream` for the group (XACK, in calls of [`ACK_PIECE`] ids).
 /// An entry whose ack failed stays pending and is applied again (as a duplicate) later.
