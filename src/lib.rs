@@ -10,7 +10,8 @@
 //! never in a circle:
 //!
 //! * [`domain`] (ground floor, no I/O): boards and the window arithmetic, events and their
-//!   validation, the key schema, the partition rule, ranking types, roles, the clock.
+//!   validation, the key schema, the partition rule, ranking types, roles, the clock, and
+//!   how many arguments one Redis request may hold.
 //! * [`config`]: one file per section of the configuration, raw serde structs validated
 //!   into [`config::Settings`]; the bearer tokens re-read from their files.
 //! * [`metrics`]: the Prometheus registry; one method per notable happening, taking plain

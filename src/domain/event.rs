@@ -8,6 +8,7 @@
 use std::fmt;
 
 use crate::domain::board::{Board, MAX_TOTAL};
+use crate::domain::limits::MAX_EVENT_FIELDS;
 
 /// Longest member or scope value, in bytes.
 pub const MAX_NAME_BYTES: usize = 256;
@@ -440,9 +441,16 @@ pub fn fresh_id(fields: &[Field]) -> Option<String> {
 /// Converts one JSON object into event fields: strings as they are, numbers by their exact
 /// value written plainly ([`plain_number`]: `12.50` is `12.5`, `7823.0` is `7823`, `1e3` is
 /// `1000`, never rounded through a float), so that a number means what JSON Schema says it
-/// does; booleans, nulls, arrays and objects are refused.
+/// does; booleans, nulls, arrays and objects are refused, and so is an object of more than
+/// [`MAX_EVENT_FIELDS`] fields (its append, and its dead letter, would not fit one request).
 pub fn fields_from_json(value: &serde_json::Value) -> Result<Vec<Field>, String> {
     let object = value.as_object().ok_or("an event must be a JSON object")?;
+    if object.len() > MAX_EVENT_FIELDS {
+        return Err(format!(
+            "an event has at most {MAX_EVENT_FIELDS} fields, this one has {}",
+            object.len()
+        ));
+    }
     object
         .iter()
         .map(|(name, v)| match v {
@@ -775,6 +783,24 @@ mod tests {
             let v: serde_json::Value = serde_json::from_str(bad).unwrap();
             assert!(fields_from_json(&v).is_err(), "{bad}");
         }
+    }
+
+    /// An event of more fields than one request can append (and dead-letter) is refused;
+    /// one of exactly that many is taken.
+    #[test]
+    fn an_event_of_too_many_fields_is_refused() {
+        let object = |n: usize| {
+            let map: serde_json::Map<String, serde_json::Value> = (0..n)
+                .map(|i| (format!("f{i}"), serde_json::Value::from("v")))
+                .collect();
+            serde_json::Value::Object(map)
+        };
+        assert_eq!(
+            fields_from_json(&object(MAX_EVENT_FIELDS)).map(|f| f.len()),
+            Ok(MAX_EVENT_FIELDS)
+        );
+        let e = fields_from_json(&object(MAX_EVENT_FIELDS + 1)).unwrap_err();
+        assert_eq!(e, "an event has at most 1000 fields, this one has 1001");
     }
 
     #[test]

@@ -5,6 +5,7 @@ pub mod board;
 pub mod clock;
 pub mod event;
 pub mod keys;
+pub mod limits;
 pub mod partition;
 pub mod period;
 pub mod ranking;

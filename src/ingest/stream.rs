@@ -21,6 +21,7 @@ use tracing::info;
 use crate::config::IngestSettings;
 use crate::domain::board::Board;
 use crate::domain::event::{field, fresh_id, Field, Rejection};
+use crate::domain::limits::{per_request, MAX_LETTER_FIELDS, MAX_REQUEST_ARGS};
 use crate::domain::partition::{partition_key, partition_keys, partition_of};
 use crate::store::{redirected, Store, StoreError, TRANSACTION_REDIRECTED};
 
@@ -40,6 +41,11 @@ pub fn keys(settings: &IngestSettings) -> Vec<String> {
 
 /// The Redis user's missing permissions for the boards, every partition and the
 /// dead-letter stream (see `Store::check_permissions`).
+///
+/// One probe per board (and one per further partition): a probe's script call carries
+/// several hundred arguments for each board it checks, so checking every board in one
+/// would pass [`MAX_REQUEST_ARGS`] with a handful of boards; one board's stays within it
+/// whatever the number of boards.
 pub async fn check_permissions(
     store: &Store,
     boards: &[Board],
@@ -47,13 +53,18 @@ pub async fn check_permissions(
 ) -> Result<Vec<String>, StoreError> {
     let mut denied = Vec::new();
     for (i, key) in keys(settings).iter().enumerate() {
-        let boards = if i == 0 { boards } else { &[] };
-        for d in store
-            .check_permissions(boards, key, &settings.dead_letter_stream)
-            .await?
-        {
-            if !denied.contains(&d) {
-                denied.push(d);
+        let each: Vec<&[Board]> = match boards {
+            [_, ..] if i == 0 => boards.chunks(1).collect(),
+            _ => vec![&[]],
+        };
+        for boards in each {
+            for d in store
+                .check_permissions(boards, key, &settings.dead_letter_stream)
+                .await?
+            {
+                if !denied.contains(&d) {
+                    denied.push(d);
+                }
             }
         }
     }
@@ -97,10 +108,21 @@ pub struct DeadLetter {
 
 impl DeadLetter {
     /// The dead-letter entry: original fields flat (renamed `orig.<name>` where they collide
-    /// with `reason`, `detail`, `source_id` or `source_stream`), then those four.
+    /// with `reason`, `detail`, `source_id` or `source_stream`), then those four. An entry
+    /// of more than [`MAX_LETTER_FIELDS`] fields (only one added to the stream by hand can
+    /// be) keeps its first ones, so that the letter is one request within
+    /// [`MAX_REQUEST_ARGS`]; its `detail` then says how many it kept.
     pub fn entry(&self) -> Vec<(Vec<u8>, Vec<u8>)> {
-        let mut out: Vec<(Vec<u8>, Vec<u8>)> = self
-            .fields
+        let kept = self.fields.len().min(MAX_LETTER_FIELDS);
+        let mut detail = self.rejection.detail.clone();
+        if kept < self.fields.len() {
+            detail.push_str(&format!(
+                " (this letter keeps the first {kept} of the entry's {} fields: a request to \
+                 Redis holds at most {MAX_REQUEST_ARGS} arguments)",
+                self.fields.len()
+            ));
+        }
+        let mut out: Vec<(Vec<u8>, Vec<u8>)> = self.fields[..kept]
             .iter()
             .map(|(k, v)| {
                 let name = if RESERVED.iter().any(|r| r.as_bytes() == k.as_slice()) {
@@ -115,10 +137,7 @@ impl DeadLetter {
             b"reason".to_vec(),
             self.rejection.reason.as_str().as_bytes().to_vec(),
         ));
-        out.push((
-            b"detail".to_vec(),
-            self.rejection.detail.as_bytes().to_vec(),
-        ));
+        out.push((b"detail".to_vec(), detail.into_bytes()));
         out.push((b"source_id".to_vec(), self.source_id.as_bytes().to_vec()));
         out.push((
             b"source_stream".to_vec(),
@@ -512,6 +531,9 @@ pub async fn dead_letter(
 /// this many, sent at once.
 pub const ACK_PIECE: usize = 500;
 
+// `XACK`, the stream and the group, then the ids.
+const _: () = assert!(ACK_PIECE <= per_request(3, 1));
+
 /// Acknowledges entries of `stream` for the group (XACK, in calls of [`ACK_PIECE`] ids).
 /// An entry whose ack failed stays pending and is applied again (as a duplicate) later.
 pub async fn ack(
@@ -752,6 +774,38 @@ mod tests {
         );
         assert_eq!(d.entry()[2].1, b"amount");
         assert_eq!(d.entry()[5].1, b"rb:events");
+    }
+
+    /// A letter of an entry with more fields than one request can carry keeps the first
+    /// ones, says so in its detail, and is one `XADD … MAXLEN ~ n *` within the cap.
+    #[test]
+    fn a_letter_of_too_many_fields_keeps_what_one_request_holds() {
+        let fields: Vec<Field> = (0..2_500)
+            .map(|i| (format!("f{i}").into_bytes(), b"v".to_vec()))
+            .collect();
+        let mut d = DeadLetter {
+            fields,
+            source_id: "1-0".into(),
+            source_stream: "rb:events".into(),
+            rejection: Rejection::new(Reason::NoBoard, "the event matches no board"),
+        };
+        let entry = d.entry();
+        assert_eq!(entry.len(), MAX_LETTER_FIELDS + 4);
+        assert!(6 + 2 * entry.len() <= MAX_REQUEST_ARGS);
+        assert_eq!(entry[MAX_LETTER_FIELDS - 1].0, b"f1991");
+        let detail = String::from_utf8_lossy(&entry[MAX_LETTER_FIELDS + 1].1).into_owned();
+        assert!(
+            detail.starts_with("the event matches no board (this letter keeps the first 1992 of the entry's 2500 fields"),
+            "{detail}"
+        );
+        // An entry that fits keeps every field and its detail as it was.
+        d.fields.truncate(MAX_LETTER_FIELDS);
+        let entry = d.entry();
+        assert_eq!(entry.len(), MAX_LETTER_FIELDS + 4);
+        assert_eq!(
+            entry[MAX_LETTER_FIELDS + 1].1,
+            b"the event matches no board"
+        );
     }
 
     #[test]

@@ -13,6 +13,7 @@ use super::{
 };
 use crate::domain::board::Board;
 use crate::domain::keys::{unique_token, InstanceKeys};
+use crate::domain::limits::{per_request, MAX_REQUEST_ARGS};
 
 /// What became of one event at one board instance.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -53,9 +54,91 @@ pub const APPLY_CHUNK: usize = 32;
 
 /// Most events in one apply script call to `board`: [`APPLY_CHUNK`] divided by its
 /// windows, since such a call writes every event in each window it falls in (its digest
-/// is checked once), so that a call stays within the same bound.
+/// is checked once), so that a call stays within the same bound; and no more than keep the
+/// call within [`MAX_REQUEST_ARGS`] were every event of another slice and member.
 pub fn apply_chunk(board: &Board) -> usize {
-    (APPLY_CHUNK / board.windows.len().max(1)).max(1)
+    apply_chunk_within(board, MAX_REQUEST_ARGS)
+}
+
+/// [`apply_chunk`] for a cap of `max_args` arguments a request.
+fn apply_chunk_within(board: &Board, max_args: usize) -> usize {
+    let shape = CallShape::of(board);
+    let mut n = (APPLY_CHUNK / board.windows.len().max(1)).max(1);
+    while n > 1 && shape.apply_args(n, n, n, true) > max_args {
+        n -= 1;
+    }
+    n
+}
+
+/// What the size of an `apply.lua` or `fold.lua` request to one board depends on besides
+/// its events: the board's narrower windows and the keys every window adds (a change
+/// stream, distinct totals). Counts the arguments of [`call_head`], [`narrower_windows`],
+/// [`apply_call`] and [`fold_call`] without building them (pinned against them by the
+/// tests), so that a call is cut before it would pass [`MAX_REQUEST_ARGS`].
+#[derive(Debug, Clone, Copy)]
+struct CallShape {
+    /// Narrower windows (0 on a board with one).
+    narrower: usize,
+    /// The keys each window adds after its slices: its change stream, its distinct totals.
+    tail: usize,
+}
+
+/// `FCALL`, the function's name and the key count.
+const FCALL_ARGS: usize = 3;
+
+/// The fixed keys of an instance that every apply and fold call passes
+/// ([`InstanceKeys::apply_keys`]).
+const APPLY_KEYS: usize = 8;
+
+/// The ARGV [`call_head`] writes: eleven numbers and flags, then the feed's two.
+const HEAD_ARGS: usize = 13;
+
+impl CallShape {
+    fn of(board: &Board) -> CallShape {
+        CallShape {
+            narrower: board.narrower_views().len(),
+            tail: usize::from(board.incremental_feed().is_some()) + usize::from(board.dense_rank),
+        }
+    }
+
+    /// The KEYS of a call whose events fall in `slices` slices: the instance's, each
+    /// slice's Hash and forget log, its tail; per narrower window six, each slice's Hash,
+    /// its tail.
+    fn keys(self, slices: usize) -> usize {
+        APPLY_KEYS + 2 * slices + self.tail + self.narrower * (6 + slices + self.tail)
+    }
+
+    /// The ARGV [`narrower_windows`] writes: their count, the dense flag, two per window.
+    fn window_args(self) -> usize {
+        2 + 2 * self.narrower
+    }
+
+    /// The arguments of one `fold.lua` request of `slices` slices and `members` members,
+    /// chained: the head, the digests and the numbers (one argument each), the members'
+    /// names, the two chain tokens, and on a board with several windows the narrower
+    /// windows' ARGV.
+    fn fold_args(self, slices: usize, members: usize) -> usize {
+        let windows = if self.narrower > 0 {
+            self.window_args()
+        } else {
+            0
+        };
+        FCALL_ARGS + self.keys(slices) + HEAD_ARGS + 2 + members + 2 + windows
+    }
+
+    /// The arguments of one `apply.lua` request of `events` events in `slices` slices
+    /// naming `members` members: the head, the narrower windows' ARGV, two per slice, the
+    /// members' names, five per event, and with `raw_ids` each event's id.
+    fn apply_args(self, slices: usize, members: usize, events: usize, raw_ids: bool) -> usize {
+        FCALL_ARGS
+            + self.keys(slices)
+            + HEAD_ARGS
+            + self.window_args()
+            + 2 * slices
+            + members
+            + 5 * events
+            + if raw_ids { events } else { 0 }
+    }
 }
 
 /// Domain separation of [`id_digest`]: BLAKE3 in key derivation mode with this context.
@@ -296,19 +379,33 @@ pub fn fold_chunks<'a>(board: &Board, mut events: &'a [ApplyEvent]) -> Vec<&'a [
 }
 
 /// How many events from the front of `events` one [`fold_call`] takes: as many as fit
-/// [`FOLD_BUDGET`] (a group costing [`fold_group_cost`]), and no id twice (a repeat starts
-/// the next call, where the first occurrence is already remembered). At least one.
+/// [`FOLD_BUDGET`] (a group costing [`fold_group_cost`]) and keep the request within
+/// [`MAX_REQUEST_ARGS`] (its slices' keys and its members' names), and no id twice (a
+/// repeat starts the next call, where the first occurrence is already remembered). At
+/// least one.
 pub fn fold_chunk_len(board: &Board, events: &[ApplyEvent]) -> usize {
+    fold_chunk_len_within(board, events, MAX_REQUEST_ARGS)
+}
+
+/// [`fold_chunk_len`] for a cap of `max_args` arguments a request.
+fn fold_chunk_len_within(board: &Board, events: &[ApplyEvent], max_args: usize) -> usize {
     let mut ids: HashSet<&str> = HashSet::new();
     let mut groups: HashSet<(&str, i64)> = HashSet::new();
+    let mut slices: HashSet<i64> = HashSet::new();
+    let mut members: HashSet<&str> = HashSet::new();
     let group_cost = fold_group_cost(board);
+    let shape = CallShape::of(board);
     let mut cost = 0;
     for (i, e) in events.iter().enumerate() {
+        let n = board.slice_of(e.ts);
         cost += FOLD_EVENT_COST;
-        if groups.insert((e.member.as_str(), board.slice_of(e.ts))) {
+        if groups.insert((e.member.as_str(), n)) {
             cost += group_cost;
+            slices.insert(n);
+            members.insert(e.member.as_str());
         }
-        if (i > 0 && cost > FOLD_BUDGET) || !ids.insert(e.id.as_str()) {
+        let args = shape.fold_args(slices.len(), members.len());
+        if (i > 0 && (cost > FOLD_BUDGET || args > max_args)) || !ids.insert(e.id.as_str()) {
             return i;
         }
     }
@@ -412,6 +509,39 @@ fn by_member(events: &[ApplyEvent]) -> Option<Vec<usize>> {
 /// in stream order), or stream order when an id repeats among them.
 pub fn apply_order(events: &[ApplyEvent]) -> Vec<usize> {
     by_member(events).unwrap_or_else(|| (0..events.len()).collect())
+}
+
+/// Scopes one `ZADD` of [`registrations`] registers: `ZADD`, the key and `GT`, then two
+/// arguments a scope.
+const REGISTER_PIECE: usize = per_request(3, 2);
+
+/// The `ZADD GT` arguments (the command's name aside) that register each scope of `shares`
+/// in `registry`, scored by the newest slice of its events: one `ZADD` per
+/// [`REGISTER_PIECE`] scopes, in the shares' order. `GT` judges each scope on its own, so
+/// several `ZADD`s register exactly what one would.
+fn registrations(
+    registry: &str,
+    board: &Board,
+    shares: &[(&str, &[ApplyEvent])],
+) -> Vec<Vec<Value>> {
+    shares
+        .chunks(REGISTER_PIECE)
+        .map(|piece| {
+            let mut zadd = Vec::with_capacity(2 + 2 * piece.len());
+            zadd.push(Value::from(registry));
+            zadd.push("GT".into());
+            for (scope, events) in piece {
+                let newest = events
+                    .iter()
+                    .map(|e| board.slice_of(e.ts))
+                    .max()
+                    .unwrap_or_default();
+                zadd.push(Value::from(newest));
+                zadd.push(Value::from(*scope));
+            }
+            zadd
+        })
+        .collect()
 }
 
 /// A fold call's events aggregated per (member, slice), in order of first appearance.
@@ -678,8 +808,9 @@ impl Store {
     }
 
     /// Registers each scope of `shares` in its board's registry (score: the newest slice
-    /// of its events; one `ZADD GT` for all) and returns the time to judge the events by:
-    /// `now`, raised to the board's watermark and last roll.
+    /// of its events; one `ZADD GT` per [`REGISTER_PIECE`] scopes, pipelined with the
+    /// watermark read after them, one round trip) and returns the time to judge the events
+    /// by: `now`, raised to the board's watermark and last roll.
     ///
     /// The instance may be one that no roll visits (its scope left the registry), so it
     /// is judged against the board's watermark too, read after the registration: a roll
@@ -692,33 +823,26 @@ impl Store {
         shares: &[(&str, &[ApplyEvent])],
         now: i64,
     ) -> Result<i64, StoreError> {
-        let mut zadd = Vec::with_capacity(2 + 2 * shares.len());
-        zadd.push(Value::from(self.keys.scopes(&board.name)));
-        zadd.push("GT".into());
-        for (scope, events) in shares {
-            let newest = events
-                .iter()
-                .map(|e| board.slice_of(e.ts))
-                .max()
-                .unwrap_or_default();
-            zadd.push(Value::from(newest));
-            zadd.push(Value::from(*scope));
-        }
         let pipeline = fred::clients::Pipeline::from(self.once(client));
-        let _: () = pipeline
-            .custom(
-                CustomCommand::new_static("ZADD", ClusterHash::FirstKey, false),
-                zadd,
-            )
-            .await?;
+        for zadd in registrations(&self.keys.scopes(&board.name), board, shares) {
+            let _: () = pipeline
+                .custom(
+                    CustomCommand::new_static("ZADD", ClusterHash::FirstKey, false),
+                    zadd,
+                )
+                .await?;
+        }
         let _: () = pipeline
             .hmget(
                 self.keys.window(&board.name),
                 vec!["expired_through", "last_roll"],
             )
             .await?;
-        let (_, (watermark, rolled)): (Value, (Option<String>, Option<String>)) =
-            pipeline.all().await?;
+        let mut replies: Vec<Value> = pipeline.all().await?;
+        let (watermark, rolled): (Option<String>, Option<String>) = replies
+            .pop()
+            .ok_or_else(|| reply_err("scope registration: no watermark read"))?
+            .convert()?;
         let mut now = now;
         if let Some(watermark) = parse_watermark(watermark)? {
             now = now.max(board.widest().time_of_watermark(watermark));
@@ -895,11 +1019,15 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::{
-        apply_order, fold_call, fold_chunk_len, ApplyEvent, FOLD_EVENT_COST, FOLD_GROUP_COST,
+        apply_call, apply_chunk, apply_chunk_within, apply_order, fold_call, fold_chunk_len,
+        fold_chunk_len_within, fold_chunks, ApplyEvent, CallShape, FCALL_ARGS, FOLD_EVENT_COST,
+        FOLD_GROUP_COST,
     };
     use crate::domain::board::{Board, Changes, Dedup, Mode, TieBreak, Window};
     use crate::domain::keys::Keys;
+    use crate::domain::limits::MAX_REQUEST_ARGS;
     use fred::prelude::Value;
+    use std::collections::HashSet;
 
     const HOUR: i64 = 3_600_000;
 
@@ -1030,5 +1158,149 @@ mod tests {
         let one = board(&[168], false, false);
         assert_eq!(fold_chunk_len(&one, &many), 25);
         assert_eq!(fold_chunk_len(&b, &many), 9);
+    }
+
+    /// Boards of every shape a call's size depends on: one window, three, or eight (the
+    /// most a board may have), with and without a change feed and distinct totals.
+    fn shapes() -> Vec<Board> {
+        let eight = [1, 2, 3, 4, 5, 6, 7, 8];
+        let mut out = Vec::new();
+        for windows in [&[24][..], &[24, 1, 168], &eight] {
+            for (dense, feed) in [(false, false), (true, false), (true, true)] {
+                out.push(board(windows, dense, feed));
+            }
+        }
+        out
+    }
+
+    /// `n` events cycling over `slices` slices and `members` members.
+    fn spread(n: usize, slices: usize, members: usize) -> Vec<ApplyEvent> {
+        (0..n)
+            .map(|i| ApplyEvent {
+                id: format!("e{i}"),
+                ts: 1_000 * HOUR - (i % slices) as i64 * HOUR,
+                member: format!("m{}", i % members),
+                amount: 1,
+            })
+            .collect()
+    }
+
+    /// The arguments of the request that sends `keys` and `args` by `FCALL`.
+    fn request(keys: &[String], args: &[Value]) -> usize {
+        FCALL_ARGS + keys.len() + args.len()
+    }
+
+    /// The counts a call is cut by are the arguments the call builders write, in every
+    /// shape of board and call (a fold call counted chained, its largest form).
+    #[test]
+    fn the_counted_arguments_are_those_the_calls_carry() {
+        let k = Keys::new("rb").instance("tips", None);
+        for b in shapes() {
+            let shape = CallShape::of(&b);
+            let fingerprint = b.widest().fingerprint();
+            for (n, slices, members) in [(1, 1, 1), (3, 2, 2), (12, 4, 3), (20, 5, 20)] {
+                let events = spread(n, slices, members);
+                let s = events
+                    .iter()
+                    .map(|e| b.slice_of(e.ts))
+                    .collect::<HashSet<_>>()
+                    .len();
+                let m = events
+                    .iter()
+                    .map(|e| e.member.as_str())
+                    .collect::<HashSet<_>>()
+                    .len();
+                let fold = fold_call(&b, &k, &fingerprint, &events, 1_000 * HOUR)
+                    .chained(Some("t0"), "t1");
+                assert_eq!(request(&fold.keys, &fold.args), shape.fold_args(s, m));
+                for raw in [false, true] {
+                    let (keys, args) = apply_call(&b, &k, &fingerprint, &events, 1_000 * HOUR, raw);
+                    assert_eq!(request(&keys, &args), shape.apply_args(s, m, n, raw));
+                }
+            }
+        }
+    }
+
+    /// A fold call is cut where its request would pass the cap: each new member adds its
+    /// name, each new slice its keys, a member's further events in one slice nothing.
+    #[test]
+    fn a_fold_call_is_cut_before_its_request_passes_the_cap() {
+        let k = Keys::new("rb").instance("tips", None);
+        let b = board(&[24], false, false);
+        // 30 arguments and one per member: 5 members fit 35.
+        let members = spread(20, 1, 20);
+        assert_eq!(CallShape::of(&b).fold_args(1, 5), 35);
+        assert_eq!(fold_chunk_len_within(&b, &members, 35), 5);
+        assert_eq!(fold_chunk_len(&b, &members), 20);
+        let call = fold_call(&b, &k, "f", &members[..5], 1_000 * HOUR).chained(None, "t");
+        assert_eq!(request(&call.keys, &call.args), 35);
+        // One member's events in one slice: the budget cuts, not the cap.
+        let one = spread(200, 1, 1);
+        assert_eq!(fold_chunk_len_within(&b, &one, 35), 145);
+        // A new slice adds two keys: 3 slices of one member fit 35 (31 + 2 + 2).
+        let slices = spread(10, 10, 1);
+        assert_eq!(fold_chunk_len_within(&b, &slices, 35), 3);
+        // The first event always goes, whatever the cap.
+        assert_eq!(fold_chunk_len_within(&b, &members, 1), 1);
+    }
+
+    /// An apply call holds no more events than keep its request within the cap were each
+    /// of another slice and member; at the real cap that is the budget's bound.
+    #[test]
+    fn an_apply_call_holds_no_more_events_than_fit_the_cap() {
+        let b = board(&[24], false, false);
+        // 26 arguments and 11 per event (its slice's two keys and two numbers, its
+        // member, its five numbers, its raw id).
+        assert_eq!(CallShape::of(&b).apply_args(24, 24, 24, true), 26 + 11 * 24);
+        assert_eq!(apply_chunk_within(&b, 300), 24);
+        assert_eq!(apply_chunk_within(&b, 1), 1);
+        assert_eq!(apply_chunk(&b), super::APPLY_CHUNK);
+        assert_eq!(apply_chunk(&board(&[24, 1, 168], true, true)), 10);
+    }
+
+    /// The largest calls any board can send, every event of its own slice and member,
+    /// stay within the cap: each fold call of a chain, and an apply call of as many events
+    /// as one may hold, raw ids and all.
+    #[test]
+    fn the_largest_apply_and_fold_calls_fit_one_request() {
+        let k = Keys::new("rb").instance("tips", None);
+        let events = spread(400, 400, 400);
+        for b in shapes() {
+            let fingerprint = b.widest().fingerprint();
+            for chunk in fold_chunks(&b, &events) {
+                let call =
+                    fold_call(&b, &k, &fingerprint, chunk, 1_000 * HOUR).chained(Some("a"), "b");
+                assert!(request(&call.keys, &call.args) <= MAX_REQUEST_ARGS);
+            }
+            let chunk = &events[..apply_chunk(&b)];
+            let (keys, args) = apply_call(&b, &k, &fingerprint, chunk, 1_000 * HOUR, true);
+            assert!(request(&keys, &args) <= MAX_REQUEST_ARGS);
+        }
+    }
+
+    /// A batch's scopes are registered in `ZADD`s of at most the cap's worth of arguments,
+    /// every scope once, in the shares' order, scored by its newest slice.
+    #[test]
+    fn scopes_are_registered_in_zadds_within_the_cap() {
+        let b = board(&[24], false, false);
+        let events: Vec<ApplyEvent> = spread(2, 2, 1);
+        let scopes: Vec<String> = (0..4_500).map(|i| format!("room{i}")).collect();
+        let shares: Vec<(&str, &[ApplyEvent])> =
+            scopes.iter().map(|s| (s.as_str(), &events[..])).collect();
+        let zadds = super::registrations("rb:board:tips:scopes", &b, &shares);
+        assert_eq!(zadds.len(), 3);
+        let mut registered = Vec::new();
+        for zadd in &zadds {
+            let request = 1 + zadd.len();
+            assert!(request <= MAX_REQUEST_ARGS);
+            assert_eq!(zadd[..2], ["rb:board:tips:scopes", "GT"].map(Value::from));
+            for pair in zadd[2..].chunks(2) {
+                assert_eq!(pair[0], Value::from(1_000));
+                registered.push(pair[1].as_str().expect("a scope").to_string());
+            }
+        }
+        assert_eq!(zadds[0].len(), 2 + 2 * super::REGISTER_PIECE);
+        assert_eq!(registered, scopes);
+        assert_eq!(super::registrations("k", &b, &shares[..1]).len(), 1);
     }
 }

@@ -20,11 +20,15 @@ use fred::types::{ClusterHash, CustomCommand};
 use super::{as_array, as_string, redirected, reply_err, Store, StoreError};
 use crate::domain::board::{format_duration_ms, parse_duration_ms};
 use crate::domain::keys::{BoardKey, KeyKind};
+use crate::domain::limits::per_request;
 use crate::store::Denied;
 
 /// Most keys one `UNLINK` call deletes: each call frees its keys' values in the background,
 /// but removing a key from the keyspace still costs Redis a little time per key.
 pub const UNLINK_BATCH: usize = 100;
+
+// `UNLINK`, then the keys.
+const _: () = assert!(UNLINK_BATCH <= per_request(1, 1));
 
 /// The `COUNT` of each `SCAN` call: keys Redis looks at per call, whatever `MATCH` keeps.
 const SCAN_COUNT: i64 = 1000;

@@ -10,6 +10,7 @@ use super::{
 };
 use crate::domain::board::{Board, View};
 use crate::domain::keys::Keys;
+use crate::domain::limits::per_request;
 
 /// Result of expiring one chunk of a slice.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -27,6 +28,9 @@ pub struct Expired {
 /// bench --bench rollboard -- expiry`). The roll job splits each HSCAN page of
 /// `schedule.chunk` fields into calls of at most this many.
 pub const EXPIRE_CALL_FIELDS: usize = 32;
+
+// `FCALL`, the function, the key count, at most eight keys and six ARGV, then the fields.
+const _: () = assert!(EXPIRE_CALL_FIELDS <= per_request(3 + 8 + 6, 1));
 
 /// Most legacy idempotency keys that one `trim_seen.lua` call forgets (same bound; `ZREM`
 /// from a 1M-member legacy `seen` ZSet).

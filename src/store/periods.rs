@@ -9,6 +9,7 @@ use fred::prelude::*;
 
 use super::{ApplyEvent, Outcome, Store, StoreError};
 use crate::domain::board::{period_instance, Board, Calendar};
+use crate::domain::limits::per_request;
 use crate::domain::period::Span;
 
 /// How long after its grace an archive beyond `keep_periods` is still left alone: a replica
@@ -69,17 +70,21 @@ impl Store {
             .iter()
             .map(|(span, _)| (span.start_ms as f64, span.id.clone()))
             .collect();
-        let _: i64 = self
-            .client()
-            .zadd(
-                self.keys.periods(&board.name),
-                Some(SetOptions::NX),
-                None,
-                false,
-                false,
-                registry,
-            )
-            .await?;
+        // `ZADD`, the key and `NX`, then two arguments a period; `NX` judges each period
+        // on its own, so several `ZADD`s register what one would.
+        for piece in registry.chunks(per_request(3, 2)) {
+            let _: i64 = self
+                .client()
+                .zadd(
+                    self.keys.periods(&board.name),
+                    Some(SetOptions::NX),
+                    None,
+                    false,
+                    false,
+                    piece.to_vec(),
+                )
+                .await?;
+        }
         for (span, indexes) in open {
             let share: Vec<ApplyEvent> = indexes.iter().map(|&i| events[i].clone()).collect();
             let instance = period_instance(scope, &span.id);
@@ -189,8 +194,10 @@ impl Store {
             self.wrote_keys(&keys);
             unlinked?;
         }
-        if !names.is_empty() {
-            let _: i64 = self.client().zrem(&registry, names.clone()).await?;
+        // `ZREM` and the key, then one argument an instance: an archive of a scoped board
+        // holds an instance per scope.
+        for piece in names.chunks(per_request(2, 1)) {
+            let _: i64 = self.client().zrem(&registry, piece.to_vec()).await?;
         }
         Ok(names.len() as u64)
     }

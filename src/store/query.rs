@@ -306,6 +306,9 @@ impl Store {
 
     /// The ranks of `members` (one listed twice is answered once) on the board and among themselves, in
     /// one script call: the ranked ones in the board's order, then the others as listed.
+    /// Callers pass at most [`MAX_RANKS_MEMBERS`](crate::domain::limits::MAX_RANKS_MEMBERS),
+    /// which keeps that call (and on a sharded board each shard's) within
+    /// [`MAX_REQUEST_ARGS`](crate::domain::limits::MAX_REQUEST_ARGS).
     pub async fn ranks(
         &self,
         view: &View<'_>,

@@ -8,6 +8,7 @@ use super::{
 };
 use crate::domain::board::View;
 use crate::domain::keys::InstanceKeys;
+use crate::domain::limits::per_request;
 use crate::domain::ranking::{decode_member, encode_member};
 
 /// Most rows that one `stage.lua` call writes into the scratch keys of a recomputation
@@ -15,6 +16,10 @@ use crate::domain::ranking::{decode_member, encode_member};
 /// 11–14 µs of Redis time per row on the reference machine while the scratch ranking
 /// grows to 1M members: calls of 64 rows reached 1.7 ms at p99, too near the bound).
 pub const STAGE_CALL_ROWS: usize = 32;
+
+// `FCALL`, the function, the key count, at most eight keys and three ARGV, then four ARGV a
+// row.
+const _: () = assert!(STAGE_CALL_ROWS <= per_request(3 + 8 + 3, 4));
 
 /// One member of a recomputed instance, as written by [`Store::stage`].
 #[derive(Debug, Clone, PartialEq, Eq)]

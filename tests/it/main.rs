@@ -14,6 +14,7 @@ mod http;
 mod ingest;
 mod key_layout;
 mod lifecycle;
+mod limits;
 mod query;
 mod roll;
 mod serverless;

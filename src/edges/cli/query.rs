@@ -9,6 +9,7 @@ use super::{Usage, EXIT_NOT_FOUND};
 use crate::config::Settings;
 use crate::domain::board::{Board, View};
 use crate::domain::event::check_name;
+use crate::domain::limits::MAX_RANKS_MEMBERS;
 use crate::domain::ranking::{format_total, MemberRank, MemberWindows, Subset};
 use crate::edges::periods::Selected;
 use crate::store::{Store, SHARDED_DEPTH};
@@ -153,9 +154,6 @@ fn print_rank(rank: &MemberRank) {
         );
     }
 }
-
-/// Most members one `rank` asks for.
-const MAX_RANKS_MEMBERS: usize = 1000;
 
 /// `rank` with several members: each one's rank on the board and among them, from one
 /// snapshot (exit 3 when none of them is on the board).

@@ -15,6 +15,7 @@ use super::params::Name;
 use super::query::SHARDED_OFFSET;
 use crate::domain::board::{Board, MAX_TOTAL};
 use crate::domain::event::MAX_ID_BYTES;
+use crate::domain::limits::MAX_EVENT_FIELDS;
 use crate::ingest::intake::MAX_EVENTS;
 
 /// The template of a board's routes, replaced by each board's name.
@@ -238,12 +239,15 @@ fn events_body(boards: &[Board]) -> Value {
         .collect();
     let event = json!({
         "type": "object",
-        "description": "One event: its fields are strings or JSON numbers (taken exactly as \
-                        written). It needs the fields of at least one board (its member, \
-                        amount and scope fields) and counts in every board whose fields it \
-                        has. A repeated key makes it invalid.",
+        "description": format!(
+            "One event: its fields are strings or JSON numbers (taken exactly as written), at \
+             most {MAX_EVENT_FIELDS}. It needs the fields of at least one board (its member, \
+             amount and scope fields) and counts in every board whose fields it has. A \
+             repeated key makes it invalid."
+        ),
         "properties": properties,
         "additionalProperties": { "type": ["string", "number"] },
+        "maxProperties": MAX_EVENT_FIELDS,
         "anyOf": matches,
     });
     json!({

@@ -21,6 +21,7 @@ use utoipa::{PartialSchema, ToSchema};
 use super::error::{redis, ApiError, ApiResult, ErrorBody};
 use super::params::none;
 use super::AppState;
+use crate::domain::limits::MAX_EVENT_FIELDS;
 use crate::ingest::intake::{self, BodyError, MAX_EVENTS};
 use crate::metrics::Intake;
 
@@ -98,12 +99,14 @@ impl PartialSchema for Event {
         ObjectBuilder::new()
             .schema_type(Type::Object)
             .additional_properties(Some(field))
-            .description(Some(
-                "One event: its fields are strings or JSON numbers (taken exactly as written). \
-                 It needs the fields of the boards it is meant for (their member, amount and \
-                 scope fields); `id` (the idempotency key, given one when absent) and `ts` \
-                 (epoch ms, decimal digits) are optional. A repeated key makes it invalid.",
-            ))
+            .max_properties(Some(MAX_EVENT_FIELDS))
+            .description(Some(format!(
+                "One event: its fields are strings or JSON numbers (taken exactly as written), \
+                 at most {MAX_EVENT_FIELDS}. It needs the fields of the boards it is meant for \
+                 (their member, amount and scope fields); `id` (the idempotency key, given one \
+                 when absent) and `ts` (epoch ms, decimal digits) are optional. A repeated key \
+                 makes it invalid."
+            )))
             .examples([json!({"id": "tip-1", "room": "room42", "user": "u7", "amount": "15"})])
             .into()
     }

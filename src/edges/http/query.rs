@@ -480,8 +480,8 @@ pub(super) async fn around(
     state.answers.answer(key, &headers, read).await
 }
 
-/// Most members one `POST .../ranks` asks for.
-pub const MAX_RANKS_MEMBERS: usize = 1000;
+/// Most members one `POST .../ranks` asks for (as `rollboard rank` does).
+pub use crate::domain::limits::MAX_RANKS_MEMBERS;
 
 /// The body of `POST /v1/boards/{board}/ranks`.
 #[derive(Debug, serde::Deserialize, ToSchema)]

@@ -20,5 +20,6 @@ pub mod model;
 pub mod proptests;
 pub mod proxy;
 pub mod redis;
+pub mod requests;
 pub mod sse;
 pub mod wait;
