@@ -53,10 +53,8 @@ impl Moving {
             (target, "IMPORTING", &source_id),
             (source, "MIGRATING", &target_id),
         ] {
-            assert_eq!(
-                cli(port, &["CLUSTER", "SETSLOT", &slot, state, node]).trim(),
-                "OK"
-            );
+            let reply = cli(port, &["CLUSTER", "SETSLOT", &slot, state, node]);
+            assert_eq!(reply.trim(), "OK", "SETSLOT {state} on {port}");
         }
         Moving {
             slot,
@@ -88,19 +86,27 @@ impl Moving {
         self.migrate(&left);
     }
 
-    /// Moves the slot's remaining keys and hands the slot to the target on every master.
+    /// Moves the slot's remaining keys and hands the slot to the target on every master, the
+    /// target first and the source next (were the source told first and the target lost,
+    /// the slot would have no owner; Valkey also hands it to each master's replicas
+    /// first), then waits until every node knows.
     fn finish(&self, cluster: &RedisCluster) {
         self.migrate_all();
-        for port in cluster.masters() {
+        let first = [self.target, self.source];
+        let others = cluster.masters().into_iter().filter(|p| !first.contains(p));
+        for port in first.into_iter().chain(others) {
+            let reply = cli(
+                port,
+                &["CLUSTER", "SETSLOT", &self.slot, "NODE", &self.target_id],
+            );
             assert_eq!(
-                cli(
-                    port,
-                    &["CLUSTER", "SETSLOT", &self.slot, "NODE", &self.target_id]
-                )
-                .trim(),
-                "OK"
+                reply.trim(),
+                "OK",
+                "SETSLOT NODE on {port}: {:?}",
+                cluster.topology()
             );
         }
+        cluster.wait_slot_owner(self.slot.parse().expect("a slot"), self.target);
     }
 
     /// Keys of the slot on `port`.

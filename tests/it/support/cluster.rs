@@ -80,6 +80,8 @@ pub struct NodeInfo {
     pub master_id: Option<String>,
     /// How many slots it serves.
     pub slots: usize,
+    /// The ranges of slots it serves, first and last inclusive.
+    pub ranges: Vec<(usize, usize)>,
 }
 
 fn parse_nodes(text: &str) -> Vec<NodeInfo> {
@@ -92,16 +94,16 @@ fn parse_nodes(text: &str) -> Vec<NodeInfo> {
             let addr = f[1].split('@').next()?;
             let port = addr.rsplit(':').next()?.parse().ok()?;
             let flags: Vec<&str> = f[2].split(',').collect();
-            let slots = f[8..]
+            // Migrating and importing marks (`[slot->-id]`) are not served slots.
+            let ranges: Vec<(usize, usize)> = f[8..]
                 .iter()
                 .filter(|s| !s.starts_with('['))
-                .map(|s| match s.split_once('-') {
-                    Some((a, b)) => {
-                        b.parse::<usize>().unwrap_or(0) + 1 - a.parse::<usize>().unwrap_or(0)
-                    }
-                    None => 1,
+                .filter_map(|s| {
+                    let (a, b) = s.split_once('-').unwrap_or((s, s));
+                    Some((a.parse().ok()?, b.parse().ok()?))
                 })
-                .sum();
+                .collect();
+            let slots = ranges.iter().map(|(a, b)| b + 1 - a).sum();
             Some(NodeInfo {
                 id: f[0].to_string(),
                 port,
@@ -109,6 +111,7 @@ fn parse_nodes(text: &str) -> Vec<NodeInfo> {
                 failed: flags.contains(&"fail"),
                 master_id: (f[3] != "-").then(|| f[3].to_string()),
                 slots,
+                ranges,
             })
         })
         .collect()
@@ -309,6 +312,26 @@ impl RedisCluster {
             && views
                 .first()
                 .is_some_and(|m| m.iter().map(|(_, s)| s).sum::<usize>() == 16384)
+    }
+
+    /// Waits until every live node's `CLUSTER NODES` shows `slot` served by the node on
+    /// `port`: a slot handed over with `CLUSTER SETSLOT ... NODE` reaches the nodes it was
+    /// not sent to (replicas, on Redis 7.0 even the target's) by gossip.
+    pub fn wait_slot_owner(&self, slot: usize, port: u16) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let served = |p: u16| {
+            parse_nodes(&cli(p, &["CLUSTER", "NODES"]))
+                .iter()
+                .any(|n| n.port == port && n.ranges.iter().any(|&(a, b)| (a..=b).contains(&slot)))
+        };
+        while !self.live_ports().into_iter().all(served) {
+            assert!(
+                Instant::now() < deadline,
+                "slot {slot} not on {port} everywhere: {:?}",
+                self.topology()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// Waits until [`RedisCluster::healthy`]; panics after `limit`.
