@@ -55,14 +55,18 @@ fn free_node_port() -> u16 {
     }
 }
 
-/// Runs redis-cli against `port`; standard output.
+/// Runs redis-cli against `port`; standard output (a reply, errors included), then what
+/// redis-cli itself says on standard error (it could not connect, say), so that an
+/// assertion on the answer shows it.
 pub fn cli(port: u16, args: &[&str]) -> String {
     let out = Command::new("redis-cli")
         .args(["-p", &port.to_string()])
         .args(args)
         .output()
         .expect("redis-cli is installed (scripts/ensure-redis)");
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.push_str(&String::from_utf8_lossy(&out.stderr));
+    text
 }
 
 /// One line of `CLUSTER NODES`.
