@@ -579,7 +579,10 @@ async fn a_blocked_stream_read_survives_its_stream_moving_away() {
     };
     assert!(
         wait_for(Duration::from_secs(5), || async {
-            cli(source, &["CLIENT", "LIST"]).contains("cmd=xreadgroup")
+            // Blocked (`b`), not merely the last command of a read that has returned.
+            cli(source, &["CLIENT", "LIST"])
+                .lines()
+                .any(|c| c.contains(" flags=b ") && c.contains(" cmd=xreadgroup "))
         })
         .await,
         "the read blocks on the source"
