@@ -1,8 +1,8 @@
-//! A real Redis Cluster on loopback ports: three masters and three replicas of Debian's
-//! `redis-server`, each in its own temp dir, joined with `redis-cli --cluster create`, and
-//! killed by pid when dropped. Methods kill a master (as a crash), force a failover, restart
-//! a dead node (it rejoins as a replica) and move slots, each waiting for the topology to
-//! settle.
+//! A real Redis Cluster on loopback ports: three masters and three replicas of the
+//! `redis-server` on `PATH` (Debian's 7.0, or another server: see `scripts/test`), each in
+//! its own temp dir, joined with `redis-cli --cluster create`, and killed by pid when
+//! dropped. Methods kill a master (as a crash), force a failover, restart a dead node (it
+//! rejoins as a replica) and move slots, each waiting for the topology to settle.
 
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use rollboard::store::{Reconnect, Store};
 
 use crate::support::cli::assert_success;
+use crate::support::env::{server, skip, Server};
 use crate::support::redis::{free_port, SpawnIn};
 
 /// Milliseconds without an answer before the other nodes mark a node as failing.
@@ -55,14 +56,18 @@ fn free_node_port() -> u16 {
     }
 }
 
-/// Runs redis-cli against `port`; standard output.
+/// Runs redis-cli against `port`; standard output (a reply, errors included), then what
+/// redis-cli itself says on standard error (it could not connect, say), so that an
+/// assertion on the answer shows it.
 pub fn cli(port: u16, args: &[&str]) -> String {
     let out = Command::new("redis-cli")
         .args(["-p", &port.to_string()])
         .args(args)
         .output()
         .expect("redis-cli is installed (scripts/ensure-redis)");
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.push_str(&String::from_utf8_lossy(&out.stderr));
+    text
 }
 
 /// One line of `CLUSTER NODES`.
@@ -80,6 +85,8 @@ pub struct NodeInfo {
     pub master_id: Option<String>,
     /// How many slots it serves.
     pub slots: usize,
+    /// The ranges of slots it serves, first and last inclusive.
+    pub ranges: Vec<(usize, usize)>,
 }
 
 fn parse_nodes(text: &str) -> Vec<NodeInfo> {
@@ -92,16 +99,16 @@ fn parse_nodes(text: &str) -> Vec<NodeInfo> {
             let addr = f[1].split('@').next()?;
             let port = addr.rsplit(':').next()?.parse().ok()?;
             let flags: Vec<&str> = f[2].split(',').collect();
-            let slots = f[8..]
+            // Migrating and importing marks (`[slot->-id]`) are not served slots.
+            let ranges: Vec<(usize, usize)> = f[8..]
                 .iter()
                 .filter(|s| !s.starts_with('['))
-                .map(|s| match s.split_once('-') {
-                    Some((a, b)) => {
-                        b.parse::<usize>().unwrap_or(0) + 1 - a.parse::<usize>().unwrap_or(0)
-                    }
-                    None => 1,
+                .filter_map(|s| {
+                    let (a, b) = s.split_once('-').unwrap_or((s, s));
+                    Some((a.parse().ok()?, b.parse().ok()?))
                 })
-                .sum();
+                .collect();
+            let slots = ranges.iter().map(|(a, b)| b + 1 - a).sum();
             Some(NodeInfo {
                 id: f[0].to_string(),
                 port,
@@ -109,6 +116,7 @@ fn parse_nodes(text: &str) -> Vec<NodeInfo> {
                 failed: flags.contains(&"fail"),
                 master_id: (f[3] != "-").then(|| f[3].to_string()),
                 slots,
+                ranges,
             })
         })
         .collect()
@@ -311,6 +319,26 @@ impl RedisCluster {
                 .is_some_and(|m| m.iter().map(|(_, s)| s).sum::<usize>() == 16384)
     }
 
+    /// Waits until every live node's `CLUSTER NODES` shows `slot` served by the node on
+    /// `port`: a slot handed over with `CLUSTER SETSLOT ... NODE` reaches the nodes it was
+    /// not sent to (replicas, on Redis 7.0 even the target's) by gossip.
+    pub fn wait_slot_owner(&self, slot: usize, port: u16) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let served = |p: u16| {
+            parse_nodes(&cli(p, &["CLUSTER", "NODES"]))
+                .iter()
+                .any(|n| n.port == port && n.ranges.iter().any(|&(a, b)| (a..=b).contains(&slot)))
+        };
+        while !self.live_ports().into_iter().all(served) {
+            assert!(
+                Instant::now() < deadline,
+                "slot {slot} not on {port} everywhere: {:?}",
+                self.topology()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Waits until [`RedisCluster::healthy`]; panics after `limit`.
     pub fn wait_healthy(&self, limit: Duration) {
         let deadline = Instant::now() + limit;
@@ -471,6 +499,23 @@ impl Drop for RedisCluster {
             node.kill();
         }
     }
+}
+
+/// Whether the server on `PATH` survives a client blocked in `XREADGROUP` whose stream is
+/// `MIGRATE`d away while its slot moves; when not, says that `test` is skipped. Redis 7.2
+/// before 7.2.7 fails an assertion (`c->duration == 0`) and dies when the woken read is
+/// answered with a redirection (redis/redis#13311; Valkey fixed it before 8.0).
+pub fn survives_a_blocked_read_migrated(test: &str) -> bool {
+    let Server { project, version } = server();
+    let crashes = project == "Redis" && (version.0, version.1) == (7, 2) && version.2 < 7;
+    if crashes {
+        skip(
+            test,
+            "the master crashes when a blocked XREADGROUP's stream is migrated \
+             (redis/redis#13311, fixed in 7.2.7)",
+        );
+    }
+    !crashes
 }
 
 /// A store on `url` (a pool of one connection) whose writes wait for one replica's
