@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use rollboard::store::{Reconnect, Store};
 
 use crate::support::cli::assert_success;
-use crate::support::env::{server, skip, Server};
+use crate::support::env::{script_calls, server, skip, Server};
 use crate::support::redis::{free_port, SpawnIn};
 
 /// Milliseconds without an answer before the other nodes mark a node as failing.
@@ -194,6 +194,7 @@ impl RedisCluster {
         Store::connect(&self.url(), "rb", 2, Reconnect::Never)
             .await
             .expect("connect to the cluster")
+            .with_script_calls(script_calls())
     }
 
     /// Empties every master (`FLUSHALL`), as one server's `FLUSHALL` would.
@@ -523,7 +524,8 @@ pub fn survives_a_blocked_read_migrated(test: &str) -> bool {
 pub async fn one_replica_store(url: &str, reconnect: Reconnect, timeout: Duration) -> Store {
     let store = Store::connect(url, "rb", 1, reconnect)
         .await
-        .expect("connect");
+        .expect("connect")
+        .with_script_calls(script_calls());
     store.with_durability(rollboard::config::Durability {
         replicas: Some(1),
         timeout,
