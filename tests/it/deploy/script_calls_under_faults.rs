@@ -90,9 +90,7 @@ async fn scripts_flushed_mid_ingest_by_evalsha_lose_and_double_nothing() {
     assert_drained_into_model_at(&store, &events, &daemon, now).await;
     assert_eq!(redis.cli(&["XLEN", dead_letter_stream()]).trim(), "0");
     assert_eq!(
-        daemon
-            .metric("rollboard_apply_failures_total", &[])
-            .await,
+        daemon.metric("rollboard_apply_failures_total", &[]).await,
         0.0,
         "{}",
         daemon.logs()
@@ -103,7 +101,11 @@ async fn scripts_flushed_mid_ingest_by_evalsha_lose_and_double_nothing() {
     assert!(!holds_every_script(&redis));
     assert_eq!(daemon.get("/readyz").await.0, 200, "{}", daemon.logs());
     assert!(holds_every_script(&redis));
-    assert_eq!(redis.cli(&["FUNCTION", "LIST"]).trim(), "", "no library was loaded");
+    assert_eq!(
+        redis.cli(&["FUNCTION", "LIST"]).trim(),
+        "",
+        "no library was loaded"
+    );
     assert!(daemon.terminate().await.success());
 }
 
@@ -163,4 +165,28 @@ async fn a_functions_daemon_and_an_eval_daemon_on_one_group_count_each_event_onc
     assert_drained_into_model_at(&store, &events, &b, now).await;
     assert_eq!(redis.cli(&["XLEN", dead_letter_stream()]).trim(), "0");
     assert!(b.terminate().await.success());
+}
+
+/// By `EVALSHA`, a server at `maxmemory` that lost its scripts still answers a query: the
+/// reload (`SCRIPT LOAD`) is not refused there, and the query script is `no-writes`.
+#[tokio::test]
+async fn a_query_by_evalsha_answers_at_maxmemory_after_the_scripts_were_flushed() {
+    use crate::support::boards::{apply_events, ev, variants};
+    let redis = RedisServer::start();
+    let store = redis
+        .store("rb")
+        .await
+        .with_script_calls(rollboard::config::ScriptCalls::Eval);
+    let now = 1_700_000_000_000;
+    let board = &variants(60_000, 5)[0];
+    apply_events(&store, board, &[ev("a", now - 1_000, "m1", 5)], now).await;
+    assert_eq!(redis.cli(&["SCRIPT", "FLUSH"]).trim(), "OK");
+    assert_eq!(redis.cli(&["CONFIG", "SET", "maxmemory", "1"]).trim(), "OK");
+    assert!(redis.cli(&["SET", "x", "1"]).starts_with("OOM"));
+    let top = store
+        .top(&board.widest(), None, 0, 10, now)
+        .await
+        .expect("a read answers at maxmemory");
+    assert_eq!(top.entries[0].member, "m1");
+    assert_eq!(top.entries[0].total, 5);
 }
