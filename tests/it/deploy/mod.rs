@@ -5,3 +5,4 @@ mod acl_user_and_tls;
 mod function_permissions;
 mod prometheus_with_deploy_files;
 mod script_calls;
+mod script_calls_under_faults;
