@@ -768,8 +768,13 @@ async fn maxmemory_refuses_scripts_and_the_backlog_drains_once_raised() {
         held.is_some_and(|(pending, _)| pending > 0),
         "the refused batch stays pending: {held:?}"
     );
-    let logs = rig.daemon.logs();
-    assert!(logs.contains("OOM"), "no log line says OOM:\n{logs}");
+    // The error is counted before its warning is written, and the log reaches the test
+    // through a pipe: wait for the line.
+    let said_oom = wait_for(Duration::from_secs(10), || async {
+        rig.daemon.logs().contains("OOM")
+    })
+    .await;
+    assert!(said_oom, "no log line says OOM:\n{}", rig.daemon.logs());
     // Redis answers the readiness check, so the pod stays in service (queries work), but
     // `/readyz` says the consumer is stuck and why.
     let reported = wait_for(Duration::from_secs(10), || async {
