@@ -129,6 +129,16 @@ end
 return status
 "#;
 
+/// The ARGV of [`PERMISSION_PROBE`] for `probes`, each one command's words.
+pub(super) fn probe_args<S: AsRef<str>>(probes: &[Vec<S>]) -> Vec<Value> {
+    let mut args = Vec::new();
+    for probe in probes {
+        args.push(Value::from(probe.len() as i64));
+        args.extend(probe.iter().map(|w| Value::from(w.as_ref())));
+    }
+    args
+}
+
 /// Sends a script call with `send`; when Redis does not hold the script (nothing ran: a
 /// server restarted without persistence, a promoted replica, a flush), loads the scripts
 /// through `client` and sends it once more.
@@ -163,13 +173,8 @@ async fn allowed(
     key: &str,
     commands: &[Vec<&str>],
 ) -> Result<Option<bool>, StoreError> {
-    let mut args: Vec<Value> = Vec::new();
-    for command in commands {
-        args.push(Value::from(command.len() as i64));
-        args.extend(command.iter().map(|w| Value::from(*w)));
-    }
     match client
-        .eval::<Vec<i64>, _, _, _>(PERMISSION_PROBE, key, args)
+        .eval::<Vec<i64>, _, _, _>(PERMISSION_PROBE, key, probe_args(commands))
         .await
     {
         // `{-1}`: no `redis.acl_check_cmd` to ask.

@@ -12,7 +12,7 @@ use fred::types::config::TlsConnector;
 
 use tracing::warn;
 
-use super::calls::{Calling, PERMISSION_PROBE};
+use super::calls::{probe_args, Calling, PERMISSION_PROBE};
 use super::{reply_err, Scripts, Store, StoreError};
 use crate::config::tls::tls_client_config;
 use crate::config::{Durability, ScriptCalls};
@@ -673,12 +673,10 @@ impl Store {
         probes.extend(loading_probes(calling));
         probes.extend(self.job_probes(calling));
         probes.extend(self.board_probes(calling, boards));
-        let mut args: Vec<Value> = Vec::new();
-        for probe in &probes {
-            args.push(Value::from(probe.len() as i64));
-            args.extend(probe.iter().map(|w| Value::from(w.as_str())));
-        }
-        let status: Vec<i64> = self.client().eval(PERMISSION_PROBE, stream, args).await?;
+        let status: Vec<i64> = self
+            .client()
+            .eval(PERMISSION_PROBE, stream, probe_args(&probes))
+            .await?;
         if status == [-1] {
             warn!(
                 "the server offers no redis.acl_check_cmd: the redis user's permissions are \

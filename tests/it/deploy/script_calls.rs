@@ -10,21 +10,7 @@ use rollboard::store::{Reconnect, Store, WAIT_DENIED};
 use crate::support::acl::Server;
 use crate::support::boards::{apply_events, ev, roll_board, snapshot, variants};
 use crate::support::instances::contents;
-use crate::support::redis::RedisServer;
-
-/// How many times the server on `port` ran `command` (`INFO commandstats`).
-fn calls(port: u16, command: &str) -> u64 {
-    let out = std::process::Command::new("redis-cli")
-        .args(["-p", &port.to_string(), "INFO", "commandstats"])
-        .output()
-        .expect("redis-cli");
-    let prefix = format!("cmdstat_{command}:calls=");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .find_map(|line| line.strip_prefix(prefix.as_str()))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |n| n.parse().expect("calls"))
-}
+use crate::support::redis::{command_calls_at, RedisServer};
 
 /// A redis-server whose `FUNCTION`, `FCALL` and `FCALL_RO` are renamed away, as a service
 /// that does not offer them answers: `ERR unknown command`.
@@ -90,9 +76,12 @@ async fn without_functions_auto_calls_by_evalsha_and_writes_the_same() {
             board.name
         );
     }
-    assert!(calls(bare.port, "evalsha") > 0, "EVALSHA was called");
-    assert_eq!(calls(bare.port, "fcall"), 0);
-    let loads = calls(bare.port, "script|load");
+    assert!(
+        command_calls_at(bare.port, "evalsha") > 0,
+        "EVALSHA was called"
+    );
+    assert_eq!(command_calls_at(bare.port, "fcall"), 0);
+    let loads = command_calls_at(bare.port, "script|load");
     assert!(loads > 0, "the scripts were loaded");
 
     // The server loses its scripts: the next call is answered NOSCRIPT, runs nothing, and
@@ -107,7 +96,10 @@ async fn without_functions_auto_calls_by_evalsha_and_writes_the_same() {
     for store in [&by_eval, &by_function] {
         apply_events(store, board, &[ev("e", later, "m4", 11)], later).await;
     }
-    assert!(calls(bare.port, "script|load") > loads, "loaded again");
+    assert!(
+        command_calls_at(bare.port, "script|load") > loads,
+        "loaded again"
+    );
     assert_eq!(
         contents(&by_eval, &board.widest()).await,
         contents(&by_function, &board.widest()).await

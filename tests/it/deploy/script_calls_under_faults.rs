@@ -13,22 +13,12 @@ use crate::support::daemon::Daemon;
 use crate::support::events::{tip, xadd_all, Fields};
 use crate::support::keys::{dead_letter_stream, intake_stream};
 use crate::support::proxy::Proxy;
-use crate::support::redis::RedisServer;
+use crate::support::redis::{eval_script, RedisServer};
 use crate::support::wait::wait_for;
 
 /// The environment that makes a daemon call its scripts the way `scripts` says.
 fn calling(scripts: &str) -> Vec<(&'static str, String)> {
     vec![("ROLLBOARD__REDIS__SCRIPTS", scripts.to_string())]
-}
-
-/// The digest `EVALSHA` calls `file` (e.g. `fold.lua`) by.
-fn sha_of(file: &str) -> String {
-    rollboard::store::lua::eval_scripts()
-        .iter()
-        .find(|s| s.file == file)
-        .expect("a script")
-        .sha
-        .clone()
 }
 
 /// Whether the server holds every script of this build (`SCRIPT EXISTS`).
@@ -123,7 +113,7 @@ async fn evalsha_cut_after_it_reached_redis_and_redelivered_counts_once() {
     let daemon = Daemon::spawn_with(&config, port, &calling("eval"));
     daemon.wait_up().await;
     // Each wave of events is met by a cut after the first fold call that carries it.
-    let fold = sha_of("fold.lua");
+    let fold = &eval_script("fold.lua").sha;
     for (wave, part) in events.chunks(500).enumerate() {
         proxy.cut_after(fold.as_bytes(), 1);
         xadd_all(store.client(), intake_stream(), part).await;

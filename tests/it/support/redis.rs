@@ -224,8 +224,8 @@ pub fn function_name(script: &str) -> Vec<u8> {
         .into_bytes()
 }
 
-/// `file`'s text for `EVALSHA`.
-fn eval_script(file: &str) -> &'static EvalScript {
+/// `file`'s text for `EVALSHA` (e.g. `fold.lua`), with the digest it is called by.
+pub fn eval_script(file: &str) -> &'static EvalScript {
     rollboard::store::lua::eval_scripts()
         .iter()
         .find(|s| s.file == file)
@@ -286,7 +286,16 @@ pub fn script_loads(redis: &RedisServer) -> u64 {
 
 /// How many times the server has run `command` (`INFO commandstats`, e.g. `function|load`).
 pub fn command_calls(redis: &RedisServer, command: &str) -> u64 {
-    let info = redis.cli(&["INFO", "commandstats"]);
+    command_calls_at(redis.port, command)
+}
+
+/// [`command_calls`] of the server on `port` (one started by another fixture).
+pub fn command_calls_at(port: u16, command: &str) -> u64 {
+    let out = Command::new("redis-cli")
+        .args(["-p", &port.to_string(), "INFO", "commandstats"])
+        .output()
+        .expect("redis-cli");
+    let info = String::from_utf8_lossy(&out.stdout);
     let prefix = format!("cmdstat_{command}:calls=");
     info.lines()
         .find_map(|line| line.strip_prefix(prefix.as_str()))
