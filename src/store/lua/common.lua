@@ -78,3 +78,42 @@ local function counters_refused(key, stored, fields)
   end
   return nil
 end
+
+-- The typed call protocol: a script that takes its values in one MessagePack array
+-- (`values`) checks its layout before it reads anything. Its header is `layout`, one
+-- letter a value ('n' a whole number, 's' a string), and `...` are the section counts the
+-- header gives, each at least 0. Returns the error naming the first value out of place,
+-- or nil.
+local function layout_refused(values, layout, ...)
+  local byte, floor = string.byte, math.floor
+  for i = 1, #layout do
+    local v = values[i]
+    if byte(layout, i) == 110 then -- 'n'
+      if type(v) ~= 'number' or v ~= floor(v) then
+        return fail('the call\'s value ' .. i .. ' is not a whole number')
+      end
+    elseif type(v) ~= 'string' then
+      return fail('the call\'s value ' .. i .. ' is not a string')
+    end
+  end
+  for _, count in ipairs({ ... }) do
+    if count < 0 then return fail('the call holds a section of ' .. count .. ' values') end
+  end
+  return nil
+end
+
+-- The rest of the typed call protocol (see layout_refused): the call's `values` after its
+-- header are numbers up to index `numbers_to`, strings after it, `total` in all (a count
+-- that differs means the header and the sections disagree). Returns the error, or nil.
+local function sections_refused(values, from, numbers_to, total)
+  if #values ~= total then
+    return fail('the call holds ' .. #values .. ' values, its header says ' .. total)
+  end
+  for i = from + 1, numbers_to do
+    if type(values[i]) ~= 'number' then return fail('the call\'s value ' .. i .. ' is not a number') end
+  end
+  for i = numbers_to + 1, total do
+    if type(values[i]) ~= 'string' then return fail('the call\'s value ' .. i .. ' is not a string') end
+  end
+  return nil
+end
