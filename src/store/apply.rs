@@ -113,11 +113,17 @@ impl CallShape {
         2 + 2 * self.narrower
     }
 
-    /// The arguments of one `fold.lua` request of `slices` slices: its KEYS, and two ARGV
-    /// (the digests, and the array of everything else, whose members' names and narrower
-    /// windows' values are no arguments of their own).
-    fn fold_args(self, slices: usize) -> usize {
-        FCALL_ARGS + self.keys(slices) + 2
+    /// The arguments of one `fold.lua` request of `slices` slices and `members` members,
+    /// chained: the head, the digests and the numbers (one argument each), the members'
+    /// names, the two chain tokens, and on a board with several windows the narrower
+    /// windows' ARGV.
+    fn fold_args(self, slices: usize, members: usize) -> usize {
+        let windows = if self.narrower > 0 {
+            self.window_args()
+        } else {
+            0
+        };
+        FCALL_ARGS + self.keys(slices) + HEAD_ARGS + 2 + members + 2 + windows
     }
 
     /// The arguments of one `apply.lua` request of `events` events in `slices` slices
@@ -159,20 +165,10 @@ pub fn id_digest(id: &str) -> [u8; 16] {
 /// instance that still holds it and the roll drains it.
 const LEGACY_MEMORY: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// The KEYS `apply.lua` and `fold.lua` calls share: the instance's fixed keys, then each
-/// slice's Hash and forget log, then on a board with a change feed its stream, then on a
-/// `dense_rank` board its distinct totals.
-fn call_keys(board: &Board, k: &InstanceKeys, slices: &[i64]) -> Vec<String> {
-    let mut keys = k.apply_keys();
-    keys.extend(slices.iter().map(|&n| k.slice(n)));
-    keys.extend(slices.iter().map(|&n| k.seen_log(n)));
-    keys.extend(board.incremental_feed().map(|_| k.changes()));
-    keys.extend(board.dense_rank.then(|| k.dense()));
-    keys
-}
-
-/// An `apply.lua` call's KEYS ([`call_keys`]) and its first thirteen ARGV, `count` being
-/// its events.
+/// What `apply.lua` and `fold.lua` calls share: the KEYS (the instance's fixed keys, then
+/// each slice's Hash and forget log, then on a board with a change feed its stream, then on
+/// a `dense_rank` board its distinct totals) and the first thirteen ARGV, `count` being the events of
+/// an `apply.lua` call or the groups of a `fold.lua` one.
 fn call_head(
     board: &Board,
     k: &InstanceKeys,
@@ -182,7 +178,12 @@ fn call_head(
     count: usize,
     now: i64,
 ) -> (Vec<String>, Vec<Value>) {
-    let keys = call_keys(board, k, slices);
+    let mut keys = k.apply_keys();
+    keys.extend(slices.iter().map(|&n| k.slice(n)));
+    keys.extend(slices.iter().map(|&n| k.seen_log(n)));
+    let feed = board.incremental_feed();
+    keys.extend(feed.map(|_| k.changes()));
+    keys.extend(board.dense_rank.then(|| k.dense()));
     let mut args: Vec<Value> = Vec::with_capacity(14 + 3 * slices.len() + members + 5 * count);
     args.extend([
         Value::from(now),
@@ -197,23 +198,22 @@ fn call_head(
         Value::from(count as i64),
         Value::from(board.forgettable_through(now)),
     ]);
-    args.extend(feed_args(board.incremental_feed()));
+    args.extend(feed_args(feed));
     (keys, args)
 }
 
 /// What `apply.lua` and `fold.lua` calls take for the narrower windows of a board with
 /// several (the widest's keys are `k`): their KEYS (per window: meta, result, members,
 /// slices, refs, totals, the Hash of each of `slices`, then its change stream and its
-/// distinct totals where the board has them) and per window its slices per window and its
-/// settings fingerprint.
-fn narrower_windows(
-    board: &Board,
-    k: &InstanceKeys,
-    slices: &[i64],
-) -> (Vec<String>, Vec<(i64, String)>) {
+/// distinct totals where the board has them) and their ARGV: V, the number of narrower
+/// windows (0 on a board with one), '1' on a `dense_rank` board, then per window its slices
+/// per window and its settings fingerprint.
+fn narrower_windows(board: &Board, k: &InstanceKeys, slices: &[i64]) -> (Vec<String>, Vec<Value>) {
     let narrower = board.narrower_views();
     let mut keys = Vec::new();
-    let mut windows = Vec::with_capacity(narrower.len());
+    let mut args = Vec::with_capacity(2 + 2 * narrower.len());
+    args.push(Value::from(narrower.len() as i64));
+    args.push(Value::from(if board.dense_rank { "1" } else { "0" }));
     for view in &narrower {
         let vk = k.in_window(&view.window_suffix().unwrap_or_default());
         keys.extend([
@@ -227,9 +227,12 @@ fn narrower_windows(
         keys.extend(slices.iter().map(|&n| vk.slice(n)));
         keys.extend(board.incremental_feed().map(|_| vk.changes()));
         keys.extend(board.dense_rank.then(|| vk.dense()));
-        windows.push((view.slices_in_window(), view.fingerprint()));
+        args.extend([
+            Value::from(view.slices_in_window()),
+            Value::from(view.fingerprint()),
+        ]);
     }
-    (keys, windows)
+    (keys, args)
 }
 
 /// The KEYS and ARGV of one `apply.lua` call (layout documented in the script). With
@@ -271,15 +274,9 @@ pub fn apply_call(
         events.len(),
         now,
     );
-    // V, the narrower windows (0 on a board with one), '1' on a `dense_rank` board, then
-    // per window its slices per window and its settings fingerprint.
-    let (window_keys, windows) = narrower_windows(board, k, &slices);
+    let (window_keys, window_args) = narrower_windows(board, k, &slices);
     keys.extend(window_keys);
-    args.push(Value::from(windows.len() as i64));
-    args.push(Value::from(if board.dense_rank { "1" } else { "0" }));
-    for (per_window, fingerprint) in windows {
-        args.extend([Value::from(per_window), Value::from(fingerprint)]);
-    }
+    args.extend(window_args);
     for &n in &slices {
         args.extend([Value::from(n), Value::from(board.forget_at(n))]);
     }
@@ -325,127 +322,38 @@ pub fn fold_group_cost(board: &Board) -> usize {
     FOLD_GROUP_COST * board.windows.len().max(1)
 }
 
-/// One `fold.lua` call: its KEYS, its values in the typed layout the script checks, and
-/// the slice index (0-based, in the call's slice table) of each of its events, for reading
-/// the reply.
-///
-/// Its ARGV ([`FoldCall::args`]) are two: the events' digests, and one MessagePack array
-/// of everything else, a header ([`FoldHead`]) and the sections whose lengths it gives.
+/// One `fold.lua` call: its KEYS and ARGV, and the slice index (0-based, in the call's
+/// slice table) of each of its events, for reading the reply.
 #[derive(Debug)]
 pub struct FoldCall {
     /// KEYS, as [`apply_call`]'s.
     pub keys: Vec<String>,
-    /// The header.
-    head: FoldHead,
-    /// The sections after the header, encoded (`body_len` values).
-    body: Vec<u8>,
-    body_len: u32,
-    /// The events' digests, 16 bytes each, by slice.
-    digests: Vec<u8>,
+    /// ARGV (layout documented in `fold.lua`).
+    pub args: Vec<Value>,
     /// The slice index of each event, in the events' order.
     pub slice_of: Vec<usize>,
     /// The call's work in [`FOLD_BUDGET`] units (see [`fold_chunk_len`]).
     pub cost: usize,
-}
-
-/// The version of `fold.lua`'s layout, the first value of its array: the script refuses a
-/// call of another.
-const FOLD_PROTOCOL: i64 = 1;
-
-/// A `fold.lua` call's header, the first [`FoldHead::LEN`] values of its array, in the
-/// order `fold.lua` documents (and checks: its `FOLD_LAYOUT`).
-#[derive(Debug)]
-struct FoldHead {
-    now: i64,
-    slices_per_window: i64,
-    slice_ms: i64,
-    mode: &'static str,
-    tie: &'static str,
-    negative: bool,
-    fingerprint: String,
-    slices: usize,
-    members: usize,
-    groups: usize,
-    narrower: usize,
-    forgettable_through: i64,
-    feed_top: i64,
-    feed_cap: i64,
-    dense: bool,
-    /// The chain token of the call this one runs after ('' for none).
-    after: String,
-    /// The chain token this call leaves ('' for none).
-    token: String,
-}
-
-impl FoldHead {
-    /// Values in the header.
-    const LEN: u32 = 18;
-
-    fn write(&self, out: &mut Packer) {
-        out.int(FOLD_PROTOCOL);
-        out.int(self.now);
-        out.int(self.slices_per_window);
-        out.int(self.slice_ms);
-        out.str(self.mode);
-        out.str(self.tie);
-        out.int(i64::from(self.negative));
-        out.str(&self.fingerprint);
-        for count in [self.slices, self.members, self.groups, self.narrower] {
-            out.int(count as i64);
-        }
-        out.int(self.forgettable_through);
-        out.int(self.feed_top);
-        out.str(&self.feed_cap.to_string());
-        out.int(i64::from(self.dense));
-        out.str(&self.after);
-        out.str(&self.token);
-    }
-}
-
-/// MessagePack values written one after the other, counted, for a call's array.
-#[derive(Debug, Default)]
-struct Packer {
-    bytes: Vec<u8>,
-    len: u32,
-}
-
-impl Packer {
-    // Writing to a Vec cannot fail.
-    fn int(&mut self, n: i64) {
-        let _ = rmp::encode::write_sint(&mut self.bytes, n);
-        self.len += 1;
-    }
-
-    fn str(&mut self, s: &str) {
-        let _ = rmp::encode::write_str(&mut self.bytes, s);
-        self.len += 1;
-    }
+    /// Where the two chain tokens are in `args` when the narrower windows' ARGV follow
+    /// them (a board with several windows: sent as '' until [`FoldCall::chained`]); on a
+    /// board with one window they are the last two, when sent at all.
+    chain_at: Option<usize>,
 }
 
 impl FoldCall {
     /// The call chained after the one that leaves the token `after` (if any): it runs only
     /// once that one's events were judged, and then leaves `token` (see `fold.lua`).
     pub fn chained(mut self, after: Option<&str>, token: &str) -> Self {
-        self.head.after = after.unwrap_or("").to_string();
-        self.head.token = token.to_string();
+        let tokens = [Value::from(after.unwrap_or("")), Value::from(token)];
+        match self.chain_at {
+            Some(at) => {
+                for (slot, value) in self.args[at..at + 2].iter_mut().zip(tokens) {
+                    *slot = value;
+                }
+            }
+            None => self.args.extend(tokens),
+        }
         self
-    }
-
-    /// The call's ARGV: the digests, then the header and the sections in one MessagePack
-    /// array.
-    pub fn args(&self) -> Vec<Value> {
-        let mut head = Packer::default();
-        self.head.write(&mut head);
-        debug_assert_eq!(head.len, FoldHead::LEN);
-        let mut array = Vec::with_capacity(5 + head.bytes.len() + self.body.len());
-        // Writing to a Vec cannot fail.
-        let _ = rmp::encode::write_array_len(&mut array, head.len + self.body_len);
-        array.extend_from_slice(&head.bytes);
-        array.extend_from_slice(&self.body);
-        vec![
-            Value::Bytes(self.digests.clone().into()),
-            Value::Bytes(array.into()),
-        ]
     }
 }
 
@@ -484,6 +392,7 @@ fn fold_chunk_len_within(board: &Board, events: &[ApplyEvent], max_args: usize) 
     let mut ids: HashSet<&str> = HashSet::new();
     let mut groups: HashSet<(&str, i64)> = HashSet::new();
     let mut slices: HashSet<i64> = HashSet::new();
+    let mut members: HashSet<&str> = HashSet::new();
     let group_cost = fold_group_cost(board);
     let shape = CallShape::of(board);
     let mut cost = 0;
@@ -493,8 +402,9 @@ fn fold_chunk_len_within(board: &Board, events: &[ApplyEvent], max_args: usize) 
         if groups.insert((e.member.as_str(), n)) {
             cost += group_cost;
             slices.insert(n);
+            members.insert(e.member.as_str());
         }
-        let args = shape.fold_args(slices.len());
+        let args = shape.fold_args(slices.len(), members.len());
         if (i > 0 && (cost > FOLD_BUDGET || args > max_args)) || !ids.insert(e.id.as_str()) {
             return i;
         }
@@ -512,60 +422,60 @@ pub fn fold_call(
     now: i64,
 ) -> FoldCall {
     let grouped = Grouped::of(board, events);
-    let (digests, counts) = digests_by_slice(events, &grouped.slice_of, grouped.slices.len());
-    let mut keys = call_keys(board, k, &grouped.slices);
-    let feed = board.incremental_feed();
-    let narrower = board.narrower_views();
-    let head = FoldHead {
+    let (blob, counts) = digests_by_slice(events, &grouped.slice_of, grouped.slices.len());
+    let (mut keys, mut args) = call_head(
+        board,
+        k,
+        fingerprint,
+        &grouped.slices,
+        grouped.members.len(),
+        grouped.groups.len(),
         now,
-        slices_per_window: board.widest().slices_in_window(),
-        slice_ms: board.slice_ms,
-        mode: mode_flag(board),
-        tie: tie_flag(board),
-        negative: board.allow_negative,
-        fingerprint: fingerprint.to_string(),
-        slices: grouped.slices.len(),
-        members: grouped.members.len(),
-        groups: grouped.groups.len(),
-        narrower: narrower.len(),
-        forgettable_through: board.forgettable_through(now),
-        feed_top: feed.map_or(0, |f| i64::from(f.top)),
-        feed_cap: feed.map_or(0, |f| f.max_len as i64),
-        dense: board.dense_rank,
-        after: String::new(),
-        token: String::new(),
-    };
-    let mut body = Packer::default();
-    if !narrower.is_empty() {
-        let (window_keys, windows) = narrower_windows(board, k, &grouped.slices);
-        keys.extend(window_keys);
-        for (per_window, fingerprint) in windows {
-            body.int(per_window);
-            body.str(&fingerprint);
-        }
-    }
+    );
+    args.push(Value::Bytes(blob.into()));
+    let cost = events.len() * FOLD_EVENT_COST + grouped.groups.len() * fold_group_cost(board);
+    // The slices' and the groups' numbers, in one MessagePack array: the script unpacks
+    // them in one call, where each decimal argument would cost it a `tonumber`.
+    let mut numbers = Vec::with_capacity(3 * grouped.slices.len() + 5 * grouped.groups.len());
     for (&n, &c) in grouped.slices.iter().zip(&counts) {
-        for value in [n, board.forget_at(n), c as i64] {
-            body.int(value);
-        }
+        numbers.extend([n, board.forget_at(n), c as i64]);
     }
     for &(m, s, sum, abs, newest) in &grouped.groups {
-        for value in [m as i64 + 1, s as i64 + 1, sum, abs, newest] {
-            body.int(value);
-        }
+        numbers.extend([m as i64 + 1, s as i64 + 1, sum, abs, newest]);
     }
-    for member in &grouped.members {
-        body.str(member);
+    args.push(Value::Bytes(packed(&numbers).into()));
+    args.extend(grouped.members.iter().map(|&m| Value::from(m)));
+    // A board with several windows: the chain tokens (none yet), then the narrower
+    // windows'; a board with one sends neither here.
+    let mut chain_at = None;
+    if board.has_several_windows() {
+        let (window_keys, window_args) = narrower_windows(board, k, &grouped.slices);
+        chain_at = Some(args.len());
+        args.extend([Value::from(""), Value::from("")]);
+        keys.extend(window_keys);
+        args.extend(window_args);
     }
     FoldCall {
         keys,
-        head,
-        body: body.bytes,
-        body_len: body.len,
-        digests,
-        cost: events.len() * FOLD_EVENT_COST + grouped.groups.len() * fold_group_cost(board),
+        args,
         slice_of: grouped.slice_of,
+        cost,
+        chain_at,
     }
+}
+
+/// `numbers` as one MessagePack array of integers (`cmsgpack.unpack` in the script).
+fn packed(numbers: &[i64]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(5 + 9 * numbers.len());
+    // A call holds a few hundred numbers (FOLD_BUDGET); a count beyond u32 would be
+    // refused by the script, which checks it against its S and G.
+    let len = u32::try_from(numbers.len()).unwrap_or(u32::MAX);
+    // Writing to a Vec cannot fail.
+    let _ = rmp::encode::write_array_len(&mut out, len);
+    for &n in numbers {
+        let _ = rmp::encode::write_sint(&mut out, n);
+    }
+    out
 }
 
 /// The order to apply `events` in, member by member (members in the order of their first
@@ -1021,13 +931,12 @@ impl Store {
 
     /// One `fold.lua` call and how it ended.
     async fn fold(&self, client: &Client, call: FoldCall) -> Result<Folded, StoreError> {
-        let args = call.args();
         let reply = self
             .bounded(
                 call.cost as u32,
                 self.timed(
                     &self.scripts.fold,
-                    self.fcall_once(&self.scripts.fold, client, call.keys, args),
+                    self.fcall_once(&self.scripts.fold, client, call.keys, call.args),
                 ),
             )
             .await?;
@@ -1166,6 +1075,7 @@ mod tests {
             .collect()
     }
 
+    /// A board with one window: 8 + 2S KEYS (and its feed and distinct totals), 14 + 3S +
     fn tip(id: &str, member: &str) -> ApplyEvent {
         ApplyEvent {
             id: id.into(),
@@ -1194,121 +1104,32 @@ mod tests {
         assert_eq!(apply_order(&events[..2]), vec![0, 1]);
     }
 
-    /// A value of a fold call's array, as the script's `cmsgpack.unpack` reads it.
-    #[derive(Debug, PartialEq)]
-    enum Unpacked {
-        Int(i64),
-        Str(String),
-    }
-
-    /// The array of a fold call (its second argument), value by value.
-    fn unpack(args: &[Value]) -> Vec<Unpacked> {
-        let Value::Bytes(bytes) = &args[1] else {
-            panic!("the array is not bytes: {:?}", args[1]);
-        };
-        let mut rd = &bytes[..];
-        let len = rmp::decode::read_array_len(&mut rd).expect("an array");
-        (0..len)
-            .map(|_| {
-                let marker = rmp::decode::read_marker(&mut &rd[..]).expect("a marker");
-                if let rmp::Marker::FixStr(_) | rmp::Marker::Str8 | rmp::Marker::Str16 = marker {
-                    let n = rmp::decode::read_str_len(&mut rd).expect("a string") as usize;
-                    let (s, rest) = rd.split_at(n);
-                    rd = rest;
-                    Unpacked::Str(String::from_utf8(s.to_vec()).expect("UTF-8"))
-                } else {
-                    Unpacked::Int(rmp::decode::read_int(&mut rd).expect("an integer"))
-                }
-            })
-            .collect()
-    }
-
-    fn int(n: i64) -> Unpacked {
-        Unpacked::Int(n)
-    }
-
-    fn text(s: &str) -> Unpacked {
-        Unpacked::Str(s.to_string())
-    }
-
-    /// Two ARGV: the digests (16 bytes an event, by slice), then the header in the order
-    /// fold.lua reads it, the slices' triples, the groups' fives and the names; chaining
-    /// sets the header's two tokens.
+    /// The numbers in one argument and the M names, then the two chain tokens last when
+    /// chained: the layout of the calls before boards could have several windows.
     #[test]
-    fn a_fold_call_is_its_digests_and_a_typed_array() {
+    fn a_fold_call_of_one_window_is_laid_out_as_before_several() {
         let k = Keys::new("rb").instance("tips", None);
         for (dense, feed) in [(false, false), (true, true)] {
             let b = board(&[24], dense, feed);
-            let now = 1_000 * HOUR;
-            let call = fold_call(&b, &k, "fp", &events(), now);
+            let call = fold_call(&b, &k, &b.widest().fingerprint(), &events(), 1_000 * HOUR);
             let tail = usize::from(dense) + usize::from(feed);
             assert_eq!(call.keys.len(), 8 + 2 * 2 + tail);
+            assert_eq!(call.args.len(), 15 + 2);
             assert_eq!(call.cost, 3 * FOLD_EVENT_COST + 3 * FOLD_GROUP_COST);
-            let args = call.args();
-            assert_eq!(args.len(), 2);
-            let Value::Bytes(digests) = &args[0] else {
-                panic!("digests: {:?}", args[0]);
-            };
-            // ann's two events are in two slices, bob's in ann's first.
-            assert_eq!(digests[..16], super::id_digest("a"));
-            assert_eq!(digests[16..32], super::id_digest("c"));
-            assert_eq!(digests[32..], super::id_digest("b"));
-            let (top, cap) = if feed { (3, 100) } else { (0, 0) };
             let chained = call.chained(Some("t0"), "t1");
-            let expected = vec![
-                int(1),
-                int(now),
-                int(24),
-                int(HOUR),
-                text("i"),
-                text("e"),
-                int(0),
-                text("fp"),
-                int(2),
-                int(2),
-                int(3),
-                int(0),
-                int(b.forgettable_through(now)),
-                int(top),
-                text(&cap.to_string()),
-                int(i64::from(dense)),
-                text("t0"),
-                text("t1"),
-                // Slices: 1000 (two events), 999 (one).
-                int(1_000),
-                int(b.forget_at(1_000)),
-                int(2),
-                int(999),
-                int(b.forget_at(999)),
-                int(1),
-                // Groups: (member, slice, sum, sum of absolute values, newest time).
-                int(1),
-                int(1),
-                int(1),
-                int(1),
-                int(now),
-                int(1),
-                int(2),
-                int(1),
-                int(1),
-                int(now - HOUR),
-                int(2),
-                int(1),
-                int(1),
-                int(1),
-                int(now),
-                text("ann"),
-                text("bob"),
-            ];
-            assert_eq!(unpack(&chained.args()), expected);
+            assert_eq!(chained.args.len(), 15 + 2 + 2);
+            assert_eq!(
+                chained.args[chained.args.len() - 2..],
+                ["t0", "t1"].map(Value::from)
+            );
         }
     }
 
     /// A board with three windows: per narrower window 6 + S KEYS (and its feed and
-    /// distinct totals), and its pair (slices per window, settings) after the header; a
-    /// group costs per window.
+    /// distinct totals); after the groups the chain tokens ('' until chained), V, the
+    /// dense flag and a pair per narrower window; a group costs per window.
     #[test]
-    fn a_fold_call_of_several_windows_carries_a_pair_per_narrower_window() {
+    fn a_fold_call_of_several_windows_follows_the_chain_tokens_with_the_narrower_ones() {
         let k = Keys::new("rb").instance("tips", None);
         let b = board(&[24, 1, 168], true, true);
         let call = fold_call(&b, &k, &b.widest().fingerprint(), &events(), 1_000 * HOUR);
@@ -1316,21 +1137,15 @@ mod tests {
         assert_eq!(call.keys[14], "rb:{tips}:w:1h:meta");
         assert_eq!(call.keys[24], "rb:{tips}:w:1d:meta");
         assert_eq!(call.cost, 3 * FOLD_EVENT_COST + 3 * 3 * FOLD_GROUP_COST);
-        let values = unpack(&call.chained(None, "t1").args());
-        assert_eq!(values[11], int(2), "V");
-        assert_eq!(values[15], int(1), "dense");
-        assert_eq!(values[16..18], [text(""), text("t1")]);
-        let narrower = b.narrower_views();
-        assert_eq!(
-            values[18..22],
-            [
-                int(1),
-                text(&narrower[0].fingerprint()),
-                int(24),
-                text(&narrower[1].fingerprint())
-            ]
-        );
-        assert_eq!(values.len(), 18 + 4 + 3 * 2 + 5 * 3 + 2);
+        let groups_end = 15 + 2;
+        assert_eq!(call.args.len(), groups_end + 2 + 2 + 2 * 2);
+        let chained = call.chained(None, "t1");
+        let tail = &chained.args[groups_end..];
+        assert_eq!(tail[..2], ["", "t1"].map(Value::from));
+        assert_eq!(tail[2], Value::from(2));
+        assert_eq!(tail[3], Value::from("1"));
+        assert_eq!(tail[4], Value::from(1));
+        assert_eq!(tail[6], Value::from(24));
         // Three windows hold about a third of the distinct members of one.
         let many: Vec<ApplyEvent> = (0..100)
             .map(|i| ApplyEvent {
@@ -1397,7 +1212,7 @@ mod tests {
                     .len();
                 let fold = fold_call(&b, &k, &fingerprint, &events, 1_000 * HOUR)
                     .chained(Some("t0"), "t1");
-                assert_eq!(request(&fold.keys, &fold.args()), shape.fold_args(s));
+                assert_eq!(request(&fold.keys, &fold.args), shape.fold_args(s, m));
                 for raw in [false, true] {
                     let (keys, args) = apply_call(&b, &k, &fingerprint, &events, 1_000 * HOUR, raw);
                     assert_eq!(request(&keys, &args), shape.apply_args(s, m, n, raw));
@@ -1406,24 +1221,25 @@ mod tests {
         }
     }
 
-    /// A fold call is cut where its request would pass the cap: each new slice adds its
-    /// two keys; members and events travel in the call's array, no arguments of their own.
+    /// A fold call is cut where its request would pass the cap: each new member adds its
+    /// name, each new slice its keys, a member's further events in one slice nothing.
     #[test]
     fn a_fold_call_is_cut_before_its_request_passes_the_cap() {
         let k = Keys::new("rb").instance("tips", None);
         let b = board(&[24], false, false);
-        // 15 arguments for one slice: FCALL's 3, 10 KEYS, 2 ARGV.
-        assert_eq!(CallShape::of(&b).fold_args(1), 15);
+        // 30 arguments and one per member: 5 members fit 35.
         let members = spread(20, 1, 20);
-        assert_eq!(fold_chunk_len_within(&b, &members, 15), 20);
-        let call = fold_call(&b, &k, "f", &members, 1_000 * HOUR).chained(None, "t");
-        assert_eq!(request(&call.keys, &call.args()), 15);
+        assert_eq!(CallShape::of(&b).fold_args(1, 5), 35);
+        assert_eq!(fold_chunk_len_within(&b, &members, 35), 5);
+        assert_eq!(fold_chunk_len(&b, &members), 20);
+        let call = fold_call(&b, &k, "f", &members[..5], 1_000 * HOUR).chained(None, "t");
+        assert_eq!(request(&call.keys, &call.args), 35);
         // One member's events in one slice: the budget cuts, not the cap.
         let one = spread(200, 1, 1);
-        assert_eq!(fold_chunk_len_within(&b, &one, 15), 145);
-        // A new slice adds two keys: 3 slices of one member fit 19 (13 + 3 * 2).
+        assert_eq!(fold_chunk_len_within(&b, &one, 35), 145);
+        // A new slice adds two keys: 3 slices of one member fit 35 (31 + 2 + 2).
         let slices = spread(10, 10, 1);
-        assert_eq!(fold_chunk_len_within(&b, &slices, 19), 3);
+        assert_eq!(fold_chunk_len_within(&b, &slices, 35), 3);
         // The first event always goes, whatever the cap.
         assert_eq!(fold_chunk_len_within(&b, &members, 1), 1);
     }
@@ -1454,7 +1270,7 @@ mod tests {
             for chunk in fold_chunks(&b, &events) {
                 let call =
                     fold_call(&b, &k, &fingerprint, chunk, 1_000 * HOUR).chained(Some("a"), "b");
-                assert!(request(&call.keys, &call.args()) <= MAX_REQUEST_ARGS);
+                assert!(request(&call.keys, &call.args) <= MAX_REQUEST_ARGS);
             }
             let chunk = &events[..apply_chunk(&b)];
             let (keys, args) = apply_call(&b, &k, &fingerprint, chunk, 1_000 * HOUR, true);

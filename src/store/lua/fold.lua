@@ -16,28 +16,28 @@
 -- for each narrower window: meta, result, members, slices, refs, totals, its S slice
 -- Hashes, then its change stream and its dense ZSet where the board has them).
 --
--- ARGV[1] the digests: 16 bytes per event, concatenated, the events of slice 1 first.
--- ARGV[2] everything else, one MessagePack array (one `cmsgpack.unpack`, no `tonumber`),
--- checked before anything is read: a header of FOLD_HEAD values, then four sections
--- whose lengths the header gives.
---   header:  1 FOLD_PROTOCOL (the layout's version)   2 now (epoch ms)
---            3 slices per window N   4 slice width (ms)   5 'i' incremental | 'r' resummarize
---            6 tie: 'e' | 'l' | 'n'   7 1 if negative amounts are allowed, else 0
---            8 settings fingerprint of the caller's board definition
---            9 S slices   10 M members   11 G groups   12 V windows narrower than the widest
---            13 the newest slice whose ids may be forgotten at `now` (Board::forgettable_through)
---            14 the size of the top the change feed watches (0: no feed)
---            15 the change stream's cap (entries, in decimal)   16 1 on a dense_rank board
---            17 the chain token this call runs after ('' for none)
---            18 the chain token it leaves ('' for none)
---   then V pairs (slices per window, settings fingerprint), one per narrower window;
---   S triples (slice number, forget-at epoch ms, events in the slice), slice i stored at
---   KEYS[8 + i]; G groups of five: member index 1..M, slice index 1..S, the sum of the
---   group's amounts, the sum of their absolute values, and the newest event time among
---   them; then the M member names. A board with one window sends V = 0, and its call makes
---   no read, write or table for other windows.
+-- ARGV[1] now (epoch ms)      ARGV[2] slices per window N   ARGV[3] slice width (ms)
+-- ARGV[4] 'i' incremental | 'r' resummarize                 ARGV[5] tie: 'e' | 'l' | 'n'
+-- ARGV[6] '1' if negative amounts are allowed
+-- ARGV[7] settings fingerprint of the caller's board definition
+-- ARGV[8] S slices   ARGV[9] M members   ARGV[10] G groups
+-- ARGV[11] the newest slice whose ids may be forgotten at `now` (Board::forgettable_through)
+-- ARGV[12] the size of the top the change feed watches (0: no feed)
+-- ARGV[13] the change stream's cap (entries)
+-- ARGV[14] the digests: 16 bytes per event, concatenated, the events of slice 1 first
+-- ARGV[15] the numbers, one MessagePack array of 3S + 5G integers (one `cmsgpack.unpack`
+-- instead of a `tonumber` each): S triples (slice number, forget-at epoch ms, events in
+-- the slice), slice i stored at KEYS[8 + i]; then G groups of five: member index 1..M,
+-- slice index 1..S, the sum of the group's amounts, the sum of their absolute values, and
+-- the newest event time among them. Then the M member names. Then, optionally, two chain
+-- tokens (below). Then, on a
+-- board with several windows only (the two chain tokens then always sent, '' for none):
+-- V, the board's windows narrower than the widest, '1' on a dense_rank board, and V pairs
+-- (slices per window, settings fingerprint), one per narrower window. A board with one
+-- window sends nothing after the chain tokens, and its call makes no read, write or table
+-- for other windows.
 --
--- Several windows: as in `apply.lua`, the first KEYS (and header values 3 and 8) are the
+-- Several windows: as in `apply.lua`, the first KEYS (and ARGV[2], ARGV[7]) are the
 -- instance of the widest window, which alone remembers idempotency keys, decides what is
 -- late (the reply's slices are late in every window) and holds the chain token; a group
 -- of a slice that is not late counts in every window whose watermark its slice is above.
@@ -51,7 +51,7 @@
 --
 -- Chain tokens: the caller sends an instance's calls for one batch at once, on one
 -- connection, and each must run only after the one before it was judged (in stream order:
--- the first of two events with one id wins). Header values 17 and 18 are the
+-- the first of two events with one id wins). The two optional ARGV after the groups are the
 -- token the previous call leaves in `meta` `chain` (this call answers 3 without reading
 -- further unless it is there; '' for none), and the token this call leaves there once its
 -- events are judged, outcomes 0 and 1 ('' for none). A call answering 2 or failing leaves
@@ -61,45 +61,39 @@
 -- describe the checks); a call writes all or nothing, in every window. The digest table
 -- and the forget logs are described in digest.lua; the checks and writes shared with
 -- `apply.lua` are in gate.lua, digest.lua, members.lua and write_back.lua.
-local meta, result, members, slices, seen, refs, totals, table_key = instance_keys(KEYS)
--- The call's layout: its version, its header's length and the header's types (see
--- layout_refused), as `FoldCall` in src/store/apply.rs writes them.
-local FOLD_PROTOCOL, FOLD_HEAD, FOLD_LAYOUT = 1, 18, 'nnnnssnsnnnnnnsnss'
+local meta, result, members, slices, seen, refs, totals, table_key,
+  incremental, tie, negative, settings = shared_args(KEYS, ARGV)
 -- The globals used per slice, group or member, held in locals: a function reaches the
 -- library's globals through a metatable, a local directly.
-local abs, sub, format = math.abs, string.sub, string.format
-local blob = ARGV[1]
-local unpacked, a = pcall(cmsgpack.unpack, ARGV[2])
-if not unpacked or type(a) ~= 'table' or a[1] ~= FOLD_PROTOCOL then
-  return fail('the call is not of fold protocol ' .. FOLD_PROTOCOL)
+local tonumber, abs, sub, format = tonumber, math.abs, string.sub, string.format
+local S, M, G = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
+local forgotten_through = tonumber(ARGV[11]) % WRAP
+local width, top, cap = tonumber(ARGV[3]), tonumber(ARGV[12]), ARGV[13]
+local blob = ARGV[14]
+local unpacked, nums = pcall(cmsgpack.unpack, ARGV[15])
+if not unpacked or type(nums) ~= 'table' or #nums ~= 3 * S + 5 * G then
+  return fail('the numbers are not ' .. (3 * S + 5 * G) .. ' integers')
 end
-local now0, per_window, width, mode, tie, negative, settings, S, M, G, V, forgettable, top, cap,
-  with_dense, after, token = unpack(a, 2, FOLD_HEAD)
-local refused_layout = layout_refused(a, FOLD_LAYOUT, S, M, G, V)
-if refused_layout then return refused_layout end
-local incremental = mode == 'i'
-negative, with_dense = negative == 1, with_dense == 1
--- The sections after the header: the narrower windows' pairs, the slices' triples, the
--- groups' fives, the names.
-local window_base = FOLD_HEAD
-local slice_base = window_base + 2 * V
-local group_base = slice_base + 3 * S
-local member_base = group_base + 5 * G
-local refused_sections = sections_refused(a, slice_base, member_base, member_base + M)
-if refused_sections then return refused_sections end
-local forgotten_through = forgettable % WRAP
+local member_base, group_base = 15, 3 * S
+local tail = member_base + M
+local after, token = ARGV[tail + 1] or '', ARGV[tail + 2] or ''
+-- V, the narrower windows; a board with one window sends neither V nor the dense flag:
+-- its call ends with `dense` when it has one.
+local V, with_dense = 0, nil
+if ARGV[tail + 3] then
+  V, with_dense = tonumber(ARGV[tail + 3]), ARGV[tail + 4] == '1'
+else
+  with_dense = #KEYS > 8 + 2 * S + (top > 0 and 1 or 0)
+end
 local feed, dense, at = tail_keys(KEYS, 9 + 2 * S, meta, top, cap, tie, with_dense)
 -- The narrower windows (none on a board with one), each one's state in a table of its
 -- own; the widest's is in locals, so that a board with one window pays for no table. A
 -- window's slice i is KEYS[slice_at + i] (the widest's: KEYS[8 + i]).
 local narrower = V > 0 and {} or nil
 for v = 1, V do
-  if type(a[window_base + 2 * v - 1]) ~= 'number' or type(a[window_base + 2 * v]) ~= 'string' then
-    return fail('the call\'s narrower window ' .. v .. ' is not (slices, settings)')
-  end
   local view = { meta = KEYS[at], result = KEYS[at + 1], members = KEYS[at + 2],
     slices = KEYS[at + 3], refs = KEYS[at + 4], totals = KEYS[at + 5], slice_at = at + 5,
-    per_window = a[window_base + 2 * v - 1], settings = a[window_base + 2 * v] }
+    per_window = tonumber(ARGV[tail + 3 + 2 * v]), settings = ARGV[tail + 4 + 2 * v] }
   view.feed, view.dense, at = tail_keys(KEYS, at + 6 + S, view.meta, top, cap, tie, with_dense)
   narrower[v] = view
 end
@@ -107,7 +101,8 @@ end
 -- Phase 1: read and check.
 local stored = read_meta(meta)
 if after ~= '' and stored[CHAIN] ~= after then return { 3 } end
-local now, watermark, gen, refused = gate(meta, stored, settings, now0, width, per_window)
+local per_window = tonumber(ARGV[2])
+local now, watermark, gen, refused = gate(meta, stored, settings, tonumber(ARGV[1]), width, per_window)
 if refused then return refused end
 if V > 0 then
   -- Every window's meta; the events are judged at the latest of `now` and their last
@@ -135,15 +130,15 @@ local slice_no, late, first, last = {}, {}, {}, {}
 local out = { 0 }
 local digest_at, live_count = 1, 0
 for i = 1, S do
-  local b = slice_base + 3 * (i - 1)
-  local n, count = a[b + 1], a[b + 3]
+  local b = 3 * (i - 1)
+  local n, count = nums[b + 1], nums[b + 3]
   slice_no[i] = n
   first[i] = digest_at
   digest_at = digest_at + DIGEST * count
   last[i] = digest_at - 1
   -- Late too once the slice's ids may be forgotten (a `dedup_window` duration): an id is
   -- forgotten only once events of its slice can no longer be applied.
-  if n <= watermark or a[b + 2] <= now then
+  if n <= watermark or nums[b + 2] <= now then
     late[i] = true
     out[#out + 1] = i
   else
@@ -218,7 +213,7 @@ end
 -- Member state: z0, each known member's ZSet member, and t0, its tie-break time (none
 -- under tie 'n'); totals and slice counts.
 local names = {}
-for i = 1, M do names[i] = a[member_base + i] end
+for i = 1, M do names[i] = ARGV[member_base + i] end
 local z0, t0, total0, refs0, members_refused = member_state(members, result, totals, refs, names,
   tie, incremental, negative)
 if members_refused then return members_refused end
@@ -235,11 +230,11 @@ local g_slice, g_newest
 if V > 0 then g_slice, g_newest = {}, {} end
 for g = 1, G do
   local b = group_base + 5 * (g - 1)
-  local m, s = a[b + 1], a[b + 2]
+  local m, s = nums[b + 1], nums[b + 2]
   if not late[s] then
-    g_member[g], g_sum[g], g_abs[g] = m, a[b + 3], a[b + 4]
+    g_member[g], g_sum[g], g_abs[g] = m, nums[b + 3], nums[b + 4]
     bound[m] = bound[m] + g_abs[g]
-    local t = a[b + 5]
+    local t = nums[b + 5]
     if not newest[m] or t > newest[m] then newest[m] = t end
     local list = by_slice[s]
     if not list then

@@ -4,17 +4,12 @@
 -- Used by: apply.lua, fold.lua.
 
 -- The KEYS the two scripts share (their headers list them): meta, result, members,
--- slices, seen, refs, totals and seen:ids; then apply.lua's flags among its ARGV:
--- whether it is incremental, its tie-break, whether it allows negative amounts,
+-- slices, seen, refs, totals and seen:ids; then the board's flags among the ARGV they
+-- share: whether it is incremental, its tie-break, whether it allows negative amounts,
 -- and its settings fingerprint.
 local function shared_args(KEYS, ARGV)
   return KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8],
     ARGV[4] == 'i', ARGV[5], ARGV[6] == '1', ARGV[7]
-end
-
--- The KEYS alone (fold.lua takes its flags in its typed header).
-local function instance_keys(KEYS)
-  return KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 end
 
 -- The keys a window's instance takes after its slice Hashes (and, for the widest, their

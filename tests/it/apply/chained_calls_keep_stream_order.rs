@@ -251,7 +251,7 @@ async fn a_roll_between_two_chained_calls_is_seen_as_between_them() {
         let run = |call: rollboard::store::FoldCall| {
             let store = &store;
             async move {
-                let reply: Vec<i64> = fcall(store.client(), "fold", call.keys.clone(), call.args())
+                let reply: Vec<i64> = fcall(store.client(), "fold", call.keys, call.args)
                     .await
                     .expect("fold.lua");
                 (reply.clone(), outcomes_of(&reply, &call.slice_of))
