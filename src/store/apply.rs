@@ -4,6 +4,7 @@
 use std::collections::{HashMap, HashSet};
 
 use fred::prelude::*;
+use fred::types::cluster::ClusterRouting;
 use fred::types::{ClusterHash, CustomCommand};
 use futures_util::future::join_all;
 
@@ -478,6 +479,121 @@ fn packed(numbers: &[i64]) -> Vec<u8> {
     out
 }
 
+/// How a `fold.lua` call whose events fall in the slices `slice_of` (by index, per event)
+/// ended, from its reply.
+fn folded(slice_of: &[usize], reply: Value) -> Result<Folded, StoreError> {
+    let reply = as_array(reply).ok_or_else(|| reply_err("fold: not an array"))?;
+    let mut late = vec![false; slice_of.len()];
+    let mut codes = reply.iter().map(as_i64);
+    let kind = codes.next().flatten();
+    for s in codes {
+        match s {
+            Some(s) if s >= 1 => {
+                for (l, &of) in late.iter_mut().zip(slice_of) {
+                    *l |= of as i64 == s - 1;
+                }
+            }
+            _ => return Err(reply_err(format!("fold: bad late slice {s:?}"))),
+        }
+    }
+    let counted = match kind {
+        Some(0) => Outcome::Applied,
+        Some(1) => Outcome::Duplicate,
+        Some(2) => return Ok(Folded::Slow),
+        Some(3) => return Ok(Folded::NotRun),
+        other => return Err(reply_err(format!("fold: unknown outcome {other:?}"))),
+    };
+    Ok(Folded::Judged(
+        late.iter()
+            .map(|&l| if l { Outcome::Late } else { counted })
+            .collect(),
+    ))
+}
+
+/// What one instance of a packed `fold.lua` call adds to its work besides its events and
+/// groups (in [`FOLD_BUDGET`] units): the fixed reads and writes of an instance (its
+/// `meta`, digest table, members, totals, slice registry and forget logs), about 13
+/// commands and 35 µs of Redis time in a small `fans_7d` instance on the reference machine
+/// (`INFO commandstats` over `cargo bench --bench ingest -- e2e`), where a unit is about
+/// 2.3 µs. A pack stays within [`FOLD_BUDGET`] in all: about a dozen small instances.
+pub const PACK_INSTANCE_COST: usize = 15;
+
+/// The error a packed call's reply gives for one instance (`{ -1, error }`), as the call
+/// of its own would have failed; `None` for a reply that is not one.
+fn instance_error(reply: &Value) -> Option<StoreError> {
+    let Value::Array(parts) = reply else {
+        return None;
+    };
+    match parts.as_slice() {
+        [code, message] if as_i64(code) == Some(-1) => {
+            let message = message.as_str().map(|m| m.to_string()).unwrap_or_default();
+            Some(StoreError::Redis(fred::error::Error::new(
+                fred::error::ErrorKind::Unknown,
+                message,
+            )))
+        }
+        _ => None,
+    }
+}
+
+/// The KEYS and ARGV of one packed `fold.lua` call of `pack` (layout in `fold.lua`).
+fn packed_call(pack: &[FoldCall]) -> (Vec<String>, Vec<Value>) {
+    let mut keys = Vec::with_capacity(pack.iter().map(|c| c.keys.len()).sum());
+    let mut args =
+        Vec::with_capacity(2 + 2 * pack.len() + pack.iter().map(|c| c.args.len()).sum::<usize>());
+    args.push(Value::from("many"));
+    args.push(Value::from(pack.len() as i64));
+    for call in pack {
+        args.push(Value::from(call.keys.len() as i64));
+        args.push(Value::from(call.args.len() as i64));
+    }
+    for call in pack {
+        keys.extend(call.keys.iter().cloned());
+        args.extend(call.args.iter().cloned());
+    }
+    (keys, args)
+}
+
+/// The arguments a packed call of `pack` sends besides its instances' KEYS and ARGV:
+/// `FCALL`, the function, the key count, 'many', P and two counts per instance.
+fn pack_overhead(instances: usize) -> usize {
+    FCALL_ARGS + 2 + 2 * instances
+}
+
+/// `calls` (each one instance's whole share of a batch, unchained) cut into packs, in
+/// order: each within [`FOLD_BUDGET`] (a call's cost and [`PACK_INSTANCE_COST`] each) and
+/// [`MAX_REQUEST_ARGS`] in all, and on a cluster of one slot each (`slot_of`: `None` on a
+/// single server, where every key meets in one call). A call too large to share a pack
+/// is a pack of its own.
+fn pack<T>(
+    calls: Vec<(T, FoldCall)>,
+    slot_of: impl Fn(&FoldCall) -> Option<u16>,
+) -> Vec<Vec<(T, FoldCall)>> {
+    let mut packs: Vec<(Option<u16>, usize, usize, Vec<(T, FoldCall)>)> = Vec::new();
+    for (tag, call) in calls {
+        let slot = slot_of(&call);
+        let weight = call.cost + PACK_INSTANCE_COST;
+        let size = call.keys.len() + call.args.len();
+        let open = packs.iter_mut().rev().find(|(s, w, n, members)| {
+            *s == slot
+                && w + weight <= FOLD_BUDGET
+                && n + size + pack_overhead(members.len() + 1) <= MAX_REQUEST_ARGS
+        });
+        match open {
+            Some((_, w, n, members)) => {
+                *w += weight;
+                *n += size;
+                members.push((tag, call));
+            }
+            None => packs.push((slot, weight, size, vec![(tag, call)])),
+        }
+    }
+    packs
+        .into_iter()
+        .map(|(_, _, _, members)| members)
+        .collect()
+}
+
 /// The order to apply `events` in, member by member (members in the order of their first
 /// event, each one's events in stream order), when it differs from theirs; `None` to keep
 /// theirs.
@@ -509,6 +625,19 @@ fn by_member(events: &[ApplyEvent]) -> Option<Vec<usize>> {
 /// in stream order), or stream order when an id repeats among them.
 pub fn apply_order(events: &[ApplyEvent]) -> Vec<usize> {
     by_member(events).unwrap_or_else(|| (0..events.len()).collect())
+}
+
+/// `judged`, the outcomes of an instance's events taken in `order` (indices into them, as
+/// [`by_member`] gives; `None`: their own order), put back in the events' order.
+fn in_stream_order(order: Option<&[usize]>, judged: Vec<Outcome>) -> Vec<Outcome> {
+    let Some(order) = order else {
+        return judged;
+    };
+    let mut out = vec![Outcome::Applied; judged.len()];
+    for (&i, outcome) in order.iter().zip(judged) {
+        out[i] = outcome;
+    }
+    out
 }
 
 /// Scopes one `ZADD` of [`registrations`] registers: `ZADD`, the key and `GT`, then two
@@ -715,17 +844,102 @@ impl Store {
         };
         let widest = board.widest();
         let fingerprint = widest.fingerprint();
-        join_all(registered.iter().map(|&(scope, events)| {
-            let apply = InstanceApply {
+        let applies: Vec<InstanceApply> = registered
+            .iter()
+            .map(|&(scope, _)| InstanceApply {
                 client: self.client(),
                 board,
                 fingerprint: fingerprint.clone(),
                 now,
                 k: self.instance(&widest, Some(scope)),
+            })
+            .collect();
+        // The instances whose share is one unchained fold call go in packs, when the
+        // server lets several instances' keys meet in one call (one server, or one slot
+        // of a cluster); every other goes as before, call by call.
+        let mut ordered: Vec<(Option<Vec<usize>>, std::borrow::Cow<[ApplyEvent]>)> = Vec::new();
+        let mut packable = Vec::new();
+        let mut alone = Vec::new();
+        for (i, (apply, &(_, events))) in applies.iter().zip(&registered).enumerate() {
+            let order = by_member(events);
+            let events: std::borrow::Cow<[ApplyEvent]> = match &order {
+                Some(order) => order.iter().map(|&j| events[j].clone()).collect(),
+                None => events.into(),
             };
-            async move { self.apply_prepared(&apply, events).await }
-        }))
-        .await
+            let one_call = !self.holds_legacy_seen(&apply.k.seen())
+                && fold_chunk_len(board, &events) == events.len();
+            if one_call {
+                let call = fold_call(board, &apply.k, &apply.fingerprint, &events, now);
+                packable.push((i, call));
+            } else {
+                alone.push(i);
+            }
+            ordered.push((order, events));
+        }
+        let clustered = self.client().is_clustered();
+        let packs = pack(packable, |call| {
+            clustered.then(|| {
+                call.keys
+                    .first()
+                    .map(|k| ClusterRouting::hash_key(k.as_bytes()))
+                    .unwrap_or_default()
+            })
+        });
+        let packed = join_all(packs.into_iter().map(|pack| async {
+            let (members, calls): (Vec<usize>, Vec<FoldCall>) = pack.into_iter().unzip();
+            let replies = self.fold_packed(self.client(), calls).await;
+            join_all(members.into_iter().zip(replies).map(|(i, reply)| {
+                let (order, events) = &ordered[i];
+                let apply = &applies[i];
+                async move {
+                    let judged = self.fold_finished(apply, events, reply).await;
+                    (
+                        i,
+                        judged.map(|judged| in_stream_order(order.as_deref(), judged)),
+                    )
+                }
+            }))
+            .await
+        }));
+        let (applies, registered) = (&applies, &registered);
+        let one_by_one =
+            join_all(alone.iter().map(|&i| async move {
+                (i, self.apply_prepared(&applies[i], registered[i].1).await)
+            }));
+        let (packed, one_by_one) = futures_util::join!(packed, one_by_one);
+        let mut results: Vec<Option<Result<Vec<Outcome>, StoreError>>> =
+            registered.iter().map(|_| None).collect();
+        for (i, result) in packed.into_iter().flatten().chain(one_by_one) {
+            results[i] = Some(result);
+        }
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(reply_err("apply: an instance was not applied"))))
+            .collect()
+    }
+
+    /// The outcomes of an instance's `events` whose one fold call ended as `reply` (in
+    /// their order): that call's, or, where it answered `slow`, those of the `apply.lua`
+    /// calls that judged them one by one instead.
+    async fn fold_finished(
+        &self,
+        apply: &InstanceApply<'_>,
+        events: &[ApplyEvent],
+        reply: Result<Folded, StoreError>,
+    ) -> Result<Vec<Outcome>, StoreError> {
+        match reply? {
+            Folded::Judged(outcomes) => Ok(outcomes),
+            Folded::Slow => {
+                let mut out = Vec::with_capacity(events.len());
+                let mut raw_ids = false;
+                for part in events.chunks(apply_chunk(apply.board)) {
+                    self.apply_exact(apply, part, &mut raw_ids, &mut out)
+                        .await?;
+                }
+                Ok(out)
+            }
+            Folded::NotRun => Err(reply_err("fold: an unchained call did not run")),
+        }
     }
 
     /// [`Store::apply`] to the one instance `scope` names.
@@ -774,11 +988,7 @@ impl Store {
         };
         let grouped: Vec<ApplyEvent> = order.iter().map(|&i| events[i].clone()).collect();
         let judged = self.apply_in_order(apply, &grouped).await?;
-        let mut out = vec![Outcome::Applied; events.len()];
-        for (&i, outcome) in order.iter().zip(judged) {
-            out[i] = outcome;
-        }
-        Ok(out)
+        Ok(in_stream_order(Some(&order), judged))
     }
 
     /// [`Store::apply_prepared`] in the order of `events`: chains of `fold.lua` calls,
@@ -940,33 +1150,54 @@ impl Store {
                 ),
             )
             .await?;
-        let reply = as_array(reply).ok_or_else(|| reply_err("fold: not an array"))?;
-        let mut late = vec![false; call.slice_of.len()];
-        let mut codes = reply.iter().map(as_i64);
-        let kind = codes.next().flatten();
-        for s in codes {
-            match s {
-                Some(s) if s >= 1 => {
-                    for (l, &of) in late.iter_mut().zip(&call.slice_of) {
-                        *l |= of as i64 == s - 1;
-                    }
-                }
-                _ => return Err(reply_err(format!("fold: bad late slice {s:?}"))),
-            }
-        }
-        let counted = match kind {
-            Some(0) => Outcome::Applied,
-            Some(1) => Outcome::Duplicate,
-            Some(2) => return Ok(Folded::Slow),
-            Some(3) => return Ok(Folded::NotRun),
-            other => return Err(reply_err(format!("fold: unknown outcome {other:?}"))),
-        };
-        Ok(Folded::Judged(
-            late.iter()
-                .map(|&l| if l { Outcome::Late } else { counted })
-                .collect(),
-        ))
+        folded(&call.slice_of, reply)
     }
+
+    /// The calls of `pack` (several instances' [`FoldCall`]s, unchained) in one packed
+    /// `fold.lua` call (see [`pack`]), each judged as by a call of its own; how each
+    /// ended, in order. A pack of one is sent as that one call.
+    async fn fold_packed(
+        &self,
+        client: &Client,
+        mut pack: Vec<FoldCall>,
+    ) -> Vec<Result<Folded, StoreError>> {
+        if pack.len() == 1 {
+            let call = pack.pop().map(|call| self.fold(client, call));
+            return match call {
+                Some(call) => vec![call.await],
+                None => Vec::new(),
+            };
+        }
+        let weight: usize = pack.iter().map(|c| c.cost + PACK_INSTANCE_COST).sum();
+        let (keys, args) = packed_call(&pack);
+        let sent = self
+            .bounded(
+                weight as u32,
+                self.timed(
+                    &self.scripts.fold,
+                    self.fcall_once(&self.scripts.fold, client, keys, args),
+                ),
+            )
+            .await;
+        let replies = match sent {
+            Ok(reply) => as_array(reply)
+                .filter(|r| r.len() == pack.len())
+                .ok_or_else(|| reply_err("fold: a packed call's reply is not one per instance")),
+            Err(e) => Err(e.into()),
+        };
+        let replies = match replies {
+            Ok(replies) => replies,
+            Err(e) => return pack.iter().map(|_| Err(e.clone())).collect(),
+        };
+        pack.iter()
+            .zip(replies)
+            .map(|(call, reply)| match instance_error(&reply) {
+                Some(e) => Err(e),
+                None => folded(&call.slice_of, reply),
+            })
+            .collect()
+    }
+
     /// One `apply.lua` call of at most [`apply_chunk`] events, judged one by one; the
     /// outcomes are appended to `out`.
     async fn apply_exact(

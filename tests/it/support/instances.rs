@@ -22,7 +22,16 @@ pub fn twin(board: &Board) -> Board {
 
 /// What an instance holds, its key names left out: every Hash, ZSet and List by suffix.
 pub async fn contents(store: &Store, view: &View<'_>) -> BTreeMap<String, Vec<String>> {
-    let k = store.instance(view, None);
+    contents_of(store, view, None).await
+}
+
+/// [`contents`] of the instance of `scope` (`None`: the unscoped one).
+pub async fn contents_of(
+    store: &Store,
+    view: &View<'_>,
+    scope: Option<&str>,
+) -> BTreeMap<String, Vec<String>> {
+    let k = store.instance(view, scope);
     let c = store.client();
     let mut out = BTreeMap::new();
     let zset = |v: Vec<(String, f64)>| v.into_iter().map(|(m, s)| format!("{m}={s}")).collect();
@@ -51,14 +60,14 @@ pub async fn contents(store: &Store, view: &View<'_>) -> BTreeMap<String, Vec<St
         let fields: BTreeMap<String, String> = c.hgetall(key).await.expect("hash");
         out.insert(name.to_string(), hash(fields));
     }
-    let mut entries: Vec<String> = seen_table(store, view, None)
+    let mut entries: Vec<String> = seen_table(store, view, scope)
         .await
         .into_iter()
         .map(|e| format!("{e:?}"))
         .collect();
     entries.sort();
     out.insert("seen".to_string(), entries);
-    for key in seen_logs(store, view, None).await {
+    for key in seen_logs(store, view, scope).await {
         let n = key.rsplit(':').next().expect("slice").to_string();
         let entries: Vec<Vec<u8>> = c.lrange(&key, 0, -1).await.expect("log");
         let mut entries: Vec<String> = entries.iter().map(|e| format!("{e:02x?}")).collect();
