@@ -569,29 +569,38 @@ fn pack<T>(
     calls: Vec<(T, FoldCall)>,
     slot_of: impl Fn(&FoldCall) -> Option<u16>,
 ) -> Vec<Vec<(T, FoldCall)>> {
-    let mut packs: Vec<(Option<u16>, usize, usize, Vec<(T, FoldCall)>)> = Vec::new();
+    /// A pack as it fills: its slot, its weight and arguments so far, its calls.
+    struct Open<T> {
+        slot: Option<u16>,
+        weight: usize,
+        size: usize,
+        calls: Vec<(T, FoldCall)>,
+    }
+    let mut packs: Vec<Open<T>> = Vec::new();
     for (tag, call) in calls {
         let slot = slot_of(&call);
         let weight = call.cost + PACK_INSTANCE_COST;
         let size = call.keys.len() + call.args.len();
-        let open = packs.iter_mut().rev().find(|(s, w, n, members)| {
-            *s == slot
-                && w + weight <= FOLD_BUDGET
-                && n + size + pack_overhead(members.len() + 1) <= MAX_REQUEST_ARGS
+        let open = packs.iter_mut().rev().find(|p| {
+            p.slot == slot
+                && p.weight + weight <= FOLD_BUDGET
+                && p.size + size + pack_overhead(p.calls.len() + 1) <= MAX_REQUEST_ARGS
         });
         match open {
-            Some((_, w, n, members)) => {
-                *w += weight;
-                *n += size;
-                members.push((tag, call));
+            Some(p) => {
+                p.weight += weight;
+                p.size += size;
+                p.calls.push((tag, call));
             }
-            None => packs.push((slot, weight, size, vec![(tag, call)])),
+            None => packs.push(Open {
+                slot,
+                weight,
+                size,
+                calls: vec![(tag, call)],
+            }),
         }
     }
-    packs
-        .into_iter()
-        .map(|(_, _, _, members)| members)
-        .collect()
+    packs.into_iter().map(|p| p.calls).collect()
 }
 
 /// The order to apply `events` in, member by member (members in the order of their first
@@ -639,6 +648,10 @@ fn in_stream_order(order: Option<&[usize]>, judged: Vec<Outcome>) -> Vec<Outcome
     }
     out
 }
+
+/// An instance's events in the order they are judged in, and that order (indices into
+/// them, as [`by_member`] gives; `None`: their own).
+type Ordered<'a> = (Option<Vec<usize>>, std::borrow::Cow<'a, [ApplyEvent]>);
 
 /// Scopes one `ZADD` of [`registrations`] registers: `ZADD`, the key and `GT`, then two
 /// arguments a scope.
@@ -857,7 +870,7 @@ impl Store {
         // The instances whose share is one unchained fold call go in packs, when the
         // server lets several instances' keys meet in one call (one server, or one slot
         // of a cluster); every other goes as before, call by call.
-        let mut ordered: Vec<(Option<Vec<usize>>, std::borrow::Cow<[ApplyEvent]>)> = Vec::new();
+        let mut ordered: Vec<Ordered> = Vec::new();
         let mut packable = Vec::new();
         let mut alone = Vec::new();
         for (i, (apply, &(_, events))) in applies.iter().zip(&registered).enumerate() {
