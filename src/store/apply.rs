@@ -2,11 +2,13 @@
 //! [`APPLY_CHUNK`] events judged one by one where a fold cannot judge them.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::Ordering;
 
 use fred::prelude::*;
 use fred::types::cluster::ClusterRouting;
 use fred::types::{ClusterHash, CustomCommand};
 use futures_util::future::join_all;
+use tracing::warn;
 
 use super::{
     as_array, as_i64, feed_args, mode_flag, negative_flag, parse_watermark, reply_err, tie_flag,
@@ -889,7 +891,7 @@ impl Store {
             }
             ordered.push((order, events));
         }
-        let clustered = self.client().is_clustered();
+        let clustered = self.client().is_clustered() || self.packs_by_slot.load(Ordering::Relaxed);
         let packs = pack(packable, |call| {
             clustered.then(|| {
                 call.keys
@@ -1193,6 +1195,16 @@ impl Store {
             )
             .await;
         let replies = match sent {
+            // A server that takes one slot a call (nothing ran): this pack's calls each
+            // by itself, and from now on packs of one slot.
+            Err(e) if e.details().starts_with("CROSSSLOT") => {
+                self.packs_by_slot.store(true, Ordering::Relaxed);
+                warn!(
+                    "packed fold calls refused ({}): packing one slot a call from now on",
+                    e.details()
+                );
+                return join_all(pack.into_iter().map(|call| self.fold(client, call))).await;
+            }
             Ok(reply) => as_array(reply)
                 .filter(|r| r.len() == pack.len())
                 .ok_or_else(|| reply_err("fold: a packed call's reply is not one per instance")),

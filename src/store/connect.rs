@@ -443,6 +443,7 @@ impl Store {
             durability: Durability::default(),
             replicas_auto: tokio::sync::OnceCell::new(),
             legacy: Default::default(),
+            packs_by_slot: Default::default(),
             failed,
             generations: Default::default(),
             script_calls: ScriptCalls::Auto,

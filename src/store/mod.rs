@@ -209,6 +209,10 @@ pub struct Store {
     /// Instances (by legacy `seen` key) found holding the raw-id ZSet of the layout before
     /// digests, and when: their apply calls carry the raw ids for a while.
     legacy: std::sync::Mutex<std::collections::HashMap<String, Instant>>,
+    /// Whether the server refused a packed call whose instances sit in several slots
+    /// (`CROSSSLOT`: a proxy or a cluster node in front of a client that is not a
+    /// cluster's): then packs hold the instances of one slot only.
+    packs_by_slot: std::sync::atomic::AtomicBool,
     /// The last connection error, cleared by a (re)connection: with no connection up, Redis
     /// is known to be down (see [`Store::known_down`]).
     failed: Arc<std::sync::Mutex<Option<String>>>,

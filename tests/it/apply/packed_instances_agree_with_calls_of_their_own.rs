@@ -14,6 +14,8 @@ use rollboard::store::{ApplyEvent, Outcome, Store};
 use crate::support::boards::{ev, scoped, set_string, with_fresh_store};
 use crate::support::instances::{contents_of, shaped, twin};
 use crate::support::proptests::run_cases_threaded;
+use crate::support::wait::wait_for;
+use std::time::Duration;
 
 const SLICE: i64 = 1_000;
 const NOW: i64 = 1_000_000;
@@ -202,4 +204,118 @@ async fn one_instance_failing_in_a_pack_fails_alone() {
     // member read, which is none: its ranking is empty.
     let count: u64 = store.client().zcard(bad.result()).await.expect("zcard");
     assert_eq!(count, 0);
+}
+
+/// A cluster node owning every slot, for a client that is not a cluster's (as a proxy in
+/// front of several shards answers): it refuses a script whose keys sit in several slots
+/// with `CROSSSLOT`, and runs one whose keys share a slot.
+struct OneNodeCluster {
+    child: std::process::Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl OneNodeCluster {
+    async fn start() -> OneNodeCluster {
+        use crate::support::redis::{free_port, SpawnIn};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let port = free_port();
+        let child = std::process::Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args([
+                "--cluster-enabled",
+                "yes",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .spawn_in(dir.path());
+        let node = OneNodeCluster {
+            child,
+            port,
+            _dir: dir,
+        };
+        let cli = |args: &[&str]| node.cli(args);
+        let up = wait_for(Duration::from_secs(10), || async {
+            cli(&["PING"]).contains("PONG")
+        })
+        .await;
+        assert!(up, "the node answers");
+        cli(&["CLUSTER", "ADDSLOTSRANGE", "0", "16383"]);
+        let ok = wait_for(Duration::from_secs(10), || async {
+            cli(&["CLUSTER", "INFO"]).contains("cluster_state:ok")
+        })
+        .await;
+        assert!(ok, "the node owns every slot");
+        node
+    }
+}
+
+impl OneNodeCluster {
+    /// `redis-cli` against the node: its output.
+    fn cli(&self, args: &[&str]) -> String {
+        std::process::Command::new("redis-cli")
+            .args(["-p", &self.port.to_string()])
+            .args(args)
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for OneNodeCluster {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Where the server refuses a packed call of several slots (`CROSSSLOT`: nothing ran),
+/// its instances are applied each by itself, and every batch after it in packs of one
+/// slot: every event counts once, none is lost, no batch fails.
+#[tokio::test]
+async fn a_server_refusing_several_slots_a_call_gets_calls_of_one_slot() {
+    let node = OneNodeCluster::start().await;
+    let store = Store::connect(
+        &format!("redis://127.0.0.1:{}", node.port),
+        "rb",
+        2,
+        rollboard::store::Reconnect::Never,
+    )
+    .await
+    .expect("connect");
+    let board = board_of(0, false);
+    let widest = board.widest();
+    for round in 0..2 {
+        let events: Vec<ApplyEvent> = (0..SCOPES)
+            .map(|i| ev(&format!("r{round}e{i}"), NOW, "ann", 1 + i as i64))
+            .collect();
+        let names: Vec<String> = (0..SCOPES).map(scope_name).collect();
+        let shares: Vec<(Option<&str>, &[ApplyEvent])> = names
+            .iter()
+            .zip(&events)
+            .map(|(s, e)| (Some(s.as_str()), std::slice::from_ref(e)))
+            .collect();
+        let results = store.apply_shares(&board, &shares, NOW).await;
+        for (scope, result) in names.iter().zip(results) {
+            assert_eq!(result.expect(scope), vec![Outcome::Applied], "{scope}");
+        }
+    }
+    // One packed call was refused, the first; none after it.
+    let stats = node.cli(&["INFO", "commandstats"]);
+    let fcall = stats
+        .lines()
+        .find(|l| l.starts_with("cmdstat_fcall:"))
+        .expect("FCALL ran");
+    assert!(fcall.contains("rejected_calls=1,"), "{fcall}");
+    for (i, scope) in (0..SCOPES).map(scope_name).enumerate() {
+        let k = store.instance(&widest, Some(&scope));
+        let score: Option<f64> = store
+            .client()
+            .zscore(k.result(), format!("{:016}:ann", MAX_TOTAL - NOW))
+            .await
+            .expect("zscore");
+        assert_eq!(score, Some(2.0 * (1 + i as i64) as f64), "{scope}");
+    }
 }
