@@ -528,7 +528,11 @@ fn instance_error(reply: &Value) -> Option<StoreError> {
     };
     match parts.as_slice() {
         [code, message] if as_i64(code) == Some(-1) => {
-            let message = message.as_str().map(|m| m.to_string()).unwrap_or_default();
+            // A message may quote stored bytes that are not UTF-8; its code stays first.
+            let message = match message {
+                Value::Bytes(b) => String::from_utf8_lossy(b).into_owned(),
+                other => other.as_str().map(|m| m.to_string()).unwrap_or_default(),
+            };
             Some(StoreError::Redis(fred::error::Error::new(
                 fred::error::ErrorKind::Unknown,
                 message,
@@ -538,28 +542,45 @@ fn instance_error(reply: &Value) -> Option<StoreError> {
     }
 }
 
-/// The KEYS and ARGV of one packed `fold.lua` call of `pack` (layout in `fold.lua`).
-fn packed_call(pack: &[FoldCall]) -> (Vec<String>, Vec<Value>) {
+/// What a packed instance of a board with one window sends after its members (where a
+/// call of its own sends nothing): its two chain tokens (''), V (0) and the dense flag.
+fn one_window_tail(dense: bool) -> [Value; 4] {
+    [
+        Value::from(""),
+        Value::from(""),
+        Value::from(0),
+        Value::from(if dense { "1" } else { "0" }),
+    ]
+}
+
+/// The KEYS and ARGV of one packed `fold.lua` call of `pack`, calls to a board whose
+/// `dense` flag is `dense_rank` (layout in `fold.lua`).
+fn packed_call(pack: &[FoldCall], dense: bool) -> (Vec<String>, Vec<Value>) {
     let mut keys = Vec::with_capacity(pack.iter().map(|c| c.keys.len()).sum());
     let mut args =
         Vec::with_capacity(2 + 2 * pack.len() + pack.iter().map(|c| c.args.len()).sum::<usize>());
     args.push(Value::from("many"));
     args.push(Value::from(pack.len() as i64));
     for call in pack {
+        let tail = if call.chain_at.is_none() { 4 } else { 0 };
         args.push(Value::from(call.keys.len() as i64));
-        args.push(Value::from(call.args.len() as i64));
+        args.push(Value::from((call.args.len() + tail) as i64));
     }
     for call in pack {
         keys.extend(call.keys.iter().cloned());
         args.extend(call.args.iter().cloned());
+        if call.chain_at.is_none() {
+            args.extend(one_window_tail(dense));
+        }
     }
     (keys, args)
 }
 
-/// The arguments a packed call of `pack` sends besides its instances' KEYS and ARGV:
-/// `FCALL`, the function, the key count, 'many', P and two counts per instance.
+/// The arguments a packed call of `instances` instances sends besides their KEYS and
+/// ARGV: `FCALL`, the function, the key count, 'many', P, two counts per instance and the
+/// tail of each on a board with one window ([`one_window_tail`]).
 fn pack_overhead(instances: usize) -> usize {
-    FCALL_ARGS + 2 + 2 * instances
+    FCALL_ARGS + 2 + 6 * instances
 }
 
 /// `calls` (each one instance's whole share of a batch, unchained) cut into packs, in
@@ -902,7 +923,7 @@ impl Store {
         });
         let packed = join_all(packs.into_iter().map(|pack| async {
             let (members, calls): (Vec<usize>, Vec<FoldCall>) = pack.into_iter().unzip();
-            let replies = self.fold_packed(self.client(), calls).await;
+            let replies = self.fold_packed(self.client(), board, calls).await;
             join_all(members.into_iter().zip(replies).map(|(i, reply)| {
                 let (order, events) = &ordered[i];
                 let apply = &applies[i];
@@ -1174,6 +1195,7 @@ impl Store {
     async fn fold_packed(
         &self,
         client: &Client,
+        board: &Board,
         mut pack: Vec<FoldCall>,
     ) -> Vec<Result<Folded, StoreError>> {
         if pack.len() == 1 {
@@ -1184,7 +1206,7 @@ impl Store {
             };
         }
         let weight: usize = pack.iter().map(|c| c.cost + PACK_INSTANCE_COST).sum();
-        let (keys, args) = packed_call(&pack);
+        let (keys, args) = packed_call(&pack, board.dense_rank);
         let sent = self
             .bounded(
                 weight as u32,

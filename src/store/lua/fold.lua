@@ -68,7 +68,8 @@
 -- call of its own, and only its writes are all or nothing: the reply holds P replies, in
 -- order, each the one a call of its own would give, or { -1, error } for one that would
 -- have failed (what it wrote before failing stays, as for a call of its own). A packed
--- instance is never chained: its two chain tokens are ''.
+-- instance is never chained: its two chain tokens are ''; on a board with one window too
+-- it sends them, then V (0) and the dense flag, so that its counts can be checked.
 local function fold_one(KEYS, ARGV)
   local meta, result, members, slices, seen, refs, totals, table_key,
     incremental, tie, negative, settings = shared_args(KEYS, ARGV)
@@ -380,13 +381,33 @@ if key_at ~= #KEYS or arg_at ~= #ARGV then
   return fail('packed: the counts name ' .. key_at .. ' KEYS and ' .. arg_at .. ' ARGV, not '
     .. #KEYS .. ' and ' .. #ARGV)
 end
+-- Every instance's counts, against what its own ARGV say it holds (S slices, M members, a
+-- feed when its top is above 0, V narrower windows and the dense flag, which a packed
+-- instance always sends, after its two chain tokens), before any instance runs: counts
+-- that add up but cut the instances in the wrong places are refused whole.
+arg_at = 2 + 2 * P
+for i = 1, P do
+  local nk, na = tonumber(ARGV[1 + 2 * i]), tonumber(ARGV[2 + 2 * i])
+  local S, M, top = tonumber(ARGV[arg_at + 8]), tonumber(ARGV[arg_at + 9]), tonumber(ARGV[arg_at + 12])
+  local V = M and tonumber(ARGV[arg_at + 15 + M + 3])
+  if not (S and M and top and V) or S % 1 ~= 0 or M % 1 ~= 0 or V % 1 ~= 0 or S < 0 or M < 0
+    or V < 0 then
+    return fail('packed: instance ' .. i .. ' has no slice, member or window counts')
+  end
+  local per_window = (top > 0 and 1 or 0) + (ARGV[arg_at + 15 + M + 4] == '1' and 1 or 0)
+  if na ~= 15 + M + 4 + 2 * V or nk ~= 8 + 2 * S + per_window + V * (6 + S + per_window) then
+    return fail('packed: instance ' .. i .. ' is not cut where its counts say')
+  end
+  arg_at = arg_at + na
+end
 local out = {}
 key_at, arg_at = 0, 2 + 2 * P
 for i = 1, P do
   local nk, na = tonumber(ARGV[1 + 2 * i]), tonumber(ARGV[2 + 2 * i])
-  local keys, args = {}, {}
-  for j = 1, nk do keys[j] = KEYS[key_at + j] end
-  for j = 1, na do args[j] = ARGV[arg_at + j] end
+  -- Each table made in one step, at its size (a request holds at most 3 999 arguments,
+  -- within what `unpack` returns).
+  local keys = { unpack(KEYS, key_at + 1, key_at + nk) }
+  local args = { unpack(ARGV, arg_at + 1, arg_at + na) }
   key_at, arg_at = key_at + nk, arg_at + na
   -- A script's own refusal is returned as an error reply (fail); a `redis.call` that
   -- fails raises Redis's error (its code first: `WRONGTYPE ...`), and Lua's own errors

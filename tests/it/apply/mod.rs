@@ -7,5 +7,6 @@ mod failed_calls_and_refunds_lose_nothing;
 mod fast_path_agrees_with_exact_path;
 mod member_layouts_read_back;
 mod one_call_in_flight_counts_exactly;
+mod packed_attacks;
 mod packed_instances_agree_with_calls_of_their_own;
 mod totals_ties_and_pages;
