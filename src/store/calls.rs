@@ -69,6 +69,28 @@ impl Calling {
         Ok(())
     }
 
+    /// Loads what a call of `function` needs: the library, or that one script's text (on a
+    /// cluster, on every master).
+    async fn load_one(
+        self,
+        client: &Client,
+        function: &super::Function,
+    ) -> Result<(), fred::error::Error> {
+        let script = lua::eval_scripts().iter().find(|s| s.sha == function.sha);
+        match (self, script) {
+            (Calling::Eval, Some(script)) => {
+                let text = script.text.as_str();
+                if client.is_clustered() {
+                    client.script_load_cluster::<Value, _>(text).await?;
+                } else {
+                    client.script_load::<Value, _>(text).await?;
+                }
+                Ok(())
+            }
+            _ => self.load(client).await,
+        }
+    }
+
     /// The command (and its arguments) that tells whether one master holds every script:
     /// `FUNCTION LIST LIBRARYNAME <name>` answers an empty list when it does not,
     /// `SCRIPT EXISTS <sha>...` a 0 for each script it lacks.
@@ -139,25 +161,39 @@ pub(super) fn probe_args<S: AsRef<str>>(probes: &[Vec<S>]) -> Vec<Value> {
     args
 }
 
-/// Sends a script call with `send`; when Redis does not hold the script (nothing ran: a
-/// server restarted without persistence, a promoted replica, a flush), loads the scripts
-/// through `client` and sends it once more.
+/// How many times a call that found its script missing is sent again, each after loading
+/// that script: a cache flushed again between a load and its resend (a `SCRIPT FLUSH`
+/// loop, a failover racing a reload) misses once more, and nothing ran either time.
+const RESENDS_WHEN_MISSING: usize = 4;
+
+/// Sends a script call of `function` with `send`; when Redis does not hold the script
+/// (nothing ran: a server restarted without persistence, a promoted replica, a flush),
+/// loads it through `client` and sends the call once more, up to
+/// [`RESENDS_WHEN_MISSING`] times. Only the script called is loaded before its resend (by
+/// `EVALSHA`, one `SCRIPT LOAD`; by functions, the library), so the window in which
+/// another flush can undo the load is one round trip, not one per script; the others
+/// load at their own first miss, or at readiness.
 pub(super) async fn reloading<F, Fut>(
     client: &Client,
     calling: Calling,
+    function: &super::Function,
     send: F,
 ) -> Result<Value, fred::error::Error>
 where
     F: Fn() -> Fut,
     Fut: Future<Output = Result<Value, fred::error::Error>>,
 {
-    match send().await {
-        Err(e) if calling.missing(&e) => {
-            calling.load(client).await?;
-            send().await
+    let mut reply = send().await;
+    for _ in 0..RESENDS_WHEN_MISSING {
+        match reply {
+            Err(e) if calling.missing(&e) => {
+                calling.load_one(client, function).await?;
+                reply = send().await;
+            }
+            reply => return reply,
         }
-        reply => reply,
     }
+    reply
 }
 
 /// Whether `e` is Redis refusing a command for good (an ACL's `NOPERM`, a command the

@@ -412,7 +412,7 @@ impl Store {
         args: Vec<Value>,
     ) -> Result<Value, fred::error::Error> {
         let calling = self.calling_for_call().await?;
-        let out = calls::reloading(client, calling, || async {
+        let out = calls::reloading(client, calling, function, || async {
             match calling {
                 Calling::Functions => {
                     client

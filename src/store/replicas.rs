@@ -155,7 +155,7 @@ impl Store {
         let written = keys;
         let script_call = CustomCommand::new(command, route, false);
         let once = self.once(client);
-        let out = super::calls::reloading(client, calling, || {
+        let out = super::calls::reloading(client, calling, function, || {
             once.custom(script_call.clone(), call.clone())
         })
         .await;
