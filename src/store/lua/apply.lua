@@ -146,7 +146,7 @@ if #live == 0 then return status end
 
 -- The digest table: its state and every bucket the chunk's digests address; the legacy
 -- ZSet looked up unless the table's `#c` says there is none (marked here as in fold.lua).
-local L, p, held, table_refused, clean, bucket0 = table_state(table_key, 0)
+local L, p, held, table_refused, clean, bucket0, stated = table_state(table_key, 0)
 if table_refused then return table_refused end
 local remembered, mark_clean = {}, false
 if not clean then
@@ -289,7 +289,7 @@ if #added > 0 then
     logs[s][#logs[s] + 1] = string.sub(d, 1, 4)
   end
   write_table(table_key, L, p, held + #added, dirty, buckets, bucket_field, forgotten_through,
-    mark_clean)
+    mark_clean, stated)
   for s, entries in pairs(logs) do variadic('RPUSH', log_key[s], entries) end
 end
 for _, view in ipairs(views) do

@@ -34,18 +34,18 @@ end
 local function field_of(a) return string.format('%d', a) end
 
 -- The table's level, split pointer and entries held, each `absent` when the table has no
--- state, then nil, whether `#c` marks the instance free of the legacy ZSet, and bucket 0
--- as stored (nil for none; read in the same HMGET: on a table of level 0 with no split,
--- as every small instance's, it is the only bucket); or, when its state is not three
--- integers in range, three nils and the error.
+-- state, then nil, whether `#c` marks the instance free of the legacy ZSet, bucket 0 as
+-- stored (nil for none; read in the same HMGET: on a table of level 0 with no split, as
+-- every small instance's, it is the only bucket) and whether the table has a state; or,
+-- when its state is not three integers in range, three nils and the error.
 local function table_state(table_key, absent)
   local state = redis.call('HMGET', table_key, '#L', '#p', '#n', '#c', '0')
-  if not (state[1] or state[2] or state[3]) then return absent, absent, absent, nil, false, state[5] end
+  if not (state[1] or state[2] or state[3]) then return absent, absent, absent, nil, false, state[5], false end
   local L, p, held = integer(state[1]), integer(state[2]), integer(state[3])
   if not L or not p or not held or L < 0 or L > 40 or p < 0 or p >= 2 ^ L or held < 0 then
     return nil, nil, nil, fail('corrupt: ' .. table_key .. ' state #L/#p/#n')
   end
-  return L, p, held, nil, state[4] == '1', state[5]
+  return L, p, held, nil, state[4] == '1', state[5], true
 end
 
 -- The buckets of the keys at bytes from, from + step, ... to of `blob` (a digest, or a
@@ -115,7 +115,8 @@ end
 
 -- How many of the digests at bytes from, from + DIGEST, ... to of `blob` the buckets hold
 -- in an entry of a slice newer than `through` (the digest at byte i is looked for in
--- bucket addr[(i - 1) / DIGEST + 1], as locate numbers them); each one held is also marked
+-- bucket addr[(i - 1) / DIGEST + 1], as locate numbers them; in bucket 0 for every digest
+-- when `addr` is nil, a table of one bucket); each one held is also marked
 -- in `found` (by that number) when given. One loop over the batch, as locate.
 local function held_of(blob, from, to, addr, buckets, through, found)
   local byte, sub, find = string.byte, string.sub, string.find
@@ -123,7 +124,7 @@ local function held_of(blob, from, to, addr, buckets, through, found)
   local n = 0
   for i = from, to, digest do
     local k = (i - 1) / digest + 1
-    local bucket = buckets[addr[k]]
+    local bucket = buckets[addr and addr[k] or 0]
     if #bucket > 0 then
       local d = sub(blob, i, i + digest - 1)
       local j = 1
@@ -149,15 +150,15 @@ end
 
 -- Writes the buckets in `changed` (address -> new value; an emptied bucket is deleted)
 -- and, first, the state fields and values in `set`; `field` holds the Hash field of some
--- of the addresses (read_buckets).
+-- of the addresses (read_buckets; nil for none).
 local function write_buckets(table_key, set, changed, field)
   local gone -- the emptied buckets' fields, made for the first (most calls empty none)
   for a, v in pairs(changed) do
     if v == '' then
       gone = gone or {}
-      gone[#gone + 1] = field[a] or field_of(a)
+      gone[#gone + 1] = field and field[a] or field_of(a)
     else
-      set[#set + 1] = field[a] or field_of(a)
+      set[#set + 1] = field and field[a] or field_of(a)
       set[#set + 1] = v
     end
   end
@@ -170,10 +171,11 @@ end
 -- held. Splits buckets while the table is over its load (bounded: at most one per LOAD
 -- inserts, and one more; every bucket a split touches was read and checked in phase 1),
 -- then writes the changed buckets and the state (with `#c` when `clean`: the caller found
--- no legacy ZSet).
-local function write_table(table_key, L, p, held, dirty, buckets, field, through, clean)
+-- no legacy ZSet). `stated`: the table had a state, level L and split pointer p (as
+-- table_state read them): then `#L` and `#p` are written only when a split changed them.
+local function write_table(table_key, L, p, held, dirty, buckets, field, through, clean, stated)
   local byte, sub, format = string.byte, string.sub, string.format
-  local size = 2 ^ L
+  local size, L0, p0 = 2 ^ L, L, p
   while held > LOAD * (size + p) do
     local v = dirty[p]
     if v == nil then v = buckets[p] end
@@ -202,9 +204,15 @@ local function write_table(table_key, L, p, held, dirty, buckets, field, through
       L, p, size = L + 1, 0, 2 * size
     end
   end
-  local state = { '#L', format('%d', L), '#p', format('%d', p), '#n', format('%d', held) }
+  local state = { '#n', format('%d', held) }
+  if not stated or L ~= L0 then
+    state[#state + 1], state[#state + 2] = '#L', format('%d', L)
+  end
+  if not stated or p ~= p0 then
+    state[#state + 1], state[#state + 2] = '#p', format('%d', p)
+  end
   if clean then
-    state[7], state[8] = '#c', '1'
+    state[#state + 1], state[#state + 2] = '#c', '1'
   end
   write_buckets(table_key, state, dirty, field)
 end

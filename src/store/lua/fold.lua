@@ -167,7 +167,7 @@ local function fold_one(KEYS, ARGV)
   -- The digest table: its state and every bucket the live digests address. Its `#c` says
   -- the instance holds no legacy ZSet; without it, that is looked up (and `#c` written with
   -- the table when there is none).
-  local L, p, held, table_refused, clean, bucket0 = table_state(table_key, 0)
+  local L, p, held, table_refused, clean, bucket0, stated = table_state(table_key, 0)
   if table_refused then return table_refused end
   local mark_clean = false
   if not clean then
@@ -177,15 +177,10 @@ local function fold_one(KEYS, ARGV)
     end
     mark_clean = true
   end
-  -- addr[k]: the bucket of the k-th digest of the blob (at byte DIGEST * (k - 1) + 1).
-  local wanted, listed_bucket, addr = {}, {}, {}
-  local remembered = 0
-  for s = 1, S do
-    if not late[s] then
-      remembered = remembered + (last[s] - first[s] + 1) / DIGEST
-      locate(blob, first[s], last[s], DIGEST, L, p, addr, wanted, listed_bucket)
-    end
-  end
+  -- addr[k]: the bucket of the k-th digest of the blob (at byte DIGEST * (k - 1) + 1); nil
+  -- for a table of one bucket, where every digest is in bucket 0.
+  local addr, buckets, bucket_field
+  local remembered = live_count
   -- The forget logs that will be appended to, read so that their type is checked too; all
   -- but the first live slice's, whose RPUSH is phase 2's first write (below).
   local unchecked = nil
@@ -194,11 +189,26 @@ local function fold_one(KEYS, ARGV)
       if unchecked then redis.call('LLEN', KEYS[8 + S + s]) else unchecked = s end
     end
   end
-  -- The buckets the inserts would split.
-  splits_ahead(L, p, held + remembered, wanted, listed_bucket)
-  local bucket_field = {}
-  local buckets, buckets_refused = read_buckets(table_key, wanted, bucket_field, bucket0)
-  if not buckets then return buckets_refused end
+  if L == 0 and p == 0 and held + remembered <= LOAD then
+    -- A table of one bucket that the inserts do not split (every small instance's): each
+    -- digest is in bucket 0, which table_state read.
+    buckets = { [0] = bucket0 or '' }
+    if #buckets[0] % ENTRY ~= 0 then
+      return fail('corrupt: ' .. table_key .. ' bucket 0 is ' .. #buckets[0] .. ' bytes')
+    end
+  else
+    local wanted, listed_bucket = {}, {}
+    addr = {}
+    for s = 1, S do
+      if not late[s] then locate(blob, first[s], last[s], DIGEST, L, p, addr, wanted, listed_bucket) end
+    end
+    -- The buckets the inserts would split.
+    splits_ahead(L, p, held + remembered, wanted, listed_bucket)
+    bucket_field = {}
+    local buckets_refused
+    buckets, buckets_refused = read_buckets(table_key, wanted, bucket_field, bucket0)
+    if not buckets then return buckets_refused end
+  end
 
   -- The duplicates among the live events.
   local dups = 0
@@ -222,8 +232,7 @@ local function fold_one(KEYS, ARGV)
 
   -- Member state: z0, each known member's ZSet member, and t0, its tie-break time (none
   -- under tie 'n'); totals and slice counts.
-  local names = {}
-  for i = 1, M do names[i] = ARGV[member_base + i] end
+  local names = { unpack(ARGV, member_base + 1, member_base + M) }
   local z0, t0, total0, refs0, members_refused = member_state(members, result, totals, refs, names,
     tie, incremental, negative)
   if members_refused then return members_refused end
@@ -232,18 +241,15 @@ local function fold_one(KEYS, ARGV)
   for i = 1, M do bound[i] = 0 end
 
   -- Groups of the live slices, per slice: the fields they touch. A member of late slices
-  -- only is left as it is. On a board with several windows each live group's slice and
-  -- newest time are kept for the narrower windows too.
+  -- only is left as it is.
   local by_slice, newest = {}, {}
-  local g_member, g_sum, g_abs = {}, {}, {}
-  local g_slice, g_newest
-  if V > 0 then g_slice, g_newest = {}, {} end
+  -- Group g's numbers are nums[group_base + 5 * g - 4 ...]: its member index, slice index,
+  -- sum, absolute amounts and newest time (read there, not copied to tables of their own).
   for g = 1, G do
     local b = group_base + 5 * (g - 1)
     local m, s = nums[b + 1], nums[b + 2]
     if not late[s] then
-      g_member[g], g_sum[g], g_abs[g] = m, nums[b + 3], nums[b + 4]
-      bound[m] = bound[m] + g_abs[g]
+      bound[m] = bound[m] + nums[b + 4]
       local t = nums[b + 5]
       if not newest[m] or t > newest[m] then newest[m] = t end
       local list = by_slice[s]
@@ -252,13 +258,12 @@ local function fold_one(KEYS, ARGV)
         by_slice[s] = list
       end
       list[#list + 1] = g
-      if g_slice then g_slice[g], g_newest[g] = s, t end
     end
   end
 
   -- The fields the groups touch, read and checked (members.lua): `slow` when a field or a
   -- total could pass 2^53 - 1 part-way, as event by event the order would matter.
-  local touched, numbers, g_old = group_fields(KEYS, 8, by_slice, names, g_member, g_abs, slice_no,
+  local touched, numbers, g_old = group_fields(KEYS, 8, by_slice, names, nums, group_base, slice_no,
     bound, total0)
   if touched == false then
     out[1] = 2
@@ -275,10 +280,11 @@ local function fold_one(KEYS, ARGV)
     local vbound, vnewest, vby_slice = {}, {}, {}
     for i = 1, M do vbound[i] = 0 end
     for g = 1, G do
-      local s = g_slice[g]
-      if s and slice_no[s] > view.watermark then
-        local m, t = g_member[g], g_newest[g]
-        vbound[m] = vbound[m] + g_abs[g]
+      local b = group_base + 5 * (g - 1)
+      local s = nums[b + 2]
+      if not late[s] and slice_no[s] > view.watermark then
+        local m, t = nums[b + 1], nums[b + 5]
+        vbound[m] = vbound[m] + nums[b + 4]
         if not vnewest[m] or t > vnewest[m] then vnewest[m] = t end
         local list = vby_slice[s]
         if not list then
@@ -288,8 +294,8 @@ local function fold_one(KEYS, ARGV)
         list[#list + 1] = g
       end
     end
-    local vtouched, vnumbers, vg_old = group_fields(KEYS, view.slice_at, vby_slice, names, g_member,
-      g_abs, slice_no, vbound, vtotal0)
+    local vtouched, vnumbers, vg_old = group_fields(KEYS, view.slice_at, vby_slice, names, nums,
+      group_base, slice_no, vbound, vtotal0)
     if vtouched == false then
       out[1] = 2
       return out
@@ -324,7 +330,7 @@ local function fold_one(KEYS, ARGV)
       local tag = tag_of(slice_no[s])
       local log = {}
       for i = first[s], last[s], DIGEST do
-        local a = addr[(i - 1) / DIGEST + 1]
+        local a = addr and addr[(i - 1) / DIGEST + 1] or 0
         dirty[a] = (dirty[a] or buckets[a]) .. sub(blob, i, i + DIGEST - 1) .. tag
         log[#log + 1] = sub(blob, i, i + 3)
       end
@@ -332,7 +338,7 @@ local function fold_one(KEYS, ARGV)
     end
   end
   write_table(table_key, L, p, held + remembered, dirty, buckets, bucket_field, forgotten_through,
-    mark_clean)
+    mark_clean, stated)
   pin_settings(meta, stored, settings)
   for v = 1, V do
     local view = narrower[v]
@@ -340,7 +346,7 @@ local function fold_one(KEYS, ARGV)
   end
 
   local total, refs_new = write_groups(KEYS, 8, slices, touched, numbers, listed, by_slice, g_old,
-    names, g_member, g_sum, total0, refs0)
+    names, nums, group_base, total0, refs0)
   -- A member whose events are all late (no newest time) is left as it is.
   write_members(members, result, totals, refs, incremental, tie, negative, names, z0, t0, nil,
     newest, total0, total, refs0, refs_new, dense)
@@ -352,7 +358,7 @@ local function fold_one(KEYS, ARGV)
     local view = narrower[v]
     if #view.touched > 0 then
       local vtotal, vrefs_new = write_groups(KEYS, view.slice_at, view.slices, view.touched,
-        view.numbers, view.listed, view.by_slice, view.g_old, names, g_member, g_sum, view.total0,
+        view.numbers, view.listed, view.by_slice, view.g_old, names, nums, group_base, view.total0,
         view.refs0)
       write_members(view.members, view.result, view.totals, view.refs, incremental, tie, negative,
         names, view.z0, view.t0, nil, view.newest, view.total0, vtotal, view.refs0, vrefs_new,

@@ -83,15 +83,15 @@ end
 
 -- For fold.lua, whose caller sums the events' amounts per (member, slice), a "group": the
 -- fields one window's groups touch and their checks. `by_slice` maps a slice index to the
--- window's groups there, group g of member index g_member[g] with absolute amounts
--- g_abs[g]; slice i's Hash is keys[slice_at + i] and its number slice_no[i]. Reads each
+-- window's groups there, group g of member index gs[gb + 5 * g - 4] with absolute amounts
+-- gs[gb + 5 * g - 1] (fold.lua's numbers, `gb` where its groups begin); slice i's Hash is keys[slice_at + i] and its number slice_no[i]. Reads each
 -- slice's fields (one HMGET per slice) and checks that no field, and no member's total
 -- (total0[i], with bound[i] the absolute amounts of member i's groups there), could pass
 -- 2^53 - 1 part-way. Returns the touched slices' indices and numbers and each group's
 -- field before the call (old[g], nil for none); or false when a value could pass that
 -- bound (the events are then judged one by one); or nil and the error naming a value that
 -- is not an integer.
-local function group_fields(keys, slice_at, by_slice, names, g_member, g_abs, slice_no, bound,
+local function group_fields(keys, slice_at, by_slice, names, gs, gb, slice_no, bound,
                             total0)
   local abs, format = math.abs, string.format
   local touched, numbers, old = {}, {}, {}
@@ -100,7 +100,7 @@ local function group_fields(keys, slice_at, by_slice, names, g_member, g_abs, sl
     if list then
       local key = keys[slice_at + s]
       local wanted = {}
-      for k, g in ipairs(list) do wanted[k] = names[g_member[g]] end
+      for k, g in ipairs(list) do wanted[k] = names[gs[gb + 5 * g - 4]] end
       local values = variadic('HMGET', key, wanted)
       for k, g in ipairs(list) do
         local v = values[k]
@@ -110,8 +110,8 @@ local function group_fields(keys, slice_at, by_slice, names, g_member, g_abs, sl
             return nil, fail('corrupt: ' .. key .. ' holds ' .. v .. ' for ' .. wanted[k])
           end
           old[g] = n
-          if abs(n) + g_abs[g] > LIMIT then return false end
-        elseif g_abs[g] > LIMIT then
+          if abs(n) + gs[gb + 5 * g - 1] > LIMIT then return false end
+        elseif gs[gb + 5 * g - 1] > LIMIT then
           return false
         end
       end

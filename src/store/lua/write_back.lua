@@ -17,12 +17,12 @@ end
 
 -- For fold.lua: writes one window's groups (as members.lua group_fields reads them: the
 -- slices `touched`, with their numbers, `by_slice`, each group's field before the call
--- old[g], and group g adding g_sum[g] to member index g_member[g]) to its slice Hashes
--- (slice i at keys[slice_at + i]) and its slice registry `registry` (`listed`: its ZMSCORE
--- of `numbers`). Returns each member's total and slice count after the call, by member
+-- old[g], and group g adding gs[gb + 5 * g - 2] to member index gs[gb + 5 * g - 4]) to its
+-- slice Hashes (slice i at keys[slice_at + i]) and its slice registry `registry` (`listed`:
+-- its ZMSCORE of `numbers`). Returns each member's total and slice count after the call, by member
 -- index, from total0 and refs0 before it.
 local function write_groups(keys, slice_at, registry, touched, numbers, listed, by_slice, old,
-                            names, g_member, g_sum, total0, refs0)
+                            names, gs, gb, total0, refs0)
   local format = string.format
   local total, refs_new = {}, {}
   for i = 1, #names do total[i], refs_new[i] = total0[i], refs0[i] end
@@ -30,11 +30,11 @@ local function write_groups(keys, slice_at, registry, touched, numbers, listed, 
   for k, s in ipairs(touched) do
     local pairs_out = {}
     for _, g in ipairs(by_slice[s]) do
-      local m, was = g_member[g], old[g]
-      total[m] = total[m] + g_sum[g]
+      local m, was, sum = gs[gb + 5 * g - 4], old[g], gs[gb + 5 * g - 2]
+      total[m] = total[m] + sum
       if not was then refs_new[m] = refs_new[m] + 1 end
       pairs_out[#pairs_out + 1] = names[m]
-      pairs_out[#pairs_out + 1] = format('%d', (was or 0) + g_sum[g])
+      pairs_out[#pairs_out + 1] = format('%d', (was or 0) + sum)
     end
     write_slice(keys[slice_at + s], pairs_out, listed[k], numbers[k], registered)
   end
