@@ -276,9 +276,6 @@ for _, view in ipairs(views) do
 end
 
 -- Phase 2: write. Every key's type and every value were checked above.
-for _, view in ipairs(views) do
-  if view.any then pin_settings(view.meta, view.stored, view.settings) end
-end
 if #added > 0 then
   local dirty, logs = {}, {}
   for _, k in ipairs(added) do
@@ -319,7 +316,7 @@ for _, view in ipairs(views) do
     write_members(view.members, view.result, view.totals, view.refs, incremental, tie, negative, names,
       z0, nil, z, t, view.total0, view.total, view.refs0, view.refs_new, view.dense)
     if view.feed then record_changes(view.feed, view.old, view.old_totals, view.result, 'tip', now) end
-    write_meta(view.meta, view.gen, now)
+    write_meta(view.meta, view.gen, now, nil, view.stored, view.settings)
   end
 end
 return status

@@ -339,11 +339,6 @@ local function fold_one(KEYS, ARGV)
   end
   write_table(table_key, L, p, held + remembered, dirty, buckets, bucket_field, forgotten_through,
     mark_clean, stated)
-  pin_settings(meta, stored, settings)
-  for v = 1, V do
-    local view = narrower[v]
-    if #view.touched > 0 then pin_settings(view.meta, view.stored, view.settings) end
-  end
 
   local total, refs_new = write_groups(KEYS, 8, slices, touched, numbers, listed, by_slice, g_old,
     names, nums, group_base, total0, refs0)
@@ -351,7 +346,7 @@ local function fold_one(KEYS, ARGV)
   write_members(members, result, totals, refs, incremental, tie, negative, names, z0, t0, nil,
     newest, total0, total, refs0, refs_new, dense)
   if feed then record_changes(feed, old, old_totals, result, 'tip', now) end
-  write_meta(meta, gen, now, token)
+  write_meta(meta, gen, now, token, stored, settings)
   -- The narrower windows a group counts in, as the widest; the chain token stays on the
   -- widest's meta.
   for v = 1, V do
@@ -364,7 +359,7 @@ local function fold_one(KEYS, ARGV)
         names, view.z0, view.t0, nil, view.newest, view.total0, vtotal, view.refs0, vrefs_new,
         view.dense)
       if view.feed then record_changes(view.feed, view.old, view.old_totals, view.result, 'tip', now) end
-      write_meta(view.meta, view.gen, now)
+      write_meta(view.meta, view.gen, now, nil, view.stored, view.settings)
     end
   end
   return out

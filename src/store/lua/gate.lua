@@ -65,8 +65,3 @@ local function gate(meta, stored, settings, now, width, per_window)
   end
   return now, watermark, gen
 end
-
--- Phase 2: pins the caller's settings on an instance that has none yet.
-local function pin_settings(meta, stored, settings)
-  if not stored[SETTINGS] then redis.call('HSET', meta, 'settings', settings) end
-end

@@ -117,14 +117,15 @@ end
 
 -- The last write: `gen` was checked in phase 1 (gate, which gives it as a number), so one
 -- HSET both bumps it and records when the ranking last changed (`changed_ms`, the `as_of`
--- of a query) at no extra command, and leaves the chain `token` (fold.lua) when there is
--- one.
-local function write_meta(meta, gen, now, token)
+-- of a query) at no extra command, leaves the chain `token` (fold.lua) when there is one,
+-- and pins the caller's settings fingerprint on an instance that has none yet (`stored`,
+-- read_meta's reply; see gate.lua).
+local function write_meta(meta, gen, now, token, stored, settings)
   local format = string.format
-  local next_gen = format('%d', gen + 1)
-  if token and token ~= '' then
-    redis.call('HSET', meta, 'gen', next_gen, 'changed_ms', format('%d', now), 'chain', token)
-  else
-    redis.call('HSET', meta, 'gen', next_gen, 'changed_ms', format('%d', now))
+  local out = { 'gen', format('%d', gen + 1), 'changed_ms', format('%d', now) }
+  if token and token ~= '' then out[5], out[6] = 'chain', token end
+  if not stored[SETTINGS] then
+    out[#out + 1], out[#out + 2] = 'settings', settings
   end
+  redis.call('HSET', meta, unpack(out))
 end
