@@ -6,6 +6,7 @@ mod data_errors_are_not_a_missing_library;
 mod failed_calls_and_refunds_lose_nothing;
 mod fast_path_agrees_with_exact_path;
 mod member_layouts_read_back;
+mod one_bucket_attacks;
 mod one_call_in_flight_counts_exactly;
 mod packed_attacks;
 mod packed_instances_agree_with_calls_of_their_own;
