@@ -17,13 +17,9 @@
 -- its slice is newer than the newest slice whose ids may be forgotten (`through`, mod
 -- 2^32): a key is one instance-wide set, so a repeat is a duplicate whatever slice it
 -- falls in (the first applied wins). Each remembered entry also appends h to its slice's
--- forget log, from which the roll (trim_seen.lua) removes the slice's entries when they
--- may be forgotten. The log's first entries (up to LOG_FIELD, as fold.lua writes them) are
--- the table's own field `~<n>`, read and written by the same HMGET and HSET as the
--- table's state, so that a small instance's call sends no command for its logs; the rest,
--- and every entry apply.lua remembers, are the List `seen:<n>`. A slice's log is both.
+-- forget log (`seen:<n>`), from which the roll (trim_seen.lua) removes the slice's entries
+-- when they may be forgotten.
 local LOAD = 16 -- entries per bucket, on average, before a split
-local LOG_FIELD = 64 -- most forget-log entries of one slice kept in the table's own field
 local DIGEST, ENTRY = 16, 20 -- bytes per digest, and per table entry (digest and slice tag)
 local WRAP, HALF = 4294967296, 2147483648
 
@@ -37,32 +33,19 @@ end
 -- The Hash field of the bucket at address `a`.
 local function field_of(a) return string.format('%d', a) end
 
--- The table field holding the start of slice `n`'s forget log.
-local function log_field_of(n) return string.format('~%d', n) end
-
 -- The table's level, split pointer and entries held, each `absent` when the table has no
 -- state, then nil, whether `#c` marks the instance free of the legacy ZSet, bucket 0 as
 -- stored (nil for none; read in the same HMGET: on a table of level 0 with no split, as
--- every small instance's, it is the only bucket), whether the table has a state, and the
--- values of the fields `extra` (the forget-log fields a caller names; nil when it names
--- none), read in the same HMGET; or, when its state is not three integers in range, three
--- nils and the error.
-local function table_state(table_key, absent, extra)
-  local state
-  if extra then
-    state = redis.call('HMGET', table_key, '#L', '#p', '#n', '#c', '0', unpack(extra))
-    extra = { unpack(state, 6, 5 + #extra) }
-  else
-    state = redis.call('HMGET', table_key, '#L', '#p', '#n', '#c', '0')
-  end
-  if not (state[1] or state[2] or state[3]) then
-    return absent, absent, absent, nil, false, state[5], false, extra
-  end
+-- every small instance's, it is the only bucket) and whether the table has a state; or,
+-- when its state is not three integers in range, three nils and the error.
+local function table_state(table_key, absent)
+  local state = redis.call('HMGET', table_key, '#L', '#p', '#n', '#c', '0')
+  if not (state[1] or state[2] or state[3]) then return absent, absent, absent, nil, false, state[5], false end
   local L, p, held = integer(state[1]), integer(state[2]), integer(state[3])
   if not L or not p or not held or L < 0 or L > 40 or p < 0 or p >= 2 ^ L or held < 0 then
     return nil, nil, nil, fail('corrupt: ' .. table_key .. ' state #L/#p/#n')
   end
-  return L, p, held, nil, state[4] == '1', state[5], true, extra
+  return L, p, held, nil, state[4] == '1', state[5], true
 end
 
 -- The buckets of the keys at bytes from, from + step, ... to of `blob` (a digest, or a
@@ -190,9 +173,7 @@ end
 -- then writes the changed buckets and the state (with `#c` when `clean`: the caller found
 -- no legacy ZSet). `stated`: the table had a state, level L and split pointer p (as
 -- table_state read them): then `#L` and `#p` are written only when a split changed them.
--- `extra` (nil for none): more fields and values to set in the same HSET (forget logs).
-local function write_table(table_key, L, p, held, dirty, buckets, field, through, clean, stated,
-  extra)
+local function write_table(table_key, L, p, held, dirty, buckets, field, through, clean, stated)
   local byte, sub, format = string.byte, string.sub, string.format
   local size, L0, p0 = 2 ^ L, L, p
   while held > LOAD * (size + p) do
@@ -232,9 +213,6 @@ local function write_table(table_key, L, p, held, dirty, buckets, field, through
   end
   if clean then
     state[#state + 1], state[#state + 2] = '#c', '1'
-  end
-  if extra then
-    for i = 1, #extra do state[#state + 1] = extra[i] end
   end
   write_buckets(table_key, state, dirty, field)
 end

@@ -59,9 +59,7 @@
 --
 -- Phase 1 only reads and checks, phase 2 only writes, as in `apply.lua` (whose comments
 -- describe the checks); a call writes all or nothing, in every window. The digest table
--- and the forget logs are described in digest.lua (a live slice's log entries go to the
--- table's field `~<n>` while it holds at most LOG_FIELD, read and written with the table:
--- a small instance's call sends no command for its logs; past that, to its List `seen:<n>`); the checks and writes shared with
+-- and the forget logs are described in digest.lua; the checks and writes shared with
 -- `apply.lua` are in gate.lua, digest.lua, members.lua and write_back.lua.
 -- Several instances in one call ("packed", on a server that is not a cluster, where keys
 -- of several hash tags may meet in one call): ARGV[1] 'many', ARGV[2] P, the instances,
@@ -166,29 +164,11 @@ local function fold_one(KEYS, ARGV)
     return out
   end
 
-  -- The digest table: its state, the live slices' forget-log fields and every bucket the
-  -- live digests address. Its `#c` says the instance holds no legacy ZSet; without it, that
-  -- is looked up (and `#c` written with the table when there is none).
-  local log_fields, log_slice = {}, {}
-  for s = 1, S do
-    if not late[s] then
-      log_fields[#log_fields + 1] = log_field_of(slice_no[s])
-      log_slice[#log_fields] = s
-    end
-  end
-  local L, p, held, table_refused, clean, bucket0, stated, log_heads = table_state(table_key, 0,
-    log_fields)
+  -- The digest table: its state and every bucket the live digests address. Its `#c` says
+  -- the instance holds no legacy ZSet; without it, that is looked up (and `#c` written with
+  -- the table when there is none).
+  local L, p, held, table_refused, clean, bucket0, stated = table_state(table_key, 0)
   if table_refused then return table_refused end
-  -- head[s]: the forget-log field of live slice s as stored, when this call's entries of
-  -- the slice fit in it (LOG_FIELD); the others go to the slice's List.
-  local head = {}
-  for j, s in ipairs(log_slice) do
-    local v = log_heads[j] or ''
-    if #v % 4 ~= 0 then
-      return fail('corrupt: ' .. table_key .. ' ' .. log_fields[j] .. ' is ' .. #v .. ' bytes')
-    end
-    if #v / 4 + nums[3 * s] <= LOG_FIELD then head[s] = v end
-  end
   local mark_clean = false
   if not clean then
     if legacy_held(seen) then
@@ -201,11 +181,11 @@ local function fold_one(KEYS, ARGV)
   -- for a table of one bucket, where every digest is in bucket 0.
   local addr, buckets, bucket_field
   local remembered = live_count
-  -- The forget-log Lists that will be appended to, read so that their type is checked too;
-  -- all but the first one's, whose RPUSH is phase 2's first write (below).
+  -- The forget logs that will be appended to, read so that their type is checked too; all
+  -- but the first live slice's, whose RPUSH is phase 2's first write (below).
   local unchecked = nil
   for s = 1, S do
-    if not late[s] and not head[s] then
+    if not late[s] then
       if unchecked then redis.call('LLEN', KEYS[8 + S + s]) else unchecked = s end
     end
   end
@@ -341,11 +321,10 @@ local function fold_one(KEYS, ARGV)
   end
 
   -- Phase 2: write. Every key's type and every value were checked above, but the first
-  -- forget-log List appended to: its RPUSH comes first, so a key of the wrong type there
-  -- fails the call before anything is written. Some slice is live here, so `remembered` >
-  -- 0. dirty[a]: the new value of bucket a; logs: the forget-log fields written with the
-  -- table.
-  local dirty, logs = {}, {}
+  -- live slice's forget log: its RPUSH comes first, so a key of the wrong type there fails
+  -- the call before anything is written. Some slice is live here, so `remembered` > 0.
+  -- dirty[a]: the new value of bucket a.
+  local dirty = {}
   for s = 1, S do
     if not late[s] then
       local tag = tag_of(slice_no[s])
@@ -355,16 +334,11 @@ local function fold_one(KEYS, ARGV)
         dirty[a] = (dirty[a] or buckets[a]) .. sub(blob, i, i + DIGEST - 1) .. tag
         log[#log + 1] = sub(blob, i, i + 3)
       end
-      if head[s] then
-        logs[#logs + 1] = log_field_of(slice_no[s])
-        logs[#logs + 1] = head[s] .. table.concat(log)
-      else
-        variadic('RPUSH', KEYS[8 + S + s], log)
-      end
+      variadic('RPUSH', KEYS[8 + S + s], log)
     end
   end
   write_table(table_key, L, p, held + remembered, dirty, buckets, bucket_field, forgotten_through,
-    mark_clean, stated, logs)
+    mark_clean, stated)
 
   local total, refs_new = write_groups(KEYS, 8, slices, touched, numbers, listed, by_slice, g_old,
     names, nums, group_base, total0, refs0)

@@ -62,10 +62,9 @@ async fn restore_key(store: &Store, key: &str) {
     }
 }
 
-/// The keys a call for `events` reads or writes on this board, once an earlier call has
-/// written its digest table: not the legacy `seen` ZSet, which the table's `#c` then rules
-/// out, nor the forget logs' Lists, which a `fold` call whose logs fit the digest table's
-/// fields does not touch (dedup::digest_table breaks those on their own).
+/// The keys a call of `apply.lua` for `events` reads or writes on this board, once an
+/// earlier call has written its digest table: not the legacy `seen` ZSet, which the table's
+/// `#c` then rules out.
 fn apply_keys(store: &Store, board: &Board, events: &[ApplyEvent]) -> Vec<String> {
     let k = store.instance(&board.widest(), None);
     let mut keys = vec![k.meta(), k.members(), k.slices(), k.seen_table()];
@@ -80,6 +79,7 @@ fn apply_keys(store: &Store, board: &Board, events: &[ApplyEvent]) -> Vec<String
     slices.sort();
     slices.dedup();
     keys.extend(slices.iter().map(|&n| k.slice(n)));
+    keys.extend(slices.iter().map(|&n| k.seen_log(n)));
     keys
 }
 

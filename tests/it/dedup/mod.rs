@@ -2,7 +2,6 @@
 
 mod digest_table;
 mod entry_id_keys;
-mod forget_log_fields;
 mod keys_of_events_without_id;
 mod largest_window_slice_tags;
 mod redelivered_and_late_events;

@@ -139,11 +139,10 @@ pub fn test_boards() -> Vec<Board> {
 /// One entry of an instance's digest table: the id's digest and its slice (mod 2^32).
 pub type SeenEntry = ([u8; 16], u32);
 
-/// Reads the digest table of an instance (the linear hash described in `digest.lua`) and
+/// Reads the digest table of an instance (the linear hash described in `apply.lua`) and
 /// checks its invariants: the state fields, every bucket named by an address below
 /// 2^L + p holding whole 20-byte entries whose digests all address that bucket, and `#n`
-/// equal to the entries held (the forget-log fields `~<n>` are read by [`seen_log_entries`]).
-/// Returns every entry.
+/// equal to the entries held. Returns every entry.
 pub async fn seen_table(store: &Store, view: &View<'_>, scope: Option<&str>) -> Vec<SeenEntry> {
     use fred::prelude::*;
     let key = store.instance(view, scope).seen_table();
@@ -160,7 +159,7 @@ pub async fn seen_table(store: &Store, view: &View<'_>, scope: Option<&str>) -> 
     assert!(split < 1 << level, "{key}: #p {split} with #L {level}");
     let mut out = Vec::new();
     for (field, value) in &fields {
-        if field.starts_with('#') || field.starts_with('~') {
+        if field.starts_with('#') {
             continue;
         }
         let a: u64 = field
@@ -205,59 +204,14 @@ pub async fn remembers(
         .contains(&(digest, n.rem_euclid(1 << 32) as u32))
 }
 
-/// The instance's forget logs that exist, each named by its List's key (`seen:<n>`),
-/// whether its entries are in that List, in the digest table's field `~<n>`, or both.
+/// The instance's forget-log keys (`seen:<n>`) that exist.
 pub async fn seen_logs(store: &Store, view: &View<'_>, scope: Option<&str>) -> Vec<String> {
-    let k = store.instance(view, scope);
-    seen_log_entries(store, view, scope)
-        .await
-        .into_keys()
-        .map(|n| k.seen_log(n))
-        .collect()
-}
-
-/// Every forget log of the instance by slice: the entries (4-byte bucket hashes) of its
-/// field `~<n>` in the digest table, then those of its List `seen:<n>`, each checked to be
-/// 4 bytes.
-pub async fn seen_log_entries(
-    store: &Store,
-    view: &View<'_>,
-    scope: Option<&str>,
-) -> std::collections::BTreeMap<i64, Vec<[u8; 4]>> {
     let table = store.instance(view, scope).seen_table();
-    let base = table.trim_end_matches(":ids");
-    let fields: std::collections::HashMap<String, Vec<u8>> =
-        store.client().hgetall(&table).await.expect("hgetall");
-    let mut out = std::collections::BTreeMap::<i64, Vec<[u8; 4]>>::new();
-    let mut put = |n: i64, bytes: &[u8], what: &str| {
-        assert!(
-            !bytes.is_empty() && bytes.len() % 4 == 0,
-            "{what}: {} bytes",
-            bytes.len()
-        );
-        let log = out.entry(n).or_default();
-        log.extend(bytes.chunks(4).map(|h| <[u8; 4]>::try_from(h).unwrap()));
-    };
-    for (field, value) in &fields {
-        if let Some(n) = field.strip_prefix('~') {
-            let n = n
-                .parse()
-                .unwrap_or_else(|_| panic!("{table}: field {field}"));
-            put(n, value, &format!("{table} {field}"));
-        }
-    }
-    for key in keys_matching(store, &format!("{base}:*")).await {
-        if key == table {
-            continue;
-        }
-        let n = key.rsplit(':').next().and_then(|n| n.parse().ok());
-        let n = n.unwrap_or_else(|| panic!("forget log {key}"));
-        let entries: Vec<Vec<u8>> = store.client().lrange(&key, 0, -1).await.expect("log");
-        for e in &entries {
-            put(n, e, &key);
-        }
-    }
-    out
+    let pattern = format!("{}:*", table.trim_end_matches(":ids"));
+    let mut keys = keys_matching(store, &pattern).await;
+    keys.retain(|k| k != &table);
+    keys.sort();
+    keys
 }
 
 /// Runs both jobs once at `now` over `boards` (`schedule.chunk` = `chunk`): the reports,

@@ -7,7 +7,7 @@ use fred::prelude::*;
 use rollboard::domain::board::{Board, Dedup, View};
 use rollboard::store::Store;
 
-use crate::support::boards::{seen_log_entries, seen_table, variants};
+use crate::support::boards::{seen_logs, seen_table, variants};
 
 /// The slice length and window (in slices) of the boards [`shaped`] builds.
 const SLICE: i64 = 1_000;
@@ -67,9 +67,9 @@ pub async fn contents_of(
         .collect();
     entries.sort();
     out.insert("seen".to_string(), entries);
-    // A log's entries as a set of bucket hashes, wherever they lie (the table's field or
-    // the List: which one depends on how the events were cut into calls).
-    for (n, entries) in seen_log_entries(store, view, scope).await {
+    for key in seen_logs(store, view, scope).await {
+        let n = key.rsplit(':').next().expect("slice").to_string();
+        let entries: Vec<Vec<u8>> = c.lrange(&key, 0, -1).await.expect("log");
         let mut entries: Vec<String> = entries.iter().map(|e| format!("{e:02x?}")).collect();
         entries.sort();
         out.insert(format!("seen log {n}"), entries);
