@@ -13,6 +13,7 @@
 //! cargo bench --bench ingest -- windows      # the cost of a 2nd and 3rd window (valgrind)
 //! cargo bench --bench ingest -- instructions # Redis under callgrind (needs valgrind)
 //! cargo bench --bench ingest -- cost         # rollboard alone on the shipped shapes (valgrind)
+//! ROLLBOARD_BENCH_CALLGRIND_DIR=/tmp/cg cargo bench --bench ingest -- cost  # and keep each dump
 //! ```
 //!
 //! Four workloads: `Skewed` (a power law over 10 000 rooms) and `Uniform` (100 000 rooms)

@@ -154,6 +154,7 @@ impl RedisServer {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+        keep_dump(&file)?;
         let report = Command::new("callgrind_annotate")
             .args(["--inclusive=yes", "--threshold=100"])
             .arg(&file)
@@ -470,4 +471,20 @@ pub fn cpu(pid: u32) -> Duration {
         })
         .unwrap_or(0);
     Duration::from_millis(ticks * 10)
+}
+
+/// Copies a callgrind dump into the folder `ROLLBOARD_BENCH_CALLGRIND_DIR` names, when it
+/// is set (for `callgrind_annotate` afterwards: where the instructions went, by function),
+/// as `callgrind.<pid>.<n>`, numbered on from the dumps already there.
+fn keep_dump(file: &std::path::Path) -> Result<(), String> {
+    let Some(dir) = std::env::var_os("ROLLBOARD_BENCH_CALLGRIND_DIR") else {
+        return Ok(());
+    };
+    let dir = std::path::PathBuf::from(dir);
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let n = std::fs::read_dir(&dir).map_or(0, |d| d.count());
+    let to = dir.join(format!("callgrind.{}.{n}", std::process::id()));
+    std::fs::copy(file, &to)
+        .map(|_| ())
+        .map_err(|e| format!("{} to {}: {e}", file.display(), to.display()))
 }
