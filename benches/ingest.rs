@@ -127,7 +127,7 @@ pub const QUICK: Sizes = Sizes {
 
 const CONFIG: &str = r#"
 [ingest]
-batch_size = 5000
+batch_size = 10000
 block = "100ms"
 [[boards]]
 name = "rooms"
@@ -139,7 +139,7 @@ slice = "1h"
 /// The two boards of config/rollboard.toml that tips feed by room and by fan.
 const SHIPPED_CONFIG: &str = r#"
 [ingest]
-batch_size = 5000
+batch_size = 10000
 block = "1s"
 [[boards]]
 name = "rooms_7d"

@@ -69,7 +69,7 @@ impl Default for RawIngest {
             partitions: 1,
             group: "rollboard".into(),
             consumer: String::new(),
-            batch_size: 5000,
+            batch_size: 10_000,
             block: "1s".into(),
             claim_idle: "30s".into(),
             dead_letter_stream: "rb:events:dead".into(),

@@ -150,7 +150,7 @@ mod tests {
         assert_eq!(s.redis.key_prefix, "rb");
         assert_eq!(s.ingest.stream, "rb:events");
         assert_eq!(s.ingest.partitions, 1);
-        assert_eq!(s.ingest.batch_size, 5000);
+        assert_eq!(s.ingest.batch_size, 10_000);
         assert_eq!(s.ingest.block, Duration::from_secs(1));
         assert_eq!(s.ingest.claim_idle, Duration::from_secs(30));
         assert_eq!(s.ingest.max_future_ms, 300_000);
