@@ -161,12 +161,15 @@ async fn duplicates_inside_bucket_zero_across_calls_are_judged_one_by_one() {
     );
 }
 
+/// Fields written by hand to a digest table, each a field and its value.
+type HandWritten = Vec<(&'static str, Vec<u8>)>;
+
 /// A table whose state is partly missing or corrupt, or whose bucket 0 is not whole
 /// entries: the call fails as a data error and writes nothing.
 #[tokio::test]
 async fn a_corrupt_state_or_bucket_zero_fails_the_call_and_writes_nothing() {
     let (_redis, store, ()) = with_fresh_store(()).await;
-    let cases: Vec<(&str, Vec<(&str, Vec<u8>)>)> = vec![
+    let cases: Vec<(&str, HandWritten)> = vec![
         ("nop", vec![("#L", b"0".to_vec()), ("#n", b"3".to_vec())]),
         ("non", vec![("#L", b"0".to_vec()), ("#p", b"0".to_vec())]),
         (
