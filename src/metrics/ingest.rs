@@ -87,7 +87,7 @@ impl IngestFamilies {
                     "Entries per batch read from the stream.",
                 )
                 .buckets(vec![
-                    1.0, 5.0, 10.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0,
+                    1.0, 5.0, 10.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0, 10000.0,
                 ]),
             ),
             apply_duration: histogram(
