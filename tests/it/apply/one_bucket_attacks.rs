@@ -57,6 +57,45 @@ fn sum(e: &[ApplyEvent], member: &str) -> i64 {
         .sum()
 }
 
+/// A board `name` and `n` events on it, the first `held` of them applied (each applied).
+async fn seeded(store: &Store, name: &str, n: usize, held: usize) -> (Board, Vec<ApplyEvent>) {
+    let b = board(name, SLICE, 4);
+    let all = events(name, n, NOW);
+    assert_eq!(
+        apply(store, &b, None, &all[..held], NOW).await,
+        vec![Outcome::Applied; held],
+        "{name}"
+    );
+    (b, all)
+}
+
+/// Events `range` of share `i` of a pack: ids `s<i>-<k>`, over three slices, `ann` and
+/// `bob` in turn.
+fn share_events(i: usize, range: std::ops::Range<usize>) -> Vec<ApplyEvent> {
+    range
+        .map(|k| {
+            ev(
+                &format!("s{i}-{k}"),
+                NOW - (k as i64 % 3) * SLICE,
+                if k % 2 == 0 { "ann" } else { "bob" },
+                1 + k as i64,
+            )
+        })
+        .collect()
+}
+
+/// The totals of `ann` and `bob` on `b` are their amounts in `e`, summed.
+async fn assert_totals(store: &Store, b: &Board, e: &[ApplyEvent]) {
+    for member in ["ann", "bob"] {
+        assert_eq!(
+            total_at(store, &b.widest(), member, NOW).await,
+            Some(sum(e, member)),
+            "{} {member}",
+            b.name
+        );
+    }
+}
+
 /// 16 events (a full bucket 0, no split), then 1 more (the first split), then all 17 again:
 /// the table goes from level 0 to level 1 with every entry in the bucket it addresses, and
 /// the redelivery is all duplicates; the same with 15 + 2 in one call.
@@ -111,14 +150,7 @@ async fn the_first_split_after_a_full_bucket_keeps_every_entry_and_every_duplica
             apply(&store, &b, None, &all[first..], NOW).await,
             vec![Outcome::Duplicate; second]
         );
-        assert_eq!(
-            total_at(&store, &b.widest(), "ann", NOW).await,
-            Some(sum(&all, "ann"))
-        );
-        assert_eq!(
-            total_at(&store, &b.widest(), "bob", NOW).await,
-            Some(sum(&all, "bob"))
-        );
+        assert_totals(&store, &b, &all).await;
     }
 }
 
@@ -127,12 +159,7 @@ async fn the_first_split_after_a_full_bucket_keeps_every_entry_and_every_duplica
 #[tokio::test]
 async fn duplicates_inside_bucket_zero_across_calls_are_judged_one_by_one() {
     let (_redis, store, ()) = with_fresh_store(()).await;
-    let b = board("mixed", SLICE, 4);
-    let all = events("mixed", 40, NOW);
-    assert_eq!(
-        apply(&store, &b, None, &all[..15], NOW).await,
-        vec![Outcome::Applied; 15]
-    );
+    let (b, all) = seeded(&store, "mixed", 40, 15).await;
     let mixed = vec![all[3].clone(), all[15].clone()];
     assert_eq!(
         apply(&store, &b, None, &mixed, NOW).await,
@@ -350,17 +377,7 @@ async fn packed_small_instances_across_the_first_split_agree_with_calls_of_their
                 .map(|(i, (a, c))| {
                     let n = if round == 0 { *a } else { *c };
                     let start = if round == 0 { 0 } else { *a };
-                    let e: Vec<ApplyEvent> = (start..start + n)
-                        .map(|k| {
-                            ev(
-                                &format!("s{i}-{k}"),
-                                NOW - (k as i64 % 3) * SLICE,
-                                if k % 2 == 0 { "ann" } else { "bob" },
-                                1 + k as i64,
-                            )
-                        })
-                        .collect();
-                    (format!("s{i}"), e)
+                    (format!("s{i}"), share_events(i, start..start + n))
                 })
                 .filter(|(_, e)| !e.is_empty())
                 .collect();
@@ -379,16 +396,7 @@ async fn packed_small_instances_across_the_first_split_agree_with_calls_of_their
         // Redelivered whole: all duplicates.
         for (i, (a, c)) in sizes.iter().enumerate() {
             let scope = format!("s{i}");
-            let e: Vec<ApplyEvent> = (0..a + c)
-                .map(|k| {
-                    ev(
-                        &format!("s{i}-{k}"),
-                        NOW - (k as i64 % 3) * SLICE,
-                        if k % 2 == 0 { "ann" } else { "bob" },
-                        1 + k as i64,
-                    )
-                })
-                .collect();
+            let e = share_events(i, 0..a + c);
             assert_eq!(
                 apply(&store, &b, Some(&scope), &e, NOW).await,
                 vec![Outcome::Duplicate; e.len()],
@@ -480,10 +488,7 @@ async fn a_state_of_numbers_in_another_form_is_kept_until_a_split_changes_it() {
         apply(&store, &b, None, &all, NOW).await,
         vec![Outcome::Duplicate; 17]
     );
-    assert_eq!(
-        total_at(&store, &b.widest(), "ann", NOW).await,
-        Some(sum(&all, "ann"))
-    );
+    assert_totals(&store, &b, &all).await;
 }
 
 /// The first split made by `apply.lua` (a mixed call, judged one by one) on a stated table
@@ -491,12 +496,7 @@ async fn a_state_of_numbers_in_another_form_is_kept_until_a_split_changes_it() {
 #[tokio::test]
 async fn the_first_split_by_a_call_judged_one_by_one_writes_the_new_level() {
     let (_redis, store, ()) = with_fresh_store(()).await;
-    let b = board("slowsplit", SLICE, 4);
-    let all = events("slowsplit", 18, NOW);
-    assert_eq!(
-        apply(&store, &b, None, &all[..16], NOW).await,
-        vec![Outcome::Applied; 16]
-    );
+    let (b, all) = seeded(&store, "slowsplit", 18, 16).await;
     let mixed = vec![all[5].clone(), all[16].clone(), all[17].clone()];
     assert_eq!(
         apply(&store, &b, None, &mixed, NOW).await,
@@ -511,8 +511,5 @@ async fn the_first_split_by_a_call_judged_one_by_one_writes_the_new_level() {
         apply(&store, &b, None, &all, NOW).await,
         vec![Outcome::Duplicate; 18]
     );
-    assert_eq!(
-        total_at(&store, &b.widest(), "bob", NOW).await,
-        Some(sum(&all, "bob"))
-    );
+    assert_totals(&store, &b, &all).await;
 }
