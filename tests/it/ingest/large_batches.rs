@@ -60,6 +60,24 @@ fn peak_rss(pid: u32) -> u64 {
     kb * 1024
 }
 
+/// Four full batches of tips on the intake stream and a daemon started on `config` and
+/// `port`, once it holds at least one full batch pending: the tips and the daemon.
+async fn holding_a_full_batch(
+    store: &Store,
+    config: &std::path::Path,
+    port: u16,
+) -> (Vec<Fields>, Daemon) {
+    let events = feed(4 * BATCH);
+    xadd_all(store.client(), intake_stream(), &events).await;
+    let daemon = Daemon::start(config, port).await;
+    let holding = wait_for(Duration::from_secs(60), || async {
+        pending(store, intake_stream()).await >= BATCH as i64
+    })
+    .await;
+    assert!(holding, "never held a full batch; log:\n{}", daemon.logs());
+    (events, daemon)
+}
+
 /// A consumer SIGKILLed while it holds at least one full batch of 10 000 (and the one read
 /// ahead) pending: another daemon claims them after `claim_idle` and every board equals
 /// the model, nothing lost, nothing counted twice.
@@ -67,14 +85,7 @@ fn peak_rss(pid: u32) -> u64 {
 async fn a_consumer_killed_holding_full_batches_is_taken_over_exactly_once() {
     let (redis, store, dir, config_b, port_b) = redis_and_config("b").await;
     large_batches(&config_b, "2s");
-    let events = feed(4 * BATCH);
-    xadd_all(store.client(), intake_stream(), &events).await;
-    let b = Daemon::start(&config_b, port_b).await;
-    let holding = wait_for(Duration::from_secs(60), || async {
-        pending(&store, intake_stream()).await >= BATCH as i64
-    })
-    .await;
-    assert!(holding, "b never held a full batch; log:\n{}", b.logs());
+    let (events, b) = holding_a_full_batch(&store, &config_b, port_b).await;
     b.kill().await;
     let left = pending(&store, intake_stream()).await;
     assert!(left >= BATCH as i64, "killed too late: {left} pending");
@@ -136,14 +147,7 @@ async fn two_consumers_applying_the_same_full_batches_count_each_event_once() {
 async fn sigterm_with_full_batches_in_flight_leaves_nothing_pending() {
     let (_redis, store, _dir, config, port) = redis_and_config("a").await;
     large_batches(&config, "30s");
-    let events = feed(4 * BATCH);
-    xadd_all(store.client(), intake_stream(), &events).await;
-    let daemon = Daemon::start(&config, port).await;
-    let holding = wait_for(Duration::from_secs(60), || async {
-        pending(&store, intake_stream()).await >= BATCH as i64
-    })
-    .await;
-    assert!(holding, "never held a full batch; log:\n{}", daemon.logs());
+    let (events, daemon) = holding_a_full_batch(&store, &config, port).await;
     let started = Instant::now();
     let log = daemon.log.clone();
     let status = daemon.terminate().await;
