@@ -18,6 +18,8 @@ use crate::domain::board::Board;
 use crate::domain::keys::{unique_token, InstanceKeys};
 use crate::domain::limits::{per_request, MAX_REQUEST_ARGS};
 
+pub(super) mod judge;
+
 /// What became of one event at one board instance.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Outcome {
@@ -921,21 +923,55 @@ impl Store {
                     .unwrap_or_default()
             })
         });
-        let packed = join_all(packs.into_iter().map(|pack| async {
+        // On one server, the instances of the common shape are judged here first (see
+        // `judge`); those it leaves go to `fold.lua`.
+        let judging = !clustered && judge::judges(board);
+        let (ordered, applies_ref) = (&ordered, &applies);
+        let packed = join_all(packs.into_iter().map(|pack| async move {
+            let weight: usize = pack.iter().map(|(_, c)| c.cost + PACK_INSTANCE_COST).sum();
             let (members, calls): (Vec<usize>, Vec<FoldCall>) = pack.into_iter().unzip();
-            let replies = self.fold_packed(self.client(), board, calls).await;
-            join_all(members.into_iter().zip(replies).map(|(i, reply)| {
-                let (order, events) = &ordered[i];
-                let apply = &applies[i];
-                async move {
-                    let judged = self.fold_finished(apply, events, reply).await;
-                    (
+            let judged = if judging {
+                let shares: Vec<(&InstanceApply, &[ApplyEvent])> = members
+                    .iter()
+                    .map(|&i| (&applies_ref[i], &ordered[i].1[..]))
+                    .collect();
+                self.judge_pack(&shares, weight as u32).await
+            } else {
+                members.iter().map(|_| None).collect()
+            };
+            let mut done = Vec::with_capacity(members.len());
+            let (mut left, mut left_calls) = (Vec::new(), Vec::new());
+            for ((i, call), judged) in members.into_iter().zip(calls).zip(judged) {
+                match judged {
+                    Some(judged) => done.push((
                         i,
-                        judged.map(|judged| in_stream_order(order.as_deref(), judged)),
-                    )
+                        judged.map(|j| in_stream_order(ordered[i].0.as_deref(), j)),
+                    )),
+                    None => {
+                        left.push(i);
+                        left_calls.push(call);
+                    }
                 }
-            }))
-            .await
+            }
+            if left.is_empty() {
+                return done;
+            }
+            let replies = self.fold_packed(self.client(), board, left_calls).await;
+            done.extend(
+                join_all(left.into_iter().zip(replies).map(|(i, reply)| {
+                    let (order, events) = &ordered[i];
+                    let apply = &applies_ref[i];
+                    async move {
+                        let judged = self.fold_finished(apply, events, reply).await;
+                        (
+                            i,
+                            judged.map(|judged| in_stream_order(order.as_deref(), judged)),
+                        )
+                    }
+                }))
+                .await,
+            );
+            done
         }));
         let (applies, registered) = (&applies, &registered);
         let one_by_one =

@@ -222,6 +222,8 @@ pub struct Store {
     script_calls: ScriptCalls,
     /// How they are called, once `auto` has chosen (see [`Store::calling`]).
     calling: tokio::sync::OnceCell<Calling>,
+    /// The connections small instances are judged on in the worker (see `apply::judge`).
+    judging: apply::judge::Judging,
 }
 
 /// One script of rollboard's, by both of its names (see [`calls`]), with its `script`

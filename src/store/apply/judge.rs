@@ -1,0 +1,818 @@
+//! Small instances judged in the worker and written with native commands.
+//!
+//! Most instances of a scoped board get an event or two a batch. A packed `fold.lua` call
+//! judges each in Lua, and that Lua (its tables, strings and steps, not the commands it
+//! runs) is most of what such an instance costs Redis. Here the worker judges the common
+//! shape itself instead, exactly as `fold.lua` would, and Redis runs native commands only:
+//!
+//! 1. `WATCH` every key of the pack's instances, then read what `fold.lua` reads, with the
+//!    same variadic commands (`HMGET` of `meta`, of the digest table's state and bucket 0,
+//!    of `members` and of each slice's fields; `ZMSCORE` of the slice registry; `LLEN` of
+//!    each forget log, so that its type is checked too), pipelined;
+//! 2. `ZMSCORE` of the members' ranking entries, whose names the first read gave;
+//! 3. judge each instance as `fold.lua` does, and write what it would write, in one
+//!    `MULTI` … `EXEC`. An `EXEC` that Redis aborts (another client wrote a watched key in
+//!    between: a roll, another replica) wrote nothing, and the pack is read and judged again.
+//!
+//! The writes are the script's, byte for byte, so the layout is unchanged: a release that
+//! judges in Lua only reads and writes the same keys. Whatever the worker does not judge
+//! goes to `fold.lua` as before: an instance of another shape (several windows, a change
+//! feed, dense rank, negative amounts, a resummarize board), one whose digest table is past
+//! one bucket or not yet marked free of the legacy ZSet, one holding a duplicate, a value at
+//! the 2^53 - 1 edge, a value that is not written as the scripts write it, a key of another
+//! type, or a pack whose `EXEC` was aborted [`TRIES`] times. On a cluster (or behind a proxy
+//! that refused a packed call) every instance goes to `fold.lua`; so does every one once the
+//! server refuses `WATCH` (an ACL without it), for the rest of the process's life.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use fred::clients::ExclusivePool;
+use fred::prelude::*;
+use fred::types::{ClusterHash, CustomCommand};
+use tracing::warn;
+
+use super::{digests_by_slice, ApplyEvent, Grouped, InstanceApply, Outcome};
+use crate::domain::board::{Board, Mode, TieBreak};
+use crate::store::{Reconnect, Store, StoreError};
+
+/// 2^53 - 1: the largest integer the scripts hold exactly (common.lua's LIMIT).
+const LIMIT: i64 = 9_007_199_254_740_991;
+/// Entries a digest table's bucket holds on average before it splits (digest.lua).
+const LOAD: usize = 16;
+/// Bytes of a digest, and of a table entry (the digest and its slice's tag).
+const DIGEST: usize = 16;
+const ENTRY: usize = 20;
+/// Slice tags are slice numbers mod 2^32; an entry counts while its tag is ahead of the
+/// forgettable slice by less than 2^31.
+const WRAP: i64 = 1 << 32;
+const HALF: i64 = 1 << 31;
+/// `EXEC`s aborted before a pack goes to `fold.lua` instead.
+pub(crate) const TRIES: usize = 3;
+/// Connections kept for transactions: `WATCH` belongs to a connection, so each is held by
+/// one pack from its `WATCH` to its `EXEC`.
+const CONNECTIONS: usize = 4;
+
+/// Whether `board`'s instances are of the shape judged here: incremental, one window, no
+/// change feed, no dense rank, no negative amounts, no calendar period.
+pub(crate) fn judges(board: &Board) -> bool {
+    board.mode == Mode::Incremental
+        && !board.has_several_windows()
+        && board.incremental_feed().is_none()
+        && !board.dense_rank
+        && !board.allow_negative
+        && board.period.is_none()
+}
+
+/// The connections the worker judges on, made at the first need.
+pub(crate) struct Judging {
+    /// How to connect (the store's own settings), `None` where judging is off.
+    builder: Option<(Builder, Reconnect)>,
+    pool: tokio::sync::OnceCell<ExclusivePool>,
+    /// Set once the server refused `WATCH` or `MULTI`: every instance goes to `fold.lua`.
+    refused: AtomicBool,
+}
+
+impl Judging {
+    pub(crate) fn new(builder: Option<(Builder, Reconnect)>) -> Judging {
+        Judging {
+            builder,
+            pool: tokio::sync::OnceCell::new(),
+            refused: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether instances may be judged here.
+    pub(crate) fn on(&self) -> bool {
+        self.builder.is_some() && !self.refused.load(Ordering::Relaxed)
+    }
+
+    async fn pool(&self) -> Result<&ExclusivePool, StoreError> {
+        let Some((builder, reconnect)) = &self.builder else {
+            return Err(super::reply_err("judging: no connection settings"));
+        };
+        self.pool
+            .get_or_try_init(|| async {
+                let mut builder = builder.clone();
+                // Sent once: a transaction resent on a new connection would run without
+                // the WATCH that guarded it. A lost reply fails the batch, whose retry
+                // finds the ids it applied.
+                builder.with_connection_config(|c| c.max_command_attempts = 1);
+                let pool = builder.build_exclusive_pool(CONNECTIONS)?;
+                match reconnect {
+                    Reconnect::Never => drop(pool.init().await?),
+                    Reconnect::Forever => drop(pool.connect()),
+                }
+                Ok(pool)
+            })
+            .await
+    }
+}
+
+/// How one instance was judged here.
+enum Verdict {
+    /// Not judged here: it goes to `fold.lua`.
+    Fold,
+    /// Judged, nothing to write (every event late).
+    Judged(Vec<Outcome>),
+    /// Judged: these writes make it so.
+    Write(Vec<Outcome>, Vec<(&'static str, Vec<Value>)>),
+}
+
+/// One instance of a pack, with its events grouped as a `fold.lua` call would send them.
+struct Instance<'a> {
+    apply: &'a InstanceApply<'a>,
+    grouped: Grouped<'a>,
+    /// The events' digests, slice by slice in the order of `grouped.slices`, and how many
+    /// each slice has.
+    blob: Vec<u8>,
+    counts: Vec<usize>,
+    /// Each slice's groups, by index into `grouped.groups`.
+    by_slice: Vec<Vec<usize>>,
+}
+
+impl<'a> Instance<'a> {
+    fn new(apply: &'a InstanceApply<'a>, events: &'a [ApplyEvent]) -> Instance<'a> {
+        let grouped = Grouped::of(apply.board, events);
+        let (blob, counts) = digests_by_slice(events, &grouped.slice_of, grouped.slices.len());
+        let mut by_slice = vec![Vec::new(); grouped.slices.len()];
+        for (g, group) in grouped.groups.iter().enumerate() {
+            by_slice[group.1].push(g);
+        }
+        Instance {
+            apply,
+            grouped,
+            blob,
+            counts,
+            by_slice,
+        }
+    }
+
+    /// Every key the instance's judgement reads or its writes touch.
+    fn watched(&self) -> Vec<String> {
+        let k = &self.apply.k;
+        let mut keys = vec![
+            k.meta(),
+            k.result(),
+            k.members(),
+            k.slices(),
+            k.seen_table(),
+        ];
+        keys.extend(self.grouped.slices.iter().map(|&n| k.slice(n)));
+        keys.extend(self.grouped.slices.iter().map(|&n| k.seen_log(n)));
+        keys
+    }
+
+    /// The first reads (see the module documentation), queued on `p`: 4 + 2S commands.
+    async fn read(&self, p: &fred::clients::Pipeline<Client>) -> Result<(), fred::error::Error> {
+        let k = &self.apply.k;
+        let g = &self.grouped;
+        let _: () = p
+            .hmget(
+                k.meta(),
+                vec!["expired_through", "settings", "gen", "last_roll"],
+            )
+            .await?;
+        let _: () = p
+            .hmget(k.seen_table(), vec!["#L", "#p", "#n", "#c", "0"])
+            .await?;
+        let _: () = p.hmget(k.members(), g.members.clone()).await?;
+        let numbers: Vec<Value> = g.slices.iter().map(|&n| Value::from(n)).collect();
+        let _: () = p.custom(command("ZMSCORE"), with_key(k.slices(), numbers)).await?;
+        for (s, &n) in g.slices.iter().enumerate() {
+            let names: Vec<&str> = self.by_slice[s]
+                .iter()
+                .map(|&i| g.members[g.groups[i].0])
+                .collect();
+            let _: () = p.hmget(k.slice(n), names).await?;
+        }
+        for &n in &g.slices {
+            let _: () = p.llen(k.seen_log(n)).await?;
+        }
+        Ok(())
+    }
+
+    fn reads(&self) -> usize {
+        4 + 2 * self.grouped.slices.len()
+    }
+}
+
+/// A custom command routed by its first key.
+fn command(name: &'static str) -> CustomCommand {
+    CustomCommand::new_static(name, ClusterHash::FirstKey, false)
+}
+
+fn with_key(key: String, rest: Vec<Value>) -> Vec<Value> {
+    let mut args = Vec::with_capacity(1 + rest.len());
+    args.push(Value::from(key));
+    args.extend(rest);
+    args
+}
+
+/// A bulk reply's bytes (`None` for nil), or `Err` for any other reply.
+fn bulk(v: &Value) -> Result<Option<&[u8]>, ()> {
+    match v {
+        Value::Null => Ok(None),
+        Value::String(s) => Ok(Some(s.as_bytes())),
+        Value::Bytes(b) => Ok(Some(b)),
+        _ => Err(()),
+    }
+}
+
+/// The items of an array reply of `n` items.
+fn items(v: &Value, n: usize) -> Result<&[Value], ()> {
+    match v {
+        Value::Array(items) if items.len() == n => Ok(items),
+        _ => Err(()),
+    }
+}
+
+/// An integer as the scripts read one (`integer` in common.lua) where that reading agrees
+/// with Rust's: digits with an optional sign, at most 2^53 - 1 in magnitude. Anything else
+/// (a form only Lua reads, or a corrupt value) is left to the script.
+fn integer(v: &[u8]) -> Result<i64, ()> {
+    let n: i64 = std::str::from_utf8(v)
+        .map_err(|_| ())?
+        .parse()
+        .map_err(|_| ())?;
+    if n.abs() > LIMIT {
+        return Err(());
+    }
+    Ok(n)
+}
+
+/// An integer written as the scripts write one (`counter` in common.lua).
+fn counter(v: &[u8]) -> Result<i64, ()> {
+    let n = integer(v)?;
+    if n.to_string().as_bytes() != v {
+        return Err(());
+    }
+    Ok(n)
+}
+
+/// The ZSet member of `name` with tie-break time `t` (members.lua's `zmember_at`).
+fn zmember_at(name: &str, t: i64, tie: TieBreak) -> String {
+    match tie {
+        TieBreak::None => name.to_string(),
+        TieBreak::Earliest => format!("{:016}:{name}", LIMIT - t),
+        TieBreak::Latest => format!("{t:016}:{name}"),
+    }
+}
+
+/// The ZSet member and tie-break time that a `members` value stands for, in the form the
+/// scripts write today (a time); an older form, or a corrupt one, is left to the script.
+fn zmember_of(v: &[u8], name: &str, tie: TieBreak) -> Result<(String, Option<i64>), ()> {
+    if tie == TieBreak::None {
+        return Ok((name.to_string(), None));
+    }
+    if v.is_empty() || v.len() > 16 || !v.iter().all(u8::is_ascii_digit) {
+        return Err(());
+    }
+    let t: i64 = std::str::from_utf8(v)
+        .map_err(|_| ())?
+        .parse()
+        .map_err(|_| ())?;
+    if t > LIMIT {
+        return Err(());
+    }
+    Ok((zmember_at(name, t, tie), Some(t)))
+}
+
+/// The 4-byte tag of slice `n` (digest.lua's `tag_of`).
+fn tag_of(n: i64) -> [u8; 4] {
+    (n.rem_euclid(WRAP) as u32).to_be_bytes()
+}
+
+/// The state the first reads gave one instance, checked.
+struct Read<'r> {
+    /// The time the events are judged at, the watermark and `gen` (gate.lua).
+    now: i64,
+    watermark: i64,
+    gen: i64,
+    /// Whether `meta` holds no settings yet.
+    unpinned: bool,
+    /// Entries the digest table holds, and its bucket 0.
+    held: usize,
+    bucket: &'r [u8],
+    /// Each member's `members` value.
+    members: &'r [Value],
+    /// Whether the registry lists each slice.
+    listed: Vec<bool>,
+    /// Each slice's fields of its groups, in `by_slice` order.
+    fields: Vec<&'r [Value]>,
+}
+
+/// Checks the first reads of `inst` (`replies`: its 4 + 2S replies) as gate.lua,
+/// digest.lua and members.lua would, leaving to the script whatever they would refuse or
+/// this side does not judge.
+fn first_reads<'r>(
+    inst: &Instance<'_>,
+    replies: &'r [Value],
+) -> Result<Read<'r>, ()> {
+    let board = inst.apply.board;
+    let g = &inst.grouped;
+    let s_count = g.slices.len();
+    let meta = items(&replies[0], 4)?;
+    let (expired, settings, gen, rolled) = (
+        bulk(&meta[0])?,
+        bulk(&meta[1])?,
+        bulk(&meta[2])?,
+        bulk(&meta[3])?,
+    );
+    let mut now = inst.apply.now;
+    if let Some(rolled) = rolled {
+        now = now.max(counter(rolled)?);
+    }
+    let gen = match gen {
+        Some(gen) => counter(gen)?,
+        None => 0,
+    };
+    if settings.is_some_and(|s| s != inst.apply.fingerprint.as_bytes()) {
+        return Err(());
+    }
+    let widest = board.widest();
+    let mut watermark = now.div_euclid(board.slice_ms) - widest.slices_in_window();
+    if let Some(expired) = expired {
+        watermark = watermark.max(integer(expired)?);
+    }
+    let table = items(&replies[1], 5)?;
+    let (l, p, n, clean, bucket) = (
+        bulk(&table[0])?,
+        bulk(&table[1])?,
+        bulk(&table[2])?,
+        bulk(&table[3])?,
+        bulk(&table[4])?,
+    );
+    // A table of one bucket, marked free of the legacy ZSet (every small instance's once
+    // it was written once).
+    let (Some(l), Some(p), Some(n)) = (l, p, n) else {
+        return Err(());
+    };
+    if integer(l)? != 0 || integer(p)? != 0 || clean != Some(b"1".as_slice()) {
+        return Err(());
+    }
+    let held = usize::try_from(integer(n)?).map_err(|_| ())?;
+    let bucket = bucket.unwrap_or_default();
+    if bucket.len() % ENTRY != 0 {
+        return Err(());
+    }
+    let members = items(&replies[2], g.members.len())?;
+    let listed = items(&replies[3], s_count)?
+        .iter()
+        .map(|v| bulk(v).map(|v| v.is_some()))
+        .collect::<Result<Vec<bool>, ()>>()?;
+    let mut fields = Vec::with_capacity(s_count);
+    for s in 0..s_count {
+        fields.push(items(&replies[4 + s], inst.by_slice[s].len())?);
+    }
+    for log in &replies[4 + s_count..4 + 2 * s_count] {
+        if !matches!(log, Value::Integer(_)) {
+            return Err(());
+        }
+    }
+    Ok(Read {
+        now,
+        watermark,
+        gen,
+        unpinned: settings.is_none(),
+        held,
+        bucket,
+        members,
+        listed,
+        fields,
+    })
+}
+
+/// Each member's ZSet member and tie-break time before the call (`None` for a member
+/// `members` does not know), from the first reads.
+type Known = Vec<Option<(String, Option<i64>)>>;
+
+fn known_members(inst: &Instance<'_>, read: &Read<'_>) -> Result<Known, ()> {
+    let tie = inst.apply.board.tie_break;
+    inst.grouped
+        .members
+        .iter()
+        .zip(read.members)
+        .map(|(name, v)| match bulk(v)? {
+            Some(v) => zmember_of(v, name, tie).map(Some),
+            None => Ok(None),
+        })
+        .collect()
+}
+
+/// Judges `inst` from its reads as `fold.lua` would (`scores`: the `ZMSCORE` of its known
+/// members' ZSet members, in order), and says what to write.
+fn judge(inst: &Instance<'_>, read: &Read<'_>, known: &Known, scores: &[Value]) -> Result<Verdict, ()> {
+    let board = inst.apply.board;
+    let g = &inst.grouped;
+    let through = board.forgettable_through(inst.apply.now).rem_euclid(WRAP);
+    let now = read.now;
+    // Slices: late ones, and each one's digests.
+    let late: Vec<bool> = g
+        .slices
+        .iter()
+        .map(|&n| n <= read.watermark || board.forget_at(n) <= now)
+        .collect();
+    let outcomes: Vec<Outcome> = g
+        .slice_of
+        .iter()
+        .map(|&s| if late[s] { Outcome::Late } else { Outcome::Applied })
+        .collect();
+    let live: usize = inst
+        .counts
+        .iter()
+        .zip(&late)
+        .filter(|(_, &l)| !l)
+        .map(|(c, _)| c)
+        .sum();
+    if live == 0 {
+        return Ok(Verdict::Judged(outcomes));
+    }
+    if read.held + live > LOAD {
+        return Err(());
+    }
+    // The digests the table holds in an entry that still counts (held_of in digest.lua):
+    // any among the live events goes to the script, which judges duplicates.
+    let held: std::collections::HashSet<&[u8]> = read
+        .bucket
+        .chunks_exact(ENTRY)
+        .filter(|e| {
+            let tag = i64::from(u32::from_be_bytes([e[16], e[17], e[18], e[19]]));
+            let x = (tag - through).rem_euclid(WRAP);
+            x > 0 && x < HALF
+        })
+        .map(|e| &e[..DIGEST])
+        .collect();
+    let mut slice_digests = Vec::with_capacity(g.slices.len());
+    let mut at = 0;
+    for &c in &inst.counts {
+        slice_digests.push(&inst.blob[at..at + DIGEST * c]);
+        at += DIGEST * c;
+    }
+    for (s, digests) in slice_digests.iter().enumerate() {
+        if !late[s] && digests.chunks_exact(DIGEST).any(|d| held.contains(d)) {
+            return Err(());
+        }
+    }
+    // Member state: totals by their scores.
+    let mut total0 = vec![0i64; g.members.len()];
+    let mut scored = scores.iter();
+    for (m, known) in known.iter().enumerate() {
+        if known.is_some() {
+            let score = scored.next().ok_or(())?;
+            if let Some(score) = bulk(score)? {
+                total0[m] = integer(score)?;
+            }
+        }
+    }
+    // The live groups: each member's bound, newest time, new total; each field's value.
+    let mut bound = vec![0i64; g.members.len()];
+    let mut newest: Vec<Option<i64>> = vec![None; g.members.len()];
+    let mut total = total0.clone();
+    let mut slice_writes: Vec<(usize, Vec<Value>)> = Vec::new();
+    for (s, groups) in inst.by_slice.iter().enumerate() {
+        if late[s] || groups.is_empty() {
+            continue;
+        }
+        let mut pairs = Vec::with_capacity(2 * groups.len());
+        for (k, &gi) in groups.iter().enumerate() {
+            let (m, _, sum, abs, ts) = g.groups[gi];
+            let old = match bulk(&read.fields[s][k])? {
+                Some(v) => Some(integer(v)?),
+                None => None,
+            };
+            if old.unwrap_or(0).abs().saturating_add(abs) > LIMIT {
+                return Err(());
+            }
+            bound[m] = bound[m].saturating_add(abs);
+            newest[m] = Some(newest[m].map_or(ts, |t: i64| t.max(ts)));
+            total[m] += sum;
+            pairs.push(Value::from(g.members[m]));
+            pairs.push(Value::from((old.unwrap_or(0) + sum).to_string()));
+        }
+        slice_writes.push((s, pairs));
+    }
+    if total0
+        .iter()
+        .zip(&bound)
+        .any(|(t, b)| t.abs().saturating_add(*b) > LIMIT)
+    {
+        return Err(());
+    }
+
+    // The writes, in fold.lua's order.
+    let k = &inst.apply.k;
+    let mut writes: Vec<(&'static str, Vec<Value>)> = Vec::new();
+    let mut bucket = read.bucket.to_vec();
+    for (s, digests) in slice_digests.iter().enumerate() {
+        if late[s] {
+            continue;
+        }
+        let tag = tag_of(g.slices[s]);
+        let mut log = vec![Value::from(k.seen_log(g.slices[s]))];
+        for d in digests.chunks_exact(DIGEST) {
+            bucket.extend_from_slice(d);
+            bucket.extend_from_slice(&tag);
+            log.push(Value::Bytes(d[..4].to_vec().into()));
+        }
+        writes.push(("RPUSH", log));
+    }
+    writes.push((
+        "HSET",
+        vec![
+            Value::from(k.seen_table()),
+            Value::from("#n"),
+            Value::from((read.held + live).to_string()),
+            Value::from("0"),
+            Value::Bytes(bucket.into()),
+        ],
+    ));
+    let mut registered = vec![Value::from(k.slices())];
+    for (s, pairs) in slice_writes {
+        let n = g.slices[s];
+        writes.push(("HSET", with_key(k.slice(n), pairs)));
+        if !read.listed[s] {
+            registered.push(Value::from(n.to_string()));
+            registered.push(Value::from(n.to_string()));
+        }
+    }
+    if registered.len() > 1 {
+        writes.push(("ZADD", registered));
+    }
+    let tie = board.tie_break;
+    let (mut moved, mut removed, mut added) = (
+        vec![Value::from(k.members())],
+        vec![Value::from(k.result())],
+        vec![Value::from(k.result())],
+    );
+    for (m, name) in g.members.iter().enumerate() {
+        let Some(t) = newest[m] else {
+            continue;
+        };
+        let old = known[m].as_ref();
+        let zi = match (tie, old) {
+            (TieBreak::None, _) => name.to_string(),
+            (_, Some((z, Some(t0)))) if t <= *t0 => z.clone(),
+            _ => zmember_at(name, t, tie),
+        };
+        let changed = old.is_none_or(|(z, _)| *z != zi);
+        if changed {
+            moved.push(Value::from(*name));
+            moved.push(Value::from(match tie {
+                TieBreak::None => String::new(),
+                _ => t.to_string(),
+            }));
+        }
+        if let Some((z, _)) = old.filter(|_| changed) {
+            removed.push(Value::from(z.as_str()));
+        }
+        if changed || total[m] != total0[m] {
+            added.push(Value::from(total[m].to_string()));
+            added.push(Value::from(zi));
+        }
+    }
+    for (cmd, args) in [("HSET", moved), ("ZREM", removed), ("ZADD", added)] {
+        if args.len() > 1 {
+            writes.push((cmd, args));
+        }
+    }
+    let mut meta = vec![
+        Value::from(k.meta()),
+        Value::from("gen"),
+        Value::from((read.gen + 1).to_string()),
+        Value::from("changed_ms"),
+        Value::from(now.to_string()),
+    ];
+    if read.unpinned {
+        meta.push(Value::from("settings"));
+        meta.push(Value::from(inst.apply.fingerprint.as_str()));
+    }
+    writes.push(("HSET", meta));
+    Ok(Verdict::Write(outcomes, writes))
+}
+
+/// Whether `e` says the server refused the command itself (an ACL without it, a proxy
+/// that does not pass it), rather than failing it on its data.
+fn refused(e: &fred::error::Error) -> bool {
+    let details = e.details();
+    details.starts_with("NOPERM") || details.starts_with("ERR unknown command")
+}
+
+/// Whether `e` is the connection's, not the command's.
+fn lost(e: &fred::error::Error) -> bool {
+    use fred::error::ErrorKind;
+    matches!(
+        e.kind(),
+        ErrorKind::IO | ErrorKind::Canceled | ErrorKind::Timeout | ErrorKind::Tls
+    )
+}
+
+impl Store {
+    /// Judges the instances of one pack here where it can (see the module documentation):
+    /// for each, in order, its outcomes (in the order of its events), or `None` for one
+    /// left to `fold.lua`.
+    pub(super) async fn judge_pack(
+        &self,
+        pack: &[(&InstanceApply<'_>, &[ApplyEvent])],
+        weight: u32,
+    ) -> Vec<Option<Result<Vec<Outcome>, StoreError>>> {
+        let none = || pack.iter().map(|_| None).collect();
+        if !self.judging.on() {
+            return none();
+        }
+        let pool = match self.judging.pool().await {
+            Ok(pool) => pool,
+            Err(e) => return pack.iter().map(|_| Some(Err(e.clone()))).collect(),
+        };
+        let instances: Vec<Instance> = pack
+            .iter()
+            .map(|&(apply, events)| Instance::new(apply, events))
+            .collect();
+        self.bounded(weight, async {
+            let client = pool.acquire().await;
+            for _ in 0..TRIES {
+                match self.judge_once(&client, &instances).await {
+                    Ok(Some(out)) => return out,
+                    Ok(None) => continue,
+                    Err(e) if refused(&e) => {
+                        warn!(
+                            error = %e,
+                            "the server refused a transaction: every instance is judged by fold.lua from now on"
+                        );
+                        self.judging.refused.store(true, Ordering::Relaxed);
+                        let _: Result<(), _> = client.unwatch().await;
+                        return none();
+                    }
+                    Err(e) => {
+                        let e = StoreError::from(e);
+                        return instances.iter().map(|_| Some(Err(e.clone()))).collect();
+                    }
+                }
+            }
+            // Aborted every time: a busy instance, left to the scripts.
+            none()
+        })
+        .await
+    }
+
+    /// One try of [`Store::judge_pack`] on `client`: `None` when Redis aborted its `EXEC`.
+    #[allow(clippy::type_complexity)]
+    async fn judge_once(
+        &self,
+        client: &Client,
+        instances: &[Instance<'_>],
+    ) -> Result<Option<Vec<Option<Result<Vec<Outcome>, StoreError>>>>, fred::error::Error> {
+        let watched: Vec<String> = instances.iter().flat_map(Instance::watched).collect();
+        let p = client.pipeline();
+        let _: () = p.watch(watched).await?;
+        for inst in instances {
+            inst.read(&p).await?;
+        }
+        let mut replies = p.try_all::<Value>().await.into_iter();
+        match replies.next() {
+            Some(Ok(_)) => {}
+            Some(Err(e)) => return Err(e),
+            None => return Err(fred::error::Error::new_canceled()),
+        }
+        // Each instance's first reads, checked; an error among them (a key of another
+        // type) leaves the instance to the script, which answers it.
+        let mut firsts: Vec<Option<Vec<Value>>> = Vec::with_capacity(instances.len());
+        for inst in instances {
+            let mut own = Vec::with_capacity(inst.reads());
+            let mut failed = false;
+            for _ in 0..inst.reads() {
+                match replies.next() {
+                    Some(Ok(v)) => own.push(v),
+                    Some(Err(e)) if lost(&e) => return Err(e),
+                    _ => failed = true,
+                }
+            }
+            firsts.push((!failed).then_some(own));
+        }
+        let reads: Vec<Option<(Read, Known)>> = instances
+            .iter()
+            .zip(&firsts)
+            .map(|(inst, replies)| {
+                let read = first_reads(inst, replies.as_deref()?).ok()?;
+                let known = known_members(inst, &read).ok()?;
+                Some((read, known))
+            })
+            .collect();
+        // The second read: the ranking entries of the known members.
+        let p = client.pipeline();
+        for (inst, read) in instances.iter().zip(&reads) {
+            let Some((_, known)) = read else { continue };
+            let zs: Vec<Value> = known
+                .iter()
+                .flatten()
+                .map(|(z, _)| Value::from(z.as_str()))
+                .collect();
+            if zs.is_empty() {
+                let _: () = p.zcard(inst.apply.k.result()).await?;
+            } else {
+                let _: () = p
+                    .custom(command("ZMSCORE"), with_key(inst.apply.k.result(), zs))
+                    .await?;
+            }
+        }
+        let mut seconds = p.try_all::<Value>().await.into_iter();
+        let mut verdicts = Vec::with_capacity(instances.len());
+        for (inst, read) in instances.iter().zip(&reads) {
+            let Some((read, known)) = read else {
+                verdicts.push(Verdict::Fold);
+                continue;
+            };
+            let scores = match seconds.next() {
+                Some(Ok(Value::Array(scores))) => scores,
+                Some(Ok(Value::Integer(_))) => Vec::new(),
+                Some(Err(e)) if lost(&e) => return Err(e),
+                _ => {
+                    verdicts.push(Verdict::Fold);
+                    continue;
+                }
+            };
+            verdicts.push(judge(inst, read, known, &scores).unwrap_or(Verdict::Fold));
+        }
+        let writes: usize = verdicts
+            .iter()
+            .map(|v| match v {
+                Verdict::Write(_, w) => w.len(),
+                _ => 0,
+            })
+            .sum();
+        if writes == 0 {
+            let _: () = client.unwatch().await?;
+        } else {
+            let trx = client.multi();
+            for verdict in &verdicts {
+                if let Verdict::Write(_, commands) = verdict {
+                    for (cmd, args) in commands {
+                        let _: () = trx.custom(command(cmd), args.clone()).await?;
+                    }
+                }
+            }
+            let done: Result<Value, _> = trx.exec(true).await;
+            for (inst, verdict) in instances.iter().zip(&verdicts) {
+                if let Verdict::Write(..) = verdict {
+                    self.wrote_keys(&[inst.apply.k.meta()]);
+                }
+            }
+            match done? {
+                Value::Null => return Ok(None),
+                Value::Array(replies) if replies.len() == writes => {}
+                other => {
+                    return Err(fred::error::Error::new(
+                        fred::error::ErrorKind::Unknown,
+                        format!("judging: EXEC answered {other:?}"),
+                    ))
+                }
+            }
+        }
+        Ok(Some(
+            verdicts
+                .into_iter()
+                .map(|v| match v {
+                    Verdict::Fold => None,
+                    Verdict::Judged(out) | Verdict::Write(out, _) => Some(Ok(out)),
+                })
+                .collect(),
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn integers_are_read_only_where_lua_and_rust_agree() {
+        assert_eq!(integer(b"42"), Ok(42));
+        assert_eq!(integer(b"-7"), Ok(-7));
+        assert_eq!(integer(b"9007199254740991"), Ok(LIMIT));
+        assert_eq!(integer(b"9007199254740992"), Err(()));
+        assert_eq!(integer(b" 1"), Err(()));
+        assert_eq!(integer(b"1e3"), Err(()));
+        assert_eq!(counter(b"+5"), Err(()));
+        assert_eq!(counter(b"05"), Err(()));
+        assert_eq!(counter(b"5"), Ok(5));
+    }
+
+    #[test]
+    fn zset_members_carry_the_scripts_prefix() {
+        assert_eq!(
+            zmember_at("ann", 1_700_000_000_000, TieBreak::Latest),
+            "0001700000000000:ann"
+        );
+        assert_eq!(
+            zmember_at("ann", 1_700_000_000_000, TieBreak::Earliest),
+            format!("{:016}:ann", LIMIT - 1_700_000_000_000)
+        );
+        assert_eq!(zmember_at("ann", 5, TieBreak::None), "ann");
+        assert_eq!(
+            zmember_of(b"0005", "ann", TieBreak::Latest),
+            Ok(("0000000000000005:ann".to_string(), Some(5)))
+        );
+        assert!(zmember_of(b"0000000000000005:ann", "ann", TieBreak::Latest).is_err());
+        assert_eq!(tag_of(-1), [255, 255, 255, 255]);
+        assert_eq!(tag_of(258), [0, 0, 1, 2]);
+    }
+}
