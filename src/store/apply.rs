@@ -956,7 +956,9 @@ impl Store {
             if left.is_empty() {
                 return done;
             }
-            let replies = self.fold_packed(self.client(), board, left_calls).await;
+            let replies = self
+                .fold_packed(self.client(), board, left_calls, judging)
+                .await;
             done.extend(
                 join_all(left.into_iter().zip(replies).map(|(i, reply)| {
                     let (order, events) = &ordered[i];
@@ -1227,14 +1229,17 @@ impl Store {
 
     /// The calls of `pack` (several instances' [`FoldCall`]s, unchained) in one packed
     /// `fold.lua` call (see [`pack`]), each judged as by a call of its own; how each
-    /// ended, in order. A pack of one is sent as that one call.
+    /// ended, in order. A pack of one is sent as that one call, unless `kept` (what the
+    /// worker did not judge of a larger pack): an error reply quoting bytes that are not
+    /// UTF-8 reaches this side whole only inside a packed call's reply.
     async fn fold_packed(
         &self,
         client: &Client,
         board: &Board,
         mut pack: Vec<FoldCall>,
+        kept: bool,
     ) -> Vec<Result<Folded, StoreError>> {
-        if pack.len() == 1 {
+        if pack.len() == 1 && !kept {
             let call = pack.pop().map(|call| self.fold(client, call));
             return match call {
                 Some(call) => vec![call.await],

@@ -177,7 +177,9 @@ impl<'a> Instance<'a> {
             .await?;
         let _: () = p.hmget(k.members(), g.members.clone()).await?;
         let numbers: Vec<Value> = g.slices.iter().map(|&n| Value::from(n)).collect();
-        let _: () = p.custom(command("ZMSCORE"), with_key(k.slices(), numbers)).await?;
+        let _: () = p
+            .custom(command("ZMSCORE"), with_key(k.slices(), numbers))
+            .await?;
         for (s, &n) in g.slices.iter().enumerate() {
             let names: Vec<&str> = self.by_slice[s]
                 .iter()
@@ -304,10 +306,7 @@ struct Read<'r> {
 /// Checks the first reads of `inst` (`replies`: its 4 + 2S replies) as gate.lua,
 /// digest.lua and members.lua would, leaving to the script whatever they would refuse or
 /// this side does not judge.
-fn first_reads<'r>(
-    inst: &Instance<'_>,
-    replies: &'r [Value],
-) -> Result<Read<'r>, ()> {
+fn first_reads<'r>(inst: &Instance<'_>, replies: &'r [Value]) -> Result<Read<'r>, ()> {
     let board = inst.apply.board;
     let g = &inst.grouped;
     let s_count = g.slices.len();
@@ -401,7 +400,12 @@ fn known_members(inst: &Instance<'_>, read: &Read<'_>) -> Result<Known, ()> {
 
 /// Judges `inst` from its reads as `fold.lua` would (`scores`: the `ZMSCORE` of its known
 /// members' ZSet members, in order), and says what to write.
-fn judge(inst: &Instance<'_>, read: &Read<'_>, known: &Known, scores: &[Value]) -> Result<Verdict, ()> {
+fn judge(
+    inst: &Instance<'_>,
+    read: &Read<'_>,
+    known: &Known,
+    scores: &[Value],
+) -> Result<Verdict, ()> {
     let board = inst.apply.board;
     let g = &inst.grouped;
     let through = board.forgettable_through(inst.apply.now).rem_euclid(WRAP);
@@ -415,7 +419,13 @@ fn judge(inst: &Instance<'_>, read: &Read<'_>, known: &Known, scores: &[Value]) 
     let outcomes: Vec<Outcome> = g
         .slice_of
         .iter()
-        .map(|&s| if late[s] { Outcome::Late } else { Outcome::Applied })
+        .map(|&s| {
+            if late[s] {
+                Outcome::Late
+            } else {
+                Outcome::Applied
+            }
+        })
         .collect();
     let live: usize = inst
         .counts
@@ -591,10 +601,13 @@ fn judge(inst: &Instance<'_>, read: &Read<'_>, known: &Known, scores: &[Value]) 
 }
 
 /// Whether `e` says the server refused the command itself (an ACL without it, a proxy
-/// that does not pass it), rather than failing it on its data.
+/// that does not pass it, or one that takes the keys of one slot a command), rather than
+/// failing it on its data.
 fn refused(e: &fred::error::Error) -> bool {
     let details = e.details();
-    details.starts_with("NOPERM") || details.starts_with("ERR unknown command")
+    details.starts_with("NOPERM")
+        || details.starts_with("ERR unknown command")
+        || details.starts_with("CROSSSLOT")
 }
 
 /// Whether `e` is the connection's, not the command's.
@@ -663,7 +676,10 @@ impl Store {
     ) -> Result<Option<Vec<Option<Result<Vec<Outcome>, StoreError>>>>, fred::error::Error> {
         let watched: Vec<String> = instances.iter().flat_map(Instance::watched).collect();
         let p = client.pipeline();
-        let _: () = p.watch(watched).await?;
+        // As a command of its own: fred's `watch` takes the pipeline's placeholder reply
+        // for a refusal.
+        let watched: Vec<Value> = watched.into_iter().map(Value::from).collect();
+        let _: Value = p.custom(command("WATCH"), watched).await?;
         for inst in instances {
             inst.read(&p).await?;
         }
@@ -740,13 +756,15 @@ impl Store {
             })
             .sum();
         if writes == 0 {
-            let _: () = client.unwatch().await?;
+            let _: Value = client
+                .custom(command("UNWATCH"), Vec::<Value>::new())
+                .await?;
         } else {
             let trx = client.multi();
             for verdict in &verdicts {
                 if let Verdict::Write(_, commands) = verdict {
                     for (cmd, args) in commands {
-                        let _: () = trx.custom(command(cmd), args.clone()).await?;
+                        let _: Value = trx.custom(command(cmd), args.clone()).await?;
                     }
                 }
             }
