@@ -46,6 +46,8 @@ pub(super) struct RawRedis {
     max_clock_skew: String,
     /// `redis.scripts`: how the Lua scripts are loaded and called.
     scripts: String,
+    /// `redis.transactions`: whether small instances are judged in the worker.
+    transactions: bool,
 }
 
 impl Default for RawRedis {
@@ -61,6 +63,7 @@ impl Default for RawRedis {
             max_calls_in_flight: DEFAULT_CALLS_IN_FLIGHT as i64,
             max_clock_skew: "2s".into(),
             scripts: "auto".into(),
+            transactions: true,
         }
     }
 }
@@ -88,6 +91,10 @@ pub struct RedisSettings {
     pub max_clock_skew_ms: i64,
     /// How the Lua scripts are loaded and called (`redis.scripts`).
     pub scripts: ScriptCalls,
+    /// Whether the small instances of a batch are judged in the worker and written with
+    /// `MULTI`/`EXEC` under `WATCH` (`redis.transactions`), rather than judged by
+    /// `fold.lua`: the same writes, for a fraction of Redis's work.
+    pub transactions: bool,
 }
 
 impl RedisSettings {
@@ -113,6 +120,7 @@ impl std::fmt::Debug for RedisSettings {
             .field("calls_in_flight", &self.calls_in_flight)
             .field("max_clock_skew_ms", &self.max_clock_skew_ms)
             .field("scripts", &self.scripts)
+            .field("transactions", &self.transactions)
             .finish()
     }
 }
@@ -178,6 +186,7 @@ impl RawRedis {
             calls_in_flight,
             max_clock_skew_ms: duration("redis.max_clock_skew", &self.max_clock_skew)?,
             scripts: self.scripts()?,
+            transactions: self.transactions,
         })
     }
 

@@ -391,7 +391,8 @@ impl Store {
                 .await?
                 .with_durability(redis.durability)
                 .with_calls_in_flight(redis.calls_in_flight)
-                .with_script_calls(redis.scripts),
+                .with_script_calls(redis.scripts)
+                .with_transactions(redis.transactions),
         )
     }
 
@@ -456,6 +457,15 @@ impl Store {
     pub fn with_script_calls(mut self, scripts: ScriptCalls) -> Store {
         self.script_calls = scripts;
         self.calling = tokio::sync::OnceCell::new();
+        self
+    }
+
+    /// Judges small instances in the worker (`redis.transactions`, on by default), or
+    /// leaves every instance to `fold.lua` (see `apply::judge`).
+    pub fn with_transactions(mut self, on: bool) -> Store {
+        if !on {
+            self.judging = super::apply::judge::Judging::new(None);
+        }
         self
     }
 

@@ -52,11 +52,10 @@ pub(crate) const TRIES: usize = 3;
 /// one pack from its `WATCH` to its `EXEC`.
 const CONNECTIONS: usize = 4;
 
-/// Whether `board`'s instances are of the shape judged here: incremental, one window, no
-/// change feed, no dense rank, no negative amounts, no calendar period.
+/// Whether `board`'s instances are of the shape judged here: one window, no change feed,
+/// no dense rank, no negative amounts, no calendar period.
 pub(crate) fn judges(board: &Board) -> bool {
-    board.mode == Mode::Incremental
-        && !board.has_several_windows()
+    !board.has_several_windows()
         && board.incremental_feed().is_none()
         && !board.dense_rank
         && !board.allow_negative
@@ -100,7 +99,7 @@ impl Judging {
                 let pool = builder.build_exclusive_pool(CONNECTIONS)?;
                 match reconnect {
                     Reconnect::Never => drop(pool.init().await?),
-                    Reconnect::Forever => drop(pool.connect()),
+                    Reconnect::Forever => drop(pool.connect().await),
                 }
                 Ok(pool)
             })
@@ -152,17 +151,28 @@ impl<'a> Instance<'a> {
         let k = &self.apply.k;
         let mut keys = vec![
             k.meta(),
-            k.result(),
             k.members(),
             k.slices(),
             k.seen_table(),
+            if self.incremental() {
+                k.result()
+            } else {
+                k.totals()
+            },
         ];
         keys.extend(self.grouped.slices.iter().map(|&n| k.slice(n)));
         keys.extend(self.grouped.slices.iter().map(|&n| k.seen_log(n)));
         keys
     }
 
-    /// The first reads (see the module documentation), queued on `p`: 4 + 2S commands.
+    /// Whether the instance's board ranks as it applies (else its totals are kept beside
+    /// its slices, and a job sums its ranking).
+    fn incremental(&self) -> bool {
+        self.apply.board.mode == Mode::Incremental
+    }
+
+    /// The first reads (see the module documentation), queued on `p`: [`Instance::reads`]
+    /// commands; on a resummarize board the members' totals too.
     async fn read(&self, p: &fred::clients::Pipeline<Client>) -> Result<(), fred::error::Error> {
         let k = &self.apply.k;
         let g = &self.grouped;
@@ -190,11 +200,14 @@ impl<'a> Instance<'a> {
         for &n in &g.slices {
             let _: () = p.llen(k.seen_log(n)).await?;
         }
+        if !self.incremental() {
+            let _: () = p.hmget(k.totals(), g.members.clone()).await?;
+        }
         Ok(())
     }
 
     fn reads(&self) -> usize {
-        4 + 2 * self.grouped.slices.len()
+        4 + 2 * self.grouped.slices.len() + usize::from(!self.incremental())
     }
 }
 
@@ -301,6 +314,9 @@ struct Read<'r> {
     listed: Vec<bool>,
     /// Each slice's fields of its groups, in `by_slice` order.
     fields: Vec<&'r [Value]>,
+    /// Each member's total on a resummarize board (`None`: an incremental one, whose
+    /// totals are scores, read next).
+    totals: Option<&'r [Value]>,
 }
 
 /// Checks the first reads of `inst` (`replies`: its 4 + 2S replies) as gate.lua,
@@ -368,6 +384,10 @@ fn first_reads<'r>(inst: &Instance<'_>, replies: &'r [Value]) -> Result<Read<'r>
             return Err(());
         }
     }
+    let totals = match replies.get(4 + 2 * s_count) {
+        Some(totals) => Some(items(totals, g.members.len())?),
+        None => None,
+    };
     Ok(Read {
         now,
         watermark,
@@ -378,6 +398,7 @@ fn first_reads<'r>(inst: &Instance<'_>, replies: &'r [Value]) -> Result<Read<'r>
         members,
         listed,
         fields,
+        totals,
     })
 }
 
@@ -398,8 +419,8 @@ fn known_members(inst: &Instance<'_>, read: &Read<'_>) -> Result<Known, ()> {
         .collect()
 }
 
-/// Judges `inst` from its reads as `fold.lua` would (`scores`: the `ZMSCORE` of its known
-/// members' ZSet members, in order), and says what to write.
+/// Judges `inst` from its reads as `fold.lua` would (`scores`: on an incremental board the
+/// `ZMSCORE` of its known members' ZSet members, in order), and says what to write.
 fn judge(
     inst: &Instance<'_>,
     read: &Read<'_>,
@@ -463,14 +484,25 @@ fn judge(
             return Err(());
         }
     }
-    // Member state: totals by their scores.
+    // Member state: totals, by their scores or their fields in `totals`.
     let mut total0 = vec![0i64; g.members.len()];
-    let mut scored = scores.iter();
-    for (m, known) in known.iter().enumerate() {
-        if known.is_some() {
-            let score = scored.next().ok_or(())?;
-            if let Some(score) = bulk(score)? {
-                total0[m] = integer(score)?;
+    match read.totals {
+        Some(totals) => {
+            for (m, v) in totals.iter().enumerate() {
+                if let Some(v) = bulk(v)? {
+                    total0[m] = integer(v)?;
+                }
+            }
+        }
+        None => {
+            let mut scored = scores.iter();
+            for (m, known) in known.iter().enumerate() {
+                if known.is_some() {
+                    let score = scored.next().ok_or(())?;
+                    if let Some(score) = bulk(score)? {
+                        total0[m] = integer(score)?;
+                    }
+                }
             }
         }
     }
@@ -549,10 +581,12 @@ fn judge(
         writes.push(("ZADD", registered));
     }
     let tie = board.tie_break;
-    let (mut moved, mut removed, mut added) = (
+    let incremental = read.totals.is_none();
+    let (mut moved, mut removed, mut added, mut totals) = (
         vec![Value::from(k.members())],
         vec![Value::from(k.result())],
         vec![Value::from(k.result())],
+        vec![Value::from(k.totals())],
     );
     for (m, name) in g.members.iter().enumerate() {
         let Some(t) = newest[m] else {
@@ -572,6 +606,15 @@ fn judge(
                 _ => t.to_string(),
             }));
         }
+        if !incremental {
+            // write_members: a resummarize board's total beside its slices; its ranking
+            // is the job's.
+            if total[m] != total0[m] || old.is_none() {
+                totals.push(Value::from(*name));
+                totals.push(Value::from(total[m].to_string()));
+            }
+            continue;
+        }
         if let Some((z, _)) = old.filter(|_| changed) {
             removed.push(Value::from(z.as_str()));
         }
@@ -580,7 +623,12 @@ fn judge(
             added.push(Value::from(zi));
         }
     }
-    for (cmd, args) in [("HSET", moved), ("ZREM", removed), ("ZADD", added)] {
+    for (cmd, args) in [
+        ("HSET", moved),
+        ("ZREM", removed),
+        ("ZADD", added),
+        ("HSET", totals),
+    ] {
         if args.len() > 1 {
             writes.push((cmd, args));
         }
@@ -713,10 +761,13 @@ impl Store {
                 Some((read, known))
             })
             .collect();
-        // The second read: the ranking entries of the known members.
+        // The second read: the ranking entries of the known members (on an incremental
+        // board: a resummarize one's totals were read with the rest).
         let p = client.pipeline();
         for (inst, read) in instances.iter().zip(&reads) {
-            let Some((_, known)) = read else { continue };
+            let Some((_, known)) = read.as_ref().filter(|_| inst.incremental()) else {
+                continue;
+            };
             let zs: Vec<Value> = known
                 .iter()
                 .flatten()
@@ -730,13 +781,25 @@ impl Store {
                     .await?;
             }
         }
-        let mut seconds = p.try_all::<Value>().await.into_iter();
+        let second = instances
+            .iter()
+            .zip(&reads)
+            .any(|(inst, read)| read.is_some() && inst.incremental());
+        let mut seconds = if second {
+            p.try_all::<Value>().await.into_iter()
+        } else {
+            Vec::new().into_iter()
+        };
         let mut verdicts = Vec::with_capacity(instances.len());
         for (inst, read) in instances.iter().zip(&reads) {
             let Some((read, known)) = read else {
                 verdicts.push(Verdict::Fold);
                 continue;
             };
+            if !inst.incremental() {
+                verdicts.push(judge(inst, read, known, &[]).unwrap_or(Verdict::Fold));
+                continue;
+            }
             let scores = match seconds.next() {
                 Some(Ok(Value::Array(scores))) => scores,
                 Some(Ok(Value::Integer(_))) => Vec::new(),

@@ -1,0 +1,279 @@
+//! Small instances judged in the worker and written with `MULTI`/`EXEC` under `WATCH`
+//! (`redis.transactions`): the same outcomes and the same data as `fold.lua` gives them,
+//! on every board shape judged there, over fresh, repeated, late, redelivered and partly
+//! duplicate shares; several stores writing the same instances at once (their `EXEC`s
+//! aborted and tried again) counting every event once; a user the server refuses `WATCH`
+//! and a store with transactions off, every instance then judged by the scripts.
+
+use std::collections::BTreeMap;
+
+use fred::prelude::*;
+use rollboard::domain::board::{Board, TieBreak};
+use rollboard::store::{ApplyEvent, Outcome, Reconnect, Store, StoreError};
+
+use crate::support::boards::{ev, scoped, with_fresh_store};
+use crate::support::instances::{shaped, twin};
+use crate::support::redis::{command_calls, keyed, RedisServer};
+
+const NOW: i64 = 1_000_000;
+
+type Shares = Vec<(String, Vec<ApplyEvent>)>;
+type Results = Vec<Result<Vec<Outcome>, StoreError>>;
+
+async fn applied(store: &Store, board: &Board, shares: &Shares, now: i64) -> Results {
+    let borrowed: Vec<(Option<&str>, &[ApplyEvent])> = shares
+        .iter()
+        .map(|(s, e)| (Some(s.as_str()), e.as_slice()))
+        .collect();
+    store.apply_shares(board, &borrowed, now).await
+}
+
+/// The outcomes, or the first word of the error.
+fn outcomes(results: &Results) -> Vec<Result<Vec<Outcome>, String>> {
+    results
+        .iter()
+        .map(|r| match r {
+            Ok(o) => Ok(o.clone()),
+            Err(e) => Err(e.to_string()),
+        })
+        .collect()
+}
+
+/// What the instance of `scope` holds, key by key (by the name after the instance's own
+/// part); with `order_free`, what does not depend on the order its events were applied in:
+/// its digest table and forget logs left out.
+async fn contents(
+    store: &Store,
+    board: &Board,
+    scope: &str,
+    order_free: bool,
+) -> BTreeMap<String, Vec<String>> {
+    let k = store.instance(&board.widest(), Some(scope));
+    let meta = k.meta();
+    let base = meta.strip_suffix(":meta").expect("meta").to_string();
+    let pattern = format!("{}:*", rollboard::domain::keys::glob_escape(&base));
+    let keys: Vec<String> = keyed(store, "KEYS", vec![pattern]).await;
+    let mut out = BTreeMap::new();
+    for key in keys {
+        let name = key[base.len()..].to_string();
+        if order_free && (name.contains(":seen") || name == ":meta") {
+            continue;
+        }
+        let kind: String = keyed(store, "TYPE", vec![key.clone()]).await;
+        let mut held: Vec<String> = match kind.as_str() {
+            "hash" => {
+                let all: Vec<Value> = keyed(store, "HGETALL", vec![key.clone()]).await;
+                all.chunks(2)
+                    .map(|p| format!("{:?}={:?}", p[0], p[1]))
+                    .collect()
+            }
+            "zset" => {
+                keyed(
+                    store,
+                    "ZRANGE",
+                    vec![key.clone(), "0".into(), "-1".into(), "WITHSCORES".into()],
+                )
+                .await
+            }
+            "list" => {
+                let all: Vec<Value> =
+                    keyed(store, "LRANGE", vec![key.clone(), "0".into(), "-1".into()]).await;
+                all.iter().map(|v| format!("{v:?}")).collect()
+            }
+            other => vec![other.to_string()],
+        };
+        if kind == "hash" {
+            held.sort();
+        }
+        out.insert(name, held);
+    }
+    out
+}
+
+/// Scopes `s0`... with events of `ann` and `bob` (ids `round`-unique) at `ts`.
+fn shares(scopes: usize, round: &str, ts: i64) -> Shares {
+    (0..scopes)
+        .map(|i| {
+            let scope = format!("s{i}");
+            let events = vec![
+                ev(&format!("{scope}-{round}-a"), ts, "ann", 3 + i as i64),
+                ev(&format!("{scope}-{round}-b"), ts - 7, "bob", 2),
+                ev(&format!("{scope}-{round}-c"), ts - 3, "ann", 1),
+            ];
+            (scope, events)
+        })
+        .collect()
+}
+
+/// The boards judged in the worker: incremental and resummarize, each tie-break, a
+/// dedup window shorter than the window.
+fn judged_boards() -> Vec<Board> {
+    let mut boards = Vec::new();
+    for shape in [0, 2, 4, 6] {
+        for tie in [TieBreak::Earliest, TieBreak::Latest, TieBreak::None] {
+            let mut board = scoped(shaped(shape));
+            board.tie_break = tie;
+            board.name = format!("{}-{tie:?}", board.name);
+            boards.push(board);
+        }
+    }
+    boards
+}
+
+/// Every judged shape over rounds of fresh, repeated, older, late, redelivered and partly
+/// duplicate shares: the store judging in the worker gives the outcomes and the data a
+/// store with transactions off (every instance to `fold.lua`) gives a twin board; and it
+/// did judge in the worker (`EXEC`s ran).
+#[tokio::test]
+async fn judged_instances_agree_with_fold_on_every_judged_shape() {
+    let (redis, store, ()) = with_fresh_store(()).await;
+    let scripts = Store::connect(&redis.url(), "rb", 2, Reconnect::Never)
+        .await
+        .expect("connect")
+        .with_transactions(false);
+    for board in judged_boards() {
+        let control = twin(&board);
+        let slice = board.slice_ms;
+        let mut partly = shares(4, "r1", NOW);
+        for (_, events) in &mut partly {
+            events.push(ev(&format!("{}-new", events[0].id), NOW, "cy", 5));
+        }
+        let rounds: Vec<(&str, Shares, i64)> = vec![
+            ("fresh", shares(4, "r1", NOW), NOW),
+            ("again, later", shares(4, "r2", NOW + slice), NOW + slice),
+            ("older times", shares(4, "r3", NOW - slice / 2), NOW + slice),
+            ("redelivered", shares(4, "r2", NOW + slice), NOW + slice),
+            ("partly duplicate", partly, NOW + slice),
+            ("late", shares(4, "r4", NOW - 100 * slice), NOW + slice),
+        ];
+        for (what, round, now) in rounds {
+            let judged = applied(&store, &board, &round, now).await;
+            let by_scripts = applied(&scripts, &control, &round, now).await;
+            assert_eq!(
+                outcomes(&judged),
+                outcomes(&by_scripts),
+                "{}: {what}",
+                board.name
+            );
+            for (scope, _) in &round {
+                assert_eq!(
+                    contents(&store, &board, scope, false).await,
+                    contents(&store, &control, scope, false).await,
+                    "{}: {what}: {scope}",
+                    board.name
+                );
+            }
+        }
+    }
+    assert!(
+        command_calls(&redis, "exec") > 0,
+        "nothing was judged in the worker"
+    );
+}
+
+/// Three stores apply events to the same instances at once, rounds over: two judging in
+/// the worker (each `EXEC` aborted whenever another wrote a key it watched, then read and
+/// judged again) and one with transactions off. Every event counts once: each instance
+/// holds what one store applying every event alone leaves on a twin board.
+#[tokio::test]
+async fn stores_writing_the_same_instances_at_once_count_every_event_once() {
+    let (redis, control_store, ()) = with_fresh_store(()).await;
+    let connect = || async {
+        Store::connect(&redis.url(), "rb", 2, Reconnect::Never)
+            .await
+            .expect("connect")
+    };
+    let stores = [
+        connect().await,
+        connect().await,
+        connect().await.with_transactions(false),
+    ];
+    for shape in [0, 2] {
+        let board = scoped(shaped(shape));
+        let control = twin(&board);
+        for round in 0..12 {
+            let batches: Vec<Shares> = (0..stores.len())
+                .map(|s| shares(6, &format!("{round}-{s}"), NOW + round * 10 + s as i64))
+                .collect();
+            let results = futures_util::future::join_all(
+                stores
+                    .iter()
+                    .zip(&batches)
+                    .map(|(store, batch)| applied(store, &board, batch, NOW + 200)),
+            )
+            .await;
+            for (s, result) in results.iter().enumerate() {
+                for r in result {
+                    assert_eq!(
+                        r.as_ref().expect("applied"),
+                        &vec![Outcome::Applied; 3],
+                        "store {s}, round {round}"
+                    );
+                }
+            }
+            for batch in &batches {
+                applied(&control_store, &control, batch, NOW + 200).await;
+            }
+        }
+        for i in 0..6 {
+            let scope = format!("s{i}");
+            assert_eq!(
+                contents(&control_store, &board, &scope, true).await,
+                contents(&control_store, &control, &scope, true).await,
+                "{}: {scope}",
+                board.name
+            );
+        }
+    }
+}
+
+/// `INFO commandstats`' `rejected_calls` of `command`.
+fn rejected(redis: &RedisServer, command: &str) -> u64 {
+    let info = redis.cli(&["INFO", "commandstats"]);
+    let prefix = format!("cmdstat_{command}:");
+    info.lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .and_then(|rest| {
+            rest.split(',')
+                .find_map(|f| f.strip_prefix("rejected_calls="))
+                .map(|n| n.trim().parse().expect("rejected_calls"))
+        })
+        .unwrap_or(0)
+}
+
+/// A user the server refuses `WATCH`: the first pack's `WATCH` is refused (`NOPERM`), and
+/// from then on every instance goes to `fold.lua`, with the outcomes and data it gives;
+/// `WATCH` is not sent again. A store with transactions off never sends it.
+#[tokio::test]
+async fn without_watch_every_instance_is_judged_by_the_scripts() {
+    let redis = RedisServer::start();
+    redis.cli(&[
+        "ACL", "SETUSER", "nowatch", "on", ">pw", "~*", "&*", "+@all", "-watch",
+    ]);
+    let url = format!("redis://nowatch:pw@127.0.0.1:{}", redis.port);
+    let store = Store::connect(&url, "rb", 2, Reconnect::Never)
+        .await
+        .expect("connect");
+    let control_store = redis.store("rb").await.with_transactions(false);
+    let board = scoped(shaped(0));
+    let control = twin(&board);
+    for (round, now) in [("r1", NOW), ("r2", NOW + 10)] {
+        let batch = shares(5, round, now);
+        let judged = applied(&store, &board, &batch, now).await;
+        let by_scripts = applied(&control_store, &control, &batch, now).await;
+        assert_eq!(outcomes(&judged), outcomes(&by_scripts), "{round}");
+        for r in &judged {
+            assert_eq!(r.as_ref().expect(round), &vec![Outcome::Applied; 3]);
+        }
+        for (scope, _) in &batch {
+            assert_eq!(
+                contents(&store, &board, scope, false).await,
+                contents(&store, &control, scope, false).await,
+                "{round}: {scope}"
+            );
+        }
+    }
+    assert_eq!(rejected(&redis, "watch"), 1, "WATCH sent once, refused");
+    assert_eq!(command_calls(&redis, "watch"), 0);
+    assert_eq!(command_calls(&redis, "exec"), 0);
+}
