@@ -46,6 +46,10 @@ pub(super) struct RedisFamilies {
     clock_skewed: IntGauge,
     /// `rollboard_script_duration_seconds`.
     script_duration: HistogramVec,
+    /// `rollboard_judged_instances_total`.
+    judged: IntCounterVec,
+    /// `rollboard_judge_aborts_total`.
+    judge_aborts: IntCounter,
 }
 
 impl RedisFamilies {
@@ -111,9 +115,29 @@ impl RedisFamilies {
                 ]),
                 &["script"],
             ),
+            judged: counter_vec(
+                registry,
+                "rollboard_judged_instances_total",
+                "Instance applies (a pack's instance, or a chunk of a large instance's events) \
+                 of the shape judged in the worker, per where they were judged: `worker` \
+                 (native commands under WATCH) or `script` (left to fold.lua).",
+                &["by"],
+            ),
+            judge_aborts: register(
+                registry,
+                IntCounter::new(
+                    "rollboard_judge_aborts_total",
+                    "Transactions of instances judged in the worker that Redis aborted, as \
+                     another client wrote a watched key first; read and judged again.",
+                )
+                .expect("valid metric"),
+            ),
         };
         for kind in ERROR_KINDS {
             families.errors.with_label_values(&[kind]);
+        }
+        for by in ["worker", "script"] {
+            families.judged.with_label_values(&[by]);
         }
         families
     }
@@ -175,6 +199,24 @@ impl Metrics {
         for script in scripts {
             self.redis.script_duration.with_label_values(&[script]);
         }
+    }
+
+    /// `worker` instance applies were judged in the worker and `script` ones of the same
+    /// shape left to `fold.lua`.
+    pub fn judged(&self, worker: u64, script: u64) {
+        self.redis
+            .judged
+            .with_label_values(&["worker"])
+            .inc_by(worker);
+        self.redis
+            .judged
+            .with_label_values(&["script"])
+            .inc_by(script);
+    }
+
+    /// Redis aborted the transaction of instances judged in the worker.
+    pub fn judge_aborted(&self) {
+        self.redis.judge_aborts.inc();
     }
 
     /// One call of the Lua script `script` took `seconds`.

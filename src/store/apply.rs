@@ -389,11 +389,17 @@ pub fn fold_chunks<'a>(board: &Board, mut events: &'a [ApplyEvent]) -> Vec<&'a [
 /// repeat starts the next call, where the first occurrence is already remembered). At
 /// least one.
 pub fn fold_chunk_len(board: &Board, events: &[ApplyEvent]) -> usize {
-    fold_chunk_len_within(board, events, MAX_REQUEST_ARGS)
+    fold_chunk_len_within(board, events, MAX_REQUEST_ARGS, FOLD_BUDGET)
 }
 
-/// [`fold_chunk_len`] for a cap of `max_args` arguments a request.
-fn fold_chunk_len_within(board: &Board, events: &[ApplyEvent], max_args: usize) -> usize {
+/// [`fold_chunk_len`] for a cap of `max_args` arguments a request and a work budget of
+/// `budget` units.
+fn fold_chunk_len_within(
+    board: &Board,
+    events: &[ApplyEvent],
+    max_args: usize,
+    budget: usize,
+) -> usize {
     let mut ids: HashSet<&str> = HashSet::new();
     let mut groups: HashSet<(&str, i64)> = HashSet::new();
     let mut slices: HashSet<i64> = HashSet::new();
@@ -410,7 +416,7 @@ fn fold_chunk_len_within(board: &Board, events: &[ApplyEvent], max_args: usize) 
             members.insert(e.member.as_str());
         }
         let args = shape.fold_args(slices.len(), members.len());
-        if (i > 0 && (cost > FOLD_BUDGET || args > max_args)) || !ids.insert(e.id.as_str()) {
+        if (i > 0 && (cost > budget || args > max_args)) || !ids.insert(e.id.as_str()) {
             return i;
         }
     }
@@ -818,6 +824,18 @@ impl Store {
         }
     }
 
+    /// Whether several instances' keys go in one call only when they share a slot: a
+    /// cluster, or a proxy that refused a packed call.
+    fn clustered(&self) -> bool {
+        self.client().is_clustered() || self.packs_by_slot.load(Ordering::Relaxed)
+    }
+
+    /// Whether `board`'s instances are judged in the worker (see `judge`): one server,
+    /// and a board of the shape judged there.
+    fn judges_here(&self, board: &Board) -> bool {
+        !self.clustered() && self.judging.on() && judge::judges(board)
+    }
+
     /// Applies `events` to one instance, judged as in stream order (taken in the order
     /// [`apply_order`] gives), as a sequence of bounded atomic script calls of at most
     /// [`apply_chunk`] events each; one outcome per event, in the events' order.
@@ -914,7 +932,7 @@ impl Store {
             }
             ordered.push((order, events));
         }
-        let clustered = self.client().is_clustered() || self.packs_by_slot.load(Ordering::Relaxed);
+        let clustered = self.clustered();
         let packs = pack(packable, |call| {
             clustered.then(|| {
                 call.keys
@@ -925,7 +943,7 @@ impl Store {
         });
         // On one server, the instances of the common shape are judged here first (see
         // `judge`); those it leaves go to `fold.lua`.
-        let judging = !clustered && judge::judges(board);
+        let judging = self.judges_here(board);
         let (ordered, applies_ref) = (&ordered, &applies);
         let packed = join_all(packs.into_iter().map(|pack| async move {
             let weight: usize = pack.iter().map(|(_, c)| c.cost + PACK_INSTANCE_COST).sum();
@@ -1159,6 +1177,17 @@ impl Store {
         raw_ids: &mut bool,
         out: &mut Vec<Outcome>,
     ) -> Result<usize, StoreError> {
+        // On one server, an instance of the common shape is judged here first, a chunk at
+        // a time (see `judge`); what it leaves goes to `fold.lua`.
+        if self.judges_here(apply.board) {
+            let len = judge::chunk_len(apply.board, rest);
+            let chunk = &rest[..len];
+            let weight = u32::try_from(len * FOLD_EVENT_COST).unwrap_or(u32::MAX);
+            if let Some(Some(outcomes)) = self.judge_pack(&[(apply, chunk)], weight).await.pop() {
+                out.extend(outcomes?);
+                return Ok(len);
+            }
+        }
         let chunks = fold_chunks(apply.board, rest);
         let replies = self.fold_chained(apply, &chunks).await;
         // Events judged, from the front of `rest`.
@@ -1339,8 +1368,8 @@ impl Store {
 mod tests {
     use super::{
         apply_call, apply_chunk, apply_chunk_within, apply_order, fold_call, fold_chunk_len,
-        fold_chunk_len_within, fold_chunks, ApplyEvent, CallShape, FCALL_ARGS, FOLD_EVENT_COST,
-        FOLD_GROUP_COST,
+        fold_chunk_len_within, fold_chunks, ApplyEvent, CallShape, FCALL_ARGS, FOLD_BUDGET,
+        FOLD_EVENT_COST, FOLD_GROUP_COST,
     };
     use crate::domain::board::{Board, Changes, Dedup, Mode, TieBreak, Window};
     use crate::domain::keys::Keys;
@@ -1549,18 +1578,18 @@ mod tests {
         // 30 arguments and one per member: 5 members fit 35.
         let members = spread(20, 1, 20);
         assert_eq!(CallShape::of(&b).fold_args(1, 5), 35);
-        assert_eq!(fold_chunk_len_within(&b, &members, 35), 5);
+        assert_eq!(fold_chunk_len_within(&b, &members, 35, FOLD_BUDGET), 5);
         assert_eq!(fold_chunk_len(&b, &members), 20);
         let call = fold_call(&b, &k, "f", &members[..5], 1_000 * HOUR).chained(None, "t");
         assert_eq!(request(&call.keys, &call.args), 35);
         // One member's events in one slice: the budget cuts, not the cap.
         let one = spread(200, 1, 1);
-        assert_eq!(fold_chunk_len_within(&b, &one, 35), 145);
+        assert_eq!(fold_chunk_len_within(&b, &one, 35, FOLD_BUDGET), 145);
         // A new slice adds two keys: 3 slices of one member fit 35 (31 + 2 + 2).
         let slices = spread(10, 10, 1);
-        assert_eq!(fold_chunk_len_within(&b, &slices, 35), 3);
+        assert_eq!(fold_chunk_len_within(&b, &slices, 35, FOLD_BUDGET), 3);
         // The first event always goes, whatever the cap.
-        assert_eq!(fold_chunk_len_within(&b, &members, 1), 1);
+        assert_eq!(fold_chunk_len_within(&b, &members, 1, FOLD_BUDGET), 1);
     }
 
     /// An apply call holds no more events than keep its request within the cap were each

@@ -24,6 +24,7 @@
 //! that refused a packed call) every instance goes to `fold.lua`; so does every one once the
 //! server refuses `WATCH` (an ACL without it), for the rest of the process's life.
 
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use fred::clients::ExclusivePool;
@@ -46,11 +47,25 @@ const ENTRY: usize = 20;
 /// forgettable slice by less than 2^31.
 const WRAP: i64 = 1 << 32;
 const HALF: i64 = 1 << 31;
+/// The highest level a digest table's state may name (table_state in digest.lua).
+const MAX_LEVEL: u32 = 40;
 /// `EXEC`s aborted before a pack goes to `fold.lua` instead.
 pub(crate) const TRIES: usize = 3;
 /// Connections kept for transactions: `WATCH` belongs to a connection, so each is held by
 /// one pack from its `WATCH` to its `EXEC`.
 const CONNECTIONS: usize = 4;
+
+/// The work budget of one instance's chunk judged here, in the units of
+/// [`FOLD_BUDGET`](super::FOLD_BUDGET): Redis runs native commands only, each a few
+/// microseconds a member, so a chunk holds four `fold.lua` calls' worth.
+const JUDGE_BUDGET: usize = 4 * super::FOLD_BUDGET;
+
+/// How many events from the front of `events` (one instance's, in the order it judges
+/// them) one judged chunk takes: as [`fold_chunk_len`](super::fold_chunk_len), within
+/// [`JUDGE_BUDGET`].
+pub(crate) fn chunk_len(board: &Board, events: &[ApplyEvent]) -> usize {
+    super::fold_chunk_len_within(board, events, super::MAX_REQUEST_ARGS, JUDGE_BUDGET)
+}
 
 /// Whether `board`'s instances are of the shape judged here: one window, no change feed,
 /// no dense rank, no negative amounts, no calendar period.
@@ -297,6 +312,132 @@ fn tag_of(n: i64) -> [u8; 4] {
     (n.rem_euclid(WRAP) as u32).to_be_bytes()
 }
 
+/// The bucket hash of a digest or table entry: its first four bytes, big-endian.
+fn hash_of(d: &[u8]) -> u64 {
+    u64::from(u32::from_be_bytes([d[0], d[1], d[2], d[3]]))
+}
+
+/// The bucket of hash `h` in a table of level `level` and split pointer `split` (`locate`
+/// in digest.lua).
+fn address(h: u64, level: u32, split: u64) -> u64 {
+    let x = h % (1 << level);
+    if x < split {
+        h % (1 << (level + 1))
+    } else {
+        x
+    }
+}
+
+/// Whether a table entry still counts: its slice tag is ahead of `through` (the newest
+/// forgettable slice, mod 2^32) by less than 2^31 (`held_of` in digest.lua).
+fn counts(entry: &[u8], through: i64) -> bool {
+    let tag = i64::from(u32::from_be_bytes([
+        entry[16], entry[17], entry[18], entry[19],
+    ]));
+    let x = (tag - through).rem_euclid(WRAP);
+    x > 0 && x < HALF
+}
+
+/// The buckets that holding `n` entries would split, in order, in a table of level
+/// `level` and split pointer `split` (`splits_ahead` in digest.lua); `Err` past `most`
+/// (a table whose state says more than its inserts can make: left to the script).
+fn splits_ahead(level: u32, split: u64, n: usize, most: usize) -> Result<Vec<u64>, ()> {
+    let (mut sp, mut size) = (split, 1u64 << level);
+    let mut out = Vec::new();
+    while n as u64 > LOAD as u64 * (size + sp) {
+        if out.len() == most {
+            return Err(());
+        }
+        out.push(sp);
+        sp += 1;
+        if sp == size {
+            sp = 0;
+            size *= 2;
+        }
+    }
+    Ok(out)
+}
+
+/// Which of an instance's slices are late, and where its live digests are in the digest
+/// table: what the second reads need.
+struct Plan {
+    late: Vec<bool>,
+    /// The events in slices that are not late.
+    live: usize,
+    /// The bucket of each digest of the instance's blob (0 for a late one's).
+    addr: Vec<u64>,
+    /// The buckets to read besides bucket 0 (read with the table's state): those the live
+    /// digests are in and those their inserts would split.
+    wanted: Vec<u64>,
+}
+
+fn plan(inst: &Instance<'_>, read: &Read<'_>) -> Result<Plan, ()> {
+    let board = inst.apply.board;
+    let g = &inst.grouped;
+    let late: Vec<bool> = g
+        .slices
+        .iter()
+        .map(|&n| n <= read.watermark || board.forget_at(n) <= read.now)
+        .collect();
+    let live: usize = inst
+        .counts
+        .iter()
+        .zip(&late)
+        .filter(|(_, &l)| !l)
+        .map(|(c, _)| c)
+        .sum();
+    let mut addr = vec![0u64; inst.blob.len() / DIGEST];
+    let mut wanted = Vec::new();
+    if live > 0 {
+        let mut listed: HashSet<u64> = HashSet::from([0]);
+        let mut k = 0;
+        for (s, &c) in inst.counts.iter().enumerate() {
+            if !late[s] {
+                for (j, a) in addr.iter_mut().enumerate().skip(k).take(c) {
+                    *a = address(hash_of(&inst.blob[j * DIGEST..]), read.level, read.split);
+                    if listed.insert(*a) {
+                        wanted.push(*a);
+                    }
+                }
+            }
+            k += c;
+        }
+        // At most one split per LOAD inserts, and one more.
+        let splits = splits_ahead(read.level, read.split, read.held + live, live / LOAD + 1)?;
+        for a in splits {
+            if listed.insert(a) {
+                wanted.push(a);
+            }
+        }
+    }
+    Ok(Plan {
+        late,
+        live,
+        addr,
+        wanted,
+    })
+}
+
+/// The buckets an instance's judgement reads: bucket 0 from the first reads, the others
+/// of `plan.wanted` from `reply` (their `HMGET`), each a whole number of entries.
+fn buckets_of<'r>(
+    read: &Read<'r>,
+    plan: &Plan,
+    reply: Option<&'r Value>,
+) -> Result<HashMap<u64, &'r [u8]>, ()> {
+    let mut buckets = HashMap::from([(0, read.bucket)]);
+    if let Some(reply) = reply {
+        for (&a, v) in plan.wanted.iter().zip(items(reply, plan.wanted.len())?) {
+            let v = bulk(v)?.unwrap_or_default();
+            if v.len() % ENTRY != 0 {
+                return Err(());
+            }
+            buckets.insert(a, v);
+        }
+    }
+    Ok(buckets)
+}
+
 /// The state the first reads gave one instance, checked.
 struct Read<'r> {
     /// The time the events are judged at, the watermark and `gen` (gate.lua).
@@ -305,7 +446,9 @@ struct Read<'r> {
     gen: i64,
     /// Whether `meta` holds no settings yet.
     unpinned: bool,
-    /// Entries the digest table holds, and its bucket 0.
+    /// The digest table's level, split pointer and entries held, and its bucket 0.
+    level: u32,
+    split: u64,
     held: usize,
     bucket: &'r [u8],
     /// Each member's `members` value.
@@ -357,12 +500,14 @@ fn first_reads<'r>(inst: &Instance<'_>, replies: &'r [Value]) -> Result<Read<'r>
         bulk(&table[3])?,
         bulk(&table[4])?,
     );
-    // A table of one bucket, marked free of the legacy ZSet (every small instance's once
-    // it was written once).
+    // A table with a state in range (table_state in digest.lua), marked free of the
+    // legacy ZSet (every instance's once it was written once).
     let (Some(l), Some(p), Some(n)) = (l, p, n) else {
         return Err(());
     };
-    if integer(l)? != 0 || integer(p)? != 0 || clean != Some(b"1".as_slice()) {
+    let level = u32::try_from(integer(l)?).map_err(|_| ())?;
+    let split = u64::try_from(integer(p)?).map_err(|_| ())?;
+    if level > MAX_LEVEL || split >= 1 << level || clean != Some(b"1".as_slice()) {
         return Err(());
     }
     let held = usize::try_from(integer(n)?).map_err(|_| ())?;
@@ -393,6 +538,8 @@ fn first_reads<'r>(inst: &Instance<'_>, replies: &'r [Value]) -> Result<Read<'r>
         watermark,
         gen,
         unpinned: settings.is_none(),
+        level,
+        split,
         held,
         bucket,
         members,
@@ -426,17 +573,14 @@ fn judge(
     read: &Read<'_>,
     known: &Known,
     scores: &[Value],
+    plan: &Plan,
+    buckets: &HashMap<u64, &[u8]>,
 ) -> Result<Verdict, ()> {
     let board = inst.apply.board;
     let g = &inst.grouped;
     let through = board.forgettable_through(inst.apply.now).rem_euclid(WRAP);
     let now = read.now;
-    // Slices: late ones, and each one's digests.
-    let late: Vec<bool> = g
-        .slices
-        .iter()
-        .map(|&n| n <= read.watermark || board.forget_at(n) <= now)
-        .collect();
+    let (late, live) = (&plan.late, plan.live);
     let outcomes: Vec<Outcome> = g
         .slice_of
         .iter()
@@ -448,40 +592,29 @@ fn judge(
             }
         })
         .collect();
-    let live: usize = inst
-        .counts
-        .iter()
-        .zip(&late)
-        .filter(|(_, &l)| !l)
-        .map(|(c, _)| c)
-        .sum();
     if live == 0 {
         return Ok(Verdict::Judged(outcomes));
     }
-    if read.held + live > LOAD {
-        return Err(());
-    }
-    // The digests the table holds in an entry that still counts (held_of in digest.lua):
-    // any among the live events goes to the script, which judges duplicates.
-    let held: std::collections::HashSet<&[u8]> = read
-        .bucket
-        .chunks_exact(ENTRY)
-        .filter(|e| {
-            let tag = i64::from(u32::from_be_bytes([e[16], e[17], e[18], e[19]]));
-            let x = (tag - through).rem_euclid(WRAP);
-            x > 0 && x < HALF
-        })
-        .map(|e| &e[..DIGEST])
-        .collect();
+    // A live digest its bucket holds in an entry that still counts (held_of in
+    // digest.lua) goes to the script, which judges duplicates.
+    let bucket = |a: u64| buckets.get(&a).copied().ok_or(());
     let mut slice_digests = Vec::with_capacity(g.slices.len());
     let mut at = 0;
     for &c in &inst.counts {
-        slice_digests.push(&inst.blob[at..at + DIGEST * c]);
+        slice_digests.push((at / DIGEST, &inst.blob[at..at + DIGEST * c]));
         at += DIGEST * c;
     }
-    for (s, digests) in slice_digests.iter().enumerate() {
-        if !late[s] && digests.chunks_exact(DIGEST).any(|d| held.contains(d)) {
-            return Err(());
+    for (s, &(first, digests)) in slice_digests.iter().enumerate() {
+        if late[s] {
+            continue;
+        }
+        for (k, d) in (first..).zip(digests.chunks_exact(DIGEST)) {
+            let held = bucket(plan.addr[k])?
+                .chunks_exact(ENTRY)
+                .any(|e| &e[..DIGEST] == d && counts(e, through));
+            if held {
+                return Err(());
+            }
         }
     }
     // Member state: totals, by their scores or their fields in `totals`.
@@ -544,30 +677,76 @@ fn judge(
     // The writes, in fold.lua's order.
     let k = &inst.apply.k;
     let mut writes: Vec<(&'static str, Vec<Value>)> = Vec::new();
-    let mut bucket = read.bucket.to_vec();
-    for (s, digests) in slice_digests.iter().enumerate() {
+    // The inserts, then the splits they call for (write_table in digest.lua).
+    let mut dirty: BTreeMap<u64, Vec<u8>> = BTreeMap::new();
+    for (s, &(first, digests)) in slice_digests.iter().enumerate() {
         if late[s] {
             continue;
         }
         let tag = tag_of(g.slices[s]);
         let mut log = vec![Value::from(k.seen_log(g.slices[s]))];
-        for d in digests.chunks_exact(DIGEST) {
-            bucket.extend_from_slice(d);
-            bucket.extend_from_slice(&tag);
+        for (k, d) in (first..).zip(digests.chunks_exact(DIGEST)) {
+            let a = plan.addr[k];
+            let v = match dirty.entry(a) {
+                std::collections::btree_map::Entry::Occupied(v) => v.into_mut(),
+                std::collections::btree_map::Entry::Vacant(v) => v.insert(bucket(a)?.to_vec()),
+            };
+            v.extend_from_slice(d);
+            v.extend_from_slice(&tag);
             log.push(Value::Bytes(d[..4].to_vec().into()));
         }
         writes.push(("RPUSH", log));
     }
-    writes.push((
-        "HSET",
-        vec![
-            Value::from(k.seen_table()),
-            Value::from("#n"),
-            Value::from((read.held + live).to_string()),
-            Value::from("0"),
-            Value::Bytes(bucket.into()),
-        ],
-    ));
+    let (mut level, mut split, mut held) = (read.level, read.split, read.held + live);
+    let mut size = 1u64 << level;
+    while held as u64 > LOAD as u64 * (size + split) {
+        let v = match dirty.get(&split) {
+            Some(v) => v.clone(),
+            None => bucket(split)?.to_vec(),
+        };
+        let (mut stay, mut moved) = (Vec::new(), Vec::new());
+        for e in v.chunks_exact(ENTRY) {
+            if !counts(e, through) {
+                held -= 1;
+            } else if hash_of(e) % (2 * size) == split {
+                stay.extend_from_slice(e);
+            } else {
+                moved.extend_from_slice(e);
+            }
+        }
+        dirty.insert(split, stay);
+        dirty.insert(split + size, moved);
+        split += 1;
+        if split == size {
+            (level, split, size) = (level + 1, 0, 2 * size);
+        }
+    }
+    let mut table = vec![
+        Value::from(k.seen_table()),
+        Value::from("#n"),
+        Value::from(held.to_string()),
+    ];
+    if level != read.level {
+        table.push(Value::from("#L"));
+        table.push(Value::from(level.to_string()));
+    }
+    if split != read.split {
+        table.push(Value::from("#p"));
+        table.push(Value::from(split.to_string()));
+    }
+    let mut emptied = vec![Value::from(k.seen_table())];
+    for (a, v) in dirty {
+        if v.is_empty() {
+            emptied.push(Value::from(a.to_string()));
+        } else {
+            table.push(Value::from(a.to_string()));
+            table.push(Value::Bytes(v.into()));
+        }
+    }
+    writes.push(("HSET", table));
+    if emptied.len() > 1 {
+        writes.push(("HDEL", emptied));
+    }
     let mut registered = vec![Value::from(k.slices())];
     for (s, pairs) in slice_writes {
         let n = g.slices[s];
@@ -688,12 +867,17 @@ impl Store {
             .iter()
             .map(|&(apply, events)| Instance::new(apply, events))
             .collect();
-        self.bounded(weight, async {
+        let out = self.bounded(weight, async {
             let client = pool.acquire().await;
             for _ in 0..TRIES {
                 match self.judge_once(&client, &instances).await {
                     Ok(Some(out)) => return out,
-                    Ok(None) => continue,
+                    Ok(None) => {
+                        if let Some(metrics) = &self.metrics {
+                            metrics.judge_aborted();
+                        }
+                        continue;
+                    }
                     Err(e) if refused(&e) => {
                         warn!(
                             error = %e,
@@ -712,7 +896,16 @@ impl Store {
             // Aborted every time: a busy instance, left to the scripts.
             none()
         })
-        .await
+        .await;
+        if let Some(metrics) = &self.metrics {
+            let worker = out
+                .iter()
+                .filter(|o| o.as_ref().is_some_and(Result::is_ok))
+                .count();
+            let script = out.iter().filter(|o| o.is_none()).count();
+            metrics.judged(worker as u64, script as u64);
+        }
+        out
     }
 
     /// One try of [`Store::judge_pack`] on `client`: `None` when Redis aborted its `EXEC`.
@@ -761,55 +954,76 @@ impl Store {
                 Some((read, known))
             })
             .collect();
-        // The second read: the ranking entries of the known members (on an incremental
-        // board: a resummarize one's totals were read with the rest).
-        let p = client.pipeline();
-        for (inst, read) in instances.iter().zip(&reads) {
-            let Some((_, known)) = read.as_ref().filter(|_| inst.incremental()) else {
-                continue;
-            };
-            let zs: Vec<Value> = known
-                .iter()
-                .flatten()
-                .map(|(z, _)| Value::from(z.as_str()))
-                .collect();
-            if zs.is_empty() {
-                let _: () = p.zcard(inst.apply.k.result()).await?;
-            } else {
-                let _: () = p
-                    .custom(command("ZMSCORE"), with_key(inst.apply.k.result(), zs))
-                    .await?;
-            }
-        }
-        let second = instances
+        let plans: Vec<Option<Plan>> = instances
             .iter()
             .zip(&reads)
-            .any(|(inst, read)| read.is_some() && inst.incremental());
+            .map(|(inst, read)| plan(inst, &read.as_ref()?.0).ok())
+            .collect();
+        // The second reads: on an incremental board the ranking entries of the known
+        // members (a resummarize one's totals were read with the rest), and the digest
+        // table's buckets past bucket 0 that the judgement needs.
+        let p = client.pipeline();
+        let mut second = false;
+        for ((inst, read), plan) in instances.iter().zip(&reads).zip(&plans) {
+            let (Some((_, known)), Some(plan)) = (read, plan) else {
+                continue;
+            };
+            if inst.incremental() {
+                let zs: Vec<Value> = known
+                    .iter()
+                    .flatten()
+                    .map(|(z, _)| Value::from(z.as_str()))
+                    .collect();
+                if zs.is_empty() {
+                    let _: () = p.zcard(inst.apply.k.result()).await?;
+                } else {
+                    let _: () = p
+                        .custom(command("ZMSCORE"), with_key(inst.apply.k.result(), zs))
+                        .await?;
+                }
+                second = true;
+            }
+            if !plan.wanted.is_empty() {
+                let fields: Vec<String> = plan.wanted.iter().map(u64::to_string).collect();
+                let _: () = p.hmget(inst.apply.k.seen_table(), fields).await?;
+                second = true;
+            }
+        }
         let mut seconds = if second {
             p.try_all::<Value>().await.into_iter()
         } else {
             Vec::new().into_iter()
         };
+        // Each instance's second replies, taken in the order they were queued: its
+        // scores, `None` where its read failed on the data (left to the script).
+        let mut next = |wanted: bool| -> Result<Option<Option<Value>>, fred::error::Error> {
+            if !wanted {
+                return Ok(Some(None));
+            }
+            match seconds.next() {
+                Some(Ok(v)) => Ok(Some(Some(v))),
+                Some(Err(e)) if lost(&e) => Err(e),
+                _ => Ok(None),
+            }
+        };
         let mut verdicts = Vec::with_capacity(instances.len());
-        for (inst, read) in instances.iter().zip(&reads) {
-            let Some((read, known)) = read else {
+        for ((inst, read), plan) in instances.iter().zip(&reads).zip(&plans) {
+            let (Some((read, known)), Some(plan)) = (read, plan) else {
                 verdicts.push(Verdict::Fold);
                 continue;
             };
-            if !inst.incremental() {
-                verdicts.push(judge(inst, read, known, &[]).unwrap_or(Verdict::Fold));
-                continue;
-            }
-            let scores = match seconds.next() {
-                Some(Ok(Value::Array(scores))) => scores,
-                Some(Ok(Value::Integer(_))) => Vec::new(),
-                Some(Err(e)) if lost(&e) => return Err(e),
-                _ => {
-                    verdicts.push(Verdict::Fold);
-                    continue;
-                }
-            };
-            verdicts.push(judge(inst, read, known, &scores).unwrap_or(Verdict::Fold));
+            let scores = next(inst.incremental())?;
+            let buckets = next(!plan.wanted.is_empty())?;
+            let verdict = (|| {
+                let scores = match scores.ok_or(())? {
+                    Some(Value::Array(scores)) => scores,
+                    Some(Value::Integer(_)) | None => Vec::new(),
+                    Some(_) => return Err(()),
+                };
+                let buckets = buckets_of(read, plan, buckets.as_ref().ok_or(())?.as_ref())?;
+                judge(inst, read, known, &scores, plan, &buckets)
+            })();
+            verdicts.push(verdict.unwrap_or(Verdict::Fold));
         }
         let writes: usize = verdicts
             .iter()
