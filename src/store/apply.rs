@@ -827,7 +827,9 @@ impl Store {
     /// Whether several instances' keys go in one call only when they share a slot: a
     /// cluster, or a proxy that refused a packed call.
     fn clustered(&self) -> bool {
-        self.client().is_clustered() || self.packs_by_slot.load(Ordering::Relaxed)
+        // The reader's config, which every connection shares (`client()` would take the
+        // next write connection's turn).
+        self.reader().is_clustered() || self.packs_by_slot.load(Ordering::Relaxed)
     }
 
     /// Whether `board`'s instances are judged in the worker (see `judge`): one server,

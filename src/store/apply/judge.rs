@@ -1037,15 +1037,31 @@ impl Store {
                 .custom(command("UNWATCH"), Vec::<Value>::new())
                 .await?;
         } else {
-            let trx = client.multi();
+            // `MULTI`, the writes and `EXEC` as plain commands in one pipeline, each
+            // written once: fred's own transactions are sent again on a new connection
+            // when the first one is lost, and there, without the `WATCH` that guarded
+            // them, they would apply a second time what Redis may already have run.
+            let p = client.pipeline();
+            let _: () = p.custom(command("MULTI"), Vec::<Value>::new()).await?;
             for verdict in &verdicts {
                 if let Verdict::Write(_, commands) = verdict {
                     for (cmd, args) in commands {
-                        let _: Value = trx.custom(command(cmd), args.clone()).await?;
+                        let _: () = p.custom(command(cmd), args.clone()).await?;
                     }
                 }
             }
-            let done: Result<Value, _> = trx.exec(true).await;
+            let _: () = p.custom(command("EXEC"), Vec::<Value>::new()).await?;
+            let mut replies = p.try_all::<Value>().await;
+            // A command refused as it was queued makes Redis refuse the `EXEC` too
+            // (EXECABORT): its own error says why.
+            let refusal = replies[..replies.len() - 1]
+                .iter()
+                .find_map(|r| r.as_ref().err().cloned());
+            let done = match (replies.pop(), refusal) {
+                (Some(Err(e)), Some(why)) if !lost(&e) => Err(why),
+                (Some(done), _) => done,
+                (None, _) => Err(fred::error::Error::new_canceled()),
+            };
             for (inst, verdict) in instances.iter().zip(&verdicts) {
                 if let Verdict::Write(..) = verdict {
                     self.wrote_keys(&[inst.apply.k.meta()]);

@@ -13,6 +13,7 @@ use rollboard::store::{ApplyEvent, Outcome, Reconnect, Store, StoreError};
 
 use crate::support::boards::{ev, scoped, with_fresh_store};
 use crate::support::instances::{shaped, twin};
+use crate::support::proxy::Proxy;
 use crate::support::redis::{command_calls, keyed, RedisServer};
 
 const NOW: i64 = 1_000_000;
@@ -217,6 +218,122 @@ async fn digests(store: &Store, board: &Board) -> BTreeMap<String, Vec<Vec<u8>>>
     out
 }
 
+/// The unscoped instances of `board` and `control` hold the same data, whatever calls
+/// their events were cut in: a judged chunk holds several `fold.lua` calls' events, so
+/// `meta`'s `gen` (bumped once a call or chunk) is left out, and a bucket's or a forget
+/// log's entries are compared as sets ([`digests`]).
+async fn same_data(store: &Store, board: &Board, control: &Board, what: &str) {
+    let chunk_free = |(key, mut held): (String, Vec<String>)| {
+        held.retain(|f| !f.starts_with("String(\"gen\")="));
+        (!key.contains(":seen")).then_some((key, held))
+    };
+    let judged: BTreeMap<_, _> = contents(store, board, None, false)
+        .await
+        .into_iter()
+        .filter_map(chunk_free)
+        .collect();
+    let by_scripts: BTreeMap<_, _> = contents(store, control, None, false)
+        .await
+        .into_iter()
+        .filter_map(chunk_free)
+        .collect();
+    assert_eq!(
+        digests(store, board).await,
+        digests(store, control).await,
+        "{what}: the digest table and forget logs"
+    );
+    for (key, held) in &judged {
+        assert_eq!(Some(held), by_scripts.get(key), "{what}: {key}");
+    }
+    assert_eq!(judged.len(), by_scripts.len(), "{what}");
+}
+
+/// A connection cut right after a judged chunk's `EXEC` reached Redis (its reply lost):
+/// the apply fails, and applying the same events again (the consumer's retry) finds the
+/// chunk's events remembered, `Duplicate`, and applies the rest: the instance holds what
+/// applying every event once by the scripts leaves on a twin board. On a pack of small
+/// instances the same.
+#[tokio::test]
+async fn a_connection_cut_after_exec_loses_and_doubles_nothing() {
+    let redis = RedisServer::start();
+    let proxy = Proxy::start(redis.port).await;
+    let store = Store::connect(&proxy.url(), "rb", 2, Reconnect::Forever)
+        .await
+        .expect("connect through the proxy");
+    let scripts = redis.store("rb").await.with_transactions(false);
+    let board = Board {
+        scope: None,
+        ..shaped(0)
+    };
+    let control = twin(&board);
+    let slice = board.slice_ms;
+    let first = spread("r0", 250, NOW, slice);
+    store
+        .apply(&board, None, &first, NOW)
+        .await
+        .expect("applied");
+    scripts
+        .apply(&control, None, &first, NOW)
+        .await
+        .expect("applied");
+    let second = spread("r1", 250, NOW + 1, slice);
+    proxy.cut_after(b"$4\r\nEXEC\r\n", 1);
+    let cut = store.apply(&board, None, &second, NOW + 1).await;
+    assert!(cut.is_err(), "the cut apply answered {cut:?}");
+    assert_eq!(proxy.cuts(), 1);
+    let again = store
+        .apply(&board, None, &second, NOW + 1)
+        .await
+        .expect("applied again");
+    let remembered = again.iter().filter(|&&o| o == Outcome::Duplicate).count();
+    assert!(
+        remembered > 0 && remembered < second.len(),
+        "{remembered} of {} events were applied before the cut",
+        second.len()
+    );
+    assert!(again
+        .iter()
+        .all(|&o| o == Outcome::Duplicate || o == Outcome::Applied));
+    let by_scripts = scripts
+        .apply(&control, None, &second, NOW + 1)
+        .await
+        .expect("applied");
+    assert!(by_scripts.iter().all(|&o| o == Outcome::Applied));
+    same_data(&store, &board, &control, "after the cut").await;
+
+    // A pack of small instances.
+    let scoped_board = scoped(shaped(2));
+    let scoped_control = twin(&scoped_board);
+    // The instances' first writes are the scripts' (no digest table yet).
+    let before = shares(5, "p0", NOW);
+    applied(&store, &scoped_board, &before, NOW).await;
+    applied(&scripts, &scoped_control, &before, NOW).await;
+    let batch = shares(5, "p1", NOW);
+    applied(&scripts, &scoped_control, &batch, NOW).await;
+    proxy.cut_after(b"$4\r\nEXEC\r\n", 1);
+    let cut = applied(&store, &scoped_board, &batch, NOW).await;
+    assert!(cut.iter().any(Result::is_err), "{cut:?}");
+    let again = applied(&store, &scoped_board, &batch, NOW).await;
+    assert!(
+        again.iter().any(|r| r
+            .as_ref()
+            .is_ok_and(|r| r.iter().all(|&o| o == Outcome::Duplicate))),
+        "the cut EXEC applied nothing: {again:?}"
+    );
+    for (r, (scope, _)) in again.iter().zip(&batch) {
+        let r = r.as_ref().expect("applied again");
+        assert!(
+            r.iter().all(|&o| o == Outcome::Duplicate) || r.iter().all(|&o| o == Outcome::Applied),
+            "{scope}: {r:?}"
+        );
+        assert_eq!(
+            contents(&store, &scoped_board, scope.as_str(), true).await,
+            contents(&store, &scoped_control, scope.as_str(), true).await,
+            "{scope}"
+        );
+    }
+}
+
 /// A large instance (an unscoped board's), judged a chunk at a time as its digest table
 /// grows past one bucket and splits, level after level: every judged shape gives the
 /// outcomes and the data (its digest table's buckets byte for byte) that `fold.lua` gives
@@ -272,36 +389,7 @@ async fn large_instances_agree_with_fold_as_their_digest_tables_split() {
                 "{}: {what}",
                 board.name
             );
-            let (judged, by_scripts) = (
-                contents(&store, &board, None, false).await,
-                contents(&store, &control, None, false).await,
-            );
-            // A judged chunk holds several `fold.lua` calls' events: `meta`'s `gen` is
-            // bumped once a chunk, so it counts fewer, and a bucket's or a forget log's
-            // entries are in another order (compared as sets, by `digests`).
-            let chunk_free = |(key, mut held): (String, Vec<String>)| {
-                held.retain(|f| !f.starts_with("String(\"gen\")="));
-                (!key.contains(":seen")).then_some((key, held))
-            };
-            let (judged, by_scripts): (BTreeMap<_, _>, BTreeMap<_, _>) = (
-                judged.into_iter().filter_map(chunk_free).collect(),
-                by_scripts.into_iter().filter_map(chunk_free).collect(),
-            );
-            assert_eq!(
-                digests(&store, &board).await,
-                digests(&store, &control).await,
-                "{}: {what}: the digest table and forget logs",
-                board.name
-            );
-            for (key, held) in &judged {
-                assert_eq!(
-                    Some(held),
-                    by_scripts.get(key),
-                    "{}: {what}: {key}",
-                    board.name
-                );
-            }
-            assert_eq!(judged.len(), by_scripts.len(), "{}: {what}", board.name);
+            same_data(&store, &board, &control, &format!("{}: {what}", board.name)).await;
         }
         let k = store.instance(&board.widest(), None);
         let level: Option<i64> = store.client().hget(k.seen_table(), "#L").await.expect("#L");
