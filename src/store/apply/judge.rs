@@ -30,6 +30,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use fred::clients::ExclusivePool;
 use fred::prelude::*;
 use fred::types::{ClusterHash, CustomCommand};
+use futures_util::future::join_all;
 use tracing::warn;
 
 use super::{digests_by_slice, ApplyEvent, Grouped, InstanceApply, Outcome};
@@ -51,6 +52,11 @@ const HALF: i64 = 1 << 31;
 const MAX_LEVEL: u32 = 40;
 /// `EXEC`s aborted before a pack goes to `fold.lua` instead.
 pub(crate) const TRIES: usize = 3;
+/// The most keys one transaction watches (but a single instance's): Redis 7.0 compares
+/// each key a `WATCH` names with every key its connection watches already, so a pack's
+/// instances go in transactions of about this many keys, at once on connections of
+/// their own.
+const WATCHED: usize = 24;
 /// Connections kept for transactions: `WATCH` belongs to a connection, so each is held by
 /// one pack from its `WATCH` to its `EXEC`.
 const CONNECTIONS: usize = 4;
@@ -161,13 +167,18 @@ impl<'a> Instance<'a> {
         }
     }
 
-    /// Every key the instance's judgement reads or its writes touch.
+    /// The keys whose values the instance's writes are made from: `meta`, the digest
+    /// table, `members`, the ranking (or `totals`) and the slices' fields. Not the slice
+    /// registry, which a write adds a live slice to whatever it held (only a roll, which
+    /// raises `meta`'s watermark first, removes one), nor the forget logs, which a write
+    /// appends to (the roll that takes entries from one changes the digest table too).
+    /// Redis 7.0 checks each key a `WATCH` names against every key the connection
+    /// watches already, so each one left out saves work that grows with the pack.
     fn watched(&self) -> Vec<String> {
         let k = &self.apply.k;
         let mut keys = vec![
             k.meta(),
             k.members(),
-            k.slices(),
             k.seen_table(),
             if self.incremental() {
                 k.result()
@@ -176,8 +187,12 @@ impl<'a> Instance<'a> {
             },
         ];
         keys.extend(self.grouped.slices.iter().map(|&n| k.slice(n)));
-        keys.extend(self.grouped.slices.iter().map(|&n| k.seen_log(n)));
         keys
+    }
+
+    /// How many keys [`Instance::watched`] names.
+    fn watched_len(&self) -> usize {
+        4 + self.grouped.slices.len()
     }
 
     /// Whether the instance's board ranks as it applies (else its totals are kept beside
@@ -867,10 +882,51 @@ impl Store {
             .iter()
             .map(|&(apply, events)| Instance::new(apply, events))
             .collect();
-        let out = self.bounded(weight, async {
+        // Transactions of at most WATCHED keys each, on connections of their own, at once.
+        let mut groups: Vec<&[Instance]> = Vec::new();
+        let (mut from, mut keys) = (0, 0);
+        for (i, inst) in instances.iter().enumerate() {
+            let own = inst.watched_len();
+            if i > from && keys + own > WATCHED {
+                groups.push(&instances[from..i]);
+                (from, keys) = (i, 0);
+            }
+            keys += own;
+        }
+        groups.push(&instances[from..]);
+        let share = weight / groups.len() as u32;
+        let out: Vec<_> = join_all(
+            groups
+                .into_iter()
+                .map(|group| self.judge_group(pool, group, share)),
+        )
+        .await
+        .into_iter()
+        .flatten()
+        .collect();
+        if let Some(metrics) = &self.metrics {
+            let worker = out
+                .iter()
+                .filter(|o| o.as_ref().is_some_and(Result::is_ok))
+                .count();
+            let script = out.iter().filter(|o| o.is_none()).count();
+            metrics.judged(worker as u64, script as u64);
+        }
+        out
+    }
+
+    /// [`Store::judge_pack`] for one transaction's instances, on a connection of its own.
+    async fn judge_group(
+        &self,
+        pool: &ExclusivePool,
+        instances: &[Instance<'_>],
+        weight: u32,
+    ) -> Vec<Option<Result<Vec<Outcome>, StoreError>>> {
+        let none = || instances.iter().map(|_| None).collect();
+        self.bounded(weight, async {
             let client = pool.acquire().await;
             for _ in 0..TRIES {
-                match self.judge_once(&client, &instances).await {
+                match self.judge_once(&client, instances).await {
                     Ok(Some(out)) => return out,
                     Ok(None) => {
                         if let Some(metrics) = &self.metrics {
@@ -896,16 +952,7 @@ impl Store {
             // Aborted every time: a busy instance, left to the scripts.
             none()
         })
-        .await;
-        if let Some(metrics) = &self.metrics {
-            let worker = out
-                .iter()
-                .filter(|o| o.as_ref().is_some_and(Result::is_ok))
-                .count();
-            let script = out.iter().filter(|o| o.is_none()).count();
-            metrics.judged(worker as u64, script as u64);
-        }
-        out
+        .await
     }
 
     /// One try of [`Store::judge_pack`] on `client`: `None` when Redis aborted its `EXEC`.

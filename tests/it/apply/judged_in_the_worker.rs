@@ -490,9 +490,10 @@ fn rejected(redis: &RedisServer, command: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// A user the server refuses `WATCH`: the first pack's `WATCH` is refused (`NOPERM`), and
-/// from then on every instance goes to `fold.lua`, with the outcomes and data it gives;
-/// `WATCH` is not sent again. A store with transactions off never sends it.
+/// A user the server refuses `WATCH`: the first pack's `WATCH`es are refused (`NOPERM`;
+/// one per transaction it was cut in), and from then on every instance goes to
+/// `fold.lua`, with the outcomes and data it gives; `WATCH` is not sent again. A store
+/// with transactions off never sends it.
 #[tokio::test]
 async fn without_watch_every_instance_is_judged_by_the_scripts() {
     let redis = RedisServer::start();
@@ -506,6 +507,7 @@ async fn without_watch_every_instance_is_judged_by_the_scripts() {
     let control_store = redis.store("rb").await.with_transactions(false);
     let board = scoped(shaped(0));
     let control = twin(&board);
+    let mut refusals = Vec::new();
     for (round, now) in [("r1", NOW), ("r2", NOW + 10)] {
         let batch = shares(5, round, now);
         let judged = applied(&store, &board, &batch, now).await;
@@ -521,8 +523,10 @@ async fn without_watch_every_instance_is_judged_by_the_scripts() {
                 "{round}: {scope}"
             );
         }
+        refusals.push(rejected(&redis, "watch"));
     }
-    assert_eq!(rejected(&redis, "watch"), 1, "WATCH sent once, refused");
+    // Five instances of five watched keys each: two transactions.
+    assert_eq!(refusals, [2, 2], "WATCH refused for the first pack only");
     assert_eq!(command_calls(&redis, "watch"), 0);
     assert_eq!(command_calls(&redis, "exec"), 0);
 }
