@@ -384,6 +384,9 @@ struct Plan {
     /// The buckets to read besides bucket 0 (read with the table's state): those the live
     /// digests are in and those their inserts would split.
     wanted: Vec<u64>,
+    /// Whether the legacy `seen` ZSet must be found absent (watched, then `EXISTS`)
+    /// before the table is marked free of it: a table not yet marked, written to.
+    legacy_check: bool,
 }
 
 fn plan(inst: &Instance<'_>, read: &Read<'_>) -> Result<Plan, ()> {
@@ -430,6 +433,7 @@ fn plan(inst: &Instance<'_>, read: &Read<'_>) -> Result<Plan, ()> {
         live,
         addr,
         wanted,
+        legacy_check: live > 0 && !read.clean,
     })
 }
 
@@ -461,11 +465,16 @@ struct Read<'r> {
     gen: i64,
     /// Whether `meta` holds no settings yet.
     unpinned: bool,
-    /// The digest table's level, split pointer and entries held, and its bucket 0.
+    /// The digest table's level, split pointer and entries held (0, 0, 0 for a table
+    /// with no state yet: `stated` false), and its bucket 0.
     level: u32,
     split: u64,
     held: usize,
+    stated: bool,
     bucket: &'r [u8],
+    /// Whether `#c` marks the instance free of the legacy `seen` ZSet (else the second
+    /// reads check that it holds none, as `fold.lua` does, and the writes mark it).
+    clean: bool,
     /// Each member's `members` value.
     members: &'r [Value],
     /// Whether the registry lists each slice.
@@ -515,17 +524,21 @@ fn first_reads<'r>(inst: &Instance<'_>, replies: &'r [Value]) -> Result<Read<'r>
         bulk(&table[3])?,
         bulk(&table[4])?,
     );
-    // A table with a state in range (table_state in digest.lua), marked free of the
-    // legacy ZSet (every instance's once it was written once).
-    let (Some(l), Some(p), Some(n)) = (l, p, n) else {
-        return Err(());
+    // A table with no state (a new instance's), or one with a state in range
+    // (table_state in digest.lua); any other is left to the script, which refuses it.
+    let (level, split, held, stated) = match (l, p, n) {
+        (None, None, None) => (0, 0, 0, false),
+        (Some(l), Some(p), Some(n)) => {
+            let level = u32::try_from(integer(l)?).map_err(|_| ())?;
+            let split = u64::try_from(integer(p)?).map_err(|_| ())?;
+            if level > MAX_LEVEL || split >= 1 << level {
+                return Err(());
+            }
+            let held = usize::try_from(integer(n)?).map_err(|_| ())?;
+            (level, split, held, true)
+        }
+        _ => return Err(()),
     };
-    let level = u32::try_from(integer(l)?).map_err(|_| ())?;
-    let split = u64::try_from(integer(p)?).map_err(|_| ())?;
-    if level > MAX_LEVEL || split >= 1 << level || clean != Some(b"1".as_slice()) {
-        return Err(());
-    }
-    let held = usize::try_from(integer(n)?).map_err(|_| ())?;
     let bucket = bucket.unwrap_or_default();
     if bucket.len() % ENTRY != 0 {
         return Err(());
@@ -556,6 +569,8 @@ fn first_reads<'r>(inst: &Instance<'_>, replies: &'r [Value]) -> Result<Read<'r>
         level,
         split,
         held,
+        stated,
+        clean: clean == Some(b"1".as_slice()),
         bucket,
         members,
         listed,
@@ -741,13 +756,17 @@ fn judge(
         Value::from("#n"),
         Value::from(held.to_string()),
     ];
-    if level != read.level {
+    if !read.stated || level != read.level {
         table.push(Value::from("#L"));
         table.push(Value::from(level.to_string()));
     }
-    if split != read.split {
+    if !read.stated || split != read.split {
         table.push(Value::from("#p"));
         table.push(Value::from(split.to_string()));
+    }
+    if !read.clean {
+        table.push(Value::from("#c"));
+        table.push(Value::from("1"));
     }
     let mut emptied = vec![Value::from(k.seen_table())];
     for (a, v) in dirty {
@@ -878,10 +897,19 @@ impl Store {
             Ok(pool) => pool,
             Err(e) => return pack.iter().map(|_| Some(Err(e.clone()))).collect(),
         };
-        let instances: Vec<Instance> = pack
-            .iter()
-            .map(|&(apply, events)| Instance::new(apply, events))
-            .collect();
+        // An instance met a second time in the pack (one scope in two shares) goes to
+        // `fold.lua`, after the first is written: judged together, both would be judged
+        // from the state before either.
+        let mut met = HashSet::new();
+        let (mut judged, mut again) = (Vec::new(), Vec::new());
+        for (i, &(apply, events)) in pack.iter().enumerate() {
+            if met.insert(apply.k.meta()) {
+                judged.push(Instance::new(apply, events));
+            } else {
+                again.push(i);
+            }
+        }
+        let instances = judged;
         // Transactions of at most WATCHED keys each, on connections of their own, at once.
         let mut groups: Vec<&[Instance]> = Vec::new();
         let (mut from, mut keys) = (0, 0);
@@ -904,6 +932,10 @@ impl Store {
         .into_iter()
         .flatten()
         .collect();
+        let mut out = out;
+        for i in again {
+            out.insert(i, None);
+        }
         if let Some(metrics) = &self.metrics {
             let worker = out
                 .iter()
@@ -1035,6 +1067,12 @@ impl Store {
                 let _: () = p.hmget(inst.apply.k.seen_table(), fields).await?;
                 second = true;
             }
+            if plan.legacy_check {
+                let seen = vec![Value::from(inst.apply.k.seen())];
+                let _: () = p.custom(command("WATCH"), seen.clone()).await?;
+                let _: () = p.custom(command("EXISTS"), seen).await?;
+                second = true;
+            }
         }
         let mut seconds = if second {
             p.try_all::<Value>().await.into_iter()
@@ -1061,6 +1099,8 @@ impl Store {
             };
             let scores = next(inst.incremental())?;
             let buckets = next(!plan.wanted.is_empty())?;
+            let watched = next(plan.legacy_check)?;
+            let legacy = next(plan.legacy_check)?;
             let verdict = (|| {
                 let scores = match scores.ok_or(())? {
                     Some(Value::Array(scores)) => scores,
@@ -1068,6 +1108,12 @@ impl Store {
                     Some(_) => return Err(()),
                 };
                 let buckets = buckets_of(read, plan, buckets.as_ref().ok_or(())?.as_ref())?;
+                // A table not yet marked: judged here only when no legacy ZSet exists.
+                watched.ok_or(())?;
+                match legacy.ok_or(())? {
+                    None | Some(Value::Integer(0)) => {}
+                    Some(_) => return Err(()),
+                }
                 judge(inst, read, known, &scores, plan, &buckets)
             })();
             verdicts.push(verdict.unwrap_or(Verdict::Fold));

@@ -106,7 +106,8 @@ fn assert_calls(board: &Board, events: &[ApplyEvent], calls: usize) {
 async fn a_chain_cut_after_its_first_calls_leaves_a_prefix_and_redelivery_completes_it() {
     let redis = RedisServer::start();
     let proxy = Proxy::start(redis.port).await;
-    let store = proxy.store().await;
+    // Chains of `fold.lua` calls (the worker would judge the events itself).
+    let store = proxy.store().await.with_transactions(false);
     let direct = redis.store("rb").await;
     let tags = ["a", "b", "c", "d", "e", "f"];
     // Loads the library (a call answered "function not found" would count as an occurrence).
@@ -547,6 +548,9 @@ async fn late_duplicate_and_overflowing_calls_mid_chain_agree_with_calls_in_turn
 #[tokio::test]
 async fn an_all_late_chain_counts_nothing() {
     let (_redis, store, board) = with_fresh_store(shaped(0)).await;
+    // A chain of `fold.lua` calls (the worker judges late events by reads alone, leaving
+    // no trace at all).
+    let store = store.with_transactions(false);
     let events = segments(&["a", "b", "c"], NOW - 10 * SLICE);
     assert_calls(&board, &events, 3);
     let got = apply_events(&store, &board, &events, NOW).await;
