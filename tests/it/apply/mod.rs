@@ -5,6 +5,7 @@ mod chained_calls_keep_stream_order;
 mod data_errors_are_not_a_missing_library;
 mod failed_calls_and_refunds_lose_nothing;
 mod fast_path_agrees_with_exact_path;
+mod judged_attacks;
 mod judged_in_the_worker;
 mod member_layouts_read_back;
 mod one_bucket_attacks;
