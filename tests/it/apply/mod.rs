@@ -7,6 +7,7 @@ mod failed_calls_and_refunds_lose_nothing;
 mod fast_path_agrees_with_exact_path;
 mod judged_attacks;
 mod judged_in_the_worker;
+mod judged_packs_model;
 mod member_layouts_read_back;
 mod one_bucket_attacks;
 mod one_call_in_flight_counts_exactly;
