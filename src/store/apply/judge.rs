@@ -384,6 +384,8 @@ struct Plan {
     /// The buckets to read besides bucket 0 (read with the table's state): those the live
     /// digests are in and those their inserts would split.
     wanted: Vec<u64>,
+    /// How many splits the inserts make at most (their buckets are in `wanted`).
+    splits: usize,
     /// Whether the legacy `seen` ZSet must be found absent (watched, then `EXISTS`)
     /// before the table is marked free of it: a table not yet marked, written to.
     legacy_check: bool,
@@ -406,6 +408,7 @@ fn plan(inst: &Instance<'_>, read: &Read<'_>) -> Result<Plan, ()> {
         .sum();
     let mut addr = vec![0u64; inst.blob.len() / DIGEST];
     let mut wanted = Vec::new();
+    let mut splits = 0;
     if live > 0 {
         let mut listed: HashSet<u64> = HashSet::from([0]);
         let mut k = 0;
@@ -421,8 +424,9 @@ fn plan(inst: &Instance<'_>, read: &Read<'_>) -> Result<Plan, ()> {
             k += c;
         }
         // At most one split per LOAD inserts, and one more.
-        let splits = splits_ahead(read.level, read.split, read.held + live, live / LOAD + 1)?;
-        for a in splits {
+        let ahead = splits_ahead(read.level, read.split, read.held + live, live / LOAD + 1)?;
+        splits = ahead.len();
+        for a in ahead {
             if listed.insert(a) {
                 wanted.push(a);
             }
@@ -433,6 +437,7 @@ fn plan(inst: &Instance<'_>, read: &Read<'_>) -> Result<Plan, ()> {
         live,
         addr,
         wanted,
+        splits,
         legacy_check: live > 0 && !read.clean,
     })
 }
@@ -570,7 +575,8 @@ fn first_reads<'r>(inst: &Instance<'_>, replies: &'r [Value]) -> Result<Read<'r>
         split,
         held,
         stated,
-        clean: clean == Some(b"1".as_slice()),
+        // digest.lua reads no mark without a state.
+        clean: stated && clean == Some(b"1".as_slice()),
         bucket,
         members,
         listed,
@@ -681,6 +687,11 @@ fn judge(
         let mut pairs = Vec::with_capacity(2 * groups.len());
         for (k, &gi) in groups.iter().enumerate() {
             let (m, _, sum, abs, ts) = g.groups[gi];
+            // A time the scripts hold only rounded (below 0, past 2^53 - 1: the Store
+            // API's, never an event's) is theirs to write.
+            if !(0..=LIMIT).contains(&ts) {
+                return Err(());
+            }
             let old = match bulk(&read.fields[s][k])? {
                 Some(v) => Some(integer(v)?),
                 None => None,
@@ -727,9 +738,18 @@ fn judge(
         }
         writes.push(("RPUSH", log));
     }
-    let (mut level, mut split, mut held) = (read.level, read.split, read.held + live);
+    // `#n` may count fewer entries than the table holds (a bucket written before the
+    // table had a state): a split that drops forgettable entries then takes it below 0,
+    // as digest.lua's does. The splits are those `plan` read the buckets of, no more.
+    let (mut level, mut split) = (read.level, read.split);
+    let mut held = (read.held + live) as i64;
     let mut size = 1u64 << level;
-    while held as u64 > LOAD as u64 * (size + split) {
+    let mut splits = 0;
+    while held > (LOAD as u64 * (size + split)) as i64 {
+        splits += 1;
+        if splits > plan.splits {
+            return Err(());
+        }
         let v = match dirty.get(&split) {
             Some(v) => v.clone(),
             None => bucket(split)?.to_vec(),

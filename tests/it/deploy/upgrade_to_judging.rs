@@ -19,7 +19,10 @@ fn tip(i: usize, now: i64) -> Fields {
         ("user".into(), format!("u{}", (i * 7) % 211)),
         ("amount".into(), (1 + i % 9).to_string()),
         ("id".into(), format!("t{i}")),
-        ("ts".into(), (now - (i as i64 * 997) % 3_000_000).to_string()),
+        (
+            "ts".into(),
+            (now - (i as i64 * 997) % 3_000_000).to_string(),
+        ),
     ]
 }
 
