@@ -93,7 +93,8 @@ use rollboard::metrics::Metrics;
 use rollboard::store::{apply_call, ApplyEvent, Reconnect, Store, APPLY_CHUNK};
 use support::workload::{apply_event, fields, fill_stream, Spread, MEMBERS, SKEWED_ROOMS};
 use support::{
-    cpu, invoked_by_cargo_bench, percentile, slow_by_kind, slowlog_start, slowlog_take, RedisServer,
+    cpu, invoked_by_cargo_bench, latency_of, percentile, slow_by_kind, slowlog_start, slowlog_take,
+    RedisServer,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -468,6 +469,11 @@ pub struct CallFigures {
     /// Per command: calls and total µs (INFO commandstats).
     pub per_call: BTreeMap<String, (u64, f64)>,
 }
+
+/// The kind under which [`CallFigures::slow`] holds the transactions (`EXEC`), read from
+/// `LATENCY HISTOGRAM` (buckets of powers of 2 µs: above 128 µs, above 2 048 µs, and the
+/// longest one's bucket bound).
+pub const EXEC_KIND: &str = "EXEC (LATENCY HISTOGRAM, > 128 µs, > 2.048 ms)";
 
 /// The stream commands whose µs per call the drains print.
 const STREAM_COMMANDS: [&str; 3] = ["xreadgroup", "xack", "xautoclaim"];
@@ -1086,6 +1092,11 @@ async fn drain_pass(
     };
     if !redis.counted {
         calls.slow = slow_by_kind(&slowlog_take(store.client()).await?);
+        // The transactions of the instances judged in the worker, whole: the slow log
+        // takes their commands one by one.
+        if let Some(exec) = latency_of(store.client(), "exec").await {
+            calls.slow.insert(EXEC_KIND.to_string(), exec);
+        }
     }
     println!(
         "heaviest commands per event: {}",

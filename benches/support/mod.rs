@@ -453,6 +453,43 @@ pub fn slow_by_kind(log: &[SlowEntry]) -> BTreeMap<String, (usize, usize, u64)> 
     kinds
 }
 
+/// What `LATENCY HISTOGRAM <command>` says of `command`'s calls since the last `CONFIG
+/// RESETSTAT` (Redis 7.0 and later; buckets bounded by powers of 2 µs), as a kind of
+/// [`slow_by_kind`]: the calls above 128 µs, those above 2 048 µs (the bucket bound nearest
+/// [`BOUND_US`]), and the bound of the longest one's bucket (µs). The slow log skips
+/// `EXEC` (it logs the commands a transaction ran one by one), so a transaction's whole
+/// time is read here. `None` when the server keeps no such histogram.
+pub async fn latency_of(client: &Client, command: &str) -> Option<(usize, usize, u64)> {
+    let raw = admin(client, "LATENCY", &["HISTOGRAM", command]).await.ok()?;
+    // [name, ["calls", n, "histogram_usec", [bound, calls up to it, ...]]]
+    let mut top = raw.into_array().into_iter();
+    let _name = top.next()?;
+    let fields = top.next()?.into_array();
+    let calls = fields.get(1)?.as_u64()?;
+    let buckets = fields.get(3)?.clone().into_array();
+    let pairs: Vec<(u64, u64)> = buckets
+        .chunks(2)
+        .filter_map(|p| Some((p.first()?.as_u64()?, p.get(1)?.as_u64()?)))
+        .collect();
+    let up_to = |bound: u64| {
+        pairs
+            .iter()
+            .filter(|(b, _)| *b <= bound)
+            .map(|(_, c)| *c)
+            .max()
+            .unwrap_or(0)
+    };
+    let longest = pairs
+        .iter()
+        .find(|(_, c)| *c >= calls)
+        .map_or(0, |(b, _)| *b);
+    Some((
+        (calls - up_to(128)) as usize,
+        (calls - up_to(2_048)) as usize,
+        longest,
+    ))
+}
+
 /// CPU time the process has used (user + system), from `/proc/<pid>/stat` (100 ticks/s).
 pub fn cpu(pid: u32) -> Duration {
     let ticks = std::fs::read_to_string(format!("/proc/{pid}/stat"))
