@@ -460,7 +460,9 @@ pub fn slow_by_kind(log: &[SlowEntry]) -> BTreeMap<String, (usize, usize, u64)> 
 /// `EXEC` (it logs the commands a transaction ran one by one), so a transaction's whole
 /// time is read here. `None` when the server keeps no such histogram.
 pub async fn latency_of(client: &Client, command: &str) -> Option<(usize, usize, u64)> {
-    let raw = admin(client, "LATENCY", &["HISTOGRAM", command]).await.ok()?;
+    let raw = admin(client, "LATENCY", &["HISTOGRAM", command])
+        .await
+        .ok()?;
     // [name, ["calls", n, "histogram_usec", [bound, calls up to it, ...]]]
     let mut top = raw.into_array().into_iter();
     let _name = top.next()?;

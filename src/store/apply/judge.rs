@@ -56,7 +56,15 @@ pub(crate) const TRIES: usize = 3;
 /// each key a `WATCH` names with every key its connection watches already, so a pack's
 /// instances go in transactions of about this many keys, at once on connections of
 /// their own.
-const WATCHED: usize = 24;
+const WATCHED: usize = 64;
+/// How long a judge connection waits before it is made again, once lost.
+const RECONNECT_DELAY: std::time::Duration = std::time::Duration::from_millis(250);
+/// The longest a transaction may take from its `WATCH` being sent to its `EXEC` being
+/// sent, less than [`RECONNECT_DELAY`]: past it the transaction is given up (`UNWATCH`)
+/// and tried again, so that its `EXEC` cannot reach a connection made after its `WATCH`.
+const STALE: std::time::Duration = std::time::Duration::from_millis(100);
+/// How long a transaction waits for its connection to be made again.
+const CONNECT_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 /// Connections kept for transactions: `WATCH` belongs to a connection, so each is held by
 /// one pack from its `WATCH` to its `EXEC`.
 const CONNECTIONS: usize = 4;
@@ -107,24 +115,49 @@ impl Judging {
     }
 
     async fn pool(&self) -> Result<&ExclusivePool, StoreError> {
-        let Some((builder, reconnect)) = &self.builder else {
+        let Some((builder, _)) = &self.builder else {
             return Err(super::reply_err("judging: no connection settings"));
         };
         self.pool
             .get_or_try_init(|| async {
-                let mut builder = builder.clone();
-                // Sent once: a transaction resent on a new connection would run without
-                // the WATCH that guarded it. A lost reply fails the batch, whose retry
-                // finds the ids it applied.
-                builder.with_connection_config(|c| c.max_command_attempts = 1);
-                let pool = builder.build_exclusive_pool(CONNECTIONS)?;
-                match reconnect {
-                    Reconnect::Never => drop(pool.init().await?),
-                    Reconnect::Forever => drop(pool.connect().await),
-                }
+                let mut config = builder
+                    .get_config()
+                    .cloned()
+                    .ok_or_else(|| super::reply_err("judging: no connection settings"))?;
+                // A command sent while the connection is being made again fails at once
+                // instead of waiting for the new one: a transaction's `EXEC` must reach the
+                // connection its `WATCH` did, and a new connection is made only
+                // RECONNECT_DELAY after the old one was lost, longer than a transaction is
+                // let take (STALE). And each command is sent once: a lost reply fails the
+                // batch, whose retry finds the ids it applied.
+                config.fail_fast = true;
+                let mut own = Builder::from_config(config);
+                own.set_performance_config(builder.get_performance_config().clone());
+                own.set_connection_config(builder.get_connection_config().clone());
+                own.with_connection_config(|c| c.max_command_attempts = 1);
+                own.set_policy(fred::types::config::ReconnectPolicy::new_constant(
+                    0,
+                    RECONNECT_DELAY.as_millis() as u32,
+                ));
+                let pool = own.build_exclusive_pool(CONNECTIONS)?;
+                drop(pool.init().await?);
                 Ok(pool)
             })
             .await
+    }
+}
+
+/// Waits (a while) for `client`'s connection, if it is being made again.
+async fn connected(client: &Client) -> Result<(), fred::error::Error> {
+    if client.is_connected() {
+        return Ok(());
+    }
+    match tokio::time::timeout(CONNECT_WAIT, client.wait_for_connect()).await {
+        Ok(connected) => connected,
+        Err(_) => Err(fred::error::Error::new(
+            fred::error::ErrorKind::IO,
+            "judging: no connection to Redis",
+        )),
     }
 }
 
@@ -201,44 +234,96 @@ impl<'a> Instance<'a> {
         self.apply.board.mode == Mode::Incremental
     }
 
-    /// The first reads (see the module documentation), queued on `p`: [`Instance::reads`]
+    /// The first reads (see the module documentation), added to `out`: [`Instance::reads`]
     /// commands; on a resummarize board the members' totals too.
-    async fn read(&self, p: &fred::clients::Pipeline<Client>) -> Result<(), fred::error::Error> {
+    fn read(&self, out: &mut Commands) {
         let k = &self.apply.k;
         let g = &self.grouped;
-        let _: () = p
-            .hmget(
-                k.meta(),
-                vec!["expired_through", "settings", "gen", "last_roll"],
-            )
-            .await?;
-        let _: () = p
-            .hmget(k.seen_table(), vec!["#L", "#p", "#n", "#c", "0"])
-            .await?;
-        let _: () = p.hmget(k.members(), g.members.clone()).await?;
+        let names = |names: &[&str]| names.iter().map(|&n| Value::from(n)).collect();
+        out.push(
+            "HMGET",
+            k.meta(),
+            names(&["expired_through", "settings", "gen", "last_roll"]),
+        );
+        out.push(
+            "HMGET",
+            k.seen_table(),
+            names(&["#L", "#p", "#n", "#c", "0"]),
+        );
+        out.push("HMGET", k.members(), names(&g.members));
         let numbers: Vec<Value> = g.slices.iter().map(|&n| Value::from(n)).collect();
-        let _: () = p
-            .custom(command("ZMSCORE"), with_key(k.slices(), numbers))
-            .await?;
+        out.push("ZMSCORE", k.slices(), numbers);
         for (s, &n) in g.slices.iter().enumerate() {
-            let names: Vec<&str> = self.by_slice[s]
+            let fields: Vec<&str> = self.by_slice[s]
                 .iter()
                 .map(|&i| g.members[g.groups[i].0])
                 .collect();
-            let _: () = p.hmget(k.slice(n), names).await?;
+            out.push("HMGET", k.slice(n), names(&fields));
         }
         for &n in &g.slices {
-            let _: () = p.llen(k.seen_log(n)).await?;
+            out.push("LLEN", k.seen_log(n), Vec::new());
         }
         if !self.incremental() {
-            let _: () = p.hmget(k.totals(), g.members.clone()).await?;
+            out.push("HMGET", k.totals(), names(&g.members));
         }
-        Ok(())
     }
 
     fn reads(&self) -> usize {
         4 + 2 * self.grouped.slices.len() + usize::from(!self.incremental())
     }
+}
+
+/// Commands to send together, in order ([`send_all`]).
+#[derive(Default)]
+struct Commands(Vec<(&'static str, Vec<Value>)>);
+
+impl Commands {
+    /// Adds `name key args...`.
+    fn push(&mut self, name: &'static str, key: String, args: Vec<Value>) {
+        self.0.push((name, with_key(key, args)));
+    }
+
+    /// Adds `name args...` (a command without a key, or whose arguments are all keys).
+    fn push_args(&mut self, name: &'static str, args: Vec<Value>) {
+        self.0.push((name, args));
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// Sends `commands` on `client`, in their order and in one write, and waits for every
+/// reply: each reply (or error) in the commands' order. Each command is sent as it is
+/// first polled, so they are polled once each, in order, before any is awaited; fred
+/// writes what one task sends together at once (a `Pipeline` would flush after each
+/// command: a system call and a read by Redis each). Each is written once (the
+/// connection's `max_command_attempts` is 1): a command never reaches a connection
+/// other than the one the ones before it went to.
+async fn send_all(client: &Client, commands: Commands) -> Vec<Result<Value, fred::error::Error>> {
+    use futures_util::future::{maybe_done, FutureExt};
+    let mut sent: Vec<_> = commands
+        .0
+        .into_iter()
+        .map(|(name, args)| maybe_done(client.custom::<Value, _>(command(name), args).boxed()))
+        .collect();
+    std::future::poll_fn(|cx| {
+        for one in &mut sent {
+            let _ = std::future::Future::poll(std::pin::Pin::new(&mut *one), cx);
+        }
+        std::task::Poll::Ready(())
+    })
+    .await;
+    for one in &mut sent {
+        one.await;
+    }
+    sent.into_iter()
+        .map(|mut one| {
+            std::pin::Pin::new(&mut one)
+                .take_output()
+                .unwrap_or_else(|| Err(fred::error::Error::new_canceled()))
+        })
+        .collect()
 }
 
 /// A custom command routed by its first key.
@@ -977,6 +1062,10 @@ impl Store {
         let none = || instances.iter().map(|_| None).collect();
         self.bounded(weight, async {
             let client = pool.acquire().await;
+            if let Err(e) = connected(&client).await {
+                let e = StoreError::from(e);
+                return instances.iter().map(|_| Some(Err(e.clone()))).collect();
+            }
             for _ in 0..TRIES {
                 match self.judge_once(&client, instances).await {
                     Ok(Some(out)) => return out,
@@ -1014,16 +1103,18 @@ impl Store {
         client: &Client,
         instances: &[Instance<'_>],
     ) -> Result<Option<Vec<Option<Result<Vec<Outcome>, StoreError>>>>, fred::error::Error> {
-        let watched: Vec<String> = instances.iter().flat_map(Instance::watched).collect();
-        let p = client.pipeline();
-        // As a command of its own: fred's `watch` takes the pipeline's placeholder reply
-        // for a refusal.
-        let watched: Vec<Value> = watched.into_iter().map(Value::from).collect();
-        let _: Value = p.custom(command("WATCH"), watched).await?;
+        let watched: Vec<Value> = instances
+            .iter()
+            .flat_map(Instance::watched)
+            .map(Value::from)
+            .collect();
+        let started = std::time::Instant::now();
+        let mut first = Commands::default();
+        first.push_args("WATCH", watched);
         for inst in instances {
-            inst.read(&p).await?;
+            inst.read(&mut first);
         }
-        let mut replies = p.try_all::<Value>().await.into_iter();
+        let mut replies = send_all(client, first).await.into_iter();
         match replies.next() {
             Some(Ok(_)) => {}
             Some(Err(e)) => return Err(e),
@@ -1061,8 +1152,7 @@ impl Store {
         // The second reads: on an incremental board the ranking entries of the known
         // members (a resummarize one's totals were read with the rest), and the digest
         // table's buckets past bucket 0 that the judgement needs.
-        let p = client.pipeline();
-        let mut second = false;
+        let mut second = Commands::default();
         for ((inst, read), plan) in instances.iter().zip(&reads).zip(&plans) {
             let (Some((_, known)), Some(plan)) = (read, plan) else {
                 continue;
@@ -1074,30 +1164,24 @@ impl Store {
                     .map(|(z, _)| Value::from(z.as_str()))
                     .collect();
                 if zs.is_empty() {
-                    let _: () = p.zcard(inst.apply.k.result()).await?;
+                    second.push("ZCARD", inst.apply.k.result(), Vec::new());
                 } else {
-                    let _: () = p
-                        .custom(command("ZMSCORE"), with_key(inst.apply.k.result(), zs))
-                        .await?;
+                    second.push("ZMSCORE", inst.apply.k.result(), zs);
                 }
-                second = true;
             }
             if !plan.wanted.is_empty() {
-                let fields: Vec<String> = plan.wanted.iter().map(u64::to_string).collect();
-                let _: () = p.hmget(inst.apply.k.seen_table(), fields).await?;
-                second = true;
+                let fields = plan.wanted.iter().map(|a| Value::from(a.to_string()));
+                second.push("HMGET", inst.apply.k.seen_table(), fields.collect());
             }
             if plan.legacy_check {
-                let seen = vec![Value::from(inst.apply.k.seen())];
-                let _: () = p.custom(command("WATCH"), seen.clone()).await?;
-                let _: () = p.custom(command("EXISTS"), seen).await?;
-                second = true;
+                second.push("WATCH", inst.apply.k.seen(), Vec::new());
+                second.push("EXISTS", inst.apply.k.seen(), Vec::new());
             }
         }
-        let mut seconds = if second {
-            p.try_all::<Value>().await.into_iter()
-        } else {
+        let mut seconds = if second.is_empty() {
             Vec::new().into_iter()
+        } else {
+            send_all(client, second).await.into_iter()
         };
         // Each instance's second replies, taken in the order they were queued: its
         // scores, `None` where its read failed on the data (left to the script).
@@ -1154,17 +1238,24 @@ impl Store {
             // written once: fred's own transactions are sent again on a new connection
             // when the first one is lost, and there, without the `WATCH` that guarded
             // them, they would apply a second time what Redis may already have run.
-            let p = client.pipeline();
-            let _: () = p.custom(command("MULTI"), Vec::<Value>::new()).await?;
-            for verdict in &verdicts {
+            if started.elapsed() > STALE {
+                // Too long since the `WATCH` (see STALE): read and judged again.
+                let _: Value = client
+                    .custom(command("UNWATCH"), Vec::<Value>::new())
+                    .await?;
+                return Ok(None);
+            }
+            let mut trx = Commands::default();
+            trx.push_args("MULTI", Vec::new());
+            for verdict in &mut verdicts {
                 if let Verdict::Write(_, commands) = verdict {
-                    for (cmd, args) in commands {
-                        let _: () = p.custom(command(cmd), args.clone()).await?;
+                    for (cmd, args) in commands.drain(..) {
+                        trx.push_args(cmd, args);
                     }
                 }
             }
-            let _: () = p.custom(command("EXEC"), Vec::<Value>::new()).await?;
-            let mut replies = p.try_all::<Value>().await;
+            trx.push_args("EXEC", Vec::new());
+            let mut replies = send_all(client, trx).await;
             // A command refused as it was queued makes Redis refuse the `EXEC` too
             // (EXECABORT): its own error says why.
             let refusal = replies[..replies.len() - 1]
