@@ -95,7 +95,7 @@ pub(crate) fn judges(board: &Board) -> bool {
 pub(crate) struct Judging {
     /// How to connect (the store's own settings), `None` where judging is off.
     builder: Option<(Builder, Reconnect)>,
-    pool: tokio::sync::OnceCell<ExclusivePool>,
+    pool: tokio::sync::OnceCell<Option<ExclusivePool>>,
     /// Set once the server refused `WATCH` or `MULTI`: every instance goes to `fold.lua`.
     refused: AtomicBool,
 }
@@ -114,7 +114,9 @@ impl Judging {
         self.builder.is_some() && !self.refused.load(Ordering::Relaxed)
     }
 
-    async fn pool(&self) -> Result<&ExclusivePool, StoreError> {
+    /// The connections, made (and their permissions checked) at the first need; `None`
+    /// when the server refuses a transaction's commands (judging is then off).
+    async fn pool(&self) -> Result<Option<&ExclusivePool>, StoreError> {
         let Some((builder, _)) = &self.builder else {
             return Err(super::reply_err("judging: no connection settings"));
         };
@@ -141,9 +143,31 @@ impl Judging {
                 ));
                 let pool = own.build_exclusive_pool(CONNECTIONS)?;
                 drop(pool.init().await?);
-                Ok(pool)
+                // Redis runs the commands after a refused `MULTI` one by one, outside any
+                // transaction: a user without it (or without `WATCH`) judges nothing here.
+                for client in pool.clients() {
+                    let client = client.lock().await;
+                    for probe in ["MULTI", "DISCARD", "WATCH"] {
+                        let args = match probe {
+                            "WATCH" => vec![Value::from("rollboard:probe")],
+                            _ => Vec::new(),
+                        };
+                        let reply: Result<Value, _> = client.custom(command(probe), args).await;
+                        if let Err(e) = reply {
+                            if refused(&e) {
+                                return Ok(None);
+                            }
+                            return Err(e.into());
+                        }
+                    }
+                    let _: Value = client
+                        .custom(command("UNWATCH"), Vec::<Value>::new())
+                        .await?;
+                }
+                Ok(Some(pool))
             })
             .await
+            .map(Option::as_ref)
     }
 }
 
@@ -999,7 +1023,12 @@ impl Store {
             return none();
         }
         let pool = match self.judging.pool().await {
-            Ok(pool) => pool,
+            Ok(Some(pool)) => pool,
+            Ok(None) => {
+                warn!("the server refuses MULTI or WATCH: every instance is judged by fold.lua");
+                self.judging.refused.store(true, Ordering::Relaxed);
+                return none();
+            }
             Err(e) => return pack.iter().map(|_| Some(Err(e.clone()))).collect(),
         };
         // An instance met a second time in the pack (one scope in two shares) goes to

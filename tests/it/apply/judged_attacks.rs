@@ -41,6 +41,7 @@ async fn two() -> Two {
     let scripts = Store::connect(&redis.url(), "rb", 2, Reconnect::Never)
         .await
         .expect("connect")
+        .with_script_calls(crate::support::env::script_calls())
         .with_transactions(false);
     Two {
         redis,

@@ -133,6 +133,7 @@ async fn judged_instances_agree_with_fold_on_every_judged_shape() {
     let scripts = Store::connect(&redis.url(), "rb", 2, Reconnect::Never)
         .await
         .expect("connect")
+        .with_script_calls(crate::support::env::script_calls())
         .with_transactions(false);
     for board in judged_boards() {
         let control = twin(&board);
@@ -259,7 +260,8 @@ async fn a_connection_cut_after_exec_loses_and_doubles_nothing() {
     let proxy = Proxy::start(redis.port).await;
     let store = Store::connect(&proxy.url(), "rb", 2, Reconnect::Forever)
         .await
-        .expect("connect through the proxy");
+        .expect("connect through the proxy")
+        .with_script_calls(crate::support::env::script_calls());
     let scripts = redis.store("rb").await.with_transactions(false);
     let board = Board {
         scope: None,
@@ -347,6 +349,7 @@ async fn large_instances_agree_with_fold_as_their_digest_tables_split() {
     let scripts = Store::connect(&redis.url(), "rb", 2, Reconnect::Never)
         .await
         .expect("connect")
+        .with_script_calls(crate::support::env::script_calls())
         .with_transactions(false);
     let mut deepest = 0;
     for board in judged_boards() {
@@ -431,6 +434,7 @@ async fn stores_writing_the_same_instances_at_once_count_every_event_once() {
         Store::connect(&redis.url(), "rb", 2, Reconnect::Never)
             .await
             .expect("connect")
+            .with_script_calls(crate::support::env::script_calls())
     };
     let stores = [
         connect().await,

@@ -36,6 +36,8 @@ async fn store_on(port: u16, scripts: ScriptCalls) -> Store {
     .await
     .expect("connect")
     .with_script_calls(scripts)
+    // Every apply a script call (the worker would judge these events itself).
+    .with_transactions(false)
 }
 
 /// The same events and rolls on a server without functions (`auto`) and on one with them

@@ -110,7 +110,11 @@ async fn evalsha_cut_after_it_reached_redis_and_redelivered_counts_once() {
     let (_dir, port, config) = config_for_url(&proxy.url(), "a", "");
     let now = now_ms();
     let events: Vec<Fields> = (0..6000).map(|i| tip(i, now)).collect();
-    let daemon = Daemon::spawn_with(&config, port, &calling("eval"));
+    // Every apply a `fold` call (the worker would judge the tips itself, see
+    // `apply::judged_in_the_worker` for a transaction cut after its `EXEC`).
+    let mut env = calling("eval");
+    env.push(("ROLLBOARD__REDIS__TRANSACTIONS", "false".to_string()));
+    let daemon = Daemon::spawn_with(&config, port, &env);
     daemon.wait_up().await;
     // Each wave of events is met by a cut after the first fold call that carries it.
     let fold = &eval_script("fold.lua").sha;

@@ -386,7 +386,15 @@ async fn an_unrecognised_error_holds_the_events_until_it_clears() {
     let url = format!("redis://rollboard:s3cret@127.0.0.1:{}", redis.port);
     let rig = rig(&url, &redis.url(), "").await;
     let start = || {
-        redis.cli(&["ACL", "SETUSER", "rollboard", "-fcall", "-eval", "-xadd"]);
+        redis.cli(&[
+            "ACL",
+            "SETUSER",
+            "rollboard",
+            "-fcall",
+            "-eval",
+            "-xadd",
+            "-watch",
+        ]);
         let out = Command::new("redis-cli")
             .args(["-p", &redis.port.to_string(), "--user", "rollboard"])
             .args(["--pass", "s3cret", "--no-auth-warning"])
