@@ -144,15 +144,13 @@ impl Judging {
                 let pool = own.build_exclusive_pool(CONNECTIONS)?;
                 drop(pool.init().await?);
                 // Redis runs the commands after a refused `MULTI` one by one, outside any
-                // transaction: a user without it (or without `WATCH`) judges nothing here.
+                // transaction: a user without it judges nothing here. (A refused `WATCH`
+                // is met before any write, and turns judging off then.)
                 for client in pool.clients() {
                     let client = client.lock().await;
-                    for probe in ["MULTI", "DISCARD", "WATCH"] {
-                        let args = match probe {
-                            "WATCH" => vec![Value::from("rollboard:probe")],
-                            _ => Vec::new(),
-                        };
-                        let reply: Result<Value, _> = client.custom(command(probe), args).await;
+                    for probe in ["MULTI", "DISCARD"] {
+                        let reply: Result<Value, _> =
+                            client.custom(command(probe), Vec::<Value>::new()).await;
                         if let Err(e) = reply {
                             if refused(&e) {
                                 return Ok(None);
@@ -160,9 +158,6 @@ impl Judging {
                             return Err(e.into());
                         }
                     }
-                    let _: Value = client
-                        .custom(command("UNWATCH"), Vec::<Value>::new())
-                        .await?;
                 }
                 Ok(Some(pool))
             })
@@ -1025,7 +1020,7 @@ impl Store {
         let pool = match self.judging.pool().await {
             Ok(Some(pool)) => pool,
             Ok(None) => {
-                warn!("the server refuses MULTI or WATCH: every instance is judged by fold.lua");
+                warn!("the server refuses MULTI: every instance is judged by fold.lua");
                 self.judging.refused.store(true, Ordering::Relaxed);
                 return none();
             }
