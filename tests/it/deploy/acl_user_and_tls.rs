@@ -134,6 +134,11 @@ async fn the_shipped_acl_user_runs_the_daemon_and_the_cli_end_to_end() {
     );
     let (status, _) = daemon.get("/readyz").await;
     assert_eq!(status, 200);
+    // The user's WATCH, MULTI and EXEC: the events were judged in the worker.
+    let judged = daemon
+        .metric("rollboard_judged_instances_total", &[("by", "worker")])
+        .await;
+    assert!(judged > 0.0, "nothing judged in the worker; log:\n{}", daemon.logs());
 
     for args in [
         &["roll"][..],
