@@ -138,7 +138,11 @@ async fn the_shipped_acl_user_runs_the_daemon_and_the_cli_end_to_end() {
     let judged = daemon
         .metric("rollboard_judged_instances_total", &[("by", "worker")])
         .await;
-    assert!(judged > 0.0, "nothing judged in the worker; log:\n{}", daemon.logs());
+    assert!(
+        judged > 0.0,
+        "nothing judged in the worker; log:\n{}",
+        daemon.logs()
+    );
 
     for args in [
         &["roll"][..],
