@@ -449,7 +449,7 @@ impl Store {
             generations: Default::default(),
             script_calls: ScriptCalls::Auto,
             calling: tokio::sync::OnceCell::new(),
-            judging: super::apply::judge::Judging::new(Some((builder, reconnect))),
+            judging: super::apply::judge::Judging::new(Some(builder)),
         })
     }
 

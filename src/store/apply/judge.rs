@@ -35,7 +35,7 @@ use tracing::warn;
 
 use super::{digests_by_slice, ApplyEvent, Grouped, InstanceApply, Outcome};
 use crate::domain::board::{Board, Mode, TieBreak};
-use crate::store::{Reconnect, Store, StoreError};
+use crate::store::{Store, StoreError};
 
 /// 2^53 - 1: the largest integer the scripts hold exactly (common.lua's LIMIT).
 const LIMIT: i64 = 9_007_199_254_740_991;
@@ -94,14 +94,14 @@ pub(crate) fn judges(board: &Board) -> bool {
 /// The connections the worker judges on, made at the first need.
 pub(crate) struct Judging {
     /// How to connect (the store's own settings), `None` where judging is off.
-    builder: Option<(Builder, Reconnect)>,
+    builder: Option<Builder>,
     pool: tokio::sync::OnceCell<Option<ExclusivePool>>,
     /// Set once the server refused `WATCH` or `MULTI`: every instance goes to `fold.lua`.
     refused: AtomicBool,
 }
 
 impl Judging {
-    pub(crate) fn new(builder: Option<(Builder, Reconnect)>) -> Judging {
+    pub(crate) fn new(builder: Option<Builder>) -> Judging {
         Judging {
             builder,
             pool: tokio::sync::OnceCell::new(),
@@ -117,7 +117,7 @@ impl Judging {
     /// The connections, made (and their permissions checked) at the first need; `None`
     /// when the server refuses a transaction's commands (judging is then off).
     async fn pool(&self) -> Result<Option<&ExclusivePool>, StoreError> {
-        let Some((builder, _)) = &self.builder else {
+        let Some(builder) = &self.builder else {
             return Err(super::reply_err("judging: no connection settings"));
         };
         self.pool

@@ -6,15 +6,13 @@
 //! exact integers, names that need escaping, repeated ids, amounts of 0, late and live
 //! events mixed, one scope twice in a batch, two stores judging one large instance.
 
-use std::collections::BTreeMap;
-
 use fred::prelude::*;
 use rollboard::domain::board::{Board, TieBreak};
-use rollboard::domain::keys::{glob_escape, InstanceKeys};
+use rollboard::domain::keys::InstanceKeys;
 use rollboard::store::{ApplyEvent, Outcome, Reconnect, Store};
 
 use crate::support::boards::{ev, scoped, with_fresh_store};
-use crate::support::instances::{shaped, twin};
+use crate::support::instances::{held, shaped, twin};
 use crate::support::redis::{command_calls, keyed, RedisServer};
 
 const NOW: i64 = 1_000_000;
@@ -48,63 +46,6 @@ async fn two() -> Two {
         store,
         scripts,
     }
-}
-
-/// What the instance `scope` of `board` holds, key by key, whatever its type and however
-/// its events were cut in calls or raced: a digest table's buckets and the forget logs as
-/// sets of entries; `meta`'s `chain` (and, with `chunk_free`, its `gen`) left out.
-async fn held(
-    store: &Store,
-    board: &Board,
-    scope: Option<&str>,
-    chunk_free: bool,
-) -> BTreeMap<String, Vec<String>> {
-    let k = store.instance(&board.widest(), scope);
-    let base = k.meta().strip_suffix(":meta").expect("meta").to_string();
-    let keys: Vec<String> = keyed(store, "KEYS", vec![format!("{}:*", glob_escape(&base))]).await;
-    let bytes = |v: &Value| v.as_bytes().unwrap_or_default().to_vec();
-    let mut out = BTreeMap::new();
-    for key in keys {
-        let kind: String = keyed(store, "TYPE", vec![key.clone()]).await;
-        let all: Vec<Value> = match kind.as_str() {
-            "hash" => keyed(store, "HGETALL", vec![key.clone()]).await,
-            "list" => keyed(store, "LRANGE", vec![key.clone(), "0".into(), "-1".into()]).await,
-            "zset" => {
-                keyed(
-                    store,
-                    "ZRANGE",
-                    vec![key.clone(), "0".into(), "-1".into(), "WITHSCORES".into()],
-                )
-                .await
-            }
-            other => vec![Value::from(other)],
-        };
-        let mut held: Vec<String> = Vec::new();
-        if kind == "hash" {
-            for p in all.chunks(2) {
-                let (f, v) = (
-                    String::from_utf8_lossy(&bytes(&p[0])).into_owned(),
-                    bytes(&p[1]),
-                );
-                if key == k.seen_table() && !f.starts_with('#') {
-                    held.extend(v.chunks(20).map(|e| format!("{f}={e:02x?}")));
-                } else if !(key == k.meta() && (f == "chain" || (chunk_free && f == "gen"))) {
-                    held.push(format!("{f}={:?}", String::from_utf8_lossy(&v)));
-                }
-            }
-        } else {
-            let show = |v: &Value| match kind.as_str() {
-                "list" => format!("{:02x?}", bytes(v)),
-                _ => String::from_utf8_lossy(&bytes(v)).into_owned(),
-            };
-            held = all.iter().map(show).collect();
-        }
-        if kind != "zset" {
-            held.sort();
-        }
-        out.insert(format!("{kind} {}", &key[base.len()..]), held);
-    }
-    out
 }
 
 impl Two {

@@ -12,7 +12,7 @@ use rollboard::domain::board::{Board, TieBreak};
 use rollboard::store::{ApplyEvent, Outcome, Reconnect, Store, StoreError};
 
 use crate::support::boards::{ev, scoped, with_fresh_store};
-use crate::support::instances::{shaped, twin};
+use crate::support::instances::{held, shaped, twin};
 use crate::support::proxy::Proxy;
 use crate::support::redis::{command_calls, keyed, RedisServer};
 
@@ -187,61 +187,14 @@ fn spread(round: &str, n: usize, ts: i64, slice: i64) -> Vec<ApplyEvent> {
         .collect()
 }
 
-/// The unscoped instance's digest table (each bucket's entries, and the state) and
-/// forget logs, each as a set: what does not depend on how its events were cut in calls.
-async fn digests(store: &Store, board: &Board) -> BTreeMap<String, Vec<Vec<u8>>> {
-    let k = store.instance(&board.widest(), None);
-    let c = store.client();
-    let mut out = BTreeMap::new();
-    let table: BTreeMap<String, Vec<u8>> = c.hgetall(k.seen_table()).await.expect("table");
-    for (field, value) in table {
-        let mut entries: Vec<Vec<u8>> = if field.starts_with('#') {
-            vec![value]
-        } else {
-            value.chunks(20).map(<[u8]>::to_vec).collect()
-        };
-        entries.sort();
-        out.insert(format!("table {field}"), entries);
-    }
-    let logs = k.seen_log(0);
-    let prefix = logs.strip_suffix('0').expect("a forget log's key");
-    let pattern = format!("{}*", rollboard::domain::keys::glob_escape(prefix));
-    let keys: Vec<String> = keyed(store, "KEYS", vec![pattern]).await;
-    for log in keys {
-        let n = &log[prefix.len()..];
-        if n.parse::<i64>().is_err() {
-            continue;
-        }
-        let mut entries: Vec<Vec<u8>> = c.lrange(&log, 0, -1).await.expect("log");
-        entries.sort();
-        out.insert(format!("log {n}"), entries);
-    }
-    out
-}
-
 /// The unscoped instances of `board` and `control` hold the same data, whatever calls
-/// their events were cut in: a judged chunk holds several `fold.lua` calls' events, so
-/// `meta`'s `gen` (bumped once a call or chunk) is left out, and a bucket's or a forget
-/// log's entries are compared as sets ([`digests`]).
+/// their events were cut in ([`held`]: a judged chunk holds several `fold.lua` calls'
+/// events, so `meta`'s `gen`, bumped once a call or chunk, is left out, and a bucket's or a
+/// forget log's entries are compared as sets).
 async fn same_data(store: &Store, board: &Board, control: &Board, what: &str) {
-    let chunk_free = |(key, mut held): (String, Vec<String>)| {
-        held.retain(|f| !f.starts_with("String(\"gen\")="));
-        (!key.contains(":seen")).then_some((key, held))
-    };
-    let judged: BTreeMap<_, _> = contents(store, board, None, false)
-        .await
-        .into_iter()
-        .filter_map(chunk_free)
-        .collect();
-    let by_scripts: BTreeMap<_, _> = contents(store, control, None, false)
-        .await
-        .into_iter()
-        .filter_map(chunk_free)
-        .collect();
-    assert_eq!(
-        digests(store, board).await,
-        digests(store, control).await,
-        "{what}: the digest table and forget logs"
+    let (judged, by_scripts) = (
+        held(store, board, None, true).await,
+        held(store, control, None, true).await,
     );
     for (key, held) in &judged {
         assert_eq!(Some(held), by_scripts.get(key), "{what}: {key}");

@@ -5,9 +5,11 @@ use std::collections::BTreeMap;
 
 use fred::prelude::*;
 use rollboard::domain::board::{Board, Dedup, View};
+use rollboard::domain::keys::glob_escape;
 use rollboard::store::Store;
 
 use crate::support::boards::{seen_logs, seen_table, variants};
+use crate::support::redis::keyed;
 
 /// The slice length and window (in slices) of the boards [`shaped`] builds.
 const SLICE: i64 = 1_000;
@@ -121,4 +123,61 @@ pub async fn bump(store: &Store, view: &View<'_>, scope: Option<&str>, member: &
         .zincrby(k.result(), by, z)
         .await
         .expect("ZINCRBY");
+}
+
+/// What the instance `scope` of `board` holds, key by key, whatever its type and however
+/// its events were cut in calls or raced: a digest table's buckets and the forget logs as
+/// sets of entries; `meta`'s `chain` (and, with `chunk_free`, its `gen`) left out.
+pub async fn held(
+    store: &Store,
+    board: &Board,
+    scope: Option<&str>,
+    chunk_free: bool,
+) -> BTreeMap<String, Vec<String>> {
+    let k = store.instance(&board.widest(), scope);
+    let base = k.meta().strip_suffix(":meta").expect("meta").to_string();
+    let keys: Vec<String> = keyed(store, "KEYS", vec![format!("{}:*", glob_escape(&base))]).await;
+    let bytes = |v: &Value| v.as_bytes().unwrap_or_default().to_vec();
+    let mut out = BTreeMap::new();
+    for key in keys {
+        let kind: String = keyed(store, "TYPE", vec![key.clone()]).await;
+        let all: Vec<Value> = match kind.as_str() {
+            "hash" => keyed(store, "HGETALL", vec![key.clone()]).await,
+            "list" => keyed(store, "LRANGE", vec![key.clone(), "0".into(), "-1".into()]).await,
+            "zset" => {
+                keyed(
+                    store,
+                    "ZRANGE",
+                    vec![key.clone(), "0".into(), "-1".into(), "WITHSCORES".into()],
+                )
+                .await
+            }
+            other => vec![Value::from(other)],
+        };
+        let mut held: Vec<String> = Vec::new();
+        if kind == "hash" {
+            for p in all.chunks(2) {
+                let (f, v) = (
+                    String::from_utf8_lossy(&bytes(&p[0])).into_owned(),
+                    bytes(&p[1]),
+                );
+                if key == k.seen_table() && !f.starts_with('#') {
+                    held.extend(v.chunks(20).map(|e| format!("{f}={e:02x?}")));
+                } else if !(key == k.meta() && (f == "chain" || (chunk_free && f == "gen"))) {
+                    held.push(format!("{f}={:?}", String::from_utf8_lossy(&v)));
+                }
+            }
+        } else {
+            let show = |v: &Value| match kind.as_str() {
+                "list" => format!("{:02x?}", bytes(v)),
+                _ => String::from_utf8_lossy(&bytes(v)).into_owned(),
+            };
+            held = all.iter().map(show).collect();
+        }
+        if kind != "zset" {
+            held.sort();
+        }
+        out.insert(format!("{kind} {}", &key[base.len()..]), held);
+    }
+    out
 }
