@@ -12,10 +12,9 @@ use rollboard::domain::board::{Board, Window, MAX_TOTAL};
 use rollboard::store::{ApplyEvent, Outcome, Store};
 
 use crate::support::boards::{ev, scoped, set_string, with_fresh_store};
+use crate::support::cluster::LoneNode;
 use crate::support::instances::{contents_of, shaped, twin};
 use crate::support::proptests::run_cases_threaded;
-use crate::support::wait::wait_for;
-use std::time::Duration;
 
 const SLICE: i64 = 1_000;
 const NOW: i64 = 1_000_000;
@@ -206,79 +205,14 @@ async fn one_instance_failing_in_a_pack_fails_alone() {
     assert_eq!(count, 0);
 }
 
-/// A cluster node owning every slot, for a client that is not a cluster's (as a proxy in
-/// front of several shards answers): it refuses a script whose keys sit in several slots
-/// with `CROSSSLOT`, and runs one whose keys share a slot.
-struct OneNodeCluster {
-    child: std::process::Child,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl OneNodeCluster {
-    async fn start() -> OneNodeCluster {
-        use crate::support::redis::{free_port, SpawnIn};
-        let dir = tempfile::tempdir().expect("tempdir");
-        let port = free_port();
-        let child = std::process::Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args([
-                "--cluster-enabled",
-                "yes",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
-            .spawn_in(dir.path());
-        let node = OneNodeCluster {
-            child,
-            port,
-            _dir: dir,
-        };
-        let cli = |args: &[&str]| node.cli(args);
-        let up = wait_for(Duration::from_secs(10), || async {
-            cli(&["PING"]).contains("PONG")
-        })
-        .await;
-        assert!(up, "the node answers");
-        cli(&["CLUSTER", "ADDSLOTSRANGE", "0", "16383"]);
-        let ok = wait_for(Duration::from_secs(10), || async {
-            cli(&["CLUSTER", "INFO"]).contains("cluster_state:ok")
-        })
-        .await;
-        assert!(ok, "the node owns every slot");
-        node
-    }
-}
-
-impl OneNodeCluster {
-    /// `redis-cli` against the node: its output.
-    fn cli(&self, args: &[&str]) -> String {
-        std::process::Command::new("redis-cli")
-            .args(["-p", &self.port.to_string()])
-            .args(args)
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-            .unwrap_or_default()
-    }
-}
-
-impl Drop for OneNodeCluster {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// Where the server refuses a packed call of several slots (`CROSSSLOT`: nothing ran),
 /// its instances are applied each by itself, and every batch after it in packs of one
 /// slot: every event counts once, none is lost, no batch fails.
 #[tokio::test]
 async fn a_server_refusing_several_slots_a_call_gets_calls_of_one_slot() {
-    let node = OneNodeCluster::start().await;
+    let node = LoneNode::start();
     let store = Store::connect(
-        &format!("redis://127.0.0.1:{}", node.port),
+        &format!("redis://127.0.0.1:{}", node.port()),
         "rb",
         2,
         rollboard::store::Reconnect::Never,

@@ -494,6 +494,45 @@ impl Node {
     }
 }
 
+/// A cluster node owning every slot, for a client that is not a cluster's (as a proxy in
+/// front of several shards answers): it refuses a script whose keys sit in several slots
+/// with `CROSSSLOT`, and runs one whose keys share a slot. Killed when dropped.
+pub struct LoneNode {
+    node: Node,
+}
+
+impl LoneNode {
+    /// Starts a node (on a port whose bus port is free too) and gives it every slot.
+    pub fn start() -> LoneNode {
+        let node = LoneNode {
+            node: RedisCluster::start_node(),
+        };
+        node.cli(&["CLUSTER", "ADDSLOTSRANGE", "0", "16383"]);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !node.cli(&["CLUSTER", "INFO"]).contains("cluster_state:ok") {
+            assert!(Instant::now() < deadline, "the node owns every slot");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        node
+    }
+
+    /// Its client port.
+    pub fn port(&self) -> u16 {
+        self.node.port
+    }
+
+    /// `redis-cli` against the node: its output.
+    pub fn cli(&self, args: &[&str]) -> String {
+        cli(self.node.port, args)
+    }
+}
+
+impl Drop for LoneNode {
+    fn drop(&mut self) {
+        self.node.kill();
+    }
+}
+
 impl Drop for RedisCluster {
     fn drop(&mut self) {
         for node in &mut self.nodes {
