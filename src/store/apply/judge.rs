@@ -320,11 +320,11 @@ impl Commands {
 /// connection's `max_command_attempts` is 1): a command never reaches a connection
 /// other than the one the ones before it went to.
 async fn send_all(client: &Client, commands: Commands) -> Vec<Result<Value, fred::error::Error>> {
-    use futures_util::future::{maybe_done, FutureExt};
+    use futures_util::future::maybe_done;
     let mut sent: Vec<_> = commands
         .0
         .into_iter()
-        .map(|(name, args)| maybe_done(client.custom::<Value, _>(command(name), args).boxed()))
+        .map(|(name, args)| maybe_done(issue(client, name, args)))
         .collect();
     std::future::poll_fn(|cx| {
         for one in &mut sent {
@@ -343,6 +343,85 @@ async fn send_all(client: &Client, commands: Commands) -> Vec<Result<Value, fred
                 .unwrap_or_else(|| Err(fred::error::Error::new_canceled()))
         })
         .collect()
+}
+
+/// Sends `name args...` on `client`: as fred's own command where it has one, so that the
+/// commands queued after it go out in the same write (fred flushes the connection after
+/// every custom command, and where nothing else is queued); `MULTI` and `EXEC`, which have
+/// none outside fred's transactions, as custom commands (each ends a write).
+fn issue(
+    client: &Client,
+    name: &'static str,
+    mut args: Vec<Value>,
+) -> futures_util::future::BoxFuture<'static, Result<Value, fred::error::Error>> {
+    use futures_util::FutureExt;
+    let client = client.clone();
+    async move {
+        let key = |v: Value| -> Key {
+            match v {
+                Value::Bytes(b) => Key::from(b),
+                Value::String(s) => Key::from(s),
+                other => Key::from(other.as_string().unwrap_or_default()),
+            }
+        };
+        let keys = |args: Vec<Value>| -> Vec<Key> { args.into_iter().map(key).collect() };
+        let rest = if args.is_empty() {
+            Vec::new()
+        } else {
+            args.split_off(1)
+        };
+        let first = args.pop().map(key);
+        let k = || first.clone().unwrap_or_else(|| Key::from(""));
+        match name {
+            "WATCH" => {
+                let mut all: Vec<Key> = first.into_iter().collect();
+                all.extend(keys(rest));
+                client.watch(all).await.map(|()| Value::from("OK"))
+            }
+            "UNWATCH" => client.unwatch().await.map(|()| Value::from("OK")),
+            "HMGET" => client.hmget(k(), keys(rest)).await,
+            "HDEL" => client.hdel(k(), keys(rest)).await,
+            "HSET" => {
+                let mut pairs = Vec::with_capacity(rest.len() / 2);
+                let mut it = rest.into_iter();
+                while let (Some(f), Some(v)) = (it.next(), it.next()) {
+                    pairs.push((key(f), v));
+                }
+                client.hset(k(), pairs).await
+            }
+            "ZMSCORE" => client.zmscore(k(), rest).await,
+            "ZREM" => client.zrem(k(), rest).await,
+            "ZADD" => {
+                // Scores are exact integers (at most 2^53 - 1), which an f64 holds and
+                // fred writes back digit for digit.
+                let mut pairs = Vec::with_capacity(rest.len() / 2);
+                let mut it = rest.into_iter();
+                while let (Some(score), Some(member)) = (it.next(), it.next()) {
+                    let score = score
+                        .as_string()
+                        .and_then(|s| s.parse::<i64>().ok())
+                        .ok_or_else(|| {
+                            fred::error::Error::new(
+                                fred::error::ErrorKind::InvalidArgument,
+                                "judging: a score that is not an integer",
+                            )
+                        })?;
+                    pairs.push((score as f64, member));
+                }
+                client.zadd(k(), None, None, false, false, pairs).await
+            }
+            "RPUSH" => client.rpush(k(), rest).await,
+            "LLEN" => client.llen(k()).await,
+            "ZCARD" => client.zcard(k()).await,
+            "EXISTS" => client.exists(k()).await,
+            _ => {
+                let mut all: Vec<Value> = first.map(Value::from).into_iter().collect();
+                all.extend(rest);
+                client.custom(command(name), all).await
+            }
+        }
+    }
+    .boxed()
 }
 
 /// A custom command routed by its first key.
