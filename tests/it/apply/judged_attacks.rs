@@ -36,11 +36,7 @@ struct Two {
 
 async fn two() -> Two {
     let (redis, store, ()) = with_fresh_store(()).await;
-    let scripts = Store::connect(&redis.url(), "rb", 2, Reconnect::Never)
-        .await
-        .expect("connect")
-        .with_script_calls(crate::support::env::script_calls())
-        .with_transactions(false);
+    let scripts = redis.store("rb").await.with_transactions(false);
     Two {
         redis,
         store,

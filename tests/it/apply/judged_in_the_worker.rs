@@ -12,9 +12,9 @@ use rollboard::domain::board::{Board, TieBreak};
 use rollboard::store::{ApplyEvent, Outcome, Reconnect, Store, StoreError};
 
 use crate::support::boards::{ev, scoped, with_fresh_store};
-use crate::support::instances::{held, shaped, twin};
+use crate::support::instances::{held, shaped, stored_under, twin};
 use crate::support::proxy::Proxy;
-use crate::support::redis::{command_calls, keyed, RedisServer};
+use crate::support::redis::{command_calls, RedisServer};
 
 const NOW: i64 = 1_000_000;
 
@@ -50,38 +50,24 @@ async fn contents(
     order_free: bool,
 ) -> BTreeMap<String, Vec<String>> {
     let k = store.instance(&board.widest(), scope.into());
-    let meta = k.meta();
-    let base = meta.strip_suffix(":meta").expect("meta").to_string();
-    let pattern = format!("{}:*", rollboard::domain::keys::glob_escape(&base));
-    let keys: Vec<String> = keyed(store, "KEYS", vec![pattern]).await;
+    let (base, stored) = stored_under(store, &k.meta()).await;
     let mut out = BTreeMap::new();
-    for key in keys {
+    for (key, kind, all) in stored {
         let name = key[base.len()..].to_string();
         if order_free && (name.contains(":seen") || name == ":meta") {
             continue;
         }
-        let kind: String = keyed(store, "TYPE", vec![key.clone()]).await;
         let mut held: Vec<String> = match kind.as_str() {
-            "hash" => {
-                let all: Vec<Value> = keyed(store, "HGETALL", vec![key.clone()]).await;
-                all.chunks(2)
-                    .map(|p| format!("{:?}={:?}", p[0], p[1]))
-                    .collect()
-            }
-            "zset" => {
-                keyed(
-                    store,
-                    "ZRANGE",
-                    vec![key.clone(), "0".into(), "-1".into(), "WITHSCORES".into()],
-                )
-                .await
-            }
-            "list" => {
-                let all: Vec<Value> =
-                    keyed(store, "LRANGE", vec![key.clone(), "0".into(), "-1".into()]).await;
-                all.iter().map(|v| format!("{v:?}")).collect()
-            }
-            other => vec![other.to_string()],
+            "hash" => all
+                .chunks(2)
+                .map(|p| format!("{:?}={:?}", p[0], p[1]))
+                .collect(),
+            "list" => all.iter().map(|v| format!("{v:?}")).collect(),
+            "zset" => all
+                .iter()
+                .map(|v| v.as_string().unwrap_or_default())
+                .collect(),
+            _ => vec![kind.clone()],
         };
         if kind == "hash" {
             // A chain of `fold.lua` calls leaves a token of its own in `meta`.
@@ -130,11 +116,7 @@ fn judged_boards() -> Vec<Board> {
 #[tokio::test]
 async fn judged_instances_agree_with_fold_on_every_judged_shape() {
     let (redis, store, ()) = with_fresh_store(()).await;
-    let scripts = Store::connect(&redis.url(), "rb", 2, Reconnect::Never)
-        .await
-        .expect("connect")
-        .with_script_calls(crate::support::env::script_calls())
-        .with_transactions(false);
+    let scripts = redis.store("rb").await.with_transactions(false);
     for board in judged_boards() {
         let control = twin(&board);
         let slice = board.slice_ms;
@@ -299,11 +281,7 @@ async fn large_instances_agree_with_fold_as_their_digest_tables_split() {
     let (redis, store, ()) = with_fresh_store(()).await;
     let metrics = std::sync::Arc::new(rollboard::metrics::Metrics::new(&[]));
     let store = store.with_metrics(metrics.clone());
-    let scripts = Store::connect(&redis.url(), "rb", 2, Reconnect::Never)
-        .await
-        .expect("connect")
-        .with_script_calls(crate::support::env::script_calls())
-        .with_transactions(false);
+    let scripts = redis.store("rb").await.with_transactions(false);
     let mut deepest = 0;
     for board in judged_boards() {
         let board = rollboard::domain::board::Board {

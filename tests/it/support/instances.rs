@@ -125,20 +125,16 @@ pub async fn bump(store: &Store, view: &View<'_>, scope: Option<&str>, member: &
         .expect("ZINCRBY");
 }
 
-/// What the instance `scope` of `board` holds, key by key, whatever its type and however
-/// its events were cut in calls or raced: a digest table's buckets and the forget logs as
-/// sets of entries; `meta`'s `chain` (and, with `chunk_free`, its `gen`) left out.
-pub async fn held(
+/// Every key of the instance whose `meta` is `meta`, with its type and what it holds
+/// (`HGETALL`, `LRANGE`, `ZRANGE ... WITHSCORES`; the type's name for another type), and
+/// the instance's key prefix.
+pub async fn stored_under(
     store: &Store,
-    board: &Board,
-    scope: Option<&str>,
-    chunk_free: bool,
-) -> BTreeMap<String, Vec<String>> {
-    let k = store.instance(&board.widest(), scope);
-    let base = k.meta().strip_suffix(":meta").expect("meta").to_string();
+    meta: &str,
+) -> (String, Vec<(String, String, Vec<Value>)>) {
+    let base = meta.strip_suffix(":meta").expect("meta").to_string();
     let keys: Vec<String> = keyed(store, "KEYS", vec![format!("{}:*", glob_escape(&base))]).await;
-    let bytes = |v: &Value| v.as_bytes().unwrap_or_default().to_vec();
-    let mut out = BTreeMap::new();
+    let mut out = Vec::with_capacity(keys.len());
     for key in keys {
         let kind: String = keyed(store, "TYPE", vec![key.clone()]).await;
         let all: Vec<Value> = match kind.as_str() {
@@ -154,6 +150,25 @@ pub async fn held(
             }
             other => vec![Value::from(other)],
         };
+        out.push((key, kind, all));
+    }
+    (base, out)
+}
+
+/// What the instance `scope` of `board` holds, key by key, whatever its type and however
+/// its events were cut in calls or raced: a digest table's buckets and the forget logs as
+/// sets of entries; `meta`'s `chain` (and, with `chunk_free`, its `gen`) left out.
+pub async fn held(
+    store: &Store,
+    board: &Board,
+    scope: Option<&str>,
+    chunk_free: bool,
+) -> BTreeMap<String, Vec<String>> {
+    let k = store.instance(&board.widest(), scope);
+    let (base, stored) = stored_under(store, &k.meta()).await;
+    let bytes = |v: &Value| v.as_bytes().unwrap_or_default().to_vec();
+    let mut out = BTreeMap::new();
+    for (key, kind, all) in stored {
         let mut held: Vec<String> = Vec::new();
         if kind == "hash" {
             for p in all.chunks(2) {
