@@ -1396,7 +1396,7 @@ async fn bench_ceiling(redis: &RedisServer) -> Result<()> {
     let board: Board = settings(redis, Spread::Uniform)?.boards.remove(0);
     let store = connect(redis, 1).await?;
     store.load_library().await.map_err(|e| e.to_string())?;
-    let function = rollboard::store::lua::library().function("apply.lua");
+    let function = rollboard::store::lua::library().function("fold.lua");
     let now = now_ms();
     let k = store.instance(&board.widest(), None);
     // One chunk of the size the store sends; ids get independent random numbers per

@@ -40,7 +40,7 @@ pub const MAX_WINDOWS: usize = 8;
 /// Most slices a board's window and `ingest.max_future` may span together: the digest
 /// table tags each remembered id with its slice number mod 2^32 and counts it while the
 /// tag is less than 2^31 slices above the slice whose ids may be forgotten (`counts` in
-/// `fold.lua` and `apply.lua`); a few slices of margin for the rounding of each bound.
+/// `fold.lua`); a few slices of margin for the rounding of each bound.
 pub const MAX_SLICES_REACHED: i64 = (1 << 31) - 4;
 
 /// One `[[boards]]` entry as written.

@@ -384,7 +384,7 @@ impl InstanceKeys {
     }
 
     /// Hash: the digests of the idempotency keys remembered by the instance, each with its
-    /// slice, as a linear hash table (layout in `apply.lua`).
+    /// slice, as a linear hash table (layout in `digest.lua`).
     pub fn seen_table(&self) -> String {
         self.key("seen:ids")
     }
@@ -430,7 +430,7 @@ impl InstanceKeys {
         }
     }
 
-    /// The fixed KEYS of `apply.lua`, in its order (the batch's slice keys and then their
+    /// The fixed KEYS of `fold.lua`, in its order (the batch's slice keys and then their
     /// forget logs follow them).
     pub fn apply_keys(&self) -> Vec<String> {
         vec![

@@ -1,5 +1,6 @@
-//! Applying events: chains of bounded `fold.lua` calls, and `apply.lua` calls of at most
-//! [`APPLY_CHUNK`] events judged one by one where a fold cannot judge them.
+//! Applying events: chains of bounded `fold.lua` calls of events summed per (member, slice),
+//! and calls of at most [`APPLY_CHUNK`] events judged one by one ('each') where a grouped
+//! call cannot judge them.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
@@ -75,7 +76,7 @@ fn apply_chunk_within(board: &Board, max_args: usize) -> usize {
     n
 }
 
-/// What the size of an `apply.lua` or `fold.lua` request to one board depends on besides
+/// What the size of a `fold.lua` request to one board depends on besides
 /// its events: the board's narrower windows and the keys every window adds (a change
 /// stream, distinct totals). Counts the arguments of [`call_head`], [`narrower_windows`],
 /// [`apply_call`] and [`fold_call`] without building them (pinned against them by the
@@ -131,17 +132,19 @@ impl CallShape {
         FCALL_ARGS + self.keys(slices) + HEAD_ARGS + 2 + members + 2 + windows
     }
 
-    /// The arguments of one `apply.lua` request of `events` events in `slices` slices
-    /// naming `members` members: the head, the narrower windows' ARGV, two per slice, the
-    /// members' names, five per event, and with `raw_ids` each event's id.
+    /// The arguments of one `fold.lua` request judging each of `events` events on its own
+    /// ([`apply_call`]), in `slices` slices naming `members` members: 'each', the head, the
+    /// digests and the numbers, the members' names, the two chain tokens, the narrower
+    /// windows' ARGV, and with `raw_ids` each event's id.
     fn apply_args(self, slices: usize, members: usize, events: usize, raw_ids: bool) -> usize {
         FCALL_ARGS
+            + 1
             + self.keys(slices)
             + HEAD_ARGS
-            + self.window_args()
-            + 2 * slices
+            + 2
             + members
-            + 5 * events
+            + 2
+            + self.window_args()
             + if raw_ids { events } else { 0 }
     }
 }
@@ -170,10 +173,10 @@ pub fn id_digest(id: &str) -> [u8; 16] {
 /// instance that still holds it and the roll drains it.
 const LEGACY_MEMORY: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// What `apply.lua` and `fold.lua` calls share: the KEYS (the instance's fixed keys, then
+/// What grouped `fold.lua` calls and those judging each event share: the KEYS (the instance's fixed keys, then
 /// each slice's Hash and forget log, then on a board with a change feed its stream, then on
 /// a `dense_rank` board its distinct totals) and the first thirteen ARGV, `count` being the events of
-/// an `apply.lua` call or the groups of a `fold.lua` one.
+/// a call judging each event or the groups of a grouped one.
 fn call_head(
     board: &Board,
     k: &InstanceKeys,
@@ -207,7 +210,7 @@ fn call_head(
     (keys, args)
 }
 
-/// What `apply.lua` and `fold.lua` calls take for the narrower windows of a board with
+/// What `fold.lua` calls take for the narrower windows of a board with
 /// several (the widest's keys are `k`): their KEYS (per window: meta, result, members,
 /// slices, refs, totals, the Hash of each of `slices`, then its change stream and its
 /// distinct totals where the board has them) and their ARGV: V, the number of narrower
@@ -240,9 +243,10 @@ fn narrower_windows(board: &Board, k: &InstanceKeys, slices: &[i64]) -> (Vec<Str
     (keys, args)
 }
 
-/// The KEYS and ARGV of one `apply.lua` call (layout documented in the script). With
-/// `raw_ids` the events' ids follow the events, for an instance that still holds the
-/// legacy `seen` ZSet.
+/// The KEYS and ARGV of one `fold.lua` call judging each of `events` on its own, in their
+/// order ('each', layout documented in the script): each event a group of its own, its
+/// digest the group's. With `raw_ids` the events' ids follow, for an instance that still
+/// holds the legacy `seen` ZSet.
 pub fn apply_call(
     board: &Board,
     k: &InstanceKeys,
@@ -252,6 +256,7 @@ pub fn apply_call(
     raw_ids: bool,
 ) -> (Vec<String>, Vec<Value>) {
     let mut slices: Vec<i64> = Vec::new();
+    let mut counts: Vec<i64> = Vec::new();
     let mut members: Vec<&str> = Vec::new();
     let mut member_index: HashMap<&str, usize> = HashMap::new();
     let mut rows: Vec<(usize, usize)> = Vec::with_capacity(events.len());
@@ -261,16 +266,18 @@ pub fn apply_call(
             Some(i) => i,
             None => {
                 slices.push(n);
+                counts.push(0);
                 slices.len() - 1
             }
         };
+        counts[s] += 1;
         let m = *member_index.entry(e.member.as_str()).or_insert_with(|| {
             members.push(e.member.as_str());
             members.len() - 1
         });
         rows.push((s, m));
     }
-    let (mut keys, mut args) = call_head(
+    let (mut keys, head) = call_head(
         board,
         k,
         fingerprint,
@@ -279,22 +286,26 @@ pub fn apply_call(
         events.len(),
         now,
     );
+    let mut args = Vec::with_capacity(1 + head.len() + 2 + members.len() + 4 + events.len());
+    args.push(Value::from("each"));
+    args.extend(head);
+    let blob: Vec<u8> = events.iter().flat_map(|e| id_digest(&e.id)).collect();
+    args.push(Value::Bytes(blob.into()));
+    let mut numbers = Vec::with_capacity(3 * slices.len() + 5 * events.len());
+    for (&n, &c) in slices.iter().zip(&counts) {
+        numbers.extend([n, board.forget_at(n), c]);
+    }
+    for (e, (s, m)) in events.iter().zip(rows) {
+        let abs = i64::try_from(e.amount.unsigned_abs()).unwrap_or(i64::MAX);
+        numbers.extend([m as i64 + 1, s as i64 + 1, e.amount, abs, e.ts]);
+    }
+    args.push(Value::Bytes(packed(&numbers).into()));
+    args.extend(members.iter().map(|&m| Value::from(m)));
+    // Never chained: both tokens ''; then the narrower windows, V being sent on every board.
+    args.extend([Value::from(""), Value::from("")]);
     let (window_keys, window_args) = narrower_windows(board, k, &slices);
     keys.extend(window_keys);
     args.extend(window_args);
-    for &n in &slices {
-        args.extend([Value::from(n), Value::from(board.forget_at(n))]);
-    }
-    args.extend(members.iter().map(|&m| Value::from(m)));
-    for (e, (s, m)) in events.iter().zip(rows) {
-        args.extend([
-            Value::Bytes(id_digest(&e.id).to_vec().into()),
-            Value::from(s as i64 + 1),
-            Value::from(m as i64 + 1),
-            Value::from(e.ts),
-            Value::from(e.amount),
-        ]);
-    }
     if raw_ids {
         args.extend(events.iter().map(|e| Value::from(e.id.as_str())));
     }
@@ -1013,7 +1024,7 @@ impl Store {
     }
 
     /// The outcomes of an instance's `events` whose one fold call ended as `reply` (in
-    /// their order): that call's, or, where it answered `slow`, those of the `apply.lua`
+    /// their order): that call's, or, where it answered `slow`, those of the `fold.lua`
     /// calls that judged them one by one instead.
     async fn fold_finished(
         &self,
@@ -1086,7 +1097,7 @@ impl Store {
     }
 
     /// [`Store::apply_prepared`] in the order of `events`: chains of `fold.lua` calls,
-    /// `apply.lua` ones where a fold cannot judge the events.
+    /// ones judging each event where a grouped call cannot judge the events.
     async fn apply_in_order(
         &self,
         apply: &InstanceApply<'_>,
@@ -1317,7 +1328,7 @@ impl Store {
             .collect()
     }
 
-    /// One `apply.lua` call of at most [`apply_chunk`] events, judged one by one; the
+    /// One `fold.lua` call of at most [`apply_chunk`] events, each judged on its own; the
     /// outcomes are appended to `out`.
     async fn apply_exact(
         &self,
@@ -1335,9 +1346,9 @@ impl Store {
         } = apply;
         let reply = loop {
             let (keys, args) = apply_call(board, k, fingerprint, chunk, *now, *raw_ids);
-            let call = self.fcall_once(&self.scripts.apply, client, keys, args);
+            let call = self.fcall_once(&self.scripts.fold, client, keys, args);
             match self
-                .bounded(FOLD_BUDGET as u32, self.timed(&self.scripts.apply, call))
+                .bounded(FOLD_BUDGET as u32, self.timed(&self.scripts.fold, call))
                 .await
             {
                 // The instance still holds raw ids of the layout before digests: the
@@ -1599,10 +1610,10 @@ mod tests {
     #[test]
     fn an_apply_call_holds_no_more_events_than_fit_the_cap() {
         let b = board(&[24], false, false);
-        // 26 arguments and 11 per event (its slice's two keys and two numbers, its
-        // member, its five numbers, its raw id).
-        assert_eq!(CallShape::of(&b).apply_args(24, 24, 24, true), 26 + 11 * 24);
-        assert_eq!(apply_chunk_within(&b, 300), 24);
+        // 31 arguments and 4 per event (its slice's two keys, its member, its raw id; its
+        // digest and numbers ride in two arguments whatever their count).
+        assert_eq!(CallShape::of(&b).apply_args(24, 24, 24, true), 31 + 4 * 24);
+        assert_eq!(apply_chunk_within(&b, 31 + 4 * 24), 24);
         assert_eq!(apply_chunk_within(&b, 1), 1);
         assert_eq!(apply_chunk(&b), super::APPLY_CHUNK);
         assert_eq!(apply_chunk(&board(&[24, 1, 168], true, true)), 10);

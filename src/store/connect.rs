@@ -746,7 +746,7 @@ impl Store {
 
     /// The probes of every command the scripts and the roll run on each board's keys.
     fn board_probes(&self, calling: Calling, boards: &[Board]) -> Vec<Vec<String>> {
-        let (call, apply) = calling.command(&self.scripts.apply);
+        let (call, apply) = calling.command(&self.scripts.fold);
         let mut probes = Vec::new();
         let lua = script_commands();
         for board in boards {

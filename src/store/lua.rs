@@ -11,8 +11,7 @@
 
 /// Every script by the name of its file, as written (its header, then its body over `KEYS`
 /// and `ARGV`).
-pub const SCRIPTS: [(&str, &str); 13] = [
-    ("apply.lua", include_str!("lua/apply.lua")),
+pub const SCRIPTS: [(&str, &str); 12] = [
     ("cleanup.lua", include_str!("lua/cleanup.lua")),
     ("drop_slice.lua", include_str!("lua/drop_slice.lua")),
     ("expire.lua", include_str!("lua/expire.lua")),
@@ -169,7 +168,6 @@ pub const PIECES: [(&str, &str, &[&str]); 7] = [
         "common.lua",
         include_str!("lua/common.lua"),
         &[
-            "apply.lua",
             "fold.lua",
             "expire.lua",
             "stage.lua",
@@ -182,32 +180,28 @@ pub const PIECES: [(&str, &str, &[&str]); 7] = [
     (
         "changes.lua",
         include_str!("lua/changes.lua"),
-        &["apply.lua", "fold.lua", "expire.lua", "swap.lua"],
+        &["fold.lua", "expire.lua", "swap.lua"],
     ),
     (
         "digest.lua",
         include_str!("lua/digest.lua"),
-        &["apply.lua", "fold.lua", "trim_seen.lua"],
+        &["fold.lua", "trim_seen.lua"],
     ),
     (
         "legacy_seen.lua",
         include_str!("lua/legacy_seen.lua"),
-        &["apply.lua", "fold.lua", "trim_seen.lua"],
+        &["fold.lua", "trim_seen.lua"],
     ),
     (
         "members.lua",
         include_str!("lua/members.lua"),
-        &["apply.lua", "fold.lua", "expire.lua", "stage.lua"],
+        &["fold.lua", "expire.lua", "stage.lua"],
     ),
-    (
-        "gate.lua",
-        include_str!("lua/gate.lua"),
-        &["apply.lua", "fold.lua"],
-    ),
+    ("gate.lua", include_str!("lua/gate.lua"), &["fold.lua"]),
     (
         "write_back.lua",
         include_str!("lua/write_back.lua"),
-        &["apply.lua", "fold.lua"],
+        &["fold.lua"],
     ),
 ];
 

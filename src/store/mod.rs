@@ -254,7 +254,6 @@ impl Function {
 }
 
 struct Scripts {
-    apply: Function,
     fold: Function,
     watermark: Function,
     expire: Function,
@@ -272,7 +271,6 @@ struct Scripts {
 impl Scripts {
     fn new() -> Self {
         Scripts {
-            apply: Function::new("apply"),
             fold: Function::new("fold"),
             watermark: Function::new("watermark"),
             expire: Function::new("expire"),
@@ -290,8 +288,7 @@ impl Scripts {
 }
 
 /// The `script` label values of `rollboard_script_duration_seconds`: one per Lua script.
-pub const SCRIPT_NAMES: [&str; 13] = [
-    "apply",
+pub const SCRIPT_NAMES: [&str; 12] = [
     "fold",
     "watermark",
     "expire",

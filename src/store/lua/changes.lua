@@ -7,7 +7,7 @@
 -- the stream whole whatever changed the ranking unrecorded (the feed turned on over a
 -- ranking, turned off and on again, its N changed, a version without the feed during an
 -- upgrade): the next call that records anything records every difference.
--- Used by: apply.lua, fold.lua, expire.lua, swap.lua.
+-- Used by: fold.lua, expire.lua, swap.lua.
 --
 -- One entry per change, with the fields kind (`entered`, `left` or `passed`), member,
 -- rank (its new rank; for `left` its last one), total (exact, in minor units), cause (`tip`

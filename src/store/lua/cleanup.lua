@@ -16,7 +16,7 @@
 -- it: the next roll swaps the empty ranking in and cleans up. (An incremental instance's
 -- expiry removes every member with its last slice field.)
 --
--- The digest table holds nothing more once the registry is empty: apply.lua logs every
+-- The digest table holds nothing more once the registry is empty: fold.lua logs every
 -- digest it remembers in the forget log of a slice it registers in the same call, and the
 -- roll drains a slice's log before it drops the slice, so no log outlives its slice.
 --

@@ -2,7 +2,7 @@
 -- bounded variadic call and the checks of a stored setting or counter. The shared pieces
 -- sit once at the top of rollboard's function library, before every script's function
 -- (`src/store/lua.rs`).
--- Used by: apply.lua, fold.lua, expire.lua, stage.lua, trim_seen.lua, watermark.lua,
+-- Used by: fold.lua, expire.lua, stage.lua, trim_seen.lua, watermark.lua,
 -- floor.lua, query.lua.
 --
 -- Numbers stay below 2^53 in magnitude, so Lua's doubles hold them exactly.

@@ -1,7 +1,7 @@
--- digest.lua: the digest table, where apply.lua and fold.lua remember idempotency keys and
+-- digest.lua: the digest table, where fold.lua remembers idempotency keys and
 -- trim_seen.lua forgets them: its constants (declared here only), its layout, and the reads
 -- and writes of it that those scripts share.
--- Used by: apply.lua, fold.lua, trim_seen.lua.
+-- Used by: fold.lua, trim_seen.lua.
 --
 -- An event's key is remembered as its digest (16 bytes: a 128-bit hash of the id, computed
 -- by the caller) tagged with its slice number mod 2^32 (4 bytes, big-endian), in one Hash

@@ -23,7 +23,7 @@
 -- this one call, so a member already handled by a concurrent or crashed roller is gone
 -- from the slice and skipped.
 --
--- Like apply.lua, the script reads and checks everything first (types, stored settings,
+-- Like fold.lua, the script reads and checks everything first (types, stored settings,
 -- every value) and writes only after that, so a call that fails has written nothing.
 -- Scores stay integers below 2^53, so they are exact in Lua's doubles.
 -- Returns { fields expired, members that left the instance }.

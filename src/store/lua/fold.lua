@@ -1,5 +1,5 @@
 -- fold.lua: fold a chunk of events into one board instance, pre-aggregated by the caller,
--- atomically; the fast path of `apply.lua`, for the common case.
+-- atomically: the one script that applies events.
 --
 -- The caller sends each event's idempotency digest, and the events' amounts summed per
 -- (member, slice) ("groups"), so the work here is one digest check per event and one update
@@ -7,14 +7,30 @@
 -- can be judged differently one at a time: when some but not all of its events are
 -- duplicates, when a total could pass 2^53 - 1, or while the instance still holds a legacy
 -- `seen` ZSet, the call writes nothing and answers `slow`: the caller then sends the same
--- events, in stream order, to `apply.lua`, which judges them one by one. The caller sends no
--- id twice in one chunk (a chunk with a repeated id goes to `apply.lua` directly).
+-- events, in stream order, as a call judging each event on its own ('each', below), the
+-- degenerate case of a group of one event. The caller sends no id twice in one grouped
+-- chunk (a chunk with a repeated id is judged each event on its own directly).
 --
--- KEYS: as `apply.lua` (meta, result, members, slices, seen, refs, totals, seen:ids, then
--- the S slice Hashes and the S forget logs, then the change stream on a board with a
--- feed, then `dense` on dense_rank boards only; then, on a board with several windows,
--- for each narrower window: meta, result, members, slices, refs, totals, its S slice
--- Hashes, then its change stream and its dense ZSet where the board has them).
+-- KEYS[1] meta     Hash  expired_through (watermark slice), settings, gen (bumped on change),
+--                        changed_ms (`now` of the last call that wrote), chain (below)
+-- KEYS[2] result   ZSet  zmember -> exact total (incremental boards)
+-- KEYS[3] members  Hash  member -> its tie-break time (the ZSet member is prefix:member)
+-- KEYS[4] slices   ZSet  registry of slice numbers that exist
+-- KEYS[5] seen     ZSet  legacy idempotency keys: raw id -> epoch ms from which it may be
+--                        forgotten (the layout before digests: read while it exists, never
+--                        written, drained by the roll)
+-- KEYS[6] refs     Hash  member -> number of slices holding it (allow_negative boards)
+-- KEYS[7] totals   Hash  member -> exact live total (resummarize boards)
+-- KEYS[8] seen:ids  Hash  the digest table (layout in digest.lua)
+-- KEYS[9..8+S]     the slice Hashes of the chunk, in the order of the slice table below
+-- KEYS[9+S..8+2S]  the forget logs `seen:<n>` (Lists) of the same slices
+-- then             changes  Stream  the change feed of the top (boards with a feed only;
+--                        absent elsewhere: changes.lua)
+-- then             dense  ZSet  distinct totals above 0 (dense_rank boards only; absent
+--                        elsewhere), kept in step with `result` (members.lua dense_update)
+-- then, on a board with several windows, for each narrower window (the instance's keys of
+-- that window): meta, result, members, slices, refs, totals, its S slice Hashes, then its
+-- change stream and its dense ZSet where the board has them.
 --
 -- ARGV[1] now (epoch ms)      ARGV[2] slices per window N   ARGV[3] slice width (ms)
 -- ARGV[4] 'i' incremental | 'r' resummarize                 ARGV[5] tie: 'e' | 'l' | 'n'
@@ -37,7 +53,7 @@
 -- window sends nothing after the chain tokens, and its call makes no read, write or table
 -- for other windows.
 --
--- Several windows: as in `apply.lua`, the first KEYS (and ARGV[2], ARGV[7]) are the
+-- Several windows: the first KEYS (and ARGV[2], ARGV[7]) are the
 -- instance of the widest window, which alone remembers idempotency keys, decides what is
 -- late (the reply's slices are late in every window) and holds the chain token; a group
 -- of a slice that is not late counts in every window whose watermark its slice is above.
@@ -57,10 +73,32 @@
 -- events are judged, outcomes 0 and 1 ('' for none). A call answering 2 or failing leaves
 -- none, so the calls after it do not run; the caller sends them again in turn.
 --
--- Phase 1 only reads and checks, phase 2 only writes, as in `apply.lua` (whose comments
--- describe the checks); a call writes all or nothing, in every window. The digest table
--- and the forget logs are described in digest.lua; the checks and writes shared with
--- `apply.lua` are in gate.lua, digest.lua, members.lua and write_back.lua.
+-- Judging each event on its own ('each': where a grouped call answered `slow`, or its chunk
+-- repeats an id): ARGV[1] 'each', then the ARGV above with each event a group of its own,
+-- in stream order (G events, the k-th digest of ARGV[14] the k-th event's, not grouped by
+-- slice), always followed by the two chain tokens ('': never chained), V and the dense
+-- flag, then, only while the instance still holds a legacy `seen` ZSet, the G events' raw
+-- ids (without them such a call fails with `ROLLBOARD legacy-seen`, writing nothing, and
+-- the caller sends it again with them). The events are judged one by one, in order: late
+-- (its slice has left the window, or its ids may already be forgotten), else duplicate
+-- (by the table, an earlier event of the call, or the legacy ZSet), else overflow (a total
+-- or slice field would pass 2^53 - 1 in a window it counts in), else applied; the applied
+-- events are then written as a grouped call's groups would be. Returns one status per
+-- event: 0 applied, 1 duplicate, 2 late, 3 overflow.
+--
+-- Redis does not roll back a script that fails half-way, so each call is in two phases.
+-- Phase 1 only reads: the stored settings, the watermark, the digest table's state and
+-- every bucket the live digests address (two HMGETs; the legacy ZSet's existence unless the
+-- table's `#c` rules it out), every member's state (HMGET, ZMSCORE), every slice field the
+-- groups touch (one HMGET per slice), the slice registry (one ZMSCORE) and the forget logs
+-- (LLEN). Each read also proves its key has the right type, and every stored value is
+-- parsed and checked; whatever is wrong raises an error before anything was written.
+-- Phase 2 writes the outcome with a handful of variadic commands whose keys and values are
+-- known to be valid, so a call either writes all of it or nothing, in every window. The
+-- function carries no flag, so Redis refuses the whole call up front when it is out of
+-- memory, instead of failing at the first write. The digest table and the forget logs are
+-- described in digest.lua; the checks and writes are in gate.lua, digest.lua,
+-- members.lua and write_back.lua.
 -- Several instances in one call ("packed", on a server that is not a cluster, where keys
 -- of several hash tags may meet in one call): ARGV[1] 'many', ARGV[2] P, the instances,
 -- then P pairs (the instance's KEYS count, its ARGV count), then each instance's ARGV as
@@ -70,7 +108,88 @@
 -- have failed (what it wrote before failing stays, as for a call of its own). A packed
 -- instance is never chained: its two chain tokens are ''; on a board with one window too
 -- it sends them, then V (0) and the dense flag, so that its counts can be checked.
-local function fold_one(KEYS, ARGV)
+-- A call judging each event on its own ('each', below): the groups are single events in
+-- stream order, the k-th digest of the blob the k-th group's. Judges them one by one as
+-- stream order would: late when its slice is (`late`); else a duplicate when the table holds
+-- its digest (`found`), an event applied earlier in the call had it, or the legacy ZSet
+-- remembers its raw id until after `now` (`legacy`, by group, nil for none); else an
+-- overflow when it would take a total or a slice field past 2^53 - 1 in a window it counts
+-- in; else applied. `windows[w]`: the slices counting there (`counts`: slice index ->
+-- true), its members' totals before the call (`total0`, by member index), its groups'
+-- fields before the call (`before`, by group, as group_fields reads them) and the slices it
+-- touches (`touched`). Returns the statuses (0 applied, 1 duplicate, 2 late, 3 overflow)
+-- and the applied groups, in order; and sets in each window the applied events summed per
+-- (member, slice) as groups of their own (`by_slice`, `before` by those groups' indices, and
+-- `newest`, each member's newest applied event time), indices in `sums`: groups of five
+-- numbers as the caller's (member, slice, sum, 0, newest time), so that the writes are a
+-- grouped call's.
+local function judge_each(G, S, nums, gb, blob, late, found, legacy, windows, now, sums)
+  local abs, sub = math.abs, string.sub
+  local status, applied, first_of, sum_at, seen_here = {}, {}, {}, {}, {}
+  local total, field = {}, {}
+  for w = 1, #windows do total[w], field[w] = {}, {} end
+  for g = 1, G do
+    local b = gb + 5 * (g - 1)
+    local m, s, amount, ts = nums[b + 1], nums[b + 2], nums[b + 3], nums[b + 5]
+    if late[s] then
+      status[g] = 2
+    else
+      local d = sub(blob, DIGEST * (g - 1) + 1, DIGEST * g)
+      local until_ms = legacy and legacy[g]
+      if seen_here[d] or found[g] or (until_ms and tonumber(until_ms) > now) then
+        status[g] = 1
+      else
+        local key = (m - 1) * S + s
+        local fits = true
+        for w, win in ipairs(windows) do
+          if win.counts[s] then
+            local t, f = total[w][m] or win.total0[m], field[w][key] or win.before[g] or 0
+            if abs(t + amount) > LIMIT or abs(f + amount) > LIMIT then fits = false end
+          end
+        end
+        if not fits then
+          status[g] = 3
+        else
+          status[g] = 0
+          seen_here[d] = true
+          applied[#applied + 1] = g
+          for w, win in ipairs(windows) do
+            if win.counts[s] then
+              total[w][m] = (total[w][m] or win.total0[m]) + amount
+              field[w][key] = (field[w][key] or win.before[g] or 0) + amount
+            end
+          end
+          local a = sum_at[key]
+          if not a then
+            a = #first_of + 1
+            sum_at[key], first_of[a] = a, g
+            sums[5 * a - 4], sums[5 * a - 3], sums[5 * a - 2], sums[5 * a - 1], sums[5 * a] = m, s, 0, 0, ts
+          end
+          sums[5 * a - 2] = sums[5 * a - 2] + amount
+          if ts > sums[5 * a] then sums[5 * a] = ts end
+        end
+      end
+    end
+  end
+  for _, win in ipairs(windows) do
+    local by_slice, old, newest = {}, {}, {}
+    for _, s in ipairs(win.touched) do by_slice[s] = {} end
+    for a, g in ipairs(first_of) do
+      local m, s, t = sums[5 * a - 4], sums[5 * a - 3], sums[5 * a]
+      if win.counts[s] then
+        local list = by_slice[s]
+        list[#list + 1] = a
+        old[a] = win.before[g]
+        if not newest[m] or t > newest[m] then newest[m] = t end
+        win.any = true
+      end
+    end
+    win.by_slice, win.before, win.newest = by_slice, old, newest
+  end
+  return status, applied
+end
+
+local function fold_one(KEYS, ARGV, each)
   local meta, result, members, slices, seen, refs, totals, table_key,
     incremental, tie, negative, settings = shared_args(KEYS, ARGV)
   -- The globals used per slice, group or member, held in locals: a function reaches the
@@ -94,6 +213,29 @@ local function fold_one(KEYS, ARGV)
     V, with_dense = tonumber(ARGV[tail + 3]), ARGV[tail + 4] == '1'
   else
     with_dense = #KEYS > 8 + 2 * S + (top > 0 and 1 or 0)
+  end
+  -- Judging each event on its own: never chained, V and the dense flag always sent, then,
+  -- for an instance still holding the legacy `seen` ZSet, the G events' raw ids; each
+  -- slice's count the number of events in it. All checked before anything is read.
+  local ids
+  if each then
+    if not V or V < 0 or V % 1 ~= 0 then return fail('each: no window count') end
+    if after ~= '' or token ~= '' then return fail('each: a call judging each event is not chained') end
+    local tail_end = tail + 4 + 2 * V
+    if #ARGV ~= tail_end and #ARGV ~= tail_end + G then
+      return fail('each: ' .. #ARGV .. ' ARGV is neither ' .. tail_end .. ' nor ' .. (tail_end + G))
+    end
+    if #ARGV > tail_end then ids = { unpack(ARGV, tail_end + 1, tail_end + G) } end
+    local in_slice = {}
+    for g = 1, G do
+      local s = nums[group_base + 5 * g - 3]
+      in_slice[s] = (in_slice[s] or 0) + 1
+    end
+    for i = 1, S do
+      if nums[3 * i] ~= (in_slice[i] or 0) then
+        return fail('each: slice ' .. i .. ' does not count its events')
+      end
+    end
   end
   local feed, dense, at = tail_keys(KEYS, 9 + 2 * S, meta, top, cap, tie, with_dense)
   -- The narrower windows (none on a board with one), each one's state in a table of its
@@ -155,13 +297,26 @@ local function fold_one(KEYS, ARGV)
       live_count = live_count + count
     end
   end
-  if #blob ~= digest_at - 1 then
+  if #blob ~= digest_at - 1 or each and #blob ~= DIGEST * G then
     return fail('the digests are ' .. #blob .. ' bytes, not ' .. (digest_at - 1))
   end
   -- A call whose events are judged leaves its chain token (here, and for outcome 1 below).
   if live_count == 0 then
     if token ~= '' then redis.call('HSET', meta, 'chain', token) end
+    if each then
+      local status = {}
+      for g = 1, G do status[g] = 2 end
+      return status
+    end
     return out
+  end
+  -- Judging each event on its own: the live groups (in order), their slices.
+  local live_groups
+  if each then
+    live_groups = {}
+    for g = 1, G do
+      if not late[nums[group_base + 5 * g - 3]] then live_groups[#live_groups + 1] = g end
+    end
   end
 
   -- The digest table: its state and every bucket the live digests address. Its `#c` says
@@ -169,8 +324,18 @@ local function fold_one(KEYS, ARGV)
   -- the table when there is none).
   local L, p, held, table_refused, clean, bucket0, stated = table_state(table_key, 0)
   if table_refused then return table_refused end
-  local mark_clean = false
-  if not clean then
+  local mark_clean, legacy = false, nil
+  if not clean and each then
+    -- Its raw ids stay authoritative while it exists: a call without them fails
+    -- (`legacy-seen`) and the caller sends it again with them.
+    local live_ids = {}
+    for k, g in ipairs(live_groups) do live_ids[k] = ids and ids[g] end
+    local remembered_until, legacy_refused
+    remembered_until, legacy_refused, mark_clean = legacy_remembered(seen, ids ~= nil, live_ids)
+    if legacy_refused then return legacy_refused end
+    legacy = {}
+    for k, g in ipairs(live_groups) do legacy[g] = remembered_until[k] end
+  elseif not clean then
     if legacy_held(seen) then
       out[1] = 2
       return out
@@ -186,7 +351,7 @@ local function fold_one(KEYS, ARGV)
   local unchecked = nil
   for s = 1, S do
     if not late[s] then
-      if unchecked then redis.call('LLEN', KEYS[8 + S + s]) else unchecked = s end
+      if unchecked or each then redis.call('LLEN', KEYS[8 + S + s]) else unchecked = s end
     end
   end
   if L == 0 and p == 0 and held + remembered <= LOAD then
@@ -199,8 +364,14 @@ local function fold_one(KEYS, ARGV)
   else
     local wanted, listed_bucket = {}, {}
     addr = {}
-    for s = 1, S do
-      if not late[s] then locate(blob, first[s], last[s], DIGEST, L, p, addr, wanted, listed_bucket) end
+    if each then
+      for _, g in ipairs(live_groups) do
+        locate(blob, DIGEST * (g - 1) + 1, DIGEST * (g - 1) + 1, DIGEST, L, p, addr, wanted, listed_bucket)
+      end
+    else
+      for s = 1, S do
+        if not late[s] then locate(blob, first[s], last[s], DIGEST, L, p, addr, wanted, listed_bucket) end
+      end
     end
     -- The buckets the inserts would split.
     splits_ahead(L, p, held + remembered, wanted, listed_bucket)
@@ -210,11 +381,19 @@ local function fold_one(KEYS, ARGV)
     if not buckets then return buckets_refused end
   end
 
-  -- The duplicates among the live events.
-  local dups = 0
-  for s = 1, S do
-    if not late[s] then
-      dups = dups + held_of(blob, first[s], last[s], addr, buckets, forgotten_through)
+  -- The duplicates among the live events (judging each on its own: which they are).
+  local dups, found = 0, nil
+  if each then
+    found = {}
+    for _, g in ipairs(live_groups) do
+      local at = DIGEST * (g - 1) + 1
+      held_of(blob, at, at, addr, buckets, forgotten_through, found)
+    end
+  else
+    for s = 1, S do
+      if not late[s] then
+        dups = dups + held_of(blob, first[s], last[s], addr, buckets, forgotten_through)
+      end
     end
   end
   if dups > 0 then
@@ -264,7 +443,7 @@ local function fold_one(KEYS, ARGV)
   -- The fields the groups touch, read and checked (members.lua): `slow` when a field or a
   -- total could pass 2^53 - 1 part-way, as event by event the order would matter.
   local touched, numbers, g_old = group_fields(KEYS, 8, by_slice, names, nums, group_base, slice_no,
-    bound, total0)
+    not each and bound or nil, total0)
   if touched == false then
     out[1] = 2
     return out
@@ -295,7 +474,7 @@ local function fold_one(KEYS, ARGV)
       end
     end
     local vtouched, vnumbers, vg_old = group_fields(KEYS, view.slice_at, vby_slice, names, nums,
-      group_base, slice_no, vbound, vtotal0)
+      group_base, slice_no, not each and vbound or nil, vtotal0)
     if vtouched == false then
       out[1] = 2
       return out
@@ -320,28 +499,67 @@ local function fold_one(KEYS, ARGV)
     end
   end
 
+  -- Judging each event on its own: which are applied, and their sums per (member, slice),
+  -- which the writes below take as a grouped call's groups (gs, from gb).
+  local gs, gb, status, applied = nums, group_base, nil, nil
+  if each then
+    local windows = { { counts = {}, total0 = total0, before = g_old, touched = touched } }
+    for s = 1, S do windows[1].counts[s] = not late[s] end
+    for v = 1, V do
+      local view = narrower[v]
+      view.counts, view.before = {}, view.g_old
+      for s = 1, S do view.counts[s] = not late[s] and slice_no[s] > view.watermark end
+      windows[v + 1] = view
+    end
+    gs, gb = {}, 0
+    status, applied = judge_each(G, S, nums, group_base, blob, late, found, legacy, windows, now, gs)
+    if #applied == 0 then return status end
+    by_slice, g_old, newest = windows[1].by_slice, windows[1].before, windows[1].newest
+    for v = 1, V do
+      local view = narrower[v]
+      view.g_old = view.before
+      if not view.any then view.touched = {} end
+    end
+  end
+
   -- Phase 2: write. Every key's type and every value were checked above, but the first
   -- live slice's forget log: its RPUSH comes first, so a key of the wrong type there fails
   -- the call before anything is written. Some slice is live here, so `remembered` > 0.
   -- dirty[a]: the new value of bucket a.
   local dirty = {}
-  for s = 1, S do
-    if not late[s] then
-      local tag = tag_of(slice_no[s])
-      local log = {}
-      for i = first[s], last[s], DIGEST do
-        local a = addr and addr[(i - 1) / DIGEST + 1] or 0
-        dirty[a] = (dirty[a] or buckets[a]) .. sub(blob, i, i + DIGEST - 1) .. tag
-        log[#log + 1] = sub(blob, i, i + 3)
+  if each then
+    -- The applied events' digests, each slice's log in the events' order.
+    local logs = {}
+    for _, g in ipairs(applied) do
+      local i, s = DIGEST * (g - 1) + 1, nums[group_base + 5 * g - 3]
+      local a = addr and addr[g] or 0
+      dirty[a] = (dirty[a] or buckets[a]) .. sub(blob, i, i + DIGEST - 1) .. tag_of(slice_no[s])
+      logs[s] = logs[s] or {}
+      logs[s][#logs[s] + 1] = sub(blob, i, i + 3)
+    end
+    for s = 1, S do
+      if logs[s] then variadic('RPUSH', KEYS[8 + S + s], logs[s]) end
+    end
+    remembered = #applied
+  else
+    for s = 1, S do
+      if not late[s] then
+        local tag = tag_of(slice_no[s])
+        local log = {}
+        for i = first[s], last[s], DIGEST do
+          local a = addr and addr[(i - 1) / DIGEST + 1] or 0
+          dirty[a] = (dirty[a] or buckets[a]) .. sub(blob, i, i + DIGEST - 1) .. tag
+          log[#log + 1] = sub(blob, i, i + 3)
+        end
+        variadic('RPUSH', KEYS[8 + S + s], log)
       end
-      variadic('RPUSH', KEYS[8 + S + s], log)
     end
   end
   write_table(table_key, L, p, held + remembered, dirty, buckets, bucket_field, forgotten_through,
     mark_clean, stated)
 
   local total, refs_new = write_groups(KEYS, 8, slices, touched, numbers, listed, by_slice, g_old,
-    names, nums, group_base, total0, refs0)
+    names, gs, gb, total0, refs0)
   -- A member whose events are all late (no newest time) is left as it is.
   write_members(members, result, totals, refs, incremental, tie, negative, names, z0, t0, nil,
     newest, total0, total, refs0, refs_new, dense)
@@ -353,7 +571,7 @@ local function fold_one(KEYS, ARGV)
     local view = narrower[v]
     if #view.touched > 0 then
       local vtotal, vrefs_new = write_groups(KEYS, view.slice_at, view.slices, view.touched,
-        view.numbers, view.listed, view.by_slice, view.g_old, names, nums, group_base, view.total0,
+        view.numbers, view.listed, view.by_slice, view.g_old, names, gs, gb, view.total0,
         view.refs0)
       write_members(view.members, view.result, view.totals, view.refs, incremental, tie, negative,
         names, view.z0, view.t0, nil, view.newest, view.total0, vtotal, view.refs0, vrefs_new,
@@ -362,9 +580,10 @@ local function fold_one(KEYS, ARGV)
       write_meta(view.meta, view.gen, now, nil, view.stored, view.settings)
     end
   end
-  return out
+  return status or out
 end
 
+if ARGV[1] == 'each' then return fold_one(KEYS, { unpack(ARGV, 2) }, true) end
 if ARGV[1] ~= 'many' then return fold_one(KEYS, ARGV) end
 local P = tonumber(ARGV[2])
 if not P or P < 1 or P % 1 ~= 0 or #ARGV < 2 + 2 * P then

@@ -1,7 +1,7 @@
--- gate.lua: what an instance's `meta` lets through before apply.lua or fold.lua judges
+-- gate.lua: what an instance's `meta` lets through before fold.lua judges
 -- any event: the board definition pinned there, the `gen` counter, the time of the last
 -- roll and the watermark.
--- Used by: apply.lua, fold.lua.
+-- Used by: fold.lua.
 
 -- The KEYS the two scripts share (their headers list them): meta, result, members,
 -- slices, seen, refs, totals and seen:ids; then the board's flags among the ARGV they

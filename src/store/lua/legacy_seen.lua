@@ -1,19 +1,19 @@
 -- legacy_seen.lua: the legacy `seen` ZSet, the idempotency layout before digests (raw id ->
 -- epoch ms from which it may be forgotten): never written any more, read while it exists,
 -- drained by the roll.
--- Used by: apply.lua, fold.lua, trim_seen.lua.
+-- Used by: fold.lua, trim_seen.lua.
 --
 -- The legacy `seen` ZSet (the idempotency layout before digests) is removed in 0.3 or after
 -- 2027-03-01, whichever comes first; until then apply calls carry raw ids to an instance
 -- that still holds it and the roll drains it. Its removal takes this file, the KEYS slot
--- the three scripts keep for it and the raw ids apply.lua may take.
+-- the scripts keep for it and the raw ids a fold.lua call judging each event may take.
 
 -- Whether the instance still holds the ZSet.
 local function legacy_held(seen)
   return redis.call('EXISTS', seen) == 1
 end
 
--- For apply.lua, whose entries in the ZSet stay authoritative while it exists: the
+-- For fold.lua judging each event, the ZSet's entries staying authoritative while it exists: the
 -- forget-at time of each of the raw `ids` (false for an id it does not hold; none at all,
 -- then nil and true, without the ZSet); or nil and the `legacy-seen` error when it exists
 -- and the caller sent no ids (`with_ids` false), so that the caller repeats the call with

@@ -1,7 +1,7 @@
 -- members.lua: the `members` map and the state kept beside it per member: how a stored
 -- value names a ZSet member, and the reads of members, totals, slice counts and slice
 -- fields, each value checked.
--- Used by: apply.lua, fold.lua, expire.lua, stage.lua.
+-- Used by: fold.lua, expire.lua, stage.lua.
 --
 -- `members` holds each member's tie-break time (ms, as an integer: 16 B of Redis memory
 -- where the 16-digit prefix took 32) or '' on boards without tie-break (`tie` 'n'); an
@@ -87,10 +87,10 @@ end
 -- gs[gb + 5 * g - 1] (fold.lua's numbers, `gb` where its groups begin); slice i's Hash is keys[slice_at + i] and its number slice_no[i]. Reads each
 -- slice's fields (one HMGET per slice) and checks that no field, and no member's total
 -- (total0[i], with bound[i] the absolute amounts of member i's groups there), could pass
--- 2^53 - 1 part-way. Returns the touched slices' indices and numbers and each group's
--- field before the call (old[g], nil for none); or false when a value could pass that
--- bound (the events are then judged one by one); or nil and the error naming a value that
--- is not an integer.
+-- 2^53 - 1 part-way (no check without `bound`: a call judging each event on its own checks
+-- each). Returns the touched slices' indices and numbers and each group's field before the
+-- call (old[g], nil for none); or false when a value could pass that bound (the events are
+-- then judged one by one); or nil and the error naming a value that is not an integer.
 local function group_fields(keys, slice_at, by_slice, names, gs, gb, slice_no, bound,
                             total0)
   local abs, format = math.abs, string.format
@@ -110,8 +110,8 @@ local function group_fields(keys, slice_at, by_slice, names, gs, gb, slice_no, b
             return nil, fail('corrupt: ' .. key .. ' holds ' .. v .. ' for ' .. wanted[k])
           end
           old[g] = n
-          if abs(n) + gs[gb + 5 * g - 1] > LIMIT then return false end
-        elseif gs[gb + 5 * g - 1] > LIMIT then
+          if bound and abs(n) + gs[gb + 5 * g - 1] > LIMIT then return false end
+        elseif bound and gs[gb + 5 * g - 1] > LIMIT then
           return false
         end
       end
@@ -119,7 +119,7 @@ local function group_fields(keys, slice_at, by_slice, names, gs, gb, slice_no, b
       numbers[#numbers + 1] = format('%d', slice_no[s])
     end
   end
-  for i = 1, #names do
+  for i = 1, bound and #names or 0 do
     if abs(total0[i]) + bound[i] > LIMIT then return false end
   end
   return touched, numbers, old

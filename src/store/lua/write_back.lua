@@ -1,7 +1,7 @@
--- write_back.lua: the end of phase 2 of apply.lua and fold.lua, once the events are judged
+-- write_back.lua: the end of phase 2 of fold.lua, once the events are judged
 -- and the digest table written: the slice fields and the slice registry, each changed
 -- member's `members` entry, ranking or total and slice count, then `meta`.
--- Used by: apply.lua, fold.lua.
+-- Used by: fold.lua.
 
 -- Writes `pairs_out` (member, amount, ...) to the slice Hash `key`; when the registry did
 -- not list the slice (`listed`), adds slice `number` to `registered`, the ZADD arguments
@@ -46,7 +46,7 @@ end
 -- a ZSet member zi after the call (none: left as it is), from ZSet member z0[i], total
 -- total0[i] and slice count refs0[i] to zi, total[i] and refs[i]; when zi is not z0[i],
 -- `members` records t[i], its tie-break time ('' under tie 'n'). zi is z[i] when `z` is
--- given (apply.lua); else (fold.lua) t[i] is the time of the member's newest event, if it
+-- given; else t[i] is the time of the member's newest event, if it
 -- has one, and zi its ZSet member at that time when that is later than t0[i], its time
 -- before (zmember_at, written out). With `dense` (a dense_rank board's distinct totals,
 -- nil otherwise) it is kept in step with `result` (dense_update). One loop over the

@@ -63,8 +63,8 @@ async fn restore_saved(store: &Store, key: &str) {
         .expect("rename");
 }
 
-// Guards a break this test found: apply.lua used to type-check `result` only through
-// `ZMSCORE result <zmembers>`, run only when some member of the chunk already had a
+// Guards a break this test found: the event-by-event script used to type-check `result`
+// only through `ZMSCORE result <zmembers>`, run only when some member of the chunk already had a
 // `members` entry (and never read `meta.gen`). A chunk of members new to the instance
 // then wrote `meta`, `seen`, the slice, the registry and `members` before `ZADD result`
 // failed with WRONGTYPE, and the retry answered `Duplicate` for every event: money in the

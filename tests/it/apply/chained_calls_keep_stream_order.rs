@@ -467,7 +467,7 @@ async fn a_long_chain_with_one_call_in_flight_finishes_and_agrees() {
 }
 
 /// Mid-chain calls whose events are all late, all duplicates, or would pass 2^53 - 1 (sent
-/// to `apply.lua`), and one half late, on every board shape (refunds, each tie-break,
+/// to be judged event by event), and one half late, on every board shape (refunds, each tie-break,
 /// short dedup windows): the same outcomes and data as the calls in turn.
 #[tokio::test]
 async fn late_duplicate_and_overflowing_calls_mid_chain_agree_with_calls_in_turn() {
@@ -624,8 +624,8 @@ async fn a_meta_key_of_the_wrong_type_fails_the_chain_writing_nothing() {
 }
 
 /// An instance still holding the legacy `seen` ZSet, discovered mid-chain (the first call
-/// is all late, judged without looking): the second call is sent to `apply.lua`, which
-/// asks for raw ids; from there the batch goes event by event with them, and the ids the
+/// is all late, judged without looking): the second call is sent again judging each event
+/// on its own, which asks for raw ids; from there the batch goes event by event with them, and the ids the
 /// legacy ZSet holds are duplicates, in every call after.
 #[tokio::test]
 async fn a_legacy_seen_zset_found_mid_chain_is_honoured_from_there() {
@@ -693,7 +693,7 @@ async fn a_slow_call_then_a_failing_call_stop_where_the_calls_in_turn_stop() {
         assert_calls(&board, &events, 4);
         let tag = ["a", "b", "c", "d"][failing];
         for b in [&board, &control] {
-            // One id of call 1 seen before: call 1 goes to apply.lua.
+            // One id of call 1 seen before: call 1 goes event by event.
             let o = apply_events(&store, b, &events[SEG + 4..SEG + 5], NOW).await;
             assert_eq!(o, [Outcome::Applied]);
             corrupt_field(&store, b, live, &format!("{tag}m5")).await;

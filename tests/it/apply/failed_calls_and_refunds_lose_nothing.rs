@@ -62,7 +62,7 @@ async fn restore_key(store: &Store, key: &str) {
     }
 }
 
-/// The keys a call of `apply.lua` for `events` reads or writes on this board, once an
+/// The keys an event-by-event `fold.lua` call for `events` reads or writes on this board, once an
 /// earlier call has written its digest table: not the legacy `seen` ZSet, which the table's
 /// `#c` then rules out.
 fn apply_keys(store: &Store, board: &Board, events: &[ApplyEvent]) -> Vec<String> {

@@ -1,7 +1,8 @@
 //! The pre-aggregated fast path (`fold.lua`, taken by `Store::apply`) against the event by
-//! event script (`apply.lua`): for any sequence of batches — repeated ids within and across
-//! calls, late events, refunds, totals driven past 2^53 - 1, every board shape — both give
-//! the same outcomes and leave the same data, down to the idempotency entries.
+//! event path (`fold.lua` judging each event on its own): for any sequence of batches —
+//! repeated ids within and across calls, late events, refunds, totals driven past 2^53 - 1,
+//! every board shape — both give the same outcomes and leave the same data, down to the
+//! idempotency entries.
 
 use std::collections::BTreeMap;
 
@@ -23,7 +24,8 @@ const SLICE: i64 = 1_000;
 const N: i64 = 4;
 const NOW: i64 = 1_000_000;
 
-/// Applies `events` with `apply.lua` alone, in calls of [`APPLY_CHUNK`] events.
+/// Applies `events` with `fold.lua` judging each event on its own, alone, in calls of
+/// [`APPLY_CHUNK`] events.
 async fn apply_exact(
     store: &Store,
     board: &Board,
@@ -34,9 +36,9 @@ async fn apply_exact(
     let mut out = Vec::new();
     for chunk in events.chunks(APPLY_CHUNK) {
         let (keys, args) = apply_call(board, &k, &board.widest().fingerprint(), chunk, now, false);
-        let reply: Vec<i64> = fcall(store.client(), "apply", keys, args)
+        let reply: Vec<i64> = fcall(store.client(), "fold", keys, args)
             .await
-            .expect("apply.lua");
+            .expect("fold.lua, each event on its own");
         out.extend(reply.into_iter().map(|s| match s {
             0 => Outcome::Applied,
             1 => Outcome::Duplicate,
@@ -87,15 +89,15 @@ fn batches() -> impl Strategy<Value = (usize, Vec<Batch>)> {
     })
 }
 
-/// Applies each of `batches` to `board` (the fast path first) and with `apply.lua` alone
-/// to `exact`, its twin; panics at the first event whose outcomes differ.
+/// Applies each of `batches` to `board` (the fast path first) and with `fold.lua` judging
+/// each event on its own alone to `exact`, its twin; panics at the first event whose outcomes differ.
 async fn apply_both_ways(store: &Store, board: &Board, exact: &Board, batches: &[Batch]) {
     for (events, now) in batches {
         let fast = apply_events(store, board, events, *now).await;
         let slow = apply_exact(store, exact, events, *now).await;
         if let Some(i) = (0..events.len()).find(|&i| fast[i] != slow[i]) {
             panic!(
-                "{}: event {i} {:?} at {now}: fast path {:?}, apply.lua {:?}",
+                "{}: event {i} {:?} at {now}: fast path {:?}, fold.lua judging each event {:?}",
                 board.name, events[i], fast[i], slow[i]
             );
         }
@@ -105,7 +107,7 @@ async fn apply_both_ways(store: &Store, board: &Board, exact: &Board, batches: &
 #[test]
 fn the_fast_path_agrees_with_the_event_by_event_script() {
     run_cases_threaded(
-        "fold.lua and apply.lua agree",
+        "grouped and event-by-event fold.lua agree",
         48,
         &batches(),
         async |store, (shape, batches)| {
@@ -189,7 +191,7 @@ async fn every_window(store: &Store, board: &Board) -> BTreeMap<String, Vec<Stri
 fn the_fast_path_agrees_with_the_event_by_event_script_in_every_window() {
     let cases = (2usize..4, any::<bool>(), batches());
     run_cases_threaded(
-        "fold.lua and apply.lua agree in every window",
+        "grouped and event-by-event fold.lua agree in every window",
         32,
         &cases,
         async |store, (count, extras, (shape, batches))| {
@@ -564,7 +566,7 @@ async fn members_written_by_an_older_version_are_read_as_before() {
             })
             .collect();
         // Later and earlier times (tie-break moves and stays), and a repeated id in the
-        // second batch (which then goes event by event, through apply.lua).
+        // second batch (which then goes event by event).
         let second: Vec<ApplyEvent> = (0..40)
             .map(|i| {
                 let member = format!("m{}", (i * 7) % 13);

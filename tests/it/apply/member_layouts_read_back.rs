@@ -277,7 +277,7 @@ async fn corrupt_members_values_are_refused() {
                         .await
                         .expect_err(&what);
                     assert!(e.to_string().contains("ROLLBOARD corrupt"), "{what}: {e}");
-                    // A repeated id: event by event, through apply.lua.
+                    // A repeated id: event by event.
                     let twice = [ev("b2", NOW - 5, "m", 1), ev("b2", NOW - 5, "m", 1)];
                     let e = store.apply(&b, None, &twice, NOW).await.expect_err(&what);
                     assert!(e.to_string().contains("ROLLBOARD corrupt"), "{what}: {e}");

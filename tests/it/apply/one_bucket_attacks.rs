@@ -491,7 +491,7 @@ async fn a_state_of_numbers_in_another_form_is_kept_until_a_split_changes_it() {
     assert_totals(&store, &b, &all).await;
 }
 
-/// The first split made by `apply.lua` (a mixed call, judged one by one) on a stated table
+/// The first split made by `fold.lua` (a mixed call, each event judged on its own) on a stated table
 /// of 16: `#L` written, every entry in its bucket, the redelivery all duplicates.
 #[tokio::test]
 async fn the_first_split_by_a_call_judged_one_by_one_writes_the_new_level() {

@@ -1036,7 +1036,7 @@ async fn packs_on_a_cluster_agree_with_calls_of_their_own() {
             assert_eq!(r.as_ref().expect(s), &vec![Outcome::Duplicate; 2]);
         } else if s == big {
             // The slice field of ann past 2^53 - 1 with 2 more: the fold answers `slow`,
-            // and apply.lua judges ann's event an overflow.
+            // and the event-by-event call judges ann's event an overflow.
             assert_eq!(
                 r.as_ref().expect(s),
                 &vec![Outcome::Overflow, Outcome::Applied]

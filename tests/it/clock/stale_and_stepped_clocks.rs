@@ -210,7 +210,7 @@ async fn a_replay_on_a_host_whose_clock_runs_ahead_never_counts_a_remembered_tip
 }
 
 /// At the forget edge (`forget_at == now`) an event is late, one millisecond before it is
-/// not, alike through fold.lua (a chunk of new events) and apply.lua (a chunk that also
+/// not, alike through a grouped fold.lua call (a chunk of new events) and an event-by-event one (a chunk that also
 /// holds a duplicate, judged event by event), with `dedup_window` durations down to 0.
 #[tokio::test]
 async fn the_forget_edge_is_judged_alike_by_the_fast_and_the_exact_path() {

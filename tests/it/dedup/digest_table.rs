@@ -373,7 +373,7 @@ async fn a_digest_table_marks_the_instance_free_of_the_old_seen_zset_once_it_fou
 }
 
 /// A call whose events are all duplicates writes nothing, and still checks every key it
-/// names: a forget log of the wrong type is a data error there too, as in `apply.lua`.
+/// names: a forget log of the wrong type is a data error there too, as in an event-by-event call.
 #[tokio::test]
 async fn an_all_duplicate_call_with_a_forget_log_of_the_wrong_type_is_a_data_error() {
     let (_redis, store) = RedisServer::start_with_store("rb").await;

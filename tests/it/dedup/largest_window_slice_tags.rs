@@ -24,7 +24,7 @@ fn one_board(
 /// A board whose window (with `ingest.max_future`) spans more slices than the digest
 /// table's slice tags serve is refused with the setting named. The tags are slice numbers
 /// mod 2^32, counted while less than 2^31 above the forget point (`counts` in fold.lua /
-/// apply.lua): with more slices the newest slices' ids would look forgotten and a
+/// fold.lua): with more slices the newest slices' ids would look forgotten and a
 /// redelivered event would count twice.
 #[test]
 fn a_window_the_slice_tags_cannot_serve_is_refused_by_the_configuration() {
@@ -84,7 +84,7 @@ async fn the_largest_window_recognises_redeliveries_at_both_ends() {
     for _ in 0..2 {
         let again = apply_events(&store, &board, &batch, now).await;
         assert_eq!(again, [Outcome::Duplicate, Outcome::Duplicate]);
-        // One at a time too (apply.lua's path when a call holds a duplicate and a new one).
+        // One at a time too (the event-by-event path when a call holds a duplicate and a new one).
         let fresh = crate::support::boards::ev("fresh", now, "u1", 1);
         let mixed = apply_events(&store, &board, &[oldest.clone(), fresh], now).await;
         assert_eq!(mixed[0], Outcome::Duplicate);

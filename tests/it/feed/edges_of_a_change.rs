@@ -120,7 +120,7 @@ async fn a_fold_that_answers_slow_records_the_change_once_from_the_exact_path() 
     let first = tips("a", now, &[("alice", 5), ("bob", 3), ("carol", 1)]);
     apply_events(&store, &b, &first, now).await;
     assert_eq!(r.step("tip", now).await.len(), 3);
-    // One duplicate beside new events: fold.lua answers `slow`, apply.lua judges them.
+    // One duplicate beside new events: fold.lua answers `slow`, then judges them event by event.
     let mut batch = vec![first[0].clone()];
     batch.extend(tips("b", now, &[("dave", 10), ("carol", 3), ("erin", 2)]));
     assert_eq!(

@@ -1,6 +1,6 @@
 //! A second property, wider than replays_the_model.rs in what it sends and stricter in when
 //! it checks: batches of up to 60 events over 40 members (several fold calls per batch),
-//! redeliveries mixed with new events (fold.lua answers `slow`, apply.lua takes over),
+//! redeliveries mixed with new events (fold.lua answers `slow`, then judges each event on its own),
 //! redeliveries alone, rolls, rolls that die after any number of expiry calls, and
 //! rebuilds; every tie-break, `dense_rank`, refunds, resummarize boards, tops of 1 to 7.
 //! After every step, with no exception for a torn roll, the stream replayed from its first

@@ -34,7 +34,7 @@ async fn a_corrupt_last_roll_fails_every_script_of_the_instance_before_it_writes
         let meta = store.instance(&b.widest(), None).meta();
         hset(&store, &meta, "last_roll", value).await;
         let before = snapshot(&store, &b).await;
-        // The fold path (one new event) and apply.lua (an id twice in one chunk).
+        // The fold path (one new event) and the event-by-event path (an id twice in one chunk).
         for events in [
             vec![ev("second", now, "u1", 7)],
             vec![ev("second", now, "u1", 7), ev("second", now, "u1", 7)],

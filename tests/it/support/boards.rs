@@ -139,7 +139,7 @@ pub fn test_boards() -> Vec<Board> {
 /// One entry of an instance's digest table: the id's digest and its slice (mod 2^32).
 pub type SeenEntry = ([u8; 16], u32);
 
-/// Reads the digest table of an instance (the linear hash described in `apply.lua`) and
+/// Reads the digest table of an instance (the linear hash described in `digest.lua`) and
 /// checks its invariants: the state fields, every bucket named by an address below
 /// 2^L + p holding whole 20-byte entries whose digests all address that bucket, and `#n`
 /// equal to the entries held. Returns every entry.
