@@ -3,6 +3,7 @@
 mod all_or_nothing_writes;
 mod chained_calls_keep_stream_order;
 mod data_errors_are_not_a_missing_library;
+mod each_attacks;
 mod failed_calls_and_refunds_lose_nothing;
 mod fast_path_agrees_with_exact_path;
 mod judged_attacks;
