@@ -57,6 +57,8 @@
 //!   `http.max_staleness = 0s` (every query reads Redis): the figure is how long an event
 //!   takes to be applied, not how long the server keeps an answer (with the default `1s`,
 //!   another process's writes show in its answers up to a second later).
+//!   `ROLLBOARD_BENCH_FRESHNESS_RATE=<events/s>` offers that rate instead of half the
+//!   first pass's, so that two builds are compared at one load.
 //! * `partitions`: events pre-filled by the partition rule into 1 or 3 stream partitions,
 //!   drained by 1 or 2 consumer processes' worth of consumers (each its own connections and
 //!   one reader per partition, in this process); events/s and Redis time per event (INFO
@@ -84,6 +86,11 @@ use std::process::ExitCode;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+/// The daemon's allocator (src/main.rs), so that a consumer run here costs what it costs
+/// in the daemon.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use fred::prelude::*;
 use rollboard::config::{IngestSettings, ScriptCalls, Settings};
@@ -645,13 +652,19 @@ pub async fn run(chosen: &[&str], sizes: Sizes) -> Result<Figures> {
                 t.cold.map_or(t.rate, |c| c.rate)
             }
         };
+        // ROLLBOARD_BENCH_FRESHNESS_RATE offers that many events/s instead: two builds
+        // compared at one rate.
+        let rate = std::env::var("ROLLBOARD_BENCH_FRESHNESS_RATE")
+            .ok()
+            .and_then(|r| r.parse::<f64>().ok())
+            .unwrap_or(max / 2.0);
         let redis = RedisServer::start()?;
         println!(
-            "\n== freshness, {} at half of {max:.0} events/s (redis-server on 127.0.0.1:{})",
+            "\n== freshness, {} at {rate:.0} events/s, half of {max:.0} unless set (redis-server on 127.0.0.1:{})",
             Spread::Shipped.describe(),
             redis.port
         );
-        figures.freshness = Some(bench_freshness(&redis, max / 2.0, sizes).await?);
+        figures.freshness = Some(bench_freshness(&redis, rate, sizes).await?);
     }
     print_summary(&figures);
     Ok(figures)

@@ -9,6 +9,12 @@ use rollboard::edges::cli::{execute, Cli, Command, EXIT_CONFIG};
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
 
+/// mimalloc, not the system allocator: the consumer makes and drops many small values per
+/// event (commands, their arguments and replies) on several threads, and glibc's allocator
+/// spent about a fifth of its CPU doing that (docs/benchmarks.md, *Judged in the worker*).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn init_tracing(settings: &Settings) {
     // RUST_LOG, when set, wins over the configured level.
     // The scheduler crate narrates its own lifecycle at info; keep it to warnings.

@@ -201,8 +201,8 @@ async fn peak_memory_of_partitioned_backlog(partitions: usize) -> u64 {
 /// Four partitions, each with full batches of 10 000 small tips waiting: the daemon's
 /// peak resident memory stays within the shipped sidecar's 256 MiB. Each partition's
 /// consumer holds the batch it applies and the one it read ahead, about 30 MiB of small
-/// tips at the default batch size (measured with the release binary: 149 MiB for four
-/// partitions, 283 MiB for eight, 178 MiB for eight at batches of 5000), so
+/// tips at the default batch size (measured with the release binary: 135 MiB for four
+/// partitions, 211 MiB for eight; 149 and 283 MiB before the daemon took mimalloc), so
 /// docs/operations.md has more partitions raise the limit.
 #[tokio::test]
 async fn four_partitions_of_full_batches_fit_the_sidecar_memory_limit() {
