@@ -317,9 +317,8 @@ impl Commands {
 /// Each command is sent as it is first polled, so they are polled once each, in order,
 /// before any is awaited; fred writes the commands queued together at once (a `Pipeline`
 /// would flush after each command: a system call and a read by Redis each). Each is
-/// written once (the
-/// connection's `max_command_attempts` is 1): a command never reaches a connection
-/// other than the one the ones before it went to.
+/// written once (the connection's `max_command_attempts` is 1): a command never reaches a
+/// connection other than the one the ones before it went to.
 async fn send_all(client: &Client, commands: Commands) -> Vec<Result<Value, fred::error::Error>> {
     use futures_util::future::maybe_done;
     let mut sent: Vec<_> = commands

@@ -10,14 +10,14 @@
 use std::collections::BTreeMap;
 
 use fred::prelude::*;
-use rollboard::domain::board::{Board, Mode, TieBreak, Window, MAX_TOTAL};
+use rollboard::domain::board::{Board, Mode, TieBreak, MAX_TOTAL};
 use rollboard::domain::ranking::decode_member;
 use rollboard::store::{apply_call, ApplyEvent, Store};
 
 use crate::support::boards::{
     apply_events, dump, ev, keys_matching, seen_table, set_string, with_fresh_store,
 };
-use crate::support::instances::{contents, shaped, twin};
+use crate::support::instances::{contents, narrow_and_whole_windows, shaped, twin};
 use crate::support::model::Instance;
 use crate::support::redis::fcall;
 
@@ -189,13 +189,7 @@ async fn table_holds(store: &Store, board: &Board, id: &str) -> usize {
 /// `board` ranking two windows of its four slices: `2s` and `4s`.
 fn two_windows(board: Board) -> Board {
     let mut b = board;
-    b.windows = [2, 4]
-        .iter()
-        .map(|&n| Window {
-            name: format!("{n}s"),
-            ms: n * SLICE,
-        })
-        .collect();
+    b.windows = narrow_and_whole_windows();
     b.window_ms = 4 * SLICE;
     b.name = format!("{}-w2", b.name);
     b

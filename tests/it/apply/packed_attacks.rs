@@ -11,12 +11,12 @@
 use std::collections::BTreeMap;
 
 use fred::prelude::*;
-use rollboard::domain::board::{Board, Changes, Window, MAX_TOTAL};
+use rollboard::domain::board::{Board, Changes, MAX_TOTAL};
 use rollboard::domain::keys::glob_escape;
 use rollboard::store::{fold_call, ApplyEvent, Outcome, Store, StoreError};
 
 use crate::support::boards::{ev, keys_matching, scoped, set_string, with_fresh_store};
-use crate::support::instances::{shaped, twin};
+use crate::support::instances::{narrow_and_whole_windows, shaped, twin};
 use crate::support::redis::{command_calls_at, fcall, fcall_calls, keyed};
 
 const SLICE: i64 = 1_000;
@@ -426,13 +426,7 @@ fn rich_boards() -> Vec<Board> {
         for extra in 0..4 {
             let mut b = scoped(shaped(shape));
             if extra & 1 == 1 {
-                b.windows = [2, 4]
-                    .iter()
-                    .map(|&n| Window {
-                        name: format!("{n}s"),
-                        ms: n * SLICE,
-                    })
-                    .collect();
+                b.windows = narrow_and_whole_windows();
                 b.dense_rank = true;
             }
             if extra & 2 == 2 {

@@ -8,15 +8,14 @@
 
 use fred::prelude::*;
 use proptest::prelude::*;
-use rollboard::domain::board::{Board, Window, MAX_TOTAL};
+use rollboard::domain::board::{Board, MAX_TOTAL};
 use rollboard::store::{ApplyEvent, Outcome, Store};
 
 use crate::support::boards::{ev, scoped, set_string, with_fresh_store};
 use crate::support::cluster::LoneNode;
-use crate::support::instances::{contents_of, shaped, twin};
+use crate::support::instances::{contents_of, narrow_and_whole_windows, shaped, twin};
 use crate::support::proptests::run_cases_threaded;
 
-const SLICE: i64 = 1_000;
 const NOW: i64 = 1_000_000;
 const SCOPES: usize = 12;
 
@@ -64,13 +63,7 @@ fn batches() -> impl Strategy<Value = (usize, bool, Vec<Batch>)> {
 fn board_of(shape: usize, windows: bool) -> Board {
     let mut board = scoped(shaped(shape));
     if windows {
-        board.windows = [2, 4]
-            .iter()
-            .map(|&n| Window {
-                name: format!("{n}s"),
-                ms: n * SLICE,
-            })
-            .collect();
+        board.windows = narrow_and_whole_windows();
         board.name = format!("{}-w2", board.name);
     }
     board

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use fred::prelude::*;
-use rollboard::domain::board::{Board, Dedup, View};
+use rollboard::domain::board::{Board, Dedup, View, Window};
 use rollboard::domain::keys::glob_escape;
 use rollboard::store::Store;
 
@@ -89,6 +89,18 @@ pub fn shaped(shape: usize) -> Board {
         board.name = format!("{}-short", board.name);
     }
     board
+}
+
+/// Two windows for a board of [`shaped`]'s slices: `2s` (2 slices) and `4s` (its whole
+/// window of 4).
+pub fn narrow_and_whole_windows() -> Vec<Window> {
+    [2, 4]
+        .iter()
+        .map(|&n| Window {
+            name: format!("{n}s"),
+            ms: n * SLICE,
+        })
+        .collect()
 }
 
 /// Board shape `shape` ([`shaped`]) and its [`twin`], the control it is compared with.
